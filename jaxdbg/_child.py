@@ -1,0 +1,61 @@
+"""The child side of a contained run (see :mod:`jaxdbg.runner`): ``python -m jaxdbg._child WORKDIR``.
+
+Reads ``WORKDIR/job.pkl`` = (job "module:function", payload), calls ``job(payload, channel)``, and reports
+an escaping exception over the channel. Fatal signals and hangs are seen by the parent; faulthandler
+prints the Python stack of a crash, and of a hang when the parent sends SIGUSR1 before killing.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import importlib
+import os
+import pickle
+import signal
+import sys
+import traceback
+
+from jaxdbg.runner import Channel, describe_exception
+
+_current: Channel | None = None
+
+
+def current_channel() -> Channel | None:
+    """The channel of this contained run, or None outside one (lets deep hooks send results)."""
+    return _current
+
+
+def main(workdir: str) -> int:
+    global _current
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    with open(os.path.join(workdir, "job.pkl"), "rb") as handle:
+        job, payload = pickle.load(handle)
+    module_name, _, func_name = job.partition(":")
+    func = getattr(importlib.import_module(module_name), func_name)
+    channel = _current = Channel(os.path.join(workdir, "channel.bin"))
+    try:
+        func(payload, channel)
+    except SystemExit as done:
+        if done.code in (None, 0):
+            return 0
+        channel.send("__exception__", describe_exception(done))
+        return done.code if isinstance(done.code, int) else 1
+    except BaseException as err:  # noqa: BLE001 - everything the target raises is reported to the parent
+        channel.send("__exception__", describe_exception(err))
+        traceback.print_exc()
+        return 1
+    finally:
+        channel.close()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    code = main(sys.argv[1])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # os._exit skips interpreter teardown, where jax's threads have been seen to hang or crash.
+    os._exit(code)

@@ -1,0 +1,43 @@
+"""Errors jaxdbg raises on purpose.
+
+Library code raises these; only the command line turns them into an exit code and one line on stderr
+(see ``jaxdbg.cli._common.error_boundary``). Each message says what went wrong, why, and what to do.
+
+Example:
+    >>> raise UsageError("--args 'f33[2]': unknown dtype 'f33'; use one of f32, bf16, i32, ...")
+"""
+
+from __future__ import annotations
+
+# Exit codes of the command-line contract.
+EXIT_OK = 0
+EXIT_FOUND = 1
+EXIT_USAGE = 2
+EXIT_TARGET_FAILED = 3
+
+
+class JaxdbgError(Exception):
+    """An expected failure with a one-line, user-facing message and the exit code it maps to."""
+
+    exit_code: int = EXIT_USAGE
+
+    def __init__(self, message: str, *, exit_code: int | None = None):
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0])
+
+
+class UsageError(JaxdbgError):
+    """Bad usage or bad input: unknown option, missing file, unparsable spec (exit 2)."""
+
+    exit_code = EXIT_USAGE
+
+
+class TargetFailedError(JaxdbgError):
+    """The target failed in a way the command cannot analyse: crashed before any JAX work, timed out (exit 3)."""
+
+    exit_code = EXIT_TARGET_FAILED

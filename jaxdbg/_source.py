@@ -1,0 +1,75 @@
+"""Source locations that point at user code, never into jax, jaxlib, jaxdbg or the standard library.
+
+Example:
+    >>> loc = SourceLocation(file="train.py", line=12, function="loss_fn")
+    >>> loc.as_dict()
+    {'file': 'train.py', 'line': 12, 'function': 'loss_fn'}
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+import traceback
+import types
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+
+
+@dataclass(frozen=True)
+class SourceLocation:
+    """A line of user code: the contract's ``{"file", "line", "function"}``."""
+
+    file: str
+    line: int
+    function: str
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line} ({self.function})"
+
+
+@lru_cache(maxsize=1)
+def _library_roots() -> tuple[str, ...]:
+    """Folders whose files are never 'user code'."""
+    roots = set()
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        path = sysconfig.get_paths().get(key)
+        if path:
+            roots.add(os.path.realpath(path))
+    for name in ("jax", "jaxlib", "jaxdbg", "numpy", "typer", "rich", "click"):
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "__file__", None):
+            roots.add(os.path.realpath(os.path.dirname(module.__file__)))
+    roots.add(os.path.realpath(os.path.dirname(os.path.dirname(__file__))) + os.sep + "jaxdbg")
+    return tuple(sorted(roots))
+
+
+def is_user_file(path: str | None) -> bool:
+    """True for a real file that belongs to the user (not jax, jaxdbg, site-packages or stdlib)."""
+    if not path or path.startswith("<"):
+        return False
+    real = os.path.realpath(path)
+    return not any(real == root or real.startswith(root + os.sep) for root in _library_roots())
+
+
+def innermost_user_frame(tb: types.TracebackType | None) -> SourceLocation | None:
+    """The deepest traceback frame that lies in user code, or None."""
+    found = None
+    for frame, lineno in traceback.walk_tb(tb):
+        if is_user_file(frame.f_code.co_filename):
+            found = SourceLocation(frame.f_code.co_filename, lineno, frame.f_code.co_name)
+    return found
+
+
+def caller_user_frame(skip: int = 1) -> SourceLocation | None:
+    """The innermost user frame on the current Python stack (for hooks that run inside jax calls)."""
+    frame = sys._getframe(skip)
+    while frame is not None:
+        if is_user_file(frame.f_code.co_filename):
+            return SourceLocation(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+        frame = frame.f_back
+    return None

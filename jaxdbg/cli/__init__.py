@@ -1,0 +1,90 @@
+"""The ``jaxdbg`` command line: a typer app with one module per subcommand.
+
+Each subcommand module defines ``register(app)``; only commands that work are listed in ``COMMANDS``.
+:func:`main` is the console script; usage errors become one line on stderr and exit code 2.
+
+Example:
+    >>> main(["doctor", "--json", "-"])   # doctest: +SKIP
+    0
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any, Optional, Sequence
+
+import typer
+from typer.core import TyperGroup
+
+try:  # typer >= 0.22 vendors click as typer._click; older releases depend on click itself
+    from typer._click import exceptions as click_errors
+except ImportError:  # pragma: no cover - depends on the installed typer
+    from click import exceptions as click_errors
+
+from jaxdbg._errors import EXIT_USAGE
+from jaxdbg._version import __version__
+
+# Subcommand modules under jaxdbg.cli, in the order --help lists them.
+COMMANDS = ("doctor",)
+
+
+class JaxdbgGroup(TyperGroup):
+    """Turns click's multi-line usage errors into the contract's single line and exit code 2."""
+
+    def main(self, args: Optional[Sequence[str]] = None, prog_name: Optional[str] = None, *a: Any, **extra: Any) -> Any:
+        extra["standalone_mode"] = False
+        try:
+            code = super().main(args, prog_name or "jaxdbg", *a, **extra)
+        except click_errors.NoArgsIsHelpError as err:
+            typer.echo(err.ctx.get_help() if err.ctx else str(err))
+            code = 0
+        except click_errors.UsageError as err:
+            where = f"jaxdbg {err.ctx.info_name}" if err.ctx and err.ctx.parent else "jaxdbg"
+            hint = f"run '{err.ctx.command_path} --help' for the options" if err.ctx else "run 'jaxdbg --help'"
+            typer.echo(f"{where}: {err.format_message().rstrip('.')}; {hint}", err=True)
+            code = EXIT_USAGE
+        except (typer.Exit, getattr(click_errors, "Exit", typer.Exit)) as done:
+            code = done.exit_code
+        except (typer.Abort, getattr(click_errors, "Abort", typer.Abort)):
+            typer.echo("jaxdbg: aborted", err=True)
+            code = 130
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+app = typer.Typer(
+    cls=JaxdbgGroup,
+    name="jaxdbg",
+    help="Debugging and profiling for JAX programs: find where NaNs are born, where time goes, "
+    "and turn a failing program into a small reproducer.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"jaxdbg {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True, help="Print the version."),
+) -> None:
+    """jaxdbg: debugging and profiling for JAX programs."""
+
+
+for _name in COMMANDS:
+    importlib.import_module(f"jaxdbg.cli.{_name}").register(app)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the command line; returns the exit code instead of exiting."""
+    try:
+        app(args=list(argv) if argv is not None else None, prog_name="jaxdbg")
+    except SystemExit as done:
+        return done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+    return 0

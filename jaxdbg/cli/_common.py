@@ -1,0 +1,129 @@
+"""What every subcommand shares: the common options, consoles, progress bars and the one error boundary.
+
+A command module parses its options, then hands :func:`execute` a function that builds the
+:class:`~jaxdbg.report.Report` and one that renders it. Only :func:`execute` turns a
+:class:`~jaxdbg._errors.JaxdbgError` into one line on stderr and an exit code.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Callable, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from jaxdbg._errors import JaxdbgError
+from jaxdbg.report import Report, resolve_out_dir, write_json
+
+EXIT_INTERNAL = 4  # a bug in jaxdbg itself (not in the contract's 0-3): report it with the -v traceback
+
+JsonOpt = Annotated[
+    Optional[str],
+    typer.Option("--json", metavar="PATH", help="Write the JSON report to PATH; '-' prints it to stdout and nothing else."),
+]
+OutOpt = Annotated[
+    Optional[str],
+    typer.Option("--out", metavar="DIR", help="Folder for artifacts [default: jaxdbg-out/<command>-<timestamp>/]."),
+]
+TimeoutOpt = Annotated[
+    Optional[float],
+    typer.Option("--timeout", metavar="SECONDS", min=0.1, help="Stop the target after this long and report it."),
+]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Print only the essentials.")]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Print more detail, and tracebacks of errors.")]
+
+
+@dataclass
+class Common:
+    """The common options of every command, and the consoles and folders derived from them."""
+
+    command: str
+    json: str | None = None
+    out: str | None = None
+    timeout: float | None = None
+    quiet: bool = False
+    verbose: bool = False
+    _out_dir: Path | None = field(default=None, repr=False)
+
+    @property
+    def console(self) -> Console:
+        """Where the human-readable report goes: stdout, or stderr when stdout carries the JSON."""
+        return Console(stderr=self.json == "-", quiet=self.quiet and not self.verbose, highlight=False)
+
+    @property
+    def err_console(self) -> Console:
+        return Console(stderr=True, highlight=False)
+
+    def out_dir(self) -> Path:
+        """The artifacts folder, created on first use."""
+        if self._out_dir is None:
+            self._out_dir = resolve_out_dir(self.out, self.command)
+        return self._out_dir
+
+    def progress(self) -> Progress | "NullProgress":
+        """A progress bar on a terminal; a silent stand-in when piped, quiet or under CI."""
+        console = self.err_console
+        if self.quiet or not console.is_terminal or os.environ.get("CI"):
+            return NullProgress()
+        return Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"),
+            TimeElapsedColumn(), console=console, transient=True,
+        )
+
+
+class NullProgress:
+    """Progress with rich's API that shows nothing (piped output, CI, --quiet)."""
+
+    def __enter__(self) -> "NullProgress":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+    def add_task(self, description: str, total: float | None = None, **fields: Any) -> int:
+        return 0
+
+    def update(self, task_id: int, **kwargs: Any) -> None:
+        return None
+
+    def advance(self, task_id: int, advance: float = 1) -> None:
+        return None
+
+
+def execute(common: Common, build: Callable[[Common], Report], render: Callable[[Report, Console], None]) -> int:
+    """Build a report, write its JSON (``--json`` and ``report.json`` in the artifacts folder), render it.
+
+    Returns the exit code; never lets an exception out (``-v`` prints the traceback of one).
+    """
+    try:
+        report = build(common)
+        if common._out_dir is not None:
+            report.artifacts.setdefault("report", str(common._out_dir / "report.json"))
+            write_json(report, str(common._out_dir / "report.json"))
+        if common.json:
+            write_json(report, common.json)
+        render(report, common.console)
+        return report.exit_code
+    except JaxdbgError as err:
+        fail(common, err.message, err)
+        return err.exit_code
+    except KeyboardInterrupt:
+        common.err_console.print(f"jaxdbg {common.command}: interrupted")
+        return 130
+    except Exception as err:  # noqa: BLE001 - the one boundary where a jaxdbg bug becomes an exit code
+        fail(common, f"internal error {type(err).__name__}: {err}; rerun with -v and report the traceback", err)
+        return EXIT_INTERNAL
+
+
+def fail(common: Common, message: str, err: BaseException | None = None) -> None:
+    """One line on stderr (plain text, no markup), plus the traceback with -v."""
+    if common.verbose and err is not None:
+        traceback.print_exception(type(err), err, err.__traceback__, file=sys.stderr)
+    sys.stderr.write(f"jaxdbg {common.command}: {message}\n")
+    sys.stderr.flush()

@@ -1,0 +1,242 @@
+"""``jaxdbg doctor``: what JAX sees on this machine, and the known pitfalls in the environment.
+
+Example:
+    >>> result = diagnose(profile_dir=None)      # doctest: +SKIP
+    >>> result.backend, result.ok                # doctest: +SKIP
+    ('cpu', True)
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.metadata
+import os
+import platform
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jaxdbg.runner import run_contained
+
+LOW_HOST_MEMORY_BYTES = 2 * 1024**3
+
+# What the settings people most often leave on actually do.
+KNOWN_SETTINGS = {
+    "JAX_PLATFORMS": "restricts which backends jax may use (e.g. 'cpu', 'cuda', 'tpu')",
+    "JAX_PLATFORM_NAME": "old spelling of JAX_PLATFORMS",
+    "JAX_ENABLE_X64": "64-bit floats and ints by default: twice the memory, slow on GPU/TPU",
+    "JAX_DEBUG_NANS": "checks every output for NaN on the host and re-runs op by op: very slow",
+    "JAX_DEBUG_INFS": "checks every output for Inf on the host and re-runs op by op: very slow",
+    "JAX_DISABLE_JIT": "runs everything op by op: very slow, and numerics differ from compiled code",
+    "JAX_LOG_COMPILES": "logs every compilation (useful to spot recompiles)",
+    "JAX_EXPLAIN_CACHE_MISSES": "logs why a function was traced again",
+    "JAX_TRACEBACK_FILTERING": "how much of jax's own stack tracebacks show",
+    "JAX_COMPILATION_CACHE_DIR": "persistent compilation cache folder: later runs skip backend compiles",
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "only compiles slower than this are cached",
+    "JAX_DEFAULT_MATMUL_PRECISION": "precision of matmuls and convolutions (bf16 passes vs full f32)",
+    "XLA_PYTHON_CLIENT_PREALLOCATE": "whether the GPU client grabs most device memory at start",
+    "XLA_PYTHON_CLIENT_MEM_FRACTION": "share of GPU memory preallocated",
+    "XLA_PYTHON_CLIENT_ALLOCATOR": "GPU allocator ('platform' frees eagerly but is slow)",
+}
+KNOWN_XLA_FLAGS = {
+    "--xla_force_host_platform_device_count": "number of CPU devices jax creates (for multi-device tests)",
+    "--xla_dump_to": "dumps HLO of every compilation to a folder: slows compilation",
+    "--xla_dump_hlo_as_text": "HLO dumps as text",
+    "--xla_gpu_autotune_level": "GPU autotuning effort (0 turns it off: faster compiles, slower kernels)",
+    "--xla_gpu_enable_latency_hiding_scheduler": "overlaps communication with compute on GPU",
+    "--xla_cpu_multi_thread_eigen": "multi-threaded Eigen kernels on CPU",
+    "--xla_backend_optimization_level": "backend optimisation effort",
+}
+
+
+@dataclass(frozen=True)
+class Check:
+    """One finding: status is 'ok', 'info', 'warn' or 'fail' (only 'fail' makes doctor exit 1)."""
+
+    name: str
+    status: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    value: str
+    meaning: str
+
+
+@dataclass(frozen=True)
+class DoctorResult:
+    versions: dict[str, str]
+    backend: str
+    devices: list[dict[str, Any]]
+    settings: list[Setting]
+    host: dict[str, Any]
+    profiler: dict[str, Any]
+    compilation_cache: dict[str, Any]
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not any(c.status == "fail" for c in self.checks)
+
+
+def package_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for name in ("jax", "jaxlib", "numpy", "xprof", "typer", "rich"):
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+def device_report() -> tuple[str, list[dict[str, Any]]]:
+    import jax
+
+    devices = []
+    for device in jax.devices():
+        try:
+            stats = device.memory_stats()
+        except Exception:  # noqa: BLE001 - some backends raise instead of returning None
+            stats = None
+        memory = None
+        if stats:
+            memory = {k: int(stats[k]) for k in ("bytes_in_use", "peak_bytes_in_use", "bytes_limit") if k in stats}
+        devices.append({
+            "id": device.id, "platform": device.platform, "kind": getattr(device, "device_kind", ""),
+            "process_index": device.process_index, "memory": memory,
+        })
+    return jax.default_backend(), devices
+
+
+def settings_in_effect() -> list[Setting]:
+    """JAX_* and XLA_* environment variables, with XLA_FLAGS split into its flags, each explained."""
+    found = []
+    for name in sorted(os.environ):
+        if name == "XLA_FLAGS":
+            for flag in os.environ[name].split():
+                key, _, value = flag.partition("=")
+                found.append(Setting(key, value or "true", KNOWN_XLA_FLAGS.get(key, "XLA flag (see XLA's docs)")))
+        elif name.startswith(("JAX_", "XLA_")):
+            found.append(Setting(name, os.environ[name], KNOWN_SETTINGS.get(name, "jax/XLA setting")))
+    return found
+
+
+def host_report() -> dict[str, Any]:
+    meminfo = {}
+    if os.path.exists("/proc/meminfo"):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            key, _, rest = line.partition(":")
+            parts = rest.split()
+            if parts and parts[0].isdigit():
+                meminfo[key] = int(parts[0]) * 1024
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cores": cores,
+        "memory_total_bytes": meminfo.get("MemTotal"),
+        "memory_available_bytes": meminfo.get("MemAvailable"),
+    }
+
+
+def accelerator_hints() -> list[str]:
+    """Signs that this machine has an accelerator jax could use."""
+    hints = []
+    if shutil.which("nvidia-smi") or glob.glob("/dev/nvidia[0-9]*"):
+        hints.append("an NVIDIA GPU driver")
+    if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
+        hints.append("TPU devices")
+    for plugin in ("jax-cuda12-plugin", "jax-cuda13-plugin", "libtpu"):
+        try:
+            importlib.metadata.version(plugin)
+            hints.append(f"the {plugin} package")
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return hints
+
+
+def profiler_job(trace_dir: str, channel: Any) -> None:
+    """Contained job: capture a real jax.profiler trace of a small jitted matmul into ``trace_dir``."""
+    import jax
+    import jax.numpy as jnp
+
+    x = jnp.ones((256, 256))
+    step = jax.jit(lambda a: jnp.tanh(a @ a).sum())
+    step(x).block_until_ready()
+    with jax.profiler.trace(trace_dir):
+        for _ in range(3):
+            step(x).block_until_ready()
+    channel.send("files", sorted(glob.glob(os.path.join(trace_dir, "plugins", "profile", "*", "*"))))
+
+
+def profiler_check(trace_dir: str | None, timeout: float = 120) -> dict[str, Any]:
+    if trace_dir is None:
+        return {"ok": None, "detail": "skipped"}
+    outcome = run_contained("jaxdbg.doctor:profiler_job", trace_dir, timeout=timeout)
+    files = outcome.last("files") or []
+    ok = outcome.ok and any(f.endswith(".xplane.pb") for f in files)
+    return {"ok": ok, "trace_dir": trace_dir, "files": files, "detail": "captured" if ok else outcome.describe()}
+
+
+def compilation_cache_report() -> dict[str, Any]:
+    import jax
+
+    directory = jax.config.jax_compilation_cache_dir
+    enabled = bool(directory) and bool(getattr(jax.config, "jax_enable_compilation_cache", True))
+    return {"enabled": enabled, "dir": directory}
+
+
+def diagnose(profile_dir: str | None) -> DoctorResult:
+    """Gather the environment report; ``profile_dir`` is where the test capture goes (None skips it)."""
+    import jax
+
+    versions = package_versions()
+    backend, devices = device_report()
+    settings = settings_in_effect()
+    host = host_report()
+    profiler = profiler_check(profile_dir)
+    cache = compilation_cache_report()
+    checks = pitfalls(jax.config, backend, host, profiler, cache, accelerator_hints(), versions)
+    return DoctorResult(versions, backend, devices, settings, host, profiler, cache, checks)
+
+
+def pitfalls(config: Any, backend: str, host: dict, profiler: dict, cache: dict, hints: list[str],
+             versions: dict[str, str]) -> list[Check]:
+    """The checks doctor reports, from what was gathered (kept apart so each rule is testable)."""
+    checks = [Check("jax", "ok", f"jax {versions['jax']} on {backend}")]
+    for flag, what in (("jax_debug_nans", "NaN"), ("jax_debug_infs", "Inf")):
+        if getattr(config, flag, False):
+            checks.append(Check(flag, "warn", f"{flag} is on: every output is copied to the host and checked for "
+                                f"{what}, which slows everything; turn it off outside debugging (or use jaxdbg nan-hunt)"))
+    if getattr(config, "jax_disable_jit", False):
+        checks.append(Check("jax_disable_jit", "warn", "jit is disabled: everything runs op by op, slowly, and "
+                            "numerics differ from compiled code; unset JAX_DISABLE_JIT"))
+    if getattr(config, "jax_enable_x64", False):
+        checks.append(Check("jax_enable_x64", "warn", "x64 is on: default dtypes are 64-bit, doubling memory and "
+                            "slowing GPU/TPU work; turn it off unless you need float64"))
+    if backend == "cpu" and hints:
+        checks.append(Check("backend", "warn", f"jax runs on the CPU although this machine has {', '.join(hints)}; "
+                            "install the matching jax plugin (e.g. pip install 'jax[cuda12]') or check JAX_PLATFORMS"))
+    elif backend == "cpu":
+        checks.append(Check("backend", "info", "CPU only: no GPU or TPU was found on this machine"))
+    available = host.get("memory_available_bytes")
+    if available is not None and available < LOW_HOST_MEMORY_BYTES:
+        checks.append(Check("host_memory", "warn", f"only {available / 1024**3:.1f} GiB of host memory is free; "
+                            "large compilations or transfers may fail"))
+    if "--xla_dump_to" in os.environ.get("XLA_FLAGS", ""):
+        checks.append(Check("xla_dump_to", "warn", "XLA_FLAGS dumps every compilation (--xla_dump_to): slower "
+                            "compiles and much disk; remove it when done"))
+    if profiler.get("ok") is False:
+        checks.append(Check("profiler", "fail", f"a jax.profiler capture failed: {profiler.get('detail')}; "
+                            "check that xprof/tensorboard-plugin-profile is installed and the folder is writable"))
+    elif profiler.get("ok"):
+        checks.append(Check("profiler", "ok", f"jax.profiler capture works ({profiler['trace_dir']})"))
+    checks.append(Check("compilation_cache", "ok" if cache["enabled"] else "info",
+                        f"persistent compilation cache at {cache['dir']}" if cache["enabled"] else
+                        "persistent compilation cache is off; set JAX_COMPILATION_CACHE_DIR to reuse compiles across runs"))
+    if versions.get("xprof") == "not installed":
+        checks.append(Check("xprof", "warn", "xprof is not installed: no offline trace conversion or --serve"))
+    return checks

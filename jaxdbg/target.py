@@ -1,0 +1,339 @@
+"""TARGET specs: what the user asks jaxdbg to run, and the inputs of a function target.
+
+Forms (see CONTRACT.md):
+- ``path/to/script.py`` with script arguments: run as ``__main__``, unmodified (:func:`run_script`).
+- ``path/to/file.py::func`` or ``package.module:func``: one function (:func:`load_function`), with inputs
+  from ``--args "f32[8,128] i32[8]"`` (:func:`parse_args_spec`, :func:`random_inputs`) or
+  ``--inputs file.py::make_inputs`` / ``--inputs data.npz`` (:func:`load_inputs`).
+
+Example:
+    >>> spec = parse_target("model.py::loss")          # doctest: +SKIP
+    >>> fn = load_function(spec)                       # doctest: +SKIP
+    >>> args = random_inputs(parse_args_spec("f32[8,4] i32[]"), seed=0)
+    >>> [a.shape for a in args]
+    [(8, 4), ()]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import os
+import re
+import runpy
+import sys
+import zipfile
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+
+from jaxdbg._errors import TargetFailedError, UsageError
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """A parsed TARGET. ``kind`` is ``'script'`` or ``'function'``; paths are absolute."""
+
+    kind: str
+    text: str
+    path: str | None = None
+    module: str | None = None
+    function: str | None = None
+    script_args: tuple[str, ...] = ()
+
+    @property
+    def is_script(self) -> bool:
+        return self.kind == "script"
+
+    @property
+    def display_name(self) -> str:
+        return self.function or os.path.basename(self.path or self.text)
+
+
+_MODULE_FUNC = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_][\w.]*$")
+
+
+def parse_target(text: str, script_args: Sequence[str] = ()) -> TargetSpec:
+    """Parse a TARGET string; raise :class:`UsageError` with a fix when it names nothing runnable."""
+    if not text:
+        raise UsageError("no TARGET given; pass a script (train.py), a function (model.py::loss) or module:function")
+    if "::" in text:
+        path, _, func = text.partition("::")
+        _require_python_file(path, text)
+        if not func:
+            raise UsageError(f"target '{text}': no function after '::'; write it as file.py::function_name")
+        return TargetSpec("function", text, path=os.path.abspath(path), function=func)
+    if text.endswith(".py") or os.path.sep in text:
+        _require_python_file(text, text)
+        return TargetSpec("script", text, path=os.path.abspath(text), script_args=tuple(script_args))
+    if _MODULE_FUNC.match(text):
+        module, _, func = text.partition(":")
+        return TargetSpec("function", text, module=module, function=func)
+    raise UsageError(
+        f"target '{text}' is not a script, file.py::function or package.module:function; "
+        "check the spelling, or pass a path ending in .py"
+    )
+
+
+def _require_python_file(path: str, text: str) -> None:
+    if not os.path.exists(path):
+        raise UsageError(f"target '{text}': no such file '{path}'; check the path (relative to {os.getcwd()})")
+    if os.path.isdir(path):
+        raise UsageError(f"target '{text}': '{path}' is a folder; name a .py file inside it")
+    if not path.endswith(".py"):
+        raise UsageError(f"target '{text}': '{path}' is not a Python file; pass a .py script")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Loading user code
+# ----------------------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _on_sys_path(folder: str) -> Iterator[None]:
+    """Put ``folder`` first on sys.path for the duration (so the user's sibling imports work)."""
+    sys.path.insert(0, folder)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):
+            sys.path.remove(folder)
+
+
+def _check_syntax(path: str) -> None:
+    with open(path, "rb") as handle:
+        source = handle.read()
+    try:
+        compile(source, path, "exec")
+    except SyntaxError as err:
+        raise UsageError(
+            f"target '{path}' has a syntax error at line {err.lineno}: {err.msg}; fix the file and run again"
+        ) from None
+
+
+def load_module_from_file(path: str) -> Any:
+    """Import a user file as a module (its folder on sys.path while it imports). Raises UsageError/TargetFailedError."""
+    _check_syntax(path)
+    name = "_jaxdbg_target_" + re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    folder = os.path.dirname(path)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)  # stays: the function may import siblings lazily when called
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:
+        sys.modules.pop(name, None)
+        raise TargetFailedError(
+            f"importing '{path}' raised {type(err).__name__}: {err}; the file must import cleanly to load a function"
+        ) from err
+    return module
+
+
+def load_function(spec: TargetSpec) -> Callable:
+    """The callable a function TARGET names (``file.py::func``, ``pkg.mod:func``; dotted attributes allowed)."""
+    if spec.kind != "function":
+        raise UsageError(f"target '{spec.text}' is a script, not a function; write it as file.py::function_name")
+    if spec.path is not None:
+        module = load_module_from_file(spec.path)
+    else:
+        try:
+            module = importlib.import_module(spec.module)
+        except SyntaxError as err:
+            raise UsageError(f"module '{spec.module}' has a syntax error at line {err.lineno}: {err.msg}") from None
+        except ImportError as err:
+            raise UsageError(
+                f"cannot import module '{spec.module}': {err}; check the name and that it is on PYTHONPATH"
+            ) from None
+    obj: Any = module
+    for part in spec.function.split("."):
+        if not hasattr(obj, part):
+            available = sorted(n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n)))
+            shown = ", ".join(available[:12]) or "none"
+            raise UsageError(
+                f"target '{spec.text}': no function '{spec.function}' there; callables defined: {shown}"
+            )
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise UsageError(f"target '{spec.text}': '{spec.function}' is a {type(obj).__name__}, not a function")
+    return obj
+
+
+@contextlib.contextmanager
+def script_context(spec: TargetSpec) -> Iterator[None]:
+    """sys.argv and sys.path as ``python script.py ARGS`` would set them; restored afterwards."""
+    old_argv, old_path = sys.argv[:], sys.path[:]
+    sys.argv = [spec.path, *spec.script_args]
+    sys.path.insert(0, os.path.dirname(spec.path))
+    try:
+        yield
+    finally:
+        sys.argv[:] = old_argv
+        sys.path[:] = old_path
+
+
+def run_script(spec: TargetSpec) -> dict:
+    """Run a script TARGET as ``__main__``, unmodified; returns its globals.
+
+    Install instrumentation before calling this and remove it afterwards: the script imports jax itself.
+    A ``sys.exit(0)`` in the script counts as success.
+    """
+    _check_syntax(spec.path)
+    with script_context(spec):
+        try:
+            return runpy.run_path(spec.path, run_name="__main__")
+        except SystemExit as done:
+            if done.code in (None, 0):
+                return {}
+            raise
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Inputs of a function target
+# ----------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """One entry of ``--args``: a dtype name (canonical, e.g. 'f32') and a shape."""
+
+    dtype: str
+    shape: tuple[int, ...]
+
+    def __str__(self) -> str:
+        return f"{self.dtype}[{','.join(map(str, self.shape))}]"
+
+
+DTYPE_ALIASES = {
+    "bool": "bool", "b1": "bool", "pred": "bool",
+    "i8": "i8", "int8": "i8", "i16": "i16", "int16": "i16", "i32": "i32", "int32": "i32",
+    "i64": "i64", "int64": "i64", "u8": "u8", "uint8": "u8", "u16": "u16", "uint16": "u16",
+    "u32": "u32", "uint32": "u32", "u64": "u64", "uint64": "u64",
+    "f16": "f16", "float16": "f16", "bf16": "bf16", "bfloat16": "bf16",
+    "f32": "f32", "float32": "f32", "f64": "f64", "float64": "f64",
+}
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """numpy dtype for a canonical dtype name ('bf16' comes from ml_dtypes, a jax dependency)."""
+    if name == "bf16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(_NUMPY_NAMES[name])
+
+
+_NUMPY_NAMES = {
+    "bool": "bool", "i8": "int8", "i16": "int16", "i32": "int32", "i64": "int64", "u8": "uint8",
+    "u16": "uint16", "u32": "uint32", "u64": "uint64", "f16": "float16", "f32": "float32", "f64": "float64",
+}
+
+
+def short_dtype(dtype: Any) -> str:
+    """'f32' for float32, 'bf16' for bfloat16, ...: the contract's dtype spelling."""
+    name = np.dtype(dtype).name
+    return {"bool": "bool", "bfloat16": "bf16"}.get(name) or (
+        name.replace("float", "f").replace("uint", "u").replace("int", "i"))
+
+
+_ARRAY_SPEC = re.compile(r"^([A-Za-z0-9]+)\[([0-9,\s]*)\]$")
+
+
+def parse_args_spec(text: str) -> list[ArraySpec]:
+    """Parse ``--args "f32[8,128] i32[8] bf16[4] f32[]"`` into ArraySpecs; UsageError on anything else."""
+    specs = []
+    for token in re.findall(r"[^\s\[\]]+\[[^\]]*\]|\S+", text or ""):
+        match = _ARRAY_SPEC.match(token)
+        if not match:
+            raise UsageError(
+                f"--args '{text}': cannot read '{token}'; write each argument as dtype[dims], e.g. \"f32[8,128] i32[] bf16[4]\""
+            )
+        dtype = DTYPE_ALIASES.get(match.group(1).lower())
+        if dtype is None:
+            raise UsageError(
+                f"--args '{text}': unknown dtype '{match.group(1)}'; use one of {', '.join(sorted(set(DTYPE_ALIASES.values())))}"
+            )
+        dims = [d.strip() for d in match.group(2).split(",") if d.strip()]
+        specs.append(ArraySpec(dtype, tuple(int(d) for d in dims)))
+    if not specs:
+        raise UsageError("--args is empty; give one dtype[dims] per argument, e.g. \"f32[8,128] i32[8]\"")
+    return specs
+
+
+def random_inputs(specs: Sequence[ArraySpec], seed: int = 0) -> tuple[np.ndarray, ...]:
+    """Seeded random numpy arrays for ArraySpecs: normal floats, small integers, fair booleans."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for spec in specs:
+        dtype = numpy_dtype(spec.dtype)
+        if spec.dtype == "bool":
+            value = rng.random(spec.shape) < 0.5
+        elif spec.dtype.startswith("u"):
+            value = rng.integers(0, 10, spec.shape)
+        elif spec.dtype.startswith("i"):
+            value = rng.integers(-10, 10, spec.shape)
+        else:
+            value = rng.standard_normal(spec.shape)
+        out.append(np.asarray(value).astype(dtype))
+    return tuple(out)
+
+
+_NPZ_KEY = re.compile(r"^(?:arg|arr_)(\d+)$")
+
+
+def load_npz_inputs(path: str) -> tuple[np.ndarray, ...]:
+    """Arrays ``arg0, arg1, ...`` (or numpy's default ``arr_0, ...``) of an npz, in positional order, no pickle."""
+    if not os.path.exists(path):
+        raise UsageError(f"--inputs '{path}': no such file; check the path")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            keys = list(data.files)
+            order = [_NPZ_KEY.match(k) for k in keys]
+            if not keys or not all(order):
+                raise UsageError(
+                    f"--inputs '{path}': arrays must be named arg0, arg1, ... (found {', '.join(keys) or 'none'}); "
+                    "save them with np.savez(path, arg0=x, arg1=y)"
+                )
+            ranked = sorted(zip((int(m.group(1)) for m in order), keys))
+            return tuple(data[key] for _, key in ranked)
+    except UsageError:
+        raise
+    except ValueError as err:
+        if "pickle" in str(err).lower() or "object" in str(err).lower():
+            raise UsageError(
+                f"--inputs '{path}': it holds Python objects, which jaxdbg will not unpickle; save plain numeric arrays"
+            ) from None
+        raise UsageError(f"--inputs '{path}': not a readable npz file ({err}); save it with np.savez") from None
+    except (OSError, zipfile.BadZipFile, EOFError) as err:
+        raise UsageError(f"--inputs '{path}': not a readable npz file ({err}); save it with np.savez") from None
+
+
+def load_inputs(inputs: str | None, args: str | None, seed: int = 0) -> tuple[Any, ...]:
+    """The positional inputs of a function target from ``--inputs`` or ``--args`` (one of them required)."""
+    if inputs and args:
+        raise UsageError("give either --args or --inputs, not both")
+    if args:
+        return random_inputs(parse_args_spec(args), seed)
+    if not inputs:
+        raise UsageError(
+            "a function target needs inputs: pass --args \"f32[8,128] ...\" or --inputs file.py::make_inputs or data.npz"
+        )
+    if "::" in inputs:
+        maker = load_function(parse_target(inputs))
+        try:
+            value = maker()
+        except Exception as err:
+            raise TargetFailedError(f"--inputs '{inputs}' raised {type(err).__name__}: {err}") from err
+        return value if isinstance(value, tuple) else (value,)
+    if inputs.endswith(".npz"):
+        return load_npz_inputs(inputs)
+    raise UsageError(f"--inputs '{inputs}': expected file.py::make_inputs or a .npz file")
+
+
+def script_job(spec: TargetSpec, channel: Any) -> None:
+    """Contained-run job that runs a script TARGET plainly (``run_contained("jaxdbg.target:script_job", spec)``)."""
+    run_script(spec)
+    channel.send("done", True)
