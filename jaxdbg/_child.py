@@ -38,9 +38,11 @@ def main(workdir: str) -> int:
     try:
         func(payload, channel)
     except SystemExit as done:
+        # A deliberate exit is not an exception: the parent sees status 'exit' and the code.
         if done.code in (None, 0):
             return 0
-        channel.send("__exception__", describe_exception(done))
+        if not isinstance(done.code, int):
+            print(done.code, file=sys.stderr)
         return done.code if isinstance(done.code, int) else 1
     except BaseException as err:  # noqa: BLE001 - everything the target raises is reported to the parent
         channel.send("__exception__", describe_exception(err))
@@ -54,7 +56,10 @@ def main(workdir: str) -> int:
 
 
 if __name__ == "__main__":
-    code = main(sys.argv[1])
+    # Run through the importable module (not this __main__ copy) so current_channel() sees the channel.
+    from jaxdbg._child import main as _importable_main
+
+    code = _importable_main(sys.argv[1])
     sys.stdout.flush()
     sys.stderr.flush()
     # os._exit skips interpreter teardown, where jax's threads have been seen to hang or crash.

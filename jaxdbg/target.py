@@ -288,6 +288,8 @@ def load_npz_inputs(path: str) -> tuple[np.ndarray, ...]:
     """Arrays ``arg0, arg1, ...`` (or numpy's default ``arr_0, ...``) of an npz, in positional order, no pickle."""
     if not os.path.exists(path):
         raise UsageError(f"--inputs '{path}': no such file; check the path")
+    if not zipfile.is_zipfile(path):  # np.load would otherwise try to read it as a pickle
+        raise UsageError(f"--inputs '{path}': not a readable npz file (not a zip archive); save it with np.savez")
     try:
         with np.load(path, allow_pickle=False) as data:
             keys = list(data.files)

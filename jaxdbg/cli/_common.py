@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from jaxdbg._errors import JaxdbgError
+from jaxdbg._errors import JaxdbgError, UsageError
 from jaxdbg.report import Report, resolve_out_dir, write_json
 
 EXIT_INTERNAL = 4  # a bug in jaxdbg itself (not in the contract's 0-3): report it with the -v traceback
@@ -102,6 +102,7 @@ def execute(common: Common, build: Callable[[Common], Report], render: Callable[
     Returns the exit code; never lets an exception out (``-v`` prints the traceback of one).
     """
     try:
+        validate_destinations(common)
         report = build(common)
         if common._out_dir is not None:
             report.artifacts.setdefault("report", str(common._out_dir / "report.json"))
@@ -119,6 +120,16 @@ def execute(common: Common, build: Callable[[Common], Report], render: Callable[
     except Exception as err:  # noqa: BLE001 - the one boundary where a jaxdbg bug becomes an exit code
         fail(common, f"internal error {type(err).__name__}: {err}; rerun with -v and report the traceback", err)
         return EXIT_INTERNAL
+
+
+def validate_destinations(common: Common) -> None:
+    """Refuse a bad --out or --json before any work is done (not after minutes of analysis)."""
+    if common.out:
+        common.out_dir()
+    if common.json and common.json != "-" and not Path(common.json).resolve().parent.exists():
+        raise UsageError(
+            f"--json '{common.json}': folder '{Path(common.json).parent}' does not exist; create it or pick another path"
+        )
 
 
 def fail(common: Common, message: str, err: BaseException | None = None) -> None:

@@ -1,0 +1,80 @@
+"""The command line: help, version, usage errors as one line + exit 2, doctor's JSON, a real subprocess."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from jaxdbg import __version__
+from jaxdbg.cli import app, main
+
+runner = CliRunner()
+
+
+def test_help_and_version():
+    result = runner.invoke(app, ["--help"])
+    assert result.exit_code == 0 and "doctor" in result.output
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output.strip() == f"jaxdbg {__version__}"
+    assert runner.invoke(app, []).exit_code == 0  # bare `jaxdbg` shows the help
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["doctor", "--bogus"], "No such option: --bogus"),
+    (["no-such-command"], "No such command"),
+    (["doctor", "--timeout", "abc"], "--timeout"),
+])
+def test_usage_errors_are_one_line_exit_2(argv, fragment, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and fragment in err and err.startswith("jaxdbg")
+
+
+def test_doctor_json_to_stdout_only(tmp_path):
+    result = runner.invoke(app, ["doctor", "--json", "-", "--out", str(tmp_path / "doc")])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["tool"] == "jaxdbg" and report["command"] == "doctor" and report["exit_code"] == 0
+    env = report["environment"]
+    assert env["backend"] == "cpu" and len(env["devices"]) == 4  # conftest gives 4 CPU devices
+    res = report["result"]
+    assert res["versions"]["jax"] == env["jax"] and res["host"]["cores"] >= 1
+    assert res["profiler"]["ok"] is True
+    assert any(f.endswith(".xplane.pb") for f in res["profiler"]["files"])
+    assert any(s["name"] == "--xla_force_host_platform_device_count" for s in res["settings"])
+    assert os.path.exists(tmp_path / "doc" / "report.json")
+
+
+def test_bad_out_parent_and_json_folder(tmp_path, capsys):
+    assert main(["doctor", "--no-profiler", "--out", str(tmp_path / "missing" / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "does not exist" in err
+    assert main(["doctor", "--no-profiler", "--out", str(tmp_path / "o"), "--json", str(tmp_path / "nope" / "r.json")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def _jaxdbg_cmd():
+    exe = os.path.join(os.path.dirname(sys.executable), "jaxdbg")
+    return [exe] if os.path.exists(exe) else [sys.executable, "-m", "jaxdbg"]
+
+
+def test_console_script_subprocess_warns_about_pitfalls(tmp_path):
+    env = dict(os.environ, JAX_DEBUG_NANS="1", JAX_ENABLE_X64="1")
+    proc = subprocess.run(
+        [*_jaxdbg_cmd(), "doctor", "--no-profiler", "--json", "-", "--out", str(tmp_path / "d")],
+        capture_output=True, text=True, env=env, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    checks = {c["name"]: c for c in json.loads(proc.stdout)["result"]["checks"]}
+    assert checks["jax_debug_nans"]["status"] == "warn" and checks["jax_enable_x64"]["status"] == "warn"
+    settings = {s["name"] for s in json.loads(proc.stdout)["result"]["settings"]}
+    assert {"JAX_DEBUG_NANS", "JAX_ENABLE_X64"} <= settings
+
+
+def test_python_dash_m_matches(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "jaxdbg", "doctor", "--bogus"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2 and "No such option" in proc.stderr and "Traceback" not in proc.stderr

@@ -1,0 +1,83 @@
+"""Contained runs: jaxdbg survives and describes whatever the target does."""
+
+import pytest
+
+from jaxdbg.runner import faulthandler_user_frame, run_contained
+from jaxdbg.target import parse_target
+
+
+def _script(tmp_path, body: str) -> str:
+    path = tmp_path / "target.py"
+    path.write_text(body)
+    return str(path)
+
+
+def _run(tmp_path, body, timeout=60, **kwargs):
+    return run_contained("jaxdbg.target:script_job", parse_target(_script(tmp_path, body)), timeout=timeout, **kwargs)
+
+
+def test_ok_run_returns_messages_and_output():
+    outcome = run_contained("jaxdbg.runner:echo_job", {"x": [1, 2]}, timeout=60)
+    assert outcome.ok and outcome.last("echo") == {"x": [1, 2]} and outcome.returncode == 0
+
+
+def test_exception_in_jitted_code_names_type_message_and_user_line(tmp_path):
+    outcome = _run(tmp_path, (
+        "import jax, jax.numpy as jnp\n"
+        "@jax.jit\n"
+        "def f(x):\n"
+        "    return x.reshape(7, 3)\n"
+        "print('before')\n"
+        "f(jnp.ones((4, 4)))\n"
+    ))
+    assert outcome.status == "exception"
+    assert outcome.exception.type == "TypeError" and "reshape" in outcome.exception.message
+    assert outcome.exception.user_frame.line == 4 and outcome.exception.user_frame.function == "f"
+    assert "before" in outcome.stdout
+    assert "raised TypeError" in outcome.describe()
+
+
+def test_segfault_is_a_crash_with_its_line(tmp_path):
+    outcome = _run(tmp_path, "import ctypes\nprint('start')\nctypes.string_at(0)\n")
+    assert outcome.status == "crash" and outcome.signal == "SIGSEGV"
+    assert outcome.crash_frame is not None and outcome.crash_frame.line == 3
+    assert "crashed with SIGSEGV" in outcome.describe()
+
+
+def test_abort_is_a_crash(tmp_path):
+    outcome = _run(tmp_path, "import os\nos.abort()\n")
+    assert outcome.status == "crash" and outcome.signal == "SIGABRT"
+
+
+def test_hang_is_stopped_and_located(tmp_path):
+    outcome = _run(tmp_path, "import time\n\ndef wait():\n    time.sleep(600)\n\nwait()\n", timeout=3)
+    assert outcome.status == "timeout" and 3 <= outcome.elapsed_s < 30
+    assert outcome.crash_frame is not None and outcome.crash_frame.line == 4
+
+
+def test_exit_code_and_messages_before_a_crash(tmp_path):
+    outcome = _run(tmp_path, "import sys\nsys.exit(5)\n")
+    assert outcome.status == "exit" and outcome.returncode == 5 and outcome.exception is None
+    crashed = _run(tmp_path, (
+        "from jaxdbg._child import current_channel\nimport os\n"
+        "current_channel().send('progress', 41)\nos.abort()\n"
+    ))
+    assert crashed.status == "crash" and crashed.all("progress") == [41]
+
+
+def test_device_count_reaches_the_child(tmp_path):
+    outcome = _run(tmp_path, (
+        "import jax\nfrom jaxdbg._child import current_channel\n"
+        "current_channel().send('n', jax.device_count())\n"
+    ), device_count=3)
+    assert outcome.ok and outcome.last("n") == 3
+
+
+@pytest.mark.parametrize("text, expected", [
+    ('Fatal Python error: Segmentation fault\n\nCurrent thread 0x1 (most recent call first):\n'
+     '  File "/home/u/train.py", line 9 in step\n  File "/home/u/train.py", line 20 in <module>\n', 9),
+    ("no dump here\n", None),
+])
+def test_faulthandler_frame_parsing(text, expected):
+    frame = faulthandler_user_frame(text)
+    assert (frame.line if frame else None) == expected
