@@ -78,3 +78,14 @@ def test_python_dash_m_matches(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "jaxdbg", "doctor", "--bogus"], capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 2 and "No such option" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_doctor_exits_1_when_a_check_fails(tmp_path, capsys):
+    out = tmp_path / "doc"
+    out.mkdir()
+    (out / "profiler-check").write_text("a file where the capture folder should go")
+    assert main(["doctor", "--out", str(out), "--json", str(tmp_path / "r.json")]) == 1
+    report = json.loads((tmp_path / "r.json").read_text())
+    failed = [c for c in report["result"]["checks"] if c["status"] == "fail"]
+    assert report["exit_code"] == 1 and [c["name"] for c in failed] == ["profiler"]
+    assert "some checks failed" in capsys.readouterr().out
