@@ -37,6 +37,21 @@ TimeoutOpt = Annotated[
 ]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Print only the essentials.")]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Print more detail, and tracebacks of errors.")]
+TargetArg = Annotated[
+    str, typer.Argument(metavar="TARGET", show_default=False,
+                        help="script.py (run as __main__), file.py::func or package.module:func."),
+]
+ScriptArgsArg = Annotated[
+    Optional[list[str]], typer.Argument(metavar="[-- ARGS]...", show_default=False,
+                                        help="Arguments passed to a script target (after --)."),
+]
+ArgsOpt = Annotated[
+    Optional[str], typer.Option("--args", metavar="SPEC", help='Inputs of a function target, e.g. "f32[8,128] i32[8]".'),
+]
+InputsOpt = Annotated[
+    Optional[str], typer.Option("--inputs", metavar="SRC", help="file.py::make_inputs or data.npz (arg0, arg1, ...)."),
+]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the random --args inputs.")]
 
 
 @dataclass
