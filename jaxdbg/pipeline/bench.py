@@ -1,0 +1,400 @@
+"""The pipeline-bench harness: every combination of options, paired by seed, measured and summarised.
+
+For each schedule, variability and seed the durations are drawn once; the fixed order runs under each
+communication model, and the readiness-first policy under each hint, memory cap and communication
+model, all against those same durations. ``speedup_vs_fixed`` divides the fixed run's makespan (same
+schedule, communication, variability and seed; the fixed order uses the memory its order implies) by the
+run's own. In real mode every run executes in one contained child process with one JAX device per stage
+(or several, ``devices_per_stage``), and each is also simulated from the same realised durations (the
+prediction) and from the durations the run measured (a replay) to check the simulator.
+
+Example:
+    >>> result, runs = run_bench(BenchOptions(stages=4, microbatches=8, variabilities=("jitter:cv=0.3",)))
+    >>> [(r.policy, r.speedup_vs_fixed > 0) for r in result.runs]
+    [('fixed', True), ('ready', True)]
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from jaxdbg._errors import TargetFailedError, UsageError
+from jaxdbg.pipeline.metrics import RunMetrics, lower_bound, measure
+from jaxdbg.pipeline.policies import HINTS, POLICIES, RunRecord, make_policies, memory_caps
+from jaxdbg.pipeline.real import ModelSpec
+from jaxdbg.pipeline.schedules import Schedule, build_schedule, shape_for
+from jaxdbg.pipeline.simulate import COMMS, simulate
+from jaxdbg.pipeline.tasks import BACKWARD, FORWARD, WEIGHT, PipelineShape
+from jaxdbg.pipeline.variability import Costs, Durations, Variability, parse_variability, realise
+
+MODES = ("sim", "real")
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """What to run: each tuple is a set of alternatives, and every combination runs."""
+
+    mode: str = "sim"
+    stages: int = 4
+    microbatches: int = 16
+    virtual_stages: int | None = None  # None: 2 for the interleaved schedule, else 1
+    schedules: tuple[str, ...] = ("1f1b",)
+    policies: tuple[str, ...] = POLICIES
+    hints: tuple[str, ...] = ("1f1b",)
+    comms: tuple[str, ...] = ("async",)
+    memory_caps: tuple[float, ...] = (1.0,)
+    variabilities: tuple[str, ...] = ("none",)
+    seeds: int = 1
+    seed: int = 0
+    costs: Costs = Costs()
+    devices_per_stage: int = 1
+    model: ModelSpec = ModelSpec()
+    xprof_dir: str | None = None
+    timeout: float | None = None
+
+
+@dataclass(frozen=True)
+class RunGroup:
+    """What a summary row aggregates over seeds: schedule, policy (with hint and cap), comm, variability."""
+
+    schedule: str
+    policy: str
+    hint: str | None  # None for the fixed policy
+    comm: str
+    memory_cap: float | None  # multiple of 1F1B's in-flight microbatches; None: fixed uses what its order holds
+    variability: str
+
+
+@dataclass(frozen=True)
+class RunKey(RunGroup):
+    seed: int
+
+    def label(self) -> str:
+        policy = self.policy if self.hint is None else f"ready/{self.hint} cap {self.memory_cap:g}x"
+        return f"{self.schedule} {policy} {self.comm} {self.variability} seed {self.seed}"
+
+
+@dataclass(frozen=True)
+class RunRow(RunMetrics, RunKey):
+    """One row of the contract's ``runs``: its key, its metrics, and how it compares."""
+
+    memory_cap_microbatches: list[int] | None
+    lower_bound_s: float
+    makespan_over_lower_bound: float
+    speedup_vs_fixed: float
+    sim_makespan_s: float | None = None  # real mode: the simulator's prediction from the same durations
+    sim_error: float | None = None  # real mode: sim / real - 1
+    replay_makespan_s: float | None = None  # real mode: simulated from the durations this run measured
+    max_abs_grad_diff: float | None = None
+
+    def key(self) -> RunKey:
+        return RunKey(**_fields(self, RunKey))
+
+
+@dataclass(frozen=True)
+class SummaryRow(RunGroup):
+    runs: int
+    median_speedup_vs_fixed: float
+    median_makespan_over_lower_bound: float
+    median_bubble_fraction: float
+    median_decision_ns: float
+    median_abs_sim_error: float | None = None
+
+
+def _fields(value: Any, cls: type) -> dict[str, Any]:
+    """The values of ``cls``'s fields on ``value`` (a dataclass instance of ``cls`` or of a subclass)."""
+    return {f.name: getattr(value, f.name) for f in fields(cls)}
+
+
+@dataclass(frozen=True)
+class Correctness:
+    reference: str
+    max_abs_grad_diff: float
+    max_abs_grad: float
+    tolerance: float
+    runs_checked: int
+    ok: bool
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    """The contract's pipeline-bench ``result``."""
+
+    config: dict
+    runs: list[RunRow]
+    summary: list[SummaryRow]
+    correctness: Correctness | None = None
+    devices: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Job:
+    """One run to execute: its key, its shape and schedule, its policy parameters and durations."""
+
+    key: RunKey
+    shape: PipelineShape
+    schedule: Schedule
+    durations: Durations
+
+    def policies(self) -> list:
+        return make_policies(self.key.policy, self.shape, self.schedule, self.key.hint, self.key.memory_cap or 1.0)
+
+
+def check_options(options: BenchOptions) -> dict[str, Variability]:
+    """Check every option before any work (UsageError naming the option at fault)."""
+    _one_of("--mode", (options.mode,), MODES)
+    _one_of("--policy", options.policies, POLICIES)
+    _one_of("--hint", options.hints, HINTS)
+    _one_of("--comm", options.comms, COMMS)
+    if options.seeds < 1:
+        raise UsageError(f"--seeds {options.seeds}: run at least one seed")
+    if options.devices_per_stage < 1:
+        raise UsageError("--devices-per-stage must be at least 1")
+    if options.xprof_dir and options.mode != "real":
+        raise UsageError("--xprof captures real execution; add --mode real")
+    for cap in options.memory_caps:
+        if not cap > 0:
+            raise UsageError(f"--memory-cap {cap:g}: use positive multiples of 1F1B's memory, e.g. 1,2,4")
+    costs = options.costs
+    if min(costs.forward_s, costs.backward_s) <= 0 or costs.comm_s < 0:
+        raise UsageError("--task-ms must be positive and --comm-ms not negative")
+    if options.virtual_stages not in (None, 1) and "interleaved" not in options.schedules:
+        raise UsageError(f"--virtual-stages {options.virtual_stages} only applies to --schedule interleaved")
+    model_stages = []
+    for schedule in options.schedules:
+        shape = shape_for(schedule, options.stages, options.microbatches, _virtual(options, schedule))
+        model_stages.append(shape.model_stages)
+    if not options.schedules:
+        raise UsageError("--schedule: give at least one schedule")
+    return {
+        spec: parse_variability(spec, options.stages, min(model_stages)) for spec in dict.fromkeys(options.variabilities)
+    }
+
+
+def _one_of(option: str, values: tuple[str, ...], allowed: tuple[str, ...]) -> None:
+    if not values:
+        raise UsageError(f"{option}: give at least one of {', '.join(allowed)}")
+    for value in values:
+        if value not in allowed:
+            raise UsageError(f"{option} '{value}': unknown; use one of {', '.join(allowed)} (comma-separated for several)")
+
+
+def _virtual(options: BenchOptions, schedule: str) -> int:
+    """Chunks per stage: ``virtual_stages`` (default 2) for the interleaved schedule, one for the others."""
+    return (options.virtual_stages or 2) if schedule == "interleaved" else 1
+
+
+def plan_jobs(options: BenchOptions) -> list[_Job]:
+    """Every run, fixed baselines first in each group; durations drawn once per schedule/variability/seed."""
+    variabilities = check_options(options)
+    wanted_ready = "ready" in options.policies
+    jobs = []
+    for schedule_name in options.schedules:
+        shape = shape_for(schedule_name, options.stages, options.microbatches, _virtual(options, schedule_name))
+        schedule = build_schedule(schedule_name, shape)
+        for spec, variability in variabilities.items():
+            for seed in range(options.seed, options.seed + options.seeds):
+                durations = realise(variability, shape, options.costs, seed)
+                for comm in options.comms:
+                    key = RunKey(schedule_name, "fixed", None, comm, None, spec, seed)
+                    jobs.append(_Job(key, shape, schedule, durations))
+                if not wanted_ready:
+                    continue
+                for hint in options.hints:
+                    for cap in options.memory_caps:
+                        for comm in options.comms:
+                            key = RunKey(schedule_name, "ready", hint, comm, cap, spec, seed)
+                            jobs.append(_Job(key, shape, schedule, durations))
+    return jobs
+
+
+def run_bench(
+    options: BenchOptions, progress: Callable[[int, int, str], None] | None = None, out_dir: Path | None = None,
+) -> tuple[BenchResult, dict[RunKey, RunRecord]]:
+    """Run every combination; returns the result and each run's timeline (for traces and plots)."""
+    jobs = plan_jobs(options)
+    if options.mode == "sim":
+        records = {}
+        for i, job in enumerate(jobs):
+            if progress:
+                progress(i, len(jobs), job.key.label())
+            records[job.key] = simulate(job.shape, job.policies(), job.durations, job.key.comm)
+        real, devices, correctness = {}, [], None
+    else:
+        if progress:
+            progress(0, len(jobs), f"{len(jobs)} real runs in a child process")
+        records, real, devices = _run_real(options, jobs)
+        correctness = _correctness(real)
+        if out_dir is not None:
+            first = jobs[0]
+            replay = replay_file(first.shape, real[first.key])
+            (out_dir / "durations.json").write_text(json.dumps(replay) + "\n")
+    rows = _rows(options, jobs, records, real)
+    if "fixed" not in options.policies:
+        rows = [r for r in rows if r.policy != "fixed"]
+    result = BenchResult(_config(options), rows, summarise(rows), correctness, devices)
+    return result, records
+
+
+def _config(options: BenchOptions) -> dict:
+    config = {
+        "stages": options.stages,
+        "microbatches": options.microbatches,
+        "mode": options.mode,
+        "variability": ",".join(options.variabilities),
+        "seed": options.seed,
+        "seeds": options.seeds,
+        "virtual_stages": {s: _virtual(options, s) for s in options.schedules},
+        "schedules": list(options.schedules),
+        "policies": list(options.policies),
+        "hints": list(options.hints),
+        "comms": list(options.comms),
+        "memory_caps": list(options.memory_caps),
+        "costs": options.costs,
+    }
+    if options.mode == "real":
+        config.update(model=options.model, devices_per_stage=options.devices_per_stage)
+    return config
+
+
+def _rows(options: BenchOptions, jobs: list[_Job], records: dict, real: dict) -> list[RunRow]:
+    bounds: dict[int, float] = {}
+    fixed: dict[tuple, float] = {}
+    metrics: dict[RunKey, RunMetrics] = {}
+    for job in jobs:
+        metrics[job.key] = measure(records[job.key])
+        if job.key.policy == "fixed":
+            k = job.key
+            fixed[k.schedule, k.comm, k.variability, k.seed] = metrics[job.key].makespan_s
+    rows = []
+    for job in jobs:
+        key, m = job.key, metrics[job.key]
+        bound = bounds.setdefault(id(job.durations), lower_bound(job.durations))
+        baseline = fixed[key.schedule, key.comm, key.variability, key.seed]
+        caps = memory_caps(job.shape, key.memory_cap) if key.memory_cap is not None else None
+        extra: dict[str, Any] = {}
+        if key in real:
+            predicted = measure(simulate(job.shape, job.policies(), job.durations, key.comm)).makespan_s
+            replayed = measure(simulate(job.shape, job.policies(), _measured(job, real[key]), key.comm)).makespan_s
+            extra = dict(
+                sim_makespan_s=predicted, sim_error=predicted / m.makespan_s - 1, replay_makespan_s=replayed,
+                max_abs_grad_diff=real[key]["grad_diff"],
+            )
+        rows.append(RunRow(
+            **_fields(key, RunKey), **_fields(m, RunMetrics), memory_cap_microbatches=caps, lower_bound_s=bound,
+            makespan_over_lower_bound=m.makespan_s / bound if bound > 0 else float("nan"),
+            speedup_vs_fixed=baseline / m.makespan_s if m.makespan_s > 0 else float("nan"), **extra,
+        ))
+    return rows
+
+
+def summarise(rows: list[RunRow]) -> list[SummaryRow]:
+    """Medians over seeds for each (schedule, policy, hint, comm, memory cap, variability)."""
+    groups: dict[RunGroup, list[RunRow]] = {}
+    for row in rows:
+        groups.setdefault(RunGroup(**_fields(row, RunGroup)), []).append(row)
+    summary = []
+    for group, members in groups.items():
+        errors = [abs(r.sim_error) for r in members if r.sim_error is not None]
+        summary.append(SummaryRow(
+            **_fields(group, RunGroup), runs=len(members),
+            median_speedup_vs_fixed=statistics.median(r.speedup_vs_fixed for r in members),
+            median_makespan_over_lower_bound=statistics.median(r.makespan_over_lower_bound for r in members),
+            median_bubble_fraction=statistics.median(r.bubble_fraction for r in members),
+            median_decision_ns=statistics.median(r.decision_ns_mean for r in members),
+            median_abs_sim_error=statistics.median(errors) if errors else None,
+        ))
+    return summary
+
+
+# --- real mode ------------------------------------------------------------------------------------
+
+
+def _run_real(options: BenchOptions, jobs: list[_Job]) -> tuple[dict, dict, list[str]]:
+    from jaxdbg.runner import run_contained
+
+    payload = {
+        "model": options.model,
+        "devices_per_stage": options.devices_per_stage,
+        "xprof_dir": options.xprof_dir,
+        "jobs": [(job.key, job.shape, job.schedule.name, job.durations) for job in jobs],
+    }
+    devices = options.stages * options.devices_per_stage
+    outcome = run_contained("jaxdbg.pipeline.bench:real_job", payload, timeout=options.timeout, device_count=devices)
+    if not outcome.ok:
+        exc = outcome.exception
+        if exc is not None and exc.type == "UsageError":
+            raise UsageError(exc.message)
+        raise TargetFailedError(f"the real pipeline run {outcome.describe()}; try fewer stages or microbatches, or a longer --timeout")
+    results = {value["key"]: value for value in outcome.all("run")}
+    records = {key: _record(job.shape, results[key]) for job in jobs for key in [job.key]}
+    return records, results, outcome.last("devices", [])
+
+
+def _record(shape: PipelineShape, value: dict) -> RunRecord:
+    return RunRecord(
+        shape, np.asarray(value["start"]), np.asarray(value["end"]), tuple(value["blocked"]),
+        tuple(value["memory_wait"]), tuple(value["peak"]), value["decisions"], value["decision_ns"],
+    )
+
+
+def _measured(job: _Job, value: dict) -> Durations:
+    """The durations a real run measured (its tasks' times and its messages' delays) for a replay."""
+    return replace(job.durations, task=np.asarray(value["measured"]), comm=np.asarray(value["message_delay"]))
+
+
+def _correctness(real: dict) -> Correctness:
+    diff = max(v["grad_diff"] for v in real.values())
+    biggest = max(v["grad_max"] for v in real.values())
+    tolerance = 1e-6 + 1e-4 * biggest  # float32 sums over microbatches in a different order
+    return Correctness("single-device", diff, biggest, tolerance, len(real), diff <= tolerance)
+
+
+def replay_file(shape: PipelineShape, value: dict) -> dict:
+    """A ``replay:`` durations file from what a real run measured (rows: model stages)."""
+    measured = np.asarray(value["measured"]).reshape(shape.kinds, shape.model_stages, shape.microbatches)
+    delay = np.asarray(value["message_delay"]).reshape(shape.kinds, shape.model_stages, shape.microbatches)
+    backward = measured[BACKWARD] + (measured[WEIGHT] if shape.split else 0.0)
+    data = {
+        "source": "jaxdbg pipeline-bench --mode real (seconds per model stage and microbatch)",
+        "forward": measured[FORWARD].tolist(),
+        "backward": backward.tolist(),
+        "comm": delay[:2].tolist(),
+    }
+    if shape.split:
+        data.update(input_grad=measured[BACKWARD].tolist(), weight_grad=measured[WEIGHT].tolist())
+    return data
+
+
+def real_job(payload: dict, channel) -> None:
+    """Child side of real mode: build each shape's pipeline once, run every job, send back timelines."""
+    import contextlib
+
+    import jax
+
+    from jaxdbg.pipeline.real import RealPipeline
+
+    pipelines: dict[PipelineShape, RealPipeline] = {}
+    channel.send("devices", [str(d) for d in jax.devices()])
+    capture = jax.profiler.trace(payload["xprof_dir"]) if payload["xprof_dir"] else contextlib.nullcontext()
+    with capture:
+        for key, shape, schedule_name, durations in payload["jobs"]:
+            if shape not in pipelines:
+                pipelines[shape] = RealPipeline(shape, payload["model"], payload["devices_per_stage"])
+            pipe = pipelines[shape]
+            job = _Job(key, shape, build_schedule(schedule_name, shape), durations)
+            annotate = key.label() if payload["xprof_dir"] else None
+            run = pipe.run(job.policies(), durations, key.comm, annotate=annotate)
+            record = run.record
+            channel.send("run", {
+                "key": key, "start": record.start, "end": record.end, "blocked": list(record.blocked_s),
+                "memory_wait": list(record.memory_wait_s), "peak": list(record.peak_inflight),
+                "decisions": record.decisions, "decision_ns": record.decision_ns, "grad_diff": run.max_abs_grad_diff,
+                "grad_max": run.max_abs_grad, "measured": run.measured, "message_delay": run.message_delay,
+            })
