@@ -52,3 +52,296 @@ def eqn_name_stack(eqn: Any) -> str:
 
 def is_jax_array(value: Any) -> bool:
     return isinstance(value, jax.Array)
+
+
+# --- repro: cutting and emitting jaxprs (jaxdbg.repro, jaxdbg.jaxpr.emit) ---------------------------------
+
+# Primitives that only call another jaxpr: evaluating the inner jaxpr gives the same values.
+_INLINABLE_PARAMS = {
+    "pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
+    "custom_jvp_call": "call_jaxpr", "custom_vjp_call": "call_jaxpr", "custom_vjp_call_jaxpr": "fun_jaxpr",
+    "remat2": "jaxpr", "checkpoint": "jaxpr", "remat": "jaxpr",
+}
+
+
+def inlinable_jaxpr(eqn: Any) -> Any | None:
+    """The jaxpr an equation merely calls (jit, custom_jvp/vjp, remat, closed_call), else None."""
+    key = _INLINABLE_PARAMS.get(eqn.primitive.name)
+    if key is None:
+        return None
+    return eqn.params.get(key) or eqn.params.get("fun_jaxpr")
+
+
+def is_literal(atom: Any) -> bool:
+    """True for a jaxpr literal (a constant written in the equation) or any atom carrying ``val``."""
+    from jax.extend.core import Literal
+
+    return isinstance(atom, Literal) or (hasattr(atom, "val") and not hasattr(atom, "count"))
+
+
+def is_drop_var(atom: Any) -> bool:
+    """True for an output the jaxpr discards (printed ``_``)."""
+    return type(atom).__name__ == "DropVar"
+
+
+def scan_counts(params: dict) -> tuple[int, int]:
+    """``(num_consts, num_carry)`` of a scan: jax 0.10 names them; jax 0.11 keeps per-group tuples in ft_in."""
+    if "num_consts" in params:
+        return params["num_consts"], params["num_carry"]
+    consts, carry, _ = params["ft_in"]
+    return len(consts), len(carry)
+
+
+def is_tracer(value: Any) -> bool:
+    """True while tracing (a value inside jit/grad/vmap), when concrete checks are impossible."""
+    return isinstance(value, jax.core.Tracer)
+
+
+def is_extended_dtype(dtype: Any) -> bool:
+    """PRNG key arrays and other dtypes numpy cannot hold."""
+    return jax.dtypes.issubdtype(dtype, jax.dtypes.extended)
+
+
+# ---- profile (issue 3): jit-call tracking, transfer timing, compiled-executable analyses ----------------
+
+
+def under_transformation() -> bool:
+    """True while any jax trace is active (inside jit tracing, grad, vmap): calls there are not executions."""
+    from jax._src import core  # internal: trace_state_clean has no public spelling in jax 0.10/0.11
+
+    return not core.trace_state_clean()
+
+
+def array_class() -> type:
+    """The concrete class of jax arrays (``ArrayImpl``), whose ``_value`` copies device data to the host."""
+    from jax._src.array import ArrayImpl
+
+    return ArrayImpl
+
+
+def host_copy_pending(array: Any) -> bool:
+    """True when reading ``array`` on the host will copy it from the device (no cached host copy yet)."""
+    return getattr(array, "_npy_value", None) is None
+
+
+def device_put_homes() -> list[tuple[Any, str]]:
+    """Every ``(module, attribute)`` holding ``device_put``: ``jax.device_put`` and the one ``jnp.asarray``
+    calls (``jax._src.api.device_put``)."""
+    from jax._src import api
+
+    return [(jax, "device_put"), (api, "device_put")]
+
+
+def compiled_cost(compiled: Any) -> dict[str, float] | None:
+    """``Compiled.cost_analysis()`` as one flat dict (older jax returned a list of dicts; -1 means unknown)."""
+    try:
+        cost = compiled.cost_analysis()
+    except Exception:  # noqa: BLE001 - some backends raise instead of returning None
+        return None
+    if isinstance(cost, (list, tuple)):
+        cost = cost[0] if cost else None
+    if not cost:
+        return None
+    return {k: float(v) for k, v in cost.items() if isinstance(v, (int, float)) and v >= 0}
+
+
+def compiled_memory(compiled: Any) -> dict[str, int] | None:
+    """``Compiled.memory_analysis()`` as ``{argument_bytes, output_bytes, temp_bytes, code_bytes, alias_bytes}``."""
+    try:
+        stats = compiled.memory_analysis()
+    except Exception:  # noqa: BLE001 - not every backend implements it
+        return None
+    if stats is None:
+        return None
+    names = {"argument_bytes": "argument_size_in_bytes", "output_bytes": "output_size_in_bytes",
+             "temp_bytes": "temp_size_in_bytes", "code_bytes": "generated_code_size_in_bytes",
+             "alias_bytes": "alias_size_in_bytes"}
+    return {k: int(getattr(stats, v)) for k, v in names.items() if getattr(stats, v, None) is not None}
+
+
+# ---- nan-hunt (issue 4): equation evaluation, eager-op hooks, custom_vjp backward sources, shard_map ----
+
+import contextlib  # noqa: E402 - kept with the nan-hunt helpers that need it
+
+
+def bind_eqn(eqn: Any, invals: list, keep_source: bool = False) -> list:
+    """Evaluate one equation on ``invals`` (concrete values, or tracers while retracing); always a list.
+
+    ``keep_source=True`` re-binds under the equation's own traceback and name stack, so a jaxpr traced from
+    this evaluation keeps the user's source lines (what ``jax.core.eval_jaxpr`` does).
+    """
+    from jax._src import source_info_util
+
+    params = eqn.primitive.get_bind_params(eqn.params)
+    if isinstance(params, tuple):  # older jax: (subfuns, params)
+        subfuns, params = params
+        invals = [*subfuns, *invals]
+    ctx = getattr(getattr(eqn, "ctx", None), "manager", None) or contextlib.nullcontext()
+    if keep_source:
+        stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
+        where = source_info_util.user_context(eqn.source_info.traceback, name_stack=stack)
+    else:
+        where = contextlib.nullcontext()
+    with where, ctx:
+        out = eqn.primitive.bind(*invals, **params)
+    return list(out) if eqn.primitive.multiple_results else [out]
+
+
+def has_inner_jaxprs(eqn: Any) -> bool:
+    """True for a higher-order equation (its params hold jaxprs: jit, scan, cond, custom_vjp, ...)."""
+    from jax.extend.core import jaxprs_in_params
+
+    return next(iter(jaxprs_in_params(eqn.params)), None) is not None
+
+
+@contextlib.contextmanager
+def custom_vjp_backward_sources() -> Iterator[None]:
+    """While active, equations traced from a user's ``custom_vjp`` backward rule keep the rule's own lines.
+
+    jax transposes a custom_vjp by calling the user's ``bwd`` under the *forward* call's traceback, so
+    every equation of the rule would point at the line that called the function. Inside this context the
+    rule runs under the live traceback instead, and its name stack gains ``custom_vjp_bwd(<rule name>)``.
+    Restored in ``finally``; nothing else changes.
+    """
+    from jax._src import source_info_util
+    from jax._src.interpreters import ad
+
+    tables = [t for t in (getattr(ad, "primitive_transposes", None), getattr(ad, "fancy_transposes", None))
+              if t is not None and ad.custom_lin_p in t]
+    saved = [(table, table[ad.custom_lin_p]) for table in tables]
+
+    def live_traceback(rule: Any) -> Any:
+        def transpose(*args: Any, **kwargs: Any) -> Any:
+            bwd = kwargs.get("bwd")
+            name = getattr(getattr(bwd, "debug_info", None), "func_name", None) or getattr(bwd, "__name__", "bwd")
+            stack = source_info_util.current_name_stack().extend(f"custom_vjp_bwd({name})")
+            state = source_info_util._source_info_context
+            saved_info = state.context
+            state.context = source_info_util.SourceInfo(None, stack)  # no traceback: jax takes the live one
+            try:
+                return rule(*args, **kwargs)
+            finally:
+                state.context = saved_info
+        return transpose
+
+    for table, rule in saved:
+        table[ad.custom_lin_p] = live_traceback(rule)
+    try:
+        yield
+    finally:
+        for table, rule in saved:
+            table[ad.custom_lin_p] = rule
+
+
+@contextlib.contextmanager
+def eager_hooks(on_primitive: Any, on_jit: Any, keep_fast: Any) -> Iterator[None]:
+    """Callbacks after every eager (top-level, concrete) execution, restored in ``finally``:
+
+    - ``on_primitive(primitive, args, params, out, nested)`` for a primitive run op by op;
+    - ``on_jit(name, closed_jaxpr, args, outs, nested)`` for a jitted function run through Python dispatch.
+
+    jax's C++ dispatch skips Python once a call has been cached, and jax's own ``jnp`` functions are jitted,
+    so eager ``jnp.sqrt(x)`` would be invisible: while active, new cache entries of top-level jitted calls get
+    no fast path unless ``keep_fast(executable_name)`` (e.g. ``'jit(train_step)'``) says so. Entries cached
+    before stay fast: clear jax's caches on entry (and on exit, so later calls get the fast path back).
+    ``nested`` is True inside another eager execution (jax runs an eager primitive as a tiny jitted
+    function; that inner call is nested, and keeps its fast path).
+    """
+    import threading
+
+    from jax._src import core, pjit
+
+    original_primitive = core.EvalTrace.process_primitive
+    original_jit = pjit._pjit_call_impl_python
+    original_fastpath = pjit._get_fastpath_data
+    depth = threading.local()
+
+    def process_primitive(self: Any, primitive: Any, args: Any, params: Any, /) -> Any:
+        level = getattr(depth, "level", 0)
+        depth.level = level + 1
+        try:
+            out = original_primitive(self, primitive, args, params)
+        finally:
+            depth.level = level
+        on_primitive(primitive, args, params, out, level > 0)
+        return out
+
+    def call_impl_python(*args: Any, **params: Any) -> Any:
+        level = getattr(depth, "level", 0)
+        depth.level = level + 1
+        try:
+            result = original_jit(*args, **params)
+        finally:
+            depth.level = level
+        on_jit(params.get("name"), params.get("jaxpr"), args, list(result[0]), level > 0)
+        return result
+
+    def fastpath_data(executable: Any, *args: Any, **kwargs: Any) -> Any:
+        name = getattr(getattr(executable, "unsafe_call", None), "name", "") or ""
+        if getattr(depth, "level", 0) > 0 or keep_fast(name):
+            return original_fastpath(executable, *args, **kwargs)
+        return None
+
+    core.EvalTrace.process_primitive = process_primitive
+    pjit._pjit_call_impl_python = call_impl_python
+    pjit._get_fastpath_data = fastpath_data
+    try:
+        yield
+    finally:
+        core.EvalTrace.process_primitive = original_primitive
+        pjit._pjit_call_impl_python = original_jit
+        pjit._get_fastpath_data = original_fastpath
+
+
+def current_source_context() -> tuple[SourceLocation | None, str]:
+    """``(user line, name stack)`` jax would give an equation created right now (e.g. an eager op).
+
+    While jax transposes (eager ``grad``), the traceback is the forward line being differentiated.
+    """
+    from jax._src import source_info_util
+
+    info = source_info_util.current()
+    return next(source_frames(info), None), str(info.name_stack)
+
+
+def shard_map_layout(params: dict) -> tuple[dict[str, int], tuple, tuple, tuple[str, ...]] | None:
+    """``(mesh axis sizes, in_specs, out_specs, manual axes in mesh order)`` of a shard_map, or None."""
+    mesh = params.get("mesh")
+    in_specs, out_specs = params.get("in_specs"), params.get("out_specs")
+    if mesh is None or in_specs is None or out_specs is None:
+        return None
+    sizes = dict(zip(mesh.axis_names, mesh.axis_sizes if hasattr(mesh, "axis_sizes") else mesh.devices.shape))
+    manual = params.get("newly_manual_axes", params.get("manual_axes", frozenset(sizes)))
+    if params.get("auto"):
+        manual = frozenset(sizes) - frozenset(params["auto"])
+    return sizes, tuple(in_specs), tuple(out_specs), tuple(a for a in sizes if a in manual)
+
+
+def jaxpr_function_name(closed: Any) -> str | None:
+    """The name of the Python function a jaxpr was traced from (``debug_info.func_name``), if recorded."""
+    inner = getattr(closed, "jaxpr", closed)
+    info = getattr(inner, "debug_info", None)
+    name = getattr(info, "func_name", None)
+    return name if name and not name.startswith("<") else None
+
+
+def scan_split(params: dict) -> tuple[int, int]:
+    """``(num_consts, num_carry)`` of a scan on any supported jax (jax 0.11+ packs groups in a FlatTree
+    ``ft_in``; iterating that tree gives its leaves, so the groups are read with ``unpack``)."""
+    if "num_consts" in params:
+        return params["num_consts"], params["num_carry"]
+    groups = params["ft_in"]
+    groups = groups.unpack() if hasattr(groups, "unpack") else groups
+    consts, carry = groups[0], groups[1]
+    return len(list(getattr(consts, "vals", consts))), len(list(getattr(carry, "vals", carry)))
+
+
+# ---- profile (issue 3), continued ------------------------------------------------------------------------
+
+
+def profiler_start_homes() -> list[tuple[Any, str]]:
+    """Every ``(module, attribute)`` holding ``start_trace``: the public one and the one ``jax.profiler.trace``
+    calls internally."""
+    from jax._src import profiler
+
+    return [(jax.profiler, "start_trace"), (profiler, "start_trace")]

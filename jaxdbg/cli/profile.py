@@ -1,0 +1,245 @@
+"""``jaxdbg profile TARGET``: compile vs execute per function, recompilation causes, HLO, per-op tables,
+traces, monitoring and CI budgets. Parses options, calls :func:`jaxdbg.profile.profile`, renders."""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from jaxdbg.cli._common import (
+    ArgsOpt, Common, InputsOpt, JsonOpt, OutOpt, QuietOpt, ScriptArgsArg, SeedOpt, TargetArg, TimeoutOpt, VerboseOpt,
+    execute,
+)
+from jaxdbg.report import Report, environment_info, relative_or_absolute
+
+RunsOpt = Annotated[int, typer.Option("--runs", min=1, help="Timed runs of a function target.")]
+WarmupOpt = Annotated[int, typer.Option("--warmup", min=0, help="Untimed runs before the timed ones.")]
+BudgetOpt = Annotated[Optional[str], typer.Option(
+    "--budget", metavar="RULES", help='Fail (exit 1) past a budget, e.g. "compile_s<=2,execute_median_ms<=50,'
+    'recompiles<=0,train_step.compile_s<=1".')]
+CompareOpt = Annotated[Optional[str], typer.Option(
+    "--compare", metavar="OLD.json", help="Show per-function deltas against an earlier --json report.")]
+XlaDumpOpt = Annotated[bool, typer.Option("--xla-dump", help="Also write XLA's full dump folder into --out.")]
+MonitorOpt = Annotated[bool, typer.Option("--monitor", help="Sample host memory/CPU and device memory through the run.")]
+ServeOpt = Annotated[bool, typer.Option("--serve", help="Open the capture in xprof on localhost (Ctrl-C stops it).")]
+TopOpt = Annotated[int, typer.Option("--top", min=0, help="Ops shown per function in the per-op table.")]
+TraceCallsOpt = Annotated[int, typer.Option(
+    "--trace-calls", min=0, help="Calls captured by jax.profiler from the start of the run (0: no capture).")]
+
+PythonTracerOpt = Annotated[bool, typer.Option(
+    "--python-tracer", help="Also record every Python call in the capture (large traces, slows the target).")]
+
+
+def register(app: typer.Typer) -> None:
+    app.command("profile", context_settings={"allow_interspersed_args": True})(profile)
+
+
+def profile(
+    target: TargetArg, script_args: ScriptArgsArg = None, runs: RunsOpt = 20, warmup: WarmupOpt = 3,
+    budget: BudgetOpt = None, compare: CompareOpt = None, xla_dump: XlaDumpOpt = False, monitor: MonitorOpt = False,
+    serve: ServeOpt = False, top: TopOpt = 10, trace_calls: TraceCallsOpt = 10,
+    python_tracer: PythonTracerOpt = False, args: ArgsOpt = None,
+    inputs: InputsOpt = None, seed: SeedOpt = 0, json: JsonOpt = None, out: OutOpt = None,
+    timeout: TimeoutOpt = None, quiet: QuietOpt = False, verbose: VerboseOpt = False,
+) -> int:
+    """Where the time goes: compile vs execute per jitted function, why it recompiled, HLO, per-op tables."""
+    from jaxdbg.profile import ProfileOptions
+
+    common = Common("profile", json, out, timeout, quiet, verbose)
+    options = ProfileOptions(runs=runs, warmup=warmup, top=top, trace_calls=trace_calls, xla_dump=xla_dump,
+                             monitor=monitor, budget=budget, compare=compare, args=args, inputs=inputs, seed=seed,
+                             timeout=timeout, python_tracer=python_tracer)
+    built: list[Report] = []
+
+    def build(c: Common) -> Report:
+        report = _build(c, target, script_args or [], options)
+        built.append(report)
+        return report
+
+    code = execute(common, build, render)
+    if serve and built and built[0].artifacts.get("trace_dir"):
+        _serve(common, built[0].artifacts["trace_dir"])
+    return code
+
+
+def _build(common: Common, target: str, script_args: list[str], options: object) -> Report:
+    from jaxdbg.profile import profile as run_profile
+    from jaxdbg.target import parse_target
+
+    spec = parse_target(target, script_args)
+    with common.progress() as progress:
+        progress.add_task(f"profiling {spec.display_name}", total=None, status="")
+        run = run_profile(spec, options, str(common.out_dir()))
+    # The child's view of jax (it ran the target); importing jax here only for the envelope would cost ~1 s.
+    return Report("profile", target, run.result, run.exit_code, run.artifacts, run.environment or environment_info())
+
+
+def _serve(common: Common, logdir: str) -> None:
+    from jaxdbg.profile.serve import start_xprof
+
+    server = start_xprof(logdir)
+    common.err_console.print(f"xprof: {server.url}  (serving {relative_or_absolute(logdir)}; Ctrl-C stops it)")
+    server.wait()
+
+
+# ---- rendering ---------------------------------------------------------------------------------------------
+
+
+def _s(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value >= 1:
+        return f"{value:.3g}s"
+    if value >= 1e-3:
+        return f"{value * 1e3:.3g}ms"
+    return f"{value * 1e6:.3g}us"
+
+
+def _rate(value: float, unit: str) -> str:
+    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if value >= scale:
+            return f"{value / scale:.2f} {prefix}{unit}"
+    return f"{value:.0f} {unit}"
+
+
+def _pct(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.0f}%" if whole > 0 else "-"
+
+
+def render(report: Report, console: Console) -> None:
+    result = report.result
+    t = result.totals
+    console.print(f"[bold]jaxdbg profile[/] {report.target}  ({result.mode} mode, {result.device.get('backend', '?')})")
+    console.print(f"wall {_s(t.wall_s)} = compile {_s(t.compile_s)} ({_pct(t.compile_s, t.wall_s)}) + execute "
+                  f"{_s(t.execute_s)} ({_pct(t.execute_s, t.wall_s)}) + transfer {_s(t.transfer_s)} "
+                  f"({_pct(t.transfer_s, t.wall_s)}) + other {_s(t.other_s)} ({_pct(t.other_s, t.wall_s)})"
+                  + (f"  [dim]jaxdbg overhead {_s(t.overhead_s)} not included[/]" if t.overhead_s > 1e-3 else ""))
+    if result.functions:
+        console.print(_functions_table(result))
+    for function in result.functions:
+        _render_function_detail(console, function)
+    if result.transfers:
+        console.print("transfers: " + ", ".join(f"{x.kind} {x.count}x {_s(x.total_s)}" for x in result.transfers))
+    if result.monitor is not None:
+        summary = result.monitor.summary
+        console.print(f"monitor: {summary['samples']} samples, peak host RSS {summary['peak_host_rss_bytes'] / 2**20:.0f} "
+                      f"MiB, mean CPU {summary['mean_host_cpu_percent']:.0f}% of a core"
+                      + "".join(f"\n  [yellow]{w}[/]" for w in summary.get("warnings", [])))
+    if result.comparison:
+        _render_comparison(console, result.comparison)
+    for note in result.notes:
+        console.print(f"[cyan]note[/] {note}", soft_wrap=True)
+    for hint in result.hints:
+        console.print(f"[yellow]hint[/] {hint}", soft_wrap=True)
+    if result.trace is not None:
+        console.print(f"trace: {relative_or_absolute(result.trace.logdir)} ({result.trace.calls_traced} calls; "
+                      f"open with xprof --logdir, or the Perfetto file in ui.perfetto.dev)")
+    if report.artifacts.get("report"):
+        console.print(f"[dim]report: {relative_or_absolute(report.artifacts['report'])}[/]")
+    _render_budget(console, result.budget)
+    if result.error:
+        Console(stderr=True, highlight=False).print(f"jaxdbg profile: {result.error}", soft_wrap=True, markup=False)
+
+
+def _functions_table(result: object) -> Table:
+    table = Table(title="jitted functions", title_justify="left")
+    table.add_column("function", no_wrap=True)
+    for column in ("compiles", "compile", "calls", "first", "median", "p90", "execute"):
+        table.add_column(column, no_wrap=True)
+    for f in result.functions:
+        c, e = f.compile, f.execute
+        table.add_row(f.name, str(f.compiles), _s(c.total_s), str(e.calls), _s(e.first_s),
+                      _s(e.median_s), _s(e.p90_s), _s(e.total_s))
+    return table
+
+
+def _loc(source: object) -> str:
+    """'train.py:14': the file's base name keeps tables narrow (the JSON has the full path)."""
+    if source is None:
+        return "-"
+    return f"{os.path.basename(source.file)}:{source.line}"
+
+
+def _render_function_detail(console: Console, f: object) -> None:
+    c = f.compile
+    console.print(f"  [bold]{f.name}[/] compile {_s(c.total_s)} over {f.compiles} compile(s): trace {_s(c.trace_s)}, "
+                  f"lower {_s(c.lower_s)}, backend {_s(c.compile_s)}"
+                  + (f"; defined at {relative_or_absolute(f.source.file)}:{f.source.line}" if f.source else ""),
+                  soft_wrap=True)
+    for calls, reason in _grouped(f.recompiles)[:8]:
+        shown = ", ".join(map(str, calls[:6])) + (f", ... ({len(calls)} recompiles)" if len(calls) > 6 else "")
+        label = "call" if len(calls) == 1 else "calls"
+        console.print(f"  [magenta]recompile[/] {f.name} {label} {shown}: {reason}", soft_wrap=True)
+    if f.cost or f.rates:
+        parts = []
+        if f.cost:
+            parts.append(", ".join(f"{k} {v:.3g}" for k, v in f.cost.items()))
+        if f.rates and f.rates.flops_per_s:
+            r = f.rates
+            frac = f" = {100 * r.flops_fraction:.1f}% of peak" if r.flops_fraction else ""
+            bw = f", {_rate(r.bytes_per_s, 'B/s')}" if r.bytes_per_s else ""
+            bwfrac = f" = {100 * r.bytes_fraction:.1f}% of peak" if r.bytes_fraction else ""
+            if r.bytes_fraction and r.bytes_fraction > 1:
+                bwfrac += " (above the measured memory peak: the data fits in caches)"
+            bound = f", {r.bound}-bound" if r.bound else ""
+            parts.append(f"{_rate(r.flops_per_s, 'FLOP/s')}{frac}{bw}{bwfrac}{bound} [dim]({r.peak_source})[/]")
+            if r.note:
+                parts.append(f"[dim]{r.note}[/]")
+        console.print(f"  {f.name} cost: " + "; ".join(parts), soft_wrap=True)
+    if f.memory:
+        console.print(f"  {f.name} memory: " + ", ".join(f"{k} {_rate(v, 'B')}" for k, v in f.memory.items()),
+                      soft_wrap=True)
+    if f.ops:
+        table = Table(title=f"top ops of {f.name} ({f.ops_source})", title_justify="left")
+        for column in ("op", "category", "count", "total", "share", "source"):
+            table.add_column(column, overflow="fold")
+        for op in f.ops:
+            table.add_row(op.name, op.category, str(op.count), _s(op.total_s), f"{100 * op.fraction:.1f}%",
+                          _loc(op.source))
+        console.print(table)
+
+
+def _grouped(recompiles: tuple) -> list[tuple[list[int], str]]:
+    """Recompiles with the same reason together, in order of first appearance."""
+    groups: dict[str, list[int]] = {}
+    for r in recompiles:
+        groups.setdefault(r.reason, []).append(r.call_index)
+    return [(calls, reason) for reason, calls in groups.items()]
+
+
+def _render_comparison(console: Console, deltas: tuple) -> None:
+    table = Table(title="compared with the earlier report", title_justify="left")
+    for column in ("function", "status", "compile", "execute median", "calls"):
+        table.add_column(column)
+
+    def cell(metric: dict | None, seconds: bool = True) -> str:
+        if not metric or metric.get("new") is None:
+            return "-"
+        new = _s(metric["new"]) if seconds else f"{metric['new']:g}"
+        if metric.get("ratio") is None:
+            return new
+        return f"{new} ({metric['ratio']:.2f}x)"
+
+    for d in deltas:
+        m = d.metrics
+        if d.name == "<totals>":
+            table.add_row("(run)", d.status, cell(m.get("compile_s")), "-", "-")
+        else:
+            table.add_row(d.name, d.status, cell(m.get("compile_s")), cell(m.get("execute_median_s")),
+                          cell(m.get("calls"), seconds=False))
+    console.print(table)
+
+
+def _render_budget(console: Console, budget: object) -> None:
+    if not budget.checked:
+        return
+    if budget.ok:
+        console.print(f"[green]budget held[/] ({', '.join(budget.checked)})")
+        return
+    console.print("[bold red]budget violated[/]")
+    for violation in budget.violations:
+        console.print(f"  [red]{violation}[/]", soft_wrap=True)

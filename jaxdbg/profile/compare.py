@@ -1,0 +1,74 @@
+"""``--compare OLD.json``: per-function deltas against an earlier ``jaxdbg profile`` report.
+
+Example:
+    >>> old = load_baseline("previous.json")                   # doctest: +SKIP
+    >>> deltas = compare(old, result.functions, result.totals) # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from jaxdbg._errors import UsageError
+from jaxdbg.profile.model import FunctionDelta, FunctionProfile, Totals
+
+# metric -> path into a function's JSON
+_FUNCTION_METRICS = {
+    "compile_s": ("compile", "total_s"), "backend_compile_s": ("compile", "compile_s"),
+    "execute_median_s": ("execute", "median_s"), "execute_p90_s": ("execute", "p90_s"),
+    "execute_total_s": ("execute", "total_s"), "calls": ("execute", "calls"), "compiles": ("compiles",),
+}
+_TOTAL_METRICS = ("wall_s", "compile_s", "execute_s", "transfer_s", "other_s")
+
+
+def load_baseline(path: str) -> dict[str, Any]:
+    """The ``result`` of an earlier profile report; UsageError (exit 2) for anything else."""
+    if not os.path.exists(path):
+        raise UsageError(f"--compare '{path}': no such file; pass the --json output of an earlier jaxdbg profile")
+    try:
+        with open(path) as handle:
+            report = json.load(handle)
+    except (OSError, ValueError) as err:
+        raise UsageError(f"--compare '{path}': not a readable JSON report ({err})") from None
+    if not isinstance(report, dict) or report.get("command") != "profile":
+        command = report.get("command") if isinstance(report, dict) else None
+        raise UsageError(f"--compare '{path}': not a jaxdbg profile report (command is {command!r}); "
+                         "pass the --json output of an earlier jaxdbg profile")
+    result = report.get("result")
+    if not isinstance(result, dict) or not isinstance(result.get("functions"), list):
+        raise UsageError(f"--compare '{path}': the report holds no profile result; was the earlier run cut short?")
+    return result
+
+
+def _dig(data: Any, path: tuple[str, ...]) -> float | None:
+    for key in path:
+        if not isinstance(data, dict):
+            return None
+        data = data.get(key)
+    return float(data) if isinstance(data, (int, float)) and not isinstance(data, bool) else None
+
+
+def _delta(old: float | None, new: float | None) -> dict[str, float | None]:
+    return {"old": old, "new": new, "delta": None if old is None or new is None else new - old,
+            "ratio": None if not old or new is None else new / old}
+
+
+def compare(baseline: dict[str, Any], functions: tuple[FunctionProfile, ...], totals: Totals) -> tuple[FunctionDelta, ...]:
+    """Deltas per function (by name) and for the run's totals (as the pseudo-function ``<totals>``)."""
+    from jaxdbg.report import to_jsonable
+
+    old_by_name = {f.get("name"): f for f in baseline["functions"] if isinstance(f, dict)}
+    deltas = []
+    for function in functions:
+        new = to_jsonable(function)
+        old = old_by_name.pop(function.name, None)
+        metrics = {m: _delta(_dig(old, p) if old else None, _dig(new, p)) for m, p in _FUNCTION_METRICS.items()}
+        deltas.append(FunctionDelta(function.name, "changed" if old else "new", metrics))
+    for name in old_by_name:
+        deltas.append(FunctionDelta(str(name), "gone", {}))
+    old_totals = baseline.get("totals") or {}
+    deltas.append(FunctionDelta("<totals>", "changed", {
+        m: _delta(_dig(old_totals, (m,)), getattr(totals, m)) for m in _TOTAL_METRICS}))
+    return tuple(deltas)

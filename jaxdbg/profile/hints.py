@@ -1,0 +1,84 @@
+"""Plain-words hints from a profile: what dominates the run, and the usual fix for it.
+
+Example:
+    >>> hints_for([], Totals(10.0, 8.0, 1.0, 0.5, 0.5), [])[0][:40]
+    'compilation takes 80% of the run (8.00 s'
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from jaxdbg.profile.model import FunctionProfile, Totals, Transfer
+
+_FIXES = {
+    "shape": "pad inputs to a few fixed shapes (bucketing), or drop the ragged last batch",
+    "static": "each new value of a static argument compiles again: pass it as an array, or use fewer values",
+    "weak_type": "mixing Python scalars and arrays changes weak types: pass jnp.asarray(x, dtype) consistently",
+    "dtype": "cast inputs to one dtype before the call",
+    "callable": "jax.jit is applied to a new function object each time: jit once, outside the loop",
+    "sharding": "inputs arrive with different shardings: device_put them with one sharding",
+    "structure": "the pytree structure of an argument changes between calls: keep the same keys/lengths",
+    "type": "an argument switches between a Python scalar and an array: pass the same kind each call",
+}
+
+
+def hints_for(functions: list[FunctionProfile], totals: Totals, transfers: list[Transfer]) -> tuple[str, ...]:
+    hints = []
+    for function in functions:
+        if not function.recompiles:
+            continue
+        kinds = Counter(change.kind for r in function.recompiles for change in r.changes) or Counter(["unknown"])
+        kind, count = kinds.most_common(1)[0]
+        fix = _FIXES.get(kind, "check jax's caches and config between calls")
+        hints.append(f"{function.name} compiled {function.compiles} times ({function.compile.total_s:.2f} s); "
+                     f"the main cause, on {count} recompiles: {kind} changes. Fix: {fix}")
+    wall = totals.wall_s or 0.0
+    if wall > 0 and totals.compile_s > 0.5 * wall:
+        hints.append(f"compilation takes {100 * totals.compile_s / wall:.0f}% of the run ({totals.compile_s:.2f} s): "
+                     "reuse compiled code with the persistent cache (JAX_COMPILATION_CACHE_DIR), or compile less "
+                     "(fewer shapes, smaller unrolled loops: lax.scan instead of Python loops)")
+    if wall > 0 and totals.transfer_s > 0.2 * wall:
+        hints.append(f"host<->device copies take {100 * totals.transfer_s / wall:.0f}% of the run "
+                     f"({totals.transfer_s:.2f} s): keep data on the device between steps")
+    by_kind = {t.kind: t for t in transfers}
+    implicit = by_kind.get("implicit_args")
+    if implicit and implicit.count >= 3 and implicit.total_s > 0.05 * max(wall, 1e-9):
+        hints.append(f"numpy arrays were passed to jitted functions {implicit.count} times and copied to the device "
+                     f"each time ({implicit.total_s:.2f} s, {implicit.bytes / 1e6:.1f} MB): move them once with "
+                     "jax.device_put, or prefetch the next batch while the current step runs")
+    reads = by_kind.get("to_host")
+    if reads and reads.count >= 10 and reads.total_s > 0.05 * max(wall, 1e-9):
+        hints.append(f"device values were read on the host {reads.count} times ({reads.total_s:.2f} s: float(x), "
+                     ".item(), print): each read waits for the device; log every N steps instead")
+    for function in functions:
+        if function.ops and function.ops[0].fraction > 0.5 and function.execute.total_s > 0.05 * max(wall, 1e-9):
+            op = function.ops[0]
+            where = f" at {op.source}" if op.source else ""
+            hints.append(f"in {function.name}, one op takes {100 * op.fraction:.0f}% of the time: {op.name} "
+                         f"({op.category}){where}")
+    return tuple(hints)
+
+
+def notes_for(mode: str, functions: list[FunctionProfile], gathered: Any, error: str | None) -> tuple[str, ...]:
+    notes = []
+    if mode == "script" and not functions:
+        eager = gathered.eager_compile()
+        notes.append(
+            "the script ran no jitted function (nothing called a function made by jax.jit), so there is no "
+            "compile/execute split to show"
+            + (f"; {eager['count']} eager operations compiled in {eager['total_s']:.2f} s" if eager["count"] else "")
+            + ". Wrap the step in jax.jit, or profile one function with file.py::func")
+    if error and functions:
+        notes.append("the target failed midway: the profile covers what ran before the failure")
+    for text in gathered.trace_errors:
+        notes.append(text)
+    if gathered.trace is None and not error and functions:
+        notes.append("no profiler capture was taken (--trace-calls 0), so there is no per-op table")
+    window = gathered.trace.calls_traced if gathered.trace is not None else 0
+    for function in functions:
+        if not function.ops and function.execute.calls and gathered.trace is not None:
+            notes.append(f"{function.name}: no per-op rows; it did not run inside the capture window (the first "
+                         f"{window} calls of the run): raise --trace-calls to include it")
+    return tuple(dict.fromkeys(notes))

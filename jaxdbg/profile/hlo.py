@@ -1,0 +1,312 @@
+"""Read optimised HLO text (``Compiled.as_text()``): its instructions, what each costs, and its source line.
+
+XLA writes the Python stack of each operation into the module as tables (``FileNames``, ``FunctionNames``,
+``FileLocations``, ``StackFrames``) and tags instructions with ``metadata={op_name=... stack_frame_id=N}``
+(older versions write ``source_file=... source_line=...`` instead); both forms are read. A fusion is
+attributed to the heaviest instruction inside it (a dot over a reduce over elementwise work).
+
+Example:
+    >>> module = parse_hlo(compiled.as_text())          # doctest: +SKIP
+    >>> module.name, module.ops["fusion.3"].category    # doctest: +SKIP
+    ('jit_train_step', 'matmul')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from dataclasses import dataclass, field
+
+from jaxdbg._source import SourceLocation, is_user_file
+
+_MODULE = re.compile(r"^HloModule\s+([^\s,]+)")
+_COMPUTATION = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->.*\{\s*$")
+_INSTRUCTION = re.compile(r"^\s*(ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
+_OPCODE = re.compile(r"^\S.*?\s([a-z][\w\-]*)\(")
+_CALLS = re.compile(r"\b(?:calls|to_apply|body|condition|branch_computations)=\{?%?([\w.\-]+)")
+_KIND = re.compile(r"\bkind=(k\w+)")
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+_FRAME_ID = re.compile(r"stack_frame_id=(\d+)")
+_SOURCE_FILE = re.compile(r'source_file="([^"]*)"')
+_SOURCE_LINE = re.compile(r"source_line=(\d+)")
+_TABLE_ROW = re.compile(r"^(\d+)\s+(.*)$")
+_FIELDS = re.compile(r"(\w+)=(-?\d+)")
+
+# The heavier an opcode, the more it explains a fusion's time (and names its category).
+_CATEGORY_RANK = [
+    ("convolution", {"convolution"}),
+    ("matmul", {"dot", "ragged-dot"}),
+    ("custom-call", {"custom-call"}),
+    ("collective", {"all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute",
+                    "all-reduce-start", "all-gather-start", "collective-permute-start", "send", "recv"}),
+    ("sort", {"sort"}),
+    ("gather/scatter", {"gather", "scatter"}),
+    ("reduction", {"reduce", "reduce-window", "select-and-scatter"}),
+    ("control flow", {"while", "conditional", "call"}),
+    ("rng", {"rng", "rng-bit-generator", "rng-get-and-update-state"}),
+    ("transcendental", {"exponential", "log", "tanh", "logistic", "sine", "cosine", "power", "sqrt", "rsqrt",
+                        "erf", "exponential-minus-one", "log-plus-one", "atan2", "cbrt", "tan"}),
+    ("data movement", {"copy", "transpose", "broadcast", "reshape", "slice", "concatenate", "pad",
+                       "dynamic-slice", "dynamic-update-slice", "bitcast", "reverse", "iota", "copy-start",
+                       "copy-done", "bitcast-convert", "tuple", "get-tuple-element"}),
+]
+_NOT_WORK = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast"}
+
+
+@dataclass(frozen=True)
+class Instruction:
+    name: str
+    opcode: str
+    computation: str
+    calls: tuple[str, ...] = ()
+    fusion_kind: str = ""
+    op_name: str = ""
+    frame_id: int | None = None
+    source_file: str | None = None
+    source_line: int | None = None
+    text: str = ""
+    operands: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class HloOp:
+    """What the profile shows for one executed instruction."""
+
+    name: str
+    opcode: str
+    category: str
+    source: SourceLocation | None
+    op_name: str
+    expression: str
+
+
+@dataclass
+class HloModule:
+    name: str
+    instructions: dict[str, Instruction] = field(default_factory=dict)
+    computations: dict[str, list[str]] = field(default_factory=dict)
+    frames: dict[int, tuple[int, int]] = field(default_factory=dict)  # frame id -> (location id, parent id)
+    locations: dict[int, SourceLocation] = field(default_factory=dict)
+    ops: dict[str, HloOp] = field(default_factory=dict)
+
+    def op(self, name: str) -> HloOp | None:
+        """The op behind a profiled name (thunk names may drop a '%' or carry a suffix)."""
+        return self.ops.get(name) or self.ops.get(name.lstrip("%"))
+
+
+def parse_hlo(text: str) -> HloModule:
+    """Parse optimised HLO text into instructions, stack frames and per-op category and source."""
+    lines = text.splitlines()
+    match = _MODULE.match(lines[0]) if lines else None
+    module = HloModule(match.group(1) if match else "")
+    _parse_tables(lines, module)
+    current = ""
+    for line in lines:
+        header = _COMPUTATION.match(line)
+        if header:
+            current = header.group(2)
+            module.computations[current] = []
+            continue
+        if not current or line.strip() == "}":
+            continue
+        inst = _parse_instruction(line, current)
+        if inst is not None:
+            module.instructions[inst.name] = inst
+            module.computations[current].append(inst.name)
+    users: dict[str, list[str]] = {}
+    for inst in module.instructions.values():
+        for operand in inst.operands:
+            users.setdefault(operand, []).append(inst.name)
+    for inst in module.instructions.values():
+        if inst.opcode not in _NOT_WORK:
+            op = _describe(module, inst)
+            if op.source is None:
+                op = dataclasses.replace(op, source=_neighbour_source(module, inst, users))
+            module.ops[inst.name] = op
+    return module
+
+
+def _neighbour_source(module: HloModule, inst: Instruction, users: dict[str, list[str]]) -> SourceLocation | None:
+    """For an instruction XLA left without metadata (e.g. a dot split out of a fusion on CPU): the source of
+    the nearest instruction consuming its result, else of the nearest one producing its operands."""
+    for follow in (lambda i: users.get(i.name, ()), lambda i: i.operands):
+        frontier, seen = [inst], {inst.name}
+        for _ in range(3):
+            following = []
+            for current in frontier:
+                for name in follow(current):
+                    nxt = module.instructions.get(name)
+                    if nxt is None or name in seen:
+                        continue
+                    seen.add(name)
+                    source = _describe(module, nxt).source if nxt.opcode not in _NOT_WORK else None
+                    if source is not None:
+                        return source
+                    following.append(nxt)
+            frontier = following
+    return None
+
+
+def _parse_instruction(line: str, computation: str) -> Instruction | None:
+    match = _INSTRUCTION.match(line)
+    if not match:
+        return None
+    name, rest = match.group(2), match.group(3)
+    opcode = _OPCODE.match(rest)
+    if not opcode:
+        return None
+    frame = _FRAME_ID.search(rest)
+    op_name = _OP_NAME.search(rest)
+    kind = _KIND.search(rest)
+    src_file, src_line = _SOURCE_FILE.search(rest), _SOURCE_LINE.search(rest)
+    return Instruction(
+        name=name, opcode=opcode.group(1), computation=computation, operands=_operands(rest, opcode.end()),
+        calls=tuple(_CALLS.findall(rest)), fusion_kind=kind.group(1) if kind else "",
+        op_name=op_name.group(1) if op_name else "", frame_id=int(frame.group(1)) if frame else None,
+        source_file=src_file.group(1) if src_file else None,
+        source_line=int(src_line.group(1)) if src_line else None,
+        text=rest.split(", metadata=")[0][:200],
+    )
+
+
+def _operands(rest: str, start: int) -> tuple[str, ...]:
+    """Names inside the opcode's parentheses (``dot(%a, %b)`` -> a, b), attributes after it left out."""
+    depth, end = 1, start
+    while end < len(rest) and depth:
+        depth += {"(": 1, ")": -1}.get(rest[end], 0)
+        end += 1
+    return tuple(re.findall(r"%([\w.\-]+)", rest[start:end]))
+
+
+def _parse_tables(lines: list[str], module: HloModule) -> None:
+    """The stack-frame tables XLA prints between the module header and the first computation."""
+    files: dict[int, str] = {}
+    functions: dict[int, str] = {}
+    raw_locations: dict[int, dict[str, int]] = {}
+    table = None
+    for line in lines[1:]:
+        if _COMPUTATION.match(line):
+            break
+        stripped = line.strip()
+        if stripped in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
+            table = stripped
+            continue
+        row = _TABLE_ROW.match(stripped)
+        if not row or table is None:
+            continue
+        key, value = int(row.group(1)), row.group(2)
+        if table == "FileNames":
+            files[key] = value.strip('"')
+        elif table == "FunctionNames":
+            functions[key] = value.strip('"')
+        elif table == "FileLocations":
+            raw_locations[key] = {k: int(v) for k, v in _FIELDS.findall(value)}
+        else:
+            fields = {k: int(v) for k, v in _FIELDS.findall(value)}
+            module.frames[key] = (fields.get("file_location_id", 0), fields.get("parent_frame_id", 0))
+    for key, loc in raw_locations.items():
+        module.locations[key] = SourceLocation(
+            files.get(loc.get("file_name_id", 0), "?"), loc.get("line", 0),
+            functions.get(loc.get("function_name_id", 0), "?"),
+        )
+
+
+def frame_source(module: HloModule, frame_id: int | None) -> SourceLocation | None:
+    """The innermost user location of a stack frame, following parents past non-user frames."""
+    seen = set()
+    while frame_id and frame_id not in seen and frame_id in module.frames:
+        seen.add(frame_id)
+        location_id, parent = module.frames[frame_id]
+        location = module.locations.get(location_id)
+        if location is not None and is_user_file(location.file):
+            return location
+        frame_id = parent
+    return None
+
+
+def instruction_source(module: HloModule, inst: Instruction) -> SourceLocation | None:
+    if inst.frame_id is not None:
+        found = frame_source(module, inst.frame_id)
+        if found is not None:
+            return found
+    if inst.source_file and inst.source_line and is_user_file(inst.source_file):
+        return SourceLocation(inst.source_file, inst.source_line, inst.op_name.rsplit("/", 1)[-1] or "?")
+    return None
+
+
+def opcode_category(opcode: str) -> str:
+    for category, opcodes in _CATEGORY_RANK:
+        if opcode in opcodes:
+            return category
+    return "elementwise"
+
+
+def _rank(opcode: str) -> int:
+    for rank, (_, opcodes) in enumerate(_CATEGORY_RANK):
+        if opcode in opcodes:
+            return rank
+    return len(_CATEGORY_RANK)
+
+
+def _inner(module: HloModule, inst: Instruction, depth: int = 0) -> list[Instruction]:
+    """Instructions of the computations a fusion (or call) runs, recursively (bounded)."""
+    found = []
+    for comp in inst.calls:
+        for name in module.computations.get(comp, ()):
+            child = module.instructions[name]
+            found.append(child)
+            if child.opcode == "fusion" and depth < 4:
+                found.extend(_inner(module, child, depth + 1))
+    return found
+
+
+def _describe(module: HloModule, inst: Instruction) -> HloOp:
+    """Category and source of one instruction; a fusion takes both from its heaviest inner op."""
+    lead = inst
+    if inst.opcode == "fusion":
+        inner = [i for i in _inner(module, inst) if i.opcode not in _NOT_WORK and i.opcode != "fusion"]
+        if inner:
+            lead = min(inner, key=lambda i: (_rank(i.opcode), i.frame_id is None))
+    category = opcode_category(lead.opcode)
+    if inst.opcode == "fusion" and category in ("elementwise", "data movement"):
+        category = {"kLoop": "loop fusion", "kInput": "input fusion", "kOutput": "output fusion"}.get(
+            inst.fusion_kind, category)
+    source = instruction_source(module, lead) or instruction_source(module, inst)
+    return HloOp(inst.name, inst.opcode, category, source, lead.op_name or inst.op_name, inst.text)
+
+
+_TRIP_COUNT = re.compile(r'known_trip_count":\{"n":"(\d+)"')
+
+
+def loop_note(text: str) -> str | None:
+    """A caveat for cost analysis of a module with while loops (XLA counts a loop body once)."""
+    loops = len(re.findall(r"\swhile\(", text))
+    if not loops:
+        return None
+    trips = [int(n) for n in _TRIP_COUNT.findall(text)]
+    counted = f" (trip counts {', '.join(map(str, trips))})" if trips else ""
+    return (f"the function runs {loops} while loop(s){counted}: XLA's cost analysis counts a loop body once, "
+            "so flops, bytes and the rates derived from them are lower bounds")
+
+
+_MODULE_LINE = re.compile(r"^HloModule\s+([^\s,]+)")
+
+
+def module_name(hlo_text: str) -> str:
+    match = _MODULE_LINE.match(hlo_text)
+    return match.group(1) if match else ""
+
+
+def write_hlo(out_dir: str, name: str, index: int, stablehlo: str, optimized: str) -> dict[str, str]:
+    """Write one compile's StableHLO and optimised HLO under ``out_dir/hlo``; returns their paths."""
+    folder = os.path.join(out_dir, "hlo")
+    os.makedirs(folder, exist_ok=True)
+    stem = re.sub(r"[^\w.\-]", "_", name) + (f".{index}" if index else "")
+    paths = {"stablehlo": os.path.join(folder, f"{stem}.stablehlo.mlir"),
+             "optimized_hlo": os.path.join(folder, f"{stem}.optimized.hlo.txt")}
+    with open(paths["stablehlo"], "w") as handle:
+        handle.write(stablehlo)
+    with open(paths["optimized_hlo"], "w") as handle:
+        handle.write(optimized)
+    return paths

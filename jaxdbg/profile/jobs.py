@@ -1,0 +1,199 @@
+"""The contained jobs of ``jaxdbg profile`` (run in a child by :func:`jaxdbg.runner.run_contained`).
+
+- :func:`script_job` runs a script as ``__main__`` with the instrumentation of
+  :mod:`jaxdbg.profile.instrument` installed around it.
+- :func:`function_job` profiles one function ahead of time: trace, lower and compile split apart, then
+  warm-up and timed runs, then a short traced pass for the per-op table.
+
+Both send plain data as they go (topics in :mod:`jaxdbg.profile.assemble`), and read the capture in the
+child once the profiler has stopped (``ops``), so the parent never needs to import jax.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from typing import Any, Callable
+
+from jaxdbg.target import TargetSpec
+
+
+def locked_sender(channel: Any) -> Callable[[str, Any], None]:
+    """``channel.send`` made safe for the monitor thread and the main thread at once."""
+    lock = threading.Lock()
+
+    def send(topic: str, value: Any) -> None:
+        with lock:
+            channel.send(topic, value)
+
+    return send
+
+
+def start(channel: Any) -> tuple[Callable[[str, Any], None], dict]:
+    """The sender, and the device and environment (sent first: the report's envelope comes from here)."""
+    import jax
+
+    from jaxdbg.report import environment_info
+
+    send = locked_sender(channel)
+    devices = jax.devices()
+    info = {"backend": jax.default_backend(), "kind": getattr(devices[0], "device_kind", ""), "count": len(devices)}
+    send("device", info)
+    send("environment", environment_info())
+    return send, info
+
+
+def send_capture_ops(send: Callable[[str, Any], None], window: Any, backend: str) -> None:
+    """Per-op totals from the capture: xprof's hlo_stats off CPU, the XLA:CPU thunk events otherwise."""
+    from jaxdbg.profile.ops import thunk_events, xprof_hlo_stats
+
+    trace = getattr(window, "files", None)
+    if trace is None or trace.xplane is None:
+        return
+    try:
+        # xprof's per-op tools are empty on CPU (checked), so it is asked only off CPU; the raw events are
+        # always read, as the fallback for a function xprof's table does not name.
+        by_prefix = xprof_hlo_stats(trace.xplane) if backend != "cpu" else {}
+        send("ops", {"by_prefix": by_prefix, "by_module": thunk_events(trace.xplane)})
+    except Exception as err:  # noqa: BLE001 - the profile stands without its op table
+        send("trace_error", f"reading the capture failed: {type(err).__name__}: {err}")
+
+
+def send_peak(send: Callable[[str, Any], None], info: dict, calibrate: bool) -> None:
+    """The device peak: measured on CPU (after the target, undisturbed); GPU/TPU peaks come from a table."""
+    from jaxdbg.profile.peaks import calibrate_cpu
+
+    if info["backend"] == "cpu" and calibrate:
+        try:
+            send("peak", calibrate_cpu())
+        except Exception as err:  # noqa: BLE001 - rates are optional
+            send("peak_error", f"{type(err).__name__}: {err}")
+
+
+def _window(payload: dict, send: Callable[[str, Any], None], calls: int) -> Any:
+    from jaxdbg.profile.trace import TraceWindow
+
+    if calls <= 0:
+        return None
+    return TraceWindow(os.path.join(payload["out_dir"], "trace"), calls, send, payload.get("python_tracer", False))
+
+
+def script_job(payload: dict, channel: Any) -> None:
+    """Run a script TARGET under instrumentation. payload: spec, out_dir, trace_calls, monitor, interval."""
+    from jaxdbg.profile.instrument import Recorder, compile_listener, timed_transfers, tracking_jit
+    from jaxdbg.profile.monitor import Sampler
+    from jaxdbg.target import run_script
+
+    send, info = start(channel)
+    spec: TargetSpec = payload["spec"]
+    window = _window(payload, send, payload.get("trace_calls", 0))
+    recorder = Recorder(send, payload["out_dir"], window=window, hlo_limit=payload.get("hlo_limit", 3))
+    try:
+        with contextlib.ExitStack() as stack:
+            if payload.get("monitor"):
+                stack.enter_context(Sampler(send, payload.get("interval", 0.1)))
+            if window is not None:
+                stack.enter_context(window)
+            stack.enter_context(recorder.flushing())
+            stack.enter_context(compile_listener(recorder))
+            stack.enter_context(tracking_jit(recorder))
+            stack.enter_context(timed_transfers(recorder))
+            started = time.perf_counter()
+            try:
+                run_script(spec)
+            finally:
+                send("run", {"wall_s": time.perf_counter() - started, "overhead_s": recorder.overhead_s})
+    finally:
+        send_capture_ops(send, window, info["backend"])
+    send_peak(send, info, payload.get("calibrate", True))
+    send("done", True)
+
+
+def function_job(payload: dict, channel: Any) -> None:
+    """Profile one function: AOT split, warm-up + timed runs, a traced pass. payload: see profile.run."""
+    import jax
+
+    from jaxdbg import _compat
+    from jaxdbg.profile.hlo import module_name, write_hlo
+    from jaxdbg.profile.instrument import Recorder, compile_listener, function_identity
+    from jaxdbg.profile.monitor import Sampler
+    from jaxdbg.target import load_function, load_inputs, short_dtype
+
+    send, info = start(channel)
+    spec: TargetSpec = payload["spec"]
+    fn = load_function(spec)
+    host_args = load_inputs(payload.get("inputs"), payload.get("args"), payload.get("seed", 0))
+    name, source = function_identity(fn)
+    send("function", {"id": 0, "name": name, "source": source})
+    recorder = Recorder(send, payload["out_dir"])
+    window = _window(payload, send, payload.get("trace_calls", 0))
+    try:
+        with contextlib.ExitStack() as stack:
+            if payload.get("monitor"):
+                stack.enter_context(Sampler(send, payload.get("interval", 0.1)))
+            stack.enter_context(compile_listener(recorder))
+            started = time.perf_counter()
+            args, put_s = _to_device(host_args)
+            recorder.add_transfer("device_put", put_s, sum(int(getattr(a, "nbytes", 0)) for a in host_args))
+            jitted = fn if hasattr(fn, "trace") and hasattr(fn, "lower") else jax.jit(fn)
+            t0 = time.perf_counter()
+            traced = jitted.trace(*args)
+            t1 = time.perf_counter()
+            lowered = traced.lower()
+            t2 = time.perf_counter()
+            compiled = lowered.compile()
+            t3 = time.perf_counter()
+            text = compiled.as_text()
+            send("compile", {
+                "id": 0, "call_index": 0, "trace_s": t1 - t0, "lower_s": t2 - t1, "compile_s": t3 - t2,
+                "total_s": t3 - t0, "failed": False, "signature": _signature_text(args),
+                "dtypes": [short_dtype(a.dtype) for a in args if hasattr(a, "dtype")],
+                "hlo": write_hlo(payload["out_dir"], name, 0, lowered.as_text(), text), "module": module_name(text),
+                "cost": _compat.compiled_cost(compiled), "memory": _compat.compiled_memory(compiled),
+            })
+            recorder.eager_spans.clear()  # the AOT compile above, already counted stage by stage
+            live = list(args)
+            warmup, runs = payload.get("warmup", 3), payload.get("runs", 20)
+            times = [_call(compiled, live, host_args) for _ in range(warmup + runs)]
+            send("calls", {0: [(i, t, t, 0.0, 0.0, False) for i, t in enumerate(times)]})
+            wall = time.perf_counter() - started
+            if window is not None:
+                with window:
+                    for index in range(window.max_calls):
+                        with window.annotation(name, index):
+                            _call(compiled, live, host_args)
+                        window.calls += 1
+            recorder.flush()
+            send("run", {"wall_s": wall, "overhead_s": 0.0, "warmup": warmup})
+    finally:
+        send_capture_ops(send, window, info["backend"])
+    send_peak(send, info, payload.get("calibrate", True))
+    send("done", True)
+
+
+def _to_device(host_args: tuple) -> tuple[tuple, float]:
+    import jax
+
+    started = time.perf_counter()
+    args = tuple(jax.device_put(a) if hasattr(a, "shape") else a for a in host_args)
+    jax.block_until_ready(args)
+    return args, time.perf_counter() - started
+
+
+def _call(compiled: Any, args: list, host_args: tuple) -> float:
+    """One blocking call; donated (deleted) arguments are put back first, outside the timing."""
+    import jax
+
+    if any(getattr(a, "is_deleted", lambda: False)() for a in args):
+        args[:] = list(_to_device(host_args)[0])
+    started = time.perf_counter()
+    jax.block_until_ready(compiled(*args))
+    return time.perf_counter() - started
+
+
+def _signature_text(args: tuple) -> str:
+    from jaxdbg.profile.signature import leaf_signature
+
+    return ", ".join(f"arg{i}: {leaf_signature(a).describe()}" for i, a in enumerate(args))

@@ -1,0 +1,205 @@
+"""The results of ``jaxdbg profile``: frozen dataclasses, serialised by :func:`jaxdbg.report.to_jsonable`.
+
+The field names follow the contract's profile ``result`` (CONTRACT.md); fields beyond it add detail
+(per-compile records, rates against the device peak, transfers, the monitor series).
+
+Example:
+    >>> CompileTimes(trace_s=0.01, lower_s=0.02, compile_s=0.1, total_s=0.13).total_s
+    0.13
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from jaxdbg._source import SourceLocation
+
+
+@dataclass(frozen=True)
+class CompileTimes:
+    """Seconds spent tracing to a jaxpr, lowering to StableHLO, and in the backend compiler (summed)."""
+
+    trace_s: float = 0.0
+    lower_s: float = 0.0
+    compile_s: float = 0.0
+    total_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class ExecuteStats:
+    """Timed calls of one function. ``first_s`` is the first call's wall time (compile included);
+    median/p90/min/max are over calls that did not compile (all calls if every one compiled);
+    ``total_s`` sums execution time only (compile time inside a call left out)."""
+
+    calls: int = 0
+    first_s: float | None = None
+    median_s: float | None = None
+    p90_s: float | None = None
+    min_s: float | None = None
+    max_s: float | None = None
+    spread: float | None = None  # (p90 - p10) / median: how much the timed calls vary
+    total_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class ArgChange:
+    """One difference between two argument signatures: ``kind`` is shape, dtype, weak_type, static,
+    sharding, structure, type, or callable."""
+
+    argument: str
+    kind: str
+    before: str
+    after: str
+
+
+@dataclass(frozen=True)
+class Recompile:
+    """A compile after the first: the 0-based call that caused it and why, in words and as changes."""
+
+    call_index: int
+    reason: str
+    changes: tuple[ArgChange, ...] = ()
+
+
+@dataclass(frozen=True)
+class Compilation:
+    """One compile of a function (first or later), as seen from inside the call that triggered it."""
+
+    call_index: int
+    times: CompileTimes
+    signature: str
+    cache_hit: bool = False
+
+
+@dataclass(frozen=True)
+class OpRow:
+    """One HLO operation of a compiled function, aggregated over the traced calls."""
+
+    name: str
+    category: str
+    count: int
+    total_s: float
+    fraction: float
+    source: SourceLocation | None
+    module: str = ""
+    expression: str = ""
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Achieved rates of a function at its median time, against the device peak where one is known."""
+
+    flops_per_s: float | None
+    bytes_per_s: float | None
+    arithmetic_intensity: float | None  # flops per byte accessed
+    peak_flops_per_s: float | None
+    peak_bytes_per_s: float | None
+    flops_fraction: float | None
+    bytes_fraction: float | None
+    peak_source: str  # 'table: NVIDIA H100 (bf16)', 'calibrated on this CPU', or 'unknown'
+    bound: str | None = None  # 'compute' or 'memory' by the roofline ridge point, when peaks are known
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class FunctionProfile:
+    """Everything measured about one jitted function."""
+
+    name: str
+    source: SourceLocation | None
+    compiles: int
+    recompiles: tuple[Recompile, ...]
+    compile: CompileTimes
+    execute: ExecuteStats
+    cost: dict[str, float] | None = None
+    memory: dict[str, int] | None = None
+    ops: tuple[OpRow, ...] = ()
+    rates: Rates | None = None
+    compilations: tuple[Compilation, ...] = ()
+    module: str = ""
+    hlo: dict[str, str] = field(default_factory=dict)  # 'stablehlo' / 'optimized_hlo' -> file path
+    ops_source: str = ""  # where the op table came from: 'xprof hlo_stats', 'xplane op events', ''
+
+
+@dataclass(frozen=True)
+class Totals:
+    """The script's wall time split up; ``overhead_s`` is jaxdbg's own time (left out of the rest)."""
+
+    wall_s: float
+    compile_s: float
+    execute_s: float
+    transfer_s: float
+    other_s: float
+    overhead_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """Host<->device copies of one kind: device_put, device_get, to_host (reading an array), implicit_args."""
+
+    kind: str
+    count: int
+    total_s: float
+    bytes: int
+
+
+@dataclass(frozen=True)
+class BudgetResult:
+    ok: bool
+    violations: tuple[str, ...] = ()
+    checked: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class MonitorSeries:
+    """Host and device samples taken through the run (one list entry per sample)."""
+
+    interval_s: float
+    t_s: tuple[float, ...]
+    host_rss_bytes: tuple[int, ...]
+    host_cpu_percent: tuple[float, ...]  # of one core, like top
+    host_available_bytes: tuple[int | None, ...]
+    device_bytes_in_use: tuple[tuple[int, ...] | None, ...]
+    system_cpu_percent: tuple[float | None, ...]  # the whole machine, all cores = 100
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FunctionDelta:
+    """A function's change against an earlier report (``--compare``): metric -> {old, new, delta, ratio}."""
+
+    name: str
+    status: str  # 'changed', 'new', 'gone'
+    metrics: dict[str, dict[str, float | None]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TraceFiles:
+    """Where the jax.profiler capture went."""
+
+    logdir: str
+    xplane: str | None
+    trace_json: str | None
+    perfetto: str | None
+    calls_traced: int
+
+
+@dataclass(frozen=True)
+class ProfileResult:
+    """The profile ``result`` of the contract, plus detail."""
+
+    mode: str  # 'script' or 'function'
+    functions: tuple[FunctionProfile, ...]
+    totals: Totals
+    budget: BudgetResult
+    error: str | None = None
+    error_source: SourceLocation | None = None
+    notes: tuple[str, ...] = ()
+    hints: tuple[str, ...] = ()
+    transfers: tuple[Transfer, ...] = ()
+    eager_compile: dict[str, Any] = field(default_factory=dict)
+    trace: TraceFiles | None = None
+    monitor: MonitorSeries | None = None
+    comparison: tuple[FunctionDelta, ...] | None = None
+    device: dict[str, Any] = field(default_factory=dict)

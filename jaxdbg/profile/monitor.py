@@ -1,0 +1,164 @@
+"""``--monitor``: host memory, CPU and device memory sampled through the run by a background thread.
+
+Infrastructure trouble (a host swapping, another process eating the cores, device memory near its
+limit) looks like slow code in a profile; the series tells them apart. Samples leave in batches over the
+channel, so a run that dies still leaves what was sampled.
+
+Example:
+    >>> with Sampler(send=lambda topic, value: None, interval_s=0.1):    # doctest: +SKIP
+    ...     run_script(spec)
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any, Callable
+
+from jaxdbg.profile.model import MonitorSeries
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def host_rss_bytes() -> int:
+    """Resident memory of this process (Linux /proc; falls back to peak RSS elsewhere)."""
+    try:
+        with open("/proc/self/statm") as handle:
+            return int(handle.read().split()[1]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def host_available_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def system_cpu_ticks() -> tuple[int, int] | None:
+    """(busy, total) jiffies of the whole machine from /proc/stat (None elsewhere)."""
+    try:
+        with open("/proc/stat") as handle:
+            fields = [int(v) for v in handle.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return sum(fields) - idle, sum(fields)
+
+
+def device_bytes_in_use() -> tuple[int, ...] | None:
+    """Bytes in use on each local device, or None where the backend keeps no count (CPU)."""
+    import jax
+
+    found = []
+    for device in jax.local_devices():
+        try:
+            stats = device.memory_stats()
+        except Exception:  # noqa: BLE001 - some backends raise instead of returning None
+            stats = None
+        if not stats or "bytes_in_use" not in stats:
+            return None
+        found.append(int(stats["bytes_in_use"]))
+    return tuple(found)
+
+
+class Sampler:
+    """A daemon thread that samples every ``interval_s`` and sends batches of samples."""
+
+    def __init__(self, send: Callable[[str, Any], None], interval_s: float = 0.1, batch_s: float = 1.0):
+        self.send = send
+        self.interval_s = interval_s
+        self.batch_s = batch_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pending: list[tuple] = []
+
+    def __enter__(self) -> "Sampler":
+        self._start = time.perf_counter()
+        self._cpu = self._cpu_seconds()
+        self._system = system_cpu_ticks()
+        self._thread = threading.Thread(target=self._run, name="jaxdbg-monitor", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._sample()
+        self._flush()
+
+    @staticmethod
+    def _cpu_seconds() -> float:
+        times = os.times()
+        return times.user + times.system
+
+    def _run(self) -> None:
+        last_flush = time.perf_counter()
+        while not self._stop.wait(self.interval_s):
+            self._sample()
+            if time.perf_counter() - last_flush >= self.batch_s:
+                self._flush()
+                last_flush = time.perf_counter()
+
+    def _sample(self) -> None:
+        now = time.perf_counter()
+        cpu = self._cpu_seconds()
+        elapsed = now - getattr(self, "_last_t", self._start)
+        percent = 100.0 * (cpu - self._cpu) / elapsed if elapsed > 0 else 0.0
+        self._last_t, self._cpu = now, cpu
+        system, busy = system_cpu_ticks(), None
+        if system and self._system and system[1] > self._system[1]:
+            busy = round(100.0 * (system[0] - self._system[0]) / (system[1] - self._system[1]), 1)
+        self._system = system
+        try:
+            devices = device_bytes_in_use()
+        except Exception:  # noqa: BLE001
+            devices = None
+        self._pending.append((now - self._start, host_rss_bytes(), round(percent, 1), host_available_bytes(),
+                              devices, busy))
+
+    def _flush(self) -> None:
+        if self._pending:
+            batch, self._pending = self._pending, []
+            self.send("monitor", batch)
+
+
+def series(samples: list[tuple], interval_s: float) -> MonitorSeries | None:
+    """The samples as a series with a summary, and flags for infrastructure trouble."""
+    if not samples:
+        return None
+    t, rss, cpu, available, devices, system = (tuple(column) for column in zip(*samples))
+    summary: dict[str, Any] = {
+        "samples": len(samples), "peak_host_rss_bytes": max(rss),
+        "mean_host_cpu_percent": round(sum(cpu) / len(cpu), 1), "max_host_cpu_percent": max(cpu),
+    }
+    known = [a for a in available if a is not None]
+    if known:
+        summary["min_host_available_bytes"] = min(known)
+    device_rows = [d for d in devices if d]
+    if device_rows:
+        summary["peak_device_bytes_in_use"] = [max(col) for col in zip(*device_rows)]
+    warnings = []
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if known and min(known) < 0.05 * max(max(rss), 1) + 256 * 1024**2:
+        warnings.append("host memory nearly exhausted during the run: expect swapping or an OOM kill")
+    if summary["mean_host_cpu_percent"] > 90 * cores:
+        warnings.append("the process used every core throughout: CPU-bound, or threads competing")
+    busy = [b for b in system if b is not None]
+    if busy:
+        summary["mean_system_cpu_percent"] = round(sum(busy) / len(busy), 1)
+        own = summary["mean_host_cpu_percent"] / cores
+        if summary["mean_system_cpu_percent"] - own > 50:
+            warnings.append(f"other processes kept the machine {summary['mean_system_cpu_percent'] - own:.0f}% "
+                            "busy: timings are slowed by contention, not by this program")
+    summary["warnings"] = warnings
+    return MonitorSeries(interval_s, t, rss, cpu, available, devices, system, summary)

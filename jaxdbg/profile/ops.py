@@ -1,0 +1,153 @@
+"""Per-op tables from a jax.profiler capture: the top HLO operations by time, with the user line behind each.
+
+Two sources, one result shape:
+- xprof's ``hlo_stats`` tool (via ``xspace_to_tool_data``) where the backend records device op metrics
+  (GPU, TPU). Rows are assigned to a function by their framework op name (``jit(train_step)/...``).
+- The capture's own XLA:CPU thunk events where xprof's per-op tools come back empty (CPU): every event
+  with ``hlo_op``/``hlo_module`` stats is one execution of one instruction. Nested events (a while loop's
+  body inside the loop's own event) are counted by self time, so nothing is counted twice.
+
+Categories and source lines come from the compiled HLO text (:mod:`jaxdbg.profile.hlo`).
+
+Example:
+    >>> events = thunk_events("trace/plugins/profile/run/host.xplane.pb")     # doctest: +SKIP
+    >>> rows = op_table(events["jit_f"], parse_hlo(text), top=5)               # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Iterator
+
+from jaxdbg._source import SourceLocation, is_user_file
+from jaxdbg.profile.hlo import HloModule, opcode_category
+from jaxdbg.profile.model import OpRow
+
+
+@dataclass
+class OpTotal:
+    """Executions of one instruction in one module: count and summed self time (seconds)."""
+
+    count: int = 0
+    total_s: float = 0.0
+    category: str = ""
+    expression: str = ""
+    source: SourceLocation | None = None
+
+
+def thunk_events(xplane_path: str) -> dict[str, dict[str, OpTotal]]:
+    """``{module: {op: OpTotal}}`` from the XLA:CPU (or device) events of an xplane.pb, by self time."""
+    from jax.profiler import ProfileData
+
+    data = ProfileData.from_file(xplane_path)
+    totals: dict[str, dict[str, OpTotal]] = defaultdict(lambda: defaultdict(OpTotal))
+    for plane in data.planes:
+        for line in plane.lines:
+            events = []
+            for event in line.events:
+                stats = dict(event.stats)
+                op, module = stats.get("hlo_op"), stats.get("hlo_module")
+                if op and module:
+                    events.append((float(event.start_ns), float(event.duration_ns), str(module), str(op)))
+            for module, op, self_ns in _self_times(events):
+                entry = totals[module][op]
+                entry.count += 1
+                entry.total_s += self_ns * 1e-9
+    return {m: dict(ops) for m, ops in totals.items()}
+
+
+def _self_times(events: list[tuple[float, float, str, str]]) -> Iterator[tuple[str, str, float]]:
+    """Each event's duration minus that of the events nested inside it on the same line."""
+    events.sort(key=lambda e: (e[0], -e[1]))
+    stack: list[list] = []  # [end, module, op, self_ns]
+    for start, duration, module, op in events:
+        while stack and start >= stack[-1][0]:
+            end, m, o, self_ns = stack.pop()
+            yield m, o, self_ns
+        if stack:
+            stack[-1][3] -= min(duration, stack[-1][0] - start)
+        stack.append([start + duration, module, op, duration])
+    while stack:
+        end, m, o, self_ns = stack.pop()
+        yield m, o, max(self_ns, 0.0)
+
+
+@contextlib.contextmanager
+def quiet_native_stderr() -> Iterator[None]:
+    """Silence C++ logging on file descriptor 2 (xprof's converters log every step at INFO)."""
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def xprof_hlo_stats(xplane_path: str) -> dict[str, dict[str, OpTotal]]:
+    """``{function prefix: {op: OpTotal}}`` from xprof's hlo_stats tool; empty where the backend has none (CPU).
+
+    The function prefix is the first component of the framework op name, e.g. ``jit(train_step)``.
+    """
+    try:
+        from xprof.convert.raw_to_tool_data import xspace_to_tool_data
+    except ImportError:
+        return {}
+    try:
+        with quiet_native_stderr():
+            data, _ = xspace_to_tool_data([xplane_path], "hlo_stats", {})
+    except Exception:  # noqa: BLE001 - an xprof failure leaves us with our own table, not an error
+        return {}
+    if not data:
+        return {}
+    table = json.loads(data)
+    columns = [c.get("id") for c in table.get("cols", [])]
+    found: dict[str, dict[str, OpTotal]] = defaultdict(dict)
+    for row in table.get("rows", []) or []:
+        cells = dict(zip(columns, (c.get("v") if isinstance(c, dict) else c for c in row.get("c", []))))
+        op = str(cells.get("hlo_op_name") or "")
+        if not op:
+            continue
+        framework = str(cells.get("tf_op_name") or "")
+        prefix = framework.split("/", 1)[0] if framework else ""
+        self_us = cells.get("total_self_time") or cells.get("total_time") or 0.0
+        entry = found[prefix].setdefault(op, OpTotal())
+        entry.count += int(cells.get("occurrences") or 0)
+        entry.total_s += float(self_us) * 1e-6
+        entry.category = str(cells.get("category") or "")
+        entry.expression = str(cells.get("hlo_op_expression") or "")[:200]
+        entry.source = _parse_source_info(cells.get("source_info"))
+    return dict(found)
+
+
+def _parse_source_info(value: object) -> SourceLocation | None:
+    """xprof's source_info cell ('file.py:12' or a small HTML fragment holding it)."""
+    match = re.search(r"([^\s<>\"']+\.py):(\d+)", str(value or ""))
+    if match and is_user_file(match.group(1)):
+        return SourceLocation(match.group(1), int(match.group(2)), "?")
+    return None
+
+
+def op_table(ops: dict[str, OpTotal], module: HloModule | None, top: int, module_name: str = "") -> tuple[OpRow, ...]:
+    """The ``top`` ops by self time, with share of the function's op time, category and user source."""
+    grand = sum(o.total_s for o in ops.values()) or 1.0
+    rows = []
+    for name, total in sorted(ops.items(), key=lambda kv: -kv[1].total_s)[: max(top, 0)]:
+        hlo = module.op(name) if module is not None else None
+        category = hlo.category if hlo else (total.category or opcode_category(name.split(".")[0]))
+        source = (hlo.source if hlo else None) or total.source
+        expression = (hlo.expression if hlo else "") or total.expression
+        rows.append(OpRow(name, category, total.count, total.total_s, total.total_s / grand, source,
+                          module_name or (module.name if module else ""), expression))
+    return tuple(rows)

@@ -1,0 +1,221 @@
+"""``profile(spec, options, out_dir)``: run the target contained, then build the :class:`ProfileResult`.
+
+The parent never runs user code: the job runs in a child (:mod:`jaxdbg.profile.jobs`), and the parent
+reads what it sent, the capture it left (per-op tables, Perfetto copy) and the HLO it wrote.
+
+Example:
+    >>> from jaxdbg.target import parse_target
+    >>> run = profile(parse_target("train.py"), ProfileOptions(), "out")     # doctest: +SKIP
+    >>> run.exit_code, run.result.totals.compile_s                           # doctest: +SKIP
+    (0, 1.25)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+
+from jaxdbg._errors import EXIT_FOUND, EXIT_OK, EXIT_TARGET_FAILED, UsageError
+from jaxdbg.profile.assemble import Gathered
+from jaxdbg.profile.budget import check_budget, parse_budget
+from jaxdbg.profile.compare import compare, load_baseline
+from jaxdbg.profile.hints import hints_for, notes_for
+from jaxdbg.profile.model import FunctionProfile, ProfileResult
+from jaxdbg.profile.monitor import series
+from jaxdbg.profile.peaks import Peak, achieved_rates, dtype_class, table_peak
+from jaxdbg.profile.trace import write_perfetto
+from jaxdbg.runner import Outcome, first_line, run_contained
+from jaxdbg.target import TargetSpec, load_npz_inputs, parse_args_spec, parse_target
+
+
+@dataclass(frozen=True)
+class ProfileOptions:
+    """Everything ``jaxdbg profile`` can be asked, with the command line's defaults."""
+
+    runs: int = 20
+    warmup: int = 3
+    top: int = 10
+    trace_calls: int = 10
+    xla_dump: bool = False
+    monitor: bool = False
+    monitor_interval: float = 0.1
+    budget: str | None = None
+    compare: str | None = None
+    args: str | None = None
+    inputs: str | None = None
+    seed: int = 0
+    timeout: float | None = None
+    calibrate: bool = True
+    python_tracer: bool = False
+
+
+@dataclass(frozen=True)
+class ProfileRun:
+    result: ProfileResult
+    exit_code: int
+    artifacts: dict[str, str] = field(default_factory=dict)
+    outcome: Outcome | None = None
+    environment: dict | None = None  # the target's jax, backend and devices, as the child saw them
+
+
+def profile(spec: TargetSpec, options: ProfileOptions, out_dir: str) -> ProfileRun:
+    """Profile a script or function TARGET; bad options raise UsageError before anything runs."""
+    rules = parse_budget(options.budget)
+    baseline = load_baseline(options.compare) if options.compare else None
+    _check_inputs(spec, options)
+    out_dir = os.path.abspath(out_dir)
+    env = {}
+    artifacts: dict[str, str] = {}
+    if options.xla_dump:
+        dump = os.path.join(out_dir, "xla_dump")
+        env["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_dump_to={dump} --xla_dump_hlo_as_text".strip()
+        artifacts["xla_dump"] = dump
+    payload = {"spec": spec, "out_dir": out_dir, "trace_calls": options.trace_calls, "monitor": options.monitor,
+               "interval": options.monitor_interval, "calibrate": options.calibrate, "warmup": options.warmup,
+               "runs": options.runs, "args": options.args, "inputs": options.inputs, "seed": options.seed,
+               "python_tracer": options.python_tracer}
+    job = "jaxdbg.profile.jobs:script_job" if spec.is_script else "jaxdbg.profile.jobs:function_job"
+    outcome = run_contained(job, payload, timeout=options.timeout, env=env)
+    _raise_usage_from_child(outcome)
+    _raise_internal_failure(outcome, spec, options)
+    mode = "script" if spec.is_script else "function"
+    gathered = Gathered.from_messages(outcome.messages)
+    functions = gathered.functions(mode)
+    trace = gathered.trace
+    if trace is not None:
+        trace = write_perfetto(trace)
+    if gathered.ops:
+        functions = attach_ops(functions, gathered.ops, options.top)
+    peak = _peak(gathered)
+    functions = [dataclasses.replace(f, rates=_rates(f, peak or _table(gathered, f))) for f in functions]
+    totals = gathered.totals_for(functions, outcome.elapsed_s, mode)
+    budget = check_budget(rules, tuple(functions), totals)
+    error, error_source = _error(outcome)
+    result = ProfileResult(
+        mode=mode, functions=tuple(functions), totals=totals, budget=budget, error=error, error_source=error_source,
+        notes=notes_for(mode, functions, gathered, error), hints=hints_for(functions, totals, gathered.transfers()),
+        transfers=tuple(gathered.transfers()), eager_compile=gathered.eager_compile(), trace=trace,
+        monitor=series(gathered.monitor, options.monitor_interval),
+        comparison=compare(baseline, tuple(functions), totals) if baseline is not None else None,
+        device=gathered.device,
+    )
+    artifacts.update(_artifacts(result, outcome, out_dir))
+    code = EXIT_TARGET_FAILED if error else (EXIT_FOUND if not budget.ok else EXIT_OK)
+    return ProfileRun(result, code, artifacts, outcome, gathered.environment)
+
+
+def _check_inputs(spec: TargetSpec, options: ProfileOptions) -> None:
+    """Fail fast (exit 2) on inputs that cannot work, without running user code."""
+    if spec.is_script:
+        if options.args or options.inputs:
+            raise UsageError("--args/--inputs are for a function target (file.py::func); a script makes its own inputs")
+        return
+    if options.args and options.inputs:
+        raise UsageError("give either --args or --inputs, not both")
+    if not options.args and not options.inputs:
+        raise UsageError("a function target needs inputs: pass --args \"f32[8,128] ...\" or "
+                         "--inputs file.py::make_inputs or data.npz")
+    if options.args:
+        parse_args_spec(options.args)
+    elif "::" in options.inputs:
+        parse_target(options.inputs)
+    elif options.inputs.endswith(".npz"):
+        load_npz_inputs(options.inputs)
+    else:
+        raise UsageError(f"--inputs '{options.inputs}': expected file.py::make_inputs or a .npz file")
+
+
+def _raise_usage_from_child(outcome: Outcome) -> None:
+    """A UsageError raised while the child loaded the target (no such function, ...) is the user's input."""
+    exc = outcome.exception
+    if exc is not None and exc.qualname == "jaxdbg._errors.UsageError":
+        raise UsageError(exc.message)
+
+
+def _raise_internal_failure(outcome: Outcome, spec: TargetSpec, options: ProfileOptions) -> None:
+    """An exception whose traceback never passed through the user's files is a jaxdbg bug, not the target's."""
+    exc = outcome.exception
+    if exc is None or exc.user_frame is not None:
+        return
+    user_files = [p for p in (spec.path, (options.inputs or "").partition("::")[0]) if p]
+    if any(os.path.abspath(p) in exc.traceback for p in user_files):
+        return
+    last = exc.traceback.strip().splitlines()[-3:-1]
+    raise RuntimeError(f"the profiling job failed before the target ran: {exc.type}: {first_line(exc.message)} "
+                       f"[{' / '.join(line.strip() for line in last)}]")
+
+
+def _error(outcome: Outcome) -> tuple[str | None, object]:
+    if outcome.ok:
+        return None, None
+    text = f"the target {outcome.describe()}"
+    frame = outcome.exception.user_frame if outcome.exception else outcome.crash_frame
+    return text, frame
+
+
+def _rates(function: FunctionProfile, peak: Peak | None) -> object:
+    from jaxdbg.profile.hlo import loop_note
+
+    rates = achieved_rates(function.cost, function.execute.median_s, peak)
+    path = function.hlo.get("optimized_hlo")
+    if rates is None or not path or not os.path.exists(path):
+        return rates
+    with open(path) as handle:
+        note = loop_note(handle.read())
+    return dataclasses.replace(rates, note=note) if note else rates
+
+
+def _peak(gathered: Gathered) -> Peak | None:
+    return gathered.peak if isinstance(gathered.peak, Peak) else None
+
+
+def _table(gathered: Gathered, function: FunctionProfile) -> Peak | None:
+    return table_peak(gathered.device.get("kind", ""), dtype_class(gathered.dtypes(function.name)))
+
+
+def attach_ops(functions: list[FunctionProfile], captured: dict, top: int) -> list[FunctionProfile]:
+    """Per-op tables for each function from the per-op totals the child read from the capture.
+
+    ``captured["by_prefix"]``: xprof's hlo_stats keyed by framework-op prefix (``jit(train_step)``), used
+    first; ``captured["by_module"]``: the capture's own op events keyed by HLO module (``jit_train_step``)."""
+    from jaxdbg.profile.hlo import parse_hlo
+    from jaxdbg.profile.ops import op_table
+
+    if top <= 0:
+        return functions
+    updated = []
+    for function in functions:
+        module = None
+        path = function.hlo.get("optimized_hlo")
+        if path and os.path.exists(path):
+            with open(path) as handle:
+                module = parse_hlo(handle.read())
+        name = function.module or (module.name if module else f"jit_{function.name}")
+        ops, source = captured.get("by_prefix", {}).get(f"jit({function.name})"), "xprof hlo_stats"
+        if not ops:
+            ops, source = captured.get("by_module", {}).get(name), "xplane op events"
+        rows = op_table(ops, module, top, name) if ops else ()
+        updated.append(dataclasses.replace(function, ops=rows, ops_source=source if rows else ""))
+    return updated
+
+
+def _artifacts(result: ProfileResult, outcome: Outcome, out_dir: str) -> dict[str, str]:
+    found: dict[str, str] = {}
+    if result.trace is not None:
+        found["trace_dir"] = result.trace.logdir
+        for key in ("xplane", "trace_json", "perfetto"):
+            value = getattr(result.trace, key)
+            if value:
+                found[key] = value
+    for function in result.functions:
+        for kind, path in function.hlo.items():
+            found[f"{function.name}.{kind}"] = path
+    for stream in ("stdout", "stderr"):
+        text = getattr(outcome, stream)
+        if text:
+            path = os.path.join(out_dir, f"target.{stream}.txt")
+            with open(path, "w") as handle:
+                handle.write(text)
+            found[f"target_{stream}"] = path
+    return found

@@ -1,0 +1,236 @@
+"""Abstract argument signatures of a jitted call, and why a call compiled again.
+
+jax compiles again when what it keys its caches on changes: an argument's shape, dtype, weak type or
+sharding, the value of a static argument, the pytree structure, or the Python callable itself. jaxdbg
+records the signature of every call that compiled and diffs it against the closest earlier one, which
+names the argument and the change (``jax_explain_cache_misses`` only logs text, and not for every cause).
+
+A signature is computed only for calls that compiled, so steady-state calls pay nothing for it.
+
+Example:
+    >>> import numpy as np
+    >>> old = call_signature(lambda batch: 0, (np.zeros((8, 32)),), {}, ())
+    >>> new = call_signature(lambda batch: 0, (np.zeros((9, 32)),), {}, ())
+    >>> explain([old], new, same_callable=True).reason
+    "argument 'batch' shape changed (8, 32) -> (9, 32)"
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from jaxdbg.profile.model import ArgChange, Recompile
+
+_SCALAR_DTYPES = {bool: "bool", int: "i32", float: "f32", complex: "c64"}
+_MAX_VALUE_TEXT = 60
+
+
+@dataclass(frozen=True)
+class LeafSig:
+    """What jax keys a compile on for one argument leaf."""
+
+    kind: str  # 'array', 'scalar' (a Python number: weakly typed), 'static', 'other'
+    shape: tuple[int, ...] | None = None
+    dtype: str | None = None
+    weak_type: bool = False
+    sharding: str | None = None
+    value: str | None = None  # static arguments: the value's repr (compared by equality via `token`)
+    token: Any = None
+
+    def describe(self) -> str:
+        if self.kind == "static":
+            return f"static {self.value}"
+        if self.kind == "scalar":
+            return f"a Python {self.value} (weakly typed {self.dtype})"
+        if self.kind == "array":
+            weak = " weakly typed" if self.weak_type else ""
+            return f"{self.dtype}{list(self.shape)}{weak}"
+        return self.value or "an object"
+
+
+@dataclass(frozen=True)
+class Signature:
+    """The signature of one call: leaves by argument path, in order."""
+
+    leaves: tuple[tuple[str, LeafSig], ...]
+
+    def as_dict(self) -> dict[str, LeafSig]:
+        return dict(self.leaves)
+
+    def short(self, limit: int = 6) -> str:
+        """'batch: f32[8, 32], n: static 3, ...' for reports."""
+        parts = [f"{path}: {leaf.describe()}" for path, leaf in self.leaves[:limit]]
+        if len(self.leaves) > limit:
+            parts.append(f"... {len(self.leaves) - limit} more")
+        return ", ".join(parts)
+
+
+def parameter_names(fun: Callable) -> list[str] | None:
+    """Positional parameter names of ``fun`` (None when it has no readable signature)."""
+    try:
+        params = inspect.signature(fun).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def _short_dtype(dtype: Any) -> str:
+    from jaxdbg.target import short_dtype
+
+    try:
+        return short_dtype(dtype)
+    except TypeError:
+        return str(dtype)
+
+
+def leaf_signature(value: Any) -> LeafSig:
+    """The signature of one dynamic leaf (jax array, numpy array, Python number or other)."""
+    if type(value) in _SCALAR_DTYPES:
+        return LeafSig("scalar", (), _SCALAR_DTYPES[type(value)], True, value=type(value).__name__)
+    shape = getattr(value, "shape", None)
+    dtype = getattr(value, "dtype", None)
+    if shape is not None and dtype is not None:
+        sharding = getattr(value, "sharding", None)
+        return LeafSig(
+            "array", tuple(int(d) for d in shape), _short_dtype(dtype), bool(getattr(value, "weak_type", False)),
+            _describe_sharding(sharding) if sharding is not None else None,
+        )
+    return LeafSig("other", value=type(value).__name__)
+
+
+def _describe_sharding(sharding: Any) -> str:
+    spec = getattr(sharding, "spec", None)
+    devices = getattr(sharding, "device_set", None)
+    count = len(devices) if devices is not None else "?"
+    if spec is not None:
+        return f"{type(sharding).__name__}({spec}, {count} devices)"
+    return f"{type(sharding).__name__}({count} device{'s' if count != 1 else ''})"
+
+
+def _static_leaf(value: Any) -> LeafSig:
+    text = repr(value)
+    if len(text) > _MAX_VALUE_TEXT:
+        text = text[: _MAX_VALUE_TEXT - 3] + "..."
+    try:
+        hash(value)
+        token = value
+    except TypeError:
+        token = text
+    return LeafSig("static", value=text, token=token)
+
+
+def call_signature(
+    fun: Callable,
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    static_argnums: Sequence[int],
+    static_argnames: Sequence[str] = (),
+    names: list[str] | None = None,
+) -> Signature:
+    """The signature of ``fun(*args, **kwargs)`` as jit sees it (static arguments by value)."""
+    import jax
+
+    names = parameter_names(fun) if names is None else names
+    statics = {i % len(args) for i in static_argnums if args and -len(args) <= i < len(args)}
+    leaves: list[tuple[str, LeafSig]] = []
+    named = [(names[i] if names and i < len(names) else f"args[{i}]", value, i in statics)
+             for i, value in enumerate(args)]
+    named += [(key, value, key in static_argnames) for key, value in kwargs.items()]
+    for name, value, static in named:
+        if static:
+            leaves.append((name, _static_leaf(value)))
+            continue
+        flat, _ = jax.tree_util.tree_flatten_with_path(value)
+        if not flat:
+            leaves.append((name, LeafSig("other", value=f"empty {type(value).__name__}")))
+        for path, leaf in flat:
+            leaves.append((name + jax.tree_util.keystr(path), leaf_signature(leaf)))
+    return Signature(tuple(leaves))
+
+
+def diff(old: Signature, new: Signature) -> list[ArgChange]:
+    """The changes from ``old`` to ``new``, argument by argument, in argument order."""
+    before, after = old.as_dict(), new.as_dict()
+    changes: list[ArgChange] = []
+    for path, leaf in new.leaves:
+        prev = before.get(path)
+        if prev is None:
+            changes.append(ArgChange(path, "structure", "absent", leaf.describe()))
+        else:
+            changes.extend(_leaf_changes(path, prev, leaf))
+    for path, leaf in old.leaves:
+        if path not in after:
+            changes.append(ArgChange(path, "structure", leaf.describe(), "absent"))
+    return changes
+
+
+def _leaf_changes(path: str, prev: LeafSig, leaf: LeafSig) -> list[ArgChange]:
+    if prev.kind != leaf.kind:
+        return [ArgChange(path, "type", prev.describe(), leaf.describe())]
+    if leaf.kind == "static":
+        return [] if prev.token == leaf.token else [ArgChange(path, "static", prev.value, leaf.value)]
+    out = []
+    if prev.shape != leaf.shape:
+        out.append(ArgChange(path, "shape", str(prev.shape), str(leaf.shape)))
+    if prev.dtype != leaf.dtype:
+        out.append(ArgChange(path, "dtype", str(prev.dtype), str(leaf.dtype)))
+    if prev.weak_type != leaf.weak_type:
+        out.append(ArgChange(path, "weak_type", _weak(prev), _weak(leaf)))
+    if prev.sharding != leaf.sharding and prev.sharding is not None and leaf.sharding is not None:
+        out.append(ArgChange(path, "sharding", prev.sharding, leaf.sharding))
+    if leaf.kind == "other" and prev.value != leaf.value:
+        out.append(ArgChange(path, "type", str(prev.value), str(leaf.value)))
+    return out
+
+
+def _weak(leaf: LeafSig) -> str:
+    return f"weakly typed {leaf.dtype}" if leaf.weak_type else f"strongly typed {leaf.dtype}"
+
+
+def change_text(change: ArgChange) -> str:
+    """One change in words, e.g. "argument 'batch' shape changed (8, 32) -> (9, 32)"."""
+    what = {
+        "shape": "shape changed", "dtype": "dtype changed", "weak_type": "weak type changed",
+        "sharding": "sharding changed", "structure": "pytree structure changed", "type": "kind changed",
+    }
+    if change.kind == "static":
+        return f"static argument '{change.argument}' changed {change.before} -> {change.after}"
+    if change.kind == "callable":
+        return change.after
+    return f"argument '{change.argument}' {what.get(change.kind, 'changed')} {change.before} -> {change.after}"
+
+
+def explain(previous: Sequence[Signature], new: Signature, *, same_callable: bool, call_index: int = 0,
+            callable_site: str = "") -> Recompile:
+    """Why a call with signature ``new`` compiled although ``previous`` signatures had compiled before.
+
+    Diffs against the closest earlier signature (fewest changes, latest on ties).
+    """
+    best: list[ArgChange] | None = None
+    for old in previous:
+        changes = diff(old, new)
+        if best is None or len(changes) <= len(best):
+            best = changes
+    changes = best or []
+    if not same_callable:
+        where = f" (defined at {callable_site})" if callable_site else ""
+        text = (f"a new Python callable: jax.jit was applied to a fresh function object{where}; "
+                "create the jitted function once, outside the loop")
+        changes = [ArgChange("<callable>", "callable", "earlier function object", text), *changes]
+    elif not changes:
+        text = ("same argument signature as an earlier compile: jax's caches were cleared, a jax config "
+                "option changed, or the cache evicted the executable")
+        return Recompile(call_index, text, ())
+    shown = "; ".join(change_text(c) for c in changes[:3])
+    if len(changes) > 3:
+        shown += f"; and {len(changes) - 3} more changes"
+    return Recompile(call_index, shown, tuple(changes))
+
+
+def numpy_leaf_bytes(value: Any) -> int:
+    """Bytes of a host (numpy) array, 0 for anything else."""
+    return int(value.nbytes) if isinstance(value, np.ndarray) else 0

@@ -1,0 +1,228 @@
+"""Benchmark ``jaxdbg profile`` against its anchors, side by side in one run, and print ratios.
+
+(a) disturbance: steady-state step time of a training loop under ``jaxdbg profile`` over the same loop
+    run plainly (target <= 1.10). The loop measures itself (median time per chunk of steps).
+(b) compile time: the backend compile time jaxdbg reports for the train step over what
+    ``jax.monitoring``'s backend-compile event reports in a plain run (target 0.9 to 1.1).
+(c) time to a per-op table: ``jaxdbg profile recipes/hot_op/train.py`` (command to JSON report) over
+    ``jax.profiler.trace`` of the same program followed by xprof's own ``get_top_hlo_ops``; and whether each
+    found the hot op (the ``q @ k.T`` line).
+
+Plain and profiled runs alternate (``--pairs``). The headline ratio compares the best (minimum) of each
+side, the usual estimate on a machine where other work slows single runs down; the median of the
+per-pair ratios is printed beside it.
+
+Usage: python scripts/bench_profile.py [--pairs 5] [--steps 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HOT_OP = os.path.join(ROOT, "recipes", "hot_op", "train.py")
+
+WORKLOAD = textwrap.dedent('''
+    """A small MLP training loop that times itself (median seconds per step over chunks of steps)."""
+    import json, sys, time
+    import jax, jax.numpy as jnp
+    from jax import monitoring
+
+    compile_events = []
+    monitoring.register_event_duration_secs_listener(
+        lambda event, secs, **kw: compile_events.append(secs)
+        if event == "/jax/core/compile/backend_compile_duration" and kw.get("fun_name") == "jit(train_step)" else None)
+
+    def init(key, sizes):
+        keys = jax.random.split(key, len(sizes) - 1)
+        return [(jax.random.normal(k, (m, n)) / m ** 0.5, jnp.zeros(n)) for k, m, n in zip(keys, sizes[:-1], sizes[1:])]
+
+    def loss_fn(params, x, y):
+        for w, b in params[:-1]:
+            x = jax.nn.gelu(x @ w + b)
+        w, b = params[-1]
+        return jnp.mean((x @ w + b - y) ** 2)
+
+    @jax.jit
+    def train_step(params, x, y):
+        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+        return jax.tree.map(lambda p, g: p - 1e-3 * g, params, grads), loss
+
+    steps, chunk, warm = int(sys.argv[1]), 20, 30
+    params = init(jax.random.key(0), [256, 512, 512, 512, 16])
+    x = jax.random.normal(jax.random.key(1), (128, 256))
+    y = jax.random.normal(jax.random.key(2), (128, 16))
+    for _ in range(warm):
+        params, loss = train_step(params, x, y)
+    jax.block_until_ready(params)
+    per_step = []
+    for _ in range(steps // chunk):
+        t = time.perf_counter()
+        for _ in range(chunk):
+            params, loss = train_step(params, x, y)
+        jax.block_until_ready(params)
+        per_step.append((time.perf_counter() - t) / chunk)
+    per_step.sort()
+    print(json.dumps({"step_s": per_step[len(per_step) // 2], "backend_compile_s": sum(compile_events)}))
+''')
+
+
+def _jaxdbg() -> list[str]:
+    return [sys.executable, "-m", "jaxdbg"]
+
+
+def run_plain(script: str, steps: int) -> dict:
+    out = subprocess.run([sys.executable, script, str(steps)], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run_profiled(script: str, steps: int, workdir: str, tag: str) -> tuple[dict, dict]:
+    out_dir = os.path.join(workdir, f"profile-{tag}")
+    report_path = os.path.join(workdir, f"profile-{tag}.json")
+    subprocess.run([*_jaxdbg(), "profile", script, "--out", out_dir, "--json", report_path, "-q", "--", str(steps)],
+                   check=True, capture_output=True, text=True)
+    with open(report_path) as handle:
+        report = json.load(handle)
+    with open(report["artifacts"]["target_stdout"]) as handle:
+        own = json.loads(handle.read().strip().splitlines()[-1])
+    return report, own
+
+
+def bench_disturbance_and_compile(pairs: int, steps: int, workdir: str) -> dict:
+    script = os.path.join(workdir, "workload.py")
+    with open(script, "w") as handle:
+        handle.write(WORKLOAD)
+    step_ratios, compile_ratios, same_process = [], [], []
+    rows = []
+    for i in range(pairs):
+        if i % 2:  # alternate which side goes first, so a drift in machine load does not favour one side
+            report, own = run_profiled(script, steps, workdir, str(i))
+            plain = run_plain(script, steps)
+        else:
+            plain = run_plain(script, steps)
+            report, own = run_profiled(script, steps, workdir, str(i))
+        step = next(f for f in report["result"]["functions"] if f["name"] == "train_step")
+        reported = step["compile"]["compile_s"]
+        step_ratios.append(own["step_s"] / plain["step_s"])
+        compile_ratios.append(reported / plain["backend_compile_s"])
+        same_process.append(reported / own["backend_compile_s"])
+        rows.append((plain["step_s"], own["step_s"], step["execute"]["median_s"], plain["backend_compile_s"], reported))
+    return {"step_ratios": step_ratios, "compile_ratios": compile_ratios, "same_process": same_process, "rows": rows}
+
+
+ANCHOR = textwrap.dedent('''
+    """The anchor: jax.profiler.trace around the hot-op program, then xprof's get_top_hlo_ops."""
+    import glob, json, os, runpy, sys
+    import jax
+    logdir = sys.argv[2]
+    with jax.profiler.trace(logdir):
+        runpy.run_path(sys.argv[1], run_name="__main__")
+    from xprof.cli.tools.get_top_hlo_ops_tool import get_top_hlo_ops
+    run_dir = sorted(glob.glob(os.path.join(logdir, "plugins", "profile", "*")))[-1]
+    print(get_top_hlo_ops(session_id=run_dir, limit=5, bypass_cache=True))
+''')
+
+
+def hot_line() -> int:
+    with open(HOT_OP) as handle:
+        return next(i for i, line in enumerate(handle, 1) if "the hot op" in line)
+
+
+def bench_op_table(workdir: str) -> dict:
+    line = hot_line()
+    started = time.perf_counter()
+    report_path = os.path.join(workdir, "hot.json")
+    subprocess.run([*_jaxdbg(), "profile", HOT_OP, "--out", os.path.join(workdir, "hot"), "--json", report_path, "-q"],
+                   check=True, capture_output=True, text=True)
+    jaxdbg_s = time.perf_counter() - started
+    with open(report_path) as handle:
+        ops = json.load(handle)["result"]["functions"][0]["ops"]
+    jaxdbg_found = bool(ops) and ops[0]["source"] is not None and ops[0]["source"]["line"] == line
+
+    anchor = os.path.join(workdir, "anchor.py")
+    with open(anchor, "w") as handle:
+        handle.write(ANCHOR)
+    started = time.perf_counter()
+    out = subprocess.run([sys.executable, anchor, HOT_OP, os.path.join(workdir, "anchor-trace")],
+                         capture_output=True, text=True)
+    anchor_s = time.perf_counter() - started
+    try:
+        top = json.loads(out.stdout[out.stdout.index("{"):])
+        rows = top.get("top_by_time", [])
+    except ValueError:
+        rows = []
+    anchor_found = bool(rows) and rows[0].get("source_line") == line
+    return {"jaxdbg_s": jaxdbg_s, "anchor_s": anchor_s, "jaxdbg_found": jaxdbg_found, "anchor_found": anchor_found,
+            "jaxdbg_top": ops[0] if ops else None, "anchor_rows": len(rows), "anchor_rc": out.returncode}
+
+
+def bench_call_overhead(calls: int = 3000) -> tuple[float, float]:
+    """Seconds per call of a tiny jitted function, plainly and through jaxdbg's call tracking (in process)."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxdbg.profile.instrument import Recorder, compile_listener, tracking_jit
+
+    def loop() -> float:
+        f = jax.jit(lambda x: x + 1)
+        x = f(jnp.ones(16)).block_until_ready()
+        started = time.perf_counter()
+        for _ in range(calls):
+            x = f(x)
+        x.block_until_ready()
+        return (time.perf_counter() - started) / calls
+
+    plain = min(loop() for _ in range(3))
+    with tempfile.TemporaryDirectory() as out:
+        recorder = Recorder(lambda topic, value: None, out)
+        with compile_listener(recorder), tracking_jit(recorder):
+            tracked = min(loop() for _ in range(3))
+    return plain, tracked
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=200)
+    options = parser.parse_args()
+    load_before = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="jaxdbg-bench-") as workdir:
+        a = bench_disturbance_and_compile(options.pairs, options.steps, workdir)
+        c = bench_op_table(workdir)
+    plain_call, tracked_call = bench_call_overhead()
+    print(f"machine: {os.cpu_count()} cores, load average {load_before:.1f} before and {os.getloadavg()[0]:.1f} "
+          "after (other work on the machine moves single timings)")
+    print("per pair: plain step | profiled step (loop's own) | jaxdbg median call | plain backend compile | "
+          "jaxdbg backend compile")
+    for row in a["rows"]:
+        print("  " + " | ".join(f"{v * 1e3:8.3f} ms" for v in row))
+    med = statistics.median
+    rows = a["rows"]
+    best_step = min(r[1] for r in rows) / min(r[0] for r in rows)
+    best_compile = min(r[4] for r in rows) / min(r[3] for r in rows)
+    print(f"(a) step time under jaxdbg / plain: {best_step:.3f} best vs best (target <= 1.10); median of pair "
+          f"ratios {med(a['step_ratios']):.3f} ({', '.join(f'{r:.3f}' for r in a['step_ratios'])})")
+    print(f"(b) compile time jaxdbg reports / plain backend-compile event: {best_compile:.3f} best vs best "
+          f"(target 0.9-1.1); median of pair ratios {med(a['compile_ratios']):.3f} "
+          f"({', '.join(f'{r:.3f}' for r in a['compile_ratios'])}); same process: {med(a['same_process']):.3f}")
+    print(f"(a') per call of a tiny jitted function: plain {plain_call * 1e6:.1f} us, tracked {tracked_call * 1e6:.1f} us "
+          f"(+{(tracked_call - plain_call) * 1e6:.1f} us: the wrapper plus one block_until_ready)")
+    top = c["jaxdbg_top"]
+    where = f"{os.path.basename(top['source']['file'])}:{top['source']['line']}" if top and top["source"] else "-"
+    print(f"(c) command -> per-op table: jaxdbg {c['jaxdbg_s']:.2f} s, jax.profiler.trace + xprof get_top_hlo_ops "
+          f"{c['anchor_s']:.2f} s, ratio {c['jaxdbg_s'] / c['anchor_s']:.2f}; hot op found: jaxdbg "
+          f"{c['jaxdbg_found']} ({top['name'] if top else '-'} at {where}, {100 * top['fraction']:.0f}% of step), "
+          f"xprof {c['anchor_found']} ({c['anchor_rows']} rows)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,275 @@
+"""``jaxdbg profile script.py``: real recipes run contained, one run per module-scoped fixture, many checks each."""
+
+import gzip
+import json
+import os
+import textwrap
+
+import pytest
+from typer.testing import CliRunner
+
+from jaxdbg.cli import app, main
+from jaxdbg.profile import ProfileOptions, profile
+from jaxdbg.target import parse_target
+
+RECIPES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recipes")
+
+
+def recipe(name: str) -> str:
+    return os.path.join(RECIPES, name, "train.py")
+
+
+def marked_line(path: str, marker: str) -> int:
+    with open(path) as handle:
+        return next(i for i, line in enumerate(handle, 1) if marker in line)
+
+
+def by_name(run, name):
+    return next(f for f in run.result.functions if f.name == name)
+
+
+@pytest.fixture(scope="module")
+def storm(tmp_path_factory):
+    out = tmp_path_factory.mktemp("storm")
+    return profile(parse_target(recipe("recompile_storm")), ProfileOptions(budget="recompiles<=0,train_step.calls>=12"),
+                   str(out))
+
+
+def test_recompile_storm_explains_each_recompile(storm):
+    step = by_name(storm, "train_step")
+    assert step.execute.calls == 12 and step.compiles == 5 and len(step.recompiles) == 4
+    reasons = {r.call_index: r.reason for r in step.recompiles}
+    assert "argument 'batch' shape changed (8, 32) -> (9, 32)" in reasons[1]
+    assert "argument 'batch' shape changed (10, 32) -> (11, 32)" in reasons[3]
+    # params start weakly typed (jnp.full with a Python float): the first update makes them strong.
+    assert "argument 'params['w']' weak type changed weakly typed f32 -> strongly typed f32" in reasons[1]
+    defined = marked_line(recipe("recompile_storm"), "def train_step")
+    assert step.source.line in (defined - 1, defined)  # Python's first line of a decorated function: @jax.jit
+    assert all(c.times.compile_s > 0 for c in step.compilations)
+    assert step.compile.total_s >= step.compile.compile_s > 0
+    fresh = by_name(storm, "<lambda>")
+    assert fresh.compiles == 12 and all("new Python callable" in r.reason for r in fresh.recompiles)
+    assert any("bucketing" in h for h in storm.result.hints) and any("jit once" in h for h in storm.result.hints)
+
+
+def test_recompile_budget_fails_with_each_violation_named(storm):
+    assert storm.exit_code == 1 and not storm.result.budget.ok
+    assert storm.result.budget.violations == ("recompiles 15 > 0",)
+
+
+def test_steady_state_times_exclude_compiles(storm):
+    step = by_name(storm, "train_step")
+    assert step.execute.first_s > step.compilations[0].times.total_s  # the first call includes its compile
+    assert 0 < step.execute.median_s < step.execute.first_s and step.execute.p90_s >= step.execute.median_s
+    totals = storm.result.totals
+    parts = totals.compile_s + totals.execute_s + totals.transfer_s + totals.other_s
+    assert totals.compile_s > totals.execute_s and parts == pytest.approx(totals.wall_s, rel=0.02)
+
+
+@pytest.fixture(scope="module")
+def hot(tmp_path_factory):
+    out = tmp_path_factory.mktemp("hot")
+    return profile(parse_target(recipe("hot_op")), ProfileOptions(monitor=True, xla_dump=True, top=4), str(out)), out
+
+
+def test_hot_op_tops_the_per_op_table_with_its_source_line(hot):
+    run, _ = hot
+    step = by_name(run, "step")
+    assert step.ops_source == "xplane op events" and len(step.ops) == 4
+    top = step.ops[0]
+    assert top.category == "matmul" and top.fraction > 0.4 and top.count == 6
+    assert top.source.file == recipe("hot_op") and top.source.line == marked_line(recipe("hot_op"), "the hot op")
+    assert sum(op.fraction for op in step.ops) <= 1.0 + 1e-9
+    assert step.cost["flops"] > 5e8 and step.memory["argument_bytes"] == 3 * 1024 * 256 * 4
+    assert step.rates.flops_per_s > 0 and step.rates.peak_source.startswith("calibrated")
+
+
+def test_capture_files_and_one_step_annotation_per_call(hot):
+    run, out = hot
+    trace = run.result.trace
+    assert os.path.exists(trace.xplane) and trace.xplane.endswith(".xplane.pb")
+    with gzip.open(trace.trace_json) as handle:
+        events = json.load(handle)["traceEvents"]
+    steps = sorted(int(e["args"]["step_num"]) for e in events if e.get("name") == "step" and "args" in e)
+    assert steps == [0, 1, 2, 3, 4, 5] and trace.calls_traced == 6
+    with gzip.open(trace.perfetto) as handle:
+        perfetto = json.load(handle)
+    assert "metadata" not in perfetto and perfetto["traceEvents"]
+    hlo = by_name(run, "step").hlo
+    assert open(hlo["stablehlo"]).read().startswith("module @jit_step")
+    assert open(hlo["optimized_hlo"]).read().startswith("HloModule jit_step")
+    assert all(path.startswith(str(out)) for path in run.artifacts.values())
+
+
+def test_xla_dump_goes_to_out_only(hot):
+    run, out = hot
+    dumped = os.listdir(run.artifacts["xla_dump"])
+    assert any("jit_step" in name and name.endswith(".txt") for name in dumped)
+    assert "--xla_dump_to" not in os.environ.get("XLA_FLAGS", "")
+
+
+def test_monitor_series(hot):
+    monitor = hot[0].result.monitor
+    assert monitor.summary["samples"] == len(monitor.t_s) >= 2
+    assert all(rss > 50 * 2**20 for rss in monitor.host_rss_bytes)
+    assert monitor.device_bytes_in_use[0] is None  # CPU keeps no device memory count
+    assert list(monitor.t_s) == sorted(monitor.t_s)
+
+
+def test_host_transfer_bottleneck(tmp_path):
+    run = profile(parse_target(recipe("host_transfer")), ProfileOptions(trace_calls=0), str(tmp_path))
+    kinds = {t.kind: t for t in run.result.transfers}
+    implicit = kinds["implicit_args"]
+    assert implicit.count == 12 and implicit.bytes == 12 * 1024 * 1024 * 8 and implicit.total_s > 0
+    assert kinds["to_host"].count >= 12
+    totals = run.result.totals
+    assert totals.transfer_s > totals.execute_s
+    assert any("numpy arrays were passed to jitted functions 12 times" in h for h in run.result.hints)
+
+
+SCRIPTS = {
+    "raises.py": """
+        import jax, jax.numpy as jnp
+        @jax.jit
+        def step(x):
+            return x * 2 + 1
+        x = jnp.ones(8)
+        for i in range(5):
+            x = step(x)
+            if i == 3:
+                raise ValueError("data loader exhausted")
+    """,
+    "nojit.py": """
+        import jax.numpy as jnp
+        print(float((jnp.arange(10.0) * 2).sum()))
+    """,
+    "args.py": """
+        import sys, jax, jax.numpy as jnp
+        print("argv", sys.argv[1:])
+        f = jax.jit(lambda x: x + 1)
+        for _ in range(int(sys.argv[1])):
+            f(jnp.ones(3))
+    """,
+    "own_trace_and_cache.py": """
+        import sys, jax, jax.numpy as jnp
+        jax.config.update("jax_compilation_cache_dir", sys.argv[1])
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+        f = jax.jit(lambda x: x * 2)
+        f(jnp.ones(3))
+        with jax.profiler.trace(sys.argv[2]):  # the script's own capture, while jaxdbg's is running
+            f(jnp.ones(3))
+        jax.clear_caches()
+        f(jnp.ones(3))  # compiles again: answered by the persistent cache
+        print("done")
+    """,
+    "crashes.py": """
+        import ctypes, time, jax, jax.numpy as jnp
+        f = jax.jit(lambda x: x + 1)
+        for _ in range(4):
+            f(jnp.ones(3))
+        time.sleep(1.0)  # the flusher sends the calls before the crash
+        ctypes.string_at(0)  # SIGSEGV
+    """,
+    "hangs.py": """
+        import time, jax, jax.numpy as jnp
+        f = jax.jit(lambda x: x + 1)
+        for _ in range(3):
+            f(jnp.ones(3))
+        time.sleep(600)
+    """,
+}
+
+
+@pytest.fixture(scope="module")
+def scripts(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("scripts")
+    for name, text in SCRIPTS.items():
+        (folder / name).write_text(textwrap.dedent(text))
+    return folder
+
+
+def test_script_that_raises_keeps_partial_profile_and_exits_3(scripts, tmp_path, capsys):
+    code = main(["profile", str(scripts / "raises.py"), "--out", str(tmp_path / "o"), "--json", str(tmp_path / "r.json")])
+    assert code == 3
+    err = capsys.readouterr().err
+    assert "raised ValueError: data loader exhausted" in err and "raises.py:10" in err and "Traceback" not in err
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["exit_code"] == 3 and "data loader exhausted" in report["result"]["error"]
+    step = report["result"]["functions"][0]
+    assert step["name"] == "step" and step["execute"]["calls"] == 4 and step["compiles"] == 1
+    assert report["result"]["error_source"]["line"] == 10
+
+
+def test_script_without_jit_says_so(scripts, tmp_path):
+    run = profile(parse_target(str(scripts / "nojit.py")), ProfileOptions(), str(tmp_path))
+    assert run.exit_code == 0 and run.result.functions == ()
+    assert "ran no jitted function" in run.result.notes[0] and run.result.eager_compile["count"] >= 1
+
+
+def test_script_args_after_double_dash(scripts, tmp_path):
+    result = CliRunner().invoke(app, ["profile", str(scripts / "args.py"), "--out", str(tmp_path / "o"),
+                                      "--json", "-", "--trace-calls", "0", "--", "7"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["result"]["functions"][0]["execute"]["calls"] == 7
+    assert "argv ['7']" in open(report["artifacts"]["target_stdout"]).read()
+
+
+def test_script_with_its_own_capture_and_a_persistent_cache(scripts, tmp_path):
+    spec = parse_target(str(scripts / "own_trace_and_cache.py"), [str(tmp_path / "cache"), str(tmp_path / "own")])
+    run = profile(spec, ProfileOptions(calibrate=False), str(tmp_path / "out"))
+    assert run.exit_code == 0, run.result.error
+    assert "done" in run.outcome.stdout and os.listdir(tmp_path / "own")  # the script's capture worked
+    assert any("started its own jax.profiler capture" in n for n in run.result.notes)
+    f = run.result.functions[0]
+    assert f.compiles == 2 and f.execute.calls == 3
+    assert "caches were cleared" in f.recompiles[0].reason and f.recompiles[0].call_index == 2
+    assert [c.cache_hit for c in f.compilations] == [False, True]
+
+
+def test_crash_is_contained_and_reported(scripts, tmp_path):
+    run = profile(parse_target(str(scripts / "crashes.py")), ProfileOptions(trace_calls=0), str(tmp_path))
+    assert run.exit_code == 3 and "crashed with SIGSEGV" in run.result.error
+    assert run.result.error_source.line == 7
+    assert run.result.functions[0].execute.calls == 4
+
+
+def test_timeout_stops_the_target_and_keeps_what_was_sent(scripts, tmp_path):
+    run = profile(parse_target(str(scripts / "hangs.py")), ProfileOptions(timeout=6, trace_calls=0, calibrate=False),
+                  str(tmp_path))
+    assert run.exit_code == 3 and "timed out" in run.result.error
+    assert run.result.functions[0].execute.calls == 3  # flushed before the hang
+
+
+def test_compile_heavy_cli_budget_and_compare(tmp_path, capsys):
+    first = tmp_path / "first.json"
+    assert main(["profile", recipe("compile_heavy"), "--out", str(tmp_path / "a"), "--json", str(first),
+                 "--budget", "compile_s<=0.001,unrolled_mlp.execute_median_ms<=1000"]) == 1
+    text = capsys.readouterr().out
+    assert "budget violated" in text and "unrolled_mlp" in text and "compile" in text
+    report = json.loads(first.read_text())
+    assert report["result"]["budget"]["violations"][0].startswith("compile_s ")
+    fn = report["result"]["functions"][0]
+    assert fn["name"] == "unrolled_mlp" and fn["compile"]["total_s"] > 10 * fn["execute"]["median_s"]
+    assert set(fn["compile"]) == {"trace_s", "lower_s", "compile_s", "total_s"}
+    assert set(report["result"]["totals"]) >= {"wall_s", "compile_s", "execute_s", "transfer_s", "other_s"}
+    assert report["environment"]["backend"] == "cpu"
+    second = tmp_path / "second.json"
+    assert main(["profile", recipe("compile_heavy"), "--out", str(tmp_path / "b"), "--json", str(second),
+                 "--compare", str(first), "--trace-calls", "0", "-q"]) == 0
+    deltas = {d["name"]: d for d in json.loads(second.read_text())["result"]["comparison"]}
+    assert deltas["unrolled_mlp"]["status"] == "changed"
+    assert deltas["unrolled_mlp"]["metrics"]["compile_s"]["old"] == fn["compile"]["total_s"]
+    assert deltas["unrolled_mlp"]["metrics"]["compile_s"]["ratio"] > 0
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--budget", "compile_s<=fast"], "--budget"),
+    (["--compare", "/nonexistent/old.json"], "no such file"),
+    (["--args", "f32[2]"], "for a function target"),
+])
+def test_bad_options_exit_2_before_running(argv, fragment, tmp_path, capsys):
+    assert main(["profile", recipe("hot_op"), "--out", str(tmp_path / "o"), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and fragment in err

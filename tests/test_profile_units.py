@@ -1,0 +1,179 @@
+"""profile's building blocks on real jax values and real compiled HLO: signatures and recompile reasons,
+budgets, HLO reading, span unions, self times, comparisons, peaks. Fast: no contained runs here."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxdbg._errors import UsageError
+from jaxdbg.profile.budget import check_budget, parse_budget
+from jaxdbg.profile.compare import compare, load_baseline
+from jaxdbg.profile.hlo import loop_note, module_name, parse_hlo
+from jaxdbg.profile.model import CompileTimes, ExecuteStats, FunctionProfile, Recompile, Totals
+from jaxdbg.profile.ops import OpTotal, _self_times, op_table
+from jaxdbg.profile.peaks import achieved_rates, calibrate_cpu, table_peak
+from jaxdbg.profile.signature import call_signature, explain
+from jaxdbg.profile.spans import span_times
+
+
+def _sig(fun, *args, static=(), **kwargs):
+    return call_signature(fun, args, kwargs, static)
+
+
+def step(params, batch, n):
+    return params, batch, n
+
+
+def test_recompile_reasons_name_the_argument_and_the_change():
+    params = {"w": jnp.ones((4, 2)), "b": jnp.zeros(2)}
+    base = _sig(step, params, jnp.ones((8, 32)), 3, static=(2,))
+    cases = {
+        "shape": (_sig(step, params, jnp.ones((9, 32)), 3, static=(2,)), "argument 'batch' shape changed (8, 32) -> (9, 32)"),
+        "dtype": (_sig(step, params, jnp.ones((8, 32), jnp.bfloat16), 3, static=(2,)), "dtype changed f32 -> bf16"),
+        "static": (_sig(step, params, jnp.ones((8, 32)), 4, static=(2,)), "static argument 'n' changed 3 -> 4"),
+        "structure": (_sig(step, {**params, "c": jnp.ones(1)}, jnp.ones((8, 32)), 3, static=(2,)), "params['c']"),
+    }
+    for kind, (new, text) in cases.items():
+        why = explain([base], new, same_callable=True, call_index=5)
+        assert why.call_index == 5 and text in why.reason, (kind, why.reason)
+        assert {c.kind for c in why.changes} == {kind}
+
+
+def test_weak_type_and_python_scalar_changes():
+    weak = _sig(lambda lr: lr, jnp.asarray(0.1))  # weakly typed (from a Python float)
+    strong = _sig(lambda lr: lr, jnp.asarray(0.1, jnp.float32))
+    assert weak.leaves[0][1].weak_type and not strong.leaves[0][1].weak_type
+    why = explain([weak], strong, same_callable=True)
+    assert why.changes[0].kind == "weak_type" and "weakly typed f32 -> strongly typed f32" in why.reason
+    scalar = _sig(lambda lr: lr, 0.1)
+    assert explain([scalar], strong, same_callable=True).changes[0].kind == "type"
+
+
+def test_new_callable_and_unexplained_recompiles():
+    sig = _sig(lambda x: x, jnp.ones(3))
+    fresh = explain([sig], sig, same_callable=False, callable_site="train.py:9")
+    assert fresh.changes[0].kind == "callable"
+    assert "fresh function object (defined at train.py:9)" in fresh.reason and "outside the loop" in fresh.reason
+    same = explain([sig], sig, same_callable=True)
+    assert same.changes == () and "caches were cleared" in same.reason
+
+
+def test_explain_diffs_against_the_closest_earlier_signature():
+    a = _sig(step, jnp.ones(2), jnp.ones((8, 4)), jnp.ones(1))
+    b = _sig(step, jnp.ones(3), jnp.ones((9, 4)), jnp.ones(1))
+    new = _sig(step, jnp.ones(3), jnp.ones((10, 4)), jnp.ones(1))
+    why = explain([a, b], new, same_callable=True)
+    assert [c.argument for c in why.changes] == ["batch"] and "(9, 4) -> (10, 4)" in why.reason
+
+
+@pytest.mark.parametrize("text, violations", [
+    ("compile_s<=2", []),
+    ("compile_s<=0.5", ["compile_s 1.5 > 0.5"]),
+    ("execute_median_ms<=5", ["train_step.execute_median_ms 20 > 5", "eval_step.execute_median_ms 6 > 5"]),
+    ("recompiles<=0", ["recompiles 2 > 0"]),
+    ("train_step.compile_s<1,eval_step.calls>=10", ["train_step.compile_s 1.2 >= 1"]),
+    ("missing.compile_s<=1", ["missing.compile_s<=1: no jitted function 'missing' ran (ran: eval_step, train_step)"]),
+    ("wall_ms<20000, transfer_us<1e6", []),
+])
+def test_budget_rules_and_violations(text, violations):
+    def fn(name, compile_s, median_s, calls, recompiles):
+        return FunctionProfile(name, None, 1 + recompiles, tuple(Recompile(i, "x") for i in range(recompiles)),
+                               CompileTimes(total_s=compile_s), ExecuteStats(calls=calls, median_s=median_s))
+    functions = (fn("train_step", 1.2, 0.020, 100, 2), fn("eval_step", 0.3, 0.006, 10, 0))
+    result = check_budget(parse_budget(text), functions, Totals(10.0, 1.5, 3.0, 0.1, 5.4))
+    assert list(result.violations) == violations and result.ok == (not violations)
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("compile<=2", "unknown metric 'compile'"), ("compile_s<=", "cannot read"), ("compile_s<1,,recompiles<0", "empty rule"),
+    ("f.wall_s<1", "whole run only"), ("compile_s<=2x", "cannot read"), ("execute_median_min<1", "unknown metric"),
+])
+def test_unparsable_budgets_are_usage_errors(text, fragment):
+    with pytest.raises(UsageError, match=fragment):
+        parse_budget(text)
+
+
+def _compiled_text(fun, *args):
+    return jax.jit(fun).lower(*args).compile().as_text()
+
+
+def scores(q, k):
+    s = q @ k.T  # marker: matmul line
+    return jax.nn.sigmoid(s).sum() + jnp.sin(q).mean()
+
+
+def test_hlo_ops_get_categories_and_user_lines():
+    q = jnp.ones((64, 32))
+    module = parse_hlo(_compiled_text(scores, q, q))
+    assert module.name == "jit_scores" == module_name(_compiled_text(scores, q, q))
+    line = next(i for i, text in enumerate(open(__file__), 1) if "marker: matmul line" in text)
+    matmuls = [op for op in module.ops.values() if op.category == "matmul"]
+    assert matmuls and all(op.source is not None and op.source.line == line and op.source.function == "scores"
+                           for op in matmuls)
+    assert all(op.source is None or op.source.file == __file__ for op in module.ops.values())
+
+
+def test_loop_note_and_trip_counts():
+    def loop(a):
+        return jax.lax.fori_loop(0, 7, lambda i, v: a @ v, a)
+    text = _compiled_text(loop, jnp.ones((8, 8)))
+    assert "trip counts 7" in loop_note(text) and loop_note(_compiled_text(jnp.sin, jnp.ones(3))) is None
+
+
+def test_span_union_does_not_count_nested_traces_twice():
+    spans = [("trace", 0.0, 1.0), ("trace", 0.2, 0.6), ("lower", 1.0, 1.5), ("compile", 1.5, 3.5)]
+    assert span_times(spans) == {"trace_s": 1.0, "lower_s": 0.5, "compile_s": 2.0, "total_s": 3.5}
+
+
+def test_self_times_subtract_nested_events():
+    events = [(0.0, 100.0, "m", "while.1"), (10.0, 30.0, "m", "dot.1"), (50.0, 20.0, "m", "add.1"),
+              (200.0, 5.0, "m", "add.1")]
+    totals = {}
+    for _, op, self_ns in _self_times(events):
+        totals[op] = totals.get(op, 0.0) + self_ns
+    assert totals == {"while.1": 50.0, "dot.1": 30.0, "add.1": 25.0}
+
+
+def test_op_table_ranks_and_shares():
+    ops = {"dot.1": OpTotal(4, 0.8), "add.2": OpTotal(4, 0.2)}
+    rows = op_table(ops, None, top=1, module_name="jit_f")
+    assert len(rows) == 1 and rows[0].name == "dot.1" and rows[0].fraction == pytest.approx(0.8)
+    assert rows[0].category == "matmul" and rows[0].module == "jit_f"
+
+
+def test_compare_reports_per_function_deltas(tmp_path):
+    old = {"command": "profile", "result": {
+        "functions": [{"name": "f", "compile": {"total_s": 2.0, "compile_s": 1.5}, "execute": {"median_s": 0.01, "calls": 5},
+                       "compiles": 1}, {"name": "gone_fn", "compile": {}, "execute": {}}],
+        "totals": {"wall_s": 4.0, "compile_s": 2.0}}}
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old))
+    new = FunctionProfile("f", None, 1, (), CompileTimes(total_s=1.0), ExecuteStats(calls=5, median_s=0.02))
+    deltas = {d.name: d for d in compare(load_baseline(str(path)), (new,), Totals(3.0, 1.0, 1.0, 0.0, 1.0))}
+    assert deltas["f"].metrics["compile_s"]["ratio"] == 0.5 and deltas["f"].metrics["execute_median_s"]["ratio"] == 2.0
+    assert deltas["gone_fn"].status == "gone" and deltas["<totals>"].metrics["wall_s"]["delta"] == -1.0
+    path.write_text(json.dumps({"command": "doctor", "result": {}}))
+    with pytest.raises(UsageError, match="not a jaxdbg profile report"):
+        load_baseline(str(path))
+    with pytest.raises(UsageError, match="no such file"):
+        load_baseline(str(tmp_path / "nope.json"))
+
+
+def test_peaks_from_table_and_calibration():
+    assert table_peak("NVIDIA H100 80GB HBM3", "bf16").flops_per_s == 989e12
+    assert table_peak("TPU v5 lite").source.startswith("table: TPU v5e")
+    assert table_peak("cpu") is None
+    peak = calibrate_cpu(size=128, repeats=2)
+    assert peak.flops_per_s > 1e8 and peak.bytes_per_s > 1e7
+    rates = achieved_rates({"flops": 2e9, "bytes_accessed": 1e6}, 0.1, peak)
+    assert rates.flops_per_s == pytest.approx(2e10) and rates.arithmetic_intensity == 2000.0
+    assert rates.bound == "compute" and rates.peak_source.startswith("calibrated")
+
+
+def test_numpy_host_arrays_and_scalars_have_signatures():
+    sig = _sig(lambda x, y, z: 0, np.zeros((2, 3), np.float32), 3, True)
+    kinds = [(path, leaf.kind, leaf.dtype) for path, leaf in sig.leaves]
+    assert kinds == [("x", "array", "f32"), ("y", "scalar", "i32"), ("z", "scalar", "bool")]
