@@ -1,0 +1,41 @@
+"""Every bad input to a TARGET command gets one clear line on stderr and exit 2, never a traceback."""
+
+import numpy as np
+import pytest
+
+from jaxdbg.cli import COMMANDS, main
+
+TARGET_COMMANDS = [name.replace("_", "-") for name in COMMANDS if name in ("profile", "nan_hunt", "repro")]
+
+
+@pytest.fixture
+def files(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "syntax.py").write_text("def f(:\n    pass\n")
+    (tmp_path / "model.py").write_text("import jax.numpy as jnp\n\ndef f(x):\n    return jnp.sin(x)\n")
+    (tmp_path / "junk.npz").write_bytes(b"not a zip")
+    np.savez(tmp_path / "objects.npz", arg0=np.array([{"a": 1}], dtype=object))
+    return tmp_path
+
+
+CASES = [
+    (["missing.py"], "no such file"),
+    (["syntax.py"], "syntax error at line 1"),
+    (["model.py::g", "--args", "f32[2]"], "no function 'g'"),
+    (["model.py::f", "--args", "f32[2"], "cannot read"),
+    (["model.py::f", "--args", "q8[2]"], "unknown dtype"),
+    (["model.py::f", "--inputs", "junk.npz"], "not a readable npz"),
+    (["model.py::f", "--inputs", "objects.npz"], "Python objects"),
+    (["model.py::f", "--args", "f32[2]", "--out", "no/such/parent/out"], "does not exist"),
+    (["model.py::f", "--args", "f32[2]", "--no-such-option"], "No such option"),
+]
+
+
+@pytest.mark.parametrize("command", TARGET_COMMANDS)
+@pytest.mark.parametrize("argv, fragment", CASES, ids=[c[1] for c in CASES])
+def test_bad_input_is_one_line_and_exit_2(command, argv, fragment, files, capsys):
+    code = main([command, *argv])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert fragment in err and err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith(f"jaxdbg {command}")
