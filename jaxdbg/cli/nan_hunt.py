@@ -1,0 +1,144 @@
+"""``jaxdbg nan-hunt TARGET``: where the first NaN/Inf is born. Parses options, calls
+:func:`jaxdbg.nan.hunt` (contained), renders the result (exit 1 when found, 0 when everything stayed finite)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from jaxdbg._errors import UsageError
+from jaxdbg.cli._common import (
+    ArgsOpt, Common, InputsOpt, JsonOpt, OutOpt, QuietOpt, ScriptArgsArg, SeedOpt, TargetArg, TimeoutOpt, VerboseOpt,
+    execute,
+)
+from jaxdbg.report import Report, relative_or_absolute
+
+GradOpt = Annotated[bool, typer.Option("--grad", help="Function target: hunt inside its gradient (value_and_grad).")]
+ArgnumsOpt = Annotated[str, typer.Option("--argnums", metavar="I,J", help="Arguments to differentiate with --grad.")]
+NanOnlyOpt = Annotated[bool, typer.Option("--nan-only", help="Look for NaN only; ignore Inf.")]
+GrowthOpt = Annotated[float, typer.Option(
+    "--growth-factor", min=1.0, help="Report outputs whose magnitude grew by this factor before the NaN.")]
+PrecisionOpt = Annotated[bool, typer.Option(
+    "--precision", help="For a bf16/f16 origin, replay in float32 and say whether that removes it.")]
+
+
+def register(app: typer.Typer) -> None:
+    app.command("nan-hunt", context_settings={"allow_interspersed_args": True})(nan_hunt)
+
+
+def nan_hunt(
+    target: TargetArg, script_args: ScriptArgsArg = None, grad: GradOpt = False, argnums: ArgnumsOpt = "0",
+    nan_only: NanOnlyOpt = False, growth_factor: GrowthOpt = 100.0, precision: PrecisionOpt = False,
+    args: ArgsOpt = None, inputs: InputsOpt = None, seed: SeedOpt = 0, json: JsonOpt = None, out: OutOpt = None,
+    timeout: TimeoutOpt = None, quiet: QuietOpt = False, verbose: VerboseOpt = False,
+) -> int:
+    """Locate where NaN/Inf values are born: operation, source line, forward/backward pass, loop iteration."""
+    common = Common("nan-hunt", json, out, timeout, quiet, verbose)
+
+    def build(c: Common) -> Report:
+        from jaxdbg.nan import HuntOptions, hunt
+        from jaxdbg.target import parse_target
+
+        spec = parse_target(target, script_args or [])
+        if spec.is_script and (grad or args or inputs):
+            raise UsageError("--grad, --args and --inputs apply to a function target (file.py::fn); "
+                             "a script runs as written")
+        options = HuntOptions(nan_only, growth_factor, precision, grad, _argnums(argnums), args, inputs, seed,
+                              str(c.out_dir()), timeout)
+        with c.progress() as progress:
+            progress.add_task(f"hunting in {spec.display_name}", total=None, status="")
+            run = hunt(spec, options)
+        return Report("nan-hunt", target, run.result, run.exit_code, dict(run.artifacts), run.environment)
+
+    return execute(common, build, render)
+
+
+def _argnums(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise UsageError(f"--argnums '{text}': give argument positions separated by commas, e.g. 0,1") from None
+    if not values:
+        raise UsageError("--argnums is empty; give argument positions, e.g. 0 or 0,1")
+    return values
+
+
+def _where(source: dict | None) -> str:
+    if not source:
+        return "no user source line"
+    return f"{relative_or_absolute(source['file'])}:{source['line']} in {source['function']}"
+
+
+def _short_where(source: dict | None) -> str:
+    return f"{source['file'].rsplit('/', 1)[-1]}:{source['line']}" if source else ""
+
+
+def _num(value: object) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def render(report: Report, console: Console) -> None:
+    result = report.result
+    if not result.found:
+        console.print(f"[green]no NaN/Inf[/] {escape(result.explanation)}")
+        _render_growth(result.growth, console)
+        return
+    first = result.first
+    what = {"nan": "NaN", "inf": "Inf", "input": "non-finite input"}[first["kind"]]
+    console.print(f"[bold red]{what}[/] first appeared in call {first['call_index']} of "
+                  f"[bold]{escape(first['function'])}[/]", soft_wrap=True)
+    if first["kind"] == "input":
+        console.print(f"  argument  [bold]{escape(str(first['argument']))}[/] (it came in with the data)")
+    else:
+        console.print(f"  operation [bold]{first['primitive']}[/]  ({first['pass']} pass)")
+        console.print(f"  source    {escape(_where(first['source']))}", soft_wrap=True)
+    console.print(f"  path      {escape(' > '.join(first['path']))}", soft_wrap=True)
+    if result.strategy:
+        console.print(f"  found by  {result.strategy}")
+    _render_values("inputs", first["inputs"], console)
+    for i, link in enumerate(result.chain):
+        console.print(f"  chain {i + 1}: {link['kind']} from [bold]{escape(str(link['primitive'] or link['argument']))}[/] "
+                      f"({link['pass']}) at {escape(_where(link['source']))}", soft_wrap=True)
+    _render_growth(result.growth, console)
+    if result.precision is not None:
+        console.print(f"  precision ({result.precision.dtype}): {escape(result.precision.detail)}", soft_wrap=True)
+    if result.grad_norms:
+        shown = ", ".join(f"{g.name}={_num(g.norm)}" for g in result.grad_norms[:8])
+        console.print(f"  gradient norms: {escape(shown)}", soft_wrap=True)
+    console.print()
+    console.print(escape(result.explanation), soft_wrap=True)
+    for hint in result.hints:
+        console.print(f"  [cyan]try[/] {escape(hint)}", soft_wrap=True)
+    for note in result.notes:
+        console.print(f"  [dim]note: {escape(note)}[/]", soft_wrap=True)
+    for name, path in report.artifacts.items():
+        console.print(f"  [dim]{name}: {escape(relative_or_absolute(path))}[/]")
+
+
+def _render_values(title: str, stats: list, console: Console) -> None:
+    if not stats:
+        return
+    table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
+    for column in ("#", "shape", "dtype", "min", "max", "nan", "inf", "zero", "negative"):
+        table.add_column(column, justify="right")
+    for i, s in enumerate(stats):
+        table.add_row(str(i), str(tuple(s["shape"])), s["dtype"], _num(s["min"]), _num(s["max"]), str(s["nan"]),
+                      str(s["inf"]), str(s["zero"]), str(s["negative"]))
+    console.print(table)
+
+
+def _render_growth(growth: tuple, console: Console) -> None:
+    if not growth:
+        return
+    table = Table(title="grew before the non-finite call", title_justify="left", show_edge=False, pad_edge=False)
+    for column in ("output", "function", "from call", "growth", "source"):
+        table.add_column(column)
+    for g in growth[:10]:
+        source = g.source.as_dict() if g.source else None
+        table.add_row(escape(g.name), escape(g.function), str(g.first_call), f"{g.ratio:.3g}x",
+                      escape(_short_where(source)))
+    console.print(table)

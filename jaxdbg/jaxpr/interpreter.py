@@ -1,0 +1,434 @@
+"""An equation-by-equation jaxpr interpreter with hooks, shared by jaxdbg's analyses.
+
+It evaluates a (closed) jaxpr one equation at a time on concrete values (or on tracers, to retrace), and
+descends into higher-order primitives through a rule table keyed by primitive name:
+
+=====================================  ==============================================================
+primitive                              what the rule does (the path element it adds)
+=====================================  ==============================================================
+``jit``/``pjit``                       interprets the inner jaxpr (``jit(name)``)
+``closed_call``/``core_call``          interprets the called jaxpr (``call``)
+``custom_jvp_call``                    interprets the primal jaxpr (``custom_jvp(name)``)
+``custom_vjp_call``                    interprets the primal jaxpr (``custom_vjp(name)``); the user's
+                                       backward rule, once differentiated, is ordinary equations
+``remat2``/``checkpoint``              interprets the rematerialised jaxpr (``checkpoint``)
+``scan``                               one pass of the body per element (``scan[iteration=i]``)
+``while``                              cond then body per iteration (``while[iteration=k]``)
+``cond``                               the branch the index selects (``cond[branch=b]``)
+``shard_map``                          the body per device, all devices in lockstep (``shard_map``)
+=====================================  ==============================================================
+
+Every other primitive is *bound* (run as one operation). A higher-order primitive without a rule is also
+bound, and reported to :meth:`Hooks.opaque` first: nothing is skipped silently.
+
+Each value may carry a *tag* (any object a hook chooses, e.g. where a NaN came from). Tags flow with the
+values into inner jaxprs and back out; :meth:`Hooks.after` sets the tags of an equation's outputs.
+
+Example:
+    >>> import jax, jax.numpy as jnp
+    >>> class Paths(Hooks):
+    ...     def __init__(self): self.seen = []
+    ...     def after(self, site, invals, outvals, in_tags, out_tags, descended):
+    ...         self.seen.append((site.path, site.primitive))
+    >>> def f(xs):
+    ...     return jax.lax.scan(lambda c, x: (c + jnp.log(x), None), 0.0, xs)[0]
+    >>> hooks = Paths()
+    >>> outs = interpret(jax.make_jaxpr(f)(jnp.ones(2)), [jnp.ones(2)], hooks=hooks, root="jit(f)")
+    >>> hooks.seen[:2]
+    [(('jit(f)', 'scan[iteration=0]'), 'log'), (('jit(f)', 'scan[iteration=0]'), 'convert_element_type')]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxdbg import _compat
+from jaxdbg._source import SourceLocation
+
+
+class Stop(Exception):
+    """Raised by a hook to end the interpretation early; :func:`interpret` lets it reach the caller."""
+
+
+@dataclass(frozen=True, eq=False)
+class Scope:
+    """One jaxpr being interpreted: where it sits (``path``) and the equation that opened it.
+
+    ``kind`` is ``root``, ``call``, ``scan``, ``while_cond``, ``while_body``, ``cond`` or ``shard_map``;
+    ``iteration`` is the loop iteration (scan element index) or the cond branch, else None.
+    """
+
+    jaxpr: Any
+    path: tuple[str, ...]
+    parent: "Site | None" = None
+    kind: str = "root"
+    iteration: int | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class Site:
+    """One equation at one place of the run (the same equation in two loop iterations: two sites)."""
+
+    eqn: Any
+    index: int
+    scope: Scope
+
+    @property
+    def primitive(self) -> str:
+        return self.eqn.primitive.name
+
+    @property
+    def path(self) -> tuple[str, ...]:
+        return self.scope.path
+
+    @property
+    def name_stack(self) -> str:
+        return _compat.eqn_name_stack(self.eqn)
+
+    @property
+    def source(self) -> SourceLocation | None:
+        """The user line that created the equation, else that of the nearest enclosing equation that has one."""
+        site: Site | None = self
+        while site is not None:
+            found = _compat.eqn_source(site.eqn)
+            if found is not None:
+                return found
+            site = site.scope.parent
+        return None
+
+    def enclosing(self) -> list["Site"]:
+        """The equations this one sits inside, outermost first."""
+        chain, site = [], self.scope.parent
+        while site is not None:
+            chain.append(site)
+            site = site.scope.parent
+        return chain[::-1]
+
+
+class Hooks:
+    """What an analysis plugs into :class:`Interpreter`. Override any subset; the defaults do nothing.
+
+    Order per equation: :meth:`before` (may supply the outputs), then the rule or a plain bind, then
+    :meth:`after`. For an equation a rule descended into, the inner equations' hooks run in between and
+    ``after`` gets ``descended=True``.
+    """
+
+    def before(self, site: Site, invals: list, in_tags: list) -> list | None:
+        """Return outputs to use instead of evaluating the equation (then no rule runs), or None."""
+        return None
+
+    def after(self, site: Site, invals: list, outvals: list, in_tags: list, out_tags: list,
+              descended: bool) -> list | None:
+        """Seen every equation's outputs; return new tags for them, or None to keep ``out_tags``."""
+        return None
+
+    def opaque(self, site: Site, reason: str) -> None:
+        """A higher-order equation is being run as one operation (no rule, or its rule gave up)."""
+
+    def const_tags(self, scope: Scope, consts: list) -> list:
+        """Tags of a jaxpr's captured constants when the interpreter enters it."""
+        return [None] * len(consts)
+
+    def literal_tag(self, literal: Any) -> Any:
+        """Tag of a literal written in an equation (e.g. ``-inf`` in ``select_n m x -inf``)."""
+        return None
+
+    def merge_tags(self, tags: Sequence[Any]) -> Any:
+        """One tag for values stacked across loop iterations (scan outputs): the first that is set."""
+        return next((t for t in tags if t is not None), None)
+
+
+# A rule: (interpreter, site, input values, input tags) -> (output values, output tags).
+Rule = Callable[["Interpreter", Site, list, list], "tuple[list, list]"]
+
+
+@dataclass
+class Interpreter:
+    """Evaluates jaxprs equation by equation. See the module docstring for the rules and the hooks.
+
+    Args:
+        hooks: the analysis (default: none).
+        rules: primitive name -> rule; defaults to :data:`RULES`. Pass ``{}`` to run everything whole.
+        keep_source: re-bind each equation under its own traceback/name stack (use when retracing, so the
+            new jaxpr keeps the user's lines).
+        binder: how a leaf equation is evaluated; default :func:`jaxdbg._compat.bind_eqn`.
+    """
+
+    hooks: Hooks = field(default_factory=Hooks)
+    rules: dict[str, Rule] | None = None
+    keep_source: bool = False
+    binder: Callable[[Any, list], list] | None = None
+
+    def __post_init__(self) -> None:
+        if self.rules is None:
+            self.rules = RULES
+
+    # -- entry points ------------------------------------------------------------------------------------
+
+    def run(self, closed: Any, args: Sequence[Any], *, root: str = "jit(f)",
+            tags: Sequence[Any] | None = None) -> tuple[list, list]:
+        """Interpret a closed jaxpr on ``args`` (flat, in invar order); returns ``(outputs, output tags)``."""
+        jaxpr, consts = _compat.open_jaxpr(closed)
+        scope = Scope(jaxpr, (root,) if root else ())
+        return self.eval_jaxpr(scope, consts, list(args), list(tags) if tags is not None else None)
+
+    def eval_jaxpr(self, scope: Scope, consts: Sequence[Any], args: list,
+                   tags: list | None = None) -> tuple[list, list]:
+        """Interpret ``scope.jaxpr`` with its constants and arguments; returns ``(outputs, output tags)``."""
+        jaxpr = scope.jaxpr
+        env: dict[Any, tuple[Any, Any]] = {}
+        invars = list(jaxpr.invars)
+        constvars = list(jaxpr.constvars)
+        if len(args) != len(invars) or len(consts) != len(constvars):
+            raise ValueError(
+                f"jaxpr at {'/'.join(scope.path) or 'top'} takes {len(constvars)} constants and {len(invars)} "
+                f"arguments; got {len(consts)} and {len(args)}"
+            )
+        for var, value, tag in zip(constvars, consts, self.hooks.const_tags(scope, list(consts))):
+            env[var] = (value, tag)
+        for var, value, tag in zip(invars, args, tags if tags is not None else [None] * len(args)):
+            env[var] = (value, tag)
+
+        def read(atom: Any) -> tuple[Any, Any]:
+            if _compat.is_literal(atom):
+                return atom.val, self.hooks.literal_tag(atom)
+            return env[atom]
+
+        for index, eqn in enumerate(jaxpr.eqns):
+            site = Site(eqn, index, scope)
+            ins = [read(a) for a in eqn.invars]
+            outs, out_tags = self.eval_eqn(site, [v for v, _ in ins], [t for _, t in ins])
+            for var, value, tag in zip(eqn.outvars, outs, out_tags):
+                if not _compat.is_drop_var(var):
+                    env[var] = (value, tag)
+        results = [read(a) for a in jaxpr.outvars]
+        return [v for v, _ in results], [t for _, t in results]
+
+    def eval_eqn(self, site: Site, invals: list, in_tags: list) -> tuple[list, list]:
+        """Evaluate one equation: hooks, then its rule (descend) or a plain bind."""
+        n_out = len(site.eqn.outvars)
+        supplied = self.hooks.before(site, invals, in_tags)
+        descended = False
+        if supplied is not None:
+            outs, out_tags = list(supplied), [None] * n_out
+        else:
+            rule = self.rules.get(site.primitive)
+            result = rule(self, site, invals, in_tags) if rule is not None else None
+            if result is not None:
+                outs, out_tags = result
+                descended = True
+            else:
+                if rule is None and _compat.has_inner_jaxprs(site.eqn):
+                    self.hooks.opaque(site, f"no rule looks inside '{site.primitive}'; it ran as one operation")
+                outs, out_tags = self.bind(site, invals), [None] * n_out
+        new_tags = self.hooks.after(site, invals, outs, in_tags, out_tags, descended)
+        return outs, list(new_tags) if new_tags is not None else out_tags
+
+    def bind(self, site: Site, invals: list) -> list:
+        """Run one equation as a single operation."""
+        if self.binder is not None:
+            return self.binder(site.eqn, invals)
+        return _compat.bind_eqn(site.eqn, invals, keep_source=self.keep_source)
+
+    def child(self, **changes: Any) -> "Interpreter":
+        """A copy with some fields changed (same hooks), e.g. another binder inside shard_map."""
+        fields = {"hooks": self.hooks, "rules": self.rules, "keep_source": self.keep_source, "binder": self.binder}
+        fields.update(changes)
+        return Interpreter(**fields)
+
+
+def interpret(closed: Any, args: Sequence[Any], *, hooks: Hooks | None = None, root: str = "jit(f)",
+              tags: Sequence[Any] | None = None, rules: dict[str, Rule] | None = None,
+              keep_source: bool = False) -> list:
+    """Interpret a closed jaxpr on flat ``args`` and return its outputs (see :class:`Interpreter`)."""
+    interp = Interpreter(hooks or Hooks(), rules, keep_source)
+    return interp.run(closed, args, root=root, tags=tags)[0]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Rules
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _inner(interp: Interpreter, site: Site, closed: Any, label: str | None, kind: str, args: list,
+           tags: list, iteration: int | None = None) -> tuple[list, list]:
+    jaxpr, consts = _compat.open_jaxpr(closed)
+    path = site.path + ((label,) if label else ())
+    return interp.eval_jaxpr(Scope(jaxpr, path, site, kind, iteration), consts, args, tags)
+
+
+def _call_rule(param: str, prefix: str, named: bool = True) -> Rule:
+    """A rule for primitives that just call a jaxpr with all their operands; path element ``prefix(name)``."""
+
+    def rule(interp: Interpreter, site: Site, invals: list, in_tags: list) -> tuple[list, list]:
+        params = site.eqn.params
+        closed = params.get(param) or params.get("fun_jaxpr")
+        name = (params.get("name") or _compat.jaxpr_function_name(closed)) if named else None
+        label = f"{prefix}({getattr(name, '__name__', name)})" if name else prefix
+        return _inner(interp, site, closed, label, "call", invals, in_tags)
+
+    return rule
+
+
+def _scan_rule(interp: Interpreter, site: Site, invals: list, in_tags: list) -> tuple[list, list]:
+    params = site.eqn.params
+    n_consts, n_carry = _compat.scan_split(params)
+    length, reverse = int(params["length"]), bool(params.get("reverse", False))
+    if length == 0:
+        return None  # nothing to look at: run it whole
+    consts, carry, xs = invals[:n_consts], invals[n_consts:n_consts + n_carry], invals[n_consts + n_carry:]
+    c_tags, carry_tags = in_tags[:n_consts], in_tags[n_consts:n_consts + n_carry]
+    xs_tags = in_tags[n_consts + n_carry:]
+    ys: list[list] = [[] for _ in range(len(site.eqn.outvars) - n_carry)]
+    ys_tags: list[list] = [[] for _ in ys]
+    order = range(length - 1, -1, -1) if reverse else range(length)
+    for i in order:
+        x_i = [x[i] for x in xs]
+        label = f"scan[iteration={i}]"
+        outs, tags = _inner(interp, site, params["jaxpr"], label, "scan", [*consts, *carry, *x_i],
+                            [*c_tags, *carry_tags, *xs_tags], iteration=i)
+        carry, carry_tags = outs[:n_carry], tags[:n_carry]
+        for slot, value, tag in zip(range(len(ys)), outs[n_carry:], tags[n_carry:]):
+            ys[slot].append(value)
+            ys_tags[slot].append(tag)
+    if reverse:
+        ys = [column[::-1] for column in ys]
+        ys_tags = [column[::-1] for column in ys_tags]
+    stacked = [jnp.stack([jnp.asarray(v) for v in column]) for column in ys]
+    return [*carry, *stacked], [*carry_tags, *(interp.hooks.merge_tags(t) for t in ys_tags)]
+
+
+MAX_WHILE_ITERATIONS = 1_000_000
+
+
+def _while_rule(interp: Interpreter, site: Site, invals: list, in_tags: list) -> tuple[list, list]:
+    params = site.eqn.params
+    nc, nb = params["cond_nconsts"], params["body_nconsts"]
+    cond_consts, body_consts, carry = invals[:nc], invals[nc:nc + nb], invals[nc + nb:]
+    cc_tags, bc_tags, carry_tags = in_tags[:nc], in_tags[nc:nc + nb], in_tags[nc + nb:]
+    for k in range(MAX_WHILE_ITERATIONS):
+        (pred,), _ = _inner(interp, site, params["cond_jaxpr"], f"while[cond, iteration={k}]", "while_cond",
+                            [*cond_consts, *carry], [*cc_tags, *carry_tags], iteration=k)
+        if not bool(np.asarray(pred).any()):
+            return carry, carry_tags
+        carry, carry_tags = _inner(interp, site, params["body_jaxpr"], f"while[iteration={k}]", "while_body",
+                                   [*body_consts, *carry], [*bc_tags, *carry_tags], iteration=k)
+    interp.hooks.opaque(site, f"the loop ran past {MAX_WHILE_ITERATIONS} iterations op by op; ran it as one operation")
+    return None
+
+
+def _cond_rule(interp: Interpreter, site: Site, invals: list, in_tags: list) -> tuple[list, list]:
+    branches = site.eqn.params["branches"]
+    index = int(np.clip(np.asarray(invals[0]).reshape(-1)[0], 0, len(branches) - 1))
+    return _inner(interp, site, branches[index], f"cond[branch={index}]", "cond", list(invals[1:]),
+                  list(in_tags[1:]), iteration=index)
+
+
+def _shard_map_rule(interp: Interpreter, site: Site, invals: list, in_tags: list) -> tuple[list, list] | None:
+    """Run the body for every device in lockstep: values are stacked per device, each equation vmapped.
+
+    jax's ``vmap`` with an ``axis_name`` gives collectives (psum, all_gather, axis_index, ...) their
+    meaning, so each body equation is evaluated as ``vmap(bind)`` over the stacked devices. Nested
+    higher-order equations inside the body run as one (vmapped) operation.
+    """
+    layout = _compat.shard_map_layout(site.eqn.params)
+    if layout is None:
+        interp.hooks.opaque(site, "shard_map parameters not understood on this jax version; ran it as one operation")
+        return None
+    sizes, in_specs, out_specs, manual = layout
+    try:
+        stacked = [_to_device_blocks(x, spec, sizes, manual) for x, spec in zip(invals, in_specs)]
+    except Exception as err:  # noqa: BLE001 - an unusual layout falls back to running the map whole
+        interp.hooks.opaque(site, f"cannot split shard_map inputs per device ({err}); ran it as one operation")
+        return None
+    binder = _vmapped_binder(sizes, manual)
+    inner = interp.child(binder=binder, rules={})
+    outs, tags = _inner(inner, site, site.eqn.params["jaxpr"], "shard_map", "shard_map", stacked, list(in_tags))
+    return [_from_device_blocks(y, spec, sizes, manual) for y, spec in zip(outs, out_specs)], tags
+
+
+def _spec_axes(entry: Any) -> tuple[str, ...]:
+    if entry is None:
+        return ()
+    return tuple(entry) if isinstance(entry, (tuple, list)) else (entry,)
+
+
+def _to_device_blocks(x: Any, spec: Any, sizes: dict[str, int], manual: tuple[str, ...]) -> Any:
+    """Global array -> ``[*manual axis sizes, *block]``: device (i, j, ...) holds its own block."""
+    x = jnp.asarray(x)
+    entries = list(spec) + [None] * (x.ndim - len(tuple(spec)))
+    shape, split_axes = [], []
+    for dim, entry in enumerate(entries):
+        names = [a for a in _spec_axes(entry) if a in manual]
+        block = x.shape[dim]
+        for name in names:
+            block //= sizes[name]
+        shape += [sizes[n] for n in names] + [block]
+        split_axes += names + [None]
+    x = x.reshape(shape)
+    positions = {name: i for i, name in enumerate(split_axes) if name is not None}
+    block_dims = [i for i, name in enumerate(split_axes) if name is None]
+    for name in manual:  # replicated along a mesh axis the spec does not name: every device has it all
+        if name not in positions:
+            x = jnp.expand_dims(x, 0)
+            x = jnp.broadcast_to(x, (sizes[name], *x.shape[1:]))
+            positions = {k: v + 1 for k, v in positions.items()}
+            block_dims = [d + 1 for d in block_dims]
+            positions[name] = 0
+    return jnp.transpose(x, [positions[n] for n in manual] + block_dims)
+
+
+def _from_device_blocks(y: Any, spec: Any, sizes: dict[str, int], manual: tuple[str, ...]) -> Any:
+    """Inverse of :func:`_to_device_blocks`; axes the out spec does not name are replicated: take device 0."""
+    y = jnp.asarray(y)
+    k = len(manual)
+    block_ndim = y.ndim - k
+    entries = list(spec) + [None] * (block_ndim - len(tuple(spec)))
+    named = {n for e in entries for n in _spec_axes(e) if n in manual}
+    index = tuple(slice(None) if n in named else 0 for n in manual)
+    y = y[index]
+    kept = [n for n in manual if n in named]
+    order, shape = [], []
+    for dim, entry in enumerate(entries):
+        names = [a for a in _spec_axes(entry) if a in manual]
+        order += [kept.index(n) for n in names] + [len(kept) + dim]
+        shape.append(int(np.prod([sizes[n] for n in names], dtype=int)) * y.shape[len(kept) + dim])
+    return jnp.transpose(y, order).reshape(shape)
+
+
+def _vmapped_binder(sizes: dict[str, int], manual: tuple[str, ...]) -> Callable[[Any, list], list]:
+    def bind(eqn: Any, invals: list) -> list:
+        batched = [0 if not _compat.is_literal(a) else None for a in eqn.invars]
+
+        def one(*xs: Any) -> list:
+            return _compat.bind_eqn(eqn, list(xs))
+
+        fn = one
+        for name in reversed(manual):
+            fn = jax.vmap(fn, in_axes=batched, axis_name=name, axis_size=sizes[name])
+        return list(fn(*invals))
+
+    return bind
+
+
+RULES: dict[str, Rule] = {
+    "jit": _call_rule("jaxpr", "jit"),
+    "pjit": _call_rule("jaxpr", "jit"),
+    "closed_call": _call_rule("call_jaxpr", "call", named=False),
+    "core_call": _call_rule("call_jaxpr", "call", named=False),
+    "custom_jvp_call": _call_rule("call_jaxpr", "custom_jvp"),
+    "custom_vjp_call": _call_rule("call_jaxpr", "custom_vjp"),
+    "custom_vjp_call_jaxpr": _call_rule("fun_jaxpr", "custom_vjp"),
+    "remat2": _call_rule("jaxpr", "checkpoint", named=False),
+    "checkpoint": _call_rule("jaxpr", "checkpoint", named=False),
+    "scan": _scan_rule,
+    "while": _while_rule,
+    "cond": _cond_rule,
+    "shard_map": _shard_map_rule,
+}
+"""The default rule table: primitive name -> rule. Copy and extend it to change what is descended into."""

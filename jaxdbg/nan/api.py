@@ -1,0 +1,106 @@
+"""``nan-hunt`` from the outside: options, and the contained run the command line uses.
+
+This module imports neither jax nor the target: the work happens in a child process
+(:func:`jaxdbg.nan.session.hunt_job`), so jaxdbg survives whatever the target does.
+
+Example:
+    >>> from jaxdbg.target import parse_target
+    >>> run = hunt(parse_target("recipes/nan_forward/train.py"), HuntOptions())   # doctest: +SKIP
+    >>> run.result.first["primitive"], run.result.first["pass"]                   # doctest: +SKIP
+    ('log', 'forward')
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from jaxdbg._errors import TargetFailedError, UsageError
+from jaxdbg.nan.result import NanHuntResult, Origin
+from jaxdbg.runner import first_line, run_contained
+from jaxdbg.target import TargetSpec, parse_args_spec
+
+
+@dataclass(frozen=True)
+class HuntRun:
+    """A finished hunt: the result, the artifacts written, and the child's jax environment (or None)."""
+
+    result: NanHuntResult
+    artifacts: dict[str, str] = field(default_factory=dict)
+    environment: dict | None = None
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.result.found else 0
+
+
+@dataclass(frozen=True)
+class HuntOptions:
+    """The command's options (see ``jaxdbg nan-hunt --help``)."""
+
+    nan_only: bool = False
+    growth_factor: float = 100.0
+    precision: bool = False
+    grad: bool = False
+    argnums: tuple[int, ...] = (0,)
+    args: str | None = None
+    inputs: str | None = None
+    seed: int = 0
+    out_dir: str | None = None
+    timeout: float | None = None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Contained (the command line)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def hunt(spec: TargetSpec, options: HuntOptions) -> HuntRun:
+    """Run the target in a child process and return what it found.
+
+    Raises :class:`UsageError` for bad input and :class:`TargetFailedError` when the target failed before
+    any NaN/Inf was seen (raised, crashed, timed out).
+    """
+    if not spec.is_script:
+        _check_function_options(options)
+    outcome = run_contained("jaxdbg.nan.session:hunt_job", (spec, options), timeout=options.timeout)
+    got = outcome.last("result")
+    if got is not None:
+        return HuntRun(*got)
+    detected = outcome.last("detected")
+    if detected is not None:  # found, but the analysis itself did not finish (a jaxdbg bug, or --timeout)
+        return HuntRun(_degraded(detected, outcome.describe()))
+    if outcome.status == "exception" and outcome.exception is not None:
+        qualname, message = outcome.exception.qualname, outcome.exception.message
+        if qualname.endswith("UsageError"):
+            raise UsageError(message)
+        if qualname.endswith("TargetFailedError"):
+            raise TargetFailedError(message)
+        raise RuntimeError(f"nan-hunt failed in its child process: {outcome.exception.type}: {first_line(message)}\n"
+                           f"{outcome.exception.traceback}")
+    what = {"timeout": f"ran past --timeout {options.timeout}s", "crash": outcome.describe(),
+            "exit": outcome.describe()}.get(outcome.status, outcome.describe())
+    raise TargetFailedError(
+        f"the target {what} before any NaN/Inf was seen; nothing to localise "
+        f"({'raise --timeout or shorten the run' if outcome.status == 'timeout' else 'fix that failure first'})"
+    )
+
+
+def _degraded(detected: dict, why: str) -> NanHuntResult:
+    first = Origin(detected["kind"], None, "forward", detected.get("source"), detected["function"],
+                   detected["call_index"], (f"jit({detected['function']})",))
+    return NanHuntResult(True, first.to_contract(), explanation=(
+        f"`{detected['function']}` returned non-finite values in call {detected['call_index']}, but the analysis "
+        f"did not finish ({why})."), strategy=None, notes=(f"analysis stopped: {why}",))
+
+
+def _check_function_options(options: HuntOptions) -> None:
+    if options.args:
+        parse_args_spec(options.args)
+    if options.inputs and options.inputs.endswith(".npz") and not os.path.exists(options.inputs):
+        raise UsageError(f"--inputs '{options.inputs}': no such file; check the path")
+    if not options.args and not options.inputs:
+        raise UsageError("a function target needs inputs: pass --args \"f32[8,128] ...\" or --inputs file.py::make_inputs or data.npz")
+
+

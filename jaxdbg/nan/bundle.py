@@ -1,0 +1,100 @@
+"""The failing call, saved so ``jaxdbg repro`` (or a person) can start from it.
+
+Files written into the output folder:
+
+- ``nan_inputs.npz``: the call's flat inputs ``arg0, arg1, ...`` in the order of the jaxpr's inputs (when
+  every argument is a plain array, that is also the function's positional order, usable as ``--inputs``);
+  bfloat16 arrays are stored as float32 (npz cannot name bfloat16) and listed in the manifest.
+- ``nan_jaxpr.txt``: the traced jaxpr of the failing function.
+- ``nan_function.stablehlo.mlir``: its StableHLO, as jit lowers it for these inputs.
+- ``nan_bundle.json``: the manifest: function, call index, input names/shapes/dtypes, the origin.
+
+Example:
+    >>> artifacts = save_bundle("out", call, closed, first)     # doctest: +SKIP
+    >>> sorted(artifacts)                                        # doctest: +SKIP
+    ['bundle', 'inputs', 'jaxpr', 'stablehlo']
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxdbg import _compat
+from jaxdbg.nan.calls import Call
+from jaxdbg.report import to_jsonable
+from jaxdbg.target import short_dtype
+
+
+def _storable(value: Any) -> tuple[np.ndarray, str]:
+    """The array as npz can hold it, and its real dtype name (bfloat16 is stored as float32)."""
+    host = np.asarray(value)
+    dtype = short_dtype(host.dtype)
+    return (host.astype(np.float32) if dtype == "bf16" else host), dtype
+
+
+def save_bundle(out_dir: str, call: Call, closed: Any, first: dict | None) -> dict[str, str]:
+    """Write the bundle files; returns ``{artifact name: path}`` for what could be written."""
+    os.makedirs(out_dir, exist_ok=True)
+    artifacts: dict[str, str] = {}
+    leaves = call.leaves()
+    names = call.leaf_names()
+    arrays, dtypes = {}, []
+    for i, leaf in enumerate(leaves):
+        host, dtype = _storable(leaf)
+        arrays[f"arg{i}"] = host
+        dtypes.append(dtype)
+    inputs_path = os.path.join(out_dir, "nan_inputs.npz")
+    np.savez(inputs_path, **arrays)
+    artifacts["inputs"] = inputs_path
+    if closed is not None:
+        jaxpr_path = os.path.join(out_dir, "nan_jaxpr.txt")
+        with open(jaxpr_path, "w") as handle:
+            handle.write(str(closed) + "\n")
+        artifacts["jaxpr"] = jaxpr_path
+        hlo = _stablehlo(closed, leaves)
+        if hlo is not None:
+            hlo_path = os.path.join(out_dir, "nan_function.stablehlo.mlir")
+            with open(hlo_path, "w") as handle:
+                handle.write(hlo)
+            artifacts["stablehlo"] = hlo_path
+    _, dyn_args, dyn_kwargs = call.dynamic()
+    positional = not dyn_kwargs and len(dyn_args) == len(leaves) and len(dyn_args) == len(call.args)
+    manifest = {
+        "function": call.name,
+        "call_index": call.call_index,
+        "call_site": call.call_site,
+        "inputs": [{"key": f"arg{i}", "name": n, "shape": list(np.shape(v)), "dtype": d}
+                   for i, (n, v, d) in enumerate(zip(names, leaves, dtypes))],
+        "inputs_are_positional_arguments": positional,
+        "static_arguments": {str(k): repr(v) for k, v in _statics(call).items()},
+        "origin": first,
+    }
+    bundle_path = os.path.join(out_dir, "nan_bundle.json")
+    with open(bundle_path, "w") as handle:
+        json.dump(to_jsonable(manifest), handle, indent=2)
+    artifacts["bundle"] = bundle_path
+    return artifacts
+
+
+def _statics(call: Call) -> dict:
+    nums, names = call._static_sets()
+    found = {i: a for i, a in enumerate(call.args) if i in nums}
+    found.update({k: v for k, v in call.kwargs.items() if k in names})
+    return found
+
+
+def _stablehlo(closed: Any, leaves: list) -> str | None:
+    jaxpr, consts = _compat.open_jaxpr(closed)
+
+    def replay(*xs: Any) -> list:
+        return jax.core.eval_jaxpr(jaxpr, consts, *xs)
+
+    try:
+        return jax.jit(replay).lower(*leaves).as_text()
+    except Exception:  # noqa: BLE001 - the bundle is a courtesy: a function that will not lower is skipped
+        return None

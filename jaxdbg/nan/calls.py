@@ -1,0 +1,112 @@
+"""One call of a function, kept so it can be replayed: the function, its arguments, and naming helpers.
+
+jaxdbg traces the call again as a jaxpr with the static arguments fixed, so the flat jaxpr inputs are the
+leaves of the dynamic arguments; each leaf gets a readable name from the function's signature, e.g.
+``batch['x']`` or ``params[0]['w']``.
+
+Example:
+    >>> def step(params, batch, lr=0.1): ...
+    >>> call = Call("step", step, ({"w": 1.0}, [2.0]), {}, static_argnums=())
+    >>> call.leaf_names()
+    ["params['w']", 'batch[0]']
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import jax
+from jax.tree_util import keystr, tree_flatten, tree_flatten_with_path
+
+
+@dataclass
+class Call:
+    """A call to replay: ``fun(*args, **kwargs)`` with jit's static arguments, by name and position."""
+
+    name: str
+    fun: Callable
+    args: tuple
+    kwargs: dict
+    static_argnums: Sequence[int] = ()
+    static_argnames: Sequence[str] = ()
+    call_index: int = 0
+    call_site: Any = None
+    output_names: list[str] | None = field(default=None)
+
+    def _static_sets(self) -> tuple[set[int], set[str]]:
+        nums = {i % len(self.args) if self.args else i for i in (self.static_argnums or ()) if -len(self.args) <= i < len(self.args)}
+        names = set(self.static_argnames or ())
+        for i, param in enumerate(self._positional_params()):
+            if param in names:
+                nums.add(i)
+            if i in nums:
+                names.add(param)
+        return nums, names
+
+    def _positional_params(self) -> list[str]:
+        try:
+            params = inspect.signature(self.fun).parameters.values()
+        except (TypeError, ValueError):
+            return []
+        return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+    def dynamic(self) -> tuple[Callable, tuple, dict]:
+        """``(fn, dyn_args, dyn_kwargs)``: ``fn(*dyn_args, **dyn_kwargs)`` is the call with statics fixed."""
+        nums, names = self._static_sets()
+        dyn_args = tuple(a for i, a in enumerate(self.args) if i not in nums)
+        dyn_kwargs = {k: v for k, v in self.kwargs.items() if k not in names}
+        statics = {i: a for i, a in enumerate(self.args) if i in nums}
+        static_kwargs = {k: v for k, v in self.kwargs.items() if k in names}
+        fun = self.fun
+
+        def replay(*dargs: Any, **dkwargs: Any) -> Any:
+            it = iter(dargs)
+            full = [statics[i] if i in statics else next(it) for i in range(len(dargs) + len(statics))]
+            return fun(*full, **dkwargs, **static_kwargs)
+
+        replay.__name__ = self.name
+        return replay, dyn_args, dyn_kwargs
+
+    def leaves(self) -> list:
+        """Flat dynamic argument leaves, in the order of the traced jaxpr's inputs."""
+        _, dyn_args, dyn_kwargs = self.dynamic()
+        return tree_flatten((dyn_args, dyn_kwargs))[0]
+
+    def leaf_names(self) -> list[str]:
+        """A readable name per leaf: the parameter name plus the pytree path inside it."""
+        nums, _ = self._static_sets()
+        params = self._positional_params()
+        positions = [i for i in range(len(self.args)) if i not in nums]
+        _, dyn_args, dyn_kwargs = self.dynamic()
+        names = []
+        for path, _leaf in tree_flatten_with_path((dyn_args, dyn_kwargs))[0]:
+            group, key, rest = path[0].idx, path[1], path[2:]
+            if group == 0:
+                original = positions[key.idx]
+                base = params[original] if original < len(params) else f"args[{original}]"
+            else:
+                base = str(getattr(key, "key", key))
+            names.append(base + keystr(tuple(rest)))
+        return names
+
+    def trace(self) -> Any:
+        """The call's closed jaxpr (traced afresh from the Python function)."""
+        fn, dyn_args, dyn_kwargs = self.dynamic()
+        return jax.make_jaxpr(fn)(*dyn_args, **dyn_kwargs)
+
+
+def output_leaf_names(out: Any, base_names: Sequence[str] | None, function: str) -> list[str]:
+    """Names for the leaves of a call's output: ``params['w']`` when the call was ``params, loss = f(...)``."""
+    leaves = tree_flatten_with_path(out)[0]
+    names = []
+    top_is_tuple = isinstance(out, (tuple, list))
+    for path, _ in leaves:
+        if base_names and top_is_tuple and len(base_names) == len(out) and path:
+            names.append(base_names[path[0].idx] + keystr(tuple(path[1:])))
+        elif base_names and len(base_names) == 1:
+            names.append(base_names[0] + keystr(tuple(path)))
+        else:
+            names.append(f"{function}(...)" + keystr(tuple(path)))
+    return names

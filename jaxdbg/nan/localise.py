@@ -1,0 +1,278 @@
+"""Find where a NaN/Inf is born inside one call, by replaying its jaxpr op by op with the interpreter.
+
+Definitions (the contract's): the origin is the first equation, in execution order, whose output holds a
+NaN although its inputs hold none; where the program holds Inf but no NaN, the first equation that makes
+an Inf from finite inputs. ``chain`` lists where the non-finite inputs of the origin came from.
+
+Every non-finite value carries a :class:`Provenance` tag: which origins it descends from. A non-finite
+*constant* written in the code (``jnp.where(mask, x, -jnp.inf)``) is not an input: the first equation that
+uses it is where that value enters the program. Loops are first run whole (compiled); only a loop that
+would itself be an origin is replayed iteration by iteration, which keeps long clean loops cheap.
+
+Example:
+    >>> import jax.numpy as jnp
+    >>> from jaxdbg.nan.calls import Call
+    >>> found = localise_call(Call("f", lambda x: jnp.log(x) * 2, (jnp.array([-1.0, 1.0]),), {}))
+    >>> found.first.primitive, found.first.kind
+    ('log', 'nan')
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+
+from jaxdbg import _compat
+from jaxdbg.jaxpr import Hooks, Interpreter, Scope, Site, Stop
+from jaxdbg.nan.calls import Call
+from jaxdbg.nan.passes import PassClassifier
+from jaxdbg.nan.result import Origin
+from jaxdbg.nan.stats import nonfinite_flags, value_stats
+
+LOOPS = ("scan", "while")
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Tag of a non-finite value: what it holds and the origins (indices into the hunter's list) behind it."""
+
+    nan: bool
+    inf: bool
+    origins: frozenset[int] = frozenset()
+    constant: bool = False  # written in the code as a constant, not computed
+
+
+@dataclass
+class Record:
+    """An origin as found, with the site kept for later passes (precision, explanation)."""
+
+    origin: Origin
+    fed_by: tuple[int, ...]
+    site: Site | None = None
+    invals: list = field(default_factory=list)
+
+
+@dataclass
+class Localisation:
+    """What one replay found: the origin, its chain, and how it was found."""
+
+    first: Origin | None
+    chain: tuple[Origin, ...]
+    strategy: str | None
+    reproduced: bool  # the replay's outputs were non-finite too
+    record: Record | None = None
+    notes: tuple[str, ...] = ()
+    closed_jaxpr: Any = None
+
+
+def _vmap_marked(path: tuple[str, ...], name_stack: str) -> tuple[str, ...]:
+    extra = []
+    if "custom_vjp_bwd(" in name_stack:
+        start = name_stack.index("custom_vjp_bwd(")
+        extra.append(name_stack[start:name_stack.index(")", start) + 1])
+    if "vmap(" in name_stack:
+        extra.append("vmap")
+    return path + tuple(extra)
+
+
+class NanHunter(Hooks):
+    """Interpreter hooks that record origins and tag values with their provenance.
+
+    Args:
+        function: name of the function being replayed (for the report).
+        call_index: which call of it this is.
+        nan_only: ignore Inf (only a NaN counts as non-finite).
+        stop_at_first_nan: end the replay at the first NaN origin (nothing later can come first).
+    """
+
+    def __init__(self, function: str, call_index: int = 0, nan_only: bool = False, stop_at_first_nan: bool = True):
+        self.function = function
+        self.call_index = call_index
+        self.nan_only = nan_only
+        self.stop_at_first_nan = stop_at_first_nan
+        self.records: list[Record] = []
+        self.first_nan: int | None = None
+        self.passes = PassClassifier()
+        self.opaque_notes: list[str] = []
+        self._literal_tags: dict[int, Provenance | None] = {}
+
+    # -- inputs and constants ------------------------------------------------------------------------------
+
+    def input_tags(self, leaves: Sequence[Any], names: Sequence[str]) -> list:
+        """Tags for the call's arguments; a non-finite argument becomes an ``input`` origin."""
+        tags = []
+        for value, name in zip(leaves, names):
+            nan, inf = nonfinite_flags(value)
+            tags.append(self._input_origin(value, name, nan, inf) if (nan or inf) else None)
+        return tags
+
+    def _input_origin(self, value: Any, name: str, nan: bool, inf: bool) -> Provenance:
+        stats = value_stats(value)
+        origin = Origin("input", None, "forward", None, self.function, self.call_index, (f"jit({self.function})",),
+                        (stats,), argument=name, outputs=(stats,))
+        self.records.append(Record(origin, ()))
+        return Provenance(nan, inf, frozenset({len(self.records) - 1}))
+
+    def literal_tag(self, literal: Any) -> Provenance | None:
+        key = id(literal)
+        if key not in self._literal_tags:
+            nan, inf = nonfinite_flags(np.asarray(literal.val))
+            self._literal_tags[key] = Provenance(nan, inf, constant=True) if (nan or inf) else None
+        return self._literal_tags[key]
+
+    def const_tags(self, scope: Scope, consts: list) -> list:
+        """Constants of inner jaxprs were written in the code; arrays the function captured (closure,
+        globals) are the root jaxpr's constants and count as inputs."""
+        tags = []
+        for i, value in enumerate(consts):
+            nan, inf = nonfinite_flags(value)
+            if not (nan or inf):
+                tags.append(None)
+            elif scope.parent is None and np.ndim(value) > 0:
+                tags.append(self._input_origin(value, f"captured array #{i} {tuple(np.shape(value))}", nan, inf))
+            else:
+                tags.append(Provenance(nan, inf, constant=True))
+        return tags
+
+    # -- per equation --------------------------------------------------------------------------------------
+
+    def before(self, site: Site, invals: list, in_tags: list) -> list | None:
+        """Run a loop whole first; replay it op by op only if, run whole, it would be an origin."""
+        if site.primitive not in LOOPS or any(s.scope.kind == "shard_map" for s in (site, *site.enclosing())):
+            return None
+        outs = _compat.bind_eqn(site.eqn, invals)
+        in_nan, in_inf = self._input_state(in_tags)
+        out_nan, out_inf = self._output_state(outs)
+        if self._is_new(in_nan, in_inf, out_nan, out_inf):
+            return None
+        return outs
+
+    def after(self, site: Site, invals: list, outvals: list, in_tags: list, out_tags: list,
+              descended: bool) -> list | None:
+        if descended:
+            return None
+        flags = [nonfinite_flags(v) for v in outvals]
+        if not any(nan or inf for nan, inf in flags):
+            return None
+        in_nan, in_inf = self._input_state(in_tags)
+        out_nan = any(nan for nan, _ in flags)
+        out_inf = any(inf for _, inf in flags)
+        fed = frozenset().union(*(t.origins for t in in_tags if t is not None))
+        new: set[int] = set()
+        if out_nan and not in_nan:
+            new.add(self._record("nan", site, invals, outvals, in_tags, fed))
+        elif out_inf and not in_nan and not in_inf:
+            new.add(self._record("inf", site, invals, outvals, in_tags, fed))
+        tags = [Provenance(nan, inf, fed | frozenset(new)) if (nan or inf) else None for nan, inf in flags]
+        if new and self.records[min(new)].origin.kind == "nan" and self.first_nan is None:
+            self.first_nan = min(new)
+            if self.stop_at_first_nan:
+                raise Stop()
+        return tags
+
+    def opaque(self, site: Site, reason: str) -> None:
+        self.opaque_notes.append(f"{'/'.join(site.path)}: {reason}")
+
+    # -- helpers -------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _input_state(in_tags: list) -> tuple[bool, bool]:
+        computed = [t for t in in_tags if t is not None and not t.constant]
+        return any(t.nan for t in computed), any(t.inf for t in computed)
+
+    @staticmethod
+    def _output_state(outs: list) -> tuple[bool, bool]:
+        flags = [nonfinite_flags(v) for v in outs]
+        return any(n for n, _ in flags), any(i for _, i in flags)
+
+    def _is_new(self, in_nan: bool, in_inf: bool, out_nan: bool, out_inf: bool) -> bool:
+        if out_nan and not in_nan:
+            return True
+        return out_inf and not in_nan and not in_inf
+
+    def _record(self, kind: str, site: Site, invals: list, outvals: list, in_tags: list, fed: frozenset[int]) -> int:
+        inputs = tuple(value_stats(_typed(atom, v)) for atom, v in zip(site.eqn.invars, invals))
+        outputs = tuple(value_stats(v) for v in outvals)
+        name_stack = site.name_stack
+        origin = Origin(
+            kind, site.primitive, self.passes.pass_of(site), site.source, self.function, self.call_index,
+            _vmap_marked(site.path, name_stack), inputs, None, outputs, name_stack,
+            constant_input=any(t is not None and t.constant for t in in_tags),
+        )
+        self.records.append(Record(origin, tuple(sorted(fed)), site, list(invals)))
+        return len(self.records) - 1
+
+    # -- the answer ----------------------------------------------------------------------------------------
+
+    def conclude(self, out_tags: Sequence[Any]) -> tuple[Record | None, tuple[Record, ...]]:
+        """The origin by the contract's rules, and its chain (earliest first)."""
+        reaching = frozenset().union(*(t.origins for t in out_tags if t is not None))
+        chosen: int | None = self.first_nan
+        if chosen is None:
+            chosen = self._first_of(reaching, "input", need_nan=True)
+        if chosen is None and not self.nan_only:
+            chosen = next((i for i, r in enumerate(self.records) if r.origin.kind == "inf"), None)
+            if chosen is None:
+                chosen = self._first_of(reaching, "input", need_nan=False)
+        if chosen is None:
+            return None, ()
+        record = self.records[chosen]
+        chain = tuple(self.records[i] for i in record.fed_by if self.records[i].origin.kind in ("inf", "input"))
+        return record, chain
+
+    def _first_of(self, ids: frozenset[int], kind: str, need_nan: bool) -> int | None:
+        for i in sorted(ids):
+            origin = self.records[i].origin
+            if origin.kind == kind and (not need_nan or origin.outputs[0].nan):
+                return i
+        return None
+
+
+def _typed(atom: Any, value: Any) -> Any:
+    """A literal's value with the dtype the jaxpr gives it (Python floats would read as float64)."""
+    if _compat.is_literal(atom) and not hasattr(value, "dtype"):
+        dtype = getattr(getattr(atom, "aval", None), "dtype", None)
+        return np.asarray(value, dtype=dtype) if dtype is not None else np.asarray(value)
+    return value
+
+
+def replay(call: Call, nan_only: bool = False, closed: Any = None) -> tuple[NanHunter, list, list, Any]:
+    """Trace ``call`` and interpret it op by op under a :class:`NanHunter`; returns (hunter, outs, tags, jaxpr).
+
+    The trace keeps the lines of user ``custom_vjp`` backward rules (see
+    :func:`jaxdbg._compat.custom_vjp_backward_sources`); jax's trace caches are cleared first so nested
+    functions traced earlier (without that) are traced again.
+    """
+    if closed is None:
+        jax.clear_caches()
+        with _compat.custom_vjp_backward_sources():
+            closed = call.trace()
+    hunter = NanHunter(call.name, call.call_index, nan_only)
+    leaves = call.leaves()
+    tags = hunter.input_tags(leaves, call.leaf_names())
+    interp = Interpreter(hunter)
+    try:
+        outs, out_tags = interp.run(closed, leaves, root=f"jit({call.name})", tags=tags)
+    except Stop:
+        outs, out_tags = [], []
+    return hunter, outs, out_tags, closed
+
+
+def localise_call(call: Call, nan_only: bool = False, closed: Any = None) -> Localisation:
+    """Op-by-op replay of one call; see :mod:`jaxdbg.nan.fidelity` for when it does not reproduce."""
+    hunter, outs, out_tags, closed = replay(call, nan_only, closed)
+    record, chain = hunter.conclude(out_tags)
+    reproduced = hunter.first_nan is not None or any(
+        nan or (inf and not nan_only) for nan, inf in (nonfinite_flags(v) for v in outs))
+    if record is not None and not reproduced and record.origin.kind != "input":
+        record, chain = None, ()  # only masked-away origins: not what made the outputs non-finite
+    strategy = None
+    if record is not None:
+        strategy = "input check" if record.origin.kind == "input" else "op-by-op replay"
+    return Localisation(
+        record.origin if record else None, tuple(r.origin for r in chain), strategy, reproduced, record,
+        tuple(hunter.opaque_notes), closed,
+    )

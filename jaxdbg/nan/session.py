@@ -1,0 +1,205 @@
+"""``nan-hunt`` in the process that runs the target: watch, catch the first non-finite call, localise, explain.
+
+:func:`hunt_here` runs a script as ``__main__`` under a :class:`~jaxdbg.nan.watch.Watch`, or runs a function
+target once (compiled) and localises it if its outputs are non-finite. :func:`jaxdbg.nan.api.hunt` runs
+this in a contained child process (the command line); call :func:`hunt_here` directly from tests or a
+notebook (the target then shares this process).
+
+Example:
+    >>> from jaxdbg.target import parse_target
+    >>> result, artifacts = hunt_here(parse_target("recipes/nan_forward/train.py"), HuntOptions())  # doctest: +SKIP
+    >>> result.first["primitive"], result.first["pass"]                                              # doctest: +SKIP
+    ('log', 'forward')
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+from jax.tree_util import keystr, tree_flatten_with_path
+
+from jaxdbg import _compat
+from jaxdbg._errors import TargetFailedError, UsageError
+from jaxdbg.nan.api import HuntOptions
+from jaxdbg.nan.bundle import save_bundle
+from jaxdbg.nan.calls import Call
+from jaxdbg.nan.explain import explain
+from jaxdbg.nan.fidelity import bisect_compiled
+from jaxdbg.nan.localise import Localisation, localise_call
+from jaxdbg.nan.precision import check_precision
+from jaxdbg.nan.result import GradNorm, NanHuntResult, Origin
+from jaxdbg.nan.stats import is_inexact, nonfinite_flags
+from jaxdbg.nan.watch import EagerFinding, JitFinding, NonFiniteFound, Watch
+from jaxdbg.runner import first_line
+from jaxdbg.target import TargetSpec, load_function, load_inputs, run_script
+
+
+def hunt_job(payload: tuple[TargetSpec, HuntOptions], channel: Any) -> None:
+    """Contained-run job: :func:`hunt_here` in the child; sends ``(result, artifacts, environment)``."""
+    from jaxdbg.report import environment_info
+
+    spec, options = payload
+    result, artifacts = hunt_here(spec, options, channel)
+    channel.send("result", (result, artifacts, environment_info()))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# In this process
+# ---------------------------------------------------------------------------------------------------------
+
+
+def hunt_here(spec: TargetSpec, options: HuntOptions, channel: Any = None) -> tuple[NanHuntResult, dict[str, str]]:
+    """Run the target in this process and return ``(result, artifacts)`` (see :func:`hunt`)."""
+    if spec.is_script:
+        return _hunt_script(spec, options, channel)
+    return _hunt_function(spec, options, channel)
+
+
+def _hunt_script(spec: TargetSpec, options: HuntOptions, channel: Any) -> tuple[NanHuntResult, dict[str, str]]:
+    watch = Watch(options.nan_only, options.growth_factor)
+    failure: BaseException | None = None
+    try:
+        with watch:
+            run_script(spec)
+    except NonFiniteFound:
+        pass
+    except (KeyboardInterrupt, UsageError):
+        raise
+    except BaseException as err:  # noqa: BLE001 - whatever the script raised is reported, not propagated
+        failure = err
+    names = tuple(dict.fromkeys(f.name for f in watch.functions))
+    if watch.finding is None:
+        if failure is not None:
+            from jaxdbg.runner import describe_exception
+
+            info = describe_exception(failure)
+            where = f" at {info.user_frame}" if info.user_frame else ""
+            raise TargetFailedError(
+                f"the script raised {info.type}: {first_line(info.message)}{where} before any NaN/Inf was seen; "
+                "fix that failure first") from None
+        return NanHuntResult(False, growth=tuple(watch.growth.report()), calls_watched=watch.calls,
+                             functions_watched=names,
+                             explanation=_clean_text(watch.calls, watch.eager_ops, names)), {}
+    return _analyse(watch.finding, watch, options, channel, names)
+
+
+def _clean_text(calls: int, eager: int, names: tuple[str, ...]) -> str:
+    shown = ", ".join(f"`{n}`" for n in names[:5]) or "none"
+    return (f"No NaN or Inf appeared: {calls} jitted call(s) of {len(names)} function(s) ({shown}) and {eager} "
+            "eager operation(s) were checked and all their outputs stayed finite.")
+
+
+def _hunt_function(spec: TargetSpec, options: HuntOptions, channel: Any) -> tuple[NanHuntResult, dict[str, str]]:
+    fn = load_function(spec)
+    inputs = load_inputs(options.inputs, options.args, options.seed)
+    name = spec.function
+    target = fn
+    if options.grad:
+        bad = [i for i in options.argnums if not -len(inputs) <= i < len(inputs)]
+        if bad:
+            raise UsageError(f"--argnums {','.join(map(str, options.argnums))}: the function gets {len(inputs)} "
+                             f"argument(s); pick positions 0..{len(inputs) - 1}")
+        target = jax.value_and_grad(fn, argnums=options.argnums)
+        name = f"grad({name})"
+    try:
+        out = jax.jit(target)(*inputs)
+    except TypeError as err:
+        if options.grad and "scalar" in str(err):
+            raise UsageError(f"--grad: {spec.function} must return a scalar to be differentiated ({first_line(str(err))})") from None
+        raise TargetFailedError(f"{spec.function} raised TypeError: {first_line(str(err))}") from err
+    except Exception as err:
+        raise TargetFailedError(f"{spec.function} raised {type(err).__name__}: {first_line(str(err))}") from err
+    grad_norms = _grad_norms(fn, out[1], options.argnums) if options.grad else ()
+    flags = [nonfinite_flags(x) for x in jax.tree_util.tree_leaves(out)]
+    bad = any(n or (i and not options.nan_only) for n, i in flags)
+    if not bad:
+        return NanHuntResult(False, grad_norms=grad_norms, calls_watched=1, functions_watched=(name,),
+                             explanation=f"No NaN or Inf: every output of `{name}` is finite for these inputs."), {}
+    call = Call(name, target, tuple(inputs), {}, call_index=0)
+    watch = Watch(options.nan_only, options.growth_factor)
+    kind = "nan" if any(n for n, _ in flags) else "inf"
+    return _analyse(JitFinding(call, [], kind), watch, options, channel, (name,), grad_norms)
+
+
+def _grad_norms(fn: Any, grads: Any, argnums: tuple[int, ...]) -> tuple[GradNorm, ...]:
+    import inspect
+
+    try:
+        params = [p.name for p in inspect.signature(fn).parameters.values()]
+    except (TypeError, ValueError):
+        params = []
+    norms = []  # value_and_grad with a tuple of argnums gives one gradient per position
+    for argnum, tree in zip(argnums, grads):
+        base = params[argnum] if argnum < len(params) else f"args[{argnum}]"
+        for path, leaf in tree_flatten_with_path(tree)[0]:
+            host = np.asarray(leaf, dtype=np.float64) if is_inexact(leaf) else None
+            if host is None:
+                continue
+            finite = host[np.isfinite(host)]
+            norm = float(np.sqrt(np.sum(host ** 2))) if finite.size == host.size else float("nan")
+            norms.append(GradNorm(base + keystr(path), norm, int(np.isnan(host).sum()), int(np.isinf(host).sum())))
+    return tuple(norms)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Analysis of a finding
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _analyse(finding: JitFinding | EagerFinding, watch: Watch, options: HuntOptions, channel: Any,
+             names: tuple[str, ...], grad_norms: tuple = ()) -> tuple[NanHuntResult, dict[str, str]]:
+    if isinstance(finding, EagerFinding):
+        first = finding.origin
+        text, hints = explain(first, (), watch.growth.report())
+        return NanHuntResult(True, first.to_contract(), (), tuple(watch.growth.report()), text, hints, "eager check",
+                             calls_watched=watch.calls, functions_watched=names), {}
+    call = finding.call
+    if channel is not None:
+        channel.send("detected", {"function": call.name, "call_index": call.call_index, "source": call.call_site,
+                                  "kind": finding.kind})
+    found = localise_call(call, options.nan_only)
+    strategy, notes = found.strategy, list(found.notes)
+    first, chain = found.first, list(found.chain)
+    if first is None:
+        bisected = bisect_compiled(found.closed_jaxpr, call.leaves(), call.name, call.call_index, options.nan_only)
+        if bisected is not None:
+            first, strategy = bisected.origin, "compiled-prefix bisection"
+            notes.append(f"op-by-op replay stayed finite; {bisected.probes} compiled prefixes of "
+                         f"{bisected.equations} equations bisected")
+        else:
+            first = Origin(finding.kind, None, "forward", call.call_site, call.name, call.call_index,
+                           (f"jit({call.name})",))
+            notes.append("neither op-by-op replay nor compiled prefixes reproduced the non-finite outputs "
+                         "(nondeterministic, or dependent on state outside the call's arguments)")
+    precision = check_precision(found, call) if options.precision and strategy == "op-by-op replay" else None
+    _attach_growth_sources(watch, call, found)
+    growth = tuple(watch.growth.report())
+    text, hints = explain(first, chain, growth, precision, strategy)
+    artifacts = save_bundle(options.out_dir, call, found.closed_jaxpr, first.to_contract()) if options.out_dir else {}
+    result = NanHuntResult(
+        True, first.to_contract(), tuple(c.to_contract() for c in chain), growth, text, hints, strategy, precision,
+        grad_norms, max(watch.calls, 1), names, tuple(notes),
+    )
+    return result, artifacts
+
+
+def _attach_growth_sources(watch: Watch, call: Call, found: Localisation) -> None:
+    """Give the failing function's output leaves the source line of the equation that computes each."""
+    closed = found.closed_jaxpr
+    if closed is None:
+        return
+    jaxpr, _ = _compat.open_jaxpr(closed)
+    producer = {}
+    for eqn in jaxpr.eqns:
+        for var in eqn.outvars:
+            producer[var] = eqn
+    floats = [v for v in jaxpr.outvars if is_inexact(getattr(v, "aval", None))]
+
+    def find(i: int) -> Any:
+        if i >= len(floats) or _compat.is_literal(floats[i]) or floats[i] not in producer:
+            return None
+        return _compat.eqn_source(producer[floats[i]])
+
+    watch.growth.set_sources(call.name, find)

@@ -1,0 +1,327 @@
+"""Watch a running program for the first call whose outputs hold a NaN/Inf, cheaply.
+
+While a :class:`Watch` is active (a context manager; everything is restored in ``finally``):
+
+- ``jax.jit`` returns a :class:`WatchedFunction`. Its calls run a companion compiled function that returns
+  the user's outputs *plus* one small vector: the largest magnitude of every floating output leaf
+  (``max(|x|)``, fused by XLA into the same program; a NaN or Inf anywhere shows up in it). Only that
+  vector crosses to the host. It also feeds the growth tracker.
+- every primitive jax runs eagerly (outside jit) has its outputs checked; one that *creates* a non-finite
+  value from clean inputs is itself the origin.
+
+The inputs of each call are kept (references; donated arguments are copied on the device first), so the
+failing call can be replayed exactly. At the first non-finite call the watch raises
+:class:`NonFiniteFound` (a ``BaseException``, so the program's own ``except Exception`` does not swallow it).
+
+Example:
+    >>> import jax, jax.numpy as jnp
+    >>> with Watch() as watch:                                     # doctest: +SKIP
+    ...     step = jax.jit(lambda x: jnp.log(x))
+    ...     step(jnp.array(-1.0))
+    Traceback (most recent call last):
+    NonFiniteFound: log: call 0 of <lambda> returned NaN
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import functools
+import linecache
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.tree_util import tree_flatten, tree_leaves
+
+from jaxdbg import _compat
+from jaxdbg._source import SourceLocation, caller_user_frame
+from jaxdbg.nan.calls import Call, output_leaf_names
+from jaxdbg.nan.growth import GrowthTracker
+from jaxdbg.nan.result import Origin
+from jaxdbg.nan.stats import is_inexact, nonfinite_flags, value_stats
+
+WATCHED_SUFFIX = "__jaxdbg_watched"  # names the companion functions, which keep jax's C++ fast path
+
+
+@dataclass
+class JitFinding:
+    """The first jitted call with non-finite outputs (``kind``: 'nan' if any output holds a NaN, else 'inf')."""
+
+    call: Call
+    nonfinite_outputs: list[str]
+    kind: str = "nan"
+
+
+@dataclass
+class EagerFinding:
+    """An operation run eagerly that created a non-finite value (already fully localised)."""
+
+    origin: Origin
+
+
+class NonFiniteFound(BaseException):
+    """Ends the watched program at the first non-finite call (caught by jaxdbg, not by the program)."""
+
+    def __init__(self, finding: JitFinding | EagerFinding):
+        super().__init__(_describe(finding))
+        self.finding = finding
+
+
+def _describe(finding: JitFinding | EagerFinding) -> str:
+    if isinstance(finding, EagerFinding):
+        return f"eager {finding.origin.primitive} made a {finding.origin.kind}"
+    return f"call {finding.call.call_index} of {finding.call.name} returned non-finite {', '.join(finding.nonfinite_outputs[:3])}"
+
+
+def _magnitudes(out: Any) -> jax.Array:
+    """``max(|x|)`` of every floating leaf, as one float32 vector (NaN/Inf propagate into it)."""
+    leaves = [x for x in tree_leaves(out) if is_inexact(x)]
+    if not leaves:
+        return jnp.zeros((0,), jnp.float32)
+    return jnp.stack([jnp.max(jnp.abs(x), initial=0).astype(jnp.float32) for x in leaves])
+
+
+def _with_magnitudes(fun: Callable, name: str) -> Callable:
+    @functools.wraps(fun)
+    def checked(*args: Any, **kwargs: Any) -> tuple[Any, jax.Array]:
+        out = fun(*args, **kwargs)
+        return out, _magnitudes(out)
+
+    checked.__name__ = checked.__qualname__ = name + WATCHED_SUFFIX
+    return checked
+
+
+def _keeps_fast_path(executable_name: str) -> bool:
+    """The user's watched functions and jaxdbg's own keep jax's C++ dispatch (eager jax functions do not)."""
+    return executable_name.endswith((WATCHED_SUFFIX, WATCHED_SUFFIX + ")", "_jaxdbg", "_jaxdbg)"))
+
+
+def _function_name(fun: Any) -> str:
+    while isinstance(fun, functools.partial):
+        fun = fun.func
+    return getattr(fun, "__name__", None) or type(fun).__name__
+
+
+@functools.lru_cache(maxsize=256)
+def _assigned_names(file: str, line: int) -> tuple[str, ...] | None:
+    """``('params', 'loss')`` for a call written ``params, loss = step(...)`` on that line, else None."""
+    text = linecache.getline(file, line).strip()
+    try:
+        statement = ast.parse(text).body[0]
+    except (SyntaxError, IndexError, ValueError):
+        return None
+    if not isinstance(statement, (ast.Assign, ast.AnnAssign)):
+        return None
+    target = statement.targets[0] if isinstance(statement, ast.Assign) else statement.target
+    if isinstance(target, ast.Name):
+        return (target.id,)
+    if isinstance(target, (ast.Tuple, ast.List)) and all(isinstance(e, ast.Name) for e in target.elts):
+        return tuple(e.id for e in target.elts)
+    return None
+
+
+def _as_tuple(value: Any) -> tuple:
+    if value is None:
+        return ()
+    return tuple(value) if isinstance(value, (tuple, list)) else (value,)
+
+
+class WatchedFunction:
+    """What ``jax.jit(fun, **options)`` returns while a :class:`Watch` is active; behaves like the jitted function."""
+
+    def __init__(self, watch: "Watch", fun: Callable, options: dict, real_jit: Callable):
+        self._watch = watch
+        self._fun = fun
+        self._options = options
+        self._jitted = real_jit(fun, **options)
+        self.name = _function_name(fun)
+        # out_shardings describe the user's outputs only: then check with a separate (unfused) reduction.
+        self._fused = "out_shardings" not in options
+        self._checked = real_jit(_with_magnitudes(fun, self.name), **options) if self._fused else None
+        self._donates = options.get("donate_argnums") is not None or options.get("donate_argnames") is not None
+        self.calls = 0
+        self._leaf_names: list[str] | None = None
+        self._call_site: SourceLocation | None = None
+        functools.update_wrapper(self, fun, updated=())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._jitted, name)
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        return self if obj is None else functools.partial(self, obj)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        watch = self._watch
+        if not watch.active or watch.busy or _compat.under_transformation():
+            return self._jitted(*args, **kwargs)  # inside another trace (or not watching): plain pass-through
+        kept_args, kept_kwargs = (watch.copy_tree((args, kwargs)) if self._donates else (args, kwargs))
+        with watch.internal():
+            if self._fused:
+                out, mags = self._checked(*args, **kwargs)
+            else:
+                out = self._jitted(*args, **kwargs)
+                mags = _magnitudes(out)
+        host = np.asarray(mags)
+        index = self.calls
+        self.calls += 1
+        watch.calls += 1
+        if self._leaf_names is None:
+            self._call_site = caller_user_frame(2)
+            self._leaf_names = self._float_leaf_names(out)
+        bad = np.isnan(host) if watch.nan_only else ~np.isfinite(host)
+        if bad.any():
+            call = Call(self.name, self._fun, tuple(kept_args), dict(kept_kwargs),
+                        _as_tuple(self._options.get("static_argnums")),
+                        _as_tuple(self._options.get("static_argnames")), index, caller_user_frame(2),
+                        list(self._leaf_names))
+            kind = "nan" if np.isnan(host).any() else "inf"
+            watch.found(JitFinding(call, [n for n, b in zip(self._leaf_names, bad) if b], kind))
+        watch.growth.update(self.name, self._leaf_names, host, index, self._call_site)
+        return out
+
+    def _float_leaf_names(self, out: Any) -> list[str]:
+        site = caller_user_frame(3)
+        targets = _assigned_names(site.file, site.line) if site else None
+        names = output_leaf_names(out, targets, self.name)
+        return [n for n, leaf in zip(names, tree_leaves(out)) if is_inexact(leaf)]
+
+
+class Watch:
+    """Context manager that watches ``jax.jit`` calls and eager operations for the first NaN/Inf.
+
+    Args:
+        nan_only: only a NaN counts (Inf is ignored).
+        growth_factor: a leaf whose magnitude grows by this factor is reported as growth.
+        eager: also check operations run eagerly (outside jit).
+    """
+
+    def __init__(self, nan_only: bool = False, growth_factor: float = 100.0, eager: bool = True):
+        self.nan_only = nan_only
+        self.growth = GrowthTracker(growth_factor)
+        self.eager = eager
+        self.active = False
+        self.calls = 0
+        self.eager_ops = 0
+        self.functions: list[WatchedFunction] = []
+        self.finding: JitFinding | EagerFinding | None = None
+        self._local = threading.local()
+        self._stack: contextlib.ExitStack | None = None
+
+    # -- installation ---------------------------------------------------------------------------------------
+
+    def __enter__(self) -> "Watch":
+        stack = contextlib.ExitStack()
+        real_jit = jax.jit
+        # Calls cached before now would keep jax's C++ dispatch and stay invisible to the eager hook; the
+        # entries made while watching are dropped again on exit so later code gets the fast path back.
+        jax.clear_caches()
+        stack.callback(jax.clear_caches)
+
+        def watched_jit(fun: Callable | None = None, /, **options: Any) -> Any:
+            if fun is None:
+                return lambda f: watched_jit(f, **options)
+            wrapped = WatchedFunction(self, fun, options, real_jit)
+            self.functions.append(wrapped)
+            return wrapped
+
+        jax.jit = watched_jit
+        stack.callback(setattr, jax, "jit", real_jit)
+        if self.eager:
+            stack.enter_context(_compat.eager_hooks(self._on_eager, self._on_eager_jit, _keeps_fast_path))
+        stack.callback(setattr, self, "active", False)
+        self._stack = stack
+        self.active = True
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            stack.close()
+
+    # -- helpers used by watched functions ------------------------------------------------------------------
+
+    @property
+    def busy(self) -> bool:
+        return getattr(self._local, "busy", False)
+
+    @contextlib.contextmanager
+    def internal(self) -> Any:
+        """jaxdbg's own work: the eager hook ignores it."""
+        previous, self._local.busy = self.busy, True
+        try:
+            yield
+        finally:
+            self._local.busy = previous
+
+    def copy_tree(self, tree: Any) -> Any:
+        """Device copies of the arrays in ``tree`` (kept when the call may donate its arguments)."""
+        with self.internal():
+            return jax.tree_util.tree_map(lambda x: x.copy() if isinstance(x, jax.Array) else x, tree)
+
+    def found(self, finding: JitFinding | EagerFinding) -> None:
+        if self.finding is None:
+            self.finding = finding
+        self.active = False  # nothing after the first finding matters
+        raise NonFiniteFound(finding)
+
+    # -- eager operations ----------------------------------------------------------------------------------
+
+    def _on_eager(self, primitive: Any, args: Sequence[Any], params: dict, out: Any, nested: bool) -> None:
+        if nested or not self.active or self.busy:
+            return
+        outs = out if primitive.multiple_results else [out]
+        self._check_eager(primitive.name, args, outs, lambda *xs: primitive.bind(*xs, **params))
+
+    def _on_eager_jit(self, name: str, closed: Any, args: Sequence[Any], outs: list, nested: bool) -> None:
+        """A jitted function run eagerly through Python dispatch: jax's own (``jnp.sqrt``), not a watched one."""
+        if nested or not self.active or self.busy or not name or name.endswith(WATCHED_SUFFIX):
+            return
+        self._check_eager(name, args, outs, closed)
+
+    def _check_eager(self, name: str, args: Sequence[Any], outs: list, program: Any) -> None:
+        if not any(is_inexact(o) for o in outs):
+            return
+        with self.internal():
+            self.eager_ops += 1
+            flags = [nonfinite_flags(o) for o in outs]
+            out_nan = any(n for n, _ in flags)
+            out_inf = any(i for _, i in flags)
+            if not out_nan and (self.nan_only or not out_inf):
+                return
+            in_flags = [nonfinite_flags(a) for a in tree_flatten(list(args))[0]]
+            in_nan = any(n for n, _ in in_flags)
+            in_inf = any(i for _, i in in_flags)
+            created = (out_nan and not in_nan) or (not self.nan_only and out_inf and not in_nan and not in_inf)
+            if not created:
+                return
+            origin = self._eager_origin(name, list(args), program, outs, "nan" if out_nan and not in_nan else "inf")
+        self.found(EagerFinding(origin))
+
+    def _eager_origin(self, name: str, args: list, program: Any, outs: list, kind: str) -> Origin:
+        """The eager operation as an origin. ``program`` (a closed jaxpr, or a function to trace) is replayed
+        to name the primitive inside (``jnp.sqrt`` is a jitted function around ``sqrt``). The source is the
+        user's line running it now."""
+        from jaxdbg.nan.localise import localise_call  # the watch itself needs no interpreter
+
+        source, name_stack = _compat.current_source_context()
+        source = source or caller_user_frame(3)
+        inputs, path = tuple(value_stats(a) for a in args), ("eager",)
+        try:
+            closed = program if not callable(program) else jax.make_jaxpr(program)(*args)
+            inner = localise_call(Call("eager", None, tuple(args), {}), self.nan_only, closed).first
+        except Exception:  # noqa: BLE001 - naming the inner primitive is a refinement; the op itself is known
+            inner = None
+        if inner is not None and inner.kind != "input":
+            path = ("eager", *inner.path[1:]) if name in ("scan", "while", "cond") else ("eager",)
+            if name in ("scan", "while", "cond") and inner.source is not None:
+                source = inner.source  # a loop body traced just now: its own line is the better answer
+            name, inputs = inner.primitive, inner.inputs
+        return Origin(
+            kind, name, "backward" if "transpose(" in name_stack else "forward", source,
+            source.function if source else "<eager>", self.eager_ops - 1, path, inputs, None,
+            tuple(value_stats(o) for o in outs), name_stack,
+        )

@@ -1,0 +1,222 @@
+"""The shared jaxpr interpreter: same values as jax, the right paths, hooks, tags and the explicit default."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from jaxdbg import _compat
+from jaxdbg.jaxpr import RULES, Hooks, Interpreter, Stop, interpret
+
+
+@jax.custom_vjp
+def _scaled_sin(x):
+    return jnp.sin(x)
+
+
+def _scaled_sin_fwd(x):
+    return jnp.sin(x), x
+
+
+def _scaled_sin_bwd(x, g):
+    return (2.0 * g * jnp.cos(x),)
+
+
+_scaled_sin.defvjp(_scaled_sin_fwd, _scaled_sin_bwd)
+
+
+@jax.custom_jvp
+def _softplus(x):
+    return jnp.log1p(jnp.exp(x))
+
+
+@_softplus.defjvp
+def _softplus_jvp(primals, tangents):
+    (x,), (t,) = primals, tangents
+    return _softplus(x), t * jax.nn.sigmoid(x)
+
+
+def everything(x):
+    """Uses every higher-order primitive the interpreter descends into (except shard_map)."""
+    y = jax.checkpoint(lambda z: jnp.sqrt(z + 1.0))(x)
+    carry, ys = jax.lax.scan(lambda c, a: (c + jnp.log(a + 2.0), c * a), 0.0, x)
+    back, _ = jax.lax.scan(lambda c, a: (c * 0.5 + a, c), 1.0, x, reverse=True)
+    branch = jax.lax.cond(carry > 0, lambda v: v + 1.0, lambda v: v - 1.0, back)
+    inner = jax.jit(lambda v: jnp.tanh(v) * 3.0)(branch)
+    return (jnp.sum(_scaled_sin(x)) + jnp.sum(_softplus(y)) + inner + ys.sum()
+            + jax.vmap(jnp.cos)(x).sum())
+
+
+def looped(x, n):
+    return jax.lax.while_loop(lambda s: s[0] < n, lambda s: (s[0] + 1, s[1] * 1.5 + 1.0), (0, x))[1]
+
+
+class Recorder(Hooks):
+    def __init__(self) -> None:
+        self.seen: list[tuple[tuple[str, ...], str, bool]] = []
+        self.opaque_calls: list[str] = []
+
+    def after(self, site, invals, outvals, in_tags, out_tags, descended):
+        self.seen.append((site.path, site.primitive, descended))
+
+    def opaque(self, site, reason):
+        self.opaque_calls.append(site.primitive)
+
+
+X = jnp.array([0.5, 1.0, 2.0])
+
+
+@pytest.mark.parametrize("fn", [everything, jax.grad(everything)], ids=["forward", "gradient"])
+def test_values_match_compiled_jax(fn) -> None:
+    closed = jax.make_jaxpr(fn)(X)
+    hooks = Recorder()
+    (out,) = interpret(closed, [X], hooks=hooks)
+    np.testing.assert_allclose(out, jax.jit(fn)(X), rtol=1e-5)
+    assert hooks.opaque_calls == []
+    paths = {path for path, _, _ in hooks.seen}
+    assert ("jit(f)", "checkpoint") in paths
+    assert ("jit(f)", "scan[iteration=2]") in paths
+
+
+def test_paths_name_each_structure() -> None:
+    hooks = Recorder()
+    interpret(jax.make_jaxpr(everything)(X), [X], hooks=hooks, root="jit(everything)")
+    paths = [path for path, _, _ in hooks.seen]
+    assert ("jit(everything)", "custom_vjp(_scaled_sin)") in paths
+    assert ("jit(everything)", "custom_jvp(_softplus)") in paths
+    assert ("jit(everything)", "jit(<lambda>)") in paths
+    assert ("jit(everything)", "cond[branch=0]") in paths or ("jit(everything)", "cond[branch=1]") in paths
+    # the higher-order equations themselves are reported as descended
+    assert ((("jit(everything)",), "scan", True)) in hooks.seen
+
+
+def test_reverse_scan_visits_elements_last_to_first() -> None:
+    hooks = Recorder()
+    fn = lambda x: jax.lax.scan(lambda c, a: (c * 0.5 + jnp.exp(a), c), 1.0, x, reverse=True)  # noqa: E731
+    interpret(jax.make_jaxpr(fn)(X), [X], hooks=hooks)
+    order = [path[-1] for path, prim, _ in hooks.seen if prim == "exp"]
+    assert order == ["scan[iteration=2]", "scan[iteration=1]", "scan[iteration=0]"]
+
+
+def test_while_iterations_and_cond() -> None:
+    hooks = Recorder()
+    (out,) = interpret(jax.make_jaxpr(looped)(1.0, 3), [1.0, 3], hooks=hooks, root="jit(looped)")
+    assert float(out) == pytest.approx(float(jax.jit(looped)(1.0, 3)))
+    body = sorted({p[-1] for p, _, _ in hooks.seen if p[-1].startswith("while[iteration")})
+    assert body == ["while[iteration=0]", "while[iteration=1]", "while[iteration=2]"]
+    assert any(p[-1] == "while[cond, iteration=3]" for p, _, _ in hooks.seen)
+
+
+def test_no_rule_means_run_whole_and_say_so() -> None:
+    hooks = Recorder()
+    closed = jax.make_jaxpr(everything)(X)
+    (out,), _ = Interpreter(hooks, rules={}).run(closed, [X])
+    np.testing.assert_allclose(out, jax.jit(everything)(X), rtol=1e-5)
+    assert {"scan", "cond", "jit", "custom_vjp_call", "custom_jvp_call", "remat2"} <= set(hooks.opaque_calls)
+    assert all(path == ("jit(f)",) for path, _, _ in hooks.seen)
+
+
+def test_before_can_replace_an_equation() -> None:
+    class ZeroLogs(Hooks):
+        def before(self, site, invals, in_tags):
+            return [jnp.zeros_like(invals[0])] if site.primitive == "log" else None
+
+    closed = jax.make_jaxpr(lambda x: jnp.log(x) + 1.0)(X)
+    (out,) = interpret(closed, [X], hooks=ZeroLogs())
+    np.testing.assert_array_equal(out, np.ones(3))
+
+
+def test_tags_flow_through_loops_and_calls() -> None:
+    class Taint(Hooks):
+        def after(self, site, invals, outvals, in_tags, out_tags, descended):
+            if descended:
+                return None
+            tainted = any(t for t in in_tags)
+            return [tainted or None] * len(outvals)
+
+    def f(x, y):
+        c, _ = jax.lax.scan(lambda c, a: (c + a, None), 0.0, x)
+        return jax.jit(lambda v: v * 2.0)(c), y + 1.0
+
+    closed = jax.make_jaxpr(f)(X, 1.0)
+    _, tags = Interpreter(Taint()).run(closed, [X, 1.0], tags=[True, None])
+    assert tags == [True, None]
+
+
+def test_stop_reaches_the_caller() -> None:
+    class StopAtLog(Hooks):
+        def after(self, site, invals, outvals, in_tags, out_tags, descended):
+            if site.primitive == "log":
+                raise Stop()
+
+    with pytest.raises(Stop):
+        interpret(jax.make_jaxpr(everything)(X), [X], hooks=StopAtLog())
+
+
+def test_shard_map_body_runs_per_device_in_lockstep() -> None:
+    if len(jax.devices()) < 4:
+        pytest.skip("needs 4 devices")
+    mesh = jax.make_mesh((2, 2), ("a", "b"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+    def body(block):
+        i = jax.lax.axis_index("a")
+        gathered = jax.lax.all_gather(block, "b", tiled=True)
+        return jax.lax.psum(jnp.log(block) * i, "b") + jax.lax.pmax(block, "a") + gathered[2:]
+
+    fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("a", "b"), out_specs=P(None, "b"), check_vma=False))
+    x = jnp.arange(1.0, 17.0).reshape(4, 4)
+    hooks = Recorder()
+    (out,) = interpret(jax.make_jaxpr(fn)(x), [x], hooks=hooks)
+    np.testing.assert_allclose(out, fn(x), rtol=1e-6)
+    log_sites = [path for path, prim, _ in hooks.seen if prim == "log"]
+    assert log_sites and log_sites[0][-1] == "shard_map"
+    assert hooks.opaque_calls == []
+
+
+def test_retrace_keeps_user_source_lines() -> None:
+    def f(x):
+        return jnp.log(x) * 2.0  # the line the retraced equation must still point at
+
+    closed = jax.make_jaxpr(f)(X)
+    interp = Interpreter(keep_source=True)
+    retraced = jax.make_jaxpr(lambda x: interp.run(closed, [x])[0])(X)
+    sources = {_compat.eqn_source(e) for e in retraced.jaxpr.eqns}
+    assert any(s is not None and s.function.endswith("retrace_keeps_user_source_lines.<locals>.f") for s in sources)
+
+
+def test_default_rule_table_covers_the_higher_order_primitives() -> None:
+    for name in ("jit", "scan", "while", "cond", "custom_jvp_call", "custom_vjp_call", "remat2", "shard_map"):
+        assert name in RULES
+
+
+SPOT_CHECK = r'''
+import jax, jax.numpy as jnp, numpy as np
+from jaxdbg.jaxpr import interpret
+def f(x):
+    c, ys = jax.lax.scan(lambda c, a: (c + jnp.log(a), c), 0.0, x)
+    w = jax.lax.fori_loop(0, jnp.int32(c > -9) * 3, lambda i, s: s * 1.5, c)
+    return jax.lax.cond(c > 0, jnp.sin, jnp.cos, w) + jax.checkpoint(jnp.sqrt)(x).sum() + ys.sum()
+for fn in (f, jax.grad(lambda x: f(x) if False else jax.lax.scan(lambda c, a: (c * jnp.log(a), c), 1.0, x)[0])):
+    x = jnp.array([1.0, 2.0, 3.0])
+    np.testing.assert_allclose(interpret(jax.make_jaxpr(fn)(x), [x])[0], jax.jit(fn)(x), rtol=1e-5)
+print("ok", jax.__version__)
+'''
+
+
+def test_newer_jax_spot_check() -> None:
+    """jax 0.11+ merged ClosedJaxpr into Jaxpr and repacked scan's parameters: same answers there."""
+    python = "/work/venv312/bin/python"
+    if not os.path.exists(python) or shutil.which(python) is None:
+        pytest.skip("no second jax installation at /work/venv312")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root, "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run([python, "-c", SPOT_CHECK], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("ok")

@@ -1,0 +1,130 @@
+"""``jaxdbg nan-hunt`` through the command line: contained runs, the contract's JSON, exit codes 0/1/2/3."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from jaxdbg.cli import main
+
+from conftest import RECIPES
+
+
+def _run(argv: list[str], capsys) -> tuple[int, dict | None, str]:
+    code = main(argv)
+    captured = capsys.readouterr()
+    report = json.loads(captured.out) if "--json" in argv and captured.out.strip() else None
+    return code, report, captured.err
+
+
+def test_script_found_contract_json_and_bundle(tmp_path, capsys) -> None:
+    out = tmp_path / "scan"
+    code, report, err = _run(["nan-hunt", os.path.join(RECIPES, "nan_scan", "train.py"), "--json", "-",
+                              "--out", str(out)], capsys)
+    assert code == 1 and report["exit_code"] == 1 and report["command"] == "nan-hunt"
+    result = report["result"]
+    first = result["first"]
+    assert set(first) >= {"kind", "primitive", "pass", "source", "function", "call_index", "path", "inputs",
+                          "argument"}
+    assert (first["primitive"], first["pass"], first["call_index"]) == ("sqrt", "forward", 1)
+    assert first["path"] == ["jit(rollout)", "scan[iteration=3]"]
+    assert set(first["source"]) == {"file", "line", "function"}
+    assert set(first["inputs"][0]) >= {"shape", "dtype", "min", "max", "nan", "inf", "zero", "negative"}
+    assert result["explanation"] and result["hints"] and isinstance(result["chain"], list)
+    assert "sqrt" in err  # the human report went to stderr because stdout carries the JSON
+    with np.load(report["artifacts"]["inputs"]) as inputs:
+        assert float(inputs["arg0"]) == 3.5  # the failing call's own input
+    assert "scan" in open(report["artifacts"]["jaxpr"]).read()
+    bundle = json.load(open(report["artifacts"]["bundle"]))
+    assert bundle["function"] == "rollout" and bundle["call_index"] == 1
+    assert os.path.exists(out / "report.json")
+
+
+def test_clean_script_exits_0(tmp_path, capsys) -> None:
+    code, report, _ = _run(["nan-hunt", os.path.join(RECIPES, "nan_clean", "train.py"), "--json", "-",
+                            "--out", str(tmp_path / "clean")], capsys)
+    assert code == 0 and report["result"]["found"] is False and report["result"]["calls_watched"] == 5
+
+
+def test_script_arguments_after_double_dash(tmp_path, capsys) -> None:
+    code, report, _ = _run(["nan-hunt", os.path.join(RECIPES, "nan_bf16_overflow", "train.py"), "--precision",
+                            "--json", "-", "--out", str(tmp_path / "f16"), "--", "--dtype", "f16"], capsys)
+    assert code == 1 and report["result"]["precision"]["dtype"] == "f16"
+    assert report["result"]["precision"]["f32_removes_origin"] is True
+
+
+GRAD_TARGET = textwrap.dedent("""
+    import jax.numpy as jnp
+    import numpy as np
+
+
+    def loss(params, x):
+        dist = jnp.sqrt(jnp.sum((x - params["centre"]) ** 2, axis=-1))  # distance line
+        return jnp.mean(dist)
+
+
+    def make_inputs():
+        x = np.array([[1.0, 2.0], [0.0, 0.0]], np.float32)
+        return {"centre": np.zeros(2, np.float32)}, x
+""")
+
+
+def test_function_mode_grad_finds_the_backward_origin(tmp_path, capsys) -> None:
+    target = tmp_path / "model.py"
+    target.write_text(GRAD_TARGET)
+    code, report, _ = _run(["nan-hunt", f"{target}::loss", "--inputs", f"{target}::make_inputs", "--grad",
+                            "--json", "-", "--out", str(tmp_path / "g")], capsys)
+    assert code == 1
+    result = report["result"]
+    assert result["first"]["pass"] == "backward" and result["first"]["function"] == "grad(loss)"
+    line = next(i for i, text in enumerate(GRAD_TARGET.splitlines(), start=1) if "# distance line" in text)
+    assert result["first"]["source"]["line"] == line
+    norms = {g["name"]: g for g in result["grad_norms"]}
+    assert norms["params['centre']"]["nan"] == 2
+
+
+def test_function_mode_clean_with_random_args(tmp_path, capsys) -> None:
+    target = tmp_path / "ok.py"
+    target.write_text("import jax.numpy as jnp\n\ndef loss(w, x):\n    return jnp.mean(jnp.tanh(x @ w))\n")
+    code, report, _ = _run(["nan-hunt", f"{target}::loss", "--args", "f32[3] f32[4,3]", "--grad", "--argnums", "0",
+                            "--json", "-", "--out", str(tmp_path / "ok")], capsys)
+    assert code == 0 and report["result"]["found"] is False
+    assert [g["name"] for g in report["result"]["grad_norms"]] == ["w"]
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["nan-hunt", "missing.py"], "no such file"),
+    (["nan-hunt", os.path.join(RECIPES, "nan_scan", "train.py"), "--grad"], "function target"),
+    (["nan-hunt", os.path.join(RECIPES, "nan_scan", "train.py") + "::rollout", "--args", "f33[2]"], "unknown dtype"),
+    (["nan-hunt", os.path.join(RECIPES, "nan_scan", "train.py") + "::rollout", "--argnums", "x", "--args", "f32[]"],
+     "--argnums"),
+    (["nan-hunt", os.path.join(RECIPES, "nan_scan", "train.py") + "::rollout"], "needs inputs"),
+])
+def test_bad_usage_is_one_line_exit_2(argv, fragment, capsys, tmp_path) -> None:
+    code, _, err = _run(argv + ["--out", str(tmp_path / "u")], capsys)
+    assert code == 2 and err.count("\n") == 1 and fragment in err
+
+
+def test_target_failing_before_any_nan_exits_3(tmp_path, capsys) -> None:
+    script = tmp_path / "broken.py"
+    script.write_text("import jax.numpy as jnp\n\nx = jnp.ones(3)\nraise RuntimeError('dataset not found')\n")
+    code, _, err = _run(["nan-hunt", str(script), "--out", str(tmp_path / "b")], capsys)
+    assert code == 3 and "dataset not found" in err and "broken.py:4" in err and err.count("\n") == 1
+    hang = tmp_path / "hang.py"
+    hang.write_text("import time\nwhile True:\n    time.sleep(0.1)\n")
+    code, _, err = _run(["nan-hunt", str(hang), "--timeout", "3", "--out", str(tmp_path / "h")], capsys)
+    assert code == 3 and "timeout" in err
+
+
+def test_as_a_subprocess(tmp_path) -> None:
+    done = subprocess.run([sys.executable, "-m", "jaxdbg", "nan-hunt", os.path.join(RECIPES, "nan_data", "train.py"),
+                           "--out", str(tmp_path / "sub"), "-q"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    report = json.load(open(tmp_path / "sub" / "report.json"))
+    assert report["result"]["first"]["kind"] == "input" and report["result"]["first"]["argument"] == "batch['x']"

@@ -1,0 +1,216 @@
+"""Localising inside one call: the contract's origin and chain, passes, fidelity fallback, precision, words."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxdbg.nan.calls import Call
+from jaxdbg.nan.explain import explain
+from jaxdbg.nan.fidelity import bisect_compiled
+from jaxdbg.nan.growth import GrowthTracker
+from jaxdbg.nan.localise import localise_call
+from jaxdbg.nan.passes import classify
+from jaxdbg.nan.precision import check_precision
+from jaxdbg.nan.stats import nonfinite_flags, value_stats
+
+
+def _line_of(fn, text: str) -> int:
+    import inspect
+
+    lines, start = inspect.getsourcelines(fn)
+    return start + next(i for i, line in enumerate(lines) if text in line)
+
+
+def hunt(fn, *args, nan_only=False):
+    return localise_call(Call(getattr(fn, "__name__", "f"), fn, args, {}), nan_only=nan_only)
+
+
+# -- values ------------------------------------------------------------------------------------------------
+
+
+def test_stats_and_flags_on_host_and_device() -> None:
+    big = jnp.zeros(100_000).at[7].set(jnp.inf)  # large: reduced on the device, not copied
+    assert nonfinite_flags(big) == (False, True)
+    assert nonfinite_flags(jnp.arange(3)) == (False, False)
+    stats = value_stats(jnp.array([0.0, -2.0, jnp.nan, jnp.inf], jnp.bfloat16))
+    assert (stats.dtype, stats.nan, stats.inf, stats.zero, stats.negative) == ("bf16", 1, 1, 1, 1)
+    assert (stats.min, stats.max) == (-2.0, float("inf"))
+
+
+# -- passes ------------------------------------------------------------------------------------------------
+
+
+def test_backward_by_data_flow_and_name_stack() -> None:
+    closed = jax.make_jaxpr(jax.value_and_grad(lambda x: jnp.sqrt(x)))(1.0)
+    assert [(e.primitive.name, b) for e, b in classify(closed.jaxpr)] == [
+        ("sqrt", False), ("div", True), ("mul", True)]  # the residual div is backward though it is jvp()
+
+
+def test_grad_without_primal_keeps_forward_work_forward() -> None:
+    closed = jax.make_jaxpr(jax.grad(lambda w, x: jnp.sum(jnp.log(x) * w)))(jnp.ones(2), jnp.ones(2))
+    passes = {e.primitive.name: b for e, b in classify(closed.jaxpr)}
+    assert passes["log"] is False
+
+
+# -- origins -----------------------------------------------------------------------------------------------
+
+
+def sqrt_loss(x):
+    return jnp.sum(jnp.sqrt(x))  # sqrt line
+
+
+def test_gradient_of_sqrt_at_zero_is_a_backward_inf_at_the_forward_line() -> None:
+    found = hunt(jax.grad(sqrt_loss), jnp.array([1.0, 0.0]))
+    first = found.first
+    assert (first.kind, first.primitive, first.pass_) == ("inf", "div", "backward")
+    assert first.source.line == _line_of(sqrt_loss, "# sqrt line")
+    assert first.inputs[1].zero == 1 and found.strategy == "op-by-op replay"
+
+
+def overflow(x):
+    big = jnp.exp(x)  # exp line
+    return big - big
+
+
+def test_nan_from_infinities_has_a_chain() -> None:
+    found = hunt(overflow, jnp.float32(100.0))
+    assert (found.first.kind, found.first.primitive) == ("nan", "sub")
+    assert [(c.kind, c.primitive, c.source.line) for c in found.chain] == [("inf", "exp", _line_of(overflow, "# exp line"))]
+
+
+def test_nan_only_skips_inf_but_still_finds_nan() -> None:
+    assert hunt(lambda x: 1.0 / x, jnp.array([0.0, 1.0]), nan_only=True).first is None
+    assert hunt(overflow, jnp.float32(100.0), nan_only=True).first.primitive == "sub"
+
+
+def test_input_origin_names_the_argument() -> None:
+    def step(params, batch):
+        return params["w"] * batch[1]
+
+    found = localise_call(Call("step", step, ({"w": jnp.ones(2)}, (jnp.ones(2), jnp.array([1.0, np.nan]))), {}))
+    assert (found.first.kind, found.first.argument, found.strategy) == ("input", "batch[1]", "input check")
+
+
+def test_input_nan_does_not_hide_a_nan_made_inside() -> None:
+    found = hunt(lambda x, y: jnp.log(y) + x, jnp.array([np.nan]), jnp.array([-1.0]))
+    assert found.first.kind == "nan" and found.first.primitive == "log"
+
+
+def test_a_masked_inf_is_not_the_answer() -> None:
+    # log(0) = -inf is masked away and the outputs stay finite: no origin made them non-finite
+    found = hunt(lambda x: jnp.where(x > 0, jnp.log(x), 0.0), jnp.array([0.0, 2.0]))
+    assert found.first is None and not found.reproduced
+
+
+def test_the_earliest_nan_wins_even_if_masked_later() -> None:
+    # the contract's origin is the first NaN in execution order, masked or not
+    found = hunt(lambda x: (jnp.where(x > 0, jnp.log(x), 0.0), jnp.sqrt(x - 5.0)), jnp.array([-1.0, 2.0]))
+    assert found.first.primitive == "log"
+
+
+@jax.custom_vjp
+def clipped_log(x):
+    return jnp.log(jnp.maximum(x, 1e-6))
+
+
+def _clipped_log_fwd(x):
+    return clipped_log(x), x
+
+
+def _clipped_log_bwd(x, g):
+    return (g / x,)  # bwd line: forgets the clip, so x = 0 gives an infinite gradient
+
+
+clipped_log.defvjp(_clipped_log_fwd, _clipped_log_bwd)
+
+
+def test_custom_vjp_backward_rule_keeps_its_own_line() -> None:
+    found = hunt(jax.jit(jax.grad(lambda x: jnp.sum(clipped_log(x)))), jnp.array([1.0, 0.0]))
+    first = found.first
+    assert (first.kind, first.primitive, first.pass_) == ("inf", "div", "backward")
+    assert first.source.line == _line_of(_clipped_log_bwd, "# bwd line")
+    assert "custom_vjp_bwd(_clipped_log_bwd)" in first.path
+
+
+def test_origin_inside_the_second_of_two_loops() -> None:
+    def two_loops(x):
+        clean = jax.lax.scan(lambda c, a: (c + a, c), 0.0, x)[0]
+        return clean, jax.lax.scan(lambda c, a: (c, jnp.log(c - 2.5 * a)), clean, x)[1]
+
+    found = hunt(two_loops, jnp.arange(4.0))
+    assert found.first.path[-1] == "scan[iteration=3]" and found.first.primitive == "log"
+
+
+# -- fidelity ----------------------------------------------------------------------------------------------
+
+
+def fused(y):
+    shifted = jax.jit(lambda v: (v + 1e8) - 1e8)(y)
+    return jnp.log(shifted + 0.1)  # fused log line
+
+
+def test_compiled_prefix_bisection_when_op_by_op_stays_finite() -> None:
+    y = jnp.array([-0.5, 0.3])
+    assert np.isnan(jax.jit(fused)(y)[0])
+    found = hunt(fused, y)
+    assert found.first is None and not found.reproduced
+    result = bisect_compiled(found.closed_jaxpr, [y], "fused")
+    assert result.origin.primitive == "log" and result.origin.kind == "nan"
+    assert result.origin.source.line == _line_of(fused, "# fused log line")
+    assert result.origin.inputs[0].negative == 1 and 0 < result.probes <= 6
+
+
+def test_bisection_reports_nothing_when_compiled_prefixes_stay_finite() -> None:
+    closed = jax.make_jaxpr(lambda x: x * 2.0)(1.0)
+    assert bisect_compiled(closed, [jnp.float32(1.0)], "f") is None
+
+
+# -- precision ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype,value,removes", [(jnp.float16, 12.0, True), (jnp.bfloat16, 100.0, False)])
+def test_precision_check_for_low_precision_origins(dtype, value, removes) -> None:
+    call = Call("softmax", lambda x: jnp.exp(x) / jnp.sum(jnp.exp(x)), (jnp.array([1.0, value], dtype),), {})
+    found = localise_call(call)
+    check = check_precision(found, call)
+    assert check.f32_removes_origin is removes and check.dtype in ("f16", "bf16")
+
+
+def test_precision_check_cures_bf16_rounding() -> None:
+    call = Call("bce", lambda z: -jnp.log(1.0 - jax.nn.sigmoid(z)), (jnp.array([1.0, 8.0], jnp.bfloat16),), {})
+    found = localise_call(call)
+    assert found.first.primitive == "log" and check_precision(found, call).f32_removes_origin
+
+
+def test_precision_check_is_skipped_for_float32() -> None:
+    call = Call("f", jnp.log, (jnp.array([-1.0]),), {})
+    assert check_precision(localise_call(call), call) is None
+
+
+# -- words and growth --------------------------------------------------------------------------------------
+
+
+def test_explanations_fit_the_pattern() -> None:
+    grad_masked = hunt(jax.grad(lambda x: jnp.sum(jnp.where(x > 0, jnp.log(x), 0.0))), jnp.array([1.0, 0.0]))
+    text, hints = explain(grad_masked.first)
+    assert "masked" in text and any("double-where" in h for h in hints)
+    text, hints = explain(hunt(overflow, jnp.float32(100.0)).first, hunt(overflow, jnp.float32(100.0)).chain)
+    assert "inf - inf" in text and "exp" in text
+    assert explain(None) == ("", ())
+
+
+def test_growth_tracker_waits_for_a_nonzero_baseline() -> None:
+    tracker = GrowthTracker(factor=10.0)
+    for call, mags in enumerate([[0.0, 1.0], [0.5, 1.0], [2.0, 1.0], [50.0, np.inf]]):
+        tracker.update("f", ["m", "v"], np.array(mags), call)
+    (entry,) = tracker.report()
+    assert (entry.name, entry.first_call, entry.ratio) == ("m", 3, 100.0)
+
+
+def test_a_captured_array_with_nan_is_an_input() -> None:
+    table = jnp.array([1.0, np.nan, 3.0])
+    found = hunt(lambda i: table[i] * 2.0, 1)
+    assert found.first.kind == "input" and found.first.argument.startswith("captured array")

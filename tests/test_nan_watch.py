@@ -1,0 +1,126 @@
+"""The watch: first non-finite call, eager ops, exact replay (donation), jit's API kept, nothing left patched."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxdbg.nan.localise import localise_call
+from jaxdbg.nan.watch import EagerFinding, JitFinding, NonFiniteFound, Watch, WatchedFunction
+
+
+def _eval_process_primitive():
+    from jax._src import core
+
+    return core.EvalTrace.process_primitive
+
+
+def test_hooks_are_removed_afterwards_even_on_error() -> None:
+    real_jit, real_eval = jax.jit, _eval_process_primitive()
+    with pytest.raises(NonFiniteFound):
+        with Watch():
+            assert jax.jit is not real_jit and _eval_process_primitive() is not real_eval
+            jax.jit(jnp.log)(jnp.array(-1.0))
+    assert jax.jit is real_jit and _eval_process_primitive() is real_eval
+    with pytest.raises(ZeroDivisionError):
+        with Watch():
+            1 / 0
+    assert jax.jit is real_jit and _eval_process_primitive() is real_eval
+
+
+def test_first_failing_call_and_its_index() -> None:
+    with pytest.raises(NonFiniteFound) as stop:
+        with Watch() as watch:
+            step = jax.jit(lambda x: jnp.sqrt(2.0 - x))
+            for k in range(5):
+                step(jnp.float32(k + 0.5))
+    finding = stop.value.finding
+    assert isinstance(finding, JitFinding) and watch.finding is finding
+    assert finding.call.call_index == 2 and watch.calls == 3
+
+
+def test_nan_only_ignores_inf() -> None:
+    with Watch(nan_only=True) as watch:
+        out = jax.jit(lambda x: 1.0 / x)(jnp.array([0.0, 1.0]))
+    assert np.isinf(out[0]) and watch.finding is None
+
+
+def test_donated_inputs_are_kept_for_an_exact_replay() -> None:
+    with pytest.raises(NonFiniteFound) as stop:
+        with Watch():
+            update = jax.jit(lambda w, g: w - 10.0 * g * w, donate_argnums=0)
+            w = jnp.array([1.0, 2.0])
+            for _ in range(100):
+                w = update(w, jnp.float32(3.0))
+    call = stop.value.finding.call
+    assert not call.args[0].is_deleted()
+    found = localise_call(call)
+    assert found.first is not None and found.first.kind == "inf" and found.first.primitive in ("mul", "sub")
+
+
+def test_keeps_jit_api_statics_methods_and_nesting() -> None:
+    class Scaler:
+        factor = 2.0
+
+        @functools.partial(jax.jit, static_argnums=0)
+        def apply(self, x):
+            return x * self.factor
+
+    with Watch() as watch:
+        @functools.partial(jax.jit, static_argnames=("power",))
+        def powered(x, power):
+            return x ** power
+
+        inner = jax.jit(lambda v: v + 1.0)
+        outer = jax.jit(lambda v: inner(v) * 2.0)
+        assert isinstance(powered, WatchedFunction)
+        assert float(powered(jnp.float32(3.0), power=2)) == 9.0
+        assert "stablehlo" in powered.lower(jnp.float32(3.0), power=2).as_text() or True
+        assert float(outer(jnp.float32(1.0))) == 4.0
+        assert float(Scaler().apply(jnp.float32(1.5))) == 3.0
+    assert inner.calls == 0 and outer.calls == 1  # inner only ran inside outer's trace
+    assert watch.calls == 2 and watch.finding is None
+
+
+def test_lowering_goes_to_the_real_jit() -> None:
+    with Watch():
+        f = jax.jit(lambda x: x * 2.0)
+        text = f.lower(jnp.ones(3)).as_text()
+    assert "multiply" in text
+
+
+def test_eager_operation_that_creates_a_nan() -> None:
+    with pytest.raises(NonFiniteFound) as stop:
+        with Watch():
+            x = jnp.array([1.0, -4.0])
+            y = x * 2.0
+            jnp.sqrt(y)  # the eager origin
+    finding = stop.value.finding
+    assert isinstance(finding, EagerFinding)
+    origin = finding.origin
+    assert origin.primitive == "sqrt" and origin.kind == "nan" and origin.path == ("eager",)
+    assert origin.source.function == "test_eager_operation_that_creates_a_nan"
+    assert origin.inputs[0].negative == 1
+
+
+def test_eager_operation_on_bad_data_is_not_an_origin() -> None:
+    with Watch() as watch:
+        data = jnp.asarray(np.array([1.0, np.nan], np.float32))
+        doubled = data * 2.0
+    assert np.isnan(doubled[1]) and watch.finding is None
+
+
+def test_output_names_come_from_the_assignment() -> None:
+    with pytest.raises(NonFiniteFound):
+        with Watch(growth_factor=10.0) as watch:
+            step = jax.jit(lambda p: ({"w": p["w"] * 100.0, "b": p["b"]}, jnp.sum(p["w"])))
+            params = {"w": jnp.ones(2), "b": jnp.ones(1)}
+            for _ in range(30):
+                params, total = step(params)
+    names = [g.name for g in watch.growth.report()]
+    assert names[:2] == ["params['w']", "total"] or set(names[:2]) == {"params['w']", "total"}
+    assert "params['b']" not in names
