@@ -53,7 +53,21 @@ def is_user_file(path: str | None) -> bool:
     if not path or path.startswith("<"):
         return False
     real = os.path.realpath(path)
-    return not any(real == root or real.startswith(root + os.sep) for root in _library_roots())
+    if any(real == root or real.startswith(root + os.sep) for root in _library_roots()):
+        return False
+    return not _inside_a_jaxdbg_copy(os.path.dirname(real))
+
+
+@lru_cache(maxsize=4096)
+def _inside_a_jaxdbg_copy(folder: str) -> bool:
+    """True inside any copy of the jaxdbg package (an installed one and a source checkout side by side)."""
+    while True:
+        if os.path.basename(folder) == "jaxdbg" and os.path.exists(os.path.join(folder, "_child.py")):
+            return True
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return False
+        folder = parent
 
 
 def innermost_user_frame(tb: types.TracebackType | None) -> SourceLocation | None:

@@ -189,7 +189,9 @@ def run_contained(
     with tempfile.TemporaryDirectory(prefix="jaxdbg-run-") as workdir:
         with open(os.path.join(workdir, "job.pkl"), "wb") as handle:
             pickle.dump((job, payload), handle)
-        command = [sys.executable, "-X", "faulthandler", "-m", "jaxdbg._child", workdir]
+        # -P: no current folder on sys.path, so the child imports the same jaxdbg as this process even
+        # when run from a source checkout (targets get their own folder on sys.path from target.py).
+        command = [sys.executable, "-P", "-X", "faulthandler", "-m", "jaxdbg._child", workdir]
         started = time.perf_counter()
         proc = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,

@@ -140,6 +140,8 @@ def load_function(spec: TargetSpec) -> Callable:
     if spec.path is not None:
         module = load_module_from_file(spec.path)
     else:
+        if os.getcwd() not in sys.path:  # as `python -m`: modules of the current folder are importable
+            sys.path.insert(0, os.getcwd())
         try:
             module = importlib.import_module(spec.module)
         except SyntaxError as err:
