@@ -56,6 +56,18 @@ def test_trace_and_plots_are_written(capsys, tmp_path):
     assert "where the time went" in out and "speedup" in out
 
 
+def test_no_lookahead_is_the_blind_readiness_rule(capsys):
+    """ZB-H1 without variability: the look-ahead keeps ready on the fixed order's time; blind readiness lags."""
+    speedup = {}
+    for flag in ("--lookahead", "--no-lookahead"):
+        code, out, err = _bench(capsys, "--stages", "8", "--microbatches", "32", "--schedule", "zb-h1", flag, "--json", "-")
+        assert code == 0, err
+        result = json.loads(out)["result"]
+        assert result["config"]["lookahead"] is (flag == "--lookahead")
+        speedup[flag] = next(r["speedup_vs_fixed"] for r in result["runs"] if r["policy"] == "ready")
+    assert speedup["--lookahead"] >= 1.0 - 1e-9 and speedup["--no-lookahead"] < 0.99
+
+
 @pytest.mark.parametrize("args,message", [
     (["--variability", "jitter:cv=oops"], "is not a float"),
     (["--variability", "straggler:stage=7"], "stages are 0..3"),

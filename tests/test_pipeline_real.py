@@ -26,7 +26,7 @@ def _check(pipe, schedule_name, policy, hint=None, cap=1.0, comm="async", seed=0
     shape = pipe.shape
     schedule = build_schedule(schedule_name, shape)
     durations = realise(parse_variability(SPEC, shape.stages), shape, FAST, seed)
-    run = pipe.run(make_policies(policy, shape, schedule, hint, cap), durations, comm)
+    run = pipe.run(make_policies(policy, shape, schedule, hint, cap, costs=FAST), durations, comm)
     tolerance = 1e-6 + 1e-4 * run.max_abs_grad
     assert run.max_abs_grad > 0 and run.max_abs_grad_diff <= tolerance
     orders = schedule.orders if policy == "fixed" else None
@@ -34,7 +34,7 @@ def _check(pipe, schedule_name, policy, hint=None, cap=1.0, comm="async", seed=0
     assert timeline_problems(run.record, durations, orders, caps, tolerance=1e-6) == []
     makespan = measure(run.record).makespan_s
     assert makespan >= lower_bound(durations) - 1e-6
-    predicted = measure(simulate(shape, make_policies(policy, shape, schedule, hint, cap), durations, comm)).makespan_s
+    predicted = measure(simulate(shape, make_policies(policy, shape, schedule, hint, cap, costs=FAST), durations, comm)).makespan_s
     assert 0.5 < predicted / makespan <= 1.0 + 1e-6  # real runs add overhead; a loaded CI machine adds more
     return run
 

@@ -102,6 +102,21 @@ def test_straggler_and_multimodal_hit_the_stages_they_name():
     assert np.allclose(forward[2:], Costs().forward_s) and np.allclose(forward[:, ~mm.heavy], Costs().forward_s)
 
 
+def test_multimodal_light_rest_and_length_shape_the_costs():
+    shape = shape_for("1f1b", 4, 64, 1)
+    F = Costs().forward_s
+    base = realise(parse_variability("multimodal:heavy=0.5,factor=3,encoder=2", 4), shape, Costs(), 0)
+    mixed = realise(parse_variability("multimodal:heavy=0.5,factor=3,encoder=2,light=0.2,rest=1.5", 4), shape, Costs(), 0)
+    assert np.array_equal(base.heavy, mixed.heavy)  # the same modality draws
+    forward = mixed.task.reshape(2, 4, 64)[0]
+    assert np.allclose(forward[:2, ~mixed.heavy], 0.2 * F) and np.allclose(forward[2:, ~mixed.heavy], F)
+    assert np.allclose(forward[:2, mixed.heavy], 3 * F) and np.allclose(forward[2:, mixed.heavy], 1.5 * F)
+    # length: one lognormal factor per microbatch, on every stage and kind.
+    long = realise(parse_variability("multimodal:heavy=0.5,factor=3,encoder=2,length=0.5", 4), shape, Costs(), 0)
+    ratio = long.task.reshape(2, 4, 64) / base.task.reshape(2, 4, 64)
+    assert np.allclose(ratio, ratio[:1, :1, :]) and 0.3 < ratio.std() < 0.7
+
+
 @pytest.mark.parametrize("spec,message", [
     ("wobble:x=1", "unknown model 'wobble'"),
     ("jitter:cv=abc", "is not a float"),
@@ -109,6 +124,8 @@ def test_straggler_and_multimodal_hit_the_stages_they_name():
     ("straggler:stage=9,factor=2,prob=0.1", "stages are 0..3"),
     ("straggler:prob=1.5", "between 0.0 and 1.0"),
     ("multimodal:factor=0", "must be positive"),
+    ("multimodal:light=0", "light must be positive"),
+    ("multimodal:length=-1", "at least 0.0"),
     ("replay:/no/such/durations.json", "no file"),
     ("jitter:cv=-1", "at least 0.0"),
 ])

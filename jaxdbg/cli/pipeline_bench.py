@@ -31,11 +31,19 @@ def pipeline_bench(
     hint: str = typer.Option("1f1b", "--hint", help="Ranking for ready: 1f1b, bf, bfw, gpipe (comma-separated)."),
     comm: str = typer.Option("async", "--comm", help="async (buffered messages) and/or sync (paired blocking sends)."),
     memory_cap: str = typer.Option("1", "--memory-cap", help="Ready's per-stage cap, multiples of 1F1B's in-flight microbatches, e.g. 1,2,4."),
-    variability: str = typer.Option("none", "--variability", metavar="SPEC", help="none, jitter:cv=0.3, straggler:stage=2,factor=2,prob=0.1, multimodal:heavy=0.3,factor=3, comm:cv=0.5, replay:FILE; '+' combines."),
+    variability: str = typer.Option(
+        "none", "--variability", metavar="SPEC",
+        help="none; jitter:cv=0.3 (lognormal factor per task); straggler:stage=2,factor=2,prob=0.1; "
+        "multimodal:heavy=0.3,factor=3[,encoder=K,rest=1,light=1,length=0] (each microbatch is heavy, e.g. "
+        "image+text, with probability heavy: it costs factor x on the first K model stages, the encoder, default "
+        "a quarter, and rest x elsewhere; the others cost light x on the encoder stages; length: CV of a per-"
+        "microbatch sequence-length factor on every stage); comm:cv=0.5; replay:FILE. '+' combines.",
+    ),
     seeds: int = typer.Option(1, "--seeds", min=1, help="Seeds per combination (paired: every policy meets the same draws)."),
     seed: int = typer.Option(0, "--seed", help="First seed."),
     task_ms: float = typer.Option(4.0, "--task-ms", help="Base forward time of a stage in ms (backward: twice that)."),
     comm_ms: float = typer.Option(0.2, "--comm-ms", help="Base delay of a message between stages in ms."),
+    lookahead: bool = typer.Option(True, "--lookahead/--no-lookahead", help="ready: start work ranked below the schedule's next task only if it should be done before that task can start (--no-lookahead: whenever it is ready)."),
     devices_per_stage: int = typer.Option(1, "--devices-per-stage", min=1, help="Real mode: devices per stage (weights sharded across them)."),
     trace: Optional[str] = typer.Option(None, "--trace", metavar="OUT.json", help="Write a Chrome/Perfetto trace: one process per run, one track per stage."),
     plot: Optional[str] = typer.Option(None, "--plot", metavar="OUT.png", help="Write a timeline PNG and OUT-memory.png (speedup vs memory cap)."),
@@ -56,7 +64,7 @@ def pipeline_bench(
             memory_caps=_caps(memory_cap), variabilities=tuple(split_specs(variability)) or ("none",),
             seeds=seeds, seed=seed,
             costs=Costs(forward_s=task_ms / 1e3, backward_s=2 * task_ms / 1e3, comm_s=comm_ms / 1e3),
-            devices_per_stage=devices_per_stage, timeout=timeout,
+            lookahead=lookahead, devices_per_stage=devices_per_stage, timeout=timeout,
         )
         return _build(c, options, trace, plot, xprof)
 

@@ -2,9 +2,9 @@
 
 For each schedule, variability and seed the durations are drawn once; the fixed order runs under each
 communication model, and the readiness-first policy under each hint, memory cap and communication
-model, all against those same durations. ``speedup_vs_fixed`` divides the fixed run's makespan (same
-schedule, communication, variability and seed; the fixed order uses the memory its order implies) by the
-run's own. In real mode every run executes in one contained child process with one JAX device per stage
+model, all against those same durations (with ``lookahead``, ready leaves the schedule only for work that
+fits). ``speedup_vs_fixed`` divides the fixed run's makespan (same schedule, communication, variability and
+seed; the fixed order uses the memory its order implies) by the run's own. In real mode every run executes in one contained child process with one JAX device per stage
 (or several, ``devices_per_stage``), and each is also simulated from the same realised durations (the
 prediction) and from the durations the run measured (a replay) to check the simulator.
 
@@ -53,6 +53,7 @@ class BenchOptions:
     seeds: int = 1
     seed: int = 0
     costs: Costs = Costs()
+    lookahead: bool = True  # ready leaves the schedule only for work that fits (see pipeline.lookahead)
     devices_per_stage: int = 1
     model: ModelSpec = ModelSpec()
     xprof_dir: str | None = None
@@ -141,9 +142,14 @@ class _Job:
     shape: PipelineShape
     schedule: Schedule
     durations: Durations
+    costs: Costs = Costs()  # what ready expects tasks to take before it has measured them
+    lookahead: bool = True
 
     def policies(self) -> list:
-        return make_policies(self.key.policy, self.shape, self.schedule, self.key.hint, self.key.memory_cap or 1.0)
+        key = self.key
+        return make_policies(
+            key.policy, self.shape, self.schedule, key.hint, key.memory_cap or 1.0, self.costs, self.lookahead,
+        )
 
 
 def check_options(options: BenchOptions) -> dict[str, Variability]:
@@ -203,14 +209,14 @@ def plan_jobs(options: BenchOptions) -> list[_Job]:
                 durations = realise(variability, shape, options.costs, seed)
                 for comm in options.comms:
                     key = RunKey(schedule_name, "fixed", None, comm, None, spec, seed)
-                    jobs.append(_Job(key, shape, schedule, durations))
+                    jobs.append(_Job(key, shape, schedule, durations, options.costs, options.lookahead))
                 if not wanted_ready:
                     continue
                 for hint in options.hints:
                     for cap in options.memory_caps:
                         for comm in options.comms:
                             key = RunKey(schedule_name, "ready", hint, comm, cap, spec, seed)
-                            jobs.append(_Job(key, shape, schedule, durations))
+                            jobs.append(_Job(key, shape, schedule, durations, options.costs, options.lookahead))
     return jobs
 
 
@@ -257,6 +263,7 @@ def _config(options: BenchOptions) -> dict:
         "comms": list(options.comms),
         "memory_caps": list(options.memory_caps),
         "costs": options.costs,
+        "lookahead": options.lookahead,
     }
     if options.mode == "real":
         config.update(model=options.model, devices_per_stage=options.devices_per_stage)
@@ -323,6 +330,8 @@ def _run_real(options: BenchOptions, jobs: list[_Job]) -> tuple[dict, dict, list
         "model": options.model,
         "devices_per_stage": options.devices_per_stage,
         "xprof_dir": options.xprof_dir,
+        "costs": options.costs,
+        "lookahead": options.lookahead,
         "jobs": [(job.key, job.shape, job.schedule.name, job.durations) for job in jobs],
     }
     devices = options.stages * options.devices_per_stage
@@ -388,7 +397,7 @@ def real_job(payload: dict, channel) -> None:
             if shape not in pipelines:
                 pipelines[shape] = RealPipeline(shape, payload["model"], payload["devices_per_stage"])
             pipe = pipelines[shape]
-            job = _Job(key, shape, build_schedule(schedule_name, shape), durations)
+            job = _Job(key, shape, build_schedule(schedule_name, shape), durations, payload["costs"], payload["lookahead"])
             annotate = key.label() if payload["xprof_dir"] else None
             run = pipe.run(job.policies(), durations, key.comm, annotate=annotate)
             record = run.record

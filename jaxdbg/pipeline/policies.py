@@ -9,7 +9,10 @@ drive an :class:`Arbiter` and differ only in where time comes from.
 - :class:`ReadyFirst` runs, among the tasks whose inputs have arrived, the one the hint ranks best. Ready
   tasks sit in two heaps keyed by rank (forwards that admit a new microbatch, and everything else), so a
   decision costs O(log n), not a scan of the ready set. A forward that admits a new microbatch is only
-  taken while the stage holds fewer microbatches than its cap.
+  taken while the stage holds fewer microbatches than its cap. Its look-ahead
+  (:mod:`jaxdbg.pipeline.lookahead`) keeps the schedule's next task on time: work the hint ranks below it
+  starts only if it should be done before that task can start, so without variability a readiness-first
+  run keeps the schedule's timing where the schedule is already tight, and fills only real gaps.
 
 Hints rank tasks: ``1f1b`` and ``gpipe`` by position in that schedule's order (1F1B's family member for
 the shape: interleaved when the stages hold several chunks, ZB-H1 when the backward is split), ``bf``
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import heapq
+import math
 import time
 from dataclasses import dataclass
 from typing import Protocol
@@ -36,8 +40,10 @@ from typing import Protocol
 import numpy as np
 
 from jaxdbg._errors import UsageError
+from jaxdbg.pipeline.lookahead import LookAhead
 from jaxdbg.pipeline.schedules import Schedule, build_schedule, static_peak_inflight
 from jaxdbg.pipeline.tasks import PipelineShape
+from jaxdbg.pipeline.variability import Costs, parse_variability, realise
 
 HINTS = ("1f1b", "bf", "bfw", "gpipe")
 POLICIES = ("fixed", "ready")
@@ -51,7 +57,9 @@ class Policy(Protocol):
 
     def push(self, task: int) -> None: ...
 
-    def pick(self, inflight: int) -> int: ...
+    def bind(self, worker: int, lookahead: LookAhead | None) -> None: ...
+
+    def pick(self, inflight: int, now: float) -> int: ...
 
     def wants(self, task: int) -> bool: ...
 
@@ -72,10 +80,13 @@ class FixedOrder:
         self.position = 0
         self.ready = ready  # one flag per task, shared by all stages (each touches only its own tasks)
 
+    def bind(self, worker: int, lookahead: LookAhead | None) -> None:
+        pass  # the order alone decides
+
     def push(self, task: int) -> None:
         self.ready[task] = 1
 
-    def pick(self, inflight: int) -> int:
+    def pick(self, inflight: int, now: float = 0.0) -> int:
         task = self.order[self.position]
         if task >= 0 and self.ready[task]:
             self.position += 1
@@ -94,9 +105,20 @@ class FixedOrder:
 
 
 class ReadyFirst:
-    """Best-ranked ready task first, under a cap on the microbatches resident on the stage."""
+    """Best-ranked ready task first, under a cap on the microbatches resident on the stage.
 
-    def __init__(self, keys: list[int], cap: int, admits: list[bool]):
+    ``plan`` is the worker's order in the schedule the run follows (the fixed order it is compared with).
+    With the look-ahead (bound by the :class:`Arbiter`), work the hint ranks *below* the plan's next task
+    runs only if it is expected to be done before that task can start (see
+    :mod:`jaxdbg.pipeline.lookahead`); otherwise the stage holds. Work the hint ranks above the plan's next
+    task runs at once: the hint has the last word. With ``headroom`` (a cap above the plan's own peak),
+    forwards that admit a microbatch are exempt: spare memory is there to run forwards ahead.
+    """
+
+    def __init__(
+        self, keys: list[int], cap: int, admits: list[bool], plan: list[int] | None = None,
+        headroom: bool = False, lookahead: bool = True, expected: tuple[list[float], float] | None = None,
+    ):
         if cap < 1:
             raise UsageError(f"memory cap {cap}: a stage must hold at least one microbatch")
         self.cap = cap
@@ -105,17 +127,63 @@ class ReadyFirst:
         self.admits = admits
         self.admit_heap: list[int] = []
         self.other_heap: list[int] = []
+        self.plan = list(plan or []) + [len(keys)]  # the sentinel: LookAhead.began holds one more entry
+        self.position = 0
+        self.headroom = headroom
+        self.wants_lookahead = lookahead and bool(plan)
+        self.expected = expected  # prior durations per (kind, model stage) and per message, shared
+        self.lookahead: LookAhead | None = None
+        self.worker = -1
+
+    def bind(self, worker: int, lookahead: LookAhead | None) -> None:
+        self.worker, self.lookahead = worker, lookahead if self.wants_lookahead else None
 
     def push(self, task: int) -> None:
         heapq.heappush(self.admit_heap if self.admits[task] else self.other_heap, self.keys[task])
 
-    def pick(self, inflight: int) -> int:
-        admit, other = self.admit_heap, self.other_heap
-        if admit and inflight < self.cap and (not other or admit[0] < other[0]):
-            return heapq.heappop(admit) % self.scale
-        if other:
-            return heapq.heappop(other) % self.scale
-        return NO_TASK
+    def pick(self, inflight: int, now: float = 0.0) -> int:
+        admit, other, scale = self.admit_heap, self.other_heap, self.scale
+        # The best-ranked ready task the cap allows, and the top of the other heap (inlined: the hot path).
+        admit_top = admit[0] % scale if admit and inflight < self.cap else NO_TASK
+        other_top = other[0] % scale if other else NO_TASK
+        if admit_top >= 0 and (other_top < 0 or admit[0] < other[0]):
+            best, runner_up = admit_top, other_top
+        elif other_top >= 0:
+            best, runner_up = other_top, admit_top
+        else:
+            return NO_TASK
+        if self.lookahead is not None:
+            best = self._guard(best, runner_up, inflight, now)
+            if best < 0:
+                return NO_TASK
+        heapq.heappop(admit if self.admits[best] else other)
+        return best
+
+    def _guard(self, best: int, runner_up: int, inflight: int, now: float) -> int:
+        """What the stage runs instead of ``best`` (NO_TASK: hold) to keep the plan's next task on time."""
+        look, plan, position = self.lookahead, self.plan, self.position
+        began = look.began
+        while began[plan[position]] >= 0:  # the plan ends with a task id that never starts
+            position += 1
+        self.position = position
+        upcoming = plan[position]
+        if upcoming == best and not look.sync:
+            return best
+        keys, admits = self.keys, self.admits
+        if upcoming >= self.scale:  # the plan has run: nothing left to protect (but a neighbour's send)
+            upcoming = best
+        # Only work the hint ranks below a plan task that waits for its inputs is held to the gap (were that
+        # task ready, it would be ranked best; a cap-blocked one cannot run anyway).
+        if keys[best] > keys[upcoming] and not (admits[upcoming] and inflight >= self.cap):
+            if not (self.headroom and admits[best]):
+                spare = runner_up if self.headroom and runner_up >= 0 and admits[runner_up] else NO_TASK
+                fits = look.choose(self.worker, now, upcoming, best, runner_up if spare < 0 else NO_TASK)
+                best = fits if fits >= 0 else spare
+                if best < 0:
+                    return NO_TASK
+        if look.sync and look.sender_due(self.worker, now, best) > now:
+            return NO_TASK  # receive a neighbour's message first rather than keep it blocked
+        return best
 
     def wants(self, task: int) -> bool:
         return True  # a readiness-first runtime has a receive posted for every input it may use
@@ -147,15 +215,21 @@ class Arbiter:
 
     The drivers call :meth:`start` once, then :meth:`pick` when a worker is free, :meth:`finish` when a
     task ends (it readies local successors and returns the remote one, or NO_TASK), and :meth:`satisfy`
-    when a message arrives. Each call touches only the given worker's state, so one thread per worker may
-    drive its own worker without locks.
+    when a message arrives, each with the current time. Each call writes only the given worker's state
+    (the look-ahead reads the others'), so one thread per worker may drive its own worker without locks.
+    A worker whose policy holds back (NO_TASK with ready work) asks to be woken at :meth:`wake_at`.
     """
 
-    def __init__(self, shape: PipelineShape, policies: list):
+    def __init__(self, shape: PipelineShape, policies: list, comm: str = "async"):
         self.shape = shape
         self.graph = graph = shape.graph()
         self.policies = policies
         self.missing = list(graph.prerequisites)
+        guarded = [p for p in policies if getattr(p, "wants_lookahead", False)]
+        expected = getattr(guarded[0], "expected", None) if guarded else None
+        self.lookahead = LookAhead(shape, comm, *(expected or ())) if guarded else None
+        for worker, policy in enumerate(policies):
+            policy.bind(worker, self.lookahead)
         self.inflight = [0] * shape.stages
         self.peak = [0] * shape.stages
         self.decisions = [0] * shape.stages
@@ -169,23 +243,38 @@ class Arbiter:
             if count == 0:
                 self.policies[self.graph.worker[task]].push(task)
 
-    def satisfy(self, task: int) -> None:
+    def satisfy(self, task: int, delay: float | None = None) -> None:
+        """The message ``task`` waited for arrived, ``delay`` seconds after it was sent."""
+        if self.lookahead is not None:
+            self.lookahead.delivered(task, delay)
+        self._satisfy(task)
+
+    def _satisfy(self, task: int) -> None:
         """One prerequisite of ``task`` is done (its message arrived, or a local task finished)."""
         self.missing[task] -= 1
         if self.missing[task] == 0:
             self.policies[self.graph.worker[task]].push(task)
 
-    def pick(self, worker: int) -> int:
-        """The task ``worker`` runs now, or NO_TASK; the decision's cost is timed."""
+    def pick(self, worker: int, now: float = 0.0) -> int:
+        """The task ``worker`` starts at ``now``, or NO_TASK; the decision's cost is timed."""
+        if self.lookahead is not None:
+            self.lookahead.wake[worker] = math.inf  # a hold asks anew at each decision
         began = time.perf_counter_ns()
-        task = self.policies[worker].pick(self.inflight[worker])
+        task = self.policies[worker].pick(self.inflight[worker], now)
         self.decision_ns[worker] += time.perf_counter_ns() - began
         self.decisions[worker] += 1
-        if task >= 0 and self.graph.admits[task]:
-            self.inflight[worker] += 1
-            if self.inflight[worker] > self.peak[worker]:
-                self.peak[worker] = self.inflight[worker]
+        if task >= 0:
+            if self.lookahead is not None:
+                self.lookahead.started(worker, task, now)
+            if self.graph.admits[task]:
+                self.inflight[worker] += 1
+                if self.inflight[worker] > self.peak[worker]:
+                    self.peak[worker] = self.inflight[worker]
         return task
+
+    def wake_at(self, worker: int) -> float:
+        """When a worker that holds back should look again (inf: only when something arrives)."""
+        return self.lookahead.wake[worker] if self.lookahead is not None else math.inf
 
     def wait_reason(self, worker: int) -> int:
         """Why ``worker`` has nothing to run: WAIT_MEMORY if a ready forward is held back by the cap."""
@@ -220,13 +309,17 @@ class Arbiter:
             sum(self.decisions), sum(self.decision_ns),
         )
 
-    def finish(self, task: int) -> int:
+    def finish(self, task: int, now: float = 0.0) -> int:
+        """``task`` ended at ``now``: ready its local successors; returns the remote one (or NO_TASK)."""
         graph = self.graph
+        worker = graph.worker[task]
+        if self.lookahead is not None:
+            self.lookahead.ended_at(worker, task, now)
         if graph.releases[task]:
-            self.inflight[graph.worker[task]] -= 1
+            self.inflight[worker] -= 1
         for nxt in (graph.local_a[task], graph.local_b[task]):
             if nxt >= 0:
-                self.satisfy(nxt)
+                self._satisfy(nxt)
         return graph.remote[task]
 
 
@@ -250,6 +343,21 @@ def rank_keys(hint: str, shape: PipelineShape) -> list[int]:
     """Heap keys ``rank * num_tasks + task`` of a hint: one int compares rank and breaks ties by task id."""
     n = shape.num_tasks
     return [rank * n + task for task, rank in enumerate(hint_ranks(hint, shape))]
+
+
+@functools.lru_cache(maxsize=32)
+def hint_orders(hint: str, shape: PipelineShape) -> tuple[list[int], ...]:
+    """Per worker, its tasks best-ranked first under a hint (read-only, shared by every run)."""
+    by_rank = np.argsort(np.asarray(rank_keys(hint, shape)), kind="stable")
+    worker = np.asarray(shape.graph().worker)[by_rank]
+    return tuple(by_rank[worker == w].tolist() for w in range(shape.stages))
+
+
+def expected_durations(shape: PipelineShape, costs: Costs) -> tuple[list[float], float]:
+    """Seconds of a task per (kind, model stage) slot and of a message, without variability."""
+    base = realise(parse_variability("none"), shape, costs, seed=0)
+    per_slot = base.task.reshape(shape.kinds * shape.model_stages, shape.microbatches)[:, 0]
+    return per_slot.tolist(), costs.comm_s
 
 
 def _position_ranks(schedule: Schedule) -> list[int]:
@@ -281,9 +389,14 @@ def default_caps(shape: PipelineShape) -> tuple[int, ...]:
 
 def make_policies(
     policy: str, shape: PipelineShape, schedule: Schedule | None = None, hint: str | None = None,
-    cap_multiple: float = 1.0,
+    cap_multiple: float = 1.0, costs: Costs | None = None, lookahead: bool = True,
 ) -> list:
-    """One policy object per worker: ``fixed`` runs ``schedule``; ``ready`` ranks by ``hint`` under a cap."""
+    """One policy object per worker: ``fixed`` runs ``schedule``; ``ready`` ranks by ``hint`` under a cap.
+
+    With ``lookahead``, ``ready`` keeps the next task of ``schedule`` (without one, of the hint's own order)
+    on time, with ``costs`` as the expected durations until measured ones replace them (without ``costs``,
+    estimates start from the first measurements).
+    """
     if policy == "fixed":
         if schedule is None:
             raise UsageError("the fixed policy needs a schedule")
@@ -292,7 +405,14 @@ def make_policies(
     if policy == "ready":
         keys = rank_keys(hint or "1f1b", shape)
         admits = shape.graph().admits
-        return [ReadyFirst(keys, cap, admits) for cap in memory_caps(shape, cap_multiple)]
+        # The plan is the schedule the run is compared with; without one, the hint's own order.
+        plans = [list(o) for o in schedule.orders] if schedule is not None else hint_orders(hint or "1f1b", shape)
+        peaks = static_peak_inflight(schedule) if schedule is not None else default_caps(shape)
+        expected = expected_durations(shape, costs) if costs is not None else None
+        return [
+            ReadyFirst(keys, cap, admits, plans[w], cap > peaks[w], lookahead, expected)
+            for w, cap in enumerate(memory_caps(shape, cap_multiple))
+        ]
     raise UsageError(f"--policy '{policy}': unknown policy; use one of {', '.join(POLICIES)}")
 
 

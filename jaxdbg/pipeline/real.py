@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import heapq
+import math
 import queue
 import threading
 import time
@@ -221,7 +222,7 @@ class RealPipeline:
 
         shape = self.shape
         n = shape.num_tasks
-        arbiter = Arbiter(shape, policies)
+        arbiter = Arbiter(shape, policies, comm)
         state = _RunState(self, arbiter, durations, comm, annotate, n)
         arbiter.start()
         threads = [threading.Thread(target=state.work, args=(w,), name=f"stage-{w}", daemon=True) for w in range(shape.stages)]
@@ -284,14 +285,14 @@ class _RunState:
 
     def _loop(self, w: int) -> None:
         arbiter, inbox = self.arbiter, self.inbox[w]
-        pending: list[tuple[float, int, int, Any]] = []  # messages in flight: (arrival, seq, task, value)
+        pending: list[tuple[float, int, int, Any, float]] = []  # in flight: (arrival, seq, task, value, delay)
         offers: dict[int, tuple[Any, int, float]] = {}  # blocking sends waiting for our receive
         blocked_on: list[float] = []  # sync: when our own send began (empty when not sending)
         acked_until: list[float] = []
         seq = 0
         time.sleep(max(self.t0 - time.perf_counter(), 0.0))  # all stages start together
         while (self.remaining[w] or blocked_on) and not self.abort.is_set():
-            timeout = None
+            wake = math.inf  # when to look again without a message: the next arrival, or a policy's hold
             while True:  # take in every message that is already there
                 try:
                     message = inbox.get_nowait()
@@ -299,22 +300,22 @@ class _RunState:
                     break
                 if message[0] == "data":
                     seq += 1
-                    heapq.heappush(pending, (message[1], seq, message[2], message[3]))
+                    heapq.heappush(pending, (message[1], seq, message[2], message[3], message[4]))
                 elif message[0] == "offer":
                     offers[message[1]] = message[2:]
                 else:
                     acked_until.append(message[1])
             now = self.now()
             while pending and pending[0][0] <= now:
-                _, _, task, value = heapq.heappop(pending)
+                _, _, task, value, delay = heapq.heappop(pending)
                 self.values[task] = value
-                arbiter.satisfy(task)
+                arbiter.satisfy(task, delay)
             for task in list(offers):  # not computing now: a posted receive can pair with a send
                 if arbiter.wants(w, task):
                     value, sender, delay = offers.pop(task)
                     arrival = now + delay
                     seq += 1
-                    heapq.heappush(pending, (arrival, seq, task, value))
+                    heapq.heappush(pending, (arrival, seq, task, value, delay))
                     self.inbox[sender].put(("ack", arrival))
             if blocked_on:
                 if acked_until:
@@ -322,15 +323,16 @@ class _RunState:
                     self.blocked[w] += self.now() - blocked_on.pop()
                     continue
             elif self.remaining[w]:
-                task = arbiter.pick(w)
+                task = arbiter.pick(w, self.now())
                 if task >= 0:
                     arbiter.resume(w, self.start_task(task))
                     self._run(w, task, blocked_on)
                     continue
                 arbiter.idle(w, now)
+                wake = arbiter.wake_at(w)
             if pending:
-                timeout = max(pending[0][0] - self.now(), 0.0)
-            self._wait(inbox, timeout)
+                wake = min(wake, pending[0][0])
+            self._wait(inbox, None if wake == math.inf else max(wake - self.now(), 0.0))
 
     def start_task(self, task: int) -> float:
         self.start[task] = self.now()
@@ -361,7 +363,7 @@ class _RunState:
         self._sleep_until(began + self.target[task])  # the realised duration, if longer than the compute
         self.end[task] = self.now()
         self.remaining[w] -= 1
-        receiver_task = self.arbiter.finish(task)
+        receiver_task = self.arbiter.finish(task, self.end[task])
         if receiver_task < 0:
             return
         receiver = self.arbiter.graph.worker[receiver_task]
@@ -371,7 +373,7 @@ class _RunState:
             blocked_on.append(self.end[task])
             self.inbox[receiver].put(("offer", receiver_task, value, w, self.comm_delay[task]))
         else:
-            self.inbox[receiver].put(("data", self.end[task] + self.comm_delay[task], receiver_task, value))
+            self.inbox[receiver].put(("data", self.end[task] + self.comm_delay[task], receiver_task, value, self.comm_delay[task]))
 
     def _compute(self, task: int) -> Any:
         """Run one task's jitted program; returns what goes to the next stage (None if nothing)."""

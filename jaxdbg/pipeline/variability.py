@@ -5,9 +5,14 @@ SPEC is ``none`` or models joined with ``+``, each ``name:key=value,...``:
 - ``jitter:cv=0.3``: every task's time times a lognormal factor of mean 1 and this coefficient of variation.
 - ``straggler:stage=2,factor=2,prob=0.1``: with probability ``prob``, a stage (``stage``; any stage when
   omitted) runs all its work on a microbatch ``factor`` times slower (a throttled or shared device).
-- ``multimodal:heavy=0.3,factor=3[,encoder=K][,rest=1]``: a ``heavy`` share of microbatches (say, images
-  among text) costs ``factor`` times more on the first ``K`` model stages, which hold the encoder
-  (default a quarter of them), and ``rest`` times more on the others.
+- ``multimodal:heavy=0.3,factor=3[,encoder=K][,rest=1][,light=1][,length=0]``: microbatches of two
+  modalities. A ``heavy`` share (say, image+text among text-only) costs ``factor`` times the base on the
+  first ``K`` model stages, which hold the encoder (default a quarter of them, at least one), and ``rest``
+  times the base on the others (its image tokens lengthen the sequence). The others cost ``light`` times
+  the base on the encoder stages (below 1 when the encoder has little to do for text; the default 1 keeps
+  the encoder stages' extra work on heavy microbatches unbalanced, as when a partition gives them as many
+  decoder layers as the others) and the base elsewhere. ``length`` (a coefficient of variation) scales
+  every microbatch on every stage by a lognormal factor of mean 1: sequences of different lengths.
 - ``comm:cv=0.5``: every message's delay times a lognormal factor with this coefficient of variation.
 - ``replay:durations.json``: base durations measured in a real run (``pipeline-bench --mode real`` writes
   one per run); rows are model stages, microbatches repeat cyclically when the run has more.
@@ -38,7 +43,8 @@ from jaxdbg.pipeline.tasks import BACKWARD, FORWARD, WEIGHT, PipelineShape
 
 MODELS = ("none", "jitter", "straggler", "multimodal", "comm", "replay")
 _HELP = (
-    "use none, jitter:cv=0.3, straggler:stage=2,factor=2,prob=0.1, multimodal:heavy=0.3,factor=3, "
+    "use none, jitter:cv=0.3, straggler:stage=2,factor=2,prob=0.1, "
+    "multimodal:heavy=0.3,factor=3[,encoder=K,rest=1,light=1,length=0], "
     "comm:cv=0.5 or replay:durations.json, joined with '+'"
 )
 # Parameters of each model: name -> (default, kind, lowest allowed, highest allowed).
@@ -49,6 +55,7 @@ _PARAMS: dict[str, dict[str, tuple]] = {
     "multimodal": {
         "heavy": (0.3, float, 0.0, 1.0), "factor": (3.0, float, 0.0, None),
         "encoder": (None, int, 1, None), "rest": (1.0, float, 0.0, None),
+        "light": (1.0, float, 0.0, None), "length": (0.0, float, 0.0, None),
     },
     "comm": {"cv": (0.5, float, 0.0, None)},
 }
@@ -144,8 +151,9 @@ def _parse_params(spec: str, name: str, text: str, stages: int | None, model_sta
             bounds = f"at least {low}" if high is None else f"between {low} and {high}"
             raise UsageError(f"--variability '{spec}': {name} {key}={raw} must be {bounds}")
         values[key] = value
-    if name in ("straggler", "multimodal") and values["factor"] <= 0:
-        raise UsageError(f"--variability '{spec}': {name} factor must be positive")
+    for key in ("factor", "rest", "light"):
+        if key in values and values[key] <= 0:
+            raise UsageError(f"--variability '{spec}': {name} {key} must be positive")
     if name == "straggler" and stages is not None and values["stage"] is not None and values["stage"] >= stages:
         raise UsageError(f"--variability '{spec}': straggler stage={values['stage']} but stages are 0..{stages - 1}")
     if name == "multimodal" and model_stages is not None and values["encoder"] is not None and values["encoder"] > model_stages:
@@ -180,9 +188,13 @@ def realise(variability: Variability, shape: PipelineShape, costs: Costs, seed: 
         elif model.name == "multimodal":
             drawn = rng.random(m) < params["heavy"]
             heavy |= drawn
-            encoder = params["encoder"] or max(1, S // 4)
-            factor = np.where(np.arange(S)[:, None] < encoder, params["factor"], params["rest"])
-            work = work * np.where(drawn[None, :], factor, 1.0)[None]
+            encoder = np.arange(S)[:, None] < (params["encoder"] or max(1, S // 4))
+            heavy_cost = np.where(encoder, params["factor"], params["rest"])
+            light_cost = np.where(encoder, params["light"], 1.0)
+            scale = np.where(drawn[None, :], heavy_cost, light_cost)
+            if params["length"] > 0:  # drawn after the modalities, so length=0 leaves earlier draws alone
+                scale = scale * _lognormal(rng, params["length"], m)[None, :]
+            work = work * scale[None]
     task = np.zeros((shape.kinds, S, m))
     task[FORWARD] = work[FORWARD]
     if shape.split:

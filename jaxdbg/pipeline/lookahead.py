@@ -1,0 +1,224 @@
+"""Look-ahead for readiness-first arbitration: leave the hint order only for work that fits in the gap.
+
+A readiness-first stage whose *next task* (the best-ranked task of its hint order it has not started) is
+not ready may start a lower-ranked ready task instead. Started blindly, that task can still be running
+when the next task's input arrives and then delays it: ZB-H1's weight gradients pushed in front of an
+input gradient on the critical path, or, with blocking sends, a stage busy with out-of-order work while a
+neighbour waits to hand it a message. Without variability the hint order is often already the best one,
+and each such delay makes readiness-first slower than the fixed order.
+
+:class:`LookAhead` estimates when the next task can start and lets a stage take an out-of-order task only
+if it is expected to be done by then (with blocking sends: done, its own send paired, and no neighbour's
+send left waiting). Expected durations are the configured costs (the durations without variability), each
+replaced by the running mean of the durations measured so far for that kind of task on that model stage;
+message delays likewise, per receiving stage. The simulator and the real executor feed it the same way.
+
+An estimate is made only from work that is under way: ended tasks, messages in flight, running tasks,
+and tasks (up to ``DEPTH`` hops back) that are ready or becoming ready on a stage that is computing. When
+the next task waits on anything else, including this stage's own work, the gap is unknown and the stage
+runs its best-ranked ready task. So a stage only holds back while another stage computes or a message
+travels: every hold ends, and holds cannot deadlock. A running task past its expected end is expected to
+overrun as much again (a straggler that ran 1.5x its mean is taken for a 2x one).
+
+Example:
+    >>> from jaxdbg.pipeline.tasks import PipelineShape
+    >>> look = LookAhead(PipelineShape(2, 2), "async", prior=[1.0] * 4, prior_comm=0.0)
+    >>> look.expect(0), look.free_at(0, now=5.0)   # a forward of model stage 0 takes 1 s
+    (1.0, 6.0)
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+from jaxdbg.pipeline.tasks import PipelineShape
+
+INF = math.inf
+DEPTH = 2  # hops back along the next task's inputs that an estimate may follow
+RELIABLE = 0.1  # root-mean-square relative error of a stage's expected durations to trust its timing
+_TOLERANCE = 1e-9  # relative: a task that ends exactly when the next one's input arrives fits
+
+
+class LookAhead:
+    """Expected durations and the progress of one run, and the fit test of an out-of-order task.
+
+    ``prior`` holds the expected seconds of a task per (kind, model stage) slot (``task // microbatches``),
+    ``prior_comm`` those of a message; ``inf`` where unknown until measured. The :class:`Arbiter` keeps
+    ``began``, ``ended``, ``running`` and ``arrived`` current through :meth:`started`, :meth:`ended_at`
+    and :meth:`delivered`; each write touches only the acting stage's slots, so stage threads need no lock.
+    """
+
+    def __init__(self, shape: PipelineShape, comm: str, prior: list[float] | None = None, prior_comm: float = 0.0):
+        graph = shape.graph()
+        n, p = shape.num_tasks, shape.stages
+        self.sync = comm == "sync"
+        self.m = shape.microbatches
+        self.worker = graph.worker
+        self.remote = graph.remote
+        self.pred_a, self.pred_b = _predecessors(shape)
+        slots = shape.kinds * shape.model_stages
+        self.mean = list(prior) if prior is not None else [INF] * slots
+        self.total = [0.0] * slots
+        self.count = [0] * slots
+        self.miss_total = [0.0] * p  # squared relative error of the duration expected for each ended task
+        self.miss_count = [0] * p
+        self.comm_mean = [prior_comm] * p
+        self.comm_total = [0.0] * p
+        self.comm_count = [0] * p
+        self.began = [-1.0] * (n + 1)  # one more: the never-started sentinel that ends each plan
+        self.ended = [-1.0] * n
+        self.arrived = bytearray(n)
+        self.running = [-1] * p
+        # Neighbours whose messages this stage receives (a pipeline sends only to the next or previous stage).
+        self.neighbours = [sorted({(w - 1) % p, (w + 1) % p} - {w}) for w in range(p)]
+        self.wake = [INF] * p  # when a holding stage should look again (estimates move as time passes)
+
+    # --- progress, reported by the Arbiter ----------------------------------------------------------
+
+    def started(self, worker: int, task: int, now: float) -> None:
+        self.began[task] = now
+        self.running[worker] = task
+
+    def ended_at(self, worker: int, task: int, now: float) -> None:
+        self.ended[task] = now
+        self.running[worker] = -1
+        slot = task // self.m
+        took, expected = now - self.began[task], self.mean[slot]
+        if 0 < expected < INF:
+            self.miss_total[worker] += (took / expected - 1.0) ** 2
+            self.miss_count[worker] += 1
+        self.total[slot] += took
+        self.count[slot] += 1
+        self.mean[slot] = self.total[slot] / self.count[slot]
+
+    def delivered(self, task: int, delay: float | None) -> None:
+        """The message ``task`` waited for arrived, ``delay`` seconds after it was sent."""
+        self.arrived[task] = 1
+        if delay is not None:
+            w = self.worker[task]
+            self.comm_total[w] += delay
+            self.comm_count[w] += 1
+            self.comm_mean[w] = self.comm_total[w] / self.comm_count[w]
+
+    # --- estimates ----------------------------------------------------------------------------------
+
+    def expect(self, task: int) -> float:
+        """Expected seconds of ``task``."""
+        return self.mean[task // self.m]
+
+    def end_of_running(self, task: int, now: float) -> float:
+        end = self.began[task] + self.mean[task // self.m]
+        return end if end >= now else 2 * now - end  # overrunning: as much again
+
+    def busy_until(self, worker: int, now: float) -> float:
+        task = self.running[worker]
+        return now if task < 0 else self.end_of_running(task, now)
+
+    def output_at(self, task: int, now: float, depth: int) -> float:
+        """When ``task`` is expected to end (its output ready to send); INF if not grounded in running work."""
+        ended = self.ended[task]
+        if ended >= 0:
+            return ended
+        if self.began[task] >= 0:
+            return self.end_of_running(task, now)
+        w = self.worker[task]
+        if depth == 0 or self.running[w] < 0:
+            return INF
+        ready = self.inputs_at(task, now, depth - 1)
+        if ready == INF:
+            return INF
+        return max(ready, self.busy_until(w, now)) + self.mean[task // self.m]
+
+    def inputs_at(self, task: int, now: float, depth: int, arrival: bool = True) -> float:
+        """When every input of ``task`` is expected on its stage; with ``arrival=False`` a remote input counts
+        when its sender ends (the moment a blocking send needs the receiver free). INF if not grounded."""
+        ready = now
+        w = self.worker[task]
+        for pred in (self.pred_a[task], self.pred_b[task]):
+            if pred < 0:
+                continue
+            remote = self.worker[pred] != w
+            if remote and self.arrived[task]:
+                continue
+            at = self.output_at(pred, now, depth)
+            if at == INF:
+                return INF
+            if remote and (arrival or self.ended[pred] >= 0):
+                at += self.comm_mean[w]  # a message already paired travels whatever the receiver does
+            if at > ready:
+                ready = at
+        return ready
+
+    def free_at(self, task: int, now: float) -> float:
+        """When this stage is expected to be free again if it starts ``task`` now (incl. a blocking send)."""
+        end = now + self.mean[task // self.m]
+        if self.sync:
+            receiver_task = self.remote[task]
+            if receiver_task >= 0:
+                receiver = self.worker[receiver_task]
+                end = max(end, self.busy_until(receiver, now)) + self.comm_mean[receiver]
+        return end
+
+    def gap_end(self, worker: int, next_task: int, now: float) -> float:
+        """Until when ``worker`` may compute without delaying ``next_task`` (or, with blocking sends, a
+        neighbour's send to it); INF when that is unknown."""
+        end = self.inputs_at(next_task, now, DEPTH, arrival=not self.sync)
+        if self.sync and end != INF:
+            for x in self.neighbours[worker]:
+                sending = self.running[x]
+                if sending >= 0 and self.remote[sending] >= 0 and self.worker[self.remote[sending]] == worker:
+                    end = min(end, self.end_of_running(sending, now))
+        return end
+
+    def sender_due(self, worker: int, now: float, task: int) -> float:
+        """With blocking sends: when a neighbour's send to ``worker`` is due, if starting ``task`` now would
+        keep that neighbour waiting longer than ``worker`` would idle by receiving first; else -1. Only a
+        neighbour whose durations have matched expectations (``RELIABLE``) is waited for: holding on a
+        noisy estimate idles the stage for nothing."""
+        if not self.sync:
+            return -1.0
+        end = now + self.mean[task // self.m]
+        for x in self.neighbours[worker]:
+            sending = self.running[x]
+            if sending >= 0 and self.remote[sending] >= 0 and self.worker[self.remote[sending]] == worker:
+                if self.miss_total[x] > RELIABLE * RELIABLE * self.miss_count[x]:
+                    continue
+                due = self.end_of_running(sending, now)
+                if now < due < end and due - now < end - due:
+                    self.wake[worker] = due
+                    return due
+        return -1.0
+
+    def choose(self, worker: int, now: float, next_task: int, best: int, other: int) -> int:
+        """``best`` (or else ``other``, -1 if none) if it fits before ``next_task`` can start; else -1 and a
+        time to look again. With an unknown gap, ``best``."""
+        end = self.gap_end(worker, next_task, now)
+        if end == INF:
+            return best
+        limit = end + _TOLERANCE * max(abs(end), 1.0)
+        shortest = INF
+        for task in (best, other):
+            if task >= 0:
+                free = self.free_at(task, now)
+                if free <= limit:
+                    return task
+                shortest = min(shortest, free - now)
+        # Look again once the gap could have grown enough (an input that overruns its estimate).
+        self.wake[worker] = now + max(shortest - (end - now), 1e-3 * shortest) if shortest != INF else INF
+        return -1
+
+
+@functools.lru_cache(maxsize=16)
+def _predecessors(shape: PipelineShape) -> tuple[list[int], list[int]]:
+    """Up to two prerequisites per task, inverted from the graph's successor lists (read-only, shared)."""
+    graph, n = shape.graph(), shape.num_tasks
+    pred_a, pred_b = [-1] * n, [-1] * n
+    for task in range(n):
+        for nxt in (graph.local_a[task], graph.local_b[task], graph.remote[task]):
+            if nxt >= 0:
+                if pred_a[nxt] < 0:
+                    pred_a[nxt] = task
+                else:
+                    pred_b[nxt] = task
+    return pred_a, pred_b
