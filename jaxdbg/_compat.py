@@ -345,3 +345,11 @@ def profiler_start_homes() -> list[tuple[Any, str]]:
     from jax._src import profiler
 
     return [(jax.profiler, "start_trace"), (profiler, "start_trace")]
+
+
+def device_memory_stats(device: Any) -> dict | None:
+    """``device.memory_stats()``, or None where the backend keeps none (CPU) or raises instead."""
+    try:
+        return device.memory_stats() or None
+    except Exception:  # noqa: BLE001 - some backends raise instead of returning None
+        return None

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from jaxdbg._compat import device_memory_stats
 from jaxdbg.runner import run_contained
 
 LOW_HOST_MEMORY_BYTES = 2 * 1024**3
@@ -97,10 +98,7 @@ def device_report() -> tuple[str, list[dict[str, Any]]]:
 
     devices = []
     for device in jax.devices():
-        try:
-            stats = device.memory_stats()
-        except Exception:  # noqa: BLE001 - some backends raise instead of returning None
-            stats = None
+        stats = device_memory_stats(device)
         memory = None
         if stats:
             memory = {k: int(stats[k]) for k in ("bytes_in_use", "peak_bytes_in_use", "bytes_limit") if k in stats}

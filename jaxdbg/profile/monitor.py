@@ -58,12 +58,11 @@ def device_bytes_in_use() -> tuple[int, ...] | None:
     """Bytes in use on each local device, or None where the backend keeps no count (CPU)."""
     import jax
 
+    from jaxdbg._compat import device_memory_stats
+
     found = []
     for device in jax.local_devices():
-        try:
-            stats = device.memory_stats()
-        except Exception:  # noqa: BLE001 - some backends raise instead of returning None
-            stats = None
+        stats = device_memory_stats(device)
         if not stats or "bytes_in_use" not in stats:
             return None
         found.append(int(stats["bytes_in_use"]))
