@@ -88,8 +88,8 @@ def scan_counts(params: dict) -> tuple[int, int]:
     """``(num_consts, num_carry)`` of a scan: jax 0.10 names them; jax 0.11 keeps per-group tuples in ft_in."""
     if "num_consts" in params:
         return params["num_consts"], params["num_carry"]
-    consts, carry, _ = params["ft_in"]
-    return len(consts), len(carry)
+    consts, carry, _ = params["ft_in"].unpack()  # a FlatTree of (consts, carry, xs)
+    return len(list(consts)), len(list(carry))
 
 
 def is_tracer(value: Any) -> bool:
@@ -353,3 +353,11 @@ def device_memory_stats(device: Any) -> dict | None:
         return device.memory_stats() or None
     except Exception:  # noqa: BLE001 - some backends raise instead of returning None
         return None
+
+
+def jit_static_argnums(fn: Any, count: int) -> frozenset[int]:
+    """Positions (0-based, of ``count`` positional arguments) that ``jax.jit(fn, static_argnums=...)`` treats
+    as static; empty for a plain function. A ``Compiled`` object takes only the other arguments."""
+    info = getattr(fn, "_jit_info", None)
+    nums = tuple(getattr(info, "static_argnums", ()) or ())
+    return frozenset(n % count for n in nums if -count <= n < count)

@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import importlib
 import importlib.util
@@ -102,7 +103,8 @@ def _on_sys_path(folder: str) -> Iterator[None]:
             sys.path.remove(folder)
 
 
-def _check_syntax(path: str) -> None:
+def check_syntax(path: str) -> None:
+    """UsageError naming the line when a user file does not parse (checked without running it)."""
     with open(path, "rb") as handle:
         source = handle.read()
     try:
@@ -113,9 +115,37 @@ def _check_syntax(path: str) -> None:
         ) from None
 
 
+def check_target(spec: TargetSpec) -> None:
+    """Refuse a TARGET that cannot run, without running user code: syntax, and for ``file.py::func`` that
+    the file defines ``func`` at top level. (A module target is checked when it is imported.)"""
+    if spec.path is None:
+        return
+    check_syntax(spec.path)
+    if spec.kind != "function":
+        return
+    with open(spec.path, "rb") as handle:
+        tree = ast.parse(handle.read(), spec.path)
+    defined = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            defined.update(t.id for t in targets if isinstance(t, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            if any(a.name == "*" for a in node.names):
+                return
+            defined.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif not isinstance(node, (ast.Expr, ast.Pass)):
+            return  # conditional or dynamic definitions: leave the check to loading
+    if spec.function.split(".")[0] not in defined:
+        shown = ", ".join(sorted(n for n in defined if not n.startswith("_"))[:12]) or "none"
+        raise UsageError(f"target '{spec.text}': no function '{spec.function}' there; names defined: {shown}")
+
+
 def load_module_from_file(path: str) -> Any:
     """Import a user file as a module (its folder on sys.path while it imports). Raises UsageError/TargetFailedError."""
-    _check_syntax(path)
+    check_syntax(path)
     name = "_jaxdbg_target_" + re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
@@ -183,7 +213,7 @@ def run_script(spec: TargetSpec) -> dict:
     Install instrumentation before calling this and remove it afterwards: the script imports jax itself.
     A ``sys.exit(0)`` in the script counts as success.
     """
-    _check_syntax(spec.path)
+    check_syntax(spec.path)
     with script_context(spec):
         try:
             return runpy.run_path(spec.path, run_name="__main__")

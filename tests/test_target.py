@@ -170,3 +170,16 @@ def test_run_script_as_main_restores_state(tmp_path):
     assert result["ARGV"] == [str(script), "--lr", "0.1"]
     assert sys.argv == before_argv and sys.path == before_path
     sys.modules.pop("helper_mod_for_test", None)
+
+
+def test_check_target_without_running_user_code(tmp_path, model_file):
+    from jaxdbg.target import check_target
+
+    check_target(parse_target(f"{model_file}::Net.apply"))
+    with pytest.raises(UsageError, match="no function 'lost' there; names defined: Net, jnp, loss"):
+        check_target(parse_target(f"{model_file}::lost"))
+    side_effect = tmp_path / "side.py"
+    side_effect.write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\ndef f():\n    pass\n")
+    with pytest.raises(UsageError):
+        check_target(parse_target(f"{side_effect}::g"))
+    assert not (tmp_path / "ran").exists()

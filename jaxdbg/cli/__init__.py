@@ -26,7 +26,7 @@ from jaxdbg._errors import EXIT_USAGE
 from jaxdbg._version import __version__
 
 # Subcommand modules under jaxdbg.cli, in the order --help lists them.
-COMMANDS = ("doctor", "profile", "nan_hunt", "pipeline_bench")
+COMMANDS = ("doctor", "profile", "nan_hunt", "repro", "pipeline_bench")
 
 
 class JaxdbgGroup(TyperGroup):

@@ -1,0 +1,86 @@
+"""``jaxdbg repro``: minimise a failing program into a standalone reproducer (see :mod:`jaxdbg.repro`)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from jaxdbg.cli._common import (ArgsOpt, Common, InputsOpt, JsonOpt, OutOpt, QuietOpt, ScriptArgsArg, SeedOpt,
+                                TargetArg, TimeoutOpt, VerboseOpt, execute, validate_destinations)
+from jaxdbg.report import Report, environment_info, relative_or_absolute
+
+
+def register(app: typer.Typer) -> None:
+    app.command("repro", context_settings={"allow_interspersed_args": True})(repro)
+
+
+def repro(
+    target: TargetArg,
+    script_args: ScriptArgsArg = None,
+    kind: Optional[str] = typer.Option(None, "--kind", metavar="KIND",
+                                       help="Failure to keep: exception, crash, timeout, nonfinite or mismatch."),
+    match: Optional[str] = typer.Option(None, "--match", metavar="REGEX", help="Keep only a failure whose text matches."),
+    max_time: float = typer.Option(600.0, "--max-time", metavar="SECONDS", min=1.0,
+                                   help="Time bound for the whole reduction; the best verified result so far is kept."),
+    jobs: int = typer.Option(2, "--jobs", "-j", min=1, help="Candidates checked in parallel."),
+    runs: int = typer.Option(2, "--runs", min=1, help="Runs of the original (a failure that comes and goes is flaky)."),
+    reference: str = typer.Option("eager", "--reference", metavar="REF",
+                                  help="What a jitted call is compared with for a mismatch: eager (op-by-op) or float64."),
+    rtol: float = typer.Option(1e-3, "--rtol", help="Relative tolerance of a mismatch."),
+    atol: float = typer.Option(1e-5, "--atol", help="Absolute tolerance of a mismatch."),
+    args: ArgsOpt = None, inputs: InputsOpt = None, seed: SeedOpt = 0,
+    json: JsonOpt = None, out: OutOpt = None, timeout: TimeoutOpt = None, quiet: QuietOpt = False,
+    verbose: VerboseOpt = False,
+) -> int:
+    """Minimise a failing JAX program into a small standalone reproducer that fails the same way."""
+    from jaxdbg.repro import ReproOptions
+
+    common = Common("repro", json, out, timeout, quiet, verbose)
+    options = ReproOptions(kind=kind, match=match, max_time=max_time, jobs=jobs, timeout=timeout, inputs=inputs,
+                           args=args, seed=seed, runs=runs, reference=reference, rtol=rtol, atol=atol)
+    return execute(common, lambda c: _build(c, target, script_args or [], options), render)
+
+
+def _build(common: Common, target: str, script_args: list[str], options) -> Report:
+    from jaxdbg._errors import UsageError
+    from jaxdbg.repro import reproduce
+    from jaxdbg.target import parse_target
+
+    from jaxdbg.repro.signature import KINDS
+
+    if options.reference not in ("eager", "float64"):
+        raise UsageError(f"--reference '{options.reference}': use eager (op-by-op) or float64")
+    if options.kind is not None and options.kind not in KINDS:
+        raise UsageError(f"--kind '{options.kind}': use one of {', '.join(KINDS)}")
+    spec = parse_target(target, script_args)
+    validate_destinations(common)
+    out_dir = common.out_dir()
+    with common.progress() as bar:
+        task = bar.add_task("repro", total=None, status="")
+
+        def on_progress(phase: str, checks: int, size: str) -> None:
+            bar.update(task, description=phase, completed=checks, status=f"{checks} checks, {size}")
+
+        result, artifacts = reproduce(spec, options, str(out_dir), on_progress)
+    return Report("repro", target, result, 0, artifacts, environment_info())
+
+
+def render(report: Report, console: Console) -> None:
+    r = report.result
+    sig = r.signature
+    console.print(f"[bold]jaxdbg repro[/] {report.target}: {sig.describe()}" + (" [yellow](flaky)[/]" if r.flaky else ""))
+    before = f"{r.original.lines} lines" + (f", {r.original.equations} equations" if r.original.equations else "")
+    after = f"{r.minimized.lines} lines" + (f", {r.minimized.equations} equations" if r.minimized.equations is not None else "")
+    how = "cut the jitted computation" if r.strategy == "computation" else "reduced the source"
+    console.print(f"  {how}: {before} -> {after}; {r.checks} checks in {r.elapsed_s:.1f}s"
+                  + (" [yellow](time limit reached)[/]" if r.timed_out else ""))
+    if r.failing_primitives:
+        console.print(f"  failing equations: {', '.join(r.failing_primitives)}")
+    mark = "[green]verified[/]" if r.verified else "[bold red]NOT verified[/]"
+    console.print(f"  {mark}: {r.verification}")
+    for note in r.notes:
+        console.print(f"  [dim]{note}[/]")
+    for name, path in report.artifacts.items():
+        console.print(f"  {name}: {relative_or_absolute(path)}")

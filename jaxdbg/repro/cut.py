@@ -1,0 +1,315 @@
+"""Computation reduction: cut a failing jitted computation down to the few equations that still fail.
+
+This is where knowing JAX pays: any equation's outputs can be replaced by their recorded concrete values
+(recorded op by op), so the graph can be cut anywhere, not only where the source allows. The passes, each
+checked by compiling the candidate with ``jax.jit`` and running it (in this process, milliseconds each):
+
+1. keep one failing output and its backward slice (dead code goes);
+2. for NaN/Inf, try the single equation whose recorded output first turns non-finite from finite inputs;
+3. move the output up to the earliest intermediate that still fails (bisection over the chain);
+4. delta-debug the equations: remove chunks, their outputs become recorded inputs, dead code goes;
+5. shrink shapes (the failing element alone, then length-1 slices) and simplify values (0, 1, ±1, round).
+
+Example:
+    >>> cutter = Cutter(graph, values, Criterion("nonfinite", what="NaN"))   # doctest: +SKIP
+    >>> best = cutter.run()                                                    # doctest: +SKIP
+    >>> len(best.nodes)                                                        # doctest: +SKIP
+    1
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+
+from jaxdbg import _compat
+from jaxdbg.repro.graph import Graph, Lit, Var, as_function, backward_slice, free_inputs
+from jaxdbg.repro.signature import normalise_message
+
+# Elementwise primitives: their parameters do not hold shapes, so they re-run on any (equal) shapes.
+ELEMENTWISE = frozenset(
+    "abs acos acosh add and asin asinh atan atan2 atanh cbrt ceil clamp convert_element_type cos cosh div eq "
+    "erf erf_inv erfc exp exp2 expm1 floor ge gt imag integer_pow is_finite le lgamma digamma log log1p "
+    "logistic lt max min mul ne neg nextafter not or pow real reduce_precision rem round rsqrt select_n sign "
+    "sin sinh sqrt square sub tan tanh xor copy copy_p".split()
+)
+
+
+@dataclass(frozen=True)
+class Criterion:
+    """What a candidate must do to count as failing the same way.
+
+    kind: ``nonfinite`` (jit output holds ``what`` = 'NaN' or 'Inf' while inputs are finite), ``mismatch``
+    (jit output differs from op-by-op beyond rtol/atol), or ``exception`` (jit raises ``exc_type`` with the
+    normalised message ``exc_message``).
+    """
+
+    kind: str
+    what: str = "NaN"
+    rtol: float = 1e-3
+    atol: float = 1e-5
+    exc_type: str | None = None
+    exc_message: str | None = None
+    allow_nonfinite_inputs: bool = False
+
+    def failing_index(self, fn: Callable, args: Sequence[Any]) -> tuple | None:
+        """None if the candidate does not fail; else the index of a failing element of its first output."""
+        if self.kind == "nonfinite" and not self.allow_nonfinite_inputs:
+            if any(np.asarray(a).dtype.kind in "fc" and not np.isfinite(a).all() for a in args):
+                return None
+        try:
+            outs = jax.jit(fn)(*args)
+            if self.kind == "exception":
+                return None
+            outs = [np.asarray(o) for o in outs]
+            if self.kind == "nonfinite":
+                return _first_nonfinite(outs, self.what)
+            with jax.disable_jit():
+                refs = [np.asarray(r) for r in fn(*args)]
+            return _worst_mismatch(outs, refs, self.rtol, self.atol)
+        except Exception as err:  # noqa: BLE001 - a candidate that does not even run is not interesting
+            if self.kind == "exception" and type(err).__name__ == self.exc_type:
+                if normalise_message(str(err)) == self.exc_message:
+                    return ()
+            return None
+
+
+def _first_nonfinite(outs: Sequence[np.ndarray], what: str) -> tuple | None:
+    """Index of the first bad element of the first output that has one (candidates end with one output)."""
+    for out in outs:
+        if out.dtype.kind not in "fc":
+            continue
+        bad = np.isnan(out) if what == "NaN" else np.isinf(out)
+        if bad.any():
+            return tuple(int(i) for i in np.argwhere(bad)[0])
+    return None
+
+
+def _worst_mismatch(outs: Sequence[np.ndarray], refs: Sequence[np.ndarray], rtol: float, atol: float) -> tuple | None:
+    for out, ref in zip(outs, refs):
+        if out.shape != ref.shape or out.dtype.kind not in "fc":
+            continue
+        a, b = out.astype(np.float64), ref.astype(np.float64)
+        close = np.isclose(a, b, rtol=rtol, atol=atol, equal_nan=True)
+        if not close.all():
+            excess = np.where(close, 0.0, np.nan_to_num(np.abs(a - b), nan=np.inf, posinf=np.inf))
+            return tuple(int(i) for i in np.unravel_index(int(np.argmax(excess)), excess.shape))
+    return None
+
+
+@dataclass
+class Candidate:
+    """A sub-computation: nodes kept (indices into the graph), outputs, and the values fed to its inputs."""
+
+    nodes: tuple[int, ...]
+    outvars: tuple
+    values: dict  # Var -> np.ndarray, for every free input (recorded, or shrunk/simplified)
+    index: tuple = ()  # a failing element of the first output
+
+    def inputs(self, graph: Graph) -> list[Var]:
+        return free_inputs(graph.nodes, self.nodes, self.outvars)
+
+
+@dataclass
+class CutStats:
+    checks: int = 0
+    original_equations: int = 0
+    history: list[tuple[float, int]] = field(default_factory=list)  # (elapsed, equations) on each improvement
+
+
+class CutError(Exception):
+    """The captured computation does not fail when replayed, so there is nothing to cut."""
+
+
+class Cutter:
+    """Delta debugging over a flat graph with recorded values (see the module docstring for the passes)."""
+
+    def __init__(self, graph: Graph, recorded: dict, criterion: Criterion, *, deadline: float | None = None,
+                 on_progress: Callable[[int, int], None] | None = None, emittable: Callable[[Candidate], bool] | None = None):
+        self.graph, self.recorded, self.criterion = graph, recorded, criterion
+        self.deadline = deadline
+        self.on_progress = on_progress or (lambda checks, size: None)
+        self.emittable = emittable or (lambda cand: True)
+        self.stats = CutStats(original_equations=len(graph.nodes))
+        self.started = time.perf_counter()
+        self.best: Candidate | None = None
+
+    # The test -----------------------------------------------------------------------------------------------
+
+    def out_of_time(self) -> bool:
+        return self.deadline is not None and time.perf_counter() > self.deadline
+
+    def make(self, nodes: Sequence[int], outvars: Sequence[Any], values: dict | None = None) -> Candidate | None:
+        """A candidate with dead code removed and every input given a value (None if some value is missing)."""
+        keep = tuple(backward_slice(self.graph.nodes, outvars, nodes))
+        cand = Candidate(keep, tuple(outvars), {})
+        for var in cand.inputs(self.graph):
+            source = values if values is not None and var in values else self.recorded
+            if var not in source or _compat.is_extended_dtype(np.asarray(source[var]).dtype):
+                return None
+            cand.values[var] = source[var]
+        return cand
+
+    def test(self, cand: Candidate | None) -> Candidate | None:
+        """The candidate with its failing index if it fails the same way (and can be written out), else None."""
+        if cand is None or self.out_of_time():
+            return None
+        inputs = cand.inputs(self.graph)
+        fn = as_function([self.graph.nodes[i] for i in cand.nodes], inputs, cand.outvars)
+        self.stats.checks += 1
+        index = self.criterion.failing_index(fn, [cand.values[v] for v in inputs])
+        self.on_progress(self.stats.checks, len(self.best.nodes) if self.best else len(cand.nodes))
+        if index is None:
+            return None
+        found = replace(cand, index=index)
+        # Only a candidate that can be written as Python may become the result; others still guide the search.
+        if (self.best is None or _size(found) <= _size(self.best)) and self.emittable(found):
+            self.best = found
+            self.stats.history.append((time.perf_counter() - self.started, len(found.nodes)))
+        return found
+
+    # The passes ---------------------------------------------------------------------------------------------
+
+    def run(self) -> Candidate:
+        every = range(len(self.graph.nodes))
+        start = self.test(self.make(every, self.graph.outvars))
+        if start is None:
+            raise CutError("the captured computation does not fail when replayed from its jaxpr")
+        cand = self.one_output(start)
+        for step in (self.single_node, self.earliest_output, self.delta_debug, self.shrink, self.simplify):
+            if self.out_of_time():
+                break
+            cand = step(cand) or cand
+        if self.best is None:
+            raise CutError("every failing sub-computation holds an equation that cannot be written as Python")
+        return self.best
+
+    def one_output(self, cand: Candidate) -> Candidate:
+        """Keep a single failing output: the one with the smallest backward slice."""
+        outs = [o for o in cand.outvars if isinstance(o, Var)]
+        ranked = sorted(outs, key=lambda o: len(backward_slice(self.graph.nodes, [o], cand.nodes)))
+        for out in ranked:
+            found = self.test(self.make(cand.nodes, [out]))
+            if found is not None:
+                return found
+        return cand
+
+    def single_node(self, cand: Candidate) -> Candidate | None:
+        """NaN/Inf: the first node whose recorded output is non-finite while its recorded inputs are finite."""
+        if self.criterion.kind != "nonfinite":
+            return None
+        for i in cand.nodes:
+            node = self.graph.nodes[i]
+            if not all(_finite(self._value(a)) for a in node.invars):
+                continue
+            for out in node.outvars:
+                if out in self.recorded and not _finite(self.recorded[out]):
+                    found = self.test(self.make([i], [out]))
+                    if found is not None:
+                        return found
+        return None
+
+    def earliest_output(self, cand: Candidate) -> Candidate | None:
+        """Bisect for the earliest node whose output (with its slice) still fails: cuts everything after it."""
+        order = list(cand.nodes)
+        lo, hi, best = 0, len(order) - 1, None
+        while lo <= hi and not self.out_of_time():
+            mid = (lo + hi) // 2
+            node = self.graph.nodes[order[mid]]
+            found = None
+            for out in node.outvars:
+                found = self.test(self.make(order[: mid + 1], [out]))
+                if found is not None:
+                    break
+            if found is not None:
+                best, hi = found, mid - 1
+            else:
+                lo = mid + 1
+        return best
+
+    def delta_debug(self, cand: Candidate) -> Candidate:
+        """Remove chunks of nodes (halving the chunk size) while the failure holds; 1-minimal at the end."""
+        chunk = max(1, len(cand.nodes) // 2)
+        while not self.out_of_time():
+            progress, start = False, 0
+            while start < len(cand.nodes) and not self.out_of_time():
+                dropped = set(cand.nodes[start:start + chunk])
+                found = self.test(self.make([i for i in cand.nodes if i not in dropped], cand.outvars, cand.values))
+                if found is not None and len(found.nodes) < len(cand.nodes):
+                    cand, progress = found, True  # the list shifted left: same start, next chunk
+                else:
+                    start += chunk
+            if not progress:
+                if chunk == 1:
+                    break
+                chunk = max(1, chunk // 2)
+        return cand
+
+    def shrink(self, cand: Candidate) -> Candidate:
+        """Smaller inputs: the failing element alone, then length-1 slices along each axis of each input."""
+        inputs = cand.inputs(self.graph)
+        out_shape = self._output_shape(cand)
+        if out_shape and all(self.graph.nodes[i].name in ELEMENTWISE for i in cand.nodes):
+            idx = cand.index
+            values = {v: (cand.values[v][idx] if np.shape(cand.values[v]) == out_shape else cand.values[v]) for v in inputs}
+            cand = self.test(replace(cand, values=values)) or cand
+        for var in inputs:
+            for axis in range(np.ndim(cand.values[var])):
+                value = np.asarray(cand.values[var])
+                if value.shape[axis] <= 1:
+                    continue
+                at = cand.index[axis] if value.shape == self._output_shape(cand) and cand.index else 0
+                smaller = np.take(value, [at], axis=axis)
+                cand = self.test(replace(cand, values={**cand.values, var: smaller})) or cand
+        return cand
+
+    def simplify(self, cand: Candidate) -> Candidate:
+        """Plainer input values: all zeros, all ones, ±1, the failing element everywhere, rounded."""
+        for var in cand.inputs(self.graph):
+            value = np.asarray(cand.values[var])
+            if value.dtype.kind not in "fc" or value.size == 0:
+                continue
+            same = value.shape == self._output_shape(cand) and cand.index
+            pick = value[cand.index] if same else value.reshape(-1)[0]
+            options = [np.zeros_like(value), np.ones_like(value), np.full_like(value, np.sign(pick)),
+                       np.full_like(value, 2 * np.sign(pick)), np.full_like(value, pick), np.round(value)]
+            for option in options:
+                if np.array_equal(option, value, equal_nan=True):
+                    break
+                found = self.test(replace(cand, values={**cand.values, var: option}))
+                if found is not None:
+                    cand = found
+                    break
+        return cand
+
+    # Helpers ------------------------------------------------------------------------------------------------
+
+    def _value(self, atom: Any) -> Any:
+        return atom.val if isinstance(atom, Lit) else self.recorded.get(atom, np.zeros(()))
+
+    def _output_shape(self, cand: Candidate) -> tuple:
+        out = cand.outvars[0]
+        if isinstance(out, Lit):
+            return np.shape(out.val)
+        inputs = cand.inputs(self.graph)
+        if out in inputs:
+            return np.shape(cand.values[out])
+        fn = as_function([self.graph.nodes[i] for i in cand.nodes], inputs, cand.outvars[:1])
+        try:
+            return tuple(jax.eval_shape(fn, *[cand.values[v] for v in inputs])[0].shape)
+        except Exception:  # noqa: BLE001 - shape unknown: no shape-based shrinking
+            return ()
+
+
+def _finite(value: Any) -> bool:
+    value = np.asarray(value)
+    return value.dtype.kind not in "fc" or bool(np.isfinite(value).all())
+
+
+def _size(cand: Candidate) -> tuple[int, int]:
+    """Smaller is better: fewer equations, then fewer input elements."""
+    return len(cand.nodes), sum(int(np.size(v)) for v in cand.values.values())

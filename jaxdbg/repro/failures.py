@@ -1,0 +1,267 @@
+"""Parent side: read failures out of contained runs, and the interestingness test built on them.
+
+A :class:`Failure` is a signature plus the evidence that the failure is still *the JAX failure*: where it
+happened, whether the exception came from inside JAX, which jitted function ran last, whether JAX did any
+work at all. :class:`Checker` runs candidate scripts contained (in parallel) and accepts one only if it
+fails with the same signature, from the protected statement, with the same evidence, and is not a
+``raise``/``assert`` of constants.
+
+Example:
+    >>> failures = observe(run_contained(JOB, RunRequest(script="bug.py"), env=CHILD_ENV))   # doctest: +SKIP
+    >>> failures[0].signature.kind                                                           # doctest: +SKIP
+    'exception'
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from typing import Sequence
+
+from jaxdbg._source import SourceLocation
+from jaxdbg.repro.forkserver import ForkServer
+from jaxdbg.repro.jobs import CHILD_ENV, JOB, RunRequest
+from jaxdbg.repro.signature import FailureSignature, exception_signature, mismatch_signature, nonfinite_signature
+from jaxdbg.repro.source import State, find_statement, is_constant_raise, parse, statement_lines
+from jaxdbg.runner import Outcome, first_line, run_contained
+
+# Preference when a run shows several failures and --kind does not say: what the user saw end the run first.
+PRIORITY = ("exception", "crash", "timeout", "nonfinite", "mismatch")
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One failure seen in a contained run, with the evidence that ties it to JAX."""
+
+    signature: FailureSignature
+    raw: str
+    location: SourceLocation | None
+    raised_in_jax: bool = False
+    last_jit: str | None = None
+    jax_work: bool = False
+    detail: dict = field(default_factory=dict)
+
+    def describe(self) -> str:
+        where = f" at {self.location}" if self.location else ""
+        return f"{self.raw}{where}"
+
+
+@lru_cache(maxsize=1)
+def _jax_roots() -> tuple[str, ...]:
+    import jax
+    import jaxlib
+
+    return tuple(os.path.realpath(os.path.dirname(m.__file__)) + os.sep for m in (jax, jaxlib))
+
+
+_TB_FILE = re.compile(r'^\s*File "([^"]+)", line \d+', re.M)
+
+
+def raised_inside_jax(traceback_text: str) -> bool:
+    """True when the innermost frame of a (full) traceback lies in jax or jaxlib."""
+    files = _TB_FILE.findall(traceback_text or "")
+    return bool(files) and os.path.realpath(files[-1]).startswith(_jax_roots())
+
+
+def observe(outcome: Outcome) -> list[Failure]:
+    """Every failure one contained run showed: the one that ended it first, then those the watch saw."""
+    jax_work = bool(outcome.all("jax_work"))
+    calls = outcome.all("jit_call")
+    last_jit = outcome.last("last_jit") or (calls[-1]["function"] if calls else None)
+    common = {"last_jit": last_jit, "jax_work": jax_work}
+    found: list[Failure] = []
+    if outcome.status == "exception" and outcome.exception is not None:
+        exc = outcome.exception
+        sig = exception_signature(exc.type, exc.message, exc.user_frame)
+        found.append(Failure(sig, f"{exc.type}: {first_line(exc.message)}", exc.user_frame,
+                             raised_inside_jax(exc.traceback), **common))
+    elif outcome.status == "crash":
+        found.append(Failure(FailureSignature("crash", signal=outcome.signal), f"crash with {outcome.signal}",
+                             outcome.crash_frame, **common))
+    elif outcome.status == "timeout":
+        found.append(Failure(FailureSignature("timeout"), f"timeout after {outcome.elapsed_s:.1f}s",
+                             outcome.crash_frame, **common))
+    elif outcome.status == "exit":
+        found.append(Failure(FailureSignature("crash", message=f"exit status {outcome.returncode}"),
+                             f"exit status {outcome.returncode}", None, **common))
+    for event in outcome.all("failure"):
+        if event["kind"] == "nonfinite":
+            sig = nonfinite_signature(event["function"], event["what"])
+        else:
+            sig = mismatch_signature(event["function"], event.get("reference", "op-by-op"))
+        loc = event.get("location")
+        found.append(Failure(replace(sig, location=loc), f"{event['message']} in jit({event['function']})", loc,
+                             True, event["function"], True, dict(event)))
+    return found
+
+
+def choose(failures: Sequence[Failure], kind: str | None, pattern: str | None) -> Failure | None:
+    """The failure to keep: of ``kind`` (if given), matching ``pattern`` (if given), by PRIORITY."""
+    ranked = sorted(failures, key=lambda f: PRIORITY.index(f.signature.kind))
+    for failure in ranked:
+        if kind and failure.signature.kind != kind:
+            continue
+        if pattern and not (re.search(pattern, failure.raw) or re.search(pattern, failure.signature.describe())):
+            continue
+        return failure
+    return None
+
+
+class Checker:
+    """The interestingness test: run candidate scripts contained and compare with the target failure."""
+
+    def __init__(self, target: Failure, request: RunRequest, *, script_name: str, work_dir: str,
+                 original_path: str | None, timeout: float | None, jobs: int = 2, companions: dict | None = None,
+                 env: dict | None = None, jit_sensitive: bool = False, flaky: bool = False):
+        self.target, self.request = target, request
+        self.flaky = flaky
+        # The original stops failing with jit disabled: a candidate must too (else it no longer needs jit).
+        self.jit_sensitive = jit_sensitive
+        self.env = env if env is not None else CHILD_ENV
+        self.companions = dict(companions or {})  # files every candidate needs beside it (inputs.npz)
+        self.script_name, self.work_dir = script_name, work_dir
+        self.original_path = original_path
+        self.timeout, self.jobs = timeout, max(1, jobs)
+        self.checks = 0
+        self.last_rejections: list[str] = []
+        self.original_degenerate = False
+        if original_path and target.location is not None:
+            with open(original_path) as handle:
+                self.original_degenerate = raises_constants(handle.read(), target.location, original_path)
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=self.jobs)
+        self._server = ForkServer(self.env)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        self._server.close()
+
+    def run(self, path: str, disable_jit: bool = False) -> Outcome:
+        """A contained run of a candidate, forked from the warm server (fresh processes if it is gone)."""
+        request = replace(self.request, script=path, disable_jit=disable_jit)
+        if self._server.alive:
+            try:
+                return self._server.run(JOB, request, timeout=self.timeout)
+            except RuntimeError:
+                pass  # the server is gone: fresh processes from here on
+        return run_contained(JOB, request, timeout=self.timeout, env=self.env)
+
+    def __call__(self, states: Sequence[State]) -> list[bool]:
+        lines = [statement_lines(state) for state in states]
+        return list(self._pool.map(self.check_text, [s.text for s in states], lines))
+
+    def check_text(self, text: str, lines: tuple[int, int] | None) -> bool:
+        """Write the candidate, run it contained, and say whether it fails the same way."""
+        with self._lock:
+            self.checks += 1
+            folder = os.path.join(self.work_dir, f"c{self.checks}")
+        os.makedirs(folder, exist_ok=True)
+        for name, source in self.companions.items():
+            os.symlink(source, os.path.join(folder, name))
+        path = os.path.join(folder, self.script_name)
+        with open(path, "w") as handle:
+            handle.write(text)
+        if not self.accepts(self.run(path), path, text, lines):
+            return False
+        if not self.confirm(path, text, lines):
+            return False
+        return not self.jit_sensitive or self.needs_jit(path, text, lines)
+
+    def confirm(self, path: str, text: str, lines: tuple[int, int] | None) -> bool:
+        """A second run must fail the same way: an edit can make a candidate fail by luck (an unseeded RNG).
+
+        Skipped for hangs (each run costs the whole timeout) and for a flaky original (it would not pass).
+        """
+        if self.target.signature.kind == "timeout" or self.flaky:
+            return True
+        with self._lock:
+            self.checks += 1
+        if self.accepts(self.run(path), path, text, lines):
+            return True
+        self.last_rejections = ["it failed only once in two runs (flaky)"]
+        return False
+
+    def needs_jit(self, path: str, text: str, lines: tuple[int, int] | None) -> bool:
+        """Run again op by op (jax_disable_jit): the failure must go away, as it did for the original."""
+        with self._lock:
+            self.checks += 1
+        outcome = self.run(path, disable_jit=True)
+        if self.accepts(outcome, path, text, lines, evidence=False):
+            self.last_rejections = ["it fails the same way with jit disabled, unlike the original"]
+            return False
+        return True
+
+    def accepts(self, outcome: Outcome, path: str, text: str, lines: tuple[int, int] | None,
+                evidence: bool = True) -> bool:
+        """Whether the run failed the target's way (``evidence=False``: same signature and place suffice)."""
+        self.last_rejections = []
+        for failure in observe(outcome):
+            why = self.difference(failure, path, text, lines, evidence)
+            if why is None:
+                return True
+            self.last_rejections.append(why)
+        if not self.last_rejections:
+            self.last_rejections.append(f"it {outcome.describe()}")
+        return False
+
+    def difference(self, failure: Failure, path: str, text: str, lines: tuple[int, int] | None,
+                   evidence: bool = True) -> str | None:
+        """None if ``failure`` is the target failure; else why not. Same signature, from the protected
+        statement, with the same JAX evidence, and not a raise/assert of constants."""
+        target = self.target
+        if not failure.signature.same_as(target.signature):
+            return f"different failure ({failure.signature.describe()})"
+        if target.location is not None:
+            if failure.location is None:
+                return "no location"
+            if self.original_path and _same_file(target.location.file, self.original_path):
+                if not _same_file(failure.location.file, path):
+                    return f"raised elsewhere ({failure.location})"
+                if lines is not None and not lines[0] <= failure.location.line <= lines[1]:
+                    return f"raised at line {failure.location.line}, not by the kept statement (lines {lines[0]}-{lines[1]})"
+            elif (failure.location.file, failure.location.line) != (target.location.file, target.location.line):
+                return f"raised elsewhere ({failure.location})"
+        if not evidence:
+            return None
+        if target.signature.kind == "exception" and failure.raised_in_jax != target.raised_in_jax:
+            return "raised from inside JAX" if failure.raised_in_jax else "no longer raised from inside JAX"
+        if target.last_jit is not None and failure.last_jit != target.last_jit:
+            return f"the jitted function that ran last is {failure.last_jit}, not {target.last_jit}"
+        if target.jax_work and not failure.jax_work:
+            return "JAX did no work"
+        if not self.original_degenerate and raises_constants(text, failure.location, path):
+            return "the failing statement raises constants (degenerate)"
+        return None
+
+
+def raises_constants(text: str, location: SourceLocation | None, path: str) -> bool:
+    """True when the failing statement of ``text`` raises constants with nothing computed to decide it.
+
+    ``assert 0, "jit and op-by-op disagree"`` is degenerate; ``if not np.allclose(a, b): raise
+    AssertionError("...")`` is not (the guard computes), nor is ``assert np.allclose(a, b), "..."``.
+    """
+    if location is None or not _same_file(location.file, path):
+        return False
+    try:
+        tree = parse(text)
+    except SyntaxError:
+        return True
+    stmt = find_statement(tree, location.line)
+    if not is_constant_raise(stmt):
+        return False
+    parents = {id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    node = parents.get(id(stmt))
+    while node is not None:
+        if isinstance(node, (ast.If, ast.While)) and not is_constant_raise(ast.Assert(test=node.test)):
+            return False
+        node = parents.get(id(node))
+    return True
+
+
+def _same_file(a: str, b: str) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)

@@ -1,0 +1,199 @@
+"""A jaxpr flattened into one list of equations, with recorded values: the thing computation reduction cuts.
+
+Calls of inner jitted functions, ``custom_jvp``/``custom_vjp`` and ``remat`` are inlined (their values are
+the same), so every equation left is one primitive (``scan``/``while``/``cond`` stay whole). Equations are
+evaluated with ``primitive.bind(*invals, **params)``: outside ``jit`` that is op-by-op execution, which is
+how intermediates are recorded; inside ``jax.jit`` it traces a candidate sub-computation.
+
+Example:
+    >>> import jax, jax.numpy as jnp
+    >>> graph, consts = flatten(jax.make_jaxpr(lambda x: jnp.log(jax.jit(jnp.sin)(x)))(1.0))
+    >>> [node.primitive.name for node in graph.nodes]
+    ['sin', 'log']
+    >>> values = record(graph, [jnp.float32(1.0)], consts)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from jaxdbg import _compat
+from jaxdbg._source import SourceLocation
+
+
+class Var:
+    """A value of the flat graph; compared by identity. ``aval`` has the original shape and dtype."""
+
+    __slots__ = ("aval", "__weakref__")
+
+    def __init__(self, aval: Any):
+        self.aval = aval
+
+    def __repr__(self) -> str:
+        return f"Var({self.aval})"
+
+
+class Lit:
+    """A literal written in an equation (``val``), as jaxprs keep scalars like ``2.0:f32[]``."""
+
+    __slots__ = ("val", "aval")
+
+    def __init__(self, val: Any, aval: Any):
+        self.val, self.aval = val, aval
+
+
+Atom = Any  # Var | Lit
+
+
+@dataclass(frozen=True, eq=False)
+class Node:
+    """One primitive application of the flat graph."""
+
+    primitive: Any
+    params: dict
+    invars: tuple
+    outvars: tuple
+    source: SourceLocation | None = None
+
+    @property
+    def name(self) -> str:
+        return self.primitive.name
+
+
+@dataclass
+class Graph:
+    """Arguments (then constants) -> nodes in execution order -> outputs."""
+
+    invars: list[Var]
+    nodes: list[Node]
+    outvars: list[Atom]
+
+
+def flatten(closed: Any) -> tuple[Graph, dict[Var, Any]]:
+    """Flatten a closed jaxpr; returns the graph and the values of its constants (which are inputs too)."""
+    jaxpr, consts = _compat.open_jaxpr(closed)
+    env: dict[Any, Atom] = {}
+    const_values: dict[Var, Any] = {}
+    nodes: list[Node] = []
+
+    def read(atom: Any) -> Atom:
+        if _compat.is_literal(atom):
+            return Lit(atom.val, atom.aval)
+        return env[atom]
+
+    def add_consts(inner: Any, values: Sequence[Any]) -> None:
+        for var, value in zip(inner.constvars, values):
+            mine = Var(var.aval)
+            const_values[mine] = value
+            env[var] = mine
+
+    def walk(inner: Any, atoms: Sequence[Atom]) -> list[Atom]:
+        for var, atom in zip(inner.invars, atoms):
+            env[var] = atom
+        for eqn in inner.eqns:
+            ins = [read(a) for a in eqn.invars]
+            called = _compat.inlinable_jaxpr(eqn)
+            if called is not None:
+                called_jaxpr, called_consts = _compat.open_jaxpr(called)
+                add_consts(called_jaxpr, called_consts)
+                results = walk(called_jaxpr, ins[len(ins) - len(called_jaxpr.invars):])
+                for out, res in zip(eqn.outvars, results):
+                    env[out] = res
+                continue
+            outs = tuple(Var(o.aval) for o in eqn.outvars)
+            env.update(zip(eqn.outvars, outs))
+            nodes.append(Node(eqn.primitive, dict(eqn.params), tuple(ins), outs, _compat.eqn_source(eqn)))
+        return [read(o) for o in inner.outvars]
+
+    invars = [Var(v.aval) for v in jaxpr.invars]
+    add_consts(jaxpr, consts)
+    outvars = walk(jaxpr, invars)
+    return Graph(invars + list(const_values), nodes, outvars), const_values
+
+
+def read_value(env: Mapping[Var, Any], atom: Atom) -> Any:
+    return atom.val if isinstance(atom, Lit) else env[atom]
+
+
+def evaluate(nodes: Iterable[Node], env: dict[Var, Any], on_node: Callable[[Node, list], None] | None = None) -> dict:
+    """Bind each node's primitive on the values in ``env`` (filled in place); op-by-op outside jit."""
+    for node in nodes:
+        ins = [read_value(env, a) for a in node.invars]
+        outs = node.primitive.bind(*ins, **node.params)
+        outs = list(outs) if node.primitive.multiple_results else [outs]
+        env.update(zip(node.outvars, outs))
+        if on_node is not None:
+            on_node(node, outs)
+    return env
+
+
+def as_function(nodes: Sequence[Node], invars: Sequence[Var], outvars: Sequence[Atom]) -> Callable:
+    """A Python function ``f(*invals) -> list of outputs`` running ``nodes`` (jit it to compile them)."""
+
+    def run(*values: Any) -> list:
+        env = evaluate(nodes, dict(zip(invars, values)))
+        return [read_value(env, o) for o in outvars]
+
+    return run
+
+
+def record(graph: Graph, args: Sequence[Any], const_values: Mapping[Var, Any]) -> dict[Var, np.ndarray]:
+    """Every value of the graph, computed op by op; stops quietly at the first node that raises."""
+    n_args = len(graph.invars) - len(const_values)
+    env: dict[Var, Any] = dict(zip(graph.invars[:n_args], args))
+    env.update(const_values)
+    try:
+        evaluate(graph.nodes, env)
+    except Exception:  # noqa: BLE001 - values up to the failing node are still useful cut points
+        pass
+    return {var: np.asarray(value) for var, value in env.items() if not _compat.is_extended_dtype(_dtype(value))}
+
+
+def _dtype(value: Any) -> Any:
+    return getattr(value, "dtype", np.asarray(value).dtype)
+
+
+def producers(nodes: Sequence[Node]) -> dict[Var, int]:
+    """Which node (index into ``nodes``) defines each variable."""
+    return {var: i for i, node in enumerate(nodes) for var in node.outvars}
+
+
+def backward_slice(nodes: Sequence[Node], outvars: Iterable[Atom], keep: Iterable[int] | None = None) -> list[int]:
+    """Indices of the nodes (among ``keep``, default all) that the outputs depend on, in order."""
+    allowed = set(range(len(nodes)) if keep is None else keep)
+    made = producers(nodes)
+    needed: set[int] = set()
+    stack = [made[v] for v in outvars if isinstance(v, Var) and made.get(v) in allowed]
+    while stack:
+        i = stack.pop()
+        if i in needed:
+            continue
+        needed.add(i)
+        for atom in nodes[i].invars:
+            j = made.get(atom) if isinstance(atom, Var) else None
+            if j is not None and j in allowed and j not in needed:
+                stack.append(j)
+    return sorted(needed)
+
+
+def free_inputs(nodes: Sequence[Node], keep: Sequence[int], outvars: Sequence[Atom]) -> list[Var]:
+    """Variables the kept nodes (and outputs) read but do not define, in first-use order."""
+    defined: set[Var] = set()
+    inputs: list[Var] = []
+    seen: set[Var] = set()
+
+    def use(atom: Atom) -> None:
+        if isinstance(atom, Var) and atom not in defined and atom not in seen:
+            seen.add(atom)
+            inputs.append(atom)
+
+    for i in keep:
+        for atom in nodes[i].invars:
+            use(atom)
+        defined.update(nodes[i].outvars)
+    for atom in outvars:
+        use(atom)
+    return inputs

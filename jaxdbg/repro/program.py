@@ -1,0 +1,161 @@
+"""The reproducer script of a cut computation: emitted jax/lax code, its inputs, and the failing check.
+
+The script imports only jax and numpy. Its inputs are written inline when small (``np.float32(-1.0)``,
+``np.full(...)``, short literal arrays) and otherwise loaded from ``inputs.npz`` next to it. Its last
+statement fails the same way as the original: ``jax.jit(f)(...)`` raises the original exception, or an
+assertion on the jitted result names the NaN/Inf or the jit vs op-by-op disagreement.
+
+Example:
+    >>> program = build_program(graph, best, Criterion("nonfinite", what="NaN"), origin="jit(loss)")  # doctest: +SKIP
+    >>> print(program.source)                                                                         # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from jaxdbg.jaxpr.emit import HEADER, PRIMS_IMPORT, EmitError, EmittedFunction, array_expr, emit_function
+from jaxdbg.repro.cut import Candidate, Criterion
+from jaxdbg.repro.graph import Graph
+
+INPUTS_FILE = "inputs.npz"
+REPRO_FILE = "repro.py"
+NAN_MESSAGE = "jax.jit(f) produced {what}"
+MISMATCH_MESSAGE = "jit and op-by-op (jax.disable_jit) disagree"
+
+
+@dataclass(frozen=True)
+class ReproProgram:
+    """A standalone reproducer: its source, the arrays for ``inputs.npz`` (maybe none), its equation count."""
+
+    source: str
+    arrays: dict = field(default_factory=dict)
+    equations: int = 0
+    function: EmittedFunction | None = None
+
+    @property
+    def lines(self) -> int:
+        return count_lines(self.source)
+
+
+def count_lines(source: str) -> int:
+    """Lines that hold code: blank lines, comments and docstring-only lines do not count."""
+    import ast
+    import io
+    import tokenize
+
+    from jaxdbg.repro.source import parse
+
+    code_lines: set[int] = set()
+    try:
+        docstrings = {n.body[0].lineno for n in ast.walk(parse(source))
+                      if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
+                      and n.body and isinstance(n.body[0], ast.Expr) and isinstance(getattr(n.body[0], "value", None), ast.Constant)
+                      and isinstance(n.body[0].value.value, str)}
+        skip = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type in skip:
+                continue
+            if tok.type == tokenize.STRING and tok.start[0] in docstrings:
+                continue
+            code_lines.update(range(tok.start[0], tok.end[0] + 1))
+    except (SyntaxError, tokenize.TokenError):
+        return sum(1 for line in source.splitlines() if line.strip() and not line.strip().startswith("#"))
+    return len(code_lines)
+
+
+def emit_candidate(graph: Graph, cand: Candidate) -> EmittedFunction:
+    """The candidate's nodes as ``def f(<inputs>)`` returning its (single) output."""
+    inputs = cand.inputs(graph)
+    return emit_function("f", inputs, [graph.nodes[i] for i in cand.nodes], list(cand.outvars[:1]))
+
+
+def can_emit(graph: Graph, cand: Candidate) -> bool:
+    try:
+        emit_candidate(graph, cand)
+    except EmitError:
+        return False
+    return True
+
+
+def build_program(graph: Graph, cand: Candidate, criterion: Criterion, origin: str, original_equations: int) -> ReproProgram:
+    """Write the reproducer of ``cand`` (raises EmitError if some equation has no Python spelling)."""
+    emitted = emit_candidate(graph, cand)
+    inputs = cand.inputs(graph)
+    assign, arrays = [], {}
+    for name, var in zip(emitted.arg_names, inputs):
+        value = np.asarray(cand.values[var])
+        try:
+            assign.append(f"{name} = {array_expr(value)}")
+        except EmitError:
+            arrays[name] = value
+            assign.append(f"{name} = _inputs[{name!r}]")
+    if arrays:
+        assign.insert(0, f'_inputs = np.load((__file__.rpartition("/")[0] or ".") + "/{INPUTS_FILE}")')
+    args = ", ".join(emitted.arg_names)
+    what = _failure_words(criterion)
+    sources = list(dict.fromkeys(f"{os.path.basename(n.source.file)}:{n.source.line} ({n.source.function})"
+                                 for n in (graph.nodes[i] for i in cand.nodes) if n.source is not None))
+    where = f"\nThe equations come from {', '.join(sources[:4])}{' ...' if len(sources) > 4 else ''}.\n" if sources else ""
+    doc = (f'"""jaxdbg repro: {what} (cut from {original_equations} equations of {origin} to {len(cand.nodes)}).\n'
+           f'{where}\n`python {REPRO_FILE}` fails with {_expected(criterion)} while the bug is present.\n"""\n')
+    wide = any(np.asarray(cand.values[v]).dtype.itemsize == 8 for v in inputs) or "64" in emitted.source
+    lines = [doc + HEADER + (PRIMS_IMPORT if emitted.uses_prims else "")]
+    if wide:
+        lines.append('jax.config.update("jax_enable_x64", True)\n')
+    lines += ["", emitted.source, *assign]
+    lines += _check_lines(criterion, args)
+    return ReproProgram("\n".join(lines) + "\n", arrays, len(cand.nodes), emitted)
+
+
+def _failure_words(criterion: Criterion) -> str:
+    if criterion.kind == "nonfinite":
+        return f"jax.jit(f) produces {criterion.what}"
+    if criterion.kind == "mismatch":
+        return "jax.jit(f) and op-by-op execution disagree"
+    return f"jax.jit(f) raises {criterion.exc_type}"
+
+
+def _expected(criterion: Criterion) -> str:
+    return f"{criterion.exc_type}" if criterion.kind == "exception" else "AssertionError"
+
+
+def _check_lines(criterion: Criterion, args: str) -> list[str]:
+    if criterion.kind == "nonfinite":
+        test = "np.isnan(out)" if criterion.what == "NaN" else "np.isinf(out)"
+        message = NAN_MESSAGE.format(what=criterion.what)
+        return [f"out = np.asarray(jax.jit(f)({args}))",
+                f'assert not {test}.any(), f"{message}: {{out}}"']
+    if criterion.kind == "mismatch":
+        message = MISMATCH_MESSAGE
+        return [f"out = np.asarray(jax.jit(f)({args}))",
+                "with jax.disable_jit():",
+                f"    ref = np.asarray(f({args}))",
+                f"np.testing.assert_allclose(out, ref, rtol={criterion.rtol!r}, atol={criterion.atol!r}, "
+                f'err_msg="{message}")']
+    return [f"jax.jit(f)({args})"]
+
+
+def expected_message(criterion: Criterion) -> str:
+    """Text the reproducer's AssertionError must contain (nonfinite/mismatch)."""
+    if criterion.kind == "nonfinite":
+        return NAN_MESSAGE.format(what=criterion.what)
+    return MISMATCH_MESSAGE
+
+
+def program_fails(path: str, criterion: Criterion) -> bool:
+    """Run a written reproducer in this process and check it fails as expected (a quick self-check)."""
+    try:
+        runpy.run_path(path, run_name="__main__")
+    except AssertionError as err:
+        return criterion.kind != "exception" and expected_message(criterion) in str(err)
+    except Exception as err:  # noqa: BLE001 - the exception is what we compare
+        from jaxdbg.repro.signature import normalise_message
+
+        return (criterion.kind == "exception" and type(err).__name__ == criterion.exc_type
+                and normalise_message(str(err)) == criterion.exc_message)
+    return False

@@ -1,0 +1,129 @@
+"""The subject of a reduction: one script to run and shrink, whatever the TARGET form was.
+
+A script TARGET is its own subject. A function TARGET (``file.py::f``, ``pkg.mod:f``) becomes a script:
+the module's source (its ``if __name__ == "__main__":`` blocks blanked, so line numbers stay), plus a driver
+that loads the inputs from ``inputs.npz`` next to it and calls ``jax.jit(f)(*inputs)``, the way jaxdbg
+runs a function target. The user's files are only read; the subject lives in jaxdbg's work folder.
+
+Example:
+    >>> subject = prepare_subject(parse_target("model.py::loss"), options, "/tmp/work")   # doctest: +SKIP
+    >>> subject.companions                                                                 # doctest: +SKIP
+    {'inputs.npz': '/tmp/work/subject/inputs.npz'}
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from jaxdbg._errors import TargetFailedError, UsageError
+from jaxdbg.repro.jobs import CHILD_ENV, INPUTS_JOB, RunRequest
+from jaxdbg.repro.program import INPUTS_FILE, count_lines
+from jaxdbg.runner import run_contained
+from jaxdbg.target import TargetSpec, load_npz_inputs, parse_args_spec, random_inputs
+
+
+@dataclass(frozen=True)
+class Subject:
+    """A script to run and reduce, how to run it, and the files every candidate needs beside it."""
+
+    path: str
+    source: str
+    script_name: str
+    request: RunRequest
+    companions: dict = field(default_factory=dict)
+    original_lines: int = 0
+    data_free_source: str | None = None  # function targets: the same call with np.ones inputs (no inputs.npz)
+
+
+def prepare_subject(spec: TargetSpec, inputs: str | None, args: str | None, seed: int, work_dir: str,
+                    timeout: float | None = None) -> Subject:
+    """The subject for a TARGET; function targets get a synthesized script and ``inputs.npz``."""
+    if spec.is_script:
+        with open(spec.path) as handle:
+            source = handle.read()
+        request = RunRequest(argv=tuple(spec.script_args), sys_path=(os.path.dirname(spec.path),))
+        return Subject(spec.path, source, os.path.basename(spec.path), request, {}, count_lines(source))
+    module_path = _module_file(spec)
+    with open(module_path) as handle:
+        module_source = handle.read()
+    arrays = _function_inputs(spec, inputs, args, seed, timeout)
+    folder = os.path.join(work_dir, "subject")
+    os.makedirs(folder, exist_ok=True)
+    npz = os.path.join(folder, INPUTS_FILE)
+    np.savez(npz, **{f"arg{i}": a for i, a in enumerate(arrays)})
+    body = blank_main_blocks(module_source)
+    source = body + driver_source(spec.function, len(arrays))
+    path = os.path.join(folder, os.path.basename(module_path))
+    with open(path, "w") as handle:
+        handle.write(source)
+    request = RunRequest(sys_path=(os.path.dirname(module_path),))
+    return Subject(path, source, os.path.basename(module_path), request, {INPUTS_FILE: npz}, count_lines(module_source),
+                   body + ones_driver_source(spec.function, arrays))
+
+
+def driver_source(function: str, n_inputs: int) -> str:
+    """Lines that call the function target as jaxdbg does: ``jax.jit(f)(*inputs)``."""
+    return (
+        "\n\n# jaxdbg: the call `jaxdbg repro` made (inputs saved next to this file)\n"
+        "import jax as _jax\nimport numpy as _np\n"
+        "_inputs = _np.load((__file__.rpartition('/')[0] or '.') + '/inputs.npz')\n"
+        f"_jax.jit({function})(*[_inputs[f'arg{{i}}'] for i in range({n_inputs})])\n"
+    )
+
+
+def ones_driver_source(function: str, arrays: list[np.ndarray]) -> str:
+    """The same call with ``np.ones`` inputs of the same shapes and dtypes: when data does not matter, the
+    reproducer needs no ``inputs.npz`` and the reducer can shrink the shapes written in it."""
+    inputs = ", ".join(f"_np.ones({tuple(a.shape)!r}, {a.dtype.name!r})" for a in arrays)
+    return ("\n\n# jaxdbg: the call `jaxdbg repro` made, with all-ones inputs\n"
+            f"import jax as _jax\nimport numpy as _np\n_jax.jit({function})({inputs})\n")
+
+
+def blank_main_blocks(source: str) -> str:
+    """Replace top-level ``if __name__ == "__main__":`` blocks by blank lines (line numbers stay put)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as err:
+        raise UsageError(f"the target module has a syntax error at line {err.lineno}: {err.msg}") from None
+    lines = source.splitlines()
+    for node in tree.body:
+        if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test) and "__name__" in ast.unparse(node.test):
+            for i in range(node.lineno - 1, node.end_lineno or node.lineno):
+                lines[i] = ""
+    return "\n".join(lines) + "\n"
+
+
+def _module_file(spec: TargetSpec) -> str:
+    if spec.path is not None:
+        return spec.path
+    found = importlib.util.find_spec(spec.module)
+    if found is None or not found.origin or not found.origin.endswith(".py"):
+        raise UsageError(f"target '{spec.text}': cannot find the source file of module '{spec.module}'")
+    return found.origin
+
+
+def _function_inputs(spec: TargetSpec, inputs: str | None, args: str | None, seed: int,
+                     timeout: float | None) -> list[np.ndarray]:
+    """Inputs as arrays; ``--inputs file.py::make_inputs`` runs contained (it is user code)."""
+    if inputs and args:
+        raise UsageError("give either --args or --inputs, not both")
+    if args:
+        return list(random_inputs(parse_args_spec(args), seed))
+    if inputs and inputs.endswith(".npz"):
+        return list(load_npz_inputs(inputs))
+    if not inputs:
+        raise UsageError('a function target needs inputs: pass --args "f32[8,128] ..." or --inputs file.py::make_inputs or data.npz')
+    outcome = run_contained(INPUTS_JOB, RunRequest(inputs=inputs, seed=seed), timeout=timeout or 120, env=CHILD_ENV)
+    arrays = outcome.last("inputs")
+    if arrays is None:
+        if outcome.status == "exception" and outcome.exception.type in ("UsageError",):
+            raise UsageError(outcome.exception.message)
+        raise TargetFailedError(f"--inputs '{inputs}' could not be built: {outcome.describe()}")
+    if any(a.dtype == object for a in arrays):
+        raise UsageError(f"--inputs '{inputs}': repro needs plain arrays (a tuple of arrays), not other Python objects")
+    return arrays

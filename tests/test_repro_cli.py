@@ -1,0 +1,186 @@
+"""`jaxdbg repro` end to end on the recipes and small scripts: every reproducer is verified in a fresh process."""
+
+import ast
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from jaxdbg.cli import main
+from jaxdbg.repro.jobs import CHILD_ENV, JOB, RunRequest
+from jaxdbg.runner import run_contained
+
+RECIPES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recipes")
+
+
+def recipe(name, script):
+    return os.path.join(RECIPES, name, script)
+
+
+def repro(tmp_path_factory, *argv):
+    """Run `jaxdbg repro ...`; returns (exit code, report dict, out folder)."""
+    out = tmp_path_factory.mktemp("repro")
+    code = main(["repro", "--out", str(out / "o"), "--json", str(out / "r.json"), "-q", *argv])
+    report = json.loads((out / "r.json").read_text()) if (out / "r.json").exists() else None
+    return code, report, out / "o"
+
+
+def imports_of(path):
+    tree = ast.parse(open(path).read())
+    names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    return names | {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+
+
+def fresh_run(path, timeout=60):
+    """`python repro.py` exactly as a user would run it."""
+    return subprocess.run([sys.executable, os.path.basename(path)], cwd=os.path.dirname(path), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def nan_run(tmp_path_factory):
+    return repro(tmp_path_factory, recipe("repro_nan_graph", "train.py"), "--max-time", "90")
+
+
+def test_nan_in_a_big_graph_becomes_one_equation(nan_run):
+    code, report, out = nan_run
+    result = report["result"]
+    assert code == 0 and report["exit_code"] == 0
+    assert result["signature"]["kind"] == "nonfinite" and result["verified"] and not result["flaky"]
+    assert result["original"]["equations"] > 500 and result["minimized"]["equations"] == 1
+    assert result["failing_primitives"] == ["log1p"]
+    assert set(report["artifacts"]) >= {"repro", "stablehlo", "report"}
+    assert imports_of(out / "repro.py") <= {"jax", "numpy"}
+    assert "stablehlo.log_plus_one" in (out / "repro.stablehlo.mlir").read_text()
+    run = fresh_run(str(out / "repro.py"))
+    assert run.returncode != 0 and "AssertionError: jax.jit(f) produced NaN" in run.stderr
+
+
+def test_mismatch_from_algebraic_rewriting_is_cut_to_add_and_sub(tmp_path_factory):
+    code, report, out = repro(tmp_path_factory, recipe("repro_jit_mismatch", "features.py"), "--kind", "mismatch",
+                              "--max-time", "60")
+    result = report["result"]
+    assert code == 0 and result["verified"] and result["strategy"] == "computation"
+    assert result["failing_primitives"] == ["add", "sub"]
+    run = fresh_run(str(out / "repro.py"))
+    assert "jit and op-by-op (jax.disable_jit) disagree" in run.stderr
+
+
+def test_user_assert_is_kept_and_still_needs_jit(tmp_path_factory):
+    code, report, out = repro(tmp_path_factory, recipe("repro_jit_mismatch", "features.py"), "--max-time", "40")
+    result = report["result"]
+    assert code == 0 and result["verified"] and result["strategy"] == "source"
+    assert result["signature"] == {**result["signature"], "kind": "exception", "type": "AssertionError",
+                                   "message": "jit and op-by-op disagree"}
+    text = (out / "repro.py").read_text()
+    assert "assert np.allclose(jit_out, eager_out, atol=0.001), 'jit and op-by-op disagree'" in text
+    assert "jax.jit(" in text and "100000000.0" in text  # the folded arithmetic is still computed
+    assert result["minimized"]["lines"] < result["original"]["lines"]
+    # The reproducer fails with jit and passes without it, like the original.
+    assert fresh_run(str(out / "repro.py")).returncode != 0
+    env = {**os.environ, "JAX_DISABLE_JIT": "1"}
+    assert subprocess.run([sys.executable, "repro.py"], cwd=out, env=env, capture_output=True).returncode == 0
+
+
+def test_crash_in_host_callback(tmp_path_factory):
+    code, report, out = repro(tmp_path_factory, recipe("repro_callback_crash", "host_stats.py"), "--max-time", "30")
+    result = report["result"]
+    assert code == 0 and result["verified"]
+    assert result["signature"]["kind"] == "crash" and result["signature"]["signal"] == "SIGSEGV"
+    assert "pure_callback" in (out / "repro.py").read_text()
+    assert (out / "repro.stablehlo.mlir").exists()  # the crash happened inside compiled code
+    assert fresh_run(str(out / "repro.py")).returncode == -11
+
+
+HANG = """import threading
+import jax
+import jax.numpy as jnp
+
+gate = threading.Event()
+SIZE = 16
+
+def wait_for_data(x):
+    gate.wait()
+    return x
+
+@jax.jit
+def step(x):
+    y = jnp.cos(x) * 2
+    return jax.pure_callback(wait_for_data, jax.ShapeDtypeStruct(y.shape, y.dtype), y)
+
+print(step(jnp.ones(SIZE)))
+"""
+
+
+def test_hang_in_host_callback(tmp_path_factory):
+    script = tmp_path_factory.mktemp("hang") / "hang.py"
+    script.write_text(HANG)
+    code, report, out = repro(tmp_path_factory, str(script), "--timeout", "2", "--max-time", "15")
+    result = report["result"]
+    assert code == 0 and result["verified"] and result["signature"]["kind"] == "timeout"
+    assert "gate.wait()" in (out / "repro.py").read_text()
+    assert result["minimized"]["lines"] < result["original"]["lines"]
+
+
+def test_function_target_with_random_args(tmp_path_factory):
+    module = tmp_path_factory.mktemp("fn") / "model.py"
+    module.write_text("import jax.numpy as jnp\n\ndef loss(x, w):\n    h = jnp.tanh(x @ w)\n"
+                      "    return jnp.sum(jnp.log(h - 2.0))\n")
+    code, report, out = repro(tmp_path_factory, f"{module}::loss", "--args", "f32[4,8] f32[8,8]", "--max-time", "30")
+    result = report["result"]
+    assert code == 0 and result["verified"] and result["failing_primitives"] == ["log"]
+
+
+def test_time_limit_keeps_the_smallest_verified_reproducer(tmp_path_factory):
+    code, report, out = repro(tmp_path_factory, recipe("repro_shape_error", "model_init.py"), "--max-time", "12")
+    result = report["result"]
+    assert code == 0 and result["timed_out"] and result["verified"]
+    assert result["signature"]["type"] == "TypeError" and "dot_general" in result["signature"]["message"]
+    assert "return x @ p['w'] + p['b']" in (out / "repro.py").read_text()  # the raising statement, as written
+    assert result["minimized"]["lines"] < result["original"]["lines"]
+
+
+def test_a_target_that_does_not_fail_is_bad_input(tmp_path, capsys):
+    script = tmp_path / "fine.py"
+    script.write_text("import jax.numpy as jnp\nprint(jnp.ones(3).sum())\n")
+    assert main(["repro", str(script), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nothing to reproduce" in err[0] and "ran to completion" in err[0]
+
+
+def test_kind_that_does_not_occur_is_reported(tmp_path, capsys):
+    script = tmp_path / "raises.py"
+    script.write_text("import jax.numpy as jnp\njnp.dot(jnp.ones(3), jnp.ones(4))\n")
+    assert main(["repro", str(script), "--kind", "crash", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "no failure matching --kind crash" in err and "TypeError" in err
+
+
+def test_flaky_failure_is_reported_as_such(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("flaky")
+    script = folder / "flaky.py"
+    script.write_text("import os, sys\nimport jax.numpy as jnp\nmarker = sys.argv[1]\nx = jnp.ones(3)\n"
+                      "if not os.path.exists(marker):\n    open(marker, 'w').close()\n"
+                      "    jnp.dot(x, jnp.ones(4))\n")
+    code, report, out = repro(tmp_path_factory, str(script), "--jobs", "1", "--max-time", "8", "--",
+                              str(folder / "marker"))
+    result = report["result"]
+    assert code == 0 and result["flaky"] and not result["verified"]
+    assert any("flaky" in note for note in result["notes"])
+    assert "ran to completion" in " ".join(result["runs"])
+
+
+@pytest.mark.parametrize("script, status", [
+    (("repro_shape_error", "model_init.py"), "exception"),
+    (("repro_nan_graph", "train.py"), "ok"),  # NaN, but nothing raises: only the watch sees it
+    (("repro_jit_mismatch", "features.py"), "exception"),
+    (("repro_callback_crash", "host_stats.py"), "crash"),
+    (("repro_hang", "prefetch.py"), "timeout"),
+])
+def test_recipes_fail_as_described(script, status):
+    outcome = run_contained(JOB, RunRequest(script=recipe(*script)), timeout=4, env=CHILD_ENV)
+    assert outcome.status == status
+    if script[0] == "repro_nan_graph":
+        assert "loss nan" in outcome.stdout

@@ -1,0 +1,85 @@
+"""Computation reduction: a failing jaxpr cut down with recorded values, emitted, and the emitted code fails."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxdbg.repro.cut import Criterion, Cutter
+from jaxdbg.repro.graph import as_function, flatten, record
+from jaxdbg.repro.program import build_program, can_emit, count_lines, program_fails
+
+
+def _deep_nan(x, w):
+    h = x
+    for i in range(40):
+        h = jnp.tanh(h @ w) * 0.9 + 0.1 * jnp.sin(h)
+        if i == 23:
+            h = h + jnp.sqrt(h - 2.0)  # h < 2 everywhere: NaN, then it spreads
+        h = h / (1.0 + jnp.abs(h).mean())
+    return h.sum(), h
+
+
+def _snap(y):
+    return jnp.sort(((jnp.tanh(y) * 4.0 + 1e8) - 1e8)), jnp.cos(y).sum()
+
+
+def _cut(fn, args, criterion):
+    graph, consts = flatten(jax.make_jaxpr(fn)(*args))
+    cutter = Cutter(graph, record(graph, args, consts), criterion, emittable=lambda c: can_emit(graph, c))
+    return graph, cutter, cutter.run()
+
+
+@pytest.fixture(scope="module")
+def nan_cut():
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal((4, 8)).astype(np.float32), (rng.standard_normal((8, 8)) * 0.3).astype(np.float32)]
+    return _cut(_deep_nan, args, Criterion("nonfinite", what="NaN"))
+
+
+def test_flatten_inlines_calls_and_keeps_primitives():
+    graph, _ = flatten(jax.make_jaxpr(lambda x: jax.nn.relu(jax.jit(jnp.sin)(x)) * 2)(1.0))
+    assert [n.name for n in graph.nodes] == ["sin", "max", "mul"]
+
+
+def test_nan_in_hundreds_of_equations_is_cut_to_the_one_that_makes_it(nan_cut):
+    graph, cutter, best = nan_cut
+    assert cutter.stats.original_equations > 400
+    assert [graph.nodes[i].name for i in best.nodes] == ["sqrt"]
+    assert cutter.stats.checks < 40  # recorded values let it jump straight to the origin
+    (value,) = best.values.values()
+    assert np.ndim(value) == 0 and value < 0  # shrunk to the failing element, still finite
+
+
+def test_emitted_nan_reproducer_fails_with_an_assertion(nan_cut, tmp_path):
+    graph, cutter, best = nan_cut
+    program = build_program(graph, best, Criterion("nonfinite", what="NaN"), "jit(_deep_nan)", len(graph.nodes))
+    path = tmp_path / "repro.py"
+    path.write_text(program.source)
+    assert program_fails(str(path), Criterion("nonfinite", what="NaN"))
+    assert "lax.sqrt(" in program.source and "jax.jit(f)" in program.source
+    assert count_lines(program.source) <= 10 and not program.arrays
+
+
+def test_jit_vs_op_by_op_mismatch_is_cut_to_the_folded_arithmetic(tmp_path):
+    y = np.linspace(-1, 1, 6, dtype=np.float32)
+    graph, cutter, best = _cut(_snap, [y], Criterion("mismatch"))
+    assert [graph.nodes[i].name for i in best.nodes] == ["add", "sub"]
+    fn = as_function([graph.nodes[i] for i in best.nodes], best.inputs(graph), best.outvars)
+    args = [best.values[v] for v in best.inputs(graph)]
+    jitted, eager = np.asarray(jax.jit(fn)(*args)[0]), None
+    with jax.disable_jit():
+        eager = np.asarray(fn(*args)[0])
+    assert not np.allclose(jitted, eager)  # the cut computation still disagrees
+    program = build_program(graph, best, Criterion("mismatch"), "jit(_snap)", len(graph.nodes))
+    path = tmp_path / "repro.py"
+    path.write_text(program.source)
+    assert program_fails(str(path), Criterion("mismatch"))
+
+
+def test_a_candidate_that_computes_nothing_never_counts():
+    # With every equation cut away the NaN would come in through an input: rejected, not "reproduced".
+    x = np.array([-1.0, 2.0], np.float32)
+    graph, cutter, best = _cut(lambda v: jnp.log(v) + 1.0, [x], Criterion("nonfinite", what="NaN"))
+    assert len(best.nodes) >= 1
+    assert all(np.isfinite(v).all() for v in best.values.values())
