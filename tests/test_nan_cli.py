@@ -12,6 +12,9 @@ import numpy as np
 import pytest
 
 from jaxdbg.cli import main
+from jaxdbg.nan import HuntOptions
+from jaxdbg.nan.session import hunt_here
+from jaxdbg.target import parse_target
 
 from conftest import RECIPES
 
@@ -96,6 +99,35 @@ def test_function_mode_clean_with_random_args(tmp_path, capsys) -> None:
                             "--json", "-", "--out", str(tmp_path / "ok")], capsys)
     assert code == 0 and report["result"]["found"] is False
     assert [g["name"] for g in report["result"]["grad_norms"]] == ["w"]
+
+
+STATIC_TARGET = textwrap.dedent("""
+    import functools
+
+    import jax
+    import jax.numpy as jnp
+
+
+    @functools.partial(jax.jit, static_argnums=(1,), donate_argnums=(0,))
+    def squash(x, mode):
+        return jnp.log(x - 1.0) if mode == "log" else x  # log line
+
+
+    def make_inputs():
+        return jnp.array([2.0, 0.5, 3.0]), "log"
+""")
+
+
+def test_function_mode_jitted_target_keeps_its_static_arguments(tmp_path) -> None:
+    """A target already under jax.jit(static_argnums=..., donate_argnums=...): its static argument stays static
+    (a string cannot be traced) and the path names its jit once."""
+    target = tmp_path / "static_model.py"
+    target.write_text(STATIC_TARGET)
+    options = HuntOptions(inputs=f"{target}::make_inputs", out_dir=str(tmp_path / "s"))
+    result, _ = hunt_here(parse_target(f"{target}::squash"), options)
+    line = next(i for i, text in enumerate(STATIC_TARGET.splitlines(), start=1) if "# log line" in text)
+    assert result.found and result.first["primitive"] == "log" and result.first["path"] == ["jit(squash)"]
+    assert result.first["source"]["line"] == line
 
 
 @pytest.mark.parametrize("argv,fragment", [

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxdbg.nan.explain import explain
 from jaxdbg.nan.localise import localise_call
 from jaxdbg.nan.watch import EagerFinding, JitFinding, NonFiniteFound, Watch, WatchedFunction
 
@@ -105,6 +106,8 @@ def test_eager_operation_that_creates_a_nan() -> None:
     assert origin.primitive == "sqrt" and origin.kind == "nan" and origin.path == ("eager",)
     assert origin.source.function == "test_eager_operation_that_creates_a_nan"
     assert origin.inputs[0].negative == 1
+    text, _ = explain(origin)  # its index counts eager operations, not calls of the enclosing function
+    assert f"eager operation {origin.call_index}" in text and f"call {origin.call_index}" not in text
 
 
 def test_eager_operation_on_bad_data_is_not_an_origin() -> None:

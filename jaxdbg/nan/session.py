@@ -103,8 +103,9 @@ def _hunt_function(spec: TargetSpec, options: HuntOptions, channel: Any) -> tupl
                              f"argument(s); pick positions 0..{len(inputs) - 1}")
         target = jax.value_and_grad(fn, argnums=options.argnums)
         name = f"grad({name})"
+    static = tuple(sorted(_compat.jit_static_argnums(fn, len(inputs))))  # a jitted target's own static arguments
     try:
-        out = jax.jit(target)(*inputs)
+        out = jax.jit(target, static_argnums=static)(*inputs)
     except TypeError as err:
         if options.grad and "scalar" in str(err):
             raise UsageError(f"--grad: {spec.function} must return a scalar to be differentiated ({first_line(str(err))})") from None
@@ -117,7 +118,9 @@ def _hunt_function(spec: TargetSpec, options: HuntOptions, channel: Any) -> tupl
     if not bad:
         return NanHuntResult(False, grad_norms=grad_norms, calls_watched=1, functions_watched=(name,),
                              explanation=f"No NaN or Inf: every output of `{name}` is finite for these inputs."), {}
-    call = Call(name, target, tuple(inputs), {}, call_index=0)
+    if target is fn and hasattr(fn, "lower") and hasattr(fn, "__wrapped__"):
+        target = fn.__wrapped__  # replay the jitted target's own Python function: one jit(...) in the path, not two
+    call = Call(name, target, tuple(inputs), {}, static_argnums=static, call_index=0)
     watch = Watch(options.nan_only, options.growth_factor)
     kind = "nan" if any(n for n, _ in flags) else "inf"
     return _analyse(JitFinding(call, [], kind), watch, options, channel, (name,), grad_norms)

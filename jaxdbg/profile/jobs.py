@@ -136,8 +136,13 @@ def function_job(payload: dict, channel: Any) -> None:
             stack.enter_context(compile_listener(recorder))
             started = time.perf_counter()
             args, put_s = _to_device(host_args)
-            recorder.add_transfer("device_put", put_s, sum(int(getattr(a, "nbytes", 0)) for a in host_args))
+            leaves = jax.tree_util.tree_leaves(host_args)
+            recorder.add_transfer("device_put", put_s, sum(int(getattr(a, "nbytes", 0)) for a in leaves))
             jitted = fn if hasattr(fn, "trace") and hasattr(fn, "lower") else jax.jit(fn)
+            _check_arity(fn, name, args)
+            # The compiled executable takes only the non-static arguments (static ones are baked in).
+            static = _compat.jit_static_argnums(jitted, len(args))
+            dynamic_host = tuple(a for i, a in enumerate(host_args) if i not in static)
             t0 = time.perf_counter()
             traced = jitted.trace(*args)
             t1 = time.perf_counter()
@@ -154,16 +159,16 @@ def function_job(payload: dict, channel: Any) -> None:
                 "cost": _compat.compiled_cost(compiled), "memory": _compat.compiled_memory(compiled),
             })
             recorder.eager_spans.clear()  # the AOT compile above, already counted stage by stage
-            live = list(args)
+            live = [a for i, a in enumerate(args) if i not in static]
             warmup, runs = payload.get("warmup", 3), payload.get("runs", 20)
-            times = [_call(compiled, live, host_args) for _ in range(warmup + runs)]
+            times = [_call(compiled, live, dynamic_host) for _ in range(warmup + runs)]
             send("calls", {0: [(i, t, t, 0.0, 0.0, False) for i, t in enumerate(times)]})
             wall = time.perf_counter() - started
             if window is not None:
                 with window:
                     for index in range(window.max_calls):
                         with window.annotation(name, index):
-                            _call(compiled, live, host_args)
+                            _call(compiled, live, dynamic_host)
                         window.calls += 1
             recorder.flush()
             send("run", {"wall_s": wall, "overhead_s": 0.0, "warmup": warmup})
@@ -174,19 +179,41 @@ def function_job(payload: dict, channel: Any) -> None:
 
 
 def _to_device(host_args: tuple) -> tuple[tuple, float]:
+    """Device arrays for every array leaf (pytree arguments too), always fresh buffers: a jax array handed back
+    as is would be deleted by a donating function, and with it the inputs kept to put back."""
     import jax
 
+    def put(leaf: Any) -> Any:
+        return jax.device_put(leaf, may_alias=False) if hasattr(leaf, "shape") else leaf
+
     started = time.perf_counter()
-    args = tuple(jax.device_put(a) if hasattr(a, "shape") else a for a in host_args)
+    args = tuple(jax.tree_util.tree_map(put, a) for a in host_args)
     jax.block_until_ready(args)
     return args, time.perf_counter() - started
+
+
+def _check_arity(fn: Any, name: str, args: tuple) -> None:
+    """Inputs that do not fit the function's parameters are the user's input (exit 2), not a crash."""
+    import inspect
+
+    from jaxdbg._errors import UsageError
+
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or C callable: let the call itself decide
+        return
+    try:
+        signature.bind(*args)
+    except TypeError as err:
+        raise UsageError(f"the inputs do not fit {name}{signature}: {err}; "
+                         f"give one input per parameter with --args or --inputs") from err
 
 
 def _call(compiled: Any, args: list, host_args: tuple) -> float:
     """One blocking call; donated (deleted) arguments are put back first, outside the timing."""
     import jax
 
-    if any(getattr(a, "is_deleted", lambda: False)() for a in args):
+    if any(getattr(a, "is_deleted", lambda: False)() for a in jax.tree_util.tree_leaves(args)):
         args[:] = list(_to_device(host_args)[0])
     started = time.perf_counter()
     jax.block_until_ready(compiled(*args))
