@@ -39,3 +39,14 @@ def test_bad_input_is_one_line_and_exit_2(command, argv, fragment, files, capsys
     assert code == 2, err
     assert fragment in err and err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith(f"jaxdbg {command}")
+
+
+@pytest.mark.parametrize("command", TARGET_COMMANDS)
+def test_failed_command_still_writes_its_json(command, files, capsys):
+    import json
+
+    assert main([command, "model.py::g", "--args", "f32[2]", "--json", "-"]) == 2
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert report["exit_code"] == 2 and report["target"] == "model.py::g" and report["command"] == command
+    assert "no function 'g'" in report["result"]["error"] and captured.err.count("\n") == 1

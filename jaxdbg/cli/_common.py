@@ -64,6 +64,7 @@ class Common:
     timeout: float | None = None
     quiet: bool = False
     verbose: bool = False
+    target: str | None = None
     _out_dir: Path | None = field(default=None, repr=False)
 
     @property
@@ -128,13 +129,29 @@ def execute(common: Common, build: Callable[[Common], Report], render: Callable[
         return report.exit_code
     except JaxdbgError as err:
         fail(common, err.message, err)
+        write_error_report(common, err.message, err.exit_code)
         return err.exit_code
     except KeyboardInterrupt:
         common.err_console.print(f"jaxdbg {common.command}: interrupted")
         return 130
     except Exception as err:  # noqa: BLE001 - the one boundary where a jaxdbg bug becomes an exit code
-        fail(common, f"internal error {type(err).__name__}: {err}; rerun with -v and report the traceback", err)
+        message = f"internal error {type(err).__name__}: {err}; rerun with -v and report the traceback"
+        fail(common, message, err)
+        write_error_report(common, message, EXIT_INTERNAL)
         return EXIT_INTERNAL
+
+
+def write_error_report(common: Common, message: str, exit_code: int) -> None:
+    """Even a failed command leaves one JSON object where --json points, so CI can read why it failed."""
+    report = Report(common.command, common.target, {"error": message}, exit_code)
+    destinations = [common.json] if common.json else []
+    if common._out_dir is not None:
+        destinations.append(str(common._out_dir / "report.json"))
+    for destination in destinations:
+        try:
+            write_json(report, destination)
+        except Exception:  # noqa: BLE001 - the error line above is already the answer; JSON is a courtesy
+            pass
 
 
 def validate_destinations(common: Common) -> None:

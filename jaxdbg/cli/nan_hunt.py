@@ -37,7 +37,7 @@ def nan_hunt(
     timeout: TimeoutOpt = None, quiet: QuietOpt = False, verbose: VerboseOpt = False,
 ) -> int:
     """Locate where NaN/Inf values are born: operation, source line, forward/backward pass, loop iteration."""
-    common = Common("nan-hunt", json, out, timeout, quiet, verbose)
+    common = Common("nan-hunt", json, out, timeout, quiet, verbose, target)
 
     def build(c: Common) -> Report:
         from jaxdbg.nan import HuntOptions, hunt

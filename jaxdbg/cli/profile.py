@@ -49,7 +49,7 @@ def profile(
     """Where the time goes: compile vs execute per jitted function, why it recompiled, HLO, per-op tables."""
     from jaxdbg.profile import ProfileOptions
 
-    common = Common("profile", json, out, timeout, quiet, verbose)
+    common = Common("profile", json, out, timeout, quiet, verbose, target)
     options = ProfileOptions(runs=runs, warmup=warmup, top=top, trace_calls=trace_calls, xla_dump=xla_dump,
                              monitor=monitor, budget=budget, compare=compare, args=args, inputs=inputs, seed=seed,
                              timeout=timeout, python_tracer=python_tracer)

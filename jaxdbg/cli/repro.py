@@ -37,7 +37,7 @@ def repro(
     """Minimise a failing JAX program into a small standalone reproducer that fails the same way."""
     from jaxdbg.repro import ReproOptions
 
-    common = Common("repro", json, out, timeout, quiet, verbose)
+    common = Common("repro", json, out, timeout, quiet, verbose, target)
     options = ReproOptions(kind=kind, match=match, max_time=max_time, jobs=jobs, timeout=timeout, inputs=inputs,
                            args=args, seed=seed, runs=runs, reference=reference, rtol=rtol, atol=atol)
     return execute(common, lambda c: _build(c, target, script_args or [], options), render)
