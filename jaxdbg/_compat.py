@@ -361,3 +361,46 @@ def jit_static_argnums(fn: Any, count: int) -> frozenset[int]:
     info = getattr(fn, "_jit_info", None)
     nums = tuple(getattr(info, "static_argnums", ()) or ())
     return frozenset(n % count for n in nums if -count <= n < count)
+
+
+@contextlib.contextmanager
+def custom_jvp_rule_sources() -> Iterator[None]:
+    """While active, a user's ``custom_jvp`` rule traced from a staged jaxpr (under ``jax.checkpoint``) keeps
+    the rule's own lines.
+
+    jax evaluates a staged jaxpr equation by equation under each equation's traceback, so a custom_jvp rule
+    first traced there (the jvp of a ``remat``) would point at the line that called the function. Inside this
+    context the rule is traced under the live traceback instead (the name stack is unchanged). Restored in
+    ``finally``; nothing else changes.
+    """
+    from jax._src import linear_util as lu
+    from jax._src import source_info_util
+    from jax._src.custom_derivatives import custom_jvp_call_p
+
+    own = vars(custom_jvp_call_p).get("get_bind_params")
+    original = custom_jvp_call_p.get_bind_params
+
+    def live_traceback(rule_fun: Any) -> Any:
+        def traced(*args: Any) -> Any:
+            state = source_info_util._source_info_context
+            saved_info = state.context
+            state.context = source_info_util.SourceInfo(None, saved_info.name_stack)  # jax takes the live one
+            try:
+                return rule_fun.call_wrapped(*args)
+            finally:
+                state.context = saved_info
+        return lu.wrap_init(traced, debug_info=rule_fun.debug_info)
+
+    def get_bind_params(params: dict) -> Any:
+        if "jvp_jaxpr_fun" in params:
+            params = {**params, "jvp_jaxpr_fun": live_traceback(params["jvp_jaxpr_fun"])}
+        return original(params)
+
+    custom_jvp_call_p.get_bind_params = get_bind_params
+    try:
+        yield
+    finally:
+        if own is None:
+            del custom_jvp_call_p.get_bind_params
+        else:
+            custom_jvp_call_p.get_bind_params = own

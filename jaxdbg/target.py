@@ -371,3 +371,26 @@ def script_job(spec: TargetSpec, channel: Any) -> None:
     """Contained-run job that runs a script TARGET plainly (``run_contained("jaxdbg.target:script_job", spec)``)."""
     run_script(spec)
     channel.send("done", True)
+
+
+def check_arity(fn: Callable, inputs: Sequence[Any], name: str | None = None) -> None:
+    """Raise :class:`UsageError` (exit 2) when ``inputs`` do not fit ``fn``'s parameters: bad input, not a crash.
+
+    Example:
+        >>> check_arity(lambda w, x: w, (1.0,), "step")
+        Traceback (most recent call last):
+        ...
+        jaxdbg._errors.UsageError: the inputs do not fit step(w, x): missing a required argument: 'x'; give one input per parameter with --args or --inputs
+    """
+    import inspect
+
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or C callable: let the call itself decide
+        return
+    try:
+        signature.bind(*inputs)
+    except TypeError as err:
+        label = name or getattr(fn, "__name__", "the function")
+        raise UsageError(f"the inputs do not fit {label}{signature}: {err}; "
+                         f"give one input per parameter with --args or --inputs") from None

@@ -101,6 +101,20 @@ def test_function_mode_clean_with_random_args(tmp_path, capsys) -> None:
     assert [g["name"] for g in report["result"]["grad_norms"]] == ["w"]
 
 
+AUX_TARGET = GRAD_TARGET.replace("return jnp.mean(dist)", "return jnp.mean(dist), {\"dist\": dist}")
+
+
+def test_function_mode_grad_of_a_loss_with_aux(tmp_path) -> None:
+    """A loss returning (loss, aux) is differentiated with has_aux=True instead of being refused."""
+    target = tmp_path / "aux_model.py"
+    target.write_text(AUX_TARGET)
+    options = HuntOptions(grad=True, inputs=f"{target}::make_inputs", out_dir=str(tmp_path / "a"))
+    result, _ = hunt_here(parse_target(f"{target}::loss"), options)
+    line = next(i for i, text in enumerate(AUX_TARGET.splitlines(), start=1) if "# distance line" in text)
+    assert result.found and result.first["pass"] == "backward" and result.first["source"]["line"] == line
+    assert {g.name: g.nan for g in result.grad_norms}["params['centre']"] == 2
+
+
 STATIC_TARGET = textwrap.dedent("""
     import functools
 
@@ -137,6 +151,8 @@ def test_function_mode_jitted_target_keeps_its_static_arguments(tmp_path) -> Non
     (["nan-hunt", os.path.join(RECIPES, "nan_scan", "train.py") + "::rollout", "--argnums", "x", "--args", "f32[]"],
      "--argnums"),
     (["nan-hunt", os.path.join(RECIPES, "nan_scan", "train.py") + "::rollout"], "needs inputs"),
+    (["nan-hunt", os.path.join(RECIPES, "nan_scan", "train.py") + "::rollout", "--args", "f32[] f32[]"],
+     "do not fit rollout("),
 ])
 def test_bad_usage_is_one_line_exit_2(argv, fragment, capsys, tmp_path) -> None:
     code, _, err = _run(argv + ["--out", str(tmp_path / "u")], capsys)

@@ -135,6 +135,27 @@ def test_custom_vjp_backward_rule_keeps_its_own_line() -> None:
     assert "custom_vjp_bwd(_clipped_log_bwd)" in first.path
 
 
+@jax.custom_jvp
+def floored_log(x):
+    return jnp.log(jnp.maximum(x, 1e-6))
+
+
+@floored_log.defjvp
+def _floored_log_jvp(primals, tangents):
+    (x,), (t,) = primals, tangents
+    return floored_log(x), t / x  # jvp line: forgets the floor, so x = 0 gives an infinite gradient
+
+
+@pytest.mark.parametrize("remat", [False, True])
+def test_custom_jvp_rule_keeps_its_own_line_also_under_checkpoint(remat) -> None:
+    loss = lambda x: jnp.sum(floored_log(x))  # noqa: E731
+    found = hunt(jax.jit(jax.grad(jax.checkpoint(loss) if remat else loss)), jnp.array([1.0, 0.0]))
+    first = found.first
+    assert (first.kind, first.primitive, first.pass_) == ("inf", "div", "backward")
+    assert first.source.line == _line_of(_floored_log_jvp, "# jvp line")
+    assert ("checkpoint" in first.path) == remat
+
+
 def test_origin_inside_the_second_of_two_loops() -> None:
     def two_loops(x):
         clean = jax.lax.scan(lambda c, a: (c + a, c), 0.0, x)[0]

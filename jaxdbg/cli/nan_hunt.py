@@ -17,7 +17,9 @@ from jaxdbg.cli._common import (
 )
 from jaxdbg.report import Report, relative_or_absolute
 
-GradOpt = Annotated[bool, typer.Option("--grad", help="Function target: hunt inside its gradient (value_and_grad).")]
+GradOpt = Annotated[bool, typer.Option("--grad", help=(
+    "Function target: hunt inside its gradient (value_and_grad). A function returning a (scalar loss, aux) pair is "
+    "differentiated with has_aux=True: the gradient of the loss, and aux is checked too."))]
 ArgnumsOpt = Annotated[str, typer.Option("--argnums", metavar="I,J", help="Arguments to differentiate with --grad.")]
 NanOnlyOpt = Annotated[bool, typer.Option("--nan-only", help="Look for NaN only; ignore Inf.")]
 GrowthOpt = Annotated[float, typer.Option(

@@ -242,13 +242,13 @@ def _typed(atom: Any, value: Any) -> Any:
 def replay(call: Call, nan_only: bool = False, closed: Any = None) -> tuple[NanHunter, list, list, Any]:
     """Trace ``call`` and interpret it op by op under a :class:`NanHunter`; returns (hunter, outs, tags, jaxpr).
 
-    The trace keeps the lines of user ``custom_vjp`` backward rules (see
-    :func:`jaxdbg._compat.custom_vjp_backward_sources`); jax's trace caches are cleared first so nested
+    The trace keeps the lines of user ``custom_vjp`` backward rules and ``custom_jvp`` rules under remat (see
+    :func:`jaxdbg._compat.custom_vjp_backward_sources`, :func:`jaxdbg._compat.custom_jvp_rule_sources`); jax's trace caches are cleared first so nested
     functions traced earlier (without that) are traced again.
     """
     if closed is None:
         jax.clear_caches()
-        with _compat.custom_vjp_backward_sources():
+        with _compat.custom_vjp_backward_sources(), _compat.custom_jvp_rule_sources():
             closed = call.trace()
     hunter = NanHunter(call.name, call.call_index, nan_only)
     leaves = call.leaves()

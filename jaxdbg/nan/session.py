@@ -33,7 +33,7 @@ from jaxdbg.nan.result import GradNorm, NanHuntResult, Origin
 from jaxdbg.nan.stats import is_inexact, nonfinite_flags
 from jaxdbg.nan.watch import EagerFinding, JitFinding, NonFiniteFound, Watch
 from jaxdbg.runner import first_line
-from jaxdbg.target import TargetSpec, load_function, load_inputs, run_script
+from jaxdbg.target import TargetSpec, check_arity, load_function, load_inputs, run_script
 
 
 def hunt_job(payload: tuple[TargetSpec, HuntOptions], channel: Any) -> None:
@@ -94,6 +94,7 @@ def _clean_text(calls: int, eager: int, names: tuple[str, ...]) -> str:
 def _hunt_function(spec: TargetSpec, options: HuntOptions, channel: Any) -> tuple[NanHuntResult, dict[str, str]]:
     fn = load_function(spec)
     inputs = load_inputs(options.inputs, options.args, options.seed)
+    check_arity(fn, inputs, spec.function)
     name = spec.function
     target = fn
     if options.grad:
@@ -101,14 +102,15 @@ def _hunt_function(spec: TargetSpec, options: HuntOptions, channel: Any) -> tupl
         if bad:
             raise UsageError(f"--argnums {','.join(map(str, options.argnums))}: the function gets {len(inputs)} "
                              f"argument(s); pick positions 0..{len(inputs) - 1}")
-        target = jax.value_and_grad(fn, argnums=options.argnums)
+        target = jax.value_and_grad(_loss_with_aux(fn), argnums=options.argnums, has_aux=True)
         name = f"grad({name})"
     static = tuple(sorted(_compat.jit_static_argnums(fn, len(inputs))))  # a jitted target's own static arguments
     try:
         out = jax.jit(target, static_argnums=static)(*inputs)
     except TypeError as err:
         if options.grad and "scalar" in str(err):
-            raise UsageError(f"--grad: {spec.function} must return a scalar to be differentiated ({first_line(str(err))})") from None
+            raise UsageError(f"--grad: {spec.function} must return a scalar loss or a (scalar loss, aux) pair to be "
+                             f"differentiated ({first_line(str(err))})") from None
         raise TargetFailedError(f"{spec.function} raised TypeError: {first_line(str(err))}") from err
     except Exception as err:
         raise TargetFailedError(f"{spec.function} raised {type(err).__name__}: {first_line(str(err))}") from err
@@ -124,6 +126,26 @@ def _hunt_function(spec: TargetSpec, options: HuntOptions, channel: Any) -> tupl
     watch = Watch(options.nan_only, options.growth_factor)
     kind = "nan" if any(n for n, _ in flags) else "inf"
     return _analyse(JitFinding(call, [], kind), watch, options, channel, (name,), grad_norms)
+
+
+def _loss_with_aux(fn: Any) -> Any:
+    """``fn`` for ``value_and_grad(..., has_aux=True)``: a ``(scalar loss, aux)`` pair is taken as loss and aux (as
+    ``has_aux=True`` would), any other output as the loss itself with no aux (a non-scalar then fails as usual).
+
+    Example:
+        >>> jax.value_and_grad(_loss_with_aux(lambda x: (x * x, {"x": x})), has_aux=True)(3.0)[1]   # doctest: +SKIP
+        Array(6., dtype=float32, weak_type=True)
+    """
+    import functools
+
+    @functools.wraps(fn)
+    def loss(*args: Any) -> tuple[Any, Any]:
+        out = fn(*args)
+        if isinstance(out, (tuple, list)) and len(out) == 2 and jax.numpy.ndim(out[0]) == 0 and is_inexact(out[0]):
+            return out[0], out[1]
+        return out, None
+
+    return loss
 
 
 def _grad_norms(fn: Any, grads: Any, argnums: tuple[int, ...]) -> tuple[GradNorm, ...]:

@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from jaxdbg.target import TargetSpec
+from jaxdbg.target import TargetSpec, check_arity
 
 
 def locked_sender(channel: Any) -> Callable[[str, Any], None]:
@@ -139,7 +139,7 @@ def function_job(payload: dict, channel: Any) -> None:
             leaves = jax.tree_util.tree_leaves(host_args)
             recorder.add_transfer("device_put", put_s, sum(int(getattr(a, "nbytes", 0)) for a in leaves))
             jitted = fn if hasattr(fn, "trace") and hasattr(fn, "lower") else jax.jit(fn)
-            _check_arity(fn, name, args)
+            check_arity(fn, args, name)
             # The compiled executable takes only the non-static arguments (static ones are baked in).
             static = _compat.jit_static_argnums(jitted, len(args))
             dynamic_host = tuple(a for i, a in enumerate(host_args) if i not in static)
@@ -190,23 +190,6 @@ def _to_device(host_args: tuple) -> tuple[tuple, float]:
     args = tuple(jax.tree_util.tree_map(put, a) for a in host_args)
     jax.block_until_ready(args)
     return args, time.perf_counter() - started
-
-
-def _check_arity(fn: Any, name: str, args: tuple) -> None:
-    """Inputs that do not fit the function's parameters are the user's input (exit 2), not a crash."""
-    import inspect
-
-    from jaxdbg._errors import UsageError
-
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError):  # a builtin or C callable: let the call itself decide
-        return
-    try:
-        signature.bind(*args)
-    except TypeError as err:
-        raise UsageError(f"the inputs do not fit {name}{signature}: {err}; "
-                         f"give one input per parameter with --args or --inputs") from err
 
 
 def _call(compiled: Any, args: list, host_args: tuple) -> float:
