@@ -236,7 +236,7 @@ def test_crash_is_contained_and_reported(scripts, tmp_path):
 
 
 def test_timeout_stops_the_target_and_keeps_what_was_sent(scripts, tmp_path):
-    run = profile(parse_target(str(scripts / "hangs.py")), ProfileOptions(timeout=6, trace_calls=0, calibrate=False),
+    run = profile(parse_target(str(scripts / "hangs.py")), ProfileOptions(timeout=12, trace_calls=0, calibrate=False),
                   str(tmp_path))
     assert run.exit_code == 3 and "timed out" in run.result.error
     assert run.result.functions[0].execute.calls == 3  # flushed before the hang
