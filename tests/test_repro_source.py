@@ -127,3 +127,82 @@ def test_the_real_jit_failure_is_accepted(mismatch_checker):
             "x = np.ones(3, np.float32)\njit_out = jax.jit(features)(x)\neager_out = features(x)\n"
             "assert np.allclose(jit_out, eager_out, atol=1e-3), 'jit and op-by-op disagree'\n")
     assert mismatch_checker.check_text(text, (9, 9)), mismatch_checker.last_rejections
+
+
+CHAIN = '''
+import numpy as np
+CFG = dict(width=8, depth=3, scale=2.0)
+
+def check(v, limit=1.0):
+    if v.sum() > limit:
+        raise ValueError("bad total " + str(v.shape))
+    return v
+
+def layer(x, cfg, unused=None):
+    y = x * cfg["scale"]
+    z = y + 1
+    return check(z)
+
+def model(x, cfg):
+    for _ in range(cfg["depth"]):
+        x = layer(x, cfg)
+    return x
+
+model(np.ones(CFG["width"]), CFG)
+'''
+
+
+def _apply_all(reducer, make_edits):
+    """Every candidate an edit pass makes from the reducer's current state (None where an edit does not apply)."""
+    return [state for state in (reducer._apply(edit) for edit in make_edits(reducer.state)) if state is not None]
+
+
+def test_inlining_a_call_keeps_behaviour_and_drops_the_definition():
+    reducer = SourceReducer(CHAIN, protected_line=7, test=_value_error_test)
+    candidates = _apply_all(reducer, reducer.inline_calls)
+    whole = [s.text for s in candidates if "def layer" not in s.text]
+    assert whole, "inlining every call of layer() (and dropping it) must be a candidate"
+    assert "def check" in whole[0] and "raise ValueError('bad total ' + str(v.shape))" in whole[0]
+    assert _value_error_test([s for s in candidates if "def layer" not in s.text]) == [True]
+    assert not any("def check" not in s.text for s in candidates)  # the function holding the failure stays
+
+
+def test_reducer_collapses_a_call_chain_around_the_kept_statement():
+    text = SourceReducer(CHAIN, protected_line=7, test=_value_error_test, jobs=2).run()
+    assert "raise ValueError('bad total ' + str(v.shape))" in text and "if v.sum() > limit:" in text
+    assert "def layer" not in text and "def model" not in text and "CFG" not in text
+    assert len(text.splitlines()) <= 7, text
+    assert not undefined_names(ast.parse(text)) and _value_error_test([type("S", (), {"text": text})]) == [True]
+
+
+def test_inlining_renames_callee_locals_that_would_collide():
+    source = "def f(a):\n    x = a + 1\n    return x * 2\nx = 10\ny = f(3)\nassert (x, y) == (10, 8)\nraise ValueError('bad')\n"
+    reducer = SourceReducer(source, protected_line=7, test=_value_error_test)
+    [inlined] = [s for s in _apply_all(reducer, reducer.inline_calls) if "def f" not in s.text]
+    assert "x1 = 3 + 1" in inlined.text and _value_error_test([inlined]) == [True]
+
+
+def test_calls_evaluated_lazily_or_recursive_functions_are_not_inlined():
+    source = ("def f(a):\n    b = a\n    return b\ndef r(n):\n    return r(n - 1) if n else 0\n"
+              "z = [f(i) for i in range(2)]\nw = r(2) or f(1)\nraise ValueError('bad')\n")
+    reducer = SourceReducer(source, protected_line=8, test=_value_error_test)
+    assert _apply_all(reducer, reducer.inline_calls) == []
+
+
+def test_constant_lookups_fold_and_unneeded_defaults_go():
+    source = "CFG = dict(n=4, name='a')\ndef f(x, k=2):\n    return x * k\ny = f(CFG['n'], 3)\nraise ValueError('bad' * y)\n"
+    reducer = SourceReducer(source, protected_line=5, test=_value_error_test)
+    [folded] = _apply_all(reducer, reducer.fold_constant_lookups)
+    assert "f(4, 3)" in folded.text
+    [no_default] = _apply_all(reducer, reducer.drop_defaults)
+    assert "def f(x, k):" in no_default.text
+
+
+def test_dead_code_goes_in_one_step_but_never_a_call_that_may_fail():
+    source = ("import os\nimport numpy as np\ndef unused():\n    return 1\ndef run(v):\n    raise ValueError('bad')\n"
+              "a = np.ones(3)\nb = a * 2\nc = b + 1\nt = {'keep': a, 'drop': b}\nout = run(t['keep'])\n")
+    reducer = SourceReducer(source, protected_line=6, test=_value_error_test)
+    both = reducer._apply(reducer.delete_dead_code(reducer.state)[0])
+    assert both is not None and _value_error_test([both]) == [True]
+    assert "import os" not in both.text and "def unused" not in both.text and "b = " not in both.text
+    assert "'drop'" not in both.text and "out = run(t['keep'])" in both.text  # unread, but it calls run()

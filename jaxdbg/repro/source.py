@@ -1,9 +1,10 @@
 """AST-aware delta debugging of a Python script: delete and simplify while the failure holds.
 
 The reducer knows Python's structure, so every candidate parses: it deletes chunks of statements (halving
-the chunk size, ddmin style), unwraps ``with``/``try``/``if``/``for`` blocks, inlines constants, and
-simplifies expressions (a call by one of its arguments, ``a + b`` by ``a``, big integers by 1 or 2, a
-subscript by its value). Candidates are tested in batches of ``jobs`` in parallel (C-Vise style
+the chunk size, ddmin style), drops dead code in one step, inlines calls of user functions (so call chains
+collapse), unwraps ``with``/``try``/``if``/``for`` blocks, inlines constants and constant dict lookups, drops
+unused parameters and defaults, and simplifies expressions (a call by one of its arguments, ``a + b`` by
+``a``, big integers by 1 or 2, a subscript by its value). Candidates are tested in batches of ``jobs`` in parallel (C-Vise style
 speculation: the first interesting one in order wins) and their verdicts are cached by text.
 
 What makes it safe for reproducers: the *protected* statement (the one that raises, crashes or hangs) is
@@ -28,7 +29,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
-Edit = Callable[[list], bool]  # mutates the walk-ordered node list of a copy; False: not applicable
+from jaxdbg.repro.rewrites import (Edit, constant_table, drop_defaults_edit, drop_unlooked_entries, drop_unread_bindings,
+                                   fold_lookups, inline_call, inline_everywhere, inlinable, is_constant, is_literal,
+                                   lookup_of, name_stores, parents_of, replace_node)
 
 # CPython 3.11's parser is not safe to call from several threads at once ("AST constructor recursion depth
 # mismatch"); candidates are checked from a thread pool, so every parse goes through this lock.
@@ -77,21 +80,15 @@ def statement_lines(state: State) -> tuple[int, int] | None:
 def is_constant_raise(stmt: ast.stmt | None) -> bool:
     """``raise X('text')`` / ``assert <constant>`` with nothing computed: never a reproducer by itself."""
     if isinstance(stmt, ast.Assert):
-        return _is_constant(stmt.test)
+        return is_constant(stmt.test)
     if isinstance(stmt, ast.Raise):
         exc = stmt.exc
         if exc is None:
             return False
         if isinstance(exc, ast.Call):
-            return all(_is_constant(a) for a in exc.args) and all(_is_constant(k.value) for k in exc.keywords)
+            return all(is_constant(a) for a in exc.args) and all(is_constant(k.value) for k in exc.keywords)
         return isinstance(exc, ast.Name)
     return False
-
-
-def _is_constant(node: ast.AST) -> bool:
-    """True when no name, call, attribute or subscript is involved (a literal, f-string of literals, ...)."""
-    return not any(isinstance(n, (ast.Name, ast.Call, ast.Attribute, ast.Subscript, ast.NamedExpr, ast.Await))
-                   for n in ast.walk(node))
 
 
 def undefined_names(tree: ast.Module) -> set[str]:
@@ -134,21 +131,30 @@ class SourceReducer:
 
     def run(self) -> str:
         """Apply the passes until none makes progress (or time is up); returns the smallest text found."""
-        passes = (self.delete_statements, self.unwrap_blocks, self.inline_constants, self.drop_unused_parameters,
-                  self.simplify_expressions)
+        # The structural passes (few candidates, big steps) reach their fixpoint before each round of the
+        # expression pass (many candidates, small steps): the big wins come first.
+        structural = (self.delete_dead_code, self.delete_statements, self.inline_calls, self.unwrap_blocks, self.inline_constants,
+                      self.fold_constant_lookups, self.drop_unused_parameters, self.drop_defaults)
         progress = True
         while progress and not self.out_of_time():
             progress = False
-            for make_edits in passes:
-                progress |= self._run_pass(make_edits)
+            changed = True
+            while changed and not self.out_of_time():
+                changed = False
+                for make_edits in structural:
+                    changed |= self._run_pass(make_edits)
+                progress |= changed
+            # a few simplifications at a time: each can leave dead code that a structural pass removes at once
+            progress |= self._run_pass(self.simplify_expressions, max_accepts=4)
         return self.state.text
 
     # The search ---------------------------------------------------------------------------------------------
 
-    def _run_pass(self, make_edits: Callable[[State], list[Edit]]) -> bool:
-        """Try the pass's edits in order, in batches; after an accepted edit, regenerate and go on from there."""
-        improved, position = False, 0
-        while not self.out_of_time():
+    def _run_pass(self, make_edits: Callable[[State], list[Edit]], max_accepts: int | None = None) -> bool:
+        """Try the pass's edits in order, in batches; after an accepted edit, regenerate and go on from there
+        (until ``max_accepts`` edits were accepted, if given)."""
+        improved, position, accepts = False, 0, 0
+        while not self.out_of_time() and (max_accepts is None or accepts < max_accepts):
             edits = make_edits(self.state)[position:]
             accepted = None
             batch: list[tuple[int, State]] = []
@@ -165,7 +171,7 @@ class SourceReducer:
                 return improved
             offset, self.state = accepted
             self.on_accept(self.state)
-            improved, position = True, position + offset
+            improved, position, accepts = True, position + offset, accepts + 1
 
         return improved
 
@@ -182,7 +188,7 @@ class SourceReducer:
                 compile(text, "<candidate>", "exec")
         except (SyntaxError, ValueError, TypeError, RecursionError):
             return None
-        if len(text) >= len(self.state.text) or text in self.cache or undefined_names(tree) - undefined_names(self.state.tree):
+        if _size(tree, text) >= _size(self.state.tree, self.state.text) or text in self.cache or undefined_names(tree) - undefined_names(self.state.tree):
             return None
         if protected is not None and not any(node is protected for node in ast.walk(tree)):
             return None
@@ -206,7 +212,7 @@ class SourceReducer:
         """(ids of the protected statement's ancestors, ids of nodes no edit may touch)."""
         if state.protected is None:
             return set(), set()
-        parents = _parents(state.tree)
+        parents = parents_of(state.tree)
         ancestors, frozen = set(), {id(n) for n in ast.walk(state.protected)}
         node = parents.get(id(state.protected))
         while node is not None:
@@ -223,7 +229,7 @@ class SourceReducer:
         """Delete chunks of statements from every block, big chunks first (the protected one stays)."""
         ancestors, frozen = self._guarded(state)
         keep = ancestors | ({id(state.protected)} if state.protected is not None else set())
-        edits: list[Edit] = []
+        edits: list[tuple[int, Edit]] = []
         nodes = list(ast.walk(state.tree))
         for owner_index, owner in enumerate(nodes):
             for field in ("body", "orelse", "finalbody", "handlers"):
@@ -237,9 +243,10 @@ class SourceReducer:
                         part = block[start:start + chunk]
                         if any(id(s) in keep for s in part):
                             continue
-                        edits.append(_delete(owner_index, field, start, start + len(part)))
+                        edits.append((len(part), _delete(owner_index, field, start, start + len(part))))
                     chunk //= 2
-        return edits
+        edits.sort(key=lambda sized: -sized[0])  # across all blocks: the biggest chunks first (stable)
+        return [edit for _, edit in edits]
 
     def unwrap_blocks(self, state: State) -> list[Edit]:
         """Replace a ``with``/``try``/``if``/``for`` statement by its body (not the ifs/loops around the protected one)."""
@@ -262,11 +269,9 @@ class SourceReducer:
     def inline_constants(self, state: State) -> list[Edit]:
         """``N = 128`` (or an alias ``h = x``) assigned once: write the value where the name is read, drop the assignment."""
         _, frozen = self._guarded(state)
-        stores: dict[str, int] = {}
+        stores = name_stores(state.tree)
         for node in ast.walk(state.tree):
-            if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
-                stores[node.id] = stores.get(node.id, 0) + 1
-            elif isinstance(node, (ast.arg,)):
+            if isinstance(node, (ast.arg,)):
                 stores[node.arg] = stores.get(node.arg, 0) + 2
             elif isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)):
                 stores[node.name] = stores.get(node.name, 0) + 2
@@ -276,7 +281,7 @@ class SourceReducer:
                 continue
             name = node.targets[0].id
             alias = isinstance(node.value, ast.Name)  # `h = x`: read x where h is read
-            if stores.get(name) != 1 or not (alias or _is_literal(node.value)) or id(node) in frozen:
+            if stores.get(name) != 1 or not (alias or is_literal(node.value)) or id(node) in frozen:
                 continue
             reads = [n for n in ast.walk(state.tree) if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)]
             if any(id(r) in frozen for r in reads):
@@ -298,6 +303,55 @@ class SourceReducer:
                 if arg.arg not in used and arg.arg != "self" and (not has_default or k == len(args) - 1):
                     edits.append(_drop_parameter(index, node.name, k))
         return edits
+
+    def delete_dead_code(self, state: State) -> list[Edit]:
+        """Two one-check guesses that usually hold (together, then apart): drop every assignment, def and import
+        whose names are never read (repeated until none is left; not an assignment calling a user function: it
+        may be the call that fails), and every dict entry whose constant key is never looked up."""
+        bindings = drop_unread_bindings(id(state.protected) if state.protected is not None else None)
+        entries = drop_unlooked_entries(self._guarded(state)[1])
+        return [lambda nodes: entries(nodes) | bindings(nodes), bindings, entries]
+
+    def inline_calls(self, state: State) -> list[Edit]:
+        """A call of a user function is replaced by its body (call chains collapse; the definition may then go).
+
+        Not the function holding the protected statement (it stays as written), nor recursive, decorated,
+        generator or early-returning ones. A one-``return`` function is substituted in place; any other is
+        hoisted before the calling statement with its parameters bound by assignments.
+        """
+        functions = {node.name: index for index, node in enumerate(ast.walk(state.tree))
+                     if isinstance(node, ast.FunctionDef) and inlinable(node, state.protected)}
+        defined = [n.name for n in ast.walk(state.tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+        functions = {name: index for name, index in functions.items() if defined.count(name) == 1}
+        _, frozen = self._guarded(state)
+        calls: dict[str, list[int]] = {}
+        for index, node in enumerate(ast.walk(state.tree)):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in functions
+                    and id(node) not in frozen):
+                calls.setdefault(node.func.id, []).append(index)
+        # Every call at once with the definition dropped first (the big step), then the calls one by one.
+        edits: list[Edit] = [inline_everywhere(functions[name], sites) for name, sites in calls.items()]
+        edits += [inline_call(functions[name], site) for name, sites in calls.items() for site in sites]
+        return edits
+
+    def fold_constant_lookups(self, state: State) -> list[Edit]:
+        """``CONFIG["d_model"]`` with ``CONFIG = {...}`` a dict literal assigned once: write the entry's value."""
+        _, frozen = self._guarded(state)
+        stores = name_stores(state.tree)
+        edits: list[Edit] = []
+        for index, node in enumerate(ast.walk(state.tree)):
+            if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                    and stores.get(node.targets[0].id) == 1 and constant_table(node.value) is not None):
+                name = node.targets[0].id
+                if any(lookup_of(n, name) is not None and id(n) in frozen for n in ast.walk(state.tree)):
+                    continue
+                edits.append(fold_lookups(index, name))
+        return edits
+
+    def drop_defaults(self, state: State) -> list[Edit]:
+        """Default values the calls never rely on go (``def f(x, eps=1e-6)`` -> ``def f(x, eps)``)."""
+        return [drop_defaults_edit(index) for index, node in enumerate(ast.walk(state.tree))
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.args.defaults]
 
     def simplify_expressions(self, state: State) -> list[Edit]:
         """Smaller expressions: a call by an argument or its receiver, ``a op b`` by a side, ints by 1 or 2, ..."""
@@ -382,6 +436,14 @@ def _drop_parameter(function: int, name: str, k: int) -> Edit:
     return edit
 
 
+def _size(tree: ast.AST, text: str) -> tuple[int, int]:
+    """What reduction makes smaller: function definitions first (inlining one may lengthen the text), then length.
+
+    Every pass lowers it, and no pass adds a definition, so the search terminates.
+    """
+    return sum(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) for n in ast.walk(tree)), len(text)
+
+
 def _is_main_guard(stmt: ast.stmt) -> bool:
     """``if __name__ == "__main__":`` decides nothing about the failure; it may go."""
     return isinstance(stmt, ast.If) and "__name__" in ast.unparse(stmt.test) and not any(
@@ -390,19 +452,8 @@ def _is_main_guard(stmt: ast.stmt) -> bool:
 
 def _replace(target: int, make: Callable[[ast.AST], ast.AST | None]) -> Edit:
     def edit(nodes: list) -> bool:
-        old = nodes[target]
-        new = make(old)
-        if new is None:
-            return False
-        for node in nodes:
-            for field, value in ast.iter_fields(node):
-                if value is old:
-                    setattr(node, field, new)
-                    return True
-                if isinstance(value, list) and any(v is old for v in value):
-                    value[[i for i, v in enumerate(value) if v is old][0]] = new
-                    return True
-        return False
+        new = make(nodes[target])
+        return new is not None and replace_node(nodes[0], nodes[target], new)
     return edit
 
 
@@ -462,10 +513,6 @@ def _expression_edits(index: int, node: ast.expr, modules: set[str]) -> Iterator
             yield _replace(index, lambda old, v=smaller: ast.Constant(v))
 
 
-def _is_literal(node: ast.AST) -> bool:
-    return _is_constant(node) and isinstance(node, (ast.Constant, ast.Tuple, ast.UnaryOp, ast.BinOp, ast.List))
-
-
 def _imported_names(tree: ast.AST) -> set[str]:
     """Names bound by imports (``jnp`` in ``jnp.ones(...)`` is a module, not a value to keep)."""
     return {(a.asname or a.name).split(".")[0] for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
@@ -479,10 +526,6 @@ def _fill_empty_bodies(tree: ast.AST) -> None:
             node.body.append(ast.Pass())
         if isinstance(node, ast.Try) and not node.handlers and not node.finalbody:
             node.finalbody = [ast.Pass()]
-
-
-def _parents(tree: ast.AST) -> dict[int, ast.AST]:
-    return {id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
 
 
 def _children(value: object) -> list:
