@@ -206,3 +206,50 @@ def test_dead_code_goes_in_one_step_but_never_a_call_that_may_fail():
     assert both is not None and _value_error_test([both]) == [True]
     assert "import os" not in both.text and "def unused" not in both.text and "b = " not in both.text
     assert "'drop'" not in both.text and "out = run(t['keep'])" in both.text  # unread, but it calls run()
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("z = [f(i) for i in range(3)]", "z = [f(0)]"),
+    ("z = [f(k, c) for k in keys[1:-1]]", "z = [f(keys[1:-1][0], c)]"),
+    ("z = sum((g(a) for a in [x, y]))", "z = sum((g(x),))"),
+    ("z = {n: i for i, n in enumerate(names)}", "z = {names[0]: 0}"),
+    ("z = [a + b for a, b in zip(p, q)]", "z = [p[0] + q[0]]"),
+    ("z = [h(v) for v in make(3)]", "z = [h(list(make(3))[0])]"),
+])
+def test_a_comprehension_becomes_its_first_item(source, expected):
+    reducer = SourceReducer(source + "\nraise ValueError('bad')\n", protected_line=2, test=_value_error_test)
+    [single] = _apply_all(reducer, reducer.single_iterations)
+    assert single.text.splitlines()[0] == expected
+
+
+def test_comprehensions_with_a_filter_or_a_shadowed_variable_stay():
+    source = "z = [f(i) for i in range(3) if i]\nw = [(lambda i: i)(i) for i in range(2)]\nraise ValueError('bad')\n"
+    reducer = SourceReducer(source, protected_line=3, test=_value_error_test)
+    assert _apply_all(reducer, reducer.single_iterations) == []
+
+
+def test_a_loop_runs_once_with_its_first_value_and_the_call_can_then_be_inlined():
+    source = ("def init(k):\n    w = k * 2\n    return {'w': w}\n"
+              "blocks = [init(k) for k in range(1, 4)]\nfor i, b in enumerate(blocks):\n    total = b['w'] + i\n"
+              "    if total > 1:\n        raise ValueError('bad')\n")
+    reducer = SourceReducer(source, protected_line=8, test=_value_error_test)
+    [single] = _apply_all(reducer, reducer.single_iterations)
+    assert "blocks = [init(1)]" in single.text
+    reducer.state = single
+    assert any("def init" not in s.text for s in _apply_all(reducer, reducer.inline_calls))
+    unwrapped = [s.text for s in _apply_all(reducer, reducer.unwrap_blocks)]
+    assert any("i = 0\nb = blocks[0]\ntotal = b['w'] + i\nif total > 1:" in t for t in unwrapped), unwrapped
+    assert _value_error_test([type("S", (), {"text": t}) for t in unwrapped]) == [True] * len(unwrapped)
+
+
+def test_a_value_read_once_later_in_its_block_is_written_there():
+    source = ("def g(k):\n    w = k * 2\n    x = w + 1\n    return x\n"
+              "def h(k):\n    v = k * 2\n    k = 0\n    return v\n"
+              "def r(k):\n    u = k * 2\n    for _ in range(2):\n        k = u\n    return k\n"
+              "if g(1) + h(1) + r(1) > 1:\n    raise ValueError('bad')\n")
+    reducer = SourceReducer(source, protected_line=15, test=_value_error_test)
+    texts = [s.text for s in _apply_all(reducer, reducer.inline_constants)]
+    assert any("x = k * 2 + 1" in t for t in texts) and any("return w + 1" in t for t in texts)
+    assert not any("return k * 2\n" in t for t in texts) and any("v = k * 2" in t for t in texts)  # k changed
+    assert not any("k = k * 2" in t for t in texts)  # read inside a loop
+    assert _value_error_test([type("S", (), {"text": t}) for t in texts]) == [True] * len(texts)

@@ -1,6 +1,6 @@
 r"""AST rewrites for the source reducer that reach across a program: inlining calls, dropping dead code,
-folding constant lookups. Each ``Edit`` mutates the walk-ordered node list of a fresh copy and says whether
-it applied (the reducer then checks the candidate).
+folding constant lookups, running a comprehension for its first item. Each ``Edit`` mutates the walk-ordered
+node list of a fresh copy and says whether it applied (the reducer then checks the candidate).
 
 Example:
     >>> import ast
@@ -281,3 +281,95 @@ def is_literal(node: ast.AST) -> bool:
 
 def parents_of(tree: ast.AST) -> dict[int, ast.AST]:
     return {id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+
+
+def first_item(iterable: ast.expr) -> ast.expr:
+    """An expression for the first item ``iterable`` yields: ``range(n)`` -> ``0``, ``[a, b]`` -> ``a``, else ``E[0]``
+    (``list(E)[0]`` for a call, which may build an iterator); the reducer's test rejects a wrong guess."""
+    if isinstance(iterable, ast.Call) and isinstance(iterable.func, ast.Name) and iterable.func.id == "range" and (
+            1 <= len(iterable.args) <= 3 and not iterable.keywords and not any(isinstance(a, ast.Starred) for a in iterable.args)):
+        return copy.deepcopy(iterable.args[0]) if len(iterable.args) > 1 else ast.Constant(0)
+    if isinstance(iterable, (ast.List, ast.Tuple)) and iterable.elts and not any(isinstance(e, ast.Starred) for e in iterable.elts):
+        return copy.deepcopy(iterable.elts[0])
+    if isinstance(iterable, ast.Call):
+        iterable = ast.Call(ast.Name("list", ast.Load()), [copy.deepcopy(iterable)], [])
+    return ast.Subscript(value=copy.deepcopy(iterable), slice=ast.Constant(0), ctx=ast.Load())
+
+
+def first_binding(target: ast.expr, iterable: ast.expr) -> dict[str, ast.expr] | None:
+    """Loop variable name(s) -> their value on the first iteration; None when that is not statically clear.
+
+    ``for i in range(n)`` -> ``{i: 0}``; ``for i, x in enumerate(xs)`` -> ``{i: 0, x: xs[0]}``;
+    ``for a, b in zip(as_, bs)`` -> ``{a: as_[0], b: bs[0]}``.
+    """
+    if isinstance(target, ast.Name):
+        return {target.id: first_item(iterable)}
+    if not (isinstance(target, ast.Tuple) and all(isinstance(e, ast.Name) for e in target.elts)
+            and isinstance(iterable, ast.Call) and isinstance(iterable.func, ast.Name) and not iterable.keywords):
+        return None
+    names = [e.id for e in target.elts]
+    if iterable.func.id == "enumerate" and len(iterable.args) == 1 and len(names) == 2:
+        return {names[0]: ast.Constant(0), names[1]: first_item(iterable.args[0])}
+    if iterable.func.id == "zip" and len(iterable.args) == len(names) and not any(isinstance(a, ast.Starred) for a in iterable.args):
+        return {name: first_item(arg) for name, arg in zip(names, iterable.args)}
+    return None
+
+
+def single_iteration(comprehension: int) -> Edit:
+    """``[f(i) for i in range(n)]`` -> ``[f(0)]`` (one generator, no ``if``; sets, dicts and generators alike)."""
+    def edit(nodes: list) -> bool:
+        node = nodes[comprehension]
+        if len(node.generators) != 1 or node.generators[0].ifs or node.generators[0].is_async:
+            return False
+        binding = first_binding(node.generators[0].target, node.generators[0].iter)
+        parts = [node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]
+        if binding is None or any(_rebinds(n, binding) for part in parts for n in ast.walk(part)):
+            return False  # an inner lambda or comprehension shadows the loop variable: leave it
+        holder = ast.Module(body=[ast.Expr(ast.Tuple(parts, ast.Load()))], type_ignores=[])
+        _substitute(holder, binding)
+        parts = holder.body[0].value.elts
+        if isinstance(node, ast.DictComp):
+            new = ast.Dict(keys=[parts[0]], values=[parts[1]])
+        elif isinstance(node, ast.SetComp):
+            new = ast.Set(elts=parts)
+        elif isinstance(node, ast.ListComp):
+            new = ast.List(elts=parts, ctx=ast.Load())
+        else:  # a generator: a one-item tuple iterates the same way
+            new = ast.Tuple(elts=parts, ctx=ast.Load())
+        return replace_node(nodes[0], node, new)
+    return edit
+
+
+def _rebinds(node: ast.AST, names: dict) -> bool:
+    if isinstance(node, ast.Lambda):
+        return any(a.arg in names for a in ast.walk(node.args) if isinstance(a, ast.arg))
+    if isinstance(node, ast.comprehension):
+        return any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(node.target))
+    return isinstance(node, ast.NamedExpr) and node.target.id in names
+
+
+def read_once_after(assign: ast.stmt, read: ast.Name, parents: dict[int, ast.AST]) -> bool:
+    """True when ``read`` sits in a later statement of ``assign``'s own block, evaluated once (not in a loop,
+    lambda, comprehension, nested function or lazily evaluated operand), and no name the value reads changes
+    in between: moving the value there computes the same thing."""
+    owner = parents.get(id(assign))
+    node = read
+    while node is not None:
+        parent = parents.get(id(node))
+        if parent is owner and isinstance(node, ast.stmt):
+            block = next((b for b in (getattr(owner, f, None) for f in ("body", "orelse", "finalbody"))
+                          if isinstance(b, list) and any(s is node for s in b)), None)
+            if block is None or not any(s is assign for s in block):
+                return False
+            position = {id(s): i for i, s in enumerate(block)}
+            start, stop = position[id(assign)], position[id(node)]
+            # nothing the value reads may be rebound on the way (the read's own statement included)
+            rebound = {n.id for s in block[start + 1:stop + 1] for n in ast.walk(s)
+                       if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+            return stop > start and not rebound & {n.id for n in ast.walk(assign.value) if isinstance(n, ast.Name)}
+        if isinstance(parent, _LAZY + (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.While)) or (
+                isinstance(parent, ast.For) and node is not parent.iter) or (
+                isinstance(parent, ast.If) and node is not parent.test and parent is not owner):
+            return False
+        node = parent
+    return False

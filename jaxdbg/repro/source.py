@@ -1,8 +1,9 @@
 """AST-aware delta debugging of a Python script: delete and simplify while the failure holds.
 
 The reducer knows Python's structure, so every candidate parses: it deletes chunks of statements (halving
-the chunk size, ddmin style), drops dead code in one step, inlines calls of user functions (so call chains
-collapse), unwraps ``with``/``try``/``if``/``for`` blocks, inlines constants and constant dict lookups, drops
+the chunk size, ddmin style), drops dead code in one step, evaluates comprehensions for their first item
+only, inlines calls of user functions (so call chains collapse), unwraps ``with``/``try``/``if``/``for``
+blocks (a loop runs once), inlines constants, single-use values and constant dict lookups, drops
 unused parameters and defaults, and simplifies expressions (a call by one of its arguments, ``a + b`` by
 ``a``, big integers by 1 or 2, a subscript by its value). Candidates are tested in batches of ``jobs`` in parallel (C-Vise style
 speculation: the first interesting one in order wins) and their verdicts are cached by text.
@@ -30,8 +31,8 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
 from jaxdbg.repro.rewrites import (Edit, constant_table, drop_defaults_edit, drop_unlooked_entries, drop_unread_bindings,
-                                   fold_lookups, inline_call, inline_everywhere, inlinable, is_constant, is_literal,
-                                   lookup_of, name_stores, parents_of, replace_node)
+                                   first_binding, fold_lookups, inline_call, inline_everywhere, inlinable, is_constant, is_literal,
+                                   lookup_of, name_stores, parents_of, read_once_after, replace_node, single_iteration)
 
 # CPython 3.11's parser is not safe to call from several threads at once ("AST constructor recursion depth
 # mismatch"); candidates are checked from a thread pool, so every parse goes through this lock.
@@ -133,7 +134,8 @@ class SourceReducer:
         """Apply the passes until none makes progress (or time is up); returns the smallest text found."""
         # The structural passes (few candidates, big steps) reach their fixpoint before each round of the
         # expression pass (many candidates, small steps): the big wins come first.
-        structural = (self.delete_dead_code, self.delete_statements, self.inline_calls, self.unwrap_blocks, self.inline_constants,
+        structural = (self.delete_dead_code, self.delete_statements, self.single_iterations, self.inline_calls,
+                      self.unwrap_blocks, self.inline_constants,
                       self.fold_constant_lookups, self.drop_unused_parameters, self.drop_defaults)
         progress = True
         while progress and not self.out_of_time():
@@ -258,7 +260,8 @@ class SourceReducer:
                 if not isinstance(block, list):
                     continue
                 for i, stmt in enumerate(block):
-                    if isinstance(stmt, (ast.If, ast.For, ast.While)) and id(stmt) in ancestors and not _is_main_guard(stmt):
+                    # a loop around the protected statement may go (its body runs once), not a condition deciding it
+                    if isinstance(stmt, (ast.If, ast.While)) and id(stmt) in ancestors and not _is_main_guard(stmt):
                         continue
                     if isinstance(stmt, (ast.With, ast.Try, ast.If, ast.For, ast.While)):
                         edits.append(_unwrap(index, field, i, "body"))
@@ -267,9 +270,10 @@ class SourceReducer:
         return edits
 
     def inline_constants(self, state: State) -> list[Edit]:
-        """``N = 128`` (or an alias ``h = x``) assigned once: write the value where the name is read, drop the assignment."""
+        """``N = 128`` (or an alias ``h = x``, or any value read just once, later in the same block) assigned once:
+        write the value where the name is read, drop the assignment."""
         _, frozen = self._guarded(state)
-        stores = name_stores(state.tree)
+        stores, parents = name_stores(state.tree), parents_of(state.tree)
         for node in ast.walk(state.tree):
             if isinstance(node, (ast.arg,)):
                 stores[node.arg] = stores.get(node.arg, 0) + 2
@@ -281,10 +285,14 @@ class SourceReducer:
                 continue
             name = node.targets[0].id
             alias = isinstance(node.value, ast.Name)  # `h = x`: read x where h is read
-            if stores.get(name) != 1 or not (alias or is_literal(node.value)) or id(node) in frozen:
+            if stores.get(name) != 1 or id(node) in frozen:
                 continue
             reads = [n for n in ast.walk(state.tree) if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)]
             if any(id(r) in frozen for r in reads):
+                continue
+            # `w = f(x)` read once, later in the same block, x unchanged in between: write f(x) there
+            single_use = len(reads) == 1 and read_once_after(node, reads[0], parents)
+            if not (alias or is_literal(node.value) or single_use):
                 continue
             edits.append(_inline(index, name))
         return edits
@@ -333,6 +341,13 @@ class SourceReducer:
         edits: list[Edit] = [inline_everywhere(functions[name], sites) for name, sites in calls.items()]
         edits += [inline_call(functions[name], site) for name, sites in calls.items() for site in sites]
         return edits
+
+    def single_iterations(self, state: State) -> list[Edit]:
+        """A comprehension evaluated for its first item only (``[f(k) for k in ks]`` -> ``[f(ks[0])]``): the
+        call is no longer lazy, so it can be inlined next."""
+        _, frozen = self._guarded(state)
+        return [single_iteration(index) for index, node in enumerate(ast.walk(state.tree))
+                if isinstance(node, (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)) and id(node) not in frozen]
 
     def fold_constant_lookups(self, state: State) -> list[Edit]:
         """``CONFIG["d_model"]`` with ``CONFIG = {...}`` a dict literal assigned once: write the entry's value."""
@@ -386,10 +401,15 @@ def _unwrap(owner: int, field: str, i: int, which: str) -> Edit:
         stmt = block[i]
         inner = list(getattr(stmt, which))
         if isinstance(stmt, ast.For):
-            # the loop variable keeps a value: its first item
-            first = ast.Subscript(value=ast.Call(ast.Name("list", ast.Load()), [stmt.iter], []),
-                                  slice=ast.Constant(0), ctx=ast.Load())
-            inner.insert(0, ast.Assign(targets=[stmt.target], value=first, lineno=0))
+            # the loop variable keeps a value: its first item (``for i in range(n)`` -> ``i = 0``)
+            binding = first_binding(stmt.target, stmt.iter)
+            if binding is None:
+                first = ast.Subscript(value=ast.Call(ast.Name("list", ast.Load()), [stmt.iter], []),
+                                      slice=ast.Constant(0), ctx=ast.Load())
+                inner.insert(0, ast.Assign(targets=[stmt.target], value=first, lineno=0))
+            else:
+                inner[:0] = [ast.Assign(targets=[ast.Name(name, ast.Store())], value=value, lineno=0)
+                             for name, value in binding.items()]
         block[i:i + 1] = inner
         return True
     return edit
