@@ -46,12 +46,19 @@ def test_without_variability_ready_is_never_slower_than_fixed_with_buffered_mess
 @pytest.mark.parametrize("name,hint,caps", GUARANTEED)
 @pytest.mark.parametrize("p,m", [(4, 16), (8, 32)])
 def test_without_variability_ready_keeps_up_with_fixed_under_blocking_sends(name, hint, caps, p, m):
-    # Known gap: interleaved 1F1B with paired blocking sends. A readiness-first stage takes any message
-    # whenever it is not computing, so it runs ahead and is sometimes busy when a critical send comes;
-    # even in exactly the fixed order that costs up to 1%, and our sender-first hold makes it ~3% at 8x32.
-    floor = 0.96 if name == "interleaved" else 0.99
+    # Known gap: interleaved 1F1B with spare memory (caps 2x, 4x) and paired blocking sends stays ~1.3%
+    # behind: forwards run ahead and still collide with sends the plan's deadlines call critical.
     for cap in caps:
+        floor = 0.985 if name == "interleaved" and cap > 1 else 0.99
         assert _ratio(name, p, m, hint, cap, "sync") >= floor, cap
+
+
+@pytest.mark.parametrize("p,m,costs", [(4, 8, COSTS), (4, 16, COSTS), (8, 32, COSTS), (4, 8, UNIT), (4, 16, UNIT)])
+def test_interleaved_with_blocking_sends_holds_for_a_critical_neighbour(p, m, costs):
+    """Without the plan's deadlines a stage that ran ahead keeps a critical neighbour's send waiting
+    (interleaved 8x32 fell to 0.968x); holding for it keeps ready within 1% of the fixed order.
+    (Still short: 8x32 with unit costs and no message delay, 0.986x.)"""
+    assert _ratio("interleaved", p, m, "1f1b", 1, "sync", costs) >= 0.99
 
 
 def test_the_look_ahead_is_what_keeps_zb_h1_on_time():

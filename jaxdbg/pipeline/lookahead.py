@@ -12,6 +12,9 @@ if it is expected to be done by then (with blocking sends: done, its own send pa
 send left waiting). Expected durations are the configured costs (the durations without variability), each
 replaced by the running mean of the durations measured so far for that kind of task on that model stage;
 message delays likewise, per receiving stage. The simulator and the real executor feed it the same way.
+With blocking sends and the plan's own hint, a stage also holds for a neighbour whose send the plan's
+deadlines (:meth:`LookAhead.plan_deadlines`) call critical while its own task has slack, as long as every
+duration and delay so far has been as expected.
 
 An estimate is made only from work that is under way: ended tasks, messages in flight, running tasks,
 and tasks (up to ``DEPTH`` hops back) that are ready or becoming ready on a stage that is computing. When
@@ -32,11 +35,14 @@ from __future__ import annotations
 import functools
 import math
 
+import numpy as np
+
 from jaxdbg.pipeline.tasks import PipelineShape
 
 INF = math.inf
 DEPTH = 2  # hops back along the next task's inputs that an estimate may follow
 RELIABLE = 0.1  # root-mean-square relative error of a stage's expected durations to trust its timing
+_ON_PLAN = 1e-6  # relative: a duration or delay this close to its expectation keeps the run on the plan
 _TOLERANCE = 1e-9  # relative: a task that ends exactly when the next one's input arrives fits
 
 
@@ -52,6 +58,7 @@ class LookAhead:
     def __init__(self, shape: PipelineShape, comm: str, prior: list[float] | None = None, prior_comm: float = 0.0):
         graph = shape.graph()
         n, p = shape.num_tasks, shape.stages
+        self.shape = shape
         self.sync = comm == "sync"
         self.m = shape.microbatches
         self.worker = graph.worker
@@ -73,6 +80,9 @@ class LookAhead:
         # Neighbours whose messages this stage receives (a pipeline sends only to the next or previous stage).
         self.neighbours = [sorted({(w - 1) % p, (w + 1) % p} - {w}) for w in range(p)]
         self.wake = [INF] * p  # when a holding stage should look again (estimates move as time passes)
+        self.start_by: list[float] | None = None  # with blocking sends and a plan: see plan_deadlines
+        self.finish_by: list[float] | None = None
+        self.on_plan = True  # every duration and delay so far as expected: the plan's deadlines still hold
 
     # --- progress, reported by the Arbiter ----------------------------------------------------------
 
@@ -86,6 +96,8 @@ class LookAhead:
         slot = task // self.m
         took, expected = now - self.began[task], self.mean[slot]
         if 0 < expected < INF:
+            if abs(took - expected) > _ON_PLAN * expected:
+                self.on_plan = False
             self.miss_total[worker] += (took / expected - 1.0) ** 2
             self.miss_count[worker] += 1
         self.total[slot] += took
@@ -97,6 +109,8 @@ class LookAhead:
         self.arrived[task] = 1
         if delay is not None:
             w = self.worker[task]
+            if abs(delay - self.comm_mean[w]) > _ON_PLAN * max(self.comm_mean[w], 1e-9):
+                self.on_plan = False
             self.comm_total[w] += delay
             self.comm_count[w] += 1
             self.comm_mean[w] = self.comm_total[w] / self.comm_count[w]
@@ -185,10 +199,81 @@ class LookAhead:
                 if self.miss_total[x] > RELIABLE * RELIABLE * self.miss_count[x]:
                     continue
                 due = self.end_of_running(sending, now)
-                if now < due < end and due - now < end - due:
+                if now < due < end and (due - now < end - due or self._sender_critical(worker, task, sending, due, end)):
                     self.wake[worker] = due
                     return due
         return -1.0
+
+    def _sender_critical(self, worker: int, task: int, sending: int, due: float, end: float) -> bool:
+        """Whether running ``task`` to ``end`` would make the neighbour's ``sending`` pair too late for the
+        plan (its latest finish), while receiving first still starts ``task`` in time for the plan."""
+        if self.finish_by is None or not self.on_plan:
+            return False
+        slack = _TOLERANCE * max(abs(end), 1.0)
+        late = end > self.finish_by[sending] + slack
+        return late and due + self.comm_mean[worker] <= self.start_by[task] + slack
+
+    def plan_deadlines(self, plans: list[list[int]]) -> None:
+        """Latest start and finish of every task that keeps the plan's makespan, with blocking sends.
+
+        The plans run in fixed order on the expected durations (the simulator, on the realised durations
+        of "no variability"); a backward pass over the dependencies and each stage's order, counting a
+        blocking send's transfer before the sender's next task, gives each task its latest times. A stage
+        then holds for a neighbour's send when its own work has slack and the neighbour's has none."""
+        from jaxdbg.pipeline.policies import FixedOrder
+        from jaxdbg.pipeline.simulate import PipelineDeadlock, simulate
+        from jaxdbg.pipeline.variability import Durations
+
+        shape = self.shape
+        if INF in self.mean:
+            return
+        n, m = shape.num_tasks, self.m
+        graph = shape.graph()
+        took = [self.mean[t // m] for t in range(n)]
+        comm = [self.comm_mean[self.worker[graph.remote[t]]] if graph.remote[t] >= 0 else 0.0 for t in range(n)]
+        durations = Durations(shape, np.asarray(took), np.asarray(comm), np.zeros(m, dtype=bool))
+        ready = bytearray(n)
+        try:
+            record = simulate(shape, [FixedOrder(plan, ready, shape) for plan in plans], durations, "sync")
+        except PipelineDeadlock:
+            return  # a plan that cannot run in fixed order with blocking sends has no deadlines to keep
+        makespan = float(record.end.max())
+        comm_in = [self.comm_mean[self.worker[t]] for t in range(n)]
+        after = [-1] * n
+        for plan in plans:
+            for a, b in zip(plan, plan[1:]):
+                after[a] = b
+        starts = [float(x) for x in record.start]
+        start_by = [INF] * n
+
+        def gap_after(t: int) -> float:
+            # Between two tasks a stage may have to send (blocked for the transfer) and then receive the
+            # next one's input (a transfer that starts only once it is free): as long as the plan took.
+            nxt = after[t]
+            transfers = comm[t] + (comm_in[nxt] if self.remote_input(nxt) else 0.0)
+            return max(min(transfers, starts[nxt] - float(record.end[t])), 0.0)
+
+        def send_bound(t: int) -> float:
+            bound = start_by[graph.remote[t]] - comm[t]
+            return min(bound, start_by[after[t]] - gap_after(t)) if after[t] >= 0 else bound
+
+        for t in sorted(range(n), key=lambda t: (starts[t], record.end[t]), reverse=True):
+            latest = makespan
+            for nxt in (graph.local_a[t], graph.local_b[t]):
+                if nxt >= 0:
+                    latest = min(latest, start_by[nxt])
+            if graph.remote[t] >= 0:
+                latest = min(latest, send_bound(t))
+            elif after[t] >= 0:
+                latest = min(latest, start_by[after[t]] - gap_after(t))
+            start_by[t] = latest - took[t]
+        self.start_by = start_by
+        self.finish_by = [s + d for s, d in zip(start_by, took)]
+
+    def remote_input(self, task: int) -> bool:
+        """Whether an input of ``task`` comes from another stage (a message to receive)."""
+        w = self.worker[task]
+        return any(pred >= 0 and self.worker[pred] != w for pred in (self.pred_a[task], self.pred_b[task]))
 
     def choose(self, worker: int, now: float, next_task: int, best: int, other: int) -> int:
         """``best`` (or else ``other``, -1 if none) if it fits before ``next_task`` can start; else -1 and a

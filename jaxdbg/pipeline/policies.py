@@ -228,6 +228,11 @@ class Arbiter:
         guarded = [p for p in policies if getattr(p, "wants_lookahead", False)]
         expected = getattr(guarded[0], "expected", None) if guarded else None
         self.lookahead = LookAhead(shape, comm, *(expected or ())) if guarded else None
+        if self.lookahead is not None and self.lookahead.sync and len(guarded) == len(policies):
+            plans = [p.plan[:-1] for p in policies]
+            keys = policies[0].keys
+            if all(keys[a] < keys[b] for plan in plans for a, b in zip(plan, plan[1:])):  # the plan's own hint
+                self.lookahead.plan_deadlines(plans)
         for worker, policy in enumerate(policies):
             policy.bind(worker, self.lookahead)
         self.inflight = [0] * shape.stages
