@@ -20,9 +20,6 @@ import jax
 
 from jaxdbg._source import SourceLocation, is_user_file
 
-JAX_VERSION: tuple[int, ...] = tuple(int(p) for p in jax.__version__.split(".")[:3] if p.isdigit())
-
-
 def open_jaxpr(closed: Any) -> tuple[Any, list]:
     """``(jaxpr, consts)`` of a closed jaxpr on any supported jax version (an open jaxpr gets no consts)."""
     consts = list(getattr(closed, "consts", None) or [])
@@ -48,10 +45,6 @@ def eqn_source(eqn: Any) -> SourceLocation | None:
 def eqn_name_stack(eqn: Any) -> str:
     """The equation's name stack as text, e.g. ``'jvp(loss)'`` or ``'transpose(jvp(loss))'``."""
     return str(getattr(eqn.source_info, "name_stack", ""))
-
-
-def is_jax_array(value: Any) -> bool:
-    return isinstance(value, jax.Array)
 
 
 # --- repro: cutting and emitting jaxprs (jaxdbg.repro, jaxdbg.jaxpr.emit) ---------------------------------
