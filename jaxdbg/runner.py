@@ -203,6 +203,9 @@ def run_contained(
         except subprocess.TimeoutExpired:
             timed_out = True
             out, err = _stop_hung(proc)
+        except BaseException:  # Ctrl-C, or SIGTERM turned into SystemExit: the child has its own session,
+            _kill_group(proc)  # so nothing else would stop it (or what it started) from outliving jaxdbg
+            raise
         elapsed = time.perf_counter() - started
         messages = read_channel(os.path.join(workdir, "channel.bin"))
     stdout, stderr = out.decode(errors="replace"), err.decode(errors="replace")
@@ -231,11 +234,15 @@ def _stop_hung(proc: subprocess.Popen) -> tuple[bytes, bytes]:
         return out, err
     except (subprocess.TimeoutExpired, ProcessLookupError, PermissionError):
         pass
+    _kill_group(proc)
+    return proc.communicate()
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-    return proc.communicate()
 
 
 def _signal_name(number: int) -> str:

@@ -80,6 +80,15 @@ def test_python_dash_m_matches(tmp_path):
     assert proc.returncode == 2 and "No such option" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_python_dash_m_ignores_modules_in_the_current_folder(tmp_path):
+    """A user's typer.py (or timeit.py, profile.py) beside them must not replace jaxdbg's own imports."""
+    for name in ("typer", "timeit", "rich"):
+        (tmp_path / f"{name}.py").write_text("raise RuntimeError('the current folder shadowed a module')\n")
+    proc = subprocess.run([sys.executable, "-m", "jaxdbg", "--version"], capture_output=True, text=True,
+                          timeout=60, cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stdout.startswith("jaxdbg "), proc.stderr
+
+
 def test_doctor_exits_1_when_a_check_fails(tmp_path, capsys):
     out = tmp_path / "doc"
     out.mkdir()

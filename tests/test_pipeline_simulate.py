@@ -96,17 +96,20 @@ def test_straggler_and_multimodal_hit_the_stages_they_name():
     slow = realise(parse_variability("straggler:stage=2,factor=5,prob=0.5", 4), shape, Costs(), 0).task.reshape(2, 4, 64)
     assert np.all(slow[:, [0, 1, 3]] == np.array([Costs().forward_s, Costs().backward_s])[:, None, None])
     assert np.isclose(slow[0, 2].max(), 5 * Costs().forward_s) and np.isclose(slow[0, 2].min(), Costs().forward_s)
-    mm = realise(parse_variability("multimodal:heavy=0.5,factor=3,encoder=2", 4), shape, Costs(), 0)
+    mm = realise(parse_variability("multimodal:heavy=0.5,factor=3,encoder=2,partition=layers", 4), shape, Costs(), 0)
     forward = mm.task.reshape(2, 4, 64)[0]
     assert np.allclose(forward[:2, mm.heavy], 3 * Costs().forward_s)
-    assert np.allclose(forward[2:], Costs().forward_s) and np.allclose(forward[:, ~mm.heavy], Costs().forward_s)
+    # rest=2 by default: an image's tokens double the language stages' work too.
+    assert np.allclose(forward[2:, mm.heavy], 2 * Costs().forward_s)
+    assert np.allclose(forward[:, ~mm.heavy], Costs().forward_s)
 
 
 def test_multimodal_light_rest_and_length_shape_the_costs():
     shape = shape_for("1f1b", 4, 64, 1)
     F = Costs().forward_s
     base = realise(parse_variability("multimodal:heavy=0.5,factor=3,encoder=2", 4), shape, Costs(), 0)
-    mixed = realise(parse_variability("multimodal:heavy=0.5,factor=3,encoder=2,light=0.2,rest=1.5", 4), shape, Costs(), 0)
+    spec = "multimodal:heavy=0.5,factor=3,encoder=2,light=0.2,rest=1.5,partition=layers"
+    mixed = realise(parse_variability(spec, 4), shape, Costs(), 0)
     assert np.array_equal(base.heavy, mixed.heavy)  # the same modality draws
     forward = mixed.task.reshape(2, 4, 64)[0]
     assert np.allclose(forward[:2, ~mixed.heavy], 0.2 * F) and np.allclose(forward[2:, ~mixed.heavy], F)
@@ -115,6 +118,28 @@ def test_multimodal_light_rest_and_length_shape_the_costs():
     long = realise(parse_variability("multimodal:heavy=0.5,factor=3,encoder=2,length=0.5", 4), shape, Costs(), 0)
     ratio = long.task.reshape(2, 4, 64) / base.task.reshape(2, 4, 64)
     assert np.allclose(ratio, ratio[:1, :1, :]) and 0.3 < ratio.std() < 0.7
+
+
+def test_multimodal_partition_balances_each_stages_expected_load_by_default():
+    """A partitioner balances expected cost: every stage's mean load per microbatch is the base, while heavy
+    microbatches still cost factor/light times the light ones on the encoder stages."""
+    shape = shape_for("1f1b", 4, 64, 1)
+    F, B = Costs().forward_s, Costs().backward_s
+    for spec in ("multimodal:heavy=0.5,factor=3,encoder=2", "multimodal:heavy=0.3,factor=3,light=0.2,rest=1.5"):
+        params = parse_variability(spec, 4).models[0].params
+        d = realise(parse_variability(spec, 4), shape, Costs(), 0)
+        task = d.task.reshape(2, 4, 64)
+        heavy, light = task[:, :, d.heavy][..., 0], task[:, :, ~d.heavy][..., 0]  # one microbatch of each
+        expected = params["heavy"] * heavy + (1 - params["heavy"]) * light  # per kind and stage
+        assert np.allclose(expected, np.array([F, B])[:, None]), spec
+        encoders = params["encoder"] or 1
+        assert np.allclose(heavy[:, :encoders] / light[:, :encoders], params["factor"] / params["light"])
+    # partition=layers keeps the units: the encoder stages carry 0.5 x 3 + 0.5 x 1 = 2x the others' mean load.
+    layers = realise(parse_variability("multimodal:heavy=0.5,factor=3,encoder=2,partition=layers", 4), shape, Costs(), 0)
+    balanced = realise(parse_variability("multimodal:heavy=0.5,factor=3,encoder=2", 4), shape, Costs(), 0)
+    assert np.array_equal(layers.heavy, balanced.heavy)
+    assert np.allclose(layers.task.reshape(2, 4, 64)[0, :2][:, layers.heavy], 3 * F)
+    assert np.allclose(balanced.task.reshape(2, 4, 64)[0, :2][:, balanced.heavy], 1.5 * F)
 
 
 @pytest.mark.parametrize("spec,message", [
@@ -126,6 +151,7 @@ def test_multimodal_light_rest_and_length_shape_the_costs():
     ("multimodal:factor=0", "must be positive"),
     ("multimodal:light=0", "light must be positive"),
     ("multimodal:length=-1", "at least 0.0"),
+    ("multimodal:partition=even", "not one of balanced, layers"),
     ("replay:/no/such/durations.json", "no file"),
     ("jitter:cv=-1", "at least 0.0"),
 ])

@@ -177,3 +177,16 @@ def test_numpy_host_arrays_and_scalars_have_signatures():
     sig = _sig(lambda x, y, z: 0, np.zeros((2, 3), np.float32), 3, True)
     kinds = [(path, leaf.kind, leaf.dtype) for path, leaf in sig.leaves]
     assert kinds == [("x", "array", "f32"), ("y", "scalar", "i32"), ("z", "scalar", "bool")]
+
+
+def test_command_buffers_off_only_when_a_capture_is_taken_and_the_user_left_the_flag_alone():
+    from jaxdbg.profile.run import ProfileOptions, child_xla_flags
+
+    flags, off = child_xla_flags("--xla_force_host_platform_device_count=2", ProfileOptions(), None)
+    assert off and flags.split() == ["--xla_force_host_platform_device_count=2", "--xla_gpu_enable_command_buffer="]
+    assert child_xla_flags("", ProfileOptions(trace_calls=0), None) == ("", False)
+    assert child_xla_flags("", ProfileOptions(command_buffers=True), None) == ("", False)
+    mine = "--xla_gpu_enable_command_buffer=FUSION"
+    assert child_xla_flags(mine, ProfileOptions(), None) == (mine, False)
+    flags, _ = child_xla_flags("", ProfileOptions(), "/tmp/d")
+    assert flags.endswith("--xla_dump_to=/tmp/d --xla_dump_hlo_as_text")

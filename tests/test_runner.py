@@ -81,3 +81,39 @@ def test_device_count_reaches_the_child(tmp_path):
 def test_faulthandler_frame_parsing(text, expected):
     frame = faulthandler_user_frame(text)
     assert (frame.line if frame else None) == expected
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            return "\nState:\tZ" not in handle.read()
+    except FileNotFoundError:
+        return False
+
+
+def test_sigterm_to_jaxdbg_stops_the_contained_target(tmp_path):
+    """A CI timeout kills jaxdbg with SIGTERM: the target, in its own session, must not outlive it."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pid_file = tmp_path / "pid"
+    script = tmp_path / "sleeper.py"
+    script.write_text(f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(120)\n")
+    jaxdbg = subprocess.Popen([sys.executable, "-m", "jaxdbg", "profile", str(script), "-q", "--out", str(tmp_path / "o")],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        target = int(pid_file.read_text())
+        jaxdbg.send_signal(signal.SIGTERM)
+        assert jaxdbg.wait(timeout=30) == 128 + signal.SIGTERM
+        deadline = time.monotonic() + 10
+        while _alive(target) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(target)
+        assert b"Traceback" not in jaxdbg.stderr.read()
+    finally:
+        jaxdbg.kill()

@@ -11,7 +11,9 @@ Example:
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
+import threading
 from typing import Any, Optional, Sequence
 
 import typer
@@ -83,8 +85,18 @@ for _name in COMMANDS:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the command line; returns the exit code instead of exiting."""
+    # SIGTERM (a CI job's timeout, `kill`) becomes SystemExit, so contained children are stopped on the way out.
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if on_main_thread else None
     try:
         app(args=list(argv) if argv is not None else None, prog_name="jaxdbg")
     except SystemExit as done:
         return done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+    finally:
+        if on_main_thread:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
     return 0
+
+
+def _terminate(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)

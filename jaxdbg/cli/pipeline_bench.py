@@ -34,10 +34,11 @@ def pipeline_bench(
     variability: str = typer.Option(
         "none", "--variability", metavar="SPEC",
         help="none; jitter:cv=0.3 (lognormal factor per task); straggler:stage=2,factor=2,prob=0.1; "
-        "multimodal:heavy=0.3,factor=3[,encoder=K,rest=1,light=1,length=0] (each microbatch is heavy, e.g. "
-        "image+text, with probability heavy: it costs factor x on the first K model stages, the encoder, default "
-        "a quarter, and rest x elsewhere; the others cost light x on the encoder stages; length: CV of a per-"
-        "microbatch sequence-length factor on every stage); comm:cv=0.5; replay:FILE. '+' combines.",
+        "multimodal:heavy=0.3,factor=3[,encoder=K,rest=2,light=1,length=0,partition=balanced|layers] (each "
+        "microbatch is heavy, e.g. image+text, with probability heavy: it costs factor x on the first K model "
+        "stages, the encoder, default a quarter, and rest x elsewhere; the others cost light x on the encoder "
+        "stages; length: CV of a per-microbatch sequence-length factor on every stage; partition=balanced scales "
+        "each stage to the same expected load); comm:cv=0.5; replay:FILE. '+' combines.",
     ),
     seeds: int = typer.Option(1, "--seeds", min=1, help="Seeds per combination (paired: every policy meets the same draws)."),
     seed: int = typer.Option(0, "--seed", help="First seed."),

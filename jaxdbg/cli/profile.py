@@ -32,6 +32,9 @@ TraceCallsOpt = Annotated[int, typer.Option(
 
 PythonTracerOpt = Annotated[bool, typer.Option(
     "--python-tracer", help="Also record every Python call in the capture (large traces, slows the target).")]
+CommandBuffersOpt = Annotated[bool, typer.Option(
+    "--command-buffers", help="Keep XLA:GPU command buffers during the capture (ops inside them then have no "
+    "per-op times).")]
 
 
 def register(app: typer.Typer) -> None:
@@ -42,7 +45,7 @@ def profile(
     target: TargetArg, script_args: ScriptArgsArg = None, runs: RunsOpt = 20, warmup: WarmupOpt = 3,
     budget: BudgetOpt = None, compare: CompareOpt = None, xla_dump: XlaDumpOpt = False, monitor: MonitorOpt = False,
     serve: ServeOpt = False, top: TopOpt = 10, trace_calls: TraceCallsOpt = 10,
-    python_tracer: PythonTracerOpt = False, args: ArgsOpt = None,
+    python_tracer: PythonTracerOpt = False, command_buffers: CommandBuffersOpt = False, args: ArgsOpt = None,
     inputs: InputsOpt = None, seed: SeedOpt = 0, json: JsonOpt = None, out: OutOpt = None,
     timeout: TimeoutOpt = None, quiet: QuietOpt = False, verbose: VerboseOpt = False,
 ) -> int:
@@ -52,7 +55,7 @@ def profile(
     common = Common("profile", json, out, timeout, quiet, verbose, target)
     options = ProfileOptions(runs=runs, warmup=warmup, top=top, trace_calls=trace_calls, xla_dump=xla_dump,
                              monitor=monitor, budget=budget, compare=compare, args=args, inputs=inputs, seed=seed,
-                             timeout=timeout, python_tracer=python_tracer)
+                             timeout=timeout, python_tracer=python_tracer, command_buffers=command_buffers)
     built: list[Report] = []
 
     def build(c: Common) -> Report:

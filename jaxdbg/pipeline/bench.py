@@ -282,7 +282,9 @@ def _rows(options: BenchOptions, jobs: list[_Job], records: dict, real: dict) ->
     rows = []
     for job in jobs:
         key, m = job.key, metrics[job.key]
-        bound = bounds.setdefault(id(job.durations), lower_bound(job.durations))
+        if id(job.durations) not in bounds:  # one bound per realised draw, shared by every policy run on it
+            bounds[id(job.durations)] = lower_bound(job.durations)
+        bound = bounds[id(job.durations)]
         baseline = fixed[key.schedule, key.comm, key.variability, key.seed]
         caps = memory_caps(job.shape, key.memory_cap) if key.memory_cap is not None else None
         extra: dict[str, Any] = {}
@@ -390,12 +392,13 @@ def real_job(payload: dict, channel) -> None:
     from jaxdbg.pipeline.real import RealPipeline
 
     pipelines: dict[PipelineShape, RealPipeline] = {}
-    channel.send("devices", [str(d) for d in jax.devices()])
     capture = jax.profiler.trace(payload["xprof_dir"]) if payload["xprof_dir"] else contextlib.nullcontext()
     with capture:
         for key, shape, schedule_name, durations in payload["jobs"]:
             if shape not in pipelines:
                 pipelines[shape] = RealPipeline(shape, payload["model"], payload["devices_per_stage"])
+                # The devices the stages run on (CPU devices where the accelerators are fewer than the stages).
+                channel.send("devices", [str(d) for d in pipelines[shape].devices])
             pipe = pipelines[shape]
             job = _Job(key, shape, build_schedule(schedule_name, shape), durations, payload["costs"], payload["lookahead"])
             annotate = key.label() if payload["xprof_dir"] else None

@@ -13,8 +13,18 @@ send left waiting). Expected durations are the configured costs (the durations w
 replaced by the running mean of the durations measured so far for that kind of task on that model stage;
 message delays likewise, per receiving stage. The simulator and the real executor feed it the same way.
 With blocking sends and the plan's own hint, a stage also holds for a neighbour whose send the plan's
-deadlines (:meth:`LookAhead.plan_deadlines`) call critical while its own task has slack, as long as every
-duration and delay so far has been as expected.
+deadlines (:meth:`LookAhead.plan_deadlines`, computed when first needed) call critical while its own task
+has slack, as long as every duration and delay so far has been as expected (``on_plan``).
+
+These estimates are local: each out-of-order choice assumes the rest of the run keeps to its estimates,
+and with blocking sends several choices that each fit can still add up to a later end (forwards run ahead,
+then a neighbour's send meets a busy stage). So where the hint is the plan's own order, the run decides
+once, the first time keeping the plan and leaving it would differ while still on plan, whether leaving it
+pays: :meth:`LookAhead.keeps_plan` asks the Arbiter for a dry run of the same policies on the expected
+durations and compares it with the plan's own run (:func:`plan_run`). If the plan is faster, stages keep
+the plan's order (and post only the receives it would) for as long as the run stays on plan: without
+variability that is the fixed order's timeline exactly. The decision uses only what the run knows before
+it starts; a run whose first durations already differ from expectations never pays for the dry run.
 
 An estimate is made only from work that is under way: ended tasks, messages in flight, running tasks,
 and tasks (up to ``DEPTH`` hops back) that are ready or becoming ready on a stage that is computing. When
@@ -34,6 +44,8 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
+from typing import Callable
 
 import numpy as np
 
@@ -66,6 +78,7 @@ class LookAhead:
         self.pred_a, self.pred_b = _predecessors(shape)
         slots = shape.kinds * shape.model_stages
         self.mean = list(prior) if prior is not None else [INF] * slots
+        self.prior, self.prior_comm = tuple(self.mean), prior_comm  # the plan's timing: see expected_durations
         self.total = [0.0] * slots
         self.count = [0] * slots
         self.miss_total = [0.0] * p  # squared relative error of the duration expected for each ended task
@@ -83,6 +96,10 @@ class LookAhead:
         self.start_by: list[float] | None = None  # with blocking sends and a plan: see plan_deadlines
         self.finish_by: list[float] | None = None
         self.on_plan = True  # every duration and delay so far as expected: the plan's deadlines still hold
+        self.plans: list[list[int]] | None = None  # per worker, the plan the hint ranks in order (see follow)
+        self.keep_plan: bool | None = None  # on plan, run the plan's order (None: not decided yet)
+        self._judge: Callable[[], bool] | None = None
+        self._lock = threading.RLock()  # lazy work may be asked for by several stage threads at once
 
     # --- progress, reported by the Arbiter ----------------------------------------------------------
 
@@ -207,11 +224,48 @@ class LookAhead:
     def _sender_critical(self, worker: int, task: int, sending: int, due: float, end: float) -> bool:
         """Whether running ``task`` to ``end`` would make the neighbour's ``sending`` pair too late for the
         plan (its latest finish), while receiving first still starts ``task`` in time for the plan."""
-        if self.finish_by is None or not self.on_plan:
+        if not self.on_plan or self.deadlines() is None:
             return False
         slack = _TOLERANCE * max(abs(end), 1.0)
         late = end > self.finish_by[sending] + slack
         return late and due + self.comm_mean[worker] <= self.start_by[task] + slack
+
+    def follow(self, plans: list[list[int]], judge: Callable[[], bool] | None) -> None:
+        """The stages' hint ranks ``plans`` in order. ``judge`` says, from a dry run on the expected
+        durations, whether to keep to the plan's order while the run is on plan (None: never decided)."""
+        self.plans, self._judge = plans, judge
+
+    def keeps_plan(self) -> bool:
+        """Whether, while every duration so far is as expected, stages keep the plan's order (decided once,
+        when first asked: a run that is off plan by then never pays for the dry runs)."""
+        if self.keep_plan is None:
+            with self._lock:
+                if self.keep_plan is None:
+                    self.keep_plan = bool(self._judge()) if self._judge is not None else False
+        return self.keep_plan
+
+    def deadlines(self) -> list[float] | None:
+        """The plan's latest finish per task with blocking sends (computed when first asked), or None."""
+        if self.finish_by is None and self.sync and self.plans is not None:
+            with self._lock:
+                if self.finish_by is None:
+                    self.plan_deadlines(self.plans)
+                    self.plans = self.plans if self.finish_by is not None else None  # none to compute: ask no more
+        return self.finish_by
+
+    def expected_durations(self):
+        """Every task's and message's duration as expected before the run (a :class:`Durations`), or None.
+
+        The priors, not the running means: while the run is on plan they agree, and the means' rounding
+        would split the plan's simultaneous events."""
+        from jaxdbg.pipeline.variability import Durations
+
+        if INF in self.prior:
+            return None
+        shape, m = self.shape, self.m
+        remote = np.asarray(shape.graph().remote)
+        comm = np.where(remote >= 0, self.prior_comm, 0.0)
+        return Durations(shape, np.repeat(np.asarray(self.prior), m), comm, np.zeros(m, dtype=bool))
 
     def plan_deadlines(self, plans: list[list[int]]) -> None:
         """Latest start and finish of every task that keeps the plan's makespan, with blocking sends.
@@ -220,25 +274,21 @@ class LookAhead:
         of "no variability"); a backward pass over the dependencies and each stage's order, counting a
         blocking send's transfer before the sender's next task, gives each task its latest times. A stage
         then holds for a neighbour's send when its own work has slack and the neighbour's has none."""
-        from jaxdbg.pipeline.policies import FixedOrder
-        from jaxdbg.pipeline.simulate import PipelineDeadlock, simulate
-        from jaxdbg.pipeline.variability import Durations
-
-        shape = self.shape
-        if INF in self.mean:
+        durations = self.expected_durations()
+        if durations is None:
             return
-        n, m = shape.num_tasks, self.m
-        graph = shape.graph()
-        took = [self.mean[t // m] for t in range(n)]
-        comm = [self.comm_mean[self.worker[graph.remote[t]]] if graph.remote[t] >= 0 else 0.0 for t in range(n)]
-        durations = Durations(shape, np.asarray(took), np.asarray(comm), np.zeros(m, dtype=bool))
-        ready = bytearray(n)
-        try:
-            record = simulate(shape, [FixedOrder(plan, ready, shape) for plan in plans], durations, "sync")
-        except PipelineDeadlock:
+        key = (self.shape, self.prior, self.prior_comm, tuple(map(tuple, plans)))
+        if key in _DEADLINES:
+            self.start_by, self.finish_by = _DEADLINES[key]
+            return
+        record = plan_run(self.shape, plans, durations, "sync")
+        if record is None:
             return  # a plan that cannot run in fixed order with blocking sends has no deadlines to keep
+        shape, n = self.shape, self.shape.num_tasks
+        graph = shape.graph()
+        took, comm = durations.task.tolist(), durations.comm.tolist()
         makespan = float(record.end.max())
-        comm_in = [self.comm_mean[self.worker[t]] for t in range(n)]
+        comm_in = [self.prior_comm] * n
         after = [-1] * n
         for plan in plans:
             for a, b in zip(plan, plan[1:]):
@@ -269,6 +319,9 @@ class LookAhead:
             start_by[t] = latest - took[t]
         self.start_by = start_by
         self.finish_by = [s + d for s, d in zip(start_by, took)]
+        if len(_DEADLINES) >= _CACHED:
+            _DEADLINES.clear()
+        _DEADLINES[key] = (self.start_by, self.finish_by)
 
     def remote_input(self, task: int) -> bool:
         """Whether an input of ``task`` comes from another stage (a message to receive)."""
@@ -292,6 +345,28 @@ class LookAhead:
         # Look again once the gap could have grown enough (an input that overruns its estimate).
         self.wake[worker] = now + max(shortest - (end - now), 1e-3 * shortest) if shortest != INF else INF
         return -1
+
+
+_CACHED = 8  # plans whose expected run and deadlines are kept (the paired runs of a benchmark share them)
+_DEADLINES: dict = {}
+_PLAN_RUNS: dict = {}
+
+
+def plan_run(shape: PipelineShape, plans: list[list[int]], durations, comm: str):
+    """The plan run in fixed order on ``durations`` (a RunRecord; None if it deadlocks), kept for reuse."""
+    from jaxdbg.pipeline.policies import FixedOrder
+    from jaxdbg.pipeline.simulate import PipelineDeadlock, simulate
+
+    key = (shape, comm, durations.task.tobytes(), durations.comm.tobytes(), tuple(map(tuple, plans)))
+    if key not in _PLAN_RUNS:
+        if len(_PLAN_RUNS) >= _CACHED:
+            _PLAN_RUNS.clear()
+        ready = bytearray(shape.num_tasks)
+        try:
+            _PLAN_RUNS[key] = simulate(shape, [FixedOrder(plan, ready, shape) for plan in plans], durations, comm)
+        except PipelineDeadlock:
+            _PLAN_RUNS[key] = None
+    return _PLAN_RUNS[key]
 
 
 @functools.lru_cache(maxsize=16)

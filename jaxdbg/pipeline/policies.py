@@ -12,7 +12,9 @@ drive an :class:`Arbiter` and differ only in where time comes from.
   taken while the stage holds fewer microbatches than its cap. Its look-ahead
   (:mod:`jaxdbg.pipeline.lookahead`) keeps the schedule's next task on time: work the hint ranks below it
   starts only if it should be done before that task can start, so without variability a readiness-first
-  run keeps the schedule's timing where the schedule is already tight, and fills only real gaps.
+  run keeps the schedule's timing where the schedule is already tight, and fills only real gaps. While
+  every duration matches its expectation, it leaves its plan at all only if a dry run on the expected
+  durations says that pays (:meth:`Arbiter._plan_beats_leaving_it`); otherwise it keeps the plan's order.
 
 Hints rank tasks: ``1f1b`` and ``gpipe`` by position in that schedule's order (1F1B's family member for
 the shape: interleaved when the stages hold several chunks, ZB-H1 when the backward is split), ``bf``
@@ -48,6 +50,7 @@ from jaxdbg.pipeline.variability import Costs, parse_variability, realise
 HINTS = ("1f1b", "bf", "bfw", "gpipe")
 POLICIES = ("fixed", "ready")
 NO_TASK = -1
+_JUDGED: dict = {}  # configuration -> whether to keep the plan's order while on plan (Arbiter)
 # Why a stage with nothing to run is waiting (see Arbiter.wait_reason).
 WAIT_INPUT, WAIT_MEMORY = 0, 1
 
@@ -113,11 +116,14 @@ class ReadyFirst:
     :mod:`jaxdbg.pipeline.lookahead`); otherwise the stage holds. Work the hint ranks above the plan's next
     task runs at once: the hint has the last word. With ``headroom`` (a cap above the plan's own peak),
     forwards that admit a microbatch are exempt: spare memory is there to run forwards ahead.
+    ``keep_plan`` fixes the on-plan rule (True: keep the plan's order while durations are as expected;
+    False: never); None lets the Arbiter decide by a dry run. ``fits_plan``: the cap holds the plan's peak.
     """
 
     def __init__(
         self, keys: list[int], cap: int, admits: list[bool], plan: list[int] | None = None,
         headroom: bool = False, lookahead: bool = True, expected: tuple[list[float], float] | None = None,
+        fits_plan: bool = True, keep_plan: bool | None = None,
     ):
         if cap < 1:
             raise UsageError(f"memory cap {cap}: a stage must hold at least one microbatch")
@@ -134,6 +140,15 @@ class ReadyFirst:
         self.expected = expected  # prior durations per (kind, model stage) and per message, shared
         self.lookahead: LookAhead | None = None
         self.worker = -1
+        self.fits_plan = fits_plan  # the plan's order stays within the cap (it can be followed)
+        self.keep_plan = keep_plan  # on plan, keep the plan's order; None: decide by dry runs (Arbiter)
+
+    def fresh(self, keep_plan: bool) -> "ReadyFirst":
+        """A policy like this one before its run, for a dry run with the on-plan rule fixed to ``keep_plan``."""
+        return ReadyFirst(
+            self.keys, self.cap, self.admits, self.plan[:-1], self.headroom, self.wants_lookahead, self.expected,
+            self.fits_plan, keep_plan,
+        )
 
     def bind(self, worker: int, lookahead: LookAhead | None) -> None:
         self.worker, self.lookahead = worker, lookahead if self.wants_lookahead else None
@@ -172,6 +187,15 @@ class ReadyFirst:
         keys, admits = self.keys, self.admits
         if upcoming >= self.scale:  # the plan has run: nothing left to protect (but a neighbour's send)
             upcoming = best
+        # While every duration has been as expected, keep the plan's order if a dry run on the expected
+        # durations said leaving it does not pay (see Arbiter). Asked only where keeping and leaving differ:
+        # running other work than the plan's next task (not ready: it would rank best), or holding for a send.
+        if look.on_plan and not (admits[upcoming] and inflight >= self.cap):
+            if best != upcoming:
+                if look.keeps_plan():
+                    return NO_TASK
+            elif look.keep_plan or (look.keep_plan is None and look.sender_due(self.worker, now, best) > now and look.keeps_plan()):
+                return best
         # Only work the hint ranks below a plan task that waits for its inputs is held to the gap (were that
         # task ready, it would be ranked best; a cap-blocked one cannot run anyway).
         if keys[best] > keys[upcoming] and not (admits[upcoming] and inflight >= self.cap):
@@ -186,7 +210,22 @@ class ReadyFirst:
         return best
 
     def wants(self, task: int) -> bool:
-        return True  # a readiness-first runtime has a receive posted for every input it may use
+        """A readiness-first runtime has a receive posted for every input it may use; while it keeps the
+        plan's order, only those the fixed order would post (the next forward's and the next backward's)."""
+        look = self.lookahead
+        if look is None or not look.on_plan or look.keep_plan is False:
+            return True
+        return self._posted_by_plan(task) or not look.keeps_plan()
+
+    def _posted_by_plan(self, task: int) -> bool:
+        look = self.lookahead
+        per_kind = look.shape.model_stages * look.m  # task ids run kind by kind
+        kind = task // per_kind
+        began, plan = look.began, self.plan
+        for position in range(self.position, len(plan) - 1):
+            if began[plan[position]] < 0 and plan[position] // per_kind == kind:
+                return plan[position] == task
+        return False
 
     def memory_blocked(self, inflight: int) -> bool:
         return bool(self.admit_heap) and inflight >= self.cap
@@ -228,11 +267,15 @@ class Arbiter:
         guarded = [p for p in policies if getattr(p, "wants_lookahead", False)]
         expected = getattr(guarded[0], "expected", None) if guarded else None
         self.lookahead = LookAhead(shape, comm, *(expected or ())) if guarded else None
-        if self.lookahead is not None and self.lookahead.sync and len(guarded) == len(policies):
+        self.comm = comm
+        if self.lookahead is not None and len(guarded) == len(policies):
             plans = [p.plan[:-1] for p in policies]
             keys = policies[0].keys
             if all(keys[a] < keys[b] for plan in plans for a, b in zip(plan, plan[1:])):  # the plan's own hint
-                self.lookahead.plan_deadlines(plans)
+                keep = policies[0].keep_plan
+                can_keep = all(p.fits_plan for p in policies)
+                self.lookahead.keep_plan = keep if can_keep else False
+                self.lookahead.follow(plans, self._plan_beats_leaving_it if keep is None and can_keep else None)
         for worker, policy in enumerate(policies):
             policy.bind(worker, self.lookahead)
         self.inflight = [0] * shape.stages
@@ -242,6 +285,33 @@ class Arbiter:
         self.memory_wait = [0.0] * shape.stages
         self._waiting_since: list[float | None] = [None] * shape.stages
         self._wait_reason = [WAIT_INPUT] * shape.stages
+
+    def _plan_beats_leaving_it(self) -> bool:
+        """Whether the plan, run in its order on the expected durations, ends sooner than a dry run of these
+        policies leaving it there (kept per configuration: paired runs without variability ask alike).
+
+        Keeping the plan's order while on plan runs exactly the fixed order, so the plan's own run stands for
+        it. The decision uses only what the run knows before it starts: the expected durations."""
+        from jaxdbg.pipeline.lookahead import plan_run
+        from jaxdbg.pipeline.simulate import PipelineDeadlock, simulate
+
+        look = self.lookahead
+        durations = look.expected_durations()
+        if durations is None:
+            return False
+        plans = [p.plan[:-1] for p in self.policies]
+        key = (self.shape, self.comm, look.prior, look.prior_comm, tuple(map(tuple, plans)),
+               tuple((p.cap, p.headroom) for p in self.policies), tuple(self.policies[0].keys))
+        if key not in _JUDGED:
+            planned = plan_run(self.shape, plans, durations, self.comm)
+            try:
+                left = simulate(self.shape, [p.fresh(False) for p in self.policies], durations, self.comm)
+            except PipelineDeadlock:
+                left = None
+            if len(_JUDGED) >= 16:
+                _JUDGED.clear()
+            _JUDGED[key] = planned is not None and (left is None or planned.end.max() < left.end.max() * (1 - 1e-9))
+        return _JUDGED[key]
 
     def start(self) -> None:
         for task, count in enumerate(self.missing):
@@ -415,7 +485,7 @@ def make_policies(
         peaks = static_peak_inflight(schedule) if schedule is not None else default_caps(shape)
         expected = expected_durations(shape, costs) if costs is not None else None
         return [
-            ReadyFirst(keys, cap, admits, plans[w], cap > peaks[w], lookahead, expected)
+            ReadyFirst(keys, cap, admits, plans[w], cap > peaks[w], lookahead, expected, cap >= peaks[w])
             for w, cap in enumerate(memory_caps(shape, cap_multiple))
         ]
     raise UsageError(f"--policy '{policy}': unknown policy; use one of {', '.join(POLICIES)}")

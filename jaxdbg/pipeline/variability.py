@@ -5,14 +5,22 @@ SPEC is ``none`` or models joined with ``+``, each ``name:key=value,...``:
 - ``jitter:cv=0.3``: every task's time times a lognormal factor of mean 1 and this coefficient of variation.
 - ``straggler:stage=2,factor=2,prob=0.1``: with probability ``prob``, a stage (``stage``; any stage when
   omitted) runs all its work on a microbatch ``factor`` times slower (a throttled or shared device).
-- ``multimodal:heavy=0.3,factor=3[,encoder=K][,rest=1][,light=1][,length=0]``: microbatches of two
-  modalities. A ``heavy`` share (say, image+text among text-only) costs ``factor`` times the base on the
-  first ``K`` model stages, which hold the encoder (default a quarter of them, at least one), and ``rest``
-  times the base on the others (its image tokens lengthen the sequence). The others cost ``light`` times
-  the base on the encoder stages (below 1 when the encoder has little to do for text; the default 1 keeps
-  the encoder stages' extra work on heavy microbatches unbalanced, as when a partition gives them as many
-  decoder layers as the others) and the base elsewhere. ``length`` (a coefficient of variation) scales
-  every microbatch on every stage by a lognormal factor of mean 1: sequences of different lengths.
+- ``multimodal:heavy=0.3,factor=3[,encoder=K][,rest=2][,light=1][,length=0][,partition=balanced]``:
+  microbatches of two modalities. A ``heavy`` share (say, image+text among text-only) costs ``factor``
+  units on the first ``K`` model stages, which hold the encoder (default a quarter of them, at least one),
+  and ``rest`` units on the others: its image tokens join the text in the language model's sequence (the
+  default 2: a LLaVA-style image adds 576 tokens beside a few hundred of text, about doubling the tokens on
+  every language stage; ``rest=1`` makes images cost extra on the encoder alone). The others cost ``light``
+  units on the encoder stages (below 1 when the encoder has little to do for text) and one unit elsewhere.
+  ``partition`` says how layers were split into stages. ``balanced`` (the default), as pipeline
+  partitioners do (Megatron's layer split, or a cost-model split): each stage's layers are chosen so that
+  its *expected* load per microbatch is the base, so a stage's unit is the base divided by its mean
+  units (encoder stages: ``heavy * factor + (1 - heavy) * light``); heavy microbatches still cost more
+  than light ones there, by ``factor / light``, and that spread is the variability. ``layers``: the unit
+  is the base on every stage, as when every stage gets the same number of layers whatever they hold, so
+  the encoder stages carry more than the others on average (1.6x with the defaults) and bound any order.
+  ``length`` (a coefficient of variation) scales every microbatch on every stage by a lognormal factor of
+  mean 1: sequences of different lengths (it leaves the expected loads alone).
 - ``comm:cv=0.5``: every message's delay times a lognormal factor with this coefficient of variation.
 - ``replay:durations.json``: base durations measured in a real run (``pipeline-bench --mode real`` writes
   one per run); rows are model stages, microbatches repeat cyclically when the run has more.
@@ -44,18 +52,20 @@ from jaxdbg.pipeline.tasks import BACKWARD, FORWARD, WEIGHT, PipelineShape
 MODELS = ("none", "jitter", "straggler", "multimodal", "comm", "replay")
 _HELP = (
     "use none, jitter:cv=0.3, straggler:stage=2,factor=2,prob=0.1, "
-    "multimodal:heavy=0.3,factor=3[,encoder=K,rest=1,light=1,length=0], "
+    "multimodal:heavy=0.3,factor=3[,encoder=K,rest=2,light=1,length=0,partition=balanced|layers], "
     "comm:cv=0.5 or replay:durations.json, joined with '+'"
 )
-# Parameters of each model: name -> (default, kind, lowest allowed, highest allowed).
+# Parameters of each model: name -> (default, kind, lowest allowed, highest allowed); a str takes a value
+# among the choices in the third place.
 _PARAMS: dict[str, dict[str, tuple]] = {
     "none": {},
     "jitter": {"cv": (0.3, float, 0.0, None)},
     "straggler": {"stage": (None, int, 0, None), "factor": (2.0, float, 0.0, None), "prob": (0.1, float, 0.0, 1.0)},
     "multimodal": {
         "heavy": (0.3, float, 0.0, 1.0), "factor": (3.0, float, 0.0, None),
-        "encoder": (None, int, 1, None), "rest": (1.0, float, 0.0, None),
+        "encoder": (None, int, 1, None), "rest": (2.0, float, 0.0, None),
         "light": (1.0, float, 0.0, None), "length": (0.0, float, 0.0, None),
+        "partition": ("balanced", str, ("balanced", "layers"), None),
     },
     "comm": {"cv": (0.5, float, 0.0, None)},
 }
@@ -143,6 +153,12 @@ def _parse_params(spec: str, name: str, text: str, stages: int | None, model_sta
             keys = ", ".join(known) or "no parameters"
             raise UsageError(f"--variability '{spec}': '{item}' is not a parameter of {name} (it takes {keys})")
         _default, kind, low, high = known[key]
+        if kind is str:
+            value = raw.strip()
+            if value not in low:
+                raise UsageError(f"--variability '{spec}': {name} {key}='{raw}' is not one of {', '.join(low)}")
+            values[key] = value
+            continue
         try:
             value = kind(raw.strip())
         except ValueError:
@@ -191,6 +207,9 @@ def realise(variability: Variability, shape: PipelineShape, costs: Costs, seed: 
             encoder = np.arange(S)[:, None] < (params["encoder"] or max(1, S // 4))
             heavy_cost = np.where(encoder, params["factor"], params["rest"])
             light_cost = np.where(encoder, params["light"], 1.0)
+            if params["partition"] == "balanced":  # each stage's expected units per microbatch come to one
+                mean = params["heavy"] * heavy_cost + (1 - params["heavy"]) * light_cost
+                heavy_cost, light_cost = heavy_cost / mean, light_cost / mean
             scale = np.where(drawn[None, :], heavy_cost, light_cost)
             if params["length"] > 0:  # drawn after the modalities, so length=0 leaves earlier draws alone
                 scale = scale * _lognormal(rng, params["length"], m)[None, :]

@@ -61,8 +61,13 @@ def hints_for(functions: list[FunctionProfile], totals: Totals, transfers: list[
     return tuple(hints)
 
 
-def notes_for(mode: str, functions: list[FunctionProfile], gathered: Any, error: str | None) -> tuple[str, ...]:
+def notes_for(mode: str, functions: list[FunctionProfile], gathered: Any, error: str | None,
+              command_buffers_off: bool = False) -> tuple[str, ...]:
     notes = []
+    if command_buffers_off and (gathered.device or {}).get("backend") in ("gpu", "cuda", "rocm"):
+        notes.append("XLA:GPU command buffers were off in the profiled process so that every kernel is tied to "
+                     "its HLO op in the per-op table; launch overhead may differ a little from a default run "
+                     "(--command-buffers keeps them, at the cost of ops inside them missing from the table)")
     if mode == "script" and not functions:
         eager = gathered.eager_compile()
         notes.append(

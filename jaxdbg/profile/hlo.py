@@ -242,6 +242,24 @@ def opcode_category(opcode: str) -> str:
     return "elementwise"
 
 
+_CALL_TARGET = re.compile(r'custom_call_target="([^"]*)"')
+
+
+def custom_call_category(text: str) -> str:
+    """A library call named by its target: cuBLAS/hipBLAS gemms are matmuls, cuDNN convolutions convolutions.
+
+        >>> custom_call_category('%c = f32[8] custom-call(%a, %b), custom_call_target="__cublas$lt$matmul"')
+        'matmul'
+    """
+    match = _CALL_TARGET.search(text)
+    target = match.group(1).lower() if match else ""
+    if "gemm" in target or "matmul" in target:
+        return "matmul"
+    if "conv" in target:
+        return "convolution"
+    return "custom-call"
+
+
 def _rank(opcode: str) -> int:
     for rank, (_, opcodes) in enumerate(_CATEGORY_RANK):
         if opcode in opcodes:
@@ -268,7 +286,7 @@ def _describe(module: HloModule, inst: Instruction) -> HloOp:
         inner = [i for i in _inner(module, inst) if i.opcode not in _NOT_WORK and i.opcode != "fusion"]
         if inner:
             lead = min(inner, key=lambda i: (_rank(i.opcode), i.frame_id is None))
-    category = opcode_category(lead.opcode)
+    category = custom_call_category(lead.text) if lead.opcode == "custom-call" else opcode_category(lead.opcode)
     if inst.opcode == "fusion" and category in ("elementwise", "data movement"):
         category = {"kLoop": "loop fusion", "kInput": "input fusion", "kOutput": "output fusion"}.get(
             inst.fusion_kind, category)

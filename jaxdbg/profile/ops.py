@@ -20,7 +20,7 @@ import contextlib
 import json
 import os
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -113,14 +113,16 @@ def xprof_hlo_stats(xplane_path: str) -> dict[str, dict[str, OpTotal]]:
         return {}
     table = json.loads(data)
     columns = [c.get("id") for c in table.get("cols", [])]
+    rows = [dict(zip(columns, (c.get("v") if isinstance(c, dict) else c for c in row.get("c", []))))
+            for row in table.get("rows", []) or []]
+    program_prefix = _program_prefixes(rows)
     found: dict[str, dict[str, OpTotal]] = defaultdict(dict)
-    for row in table.get("rows", []) or []:
-        cells = dict(zip(columns, (c.get("v") if isinstance(c, dict) else c for c in row.get("c", []))))
+    for cells in rows:
         op = str(cells.get("hlo_op_name") or "")
         if not op:
             continue
         framework = str(cells.get("tf_op_name") or "")
-        prefix = framework.split("/", 1)[0] if framework else ""
+        prefix = framework.split("/", 1)[0] if framework else program_prefix.get(str(cells.get("program_id")), "")
         self_us = cells.get("total_self_time") or cells.get("total_time") or 0.0
         entry = found[prefix].setdefault(op, OpTotal())
         entry.count += int(cells.get("occurrences") or 0)
@@ -129,6 +131,20 @@ def xprof_hlo_stats(xplane_path: str) -> dict[str, dict[str, OpTotal]]:
         entry.expression = str(cells.get("hlo_op_expression") or "")[:200]
         entry.source = _parse_source_info(cells.get("source_info"))
     return dict(found)
+
+
+def _program_prefixes(rows: list[dict]) -> dict[str, str]:
+    """``{program id: function prefix}``, from the ops of each program that carry a framework name.
+
+    XLA leaves some ops without one (a fusion made of a convert after a cuBLAS call, a loop counter's copy);
+    their program id still says which jitted function they ran in.
+    """
+    votes: dict[str, Counter] = defaultdict(Counter)
+    for cells in rows:
+        framework = str(cells.get("tf_op_name") or "")
+        if framework:
+            votes[str(cells.get("program_id"))][framework.split("/", 1)[0]] += 1
+    return {program: counts.most_common(1)[0][0] for program, counts in votes.items()}
 
 
 def _parse_source_info(value: object) -> SourceLocation | None:

@@ -48,6 +48,7 @@ class ProfileOptions:
     timeout: float | None = None
     calibrate: bool = True
     python_tracer: bool = False
+    command_buffers: bool = False  # keep XLA:GPU's command buffers during the capture (see child_xla_flags)
 
 
 @dataclass(frozen=True)
@@ -65,11 +66,11 @@ def profile(spec: TargetSpec, options: ProfileOptions, out_dir: str) -> ProfileR
     baseline = load_baseline(options.compare) if options.compare else None
     _check_inputs(spec, options)
     out_dir = os.path.abspath(out_dir)
-    env = {}
     artifacts: dict[str, str] = {}
-    if options.xla_dump:
-        dump = os.path.join(out_dir, "xla_dump")
-        env["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_dump_to={dump} --xla_dump_hlo_as_text".strip()
+    dump = os.path.join(out_dir, "xla_dump") if options.xla_dump else None
+    flags, command_buffers_off = child_xla_flags(os.environ.get("XLA_FLAGS", ""), options, dump)
+    env = {"XLA_FLAGS": flags}
+    if dump:
         artifacts["xla_dump"] = dump
     payload = {"spec": spec, "out_dir": out_dir, "trace_calls": options.trace_calls, "monitor": options.monitor,
                "interval": options.monitor_interval, "calibrate": options.calibrate, "warmup": options.warmup,
@@ -94,7 +95,7 @@ def profile(spec: TargetSpec, options: ProfileOptions, out_dir: str) -> ProfileR
     error, error_source = _error(outcome)
     result = ProfileResult(
         mode=mode, functions=tuple(functions), totals=totals, budget=budget, error=error, error_source=error_source,
-        notes=notes_for(mode, functions, gathered, error), hints=hints_for(functions, totals, gathered.transfers()),
+        notes=notes_for(mode, functions, gathered, error, command_buffers_off), hints=hints_for(functions, totals, gathered.transfers()),
         transfers=tuple(gathered.transfers()), eager_compile=gathered.eager_compile(), trace=trace,
         monitor=series(gathered.monitor, options.monitor_interval),
         comparison=compare(baseline, tuple(functions), totals) if baseline is not None else None,
@@ -103,6 +104,25 @@ def profile(spec: TargetSpec, options: ProfileOptions, out_dir: str) -> ProfileR
     artifacts.update(_artifacts(result, outcome, out_dir))
     code = EXIT_TARGET_FAILED if error else (EXIT_FOUND if not budget.ok else EXIT_OK)
     return ProfileRun(result, code, artifacts, outcome, gathered.environment)
+
+
+def child_xla_flags(flags: str, options: ProfileOptions, dump: str | None) -> tuple[str, bool]:
+    """XLA_FLAGS for the profiled process, and whether jaxdbg turned XLA:GPU's command buffers off.
+
+    Kernels that XLA:GPU runs inside a command buffer (a CUDA graph; loop bodies and runs of fusions by default)
+    reach the profiler without their HLO op, so xprof's per-op table loses them (openxla/xprof#3070): a
+    while-loop of matmuls shows no matmul at all. With a capture to take, jaxdbg turns command buffers off
+    unless the user set the flag or asked to keep them (``--command-buffers``). CPU ignores the flag.
+
+        >>> child_xla_flags("", ProfileOptions(), None)
+        ('--xla_gpu_enable_command_buffer=', True)
+    """
+    off = options.trace_calls > 0 and not options.command_buffers and "xla_gpu_enable_command_buffer" not in flags
+    if off:
+        flags = f"{flags} --xla_gpu_enable_command_buffer="
+    if dump:
+        flags = f"{flags} --xla_dump_to={dump} --xla_dump_hlo_as_text"
+    return flags.strip(), off
 
 
 def _check_inputs(spec: TargetSpec, options: ProfileOptions) -> None:

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import os
 import select
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -40,13 +42,19 @@ class XprofServer:
                 self.process.wait()
 
     def wait(self) -> None:
-        """Block until the server exits (Ctrl-C stops it)."""
+        """Block until the server exits or Ctrl-C; either way the server is stopped and this returns.
+
+        Ctrl-C sets a flag rather than raising: a KeyboardInterrupt raised while the server is being stopped
+        (the terminal sends SIGINT to the server too, so it may already be gone) would escape as exit 130.
+        """
+        interrupted = threading.Event()
+        previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
         try:
-            self.process.wait()
-        except KeyboardInterrupt:
-            pass
+            while self.process.poll() is None and not interrupted.wait(0.2):
+                pass
         finally:
             self.stop()
+            signal.signal(signal.SIGINT, previous)
 
 
 def start_xprof(logdir: str, port: int = 0, timeout: float = 60.0) -> XprofServer:
