@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from jaxdbg._errors import TargetFailedError, UsageError
-from jaxdbg.repro.failures import Checker, Failure, choose, observe
+from jaxdbg.repro.failures import STILL_FAILS_WITHOUT_JIT, Checker, Failure, choose, observe
 from jaxdbg.repro.jobs import CHILD_ENV, CUT_JOB, JOB, CutRequest, RunRequest, reduction_env
 from jaxdbg.repro.program import INPUTS_FILE, REPRO_FILE, count_lines, expected_message
 from jaxdbg.repro.signature import KINDS, FailureSignature, normalise_message
@@ -346,16 +346,21 @@ class _Reproduction:
             watch = replace(self._check_watch(target), send_lowered=True, stop_on=None)
             request = replace(self.subject.request, script=path, watch=watch)
             self.progress("verify", self.checks, f"{count_lines(text)} lines")
-            outcome = run_contained(JOB, request, timeout=check_timeout, env=CHILD_ENV)
-            self.checks += 1
-            verified = checker.accepts(outcome, path, text, lines)
-            if verified and not flaky and target.signature.kind != "timeout":  # twice, as every candidate was
-                again = run_contained(JOB, request, timeout=check_timeout, env=CHILD_ENV)
-                self.checks += 1
-                verified = checker.accepts(again, path, text, lines)
-            if verified and checker.jit_sensitive:
-                verified = checker.needs_jit(path, text, lines)
-                self.checks += 1
+            # Every run the verdict needs, at once: twice in a fresh process (as every candidate failed
+            # twice), and op by op where the failure needs jit.
+            fresh_runs = 1 if flaky or target.signature.kind == "timeout" else 2
+            with ThreadPoolExecutor(max_workers=fresh_runs + checker.jit_sensitive) as pool:
+                fresh = [pool.submit(run_contained, JOB, request, timeout=check_timeout, env=CHILD_ENV)
+                         for _ in range(fresh_runs)]
+                without_jit = pool.submit(checker.needs_jit, path, text, lines) if checker.jit_sensitive else None
+                outcomes = [future.result() for future in fresh]
+                needs_jit = without_jit.result() if without_jit is not None else True
+            self.checks += fresh_runs + (without_jit is not None)
+            outcome = outcomes[0]
+            verified = all(checker.accepts(o, path, text, lines) for o in outcomes)
+            if verified and not needs_jit:
+                verified = False
+                checker.last_rejections = [STILL_FAILS_WITHOUT_JIT]
             verification = f"fresh run of {REPRO_FILE} {_plain_end(outcome, observe(outcome))}"
             if verified:
                 lowered = [m for m in outcome.all("lowered") if m["function"] == target.last_jit]

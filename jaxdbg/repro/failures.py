@@ -32,6 +32,7 @@ from jaxdbg.runner import Outcome, first_line, run_contained
 
 # Preference when a run shows several failures and --kind does not say: what the user saw end the run first.
 PRIORITY = ("exception", "crash", "timeout", "nonfinite", "mismatch")
+STILL_FAILS_WITHOUT_JIT = "it fails the same way with jit disabled, unlike the original"
 
 
 @dataclass(frozen=True)
@@ -192,7 +193,7 @@ class Checker:
             self.checks += 1
         outcome = self.run(path, disable_jit=True)
         if self.accepts(outcome, path, text, lines, evidence=False):
-            self.last_rejections = ["it fails the same way with jit disabled, unlike the original"]
+            self.last_rejections = [STILL_FAILS_WITHOUT_JIT]
             return False
         return True
 
