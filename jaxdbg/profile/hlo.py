@@ -297,15 +297,19 @@ def _describe(module: HloModule, inst: Instruction) -> HloOp:
 _TRIP_COUNT = re.compile(r'known_trip_count":\{"n":"(\d+)"')
 
 
-def loop_note(text: str) -> str | None:
-    """A caveat for cost analysis of a module with while loops (XLA counts a loop body once)."""
+def loop_note(text: str, flops: tuple[float, float] | None = None) -> str | None:
+    """A caveat for cost analysis of a module with while loops (XLA counts a loop body once); ``flops``:
+    (reported, executed) where the loops' matmuls were counted per iteration instead."""
     loops = len(re.findall(r"\swhile\(", text))
     if not loops:
         return None
     trips = [int(n) for n in _TRIP_COUNT.findall(text)]
     counted = f" (trip counts {', '.join(map(str, trips))})" if trips else ""
-    return (f"the function runs {loops} while loop(s){counted}: XLA's cost analysis counts a loop body once, "
-            "so flops, bytes and the rates derived from them are lower bounds")
+    head = f"the function runs {loops} while loop(s){counted}: XLA's cost analysis counts a loop body once"
+    if flops:
+        return (f"{head}; matmul FLOPs are counted here per iteration ({flops[0]:.3g} reported, {flops[1]:.3g} "
+                "executed), elementwise FLOPs and bytes in loops once, so those stay lower bounds")
+    return f"{head}, so flops, bytes and the rates derived from them are lower bounds"
 
 
 _MODULE_LINE = re.compile(r"^HloModule\s+([^\s,]+)")

@@ -175,15 +175,23 @@ def _error(outcome: Outcome) -> tuple[str | None, object]:
 
 
 def _rates(function: FunctionProfile, peak: Peak | None) -> object:
+    """Achieved rates from cost analysis, with the matmuls of loops counted as often as they run."""
     from jaxdbg.profile.hlo import loop_note
+    from jaxdbg.profile.loops import loop_matmul_flops
 
-    rates = achieved_rates(function.cost, function.execute.median_s, peak)
+    cost = function.cost
     path = function.hlo.get("optimized_hlo")
-    if rates is None or not path or not os.path.exists(path):
-        return rates
+    if not cost or not path or not os.path.exists(path):
+        return achieved_rates(cost, function.execute.median_s, peak)
     with open(path) as handle:
-        note = loop_note(handle.read())
-    return dataclasses.replace(rates, note=note) if note else rates
+        text = handle.read()
+    loops, reported = loop_matmul_flops(text), cost.get("flops") or 0.0
+    executed = loops.corrected(reported) if loops is not None else reported
+    if executed > reported:
+        cost = {**cost, "flops": executed}
+    note = loop_note(text, (reported, executed) if executed > reported else None)
+    rates = achieved_rates(cost, function.execute.median_s, peak)
+    return dataclasses.replace(rates, note=note) if rates is not None and note else rates
 
 
 def _peak(gathered: Gathered) -> Peak | None:
