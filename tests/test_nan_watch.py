@@ -106,8 +106,22 @@ def test_eager_operation_that_creates_a_nan() -> None:
     assert origin.primitive == "sqrt" and origin.kind == "nan" and origin.path == ("eager",)
     assert origin.source.function == "test_eager_operation_that_creates_a_nan"
     assert origin.inputs[0].negative == 1
-    text, _ = explain(origin)  # its index counts eager operations, not calls of the enclosing function
-    assert f"eager operation {origin.call_index}" in text and f"call {origin.call_index}" not in text
+    assert origin.call_index == 0  # the first (and only) call of this test function
+    text, _ = explain(origin)
+    assert "call 0 (run eagerly, outside jit)" in text
+
+
+def test_eager_origin_counts_calls_of_the_function_that_ran_it() -> None:
+    def step(x):
+        y = x - 3.0
+        return jnp.log(y)  # log(0) on the third call
+
+    with pytest.raises(NonFiniteFound) as stop:
+        with Watch():
+            for value in (5.0, 4.0, 3.0, 2.0):
+                step(jnp.float32(value))
+    origin = stop.value.finding.origin
+    assert (origin.primitive, origin.function.split(".")[-1], origin.call_index) == ("log", "step", 2)
 
 
 def test_eager_operation_on_bad_data_is_not_an_origin() -> None:

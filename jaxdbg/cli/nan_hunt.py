@@ -91,10 +91,9 @@ def render(report: Report, console: Console) -> None:
         return
     first = result.first
     what = {"nan": "NaN", "inf": "Inf", "input": "non-finite input"}[first["kind"]]
-    # an eager origin's index counts eager operations, not calls of the function that ran it
-    when = "eager operation" if first["path"][:1] == ["eager"] else "call"
-    console.print(f"[bold red]{what}[/] first appeared in {when} {first['call_index']} of "
-                  f"[bold]{escape(first['function'])}[/]", soft_wrap=True)
+    eager = " (eager, outside jit)" if first["path"][:1] == ["eager"] else ""
+    console.print(f"[bold red]{what}[/] first appeared in call {first['call_index']} of "
+                  f"[bold]{escape(first['function'])}[/]{eager}", soft_wrap=True)
     if first["kind"] == "input":
         console.print(f"  argument  [bold]{escape(str(first['argument']))}[/] (it came in with the data)")
     else:

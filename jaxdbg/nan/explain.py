@@ -204,9 +204,9 @@ def _where(origin: Origin) -> str:
     if origin.kind == "input":
         return f"{value} reached `{origin.function}` in call {origin.call_index}"
     pass_ = "backward pass (the gradient)" if origin.pass_ == "backward" else "forward pass"
-    when = "eager operation" if origin.path[:1] == ("eager",) else "call"
+    eager = " (run eagerly, outside jit)" if origin.path[:1] == ("eager",) else ""
     return (f"{value} was first made by `{origin.primitive}` in the {pass_} of `{origin.function}`, "
-            f"{when} {origin.call_index}{place}{src}")
+            f"call {origin.call_index}{eager}{place}{src}")
 
 
 def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence[GrowthEntry] = (),

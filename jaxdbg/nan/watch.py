@@ -28,6 +28,7 @@ import ast
 import contextlib
 import functools
 import linecache
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -38,7 +39,7 @@ import numpy as np
 from jax.tree_util import tree_flatten, tree_leaves
 
 from jaxdbg import _compat
-from jaxdbg._source import SourceLocation, caller_user_frame
+from jaxdbg._source import SourceLocation, caller_user_frame, is_user_file
 from jaxdbg.nan.calls import Call, output_leaf_names
 from jaxdbg.nan.growth import GrowthTracker
 from jaxdbg.nan.result import Origin
@@ -210,6 +211,10 @@ class Watch:
         self.finding: JitFinding | EagerFinding | None = None
         self._local = threading.local()
         self._stack: contextlib.ExitStack | None = None
+        # Calls of the user functions that run eager operations: code -> (frame of its latest call, 0-based
+        # index of that call). Holding the frame keeps the next call from reusing its identity.
+        self._eager_calls: dict[Any, tuple[Any, int]] = {}
+        self._user_files: dict[str, bool] = {}
 
     # -- installation ---------------------------------------------------------------------------------------
 
@@ -239,6 +244,7 @@ class Watch:
 
     def __exit__(self, *exc: Any) -> None:
         stack, self._stack = self._stack, None
+        self._eager_calls.clear()
         if stack is not None:
             stack.close()
 
@@ -282,7 +288,26 @@ class Watch:
             return
         self._check_eager(name, args, outs, closed)
 
+    def _eager_call_index(self) -> int | None:
+        """Which call (0-based) of the user function running this eager operation is under way."""
+        frame = sys._getframe(2)
+        while frame is not None:
+            path = frame.f_code.co_filename
+            user = self._user_files.get(path)
+            if user is None:
+                user = self._user_files[path] = is_user_file(path)
+            if user:
+                break
+            frame = frame.f_back
+        if frame is None:
+            return None
+        latest = self._eager_calls.get(frame.f_code)
+        index = 0 if latest is None else latest[1] + (latest[0] is not frame)
+        self._eager_calls[frame.f_code] = (frame, index)
+        return index
+
     def _check_eager(self, name: str, args: Sequence[Any], outs: list, program: Any) -> None:
+        call_index = self._eager_call_index()
         if not any(is_inexact(o) for o in outs):
             return
         with self.internal():
@@ -298,10 +323,12 @@ class Watch:
             created = (out_nan and not in_nan) or (not self.nan_only and out_inf and not in_nan and not in_inf)
             if not created:
                 return
-            origin = self._eager_origin(name, list(args), program, outs, "nan" if out_nan and not in_nan else "inf")
+            kind = "nan" if out_nan and not in_nan else "inf"
+            origin = self._eager_origin(name, list(args), program, outs, kind, call_index)
         self.found(EagerFinding(origin))
 
-    def _eager_origin(self, name: str, args: list, program: Any, outs: list, kind: str) -> Origin:
+    def _eager_origin(self, name: str, args: list, program: Any, outs: list, kind: str,
+                      call_index: int | None) -> Origin:
         """The eager operation as an origin. ``program`` (a closed jaxpr, or a function to trace) is replayed
         to name the primitive inside (``jnp.sqrt`` is a jitted function around ``sqrt``). The source is the
         user's line running it now."""
@@ -322,6 +349,7 @@ class Watch:
             name, inputs = inner.primitive, inner.inputs
         return Origin(
             kind, name, "backward" if "transpose(" in name_stack else "forward", source,
-            source.function if source else "<eager>", self.eager_ops - 1, path, inputs, None,
+            source.function if source else "<eager>", call_index if call_index is not None else self.eager_ops - 1,
+            path, inputs, None,
             tuple(value_stats(o) for o in outs), name_stack,
         )
