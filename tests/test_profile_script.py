@@ -273,3 +273,33 @@ def test_bad_options_exit_2_before_running(argv, fragment, tmp_path, capsys):
     assert main(["profile", recipe("hot_op"), "--out", str(tmp_path / "o"), *argv]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and fragment in err
+
+
+SAMPLED = textwrap.dedent("""
+    import jax, jax.numpy as jnp
+
+    @jax.jit
+    def step(x):
+        return jnp.tanh(x @ x) * 0.5
+
+    x = jnp.ones((256, 256))
+    for _ in range(40):
+        x = step(x)
+    print(float(x.sum()))
+""")
+
+
+def test_after_the_first_calls_only_one_in_sync_every_is_waited_for(tmp_path):
+    """Waiting on every call takes away a GPU loop's dispatch-ahead: after the first calls only one in
+    --sync-every is timed, after the calls queued ahead of it finished (else it would time them too)."""
+    script = tmp_path / "loop.py"
+    script.write_text(SAMPLED)
+    runs = {n: profile(parse_target(str(script)), ProfileOptions(sync_every=n, trace_calls=0), str(tmp_path / f"o{n}"))
+            for n in (1, 8)}
+    every, sampled = (by_name(runs[n], "step").execute for n in (1, 8))
+    assert every.calls == sampled.calls == 40
+    assert every.timed_calls == 40 and sampled.timed_calls == 7  # calls 0, 1, 2, 8, 16, 24, 32
+    assert sampled.median_s < 3 * every.median_s  # not inflated by the untimed calls queued before it
+    assert sampled.total_s == pytest.approx(40 * sampled.median_s, rel=1.0)  # the untimed 33 estimated
+    assert any("calls timed (step 7 of 40)" in n for n in runs[8].result.notes)
+    assert not any("calls timed" in n for n in runs[1].result.notes)

@@ -35,6 +35,9 @@ PythonTracerOpt = Annotated[bool, typer.Option(
 CommandBuffersOpt = Annotated[bool, typer.Option(
     "--command-buffers", help="Keep XLA:GPU command buffers during the capture (ops inside them then have no "
     "per-op times).")]
+SyncEveryOpt = Annotated[int, typer.Option(
+    "--sync-every", min=1, help="Script mode: after a function's first calls, wait for and time one call in N; "
+    "the others run ahead as in a plain run (1: time every call).")]
 
 
 def register(app: typer.Typer) -> None:
@@ -45,7 +48,8 @@ def profile(
     target: TargetArg, script_args: ScriptArgsArg = None, runs: RunsOpt = 20, warmup: WarmupOpt = 3,
     budget: BudgetOpt = None, compare: CompareOpt = None, xla_dump: XlaDumpOpt = False, monitor: MonitorOpt = False,
     serve: ServeOpt = False, top: TopOpt = 10, trace_calls: TraceCallsOpt = 10,
-    python_tracer: PythonTracerOpt = False, command_buffers: CommandBuffersOpt = False, args: ArgsOpt = None,
+    python_tracer: PythonTracerOpt = False, command_buffers: CommandBuffersOpt = False,
+    sync_every: SyncEveryOpt = 8, args: ArgsOpt = None,
     inputs: InputsOpt = None, seed: SeedOpt = 0, json: JsonOpt = None, out: OutOpt = None,
     timeout: TimeoutOpt = None, quiet: QuietOpt = False, verbose: VerboseOpt = False,
 ) -> int:
@@ -55,7 +59,8 @@ def profile(
     common = Common("profile", json, out, timeout, quiet, verbose, target)
     options = ProfileOptions(runs=runs, warmup=warmup, top=top, trace_calls=trace_calls, xla_dump=xla_dump,
                              monitor=monitor, budget=budget, compare=compare, args=args, inputs=inputs, seed=seed,
-                             timeout=timeout, python_tracer=python_tracer, command_buffers=command_buffers)
+                             timeout=timeout, python_tracer=python_tracer, command_buffers=command_buffers,
+                             sync_every=sync_every)
     built: list[Report] = []
 
     def build(c: Common) -> Report:

@@ -141,16 +141,20 @@ def execute_stats(calls: list[tuple], mode: str, warmup: int) -> ExecuteStats:
         total = sum(timed)
         count = len(timed)
     else:
-        steady = [c for c in calls if c[3] == 0.0]
+        waited = [c for c in calls if len(c) < 7 or c[6]]  # timed calls (the others' wall is a dispatch)
+        steady = [c for c in waited if c[3] == 0.0]
         undisturbed = [c for c in steady if not c[5]]  # outside the profiler's capture window
-        timed = [c[2] for c in (undisturbed if len(undisturbed) >= 3 else steady or calls)]
-        total = sum(c[2] for c in calls)
+        timed = [c[2] for c in (undisturbed if len(undisturbed) >= 3 else steady or waited)]
+        # Calls that ran ahead untimed are counted at the timed calls' mean: an estimate.
+        total = sum(c[2] for c in waited) + (len(calls) - len(waited)) * float(np.mean(timed))
         count = len(calls)
+        sampled = len(waited)
     values = np.asarray(timed, dtype=float)
     median = float(np.median(values))
     p10, p90 = (float(v) for v in np.percentile(values, [10, 90]))
     return ExecuteStats(count, first, median, p90, float(values.min()), float(values.max()),
-                        (p90 - p10) / median if median > 0 else None, total)
+                        (p90 - p10) / median if median > 0 else None, total,
+                        sampled if mode != "function" else count)
 
 
 def normalize_cost(raw: dict | None) -> dict[str, float] | None:

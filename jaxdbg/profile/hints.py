@@ -81,6 +81,12 @@ def notes_for(mode: str, functions: list[FunctionProfile], gathered: Any, error:
         notes.append(text)
     if gathered.trace is None and not error and functions:
         notes.append("no profiler capture was taken (--trace-calls 0), so there is no per-op table")
+    sampled = [f for f in functions if mode == "script" and f.execute.timed_calls < f.execute.calls]
+    if sampled:
+        counts = ", ".join(f"{f.name} {f.execute.timed_calls} of {f.execute.calls}" for f in sampled[:4])
+        notes.append(f"calls timed ({counts}): the first ones, those that compiled or ran in the capture window, "
+                     "then one in --sync-every; the others ran ahead unblocked as in a plain run, so execute "
+                     "totals are estimates (--sync-every 1 times every call)")
     window = gathered.trace.calls_traced if gathered.trace is not None else 0
     for function in functions:
         if not function.ops and function.execute.calls and gathered.trace is not None:

@@ -89,7 +89,8 @@ def script_job(payload: dict, channel: Any) -> None:
     send, info = start(channel)
     spec: TargetSpec = payload["spec"]
     window = _window(payload, send, payload.get("trace_calls", 0))
-    recorder = Recorder(send, payload["out_dir"], window=window, hlo_limit=payload.get("hlo_limit", 3))
+    recorder = Recorder(send, payload["out_dir"], window=window, hlo_limit=payload.get("hlo_limit", 3),
+                        sync_every=payload.get("sync_every", 1))
     try:
         with contextlib.ExitStack() as stack:
             if payload.get("monitor"):

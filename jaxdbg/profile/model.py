@@ -30,7 +30,8 @@ class CompileTimes:
 class ExecuteStats:
     """Timed calls of one function. ``first_s`` is the first call's wall time (compile included);
     median/p90/min/max are over calls that did not compile (all calls if every one compiled);
-    ``total_s`` sums execution time only (compile time inside a call left out)."""
+    ``total_s`` sums execution time only (compile time inside a call left out), estimated for the calls
+    that ran ahead untimed (``timed_calls`` of ``calls`` were timed)."""
 
     calls: int = 0
     first_s: float | None = None
@@ -40,6 +41,7 @@ class ExecuteStats:
     max_s: float | None = None
     spread: float | None = None  # (p90 - p10) / median: how much the timed calls vary
     total_s: float = 0.0
+    timed_calls: int = 0  # calls waited for and timed; the rest ran ahead (script mode, --sync-every)
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,7 @@ class ProfileOptions:
     calibrate: bool = True
     python_tracer: bool = False
     command_buffers: bool = False  # keep XLA:GPU's command buffers during the capture (see child_xla_flags)
+    sync_every: int = 8  # script mode: after the first calls, time one call in this many (Recorder.timed_call)
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ def profile(spec: TargetSpec, options: ProfileOptions, out_dir: str) -> ProfileR
     payload = {"spec": spec, "out_dir": out_dir, "trace_calls": options.trace_calls, "monitor": options.monitor,
                "interval": options.monitor_interval, "calibrate": options.calibrate, "warmup": options.warmup,
                "runs": options.runs, "args": options.args, "inputs": options.inputs, "seed": options.seed,
-               "python_tracer": options.python_tracer}
+               "python_tracer": options.python_tracer, "sync_every": options.sync_every}
     job = "jaxdbg.profile.jobs:script_job" if spec.is_script else "jaxdbg.profile.jobs:function_job"
     outcome = run_contained(job, payload, timeout=options.timeout, env=env)
     _raise_usage_from_child(outcome)
