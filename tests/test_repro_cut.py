@@ -83,3 +83,24 @@ def test_a_candidate_that_computes_nothing_never_counts():
     graph, cutter, best = _cut(lambda v: jnp.log(v) + 1.0, [x], Criterion("nonfinite", what="NaN"))
     assert len(best.nodes) >= 1
     assert all(np.isfinite(v).all() for v in best.values.values())
+
+
+def test_inputs_of_a_scan_keep_their_shapes_so_the_written_scan_still_runs(tmp_path):
+    """A scan's length is its inputs' leading size: shrinking them would be accepted when the primitive is
+    bound here and rejected by lax.scan in the written reproducer."""
+    def layers(x, w):
+        def body(h, wi):
+            h = h @ wi
+            return h / jnp.sqrt(jnp.mean(h * h) - 1.0), None  # negative under the root: NaN
+        return jax.lax.scan(body, x, w)[0].sum()
+
+    args = [np.full((2, 4), 0.1, np.float32), np.full((3, 4, 4), 0.1, np.float32)]
+    criterion = Criterion("nonfinite", what="NaN")
+    graph, cutter, best = _cut(layers, args, criterion)
+    scans = [i for i in best.nodes if graph.nodes[i].name == "scan"]
+    assert scans and all(np.shape(best.values[v]) == np.shape(cutter.recorded[v])
+                         for v in graph.nodes[scans[0]].invars if v in best.values)
+    program = build_program(graph, best, criterion, "jit(layers)", len(graph.nodes))
+    path = tmp_path / "repro.py"
+    path.write_text(program.source)
+    assert program_fails(str(path), criterion)

@@ -9,6 +9,7 @@ from rich.console import Console
 
 from jaxdbg.cli._common import (ArgsOpt, Common, InputsOpt, JsonOpt, OutOpt, QuietOpt, ScriptArgsArg, SeedOpt,
                                 TargetArg, TimeoutOpt, VerboseOpt, execute, validate_destinations)
+from jaxdbg._errors import EXIT_OK, EXIT_TARGET_FAILED
 from jaxdbg.report import Report, environment_info, relative_or_absolute
 
 
@@ -64,7 +65,9 @@ def _build(common: Common, target: str, script_args: list[str], options) -> Repo
             bar.update(task, description=phase, completed=checks, status=f"{checks} checks, {size}")
 
         result, artifacts = reproduce(spec, options, str(out_dir), on_progress)
-    return Report("repro", target, result, 0, artifacts, environment_info())
+    # An unverified reproducer is no answer (the original program is the last fallback, so this is rare).
+    code = EXIT_OK if result.verified else EXIT_TARGET_FAILED
+    return Report("repro", target, result, code, artifacts, environment_info())
 
 
 def render(report: Report, console: Console) -> None:

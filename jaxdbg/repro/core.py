@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -237,9 +238,20 @@ class _Reproduction:
             self.checks += (summary or {}).get("checks", 0)
             return None
         self.checks += summary["checks"] + 1
+        if summary["lines"] >= self.subject.original_lines:  # e.g. a whole scan written out as lax code
+            self.notes.append(f"the cut computation ({summary['lines']} lines, {summary['equations']} equation(s)) "
+                              f"is not smaller than the program ({self.subject.original_lines} lines); reduced "
+                              "the source instead")
+            return None
         artifacts = self._publish(summary["files"])
         verified, verification = self.verify_program(artifacts["repro"], summary["criterion"])
         self.progress("verify", self.checks, f"{summary['equations']} equations")
+        if not verified:  # an emitted program that does not fail as promised is no answer: reduce the source
+            for path in artifacts.values():
+                with contextlib.suppress(OSError):
+                    os.remove(path)
+            self.notes.append(f"the cut computation did not verify ({verification}); reduced the source instead")
+            return None
         timed_out = self.clock.left() <= verify_reserve
         result = ReproResult(
             signature=target.signature, original=Size(self.subject.original_lines, summary["equations_original"]),

@@ -250,14 +250,22 @@ class Cutter:
         return cand
 
     def shrink(self, cand: Candidate) -> Candidate:
-        """Smaller inputs: the failing element alone, then length-1 slices along each axis of each input."""
+        """Smaller inputs: the failing element alone, then length-1 slices along each axis of each input.
+
+        Inputs of a node that holds an inner program (scan, while, cond, a nested jit) keep their shapes: the
+        inner program was traced for them (a scan's length is its inputs' leading size), and binding the
+        primitive here would not notice what `lax.scan` in the written reproducer rejects."""
         inputs = cand.inputs(self.graph)
+        fixed = {v for i in cand.nodes for v in self.graph.nodes[i].invars
+                 if any(_holds_program(p) for p in self.graph.nodes[i].params.values())}
         out_shape = self._output_shape(cand)
         if out_shape and all(self.graph.nodes[i].name in ELEMENTWISE for i in cand.nodes):
             idx = cand.index
             values = {v: (cand.values[v][idx] if np.shape(cand.values[v]) == out_shape else cand.values[v]) for v in inputs}
             cand = self.test(replace(cand, values=values)) or cand
         for var in inputs:
+            if var in fixed:
+                continue
             for axis in range(np.ndim(cand.values[var])):
                 value = np.asarray(cand.values[var])
                 if value.shape[axis] <= 1:
@@ -303,6 +311,12 @@ class Cutter:
             return tuple(jax.eval_shape(fn, *[cand.values[v] for v in inputs])[0].shape)
         except Exception:  # noqa: BLE001 - shape unknown: no shape-based shrinking
             return ()
+
+
+def _holds_program(param: Any) -> bool:
+    """A primitive parameter that is (or lists) a jaxpr: the node runs an inner program."""
+    items = param if isinstance(param, (tuple, list)) else (param,)
+    return any(hasattr(item, "eqns") or hasattr(getattr(item, "jaxpr", None), "eqns") for item in items)
 
 
 def _finite(value: Any) -> bool:
