@@ -28,6 +28,8 @@ CASES = [
     (["model.py::f", "--inputs", "objects.npz"], "Python objects"),
     (["model.py::f", "--args", "f32[2]", "--out", "no/such/parent/out"], "does not exist"),
     (["model.py::f", "--args", "f32[2]", "--no-such-option"], "No such option"),
+    (["model.py::f", "--args", "f32[2]", "--json", "."], "is a folder"),
+    (["model.py::f", "--args", "f32[2]", "--json", "/proc/version"], "cannot write there"),
 ]
 
 

@@ -121,7 +121,7 @@ def execute(common: Common, build: Callable[[Common], Report], render: Callable[
         validate_destinations(common)
         report = build(common)
         if common._out_dir is not None:
-            report.artifacts.setdefault("report", str(common._out_dir / "report.json"))
+            report.artifacts.setdefault("report", os.path.abspath(common._out_dir / "report.json"))
             write_json(report, str(common._out_dir / "report.json"))
         if common.json:
             write_json(report, common.json)
@@ -158,10 +158,21 @@ def validate_destinations(common: Common) -> None:
     """Refuse a bad --out or --json before any work is done (not after minutes of analysis)."""
     if common.out:
         common.out_dir()
-    if common.json and common.json != "-" and not Path(common.json).resolve().parent.exists():
-        raise UsageError(
-            f"--json '{common.json}': folder '{Path(common.json).parent}' does not exist; create it or pick another path"
-        )
+    if common.json and common.json != "-":
+        path = Path(common.json)
+        if not path.resolve().parent.exists():
+            raise UsageError(f"--json '{common.json}': folder '{path.parent}' does not exist; create it or pick "
+                             "another path")
+        if path.is_dir():
+            raise UsageError(f"--json '{common.json}' is a folder; give a file path, e.g. {path / 'report.json'}")
+        existed = path.exists()
+        try:  # the one sure test of writability (read-only file systems, permissions)
+            with open(path, "a"):
+                pass
+        except OSError as err:
+            raise UsageError(f"--json '{common.json}': cannot write there ({err.strerror}); pick another path") from err
+        if not existed:
+            path.unlink()
 
 
 def fail(common: Common, message: str, err: BaseException | None = None) -> None:
