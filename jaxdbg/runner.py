@@ -193,22 +193,27 @@ def run_contained(
         # when run from a source checkout (targets get their own folder on sys.path from target.py).
         command = [sys.executable, "-P", "-X", "faulthandler", "-m", "jaxdbg._child", workdir]
         started = time.perf_counter()
-        proc = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-            env=child_env(env, device_count), cwd=cwd, start_new_session=True,
-        )
+        # Output goes to files, not pipes: a process the target leaves running in the background inherits
+        # them, and a pipe would then stay open (and jaxdbg wait) long after the target itself exited.
+        out_path, err_path = os.path.join(workdir, "stdout"), os.path.join(workdir, "stderr")
+        with open(out_path, "wb") as out_file, open(err_path, "wb") as err_file:
+            proc = subprocess.Popen(
+                command, stdout=out_file, stderr=err_file, stdin=subprocess.DEVNULL,
+                env=child_env(env, device_count), cwd=cwd, start_new_session=True,
+            )
         timed_out = False
         try:
-            out, err = proc.communicate(timeout=timeout)
+            proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             timed_out = True
-            out, err = _stop_hung(proc)
+            _stop_hung(proc)
         except BaseException:  # Ctrl-C, or SIGTERM turned into SystemExit: the child has its own session,
             _kill_group(proc)  # so nothing else would stop it (or what it started) from outliving jaxdbg
             raise
         elapsed = time.perf_counter() - started
+        _kill_group(proc)  # what the target left running in its session ends with it
         messages = read_channel(os.path.join(workdir, "channel.bin"))
-    stdout, stderr = out.decode(errors="replace"), err.decode(errors="replace")
+        stdout, stderr = (_read_text(path) for path in (out_path, err_path))
     exception = next((value for name, value in messages if name == "__exception__"), None)
     messages = tuple((name, value) for name, value in messages if name != "__exception__")
     rc = proc.returncode
@@ -226,16 +231,21 @@ def run_contained(
     return Outcome(status, rc, sig, exception, stdout, stderr, elapsed, messages, frame)
 
 
-def _stop_hung(proc: subprocess.Popen) -> tuple[bytes, bytes]:
+def _stop_hung(proc: subprocess.Popen) -> None:
     """Ask the hung child for its Python stacks (SIGUSR1 -> faulthandler), then kill its process group."""
     try:
         os.killpg(proc.pid, signal.SIGUSR1)
-        out, err = proc.communicate(timeout=1.0)
-        return out, err
+        proc.wait(timeout=1.0)
+        return
     except (subprocess.TimeoutExpired, ProcessLookupError, PermissionError):
         pass
     _kill_group(proc)
-    return proc.communicate()
+    proc.wait()
+
+
+def _read_text(path: str) -> str:
+    with open(path, "rb") as handle:
+        return handle.read().decode(errors="replace")
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -117,3 +117,23 @@ def test_sigterm_to_jaxdbg_stops_the_contained_target(tmp_path):
         assert b"Traceback" not in jaxdbg.stderr.read()
     finally:
         jaxdbg.kill()
+
+
+def test_a_background_process_left_by_the_target_neither_holds_jaxdbg_nor_outlives_it(tmp_path):
+    """It inherits the target's stdout: with pipes, jaxdbg waited for it until the timeout."""
+    import time
+
+    pid_file = tmp_path / "bg.pid"
+    body = ("import subprocess, sys\n"
+            "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+            f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+            "print('left it running')\n")
+    began = time.monotonic()
+    outcome = _run(tmp_path, body, timeout=30)
+    assert outcome.status == "ok" and "left it running" in outcome.stdout
+    assert time.monotonic() - began < 20
+    background = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while _alive(background) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(background)
