@@ -176,3 +176,11 @@ def test_as_a_subprocess(tmp_path) -> None:
     assert done.returncode == 1, done.stderr
     report = json.load(open(tmp_path / "sub" / "report.json"))
     assert report["result"]["first"]["kind"] == "input" and report["result"]["first"]["argument"] == "batch['x']"
+
+
+def test_quiet_still_says_where_the_nan_was_made(tmp_path, capsys) -> None:
+    code = main(["nan-hunt", os.path.join(RECIPES, "nan_scan", "train.py"), "-q", "--out", str(tmp_path / "q")])
+    captured = capsys.readouterr()
+    assert code == 1 and captured.out == ""
+    assert captured.err.strip() == "jaxdbg nan-hunt: nan first made by sqrt (forward pass) at train.py:9 in " \
+                                   "rollout, call 1"

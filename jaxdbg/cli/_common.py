@@ -126,6 +126,9 @@ def execute(common: Common, build: Callable[[Common], Report], render: Callable[
         if common.json:
             write_json(report, common.json)
         render(report, common.console)
+        line = essential_line(report) if common.quiet and not common.verbose and report.exit_code else None
+        if line:
+            common.err_console.print(f"jaxdbg {common.command}: {line}", soft_wrap=True, highlight=False, markup=False)
         return report.exit_code
     except JaxdbgError as err:
         fail(common, err.message, err)
@@ -152,6 +155,28 @@ def write_error_report(common: Common, message: str, exit_code: int) -> None:
             write_json(report, destination)
         except Exception:  # noqa: BLE001 - the error line above is already the answer; JSON is a courtesy
             pass
+
+
+def essential_line(report: Report) -> str | None:
+    """What `-q` still says when a command finds something: the NaN origin, the broken budget, the failure."""
+    result = report.result
+    first = getattr(result, "first", None)
+    if isinstance(first, dict) and first.get("primitive"):
+        where = first.get("source") or {}
+        at = f" at {os.path.basename(where.get('file', ''))}:{where.get('line')}" if where else ""
+        return (f"{first['kind']} first made by {first['primitive']} ({first['pass']} pass){at} in "
+                f"{first['function']}, call {first['call_index']}")
+    budget = getattr(result, "budget", None)
+    if budget is not None and not budget.ok:
+        return "budget broken: " + "; ".join(budget.violations)
+    failed = [c for c in getattr(result, "checks", ()) if getattr(c, "status", "") == "fail"]
+    if failed:
+        return "failed: " + "; ".join(f"{c.name}: {c.detail}" for c in failed)
+    for field in ("error", "verification"):
+        text = getattr(result, field, None)
+        if text:
+            return str(text)
+    return None
 
 
 def validate_destinations(common: Common) -> None:
