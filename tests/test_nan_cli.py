@@ -184,3 +184,30 @@ def test_quiet_still_says_where_the_nan_was_made(tmp_path, capsys) -> None:
     assert code == 1 and captured.out == ""
     assert captured.err.strip() == "jaxdbg nan-hunt: nan first made by sqrt (forward pass) at train.py:9 in " \
                                    "rollout, call 1"
+
+
+OVERFLOWING = textwrap.dedent("""
+    import jax, jax.numpy as jnp
+
+    def loss_fn(w, x):
+        return jnp.mean(jnp.log(jnp.exp(x @ w))) ** 2 + jnp.sum(jnp.exp(w))
+
+    @jax.jit
+    def step(w, x, lr):
+        return w - lr * jax.grad(loss_fn)(w, x)
+
+    w, x, lr = jnp.ones((4, 2)), jnp.ones((3, 4)), 0.01
+    for i in range(40):
+        w = step(w, x, lr)
+        lr *= 3.0
+""")
+
+
+def test_nan_from_values_that_overflowed_is_explained_as_such(tmp_path) -> None:
+    """A backward-pass division of inf by inf is not 'an infinite derivative at 0' of a finite forward value."""
+    script = tmp_path / "growing.py"
+    script.write_text(OVERFLOWING)
+    result, _ = hunt_here(parse_target(str(script)), HuntOptions(out_dir=str(tmp_path / "o")))
+    assert result.found and result.first["primitive"] == "div" and result.first["pass"] == "backward"
+    assert "inf / inf is NaN" in result.explanation and "derivative of" not in result.explanation
+    assert not any("denominator away from zero" in h for h in result.hints)

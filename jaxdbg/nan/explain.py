@@ -130,6 +130,8 @@ def _sqrt(origin: Origin, line: str) -> tuple[str, list[str]] | None:
 def _singular_derivative(origin: Origin, line: str) -> tuple[str, list[str]] | None:
     if origin.pass_ != "backward" or origin.primitive not in ("div", "rsqrt", "pow", "mul", "integer_pow"):
         return None
+    if any(s.inf for s in origin.inputs):  # inf arithmetic on values that overflowed earlier, not a singularity
+        return None
     for name in ("sqrt", "norm", "pow", "**", "log", "arcsin", "arccos", "abs"):
         if name in line:
             what = {"norm": "a norm at the zero vector", "**": "a fractional power at 0"}.get(name, f"{name} at 0")
@@ -145,7 +147,8 @@ def _division(origin: Origin, line: str) -> tuple[str, list[str]] | None:
         return None
     num, den = _stat(origin, 0), _stat(origin, 1)
     if den is not None and den.inf and num is not None and num.inf:
-        return "inf / inf is NaN.", [SUBTRACT_MAX]
+        return ("inf / inf is NaN: both values overflowed before (see the chain for where).",
+                _overflow_hints(origin, line))
     if den is not None and den.zero:
         both = num is not None and num.zero
         where = "in the gradient, " if origin.pass_ == "backward" else ""
@@ -164,7 +167,14 @@ def _inf_arithmetic(origin: Origin, line: str) -> tuple[str, list[str]] | None:
         what = "0 * inf is NaN: one input holds inf and the other holds zeros"
     else:
         what = "inf - inf is NaN: the inputs hold infinities of opposite sign"
-    return what + " (see the chain for where the infinities came from).", [SUBTRACT_MAX, CLIP]
+    return what + " (see the chain for where the infinities came from).", _overflow_hints(origin, line)
+
+
+def _overflow_hints(origin: Origin, line: str) -> list[str]:
+    """Hints for NaN made from infinities: avoid the overflow; max-subtraction only where exp is at work."""
+    hints = [SUBTRACT_MAX] if any(word in line for word in ("exp", "softmax", "logsumexp", "sigmoid")) else []
+    hints.append(CLIP)  # (a float16/bfloat16 origin also gets the float32 hint, from the precision check)
+    return hints
 
 
 def _overflow(origin: Origin, line: str) -> tuple[str, list[str]] | None:
