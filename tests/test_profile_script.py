@@ -242,6 +242,16 @@ def test_timeout_stops_the_target_and_keeps_what_was_sent(scripts, tmp_path):
     assert run.result.functions[0].execute.calls == 3  # flushed before the hang
 
 
+def test_a_hang_inside_the_first_jitted_call_is_said_to_be_there(tmp_path):
+    script = tmp_path / "spins.py"
+    script.write_text("import jax, jax.numpy as jnp\n\n@jax.jit\ndef spin(x):\n"
+                      "    return jax.lax.while_loop(lambda v: v > 0, lambda v: v + 1.0, x)\n\nspin(jnp.float32(1))\n")
+    run = profile(parse_target(str(script)), ProfileOptions(timeout=6, trace_calls=0, calibrate=False), str(tmp_path))
+    assert run.exit_code == 3 and "timed out" in run.result.error and not run.result.functions
+    assert any("before any jitted function returned from its first call (spin)" in n for n in run.result.notes)
+    assert not any("ran no jitted function" in n for n in run.result.notes)
+
+
 def test_compile_heavy_cli_budget_and_compare(tmp_path, capsys):
     first = tmp_path / "first.json"
     assert main(["profile", recipe("compile_heavy"), "--out", str(tmp_path / "a"), "--json", str(first),

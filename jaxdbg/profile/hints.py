@@ -68,7 +68,11 @@ def notes_for(mode: str, functions: list[FunctionProfile], gathered: Any, error:
         notes.append("XLA:GPU command buffers were off in the profiled process so that every kernel is tied to "
                      "its HLO op in the per-op table; launch overhead may differ a little from a default run "
                      "(--command-buffers keeps them, at the cost of ops inside them missing from the table)")
-    if mode == "script" and not functions:
+    if mode == "script" and not functions and error and gathered.names:
+        names = ", ".join(sorted({meta["name"] for meta in gathered.names.values()})[:4])
+        notes.append(f"the target stopped before any jitted function returned from its first call ({names}): "
+                     "the failure is inside that first call (its compile or its run), where the stack above points")
+    elif mode == "script" and not functions:
         eager = gathered.eager_compile()
         notes.append(
             "the script ran no jitted function (nothing called a function made by jax.jit), so there is no "
