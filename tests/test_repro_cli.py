@@ -186,3 +186,18 @@ def test_recipes_fail_as_described(script, status):
     assert outcome.status == status
     if script[0] == "repro_nan_graph":
         assert "loss nan" in outcome.stdout
+
+
+def test_the_many_runs_leave_the_users_folder_alone(tmp_path, monkeypatch):
+    """Detection, candidates and verification run in a scratch mirror of the working folder: a log the
+    target appends to, or a file it creates, is written there, not dozens of times into the user's folder."""
+    home = tmp_path / "project"
+    home.mkdir()
+    (home / "run_log.txt").write_text("mine\n")
+    (home / "shape.py").write_text(
+        "import jax.numpy as jnp\n\nwith open('run_log.txt', 'a') as log:\n    log.write('started\\n')\n"
+        "open('made_by_target.txt', 'w').write('x')\nx = jnp.ones((2, 3))\nprint((x @ x).sum())\n")
+    monkeypatch.chdir(home)
+    assert main(["repro", "shape.py", "--max-time", "15", "--out", str(tmp_path / "o"), "-q"]) == 0
+    assert (home / "run_log.txt").read_text() == "mine\n"
+    assert sorted(p.name for p in home.iterdir()) == ["run_log.txt", "shape.py"]

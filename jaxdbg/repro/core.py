@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import shutil
 import tempfile
@@ -114,6 +115,41 @@ def reproduce(spec: TargetSpec, options: ReproOptions, out_dir: str, on_progress
         shutil.rmtree(work, ignore_errors=True)
 
 
+EMITTED_FRAME_LINES = 15
+MIRROR_COPY_BYTES = 1 << 20  # files up to this size are copied into the scratch folder, larger ones linked
+MIRROR_MAX_ENTRIES = 5000
+
+
+def scratch_folder(folder: str, out_dir: str) -> str | None:
+    """A working folder for the many runs of a reduction, mirroring the user's: what the target writes there
+    (logs it appends to, checkpoints) lands in the scratch copy, not in the user's folder dozens of times.
+
+    Small files are copied (so appending to them stays here); folders and large files are linked, so reads
+    work as before (writes inside a linked folder still reach it). None (run in place) for a huge folder.
+    """
+    here = os.getcwd()
+    try:
+        entries = list(itertools.islice(os.scandir(here), MIRROR_MAX_ENTRIES + 1))
+    except OSError:
+        return None
+    if len(entries) > MIRROR_MAX_ENTRIES:
+        return None
+    os.makedirs(folder, exist_ok=True)
+    out = os.path.realpath(out_dir)
+    for entry in entries:
+        target = os.path.join(folder, entry.name)
+        try:
+            if os.path.realpath(entry.path) == out:
+                continue
+            if entry.is_file(follow_symlinks=True) and entry.stat().st_size <= MIRROR_COPY_BYTES:
+                shutil.copy2(entry.path, target)
+            else:
+                os.symlink(entry.path, target)
+        except OSError:
+            continue
+    return folder
+
+
 class _Reproduction:
     """One `jaxdbg repro` run (state shared by the steps)."""
 
@@ -125,6 +161,7 @@ class _Reproduction:
         self.notes: list[str] = []
         self.detect_timeout = options.timeout or DEFAULT_TIMEOUT
         self.env = reduction_env(os.path.join(work, "jax-cache"))
+        self.cwd = scratch_folder(os.path.join(work, "cwd"), out_dir)
         self.verify_reserve = 5.0
 
     # 1. Detect ----------------------------------------------------------------------------------------------
@@ -151,7 +188,7 @@ class _Reproduction:
             return False
         request = replace(self.subject.request, script=self.subject.path, watch=WatchConfig(nonfinite=False),
                           disable_jit=True)
-        outcome = run_contained(JOB, request, timeout=check_timeout, env=self.env)
+        outcome = run_contained(JOB, request, timeout=check_timeout, env=self.env, cwd=self.cwd)
         self.checks += 1
         sensitive = not any(f.signature.same_as(target.signature) and f.location == target.location
                             for f in observe(outcome))
@@ -168,7 +205,8 @@ class _Reproduction:
         request = replace(self.subject.request, script=self.subject.path, watch=watch)
         runs = max(1, self.options.runs)
         with ThreadPoolExecutor(max_workers=max(1, min(self.options.jobs, runs))) as pool:
-            outcomes = list(pool.map(lambda _: run_contained(JOB, request, timeout=self.detect_timeout, env=self.env),
+            outcomes = list(pool.map(lambda _: run_contained(JOB, request, timeout=self.detect_timeout, env=self.env,
+                                                             cwd=self.cwd),
                                      range(runs)))
         self.checks += runs
         seen = [observe(o) for o in outcomes]
@@ -230,7 +268,7 @@ class _Reproduction:
                              progress_path, budget, self.options.rtol, self.options.atol)
         outcome = self._with_progress("cut computation", progress_path, "equations",
                                       lambda: run_contained(CUT_JOB, request, timeout=budget + self.detect_timeout + 30,
-                                                            env=self.env))
+                                                            env=self.env, cwd=self.cwd))
         summary = outcome.last("cut")
         if not summary or not summary.get("ok"):
             reason = (summary or {}).get("reason") or outcome.describe()
@@ -238,7 +276,9 @@ class _Reproduction:
             self.checks += (summary or {}).get("checks", 0)
             return None
         self.checks += summary["checks"] + 1
-        if summary["lines"] >= self.subject.original_lines:  # e.g. a whole scan written out as lax code
+        # Written out, a cut carries a fixed frame (imports, inputs, the jit call, the check): beyond that, a
+        # program longer than the user's is no reduction (e.g. a whole scan written out as lax code).
+        if summary["lines"] > self.subject.original_lines + EMITTED_FRAME_LINES:
             self.notes.append(f"the cut computation ({summary['lines']} lines, {summary['equations']} equation(s)) "
                               f"is not smaller than the program ({self.subject.original_lines} lines); reduced "
                               "the source instead")
@@ -263,7 +303,8 @@ class _Reproduction:
 
     def verify_program(self, path: str, criterion: dict) -> tuple[bool, str]:
         """Run an emitted reproducer as ``python repro.py`` would, in a fresh process."""
-        outcome = run_contained(JOB, RunRequest(script=path), timeout=self.detect_timeout, env=CHILD_ENV)
+        outcome = run_contained(JOB, RunRequest(script=path), timeout=self.detect_timeout, env=CHILD_ENV,
+                                cwd=self.cwd)
         self.checks += 1
         exc = outcome.exception
         if outcome.status != "exception" or exc is None:
@@ -309,7 +350,8 @@ class _Reproduction:
         os.makedirs(folder, exist_ok=True)
         checker = Checker(target, request, script_name=subject.script_name, work_dir=folder,
                           original_path=subject.path, timeout=check_timeout, jobs=self.options.jobs,
-                          companions=subject.companions, env=self.env, jit_sensitive=jit_sensitive, flaky=flaky)
+                          companions=subject.companions, env=self.env, jit_sensitive=jit_sensitive, flaky=flaky,
+                          cwd=self.cwd)
         protected = target.location.line if target.location and _same(target.location.file, subject.path) else None
         source = subject.source
         if subject.data_free_source and checker.check_text(subject.data_free_source, (protected, protected) if protected else None):
@@ -362,7 +404,7 @@ class _Reproduction:
             # twice), and op by op where the failure needs jit.
             fresh_runs = 1 if flaky or target.signature.kind == "timeout" else 2
             with ThreadPoolExecutor(max_workers=fresh_runs + checker.jit_sensitive) as pool:
-                fresh = [pool.submit(run_contained, JOB, request, timeout=check_timeout, env=CHILD_ENV)
+                fresh = [pool.submit(run_contained, JOB, request, timeout=check_timeout, env=CHILD_ENV, cwd=self.cwd)
                          for _ in range(fresh_runs)]
                 without_jit = pool.submit(checker.needs_jit, path, text, lines) if checker.jit_sensitive else None
                 outcomes = [future.result() for future in fresh]

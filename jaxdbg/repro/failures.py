@@ -118,8 +118,9 @@ class Checker:
 
     def __init__(self, target: Failure, request: RunRequest, *, script_name: str, work_dir: str,
                  original_path: str | None, timeout: float | None, jobs: int = 2, companions: dict | None = None,
-                 env: dict | None = None, jit_sensitive: bool = False, flaky: bool = False):
+                 env: dict | None = None, jit_sensitive: bool = False, flaky: bool = False, cwd: str | None = None):
         self.target, self.request = target, request
+        self.cwd = cwd  # where candidates run (a scratch mirror of the user's folder, see core.scratch_folder)
         self.flaky = flaky
         # The original stops failing with jit disabled: a candidate must too (else it no longer needs jit).
         self.jit_sensitive = jit_sensitive
@@ -147,10 +148,10 @@ class Checker:
         request = replace(self.request, script=path, disable_jit=disable_jit)
         if self._server.alive:
             try:
-                return self._server.run(JOB, request, timeout=self.timeout)
+                return self._server.run(JOB, request, timeout=self.timeout, cwd=self.cwd)
             except RuntimeError:
                 pass  # the server is gone: fresh processes from here on
-        return run_contained(JOB, request, timeout=self.timeout, env=self.env)
+        return run_contained(JOB, request, timeout=self.timeout, env=self.env, cwd=self.cwd)
 
     def __call__(self, states: Sequence[State]) -> list[bool]:
         lines = [statement_lines(state) for state in states]
