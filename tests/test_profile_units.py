@@ -190,3 +190,29 @@ def test_command_buffers_off_only_when_a_capture_is_taken_and_the_user_left_the_
     assert child_xla_flags(mine, ProfileOptions(), None) == (mine, False)
     flags, _ = child_xla_flags("", ProfileOptions(), "/tmp/d")
     assert flags.endswith("--xla_dump_to=/tmp/d --xla_dump_hlo_as_text")
+
+
+def test_an_exception_raised_inside_jaxdbg_is_not_blamed_on_the_target(tmp_path, monkeypatch):
+    import os
+
+    import jaxdbg
+    from jaxdbg._source import SourceLocation
+    from jaxdbg.profile.run import ProfileOptions, _raise_internal_failure
+    from jaxdbg.runner import ExceptionInfo, Outcome
+    from jaxdbg.target import parse_target
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("step(x)\n")
+    ours = os.path.join(os.path.dirname(jaxdbg.__file__), "profile", "instrument.py")
+    user = os.path.abspath("train.py")
+    trace = (f'Traceback (most recent call last):\n  File "{user}", line 5, in <module>\n    step(x)\n'
+             f'  File "{ours}", line 190, in call\n    timed = TIMED\nNameError: name \'TIMED\' is not defined\n')
+    info = ExceptionInfo("NameError", "NameError", "name 'TIMED' is not defined", trace,
+                         SourceLocation(user, 5, "<module>"))
+    outcome = Outcome("exception", 1, None, info, "", "", 1.0, (), None)
+    with pytest.raises(RuntimeError, match="instrumentation failed"):
+        _raise_internal_failure(outcome, parse_target("train.py"), ProfileOptions())
+    in_user_code = trace.replace(ours, user)  # the same error raised by the user's own line: the target's
+    _raise_internal_failure(Outcome("exception", 1, None, ExceptionInfo(
+        "NameError", "NameError", "x", in_user_code, SourceLocation(user, 5, "<module>")), "", "", 1.0, (), None),
+        parse_target("train.py"), ProfileOptions())

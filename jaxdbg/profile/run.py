@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, field
 
 from jaxdbg._errors import EXIT_FOUND, EXIT_OK, EXIT_TARGET_FAILED, UsageError
@@ -157,7 +158,14 @@ def _raise_usage_from_child(outcome: Outcome) -> None:
 def _raise_internal_failure(outcome: Outcome, spec: TargetSpec, options: ProfileOptions) -> None:
     """An exception whose traceback never passed through the user's files is a jaxdbg bug, not the target's."""
     exc = outcome.exception
-    if exc is None or exc.user_frame is not None:
+    if exc is None:
+        return
+    frames = re.findall(r'File "([^"]+)", line (\d+)', exc.traceback or "")
+    if frames and _inside_jaxdbg(frames[-1][0]) and exc.type not in ("UsageError", "TargetFailedError"):
+        # raised by jaxdbg's own instrumentation (user frames above it only called into it)
+        raise RuntimeError(f"jaxdbg's instrumentation failed inside the target's run: {exc.type}: "
+                           f"{first_line(exc.message)} [{frames[-1][0]}:{frames[-1][1]}]")
+    if exc.user_frame is not None:
         return
     user_files = [p for p in (spec.path, (options.inputs or "").partition("::")[0]) if p]
     if any(os.path.abspath(p) in exc.traceback for p in user_files):
@@ -165,6 +173,11 @@ def _raise_internal_failure(outcome: Outcome, spec: TargetSpec, options: Profile
     last = exc.traceback.strip().splitlines()[-3:-1]
     raise RuntimeError(f"the profiling job failed before the target ran: {exc.type}: {first_line(exc.message)} "
                        f"[{' / '.join(line.strip() for line in last)}]")
+
+
+def _inside_jaxdbg(path: str) -> bool:
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return os.path.abspath(path).startswith(package + os.sep)
 
 
 def _error(outcome: Outcome) -> tuple[str | None, object]:
