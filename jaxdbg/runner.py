@@ -83,8 +83,10 @@ class Outcome:
         if self.status == "timeout":
             where = f" (last seen at {self.crash_frame})" if self.crash_frame else ""
             return f"timed out after {self.elapsed_s:.1f}s{where}"
-        if self.status == "exit":
-            return f"exited with status {self.returncode}"
+        if self.status == "exit":  # sys.exit("message") prints the message as the last line of stderr
+            lines = [line for line in self.stderr.strip().splitlines() if line.strip()]
+            said = f" (last on stderr: {first_line(lines[-1], 200)})" if lines else ""
+            return f"exited with status {self.returncode}{said}"
         return "finished"
 
 

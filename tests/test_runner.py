@@ -137,3 +137,9 @@ def test_a_background_process_left_by_the_target_neither_holds_jaxdbg_nor_outliv
     while _alive(background) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _alive(background)
+
+
+def test_an_exit_with_a_message_says_it(tmp_path):
+    outcome = _run(tmp_path, "import sys\nsys.exit('config invalid: missing data dir')\n")
+    assert outcome.status == "exit" and outcome.returncode == 1
+    assert outcome.describe() == "exited with status 1 (last on stderr: config invalid: missing data dir)"
