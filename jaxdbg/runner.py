@@ -76,6 +76,8 @@ class Outcome:
         """One line for a human: 'raised ValueError: ... at train.py:12', 'crashed with SIGSEGV', ..."""
         if self.status == "exception" and self.exception:
             where = f" at {self.exception.user_frame}" if self.exception.user_frame else ""
+            if self.exception.type == "TargetFailedError":  # jaxdbg's own words about the target (an import failed)
+                return f"failed: {first_line(self.exception.message)}{where}"
             return f"raised {self.exception.type}: {first_line(self.exception.message)}{where}"
         if self.status == "crash":
             where = f" at {self.crash_frame}" if self.crash_frame else ""

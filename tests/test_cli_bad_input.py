@@ -43,6 +43,12 @@ def test_bad_input_is_one_line_and_exit_2(command, argv, fragment, files, capsys
     assert err.startswith(f"jaxdbg {command}")
 
 
+def test_nan_hunt_argnums_without_grad_is_bad_input(files, capsys):
+    assert main(["nan-hunt", "model.py::f", "--args", "f32[2]", "--argnums", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "only applies with --grad" in err and err.count("\n") == 1
+
+
 @pytest.mark.parametrize("command", TARGET_COMMANDS)
 def test_failed_command_still_writes_its_json(command, files, capsys):
     import json

@@ -20,7 +20,8 @@ from jaxdbg.report import Report, relative_or_absolute
 GradOpt = Annotated[bool, typer.Option("--grad", help=(
     "Function target: hunt inside its gradient (value_and_grad). A function returning a (scalar loss, aux) pair is "
     "differentiated with has_aux=True: the gradient of the loss, and aux is checked too."))]
-ArgnumsOpt = Annotated[str, typer.Option("--argnums", metavar="I,J", help="Arguments to differentiate with --grad.")]
+ArgnumsOpt = Annotated[Optional[str], typer.Option("--argnums", metavar="I,J",
+                                                  help="Arguments to differentiate with --grad (default 0).")]
 NanOnlyOpt = Annotated[bool, typer.Option("--nan-only", help="Look for NaN only; ignore Inf.")]
 GrowthOpt = Annotated[float, typer.Option(
     "--growth-factor", min=1.0, help="Report outputs whose magnitude grew by this factor before the NaN.")]
@@ -33,7 +34,7 @@ def register(app: typer.Typer) -> None:
 
 
 def nan_hunt(
-    target: TargetArg, script_args: ScriptArgsArg = None, grad: GradOpt = False, argnums: ArgnumsOpt = "0",
+    target: TargetArg, script_args: ScriptArgsArg = None, grad: GradOpt = False, argnums: ArgnumsOpt = None,
     nan_only: NanOnlyOpt = False, growth_factor: GrowthOpt = 100.0, precision: PrecisionOpt = False,
     args: ArgsOpt = None, inputs: InputsOpt = None, seed: SeedOpt = 0, json: JsonOpt = None, out: OutOpt = None,
     timeout: TimeoutOpt = None, quiet: QuietOpt = False, verbose: VerboseOpt = False,
@@ -49,7 +50,10 @@ def nan_hunt(
         if spec.is_script and (grad or args or inputs):
             raise UsageError("--grad, --args and --inputs apply to a function target (file.py::fn); "
                              "a script runs as written")
-        options = HuntOptions(nan_only, growth_factor, precision, grad, _argnums(argnums), args, inputs, seed,
+        if argnums is not None and not grad:
+            raise UsageError(f"--argnums {argnums} only applies with --grad (which arguments to differentiate); "
+                             "add --grad or drop --argnums")
+        options = HuntOptions(nan_only, growth_factor, precision, grad, _argnums(argnums or "0"), args, inputs, seed,
                               str(c.out_dir()), timeout)
         with c.progress() as progress:
             progress.add_task(f"hunting in {spec.display_name}", total=None, status="")
