@@ -216,3 +216,13 @@ def test_an_exception_raised_inside_jaxdbg_is_not_blamed_on_the_target(tmp_path,
     _raise_internal_failure(Outcome("exception", 1, None, ExceptionInfo(
         "NameError", "NameError", "x", in_user_code, SourceLocation(user, 5, "<module>")), "", "", 1.0, (), None),
         parse_target("train.py"), ProfileOptions())
+
+
+def test_compare_against_another_programs_report_is_noted(tmp_path):
+    from jaxdbg.profile.compare import other_target_note
+
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"command": "profile", "target": "a/train.py", "result": {"functions": []}}))
+    baseline = load_baseline(str(path))
+    assert other_target_note(baseline, "b/train.py") is None  # the same script, elsewhere: fine
+    assert "profiled 'a/train.py'" in other_target_note(baseline, "serve.py")

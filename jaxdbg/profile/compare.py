@@ -39,7 +39,15 @@ def load_baseline(path: str) -> dict[str, Any]:
     result = report.get("result")
     if not isinstance(result, dict) or not isinstance(result.get("functions"), list):
         raise UsageError(f"--compare '{path}': the report holds no profile result; was the earlier run cut short?")
-    return result
+    return {**result, "_target": report.get("target")}
+
+
+def other_target_note(baseline: dict, target: str) -> str | None:
+    """A note when the earlier report profiled another program (its deltas may mean little)."""
+    earlier = baseline.get("_target")
+    if not earlier or os.path.basename(str(earlier).split("::")[0]) == os.path.basename(target.split("::")[0]):
+        return None
+    return f"--compare: the earlier report profiled '{earlier}', not '{target}'; its deltas compare different programs"
 
 
 def _dig(data: Any, path: tuple[str, ...]) -> float | None:

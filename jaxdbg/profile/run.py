@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from jaxdbg._errors import EXIT_FOUND, EXIT_OK, EXIT_TARGET_FAILED, UsageError
 from jaxdbg.profile.assemble import Gathered
 from jaxdbg.profile.budget import check_budget, parse_budget
-from jaxdbg.profile.compare import compare, load_baseline
+from jaxdbg.profile.compare import compare, load_baseline, other_target_note
 from jaxdbg.profile.hints import hints_for, notes_for
 from jaxdbg.profile.model import FunctionProfile, ProfileResult
 from jaxdbg.profile.monitor import series
@@ -97,7 +97,8 @@ def profile(spec: TargetSpec, options: ProfileOptions, out_dir: str) -> ProfileR
     error, error_source = _error(outcome)
     result = ProfileResult(
         mode=mode, functions=tuple(functions), totals=totals, budget=budget, error=error, error_source=error_source,
-        notes=notes_for(mode, functions, gathered, error, command_buffers_off), hints=hints_for(functions, totals, gathered.transfers()),
+        notes=notes_for(mode, functions, gathered, error, command_buffers_off)
+        + tuple(n for n in [other_target_note(baseline, spec.text)] if baseline is not None and n), hints=hints_for(functions, totals, gathered.transfers()),
         transfers=tuple(gathered.transfers()), eager_compile=gathered.eager_compile(), trace=trace,
         monitor=series(gathered.monitor, options.monitor_interval),
         comparison=compare(baseline, tuple(functions), totals) if baseline is not None else None,
