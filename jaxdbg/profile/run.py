@@ -95,10 +95,12 @@ def profile(spec: TargetSpec, options: ProfileOptions, out_dir: str) -> ProfileR
     totals = gathered.totals_for(functions, outcome.elapsed_s, mode)
     budget = check_budget(rules, tuple(functions), totals)
     error, error_source = _error(outcome)
+    other = other_target_note(baseline, spec.text) if baseline is not None else None
+    other_target = (other,) if other else ()
     result = ProfileResult(
         mode=mode, functions=tuple(functions), totals=totals, budget=budget, error=error, error_source=error_source,
-        notes=notes_for(mode, functions, gathered, error, command_buffers_off)
-        + tuple(n for n in [other_target_note(baseline, spec.text)] if baseline is not None and n), hints=hints_for(functions, totals, gathered.transfers()),
+        notes=notes_for(mode, functions, gathered, error, command_buffers_off) + other_target,
+        hints=hints_for(functions, totals, gathered.transfers()),
         transfers=tuple(gathered.transfers()), eager_compile=gathered.eager_compile(), trace=trace,
         monitor=series(gathered.monitor, options.monitor_interval),
         comparison=compare(baseline, tuple(functions), totals) if baseline is not None else None,
