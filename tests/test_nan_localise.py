@@ -206,6 +206,15 @@ def test_precision_check_cures_bf16_rounding() -> None:
     assert found.first.primitive == "log" and check_precision(found, call).f32_removes_origin
 
 
+def test_precision_check_replays_random_float16_draws() -> None:
+    """f16 random numbers are made by bitcasting uint16 bits: those stay 16-bit, the result is widened."""
+    def noisy(key, x):
+        return jnp.exp(x * 12.0 + jax.random.normal(key, x.shape, dtype=x.dtype) * 0.0)
+    call = Call("noisy", noisy, (jax.random.PRNGKey(0), jnp.ones(4, jnp.float16)), {})
+    check = check_precision(localise_call(call), call)
+    assert check.dtype == "f16" and check.f32_removes_origin and "could not replay" not in check.detail
+
+
 def test_precision_check_is_skipped_for_float32() -> None:
     call = Call("f", jnp.log, (jnp.array([-1.0]),), {})
     assert check_precision(localise_call(call), call) is None

@@ -58,6 +58,9 @@ class _Promoted(Hooks):
         params = {k: (jnp.float32 if k in _DTYPE_PARAMS and _is_low(v) else v) for k, v in site.eqn.params.items()}
         if site.primitive == "reduce_precision":
             return [_promote(invals[0])]
+        if site.primitive == "bitcast_convert_type":  # bit patterns (random floats): original width, then widen
+            original = [jnp.asarray(v, var.aval.dtype) for v, var in zip(invals, site.eqn.invars)]
+            return [_promote(out) for out in _compat.bind_eqn(site.eqn, original)]
         return _compat.bind_eqn(site.eqn.replace(params=params), [_promote(v) for v in invals])
 
     def after(self, site: Site, invals: list, outvals: list, in_tags: list, out_tags: list,
