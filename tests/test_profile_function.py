@@ -155,3 +155,11 @@ def test_xprof_hlo_stats_is_empty_on_cpu_so_thunk_events_are_used(heavy):
     assert xprof_hlo_stats(xplane) == {}  # the fact behind the CPU path (see DESIGN.md)
     assert "jit_power_iterations" in thunk_events(xplane)
     assert heavy[1]["result"]["functions"][0]["ops_source"] == "xplane op events"
+
+
+def test_function_mode_captures_no_more_calls_than_it_timed(tmp_path):
+    code = main(["profile", f"{RUN_HEAVY}::power_iterations", "--args", "f32[32,32]", "--runs", "2", "--warmup", "1",
+                 "--out", str(tmp_path / "o"), "--json", str(tmp_path / "r.json"), "-q"])
+    fn = json.loads((tmp_path / "r.json").read_text())["result"]["functions"][0]
+    assert code == 0 and fn["execute"]["calls"] == 2
+    assert fn["ops"][0]["count"] == 2 * 40  # two captured calls (not the default ten) of the 40-step loop

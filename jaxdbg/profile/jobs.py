@@ -166,8 +166,8 @@ def function_job(payload: dict, channel: Any) -> None:
             send("calls", {0: [(i, t, t, 0.0, 0.0, False) for i, t in enumerate(times)]})
             wall = time.perf_counter() - started
             if window is not None:
-                with window:
-                    for index in range(window.max_calls):
+                with window:  # after the timed runs (the capture does not disturb them), as many as they were
+                    for index in range(min(window.max_calls, runs)):
                         with window.annotation(name, index):
                             _call(compiled, live, dynamic_host)
                         window.calls += 1
