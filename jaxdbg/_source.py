@@ -58,6 +58,11 @@ def is_user_file(path: str | None) -> bool:
     return not _inside_a_jaxdbg_copy(os.path.dirname(real))
 
 
+def is_jaxdbg_file(path: str) -> bool:
+    """True for a file of jaxdbg itself (this installation or any other copy of the package)."""
+    return _inside_a_jaxdbg_copy(os.path.dirname(os.path.realpath(path)))
+
+
 @lru_cache(maxsize=4096)
 def _inside_a_jaxdbg_copy(folder: str) -> bool:
     """True inside any copy of the jaxdbg package (an installed one and a source checkout side by side)."""

@@ -45,7 +45,7 @@ from __future__ import annotations
 import functools
 import math
 import threading
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -278,12 +278,16 @@ class LookAhead:
         if durations is None:
             return
         key = (self.shape, self.prior, self.prior_comm, tuple(map(tuple, plans)))
-        if key in _DEADLINES:
-            self.start_by, self.finish_by = _DEADLINES[key]
-            return
+        found = remembered(_DEADLINES, key, lambda: self._latest_times(plans, durations))
+        if found is not None:
+            self.start_by, self.finish_by = found
+
+    def _latest_times(self, plans: list[list[int]], durations) -> tuple[list[float], list[float]] | None:
+        """``(start_by, finish_by)`` for :meth:`plan_deadlines`; None for a plan that cannot run in fixed
+        order with blocking sends (no deadlines to keep)."""
         record = plan_run(self.shape, plans, durations, "sync")
         if record is None:
-            return  # a plan that cannot run in fixed order with blocking sends has no deadlines to keep
+            return None
         shape, n = self.shape, self.shape.num_tasks
         graph = shape.graph()
         took, comm = durations.task.tolist(), durations.comm.tolist()
@@ -317,11 +321,7 @@ class LookAhead:
             elif after[t] >= 0:
                 latest = min(latest, start_by[after[t]] - gap_after(t))
             start_by[t] = latest - took[t]
-        self.start_by = start_by
-        self.finish_by = [s + d for s, d in zip(start_by, took)]
-        if len(_DEADLINES) >= _CACHED:
-            _DEADLINES.clear()
-        _DEADLINES[key] = (self.start_by, self.finish_by)
+        return start_by, [s + d for s, d in zip(start_by, took)]
 
     def remote_input(self, task: int) -> bool:
         """Whether an input of ``task`` comes from another stage (a message to receive)."""
@@ -347,9 +347,18 @@ class LookAhead:
         return -1
 
 
-_CACHED = 8  # plans whose expected run and deadlines are kept (the paired runs of a benchmark share them)
+_CACHED = 16  # entries per cache below (the paired runs of a benchmark share a plan's results)
 _DEADLINES: dict = {}
 _PLAN_RUNS: dict = {}
+
+
+def remembered(cache: dict, key: Any, compute: Callable[[], Any]) -> Any:
+    """``compute()`` once per ``key`` in a small module-level ``cache``, emptied when full."""
+    if key not in cache:
+        if len(cache) >= _CACHED:
+            cache.clear()
+        cache[key] = compute()
+    return cache[key]
 
 
 def plan_run(shape: PipelineShape, plans: list[list[int]], durations, comm: str):
@@ -357,16 +366,15 @@ def plan_run(shape: PipelineShape, plans: list[list[int]], durations, comm: str)
     from jaxdbg.pipeline.policies import FixedOrder
     from jaxdbg.pipeline.simulate import PipelineDeadlock, simulate
 
-    key = (shape, comm, durations.task.tobytes(), durations.comm.tobytes(), tuple(map(tuple, plans)))
-    if key not in _PLAN_RUNS:
-        if len(_PLAN_RUNS) >= _CACHED:
-            _PLAN_RUNS.clear()
-        ready = bytearray(shape.num_tasks)
+    def run():
+        ready = bytearray(shape.num_tasks)  # shared by the stages' policies, as in make_policies
         try:
-            _PLAN_RUNS[key] = simulate(shape, [FixedOrder(plan, ready, shape) for plan in plans], durations, comm)
+            return simulate(shape, [FixedOrder(plan, ready, shape) for plan in plans], durations, comm)
         except PipelineDeadlock:
-            _PLAN_RUNS[key] = None
-    return _PLAN_RUNS[key]
+            return None
+
+    key = (shape, comm, durations.task.tobytes(), durations.comm.tobytes(), tuple(map(tuple, plans)))
+    return remembered(_PLAN_RUNS, key, run)
 
 
 @functools.lru_cache(maxsize=16)

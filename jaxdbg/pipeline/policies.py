@@ -292,7 +292,7 @@ class Arbiter:
 
         Keeping the plan's order while on plan runs exactly the fixed order, so the plan's own run stands for
         it. The decision uses only what the run knows before it starts: the expected durations."""
-        from jaxdbg.pipeline.lookahead import plan_run
+        from jaxdbg.pipeline.lookahead import plan_run, remembered
         from jaxdbg.pipeline.simulate import PipelineDeadlock, simulate
 
         look = self.lookahead
@@ -302,16 +302,16 @@ class Arbiter:
         plans = [p.plan[:-1] for p in self.policies]
         key = (self.shape, self.comm, look.prior, look.prior_comm, tuple(map(tuple, plans)),
                tuple((p.cap, p.headroom) for p in self.policies), tuple(self.policies[0].keys))
-        if key not in _JUDGED:
+
+        def judge() -> bool:
             planned = plan_run(self.shape, plans, durations, self.comm)
             try:
                 left = simulate(self.shape, [p.fresh(False) for p in self.policies], durations, self.comm)
             except PipelineDeadlock:
                 left = None
-            if len(_JUDGED) >= 16:
-                _JUDGED.clear()
-            _JUDGED[key] = planned is not None and (left is None or planned.end.max() < left.end.max() * (1 - 1e-9))
-        return _JUDGED[key]
+            return planned is not None and (left is None or planned.end.max() < left.end.max() * (1 - 1e-9))
+
+        return remembered(_JUDGED, key, judge)
 
     def start(self) -> None:
         for task, count in enumerate(self.missing):

@@ -19,13 +19,12 @@ import math
 import re
 from dataclasses import dataclass
 
-from jaxdbg.profile.hlo import _COMPUTATION, _INSTRUCTION, _OPCODE, _TRIP_COUNT, _operands
+from jaxdbg.profile.hlo import _COMPUTATION, _INSTRUCTION, _OPCODE, _TRIP_COUNT, _operands, custom_call_category
 
 _SHAPE = re.compile(r"^\(?\s*[a-z]\w*\[([\d,]*)\]")
 _CONTRACTING = re.compile(r"lhs_contracting_dims=\{([\d,]*)\}")
 _BODY = re.compile(r"\bbody=%?([\w.\-]+)")
 _CALLED = re.compile(r"\b(?:calls|to_apply)=%?([\w.\-]+)")
-_TARGET = re.compile(r'custom_call_target="([^"]*)"')
 
 
 @dataclass(frozen=True)
@@ -107,7 +106,7 @@ def _matmul_flops(inst: _Inst, dims: dict[str, tuple[int, ...]]) -> tuple[float,
         contracting = _CONTRACTING.search(inst.rest)
         axes = [int(a) for a in contracting.group(1).split(",") if a] if contracting else []
         library = False
-    elif inst.opcode == "custom-call" and re.search(r"gemm|matmul", (_TARGET.search(inst.rest) or [""])[0], re.I):
+    elif inst.opcode == "custom-call" and custom_call_category(inst.rest) == "matmul":
         axes = _config_axes(inst.rest)
         library = True
     else:

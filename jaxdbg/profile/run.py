@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass, field
 
 from jaxdbg._errors import EXIT_FOUND, EXIT_OK, EXIT_TARGET_FAILED, UsageError
+from jaxdbg._source import is_jaxdbg_file
 from jaxdbg.profile.assemble import Gathered
 from jaxdbg.profile.budget import check_budget, parse_budget
 from jaxdbg.profile.compare import compare, load_baseline, other_target_note
@@ -164,7 +165,7 @@ def _raise_internal_failure(outcome: Outcome, spec: TargetSpec, options: Profile
     if exc is None:
         return
     frames = re.findall(r'File "([^"]+)", line (\d+)', exc.traceback or "")
-    if frames and _inside_jaxdbg(frames[-1][0]) and exc.type not in ("UsageError", "TargetFailedError"):
+    if frames and is_jaxdbg_file(frames[-1][0]) and exc.type not in ("UsageError", "TargetFailedError"):
         # raised by jaxdbg's own instrumentation (user frames above it only called into it)
         raise RuntimeError(f"jaxdbg's instrumentation failed inside the target's run: {exc.type}: "
                            f"{first_line(exc.message)} [{frames[-1][0]}:{frames[-1][1]}]")
@@ -176,11 +177,6 @@ def _raise_internal_failure(outcome: Outcome, spec: TargetSpec, options: Profile
     last = exc.traceback.strip().splitlines()[-3:-1]
     raise RuntimeError(f"the profiling job failed before the target ran: {exc.type}: {first_line(exc.message)} "
                        f"[{' / '.join(line.strip() for line in last)}]")
-
-
-def _inside_jaxdbg(path: str) -> bool:
-    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return os.path.abspath(path).startswith(package + os.sep)
 
 
 def _error(outcome: Outcome) -> tuple[str | None, object]:
