@@ -41,3 +41,13 @@ class TargetFailedError(JaxdbgError):
     """The target failed in a way the command cannot analyse: crashed before any JAX work, timed out (exit 3)."""
 
     exit_code = EXIT_TARGET_FAILED
+
+
+def error_for_exit_code(code: int) -> type[JaxdbgError]:
+    """The error class that maps to ``code`` (a child's error is raised again as the same kind in the parent).
+
+    Example:
+        >>> error_for_exit_code(2).__name__, error_for_exit_code(3).__name__
+        ('UsageError', 'TargetFailedError')
+    """
+    return {EXIT_USAGE: UsageError, EXIT_TARGET_FAILED: TargetFailedError}.get(code, JaxdbgError)

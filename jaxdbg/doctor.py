@@ -18,7 +18,15 @@ from pathlib import Path
 from typing import Any
 
 from jaxdbg._compat import device_memory_stats
+from jaxdbg.protocol import Message
 from jaxdbg.runner import run_contained
+
+
+@dataclass(frozen=True)
+class CaptureFiles(Message):
+    """The files a profiler capture wrote (sent by :func:`profiler_job`)."""
+
+    files: tuple[str, ...]
 
 LOW_HOST_MEMORY_BYTES = 2 * 1024**3
 
@@ -167,14 +175,15 @@ def profiler_job(trace_dir: str, channel: Any) -> None:
     with jax.profiler.trace(trace_dir):
         for _ in range(3):
             step(x).block_until_ready()
-    channel.send("files", sorted(glob.glob(os.path.join(trace_dir, "plugins", "profile", "*", "*"))))
+    channel.send(CaptureFiles(tuple(sorted(glob.glob(os.path.join(trace_dir, "plugins", "profile", "*", "*"))))))
 
 
 def profiler_check(trace_dir: str | None, timeout: float = 120) -> dict[str, Any]:
     if trace_dir is None:
         return {"ok": None, "detail": "skipped"}
     outcome = run_contained("jaxdbg.doctor:profiler_job", trace_dir, timeout=timeout)
-    files = outcome.last("files") or []
+    sent = outcome.last(CaptureFiles)
+    files = list(sent.files) if sent else []
     ok = outcome.ok and any(f.endswith(".xplane.pb") for f in files)
     return {"ok": ok, "trace_dir": trace_dir, "files": files, "detail": "captured" if ok else outcome.describe()}
 

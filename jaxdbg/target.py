@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from jaxdbg._errors import TargetFailedError, UsageError
+from jaxdbg.protocol import Done
 
 
 @dataclass(frozen=True)
@@ -370,7 +371,7 @@ def load_inputs(inputs: str | None, args: str | None, seed: int = 0) -> tuple[An
 def script_job(spec: TargetSpec, channel: Any) -> None:
     """Contained-run job that runs a script TARGET plainly (``run_contained("jaxdbg.target:script_job", spec)``)."""
     run_script(spec)
-    channel.send("done", True)
+    channel.send(Done())
 
 
 def check_arity(fn: Callable, inputs: Sequence[Any], name: str | None = None) -> None:

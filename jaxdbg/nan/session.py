@@ -28,6 +28,7 @@ from jaxdbg.nan.calls import Call
 from jaxdbg.nan.explain import explain
 from jaxdbg.nan.fidelity import bisect_compiled
 from jaxdbg.nan.localise import Localisation, localise_call
+from jaxdbg.nan.messages import HuntFinished, HuntJob, NonFiniteDetected
 from jaxdbg.nan.precision import check_precision
 from jaxdbg.nan.result import GradNorm, NanHuntResult, Origin
 from jaxdbg.nan.stats import is_inexact, nonfinite_flags
@@ -36,13 +37,12 @@ from jaxdbg.runner import first_line
 from jaxdbg.target import TargetSpec, check_arity, load_function, load_inputs, run_script
 
 
-def hunt_job(payload: tuple[TargetSpec, HuntOptions], channel: Any) -> None:
-    """Contained-run job: :func:`hunt_here` in the child; sends ``(result, artifacts, environment)``."""
+def hunt_job(job: HuntJob, channel: Any) -> None:
+    """Contained-run job: :func:`hunt_here` in the child; sends :class:`HuntFinished`."""
     from jaxdbg.report import environment_info
 
-    spec, options = payload
-    result, artifacts = hunt_here(spec, options, channel)
-    channel.send("result", (result, artifacts, environment_info()))
+    result, artifacts = hunt_here(job.spec, job.options, channel)
+    channel.send(HuntFinished(result, artifacts, environment_info()))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -182,8 +182,7 @@ def _analyse(finding: JitFinding | EagerFinding, watch: Watch, options: HuntOpti
                              calls_watched=watch.calls, functions_watched=names), {}
     call = finding.call
     if channel is not None:
-        channel.send("detected", {"function": call.name, "call_index": call.call_index, "source": call.call_site,
-                                  "kind": finding.kind})
+        channel.send(NonFiniteDetected(call.name, call.call_index, call.call_site, finding.kind))
     found = localise_call(call, options.nan_only)
     strategy, notes = found.strategy, list(found.notes)
     first, chain = found.first, list(found.chain)

@@ -5,7 +5,7 @@ limit) looks like slow code in a profile; the series tells them apart. Samples l
 channel, so a run that dies still leaves what was sampled.
 
 Example:
-    >>> with Sampler(send=lambda topic, value: None, interval_s=0.1):    # doctest: +SKIP
+    >>> with Sampler(send=lambda message: None, interval_s=0.1):    # doctest: +SKIP
     ...     run_script(spec)
 """
 
@@ -16,7 +16,9 @@ import threading
 import time
 from typing import Any, Callable
 
+from jaxdbg.profile.messages import MonitorSamples
 from jaxdbg.profile.model import MonitorSeries
+from jaxdbg.protocol import Message
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -72,7 +74,7 @@ def device_bytes_in_use() -> tuple[int, ...] | None:
 class Sampler:
     """A daemon thread that samples every ``interval_s`` and sends batches of samples."""
 
-    def __init__(self, send: Callable[[str, Any], None], interval_s: float = 0.1, batch_s: float = 1.0):
+    def __init__(self, send: Callable[[Message], None], interval_s: float = 0.1, batch_s: float = 1.0):
         self.send = send
         self.interval_s = interval_s
         self.batch_s = batch_s
@@ -128,7 +130,7 @@ class Sampler:
     def _flush(self) -> None:
         if self._pending:
             batch, self._pending = self._pending, []
-            self.send("monitor", batch)
+            self.send(MonitorSamples(batch))
 
 
 def series(samples: list[tuple], interval_s: float) -> MonitorSeries | None:

@@ -14,7 +14,7 @@ verification use :func:`run_contained` (a truly fresh process) instead.
 Example:
     >>> with ForkServer(env={}) as server:                                                  # doctest: +SKIP
     ...     outcome = server.run("jaxdbg.runner:echo_job", {"say": "hi"}, timeout=30)
-    >>> outcome.last("echo")                                                                # doctest: +SKIP
+    >>> outcome.last(Echo).value                                                            # doctest: +SKIP
     {'say': 'hi'}
 """
 
@@ -33,7 +33,8 @@ import threading
 import time
 from typing import Any, Mapping
 
-from jaxdbg.runner import Outcome, child_env, faulthandler_user_frame, read_channel
+from jaxdbg.protocol import ChildFailed, read_channel
+from jaxdbg.runner import Outcome, child_env, faulthandler_user_frame
 
 PRELOAD = ("numpy", "jax", "jax.numpy", "jaxdbg._child", "jaxdbg.target", "jaxdbg.repro.jobs", "jaxdbg.repro.watch")
 
@@ -141,8 +142,8 @@ def _read_text(path: str) -> str:
 
 def _outcome(status: int, timed_out: bool, messages: list, stdout: str, stderr: str, elapsed: float) -> Outcome:
     """The same classification as :func:`jaxdbg.runner.run_contained`, from a wait status."""
-    exception = next((value for name, value in messages if name == "__exception__"), None)
-    messages = tuple((name, value) for name, value in messages if name != "__exception__")
+    exception = next((m.info for m in messages if isinstance(m, ChildFailed)), None)
+    messages = tuple(m for m in messages if not isinstance(m, ChildFailed))
     if status < 0:  # our own marker for "killed and never reaped"
         rc, sig = status, -status
     elif os.WIFSIGNALED(status):
