@@ -132,7 +132,7 @@ def measure(mode: str, root: str, workdir: str, label: str, model_argv: list[str
         found = os.path.join(workdir, f"{label}-result.json")
         argv = [model_argv[0], "--json", found, "-q", "--out", os.path.join(workdir, label), "--", *model_argv[1:]]
     done = subprocess.run([sys.executable, "-c", WRAPPER, mode, root, report, *argv], env=_env(), cwd=workdir,
-                          capture_output=True, text=True, timeout=3600)
+                          capture_output=True, text=True, timeout=3600, check=False)
     if not os.path.exists(report):
         raise SystemExit(f"{label}: the run failed\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
     with open(report) as handle:

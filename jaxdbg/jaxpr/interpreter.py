@@ -263,7 +263,7 @@ def interpret(closed: Any, args: Sequence[Any], *, hooks: Hooks | None = None, r
     return interp.run(closed, args, root=root, tags=tags)[0]
 
 
-_DEAD_AFTER: "weakref.WeakKeyDictionary[Any, dict[int, list]]" = weakref.WeakKeyDictionary()
+_DEAD_AFTER: weakref.WeakKeyDictionary[Any, dict[int, list]] = weakref.WeakKeyDictionary()
 
 
 def _dead_after(jaxpr: Any) -> dict[int, list]:
