@@ -1,6 +1,6 @@
 """TARGET specs: what the user asks jaxdbg to run, and the inputs of a function target.
 
-Forms (see CONTRACT.md):
+Forms (see docs/cli.md, "TARGET"):
 - ``path/to/script.py`` with script arguments: run as ``__main__``, unmodified (:func:`run_script`).
 - ``path/to/file.py::func`` or ``package.module:func``: one function (:func:`load_function`), with inputs
   from ``--args "f32[8,128] i32[8]"`` (:func:`parse_args_spec`, :func:`random_inputs`) or
