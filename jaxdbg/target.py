@@ -7,8 +7,11 @@ Forms (see docs/cli.md, "TARGET"):
   ``--inputs file.py::make_inputs`` / ``--inputs data.npz`` (:func:`load_inputs`).
 
 Example:
-    >>> spec = parse_target("model.py::loss")          # doctest: +SKIP
-    >>> fn = load_function(spec)                       # doctest: +SKIP
+    >>> spec = parse_target("numpy:tanh")              # package.module:func; file.py::func names a file
+    >>> spec.kind, spec.module, spec.function
+    ('function', 'numpy', 'tanh')
+    >>> load_function(spec).__name__
+    'tanh'
     >>> args = random_inputs(parse_args_spec("f32[8,4] i32[]"), seed=0)
     >>> [a.shape for a in args]
     [(8, 4), ()]
