@@ -106,33 +106,32 @@ def test_the_runs_reached_the_interesting_shapes(reports: dict) -> None:
     assert set(reports["usage-error"]["result"]) == {"error"}
 
 
+def _parent(report: dict, path: list):
+    """The object holding the last key of ``path``, and that key."""
+    *parents, last = path
+    for key in parents:
+        report = report[key]
+    return report, last
+
+
 def _drop(path):
     def change(report):
-        *parents, last = path
-        holder = report
-        for key in parents:
-            holder = holder[key]
-        del holder[last]
+        holder, key = _parent(report, path)
+        del holder[key]
     return change
 
 
 def _rename(path, new):
     def change(report):
-        *parents, last = path
-        holder = report
-        for key in parents:
-            holder = holder[key]
-        holder[new] = holder.pop(last)
+        holder, key = _parent(report, path)
+        holder[new] = holder.pop(key)
     return change
 
 
 def _set(path, value):
     def change(report):
-        *parents, last = path
-        holder = report
-        for key in parents:
-            holder = holder[key]
-        holder[last] = value
+        holder, key = _parent(report, path)
+        holder[key] = value
     return change
 
 
