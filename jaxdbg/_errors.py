@@ -1,10 +1,16 @@
 """Errors jaxdbg raises on purpose.
 
 Library code raises these; only the command line turns them into an exit code and one line on stderr
-(see ``jaxdbg.cli._common.error_boundary``). Each message says what went wrong, why, and what to do.
+(see ``jaxdbg.cli._common.execute``). Each message says what went wrong, why, and what to do.
 
 Example:
-    >>> raise UsageError("--args 'f33[2]': unknown dtype 'f33'; use one of f32, bf16, i32, ...")
+    >>> err = UsageError("--args 'f33[2]': unknown dtype 'f33'; use one of f32, bf16, i32, ...")
+    >>> err.exit_code, err.message == str(err), TargetFailedError("the target timed out").exit_code
+    (2, True, 3)
+    >>> raise err
+    Traceback (most recent call last):
+    ...
+    jaxdbg._errors.UsageError: --args 'f33[2]': unknown dtype 'f33'; use one of f32, bf16, i32, ...
 """
 
 from __future__ import annotations

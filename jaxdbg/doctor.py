@@ -1,9 +1,13 @@
 """``jaxdbg doctor``: what JAX sees on this machine, and the known pitfalls in the environment.
 
 Example:
-    >>> result = diagnose(profile_dir=None)      # doctest: +SKIP
-    >>> result.backend, result.ok                # doctest: +SKIP
-    ('cpu', True)
+    >>> result = diagnose(profile_dir=None)      # None: no test profiler capture (no child process, no files)
+    >>> result.ok, result.profiler
+    (True, {'ok': None, 'detail': 'skipped'})
+    >>> checks = pitfalls({}, "cpu", host={}, profiler={"ok": False, "detail": "no capture"},
+    ...                   cache={"enabled": False, "dir": None}, hints=[], versions={"jax": "0.10.2"})
+    >>> [(check.name, check.status) for check in checks]      # a failed capture is the one 'fail' (exit 1)
+    [('jax', 'ok'), ('backend', 'info'), ('profiler', 'fail'), ('compilation_cache', 'info')]
 """
 
 from __future__ import annotations

@@ -220,5 +220,5 @@ def _signal_name(number: int) -> str:
 
 
 def echo_job(payload: Any, channel: Channel) -> None:
-    """A trivial job (used by tests and ``doctor``): sends its payload back under the topic 'echo'."""
+    """A trivial job (used by tests and ``doctor``): sends its payload back as an :class:`~jaxdbg.protocol.Echo`."""
     channel.send(Echo(payload))

@@ -29,7 +29,7 @@ JsonOpt = Annotated[
 ]
 OutOpt = Annotated[
     Optional[str],
-    typer.Option("--out", metavar="DIR", help="Folder for artifacts [default: jaxdbg-out/<command>-<timestamp>/]."),
+    typer.Option("--out", metavar="DIR", help="Folder for artifacts (default: jaxdbg-out/<command>-<timestamp>/)."),
 ]
 TimeoutOpt = Annotated[
     Optional[float],

@@ -133,7 +133,7 @@ def _loss_with_aux(fn: Any) -> Any:
     ``has_aux=True`` would), any other output as the loss itself with no aux (a non-scalar then fails as usual).
 
     Example:
-        >>> jax.value_and_grad(_loss_with_aux(lambda x: (x * x, {"x": x})), has_aux=True)(3.0)[1]   # doctest: +SKIP
+        >>> jax.value_and_grad(_loss_with_aux(lambda x: (x * x, {"x": x})), has_aux=True)(3.0)[1]
         Array(6., dtype=float32, weak_type=True)
     """
     import functools

@@ -15,11 +15,12 @@ failing call can be replayed exactly. At the first non-finite call the watch rai
 
 Example:
     >>> import jax, jax.numpy as jnp
-    >>> with Watch() as watch:                                     # doctest: +SKIP
+    >>> with Watch() as watch:
     ...     step = jax.jit(lambda x: jnp.log(x))
     ...     step(jnp.array(-1.0))
     Traceback (most recent call last):
-    NonFiniteFound: log: call 0 of <lambda> returned NaN
+    ...
+    jaxdbg.nan.watch.NonFiniteFound: call 0 of <lambda> returned non-finite ...
 """
 
 from __future__ import annotations

@@ -5,8 +5,13 @@ limit) looks like slow code in a profile; the series tells them apart. Samples l
 channel, so a run that dies still leaves what was sampled.
 
 Example:
-    >>> with Sampler(send=lambda message: None, interval_s=0.1):    # doctest: +SKIP
-    ...     run_script(spec)
+    >>> import time
+    >>> batches = []
+    >>> with Sampler(send=lambda message: batches.append(message.rows), interval_s=0.01):
+    ...     time.sleep(0.05)                        # the profiled run
+    >>> monitor = series([sample for batch in batches for sample in batch], interval_s=0.01)
+    >>> monitor.summary["samples"] == len(monitor.t_s) >= 1, monitor.summary["peak_host_rss_bytes"] > 0
+    (True, True)
 """
 
 from __future__ import annotations

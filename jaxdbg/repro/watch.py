@@ -3,15 +3,15 @@
 While :meth:`JitWatch.installed` is active (in a contained child only; restored in ``finally``), the watch
 is a hook of :mod:`jaxdbg.jit_layer`, so every call of a function the target jits:
 
-- is announced on the channel (topic ``jit_call``, first few calls of each function), so the parent knows
+- is announced on the channel (:class:`JitCallSeen`, first few calls of each function), so the parent knows
   which jitted computation was running when the child crashed or hung;
-- has its outputs checked for NaN/Inf (the jit layer's fused on-device check) -> topic ``failure``, kind
+- has its outputs checked for NaN/Inf (the jit layer's fused on-device check) -> :class:`FailureSeen`, kind
   ``nonfinite``;
 - for its first ``mismatch_calls`` calls, is re-run op by op (``jax.disable_jit``) or in float64 and
-  compared -> topic ``failure``, kind ``mismatch``;
+  compared -> :class:`FailureSeen`, kind ``mismatch``;
 - can be captured (jaxpr + concrete inputs) at the first failure of a chosen kind, ending the run with
   :class:`StopRun` so the caller can cut the computation in the same process;
-- can send its StableHLO text before running (topic ``lowered``), for a crash inside compiled code.
+- can send its StableHLO text before running (:class:`LoweredText`), for a crash inside compiled code.
 
 jax's own functions are jitted at import time, before the watch is installed, so only user code is seen.
 
