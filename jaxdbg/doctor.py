@@ -94,6 +94,10 @@ class DoctorResult:
     def ok(self) -> bool:
         return not any(c.status == "fail" for c in self.checks)
 
+    def essential_line(self) -> str | None:
+        failed = [c for c in self.checks if c.status == "fail"]
+        return "failed: " + "; ".join(f"{c.name}: {c.detail}" for c in failed) if failed else None
+
 
 def package_versions() -> dict[str, str]:
     versions = {"python": platform.python_version()}

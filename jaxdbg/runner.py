@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, TypeVar
 
+from jaxdbg._errors import EXIT_TARGET_FAILED
 from jaxdbg._source import SourceLocation, is_user_file
 from jaxdbg.protocol import Channel as Channel
 from jaxdbg.protocol import ChildFailed, Echo, ExceptionInfo, Message, read_channel
@@ -75,7 +76,7 @@ class Outcome:
         """One line for a human: 'raised ValueError: ... at train.py:12', 'crashed with SIGSEGV', ..."""
         if self.status == "exception" and self.exception:
             where = f" at {self.exception.user_frame}" if self.exception.user_frame else ""
-            if self.exception.type == "TargetFailedError":  # jaxdbg's own words about the target (an import failed)
+            if self.exception.exit_code == EXIT_TARGET_FAILED:  # jaxdbg's own words about the target (an import failed)
                 return f"failed: {first_line(self.exception.message)}{where}"
             return f"raised {self.exception.type}: {first_line(self.exception.message)}{where}"
         if self.status == "crash":

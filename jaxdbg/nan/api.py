@@ -6,7 +6,7 @@ This module imports neither jax nor the target: the work happens in a child proc
 Example:
     >>> from jaxdbg.target import parse_target
     >>> run = hunt(parse_target("recipes/nan_forward/train.py"), HuntOptions())   # doctest: +SKIP
-    >>> run.result.first["primitive"], run.result.first["pass"]                   # doctest: +SKIP
+    >>> run.result.first.primitive, run.result.first.pass_                   # doctest: +SKIP
     ('log', 'forward')
 """
 
@@ -87,7 +87,7 @@ def hunt(spec: TargetSpec, options: HuntOptions) -> HuntRun:
 def _degraded(detected: NonFiniteDetected, why: str) -> NanHuntResult:
     first = Origin(detected.kind, None, "forward", detected.source, detected.function, detected.call_index,
                    (f"jit({detected.function})",))
-    return NanHuntResult(True, first.to_contract(), explanation=(
+    return NanHuntResult(True, first, explanation=(
         f"`{detected.function}` returned non-finite values in call {detected.call_index}, but the analysis "
         f"did not finish ({why})."), strategy=None, notes=(f"analysis stopped: {why}",))
 

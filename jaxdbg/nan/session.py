@@ -8,7 +8,7 @@ notebook (the target then shares this process).
 Example:
     >>> from jaxdbg.target import parse_target
     >>> result, artifacts = hunt_here(parse_target("recipes/nan_forward/train.py"), HuntOptions())  # doctest: +SKIP
-    >>> result.first["primitive"], result.first["pass"]                                              # doctest: +SKIP
+    >>> result.first.primitive, result.first.pass_                                              # doctest: +SKIP
     ('log', 'forward')
 """
 
@@ -178,7 +178,7 @@ def _analyse(finding: JitFinding | EagerFinding, watch: Watch, options: HuntOpti
     if isinstance(finding, EagerFinding):
         first = finding.origin
         text, hints = explain(first, (), watch.growth.report())
-        return NanHuntResult(True, first.to_contract(), (), tuple(watch.growth.report()), text, hints, "eager check",
+        return NanHuntResult(True, first, (), tuple(watch.growth.report()), text, hints, "eager check",
                              calls_watched=watch.calls, functions_watched=names), {}
     call = finding.call
     if channel is not None:
@@ -201,9 +201,9 @@ def _analyse(finding: JitFinding | EagerFinding, watch: Watch, options: HuntOpti
     _attach_growth_sources(watch, call, found)
     growth = tuple(watch.growth.report())
     text, hints = explain(first, chain, growth, precision, strategy)
-    artifacts = save_bundle(options.out_dir, call, found.closed_jaxpr, first.to_contract()) if options.out_dir else {}
+    artifacts = save_bundle(options.out_dir, call, found.closed_jaxpr, first) if options.out_dir else {}
     result = NanHuntResult(
-        True, first.to_contract(), tuple(c.to_contract() for c in chain), growth, text, hints, strategy, precision,
+        True, first, tuple(chain), growth, text, hints, strategy, precision,
         grad_norms, max(watch.calls, 1), names, tuple(notes),
     )
     return result, artifacts

@@ -134,6 +134,13 @@ class BenchResult:
     correctness: Correctness | None = None
     devices: list[str] = field(default_factory=list)
 
+    def essential_line(self) -> str | None:
+        c = self.correctness
+        if c is None or c.ok:
+            return None
+        return (f"pipelined gradients differ from the {c.reference} reference by {c.max_abs_grad_diff:.3g} "
+                f"(tolerance {c.tolerance:.3g})")
+
 
 @dataclass(frozen=True)
 class _Job:

@@ -205,3 +205,8 @@ class ProfileResult:
     monitor: MonitorSeries | None = None
     comparison: tuple[FunctionDelta, ...] | None = None
     device: dict[str, Any] = field(default_factory=dict)
+
+    def essential_line(self) -> str | None:
+        if not self.budget.ok:
+            return "budget broken: " + "; ".join(self.budget.violations)
+        return self.error

@@ -87,6 +87,9 @@ class ReproResult:
     failing_primitives: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
+    def essential_line(self) -> str | None:
+        return self.verification or None
+
 
 class _Clock:
     def __init__(self, max_time: float):
