@@ -169,7 +169,8 @@ def essential_line(report: Report) -> str | None:
     budget = getattr(result, "budget", None)
     if budget is not None and not budget.ok:
         return "budget broken: " + "; ".join(budget.violations)
-    failed = [c for c in getattr(result, "checks", ()) if getattr(c, "status", "") == "fail"]
+    # Only doctor's result holds a list of checks: repro's `checks` is a count of runs (an int).
+    failed = [c for c in result.checks if c.status == "fail"] if report.command == "doctor" else []
     if failed:
         return "failed: " + "; ".join(f"{c.name}: {c.detail}" for c in failed)
     for field in ("error", "verification"):
