@@ -33,7 +33,7 @@ from typing import Callable
 from jaxdbg._errors import TargetFailedError, UsageError
 from jaxdbg.repro.failures import STILL_FAILS_WITHOUT_JIT, Checker, Failure, choose, observe
 from jaxdbg.repro.jobs import CHILD_ENV, CUT_JOB, JOB, CutRequest, RunRequest, reduction_env
-from jaxdbg.repro.program import INPUTS_FILE, REPRO_FILE, count_lines, expected_message
+from jaxdbg.repro.program import INPUTS_FILE, REPRO_FILE, STABLEHLO_FILE, count_lines, expected_message
 from jaxdbg.repro.signature import KINDS, FailureSignature, normalise_message
 from jaxdbg.repro.source import SourceReducer, State, statement_lines
 from jaxdbg.repro.subject import Subject, prepare_subject
@@ -42,7 +42,6 @@ from jaxdbg.runner import Outcome, run_contained
 from jaxdbg.target import TargetSpec, check_target
 
 DEFAULT_TIMEOUT = 60.0  # a run that takes longer counts as a hang unless --timeout says otherwise
-STABLEHLO_FILE = "repro.stablehlo.mlir"
 Progress = Callable[[str, int, str], None]  # (phase, checks so far, current size)
 
 
