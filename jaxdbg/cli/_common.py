@@ -173,8 +173,8 @@ def essential_line(report: Report) -> str | None:
     failed = [c for c in result.checks if c.status == "fail"] if report.command == "doctor" else []
     if failed:
         return "failed: " + "; ".join(f"{c.name}: {c.detail}" for c in failed)
-    for field in ("error", "verification"):
-        text = getattr(result, field, None)
+    for name in ("error", "verification"):
+        text = getattr(result, name, None)
         if text:
             return str(text)
     return None
