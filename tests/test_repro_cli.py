@@ -216,6 +216,8 @@ def test_the_many_runs_leave_the_users_folder_alone(tmp_path, monkeypatch):
         "import jax.numpy as jnp\n\nwith open('run_log.txt', 'a') as log:\n    log.write('started\\n')\n"
         "open('made_by_target.txt', 'w').write('x')\nx = jnp.ones((2, 3))\nprint((x @ x).sum())\n")
     monkeypatch.chdir(home)
-    assert main(["repro", "shape.py", "--max-time", "15", "--out", str(tmp_path / "o"), "-q"]) == 0
+    # --out relative to the user's folder: the reproducer is still found and verified from the scratch one
+    assert main(["repro", "shape.py", "--max-time", "15", "--out", "../o", "-q"]) == 0
+    assert (tmp_path / "o" / "repro.py").exists()
     assert (home / "run_log.txt").read_text() == "mine\n"
     assert sorted(p.name for p in home.iterdir()) == ["run_log.txt", "shape.py"]

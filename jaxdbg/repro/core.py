@@ -105,6 +105,7 @@ def reproduce(spec: TargetSpec, options: ReproOptions, out_dir: str, on_progress
         raise UsageError(f"--kind '{options.kind}': use one of {', '.join(KINDS)}")
     check_target(spec)  # a syntax error or a missing function is bad input (exit 2), not a failure to keep
     progress = on_progress or (lambda phase, checks, size: None)
+    out_dir = os.path.abspath(out_dir)  # runs happen in a scratch folder: a relative --out would not be found
     clock = _Clock(options.max_time)
     work = tempfile.mkdtemp(prefix="jaxdbg-repro-")
     try:
