@@ -77,11 +77,12 @@ def is_drop_var(atom: Any) -> bool:
     return type(atom).__name__ == "DropVar"
 
 
-def scan_counts(params: dict) -> tuple[int, int]:
-    """``(num_consts, num_carry)`` of a scan: jax 0.10 names them; jax 0.11 keeps per-group tuples in ft_in."""
+def scan_split(params: dict) -> tuple[int, int]:
+    """``(num_consts, num_carry)`` of a scan: jax 0.10 names them; jax 0.11 packs the groups in a FlatTree
+    ``ft_in`` (iterating it gives leaves, so the groups are read with ``unpack``)."""
     if "num_consts" in params:
         return params["num_consts"], params["num_carry"]
-    consts, carry, _ = params["ft_in"].unpack()  # a FlatTree of (consts, carry, xs)
+    consts, carry, _ = params["ft_in"].unpack()  # (consts, carry, xs)
     return len(list(consts)), len(list(carry))
 
 
@@ -316,17 +317,6 @@ def jaxpr_function_name(closed: Any) -> str | None:
     info = getattr(inner, "debug_info", None)
     name = getattr(info, "func_name", None)
     return name if name and not name.startswith("<") else None
-
-
-def scan_split(params: dict) -> tuple[int, int]:
-    """``(num_consts, num_carry)`` of a scan on any supported jax (jax 0.11+ packs groups in a FlatTree
-    ``ft_in``; iterating that tree gives its leaves, so the groups are read with ``unpack``)."""
-    if "num_consts" in params:
-        return params["num_consts"], params["num_carry"]
-    groups = params["ft_in"]
-    groups = groups.unpack() if hasattr(groups, "unpack") else groups
-    consts, carry = groups[0], groups[1]
-    return len(list(getattr(consts, "vals", consts))), len(list(getattr(carry, "vals", carry)))
 
 
 # ---- profile (issue 3), continued ------------------------------------------------------------------------

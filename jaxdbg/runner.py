@@ -172,21 +172,31 @@ def run_contained(
         _kill_group(proc)  # what the target left running in its session ends with it
         messages = read_channel(os.path.join(workdir, "channel.bin"))
         stdout, stderr = (_read_text(path) for path in (out_path, err_path))
+    return outcome_of(proc.returncode, timed_out, messages, stdout, stderr, elapsed)
+
+
+def outcome_of(returncode: int | None, timed_out: bool, messages: list[Message], stdout: str, stderr: str,
+               elapsed: float) -> Outcome:
+    """Classify an ended child (a fresh process here, or a fork of the repro fork server).
+
+    ``returncode`` as :class:`subprocess.Popen` gives it: negative for a fatal signal. The child reports an
+    escaping exception as a :class:`~jaxdbg.protocol.ChildFailed` message; a Python stack dump on stderr
+    places a crash or hang.
+    """
     exception = next((m.info for m in messages if isinstance(m, ChildFailed)), None)
-    messages = tuple(m for m in messages if not isinstance(m, ChildFailed))
-    rc = proc.returncode
+    kept = tuple(m for m in messages if not isinstance(m, ChildFailed))
     if timed_out:
         status, sig = "timeout", None
-    elif rc is not None and rc < 0:
-        status, sig = "crash", _signal_name(-rc)
+    elif returncode is not None and returncode < 0:
+        status, sig = "crash", _signal_name(-returncode)
     elif exception is not None:
         status, sig = "exception", None
-    elif rc:
+    elif returncode:
         status, sig = "exit", None
     else:
         status, sig = "ok", None
     frame = faulthandler_user_frame(stderr) if status in ("crash", "timeout") else None
-    return Outcome(status, rc, sig, exception, stdout, stderr, elapsed, messages, frame)
+    return Outcome(status, returncode, sig, exception, stdout, stderr, elapsed, kept, frame)
 
 
 def _stop_hung(proc: subprocess.Popen) -> None:

@@ -96,17 +96,6 @@ def _require_python_file(path: str, text: str) -> None:
 # ----------------------------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _on_sys_path(folder: str) -> Iterator[None]:
-    """Put ``folder`` first on sys.path for the duration (so the user's sibling imports work)."""
-    sys.path.insert(0, folder)
-    try:
-        yield
-    finally:
-        with contextlib.suppress(ValueError):
-            sys.path.remove(folder)
-
-
 def check_syntax(path: str) -> None:
     """UsageError naming the line when a user file does not parse (checked without running it)."""
     with open(path, "rb") as handle:

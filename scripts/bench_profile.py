@@ -7,6 +7,9 @@
 (c) time to a per-op table: ``jaxdbg profile recipes/hot_op/train.py`` (command to JSON report) over
     ``jax.profiler.trace`` of the same program followed by xprof's own ``get_top_hlo_ops``; and whether each
     found the hot op (the ``q @ k.T`` line).
+(d) the timing claims the tests leave to measurement: recipes/host_transfer spends more time in transfers
+    than in execution (ratio > 1), and a call timed under ``--sync-every 8`` is not inflated by the calls
+    queued ahead of it (its median over the every-call median, target < 3).
 
 Plain and profiled runs alternate (``--pairs``). The headline ratio compares the best (minimum) of each
 side, the usual estimate on a machine where other work slows single runs down; the median of the
@@ -164,6 +167,39 @@ def bench_op_table(workdir: str) -> dict:
             "jaxdbg_top": ops[0] if ops else None, "anchor_rows": len(rows), "anchor_rc": out.returncode}
 
 
+SAMPLED = textwrap.dedent("""
+    import jax, jax.numpy as jnp
+
+    @jax.jit
+    def step(x):
+        return jnp.tanh(x @ x) * 0.5
+
+    x = jnp.ones((256, 256))
+    for _ in range(40):
+        x = step(x)
+    print(float(x.sum()))
+""")
+
+
+def _profile_json(workdir: str, tag: str, target: str, *options: str) -> dict:
+    report_path = os.path.join(workdir, f"{tag}.json")
+    subprocess.run([*_jaxdbg(), "profile", target, "--out", os.path.join(workdir, tag), "--json", report_path, "-q",
+                    "--trace-calls", "0", *options], check=True, capture_output=True, text=True)
+    with open(report_path) as handle:
+        return json.load(handle)["result"]
+
+
+def bench_timing_claims(workdir: str) -> dict:
+    totals = _profile_json(workdir, "transfer", os.path.join(ROOT, "recipes", "host_transfer", "train.py"))["totals"]
+    script = os.path.join(workdir, "sampled.py")
+    with open(script, "w") as handle:
+        handle.write(SAMPLED)
+    median = {n: _profile_json(workdir, f"sync{n}", script, "--sync-every", str(n))["functions"][0]["execute"]["median_s"]
+              for n in (1, 8)}
+    return {"transfer_over_execute": totals["transfer_s"] / totals["execute_s"],
+            "sampled_over_every": median[8] / median[1]}
+
+
 def bench_call_overhead(calls: int = 3000) -> tuple[float, float]:
     """Seconds per call of a tiny jitted function, plainly and through jaxdbg's call tracking (in process)."""
     import jax
@@ -197,6 +233,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="jaxdbg-bench-") as workdir:
         a = bench_disturbance_and_compile(options.pairs, options.steps, workdir)
         c = bench_op_table(workdir)
+        d = bench_timing_claims(workdir)
     plain_call, tracked_call = bench_call_overhead()
     print(f"machine: {os.cpu_count()} cores, load average {load_before:.1f} before and {os.getloadavg()[0]:.1f} "
           "after (other work on the machine moves single timings)")
@@ -221,6 +258,8 @@ def main() -> int:
           f"{c['anchor_s']:.2f} s, ratio {c['jaxdbg_s'] / c['anchor_s']:.2f}; hot op found: jaxdbg "
           f"{c['jaxdbg_found']} ({top['name'] if top else '-'} at {where}, {100 * top['fraction']:.0f}% of step), "
           f"xprof {c['anchor_found']} ({c['anchor_rows']} rows)")
+    print(f"(d) host_transfer recipe: transfers / execution {d['transfer_over_execute']:.2f} (the recipe's claim: > 1); "
+          f"--sync-every 8 median / every-call median {d['sampled_over_every']:.2f} (target < 3)")
     return 0
 
 

@@ -98,3 +98,6 @@ def test_doctor_exits_1_when_a_check_fails(tmp_path, capsys):
     failed = [c for c in report["result"]["checks"] if c["status"] == "fail"]
     assert report["exit_code"] == 1 and [c["name"] for c in failed] == ["profiler"]
     assert "some checks failed" in capsys.readouterr().out
+    # -q keeps one line: the failed check
+    assert main(["doctor", "--out", str(out), "-q"]) == 1
+    assert capsys.readouterr().err.startswith("jaxdbg doctor: failed: profiler: ")

@@ -81,7 +81,8 @@ def test_keeps_jit_api_statics_methods_and_nesting() -> None:
         outer = jax.jit(lambda v: inner(v) * 2.0)
         assert isinstance(powered, InstrumentedJit)
         assert float(powered(jnp.float32(3.0), power=2)) == 9.0
-        assert "stablehlo" in powered.lower(jnp.float32(3.0), power=2).as_text() or True
+        # .lower reaches the real jitted function, the static power folded in (x ** 2 is x * x)
+        assert "stablehlo.multiply %arg0, %arg0" in powered.lower(jnp.float32(3.0), power=2).as_text()
         assert float(outer(jnp.float32(1.0))) == 4.0
         assert float(Scaler().apply(jnp.float32(1.5))) == 3.0
     assert inner.record.calls == 0 and outer.record.calls == 1  # inner only ran inside outer's trace
@@ -140,5 +141,5 @@ def test_output_names_come_from_the_assignment() -> None:
             for _ in range(30):
                 params, total = step(params)
     names = [g.name for g in watch.growth.report()]
-    assert names[:2] == ["params['w']", "total"] or set(names[:2]) == {"params['w']", "total"}
+    assert set(names[:2]) == {"params['w']", "total"}  # both grow 100x per call: either may be first
     assert "params['b']" not in names

@@ -35,7 +35,7 @@ def test_function_mode_aot_split_and_timed_runs(heavy):
     assert c["total_s"] == pytest.approx(c["trace_s"] + c["lower_s"] + c["compile_s"])
     e = fn["execute"]
     assert e["calls"] == 4 and e["min_s"] <= e["median_s"] <= e["p90_s"] <= e["max_s"] and e["spread"] >= 0
-    assert e["total_s"] == pytest.approx(4 * e["median_s"], rel=0.5)
+    assert 4 * e["min_s"] * (1 - 1e-9) <= e["total_s"] <= 4 * e["max_s"] * (1 + 1e-9)  # the 4 timed runs, summed
 
 
 def test_function_mode_cost_memory_and_rates(heavy):
@@ -47,7 +47,8 @@ def test_function_mode_cost_memory_and_rates(heavy):
     # XLA counts the fori_loop body once; the rates count its 40 matmuls (the elementwise work once).
     executed = rates["flops_per_s"] * fn["execute"]["median_s"]
     assert 40 * 2 * 256**3 <= executed <= fn["cost"]["flops"] + 40 * 2 * 256**3
-    assert rates["peak_flops_per_s"] > 0 and 0 < rates["flops_fraction"] < 2
+    assert rates["peak_flops_per_s"] > 0  # calibrated on this CPU: a measurement, so only its use is checked
+    assert rates["flops_fraction"] == pytest.approx(rates["flops_per_s"] / rates["peak_flops_per_s"])
     assert "trip counts 40" in rates["note"] and "counted here per iteration" in rates["note"]
 
 
@@ -56,8 +57,10 @@ def test_function_mode_hlo_and_per_op_table(heavy):
     fn = report["result"]["functions"][0]
     assert open(fn["hlo"]["stablehlo"]).read().startswith("module @jit_power_iterations")
     assert "while" in open(fn["hlo"]["optimized_hlo"]).read()
-    top = fn["ops"][0]
-    assert top["category"] == "matmul" and top["count"] == 2 * 40 and top["source"]["line"] == 12
+    fractions = [op["fraction"] for op in fn["ops"]]
+    assert fractions == sorted(fractions, reverse=True)  # which op is slowest is measured (bench_profile.py)
+    matmul = next(op for op in fn["ops"] if op["category"] == "matmul")
+    assert matmul["count"] == 2 * 40 and matmul["source"]["line"] == 12  # 40 loop iterations, 2 traced calls
     assert report["result"]["trace"]["calls_traced"] == 2
 
 

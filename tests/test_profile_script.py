@@ -58,12 +58,16 @@ def test_recompile_budget_fails_with_each_violation_named(storm):
 
 
 def test_steady_state_times_exclude_compiles(storm):
+    # Which calls the statistics take is tested on given call records (test_profile_units); here, that the
+    # recorded intervals nest: the first call's wall time holds its compile, the parts add up to the wall.
     step = by_name(storm, "train_step")
     assert step.execute.first_s > step.compilations[0].times.total_s  # the first call includes its compile
-    assert 0 < step.execute.median_s < step.execute.first_s and step.execute.p90_s >= step.execute.median_s
+    e = step.execute
+    assert 0 < e.min_s <= e.median_s <= e.p90_s <= e.max_s and 0 < e.timed_calls <= e.calls == 12
     totals = storm.result.totals
     parts = totals.compile_s + totals.execute_s + totals.transfer_s + totals.other_s
-    assert totals.compile_s > totals.execute_s and parts == pytest.approx(totals.wall_s, rel=0.02)
+    assert totals.compile_s >= sum(c.times.total_s for f in storm.result.functions for c in f.compilations) - 1e-9
+    assert parts == pytest.approx(totals.wall_s, rel=0.02)
 
 
 @pytest.fixture(scope="module")
@@ -72,14 +76,16 @@ def hot(tmp_path_factory):
     return profile(parse_target(recipe("hot_op")), ProfileOptions(monitor=True, xla_dump=True, top=4), str(out)), out
 
 
-def test_hot_op_tops_the_per_op_table_with_its_source_line(hot):
+def test_hot_op_is_in_the_per_op_table_with_its_source_line(hot):
+    # Which op is slowest is a measurement (scripts/bench_profile.py); the table's structure is not.
     run, _ = hot
     step = by_name(run, "step")
     assert step.ops_source == "xplane op events" and len(step.ops) == 4
-    top = step.ops[0]
-    assert top.category == "matmul" and top.fraction > 0.4 and top.count == 6
-    assert top.source.file == recipe("hot_op") and top.source.line == marked_line(recipe("hot_op"), "the hot op")
-    assert sum(op.fraction for op in step.ops) <= 1.0 + 1e-9
+    fractions = [op.fraction for op in step.ops]
+    assert fractions == sorted(fractions, reverse=True) and sum(fractions) <= 1.0 + 1e-9
+    matmul = next(op for op in step.ops if op.category == "matmul")  # the one dot, once per call
+    assert matmul.count == 6 and matmul.fraction > 0
+    assert matmul.source.file == recipe("hot_op") and matmul.source.line == marked_line(recipe("hot_op"), "the hot op")
     assert step.cost["flops"] > 5e8 and step.memory["argument_bytes"] == 3 * 1024 * 256 * 4
     assert step.rates.flops_per_s > 0 and step.rates.peak_source.startswith("calibrated")
 
@@ -118,13 +124,16 @@ def test_monitor_series(hot):
 
 def test_host_transfer_bottleneck(tmp_path):
     run = profile(parse_target(recipe("host_transfer")), ProfileOptions(trace_calls=0), str(tmp_path))
+    # Filed by kind, counted and sized; whether they dominate the wall time is a measurement (the hint's
+    # rule is tested on given totals in test_profile_units).
     kinds = {t.kind: t for t in run.result.transfers}
-    implicit = kinds["implicit_args"]
+    implicit = kinds["implicit_args"]  # a float64 numpy batch handed to the jitted step on every call
     assert implicit.count == 12 and implicit.bytes == 12 * 1024 * 1024 * 8 and implicit.total_s > 0
-    assert kinds["to_host"].count >= 12
-    totals = run.result.totals
-    assert totals.transfer_s > totals.execute_s
-    assert any("numpy arrays were passed to jitted functions 12 times" in h for h in run.result.hints)
+    assert kinds["to_host"].count >= 12  # float(loss) on every step
+    assert "device_put" not in kinds  # the script never moves data itself
+    step = by_name(run, "train_step")
+    assert step.execute.calls == 12 and step.compiles == 1  # a fresh host array each call, same signature
+    assert run.result.totals.transfer_s == pytest.approx(sum(t.total_s for t in run.result.transfers))
 
 
 SCRIPTS = {
@@ -255,14 +264,16 @@ def test_a_hang_inside_the_first_jitted_call_is_said_to_be_there(tmp_path):
 def test_compile_heavy_cli_budget_and_compare(tmp_path, capsys):
     first = tmp_path / "first.json"
     assert main(["profile", recipe("compile_heavy"), "--out", str(tmp_path / "a"), "--json", str(first),
-                 "--budget", "compile_s<=0.001,unrolled_mlp.execute_median_ms<=1000"]) == 1
+                 "--budget", "compile_s<=0.001,unrolled_mlp.execute_median_ms<=60000"]) == 1
     text = capsys.readouterr().out
     assert "budget violated" in text and "unrolled_mlp" in text and "compile" in text
     report = json.loads(first.read_text())
-    assert report["result"]["budget"]["violations"][0].startswith("compile_s ")
+    violations = report["result"]["budget"]["violations"]  # the generous execute budget holds
+    assert len(violations) == 1 and violations[0].startswith("compile_s ")
     fn = report["result"]["functions"][0]
-    assert fn["name"] == "unrolled_mlp" and fn["compile"]["total_s"] > 10 * fn["execute"]["median_s"]
+    assert fn["name"] == "unrolled_mlp" and fn["compiles"] == 1
     assert set(fn["compile"]) == {"trace_s", "lower_s", "compile_s", "total_s"}
+    assert fn["compile"]["total_s"] == pytest.approx(sum(fn["compile"][k] for k in ("trace_s", "lower_s", "compile_s")))
     assert set(report["result"]["totals"]) >= {"wall_s", "compile_s", "execute_s", "transfer_s", "other_s"}
     assert report["environment"]["backend"] == "cpu"
     second = tmp_path / "second.json"
@@ -309,7 +320,7 @@ def test_after_the_first_calls_only_one_in_sync_every_is_waited_for(tmp_path):
     every, sampled = (by_name(runs[n], "step").execute for n in (1, 8))
     assert every.calls == sampled.calls == 40
     assert every.timed_calls == 40 and sampled.timed_calls == 7  # calls 0, 1, 2, 8, 16, 24, 32
-    assert sampled.median_s < 3 * every.median_s  # not inflated by the untimed calls queued before it
-    assert sampled.total_s == pytest.approx(40 * sampled.median_s, rel=1.0)  # the untimed 33 estimated
+    # (how the 33 untimed calls are estimated is tested on given call records in test_profile_units; that
+    # a timed call is not inflated by those queued before it is measured by scripts/bench_profile.py)
     assert any("calls timed (step 7 of 40)" in n for n in runs[8].result.notes)
     assert not any("calls timed" in n for n in runs[1].result.notes)

@@ -12,9 +12,11 @@ from jaxdbg._errors import UsageError
 from jaxdbg.profile.budget import check_budget, parse_budget
 from jaxdbg.profile.compare import compare, load_baseline
 from jaxdbg.profile.hlo import loop_note, module_name, parse_hlo
-from jaxdbg.profile.model import CompileTimes, ExecuteStats, FunctionProfile, Recompile, Totals
+from jaxdbg.profile.assemble import execute_stats
+from jaxdbg.profile.hints import hints_for
+from jaxdbg.profile.model import CompileTimes, ExecuteStats, FunctionProfile, Recompile, Totals, Transfer
 from jaxdbg.profile.ops import OpTotal, _self_times, op_table
-from jaxdbg.profile.peaks import achieved_rates, calibrate_cpu, table_peak
+from jaxdbg.profile.peaks import Peak, achieved_rates, calibrate_cpu, table_peak
 from jaxdbg.profile.signature import call_signature, explain
 from jaxdbg.profile.spans import span_times
 
@@ -166,11 +168,56 @@ def test_peaks_from_table_and_calibration():
     assert table_peak("NVIDIA H100 80GB HBM3", "bf16").flops_per_s == 989e12
     assert table_peak("TPU v5 lite").source.startswith("table: TPU v5e")
     assert table_peak("cpu") is None
-    peak = calibrate_cpu(size=128, repeats=2)
-    assert peak.flops_per_s > 1e8 and peak.bytes_per_s > 1e7
+    calibrated = calibrate_cpu(size=128, repeats=2)  # a measurement: its size depends on the machine's load
+    assert calibrated.flops_per_s > 0 and calibrated.bytes_per_s > 0 and "128x128" in calibrated.source
+    peak = Peak(1e10, 1e9, calibrated.source)  # ridge point: 10 FLOPs per byte
     rates = achieved_rates({"flops": 2e9, "bytes_accessed": 1e6}, 0.1, peak)
     assert rates.flops_per_s == pytest.approx(2e10) and rates.arithmetic_intensity == 2000.0
+    assert rates.flops_fraction == pytest.approx(2.0) and rates.bytes_fraction == pytest.approx(1e-2)
     assert rates.bound == "compute" and rates.peak_source.startswith("calibrated")
+    assert achieved_rates({"flops": 1e6, "bytes_accessed": 1e6}, 0.1, peak).bound == "memory"  # 1 FLOP per byte
+
+
+def _call(index, exec_s, compile_s=0.0, captured=False, timed=True):
+    """A call record as the instrumentation keeps it: (index, wall, execute, compile, arg copy, captured, timed)."""
+    return (index, exec_s + compile_s, exec_s, compile_s, 0.0, captured, timed)
+
+
+def test_execute_statistics_leave_out_compiling_calls():
+    calls = [_call(0, 0.01, compile_s=2.0), _call(1, 0.01), _call(2, 0.03), _call(3, 0.02, compile_s=1.0),
+             _call(4, 0.02), _call(5, 0.04)]
+    stats = execute_stats(calls, "script", warmup=0)
+    assert stats.first_s == pytest.approx(2.01)  # the first call's wall time, its compile included
+    assert (stats.min_s, stats.median_s, stats.max_s) == pytest.approx((0.01, 0.025, 0.04))  # calls 1, 2, 4, 5
+    assert stats.total_s == pytest.approx(0.13) and stats.calls == stats.timed_calls == 6  # execute time only
+
+
+def test_execute_statistics_estimate_the_calls_that_ran_ahead_untimed():
+    # --sync-every 4: calls 0-2 and every 4th are waited for and timed; the others' wall is their dispatch.
+    calls = [_call(i, 0.02 if i in (0, 1, 2, 4, 8) else 1e-5, compile_s=0.5 if i == 0 else 0.0,
+                   timed=i in (0, 1, 2, 4, 8)) for i in range(10)]
+    stats = execute_stats(calls, "script", warmup=0)
+    assert stats.calls == 10 and stats.timed_calls == 5
+    assert stats.median_s == pytest.approx(0.02) and stats.max_s == pytest.approx(0.02)  # no dispatch-only call
+    assert stats.total_s == pytest.approx(5 * 0.02 + 5 * 0.02)  # the 5 untimed at the timed calls' mean
+
+
+def test_execute_statistics_of_function_mode_skip_the_warmup():
+    calls = [_call(0, 0.5), _call(1, 0.02), _call(2, 0.04), _call(3, 0.03)]
+    stats = execute_stats(calls, "function", warmup=1)
+    assert (stats.calls, stats.min_s, stats.median_s, stats.max_s) == pytest.approx((3, 0.02, 0.03, 0.04))
+    assert stats.total_s == pytest.approx(0.09)
+
+
+def test_transfer_hints_follow_their_share_of_the_run():
+    implicit = Transfer("implicit_args", 12, 0.6, 12 * 8 * 2**20)
+    reads = Transfer("to_host", 12, 0.2, 12 * 4)
+    heavy = hints_for([], Totals(2.0, 0.5, 0.2, 0.8, 0.5), [implicit, reads])
+    assert any("host<->device copies take 40% of the run" in h for h in heavy)
+    assert any("numpy arrays were passed to jitted functions 12 times" in h and "100.7 MB" in h for h in heavy)
+    assert any("device values were read on the host 12 times" in h for h in heavy)
+    light = hints_for([], Totals(100.0, 0.5, 98.0, 0.7, 0.8), [implicit, reads])  # under 5% of a long run
+    assert not any("copies" in h or "numpy arrays" in h or "read on the host" in h for h in light)
 
 
 def test_numpy_host_arrays_and_scalars_have_signatures():

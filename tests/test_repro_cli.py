@@ -124,6 +124,24 @@ def test_hang_in_host_callback(tmp_path_factory):
     assert result["minimized"]["lines"] < result["original"]["lines"]
 
 
+def test_an_unverified_reproducer_under_quiet_says_why_and_exits_3(tmp_path, capsys):
+    """-q prints the essential line of a failing report. It once looked for doctor's list of checks on any
+    result and iterated repro's `checks` (a count of runs): an unverified hang repro (its fresh run, slowed
+    down on a loaded machine, stopped somewhere else) exited 4 with "'int' object is not iterable"."""
+    from jaxdbg.cli._common import Common, execute
+    from jaxdbg.cli.repro import render
+    from jaxdbg.repro.core import ReproResult, Size
+    from jaxdbg.repro.signature import FailureSignature
+    from jaxdbg.report import Report
+
+    result = ReproResult(FailureSignature("timeout"), Size(17), Size(17), checks=9, elapsed_s=15.0, verified=False,
+                         strategy="source", verification="fresh run of repro.py timeout after 2.0s at hang.py:2")
+    common = Common("repro", json=str(tmp_path / "r.json"), out=str(tmp_path / "o"), quiet=True, target="hang.py")
+    code = execute(common, lambda c: Report("repro", "hang.py", result, 3, environment={}), render)
+    assert code == 3 and json.loads((tmp_path / "r.json").read_text())["exit_code"] == 3
+    assert capsys.readouterr().err == "jaxdbg repro: fresh run of repro.py timeout after 2.0s at hang.py:2\n"
+
+
 def test_function_target_with_random_args(tmp_path_factory):
     module = tmp_path_factory.mktemp("fn") / "model.py"
     module.write_text("import jax.numpy as jnp\n\ndef loss(x, w):\n    h = jnp.tanh(x @ w)\n"
@@ -198,6 +216,8 @@ def test_the_many_runs_leave_the_users_folder_alone(tmp_path, monkeypatch):
         "import jax.numpy as jnp\n\nwith open('run_log.txt', 'a') as log:\n    log.write('started\\n')\n"
         "open('made_by_target.txt', 'w').write('x')\nx = jnp.ones((2, 3))\nprint((x @ x).sum())\n")
     monkeypatch.chdir(home)
-    assert main(["repro", "shape.py", "--max-time", "15", "--out", str(tmp_path / "o"), "-q"]) == 0
+    # --out relative to the user's folder: the reproducer is still found and verified from the scratch one
+    assert main(["repro", "shape.py", "--max-time", "15", "--out", "../o", "-q"]) == 0
+    assert (tmp_path / "o" / "repro.py").exists()
     assert (home / "run_log.txt").read_text() == "mine\n"
     assert sorted(p.name for p in home.iterdir()) == ["run_log.txt", "shape.py"]

@@ -51,8 +51,9 @@ def test_abort_is_a_crash(tmp_path):
 
 
 def test_hang_is_stopped_and_located(tmp_path):
-    outcome = _run(tmp_path, "import time\n\ndef wait():\n    time.sleep(600)\n\nwait()\n", timeout=3)
-    assert outcome.status == "timeout" and 3 <= outcome.elapsed_s < 30
+    # The limit leaves a loaded machine time to start the child and reach the sleep it should be found in.
+    outcome = _run(tmp_path, "import time\n\ndef wait():\n    time.sleep(600)\n\nwait()\n", timeout=8)
+    assert outcome.status == "timeout" and outcome.elapsed_s >= 8  # stopped at the limit, not before
     assert outcome.crash_frame is not None and outcome.crash_frame.line == 4
 
 
@@ -126,15 +127,14 @@ def test_a_background_process_left_by_the_target_neither_holds_jaxdbg_nor_outliv
 
     pid_file = tmp_path / "bg.pid"
     body = ("import subprocess, sys\n"
-            "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+            "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
             f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
             "print('left it running')\n")
-    began = time.monotonic()
-    outcome = _run(tmp_path, body, timeout=30)
+    outcome = _run(tmp_path, body, timeout=120)
+    # "ok", not "timeout": jaxdbg did not wait for the background process (it sleeps past the limit)
     assert outcome.status == "ok" and "left it running" in outcome.stdout
-    assert time.monotonic() - began < 20
     background = int(pid_file.read_text())
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30
     while _alive(background) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _alive(background)

@@ -406,7 +406,7 @@ for _kind in ("scatter", "scatter_add", "scatter_mul", "scatter_min", "scatter_m
 
 
 def _emit_scan(em: Emitter, eqn: Any, indent: int) -> list[str]:
-    num_consts, num_carry = _compat.scan_counts(eqn.params)
+    num_consts, num_carry = _compat.scan_split(eqn.params)
     ops = [em.names.read(v) for v in eqn.invars]
     consts, init, xs = ops[:num_consts], ops[num_consts:num_consts + num_carry], ops[num_consts + num_carry:]
     n_x = len(xs)

@@ -57,12 +57,6 @@ def _dtype(origin: Origin) -> str:
     return stats[0].dtype if stats else "f32"
 
 
-def _in_backward(origin: Origin, what: str) -> str:
-    if origin.pass_ != "backward":
-        return what
-    return f"the gradient of {what}" if not what.startswith("the") else f"in the gradient, {what}"
-
-
 def _input_pattern(origin: Origin, line: str) -> tuple[str, list[str]] | None:
     if origin.kind != "input":
         return None
@@ -135,7 +129,7 @@ def _singular_derivative(origin: Origin, line: str) -> tuple[str, list[str]] | N
     for name in ("sqrt", "norm", "pow", "**", "log", "arcsin", "arccos", "abs"):
         if name in line:
             what = {"norm": "a norm at the zero vector", "**": "a fractional power at 0"}.get(name, f"{name} at 0")
-            hints = ([f"add an epsilon inside: `jnp.sqrt(x + 1e-12)`", DOUBLE_WHERE]
+            hints = (["add an epsilon inside: `jnp.sqrt(x + 1e-12)`", DOUBLE_WHERE]
                      if name in ("sqrt", "norm") else [EPSILON_DIV, DOUBLE_WHERE])
             return (f"the derivative of {what} is infinite, so this backward-pass operation made "
                     f"{'a NaN' if origin.kind == 'nan' else 'an Inf'} although the forward value is finite.", hints)

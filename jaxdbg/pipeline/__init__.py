@@ -1,9 +1,9 @@
 """Pipeline-parallel schedules run in fixed order or readiness-first, simulated or on real JAX devices.
 
-One arbitration implementation (:mod:`~jaxdbg.pipeline.policies`) drives both the discrete-event
-simulator (:mod:`~jaxdbg.pipeline.simulate`) and the threaded multi-device executor
-(:mod:`~jaxdbg.pipeline.real`); :mod:`~jaxdbg.pipeline.bench` runs every combination of options against
-paired variability draws and measures where each stage's time went.
+One arbitration implementation (:mod:`~jaxdbg.pipeline.arbiter` around the stage policies of
+:mod:`~jaxdbg.pipeline.policies`) drives both the discrete-event simulator (:mod:`~jaxdbg.pipeline.simulate`)
+and the threaded multi-device executor (:mod:`~jaxdbg.pipeline.real`); :mod:`~jaxdbg.pipeline.bench` runs
+every combination of options against paired variability draws and measures where each stage's time went.
 
 Example:
     >>> from jaxdbg.pipeline import BenchOptions, run_bench
@@ -13,13 +13,13 @@ Example:
     ['fixed', 'ready']
 """
 
+from jaxdbg.pipeline.arbiter import Arbiter as Arbiter
 from jaxdbg.pipeline.bench import BenchOptions as BenchOptions
 from jaxdbg.pipeline.bench import BenchResult as BenchResult
 from jaxdbg.pipeline.bench import run_bench as run_bench
 from jaxdbg.pipeline.metrics import lower_bound as lower_bound
 from jaxdbg.pipeline.metrics import measure as measure
 from jaxdbg.pipeline.metrics import timeline_problems as timeline_problems
-from jaxdbg.pipeline.policies import Arbiter as Arbiter
 from jaxdbg.pipeline.policies import FixedOrder as FixedOrder
 from jaxdbg.pipeline.policies import ReadyFirst as ReadyFirst
 from jaxdbg.pipeline.policies import make_policies as make_policies

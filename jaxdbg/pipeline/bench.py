@@ -26,8 +26,9 @@ import numpy as np
 
 from jaxdbg._errors import TargetFailedError, UsageError
 from jaxdbg.pipeline.messages import RealJob, RealTimeline, StageDevices
+from jaxdbg.pipeline.arbiter import RunRecord
 from jaxdbg.pipeline.metrics import RunMetrics, lower_bound, measure
-from jaxdbg.pipeline.policies import HINTS, POLICIES, RunRecord, make_policies, memory_caps
+from jaxdbg.pipeline.policies import HINTS, POLICIES, make_policies, memory_caps
 from jaxdbg.pipeline.real import ModelSpec
 from jaxdbg.pipeline.schedules import Schedule, build_schedule, shape_for
 from jaxdbg.pipeline.simulate import COMMS, simulate

@@ -21,9 +21,9 @@ and with blocking sends several choices that each fit can still add up to a late
 then a neighbour's send meets a busy stage). So where the hint is the plan's own order, the run decides
 once, the first time keeping the plan and leaving it would differ while still on plan, whether leaving it
 pays: :meth:`LookAhead.keeps_plan` asks the Arbiter for a dry run of the same policies on the expected
-durations and compares it with the plan's own run (:func:`plan_run`). If the plan is faster, stages keep
-the plan's order (and post only the receives it would) for as long as the run stays on plan: without
-variability that is the fixed order's timeline exactly. The decision uses only what the run knows before
+durations and compares it with the plan's own run (:func:`jaxdbg.pipeline.arbiter.plan_run`). If the plan
+is faster, stages keep the plan's order (and post only the receives it would) for as long as the run stays
+on plan: without variability that is the fixed order's timeline exactly. The decision uses only what the run knows before
 it starts; a run whose first durations already differ from expectations never pays for the dry run.
 
 An estimate is made only from work that is under way: ended tasks, messages in flight, running tasks,
@@ -99,6 +99,7 @@ class LookAhead:
         self.plans: list[list[int]] | None = None  # per worker, the plan the hint ranks in order (see follow)
         self.keep_plan: bool | None = None  # on plan, run the plan's order (None: not decided yet)
         self._judge: Callable[[], bool] | None = None
+        self._plan_run: Callable[..., Any] | None = None  # (plans, durations, comm) -> the plan's own run
         self._lock = threading.RLock()  # lazy work may be asked for by several stage threads at once
 
     # --- progress, reported by the Arbiter ----------------------------------------------------------
@@ -230,10 +231,11 @@ class LookAhead:
         late = end > self.finish_by[sending] + slack
         return late and due + self.comm_mean[worker] <= self.start_by[task] + slack
 
-    def follow(self, plans: list[list[int]], judge: Callable[[], bool] | None) -> None:
+    def follow(self, plans: list[list[int]], judge: Callable[[], bool] | None, plan_run: Callable[..., Any]) -> None:
         """The stages' hint ranks ``plans`` in order. ``judge`` says, from a dry run on the expected
-        durations, whether to keep to the plan's order while the run is on plan (None: never decided)."""
-        self.plans, self._judge = plans, judge
+        durations, whether to keep to the plan's order while the run is on plan (None: never decided).
+        ``plan_run(plans, durations, comm)`` simulates the plan in fixed order (None if it deadlocks)."""
+        self.plans, self._judge, self._plan_run = plans, judge, plan_run
 
     def keeps_plan(self) -> bool:
         """Whether, while every duration so far is as expected, stages keep the plan's order (decided once,
@@ -285,7 +287,7 @@ class LookAhead:
     def _latest_times(self, plans: list[list[int]], durations) -> tuple[list[float], list[float]] | None:
         """``(start_by, finish_by)`` for :meth:`plan_deadlines`; None for a plan that cannot run in fixed
         order with blocking sends (no deadlines to keep)."""
-        record = plan_run(self.shape, plans, durations, "sync")
+        record = self._plan_run(plans, durations, "sync")
         if record is None:
             return None
         shape, n = self.shape, self.shape.num_tasks
@@ -347,9 +349,8 @@ class LookAhead:
         return -1
 
 
-_CACHED = 16  # entries per cache below (the paired runs of a benchmark share a plan's results)
+_CACHED = 16  # entries per remembered() cache (the paired runs of a benchmark share a plan's results)
 _DEADLINES: dict = {}
-_PLAN_RUNS: dict = {}
 
 
 def remembered(cache: dict, key: Any, compute: Callable[[], Any]) -> Any:
@@ -359,22 +360,6 @@ def remembered(cache: dict, key: Any, compute: Callable[[], Any]) -> Any:
             cache.clear()
         cache[key] = compute()
     return cache[key]
-
-
-def plan_run(shape: PipelineShape, plans: list[list[int]], durations, comm: str):
-    """The plan run in fixed order on ``durations`` (a RunRecord; None if it deadlocks), kept for reuse."""
-    from jaxdbg.pipeline.policies import FixedOrder
-    from jaxdbg.pipeline.simulate import PipelineDeadlock, simulate
-
-    def run():
-        ready = bytearray(shape.num_tasks)  # shared by the stages' policies, as in make_policies
-        try:
-            return simulate(shape, [FixedOrder(plan, ready, shape) for plan in plans], durations, comm)
-        except PipelineDeadlock:
-            return None
-
-    key = (shape, comm, durations.task.tobytes(), durations.comm.tobytes(), tuple(map(tuple, plans)))
-    return remembered(_PLAN_RUNS, key, run)
 
 
 @functools.lru_cache(maxsize=16)

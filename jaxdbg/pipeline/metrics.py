@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from jaxdbg.pipeline.policies import RunRecord
+from jaxdbg.pipeline.arbiter import RunRecord
 from jaxdbg.pipeline.tasks import BACKWARD, FORWARD, WEIGHT
 from jaxdbg.pipeline.variability import Durations
 

@@ -19,7 +19,7 @@ from typing import Mapping
 
 import numpy as np
 
-from jaxdbg.pipeline.policies import RunRecord
+from jaxdbg.pipeline.arbiter import RunRecord
 from jaxdbg.pipeline.tasks import FORWARD, WEIGHT
 
 MAX_TRACE_EVENTS = 400_000  # beyond this, further runs are left out of the trace (Perfetto stays fast)

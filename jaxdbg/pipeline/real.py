@@ -9,7 +9,7 @@ messages placed with ``jax.device_put``. A stage may span several devices (``dev
 weights are then sharded over a one-axis mesh, and its one SPMD program issues the stage's collectives
 on all of its devices alike.
 
-Each worker thread drives its stage through the same :class:`~jaxdbg.pipeline.policies.Arbiter` as the
+Each worker thread drives its stage through the same :class:`~jaxdbg.pipeline.arbiter.Arbiter` as the
 simulator. Variability is injected on top of the real compute: a task that finishes before its realised
 duration sleeps for the rest (on a 2-core host, this also emulates devices that really run in parallel);
 a message is held back for its realised delay. After a run, the accumulated gradients are compared with
@@ -37,7 +37,8 @@ from typing import Any
 import numpy as np
 
 from jaxdbg._errors import UsageError
-from jaxdbg.pipeline.policies import Arbiter, RunRecord
+from jaxdbg.pipeline.arbiter import Arbiter, RunRecord
+from jaxdbg.pipeline.simulate import simulate
 from jaxdbg.pipeline.tasks import BACKWARD, FORWARD, PipelineShape
 from jaxdbg.pipeline.variability import Durations
 
@@ -222,7 +223,7 @@ class RealPipeline:
 
         shape = self.shape
         n = shape.num_tasks
-        arbiter = Arbiter(shape, policies, comm)
+        arbiter = Arbiter(shape, policies, comm, simulator=simulate)  # dry runs on the expected durations
         state = _RunState(self, arbiter, durations, comm, annotate, n)
         arbiter.start()
         threads = [threading.Thread(target=state.work, args=(w,), name=f"stage-{w}", daemon=True) for w in range(shape.stages)]

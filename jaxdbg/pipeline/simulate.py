@@ -1,4 +1,4 @@
-"""A discrete-event simulator of a pipeline, driving the same :class:`~jaxdbg.pipeline.policies.Arbiter`
+"""A discrete-event simulator of a pipeline, driving the same :class:`~jaxdbg.pipeline.arbiter.Arbiter`
 as the real executor.
 
 Two communication models:
@@ -35,16 +35,11 @@ from math import inf
 
 import numpy as np
 
-from jaxdbg._errors import JaxdbgError
-from jaxdbg.pipeline.policies import Arbiter, RunRecord
+from jaxdbg.pipeline.arbiter import Arbiter, PipelineDeadlock, RunRecord
 from jaxdbg.pipeline.tasks import PipelineShape
 from jaxdbg.pipeline.variability import Durations
 
 COMMS = ("async", "sync")
-
-
-class PipelineDeadlock(JaxdbgError):
-    """The stages' orders and the communication model left every stage waiting on another."""
 
 
 def simulate(shape: PipelineShape, policies: list, durations: Durations, comm: str = "async") -> RunRecord:
@@ -52,7 +47,7 @@ def simulate(shape: PipelineShape, policies: list, durations: Durations, comm: s
     if comm not in COMMS:
         raise ValueError(f"comm must be one of {COMMS}")
     sync = comm == "sync"
-    arbiter = Arbiter(shape, policies, comm)
+    arbiter = Arbiter(shape, policies, comm, simulator=simulate)  # its dry runs are simulations too
     graph = arbiter.graph
     worker_of, n, p = graph.worker, shape.num_tasks, shape.stages
     duration, delay = durations.task.tolist(), durations.comm.tolist()

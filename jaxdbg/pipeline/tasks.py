@@ -93,9 +93,6 @@ class TaskGraph:
     admits: list[bool]
     releases: list[bool]
 
-    def tasks_of(self, worker: int) -> list[int]:
-        return [t for t in range(self.shape.num_tasks) if self.worker[t] == worker]
-
 
 @functools.lru_cache(maxsize=16)
 def _graph(shape: PipelineShape) -> TaskGraph:

@@ -21,8 +21,6 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-import numpy as np
-
 from jaxdbg.profile.model import ArgChange, Recompile
 
 _SCALAR_DTYPES = {bool: "bool", int: "i32", float: "f32", complex: "c64"}
@@ -230,7 +228,3 @@ def explain(previous: Sequence[Signature], new: Signature, *, same_callable: boo
         shown += f"; and {len(changes) - 3} more changes"
     return Recompile(call_index, shown, tuple(changes))
 
-
-def numpy_leaf_bytes(value: Any) -> int:
-    """Bytes of a host (numpy) array, 0 for anything else."""
-    return int(value.nbytes) if isinstance(value, np.ndarray) else 0

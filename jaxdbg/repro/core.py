@@ -34,7 +34,7 @@ from jaxdbg._errors import TargetFailedError, UsageError
 from jaxdbg.repro.failures import STILL_FAILS_WITHOUT_JIT, Checker, Failure, choose, observe
 from jaxdbg.repro.messages import CutFinished, LoweredText
 from jaxdbg.repro.jobs import CHILD_ENV, CUT_JOB, JOB, CutRequest, RunRequest, reduction_env
-from jaxdbg.repro.program import INPUTS_FILE, REPRO_FILE, count_lines, expected_message
+from jaxdbg.repro.program import INPUTS_FILE, REPRO_FILE, STABLEHLO_FILE, count_lines, expected_message
 from jaxdbg.repro.signature import KINDS, FailureSignature, normalise_message
 from jaxdbg.repro.source import SourceReducer, State, statement_lines
 from jaxdbg.repro.subject import Subject, prepare_subject
@@ -43,7 +43,6 @@ from jaxdbg.runner import Outcome, run_contained
 from jaxdbg.target import TargetSpec, check_target
 
 DEFAULT_TIMEOUT = 60.0  # a run that takes longer counts as a hang unless --timeout says otherwise
-STABLEHLO_FILE = "repro.stablehlo.mlir"
 Progress = Callable[[str, int, str], None]  # (phase, checks so far, current size)
 
 
@@ -110,6 +109,7 @@ def reproduce(spec: TargetSpec, options: ReproOptions, out_dir: str, on_progress
         raise UsageError(f"--kind '{options.kind}': use one of {', '.join(KINDS)}")
     check_target(spec)  # a syntax error or a missing function is bad input (exit 2), not a failure to keep
     progress = on_progress or (lambda phase, checks, size: None)
+    out_dir = os.path.abspath(out_dir)  # runs happen in a scratch folder: a relative --out would not be found
     clock = _Clock(options.max_time)
     work = tempfile.mkdtemp(prefix="jaxdbg-repro-")
     try:

@@ -20,10 +20,8 @@ import numpy as np
 from jaxdbg.repro.cut import Criterion, Cutter, CutError
 from jaxdbg.repro.graph import flatten, record
 from jaxdbg.repro.messages import CutFinished, FailureSeen
-from jaxdbg.repro.program import INPUTS_FILE, REPRO_FILE, build_program, can_emit, program_fails
+from jaxdbg.repro.program import INPUTS_FILE, REPRO_FILE, STABLEHLO_FILE, build_program, can_emit, program_fails
 from jaxdbg.repro.signature import normalise_message
-
-STABLEHLO_FILE = "repro.stablehlo.mlir"
 
 
 def criterion_for(failure: FailureSeen, rtol: float, atol: float) -> Criterion:

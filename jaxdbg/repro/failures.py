@@ -27,7 +27,8 @@ from jaxdbg._source import SourceLocation
 from jaxdbg.repro.forkserver import ForkServer
 from jaxdbg.repro.jobs import CHILD_ENV, JOB, RunRequest
 from jaxdbg.repro.messages import FailureSeen, JaxWork, JitCallSeen, LastJit
-from jaxdbg.repro.signature import FailureSignature, exception_signature, mismatch_signature, nonfinite_signature
+from jaxdbg.repro.signature import (FailureSignature, exception_signature, matches_pattern, mismatch_signature,
+                                    nonfinite_signature)
 from jaxdbg.repro.source import State, find_statement, is_constant_raise, parse, statement_lines
 from jaxdbg.runner import Outcome, first_line, run_contained
 
@@ -109,7 +110,7 @@ def choose(failures: Sequence[Failure], kind: str | None, pattern: str | None) -
     for failure in ranked:
         if kind and failure.signature.kind != kind:
             continue
-        if pattern and not (re.search(pattern, failure.raw) or re.search(pattern, failure.signature.describe())):
+        if not matches_pattern(failure.signature, failure.raw, pattern):
             continue
         return failure
     return None

@@ -33,8 +33,8 @@ import threading
 import time
 from typing import Any, Mapping
 
-from jaxdbg.protocol import ChildFailed, read_channel
-from jaxdbg.runner import Outcome, child_env, faulthandler_user_frame
+from jaxdbg.protocol import read_channel
+from jaxdbg.runner import Outcome, child_env, outcome_of
 
 PRELOAD = ("numpy", "jax", "jax.numpy", "jaxdbg._child", "jaxdbg.target", "jaxdbg.repro.jobs", "jaxdbg.repro.watch")
 
@@ -117,7 +117,9 @@ class ForkServer:
             elapsed = time.perf_counter() - started
             messages = read_channel(os.path.join(workdir, "channel.bin"))
             stdout, stderr = (_read_text(os.path.join(workdir, name)) for name in ("stdout", "stderr"))
-        return _outcome(status, timed_out, messages, stdout, stderr, elapsed)
+        # Our marker for "killed and never reaped" is already a negative (signal) return code.
+        returncode = status if status < 0 else os.waitstatus_to_exitcode(status)
+        return outcome_of(returncode, timed_out, messages, stdout, stderr, elapsed)
 
     def _stop(self, pid: int, request_id: int) -> int:
         """Stack dump (SIGUSR1 -> faulthandler), then kill the child's whole session."""
@@ -138,29 +140,6 @@ def _read_text(path: str) -> str:
             return handle.read().decode(errors="replace")
     except OSError:
         return ""
-
-
-def _outcome(status: int, timed_out: bool, messages: list, stdout: str, stderr: str, elapsed: float) -> Outcome:
-    """The same classification as :func:`jaxdbg.runner.run_contained`, from a wait status."""
-    exception = next((m.info for m in messages if isinstance(m, ChildFailed)), None)
-    messages = tuple(m for m in messages if not isinstance(m, ChildFailed))
-    if status < 0:  # our own marker for "killed and never reaped"
-        rc, sig = status, -status
-    elif os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        rc = -sig
-    else:
-        rc, sig = os.WEXITSTATUS(status), None
-    if timed_out:
-        state, name = "timeout", None
-    elif sig is not None:
-        state, name = "crash", signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else f"signal {sig}"
-    elif exception is not None:
-        state, name = "exception", None
-    else:
-        state, name = ("exit" if rc else "ok"), None
-    frame = faulthandler_user_frame(stderr) if state in ("crash", "timeout") else None
-    return Outcome(state, rc, name, exception, stdout, stderr, elapsed, messages, frame)
 
 
 # ----------------------------------------------------------------------------------------------------------

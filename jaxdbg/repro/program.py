@@ -38,6 +38,7 @@ from jaxdbg.repro.graph import Graph
 
 INPUTS_FILE = "inputs.npz"
 REPRO_FILE = "repro.py"
+STABLEHLO_FILE = "repro.stablehlo.mlir"
 NAN_MESSAGE = "jax.jit(f) produced {what}"
 MISMATCH_MESSAGE = "jit and op-by-op (jax.disable_jit) disagree"
 

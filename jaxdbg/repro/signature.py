@@ -16,7 +16,7 @@ Example:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from jaxdbg._source import SourceLocation
 
@@ -64,9 +64,6 @@ class FailureSignature:
         if self.kind == "timeout":
             return "timeout (hang)"
         return f"{self.kind} in {self.function}: {self.message}"
-
-    def without_location(self) -> "FailureSignature":
-        return replace(self, location=None)
 
 
 def exception_signature(type_name: str, message: str, location: SourceLocation | None = None) -> FailureSignature:
