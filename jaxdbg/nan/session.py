@@ -183,7 +183,7 @@ def _analyse(finding: JitFinding | EagerFinding, watch: Watch, options: HuntOpti
     call = finding.call
     if channel is not None:
         channel.send(NonFiniteDetected(call.name, call.call_index, call.call_site, finding.kind))
-    found = localise_call(call, options.nan_only)
+    found = localise_call(call, options.nan_only, finding.closed_jaxpr)
     strategy, notes = found.strategy, list(found.notes)
     first, chain = found.first, list(found.chain)
     if first is None:
