@@ -69,7 +69,9 @@ def to_jsonable(value: Any) -> Any:
 
 
 def environment_info() -> dict:
-    """The envelope's ``environment``: jax/jaxlib versions, backend, devices, python (imports jax)."""
+    """The envelope's ``environment``: jax/jaxlib versions, backend, devices, python, and this process's place
+    in a multi-process job (imports jax and starts its backend: call it after the program's own
+    ``jax.distributed.initialize()``)."""
     import jax
     import jaxlib
 
@@ -78,9 +80,12 @@ def environment_info() -> dict:
         "jaxlib": getattr(jaxlib, "__version__", "unknown"),
         "backend": jax.default_backend(),
         "devices": [
-            {"id": d.id, "platform": d.platform, "kind": getattr(d, "device_kind", "")} for d in jax.devices()
+            {"id": d.id, "platform": d.platform, "kind": getattr(d, "device_kind", ""), "process_index": d.process_index}
+            for d in jax.devices()
         ],
         "python": platform.python_version(),
+        "process_index": jax.process_index(),  # a multi-process job (jax.distributed): which process wrote this
+        "process_count": jax.process_count(),
     }
 
 
