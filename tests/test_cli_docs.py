@@ -80,7 +80,7 @@ def test_documented_options_are_the_commands_options(name: str) -> None:
 def test_root_options() -> None:
     root = _table(SECTIONS["jaxdbg"])
     actual = {name for name, param in _options(_group()).items() if param is not None}
-    assert set(root) == actual == {"--version"}
+    assert set(root) == actual == {"--version", "--processes"}
 
 
 def _default_matches(param, cell: str) -> bool:

@@ -4,40 +4,28 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 
+
 CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def launch(argv: list[str], processes: int, devices: int = 2, timeout: float = 240) -> list[subprocess.CompletedProcess]:
-    """Run ``python -m jaxdbg ARGV`` once per process, as a job's launcher would (same command line)."""
-    port = free_port()
-    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
-           "COORD": f"127.0.0.1:{port}", "NPROC": str(processes)}
-    procs = [subprocess.Popen([sys.executable, "-m", "jaxdbg", *argv], env={**env, "PID": str(i)},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i in range(processes)]
-    done = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=timeout)
-        done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
-    return done
+def launch(argv: list[str], processes: int, devices: int = 2, timeout: float = 240) -> subprocess.CompletedProcess:
+    """``jaxdbg --processes N ARGV``: the job's processes on this machine, each with ``devices`` CPU devices."""
+    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+    return subprocess.run([sys.executable, "-m", "jaxdbg", "--processes", str(processes), *argv], env=env,
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def test_profile_runs_in_every_process_of_a_two_process_job(tmp_path):
     out = tmp_path / "prof"
-    done = launch(["profile", os.path.join(CORPUS, "multihost_dp", "train.py"), "--out", str(out), "-q"], 2)
-    assert [d.returncode for d in done] == [0, 0], [d.stderr[-2000:] for d in done]
+    done = launch(["profile", os.path.join(CORPUS, "multihost_dp", "train.py"), "--out", str(out), "-q",
+                   "--json", str(tmp_path / "job.json")], 2)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((tmp_path / "job.json").read_text())["environment"]["process_index"] == 0
     for index in (0, 1):
         report = json.loads((out / f"process-{index}" / "report.json").read_text())
         env = report["environment"]
@@ -49,3 +37,20 @@ def test_profile_runs_in_every_process_of_a_two_process_job(tmp_path):
         ops = {op["category"]: op for op in step["ops"]}
         assert "collective" in ops and ops["collective"]["source"]["file"].endswith("train.py")
         assert os.path.isdir(out / f"process-{index}" / "trace")
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--processes"], "needs a number"),
+    (["--processes", "0", "doctor"], "whole number"),
+    (["--processes", "2"], "needs a command"),
+])
+def test_bad_processes_option_is_one_line_and_exit_2(argv, says):
+    done = subprocess.run([sys.executable, "-m", "jaxdbg", *argv], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and says in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_program_that_never_joins_the_job_is_told_so(tmp_path):
+    script = tmp_path / "alone.py"
+    script.write_text("import jax, jax.numpy as jnp\nprint(jax.jit(jnp.sin)(1.0))\n")
+    done = launch(["profile", str(script), "--out", str(tmp_path / "out"), "-q"], 2)
+    assert done.returncode == 2 and "never called jax.distributed.initialize()" in done.stderr
