@@ -115,6 +115,13 @@ def backend_started() -> bool:
     return bool(xla_bridge._backends)
 
 
+def distributed_client() -> Any:
+    """The ``jax.distributed`` coordination-service client of this process, or None outside a job."""
+    from jax._src import distributed  # internal: the key-value store has no public spelling in jax 0.10/0.11
+
+    return distributed.global_state.client
+
+
 def array_class() -> type:
     """The concrete class of jax arrays (``ArrayImpl``), whose ``_value`` copies device data to the host."""
     from jax._src.array import ArrayImpl

@@ -25,7 +25,12 @@ def test_profile_runs_in_every_process_of_a_two_process_job(tmp_path):
     done = launch(["profile", os.path.join(CORPUS, "multihost_dp", "train.py"), "--out", str(out), "-q",
                    "--json", str(tmp_path / "job.json")], 2)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads((tmp_path / "job.json").read_text())["environment"]["process_index"] == 0
+    job = json.loads((tmp_path / "job.json").read_text())
+    assert job["environment"]["process_index"] == 0
+    # Process 0 speaks for the job: every process's figures, gathered through JAX's coordination service.
+    rows = job["result"]["processes"]
+    assert [r["index"] for r in rows] == [0, 1] and all(r["note"] == "" and r["steps"] == 5 for r in rows)
+    assert job["result"]["stragglers"] == []
     for index in (0, 1):
         report = json.loads((out / f"process-{index}" / "report.json").read_text())
         env = report["environment"]
@@ -54,3 +59,24 @@ def test_a_program_that_never_joins_the_job_is_told_so(tmp_path):
     script.write_text("import jax, jax.numpy as jnp\nprint(jax.jit(jnp.sin)(1.0))\n")
     done = launch(["profile", str(script), "--out", str(tmp_path / "out"), "-q"], 2)
     assert done.returncode == 2 and "never called jax.distributed.initialize()" in done.stderr
+
+
+def test_profile_names_the_straggler_and_where_its_time_went(tmp_path):
+    out = tmp_path / "prof"
+    done = launch(["profile", os.path.join(CORPUS, "multihost_straggler", "train.py"), "--out", str(out), "-q",
+                   "--json", str(tmp_path / "job.json")], 2)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "job.json").read_text())["result"]
+    assert result["stragglers"] == [1]
+    slow, other = result["processes"][1], result["processes"][0]
+    assert other["collective_s"] > slow["collective_s"] and slow["host_s"] > other["host_s"]
+    hint = next(h for h in result["hints"] if h.startswith("process 1 is the straggler"))
+    assert "host-side work between steps" in hint
+
+
+def test_four_processes_one_straggler(tmp_path):
+    done = launch(["profile", os.path.join(CORPUS, "multihost_straggler", "train.py"), "--out", str(tmp_path / "p"),
+                   "-q", "--json", str(tmp_path / "job.json"), "--trace-calls", "5"], 4, devices=1)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "job.json").read_text())["result"]
+    assert [r["index"] for r in result["processes"]] == [0, 1, 2, 3] and result["stragglers"] == [1]
