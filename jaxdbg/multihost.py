@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -43,6 +44,12 @@ def job() -> Job | None:
 
     count = jax.process_count()
     return Job(jax.process_index(), count) if count > 1 else None
+
+
+def process_folder(out_dir: str) -> str:
+    """This process's part of the output folder: ``out_dir/process-<index>`` in a job, else ``out_dir``."""
+    place = job()
+    return out_dir if place is None else os.path.join(out_dir, f"process-{place.index}")
 
 
 def _key(command: str, what: str, index: int) -> str:

@@ -80,3 +80,20 @@ def test_four_processes_one_straggler(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((tmp_path / "job.json").read_text())["result"]
     assert [r["index"] for r in result["processes"]] == [0, 1, 2, 3] and result["stragglers"] == [1]
+
+
+def test_nan_hunt_names_the_process_device_and_shard_of_the_origin(tmp_path):
+    """The replay runs in lockstep in both processes (an SPMD program), checking values on the devices;
+    process 1's shard holds the corrupt example."""
+    program = os.path.join(CORPUS, "multihost_nan", "train.py")
+    done = launch(["nan-hunt", program, "--out", str(tmp_path / "n"), "-q", "--json", str(tmp_path / "job.json")], 2)
+    assert done.returncode == 1, done.stderr[-3000:]
+    result = json.loads((tmp_path / "job.json").read_text())["result"]
+    first = result["first"]
+    line = next(i for i, text in enumerate(open(program), start=1) if "log-scaled first feature" in text)
+    assert (first["primitive"], first["pass"], first["source"]["line"], first["call_index"]) == ("log", "forward", line, 2)
+    # Process 1's local row 5 is global row 13: on its second device, whose shard holds rows 12-15.
+    assert first["process"] == 1 and first["shard"] == [[12, 16], [0, 1]]
+    assert first["device"] == f"cpu:{json.loads((tmp_path / 'n' / 'process-1' / 'report.json').read_text())['environment']['devices'][3]['id']}"
+    assert [(p["index"], p["found"]) for p in result["processes"]] == [(0, True), (1, True)]
+    assert (tmp_path / "n" / "process-1" / "nan_bundle.json").exists()
