@@ -84,7 +84,7 @@ def test_root_options() -> None:
 
 
 def _default_matches(param, cell: str) -> bool:
-    if param.is_flag:
+    if param.is_flag and param.default is not None:  # a tri-state --x/--no-x flag defaults to None: "none (...)"
         return cell == ("on" if param.default else "off")
     if param.default is None:
         return cell.startswith("none")

@@ -97,3 +97,22 @@ def test_nan_hunt_names_the_process_device_and_shard_of_the_origin(tmp_path):
     assert first["device"] == f"cpu:{json.loads((tmp_path / 'n' / 'process-1' / 'report.json').read_text())['environment']['devices'][3]['id']}"
     assert [(p["index"], p["found"]) for p in result["processes"]] == [(0, True), (1, True)]
     assert (tmp_path / "n" / "process-1" / "nan_bundle.json").exists()
+
+
+def test_doctor_reports_the_job_and_compares_versions(tmp_path):
+    done = launch(["doctor", "--no-profiler", "--out", str(tmp_path / "d"), "-q", "--json", str(tmp_path / "d.json")], 2)
+    assert done.returncode == 0, done.stderr[-3000:]
+    job = json.loads((tmp_path / "d.json").read_text())["result"]["distributed"]
+    assert (job["cluster"], job["process_index"], job["process_count"], job["local_devices"], job["devices"]) == (
+        "slurm", 0, 2, 2, 4)
+    assert set(job["versions_by_process"]) == {"0", "1"}
+
+
+def test_version_mismatch_and_silent_processes_fail_the_check():
+    from jaxdbg.doctor import _version_checks
+
+    same = {"python": "3.11.7", "jax": "0.10.2", "jaxlib": "0.10.2", "libtpu": "not installed"}
+    assert [c.status for c in _version_checks({0: same, 1: dict(same)}, 2)] == ["ok"]
+    checks = _version_checks({0: same, 2: {**same, "jax": "0.11.2"}}, 3)
+    assert [c.status for c in checks] == ["fail", "fail"]
+    assert "process 1 did not report" in checks[0].detail and "jax 0.11.2 (process 0: 0.10.2)" in checks[1].detail
