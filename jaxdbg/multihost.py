@@ -129,6 +129,25 @@ class Heartbeat:
         publish(self.command, "where", self.state())
 
 
+def leave_job(wait_s: float = 30.0) -> None:
+    """Leave the job together: every process says it is done and waits (bounded) for the others, then all
+    shut the distributed runtime down as jax's own exit handler would. A process that exits alone while
+    others still run takes the coordination service with it (process 0) or is reported missing (the others),
+    and the runtime aborts the processes left behind. Where a process never says it is done (it died), the
+    others do not wait on it longer than ``wait_s``."""
+    place = job()
+    if place is None:
+        return
+    publish("job", "done", True)
+    if len(gather("job", "done", wait_s)) == place.count:
+        import jax
+
+        try:
+            jax.distributed.shutdown()
+        except Exception:  # noqa: BLE001 - leaving is best effort: the process exits right after
+            pass
+
+
 def missing_line(command: str, index: int, count: int, waited_s: float) -> str:
     """One line about a process that did not report: dead or hung, and where it last stood."""
     alive = live_processes(count)
