@@ -1,10 +1,17 @@
 """jaxdbg: debugging and profiling for JAX programs.
 
-The command line (``jaxdbg``) is a thin layer over this library. Public names are re-exported here.
+The command line (``jaxdbg``) is a thin layer over this library. Public names are re-exported here;
+docs/api.md describes each, and the capability packages (``jaxdbg.nan``, ``jaxdbg.profile``,
+``jaxdbg.repro``, ``jaxdbg.pipeline``, ``jaxdbg.doctor``) behind the commands.
 
 Example:
-    >>> from jaxdbg import parse_target, run_contained
-    >>> spec = parse_target("train.py")   # doctest: +SKIP
+    >>> from jaxdbg import load_function, load_inputs, parse_target
+    >>> spec = parse_target("numpy.linalg:norm")       # a module target; file.py::func and script.py also work
+    >>> spec.kind, spec.function
+    ('function', 'norm')
+    >>> (x,) = load_inputs(None, "f32[3]", seed=0)       # what --args "f32[3]" passes
+    >>> bool(load_function(spec)(x) > 0)
+    True
 """
 
 from jaxdbg._errors import JaxdbgError as JaxdbgError

@@ -15,7 +15,7 @@ import signal
 import sys
 import traceback
 
-from jaxdbg.runner import Channel, describe_exception
+from jaxdbg.protocol import Channel, ChildFailed, describe_exception
 
 _current: Channel | None = None
 
@@ -45,7 +45,7 @@ def main(workdir: str) -> int:
             print(done.code, file=sys.stderr)
         return done.code if isinstance(done.code, int) else 1
     except BaseException as err:  # noqa: BLE001 - everything the target raises is reported to the parent
-        channel.send("__exception__", describe_exception(err))
+        channel.send(ChildFailed(describe_exception(err)))
         traceback.print_exc()
         return 1
     finally:

@@ -1,10 +1,16 @@
 """Errors jaxdbg raises on purpose.
 
 Library code raises these; only the command line turns them into an exit code and one line on stderr
-(see ``jaxdbg.cli._common.error_boundary``). Each message says what went wrong, why, and what to do.
+(see ``jaxdbg.cli._common.execute``). Each message says what went wrong, why, and what to do.
 
 Example:
-    >>> raise UsageError("--args 'f33[2]': unknown dtype 'f33'; use one of f32, bf16, i32, ...")
+    >>> err = UsageError("--args 'f33[2]': unknown dtype 'f33'; use one of f32, bf16, i32, ...")
+    >>> err.exit_code, err.message == str(err), TargetFailedError("the target timed out").exit_code
+    (2, True, 3)
+    >>> raise err
+    Traceback (most recent call last):
+    ...
+    jaxdbg._errors.UsageError: --args 'f33[2]': unknown dtype 'f33'; use one of f32, bf16, i32, ...
 """
 
 from __future__ import annotations
@@ -41,3 +47,13 @@ class TargetFailedError(JaxdbgError):
     """The target failed in a way the command cannot analyse: crashed before any JAX work, timed out (exit 3)."""
 
     exit_code = EXIT_TARGET_FAILED
+
+
+def error_for_exit_code(code: int) -> type[JaxdbgError]:
+    """The error class that maps to ``code`` (a child's error is raised again as the same kind in the parent).
+
+    Example:
+        >>> error_for_exit_code(2).__name__, error_for_exit_code(3).__name__
+        ('UsageError', 'TargetFailedError')
+    """
+    return {EXIT_USAGE: UsageError, EXIT_TARGET_FAILED: TargetFailedError}.get(code, JaxdbgError)

@@ -1,9 +1,13 @@
 """``jaxdbg doctor``: what JAX sees on this machine, and the known pitfalls in the environment.
 
 Example:
-    >>> result = diagnose(profile_dir=None)      # doctest: +SKIP
-    >>> result.backend, result.ok                # doctest: +SKIP
-    ('cpu', True)
+    >>> result = diagnose(profile_dir=None)      # None: no test profiler capture (no child process, no files)
+    >>> result.ok, result.profiler
+    (True, {'ok': None, 'detail': 'skipped'})
+    >>> checks = pitfalls({}, "cpu", host={}, profiler={"ok": False, "detail": "no capture"},
+    ...                   cache={"enabled": False, "dir": None}, hints=[], versions={"jax": "0.10.2"})
+    >>> [(check.name, check.status) for check in checks]      # a failed capture is the one 'fail' (exit 1)
+    [('jax', 'ok'), ('backend', 'info'), ('profiler', 'fail'), ('compilation_cache', 'info')]
 """
 
 from __future__ import annotations
@@ -18,7 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from jaxdbg._compat import device_memory_stats
+from jaxdbg.protocol import Message
 from jaxdbg.runner import run_contained
+
+
+@dataclass(frozen=True)
+class CaptureFiles(Message):
+    """The files a profiler capture wrote (sent by :func:`profiler_job`)."""
+
+    files: tuple[str, ...]
 
 LOW_HOST_MEMORY_BYTES = 2 * 1024**3
 
@@ -81,6 +93,10 @@ class DoctorResult:
     @property
     def ok(self) -> bool:
         return not any(c.status == "fail" for c in self.checks)
+
+    def essential_line(self) -> str | None:
+        failed = [c for c in self.checks if c.status == "fail"]
+        return "failed: " + "; ".join(f"{c.name}: {c.detail}" for c in failed) if failed else None
 
 
 def package_versions() -> dict[str, str]:
@@ -167,14 +183,15 @@ def profiler_job(trace_dir: str, channel: Any) -> None:
     with jax.profiler.trace(trace_dir):
         for _ in range(3):
             step(x).block_until_ready()
-    channel.send("files", sorted(glob.glob(os.path.join(trace_dir, "plugins", "profile", "*", "*"))))
+    channel.send(CaptureFiles(tuple(sorted(glob.glob(os.path.join(trace_dir, "plugins", "profile", "*", "*"))))))
 
 
 def profiler_check(trace_dir: str | None, timeout: float = 120) -> dict[str, Any]:
     if trace_dir is None:
         return {"ok": None, "detail": "skipped"}
     outcome = run_contained("jaxdbg.doctor:profiler_job", trace_dir, timeout=timeout)
-    files = outcome.last("files") or []
+    sent = outcome.last(CaptureFiles)
+    files = list(sent.files) if sent else []
     ok = outcome.ok and any(f.endswith(".xplane.pb") for f in files)
     return {"ok": ok, "trace_dir": trace_dir, "files": files, "detail": "captured" if ok else outcome.describe()}
 

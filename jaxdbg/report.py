@@ -1,8 +1,10 @@
 """Reports: the contract's JSON envelope around a command's result, and the output folder.
 
-Results are frozen dataclasses (or plain dicts); :func:`to_jsonable` derives their JSON, so nobody hand-
-builds dictionaries for the wire. Non-finite floats become the strings ``"nan"``, ``"inf"``, ``"-inf"``
-(JSON has no literal for them).
+Results are frozen dataclasses (a failed command's is ``{"error": ...}``); :func:`to_jsonable` derives their
+JSON, so nobody hand-builds dictionaries for the wire. A field whose JSON name is a Python keyword says so
+in its metadata (``field(metadata={"json": "pass"})``). Non-finite floats become the strings ``"nan"``,
+``"inf"``, ``"-inf"`` (JSON has no literal for them). Each command's result also says, in one line, what it
+found (:class:`Result`), for ``-q`` and CI.
 
 Example:
     >>> report = Report(command="doctor", target=None, result={"ok": True}, exit_code=0)
@@ -22,7 +24,7 @@ import platform
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -30,10 +32,18 @@ from jaxdbg._errors import UsageError
 from jaxdbg._version import __version__
 
 
+@runtime_checkable
+class Result(Protocol):
+    """What every command's result offers besides its fields."""
+
+    def essential_line(self) -> str | None:
+        """One line that says what the command found (a NaN origin, a broken budget, a failed check), or None."""
+
+
 def to_jsonable(value: Any) -> Any:
     """Dataclasses, numpy values, paths, enums, tuples -> plain JSON-ready Python."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {f.metadata.get("json", f.name): to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, dict):
         return {str(k): to_jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple, set, frozenset)):
@@ -59,7 +69,9 @@ def to_jsonable(value: Any) -> Any:
 
 
 def environment_info() -> dict:
-    """The envelope's ``environment``: jax/jaxlib versions, backend, devices, python (imports jax)."""
+    """The envelope's ``environment``: jax/jaxlib versions, backend, devices, python, and this process's place
+    in a multi-process job (imports jax and starts its backend: call it after the program's own
+    ``jax.distributed.initialize()``)."""
     import jax
     import jaxlib
 
@@ -68,9 +80,12 @@ def environment_info() -> dict:
         "jaxlib": getattr(jaxlib, "__version__", "unknown"),
         "backend": jax.default_backend(),
         "devices": [
-            {"id": d.id, "platform": d.platform, "kind": getattr(d, "device_kind", "")} for d in jax.devices()
+            {"id": d.id, "platform": d.platform, "kind": getattr(d, "device_kind", ""), "process_index": d.process_index}
+            for d in jax.devices()
         ],
         "python": platform.python_version(),
+        "process_index": jax.process_index(),  # a multi-process job (jax.distributed): which process wrote this
+        "process_count": jax.process_count(),
     }
 
 

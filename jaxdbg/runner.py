@@ -2,12 +2,12 @@
 
 jaxdbg must survive whatever a target does (raise, segfault, abort, hang, exit), so every command runs
 user code through :func:`run_contained`. The job is a ``"module:function"`` taking ``(payload, channel)``;
-it sends results back with ``channel.send(topic, value)`` (plain data: dicts, lists, numpy arrays), and
-what it sent before a crash or a timeout is still returned.
+it sends typed messages back with ``channel.send(message)`` (see :mod:`jaxdbg.protocol`), and what it
+sent before a crash or a timeout is still returned.
 
 Example:
     >>> outcome = run_contained("jaxdbg.runner:echo_job", {"say": "hi"}, timeout=60)  # doctest: +SKIP
-    >>> outcome.status, outcome.last("echo")                                          # doctest: +SKIP
+    >>> outcome.status, outcome.last(Echo).value                                     # doctest: +SKIP
     ('ok', {'say': 'hi'})
 """
 
@@ -17,29 +17,22 @@ import os
 import pickle
 import re
 import signal
-import struct
 import subprocess
 import sys
 import tempfile
 import time
-import traceback
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, TypeVar
 
-from jaxdbg._source import SourceLocation, innermost_user_frame, is_user_file
+from jaxdbg._errors import EXIT_TARGET_FAILED
+from jaxdbg._source import SourceLocation, is_user_file
+from jaxdbg.protocol import Channel as Channel
+from jaxdbg.protocol import ChildFailed, Echo, ExceptionInfo, Message, read_channel
+from jaxdbg.protocol import describe_exception as describe_exception
+
+M = TypeVar("M", bound=Message)
 
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@dataclass(frozen=True)
-class ExceptionInfo:
-    """An exception raised in the child: its type, message and where in user code it was raised."""
-
-    type: str
-    qualname: str
-    message: str
-    traceback: str
-    user_frame: SourceLocation | None
 
 
 @dataclass(frozen=True)
@@ -57,26 +50,33 @@ class Outcome:
     stdout: str
     stderr: str
     elapsed_s: float
-    messages: tuple[tuple[str, Any], ...] = field(default=())
+    messages: tuple[Message, ...] = field(default=())
     crash_frame: SourceLocation | None = None
 
     @property
     def ok(self) -> bool:
         return self.status == "ok"
 
-    def all(self, topic: str) -> list[Any]:
-        """Every value the child sent under ``topic``, in order."""
-        return [value for name, value in self.messages if name == topic]
+    def all(self, kind: type[M]) -> list[M]:
+        """Every message of class ``kind`` the child sent, in order."""
+        return [m for m in self.messages if isinstance(m, kind)]
 
-    def last(self, topic: str, default: Any = None) -> Any:
-        values = self.all(topic)
-        return values[-1] if values else default
+    def last(self, kind: type[M], default: Any = None) -> Any:
+        """The latest message of class ``kind``, or ``default``."""
+        found = self.all(kind)
+        return found[-1] if found else default
+
+    def reraise_expected(self) -> None:
+        """Raise again, as the same kind, an error jaxdbg raised on purpose in the child (bad input found
+        while loading the target, a target that failed before any JAX work)."""
+        if self.status == "exception" and self.exception is not None:
+            self.exception.reraise()
 
     def describe(self) -> str:
         """One line for a human: 'raised ValueError: ... at train.py:12', 'crashed with SIGSEGV', ..."""
         if self.status == "exception" and self.exception:
             where = f" at {self.exception.user_frame}" if self.exception.user_frame else ""
-            if self.exception.type == "TargetFailedError":  # jaxdbg's own words about the target (an import failed)
+            if self.exception.exit_code == EXIT_TARGET_FAILED:  # jaxdbg's own words about the target (an import failed)
                 return f"failed: {first_line(self.exception.message)}{where}"
             return f"raised {self.exception.type}: {first_line(self.exception.message)}{where}"
         if self.status == "crash":
@@ -95,52 +95,6 @@ class Outcome:
 def first_line(text: str, limit: int = 300) -> str:
     line = (text or "").strip().splitlines()[0] if (text or "").strip() else ""
     return line if len(line) <= limit else line[: limit - 3] + "..."
-
-
-class Channel:
-    """Append-only record file from child to parent: length-prefixed pickles, flushed per message."""
-
-    def __init__(self, path: str):
-        self._handle = open(path, "ab", buffering=0)
-
-    def send(self, topic: str, value: Any) -> None:
-        blob = pickle.dumps((topic, value), protocol=pickle.HIGHEST_PROTOCOL)
-        self._handle.write(struct.pack("<Q", len(blob)) + blob)
-
-    def close(self) -> None:
-        self._handle.close()
-
-
-def read_channel(path: str) -> list[tuple[str, Any]]:
-    """All complete records of a channel file (a record cut short by a kill is dropped)."""
-    records = []
-    if not os.path.exists(path):
-        return records
-    with open(path, "rb") as handle:
-        data = handle.read()
-    offset = 0
-    while offset + 8 <= len(data):
-        (size,) = struct.unpack_from("<Q", data, offset)
-        if offset + 8 + size > len(data):
-            break
-        try:
-            records.append(pickle.loads(data[offset + 8 : offset + 8 + size]))
-        except Exception:  # noqa: BLE001 - a value the parent cannot import is skipped, not fatal
-            pass
-        offset += 8 + size
-    return records
-
-
-def describe_exception(err: BaseException) -> ExceptionInfo:
-    cls = type(err)
-    message = str(err) if not isinstance(err, SystemExit) else f"exit status {err.code}"
-    return ExceptionInfo(
-        type=cls.__name__,
-        qualname=f"{cls.__module__}.{cls.__qualname__}",
-        message=message,
-        traceback="".join(traceback.format_exception(cls, err, err.__traceback__)),
-        user_frame=innermost_user_frame(err.__traceback__),
-    )
 
 
 _FAULT_FRAME = re.compile(r'File "([^"]+)", line (\d+) in (\S+)')
@@ -221,15 +175,16 @@ def run_contained(
     return outcome_of(proc.returncode, timed_out, messages, stdout, stderr, elapsed)
 
 
-def outcome_of(returncode: int | None, timed_out: bool, messages: list[tuple[str, Any]], stdout: str, stderr: str,
+def outcome_of(returncode: int | None, timed_out: bool, messages: list[Message], stdout: str, stderr: str,
                elapsed: float) -> Outcome:
     """Classify an ended child (a fresh process here, or a fork of the repro fork server).
 
     ``returncode`` as :class:`subprocess.Popen` gives it: negative for a fatal signal. The child reports an
-    escaping exception as the ``__exception__`` message; a Python stack dump on stderr places a crash or hang.
+    escaping exception as a :class:`~jaxdbg.protocol.ChildFailed` message; a Python stack dump on stderr
+    places a crash or hang.
     """
-    exception = next((value for name, value in messages if name == "__exception__"), None)
-    messages = [(name, value) for name, value in messages if name != "__exception__"]
+    exception = next((m.info for m in messages if isinstance(m, ChildFailed)), None)
+    kept = tuple(m for m in messages if not isinstance(m, ChildFailed))
     if timed_out:
         status, sig = "timeout", None
     elif returncode is not None and returncode < 0:
@@ -241,7 +196,7 @@ def outcome_of(returncode: int | None, timed_out: bool, messages: list[tuple[str
     else:
         status, sig = "ok", None
     frame = faulthandler_user_frame(stderr) if status in ("crash", "timeout") else None
-    return Outcome(status, returncode, sig, exception, stdout, stderr, elapsed, tuple(messages), frame)
+    return Outcome(status, returncode, sig, exception, stdout, stderr, elapsed, kept, frame)
 
 
 def _stop_hung(proc: subprocess.Popen) -> None:
@@ -276,5 +231,5 @@ def _signal_name(number: int) -> str:
 
 
 def echo_job(payload: Any, channel: Channel) -> None:
-    """A trivial job (used by tests and ``doctor``): sends its payload back under the topic 'echo'."""
-    channel.send("echo", payload)
+    """A trivial job (used by tests and ``doctor``): sends its payload back as an :class:`~jaxdbg.protocol.Echo`."""
+    channel.send(Echo(payload))

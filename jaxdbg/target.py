@@ -1,14 +1,17 @@
 """TARGET specs: what the user asks jaxdbg to run, and the inputs of a function target.
 
-Forms (see CONTRACT.md):
+Forms (see docs/cli.md, "TARGET"):
 - ``path/to/script.py`` with script arguments: run as ``__main__``, unmodified (:func:`run_script`).
 - ``path/to/file.py::func`` or ``package.module:func``: one function (:func:`load_function`), with inputs
   from ``--args "f32[8,128] i32[8]"`` (:func:`parse_args_spec`, :func:`random_inputs`) or
   ``--inputs file.py::make_inputs`` / ``--inputs data.npz`` (:func:`load_inputs`).
 
 Example:
-    >>> spec = parse_target("model.py::loss")          # doctest: +SKIP
-    >>> fn = load_function(spec)                       # doctest: +SKIP
+    >>> spec = parse_target("numpy:tanh")              # package.module:func; file.py::func names a file
+    >>> spec.kind, spec.module, spec.function
+    ('function', 'numpy', 'tanh')
+    >>> load_function(spec).__name__
+    'tanh'
     >>> args = random_inputs(parse_args_spec("f32[8,4] i32[]"), seed=0)
     >>> [a.shape for a in args]
     [(8, 4), ()]
@@ -31,6 +34,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from jaxdbg._errors import TargetFailedError, UsageError
+from jaxdbg.protocol import Done
 
 
 @dataclass(frozen=True)
@@ -359,7 +363,7 @@ def load_inputs(inputs: str | None, args: str | None, seed: int = 0) -> tuple[An
 def script_job(spec: TargetSpec, channel: Any) -> None:
     """Contained-run job that runs a script TARGET plainly (``run_contained("jaxdbg.target:script_job", spec)``)."""
     run_script(spec)
-    channel.send("done", True)
+    channel.send(Done())
 
 
 def check_arity(fn: Callable, inputs: Sequence[Any], name: str | None = None) -> None:

@@ -218,7 +218,7 @@ def bench_call_overhead(calls: int = 3000) -> tuple[float, float]:
 
     plain = min(loop() for _ in range(3))
     with tempfile.TemporaryDirectory() as out:
-        recorder = Recorder(lambda topic, value: None, out)
+        recorder = Recorder(lambda message: None, out)
         with compile_listener(recorder), tracking_jit(recorder):
             tracked = min(loop() for _ in range(3))
     return plain, tracked

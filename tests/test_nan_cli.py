@@ -111,7 +111,7 @@ def test_function_mode_grad_of_a_loss_with_aux(tmp_path) -> None:
     options = HuntOptions(grad=True, inputs=f"{target}::make_inputs", out_dir=str(tmp_path / "a"))
     result, _ = hunt_here(parse_target(f"{target}::loss"), options)
     line = next(i for i, text in enumerate(AUX_TARGET.splitlines(), start=1) if "# distance line" in text)
-    assert result.found and result.first["pass"] == "backward" and result.first["source"]["line"] == line
+    assert result.found and result.first.pass_ == "backward" and result.first.source.line == line
     assert {g.name: g.nan for g in result.grad_norms}["params['centre']"] == 2
 
 
@@ -140,8 +140,8 @@ def test_function_mode_jitted_target_keeps_its_static_arguments(tmp_path) -> Non
     options = HuntOptions(inputs=f"{target}::make_inputs", out_dir=str(tmp_path / "s"))
     result, _ = hunt_here(parse_target(f"{target}::squash"), options)
     line = next(i for i, text in enumerate(STATIC_TARGET.splitlines(), start=1) if "# log line" in text)
-    assert result.found and result.first["primitive"] == "log" and result.first["path"] == ["jit(squash)"]
-    assert result.first["source"]["line"] == line
+    assert result.found and result.first.primitive == "log" and result.first.path == ("jit(squash)",)
+    assert result.first.source.line == line
 
 
 @pytest.mark.parametrize("argv,fragment", [
@@ -208,6 +208,6 @@ def test_nan_from_values_that_overflowed_is_explained_as_such(tmp_path) -> None:
     script = tmp_path / "growing.py"
     script.write_text(OVERFLOWING)
     result, _ = hunt_here(parse_target(str(script)), HuntOptions(out_dir=str(tmp_path / "o")))
-    assert result.found and result.first["primitive"] == "div" and result.first["pass"] == "backward"
+    assert result.found and result.first.primitive == "div" and result.first.pass_ == "backward"
     assert "inf / inf is NaN" in result.explanation and "derivative of" not in result.explanation
     assert not any("denominator away from zero" in h for h in result.hints)

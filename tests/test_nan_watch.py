@@ -11,7 +11,8 @@ import pytest
 
 from jaxdbg.nan.explain import explain
 from jaxdbg.nan.localise import localise_call
-from jaxdbg.nan.watch import EagerFinding, JitFinding, NonFiniteFound, Watch, WatchedFunction
+from jaxdbg.jit_layer import InstrumentedJit
+from jaxdbg.nan.watch import EagerFinding, JitFinding, NonFiniteFound, Watch
 
 
 def _eval_process_primitive():
@@ -78,13 +79,13 @@ def test_keeps_jit_api_statics_methods_and_nesting() -> None:
 
         inner = jax.jit(lambda v: v + 1.0)
         outer = jax.jit(lambda v: inner(v) * 2.0)
-        assert isinstance(powered, WatchedFunction)
+        assert isinstance(powered, InstrumentedJit)
         assert float(powered(jnp.float32(3.0), power=2)) == 9.0
         # .lower reaches the real jitted function, the static power folded in (x ** 2 is x * x)
         assert "stablehlo.multiply %arg0, %arg0" in powered.lower(jnp.float32(3.0), power=2).as_text()
         assert float(outer(jnp.float32(1.0))) == 4.0
         assert float(Scaler().apply(jnp.float32(1.5))) == 3.0
-    assert inner.calls == 0 and outer.calls == 1  # inner only ran inside outer's trace
+    assert inner.record.calls == 0 and outer.record.calls == 1  # inner only ran inside outer's trace
     assert watch.calls == 2 and watch.finding is None
 
 

@@ -2,6 +2,7 @@
 
 import pytest
 
+from jaxdbg.protocol import Echo
 from jaxdbg.runner import faulthandler_user_frame, run_contained
 from jaxdbg.target import parse_target
 
@@ -18,7 +19,7 @@ def _run(tmp_path, body, timeout=60, **kwargs):
 
 def test_ok_run_returns_messages_and_output():
     outcome = run_contained("jaxdbg.runner:echo_job", {"x": [1, 2]}, timeout=60)
-    assert outcome.ok and outcome.last("echo") == {"x": [1, 2]} and outcome.returncode == 0
+    assert outcome.ok and outcome.last(Echo).value == {"x": [1, 2]} and outcome.returncode == 0
 
 
 def test_exception_in_jitted_code_names_type_message_and_user_line(tmp_path):
@@ -60,18 +61,18 @@ def test_exit_code_and_messages_before_a_crash(tmp_path):
     outcome = _run(tmp_path, "import sys\nsys.exit(5)\n")
     assert outcome.status == "exit" and outcome.returncode == 5 and outcome.exception is None
     crashed = _run(tmp_path, (
-        "from jaxdbg._child import current_channel\nimport os\n"
-        "current_channel().send('progress', 41)\nos.abort()\n"
+        "from jaxdbg._child import current_channel\nfrom jaxdbg.protocol import Echo\nimport os\n"
+        "current_channel().send(Echo(41))\nos.abort()\n"
     ))
-    assert crashed.status == "crash" and crashed.all("progress") == [41]
+    assert crashed.status == "crash" and [m.value for m in crashed.all(Echo)] == [41]
 
 
 def test_device_count_reaches_the_child(tmp_path):
     outcome = _run(tmp_path, (
-        "import jax\nfrom jaxdbg._child import current_channel\n"
-        "current_channel().send('n', jax.device_count())\n"
+        "import jax\nfrom jaxdbg._child import current_channel\nfrom jaxdbg.protocol import Echo\n"
+        "current_channel().send(Echo(jax.device_count()))\n"
     ), device_count=3)
-    assert outcome.ok and outcome.last("n") == 3
+    assert outcome.ok and outcome.last(Echo).value == 3
 
 
 @pytest.mark.parametrize("text, expected", [

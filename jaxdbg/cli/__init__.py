@@ -4,8 +4,11 @@ Each subcommand module defines ``register(app)``; only commands that work are li
 :func:`main` is the console script; usage errors become one line on stderr and exit code 2.
 
 Example:
-    >>> main(["doctor", "--json", "-"])   # doctest: +SKIP
+    >>> main(["--version"])                      # doctest: +ELLIPSIS
+    jaxdbg ...
     0
+    >>> main(["doctor", "--no-such-option"])    # one line on stderr, exit code 2
+    2
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from jaxdbg._errors import JaxdbgError, UsageError
-from jaxdbg.report import Report, resolve_out_dir, write_json
+from jaxdbg.report import Report, Result, resolve_out_dir, write_json
 
 EXIT_INTERNAL = 4  # a bug in jaxdbg itself (not in the contract's 0-3): report it with the -v traceback
 
@@ -29,7 +29,7 @@ JsonOpt = Annotated[
 ]
 OutOpt = Annotated[
     Optional[str],
-    typer.Option("--out", metavar="DIR", help="Folder for artifacts [default: jaxdbg-out/<command>-<timestamp>/]."),
+    typer.Option("--out", metavar="DIR", help="Folder for artifacts (default: jaxdbg-out/<command>-<timestamp>/)."),
 ]
 TimeoutOpt = Annotated[
     Optional[float],
@@ -158,26 +158,9 @@ def write_error_report(common: Common, message: str, exit_code: int) -> None:
 
 
 def essential_line(report: Report) -> str | None:
-    """What `-q` still says when a command finds something: the NaN origin, the broken budget, the failure."""
+    """What `-q` still says when a command finds something: each result says it itself (report.Result)."""
     result = report.result
-    first = getattr(result, "first", None)
-    if isinstance(first, dict) and first.get("primitive"):
-        where = first.get("source") or {}
-        at = f" at {os.path.basename(where.get('file', ''))}:{where.get('line')}" if where else ""
-        return (f"{first['kind']} first made by {first['primitive']} ({first['pass']} pass){at} in "
-                f"{first['function']}, call {first['call_index']}")
-    budget = getattr(result, "budget", None)
-    if budget is not None and not budget.ok:
-        return "budget broken: " + "; ".join(budget.violations)
-    # Only doctor's result holds a list of checks: repro's `checks` is a count of runs (an int).
-    failed = [c for c in result.checks if c.status == "fail"] if report.command == "doctor" else []
-    if failed:
-        return "failed: " + "; ".join(f"{c.name}: {c.detail}" for c in failed)
-    for name in ("error", "verification"):
-        text = getattr(result, name, None)
-        if text:
-            return str(text)
-    return None
+    return result.essential_line() if isinstance(result, Result) else None
 
 
 def validate_destinations(common: Common) -> None:

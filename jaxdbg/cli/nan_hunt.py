@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Annotated, Optional
 
 import typer
@@ -11,10 +12,12 @@ from rich.markup import escape
 from rich.table import Table
 
 from jaxdbg._errors import UsageError
+from jaxdbg._source import SourceLocation
 from jaxdbg.cli._common import (
     ArgsOpt, Common, InputsOpt, JsonOpt, OutOpt, QuietOpt, ScriptArgsArg, SeedOpt, TargetArg, TimeoutOpt, VerboseOpt,
     execute,
 )
+from jaxdbg.nan.result import ValueStats
 from jaxdbg.report import Report, relative_or_absolute
 
 GradOpt = Annotated[bool, typer.Option("--grad", help=(
@@ -73,14 +76,14 @@ def _argnums(text: str) -> tuple[int, ...]:
     return values
 
 
-def _where(source: dict | None) -> str:
+def _where(source: SourceLocation | None) -> str:
     if not source:
         return "no user source line"
-    return f"{relative_or_absolute(source['file'])}:{source['line']} in {source['function']}"
+    return f"{relative_or_absolute(source.file)}:{source.line} in {source.function}"
 
 
-def _short_where(source: dict | None) -> str:
-    return f"{source['file'].rsplit('/', 1)[-1]}:{source['line']}" if source else ""
+def _short_where(source: SourceLocation | None) -> str:
+    return f"{os.path.basename(source.file)}:{source.line}" if source else ""
 
 
 def _num(value: object) -> str:
@@ -94,22 +97,22 @@ def render(report: Report, console: Console) -> None:
         _render_growth(result.growth, console)
         return
     first = result.first
-    what = {"nan": "NaN", "inf": "Inf", "input": "non-finite input"}[first["kind"]]
-    eager = " (eager, outside jit)" if first["path"][:1] == ["eager"] else ""
-    console.print(f"[bold red]{what}[/] first appeared in call {first['call_index']} of "
-                  f"[bold]{escape(first['function'])}[/]{eager}", soft_wrap=True)
-    if first["kind"] == "input":
-        console.print(f"  argument  [bold]{escape(str(first['argument']))}[/] (it came in with the data)")
+    what = {"nan": "NaN", "inf": "Inf", "input": "non-finite input"}[first.kind]
+    eager = " (eager, outside jit)" if first.path[:1] == ("eager",) else ""
+    console.print(f"[bold red]{what}[/] first appeared in call {first.call_index} of "
+                  f"[bold]{escape(first.function)}[/]{eager}", soft_wrap=True)
+    if first.kind == "input":
+        console.print(f"  argument  [bold]{escape(str(first.argument))}[/] (it came in with the data)")
     else:
-        console.print(f"  operation [bold]{first['primitive']}[/]  ({first['pass']} pass)")
-        console.print(f"  source    {escape(_where(first['source']))}", soft_wrap=True)
-    console.print(f"  path      {escape(' > '.join(first['path']))}", soft_wrap=True)
+        console.print(f"  operation [bold]{first.primitive}[/]  ({first.pass_} pass)")
+        console.print(f"  source    {escape(_where(first.source))}", soft_wrap=True)
+    console.print(f"  path      {escape(' > '.join(first.path))}", soft_wrap=True)
     if result.strategy:
         console.print(f"  found by  {result.strategy}")
-    _render_values("inputs", first["inputs"], console)
+    _render_values("inputs", first.inputs, console)
     for i, link in enumerate(result.chain):
-        console.print(f"  chain {i + 1}: {link['kind']} from [bold]{escape(str(link['primitive'] or link['argument']))}[/] "
-                      f"({link['pass']}) at {escape(_where(link['source']))}", soft_wrap=True)
+        console.print(f"  chain {i + 1}: {link.kind} from [bold]{escape(str(link.primitive or link.argument))}[/] "
+                      f"({link.pass_}) at {escape(_where(link.source))}", soft_wrap=True)
     _render_growth(result.growth, console)
     if result.precision is not None:
         console.print(f"  precision ({result.precision.dtype}): {escape(result.precision.detail)}", soft_wrap=True)
@@ -126,15 +129,15 @@ def render(report: Report, console: Console) -> None:
         console.print(f"  [dim]{name}: {escape(relative_or_absolute(path))}[/]")
 
 
-def _render_values(title: str, stats: list, console: Console) -> None:
+def _render_values(title: str, stats: tuple[ValueStats, ...], console: Console) -> None:
     if not stats:
         return
     table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
     for column in ("#", "shape", "dtype", "min", "max", "nan", "inf", "zero", "negative"):
         table.add_column(column, justify="right")
     for i, s in enumerate(stats):
-        table.add_row(str(i), str(tuple(s["shape"])), s["dtype"], _num(s["min"]), _num(s["max"]), str(s["nan"]),
-                      str(s["inf"]), str(s["zero"]), str(s["negative"]))
+        table.add_row(str(i), str(tuple(s.shape)), s.dtype, _num(s.min), _num(s.max), str(s.nan), str(s.inf),
+                      str(s.zero), str(s.negative))
     console.print(table)
 
 
@@ -145,7 +148,6 @@ def _render_growth(growth: tuple, console: Console) -> None:
     for column in ("output", "function", "from call", "growth", "source"):
         table.add_column(column)
     for g in growth[:10]:
-        source = g.source.as_dict() if g.source else None
         table.add_row(escape(g.name), escape(g.function), str(g.first_call), f"{g.ratio:.3g}x",
-                      escape(_short_where(source)))
+                      escape(_short_where(g.source)))
     console.print(table)

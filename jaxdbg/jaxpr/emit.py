@@ -13,7 +13,7 @@ are variables (hashable, with an ``aval``) or literals (with ``val`` and ``aval`
 
 Example:
     >>> import jax, jax.numpy as jnp
-    >>> print(emit_jaxpr(jax.make_jaxpr(lambda x: jnp.log(x) * 2.0)(1.0), name="f").source)
+    >>> print(emit_jaxpr(jax.make_jaxpr(lambda x: jnp.log(x) * 2.0)(1.0), name="f").source, end="")
     def f(a):
         b = lax.log(a)
         c = lax.mul(b, np.float32(2.0))

@@ -21,6 +21,11 @@ primitive                              what the rule does (the path element it a
 Every other primitive is *bound* (run as one operation). A higher-order primitive without a rule is also
 bound, and reported to :meth:`Hooks.opaque` first: nothing is skipped silently.
 
+Values are freed as they die, as in jax's own ``eval_jaxpr``: a variable that is not an output of its jaxpr
+leaves the environment right after the last equation that reads it (in every jaxpr the rules descend into),
+so replaying a training step holds what the step holds, not every activation at once. A hook that wants a
+value later keeps its own reference (e.g. the ``invals`` it is given).
+
 Each value may carry a *tag* (any object a hook chooses, e.g. where a NaN came from). Tags flow with the
 values into inner jaxprs and back out; :meth:`Hooks.after` sets the tags of an equation's outputs.
 
@@ -40,6 +45,7 @@ Example:
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -199,13 +205,20 @@ class Interpreter:
                 return atom.val, self.hooks.literal_tag(atom)
             return env[atom]
 
-        for index, eqn in enumerate(jaxpr.eqns):
-            site = Site(eqn, index, scope)
-            ins = [read(a) for a in eqn.invars]
+        def step(site: Site) -> None:  # a function: its locals (inputs, outputs) die when it returns
+            ins = [read(a) for a in site.eqn.invars]
             outs, out_tags = self.eval_eqn(site, [v for v, _ in ins], [t for _, t in ins])
-            for var, value, tag in zip(eqn.outvars, outs, out_tags):
+            for var, value, tag in zip(site.eqn.outvars, outs, out_tags):
                 if not _compat.is_drop_var(var):
                     env[var] = (value, tag)
+
+        dead = _dead_after(jaxpr)
+        for var in dead[-1]:
+            del env[var]
+        for index, eqn in enumerate(jaxpr.eqns):
+            step(Site(eqn, index, scope))
+            for var in dead[index]:
+                del env[var]
         results = [read(a) for a in jaxpr.outvars]
         return [v for v, _ in results], [t for _, t in results]
 
@@ -248,6 +261,31 @@ def interpret(closed: Any, args: Sequence[Any], *, hooks: Hooks | None = None, r
     """Interpret a closed jaxpr on flat ``args`` and return its outputs (see :class:`Interpreter`)."""
     interp = Interpreter(hooks or Hooks(), rules, keep_source)
     return interp.run(closed, args, root=root, tags=tags)[0]
+
+
+_DEAD_AFTER: weakref.WeakKeyDictionary[Any, dict[int, list]] = weakref.WeakKeyDictionary()
+
+
+def _dead_after(jaxpr: Any) -> dict[int, list]:
+    """Equation index -> the variables no later equation reads (``-1``: inputs nothing reads at all).
+
+    The jaxpr's own outputs never die. Computed once per jaxpr (a scan body runs once per element) and
+    forgotten with the jaxpr.
+    """
+    dead = _DEAD_AFTER.get(jaxpr)
+    if dead is None:
+        last = {var: -1 for var in [*jaxpr.constvars, *jaxpr.invars]}
+        for index, eqn in enumerate(jaxpr.eqns):
+            last.update((a, index) for a in eqn.invars if not _compat.is_literal(a))
+            last.update((v, index) for v in eqn.outvars if not _compat.is_drop_var(v) and v not in last)
+        for atom in jaxpr.outvars:
+            if not _compat.is_literal(atom):
+                last.pop(atom, None)
+        dead = {index: [] for index in range(-1, len(jaxpr.eqns))}
+        for var, index in last.items():
+            dead[index].append(var)
+        _DEAD_AFTER[jaxpr] = dead
+    return dead
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -299,7 +337,10 @@ def _scan_rule(interp: Interpreter, site: Site, invals: list, in_tags: list) -> 
     if reverse:
         ys = [column[::-1] for column in ys]
         ys_tags = [column[::-1] for column in ys_tags]
-    stacked = [jnp.stack([jnp.asarray(v) for v in column]) for column in ys]
+    stacked = []
+    for slot in range(len(ys)):
+        stacked.append(jnp.stack([jnp.asarray(v) for v in ys[slot]]))
+        ys[slot] = None  # free this output's per-iteration pieces before stacking the next one
     return [*carry, *stacked], [*carry_tags, *(interp.hooks.merge_tags(t) for t in ys_tags)]
 
 

@@ -8,7 +8,7 @@ Example:
     >>> from jaxdbg.nan import HuntOptions, hunt
     >>> from jaxdbg.target import parse_target
     >>> run = hunt(parse_target("recipes/nan_forward/train.py"), HuntOptions())   # doctest: +SKIP
-    >>> run.result.first["primitive"], run.exit_code                              # doctest: +SKIP
+    >>> run.result.first.primitive, run.exit_code                              # doctest: +SKIP
     ('log', 1)
 """
 

@@ -6,7 +6,7 @@ This module imports neither jax nor the target: the work happens in a child proc
 Example:
     >>> from jaxdbg.target import parse_target
     >>> run = hunt(parse_target("recipes/nan_forward/train.py"), HuntOptions())   # doctest: +SKIP
-    >>> run.result.first["primitive"], run.result.first["pass"]                   # doctest: +SKIP
+    >>> run.result.first.primitive, run.result.first.pass_                   # doctest: +SKIP
     ('log', 'forward')
 """
 
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
 
 from jaxdbg._errors import TargetFailedError, UsageError
+from jaxdbg.nan.messages import HuntFinished, HuntJob, NonFiniteDetected
 from jaxdbg.nan.result import NanHuntResult, Origin
 from jaxdbg.runner import first_line, run_contained
 from jaxdbg.target import TargetSpec, parse_args_spec
@@ -64,19 +64,16 @@ def hunt(spec: TargetSpec, options: HuntOptions) -> HuntRun:
     """
     if not spec.is_script:
         _check_function_options(options)
-    outcome = run_contained("jaxdbg.nan.session:hunt_job", (spec, options), timeout=options.timeout)
-    got = outcome.last("result")
+    outcome = run_contained("jaxdbg.nan.session:hunt_job", HuntJob(spec, options), timeout=options.timeout)
+    got = outcome.last(HuntFinished)
     if got is not None:
-        return HuntRun(*got)
-    detected = outcome.last("detected")
+        return HuntRun(got.result, got.artifacts, got.environment)
+    detected = outcome.last(NonFiniteDetected)
     if detected is not None:  # found, but the analysis itself did not finish (a jaxdbg bug, or --timeout)
         return HuntRun(_degraded(detected, outcome.describe()))
     if outcome.status == "exception" and outcome.exception is not None:
-        qualname, message = outcome.exception.qualname, outcome.exception.message
-        if qualname.endswith("UsageError"):
-            raise UsageError(message)
-        if qualname.endswith("TargetFailedError"):
-            raise TargetFailedError(message)
+        outcome.reraise_expected()
+        message = outcome.exception.message
         raise RuntimeError(f"nan-hunt failed in its child process: {outcome.exception.type}: {first_line(message)}\n"
                            f"{outcome.exception.traceback}")
     what = {"timeout": f"ran past --timeout {options.timeout}s", "crash": outcome.describe(),
@@ -87,11 +84,11 @@ def hunt(spec: TargetSpec, options: HuntOptions) -> HuntRun:
     )
 
 
-def _degraded(detected: dict, why: str) -> NanHuntResult:
-    first = Origin(detected["kind"], None, "forward", detected.get("source"), detected["function"],
-                   detected["call_index"], (f"jit({detected['function']})",))
-    return NanHuntResult(True, first.to_contract(), explanation=(
-        f"`{detected['function']}` returned non-finite values in call {detected['call_index']}, but the analysis "
+def _degraded(detected: NonFiniteDetected, why: str) -> NanHuntResult:
+    first = Origin(detected.kind, None, "forward", detected.source, detected.function, detected.call_index,
+                   (f"jit({detected.function})",))
+    return NanHuntResult(True, first, explanation=(
+        f"`{detected.function}` returned non-finite values in call {detected.call_index}, but the analysis "
         f"did not finish ({why})."), strategy=None, notes=(f"analysis stopped: {why}",))
 
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from jaxdbg import _compat
 from jaxdbg.nan.calls import Call
+from jaxdbg.nan.result import Origin
 from jaxdbg.report import to_jsonable
 from jaxdbg.target import short_dtype
 
@@ -37,7 +38,7 @@ def _storable(value: Any) -> tuple[np.ndarray, str]:
     return (host.astype(np.float32) if dtype == "bf16" else host), dtype
 
 
-def save_bundle(out_dir: str, call: Call, closed: Any, first: dict | None) -> dict[str, str]:
+def save_bundle(out_dir: str, call: Call, closed: Any, first: Origin | None) -> dict[str, str]:
     """Write the bundle files; returns ``{artifact name: path}`` for what could be written."""
     os.makedirs(out_dir, exist_ok=True)
     artifacts: dict[str, str] = {}

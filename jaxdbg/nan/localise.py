@@ -19,7 +19,7 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import jax
@@ -47,12 +47,15 @@ class Provenance:
 
 @dataclass
 class Record:
-    """An origin as found, with the site kept for later passes (precision, explanation)."""
+    """An origin as found, with the site kept for later passes (precision, explanation).
+
+    No values are kept (their statistics are in ``origin``): the replay frees each value after its last use,
+    and a record holding its inputs would keep activations alive for every Inf origin until the end.
+    """
 
     origin: Origin
     fed_by: tuple[int, ...]
     site: Site | None = None
-    invals: list = field(default_factory=list)
 
 
 @dataclass
@@ -202,7 +205,7 @@ class NanHunter(Hooks):
             _vmap_marked(site.path, name_stack), inputs, None, outputs, name_stack,
             constant_input=any(t is not None and t.constant for t in in_tags),
         )
-        self.records.append(Record(origin, tuple(sorted(fed)), site, list(invals)))
+        self.records.append(Record(origin, tuple(sorted(fed)), site))
         return len(self.records) - 1
 
     # -- the answer ----------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ its inputs comes from the same source line (the derivative of ``sqrt`` reads ``s
 Example:
     >>> import jax, jax.numpy as jnp
     >>> closed = jax.make_jaxpr(jax.value_and_grad(lambda x: jnp.sqrt(x)))(1.0)
-    >>> [(e.primitive.name, backward) for e, backward in classify(closed.jaxpr)]   # doctest: +SKIP
+    >>> [(e.primitive.name, backward) for e, backward in classify(closed.jaxpr)]
     [('sqrt', False), ('div', True), ('mul', True)]
 """
 

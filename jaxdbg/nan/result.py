@@ -1,17 +1,20 @@
 """What ``nan-hunt`` reports: frozen dataclasses, serialised by :func:`jaxdbg.report.to_jsonable`.
 
-The contract's ``first``/``chain`` entries have a key named ``pass`` (a Python keyword), so an
-:class:`Origin` is turned into that mapping by :meth:`Origin.to_contract`; everything else is a dataclass.
+The report's ``first``/``chain`` entries have a key named ``pass`` (a Python keyword): :class:`Origin`
+keeps it as ``pass_``, whose field metadata gives the JSON name.
 
 Example:
+    >>> from jaxdbg.report import to_jsonable
     >>> stats = ValueStats((3,), "f32", -1.0, 2.0, 0, 0, 1, 1)
-    >>> Origin("nan", "log", "forward", None, "loss", 0, ("jit(loss)",), (stats,)).to_contract()["pass"]
-    'forward'
+    >>> origin = Origin("nan", "log", "forward", None, "loss", 0, ("jit(loss)",), (stats,))
+    >>> to_jsonable(origin)["pass"], NanHuntResult(True, origin).essential_line()
+    ('forward', 'nan first made by log (forward pass) in loss, call 0')
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import os
+from dataclasses import dataclass, field
 
 from jaxdbg._source import SourceLocation
 
@@ -40,27 +43,23 @@ class Origin:
 
     kind: str
     primitive: str | None
-    pass_: str
-    source: SourceLocation | None
-    function: str
-    call_index: int
-    path: tuple[str, ...]
+    pass_: str = field(metadata={"json": "pass"})
+    source: SourceLocation | None = None
+    function: str = ""
+    call_index: int = 0
+    path: tuple[str, ...] = ()
     inputs: tuple[ValueStats, ...] = ()
     argument: str | None = None
     outputs: tuple[ValueStats, ...] = ()
     name_stack: str = ""
     constant_input: bool = False  # a non-finite constant written in the code (e.g. -inf) fed this operation
 
-    def to_contract(self) -> dict:
-        """The contract's mapping (``pass`` as a key; plain data), plus extras: ``outputs``, ``name_stack``, ``constant_input``."""
-        return {
-            "kind": self.kind, "primitive": self.primitive, "pass": self.pass_,
-            "source": self.source.as_dict() if self.source else None,
-            "function": self.function, "call_index": self.call_index, "path": list(self.path),
-            "inputs": [asdict(s) for s in self.inputs], "argument": self.argument,
-            "outputs": [asdict(s) for s in self.outputs], "name_stack": self.name_stack,
-            "constant_input": self.constant_input,
-        }
+    def describe(self) -> str:
+        """``nan first made by log (forward pass) at train.py:12 in loss, call 3``."""
+        at = f" at {os.path.basename(self.source.file)}:{self.source.line}" if self.source else ""
+        if self.primitive is None:
+            return f"{self.kind} in the outputs of {self.function}, call {self.call_index}{at}"
+        return f"{self.kind} first made by {self.primitive} ({self.pass_} pass){at} in {self.function}, call {self.call_index}"
 
 
 @dataclass(frozen=True)
@@ -101,8 +100,8 @@ class NanHuntResult:
     """The contract's nan-hunt ``result`` plus extras (strategy, precision, gradient norms, notes)."""
 
     found: bool
-    first: dict | None = None
-    chain: tuple[dict, ...] = ()
+    first: Origin | None = None
+    chain: tuple[Origin, ...] = ()
     growth: tuple[GrowthEntry, ...] = ()
     explanation: str = ""
     hints: tuple[str, ...] = ()
@@ -112,3 +111,6 @@ class NanHuntResult:
     calls_watched: int = 0
     functions_watched: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default=())
+
+    def essential_line(self) -> str | None:
+        return self.first.describe() if self.first is not None else None

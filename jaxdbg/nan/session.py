@@ -8,7 +8,7 @@ notebook (the target then shares this process).
 Example:
     >>> from jaxdbg.target import parse_target
     >>> result, artifacts = hunt_here(parse_target("recipes/nan_forward/train.py"), HuntOptions())  # doctest: +SKIP
-    >>> result.first["primitive"], result.first["pass"]                                              # doctest: +SKIP
+    >>> result.first.primitive, result.first.pass_                                              # doctest: +SKIP
     ('log', 'forward')
 """
 
@@ -28,6 +28,7 @@ from jaxdbg.nan.calls import Call
 from jaxdbg.nan.explain import explain
 from jaxdbg.nan.fidelity import bisect_compiled
 from jaxdbg.nan.localise import Localisation, localise_call
+from jaxdbg.nan.messages import HuntFinished, HuntJob, NonFiniteDetected
 from jaxdbg.nan.precision import check_precision
 from jaxdbg.nan.result import GradNorm, NanHuntResult, Origin
 from jaxdbg.nan.stats import is_inexact, nonfinite_flags
@@ -36,13 +37,12 @@ from jaxdbg.runner import first_line
 from jaxdbg.target import TargetSpec, check_arity, load_function, load_inputs, run_script
 
 
-def hunt_job(payload: tuple[TargetSpec, HuntOptions], channel: Any) -> None:
-    """Contained-run job: :func:`hunt_here` in the child; sends ``(result, artifacts, environment)``."""
+def hunt_job(job: HuntJob, channel: Any) -> None:
+    """Contained-run job: :func:`hunt_here` in the child; sends :class:`HuntFinished`."""
     from jaxdbg.report import environment_info
 
-    spec, options = payload
-    result, artifacts = hunt_here(spec, options, channel)
-    channel.send("result", (result, artifacts, environment_info()))
+    result, artifacts = hunt_here(job.spec, job.options, channel)
+    channel.send(HuntFinished(result, artifacts, environment_info()))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -133,7 +133,7 @@ def _loss_with_aux(fn: Any) -> Any:
     ``has_aux=True`` would), any other output as the loss itself with no aux (a non-scalar then fails as usual).
 
     Example:
-        >>> jax.value_and_grad(_loss_with_aux(lambda x: (x * x, {"x": x})), has_aux=True)(3.0)[1]   # doctest: +SKIP
+        >>> jax.value_and_grad(_loss_with_aux(lambda x: (x * x, {"x": x})), has_aux=True)(3.0)[1]
         Array(6., dtype=float32, weak_type=True)
     """
     import functools
@@ -178,13 +178,12 @@ def _analyse(finding: JitFinding | EagerFinding, watch: Watch, options: HuntOpti
     if isinstance(finding, EagerFinding):
         first = finding.origin
         text, hints = explain(first, (), watch.growth.report())
-        return NanHuntResult(True, first.to_contract(), (), tuple(watch.growth.report()), text, hints, "eager check",
+        return NanHuntResult(True, first, (), tuple(watch.growth.report()), text, hints, "eager check",
                              calls_watched=watch.calls, functions_watched=names), {}
     call = finding.call
     if channel is not None:
-        channel.send("detected", {"function": call.name, "call_index": call.call_index, "source": call.call_site,
-                                  "kind": finding.kind})
-    found = localise_call(call, options.nan_only)
+        channel.send(NonFiniteDetected(call.name, call.call_index, call.call_site, finding.kind))
+    found = localise_call(call, options.nan_only, finding.closed_jaxpr)
     strategy, notes = found.strategy, list(found.notes)
     first, chain = found.first, list(found.chain)
     if first is None:
@@ -202,9 +201,9 @@ def _analyse(finding: JitFinding | EagerFinding, watch: Watch, options: HuntOpti
     _attach_growth_sources(watch, call, found)
     growth = tuple(watch.growth.report())
     text, hints = explain(first, chain, growth, precision, strategy)
-    artifacts = save_bundle(options.out_dir, call, found.closed_jaxpr, first.to_contract()) if options.out_dir else {}
+    artifacts = save_bundle(options.out_dir, call, found.closed_jaxpr, first) if options.out_dir else {}
     result = NanHuntResult(
-        True, first.to_contract(), tuple(c.to_contract() for c in chain), growth, text, hints, strategy, precision,
+        True, first, tuple(chain), growth, text, hints, strategy, precision,
         grad_norms, max(watch.calls, 1), names, tuple(notes),
     )
     return result, artifacts

@@ -1,7 +1,7 @@
 """Cheap questions about values: is it floating point, does it hold NaN/Inf, and its summary statistics.
 
-Small values are inspected on the host; large ones are reduced on the device first (one compiled
-reduction per shape and dtype), so a device array is never copied whole just to ask about it.
+The NaN/Inf questions themselves live in :mod:`jaxdbg.nonfinite` (the one non-finite check) and are
+re-exported here; this module adds the summary statistics of a value that reports show.
 
 Example:
     >>> import numpy as np
@@ -15,53 +15,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxdbg.nan.result import ValueStats
+from jaxdbg.nonfinite import host_floats, is_inexact, nonfinite_flags  # re-exported: callers ask here
 from jaxdbg.target import short_dtype
 
-HOST_CHECK_ELEMENTS = 1 << 14  # below this many elements, copying to the host is cheaper than a dispatch
-
-
-def is_inexact(value: Any) -> bool:
-    """True for floating-point and complex values (the only ones that can hold NaN or Inf)."""
-    dtype = getattr(value, "dtype", None)
-    if dtype is None:
-        return isinstance(value, (float, complex))
-    try:
-        return jnp.issubdtype(dtype, jnp.inexact)
-    except TypeError:  # extended dtypes (PRNG keys)
-        return False
-
-
-@jax.jit
-def _device_flags_jaxdbg(x: jax.Array) -> jax.Array:
-    return jnp.stack([jnp.any(jnp.isnan(x)), jnp.any(jnp.isinf(x))])
-
-
-def nonfinite_flags(value: Any) -> tuple[bool, bool]:
-    """``(has NaN, has Inf)``; ``(False, False)`` for integers, booleans and keys."""
-    if not is_inexact(value):
-        return False, False
-    size = int(np.prod(np.shape(value), dtype=np.int64))
-    if size == 0:
-        return False, False
-    if isinstance(value, jax.Array) and size > HOST_CHECK_ELEMENTS:
-        flags = np.asarray(_device_flags_jaxdbg(value))
-        return bool(flags[0]), bool(flags[1])
-    host = _host(value)
-    return bool(np.isnan(host).any()), bool(np.isinf(host).any())
-
-
-def _host(value: Any) -> np.ndarray:
-    host = np.asarray(value)
-    if host.dtype.kind == "V" or host.dtype.name in ("bfloat16",) or host.dtype.itemsize < 4 and host.dtype.kind == "f":
-        host = host.astype(np.float32)
-    if host.dtype.kind == "c":
-        host = np.concatenate([host.real.ravel(), host.imag.ravel()])
-    return host
+__all__ = ["host_floats", "is_inexact", "nonfinite_flags", "value_stats"]
 
 
 def value_stats(value: Any) -> ValueStats:
@@ -72,7 +32,7 @@ def value_stats(value: Any) -> ValueStats:
         name = short_dtype(dtype)
     except TypeError:
         return ValueStats(shape, str(dtype), None, None, 0, 0, 0, 0)
-    host = _host(value)
+    host = host_floats(value)
     if host.dtype == np.bool_:
         host = host.astype(np.int8)
     if host.size == 0:

@@ -2,10 +2,10 @@
 
 While a :class:`Watch` is active (a context manager; everything is restored in ``finally``):
 
-- ``jax.jit`` returns a :class:`WatchedFunction`. Its calls run a companion compiled function that returns
-  the user's outputs *plus* one small vector: the largest magnitude of every floating output leaf
-  (``max(|x|)``, fused by XLA into the same program; a NaN or Inf anywhere shows up in it). Only that
-  vector crosses to the host. It also feeds the growth tracker.
+- it is a hook of :mod:`jaxdbg.jit_layer` that asks for the output check: every call of a function jitted
+  meanwhile runs a companion compiled function that returns the user's outputs *plus* one small vector, the
+  largest magnitude of every floating output leaf (``max(|x|)``, fused by XLA into the same program; a NaN or
+  Inf anywhere shows up in it). Only that vector crosses to the host. It also feeds the growth tracker.
 - every primitive jax runs eagerly (outside jit) has its outputs checked; one that *creates* a non-finite
   value from clean inputs is itself the origin.
 
@@ -15,11 +15,12 @@ failing call can be replayed exactly. At the first non-finite call the watch rai
 
 Example:
     >>> import jax, jax.numpy as jnp
-    >>> with Watch() as watch:                                     # doctest: +SKIP
+    >>> with Watch() as watch:
     ...     step = jax.jit(lambda x: jnp.log(x))
     ...     step(jnp.array(-1.0))
     Traceback (most recent call last):
-    NonFiniteFound: log: call 0 of <lambda> returned NaN
+    ...
+    jaxdbg.nan.watch.NonFiniteFound: call 0 of <lambda> returned non-finite ...
 """
 
 from __future__ import annotations
@@ -29,24 +30,20 @@ import contextlib
 import functools
 import linecache
 import sys
-import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.tree_util import tree_flatten, tree_leaves
 
-from jaxdbg import _compat
+from jaxdbg import _compat, jit_layer
 from jaxdbg._source import SourceLocation, caller_user_frame, is_user_file
+from jaxdbg.jit_layer import CHECKED_SUFFIX, InstrumentedJit, JitCall, JitHook
 from jaxdbg.nan.calls import Call, output_leaf_names
 from jaxdbg.nan.growth import GrowthTracker
 from jaxdbg.nan.result import Origin
 from jaxdbg.nan.stats import is_inexact, nonfinite_flags, value_stats
-
-WATCHED_SUFFIX = "__jaxdbg_watched"  # names the companion functions, which keep jax's C++ fast path
-
 
 @dataclass
 class JitFinding:
@@ -55,6 +52,7 @@ class JitFinding:
     call: Call
     nonfinite_outputs: list[str]
     kind: str = "nan"
+    closed_jaxpr: Any = None  # traced while the call was under way (None: trace it again later)
 
 
 @dataclass
@@ -78,33 +76,20 @@ def _describe(finding: JitFinding | EagerFinding) -> str:
     return f"call {finding.call.call_index} of {finding.call.name} returned non-finite {', '.join(finding.nonfinite_outputs[:3])}"
 
 
-def _magnitudes(out: Any) -> jax.Array:
-    """``max(|x|)`` of every floating leaf, as one float32 vector (NaN/Inf propagate into it)."""
-    leaves = [x for x in tree_leaves(out) if is_inexact(x)]
-    if not leaves:
-        return jnp.zeros((0,), jnp.float32)
-    return jnp.stack([jnp.max(jnp.abs(x), initial=0).astype(jnp.float32) for x in leaves])
-
-
-def _with_magnitudes(fun: Callable, name: str) -> Callable:
-    @functools.wraps(fun)
-    def checked(*args: Any, **kwargs: Any) -> tuple[Any, jax.Array]:
-        out = fun(*args, **kwargs)
-        return out, _magnitudes(out)
-
-    checked.__name__ = checked.__qualname__ = name + WATCHED_SUFFIX
-    return checked
-
-
 def _keeps_fast_path(executable_name: str) -> bool:
     """The user's watched functions and jaxdbg's own keep jax's C++ dispatch (eager jax functions do not)."""
-    return executable_name.endswith((WATCHED_SUFFIX, WATCHED_SUFFIX + ")", "_jaxdbg", "_jaxdbg)"))
+    return executable_name.endswith((CHECKED_SUFFIX, CHECKED_SUFFIX + ")", "_jaxdbg", "_jaxdbg)"))
 
 
-def _function_name(fun: Any) -> str:
-    while isinstance(fun, functools.partial):
-        fun = fun.func
-    return getattr(fun, "__name__", None) or type(fun).__name__
+def _trace_now(call: Call) -> Any:
+    """The call's jaxpr, traced while the call is still under way. Framework wrappers (``nnx.jit``) jit an
+    inner function that only runs inside the context their own ``__call__`` sets up; traced later, outside
+    it, that function raises. None if tracing fails here too (the analysis then says why)."""
+    try:
+        with jit_layer.internal():
+            return call.trace()
+    except Exception:  # noqa: BLE001 - the later analysis traces again and reports the failure
+        return None
 
 
 @functools.lru_cache(maxsize=256)
@@ -125,73 +110,15 @@ def _assigned_names(file: str, line: int) -> tuple[str, ...] | None:
     return None
 
 
-def _as_tuple(value: Any) -> tuple:
-    if value is None:
-        return ()
-    return tuple(value) if isinstance(value, (tuple, list)) else (value,)
+class _Watched:
+    """What the watch keeps of one jitted function: its output leaf names and the line that calls it."""
+
+    def __init__(self) -> None:
+        self.leaf_names: list[str] | None = None
+        self.call_site: SourceLocation | None = None
 
 
-class WatchedFunction:
-    """What ``jax.jit(fun, **options)`` returns while a :class:`Watch` is active; behaves like the jitted function."""
-
-    def __init__(self, watch: "Watch", fun: Callable, options: dict, real_jit: Callable):
-        self._watch = watch
-        self._fun = fun
-        self._options = options
-        self._jitted = real_jit(fun, **options)
-        self.name = _function_name(fun)
-        # out_shardings describe the user's outputs only: then check with a separate (unfused) reduction.
-        self._fused = "out_shardings" not in options
-        self._checked = real_jit(_with_magnitudes(fun, self.name), **options) if self._fused else None
-        self._donates = options.get("donate_argnums") is not None or options.get("donate_argnames") is not None
-        self.calls = 0
-        self._leaf_names: list[str] | None = None
-        self._call_site: SourceLocation | None = None
-        functools.update_wrapper(self, fun, updated=())
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._jitted, name)
-
-    def __get__(self, obj: Any, objtype: Any = None) -> Any:
-        return self if obj is None else functools.partial(self, obj)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        watch = self._watch
-        if not watch.active or watch.busy or _compat.under_transformation():
-            return self._jitted(*args, **kwargs)  # inside another trace (or not watching): plain pass-through
-        kept_args, kept_kwargs = (watch.copy_tree((args, kwargs)) if self._donates else (args, kwargs))
-        with watch.internal():
-            if self._fused:
-                out, mags = self._checked(*args, **kwargs)
-            else:
-                out = self._jitted(*args, **kwargs)
-                mags = _magnitudes(out)
-        host = np.asarray(mags)
-        index = self.calls
-        self.calls += 1
-        watch.calls += 1
-        if self._leaf_names is None:
-            self._call_site = caller_user_frame(2)
-            self._leaf_names = self._float_leaf_names(out)
-        bad = np.isnan(host) if watch.nan_only else ~np.isfinite(host)
-        if bad.any():
-            call = Call(self.name, self._fun, tuple(kept_args), dict(kept_kwargs),
-                        _as_tuple(self._options.get("static_argnums")),
-                        _as_tuple(self._options.get("static_argnames")), index, caller_user_frame(2),
-                        list(self._leaf_names))
-            kind = "nan" if np.isnan(host).any() else "inf"
-            watch.found(JitFinding(call, [n for n, b in zip(self._leaf_names, bad) if b], kind))
-        watch.growth.update(self.name, self._leaf_names, host, index, self._call_site)
-        return out
-
-    def _float_leaf_names(self, out: Any) -> list[str]:
-        site = caller_user_frame(3)
-        targets = _assigned_names(site.file, site.line) if site else None
-        names = output_leaf_names(out, targets, self.name)
-        return [n for n, leaf in zip(names, tree_leaves(out)) if is_inexact(leaf)]
-
-
-class Watch:
+class Watch(JitHook):
     """Context manager that watches ``jax.jit`` calls and eager operations for the first NaN/Inf.
 
     Args:
@@ -200,6 +127,8 @@ class Watch:
         eager: also check operations run eagerly (outside jit).
     """
 
+    check_outputs = True  # the jit layer's fused max(|x|) of every floating output
+
     def __init__(self, nan_only: bool = False, growth_factor: float = 100.0, eager: bool = True):
         self.nan_only = nan_only
         self.growth = GrowthTracker(growth_factor)
@@ -207,9 +136,9 @@ class Watch:
         self.active = False
         self.calls = 0
         self.eager_ops = 0
-        self.functions: list[WatchedFunction] = []
+        self.functions: list[InstrumentedJit] = []
+        self._watched: dict[int, _Watched] = {}
         self.finding: JitFinding | EagerFinding | None = None
-        self._local = threading.local()
         self._stack: contextlib.ExitStack | None = None
         # Calls of the user functions that run eager operations: code -> (frame of its latest call, 0-based
         # index of that call). Holding the frame keeps the next call from reusing its identity.
@@ -220,21 +149,11 @@ class Watch:
 
     def __enter__(self) -> "Watch":
         stack = contextlib.ExitStack()
-        real_jit = jax.jit
         # Calls cached before now would keep jax's C++ dispatch and stay invisible to the eager hook; the
         # entries made while watching are dropped again on exit so later code gets the fast path back.
         jax.clear_caches()
         stack.callback(jax.clear_caches)
-
-        def watched_jit(fun: Callable | None = None, /, **options: Any) -> Any:
-            if fun is None:
-                return lambda f: watched_jit(f, **options)
-            wrapped = WatchedFunction(self, fun, options, real_jit)
-            self.functions.append(wrapped)
-            return wrapped
-
-        jax.jit = watched_jit
-        stack.callback(setattr, jax, "jit", real_jit)
+        stack.enter_context(jit_layer.installed(self))
         if self.eager:
             stack.enter_context(_compat.eager_hooks(self._on_eager, self._on_eager_jit, _keeps_fast_path))
         stack.callback(setattr, self, "active", False)
@@ -248,20 +167,54 @@ class Watch:
         if stack is not None:
             stack.close()
 
-    # -- helpers used by watched functions ------------------------------------------------------------------
+    # -- hooks of the jit layer ------------------------------------------------------------------------------
+
+    def on_jit(self, function: InstrumentedJit) -> None:
+        self.functions.append(function)
+
+    def before(self, call: JitCall) -> None:
+        if not self.active:
+            return
+        # The inputs are kept to replay the call; a call that may donate them gets device copies.
+        call.notes["nan_inputs"] = self.copy_tree((call.args, call.kwargs)) if call.function.donates else (
+            call.args, call.kwargs)
+
+    def after(self, call: JitCall, out: Any) -> None:
+        if not self.active or "nan_inputs" not in call.notes:
+            return
+        function = call.function
+        host = call.host_magnitudes()
+        self.calls += 1
+        seen = self._watched.setdefault(function.record.id, _Watched())
+        if seen.leaf_names is None:
+            seen.call_site = caller_user_frame(2)
+            seen.leaf_names = self._float_leaf_names(out, function.name)
+        bad = np.isnan(host) if self.nan_only else ~np.isfinite(host)
+        if bad.any():
+            args, kwargs = call.notes["nan_inputs"]
+            replay = Call(function.name, function.fun, tuple(args), dict(kwargs), function.static_argnums,
+                          function.static_argnames, call.index, caller_user_frame(2), list(seen.leaf_names))
+            kind = "nan" if np.isnan(host).any() else "inf"
+            self.found(JitFinding(replay, [n for n, b in zip(seen.leaf_names, bad) if b], kind, _trace_now(replay)))
+        self.growth.update(function.name, seen.leaf_names, host, call.index, seen.call_site)
+
+    @staticmethod
+    def _float_leaf_names(out: Any, name: str) -> list[str]:
+        site = caller_user_frame(3)
+        targets = _assigned_names(site.file, site.line) if site else None
+        names = output_leaf_names(out, targets, name)
+        return [n for n, leaf in zip(names, tree_leaves(out)) if is_inexact(leaf)]
+
+    # -- helpers ---------------------------------------------------------------------------------------------
 
     @property
     def busy(self) -> bool:
-        return getattr(self._local, "busy", False)
+        return jit_layer.is_internal()
 
-    @contextlib.contextmanager
-    def internal(self) -> Any:
+    @staticmethod
+    def internal() -> Any:
         """jaxdbg's own work: the eager hook ignores it."""
-        previous, self._local.busy = self.busy, True
-        try:
-            yield
-        finally:
-            self._local.busy = previous
+        return jit_layer.internal()
 
     def copy_tree(self, tree: Any) -> Any:
         """Device copies of the arrays in ``tree`` (kept when the call may donate its arguments)."""
@@ -284,7 +237,7 @@ class Watch:
 
     def _on_eager_jit(self, name: str, closed: Any, args: Sequence[Any], outs: list, nested: bool) -> None:
         """A jitted function run eagerly through Python dispatch: jax's own (``jnp.sqrt``), not a watched one."""
-        if nested or not self.active or self.busy or not name or name.endswith(WATCHED_SUFFIX):
+        if nested or not self.active or self.busy or not name or name.endswith(CHECKED_SUFFIX):
             return
         self._check_eager(name, args, outs, closed)
 

@@ -25,6 +25,7 @@ from typing import Any, Callable
 import numpy as np
 
 from jaxdbg._errors import TargetFailedError, UsageError
+from jaxdbg.pipeline.messages import RealJob, RealTimeline, StageDevices
 from jaxdbg.pipeline.arbiter import RunRecord
 from jaxdbg.pipeline.metrics import RunMetrics, lower_bound, measure
 from jaxdbg.pipeline.policies import HINTS, POLICIES, make_policies, memory_caps
@@ -133,6 +134,13 @@ class BenchResult:
     summary: list[SummaryRow]
     correctness: Correctness | None = None
     devices: list[str] = field(default_factory=list)
+
+    def essential_line(self) -> str | None:
+        c = self.correctness
+        if c is None or c.ok:
+            return None
+        return (f"pipelined gradients differ from the {c.reference} reference by {c.max_abs_grad_diff:.3g} "
+                f"(tolerance {c.tolerance:.3g})")
 
 
 @dataclass(frozen=True)
@@ -294,7 +302,7 @@ def _rows(options: BenchOptions, jobs: list[_Job], records: dict, real: dict) ->
             replayed = measure(simulate(job.shape, job.policies(), _measured(job, real[key]), key.comm)).makespan_s
             extra = dict(
                 sim_makespan_s=predicted, sim_error=predicted / m.makespan_s - 1, replay_makespan_s=replayed,
-                max_abs_grad_diff=real[key]["grad_diff"],
+                max_abs_grad_diff=real[key].grad_diff,
             )
         rows.append(RunRow(
             **_fields(key, RunKey), **_fields(m, RunMetrics), memory_cap_microbatches=caps, lower_bound_s=bound,
@@ -329,49 +337,42 @@ def summarise(rows: list[RunRow]) -> list[SummaryRow]:
 def _run_real(options: BenchOptions, jobs: list[_Job]) -> tuple[dict, dict, list[str]]:
     from jaxdbg.runner import run_contained
 
-    payload = {
-        "model": options.model,
-        "devices_per_stage": options.devices_per_stage,
-        "xprof_dir": options.xprof_dir,
-        "costs": options.costs,
-        "lookahead": options.lookahead,
-        "jobs": [(job.key, job.shape, job.schedule.name, job.durations) for job in jobs],
-    }
+    payload = RealJob(options.model, options.devices_per_stage, options.xprof_dir, options.costs, options.lookahead,
+                      [(job.key, job.shape, job.schedule.name, job.durations) for job in jobs])
     devices = options.stages * options.devices_per_stage
     outcome = run_contained("jaxdbg.pipeline.bench:real_job", payload, timeout=options.timeout, device_count=devices)
     if not outcome.ok:
-        exc = outcome.exception
-        if exc is not None and exc.type == "UsageError":
-            raise UsageError(exc.message)
+        outcome.reraise_expected()
         raise TargetFailedError(f"the real pipeline run {outcome.describe()}; try fewer stages or microbatches, or a longer --timeout")
-    results = {value["key"]: value for value in outcome.all("run")}
+    results = {timeline.key: timeline for timeline in outcome.all(RealTimeline)}
     records = {key: _record(job.shape, results[key]) for job in jobs for key in [job.key]}
-    return records, results, outcome.last("devices", [])
+    stages = outcome.last(StageDevices)
+    return records, results, list(stages.devices) if stages else []
 
 
-def _record(shape: PipelineShape, value: dict) -> RunRecord:
+def _record(shape: PipelineShape, value: RealTimeline) -> RunRecord:
     return RunRecord(
-        shape, np.asarray(value["start"]), np.asarray(value["end"]), tuple(value["blocked"]),
-        tuple(value["memory_wait"]), tuple(value["peak"]), value["decisions"], value["decision_ns"],
+        shape, np.asarray(value.start), np.asarray(value.end), tuple(value.blocked),
+        tuple(value.memory_wait), tuple(value.peak), value.decisions, value.decision_ns,
     )
 
 
-def _measured(job: _Job, value: dict) -> Durations:
+def _measured(job: _Job, value: RealTimeline) -> Durations:
     """The durations a real run measured (its tasks' times and its messages' delays) for a replay."""
-    return replace(job.durations, task=np.asarray(value["measured"]), comm=np.asarray(value["message_delay"]))
+    return replace(job.durations, task=np.asarray(value.measured), comm=np.asarray(value.message_delay))
 
 
-def _correctness(real: dict) -> Correctness:
-    diff = max(v["grad_diff"] for v in real.values())
-    biggest = max(v["grad_max"] for v in real.values())
+def _correctness(real: dict[Any, RealTimeline]) -> Correctness:
+    diff = max(v.grad_diff for v in real.values())
+    biggest = max(v.grad_max for v in real.values())
     tolerance = 1e-6 + 1e-4 * biggest  # float32 sums over microbatches in a different order
     return Correctness("single-device", diff, biggest, tolerance, len(real), diff <= tolerance)
 
 
-def replay_file(shape: PipelineShape, value: dict) -> dict:
+def replay_file(shape: PipelineShape, value: RealTimeline) -> dict:
     """A ``replay:`` durations file from what a real run measured (rows: model stages)."""
-    measured = np.asarray(value["measured"]).reshape(shape.kinds, shape.model_stages, shape.microbatches)
-    delay = np.asarray(value["message_delay"]).reshape(shape.kinds, shape.model_stages, shape.microbatches)
+    measured = np.asarray(value.measured).reshape(shape.kinds, shape.model_stages, shape.microbatches)
+    delay = np.asarray(value.message_delay).reshape(shape.kinds, shape.model_stages, shape.microbatches)
     backward = measured[BACKWARD] + (measured[WEIGHT] if shape.split else 0.0)
     data = {
         "source": "jaxdbg pipeline-bench --mode real (seconds per model stage and microbatch)",
@@ -384,7 +385,7 @@ def replay_file(shape: PipelineShape, value: dict) -> dict:
     return data
 
 
-def real_job(payload: dict, channel) -> None:
+def real_job(payload: RealJob, channel) -> None:
     """Child side of real mode: build each shape's pipeline once, run every job, send back timelines."""
     import contextlib
 
@@ -393,21 +394,18 @@ def real_job(payload: dict, channel) -> None:
     from jaxdbg.pipeline.real import RealPipeline
 
     pipelines: dict[PipelineShape, RealPipeline] = {}
-    capture = jax.profiler.trace(payload["xprof_dir"]) if payload["xprof_dir"] else contextlib.nullcontext()
+    capture = jax.profiler.trace(payload.xprof_dir) if payload.xprof_dir else contextlib.nullcontext()
     with capture:
-        for key, shape, schedule_name, durations in payload["jobs"]:
+        for key, shape, schedule_name, durations in payload.jobs:
             if shape not in pipelines:
-                pipelines[shape] = RealPipeline(shape, payload["model"], payload["devices_per_stage"])
-                # The devices the stages run on (CPU devices where the accelerators are fewer than the stages).
-                channel.send("devices", [str(d) for d in pipelines[shape].devices])
+                pipelines[shape] = RealPipeline(shape, payload.model, payload.devices_per_stage)
+                channel.send(StageDevices(tuple(str(d) for d in pipelines[shape].devices)))
             pipe = pipelines[shape]
-            job = _Job(key, shape, build_schedule(schedule_name, shape), durations, payload["costs"], payload["lookahead"])
-            annotate = key.label() if payload["xprof_dir"] else None
+            job = _Job(key, shape, build_schedule(schedule_name, shape), durations, payload.costs, payload.lookahead)
+            annotate = key.label() if payload.xprof_dir else None
             run = pipe.run(job.policies(), durations, key.comm, annotate=annotate)
             record = run.record
-            channel.send("run", {
-                "key": key, "start": record.start, "end": record.end, "blocked": list(record.blocked_s),
-                "memory_wait": list(record.memory_wait_s), "peak": list(record.peak_inflight),
-                "decisions": record.decisions, "decision_ns": record.decision_ns, "grad_diff": run.max_abs_grad_diff,
-                "grad_max": run.max_abs_grad, "measured": run.measured, "message_delay": run.message_delay,
-            })
+            channel.send(RealTimeline(
+                key, record.start, record.end, tuple(record.blocked_s), tuple(record.memory_wait_s),
+                tuple(record.peak_inflight), record.decisions, record.decision_ns, run.max_abs_grad_diff,
+                run.max_abs_grad, run.measured, run.message_delay))

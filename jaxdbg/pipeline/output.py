@@ -1,9 +1,14 @@
 """Pictures of pipeline runs: a Chrome/Perfetto trace (one process per run, one track per stage), a PNG
 timeline, and a PNG of speedup against the memory cap. matplotlib is imported only when plotting.
 
+``write_trace(path, records)`` writes the same trace to a file; ``plot_timeline(path, records)`` draws it.
+
 Example:
-    >>> write_trace("runs.json", records)                             # doctest: +SKIP
-    >>> plot_timeline("timeline.png", {"fixed": rec_a, "ready": rec_b})  # doctest: +SKIP
+    >>> from jaxdbg.pipeline.bench import BenchOptions, run_bench
+    >>> result, records = run_bench(BenchOptions(stages=2, microbatches=2, policies=("fixed",)))
+    >>> trace = chrome_trace({"1f1b fixed": records[result.runs[0].key()]})
+    >>> sum(1 for event in trace["traceEvents"] if event["ph"] == "X")   # 2 stages x 2 microbatches x F, B
+    8
 """
 
 from __future__ import annotations

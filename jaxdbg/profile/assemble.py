@@ -1,78 +1,89 @@
-"""Turn what a profile job sent over the channel into :class:`~jaxdbg.profile.model.FunctionProfile` s.
-
-Topics (child -> parent): ``device``, ``function`` {id, name, source}, ``compile`` {id, call_index, stage
-times, signature, recompile, hlo, module, cost, memory, dtypes}, ``calls`` {id: [(call_index, wall_s,
-exec_s, compile_s, put_s)]}, ``totals`` {eager_spans, transfers, cache_hits, introspection_s} (running,
-last one wins), ``run`` {wall_s, overhead_s, warmup}, ``trace`` (TraceFiles), ``ops`` {source, by, ops}
-(per-op totals read from the capture), ``monitor`` (sample batches), ``peak`` (Peak), ``environment``. Everything is optional: a run cut short still assembles from what arrived.
+"""Turn what a profile job sent (:mod:`jaxdbg.profile.messages`) into
+:class:`~jaxdbg.profile.model.FunctionProfile` s. Every message is optional: a run cut short still assembles
+from what arrived.
 
 Example:
-    >>> gathered = Gathered.from_messages(outcome.messages)      # doctest: +SKIP
-    >>> functions = gathered.functions(mode="script")            # doctest: +SKIP
+    >>> from jaxdbg.profile.messages import CallBatch, CallTiming, FunctionDefined
+    >>> got = Gathered.from_messages([FunctionDefined(0, "step", None),
+    ...                               CallBatch({0: [CallTiming(i, 0.01, 0.01) for i in range(4)]})])
+    >>> [(f.name, f.execute.calls) for f in got.functions(mode="script")]
+    [('step', 4)]
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable
 
 import numpy as np
 
-from jaxdbg.profile.spans import union_length
+from jaxdbg.profile.messages import (
+    CallBatch, CallTiming, CaptureOps, CompileRecord, DeviceInfo, FunctionDefined, MonitorSamples, PeakMeasured,
+    ProfileNote, RunFinished, RunTotals, TraceCaptured,
+)
 from jaxdbg.profile.model import (
     Compilation, CompileTimes, ExecuteStats, FunctionProfile, Recompile, Totals, TraceFiles, Transfer,
 )
-
-
-# Topics where the latest message is the whole truth (running totals, one-off facts).
-_LATEST = ("device", "totals", "run", "trace", "peak", "ops", "environment", "done")
+from jaxdbg.profile.spans import union_length
+from jaxdbg.protocol import Environment, Message
 
 
 @dataclass
 class Gathered:
-    """Everything a job sent, grouped by topic."""
+    """Everything a job sent, grouped by kind (for running totals and one-off facts the latest wins)."""
 
     device: dict = field(default_factory=dict)
-    names: dict[int, dict] = field(default_factory=dict)
-    compiles: dict[int, list[dict]] = field(default_factory=lambda: defaultdict(list))
-    calls: dict[int, list[tuple]] = field(default_factory=lambda: defaultdict(list))
-    totals: dict = field(default_factory=dict)
-    run: dict | None = None
+    names: dict[int, FunctionDefined] = field(default_factory=dict)
+    compiles: dict[int, list[CompileRecord]] = field(default_factory=lambda: defaultdict(list))
+    calls: dict[int, list[CallTiming]] = field(default_factory=lambda: defaultdict(list))
+    totals: RunTotals | None = None
+    run: RunFinished | None = None
     trace: TraceFiles | None = None
     trace_errors: list[str] = field(default_factory=list)
     monitor: list[tuple] = field(default_factory=list)
     peak: Any = None
-    ops: dict | None = None
+    ops: CaptureOps | None = None
     environment: dict | None = None
-    done: bool = False
 
     @classmethod
-    def from_messages(cls, messages: tuple[tuple[str, Any], ...]) -> "Gathered":
+    def from_messages(cls, messages: Iterable[Message]) -> "Gathered":
         got = cls()
-        for topic, value in messages:
-            if topic in _LATEST:
-                setattr(got, topic, value)
-            elif topic == "function":
-                got.names[value["id"]] = value
-            elif topic == "compile":
-                got.compiles[value["id"]].append(value)
-            elif topic == "calls":
-                for ident, rows in value.items():
+        for message in messages:
+            if isinstance(message, DeviceInfo):
+                got.device = asdict(message)
+            elif isinstance(message, FunctionDefined):
+                got.names[message.id] = message
+            elif isinstance(message, CompileRecord):
+                got.compiles[message.id].append(message)
+            elif isinstance(message, CallBatch):
+                for ident, rows in message.rows.items():
                     got.calls[ident].extend(rows)
-            elif topic in ("trace_error", "peak_error"):
-                got.trace_errors.append(value)
-            elif topic == "monitor":
-                got.monitor.extend(value)
+            elif isinstance(message, RunTotals):
+                got.totals = message
+            elif isinstance(message, RunFinished):
+                got.run = message
+            elif isinstance(message, TraceCaptured):
+                got.trace = message.files
+            elif isinstance(message, ProfileNote):
+                got.trace_errors.append(message.text)
+            elif isinstance(message, MonitorSamples):
+                got.monitor.extend(message.rows)
+            elif isinstance(message, PeakMeasured):
+                got.peak = message.peak
+            elif isinstance(message, CaptureOps):
+                got.ops = message
+            elif isinstance(message, Environment):
+                got.environment = message.info
         return got
 
     # ---- per function ------------------------------------------------------------------------------------
     def functions(self, mode: str) -> list[FunctionProfile]:
-        warmup = (self.run or {}).get("warmup", 0) if mode == "function" else 0
+        warmup = self.run.warmup if self.run is not None and mode == "function" else 0
         found = []
         for ident, meta in sorted(self.names.items()):
-            infos = sorted(self.compiles.get(ident, []), key=lambda i: i["call_index"])
-            calls = sorted(self.calls.get(ident, []), key=lambda c: c[0])
+            infos = sorted(self.compiles.get(ident, []), key=lambda i: i.call_index)
+            calls = sorted(self.calls.get(ident, []), key=lambda c: c.call_index)
             if not infos and not calls:
                 continue  # jitted but never called
             found.append(function_profile(meta, infos, calls, mode, warmup))
@@ -82,15 +93,15 @@ class Gathered:
     # ---- run-wide ---------------------------------------------------------------------------------------
     def dtypes(self, name: str) -> list[str]:
         """Argument dtypes of a function's compiles (to pick the peak to compare against)."""
-        ids = [i for i, meta in self.names.items() if meta["name"] == name]
-        return [d for i in ids for info in self.compiles.get(i, []) for d in info.get("dtypes", [])]
+        ids = [i for i, meta in self.names.items() if meta.name == name]
+        return [d for i in ids for info in self.compiles.get(i, []) for d in info.dtypes]
 
     def transfers(self) -> list[Transfer]:
-        return [Transfer(kind, int(c), float(s), int(b)) for kind, (c, s, b) in
-                sorted((self.totals.get("transfers") or {}).items())]
+        moved = self.totals.transfers if self.totals is not None else {}
+        return [Transfer(kind, int(c), float(s), int(b)) for kind, (c, s, b) in sorted(moved.items())]
 
     def eager_compile(self) -> dict[str, Any]:
-        spans = self.totals.get("eager_spans") or []
+        spans = self.totals.eager_spans if self.totals is not None else []
         by_name: dict[str, float] = defaultdict(float)
         for stage, start, end, name in spans:
             if stage == "compile":
@@ -100,12 +111,11 @@ class Gathered:
                 "top": [{"name": n, "compile_s": t} for n, t in top]}
 
     def totals_for(self, functions: list[FunctionProfile], elapsed_s: float, mode: str) -> Totals:
-        run = self.run or {}
-        overhead = float(run.get("overhead_s", 0.0))
-        wall = float(run["wall_s"]) - overhead if "wall_s" in run else elapsed_s
+        overhead = self.run.overhead_s if self.run is not None else 0.0
+        wall = self.run.wall_s - overhead if self.run is not None else elapsed_s
         compile_s = sum(f.compile.total_s for f in functions) + self.eager_compile()["total_s"]
         if mode == "function":
-            execute = sum(c[1] for rows in self.calls.values() for c in rows)
+            execute = sum(c.wall_s for rows in self.calls.values() for c in rows)
         else:
             execute = sum(f.execute.total_s for f in functions)
         transfer = sum(t.total_s for t in self.transfers())
@@ -113,40 +123,40 @@ class Gathered:
         return Totals(wall, compile_s, execute, transfer, other, overhead)
 
 
-def function_profile(meta: dict, infos: list[dict], calls: list[tuple], mode: str, warmup: int) -> FunctionProfile:
-    times = CompileTimes(*(sum(i.get(k, 0.0) for i in infos) for k in ("trace_s", "lower_s", "compile_s", "total_s")))
-    recompiles = tuple(i["recompile"] for i in infos[1:] if isinstance(i.get("recompile"), Recompile))
-    compilations = tuple(
-        Compilation(i["call_index"], CompileTimes(i.get("trace_s", 0.0), i.get("lower_s", 0.0), i.get("compile_s", 0.0),
-                                                  i.get("total_s", 0.0)), i.get("signature", ""),
-                    bool(i.get("cache_hit")))
-        for i in infos)
-    with_hlo = [i for i in infos if i.get("hlo")]
-    latest = with_hlo[-1] if with_hlo else {}
+def function_profile(meta: FunctionDefined, infos: list[CompileRecord], calls: list[CallTiming], mode: str,
+                     warmup: int) -> FunctionProfile:
+    def stages(i: CompileRecord) -> CompileTimes:
+        return CompileTimes(i.trace_s, i.lower_s, i.compile_s, i.total_s)
+
+    times = CompileTimes(*(sum(getattr(i, k) for i in infos) for k in ("trace_s", "lower_s", "compile_s", "total_s")))
+    recompiles = tuple(i.recompile for i in infos[1:] if isinstance(i.recompile, Recompile))
+    compilations = tuple(Compilation(i.call_index, stages(i), i.signature, i.cache_hit) for i in infos)
+    with_hlo = [i for i in infos if i.hlo]
+    latest = with_hlo[-1] if with_hlo else None
     return FunctionProfile(
-        name=meta["name"], source=meta.get("source"), compiles=len(infos), recompiles=recompiles, compile=times,
-        execute=execute_stats(calls, mode, warmup), cost=normalize_cost(latest.get("cost")),
-        memory=latest.get("memory"), compilations=compilations, module=latest.get("module", ""),
-        hlo=dict(with_hlo[0]["hlo"]) if with_hlo else {},
+        name=meta.name, source=meta.source, compiles=len(infos), recompiles=recompiles, compile=times,
+        execute=execute_stats(calls, mode, warmup), cost=normalize_cost(latest.cost if latest else None),
+        memory=latest.memory if latest else None, compilations=compilations, module=latest.module if latest else "",
+        hlo=dict(with_hlo[0].hlo) if with_hlo else {},
     )
 
 
-def execute_stats(calls: list[tuple], mode: str, warmup: int) -> ExecuteStats:
+def execute_stats(calls: list[CallTiming], mode: str, warmup: int) -> ExecuteStats:
     """Call statistics. Script: median/p90 over calls that did not compile. Function: over the timed runs."""
     if not calls:
         return ExecuteStats()
-    first = calls[0][1]
+    first = calls[0].wall_s
     if mode == "function":
-        timed = [c[2] for c in calls[warmup:]] or [c[2] for c in calls]
+        timed = [c.execute_s for c in calls[warmup:]] or [c.execute_s for c in calls]
         total = sum(timed)
         count = len(timed)
     else:
-        waited = [c for c in calls if len(c) < 7 or c[6]]  # timed calls (the others' wall is a dispatch)
-        steady = [c for c in waited if c[3] == 0.0]
-        undisturbed = [c for c in steady if not c[5]]  # outside the profiler's capture window
-        timed = [c[2] for c in (undisturbed if len(undisturbed) >= 3 else steady or waited)]
+        waited = [c for c in calls if c.timed]  # the others' wall is a dispatch
+        steady = [c for c in waited if c.compile_s == 0.0]
+        undisturbed = [c for c in steady if not c.captured]  # outside the profiler's capture window
+        timed = [c.execute_s for c in (undisturbed if len(undisturbed) >= 3 else steady or waited)]
         # Calls that ran ahead untimed are counted at the timed calls' mean: an estimate.
-        total = sum(c[2] for c in waited) + (len(calls) - len(waited)) * float(np.mean(timed))
+        total = sum(c.execute_s for c in waited) + (len(calls) - len(waited)) * float(np.mean(timed))
         count = len(calls)
         sampled = len(waited)
     values = np.asarray(timed, dtype=float)

@@ -1,8 +1,16 @@
 """``--compare OLD.json``: per-function deltas against an earlier ``jaxdbg profile`` report.
 
+:func:`load_baseline` reads the earlier report's ``result``; :func:`compare` matches functions by name.
+
 Example:
-    >>> old = load_baseline("previous.json")                   # doctest: +SKIP
-    >>> deltas = compare(old, result.functions, result.totals) # doctest: +SKIP
+    >>> from jaxdbg.profile.model import CompileTimes, ExecuteStats, FunctionProfile, Totals
+    >>> old = {"functions": [{"name": "step", "compile": {"total_s": 1.0}, "execute": {"median_s": 0.004}}]}
+    >>> new = FunctionProfile("step", None, 1, (), CompileTimes(total_s=0.5), ExecuteStats(calls=8, median_s=0.002))
+    >>> step, totals = compare(old, (new,), Totals(wall_s=1.0, compile_s=0.5, execute_s=0.1, transfer_s=0, other_s=0.4))
+    >>> step.status, step.metrics["compile_s"]["ratio"], step.metrics["execute_median_s"]["ratio"]
+    ('changed', 0.5, 0.5)
+    >>> totals.name, totals.metrics["wall_s"]
+    ('<totals>', {'old': None, 'new': 1.0, 'delta': None, 'ratio': None})
 """
 
 from __future__ import annotations

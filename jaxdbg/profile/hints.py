@@ -69,7 +69,7 @@ def notes_for(mode: str, functions: list[FunctionProfile], gathered: Any, error:
                      "its HLO op in the per-op table; launch overhead may differ a little from a default run "
                      "(--command-buffers keeps them, at the cost of ops inside them missing from the table)")
     if mode == "script" and not functions and error and gathered.names:
-        names = ", ".join(sorted({meta["name"] for meta in gathered.names.values()})[:4])
+        names = ", ".join(sorted({meta.name for meta in gathered.names.values()})[:4])
         notes.append(f"the target stopped before any jitted function returned from its first call ({names}): "
                      "the failure is inside that first call (its compile or its run), where the stack above points")
     elif mode == "script" and not functions:

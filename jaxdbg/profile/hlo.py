@@ -6,9 +6,12 @@ XLA writes the Python stack of each operation into the module as tables (``FileN
 attributed to the heaviest instruction inside it (a dot over a reduce over elementwise work).
 
 Example:
-    >>> module = parse_hlo(compiled.as_text())          # doctest: +SKIP
-    >>> module.name, module.ops["fusion.3"].category    # doctest: +SKIP
-    ('jit_train_step', 'matmul')
+    >>> import jax, jax.numpy as jnp
+    >>> def step(a, b):
+    ...     return jnp.tanh(a @ b)
+    >>> module = parse_hlo(jax.jit(step).lower(jnp.ones((8, 8)), jnp.ones((8, 8))).compile().as_text())
+    >>> module.name, "matmul" in {op.category for op in module.ops.values()}
+    ('jit_step', True)
 """
 
 from __future__ import annotations

@@ -3,22 +3,22 @@
 Installed before the script imports jax and removed afterwards, each piece by a context manager that
 restores what it replaced in ``finally``:
 
-- :func:`tracking_jit` replaces ``jax.jit`` so each jitted function comes back wrapped in a
-  :class:`TrackedJit`. A call is timed from dispatch until its outputs are ready (``block_until_ready``:
-  one wait per call, which a training loop does anyway at its next step) and split into compile and
-  execute with the compile spans jax reports while the call runs.
+- :func:`tracking_jit` installs the :class:`Recorder` as a hook of :mod:`jaxdbg.jit_layer` (the one place
+  that patches ``jax.jit``). A timed call is measured from dispatch until its outputs are ready
+  (``block_until_ready``) and split into compile and execute with the compile spans jax reports while the
+  call runs; see :meth:`Recorder.timed_call` for which calls are timed.
 - :func:`compile_listener` receives ``jax.monitoring``'s trace / lower / backend-compile time spans and
   files them under the call running on that thread (or under eager ops when none is).
 - :func:`timed_transfers` times ``jax.device_put`` (also behind ``jnp.asarray``), ``jax.device_get`` and
   reading an array on the host (``float(x)``, ``x.item()``, ``print``). Host (numpy) arguments of a
   tracked call are copied to the device just before it, and that copy is timed as a transfer too.
 
-Results leave through ``send(topic, value)`` as they happen (compiles at once, call timings in batches
+Results leave as messages (:mod:`jaxdbg.profile.messages`) through ``send(message)`` as they happen (compiles at once, call timings in batches
 every half second from a background thread), so a script that raises, hangs or is killed midway still
 leaves its profile.
 
 Example:
-    >>> rec = Recorder(send=lambda topic, value: None, out_dir="/tmp/p")   # doctest: +SKIP
+    >>> rec = Recorder(send=lambda message: None, out_dir="/tmp/p")        # doctest: +SKIP
     >>> with compile_listener(rec), tracking_jit(rec):                      # doctest: +SKIP
     ...     run_script(spec)
 """
@@ -29,13 +29,15 @@ import contextlib
 import functools
 import threading
 import time
-import types
 from collections import defaultdict
 from typing import Any, Callable, Iterator
 
-from jaxdbg import _compat
-from jaxdbg._source import SourceLocation, caller_user_frame, is_user_file
+from jaxdbg import _compat, jit_layer
+from jaxdbg._source import SourceLocation
+from jaxdbg.jit_layer import InstrumentedJit, JitCall, JitHook, unwrap_function
 from jaxdbg.profile.hlo import module_name, write_hlo
+from jaxdbg.profile.messages import CallBatch, CallTiming, CompileRecord, FunctionDefined, RunTotals
+from jaxdbg.protocol import Message
 from jaxdbg.profile.signature import Signature, call_signature, explain, parameter_names
 from jaxdbg.profile.spans import span_times
 
@@ -50,84 +52,25 @@ CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
 _KEEP_SIGNATURES = 32
 
 
-def _function_of(fun: Any) -> Any:
-    """The Python function behind a callable (partials and wrappers unwrapped)."""
-    seen = 0
-    while seen < 8:
-        seen += 1
-        if isinstance(fun, functools.partial):
-            fun = fun.func
-        elif hasattr(fun, "__wrapped__"):
-            fun = fun.__wrapped__
-        else:
-            break
-    return fun
-
-
-def function_identity(fun: Any) -> tuple[str, SourceLocation | None]:
-    """A function's display name and where it is defined (None for code outside user files)."""
-    inner = _function_of(fun)
-    name = getattr(inner, "__name__", None) or type(inner).__name__
-    code = getattr(inner, "__code__", None)
-    if code is not None and is_user_file(code.co_filename):
-        return name, SourceLocation(code.co_filename, code.co_firstlineno, name)
-    return name, None
-
-
 class TrackedFunction:
-    """What the child knows about one jitted function (one name + definition site)."""
+    """What the profile knows about one jitted function (one name + definition site, across re-jits)."""
 
     def __init__(self, ident: int, name: str, source: SourceLocation | None, fun: Any):
         self.id = ident
         self.name = name
         self.source = source
-        self.names = parameter_names(_function_of(fun))
-        self.calls = 0
+        self.names = parameter_names(unwrap_function(fun))
         self.compiles = 0
-        # (call index, wall s, execute s, compile s, host-arg copy s, inside the capture window, timed: waited
-        # for its outputs; an untimed call's wall is its dispatch alone)
-        self.pending: list[tuple[int, float, float, float, float, bool, bool]] = []
+        self.pending: list[CallTiming] = []
         self.signatures: list[Signature] = []
         self.callables: list[Any] = []  # strong refs: an id() could be reused by a later lambda
         self.introspect = True
 
 
-class TrackedJit:
-    """A jitted function that reports its calls; everything else (``.lower``, ``.trace``...) passes through."""
-
-    def __init__(self, jitted: Any, fun: Any, record: TrackedFunction, options: dict, recorder: "Recorder"):
-        self._jitted = jitted
-        self._fun = fun
-        self._record = record
-        self._recorder = recorder
-        nums = options.get("static_argnums")
-        names = options.get("static_argnames")
-        self._static_argnums = tuple([nums] if isinstance(nums, int) else (nums or ()))
-        self._static_argnames = tuple([names] if isinstance(names, str) else (names or ()))
-        for attr in ("__name__", "__qualname__", "__module__", "__doc__"):
-            with contextlib.suppress(AttributeError, TypeError):
-                setattr(self, attr, getattr(jitted, attr))
-        self.__wrapped__ = getattr(jitted, "__wrapped__", fun)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._recorder.call(self, args, kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_jitted") or name in ("_record", "_recorder", "_fun"):
-            raise AttributeError(name)
-        return getattr(self._jitted, name)
-
-    def __get__(self, obj: Any, objtype: Any = None) -> Any:
-        return self if obj is None else types.MethodType(self, obj)
-
-    def __repr__(self) -> str:
-        return f"<jaxdbg-tracked {self._jitted!r}>"
-
-
-class Recorder:
+class Recorder(JitHook):
     """Collects tracked functions, their calls and compiles, eager compiles and transfers; sends them out."""
 
-    def __init__(self, send: Callable[[str, Any], None], out_dir: str, *, hlo_limit: int = 3,
+    def __init__(self, send: Callable[[Message], None], out_dir: str, *, hlo_limit: int = 3,
                  window: Any = None, convert_host_args: bool = True, sync_every: int = 1):
         self._send = send
         self.sync_every = max(1, sync_every)  # see timed_call
@@ -145,36 +88,23 @@ class Recorder:
         self.cache_hits = 0
         self.overhead_s = 0.0
 
-    # ---- functions -------------------------------------------------------------------------------------
-    def wrap(self, jitted: Any, fun: Any, options: dict) -> Any:
-        if not callable(jitted) or not hasattr(jitted, "lower"):
-            return jitted
-        name, source = function_identity(fun)
-        inner = _function_of(fun)
-        code = getattr(inner, "__code__", None)
-        key = (name, code.co_filename, code.co_firstlineno) if code is not None else (name, id(inner))
+    # ---- functions (hooks of the jit layer) ----------------------------------------------------------------
+    def on_jit(self, function: InstrumentedJit) -> None:
+        record = function.record
         with self._lock:
-            record = self.functions.get(key)
-            if record is None:
-                if source is None:
-                    source = caller_user_frame(1)
-                record = self.functions[key] = TrackedFunction(len(self.functions), name, source, fun)
-                self._send("function", {"id": record.id, "name": name, "source": source})
-        return TrackedJit(jitted, fun, record, options, self)
+            if record.id not in self.functions:
+                self.functions[record.id] = TrackedFunction(record.id, record.name, record.source, function.fun)
+                self._send(FunctionDefined(record.id, record.name, record.source))
 
-    # ---- one call ----------------------------------------------------------------------------------------
-    def call(self, wrapper: TrackedJit, args: tuple, kwargs: dict) -> Any:
-        local = self._local
-        if getattr(local, "spans", None) is not None or _compat.under_transformation():
-            return wrapper._jitted(*args, **kwargs)  # traced inside another function, or under grad/vmap
+    def around(self, call: JitCall, run: Callable[[], Any]) -> Any:
         import jax
 
-        record = wrapper._record
-        index = record.calls
-        record.calls += 1
+        record = self.functions[call.function.record.id]
+        index = call.index
         put_s = 0.0
         if self.convert_host_args:
-            args, put_s = self._put_host_args(args)
+            call.args, put_s = self._put_host_args(call.args)
+        local = self._local
         spans = local.spans = []
         window = self.window
         annotation = window.annotation(record.name, index) if window is not None and window.active else None
@@ -185,10 +115,10 @@ class Recorder:
         try:
             if annotation is not None:
                 with annotation:
-                    out = wrapper._jitted(*args, **kwargs)
+                    out = run()
                     jax.block_until_ready(out)
             else:
-                out = wrapper._jitted(*args, **kwargs)
+                out = run()
                 if timed or spans:  # a call that compiled is timed too: its compile/execute split
                     timed = True
                     jax.block_until_ready(out)
@@ -196,15 +126,15 @@ class Recorder:
         except BaseException:
             local.spans = None
             if spans:
-                self._compiled(record, wrapper, index, args, kwargs, spans, failed=True)
+                self._compiled(record, call, spans, failed=True)
             raise
         local.spans = None
-        compile_s = self._compiled(record, wrapper, index, args, kwargs, spans) if spans else 0.0
+        compile_s = self._compiled(record, call, spans) if spans else 0.0
         wall = t1 - t0
         self._in_flight = None if timed else out
         with self._lock:
-            record.pending.append((index, wall, max(wall - compile_s, 0.0), compile_s, put_s, annotation is not None,
-                                   timed))
+            record.pending.append(CallTiming(index, wall, max(wall - compile_s, 0.0), compile_s, put_s,
+                                             annotation is not None, timed))
         if annotation is not None:
             self._timed(window.after_call)
         return out
@@ -282,41 +212,41 @@ class Recorder:
         if spans is not None:
             spans.append(("cache_hit", 0.0, 0.0))
 
-    def _compiled(self, record: TrackedFunction, wrapper: TrackedJit, index: int, args: tuple, kwargs: dict,
-                  spans: list, failed: bool = False) -> float:
+    def _compiled(self, record: TrackedFunction, call: JitCall, spans: list, failed: bool = False) -> float:
         """File one compile: its stage times, why it happened, and (first few) its HLO, cost and memory."""
         started = time.perf_counter()
+        function, index, args, kwargs = call.function, call.index, call.args, call.kwargs
         times = span_times(spans)
         info: dict[str, Any] = {"id": record.id, "call_index": index, **times, "failed": failed,
                                 "cache_hit": any(kind == "cache_hit" for kind, _, _ in spans)}
         try:
-            signature = call_signature(wrapper._fun, args, kwargs, wrapper._static_argnums,
-                                       wrapper._static_argnames, record.names)
+            signature = call_signature(function.fun, args, kwargs, function.static_argnums,
+                                       function.static_argnames, record.names)
         except Exception as err:  # noqa: BLE001 - an odd argument must not break the user's run
             signature = Signature((("<arguments>", _other(f"unreadable: {err}")),))
         if record.signatures:
-            same = any(f is wrapper._fun for f in record.callables)
+            same = any(f is function.fun for f in record.callables)
             site = str(record.source) if record.source else ""
             info["recompile"] = explain(record.signatures, signature, same_callable=same, call_index=index,
                                         callable_site=site)
         record.signatures = (record.signatures + [signature])[-_KEEP_SIGNATURES:]
-        record.callables = (record.callables + [wrapper._fun])[-_KEEP_SIGNATURES:]
+        record.callables = (record.callables + [function.fun])[-_KEEP_SIGNATURES:]
         info["signature"] = signature.short()
-        info["dtypes"] = [leaf.dtype for _, leaf in signature.leaves if leaf.kind == "array"]
+        info["dtypes"] = tuple(leaf.dtype for _, leaf in signature.leaves if leaf.kind == "array")
         if not failed and record.introspect and record.compiles < self.hlo_limit:
-            info.update(self._introspect(record, wrapper, args, kwargs))
+            info.update(self._introspect(record, function, args, kwargs))
         record.compiles += 1
-        self._send("compile", info)
+        self._send(CompileRecord(**info))
         self.overhead_s += time.perf_counter() - started
         return times["total_s"]
 
-    def _introspect(self, record: TrackedFunction, wrapper: TrackedJit, args: tuple, kwargs: dict) -> dict:
+    def _introspect(self, record: TrackedFunction, function: InstrumentedJit, args: tuple, kwargs: dict) -> dict:
         """HLO texts, cost and memory of the executable the call just built (jax's caches answer: no recompile)."""
         local = self._local
         before = len(self.introspection_spans)
         local.introspecting = True
         try:
-            lowered = wrapper._jitted.lower(*args, **kwargs)
+            lowered = function.jitted.lower(*args, **kwargs)
             compiled = lowered.compile()
             text = compiled.as_text()
             paths = write_hlo(self.out_dir, record.name, record.compiles, lowered.as_text(), text)
@@ -387,12 +317,10 @@ class Recorder:
                 if record.pending:
                     batch[record.id], record.pending = record.pending, []
         if batch:
-            self._send("calls", batch)
-        self._send("totals", {
-            "eager_spans": list(self.eager_spans), "transfers": {k: list(v) for k, v in self.transfers.items()},
-            "cache_hits": self.cache_hits, "introspection_s": span_times(
-                [(k, s, e) for k, s, e in self.introspection_spans])["total_s"],
-        })
+            self._send(CallBatch(batch))
+        self._send(RunTotals(
+            list(self.eager_spans), {k: list(v) for k, v in self.transfers.items()}, self.cache_hits,
+            span_times([(k, s, e) for k, s, e in self.introspection_spans])["total_s"]))
 
 
 def _other(text: str) -> Any:
@@ -427,23 +355,9 @@ def compile_listener(recorder: Recorder) -> Iterator[None]:
 
 @contextlib.contextmanager
 def tracking_jit(recorder: Recorder) -> Iterator[None]:
-    """Replace ``jax.jit`` so every function jitted inside the block is tracked; restore it afterwards."""
-    import jax
-
-    original = jax.jit
-
-    @functools.wraps(original)
-    def jit(*args: Any, **kwargs: Any) -> Any:
-        result = original(*args, **kwargs)
-        if args:
-            return recorder.wrap(result, args[0], kwargs)
-        return lambda fun: recorder.wrap(result(fun), fun, kwargs)  # jax.jit(static_argnums=...) as decorator
-
-    jax.jit = jit
-    try:
+    """Track every function jitted inside the block (``recorder`` as a hook of the jit layer)."""
+    with jit_layer.installed(recorder):
         yield
-    finally:
-        jax.jit = original
 
 
 @contextlib.contextmanager

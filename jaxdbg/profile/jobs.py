@@ -5,8 +5,9 @@
 - :func:`function_job` profiles one function ahead of time: trace, lower and compile split apart, then
   warm-up and timed runs, then a short traced pass for the per-op table.
 
-Both send plain data as they go (topics in :mod:`jaxdbg.profile.assemble`), and read the capture in the
-child once the profiler has stopped (``ops``), so the parent never needs to import jax.
+Both take a :class:`~jaxdbg.profile.messages.ProfileJob` and send typed messages as they go
+(:mod:`jaxdbg.profile.messages`), and read the capture in the child once the profiler has stopped
+(:class:`~jaxdbg.profile.messages.CaptureOps`), so the parent never needs to import jax.
 """
 
 from __future__ import annotations
@@ -17,21 +18,28 @@ import threading
 import time
 from typing import Any, Callable
 
-from jaxdbg.target import TargetSpec, check_arity
+from jaxdbg.profile.messages import (
+    CallBatch, CallTiming, CaptureOps, CompileRecord, DeviceInfo, FunctionDefined, PeakMeasured, ProfileJob,
+    ProfileNote, RunFinished,
+)
+from jaxdbg.protocol import Done, Environment, Message
+from jaxdbg.target import check_arity
+
+Send = Callable[[Message], None]
 
 
-def locked_sender(channel: Any) -> Callable[[str, Any], None]:
+def locked_sender(channel: Any) -> Send:
     """``channel.send`` made safe for the monitor thread and the main thread at once."""
     lock = threading.Lock()
 
-    def send(topic: str, value: Any) -> None:
+    def send(message: Message) -> None:
         with lock:
-            channel.send(topic, value)
+            channel.send(message)
 
     return send
 
 
-def start(channel: Any) -> tuple[Callable[[str, Any], None], dict]:
+def start(channel: Any) -> tuple[Send, DeviceInfo]:
     """The sender, and the device and environment (sent first: the report's envelope comes from here)."""
     import jax
 
@@ -39,13 +47,13 @@ def start(channel: Any) -> tuple[Callable[[str, Any], None], dict]:
 
     send = locked_sender(channel)
     devices = jax.devices()
-    info = {"backend": jax.default_backend(), "kind": getattr(devices[0], "device_kind", ""), "count": len(devices)}
-    send("device", info)
-    send("environment", environment_info())
+    info = DeviceInfo(jax.default_backend(), getattr(devices[0], "device_kind", ""), len(devices))
+    send(info)
+    send(Environment(environment_info()))
     return send, info
 
 
-def send_capture_ops(send: Callable[[str, Any], None], window: Any, backend: str) -> None:
+def send_capture_ops(send: Send, window: Any, backend: str) -> None:
     """Per-op totals from the capture: xprof's hlo_stats off CPU, the XLA:CPU thunk events otherwise."""
     from jaxdbg.profile.ops import thunk_events, xprof_hlo_stats
 
@@ -56,45 +64,44 @@ def send_capture_ops(send: Callable[[str, Any], None], window: Any, backend: str
         # xprof's per-op tools are empty on CPU (checked), so it is asked only off CPU; the raw events are
         # always read, as the fallback for a function xprof's table does not name.
         by_prefix = xprof_hlo_stats(trace.xplane) if backend != "cpu" else {}
-        send("ops", {"by_prefix": by_prefix, "by_module": thunk_events(trace.xplane)})
+        send(CaptureOps(by_prefix, thunk_events(trace.xplane)))
     except Exception as err:  # noqa: BLE001 - the profile stands without its op table
-        send("trace_error", f"reading the capture failed: {type(err).__name__}: {err}")
+        send(ProfileNote(f"reading the capture failed: {type(err).__name__}: {err}"))
 
 
-def send_peak(send: Callable[[str, Any], None], info: dict, calibrate: bool) -> None:
+def send_peak(send: Send, info: DeviceInfo, calibrate: bool) -> None:
     """The device peak: measured on CPU (after the target, undisturbed); GPU/TPU peaks come from a table."""
     from jaxdbg.profile.peaks import calibrate_cpu
 
-    if info["backend"] == "cpu" and calibrate:
+    if info.backend == "cpu" and calibrate:
         try:
-            send("peak", calibrate_cpu())
+            send(PeakMeasured(calibrate_cpu()))
         except Exception as err:  # noqa: BLE001 - rates are optional
-            send("peak_error", f"{type(err).__name__}: {err}")
+            send(ProfileNote(f"{type(err).__name__}: {err}"))
 
 
-def _window(payload: dict, send: Callable[[str, Any], None], calls: int) -> Any:
+def _window(job: ProfileJob, send: Send) -> Any:
     from jaxdbg.profile.trace import TraceWindow
 
-    if calls <= 0:
+    if job.options.trace_calls <= 0:
         return None
-    return TraceWindow(os.path.join(payload["out_dir"], "trace"), calls, send, payload.get("python_tracer", False))
+    return TraceWindow(os.path.join(job.out_dir, "trace"), job.options.trace_calls, send, job.options.python_tracer)
 
 
-def script_job(payload: dict, channel: Any) -> None:
-    """Run a script TARGET under instrumentation. payload: spec, out_dir, trace_calls, monitor, interval."""
+def script_job(job: ProfileJob, channel: Any) -> None:
+    """Run a script TARGET under instrumentation."""
     from jaxdbg.profile.instrument import Recorder, compile_listener, timed_transfers, tracking_jit
     from jaxdbg.profile.monitor import Sampler
     from jaxdbg.target import run_script
 
     send, info = start(channel)
-    spec: TargetSpec = payload["spec"]
-    window = _window(payload, send, payload.get("trace_calls", 0))
-    recorder = Recorder(send, payload["out_dir"], window=window, hlo_limit=payload.get("hlo_limit", 3),
-                        sync_every=payload.get("sync_every", 1))
+    options = job.options
+    window = _window(job, send)
+    recorder = Recorder(send, job.out_dir, window=window, sync_every=options.sync_every)
     try:
         with contextlib.ExitStack() as stack:
-            if payload.get("monitor"):
-                stack.enter_context(Sampler(send, payload.get("interval", 0.1)))
+            if options.monitor:
+                stack.enter_context(Sampler(send, options.monitor_interval))
             if window is not None:
                 stack.enter_context(window)
             stack.enter_context(recorder.flushing())
@@ -103,37 +110,38 @@ def script_job(payload: dict, channel: Any) -> None:
             stack.enter_context(timed_transfers(recorder))
             started = time.perf_counter()
             try:
-                run_script(spec)
+                run_script(job.spec)
             finally:
-                send("run", {"wall_s": time.perf_counter() - started, "overhead_s": recorder.overhead_s})
+                send(RunFinished(time.perf_counter() - started, recorder.overhead_s))
     finally:
-        send_capture_ops(send, window, info["backend"])
-    send_peak(send, info, payload.get("calibrate", True))
-    send("done", True)
+        send_capture_ops(send, window, info.backend)
+    send_peak(send, info, options.calibrate)
+    send(Done())
 
 
-def function_job(payload: dict, channel: Any) -> None:
-    """Profile one function: AOT split, warm-up + timed runs, a traced pass. payload: see profile.run."""
+def function_job(job: ProfileJob, channel: Any) -> None:
+    """Profile one function: AOT split, warm-up + timed runs, a traced pass."""
     import jax
 
     from jaxdbg import _compat
     from jaxdbg.profile.hlo import module_name, write_hlo
-    from jaxdbg.profile.instrument import Recorder, compile_listener, function_identity
+    from jaxdbg.jit_layer import function_identity
+    from jaxdbg.profile.instrument import Recorder, compile_listener
     from jaxdbg.profile.monitor import Sampler
     from jaxdbg.target import load_function, load_inputs, short_dtype
 
     send, info = start(channel)
-    spec: TargetSpec = payload["spec"]
-    fn = load_function(spec)
-    host_args = load_inputs(payload.get("inputs"), payload.get("args"), payload.get("seed", 0))
+    options = job.options
+    fn = load_function(job.spec)
+    host_args = load_inputs(options.inputs, options.args, options.seed)
     name, source = function_identity(fn)
-    send("function", {"id": 0, "name": name, "source": source})
-    recorder = Recorder(send, payload["out_dir"])
-    window = _window(payload, send, payload.get("trace_calls", 0))
+    send(FunctionDefined(0, name, source))
+    recorder = Recorder(send, job.out_dir)
+    window = _window(job, send)
     try:
         with contextlib.ExitStack() as stack:
-            if payload.get("monitor"):
-                stack.enter_context(Sampler(send, payload.get("interval", 0.1)))
+            if options.monitor:
+                stack.enter_context(Sampler(send, options.monitor_interval))
             stack.enter_context(compile_listener(recorder))
             started = time.perf_counter()
             args, put_s = _to_device(host_args)
@@ -152,18 +160,17 @@ def function_job(payload: dict, channel: Any) -> None:
             compiled = lowered.compile()
             t3 = time.perf_counter()
             text = compiled.as_text()
-            send("compile", {
-                "id": 0, "call_index": 0, "trace_s": t1 - t0, "lower_s": t2 - t1, "compile_s": t3 - t2,
-                "total_s": t3 - t0, "failed": False, "signature": _signature_text(args),
-                "dtypes": [short_dtype(a.dtype) for a in args if hasattr(a, "dtype")],
-                "hlo": write_hlo(payload["out_dir"], name, 0, lowered.as_text(), text), "module": module_name(text),
-                "cost": _compat.compiled_cost(compiled), "memory": _compat.compiled_memory(compiled),
-            })
+            send(CompileRecord(
+                0, 0, trace_s=t1 - t0, lower_s=t2 - t1, compile_s=t3 - t2, total_s=t3 - t0,
+                signature=_signature_text(args), dtypes=tuple(short_dtype(a.dtype) for a in args if hasattr(a, "dtype")),
+                hlo=write_hlo(job.out_dir, name, 0, lowered.as_text(), text), module=module_name(text),
+                cost=_compat.compiled_cost(compiled), memory=_compat.compiled_memory(compiled),
+            ))
             recorder.eager_spans.clear()  # the AOT compile above, already counted stage by stage
             live = [a for i, a in enumerate(args) if i not in static]
-            warmup, runs = payload.get("warmup", 3), payload.get("runs", 20)
+            warmup, runs = options.warmup, options.runs
             times = [_call(compiled, live, dynamic_host) for _ in range(warmup + runs)]
-            send("calls", {0: [(i, t, t, 0.0, 0.0, False) for i, t in enumerate(times)]})
+            send(CallBatch({0: [CallTiming(i, t, t) for i, t in enumerate(times)]}))
             wall = time.perf_counter() - started
             if window is not None:
                 with window:  # after the timed runs (the capture does not disturb them), as many as they were
@@ -172,11 +179,11 @@ def function_job(payload: dict, channel: Any) -> None:
                             _call(compiled, live, dynamic_host)
                         window.calls += 1
             recorder.flush()
-            send("run", {"wall_s": wall, "overhead_s": 0.0, "warmup": warmup})
+            send(RunFinished(wall, 0.0, warmup))
     finally:
-        send_capture_ops(send, window, info["backend"])
-    send_peak(send, info, payload.get("calibrate", True))
-    send("done", True)
+        send_capture_ops(send, window, info.backend)
+    send_peak(send, info, options.calibrate)
+    send(Done())
 
 
 def _to_device(host_args: tuple) -> tuple[tuple, float]:

@@ -7,9 +7,12 @@ achieved rate comes out 40 times too low. Here each dot (and cuBLAS/hipBLAS gemm
 work inside loops stays counted once, so the total is still a lower bound, a much closer one.
 
 Example:
-    >>> flops = loop_matmul_flops(compiled.as_text())    # doctest: +SKIP
-    >>> flops.executed / flops.counted_once               # the loop's trip count, for one matmul in a loop
-    40.0
+    >>> import jax, jax.numpy as jnp
+    >>> def power(a):                                     # five 4x4 matmuls in a loop: 5 * 2 * 4**3 FLOPs
+    ...     return jax.lax.fori_loop(0, 5, lambda i, v: a @ v, a)
+    >>> flops = loop_matmul_flops(jax.jit(power).lower(jnp.ones((4, 4))).compile().as_text())
+    >>> flops.executed
+    640.0
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The results of ``jaxdbg profile``: frozen dataclasses, serialised by :func:`jaxdbg.report.to_jsonable`.
 
-The field names follow the contract's profile ``result`` (CONTRACT.md); fields beyond it add detail
+The field names follow the contract's profile ``result`` (docs/report.md, "profile"); fields beyond it add detail
 (per-compile records, rates against the device peak, transfers, the monitor series).
 
 Example:
@@ -205,3 +205,8 @@ class ProfileResult:
     monitor: MonitorSeries | None = None
     comparison: tuple[FunctionDelta, ...] | None = None
     device: dict[str, Any] = field(default_factory=dict)
+
+    def essential_line(self) -> str | None:
+        if not self.budget.ok:
+            return "budget broken: " + "; ".join(self.budget.violations)
+        return self.error

@@ -5,8 +5,13 @@ limit) looks like slow code in a profile; the series tells them apart. Samples l
 channel, so a run that dies still leaves what was sampled.
 
 Example:
-    >>> with Sampler(send=lambda topic, value: None, interval_s=0.1):    # doctest: +SKIP
-    ...     run_script(spec)
+    >>> import time
+    >>> batches = []
+    >>> with Sampler(send=lambda message: batches.append(message.rows), interval_s=0.01):
+    ...     time.sleep(0.05)                        # the profiled run
+    >>> monitor = series([sample for batch in batches for sample in batch], interval_s=0.01)
+    >>> monitor.summary["samples"] == len(monitor.t_s) >= 1, monitor.summary["peak_host_rss_bytes"] > 0
+    (True, True)
 """
 
 from __future__ import annotations
@@ -16,7 +21,9 @@ import threading
 import time
 from typing import Any, Callable
 
+from jaxdbg.profile.messages import MonitorSamples
 from jaxdbg.profile.model import MonitorSeries
+from jaxdbg.protocol import Message
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -72,7 +79,7 @@ def device_bytes_in_use() -> tuple[int, ...] | None:
 class Sampler:
     """A daemon thread that samples every ``interval_s`` and sends batches of samples."""
 
-    def __init__(self, send: Callable[[str, Any], None], interval_s: float = 0.1, batch_s: float = 1.0):
+    def __init__(self, send: Callable[[Message], None], interval_s: float = 0.1, batch_s: float = 1.0):
         self.send = send
         self.interval_s = interval_s
         self.batch_s = batch_s
@@ -128,7 +135,7 @@ class Sampler:
     def _flush(self) -> None:
         if self._pending:
             batch, self._pending = self._pending, []
-            self.send("monitor", batch)
+            self.send(MonitorSamples(batch))
 
 
 def series(samples: list[tuple], interval_s: float) -> MonitorSeries | None:

@@ -17,12 +17,13 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from jaxdbg._errors import EXIT_FOUND, EXIT_OK, EXIT_TARGET_FAILED, UsageError
+from jaxdbg._errors import EXIT_FOUND, EXIT_OK, EXIT_TARGET_FAILED, EXIT_USAGE, UsageError
 from jaxdbg._source import is_jaxdbg_file
 from jaxdbg.profile.assemble import Gathered
 from jaxdbg.profile.budget import check_budget, parse_budget
 from jaxdbg.profile.compare import compare, load_baseline, other_target_note
 from jaxdbg.profile.hints import hints_for, notes_for
+from jaxdbg.profile.messages import CaptureOps, ProfileJob
 from jaxdbg.profile.model import FunctionProfile, ProfileResult
 from jaxdbg.profile.monitor import series
 from jaxdbg.profile.peaks import Peak, achieved_rates, dtype_class, table_peak
@@ -75,12 +76,8 @@ def profile(spec: TargetSpec, options: ProfileOptions, out_dir: str) -> ProfileR
     env = {"XLA_FLAGS": flags}
     if dump:
         artifacts["xla_dump"] = dump
-    payload = {"spec": spec, "out_dir": out_dir, "trace_calls": options.trace_calls, "monitor": options.monitor,
-               "interval": options.monitor_interval, "calibrate": options.calibrate, "warmup": options.warmup,
-               "runs": options.runs, "args": options.args, "inputs": options.inputs, "seed": options.seed,
-               "python_tracer": options.python_tracer, "sync_every": options.sync_every}
     job = "jaxdbg.profile.jobs:script_job" if spec.is_script else "jaxdbg.profile.jobs:function_job"
-    outcome = run_contained(job, payload, timeout=options.timeout, env=env)
+    outcome = run_contained(job, ProfileJob(spec, options, out_dir), timeout=options.timeout, env=env)
     _raise_usage_from_child(outcome)
     _raise_internal_failure(outcome, spec, options)
     mode = "script" if spec.is_script else "function"
@@ -155,8 +152,8 @@ def _check_inputs(spec: TargetSpec, options: ProfileOptions) -> None:
 def _raise_usage_from_child(outcome: Outcome) -> None:
     """A UsageError raised while the child loaded the target (no such function, ...) is the user's input."""
     exc = outcome.exception
-    if exc is not None and exc.qualname == "jaxdbg._errors.UsageError":
-        raise UsageError(exc.message)
+    if exc is not None and exc.exit_code == EXIT_USAGE:
+        exc.reraise()
 
 
 def _raise_internal_failure(outcome: Outcome, spec: TargetSpec, options: ProfileOptions) -> None:
@@ -165,7 +162,7 @@ def _raise_internal_failure(outcome: Outcome, spec: TargetSpec, options: Profile
     if exc is None:
         return
     frames = re.findall(r'File "([^"]+)", line (\d+)', exc.traceback or "")
-    if frames and is_jaxdbg_file(frames[-1][0]) and exc.type not in ("UsageError", "TargetFailedError"):
+    if frames and is_jaxdbg_file(frames[-1][0]) and exc.exit_code is None:
         # raised by jaxdbg's own instrumentation (user frames above it only called into it)
         raise RuntimeError(f"jaxdbg's instrumentation failed inside the target's run: {exc.type}: "
                            f"{first_line(exc.message)} [{frames[-1][0]}:{frames[-1][1]}]")
@@ -212,14 +209,14 @@ def _peak(gathered: Gathered) -> Peak | None:
 
 
 def _table(gathered: Gathered, function: FunctionProfile) -> Peak | None:
-    return table_peak(gathered.device.get("kind", ""), dtype_class(gathered.dtypes(function.name)))
+    return table_peak(gathered.device.get("kind", "") if gathered.device else "", dtype_class(gathered.dtypes(function.name)))
 
 
-def attach_ops(functions: list[FunctionProfile], captured: dict, top: int) -> list[FunctionProfile]:
+def attach_ops(functions: list[FunctionProfile], captured: CaptureOps, top: int) -> list[FunctionProfile]:
     """Per-op tables for each function from the per-op totals the child read from the capture.
 
-    ``captured["by_prefix"]``: xprof's hlo_stats keyed by framework-op prefix (``jit(train_step)``), used
-    first; ``captured["by_module"]``: the capture's own op events keyed by HLO module (``jit_train_step``)."""
+    ``captured.by_prefix``: xprof's hlo_stats keyed by framework-op prefix (``jit(train_step)``), used
+    first; ``captured.by_module``: the capture's own op events keyed by HLO module (``jit_train_step``)."""
     from jaxdbg.profile.hlo import parse_hlo
     from jaxdbg.profile.ops import op_table
 
@@ -233,9 +230,9 @@ def attach_ops(functions: list[FunctionProfile], captured: dict, top: int) -> li
             with open(path) as handle:
                 module = parse_hlo(handle.read())
         name = function.module or (module.name if module else f"jit_{function.name}")
-        ops, source = captured.get("by_prefix", {}).get(f"jit({function.name})"), "xprof hlo_stats"
+        ops, source = captured.by_prefix.get(f"jit({function.name})"), "xprof hlo_stats"
         if not ops:
-            ops, source = captured.get("by_module", {}).get(name), "xplane op events"
+            ops, source = captured.by_module.get(name), "xplane op events"
         rows = op_table(ops, module, top, name) if ops else ()
         updated.append(dataclasses.replace(function, ops=rows, ops_source=source if rows else ""))
     return updated

@@ -18,13 +18,15 @@ import json
 import os
 from typing import Any, Callable
 
+from jaxdbg.profile.messages import ProfileNote, TraceCaptured
 from jaxdbg.profile.model import TraceFiles
+from jaxdbg.protocol import Message
 
 
 class TraceWindow:
     """Start a capture on enter; stop it after ``max_calls`` tracked calls or on exit, whichever is first."""
 
-    def __init__(self, logdir: str, max_calls: int, send: Callable[[str, Any], None], python_tracer: bool = False):
+    def __init__(self, logdir: str, max_calls: int, send: Callable[[Message], None], python_tracer: bool = False):
         self.logdir = logdir
         self.python_tracer = python_tracer
         self.max_calls = max_calls
@@ -48,7 +50,7 @@ class TraceWindow:
             self.active = True
         except Exception as err:  # noqa: BLE001 - a failed capture must not stop the profile
             self.error = f"jax.profiler could not start: {type(err).__name__}: {err}"
-            self.send("trace_error", self.error)
+            self.send(ProfileNote(self.error))
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -69,8 +71,8 @@ class TraceWindow:
         def start_trace(*args: Any, **kwargs: Any) -> Any:
             if self.active:
                 self.stop()
-                self.send("trace_error", f"the script started its own jax.profiler capture after {self.calls} "
-                          "traced calls: jaxdbg's capture stopped there")
+                self.send(ProfileNote(f"the script started its own jax.profiler capture after {self.calls} "
+                                      "traced calls: jaxdbg's capture stopped there"))
             return original(*args, **kwargs)
 
         for module, attr, _ in self._saved:
@@ -96,10 +98,10 @@ class TraceWindow:
         try:
             jax.profiler.stop_trace()
         except Exception as err:  # noqa: BLE001
-            self.send("trace_error", f"jax.profiler could not stop: {type(err).__name__}: {err}")
+            self.send(ProfileNote(f"jax.profiler could not stop: {type(err).__name__}: {err}"))
             return
         self.files = find_trace_files(self.logdir, self.calls)
-        self.send("trace", self.files)
+        self.send(TraceCaptured(self.files))
 
 
 def find_trace_files(logdir: str, calls: int = 0) -> TraceFiles:

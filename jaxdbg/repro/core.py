@@ -32,6 +32,7 @@ from typing import Callable
 
 from jaxdbg._errors import TargetFailedError, UsageError
 from jaxdbg.repro.failures import STILL_FAILS_WITHOUT_JIT, Checker, Failure, choose, observe
+from jaxdbg.repro.messages import CutFinished, LoweredText
 from jaxdbg.repro.jobs import CHILD_ENV, CUT_JOB, JOB, CutRequest, RunRequest, reduction_env
 from jaxdbg.repro.program import INPUTS_FILE, REPRO_FILE, STABLEHLO_FILE, count_lines, expected_message
 from jaxdbg.repro.signature import KINDS, FailureSignature, normalise_message
@@ -84,6 +85,9 @@ class ReproResult:
     verification: str = ""
     failing_primitives: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+
+    def essential_line(self) -> str | None:
+        return self.verification or None
 
 
 class _Clock:
@@ -255,7 +259,7 @@ class _Reproduction:
 
     def cut(self, target: Failure, flaky: bool, runs: list[str]) -> tuple[ReproResult, dict[str, str]] | None:
         kind = target.signature.kind
-        call = int(target.detail.get("call", 0))
+        call = (target.seen.call if target.seen else 0)
         watch = WatchConfig(nonfinite=kind == "nonfinite", mismatch_calls=call + 1 if kind == "mismatch" else 0,
                             reference=self.options.reference, rtol=self.options.rtol, atol=self.options.atol,
                             capture=kind, function=target.last_jit)
@@ -269,23 +273,23 @@ class _Reproduction:
         outcome = self._with_progress("cut computation", progress_path, "equations",
                                       lambda: run_contained(CUT_JOB, request, timeout=budget + self.detect_timeout + 30,
                                                             env=self.env, cwd=self.cwd))
-        summary = outcome.last("cut")
-        if not summary or not summary.get("ok"):
-            reason = (summary or {}).get("reason") or outcome.describe()
+        summary = outcome.last(CutFinished)
+        if summary is None or not summary.ok:
+            reason = (summary.reason if summary else None) or outcome.describe()
             self.notes.append(f"computation reduction not possible ({reason}); reduced the source instead")
-            self.checks += (summary or {}).get("checks", 0)
+            self.checks += summary.checks if summary else 0
             return None
-        self.checks += summary["checks"] + 1
+        self.checks += summary.checks + 1
         # Written out, a cut carries a fixed frame (imports, inputs, the jit call, the check): beyond that, a
         # program longer than the user's is no reduction (e.g. a whole scan written out as lax code).
-        if summary["lines"] > self.subject.original_lines + EMITTED_FRAME_LINES:
-            self.notes.append(f"the cut computation ({summary['lines']} lines, {summary['equations']} equation(s)) "
+        if summary.lines > self.subject.original_lines + EMITTED_FRAME_LINES:
+            self.notes.append(f"the cut computation ({summary.lines} lines, {summary.equations} equation(s)) "
                               f"is not smaller than the program ({self.subject.original_lines} lines); reduced "
                               "the source instead")
             return None
-        artifacts = self._publish(summary["files"])
-        verified, verification = self.verify_program(artifacts["repro"], summary["criterion"])
-        self.progress("verify", self.checks, f"{summary['equations']} equations")
+        artifacts = self._publish(summary.files)
+        verified, verification = self.verify_program(artifacts["repro"], summary.criterion)
+        self.progress("verify", self.checks, f"{summary.equations} equations")
         if not verified:  # an emitted program that does not fail as promised is no answer: reduce the source
             for path in artifacts.values():
                 with contextlib.suppress(OSError):
@@ -294,11 +298,11 @@ class _Reproduction:
             return None
         timed_out = self.clock.left() <= verify_reserve
         result = ReproResult(
-            signature=target.signature, original=Size(self.subject.original_lines, summary["equations_original"]),
-            minimized=Size(summary["lines"], summary["equations"]), checks=self.checks,
+            signature=target.signature, original=Size(self.subject.original_lines, summary.equations_original),
+            minimized=Size(summary.lines, summary.equations), checks=self.checks,
             elapsed_s=round(self.clock.elapsed(), 2), verified=verified, strategy="computation", flaky=flaky,
             runs=runs, timed_out=timed_out, verification=verification,
-            failing_primitives=summary["primitives"], notes=self.notes)
+            failing_primitives=summary.primitives, notes=self.notes)
         return result, artifacts
 
     def verify_program(self, path: str, criterion: dict) -> tuple[bool, str]:
@@ -375,7 +379,7 @@ class _Reproduction:
 
     def _check_watch(self, target: Failure) -> WatchConfig:
         kind = target.signature.kind
-        return WatchConfig(nonfinite=kind == "nonfinite", mismatch_calls=int(target.detail.get("call", 0)) + 1
+        return WatchConfig(nonfinite=kind == "nonfinite", mismatch_calls=(target.seen.call if target.seen else 0) + 1
                            if kind == "mismatch" else 0, reference=self.options.reference, rtol=self.options.rtol,
                            atol=self.options.atol, stop_on=kind if kind in ("nonfinite", "mismatch") else None,
                            function=target.last_jit if kind in ("nonfinite", "mismatch") else None)
@@ -417,11 +421,11 @@ class _Reproduction:
                 checker.last_rejections = [STILL_FAILS_WITHOUT_JIT]
             verification = f"fresh run of {REPRO_FILE} {_plain_end(outcome, observe(outcome))}"
             if verified:
-                lowered = [m for m in outcome.all("lowered") if m["function"] == target.last_jit]
+                lowered = [m for m in outcome.all(LoweredText) if m.function == target.last_jit]
                 if lowered and target.signature.kind in ("crash", "timeout", "exception", "nonfinite", "mismatch"):
                     artifacts["stablehlo"] = os.path.join(self.out_dir, STABLEHLO_FILE)
                     with open(artifacts["stablehlo"], "w") as handle:
-                        handle.write(lowered[-1]["text"])
+                        handle.write(lowered[-1].text)
                 break
             why = "; ".join(checker.last_rejections)
             self.notes.append(f"a {count_lines(text)}-line candidate did not verify ({why}); trying a larger one")

@@ -11,10 +11,14 @@ checked by compiling the candidate with ``jax.jit`` and running it (in this proc
 5. shrink shapes (the failing element alone, then length-1 slices) and simplify values (0, 1, ±1, round).
 
 Example:
-    >>> cutter = Cutter(graph, values, Criterion("nonfinite", what="NaN"))   # doctest: +SKIP
-    >>> best = cutter.run()                                                    # doctest: +SKIP
-    >>> len(best.nodes)                                                        # doctest: +SKIP
-    1
+    >>> import jax, jax.numpy as jnp
+    >>> from jaxdbg.repro.graph import flatten, record
+    >>> x = jnp.array([0.5, 2.0, 3.0])
+    >>> graph, consts = flatten(jax.make_jaxpr(lambda x: jnp.tanh(x) * 2.0 + jnp.log(x - 1.0).sum())(x))
+    >>> values = record(graph, [x], consts)              # every intermediate, recorded op by op
+    >>> best = Cutter(graph, values, Criterion("nonfinite", what="NaN")).run()
+    >>> len(graph.nodes), [graph.nodes[i].primitive.name for i in best.nodes]
+    (6, ['log'])
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ stays out of the jaxdbg process). Progress goes to a small file the parent polls
 
 Example:
     >>> summary = cut_captured(watch.captured, request, deadline)   # doctest: +SKIP
-    >>> summary["equations"], summary["self_check"]                  # doctest: +SKIP
+    >>> summary.equations, summary.self_check                        # doctest: +SKIP
     (1, True)
 """
 
@@ -19,20 +19,21 @@ import numpy as np
 
 from jaxdbg.repro.cut import Criterion, Cutter, CutError
 from jaxdbg.repro.graph import flatten, record
+from jaxdbg.repro.messages import CutFinished, FailureSeen
 from jaxdbg.repro.program import INPUTS_FILE, REPRO_FILE, STABLEHLO_FILE, build_program, can_emit, program_fails
 from jaxdbg.repro.signature import normalise_message
 
 
-def criterion_for(failure: dict, rtol: float, atol: float) -> Criterion:
+def criterion_for(failure: FailureSeen, rtol: float, atol: float) -> Criterion:
     """The in-process test that matches a failure the watch reported."""
-    if failure["kind"] == "nonfinite":
-        return Criterion("nonfinite", what=failure.get("what", "NaN"))
-    if failure["kind"] == "mismatch":
+    if failure.kind == "nonfinite":
+        return Criterion("nonfinite", what=failure.what or "NaN")
+    if failure.kind == "mismatch":
         return Criterion("mismatch", rtol=rtol, atol=atol)
-    return Criterion("exception", exc_type=failure["type"], exc_message=normalise_message(failure["message"]))
+    return Criterion("exception", exc_type=failure.type, exc_message=normalise_message(failure.message))
 
 
-def cut_captured(captured: Any, request: Any, deadline: float) -> dict:
+def cut_captured(captured: Any, request: Any, deadline: float) -> CutFinished:
     """Cut the captured computation and write the reproducer files into ``request.work_dir``."""
     criterion = criterion_for(captured.failure, request.rtol, request.atol)
     if criterion.kind == "nonfinite":
@@ -52,7 +53,7 @@ def cut_captured(captured: Any, request: Any, deadline: float) -> dict:
     try:
         best = cutter.run()
     except CutError as err:
-        return {"ok": False, "reason": str(err), "checks": cutter.stats.checks, "equations_original": len(graph.nodes)}
+        return CutFinished(False, cutter.stats.checks, len(graph.nodes), reason=str(err))
     origin = f"jit({captured.function})"
     program = build_program(graph, best, criterion, origin, len(graph.nodes))
     files = write_program(program, request.work_dir)
@@ -61,15 +62,13 @@ def cut_captured(captured: Any, request: Any, deadline: float) -> dict:
         files["stablehlo"] = write_stablehlo(program, graph, best, request.work_dir)
     except Exception:  # noqa: BLE001 - StableHLO is a bonus; the reproducer stands without it
         pass
-    return {
-        "ok": True, "function": captured.function, "failure": _plain(captured.failure),
-        "equations_original": len(graph.nodes), "equations": len(best.nodes),
-        "primitives": [graph.nodes[i].name for i in best.nodes], "checks": cutter.stats.checks,
-        "lines": program.lines, "files": files, "self_check": self_check,
-        "elapsed_s": time.perf_counter() - started, "history": cutter.stats.history,
-        "criterion": {"kind": criterion.kind, "what": criterion.what, "type": criterion.exc_type,
-                      "message": criterion.exc_message},
-    }
+    return CutFinished(
+        True, cutter.stats.checks, len(graph.nodes), function=captured.function, failure=captured.failure,
+        equations=len(best.nodes), primitives=[graph.nodes[i].name for i in best.nodes], lines=program.lines,
+        files=files, self_check=self_check, elapsed_s=time.perf_counter() - started, history=cutter.stats.history,
+        criterion={"kind": criterion.kind, "what": criterion.what, "type": criterion.exc_type,
+                   "message": criterion.exc_message},
+    )
 
 
 def write_program(program: Any, folder: str) -> dict[str, str]:
@@ -93,12 +92,3 @@ def write_stablehlo(program: Any, graph: Any, best: Any, folder: str) -> str:
     with open(path, "w") as handle:
         handle.write(jax.jit(namespace["f"]).lower(*values).as_text())
     return path
-
-
-def _plain(failure: dict) -> dict:
-    """The failure as plain data (the location dataclass becomes a dict)."""
-    out = dict(failure)
-    loc = out.get("location")
-    if loc is not None and hasattr(loc, "as_dict"):
-        out["location"] = loc.as_dict()
-    return out

@@ -19,13 +19,14 @@ import os
 import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Sequence
 
 from jaxdbg._source import SourceLocation
 from jaxdbg.repro.forkserver import ForkServer
 from jaxdbg.repro.jobs import CHILD_ENV, JOB, RunRequest
+from jaxdbg.repro.messages import FailureSeen, JaxWork, JitCallSeen, LastJit
 from jaxdbg.repro.signature import (FailureSignature, exception_signature, matches_pattern, mismatch_signature,
                                     nonfinite_signature)
 from jaxdbg.repro.source import State, find_statement, is_constant_raise, parse, statement_lines
@@ -46,7 +47,7 @@ class Failure:
     raised_in_jax: bool = False
     last_jit: str | None = None
     jax_work: bool = False
-    detail: dict = field(default_factory=dict)
+    seen: FailureSeen | None = None  # what the jit watch reported, for failures it saw
 
     def describe(self) -> str:
         where = f" at {self.location}" if self.location else ""
@@ -72,9 +73,10 @@ def raised_inside_jax(traceback_text: str) -> bool:
 
 def observe(outcome: Outcome) -> list[Failure]:
     """Every failure one contained run showed: the one that ended it first, then those the watch saw."""
-    jax_work = bool(outcome.all("jax_work"))
-    calls = outcome.all("jit_call")
-    last_jit = outcome.last("last_jit") or (calls[-1]["function"] if calls else None)
+    jax_work = bool(outcome.all(JaxWork))
+    calls = outcome.all(JitCallSeen)
+    last = outcome.last(LastJit)
+    last_jit = (last.function if last else None) or (calls[-1].function if calls else None)
     common = {"last_jit": last_jit, "jax_work": jax_work}
     found: list[Failure] = []
     if outcome.status == "exception" and outcome.exception is not None:
@@ -91,14 +93,14 @@ def observe(outcome: Outcome) -> list[Failure]:
     elif outcome.status == "exit":
         found.append(Failure(FailureSignature("crash", message=f"exit status {outcome.returncode}"),
                              f"exit status {outcome.returncode}", None, **common))
-    for event in outcome.all("failure"):
-        if event["kind"] == "nonfinite":
-            sig = nonfinite_signature(event["function"], event["what"])
+    for event in outcome.all(FailureSeen):
+        if event.kind == "nonfinite":
+            sig = nonfinite_signature(event.function, event.what or "NaN")
         else:
-            sig = mismatch_signature(event["function"], event.get("reference", "op-by-op"))
-        loc = event.get("location")
-        found.append(Failure(replace(sig, location=loc), f"{event['message']} in jit({event['function']})", loc,
-                             True, event["function"], True, dict(event)))
+            sig = mismatch_signature(event.function, event.reference or "op-by-op")
+        loc = event.location
+        found.append(Failure(replace(sig, location=loc), f"{event.message} in jit({event.function})", loc,
+                             True, event.function, True, event))
     return found
 
 

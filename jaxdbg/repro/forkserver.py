@@ -14,7 +14,7 @@ verification use :func:`run_contained` (a truly fresh process) instead.
 Example:
     >>> with ForkServer(env={}) as server:                                                  # doctest: +SKIP
     ...     outcome = server.run("jaxdbg.runner:echo_job", {"say": "hi"}, timeout=30)
-    >>> outcome.last("echo")                                                                # doctest: +SKIP
+    >>> outcome.last(Echo).value                                                            # doctest: +SKIP
     {'say': 'hi'}
 """
 
@@ -33,7 +33,8 @@ import threading
 import time
 from typing import Any, Mapping
 
-from jaxdbg.runner import Outcome, child_env, outcome_of, read_channel
+from jaxdbg.protocol import read_channel
+from jaxdbg.runner import Outcome, child_env, outcome_of
 
 PRELOAD = ("numpy", "jax", "jax.numpy", "jaxdbg._child", "jaxdbg.target", "jaxdbg.repro.jobs", "jaxdbg.repro.watch")
 

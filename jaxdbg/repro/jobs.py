@@ -5,8 +5,7 @@
 - :func:`cut_job` runs the target until the failing jitted call, captures its jaxpr and inputs, cuts the
   computation down (:mod:`jaxdbg.repro.cut`) and writes the reproducer into a work folder.
 
-Channel topics: ``jax_work`` (JAX compiled something), ``jit_call``, ``failure``, ``last_jit``, ``lowered``,
-``inputs`` (function targets), ``progress`` is a file (not a topic) so the parent can poll it, ``cut``.
+Messages: :mod:`jaxdbg.repro.messages`; ``progress`` is a file (not a message) so the parent can poll it.
 
 Example:
     >>> outcome = run_contained("jaxdbg.repro.jobs:target_job", RunRequest(script="bug.py"))   # doctest: +SKIP
@@ -21,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+from jaxdbg.repro.messages import CutFinished, InputsBuilt, JaxWork, LastJit
 from jaxdbg.repro.watch import StopRun, WatchConfig
 
 JOB = "jaxdbg.repro.jobs:target_job"
@@ -83,7 +83,7 @@ def target_job(request: RunRequest, channel: Any) -> None:
             return
         except BaseException:
             if watch is not None:
-                channel.send("last_jit", watch.last)
+                channel.send(LastJit(watch.last))
             raise
 
 
@@ -99,12 +99,12 @@ def cut_job(request: CutRequest, channel: Any) -> None:
             pass
     if watch is None or watch.captured is None:
         reason = (watch.capture_error if watch else None) or "the failing jitted call was not seen again"
-        channel.send("cut", {"ok": False, "reason": reason})
+        channel.send(CutFinished(False, reason=reason))
         return
     from jaxdbg.repro.cutting import cut_captured
 
     deadline = started + request.budget_s
-    channel.send("cut", cut_captured(watch.captured, request, deadline))
+    channel.send(cut_captured(watch.captured, request, deadline))
 
 
 def _run(request: RunRequest, channel: Any) -> None:
@@ -129,7 +129,7 @@ def _run(request: RunRequest, channel: Any) -> None:
     inputs = load_inputs(request.inputs, request.args, request.seed)
     if request.send_inputs:
         with contextlib.suppress(Exception):
-            channel.send("inputs", [np.asarray(x) for x in inputs])
+            channel.send(InputsBuilt([np.asarray(x) for x in inputs]))
     jax.jit(func)(*inputs)
 
 
@@ -154,7 +154,7 @@ def _jax_work_listener(channel: Any) -> Iterator[None]:
     def listener(event: str, *args: Any, **kwargs: Any) -> None:
         if not sent and event.startswith("/jax/core/compile"):
             sent.append(True)
-            channel.send("jax_work", event)
+            channel.send(JaxWork(event))
 
     jax.monitoring.register_event_duration_secs_listener(listener)
     try:
@@ -171,4 +171,4 @@ def inputs_job(request: RunRequest, channel: Any) -> None:
     from jaxdbg.target import load_inputs
 
     inputs = load_inputs(request.inputs, request.args, request.seed)
-    channel.send("inputs", [np.asarray(x) for x in inputs])
+    channel.send(InputsBuilt([np.asarray(x) for x in inputs]))

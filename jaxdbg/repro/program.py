@@ -6,8 +6,22 @@ statement fails the same way as the original: ``jax.jit(f)(...)`` raises the ori
 assertion on the jitted result names the NaN/Inf or the jit vs op-by-op disagreement.
 
 Example:
-    >>> program = build_program(graph, best, Criterion("nonfinite", what="NaN"), origin="jit(loss)")  # doctest: +SKIP
-    >>> print(program.source)                                                                         # doctest: +SKIP
+    >>> import jax, jax.numpy as jnp
+    >>> from jaxdbg.repro.cut import Cutter
+    >>> from jaxdbg.repro.graph import flatten, record
+    >>> x = jnp.array([0.5, 2.0])
+    >>> graph, consts = flatten(jax.make_jaxpr(lambda x: jnp.log(x - 1.0) * 2.0)(x))
+    >>> criterion = Criterion("nonfinite", what="NaN")
+    >>> best = Cutter(graph, record(graph, [x], consts), criterion).run()
+    >>> program = build_program(graph, best, criterion, origin="jit(f)", original_equations=len(graph.nodes))
+    >>> print(program.source[program.source.index("def f"):], end="")
+    def f(a):
+        b = lax.log(a)
+        return b
+    <BLANKLINE>
+    a = np.float32(-1.0)
+    out = np.asarray(jax.jit(f)(a))
+    assert not np.isnan(out).any(), f"jax.jit(f) produced NaN: {out}"
 """
 
 from __future__ import annotations

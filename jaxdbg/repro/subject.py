@@ -22,6 +22,7 @@ import numpy as np
 
 from jaxdbg._errors import TargetFailedError, UsageError
 from jaxdbg.repro.jobs import CHILD_ENV, INPUTS_JOB, RunRequest
+from jaxdbg.repro.messages import InputsBuilt
 from jaxdbg.repro.program import INPUTS_FILE, count_lines
 from jaxdbg.runner import run_contained
 from jaxdbg.target import TargetSpec, load_npz_inputs, parse_args_spec, random_inputs
@@ -119,10 +120,10 @@ def _function_inputs(spec: TargetSpec, inputs: str | None, args: str | None, see
     if not inputs:
         raise UsageError('a function target needs inputs: pass --args "f32[8,128] ..." or --inputs file.py::make_inputs or data.npz')
     outcome = run_contained(INPUTS_JOB, RunRequest(inputs=inputs, seed=seed), timeout=timeout or 120, env=CHILD_ENV)
-    arrays = outcome.last("inputs")
+    built = outcome.last(InputsBuilt)
+    arrays = built.arrays if built is not None else None
     if arrays is None:
-        if outcome.status == "exception" and outcome.exception.type in ("UsageError",):
-            raise UsageError(outcome.exception.message)
+        outcome.reraise_expected()
         raise TargetFailedError(f"--inputs '{inputs}' could not be built: {outcome.describe()}")
     if any(a.dtype == object for a in arrays):
         raise UsageError(f"--inputs '{inputs}': repro needs plain arrays (a tuple of arrays), not other Python objects")

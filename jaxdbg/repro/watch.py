@@ -1,16 +1,17 @@
 """Child-side instrumentation of ``jax.jit`` for ``jaxdbg repro``: notice failures and capture computations.
 
-While :meth:`JitWatch.installed` is active (in a contained child only; restored in ``finally``), every
-function the target jits is wrapped. Each call of a wrapped function:
+While :meth:`JitWatch.installed` is active (in a contained child only; restored in ``finally``), the watch
+is a hook of :mod:`jaxdbg.jit_layer`, so every call of a function the target jits:
 
-- is announced on the channel (topic ``jit_call``, first few calls of each function), so the parent knows
+- is announced on the channel (:class:`JitCallSeen`, first few calls of each function), so the parent knows
   which jitted computation was running when the child crashed or hung;
-- has its outputs checked for NaN/Inf (a cheap host-side check) -> topic ``failure``, kind ``nonfinite``;
+- has its outputs checked for NaN/Inf (the jit layer's fused on-device check) -> :class:`FailureSeen`, kind
+  ``nonfinite``;
 - for its first ``mismatch_calls`` calls, is re-run op by op (``jax.disable_jit``) or in float64 and
-  compared -> topic ``failure``, kind ``mismatch``;
+  compared -> :class:`FailureSeen`, kind ``mismatch``;
 - can be captured (jaxpr + concrete inputs) at the first failure of a chosen kind, ending the run with
   :class:`StopRun` so the caller can cut the computation in the same process;
-- can send its StableHLO text before running (topic ``lowered``), for a crash inside compiled code.
+- can send its StableHLO text before running (:class:`LoweredText`), for a crash inside compiled code.
 
 jax's own functions are jitted at import time, before the watch is installed, so only user code is seen.
 
@@ -22,17 +23,18 @@ Example (inside a contained job):
 from __future__ import annotations
 
 import contextlib
-import functools
 import inspect
-from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import jax
 import numpy as np
 
-from jaxdbg import _compat
+from jaxdbg import _compat, jit_layer
 from jaxdbg._source import caller_user_frame
+from jaxdbg.jit_layer import JitCall, JitHook
+from jaxdbg.nonfinite import kind_of
+from jaxdbg.repro.messages import FailureSeen, JitCallSeen, LoweredText
 
 ANNOUNCED_CALLS = 3  # jit_call messages per function (a training loop must not flood the channel)
 
@@ -63,140 +65,96 @@ class Captured:
     function: str
     closed_jaxpr: Any
     args: list
-    failure: dict
+    failure: FailureSeen
 
 
-class JitWatch:
-    """Wraps ``jax.jit`` while installed; see the module docstring."""
+class JitWatch(JitHook):
+    """A hook of the jit layer while installed; see the module docstring."""
 
     def __init__(self, config: WatchConfig, channel: Any):
         self.config = config
+        self.check_outputs = config.nonfinite
         self.channel = channel
-        self.calls: Counter = Counter()
         self.reported: set[tuple[str, str]] = set()
         self.captured: Captured | None = None
         self.capture_error: str | None = None
-        self.busy = False  # inside our own reference run: do not watch recursively
         self.last: str | None = None  # the jitted function entered most recently
 
     @contextlib.contextmanager
     def installed(self) -> Iterator["JitWatch"]:
-        real_jit = jax.jit
-        jax.jit = self._wrap_jit(real_jit)
-        try:
+        with jit_layer.installed(self):
             yield self
-        finally:
-            jax.jit = real_jit
 
-    def _wrap_jit(self, real_jit: Callable) -> Callable:
-        watch = self
+    # Hooks of the jit layer ---------------------------------------------------------------------------------
 
-        @functools.wraps(real_jit)
-        def jit(fun: Callable | None = None, *args: Any, **kwargs: Any) -> Any:
-            if fun is None:  # decorator-factory use: @jax.jit(static_argnames=...)
-                return lambda f: jit(f, *args, **kwargs)
-            return WatchedFunction(real_jit(fun, *args, **kwargs), fun, kwargs, watch)
-
-        return jit
-
-    # Called by WatchedFunction ------------------------------------------------------------------------------
-
-    def on_call(self, wrapped: "WatchedFunction", args: tuple, kwargs: dict) -> int:
-        name = wrapped.name
-        self.calls[name] += 1
-        self.last = name
-        index = self.calls[name] - 1
-        if index < ANNOUNCED_CALLS:
-            self.channel.send("jit_call", {"function": name, "call": index})
-        if self.config.send_lowered and index == 0:
+    def before(self, call: JitCall) -> None:
+        function = call.function
+        self.last = function.name
+        if call.index < ANNOUNCED_CALLS:
+            self.channel.send(JitCallSeen(function.name, call.index))
+        if self.config.send_lowered and call.index == 0:
             with contextlib.suppress(Exception):
-                self.channel.send("lowered", {"function": name, "text": wrapped.jitted.lower(*args, **kwargs).as_text()})
-        return index
+                text = function.jitted.lower(*call.args, **call.kwargs).as_text()
+                self.channel.send(LoweredText(function.name, text))
 
-    def on_exception(self, wrapped: "WatchedFunction", args: tuple, kwargs: dict, err: BaseException) -> None:
-        if self.config.capture == "exception" and self._counts(wrapped.name):
-            failure = {"kind": "exception", "function": wrapped.name, "type": type(err).__name__, "message": str(err)}
-            self._capture(wrapped, args, kwargs, failure)
+    def on_exception(self, call: JitCall, err: BaseException) -> None:
+        name = call.function.name
+        if self.config.capture == "exception" and self._counts(name) and isinstance(err, Exception):
+            self._capture(call, FailureSeen("exception", name, call.index, str(err), type=type(err).__name__))
 
-    def on_result(self, wrapped: "WatchedFunction", args: tuple, kwargs: dict, out: Any, index: int) -> None:
+    def after(self, call: JitCall, out: Any) -> None:
         failure = None
+        name = call.function.name
         if self.config.nonfinite:
-            what = nonfinite_in(out)
-            if what:
-                failure = {"kind": "nonfinite", "what": what, "message": f"jitted function produced {what}"}
-        if failure is None and index < self.config.mismatch_calls:
-            failure = self._mismatch(wrapped, args, kwargs, out)
+            kind = kind_of(call.host_magnitudes())
+            if kind is not None:
+                what = {"nan": "NaN", "inf": "Inf"}[kind]
+                failure = FailureSeen("nonfinite", name, call.index, f"jitted function produced {what}",
+                                      caller_user_frame(), what=what)
+        if failure is None and call.index < self.config.mismatch_calls:
+            failure = self._mismatch(call, out)
         if failure is None:
             return
-        failure.update(function=wrapped.name, call=index, location=caller_user_frame())
-        key = (failure["kind"], wrapped.name)
+        key = (failure.kind, name)
         if key not in self.reported:
             self.reported.add(key)
-            self.channel.send("failure", failure)
-        if self._counts(wrapped.name) and self.config.capture == failure["kind"]:
-            self._capture(wrapped, args, kwargs, failure)
-        if self._counts(wrapped.name) and self.config.stop_on == failure["kind"]:
+            self.channel.send(failure)
+        if self._counts(name) and self.config.capture == failure.kind:
+            self._capture(call, failure)
+        if self._counts(name) and self.config.stop_on == failure.kind:
             raise StopRun()
 
     def _counts(self, name: str) -> bool:
         return self.config.function is None or self.config.function == name
 
-    def _mismatch(self, wrapped: "WatchedFunction", args: tuple, kwargs: dict, out: Any) -> dict | None:
-        self.busy = True
+    def _mismatch(self, call: JitCall, out: Any) -> FailureSeen | None:
+        function, args, kwargs = call.function, call.args, call.kwargs
         try:
-            if self.config.reference == "float64":
-                with jax.enable_x64(True):
-                    wide = jax.tree_util.tree_map(_widen, (args, kwargs))
-                    ref = wrapped.jitted(*wide[0], **wide[1])
-                reference = "float64"
-            else:
-                with jax.disable_jit():
-                    ref = wrapped.fun(*args, **kwargs)
-                reference = "op-by-op"
+            with jit_layer.internal():  # the reference run is ours: its jitted calls are not watched
+                if self.config.reference == "float64":
+                    with jax.enable_x64(True):
+                        wide = jax.tree_util.tree_map(_widen, (args, kwargs))
+                        ref = function.jitted(*wide[0], **wide[1])
+                    reference = "float64"
+                else:
+                    with jax.disable_jit():
+                        ref = function.fun(*args, **kwargs)
+                    reference = "op-by-op"
         except Exception:  # noqa: BLE001 - no reference, no comparison
             return None
-        finally:
-            self.busy = False
         detail = compare_trees(out, ref, self.config.rtol, self.config.atol)
         if detail is None:
             return None
-        return {"kind": "mismatch", "reference": reference, "message": f"jit and {reference} disagree", "detail": detail}
+        return FailureSeen("mismatch", function.name, call.index, f"jit and {reference} disagree", caller_user_frame(),
+                           reference=reference, detail=detail)
 
-    def _capture(self, wrapped: "WatchedFunction", args: tuple, kwargs: dict, failure: dict) -> None:
+    def _capture(self, call: JitCall, failure: FailureSeen) -> None:
         try:
-            closed, flat = trace_flat(wrapped.fun, wrapped.jit_kwargs, args, kwargs)
-            self.captured = Captured(wrapped.name, closed, flat, failure)
+            closed, flat = trace_flat(call.function.fun, call.function.options, call.args, call.kwargs)
+            self.captured = Captured(call.function.name, closed, flat, failure)
         except Exception as err:  # noqa: BLE001 - reported to the parent, which falls back to source reduction
             self.capture_error = f"{type(err).__name__}: {err}"
         raise StopRun()
-
-
-class WatchedFunction:
-    """A jitted function that reports its calls to the watch; everything else is the jitted function's."""
-
-    def __init__(self, jitted: Any, fun: Callable, jit_kwargs: dict, watch: JitWatch):
-        self.jitted, self.fun, self.jit_kwargs, self.watch = jitted, fun, jit_kwargs, watch
-        self.name = getattr(fun, "__name__", None) or type(fun).__name__
-        functools.update_wrapper(self, fun, updated=())
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        watch = self.watch
-        if watch.busy or any(_compat.is_tracer(leaf) for leaf in jax.tree_util.tree_leaves((args, kwargs))):
-            return self.jitted(*args, **kwargs)
-        index = watch.on_call(self, args, kwargs)
-        try:
-            out = self.jitted(*args, **kwargs)
-        except Exception as err:
-            watch.on_exception(self, args, kwargs, err)
-            raise
-        watch.on_result(self, args, kwargs, out, index)
-        return out
-
-    def __get__(self, obj: Any, objtype: Any = None) -> Any:
-        return self if obj is None else functools.partial(self, obj)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.jitted, name)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -212,16 +170,6 @@ def _float_leaves(tree: Any) -> list[np.ndarray]:
             continue
         leaves.append(np.asarray(leaf))
     return leaves
-
-
-def nonfinite_in(tree: Any) -> str | None:
-    """'NaN' if any floating leaf holds a NaN, 'Inf' if one holds only infinities, else None."""
-    saw_inf = False
-    for leaf in _float_leaves(tree):
-        if np.isnan(leaf).any():
-            return "NaN"
-        saw_inf = saw_inf or bool(np.isinf(leaf).any())
-    return "Inf" if saw_inf else None
 
 
 def compare_trees(out: Any, ref: Any, rtol: float, atol: float) -> dict | None:

@@ -1,0 +1,311 @@
+"""The one place that patches ``jax.jit``: the instrumentation layer that every command plugs into.
+
+While at least one :class:`JitHook` is installed (:func:`installed`, a context manager that restores
+``jax.jit`` in ``finally``), ``jax.jit(fun, **options)`` returns an :class:`InstrumentedJit`. It behaves like
+the jitted function (``.lower``, ``.trace``, ``.eval_shape`` and every other attribute pass through; it binds
+as a method), and each *top-level* call of it (concrete arguments, not inside another trace, not inside
+another instrumented call or jaxdbg's own work) runs through the installed hooks:
+
+- ``on_jit(function)`` when ``jax.jit`` is applied;
+- ``around(call, run)``: by default ``before(call)``, then ``run()``, then ``after(call, out)`` or
+  ``on_exception(call, err)``. ``before`` may replace ``call.args``/``call.kwargs``; a hook that must wrap
+  the execution itself (a profiler annotation) overrides ``around``.
+
+Hooks run in installation order, the first installed outermost. A hook that sets ``check_outputs`` gets
+the one non-finite check of :mod:`jaxdbg.nonfinite`: the call runs a companion compiled function that
+returns the outputs plus ``max(|x|)`` of each floating output leaf, fused by XLA into the same program
+(its name ends in :data:`CHECKED_SUFFIX`), and ``call.host_magnitudes()`` copies just that vector.
+
+profile (timing and the compile split), nan-hunt and the in-process watch (non-finite outputs), and repro
+(failures and captures) are hooks; none of them touches ``jax.jit`` itself.
+
+Example:
+    >>> import jax, jax.numpy as jnp
+    >>> class Counting(JitHook):
+    ...     check_outputs = True
+    ...     def after(self, call, out):
+    ...         print(call.function.name, call.index, call.host_magnitudes().tolist())
+    >>> with installed(Counting()):
+    ...     double = jax.jit(lambda x: 2 * x)
+    ...     _ = double(jnp.array([1.0, -2.0]))
+    ...     _ = double(jnp.array([3.0]))
+    <lambda> 0 [4.0]
+    <lambda> 1 [6.0]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+import types
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from jaxdbg import _compat
+from jaxdbg._source import SourceLocation, caller_user_frame, is_user_file
+from jaxdbg.nonfinite import magnitudes, with_magnitudes
+
+CHECKED_SUFFIX = "__jaxdbg_checked"  # names the companion functions (they keep jax's C++ fast path)
+
+
+class JitHook:
+    """Base class of the hooks: every method is a no-op. Subclasses override what they need."""
+
+    check_outputs: bool = False
+
+    def on_jit(self, function: "InstrumentedJit") -> None:
+        """``jax.jit`` was applied (once per application, before any call)."""
+
+    def around(self, call: "JitCall", run: Callable[[], Any]) -> Any:
+        """Run one call; the default is ``before``, ``run()``, then ``after`` or ``on_exception``."""
+        self.before(call)
+        try:
+            out = run()
+        except BaseException as err:
+            self.on_exception(call, err)
+            raise
+        self.after(call, out)
+        return out
+
+    def before(self, call: "JitCall") -> None:
+        """Before the call runs; may replace ``call.args`` and ``call.kwargs``."""
+
+    def after(self, call: "JitCall", out: Any) -> None:
+        """After the call returned ``out`` (its computation may still be running on the device)."""
+
+    def on_exception(self, call: "JitCall", err: BaseException) -> None:
+        """The call raised ``err`` (re-raised afterwards)."""
+
+
+class FunctionRecord:
+    """What is known of one jitted function across its ``jax.jit`` applications (same name and definition
+    site): re-jitting the same code in a loop is still the same function to the user."""
+
+    def __init__(self, ident: int, name: str, source: SourceLocation | None):
+        self.id = ident
+        self.name = name
+        self.source = source  # where it is defined, or where it was jitted for code outside user files
+        self.calls = 0
+
+
+class JitCall:
+    """One top-level call of an instrumented function, as the hooks see it.
+
+    ``index`` is the 0-based count of calls of this function (its record, across re-jits); ``notes`` is a
+    place for hooks to keep what they need from ``before`` to ``after``.
+    """
+
+    __slots__ = ("function", "args", "kwargs", "index", "magnitudes", "notes", "_host")
+
+    def __init__(self, function: "InstrumentedJit", args: tuple, kwargs: dict, index: int):
+        self.function = function
+        self.args = args
+        self.kwargs = kwargs
+        self.index = index
+        self.magnitudes: Any = None  # device vector, when a hook asked for the check
+        self.notes: dict[str, Any] = {}
+        self._host: np.ndarray | None = None
+
+    def host_magnitudes(self) -> np.ndarray:
+        """``max(|x|)`` per floating output leaf, on the host (the only copy the check makes; waits for it)."""
+        if self._host is None:
+            self._host = np.zeros((0,), np.float32) if self.magnitudes is None else np.asarray(self.magnitudes)
+        return self._host
+
+
+class InstrumentedJit:
+    """What ``jax.jit(fun, **options)`` returns while hooks are installed; behaves like the jitted function."""
+
+    def __init__(self, layer: "_Layer", jitted: Any, fun: Callable, options: dict, record: FunctionRecord):
+        self._layer = layer
+        self.jitted = jitted
+        self.fun = fun
+        self.options = options
+        self.record = record
+        self.name = record.name
+        self.static_argnums = _as_tuple(options.get("static_argnums"))
+        self.static_argnames = _as_tuple(options.get("static_argnames"))
+        self._checked: Any = None
+        for attr in ("__name__", "__qualname__", "__module__", "__doc__"):
+            with contextlib.suppress(AttributeError, TypeError):
+                setattr(self, attr, getattr(jitted, attr))
+        self.__wrapped__ = getattr(jitted, "__wrapped__", fun)
+
+    @property
+    def donates(self) -> bool:
+        """Whether a call may donate (delete) its argument buffers."""
+        return self.options.get("donate_argnums") is not None or self.options.get("donate_argnames") is not None
+
+    def checked(self) -> Any:
+        """The companion that also returns the output magnitudes (None when ``out_shardings`` is given: those
+        describe the user's outputs only, so the check then runs as a separate reduction)."""
+        if self._checked is None and "out_shardings" not in self.options:
+            self._checked = self._layer.real_jit(with_magnitudes(self.fun, self.name + CHECKED_SUFFIX),
+                                                 **self.options)
+        return self._checked
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._layer.call(self, args, kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("jitted", "_layer", "fun"):  # not set yet (half-built, or unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.jitted, name)
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        return self if obj is None else types.MethodType(self, obj)
+
+    def __repr__(self) -> str:
+        return f"<jaxdbg-instrumented {self.jitted!r}>"
+
+
+class _Layer:
+    """The installed hooks and the functions jitted while they were installed."""
+
+    def __init__(self, real_jit: Callable):
+        self.real_jit = real_jit
+        self.hooks: list[JitHook] = []
+        self.records: dict[tuple, FunctionRecord] = {}
+        self.local = threading.local()
+        self.lock = threading.Lock()
+
+    def jit(self, fun: Callable | None = None, /, *args: Any, **options: Any) -> Any:
+        if fun is None:  # @jax.jit(static_argnames=...) used as a decorator factory
+            return lambda f: self.jit(f, *args, **options)
+        jitted = self.real_jit(fun, *args, **options)
+        if not self.hooks or not callable(jitted) or not hasattr(jitted, "lower"):
+            return jitted
+        wrapped = InstrumentedJit(self, jitted, fun, options, self._record(fun))
+        for hook in list(self.hooks):
+            hook.on_jit(wrapped)
+        return wrapped
+
+    def _record(self, fun: Callable) -> FunctionRecord:
+        name, source = function_identity(fun)
+        inner = unwrap_function(fun)
+        code = getattr(inner, "__code__", None)
+        key = (name, code.co_filename, code.co_firstlineno) if code is not None else (name, id(inner))
+        with self.lock:
+            record = self.records.get(key)
+            if record is None:
+                record = self.records[key] = FunctionRecord(len(self.records), name, source or caller_user_frame(1))
+            return record
+
+    def busy(self) -> bool:
+        return getattr(self.local, "depth", 0) > 0
+
+    def call(self, function: InstrumentedJit, args: tuple, kwargs: dict) -> Any:
+        hooks = self.hooks
+        if not hooks or self.busy() or _compat.under_transformation():
+            return function.jitted(*args, **kwargs)  # traced inside another function, nested, or jaxdbg's own
+        record = function.record
+        with self.lock:
+            index = record.calls
+            record.calls += 1
+        call = JitCall(function, args, kwargs, index)
+        check = any(h.check_outputs for h in hooks)
+
+        def execute() -> Any:
+            with self.internal():
+                checked = function.checked() if check else None
+                if checked is not None:
+                    out, call.magnitudes = checked(*call.args, **call.kwargs)
+                    return out
+                out = function.jitted(*call.args, **call.kwargs)
+                if check:
+                    call.magnitudes = magnitudes(out)
+                return out
+
+        run = execute
+        for hook in reversed(hooks):
+            run = functools.partial(hook.around, call, run)
+        return run()
+
+    @contextlib.contextmanager
+    def internal(self) -> Iterator[None]:
+        local = self.local
+        local.depth = getattr(local, "depth", 0) + 1
+        try:
+            yield
+        finally:
+            local.depth -= 1
+
+
+_layer: _Layer | None = None
+_install_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def installed(hook: JitHook) -> Iterator[JitHook]:
+    """Install ``hook``: functions jitted from now on are instrumented; ``jax.jit`` is restored when the last
+    hook leaves. Hooks nest (profile's and a program's own ``jaxdbg.watch`` at once)."""
+    import jax
+
+    global _layer
+    with _install_lock:
+        if _layer is None:
+            _layer = _Layer(jax.jit)
+            jax.jit = _layer.jit
+        layer = _layer
+        layer.hooks = [*layer.hooks, hook]  # a new list: a call in flight keeps the hooks it started with
+    try:
+        yield hook
+    finally:
+        with _install_lock:
+            layer.hooks = [h for h in layer.hooks if h is not hook]
+            if not layer.hooks and _layer is layer:
+                jax.jit = layer.real_jit
+                _layer = None
+
+
+@contextlib.contextmanager
+def internal() -> Iterator[None]:
+    """jaxdbg's own work (reference runs, replays, checks): instrumented functions called inside pass through
+    untouched, and hooks that watch eager operations ignore them (see :func:`is_internal`)."""
+    layer = _layer
+    if layer is None:
+        yield
+        return
+    with layer.internal():
+        yield
+
+
+def is_internal() -> bool:
+    """True inside :func:`internal` or inside an instrumented call on this thread."""
+    layer = _layer
+    return layer is not None and layer.busy()
+
+
+def unwrap_function(fun: Any) -> Any:
+    """The Python function behind a callable (partials and ``functools.wraps`` wrappers unwrapped)."""
+    for _ in range(8):
+        if isinstance(fun, functools.partial):
+            fun = fun.func
+        elif hasattr(fun, "__wrapped__"):
+            fun = fun.__wrapped__
+        else:
+            break
+    return fun
+
+
+def function_identity(fun: Any) -> tuple[str, SourceLocation | None]:
+    """A function's display name and where it is defined (None for code outside user files).
+
+    Example:
+        >>> function_identity(functools.partial(len))
+        ('len', None)
+    """
+    inner = unwrap_function(fun)
+    name = getattr(inner, "__name__", None) or type(inner).__name__
+    code = getattr(inner, "__code__", None)
+    if code is not None and is_user_file(code.co_filename):
+        return name, SourceLocation(code.co_filename, code.co_firstlineno, name)
+    return name, None
+
+
+def _as_tuple(value: Any) -> tuple:
+    if value is None:
+        return ()
+    return (value,) if isinstance(value, (int, str)) else tuple(value)

@@ -1,0 +1,42 @@
+"""What a nan-hunt job is asked and sends back (typed: see :mod:`jaxdbg.protocol`).
+
+Example:
+    >>> NonFiniteDetected("train_step", 2, None, "nan").call_index
+    2
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from jaxdbg._source import SourceLocation
+from jaxdbg.protocol import Message
+
+
+@dataclass(frozen=True)
+class HuntJob(Message):
+    """The request: the TARGET and the command's ``HuntOptions``."""
+
+    spec: Any
+    options: Any
+
+
+@dataclass(frozen=True)
+class NonFiniteDetected(Message):
+    """Sent as soon as a jitted call returned non-finite values, before the (longer) analysis starts: if the
+    analysis does not finish, the parent still knows what was found."""
+
+    function: str
+    call_index: int
+    source: SourceLocation | None
+    kind: str
+
+
+@dataclass(frozen=True)
+class HuntFinished(Message):
+    """The analysis: the result, the artifacts written, and the child's jax environment."""
+
+    result: Any  # a nan.result.NanHuntResult
+    artifacts: dict[str, str] = field(default_factory=dict)
+    environment: dict | None = None

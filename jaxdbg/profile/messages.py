@@ -1,0 +1,142 @@
+"""What a profile job is asked and sends back, message by message (typed: see :mod:`jaxdbg.protocol`).
+
+Example:
+    >>> row = CallTiming(call_index=4, wall_s=0.02, execute_s=0.02)
+    >>> row.timed, row.compile_s
+    (True, 0.0)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from jaxdbg._source import SourceLocation
+from jaxdbg.protocol import Message
+
+
+@dataclass(frozen=True)
+class CallTiming:
+    """One call of a jitted function. ``timed``: the call waited for its outputs (an untimed call ran ahead,
+    and its wall is the dispatch alone); ``captured``: it ran inside the profiler's capture window."""
+
+    call_index: int
+    wall_s: float
+    execute_s: float
+    compile_s: float = 0.0
+    put_s: float = 0.0  # copying host (numpy) arguments to the device just before the call
+    captured: bool = False
+    timed: bool = True
+
+
+@dataclass(frozen=True)
+class ProfileJob(Message):
+    """The request: what to profile and how (``options`` is the command's ``ProfileOptions``, as given)."""
+
+    spec: Any
+    options: Any
+    out_dir: str
+
+
+@dataclass(frozen=True)
+class DeviceInfo(Message):
+    """The default backend the target runs on (sent first)."""
+
+    backend: str
+    kind: str
+    count: int
+
+
+@dataclass(frozen=True)
+class FunctionDefined(Message):
+    """A jitted function (``id`` is the jit layer's record: one per name and definition site)."""
+
+    id: int
+    name: str
+    source: SourceLocation | None
+
+
+@dataclass(frozen=True)
+class CompileRecord(Message):
+    """One compile of a function: stage times, why it happened, and (first few) its HLO, cost and memory."""
+
+    id: int
+    call_index: int
+    trace_s: float = 0.0
+    lower_s: float = 0.0
+    compile_s: float = 0.0
+    total_s: float = 0.0
+    failed: bool = False
+    cache_hit: bool = False
+    signature: str = ""
+    dtypes: tuple[str, ...] = ()
+    recompile: Any = None  # a profile.model.Recompile for every compile after the first
+    hlo: dict[str, str] = field(default_factory=dict)
+    module: str = ""
+    cost: dict | None = None
+    memory: dict | None = None
+    introspection_error: str | None = None
+    introspection_recompiled: bool = False
+
+
+@dataclass(frozen=True)
+class CallBatch(Message):
+    """Call timings gathered since the last flush, per function id."""
+
+    rows: dict[int, list[CallTiming]]
+
+
+@dataclass(frozen=True)
+class RunTotals(Message):
+    """Running totals (the latest one is the whole truth): eager compile spans ``(stage, start, end, name)``,
+    transfers ``{kind: [count, seconds, bytes]}``, persistent-cache hits, time spent introspecting."""
+
+    eager_spans: list[tuple[str, float, float, str]]
+    transfers: dict[str, list]
+    cache_hits: int
+    introspection_s: float
+
+
+@dataclass(frozen=True)
+class RunFinished(Message):
+    """The target's run ended: its wall time, jaxdbg's own overhead inside it, and warm-up calls (function)."""
+
+    wall_s: float
+    overhead_s: float
+    warmup: int = 0
+
+
+@dataclass(frozen=True)
+class CaptureOps(Message):
+    """Per-op totals read from the capture: xprof's hlo_stats by name prefix (off CPU), thunk events by module."""
+
+    by_prefix: dict
+    by_module: dict
+
+
+@dataclass(frozen=True)
+class TraceCaptured(Message):
+    """The profiler capture's files (a profile.model.TraceFiles)."""
+
+    files: Any
+
+
+@dataclass(frozen=True)
+class MonitorSamples(Message):
+    """A batch of host/device monitor samples (rows of profile.monitor.Sampler)."""
+
+    rows: list[tuple]
+
+
+@dataclass(frozen=True)
+class PeakMeasured(Message):
+    """The device's calibrated peak (CPU): a profile.peaks.Peak."""
+
+    peak: Any
+
+
+@dataclass(frozen=True)
+class ProfileNote(Message):
+    """Something that went wrong on the side (the capture, the calibration): shown as a note."""
+
+    text: str

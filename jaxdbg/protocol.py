@@ -1,0 +1,131 @@
+"""The typed protocol between a contained child (:mod:`jaxdbg._child`) and jaxdbg (:mod:`jaxdbg.runner`).
+
+A child sends :class:`Message` s, frozen dataclasses, over a :class:`Channel`: an append-only file of
+length-prefixed pickles, flushed per message, so what was sent before a crash or a kill is still read.
+Each command defines its own messages next to its code (``jaxdbg.profile.messages``, ``jaxdbg.nan.messages``,
+``jaxdbg.repro.messages``); the ones every job may send are here. The parent picks them by class
+(``outcome.all(CallBatch)``), so a field is named once, where the message is defined.
+
+An exception that escapes the job arrives as :class:`ChildFailed`; one of jaxdbg's own errors (a
+:class:`~jaxdbg._errors.JaxdbgError`) carries its exit code, and :meth:`ExceptionInfo.reraise` raises it
+again in the parent as the same kind of error.
+
+Example:
+    >>> import os, tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "channel.bin")
+    >>> channel = Channel(path)
+    >>> channel.send(Echo({"say": "hi"})); channel.close()
+    >>> read_channel(path)
+    [Echo(value={'say': 'hi'})]
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import struct
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from jaxdbg._errors import JaxdbgError, error_for_exit_code
+from jaxdbg._source import SourceLocation, innermost_user_frame
+
+
+@dataclass(frozen=True)
+class Message:
+    """Base class of everything a child sends."""
+
+
+@dataclass(frozen=True)
+class ExceptionInfo:
+    """An exception raised in the child: its type, message, where in user code it was raised, and, for
+    jaxdbg's own errors, the exit code it maps to (None for anything else)."""
+
+    type: str
+    qualname: str
+    message: str
+    traceback: str
+    user_frame: SourceLocation | None
+    exit_code: int | None = None
+
+    def reraise(self) -> None:
+        """Raise jaxdbg's own error again in this process (same kind, same message); else do nothing."""
+        if self.exit_code is not None:
+            raise error_for_exit_code(self.exit_code)(self.message, exit_code=self.exit_code) from None
+
+
+@dataclass(frozen=True)
+class ChildFailed(Message):
+    """The job raised (sent by :mod:`jaxdbg._child`, read by the runner into ``Outcome.exception``)."""
+
+    info: ExceptionInfo
+
+
+@dataclass(frozen=True)
+class Echo(Message):
+    """Sent back by :func:`jaxdbg.runner.echo_job` (tests, doctor)."""
+
+    value: Any
+
+
+@dataclass(frozen=True)
+class Environment(Message):
+    """The child's jax environment (the report's ``environment``)."""
+
+    info: dict
+
+
+@dataclass(frozen=True)
+class Done(Message):
+    """The job reached its end."""
+
+
+class Channel:
+    """Append-only record file from child to parent: length-prefixed pickles, flushed per message."""
+
+    def __init__(self, path: str):
+        self._handle = open(path, "ab", buffering=0)
+
+    def send(self, message: Message) -> None:
+        if not isinstance(message, Message):
+            raise TypeError(f"a channel carries jaxdbg.protocol.Message objects, not {type(message).__name__}")
+        blob = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        self._handle.write(struct.pack("<Q", len(blob)) + blob)
+
+    def close(self) -> None:
+        self._handle.close()
+
+
+def read_channel(path: str) -> list[Message]:
+    """All complete messages of a channel file (a record cut short by a kill is dropped)."""
+    records: list[Message] = []
+    if not os.path.exists(path):
+        return records
+    with open(path, "rb") as handle:
+        data = handle.read()
+    offset = 0
+    while offset + 8 <= len(data):
+        (size,) = struct.unpack_from("<Q", data, offset)
+        if offset + 8 + size > len(data):
+            break
+        try:
+            records.append(pickle.loads(data[offset + 8 : offset + 8 + size]))
+        except Exception:  # noqa: BLE001 - a value the parent cannot import is skipped, not fatal
+            pass
+        offset += 8 + size
+    return records
+
+
+def describe_exception(err: BaseException) -> ExceptionInfo:
+    """What the parent needs of an exception (it cannot unpickle arbitrary user exception classes)."""
+    cls = type(err)
+    message = str(err) if not isinstance(err, SystemExit) else f"exit status {err.code}"
+    return ExceptionInfo(
+        type=cls.__name__,
+        qualname=f"{cls.__module__}.{cls.__qualname__}",
+        message=message,
+        traceback="".join(traceback.format_exception(cls, err, err.__traceback__)),
+        user_frame=innermost_user_frame(err.__traceback__),
+        exit_code=err.exit_code if isinstance(err, JaxdbgError) else None,
+    )

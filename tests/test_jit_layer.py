@@ -1,0 +1,137 @@
+"""The instrumentation layer: the one patch of jax.jit, its hooks, and the one non-finite check."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxdbg import jit_layer
+from jaxdbg.jit_layer import InstrumentedJit, JitHook
+from jaxdbg.nonfinite import kind_of, magnitudes
+
+
+class Log(JitHook):
+    def __init__(self, name, events, check=False):
+        self.name, self.events, self.check_outputs = name, events, check
+
+    def on_jit(self, function):
+        self.events.append((self.name, "jit", function.name))
+
+    def before(self, call):
+        self.events.append((self.name, "before", call.function.name, call.index))
+
+    def after(self, call, out):
+        mags = call.host_magnitudes().tolist() if self.check_outputs else None
+        self.events.append((self.name, "after", call.function.name, call.index, mags))
+
+    def on_exception(self, call, err):
+        self.events.append((self.name, "error", type(err).__name__))
+
+
+def test_jax_jit_is_restored_when_the_last_hook_leaves_even_on_error():
+    real = jax.jit
+    with pytest.raises(ZeroDivisionError):
+        with jit_layer.installed(Log("a", [])):
+            with jit_layer.installed(Log("b", [])):
+                assert jax.jit is not real
+                1 / 0
+    assert jax.jit is real
+
+
+def test_hooks_nest_first_installed_outermost_and_see_the_same_call():
+    events = []
+    with jit_layer.installed(Log("outer", events)), jit_layer.installed(Log("inner", events, check=True)):
+        step = jax.jit(lambda x: x * 2.0)
+        step(jnp.array([1.0, -3.0]))
+    assert events == [
+        ("outer", "jit", "<lambda>"), ("inner", "jit", "<lambda>"),
+        ("outer", "before", "<lambda>", 0), ("inner", "before", "<lambda>", 0),
+        ("inner", "after", "<lambda>", 0, [6.0]), ("outer", "after", "<lambda>", 0, None),
+    ]
+
+
+def test_only_top_level_calls_reach_the_hooks():
+    events = []
+    with jit_layer.installed(Log("h", events)):
+        inner = jax.jit(lambda v: v + 1.0)
+        outer = jax.jit(lambda v: inner(v) * 2.0)
+        assert float(outer(jnp.float32(1.0))) == 4.0  # inner runs only inside outer's trace
+        jax.grad(lambda v: outer(v))(jnp.float32(1.0))  # under grad: not an execution of outer
+        with jit_layer.internal():
+            inner(jnp.float32(0.0))  # jaxdbg's own work
+    calls = [e for e in events if e[1] == "before"]
+    assert calls == [("h", "before", "<lambda>", 0)] and inner.record.calls == 0
+
+
+def test_re_jitting_the_same_code_counts_calls_of_one_function():
+    def step(x):
+        return x + 1.0
+
+    with jit_layer.installed(Log("h", [])):
+        for i in range(3):
+            f = jax.jit(step)
+            f(jnp.float32(i))
+    assert f.record.calls == 3 and f.record.name == "step" and f.record.source.line > 0
+
+
+def test_behaves_like_the_jitted_function():
+    class Scaler:
+        factor = 2.0
+
+        @functools.partial(jax.jit, static_argnums=0)
+        def apply(self, x):
+            return x * self.factor
+
+    events = []
+    with jit_layer.installed(Log("h", events)):
+        @functools.partial(jax.jit, static_argnames=("power",))
+        def powered(x, power):
+            return x ** power
+
+        method = Scaler.apply  # jitted before the hook: plain jax
+        assert isinstance(powered, InstrumentedJit) and not isinstance(method, InstrumentedJit)
+        assert powered.static_argnames == ("power",)
+        assert float(powered(jnp.float32(3.0), power=2)) == 9.0
+        assert "stablehlo" in powered.lower(jnp.float32(3.0), power=2).as_text()
+        assert powered.__name__ == "powered" and powered.__wrapped__.__name__ == "powered"
+
+        class Model:
+            @jax.jit
+            def apply(self, x):
+                return x * 3.0
+
+        assert float(Model.apply(None, jnp.float32(2.0))) == 6.0
+    assert [e[2] for e in events if e[1] == "before"] == ["powered", "apply"]
+
+
+def test_exceptions_reach_the_hooks_and_the_caller():
+    events = []
+    with jit_layer.installed(Log("h", events)):
+        bad = jax.jit(lambda x: x.reshape(7, 3))
+        with pytest.raises(TypeError):
+            bad(jnp.ones((4, 4)))
+    assert ("h", "error", "TypeError") in events
+
+
+def test_output_check_runs_fused_and_with_out_shardings():
+    events = []
+    with jit_layer.installed(Log("h", events, check=True)):
+        fused = jax.jit(lambda x: (jnp.log(x), x.astype(jnp.int32)))
+        fused(jnp.array([1.0, 0.0]))
+        device = jax.devices()[0]
+        sharded = jax.jit(lambda x: jnp.sqrt(x), out_shardings=jax.sharding.SingleDeviceSharding(device))
+        sharded(jnp.array([-1.0]))
+    after = [e for e in events if e[1] == "after"]
+    assert after[0][4] == [np.inf]  # one floating output leaf: |log 0| = inf; the int leaf is not checked
+    assert np.isnan(after[1][4][0])
+
+
+def test_a_nan_in_a_large_array_is_found_on_the_device():
+    # XLA:CPU's fused max(|x|) drops NaN on large arrays (YNNPACK): the check must not rely on it.
+    x = jnp.ones((512, 512)).at[3, 5].set(jnp.nan)
+    assert kind_of(np.asarray(jax.jit(magnitudes)(x))) == "nan"
+    assert kind_of(np.asarray(jax.jit(magnitudes)(jnp.full((256, 256), jnp.nan)))) == "nan"
+    assert kind_of(np.asarray(jax.jit(magnitudes)(x.at[3, 5].set(jnp.inf)))) == "inf"
+    assert kind_of(np.asarray(jax.jit(magnitudes)(x.at[3, 5].set(jnp.inf))), nan_only=True) is None

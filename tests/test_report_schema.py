@@ -1,0 +1,175 @@
+"""Every command's real report validates against jaxdbg/schema/report.schema.json, and the schema rejects a
+report with a field missing, renamed, of the wrong type, or an exit code that contradicts its result.
+
+Each command runs once, in process through typer's CliRunner, on the smallest recipe and options that
+exercise its result (about 20 s on two cores).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+import typer
+from typer.testing import CliRunner
+
+import jaxdbg.schema
+from jaxdbg.cli import app
+from jaxdbg.schema import schema
+
+RECIPES = Path(__file__).resolve().parent.parent / "recipes"
+
+SHAPE_BUG = "import jax.numpy as jnp\n\nx = jnp.ones(3)\nprint(jnp.dot(x, jnp.ones(4)))\n"
+NAN_BUG = ("import jax\nimport jax.numpy as jnp\n\n\n@jax.jit\ndef f(x):\n    return jnp.log(x - 2.0) * 3.0\n\n\n"
+           "print(f(jnp.ones(3)))\n")
+
+# case -> (argv after the command's own --json/--out, the exit code it must give)
+CASES = {
+    "doctor": (["doctor"], 0),
+    "nan-hunt-found": (["nan-hunt", str(RECIPES / "nan_forward" / "train.py")], 1),
+    "nan-hunt-clean": (["nan-hunt", str(RECIPES / "nan_clean" / "train.py")], 0),
+    "profile-script": (["profile", str(RECIPES / "recompile_storm" / "train.py"), "--budget", "recompiles<=0",
+                        "--monitor"], 1),
+    "profile-function": (["profile", f"{RECIPES / 'run_heavy' / 'train.py'}::power_iterations", "--args",
+                          "f32[32,32]", "--runs", "2", "--warmup", "1", "--compare", "{profile-script}"], 0),
+    "repro-source": (["repro", "{shape_bug.py}", "--max-time", "60"], 0),
+    "repro-computation": (["repro", "{nan_bug.py}", "--kind", "nonfinite", "--max-time", "60"], 0),
+    "pipeline-sim": (["pipeline-bench", "--stages", "2", "--microbatches", "4", "--hint", "1f1b,bf",
+                      "--memory-cap", "1,2"], 0),
+    "pipeline-real": (["pipeline-bench", "--mode", "real", "--stages", "2", "--microbatches", "2"], 0),
+    "usage-error": (["profile", str(RECIPES / "nan_forward" / "train.py"), "--args", "f32[3]"], 2),
+}
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory) -> dict[str, dict]:
+    folder = tmp_path_factory.mktemp("reports")
+    (folder / "shape_bug.py").write_text(SHAPE_BUG)
+    (folder / "nan_bug.py").write_text(NAN_BUG)
+    found: dict[str, dict] = {}
+    runner = CliRunner()
+    for case, (argv, code) in CASES.items():
+        paths = {"{shape_bug.py}": str(folder / "shape_bug.py"), "{nan_bug.py}": str(folder / "nan_bug.py"),
+                 "{profile-script}": str(folder / "profile-script.json")}
+        argv = [paths.get(arg, arg) for arg in argv]
+        destination = folder / f"{case}.json"
+        out = folder / f"{case}-out"
+        result = runner.invoke(app, [*argv, "--json", str(destination), "--out", str(out), "-q"])
+        assert result.exit_code == code, (case, result.output)
+        report = json.loads(destination.read_text())
+        assert json.loads((out / "report.json").read_text()) == report, case  # --out's copy is the same report
+        found[case] = report
+    return found
+
+
+@pytest.fixture(scope="module")
+def validator() -> jsonschema.Draft202012Validator:
+    return jsonschema.Draft202012Validator(schema())
+
+
+def test_the_schema_is_valid_draft_2020_12_and_ships_in_the_package() -> None:
+    loaded = schema()
+    jsonschema.Draft202012Validator.check_schema(loaded)
+    assert loaded["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    assert (Path(jaxdbg.schema.__file__).parent / jaxdbg.schema.SCHEMA_FILE).is_file()
+    loaded["title"] = "changed"
+    assert schema()["title"] != "changed"  # each call returns a fresh copy
+
+
+def test_the_schema_knows_every_command() -> None:
+    commands = set(typer.main.get_command(app).commands)
+    assert set(schema()["properties"]["command"]["enum"]) == commands
+    assert {argv[0] for argv, _ in CASES.values()} == commands  # every command's report is checked below
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_real_report_is_valid(case: str, reports: dict, validator) -> None:
+    report = reports[case]
+    errors = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(report)]
+    assert not errors, errors
+
+
+def test_the_runs_reached_the_interesting_shapes(reports: dict) -> None:
+    """The valid reports cover what the schema describes: found and clean, errors, nested lists filled."""
+    assert reports["nan-hunt-found"]["result"]["first"]["primitive"] == "log"
+    assert reports["nan-hunt-clean"]["result"]["first"] is None
+    script = reports["profile-script"]["result"]
+    assert script["functions"][0]["recompiles"][0]["changes"] and script["monitor"] and not script["budget"]["ok"]
+    assert reports["profile-function"]["result"]["comparison"]
+    assert reports["repro-source"]["result"]["strategy"] == "source"
+    assert reports["repro-computation"]["result"]["strategy"] == "computation"
+    assert reports["pipeline-real"]["result"]["correctness"]["ok"] is True
+    assert "model" in reports["pipeline-real"]["result"]["config"]
+    assert set(reports["usage-error"]["result"]) == {"error"}
+
+
+def _parent(report: dict, path: list):
+    """The object holding the last key of ``path``, and that key."""
+    *parents, last = path
+    for key in parents:
+        report = report[key]
+    return report, last
+
+
+def _drop(path):
+    def change(report):
+        holder, key = _parent(report, path)
+        del holder[key]
+    return change
+
+
+def _rename(path, new):
+    def change(report):
+        holder, key = _parent(report, path)
+        holder[new] = holder.pop(key)
+    return change
+
+
+def _set(path, value):
+    def change(report):
+        holder, key = _parent(report, path)
+        holder[key] = value
+    return change
+
+
+MUTATIONS = {
+    "envelope without exit_code": ("doctor", _drop(["exit_code"]), "exit_code"),
+    "doctor without checks": ("doctor", _drop(["result", "checks"]), "checks"),
+    "nan origin without pass": ("nan-hunt-found", _drop(["result", "first", "pass"]), "pass"),
+    "nan origin call_index renamed": ("nan-hunt-found", _rename(["result", "first", "call_index"], "callIndex"),
+                                      "callIndex"),
+    "nan found but exit 0": ("nan-hunt-found", _set(["exit_code"], 0), "1 was expected"),
+    "nan clean with an origin": ("nan-hunt-clean", _set(["result", "first"], {"kind": "nan"}), "primitive"),
+    "profile median renamed": ("profile-script", _rename(["result", "functions", 0, "execute", "median_s"],
+                                                         "median"), "median"),
+    "profile compiles as text": ("profile-function", _set(["result", "functions", 0, "compiles"], "1"), "'1'"),
+    "repro signature kind renamed": ("repro-source", _rename(["result", "signature", "kind"], "failure"),
+                                     "failure"),
+    "pipeline run without speedup": ("pipeline-sim", _drop(["result", "runs", 0, "speedup_vs_fixed"]),
+                                     "speedup_vs_fixed"),
+    "pipeline correctness without ok": ("pipeline-real", _drop(["result", "correctness", "ok"]), "'ok'"),
+    "error result with extra key": ("usage-error", _set(["result", "detail"], "more"), "detail"),
+    "unknown command": ("doctor", _set(["command"], "check"), "'check'"),
+}
+
+
+def _messages(errors) -> str:
+    """Every message of the errors and of their nested causes (anyOf/oneOf alternatives)."""
+    found = []
+    for error in errors:
+        found.append(error.message)
+        found.append(_messages(error.context))
+    return "\n".join(found)
+
+
+@pytest.mark.parametrize("name", sorted(MUTATIONS))
+def test_schema_rejects_a_broken_report(name: str, reports: dict, validator) -> None:
+    case, change, named = MUTATIONS[name]
+    report = copy.deepcopy(reports[case])
+    change(report)
+    errors = list(validator.iter_errors(report))
+    assert errors, f"{name}: the schema accepted it"
+    assert named in _messages(errors), _messages(errors)
