@@ -101,6 +101,15 @@ def under_transformation() -> bool:
     return not core.trace_state_clean()
 
 
+def backend_started() -> bool:
+    """True once jax has started a backend (anything that asks for devices does). Until then jaxdbg must not
+    start one itself: a multi-process program calls ``jax.distributed.initialize()`` first, and that call
+    fails once a backend exists."""
+    from jax._src import xla_bridge  # internal: no public "is the backend up?" in jax 0.10/0.11
+
+    return bool(xla_bridge._backends)
+
+
 def array_class() -> type:
     """The concrete class of jax arrays (``ArrayImpl``), whose ``_value`` copies device data to the host."""
     from jax._src.array import ArrayImpl

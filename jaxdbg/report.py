@@ -143,6 +143,20 @@ def resolve_out_dir(out: str | None, command: str) -> Path:
     return path
 
 
+def process_folder(out_dir: Path, environment: dict | None) -> Path:
+    """The output folder of this process: ``out_dir`` itself, or its ``process-<index>/`` in a multi-process
+    job (every process runs the same command line, maybe on one machine).
+
+    Example:
+        >>> str(process_folder(Path("out"), {"process_index": 1, "process_count": 4}))
+        'out/process-1'
+    """
+    env = environment or {}
+    if env.get("process_count", 1) <= 1:
+        return out_dir
+    return out_dir / f"process-{env['process_index']}"
+
+
 def relative_or_absolute(path: str | os.PathLike) -> str:
     """A path as short as it can be said: relative to the current folder when inside it."""
     text = os.fspath(path)

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from jaxdbg._errors import JaxdbgError, UsageError
-from jaxdbg.report import Report, Result, resolve_out_dir, write_json
+from jaxdbg.report import Report, Result, process_folder, resolve_out_dir, write_json
 
 EXIT_INTERNAL = 4  # a bug in jaxdbg itself (not in the contract's 0-3): report it with the -v traceback
 
@@ -120,9 +120,10 @@ def execute(common: Common, build: Callable[[Common], Report], render: Callable[
     try:
         validate_destinations(common)
         report = build(common)
-        if common._out_dir is not None:
-            report.artifacts.setdefault("report", os.path.abspath(common._out_dir / "report.json"))
-            write_json(report, str(common._out_dir / "report.json"))
+        out_dir = report_folder(common._out_dir, report)
+        if out_dir is not None:
+            report.artifacts.setdefault("report", os.path.abspath(out_dir / "report.json"))
+            write_json(report, str(out_dir / "report.json"))
         if common.json:
             write_json(report, common.json)
         render(report, common.console)
@@ -142,6 +143,15 @@ def execute(common: Common, build: Callable[[Common], Report], render: Callable[
         fail(common, message, err)
         write_error_report(common, message, EXIT_INTERNAL)
         return EXIT_INTERNAL
+
+
+def report_folder(out_dir: Path | None, report: Report) -> Path | None:
+    """Where report.json goes: the output folder, or this process's folder in it (report.process_folder)."""
+    if out_dir is None:
+        return None
+    folder = process_folder(out_dir, report.environment)
+    folder.mkdir(exist_ok=True)
+    return folder
 
 
 def write_error_report(common: Common, message: str, exit_code: int) -> None:

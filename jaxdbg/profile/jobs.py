@@ -41,16 +41,46 @@ def locked_sender(channel: Any) -> Send:
 
 def start(channel: Any) -> tuple[Send, DeviceInfo]:
     """The sender, and the device and environment (sent first: the report's envelope comes from here)."""
+    send = locked_sender(channel)
+    return send, send_device_info(send)
+
+
+def send_device_info(send: Send) -> DeviceInfo:
+    """The default backend and the environment (the report's envelope comes from here); starts the backend."""
     import jax
 
     from jaxdbg.report import environment_info
 
-    send = locked_sender(channel)
     devices = jax.devices()
     info = DeviceInfo(jax.default_backend(), getattr(devices[0], "device_kind", ""), len(devices))
     send(info)
     send(Environment(environment_info()))
-    return send, info
+    return info
+
+
+class BackendStart:
+    """What needs jax's backend (the device, the environment, the profiler capture) waits for the script's
+    first jitted call, or its end: a multi-process program must call ``jax.distributed.initialize()`` before
+    anything starts the backend, and a script does so before its first jitted call. In a multi-process job
+    each process keeps its artifacts in ``process-<index>/`` of the output folder (one machine may run them
+    all, and the profiler names its files by host)."""
+
+    def __init__(self, send: Send, stack: contextlib.ExitStack, window: Any, recorder: Any):
+        self.send, self.stack, self.window, self.recorder = send, stack, window, recorder
+        self.info: DeviceInfo | None = None
+
+    def __call__(self) -> DeviceInfo:
+        if self.info is None:
+            import jax
+
+            self.info = send_device_info(self.send)
+            if jax.process_count() > 1:
+                self.recorder.out_dir = os.path.join(self.recorder.out_dir, f"process-{jax.process_index()}")
+                if self.window is not None:
+                    self.window.logdir = os.path.join(self.recorder.out_dir, "trace")
+            if self.window is not None:
+                self.stack.enter_context(self.window)
+        return self.info
 
 
 def send_capture_ops(send: Send, window: Any, backend: str) -> None:
@@ -94,16 +124,16 @@ def script_job(job: ProfileJob, channel: Any) -> None:
     from jaxdbg.profile.monitor import Sampler
     from jaxdbg.target import run_script
 
-    send, info = start(channel)
+    send = locked_sender(channel)
     options = job.options
     window = _window(job, send)
     recorder = Recorder(send, job.out_dir, window=window, sync_every=options.sync_every)
+    backend: BackendStart | None = None
     try:
         with contextlib.ExitStack() as stack:
+            backend = recorder.on_first_call = BackendStart(send, stack, window, recorder)
             if options.monitor:
                 stack.enter_context(Sampler(send, options.monitor_interval))
-            if window is not None:
-                stack.enter_context(window)
             stack.enter_context(recorder.flushing())
             stack.enter_context(compile_listener(recorder))
             stack.enter_context(tracking_jit(recorder))
@@ -114,6 +144,7 @@ def script_job(job: ProfileJob, channel: Any) -> None:
             finally:
                 send(RunFinished(time.perf_counter() - started, recorder.overhead_s))
     finally:
+        info = backend() if backend is not None else send_device_info(send)
         send_capture_ops(send, window, info.backend)
     send_peak(send, info, options.calibrate)
     send(Done())

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+from pathlib import Path
 from dataclasses import dataclass, field
 
 from jaxdbg._errors import EXIT_FOUND, EXIT_OK, EXIT_TARGET_FAILED, EXIT_USAGE, UsageError
@@ -28,6 +29,7 @@ from jaxdbg.profile.model import FunctionProfile, ProfileResult
 from jaxdbg.profile.monitor import series
 from jaxdbg.profile.peaks import Peak, achieved_rates, dtype_class, table_peak
 from jaxdbg.profile.trace import write_perfetto
+from jaxdbg.report import process_folder
 from jaxdbg.runner import Outcome, first_line, run_contained
 from jaxdbg.target import TargetSpec, load_npz_inputs, parse_args_spec, parse_target
 
@@ -104,7 +106,7 @@ def profile(spec: TargetSpec, options: ProfileOptions, out_dir: str) -> ProfileR
         comparison=compare(baseline, tuple(functions), totals) if baseline is not None else None,
         device=gathered.device,
     )
-    artifacts.update(_artifacts(result, outcome, out_dir))
+    artifacts.update(_artifacts(result, outcome, str(process_folder(Path(out_dir), gathered.environment))))
     code = EXIT_TARGET_FAILED if error else (EXIT_FOUND if not budget.ok else EXIT_OK)
     return ProfileRun(result, code, artifacts, outcome, gathered.environment)
 
