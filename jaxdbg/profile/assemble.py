@@ -19,8 +19,8 @@ from typing import Any, Iterable
 import numpy as np
 
 from jaxdbg.profile.messages import (
-    CallBatch, CallTiming, CaptureOps, CompileRecord, DeviceInfo, FunctionDefined, MonitorSamples, PeakMeasured,
-    ProfileNote, RunFinished, RunTotals, TraceCaptured,
+    CallBatch, CallTiming, CaptureOps, CompileRecord, DeviceInfo, FunctionDefined, JobFigures, MonitorSamples,
+    PeakMeasured, ProfileNote, RunFinished, RunTotals, TraceCaptured,
 )
 from jaxdbg.profile.model import (
     Compilation, CompileTimes, ExecuteStats, FunctionProfile, Recompile, Totals, TraceFiles, Transfer,
@@ -45,6 +45,7 @@ class Gathered:
     peak: Any = None
     ops: CaptureOps | None = None
     environment: dict | None = None
+    job: tuple = ()  # process 0 of a multi-process job: every process's ProcessFigures
 
     @classmethod
     def from_messages(cls, messages: Iterable[Message]) -> "Gathered":
@@ -75,6 +76,8 @@ class Gathered:
                 got.ops = message
             elif isinstance(message, Environment):
                 got.environment = message.info
+            elif isinstance(message, JobFigures):
+                got.job = tuple(message.rows)
         return got
 
     # ---- per function ------------------------------------------------------------------------------------

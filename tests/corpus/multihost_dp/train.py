@@ -1,14 +1,10 @@
 """Data parallelism over a jax.distributed job, one process per host as on a TPU pod slice: each process
 feeds its own shard of the batch (make_array_from_process_local_data), the step all-reduces the gradient.
-Run locally with CPU devices and gloo collectives; the launcher sets COORD, NPROC and PID."""
-import os
-import sys
-
+jax.distributed.initialize() takes its place from the cluster (SLURM, Cloud TPU, ...); locally,
+`jaxdbg --processes 2 profile train.py` plays the cluster (CPU devices, gloo collectives)."""
 import jax
 
-jax.config.update("jax_cpu_collectives_implementation", "gloo")
-jax.distributed.initialize(os.environ["COORD"], num_processes=int(os.environ["NPROC"]),
-                           process_id=int(os.environ["PID"]))
+jax.distributed.initialize()
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
