@@ -14,6 +14,7 @@ from jaxdbg.profile.compare import compare, load_baseline
 from jaxdbg.profile.hlo import loop_note, module_name, parse_hlo
 from jaxdbg.profile.assemble import execute_stats
 from jaxdbg.profile.hints import hints_for
+from jaxdbg.profile.messages import CallTiming
 from jaxdbg.profile.model import CompileTimes, ExecuteStats, FunctionProfile, Recompile, Totals, Transfer
 from jaxdbg.profile.ops import OpTotal, _self_times, op_table
 from jaxdbg.profile.peaks import Peak, achieved_rates, calibrate_cpu, table_peak
@@ -179,8 +180,8 @@ def test_peaks_from_table_and_calibration():
 
 
 def _call(index, exec_s, compile_s=0.0, captured=False, timed=True):
-    """A call record as the instrumentation keeps it: (index, wall, execute, compile, arg copy, captured, timed)."""
-    return (index, exec_s + compile_s, exec_s, compile_s, 0.0, captured, timed)
+    """A call record as the instrumentation sends it (its wall time holds its compile)."""
+    return CallTiming(index, exec_s + compile_s, exec_s, compile_s, captured=captured, timed=timed)
 
 
 def test_execute_statistics_leave_out_compiling_calls():
