@@ -5,6 +5,11 @@ sharding, the value of a static argument, the pytree structure, or the Python ca
 records the signature of every call that compiled and diffs it against the closest earlier one, which
 names the argument and the change (``jax_explain_cache_misses`` only logs text, and not for every cause).
 
+A signature is what jax keys on, not what the user passed: dtypes canonicalised (a float64 numpy array is
+float32 to jax unless x64 is on), a Python number is a weakly typed scalar like the array jax returns for
+it. Only the compiled calls' signatures are kept, one per cache entry, so a difference between two of them
+is a difference jax compiled for.
+
 A signature is computed only for calls that compiled, so steady-state calls pay nothing for it.
 
 Example:
@@ -18,12 +23,16 @@ Example:
 from __future__ import annotations
 
 import inspect
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from jaxdbg.profile.model import ArgChange, Recompile
 
-_SCALAR_DTYPES = {bool: "bool", int: "i32", float: "f32", complex: "c64"}
+# A Python number is a scalar of its kind's widest dtype, canonicalised like an array (int32 without x64);
+# bool is the one kind jax does not type weakly.
+_SCALAR_KINDS = {bool: ("bool", False), int: ("int64", True), float: ("float64", True),
+                 complex: ("complex128", True)}
 _MAX_VALUE_TEXT = 60
 
 
@@ -31,9 +40,9 @@ _MAX_VALUE_TEXT = 60
 class LeafSig:
     """What jax keys a compile on for one argument leaf."""
 
-    kind: str  # 'array', 'scalar' (a Python number: weakly typed), 'static', 'other'
+    kind: str  # 'array', 'scalar' (a Python number), 'static', 'other'
     shape: tuple[int, ...] | None = None
-    dtype: str | None = None
+    dtype: str | None = None  # as jax canonicalises it
     weak_type: bool = False
     sharding: str | None = None
     value: str | None = None  # static arguments: the value's repr (compared by equality via `token`)
@@ -77,8 +86,15 @@ def parameter_names(fun: Callable) -> list[str] | None:
 
 
 def _short_dtype(dtype: Any) -> str:
+    """The dtype jax compiles for (float64 -> f32 without x64), in the contract's spelling."""
+    import jax
+
     from jaxdbg.target import short_dtype
 
+    try:
+        dtype = jax.dtypes.canonicalize_dtype(dtype)
+    except (TypeError, ValueError):
+        pass  # extended dtypes (PRNG keys) are their own canonical form
     try:
         return short_dtype(dtype)
     except TypeError:
@@ -86,9 +102,10 @@ def _short_dtype(dtype: Any) -> str:
 
 
 def leaf_signature(value: Any) -> LeafSig:
-    """The signature of one dynamic leaf (jax array, numpy array, Python number or other)."""
-    if type(value) in _SCALAR_DTYPES:
-        return LeafSig("scalar", (), _SCALAR_DTYPES[type(value)], True, value=type(value).__name__)
+    """The signature of one dynamic leaf (jax array, numpy array, Python number or other), as jax keys on it."""
+    if type(value) in _SCALAR_KINDS:
+        widest, weak = _SCALAR_KINDS[type(value)]
+        return LeafSig("scalar", (), _short_dtype(widest), weak, value=type(value).__name__)
     shape = getattr(value, "shape", None)
     dtype = getattr(value, "dtype", None)
     if shape is not None and dtype is not None:
@@ -167,26 +184,29 @@ def diff(old: Signature, new: Signature) -> list[ArgChange]:
 
 
 def _leaf_changes(path: str, prev: LeafSig, leaf: LeafSig) -> list[ArgChange]:
-    if prev.kind != leaf.kind:
-        return [ArgChange(path, "type", prev.describe(), leaf.describe())]
-    if leaf.kind == "static":
-        return [] if prev.token == leaf.token else [ArgChange(path, "static", prev.value, leaf.value)]
+    if "static" in (prev.kind, leaf.kind) or "other" in (prev.kind, leaf.kind):
+        if prev.kind != leaf.kind:
+            return [ArgChange(path, "type", prev.describe(), leaf.describe())]
+        if leaf.kind == "static":
+            return [] if prev.token == leaf.token else [ArgChange(path, "static", str(prev.value), str(leaf.value))]
+        return [] if prev.value == leaf.value else [ArgChange(path, "type", str(prev.value), str(leaf.value))]
+    # An array and a Python number are alike to jax: a Python int and the weakly typed i32[] jax returns for
+    # it share a compile, so only the abstract value is compared.
     out = []
     if prev.shape != leaf.shape:
         out.append(ArgChange(path, "shape", str(prev.shape), str(leaf.shape)))
     if prev.dtype != leaf.dtype:
         out.append(ArgChange(path, "dtype", str(prev.dtype), str(leaf.dtype)))
-    if prev.weak_type != leaf.weak_type:
+    elif prev.weak_type != leaf.weak_type:  # a dtype change says it already
         out.append(ArgChange(path, "weak_type", _weak(prev), _weak(leaf)))
     if prev.sharding != leaf.sharding and prev.sharding is not None and leaf.sharding is not None:
         out.append(ArgChange(path, "sharding", prev.sharding, leaf.sharding))
-    if leaf.kind == "other" and prev.value != leaf.value:
-        out.append(ArgChange(path, "type", str(prev.value), str(leaf.value)))
     return out
 
 
 def _weak(leaf: LeafSig) -> str:
-    return f"weakly typed {leaf.dtype}" if leaf.weak_type else f"strongly typed {leaf.dtype}"
+    typed = f"weakly typed {leaf.dtype}" if leaf.weak_type else f"strongly typed {leaf.dtype}"
+    return f"a Python {leaf.value} ({typed})" if leaf.kind == "scalar" else typed
 
 
 def change_text(change: ArgChange) -> str:
@@ -228,3 +248,17 @@ def explain(previous: Sequence[Signature], new: Signature, *, same_callable: boo
         shown += f"; and {len(changes) - 3} more changes"
     return Recompile(call_index, shown, tuple(changes))
 
+
+def main_cause(recompiles: Sequence[Recompile]) -> tuple[str, int]:
+    """The kind of change behind the most recompiles, and on how many: a recompile counts once per kind,
+    however many leaves changed (twelve parameter arrays changing dtype in one recompile are one cause).
+
+    Example:
+        >>> shape = ArgChange("batch", "shape", "(8, 4)", "(9, 4)")
+        >>> dtypes = tuple(ArgChange(f"params[{i}]", "dtype", "f32", "bf16") for i in range(6))
+        >>> main_cause([Recompile(1, "", (shape,)), Recompile(2, "", (shape,)), Recompile(3, "", dtypes)])
+        ('shape', 2)
+    """
+    counts = Counter(kind for r in recompiles for kind in dict.fromkeys(c.kind for c in r.changes))
+    counts.update("unknown" for r in recompiles if not r.changes)
+    return max(counts.items(), key=lambda item: item[1]) if counts else ("unknown", 0)
