@@ -8,7 +8,8 @@ names the argument and the change (``jax_explain_cache_misses`` only logs text, 
 A signature is what jax keys on, not what the user passed: dtypes canonicalised (a float64 numpy array is
 float32 to jax unless x64 is on), a Python number is a weakly typed scalar like the array jax returns for
 it. Only the compiled calls' signatures are kept, one per cache entry, so a difference between two of them
-is a difference jax compiled for.
+is a difference jax compiled for. Arguments of framework wrappers (``eqx.filter_jit``, ``nnx.jit``) are
+named as the user passed them (:mod:`jaxdbg.frameworks`).
 
 A signature is computed only for calls that compiled, so steady-state calls pay nothing for it.
 
@@ -27,6 +28,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from jaxdbg import frameworks
 from jaxdbg.profile.model import ArgChange, Recompile
 
 # A Python number is a scalar of its kind's widest dtype, canonicalised like an array (int32 without x64);
@@ -45,8 +47,9 @@ class LeafSig:
     dtype: str | None = None  # as jax canonicalises it
     weak_type: bool = False
     sharding: str | None = None
-    value: str | None = None  # static arguments: the value's repr (compared by equality via `token`)
+    value: str | None = None  # static arguments: the value in short (compared by equality via `token`)
     token: Any = None
+    attribute: bool = False  # a static value inside an argument (a module's field): listed last
 
     def describe(self) -> str:
         if self.kind == "static":
@@ -69,8 +72,9 @@ class Signature:
         return dict(self.leaves)
 
     def short(self, limit: int = 6) -> str:
-        """'batch: f32[8, 32], n: static 3, ...' for reports."""
-        parts = [f"{path}: {leaf.describe()}" for path, leaf in self.leaves[:limit]]
+        """'batch: f32[8, 32], n: static 3, ...' for reports (modules' static fields after the arguments)."""
+        ordered = sorted(self.leaves, key=lambda item: item[1].attribute)
+        parts = [f"{path}: {leaf.describe()}" for path, leaf in ordered[:limit]]
         if len(self.leaves) > limit:
             parts.append(f"... {len(self.leaves) - limit} more")
         return ", ".join(parts)
@@ -126,16 +130,14 @@ def _describe_sharding(sharding: Any) -> str:
     return f"{type(sharding).__name__}({count} device{'s' if count != 1 else ''})"
 
 
-def _static_leaf(value: Any) -> LeafSig:
-    text = repr(value)
-    if len(text) > _MAX_VALUE_TEXT:
-        text = text[: _MAX_VALUE_TEXT - 3] + "..."
+def _static_leaf(value: Any, attribute: bool = False) -> LeafSig:
+    text = frameworks.readable(value, _MAX_VALUE_TEXT)
     try:
         hash(value)
         token = value
     except TypeError:
         token = text
-    return LeafSig("static", value=text, token=token)
+    return LeafSig("static", value=text, token=token, attribute=attribute)
 
 
 def call_signature(
@@ -146,25 +148,38 @@ def call_signature(
     static_argnames: Sequence[str] = (),
     names: list[str] | None = None,
 ) -> Signature:
-    """The signature of ``fun(*args, **kwargs)`` as jit sees it (static arguments by value)."""
-    import jax
-
-    names = parameter_names(fun) if names is None else names
-    statics = {i % len(args) for i in static_argnums if args and -len(args) <= i < len(args)}
+    """The signature of ``fun(*args, **kwargs)`` as jit sees it (static arguments by value), by the user's
+    names (a framework wrapper's inner function is mapped back to the user's function first)."""
+    arguments = frameworks.user_arguments(fun, tuple(args), kwargs)
+    if arguments is None:
+        names = parameter_names(fun) if names is None else names
+        statics = {i % len(args) for i in static_argnums if args and -len(args) <= i < len(args)}
+        arguments = [frameworks.Argument(names[i] if names and i < len(names) else f"args[{i}]", value, i in statics)
+                     for i, value in enumerate(args)]
+        arguments += [frameworks.Argument(key, value, key in static_argnames) for key, value in kwargs.items()]
     leaves: list[tuple[str, LeafSig]] = []
-    named = [(names[i] if names and i < len(names) else f"args[{i}]", value, i in statics)
-             for i, value in enumerate(args)]
-    named += [(key, value, key in static_argnames) for key, value in kwargs.items()]
-    for name, value, static in named:
-        if static:
-            leaves.append((name, _static_leaf(value)))
+    for argument in arguments:
+        if argument.static:
+            leaves.append((argument.name, _static_leaf(argument.value)))
             continue
-        flat, _ = jax.tree_util.tree_flatten_with_path(value)
-        if not flat:
-            leaves.append((name, LeafSig("other", value=f"empty {type(value).__name__}")))
-        for path, leaf in flat:
-            leaves.append((name + jax.tree_util.keystr(path), leaf_signature(leaf)))
+        found = False
+        for path, leaf, attribute in frameworks.named_leaves(argument.value):
+            found = True
+            if attribute or (argument.filtered and not _is_array(leaf)):
+                leaves.append((argument.name + path, _static_leaf(leaf, attribute=bool(path))))
+            else:
+                leaves.append((argument.name + path, leaf_signature(leaf)))
+        if not found:
+            leaves.append((argument.name, LeafSig("other", value=f"empty {type(argument.value).__name__}")))
     return Signature(tuple(leaves))
+
+
+def _is_array(value: Any) -> bool:
+    """What a filtering wrapper (eqx.filter_jit) traces: jax and numpy arrays; every other leaf is static."""
+    import jax
+    import numpy as np
+
+    return isinstance(value, (jax.Array, np.ndarray, np.generic))
 
 
 def diff(old: Signature, new: Signature) -> list[ArgChange]:
@@ -216,7 +231,8 @@ def change_text(change: ArgChange) -> str:
         "sharding": "sharding changed", "structure": "pytree structure changed", "type": "kind changed",
     }
     if change.kind == "static":
-        return f"static argument '{change.argument}' changed {change.before} -> {change.after}"
+        noun = "argument" if change.argument.isidentifier() else "value"  # a field inside an argument
+        return f"static {noun} '{change.argument}' changed {change.before} -> {change.after}"
     if change.kind == "callable":
         return change.after
     return f"argument '{change.argument}' {what.get(change.kind, 'changed')} {change.before} -> {change.after}"
