@@ -212,15 +212,9 @@ def _filter_jit_target(inner: Any) -> Any:
 
 def _names_of(fun: Any) -> tuple[str | None, str | None]:
     """A callable's (name, qualname) as equinox names its inner function (wrappers and partials unwrapped)."""
-    import functools
+    from jaxdbg.jit_layer import unwrap_function  # the layer imports this module
 
-    for _ in range(8):
-        if isinstance(fun, functools.partial):
-            fun = fun.func
-        elif hasattr(fun, "__wrapped__"):
-            fun = fun.__wrapped__
-        else:
-            break
+    fun = unwrap_function(fun)
     if hasattr(fun, "__name__"):
         return fun.__name__, getattr(fun, "__qualname__", None)
     return type(fun).__name__, type(fun).__qualname__
