@@ -51,8 +51,9 @@ def test_weak_type_and_python_scalar_changes():
     assert weak.leaves[0][1].weak_type and not strong.leaves[0][1].weak_type
     why = explain([weak], strong, same_callable=True)
     assert why.changes[0].kind == "weak_type" and "weakly typed f32 -> strongly typed f32" in why.reason
-    scalar = _sig(lambda lr: lr, 0.1)
-    assert explain([scalar], strong, same_callable=True).changes[0].kind == "type"
+    scalar = _sig(lambda lr: lr, 0.1)  # to jax a weakly typed f32[]: only the weak type differs
+    why = explain([scalar], strong, same_callable=True)
+    assert why.changes[0].kind == "weak_type" and "a Python float (weakly typed f32) -> strongly typed f32" in why.reason
 
 
 def test_new_callable_and_unexplained_recompiles():
