@@ -62,16 +62,21 @@ def hints_for(functions: list[FunctionProfile], totals: Totals, transfers: list[
 
 
 def notes_for(mode: str, functions: list[FunctionProfile], gathered: Any, error: str | None,
-              command_buffers_off: bool = False) -> tuple[str, ...]:
+              command_buffers_off: bool = False, stopped_in_call: bool = False) -> tuple[str, ...]:
+    """``stopped_in_call``: the target failed (or was stopped) with a jitted call on its stack."""
     notes = []
     if command_buffers_off and (gathered.device or {}).get("backend") in ("gpu", "cuda", "rocm"):
         notes.append("XLA:GPU command buffers were off in the profiled process so that every kernel is tied to "
                      "its HLO op in the per-op table; launch overhead may differ a little from a default run "
                      "(--command-buffers keeps them, at the cost of ops inside them missing from the table)")
-    if mode == "script" and not functions and error and gathered.names:
+    if mode == "script" and not functions and error and stopped_in_call and gathered.names:
         names = ", ".join(sorted({meta.name for meta in gathered.names.values()})[:4])
         notes.append(f"the target stopped before any jitted function returned from its first call ({names}): "
                      "the failure is inside that first call (its compile or its run), where the stack above points")
+    elif mode == "script" and not functions and error:
+        # jitted functions defined (by the script or a library it imports) say nothing about where it stopped
+        notes.append("the target failed before it called any jitted function, so there is nothing to profile: "
+                     "the error line says where it stopped")
     elif mode == "script" and not functions:
         eager = gathered.eager_compile()
         notes.append(
