@@ -119,10 +119,15 @@ def _pct(part: float, whole: float) -> str:
 
 
 def render(report: Report, console: Console) -> None:
+    from jaxdbg.profile.hints import eager_matters
+
     result = report.result
     t = result.totals
+    eager = result.eager_compile or {}
+    shown = eager_matters(eager, t)
     console.print(f"[bold]jaxdbg profile[/] {report.target}  ({result.mode} mode, {result.device.get('backend', '?')})")
-    console.print(f"wall {_s(t.wall_s)} = compile {_s(t.compile_s)} ({_pct(t.compile_s, t.wall_s)}) + execute "
+    console.print(f"wall {_s(t.wall_s)} = compile {_s(t.compile_s)} ({_pct(t.compile_s, t.wall_s)}"
+                  + (f", {_s(eager['total_s'])} of it eager" if shown else "") + ") + execute "
                   f"{_s(t.execute_s)} ({_pct(t.execute_s, t.wall_s)}) + transfer {_s(t.transfer_s)} "
                   f"({_pct(t.transfer_s, t.wall_s)}) + other {_s(t.other_s)} ({_pct(t.other_s, t.wall_s)})"
                   + (f"  [dim]jaxdbg overhead {_s(t.overhead_s)} not included[/]" if t.overhead_s > 1e-3 else ""))
@@ -130,6 +135,10 @@ def render(report: Report, console: Console) -> None:
         console.print(_functions_table(result))
     for function in result.functions:
         _render_function_detail(console, function)
+    if shown:  # compiles outside jit: no row in the table above, yet counted in the compile total
+        top = ", ".join(f"{e['name']} {_s(e['compile_s'])}" for e in eager.get("top", [])[:3])
+        console.print(f"eager compiles (operations run outside jit): {eager['count']} in {_s(eager['total_s'])}, "
+                      f"{_pct(eager['total_s'], t.compile_s)} of compile time" + (f"; most in {top}" if top else ""))
     if result.transfers:
         console.print("transfers: " + ", ".join(f"{x.kind} {x.count}x {_s(x.total_s)}" for x in result.transfers))
     if result.monitor is not None:

@@ -95,12 +95,12 @@ def profile(spec: TargetSpec, options: ProfileOptions, out_dir: str) -> ProfileR
     error, error_source = _error(outcome)
     other = other_target_note(baseline, spec.text) if baseline is not None else None
     other_target = (other,) if other else ()
+    eager = gathered.eager_compile()
+    notes = notes_for(mode, functions, gathered, error, command_buffers_off, stopped_in_jitted_call(outcome))
     result = ProfileResult(
         mode=mode, functions=tuple(functions), totals=totals, budget=budget, error=error, error_source=error_source,
-        notes=notes_for(mode, functions, gathered, error, command_buffers_off, stopped_in_jitted_call(outcome))
-        + other_target,
-        hints=hints_for(functions, totals, gathered.transfers()),
-        transfers=tuple(gathered.transfers()), eager_compile=gathered.eager_compile(), trace=trace,
+        notes=notes + other_target, hints=hints_for(functions, totals, gathered.transfers(), eager),
+        transfers=tuple(gathered.transfers()), eager_compile=eager, trace=trace,
         monitor=series(gathered.monitor, options.monitor_interval),
         comparison=compare(baseline, tuple(functions), totals) if baseline is not None else None,
         device=gathered.device,
