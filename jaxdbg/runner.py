@@ -87,9 +87,18 @@ class Outcome:
             return f"timed out after {self.elapsed_s:.1f}s{where}"
         if self.status == "exit":  # sys.exit("message") prints the message as the last line of stderr
             lines = [line for line in self.stderr.strip().splitlines() if line.strip()]
-            said = f" (last on stderr: {first_line(lines[-1], 200)})" if lines else ""
-            return f"exited with status {self.returncode}{said}"
+            if not lines:
+                return f"exited with status {self.returncode}"
+            # absl (and others) print the error, then a pointer to --help: the error is the line to quote
+            errors = [line for line in lines if not _HELP_POINTER.search(line)]
+            quoted = errors[-1] if errors else lines[-1]
+            label = "last on stderr" if quoted is lines[-1] else "on stderr"
+            return f"exited with status {self.returncode} ({label}: {first_line(quoted, 200)})"
         return "finished"
+
+
+# "Pass --helpshort or --helpfull to see help on flags." (absl), "Try 'train.py --help' for help." (click)
+_HELP_POINTER = re.compile(r"--help")
 
 
 def first_line(text: str, limit: int = 300) -> str:

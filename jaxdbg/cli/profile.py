@@ -4,11 +4,14 @@ traces, monitoring and CI budgets. Parses options, calls :func:`jaxdbg.profile.p
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Annotated, Any, Optional
 
 import typer
+from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from jaxdbg.cli._common import (
     ArgsOpt, Common, InputsOpt, JsonOpt, OutOpt, QuietOpt, ScriptArgsArg, SeedOpt, TargetArg, TimeoutOpt, VerboseOpt,
@@ -137,17 +140,26 @@ def _render_processes(console: Console, result: Any) -> None:
 
 
 def render(report: Report, console: Console) -> None:
+    from jaxdbg.profile.hints import eager_matters
+
     result = report.result
     t = result.totals
+    eager = result.eager_compile or {}
+    shown = eager_matters(eager, t)
     console.print(f"[bold]jaxdbg profile[/] {report.target}  ({result.mode} mode, {result.device.get('backend', '?')})")
-    console.print(f"wall {_s(t.wall_s)} = compile {_s(t.compile_s)} ({_pct(t.compile_s, t.wall_s)}) + execute "
+    console.print(f"wall {_s(t.wall_s)} = compile {_s(t.compile_s)} ({_pct(t.compile_s, t.wall_s)}"
+                  + (f", {_s(eager['total_s'])} of it eager" if shown else "") + ") + execute "
                   f"{_s(t.execute_s)} ({_pct(t.execute_s, t.wall_s)}) + transfer {_s(t.transfer_s)} "
                   f"({_pct(t.transfer_s, t.wall_s)}) + other {_s(t.other_s)} ({_pct(t.other_s, t.wall_s)})"
                   + (f"  [dim]jaxdbg overhead {_s(t.overhead_s)} not included[/]" if t.overhead_s > 1e-3 else ""))
     if result.functions:
-        console.print(_functions_table(result))
+        console.print(_functions_table(result, console.width))
     for function in result.functions:
         _render_function_detail(console, function)
+    if shown:  # compiles outside jit: no row in the table above, yet counted in the compile total
+        top = ", ".join(f"{e['name']} {_s(e['compile_s'])}" for e in eager.get("top", [])[:3])
+        console.print(f"eager compiles (operations run outside jit): {eager['count']} in {_s(eager['total_s'])}, "
+                      f"{_pct(eager['total_s'], t.compile_s)} of compile time" + (f"; most in {top}" if top else ""))
     if result.transfers:
         console.print("transfers: " + ", ".join(f"{x.kind} {x.count}x {_s(x.total_s)}" for x in result.transfers))
     if result.monitor is not None:
@@ -173,16 +185,62 @@ def render(report: Report, console: Console) -> None:
         Console(stderr=True, highlight=False).print(f"jaxdbg profile: {result.error}", soft_wrap=True, markup=False)
 
 
-def _functions_table(result: object) -> Table:
-    table = Table(title="jitted functions", title_justify="left")
-    table.add_column("function", no_wrap=True)
-    for column in ("compiles", "compile", "calls", "first", "median", "p90", "execute"):
-        table.add_column(column, no_wrap=True)
-    for f in result.functions:
-        c, e = f.compile, f.execute
-        table.add_row(f.name, str(f.compiles), _s(c.total_s), str(e.calls), _s(e.first_s),
-                      _s(e.median_s), _s(e.p90_s), _s(e.total_s))
+@dataclass(frozen=True)
+class _Column:
+    """A table column. ``drop`` > 0: a narrow terminal may leave it out (higher goes first), and a ``minor``
+    one goes before any name is folded; ``fold``: its text (a name) may break over lines. Numbers (and
+    file:line sources) neither fold nor shrink."""
+
+    header: str
+    drop: int = 0
+    minor: bool = False
+    fold: bool = False
+
+
+_FOLDED_MIN = 12  # a name folds onto lines no narrower than this
+
+
+def _fitted_table(title: str, columns: list[_Column], rows: list[list[str]], width: int) -> Table:
+    """A table no wider than ``width`` that never cuts a number: rich would shorten the cells of a table too
+    wide for the terminal ('469…', 'compil…', even when piped: 80 columns). Minor columns go first, then
+    names fold, then other optional columns go; what is left out is named in the caption (the JSON report
+    has everything)."""
+    natural = [max([cell_len(c.header)] + [cell_len(row[i]) for row in rows]) for i, c in enumerate(columns)]
+    folded = [min(n, _FOLDED_MIN) if c.fold else n for c, n in zip(columns, natural)]
+    keep = list(range(len(columns)))
+
+    def needed(widths: list[int]) -> int:  # each column: its cells, a space either side, a border; one more border
+        return sum(widths[i] + 3 for i in keep) + 1
+
+    dropped = []
+    by_rank = sorted((i for i, c in enumerate(columns) if c.drop), key=lambda i: -columns[i].drop)
+    for i in [i for i in by_rank if columns[i].minor] + [i for i in by_rank if not columns[i].minor]:
+        if needed(natural if columns[i].minor else folded) <= width:
+            continue
+        keep.remove(i)
+        dropped.append(columns[i].header)
+    caption = f"left out at {width} columns: {', '.join(dropped)} (in --json)" if dropped else None
+    table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
+    spare = max(width - needed(folded), 0)
+    for i in keep:
+        if columns[i].fold:
+            grown = min(natural[i], folded[i] + spare)
+            spare -= grown - folded[i]
+            table.add_column(columns[i].header, width=grown, overflow="fold")
+        else:
+            table.add_column(columns[i].header, no_wrap=True, min_width=natural[i])
+    for row in rows:
+        table.add_row(*(Text(row[i]) for i in keep))
     return table
+
+
+def _functions_table(result: object, width: int) -> Table:
+    columns = [_Column("function", fold=True), _Column("compiles", drop=1), _Column("compile"),
+               _Column("calls", drop=2), _Column("first", drop=4, minor=True), _Column("median", drop=3),
+               _Column("p90", drop=5, minor=True), _Column("execute")]
+    rows = [[f.name, str(f.compiles), _s(f.compile.total_s), str(f.execute.calls), _s(f.execute.first_s),
+             _s(f.execute.median_s), _s(f.execute.p90_s), _s(f.execute.total_s)] for f in result.functions]
+    return _fitted_table("jitted functions", columns, rows, width)
 
 
 def _loc(source: object) -> str:
@@ -222,13 +280,11 @@ def _render_function_detail(console: Console, f: object) -> None:
         console.print(f"  {f.name} memory: " + ", ".join(f"{k} {_rate(v, 'B')}" for k, v in f.memory.items()),
                       soft_wrap=True)
     if f.ops:
-        table = Table(title=f"top ops of {f.name} ({f.ops_source})", title_justify="left")
-        for column in ("op", "category", "count", "total", "share", "source"):
-            table.add_column(column, overflow="fold")
-        for op in f.ops:
-            table.add_row(op.name, op.category, str(op.count), _s(op.total_s), f"{100 * op.fraction:.1f}%",
-                          _loc(op.source))
-        console.print(table)
+        columns = [_Column("op", fold=True), _Column("category", drop=1), _Column("count", drop=2, minor=True),
+                   _Column("total"), _Column("share"), _Column("source")]
+        rows = [[op.name, op.category, str(op.count), _s(op.total_s), f"{100 * op.fraction:.1f}%", _loc(op.source)]
+                for op in f.ops]
+        console.print(_fitted_table(f"top ops of {f.name} ({f.ops_source})", columns, rows, console.width))
 
 
 def _grouped(recompiles: tuple) -> list[tuple[list[int], str]]:
@@ -240,10 +296,6 @@ def _grouped(recompiles: tuple) -> list[tuple[list[int], str]]:
 
 
 def _render_comparison(console: Console, deltas: tuple) -> None:
-    table = Table(title="compared with the earlier report", title_justify="left")
-    for column in ("function", "status", "compile", "execute median", "calls"):
-        table.add_column(column)
-
     def cell(metric: dict | None, seconds: bool = True) -> str:
         if not metric or metric.get("new") is None:
             return "-"
@@ -252,14 +304,17 @@ def _render_comparison(console: Console, deltas: tuple) -> None:
             return new
         return f"{new} ({metric['ratio']:.2f}x)"
 
+    rows = []
     for d in deltas:
         m = d.metrics
         if d.name == "<totals>":
-            table.add_row("(run)", d.status, cell(m.get("compile_s")), "-", "-")
+            rows.append(["(run)", d.status, cell(m.get("compile_s")), "-", "-"])
         else:
-            table.add_row(d.name, d.status, cell(m.get("compile_s")), cell(m.get("execute_median_s")),
-                          cell(m.get("calls"), seconds=False))
-    console.print(table)
+            rows.append([d.name, d.status, cell(m.get("compile_s")), cell(m.get("execute_median_s")),
+                         cell(m.get("calls"), seconds=False)])
+    columns = [_Column("function", fold=True), _Column("status", drop=2, minor=True), _Column("compile"),
+               _Column("execute median"), _Column("calls", drop=1)]
+    console.print(_fitted_table("compared with the earlier report", columns, rows, console.width))
 
 
 def _render_budget(console: Console, budget: object) -> None:

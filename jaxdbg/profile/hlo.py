@@ -2,8 +2,11 @@
 
 XLA writes the Python stack of each operation into the module as tables (``FileNames``, ``FunctionNames``,
 ``FileLocations``, ``StackFrames``) and tags instructions with ``metadata={op_name=... stack_frame_id=N}``
-(older versions write ``source_file=... source_line=...`` instead); both forms are read. A fusion is
-attributed to the heaviest instruction inside it (a dot over a reduce over elementwise work).
+(older versions write ``source_file=... source_line=...`` instead); both forms are read. An op's source is
+the innermost frame of its stack that lies in a user file: an op made inside Flax or optax gets the user's
+line that called into the library. A fusion takes its category from the heaviest instruction inside it (a
+dot over a reduce over elementwise work) and its source from the heaviest fused instruction that has one:
+XLA often leaves the fusion itself without stack metadata.
 
 Example:
     >>> import jax, jax.numpy as jnp
@@ -208,6 +211,12 @@ def _parse_tables(lines: list[str], module: HloModule) -> None:
         else:
             fields = {k: int(v) for k, v in _FIELDS.findall(value)}
             module.frames[key] = (fields.get("file_location_id", 0), fields.get("parent_frame_id", 0))
+    # Frame ids are 1-based with 0 for "no parent", but the text XLA prints (jax 0.10 and 0.11 alike) gives
+    # each parent one above the id it means: the root frame 1 reads "parent_frame_id=1", a frame whose
+    # parent is frame 4 reads 5. A frame cannot be its own parent, so a row naming itself tells this
+    # printing apart from one that writes the ids as they are.
+    if any(parent == key for key, (_, parent) in module.frames.items()):
+        module.frames = {key: (loc, parent - 1) for key, (loc, parent) in module.frames.items()}
     for key, loc in raw_locations.items():
         module.locations[key] = SourceLocation(
             files.get(loc.get("file_name_id", 0), "?"), loc.get("line", 0),
@@ -215,17 +224,23 @@ def _parse_tables(lines: list[str], module: HloModule) -> None:
         )
 
 
-def frame_source(module: HloModule, frame_id: int | None) -> SourceLocation | None:
-    """The innermost user location of a stack frame, following parents past non-user frames."""
+def frame_stack(module: HloModule, frame_id: int | None) -> list[SourceLocation]:
+    """The Python stack recorded for a ``stack_frame_id``, innermost call first."""
+    stack: list[SourceLocation] = []
     seen = set()
     while frame_id and frame_id not in seen and frame_id in module.frames:
         seen.add(frame_id)
-        location_id, parent = module.frames[frame_id]
+        location_id, frame_id = module.frames[frame_id]
         location = module.locations.get(location_id)
-        if location is not None and is_user_file(location.file):
-            return location
-        frame_id = parent
-    return None
+        if location is not None:
+            stack.append(location)
+    return stack
+
+
+def frame_source(module: HloModule, frame_id: int | None) -> SourceLocation | None:
+    """The innermost user location of a stack frame: past the frames of jax, Flax, optax or jaxdbg's own
+    wrappers, the user's line that called into them."""
+    return next((location for location in frame_stack(module, frame_id) if is_user_file(location.file)), None)
 
 
 def instruction_source(module: HloModule, inst: Instruction) -> SourceLocation | None:
@@ -283,17 +298,21 @@ def _inner(module: HloModule, inst: Instruction, depth: int = 0) -> list[Instruc
 
 
 def _describe(module: HloModule, inst: Instruction) -> HloOp:
-    """Category and source of one instruction; a fusion takes both from its heaviest inner op."""
-    lead = inst
+    """Category and source of one instruction; a fusion takes both from its heaviest inner ops."""
+    lead, inner = inst, []
     if inst.opcode == "fusion":
-        inner = [i for i in _inner(module, inst) if i.opcode not in _NOT_WORK and i.opcode != "fusion"]
+        inner = sorted((i for i in _inner(module, inst) if i.opcode not in _NOT_WORK and i.opcode != "fusion"),
+                       key=lambda i: _rank(i.opcode))  # stable: ties keep the computation's order
         if inner:
             lead = min(inner, key=lambda i: (_rank(i.opcode), i.frame_id is None))
     category = custom_call_category(lead.text) if lead.opcode == "custom-call" else opcode_category(lead.opcode)
     if inst.opcode == "fusion" and category in ("elementwise", "data movement"):
         category = {"kLoop": "loop fusion", "kInput": "input fusion", "kOutput": "output fusion"}.get(
             inst.fusion_kind, category)
-    source = instruction_source(module, lead) or instruction_source(module, inst)
+    # The lead first (a fusion's time is mostly its dot), then the other fused ops, heaviest first, then the
+    # fusion's own metadata, which XLA often drops.
+    candidates = [lead] + [i for i in inner if i is not lead] + ([inst] if inst is not lead else [])
+    source = next((found for found in (instruction_source(module, i) for i in candidates) if found), None)
     return HloOp(inst.name, inst.opcode, category, source, lead.op_name or inst.op_name, inst.text)
 
 

@@ -99,11 +99,13 @@ def profile(spec: TargetSpec, options: ProfileOptions, out_dir: str) -> ProfileR
     stragglers, straggler_hints = find_stragglers(list(gathered.job))
     other = other_target_note(baseline, spec.text) if baseline is not None else None
     other_target = (other,) if other else ()
+    eager = gathered.eager_compile()
+    notes = notes_for(mode, functions, gathered, error, command_buffers_off, stopped_in_jitted_call(outcome))
     result = ProfileResult(
         mode=mode, functions=tuple(functions), totals=totals, budget=budget, error=error, error_source=error_source,
-        notes=notes_for(mode, functions, gathered, error, command_buffers_off) + other_target,
-        hints=hints_for(functions, totals, gathered.transfers()) + straggler_hints,
-        transfers=tuple(gathered.transfers()), eager_compile=gathered.eager_compile(), trace=trace,
+        notes=notes + other_target,
+        hints=hints_for(functions, totals, gathered.transfers(), eager) + straggler_hints,
+        transfers=tuple(gathered.transfers()), eager_compile=eager, trace=trace,
         monitor=series(gathered.monitor, options.monitor_interval),
         comparison=compare(baseline, tuple(functions), totals) if baseline is not None else None,
         device=gathered.device, processes=gathered.job, stragglers=stragglers, step_skew_s=step_skew_s(list(gathered.job)),
@@ -178,6 +180,21 @@ def _raise_internal_failure(outcome: Outcome, spec: TargetSpec, options: Profile
     last = exc.traceback.strip().splitlines()[-3:-1]
     raise RuntimeError(f"the profiling job failed before the target ran: {exc.type}: {first_line(exc.message)} "
                        f"[{' / '.join(line.strip() for line in last)}]")
+
+
+_STACK_FILE = re.compile(r'File "([^"]+)", line \d+')  # a traceback's and faulthandler's frames alike
+
+
+def stopped_in_jitted_call(outcome: Outcome) -> bool:
+    """Whether the target failed or was stopped inside a jitted call: the jit layer's wrapper is on the stack
+    of the exception (its traceback) or of the crash or hang (faulthandler's dump on stderr). A script that
+    exits in its argument parsing has only defined jitted functions (its own, or those of a library it
+    imported), which says nothing about where it stopped."""
+    if outcome.ok:
+        return False
+    text = outcome.exception.traceback if outcome.exception is not None else outcome.stderr
+    return any(os.path.basename(path) == "jit_layer.py" and is_jaxdbg_file(path)
+               for path in _STACK_FILE.findall(text or ""))
 
 
 def _error(outcome: Outcome) -> tuple[str | None, object]:
