@@ -123,20 +123,16 @@ def _pct(part: float, whole: float) -> str:
 
 def _render_processes(console: Console, result: Any) -> None:
     """The job's processes side by side (process 0's report of a multi-process job)."""
-    table = Table(title=f"processes ({len(result.processes)})", title_justify="left", show_edge=False, pad_edge=False)
-    for column in ("process", "wall", "compile", "execute", "in collectives", "host between steps", "steps"):
-        table.add_column(column, justify="right", no_wrap=True)
+    columns = [_Column("process"), _Column("wall", drop=2), _Column("compile"), _Column("execute", drop=1),
+               _Column("in collectives"), _Column("host between steps"), _Column("steps", drop=3, minor=True)]
+    rows = [[f"{r.index}{' *' if r.index in result.stragglers else ''}", _s(r.wall_s), _s(r.compile_s),
+             _s(r.execute_s), _s(r.collective_s), _s(r.host_s), str(r.steps)] for r in result.processes if r.reported]
+    console.print(_fitted_table(f"processes ({len(result.processes)}; * straggler)", columns, rows, console.width))
     for row in result.processes:
-        mark = " *" if row.index in result.stragglers else ""
         if not row.reported:
-            table.add_row(f"{row.index}{mark}", row.note, "", "", "", "", "")
-            continue
-        table.add_row(f"{row.index}{mark}", _s(row.wall_s), _s(row.compile_s), _s(row.execute_s), _s(row.collective_s),
-                      _s(row.host_s), str(row.steps))
-    console.print(table)
+            console.print(f"  process {row.index}: {row.note}", soft_wrap=True)
     if result.step_skew_s is not None:
-        console.print(f"step skew: {_s(result.step_skew_s)} per step between the busiest and the least busy process"
-                      + ("  (* straggler)" if result.stragglers else ""))
+        console.print(f"step skew: {_s(result.step_skew_s)} per step between the busiest and the least busy process")
 
 
 def render(report: Report, console: Console) -> None:
