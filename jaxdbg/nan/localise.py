@@ -19,13 +19,14 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 import jax
 import numpy as np
 
 from jaxdbg import _compat
+from jaxdbg._source import SourceLocation
 from jaxdbg.jaxpr import Hooks, Interpreter, Scope, Site, Stop
 from jaxdbg.nan.calls import Call
 from jaxdbg.nan.passes import PassClassifier
@@ -44,6 +45,9 @@ class Provenance:
     inf: bool
     origins: frozenset[int] = frozenset()
     constant: bool = False  # written in the code as a constant, not computed
+    # A scan's stacked output: the tag of each iteration's slice, so that a later scan over it (the backward
+    # pass over the forward's residuals) sees only what iteration i put there, not every iteration's origins.
+    per_iteration: tuple[Provenance | None, ...] | None = None
 
 
 @dataclass
@@ -102,6 +106,7 @@ class NanHunter(Hooks):
         self.passes = PassClassifier()
         self.opaque_notes: list[str] = []
         self._literal_tags: dict[int, Provenance | None] = {}
+        self._slices: dict[int, tuple[set, int]] = {}
 
     # -- inputs and constants ------------------------------------------------------------------------------
 
@@ -148,7 +153,7 @@ class NanHunter(Hooks):
         if site.primitive not in LOOPS or any(s.scope.kind == "shard_map" for s in (site, *site.enclosing())):
             return None
         outs = _compat.bind_eqn(site.eqn, invals)
-        in_nan, in_inf = self._input_state(in_tags)
+        in_nan, in_inf = self._input_state(self._resolved(site, invals, in_tags))
         out_nan, out_inf = self._output_state(outs)
         if self._is_new(in_nan, in_inf, out_nan, out_inf):
             return None
@@ -161,6 +166,7 @@ class NanHunter(Hooks):
         flags = [nonfinite_flags(v) for v in outvals]
         if not any(nan or inf for nan, inf in flags):
             return None
+        in_tags = self._resolved(site, invals, in_tags)
         in_nan, in_inf = self._input_state(in_tags)
         out_nan = any(nan for nan, _ in flags)
         out_inf = any(inf for _, inf in flags)
@@ -179,6 +185,45 @@ class NanHunter(Hooks):
 
     def opaque(self, site: Site, reason: str) -> None:
         self.opaque_notes.append(f"{'/'.join(site.path)}: {reason}")
+
+    def merge_tags(self, tags: Sequence[Any]) -> Provenance | None:
+        """A scan's stacked output holds what every iteration put there; each slice keeps its own tag."""
+        tags = list(tags)
+        set_ = [t for t in tags if t is not None]
+        if not set_:
+            return None
+        return Provenance(any(t.nan for t in set_), any(t.inf for t in set_),
+                          frozenset().union(*(t.origins for t in set_)), all(t.constant for t in set_), tuple(tags))
+
+    def _resolved(self, site: Site, invals: list, in_tags: list) -> list:
+        """The tags of this equation's inputs as they are here: a slice of a stacked scan output gets its
+        iteration's tag, and a computed value that holds no NaN/Inf any more (a finite slice, a finite part
+        selected out) gets none, so it neither hides an origin nor joins a chain it did not feed."""
+        xs = self._scan_slices(site.scope)
+        resolved = []
+        for atom, value, tag in zip(site.eqn.invars, invals, in_tags):
+            if tag is not None and tag.per_iteration is not None and xs and atom in xs[0] \
+                    and len(tag.per_iteration) == xs[1]:
+                tag = tag.per_iteration[site.scope.iteration]
+            if tag is not None and not tag.constant:
+                nan, inf = nonfinite_flags(value)
+                if not (nan or inf):
+                    tag = None
+                elif (nan, inf) != (tag.nan, tag.inf):
+                    tag = replace(tag, nan=nan, inf=inf)
+            resolved.append(tag)
+        return resolved
+
+    def _scan_slices(self, scope: Scope) -> tuple[set, int] | None:
+        """The body variables that hold one slice of the scanned-over arrays, and the scan's length."""
+        if scope.kind != "scan" or scope.parent is None or scope.iteration is None:
+            return None
+        key = id(scope.parent.eqn)
+        if key not in self._slices:
+            params = scope.parent.eqn.params
+            n_consts, n_carry = _compat.scan_split(params)
+            self._slices[key] = (set(list(scope.jaxpr.invars)[n_consts + n_carry:]), int(params["length"]))
+        return self._slices[key]
 
     # -- helpers -------------------------------------------------------------------------------------------
 
