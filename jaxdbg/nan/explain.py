@@ -1,8 +1,12 @@
 """One paragraph in plain words, and fixes that fit the pattern found.
 
-Each pattern is a small function of the origin (primitive, pass, input statistics, the text of the user's
-line) that returns a sentence and hints, or None. The first pattern that fits explains the origin; growth,
-precision and the strategy add their own sentences.
+Each pattern is a small function of the origin (primitive, pass, input statistics, the code of the user's
+line and of the lines that computed its inputs) that returns a sentence and hints, or None. The first
+pattern that fits explains the origin. A NaN made of infinities (0 * inf, inf - inf) is explained by where
+its infinity was born (the chain's first origin): that is what to fix, so its hints are the ones given.
+Growth, precision and the strategy add their own sentences; growth is called divergence only when values
+grew to a large magnitude, and not for an origin at a 0 or outside a domain (0/0, log(0)) that growth did
+not cause.
 
 Example:
     >>> from jaxdbg.nan.result import Origin, ValueStats
@@ -14,12 +18,16 @@ Example:
 
 from __future__ import annotations
 
+import io
 import linecache
-from typing import Callable, Sequence
+import tokenize
+from typing import Callable, Mapping, Sequence
 
+from jaxdbg._source import SourceLocation
 from jaxdbg.nan.result import GrowthEntry, Origin, PrecisionCheck, ValueStats
 
-Pattern = Callable[[Origin, str], "tuple[str, list[str]] | None"]
+# (origin, code of its line, code of the lines that computed its inputs) -> (sentence, hints) or None
+Pattern = Callable[[Origin, str, str], "tuple[str, list[str]] | None"]
 
 DOUBLE_WHERE = ("use the double-where trick so the masked branch never sees a bad value: "
                 "`safe = jnp.where(mask, x, 1.0); y = jnp.where(mask, f(safe), 0.0)` "
@@ -28,19 +36,35 @@ EPSILON_LOG = "clamp the input away from zero: `jnp.log(jnp.maximum(x, 1e-12))` 
 EPSILON_DIV = "keep the denominator away from zero: `x / jnp.maximum(d, 1e-12)` or `x / (d + 1e-12)`"
 LOG_SUM_EXP = ("compute in log space: `jax.nn.logsumexp`, `jax.nn.log_softmax`, `jax.nn.log_sigmoid` "
                "instead of log(sum(exp(...))) / log(softmax) / log(sigmoid)")
+LOG_SOFTMAX = ("use `jax.nn.log_softmax(logits)` instead of `jnp.log(jax.nn.softmax(logits))`, or the whole loss "
+               "`optax.softmax_cross_entropy(logits, one_hot_labels)` (`..._with_integer_labels` for integer labels): "
+               "softmax underflows to exactly 0 for large logit gaps, log_softmax never does")
+LOG_SIGMOID = ("use `jax.nn.log_sigmoid(x)` (and `jax.nn.log_sigmoid(-x)` for log(1 - sigmoid(x))), or the whole loss "
+               "`optax.sigmoid_binary_cross_entropy(logits, labels)`")
+SQRT_EPSILON = "add an epsilon inside: `jnp.sqrt(x + 1e-12)` (or take the square root only where x > 0, with the double-where trick)"
+MASKED_MEAN = ("a fully masked batch or row (all padding) has nothing to average: divide by `jnp.maximum(mask.sum(), 1)` "
+               "(its numerator is 0 too), and check the data pipeline for empty batches")
 SUBTRACT_MAX = "subtract the maximum before exponentiating (what `jax.nn.softmax`/`logsumexp` do)"
 CLIP = "clip gradients (e.g. `optax.clip_by_global_norm(1.0)`) and/or lower the learning rate (or add warmup)"
 UPCAST = "compute this part in float32 (`x.astype(jnp.float32)`), and cast back afterwards"
 LOSS_SCALE = "with float16 gradients use loss scaling (scale the loss up, unscale the gradients, skip steps with Inf)"
 EXP_LIMIT = {"f16": 11.09, "bf16": 88.72, "f32": 88.72, "f64": 709.78}
-EXPLODING = 1e6  # growth beyond this is divergence, not a loss that merely rose
+DIVERGED = 1e6  # a value that grew to this magnitude was diverging; below, growth may be ordinary training
 OVERFLOW_AT = {"f16": 65504.0, "bf16": 3.39e38, "f32": 3.40e38, "f64": 1.8e308}
 
 
-def _line_text(origin: Origin) -> str:
-    if origin.source is None:
+def _code(source: SourceLocation | None) -> str:
+    """The code of a user line, its comment left out (``# log of the softmax`` is not a call of softmax)."""
+    if source is None:
         return ""
-    return linecache.getline(origin.source.file, origin.source.line).strip()
+    text = linecache.getline(source.file, source.line).strip()
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(text).readline):
+            if token.type == tokenize.COMMENT:
+                return text[:token.start[1]].rstrip()
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        pass  # one line of a longer statement: the comment, if any, came before the error
+    return text
 
 
 def _stat(origin: Origin, i: int) -> ValueStats | None:
@@ -57,7 +81,7 @@ def _dtype(origin: Origin) -> str:
     return stats[0].dtype if stats else "f32"
 
 
-def _input_pattern(origin: Origin, line: str) -> tuple[str, list[str]] | None:
+def _input_pattern(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] | None:
     if origin.kind != "input":
         return None
     value = "a NaN" if origin.inputs and origin.inputs[0].nan else "an Inf"
@@ -68,7 +92,7 @@ def _input_pattern(origin: Origin, line: str) -> tuple[str, list[str]] | None:
              "(`jnp.nan_to_num`, or a mask)"])
 
 
-def _masked_softmax(origin: Origin, line: str) -> tuple[str, list[str]] | None:
+def _masked_softmax(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] | None:
     first = _stat(origin, 0)
     second = _stat(origin, 1)
     if origin.primitive != "sub" or first is None or second is None or not (first.inf and second.inf):
@@ -82,7 +106,7 @@ def _masked_softmax(origin: Origin, line: str) -> tuple[str, list[str]] | None:
              "afterwards: `jnp.where(mask.any(-1, keepdims=True), p, 0.0)`"])
 
 
-def _masked_gradient(origin: Origin, line: str) -> tuple[str, list[str]] | None:
+def _masked_gradient(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] | None:
     if origin.pass_ != "backward" or origin.primitive not in ("mul", "div") or origin.kind != "nan":
         return None
     zeros = [s for s in origin.inputs if s.zero]
@@ -93,7 +117,7 @@ def _masked_gradient(origin: Origin, line: str) -> tuple[str, list[str]] | None:
             [DOUBLE_WHERE])
 
 
-def _log(origin: Origin, line: str) -> tuple[str, list[str]] | None:
+def _log(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] | None:
     if origin.primitive not in ("log", "log1p"):
         return None
     s = _stat(origin, 0)
@@ -102,13 +126,17 @@ def _log(origin: Origin, line: str) -> tuple[str, list[str]] | None:
         what = f"{origin.primitive} of a negative number is NaN (smallest input {s.min:.3g})"
     else:
         what = f"{origin.primitive}({limit:g}) is -inf ({s.zero if s else 0} zero input(s))"
-    hints = [EPSILON_LOG]
-    if "softmax" in line or "sigmoid" in line or "sum" in line:
-        hints.insert(0, LOG_SUM_EXP)
-    return what + ".", hints
+    code = line + "\n" + feeders
+    if "softmax" in code:  # a probability that underflowed: the log-space function never does
+        return what + "; its input is a softmax, which underflows to exactly 0 once the logits are far apart.", \
+            [LOG_SOFTMAX, EPSILON_LOG]
+    if "sigmoid" in code:
+        return what + "; its input is a sigmoid, which rounds to exactly 0 (or 1) for large |x|.", \
+            [LOG_SIGMOID, EPSILON_LOG]
+    return what + ".", ([LOG_SUM_EXP] if "sum" in line or "exp" in code else []) + [EPSILON_LOG]
 
 
-def _sqrt(origin: Origin, line: str) -> tuple[str, list[str]] | None:
+def _sqrt(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] | None:
     if origin.primitive not in ("sqrt", "rsqrt", "pow") or origin.pass_ == "backward":
         return None
     s = _stat(origin, 0)
@@ -121,7 +149,7 @@ def _sqrt(origin: Origin, line: str) -> tuple[str, list[str]] | None:
     return None
 
 
-def _singular_derivative(origin: Origin, line: str) -> tuple[str, list[str]] | None:
+def _singular_derivative(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] | None:
     if origin.pass_ != "backward" or origin.primitive not in ("div", "rsqrt", "pow", "mul", "integer_pow"):
         return None
     if any(s.inf for s in origin.inputs):  # inf arithmetic on values that overflowed earlier, not a singularity
@@ -129,35 +157,37 @@ def _singular_derivative(origin: Origin, line: str) -> tuple[str, list[str]] | N
     for name in ("sqrt", "norm", "pow", "**", "log", "arcsin", "arccos", "abs"):
         if name in line:
             what = {"norm": "a norm at the zero vector", "**": "a fractional power at 0"}.get(name, f"{name} at 0")
-            hints = (["add an epsilon inside: `jnp.sqrt(x + 1e-12)`", DOUBLE_WHERE]
-                     if name in ("sqrt", "norm") else [EPSILON_DIV, DOUBLE_WHERE])
+            hints = [SQRT_EPSILON, DOUBLE_WHERE] if name in ("sqrt", "norm") else [EPSILON_DIV, DOUBLE_WHERE]
             return (f"the derivative of {what} is infinite, so this backward-pass operation made "
                     f"{'a NaN' if origin.kind == 'nan' else 'an Inf'} although the forward value is finite.", hints)
     return None
 
 
-def _division(origin: Origin, line: str) -> tuple[str, list[str]] | None:
+def _division(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] | None:
     if origin.primitive not in ("div", "rem"):
         return None
     num, den = _stat(origin, 0), _stat(origin, 1)
-    if den is not None and den.inf and num is not None and num.inf:
-        return ("inf / inf is NaN: both values overflowed before (see the chain for where).",
-                _overflow_hints(origin, line))
     if den is not None and den.zero:
         both = num is not None and num.zero
         where = "in the gradient, " if origin.pass_ == "backward" else ""
-        return (f"{where}a division by zero ({den.zero} zero denominator(s)){': 0 / 0 is NaN' if both else ' gives inf'}.",
-                [EPSILON_DIV, DOUBLE_WHERE] if origin.pass_ == "backward" else [EPSILON_DIV])
+        what = f"{where}a division by zero ({den.zero} zero denominator(s)){': 0 / 0 is NaN' if both else ' gives inf'}"
+        if both and "mask" in line + "\n" + feeders:
+            return (what + "; the denominator counts a mask, so nothing was unmasked there (e.g. a batch or row "
+                    "of padding only).", [MASKED_MEAN, EPSILON_DIV])
+        return what + ".", [EPSILON_DIV, DOUBLE_WHERE] if origin.pass_ == "backward" else [EPSILON_DIV]
     return None
 
 
-def _inf_arithmetic(origin: Origin, line: str) -> tuple[str, list[str]] | None:
-    if origin.kind != "nan" or origin.primitive not in ("mul", "sub", "add", "add_any", "dot_general", "reduce_sum"):
+def _inf_arithmetic(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] | None:
+    if origin.kind != "nan" or origin.primitive not in ("mul", "sub", "add", "add_any", "dot_general", "reduce_sum",
+                                                         "div", "rem"):
         return None
     infs = [s for s in origin.inputs if s.inf]
     if not infs:
         return None
-    if origin.primitive in ("mul", "dot_general"):
+    if origin.primitive in ("div", "rem"):
+        what = "inf / inf is NaN: both values overflowed before"
+    elif origin.primitive in ("mul", "dot_general"):
         what = "0 * inf is NaN: one input holds inf and the other holds zeros"
     else:
         what = "inf - inf is NaN: the inputs hold infinities of opposite sign"
@@ -171,7 +201,7 @@ def _overflow_hints(origin: Origin, line: str) -> list[str]:
     return hints
 
 
-def _overflow(origin: Origin, line: str) -> tuple[str, list[str]] | None:
+def _overflow(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] | None:
     if origin.kind != "inf" and origin.primitive not in ("exp", "expm1"):
         return None
     dtype = _dtype(origin)
@@ -189,7 +219,7 @@ def _overflow(origin: Origin, line: str) -> tuple[str, list[str]] | None:
     return None
 
 
-def _domain(origin: Origin, line: str) -> tuple[str, list[str]] | None:
+def _domain(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] | None:
     if origin.primitive not in ("acos", "asin", "atanh", "acosh"):
         return None
     return (f"{origin.primitive} is only defined on a limited range and got {_stat(origin, 0).min:.3g} .. "
@@ -198,6 +228,58 @@ def _domain(origin: Origin, line: str) -> tuple[str, list[str]] | None:
 
 PATTERNS: tuple[Pattern, ...] = (_input_pattern, _masked_softmax, _masked_gradient, _log, _sqrt,
                                  _singular_derivative, _division, _inf_arithmetic, _domain, _overflow)
+
+
+def _match(origin: Origin, feeders: Sequence[SourceLocation]) -> tuple[Pattern | None, str, list[str]]:
+    """The first pattern that explains ``origin``: ``(pattern, sentence, hints)``, or ``(None, '', [])``."""
+    line, fed = _code(origin.source), "\n".join(_code(f) for f in feeders)
+    for pattern in PATTERNS:
+        found = pattern(origin, line, fed)
+        if found:
+            return pattern, found[0], list(found[1])
+    return None, "", []
+
+
+def _singular(origin: Origin) -> bool:
+    """Made at a 0 or outside a domain (0/0, x/0, log(0), sqrt(-1), a derivative at 0), not by overflow: growth
+    of other values is no explanation for it."""
+    if origin.kind == "input" or any(s.inf for s in origin.inputs):
+        return False
+    if origin.primitive in ("acos", "asin", "atanh", "acosh"):
+        return True
+    first, second = _stat(origin, 0), _stat(origin, 1)
+    if origin.primitive in ("div", "rem"):
+        return second is not None and second.zero > 0
+    if origin.primitive in ("log", "log1p", "sqrt", "rsqrt", "pow"):
+        return first is not None and (first.zero > 0 or first.negative > 0)
+    return False
+
+
+def _root(first: Origin, chain: Sequence[Origin]) -> Origin | None:
+    """For a NaN made of infinities: where the infinity it was made of was born (the chain's first computed
+    origin). None when a constant written in the code (-inf for masking) is what fed it."""
+    if first.kind != "nan" or not any(s.inf for s in first.inputs) or any(c.constant_input for c in chain):
+        return None
+    return next((c for c in chain if c.kind == "inf"), None)
+
+
+def _growth_sentence(growth: Sequence[GrowthEntry], singular: bool) -> tuple[str, list[str], bool]:
+    """``(sentence, hints, hints_first)`` for what grew before. Divergence needs a large magnitude: a bias
+    leaving its 1e-6 initialisation grows 1000x by ordinary training. An origin at a 0 or outside a domain is
+    not blamed on moderate growth at all."""
+    top = max(growth, key=lambda g: g.ratio)
+    more = f" (and {len(growth) - 1} more value(s))" if len(growth) > 1 else ""
+    if top.peak >= DIVERGED:
+        grew = f"Before this, `{top.name}`{more} grew {top.ratio:.2g}x (to {top.peak:.2g}) from call {top.first_call} on"
+        if singular:
+            return grew + ": the run was diverging, which may be what drove a value here to 0.", [CLIP], False
+        return grew + ": the run was diverging, and the non-finite value is where that ended, not its cause.", [CLIP], True
+    early = growth[0]
+    grew = (f"Before this, `{early.name}`{more} grew {early.ratio:.2g}x (to {early.peak:.2g}) from call "
+            f"{early.first_call} on")
+    if singular:
+        return grew + ".", [], False
+    return grew + "; if that is unexpected, the run was starting to diverge.", [CLIP], False
 
 
 def _where(origin: Origin) -> str:
@@ -213,21 +295,35 @@ def _where(origin: Origin) -> str:
             f"call {origin.call_index}{eager}{place}{src}")
 
 
+def _root_where(root: Origin, first: Origin) -> str:
+    pass_ = "backward pass" if root.pass_ == "backward" else "forward pass"
+    line = f" at line {root.source.line}" if root.source else ""
+    call = ("" if (root.function, root.call_index) == (first.function, first.call_index)
+            else f" of `{root.function}`, call {root.call_index}")
+    inner = f" inside {' > '.join(root.path[1:])}" if root.path[1:] and root.path[:1] != ("eager",) else ""
+    return f"The infinity came from `{root.primitive}` in the {pass_}{call}{inner}{line}"
+
+
 def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence[GrowthEntry] = (),
-            precision: PrecisionCheck | None = None, strategy: str | None = None) -> tuple[str, tuple[str, ...]]:
-    """``(paragraph, hints)`` for a finding; an empty paragraph when nothing was found."""
+            precision: PrecisionCheck | None = None, strategy: str | None = None,
+            input_sources: Mapping[Origin, Sequence[SourceLocation]] | None = None) -> tuple[str, tuple[str, ...]]:
+    """``(paragraph, hints)`` for a finding; an empty paragraph when nothing was found.
+
+    ``input_sources`` gives, per origin, the user lines that computed its inputs (from the replay).
+    """
     if first is None:
         return "", ()
-    line = _line_text(first)
-    parts, hints = [_where(first) + ":"], []
-    for pattern in PATTERNS:
-        found = pattern(first, line)
-        if found:
-            parts.append(found[0])
-            hints += found[1]
-            break
+    sources = input_sources or {}
+    pattern, text, hints = _match(first, sources.get(first, ()))
+    parts = [_where(first) + ":", text or (
+        f"`{first.primitive}` produced it from inputs that held no {'NaN' if first.kind == 'nan' else 'Inf'}.")]
+    root = _root(first, chain) if pattern in (_inf_arithmetic, None) else None
+    root_pattern, root_text, root_hints = _match(root, sources.get(root, ())) if root is not None else (None, "", [])
+    if root is not None and root_pattern is not None:
+        parts.append(f"{_root_where(root, first)}: {root_text[0].lower()}{root_text[1:]}")
+        hints = root_hints  # fix where the infinity is born; the arithmetic on it only passes it on
     else:
-        parts.append(f"`{first.primitive}` produced it from inputs that held no {'NaN' if first.kind == 'nan' else 'Inf'}.")
+        root = None
     if "custom_vjp_bwd(" in " ".join(first.path):
         rule = next(p for p in first.path if p.startswith("custom_vjp_bwd("))[15:-1]
         parts.append(f"This happens inside your own custom_vjp backward rule `{rule}` (the line shown is in it).")
@@ -241,21 +337,14 @@ def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence
                          f"line {origin.source.line if origin.source else '?'}).")
             break
     else:
-        if chain:
+        if chain and root is None:
             src = chain[0].source
             parts.append(f"Its infinite inputs came from `{chain[0].primitive}`"
                          f"{f' at line {src.line}' if src else ''} (see chain).")
     if growth:
-        top = max(growth, key=lambda g: g.ratio)
-        more = f" (and {len(growth) - 1} more output(s))" if len(growth) > 1 else ""
-        if top.ratio >= EXPLODING:
-            parts.append(f"Before this, `{top.name}`{more} grew {top.ratio:.2g}x from call {top.first_call} on: the "
-                         "run was diverging, and the non-finite value is where that ended, not its cause.")
-            hints.insert(0, CLIP)
-        else:
-            parts.append(f"Before this, `{growth[0].name}`{more} grew {growth[0].ratio:.2g}x from call "
-                         f"{growth[0].first_call} on; if that is unexpected, the run was starting to diverge.")
-            hints.append(CLIP)
+        sentence, growth_hints, urgent = _growth_sentence(growth, _singular(root or first))
+        parts.append(sentence)
+        hints = growth_hints + hints if urgent else hints + growth_hints
     if precision is not None:
         parts.append(precision.detail[0].upper() + precision.detail[1:] + ".")
         if precision.f32_removes_origin:

@@ -1,14 +1,18 @@
-"""Magnitude of each output leaf across calls, kept cheaply: what exploded before the NaN.
+"""Magnitude of each value across calls, kept cheaply: what exploded before the NaN.
 
-Per watched function the tracker keeps four small numpy vectors (one slot per floating output leaf):
-the first non-zero magnitude (baseline), the largest finite magnitude since (peak), the latest, and the
-first call whose magnitude reached ``factor`` times the baseline. One vectorised update per call.
+Per series (a watched function's output leaves, or the arguments of its calls that were made outside it)
+the tracker keeps small numpy vectors, one slot per floating leaf: the first non-zero magnitude (baseline),
+the largest finite magnitude since (peak), and the first call whose magnitude reached ``factor`` times the
+baseline. One vectorised update per call; a NaN magnitude means "not measured this call".
+
+Growth that stays small is not reported: a bias initialised at 1e-6 that training moves to 1e-3 grew
+1000x, and that is ordinary. A leaf counts once its peak is at least :data:`NOTABLE` as well.
 
 Example:
     >>> import numpy as np
     >>> tracker = GrowthTracker(factor=100.0)
-    >>> for call, mags in enumerate([[1.0, 2.0], [50.0, 2.0], [1e4, 3.0]]):
-    ...     tracker.update("step", ["w", "loss"], np.array(mags), call)
+    >>> for call, mags in enumerate([[1.0, 2.0, 1e-6], [50.0, 2.0, 1e-4], [1e4, 3.0, 1e-3]]):
+    ...     tracker.update("step", ["w", "loss", "bias"], np.array(mags), call)
     >>> [(g.name, g.first_call, g.ratio) for g in tracker.report()]
     [('w', 2, 10000.0)]
 """
@@ -23,6 +27,8 @@ import numpy as np
 from jaxdbg._source import SourceLocation
 from jaxdbg.nan.result import GrowthEntry
 
+NOTABLE = 1.0  # a peak below this is small whatever the ratio (values near 0 grow by large factors)
+
 
 @dataclass
 class _Series:
@@ -32,6 +38,7 @@ class _Series:
     first_call: np.ndarray
     source: SourceLocation | None = None
     sources: list[SourceLocation | None] = field(default_factory=list)
+    function: str = ""
 
 
 class GrowthTracker:
@@ -41,14 +48,24 @@ class GrowthTracker:
         self.factor = float(factor)
         self.series: dict[str, _Series] = {}
 
-    def update(self, function: str, names: Sequence[str], magnitudes: np.ndarray, call_index: int,
-               source: SourceLocation | None = None) -> None:
-        """Record one call's magnitudes (non-finite entries are ignored: the caller reports those)."""
-        series = self.series.get(function)
+    def update(self, function: str, names: Sequence[str] | Callable[[], Sequence[str]], magnitudes: np.ndarray,
+               call_index: int, source: SourceLocation | None = None, *, key: str | None = None,
+               sources: Sequence[SourceLocation | None] | None = None) -> None:
+        """Record one call's magnitudes (non-finite entries are ignored: the caller reports those).
+
+        ``key`` names the series when a function has more than one (default: ``function``); ``names`` may be
+        a function that gives them, called only when the series starts; ``sources`` are per-leaf lines that
+        replace the series' own where given.
+        """
+        key = key or function
+        series = self.series.get(key)
         if series is None or len(series.names) != len(magnitudes):
             n = len(magnitudes)
-            series = _Series(list(names), np.full(n, np.nan), np.zeros(n), np.full(n, -1, dtype=np.int64), source)
-            self.series[function] = series
+            series = _Series(list(names() if callable(names) else names), np.full(n, np.nan), np.zeros(n),
+                             np.full(n, -1, dtype=np.int64), source, [None] * n, function)
+            self.series[key] = series
+        if sources is not None:
+            series.sources = [new or old for new, old in zip(sources, series.sources)]
         mags = np.where(np.isfinite(magnitudes), magnitudes, np.nan)
         unset = np.isnan(series.baseline) & (mags > 0)
         series.baseline[unset] = mags[unset]
@@ -64,12 +81,12 @@ class GrowthTracker:
             series.sources = [find(i) for i in range(len(series.names))]
 
     def report(self) -> list[GrowthEntry]:
-        """Leaves that grew by at least ``factor``, earliest first (then by ratio)."""
+        """Leaves that grew by at least ``factor`` to at least :data:`NOTABLE`, earliest first (then by ratio)."""
         entries = []
-        for function, s in self.series.items():
-            for i in np.nonzero(s.first_call >= 0)[0]:
+        for s in self.series.values():
+            for i in np.nonzero((s.first_call >= 0) & (s.peak >= NOTABLE))[0]:
                 source = s.sources[i] if i < len(s.sources) and s.sources[i] is not None else s.source
                 ratio = float(s.peak[i] / s.baseline[i])
-                entries.append(GrowthEntry(s.names[i], source, int(s.first_call[i]), ratio, function,
+                entries.append(GrowthEntry(s.names[i], source, int(s.first_call[i]), ratio, s.function,
                                            float(s.baseline[i]), float(s.peak[i])))
         return sorted(entries, key=lambda e: (e.first_call, -e.ratio))

@@ -74,6 +74,9 @@ class Localisation:
     record: Record | None = None
     notes: tuple[str, ...] = ()
     closed_jaxpr: Any = None
+    # Per reported origin (first, then chain): the user lines that computed its inputs, for the explanation
+    # (``log(probs)`` reads differently when ``probs`` came from a ``softmax`` line).
+    input_sources: dict[Origin, tuple[SourceLocation, ...]] | None = None
 
 
 def _vmap_marked(path: tuple[str, ...], name_stack: str) -> tuple[str, ...]:
@@ -283,6 +286,34 @@ class NanHunter(Hooks):
         return None
 
 
+def input_sources(site: Site) -> tuple[SourceLocation, ...]:
+    """The user lines that computed the inputs of the equation at ``site``, each once (an input of an
+    enclosing jit or custom rule is followed out to the operand that fed it)."""
+    found: list[SourceLocation] = []
+    for atom in site.eqn.invars:
+        if not _compat.is_literal(atom):
+            line = _producer_source(site.scope, site.index, atom)
+            if line is not None and line not in found:
+                found.append(line)
+    return tuple(found)
+
+
+def _producer_source(scope: Scope, index: int, atom: Any) -> SourceLocation | None:
+    while True:
+        for eqn in reversed(scope.jaxpr.eqns[:index]):
+            if any(atom is out for out in eqn.outvars):
+                return _compat.eqn_source(eqn)
+        invars = list(scope.jaxpr.invars)
+        position = next((i for i, var in enumerate(invars) if var is atom), None)
+        parent = scope.parent
+        if parent is None or scope.kind != "call" or position is None or position >= len(parent.eqn.invars):
+            return None  # an argument of the call, a constant, or a loop's carry: no single line made it
+        atom = parent.eqn.invars[position]
+        if _compat.is_literal(atom):
+            return None
+        scope, index = parent.scope, parent.index
+
+
 def _typed(atom: Any, value: Any) -> Any:
     """A literal's value with the dtype the jaxpr gives it (Python floats would read as float64)."""
     if _compat.is_literal(atom) and not hasattr(value, "dtype"):
@@ -329,7 +360,20 @@ def localise_call(call: Call, nan_only: bool = False, closed: Any = None) -> Loc
     strategy = None
     if record is not None:
         strategy = "input check" if record.origin.kind == "input" else "op-by-op replay"
+    sources = {r.origin: input_sources(r.site) for r in (record, *chain) if r is not None and r.site is not None}
     return Localisation(
         record.origin if record else None, tuple(r.origin for r in chain), strategy, reproduced, record,
-        tuple(hunter.opaque_notes), closed,
+        tuple(hunter.opaque_notes), closed, sources,
     )
+
+
+def origins_of_outputs(call: Call, positions: Sequence[int], nan_only: bool = False,
+                       closed: Any = None) -> tuple[list[Origin], dict[Origin, tuple[SourceLocation, ...]]]:
+    """Every origin behind the non-finite values of some outputs of a call (positions in its flat outputs),
+    earliest first, with the lines that computed their inputs; empty when the replay does not reach them
+    (e.g. it stopped at a NaN that was masked away)."""
+    hunter, _, out_tags, _ = replay(call, nan_only, closed)
+    reaching = frozenset().union(*(out_tags[p].origins for p in positions
+                                   if p < len(out_tags) and out_tags[p] is not None))
+    records = [hunter.records[i] for i in sorted(reaching) if hunter.records[i].origin.kind in ("inf", "input")]
+    return [r.origin for r in records], {r.origin: input_sources(r.site) for r in records if r.site is not None}

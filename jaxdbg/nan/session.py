@@ -233,7 +233,7 @@ def _analyse(finding: JitFinding | EagerFinding, watch: Watch, options: HuntOpti
     precision = check_precision(found, call) if options.precision and strategy == "op-by-op replay" else None
     _attach_growth_sources(watch, call, found)
     growth = tuple(watch.growth.report())
-    text, hints = explain(first, chain, growth, precision, strategy)
+    text, hints = explain(first, chain, growth, precision, strategy, found.input_sources)
     folder = multihost.process_folder(options.out_dir) if options.out_dir else None
     artifacts = save_bundle(folder, call, found.closed_jaxpr, first) if folder else {}
     result = NanHuntResult(
