@@ -8,6 +8,9 @@ While a :class:`Watch` is active (a context manager; everything is restored in `
   Inf anywhere shows up in it). Only that vector crosses to the host. It also feeds the growth tracker.
 - every primitive jax runs eagerly (outside jit) has its outputs checked; one that *creates* a non-finite
   value from clean inputs is itself the origin.
+- the arguments of a jitted call that no watched call returned (made by eager code, such as an optimiser
+  update applied outside jit, or fresh data) get their ``max(|x|)`` too, for the growth tracker: an eager
+  training loop that diverges shows in its parameters, not in any jitted output.
 
 The inputs of each call are kept (references; donated arguments are copied on the device first), so the
 failing call can be replayed exactly. At the first non-finite call the watch raises
@@ -26,10 +29,12 @@ Example:
 from __future__ import annotations
 
 import ast
+import collections
 import contextlib
 import functools
 import linecache
 import sys
+import weakref
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -44,6 +49,10 @@ from jaxdbg.nan.calls import Call, output_leaf_names
 from jaxdbg.nan.growth import GrowthTracker
 from jaxdbg.nan.result import Origin
 from jaxdbg.nan.stats import is_inexact, nonfinite_flags, value_stats
+from jaxdbg.nonfinite import magnitudes
+
+MADE_EAGERLY = 4096  # eager outputs remembered with their line (for the growth of an eagerly updated argument)
+
 
 @dataclass
 class JitFinding:
@@ -60,6 +69,11 @@ class EagerFinding:
     """An operation run eagerly that created a non-finite value (already fully localised)."""
 
     origin: Origin
+
+
+@jax.jit
+def _argument_magnitudes_jaxdbg(leaves: list) -> jax.Array:
+    return magnitudes(leaves)
 
 
 class NonFiniteFound(BaseException):
@@ -113,11 +127,25 @@ def _assigned_names(file: str, line: int) -> tuple[str, ...] | None:
 
 
 class _Watched:
-    """What the watch keeps of one jitted function: its output leaf names and the line that calls it."""
+    """What the watch keeps of one jitted function: its output leaf names, the line that calls it, and the
+    arrays its latest call returned (weak references by id: an argument that is one of them was measured
+    as an output already)."""
 
     def __init__(self) -> None:
         self.leaf_names: list[str] | None = None
         self.call_site: SourceLocation | None = None
+        self.returned: dict[int, weakref.ref] = {}
+
+
+def _same(ref: Any, value: Any) -> bool:
+    return ref is not None and ref() is value
+
+
+def _weak(value: Any) -> weakref.ref | None:
+    try:
+        return weakref.ref(value)
+    except TypeError:  # Python scalars
+        return None
 
 
 class Watch(JitHook):
@@ -141,6 +169,9 @@ class Watch(JitHook):
         self.functions: list[InstrumentedJit] = []
         self._watched: dict[int, _Watched] = {}
         self.finding: JitFinding | EagerFinding | None = None
+        self._made_eagerly: collections.OrderedDict[int, tuple[weakref.ref, SourceLocation]] = (
+            collections.OrderedDict())
+        self._argument_names: dict[tuple[int, int], list[str]] = {}
         self._stack: contextlib.ExitStack | None = None
         # Calls of the user functions that run eager operations: code -> (frame of its latest call, 0-based
         # index of that call). Holding the frame keeps the next call from reusing its identity.
@@ -166,6 +197,7 @@ class Watch(JitHook):
     def __exit__(self, *exc: Any) -> None:
         stack, self._stack = self._stack, None
         self._eager_calls.clear()
+        self._made_eagerly.clear()
         if stack is not None:
             stack.close()
 
@@ -180,6 +212,7 @@ class Watch(JitHook):
         # The inputs are kept to replay the call; a call that may donate them gets device copies.
         call.notes["nan_inputs"] = self.copy_tree((call.args, call.kwargs)) if call.function.donates else (
             call.args, call.kwargs)
+        call.notes["nan_fresh"] = self._measure_fresh_arguments(call)  # before a donating call deletes them
 
     def after(self, call: JitCall, out: Any) -> None:
         if not self.active or "nan_inputs" not in call.notes:
@@ -191,6 +224,8 @@ class Watch(JitHook):
         if seen.leaf_names is None:
             seen.call_site = caller_user_frame(2)
             seen.leaf_names = self._float_leaf_names(out, function.name)
+        self._record_fresh_arguments(call, seen)
+        seen.returned = {id(leaf): ref for leaf in tree_leaves(out) if (ref := _weak(leaf)) is not None}
         bad = np.isnan(host) if self.nan_only else ~np.isfinite(host)
         if bad.any():
             args, kwargs = call.notes["nan_inputs"]
@@ -199,6 +234,69 @@ class Watch(JitHook):
             kind = "nan" if np.isnan(host).any() else "inf"
             self.found(JitFinding(replay, [n for n, b in zip(seen.leaf_names, bad) if b], kind, _trace_now(replay)))
         self.growth.update(function.name, seen.leaf_names, host, call.index, seen.call_site)
+
+    # -- arguments made outside the watched calls (growth) ----------------------------------------------------
+
+    def _measure_fresh_arguments(self, call: JitCall) -> tuple | None:
+        """Start ``max(|x|)`` of the floating arguments that no watched call returned (one fused reduction on
+        the device, read after the call); the others were measured as outputs already."""
+        function = call.function
+        replay = Call(function.name, function.fun, call.args, call.kwargs, function.static_argnums,
+                      function.static_argnames)
+        try:
+            leaves = replay.leaves()
+        except Exception:  # noqa: BLE001 - arguments jit itself would reject: nothing to measure
+            return None
+        returned = [seen.returned for seen in self._watched.values()]
+        fresh, on_device, on_host = [], [], []
+        for i, leaf in enumerate(leaves):
+            if not is_inexact(leaf) or any(_same(r.get(id(leaf)), leaf) for r in returned):
+                continue
+            fresh.append(i)
+            if isinstance(leaf, jax.Array):
+                on_device.append((i, leaf))
+            else:
+                host = np.abs(np.asarray(leaf))
+                on_host.append((i, float(host.max()) if host.size else 0.0))
+        if not fresh:
+            return None
+        device = None
+        if on_device:
+            with self.internal(), contextlib.suppress(Exception):  # mixed devices: that part goes unmeasured
+                device = _argument_magnitudes_jaxdbg([leaf for _, leaf in on_device])
+        sources = [self._maker(leaf) for leaf in leaves]
+        return replay, len(leaves), on_device, device, on_host, sources
+
+    def _record_fresh_arguments(self, call: JitCall, seen: _Watched) -> None:
+        measured = call.notes.get("nan_fresh")
+        if measured is None:
+            return
+        replay, count, on_device, device, on_host, sources = measured
+        mags = np.full(count, np.nan)
+        if device is not None:
+            mags[[i for i, _ in on_device]] = np.asarray(device)
+        for i, value in on_host:
+            mags[i] = value
+        key = (call.function.record.id, count)
+        if key not in self._argument_names:
+            self._argument_names[key] = replay.leaf_names()
+        self.growth.update(call.function.name, self._argument_names[key], mags, call.index, seen.call_site,
+                           key=f"{call.function.record.id}:arguments", sources=sources)
+
+    def _maker(self, value: Any) -> SourceLocation | None:
+        entry = self._made_eagerly.get(id(value))
+        return entry[1] if entry is not None and _same(entry[0], value) else None
+
+    def _remember_maker(self, outs: Sequence[Any], source: SourceLocation | None) -> None:
+        if source is None:
+            return
+        for out in outs:
+            ref = _weak(out)
+            if ref is not None:
+                self._made_eagerly[id(out)] = (ref, source)
+                self._made_eagerly.move_to_end(id(out))
+        while len(self._made_eagerly) > MADE_EAGERLY:
+            self._made_eagerly.popitem(last=False)
 
     @staticmethod
     def _float_leaf_names(out: Any, name: str) -> list[str]:
@@ -243,8 +341,9 @@ class Watch(JitHook):
             return
         self._check_eager(name, args, outs, closed)
 
-    def _eager_call_index(self) -> int | None:
-        """Which call (0-based) of the user function running this eager operation is under way."""
+    def _eager_call_index(self) -> tuple[int | None, SourceLocation | None]:
+        """Which call (0-based) of the user function running this eager operation is under way, and the user
+        line running it."""
         frame = sys._getframe(2)
         while frame is not None:
             path = frame.f_code.co_filename
@@ -255,16 +354,17 @@ class Watch(JitHook):
                 break
             frame = frame.f_back
         if frame is None:
-            return None
+            return None, None
         latest = self._eager_calls.get(frame.f_code)
         index = 0 if latest is None else latest[1] + (latest[0] is not frame)
         self._eager_calls[frame.f_code] = (frame, index)
-        return index
+        return index, SourceLocation(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
 
     def _check_eager(self, name: str, args: Sequence[Any], outs: list, program: Any) -> None:
-        call_index = self._eager_call_index()
+        call_index, source = self._eager_call_index()
         if not any(is_inexact(o) for o in outs):
             return
+        self._remember_maker(outs, source)
         with self.internal():
             self.eager_ops += 1
             flags = [nonfinite_flags(o) for o in outs]
