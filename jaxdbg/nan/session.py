@@ -28,7 +28,7 @@ from jaxdbg.nan.bundle import save_bundle
 from jaxdbg.nan.calls import Call
 from jaxdbg.nan.explain import explain
 from jaxdbg.nan.fidelity import bisect_compiled
-from jaxdbg.nan.localise import Localisation, localise_call
+from jaxdbg.nan.localise import Localisation, localise_call, origins_of_outputs
 from jaxdbg.nan.messages import HuntFinished, HuntJob, NonFiniteDetected
 from jaxdbg.nan.precision import check_precision
 from jaxdbg.nan.result import GradNorm, NanHuntResult, Origin, ProcessFinding
@@ -90,8 +90,13 @@ def hunt_here(spec: TargetSpec, options: HuntOptions, channel: Any = None) -> tu
     return _hunt_function(spec, options, channel)
 
 
+# After the first Inf the script goes on for up to this many jitted calls: the contract's origin is the first
+# NaN when the program makes one, and an overflow usually turns into one (inf - inf, 0 * inf) within a few steps.
+AFTER_INF_CALLS = 64
+
+
 def _hunt_script(spec: TargetSpec, options: HuntOptions, channel: Any) -> tuple[NanHuntResult, dict[str, str]]:
-    watch = Watch(options.nan_only, options.growth_factor)
+    watch = Watch(options.nan_only, options.growth_factor, after_inf=AFTER_INF_CALLS)
     failure: BaseException | None = None
     try:
         with watch:
@@ -210,15 +215,18 @@ def _analyse(finding: JitFinding | EagerFinding, watch: Watch, options: HuntOpti
              names: tuple[str, ...], grad_norms: tuple = ()) -> tuple[NanHuntResult, dict[str, str]]:
     if isinstance(finding, EagerFinding):
         first = finding.origin
-        text, hints = explain(first, (), watch.growth.report())
-        return NanHuntResult(True, first, (), tuple(watch.growth.report()), text, hints, "eager check",
-                             calls_watched=watch.calls, functions_watched=names), {}
+        earlier, sources, notes = _earlier_infs(finding, watch, options, any(s.inf for s in first.inputs))
+        growth = tuple(watch.growth.report())
+        text, hints = explain(first, earlier, growth, input_sources=sources)
+        return NanHuntResult(True, first, tuple(earlier), growth, text, hints, "eager check",
+                             calls_watched=watch.calls, functions_watched=names, notes=tuple(notes)), {}
     call = finding.call
     if channel is not None:
         channel.send(NonFiniteDetected(call.name, call.call_index, call.call_site, finding.kind))
     found = localise_call(call, options.nan_only, finding.closed_jaxpr)
     strategy, notes = found.strategy, list(found.notes)
     first, chain = found.first, list(found.chain)
+    sources = dict(found.input_sources or {})
     if first is None:
         bisected = bisect_compiled(found.closed_jaxpr, call.leaves(), call.name, call.call_index, options.nan_only)
         if bisected is not None:
@@ -230,10 +238,17 @@ def _analyse(finding: JitFinding | EagerFinding, watch: Watch, options: HuntOpti
                            (f"jit({call.name})",))
             notes.append("neither op-by-op replay nor compiled prefixes reproduced the non-finite outputs "
                          "(nondeterministic, or dependent on state outside the call's arguments)")
+    came_in = [c.argument for c in chain if c.kind == "input" and any(s.inf for s in c.outputs)]
+    if came_in and finding.argument_feeds:  # only the Infs of the arguments that fed the NaN
+        finding = dataclasses.replace(finding, feeds=frozenset().union(
+            *(finding.argument_feeds.get(name or "", frozenset()) for name in came_in)) or finding.feeds)
+    earlier, earlier_sources, earlier_notes = _earlier_infs(finding, watch, options, bool(came_in))
+    chain, notes = earlier + chain, earlier_notes + notes
+    sources.update(earlier_sources)
     precision = check_precision(found, call) if options.precision and strategy == "op-by-op replay" else None
     _attach_growth_sources(watch, call, found)
     growth = tuple(watch.growth.report())
-    text, hints = explain(first, chain, growth, precision, strategy, found.input_sources)
+    text, hints = explain(first, chain, growth, precision, strategy, sources)
     folder = multihost.process_folder(options.out_dir) if options.out_dir else None
     artifacts = save_bundle(folder, call, found.closed_jaxpr, first) if folder else {}
     result = NanHuntResult(
@@ -241,6 +256,56 @@ def _analyse(finding: JitFinding | EagerFinding, watch: Watch, options: HuntOpti
         grad_norms, max(watch.calls, 1), names, tuple(notes),
     )
     return result, artifacts
+
+
+def _earlier_infs(finding: JitFinding | EagerFinding, watch: Watch, options: HuntOptions,
+                  inf_came_in: bool) -> tuple[list[Origin], dict, list[str]]:
+    """For a NaN found after Infs: the origins of the Infs it was made from (each Inf's own chain first),
+    their input lines, and notes (an earlier Inf that did not feed it, or that no NaN followed an Inf).
+
+    ``inf_came_in``: the NaN's operation or call got an Inf from outside; when the watch could not follow
+    which (the array went through code it does not see), the first Inf is taken.
+    """
+    infs = watch.inf_findings
+    if not infs:
+        return [], {}, []
+    if finding is infs[0] or finding.kind == "inf":
+        return [], {}, [(f"no NaN followed this Inf: the program went on for {watch.calls_after_inf} more "
+                         "jitted call(s) and stayed free of NaN (an Inf alone is the answer then)")]
+    feeds: dict[int, set] = {}
+    for index, position in finding.feeds:
+        feeds.setdefault(index, set()).add(position)
+    if not feeds and inf_came_in:
+        feeds[0] = {None}
+    origins: list[Origin] = []
+    sources: dict = {}
+    for index in sorted(feeds):
+        chain, found_sources = _localise_inf(infs[index], options, feeds[index])
+        origins += [o for o in chain if o not in origins]
+        sources.update(found_sources)
+    notes = []
+    if 0 not in feeds:
+        unrelated = _localise_inf(infs[0], options, {None})[0][-1]
+        notes.append(f"an Inf appeared before this NaN and did not feed it: {unrelated.describe()}")
+    return origins, sources, notes
+
+
+def _localise_inf(finding: JitFinding | EagerFinding, options: HuntOptions,
+                  positions: set) -> tuple[list[Origin], dict]:
+    """An Inf finding as origins, earliest first, with their input lines: those behind the outputs at
+    ``positions`` when they are known (the outputs that carried the Inf on), else the call's first Inf and
+    its chain."""
+    if isinstance(finding, EagerFinding):
+        return [finding.origin], {}
+    call = finding.call
+    if None not in positions:
+        origins, sources = origins_of_outputs(call, sorted(positions), options.nan_only, finding.closed_jaxpr)
+        if origins:
+            return origins, sources
+    found = localise_call(call, options.nan_only, finding.closed_jaxpr)
+    if found.first is None:
+        return [Origin("inf", None, "forward", call.call_site, call.name, call.call_index, (f"jit({call.name})",))], {}
+    return [*found.chain, found.first], dict(found.input_sources or {})
 
 
 def _attach_growth_sources(watch: Watch, call: Call, found: Localisation) -> None:

@@ -16,6 +16,13 @@ The inputs of each call are kept (references; donated arguments are copied on th
 failing call can be replayed exactly. At the first non-finite call the watch raises
 :class:`NonFiniteFound` (a ``BaseException``, so the program's own ``except Exception`` does not swallow it).
 
+With ``after_inf`` set, an Inf does not end the run: the contract's origin is the first NaN when the program
+makes one, and an overflow is usually followed by one (inf - inf, 0 * inf) a few steps later. The watch then
+keeps running for up to ``after_inf`` more jitted calls, records every call or eager operation that makes a
+new Inf, and follows which arrays hold those infinities (by identity, through eager code and jitted calls), so
+the NaN's finding says which of the recorded Infs fed it (``feeds``). Without a NaN, the first Inf is the
+finding.
+
 Example:
     >>> import jax, jax.numpy as jnp
     >>> with Watch() as watch:
@@ -35,7 +42,7 @@ import functools
 import linecache
 import sys
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import jax
@@ -51,17 +58,26 @@ from jaxdbg.nan.result import Origin
 from jaxdbg.nan.stats import is_inexact, nonfinite_flags, value_stats
 from jaxdbg.nonfinite import magnitudes
 
+EAGER_OPS_PER_CALL = 64  # after an Inf, eager operations are budgeted at this many per jitted call
+MAX_INF_FINDINGS = 8  # distinct Inf births kept while waiting for a NaN (each keeps its call's inputs alive)
 MADE_EAGERLY = 4096  # eager outputs remembered with their line (for the growth of an eagerly updated argument)
 
 
 @dataclass
 class JitFinding:
-    """The first jitted call with non-finite outputs (``kind``: 'nan' if any output holds a NaN, else 'inf')."""
+    """A jitted call with non-finite outputs (``kind``: 'nan' if any output holds a NaN, else 'inf').
+
+    ``feeds``: for a NaN found after Infs, the Infs its arguments held, as (index in the watch's
+    ``inf_findings``, flat output position of that finding's call, or None for an eager finding);
+    ``argument_feeds``: the same per argument leaf (by its name in the replay), for the arguments that held one.
+    """
 
     call: Call
     nonfinite_outputs: list[str]
     kind: str = "nan"
     closed_jaxpr: Any = None  # traced while the call was under way (None: trace it again later)
+    feeds: frozenset[tuple[int, int | None]] = field(default_factory=frozenset)
+    argument_feeds: dict[str, frozenset[tuple[int, int | None]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -69,6 +85,11 @@ class EagerFinding:
     """An operation run eagerly that created a non-finite value (already fully localised)."""
 
     origin: Origin
+    feeds: frozenset[tuple[int, int | None]] = field(default_factory=frozenset)
+
+    @property
+    def kind(self) -> str:
+        return self.origin.kind
 
 
 @jax.jit
@@ -137,6 +158,20 @@ class _Watched:
         self.returned: dict[int, weakref.ref] = {}
 
 
+def _signature(call: Call) -> tuple:
+    statics = sorted(call._static_sets()[0])
+    return (tuple((np.shape(x), str(getattr(x, "dtype", type(x))), getattr(x, "weak_type", False))
+                  for x in call.leaves()), tuple(id(call.args[i]) for i in statics))
+
+
+def _same_signature(a: Call, b: Call) -> bool:
+    """Whether one jaxpr serves both calls: the same function, argument types and static arguments."""
+    try:
+        return a.fun is b.fun and _signature(a) == _signature(b)
+    except Exception:  # noqa: BLE001 - then trace anew
+        return False
+
+
 def _same(ref: Any, value: Any) -> bool:
     return ref is not None and ref() is value
 
@@ -155,20 +190,30 @@ class Watch(JitHook):
         nan_only: only a NaN counts (Inf is ignored).
         growth_factor: a leaf whose magnitude grows by this factor is reported as growth.
         eager: also check operations run eagerly (outside jit).
+        after_inf: after the first Inf, keep watching for a NaN for up to this many jitted calls (and
+            :data:`EAGER_OPS_PER_CALL` times as many eager operations); 0 ends the run at the first Inf.
     """
 
     check_outputs = True  # the jit layer's fused max(|x|) of every floating output
 
-    def __init__(self, nan_only: bool = False, growth_factor: float = 100.0, eager: bool = True):
+    def __init__(self, nan_only: bool = False, growth_factor: float = 100.0, eager: bool = True,
+                 after_inf: int = 0):
         self.nan_only = nan_only
         self.growth = GrowthTracker(growth_factor)
         self.eager = eager
+        self.after_inf = after_inf
         self.active = False
         self.calls = 0
         self.eager_ops = 0
         self.functions: list[InstrumentedJit] = []
         self._watched: dict[int, _Watched] = {}
         self.finding: JitFinding | EagerFinding | None = None
+        self.inf_findings: list[JitFinding | EagerFinding] = []  # Infs seen while waiting for a NaN
+        self._left = (0, 0)  # (jitted calls, eager operations) still watched after the first Inf
+        # id(array) -> the Infs it holds, each as (index in inf_findings, flat output position or None)
+        self._infs: dict[int, tuple[weakref.ref, frozenset[tuple[int, int | None]]]] = {}
+        self._births: dict[tuple, tuple[int, int | None]] = {}  # (function, float leaf) or (eager line, op) -> Inf
+        self._read: set[int] = set()  # Infs (indices) that a later call or eager operation was given
         self._made_eagerly: collections.OrderedDict[int, tuple[weakref.ref, SourceLocation]] = (
             collections.OrderedDict())
         self._argument_names: dict[tuple[int, int], list[str]] = {}
@@ -197,7 +242,10 @@ class Watch(JitHook):
     def __exit__(self, *exc: Any) -> None:
         stack, self._stack = self._stack, None
         self._eager_calls.clear()
+        self._infs.clear()
         self._made_eagerly.clear()
+        if self.finding is None and self.inf_findings:
+            self.finding = self.inf_findings[0]  # the program ended (or failed) after an Inf, with no NaN
         if stack is not None:
             stack.close()
 
@@ -226,13 +274,19 @@ class Watch(JitHook):
             seen.leaf_names = self._float_leaf_names(out, function.name)
         self._record_fresh_arguments(call, seen)
         seen.returned = {id(leaf): ref for leaf in tree_leaves(out) if (ref := _weak(leaf)) is not None}
-        bad = np.isnan(host) if self.nan_only else ~np.isfinite(host)
+        nan = np.isnan(host)
+        bad = nan if (self.nan_only or self.inf_findings) else ~np.isfinite(host)
         if bad.any():
             args, kwargs = call.notes["nan_inputs"]
             replay = Call(function.name, function.fun, tuple(args), dict(kwargs), function.static_argnums,
                           function.static_argnames, call.index, caller_user_frame(2), list(seen.leaf_names))
-            kind = "nan" if np.isnan(host).any() else "inf"
-            self.found(JitFinding(replay, [n for n, b in zip(seen.leaf_names, bad) if b], kind, _trace_now(replay)))
+            feeds = self._infs_in(tree_leaves((args, kwargs))) if nan.any() else frozenset()
+            finding = JitFinding(replay, [n for n, b in zip(seen.leaf_names, bad) if b], "nan" if nan.any() else "inf",
+                                 _trace_now(replay), feeds, self._argument_infs(replay) if feeds else {})
+            index = self.found(finding)  # an Inf, while after_inf lets the run go on
+            self._hold_infs(function.record.id, out, host, frozenset(), index)
+        elif self.inf_findings:
+            self._after_inf_call(call, out, host)
         self.growth.update(function.name, seen.leaf_names, host, call.index, seen.call_site)
 
     # -- arguments made outside the watched calls (growth) ----------------------------------------------------
@@ -298,12 +352,97 @@ class Watch(JitHook):
         while len(self._made_eagerly) > MADE_EAGERLY:
             self._made_eagerly.popitem(last=False)
 
+    # -- after an Inf: which arrays hold which Infs, until a NaN ----------------------------------------------
+
+    def _infs_in(self, values: Sequence[Any]) -> frozenset:
+        """The Infs these values hold (and, as they are being read, those Infs count as passed on)."""
+        held: frozenset = frozenset()
+        for value in values:
+            entry = self._infs.get(id(value))
+            if entry is not None and _same(entry[0], value):
+                held |= entry[1]
+        self._read.update(index for index, _ in held)
+        return held
+
+    def _argument_infs(self, call: Call) -> dict[str, frozenset]:
+        """Per argument leaf of a call, the Infs it holds (only the leaves that hold one): the replay names the
+        arguments a NaN came in through, and only their Infs fed it."""
+        try:
+            pairs = zip(call.leaf_names(), call.leaves())
+        except Exception:  # noqa: BLE001 - the call-wide feeds remain
+            return {}
+        return {name: held for name, leaf in pairs if (held := self._infs_in([leaf]))}
+
+    def _hold(self, values: Sequence[Any], infs: frozenset) -> None:
+        for value in values:
+            ref = _weak(value)
+            if infs and ref is not None:
+                self._infs[id(value)] = (ref, infs)
+
+    def _hold_infs(self, function: int, out: Any, host: np.ndarray, held: frozenset, new: int | None) -> None:
+        """Mark the output leaves of a call that hold an Inf: with the Infs its arguments held, else as born in
+        ``new`` (else in the finding that last made the same leaf of this function Inf). An Inf is named by
+        (finding, flat output position), so that its analysis can follow just the outputs that carried it on."""
+        leaves = tree_leaves(out)
+        floats = [(position, leaf) for position, leaf in enumerate(leaves) if is_inexact(leaf)]
+        for i in np.nonzero(np.isinf(host))[0]:
+            if i >= len(floats):
+                continue
+            position, leaf = floats[i]
+            if not held and new is not None:
+                self._births[(function, int(i))] = (new, position)
+            born = self._births.get((function, int(i)))
+            self._hold([leaf], held or (frozenset({born}) if born is not None else frozenset()))
+
+    def _after_inf_call(self, call: JitCall, out: Any, host: np.ndarray) -> None:
+        """A call after the first Inf with no NaN in its outputs: pass on which Infs its outputs hold, or
+        record a new Inf birth; end the run when the budget is spent."""
+        inf = np.isinf(host)
+        if inf.any():
+            args, kwargs = call.notes["nan_inputs"]
+            held = self._infs_in(tree_leaves((args, kwargs)))
+            new = None if held else self._jit_birth(call, [int(i) for i in np.nonzero(inf)[0]])
+            self._hold_infs(call.function.record.id, out, host, held, new)
+        self._spend(calls=1)
+
+    def _jit_birth(self, call: JitCall, leaves: list[int]) -> int | None:
+        """Record a call that made an Inf from finite arguments; returns its index in :attr:`inf_findings`.
+
+        An overflow often recurs every step (a loss that stays inf). The slot of an earlier birth of the same
+        leaves whose Infs nothing has read since is reused (the first Inf's slot is kept for the report), and
+        its jaxpr too when the signature is the same: no new trace, which would clear jax's caches."""
+        function = call.function
+        args, kwargs = call.notes["nan_inputs"]
+        replay = Call(function.name, function.fun, tuple(args), dict(kwargs), function.static_argnums,
+                      function.static_argnames, call.index, caller_user_frame(4))
+        before = {self._births[key][0] for key in ((function.record.id, i) for i in leaves) if key in self._births}
+        same = next((f.closed_jaxpr for f in self.inf_findings if isinstance(f, JitFinding)
+                     and f.closed_jaxpr is not None and _same_signature(f.call, replay)), None)
+        finding = JitFinding(replay, [], "inf", same if same is not None else _trace_now(replay))
+        if len(before) == 1 and (slot := before.pop()) != 0 and slot not in self._read:
+            self.inf_findings[slot] = finding
+            return slot
+        if len(self.inf_findings) >= MAX_INF_FINDINGS:
+            return None
+        return self.found(finding)
+
+    def _spend(self, calls: int = 0, eager: int = 0) -> None:
+        left_calls, left_eager = self._left[0] - calls, self._left[1] - eager
+        self._left = (left_calls, left_eager)
+        if left_calls <= 0 or left_eager <= 0:
+            self.found(self.inf_findings[0], final=True)
+
     @staticmethod
     def _float_leaf_names(out: Any, name: str) -> list[str]:
         site = caller_user_frame(3)
         targets = _assigned_names(site.file, site.line) if site else None
         names = output_leaf_names(out, targets, name)
         return [n for n, leaf in zip(names, tree_leaves(out)) if is_inexact(leaf)]
+
+    @property
+    def calls_after_inf(self) -> int:
+        """Jitted calls watched after the first Inf."""
+        return self.after_inf - self._left[0] if self.inf_findings else 0
 
     # -- helpers ---------------------------------------------------------------------------------------------
 
@@ -321,7 +460,14 @@ class Watch(JitHook):
         with self.internal():
             return jax.tree_util.tree_map(lambda x: x.copy() if isinstance(x, jax.Array) else x, tree)
 
-    def found(self, finding: JitFinding | EagerFinding) -> None:
+    def found(self, finding: JitFinding | EagerFinding, final: bool = False) -> int:
+        """End the run at ``finding`` (raises), or, for an Inf while ``after_inf`` allows, record it and go on;
+        returns its index in :attr:`inf_findings`."""
+        if finding.kind == "inf" and self.after_inf > 0 and not final:
+            if not self.inf_findings:
+                self._left = (self.after_inf, self.after_inf * EAGER_OPS_PER_CALL)
+            self.inf_findings.append(finding)
+            return len(self.inf_findings) - 1
         if self.finding is None:
             self.finding = finding
         self.active = False  # nothing after the first finding matters
@@ -371,16 +517,33 @@ class Watch(JitHook):
             out_nan = any(n for n, _ in flags)
             out_inf = any(i for _, i in flags)
             if not out_nan and (self.nan_only or not out_inf):
+                if self.inf_findings:
+                    self._spend(eager=1)
                 return
-            in_flags = [nonfinite_flags(a) for a in tree_flatten(list(args))[0]]
+            leaves = tree_flatten(list(args))[0]
+            in_flags = [nonfinite_flags(a) for a in leaves]
             in_nan = any(n for n, _ in in_flags)
             in_inf = any(i for _, i in in_flags)
             created = (out_nan and not in_nan) or (not self.nan_only and out_inf and not in_nan and not in_inf)
             if not created:
+                if self.inf_findings:  # infinities passed on: the outputs hold what the inputs held
+                    self._hold(outs, self._infs_in(leaves))
+                    self._spend(eager=1)
                 return
             kind = "nan" if out_nan and not in_nan else "inf"
+            if kind == "inf" and self.inf_findings:  # another Inf birth while waiting for a NaN
+                self._spend(eager=1)
+                birth = (source, name)
+                if birth not in self._births and len(self.inf_findings) >= MAX_INF_FINDINGS:
+                    return
+                if birth in self._births:
+                    self._hold(outs, frozenset({self._births[birth]}))
+                    return
             origin = self._eager_origin(name, list(args), program, outs, kind, call_index)
-        self.found(EagerFinding(origin))
+            feeds = self._infs_in(leaves) if kind == "nan" and in_inf else frozenset()
+        index = self.found(EagerFinding(origin, feeds))
+        self._births[(source, name)] = (index, None)
+        self._hold(outs, frozenset({(index, None)}))
 
     def _eager_origin(self, name: str, args: list, program: Any, outs: list, kind: str,
                       call_index: int | None) -> Origin:
