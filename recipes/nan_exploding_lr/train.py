@@ -4,7 +4,7 @@ import jax.numpy as jnp
 
 
 def loss_fn(params, x, y):
-    pred = x @ params["w"] + params["b"]
+    pred = x @ params["w"] + params["b"]  # <- origin
     return jnp.mean((pred - y) ** 2)
 
 
