@@ -1,0 +1,244 @@
+"""nan-hunt on the real-program corpus (tests/corpus/): what it must answer for Flax NNX and Linen, Equinox and
+Optax programs as their users write them (op, line, pass, call, loop iteration, chain, growth, hints), and
+the rules behind those answers on small cases.
+
+Each program runs once per session, in this process (as tests/test_nan_recipes.py runs the recipes); every
+expected line is found by a marker comment on it, so editing a program does not silently move its answer.
+"""
+
+from __future__ import annotations
+
+import os
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxdbg.nan import HuntOptions
+from jaxdbg.nan.explain import CLIP, explain
+from jaxdbg.nan.growth import GrowthTracker
+from jaxdbg.nan.result import GrowthEntry, Origin, ValueStats
+from jaxdbg.nan.watch import NonFiniteFound, Watch
+from jaxdbg.report import to_jsonable
+from jaxdbg.target import parse_target
+
+CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
+DIVERGENCE = ("diverg", "clip gradients")  # words of a divergence claim, in the text or the hints
+
+
+def _line(program: str, marker: str) -> int:
+    with open(os.path.join(CORPUS, program, "train.py")) as handle:
+        lines = [i for i, text in enumerate(handle, start=1) if marker in text]
+    assert len(lines) == 1, f"{program}: the marker {marker!r} must be on exactly one line"
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def hunted(tmp_path_factory):
+    """``hunted(program)``: the nan-hunt result of a corpus program as JSON-ready data (run once)."""
+    pytest.importorskip("flax")
+    pytest.importorskip("equinox")
+    from jaxdbg.nan.session import hunt_here
+
+    results: dict[str, dict] = {}
+
+    def run(program: str) -> dict:
+        if program not in results:
+            out = tmp_path_factory.mktemp(program)
+            result, _ = hunt_here(parse_target(os.path.join(CORPUS, program, "train.py")), HuntOptions(out_dir=str(out)))
+            results[program] = to_jsonable(result)
+        return results[program]
+
+    return run
+
+
+def _where(origin: dict) -> tuple:
+    return origin["kind"], origin["primitive"], origin["pass"], origin["source"]["line"], origin["call_index"]
+
+
+def _said(result: dict) -> str:
+    return (result["explanation"] + " " + " ".join(result["hints"])).lower()
+
+
+# -- item 4a: an Optax loop whose update runs eagerly, diverging ---------------------------------------------
+
+
+def test_eager_optax_divergence_reports_the_nan_the_inf_turned_into(hunted) -> None:
+    program = "optax_eager_lr_nan"
+    got = hunted(program)
+    update = _line(program, "# the NaN: applied eagerly")
+    # The NaN is made by the eager update (inf + -inf), not the loss overflow 17 calls before it.
+    assert _where(got["first"]) == ("nan", "add", "forward", update, 0) and got["first"]["path"] == ["eager"]
+    assert got["strategy"] == "eager check"
+    # Its infinities came from the jitted gradient of the prediction, which overflowed in call 32.
+    assert [(*_where(c), c["function"]) for c in got["chain"]] == [
+        ("inf", "dot_general", "backward", _line(program, "# its gradient overflows"), 32, "mse")]
+    # The parameters were only ever made by eager code: their growth is seen as arguments of the jitted call.
+    params = {g["name"]: g for g in got["growth"] if g["name"].startswith("params")}
+    assert set(params) == {"params['w']", "params['b']"}
+    assert all(g["ratio"] > 1e30 and g["source"]["line"] == update and g["function"] == "mse" for g in params.values())
+    assert "diverging" in got["explanation"] and got["hints"][0] == CLIP
+    assert any("reduce_sum" in n and "call 15" in n and "did not feed" in n for n in got["notes"])
+
+
+# -- item 4b: 0/0 on an all-padding batch, a bias grown from 1e-6 --------------------------------------------
+
+
+def test_padding_zero_division_is_not_called_divergence(hunted) -> None:
+    program = "linen_masked_mean_nan"
+    got = hunted(program)
+    assert _where(got["first"]) == ("nan", "div", "forward", _line(program, "# the bug: 0 / 0"), 3)
+    assert got["chain"] == []
+    assert got["growth"] == []  # the bias grew 2.6e3x from its 1e-6 initialisation, to 2.6e-3: ordinary
+    said = _said(got)
+    assert not any(word in said for word in DIVERGENCE)
+    assert "jnp.maximum(mask.sum(), 1)" in got["hints"][0]
+
+
+# -- item 4c: name the derivative, suggest the log-space function --------------------------------------------
+
+
+def test_sqrt_derivative_is_named_and_fixed_at_the_sqrt(hunted) -> None:
+    program = "eqx_pairwise_nan"
+    got = hunted(program)
+    line = _line(program, "# includes each point")
+    assert _where(got["first"]) == ("nan", "mul", "backward", line, 0)
+    assert [_where(c) for c in got["chain"]] == [("inf", "div", "backward", line, 0)]
+    assert "the derivative of sqrt at 0 is infinite" in got["explanation"]
+    assert "jnp.sqrt(x + 1e-12)" in got["hints"][0] and any("double-where" in h for h in got["hints"])
+    assert "clip gradients" not in _said(got) and "0 * inf" in got["explanation"]
+
+
+def test_log_of_softmax_suggests_log_softmax(hunted) -> None:
+    program = "nnx_mnist_nan"
+    got = hunted(program)
+    assert _where(got["first"]) == ("nan", "mul", "forward", _line(program, "# the bug"), 2)
+    assert "jax.nn.log_softmax" in got["hints"][0] and "optax.softmax_cross_entropy" in got["hints"][0]
+    assert not any("subtract the maximum" in h for h in got["hints"])
+    assert "its input is a softmax" in got["explanation"]
+    assert got["growth"] == []  # Adam's moments growing from ~1e-6 to ~1e-2 are not divergence
+
+
+# -- item 1: NNX transforms, the NNX optimiser, Equinox filter_grad ------------------------------------------
+
+
+def test_nnx_scan_origin_is_the_iteration_that_made_it(hunted) -> None:
+    program = "nnx_scan_rnn_nan"
+    got = hunted(program)
+    first = got["first"]
+    assert _where(first) == ("nan", "dot_general", "backward", _line(program, "# the NaN: gradient"), 2)
+    assert first["path"] == ["jit(train_step)", "scan[iteration=6]"]
+    # The backward scan's input at iteration 6 is day 7's +inf (p / 0), not day 6's -inf (log 0).
+    chain = got["chain"]
+    assert [_where(c) for c in chain] == [("inf", "div", "forward", _line(program, "# the bug: a missing day"), 2)]
+    assert chain[0]["path"] == ["jit(train_step)", "scan[iteration=6]"]
+    assert "division by zero" in got["explanation"] and "clip gradients" not in _said(got)
+
+
+def test_nnx_vmap_origin_is_inside_the_vmap(hunted) -> None:
+    program = "nnx_vmap_ensemble_nan"
+    got = hunted(program)
+    line = _line(program, "# the NaN: log(0)")
+    assert _where(got["first"]) == ("nan", "add", "forward", line, 0)
+    assert got["first"]["path"] == ["jit(train_step)", "vmap"]
+    assert [_where(c) for c in got["chain"]] == [("inf", "log", "forward", line, 0), ("inf", "div", "forward", line, 0)]
+    assert "log(0) is -inf" in got["explanation"] and "jnp.log(jnp.maximum(x, 1e-12))" in got["hints"][0]
+    assert "clip gradients" not in _said(got)
+
+
+def test_nnx_optimizer_update_origin_is_the_schedule(hunted) -> None:
+    program = "nnx_schedule_nan"
+    got = hunted(program)
+    assert _where(got["first"]) == ("nan", "mul", "forward", _line(program, "# the NaN: inf learning rate"), 0)
+    assert [_where(c) for c in got["chain"]] == [("inf", "div", "forward", _line(program, "# the bug: optax"), 0)]
+    assert got["chain"][0]["source"]["function"] == "rsqrt_schedule"
+    assert "division by zero" in got["explanation"] and "denominator away from zero" in got["hints"][0]
+    assert "clip gradients" not in _said(got)
+
+
+def test_equinox_filter_grad_backward_origin(hunted) -> None:
+    program = "eqx_rnn_poisson_nan"
+    got = hunted(program)
+    assert _where(got["first"]) == ("nan", "div", "backward", _line(program, "# forward-safe"), 0)
+    assert got["first"]["path"] == ["jit(make_step)"] and got["chain"] == []
+    assert any("double-where" in h for h in got["hints"])
+
+
+# -- the rules behind the answers -----------------------------------------------------------------------------
+
+
+def _stats(*values: float, shape: tuple = (4,)) -> ValueStats:
+    array = np.array(values, np.float32)
+    finite = array[~np.isnan(array)]
+    return ValueStats(shape, "f32", float(finite.min()), float(finite.max()), int(np.isnan(array).sum()),
+                      int(np.isinf(array).sum()), int((array == 0).sum()), int((array < 0).sum()))
+
+
+def _growth(baseline: float, peak: float) -> GrowthEntry:
+    return GrowthEntry("params['w']", None, 1, peak / baseline, "step", baseline, peak)
+
+
+def test_growth_to_a_small_magnitude_is_not_reported() -> None:
+    tracker = GrowthTracker(factor=100.0)
+    for call, mags in enumerate([[1e-6, 0.5, 2.0], [1e-4, 0.5, 40.0], [2e-3, 0.6, 9e3]]):
+        tracker.update("step", ["bias", "w", "loss"], np.array(mags), call)
+    assert [(g.name, g.ratio) for g in tracker.report()] == [("loss", 4500.0)]
+
+
+def test_divergence_needs_a_large_magnitude_and_a_cause_growth_can_have() -> None:
+    zero_div = Origin("nan", "div", "forward", None, "step", 3, ("jit(step)",), (_stats(0, 0), _stats(0, 0)))
+    overflow = Origin("inf", "mul", "forward", None, "step", 3, ("jit(step)",), (_stats(3e30, 1), _stats(2e9, 1)))
+    moderate, large = _growth(1.0, 500.0), _growth(1.0, 1e30)
+    text, hints = explain(zero_div, (), [moderate])
+    assert "grew" in text and not any(w in (text + " ".join(hints)).lower() for w in DIVERGENCE)
+    text, hints = explain(overflow, (), [moderate])
+    assert "starting to diverge" in text and CLIP in hints
+    text, hints = explain(overflow, (), [large])
+    assert "the run was diverging" in text and hints[0] == CLIP
+
+
+def test_comments_on_the_line_do_not_choose_the_hints(tmp_path) -> None:
+    path = tmp_path / "step.py"
+    path.write_text("y = probs * scores  # after the softmax, exp of the logits\n")
+    from jaxdbg._source import SourceLocation
+
+    first = Origin("nan", "mul", "forward", SourceLocation(str(path), 1, "step"), "step", 0, ("jit(step)",),
+                   (_stats(0, 1), _stats(float("inf"), 1)))
+    _, hints = explain(first)
+    assert not any("subtract the maximum" in h for h in hints)
+
+
+def test_after_an_inf_the_nan_it_turns_into_is_the_answer(tmp_path) -> None:
+    from jaxdbg.nan.session import hunt_here
+
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""\
+        import jax, jax.numpy as jnp
+        grow = jax.jit(lambda w: w * 1e20)  # overflows
+        cancel = jax.jit(lambda w, total: (w - w, total + 1))  # w - w: inf - inf
+        total = grow(jnp.float32(1e30))  # an Inf nothing downstream uses
+        w = jnp.array([1.0, 2.0])
+        for _ in range(3):
+            w = grow(w)
+        print(cancel(w, total))
+    """))
+    result = to_jsonable(hunt_here(parse_target(str(script)), HuntOptions())[0])
+    first, chain = result["first"], result["chain"]
+    assert (first["kind"], first["primitive"], first["source"]["line"], first["call_index"]) == ("nan", "sub", 3, 0)
+    # w's Inf, born in call 2 of grow, came in through the argument w; total's Inf did not feed the NaN.
+    assert [(c["kind"], c["primitive"], c["call_index"], c["argument"]) for c in chain] == [
+        ("inf", "mul", 2, None), ("input", None, 0, "w")]
+    assert any("did not feed" in n and "call 0" in n for n in result["notes"])
+
+
+def test_an_inf_without_a_nan_ends_the_run_when_the_budget_is_spent() -> None:
+    with pytest.raises(NonFiniteFound) as stop:
+        with Watch(after_inf=3) as watch:
+            step = jax.jit(lambda x: x * 1e30)
+            x = jnp.float32(1e10)
+            for _ in range(100):
+                x = step(x)
+    assert stop.value.finding is watch.inf_findings[0] and stop.value.finding.call.call_index == 0
+    assert watch.calls == 4  # the Inf's call and three more
