@@ -306,6 +306,8 @@ class Watch(JitHook):
         for i, leaf in enumerate(leaves):
             if not is_inexact(leaf) or any(_same(r.get(id(leaf)), leaf) for r in returned):
                 continue
+            if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+                continue  # a reduction over it is a collective every process would have to join: left out
             fresh.append(i)
             if isinstance(leaf, jax.Array):
                 on_device.append((i, leaf))
