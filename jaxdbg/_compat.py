@@ -14,11 +14,13 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import jax
 
 from jaxdbg._source import SourceLocation, is_user_file
+
 
 def open_jaxpr(closed: Any) -> tuple[Any, list]:
     """``(jaxpr, consts)`` of a closed jaxpr on any supported jax version (an open jaxpr gets no consts)."""

@@ -21,8 +21,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping, TypeVar
+from typing import Any, TypeVar
 
 from jaxdbg._errors import EXIT_TARGET_FAILED
 from jaxdbg._source import SourceLocation, is_user_file

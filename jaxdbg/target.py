@@ -28,8 +28,9 @@ import re
 import runpy
 import sys
 import zipfile
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 

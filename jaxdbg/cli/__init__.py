@@ -17,7 +17,8 @@ import importlib
 import signal
 import sys
 import threading
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import typer
 from typer.core import TyperGroup
@@ -37,7 +38,7 @@ COMMANDS = ("doctor", "profile", "nan_hunt", "repro", "pipeline_bench")
 class JaxdbgGroup(TyperGroup):
     """Turns click's multi-line usage errors into the contract's single line and exit code 2."""
 
-    def main(self, args: Optional[Sequence[str]] = None, prog_name: Optional[str] = None, *a: Any, **extra: Any) -> Any:
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None, *a: Any, **extra: Any) -> Any:
         extra["standalone_mode"] = False
         try:
             code = super().main(args, prog_name or "jaxdbg", *a, **extra)
@@ -86,7 +87,7 @@ for _name in COMMANDS:
     importlib.import_module(f"jaxdbg.cli.{_name}").register(app)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code instead of exiting."""
     # SIGTERM (a CI job's timeout, `kill`) becomes SystemExit, so contained children are stopped on the way out.
     on_main_thread = threading.current_thread() is threading.main_thread()

@@ -10,9 +10,10 @@ from __future__ import annotations
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Callable, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -24,15 +25,15 @@ from jaxdbg.report import Report, Result, resolve_out_dir, write_json
 EXIT_INTERNAL = 4  # a bug in jaxdbg itself (not in the contract's 0-3): report it with the -v traceback
 
 JsonOpt = Annotated[
-    Optional[str],
+    str | None,
     typer.Option("--json", metavar="PATH", help="Write the JSON report to PATH; '-' prints it to stdout and nothing else."),
 ]
 OutOpt = Annotated[
-    Optional[str],
+    str | None,
     typer.Option("--out", metavar="DIR", help="Folder for artifacts (default: jaxdbg-out/<command>-<timestamp>/)."),
 ]
 TimeoutOpt = Annotated[
-    Optional[float],
+    float | None,
     typer.Option("--timeout", metavar="SECONDS", min=0.1, help="Stop the target after this long and report it."),
 ]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Print only the essentials.")]
@@ -42,14 +43,14 @@ TargetArg = Annotated[
                         help="script.py (run as __main__), file.py::func or package.module:func."),
 ]
 ScriptArgsArg = Annotated[
-    Optional[list[str]], typer.Argument(metavar="[-- ARGS]...", show_default=False,
+    list[str] | None, typer.Argument(metavar="[-- ARGS]...", show_default=False,
                                         help="Arguments passed to a script target (after --)."),
 ]
 ArgsOpt = Annotated[
-    Optional[str], typer.Option("--args", metavar="SPEC", help='Inputs of a function target, e.g. "f32[8,128] i32[8]".'),
+    str | None, typer.Option("--args", metavar="SPEC", help='Inputs of a function target, e.g. "f32[8,128] i32[8]".'),
 ]
 InputsOpt = Annotated[
-    Optional[str], typer.Option("--inputs", metavar="SRC", help="file.py::make_inputs or data.npz (arg0, arg1, ...)."),
+    str | None, typer.Option("--inputs", metavar="SRC", help="file.py::make_inputs or data.npz (arg0, arg1, ...)."),
 ]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the random --args inputs.")]
 
@@ -82,7 +83,7 @@ class Common:
             self._out_dir = resolve_out_dir(self.out, self.command)
         return self._out_dir
 
-    def progress(self) -> Progress | "NullProgress":
+    def progress(self) -> Progress | NullProgress:
         """A progress bar on a terminal; a silent stand-in when piped, quiet or under CI."""
         console = self.err_console
         if self.quiet or not console.is_terminal or os.environ.get("CI"):
@@ -96,7 +97,7 @@ class Common:
 class NullProgress:
     """Progress with rich's API that shows nothing (piped output, CI, --quiet)."""
 
-    def __enter__(self) -> "NullProgress":
+    def __enter__(self) -> NullProgress:
         return self
 
     def __exit__(self, *exc: Any) -> None:

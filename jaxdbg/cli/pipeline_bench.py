@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich import box
@@ -25,7 +24,7 @@ def pipeline_bench(
     mode: str = typer.Option("sim", "--mode", help="real: threads and JAX devices; sim: discrete-event simulation."),
     stages: int = typer.Option(4, "--stages", min=1, help="Pipeline stages (one device or device group each)."),
     microbatches: int = typer.Option(16, "--microbatches", min=1, help="Microbatches per step."),
-    virtual_stages: Optional[int] = typer.Option(None, "--virtual-stages", min=1, help="Chunks per stage for the interleaved schedule (default 2)."),
+    virtual_stages: int | None = typer.Option(None, "--virtual-stages", min=1, help="Chunks per stage for the interleaved schedule (default 2)."),
     schedule: str = typer.Option("1f1b", "--schedule", help="gpipe, 1f1b, interleaved, zb-h1 (comma-separated for several)."),
     policy: str = typer.Option("fixed,ready", "--policy", help="fixed (strict order) and/or ready (readiness-first)."),
     hint: str = typer.Option("1f1b", "--hint", help="Ranking for ready: 1f1b, bf, bfw, gpipe (comma-separated)."),
@@ -46,8 +45,8 @@ def pipeline_bench(
     comm_ms: float = typer.Option(0.2, "--comm-ms", help="Base delay of a message between stages in ms."),
     lookahead: bool = typer.Option(True, "--lookahead/--no-lookahead", help="ready: start work ranked below the schedule's next task only if it should be done before that task can start (--no-lookahead: whenever it is ready)."),
     devices_per_stage: int = typer.Option(1, "--devices-per-stage", min=1, help="Real mode: devices per stage (weights sharded across them)."),
-    trace: Optional[str] = typer.Option(None, "--trace", metavar="OUT.json", help="Write a Chrome/Perfetto trace: one process per run, one track per stage."),
-    plot: Optional[str] = typer.Option(None, "--plot", metavar="OUT.png", help="Write a timeline PNG and OUT-memory.png (speedup vs memory cap)."),
+    trace: str | None = typer.Option(None, "--trace", metavar="OUT.json", help="Write a Chrome/Perfetto trace: one process per run, one track per stage."),
+    plot: str | None = typer.Option(None, "--plot", metavar="OUT.png", help="Write a timeline PNG and OUT-memory.png (speedup vs memory cap)."),
     xprof: bool = typer.Option(False, "--xprof", help="Real mode: capture a jax.profiler trace with one annotation per task."),
     json: JsonOpt = None, out: OutOpt = None, timeout: TimeoutOpt = None, quiet: QuietOpt = False,
     verbose: VerboseOpt = False,

@@ -4,24 +4,34 @@ traces, monitoring and CI budgets. Parses options, calls :func:`jaxdbg.profile.p
 from __future__ import annotations
 
 import os
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from jaxdbg.cli._common import (
-    ArgsOpt, Common, InputsOpt, JsonOpt, OutOpt, QuietOpt, ScriptArgsArg, SeedOpt, TargetArg, TimeoutOpt, VerboseOpt,
+    ArgsOpt,
+    Common,
+    InputsOpt,
+    JsonOpt,
+    OutOpt,
+    QuietOpt,
+    ScriptArgsArg,
+    SeedOpt,
+    TargetArg,
+    TimeoutOpt,
+    VerboseOpt,
     execute,
 )
 from jaxdbg.report import Report, environment_info, relative_or_absolute
 
 RunsOpt = Annotated[int, typer.Option("--runs", min=1, help="Timed runs of a function target.")]
 WarmupOpt = Annotated[int, typer.Option("--warmup", min=0, help="Untimed runs before the timed ones.")]
-BudgetOpt = Annotated[Optional[str], typer.Option(
+BudgetOpt = Annotated[str | None, typer.Option(
     "--budget", metavar="RULES", help='Fail (exit 1) past a budget, e.g. "compile_s<=2,execute_median_ms<=50,'
     'recompiles<=0,train_step.compile_s<=1".')]
-CompareOpt = Annotated[Optional[str], typer.Option(
+CompareOpt = Annotated[str | None, typer.Option(
     "--compare", metavar="OLD.json", help="Show per-function deltas against an earlier --json report.")]
 XlaDumpOpt = Annotated[bool, typer.Option("--xla-dump", help="Also write XLA's full dump folder into --out.")]
 MonitorOpt = Annotated[bool, typer.Option("--monitor", help="Sample host memory/CPU and device memory through the run.")]

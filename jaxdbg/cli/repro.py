@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 from rich.console import Console
 
-from jaxdbg.cli._common import (ArgsOpt, Common, InputsOpt, JsonOpt, OutOpt, QuietOpt, ScriptArgsArg, SeedOpt,
-                                TargetArg, TimeoutOpt, VerboseOpt, execute, validate_destinations)
 from jaxdbg._errors import EXIT_OK, EXIT_TARGET_FAILED
+from jaxdbg.cli._common import (
+    ArgsOpt,
+    Common,
+    InputsOpt,
+    JsonOpt,
+    OutOpt,
+    QuietOpt,
+    ScriptArgsArg,
+    SeedOpt,
+    TargetArg,
+    TimeoutOpt,
+    VerboseOpt,
+    execute,
+    validate_destinations,
+)
 from jaxdbg.report import Report, environment_info, relative_or_absolute
 
 
@@ -20,9 +31,9 @@ def register(app: typer.Typer) -> None:
 def repro(
     target: TargetArg,
     script_args: ScriptArgsArg = None,
-    kind: Optional[str] = typer.Option(None, "--kind", metavar="KIND",
+    kind: str | None = typer.Option(None, "--kind", metavar="KIND",
                                        help="Failure to keep: exception, crash, timeout, nonfinite or mismatch."),
-    match: Optional[str] = typer.Option(None, "--match", metavar="REGEX", help="Keep only a failure whose text matches."),
+    match: str | None = typer.Option(None, "--match", metavar="REGEX", help="Keep only a failure whose text matches."),
     max_time: float = typer.Option(600.0, "--max-time", metavar="SECONDS", min=1.0,
                                    help="Time bound for the whole reduction; the best verified result so far is kept."),
     jobs: int = typer.Option(2, "--jobs", "-j", min=1, help="Candidates checked in parallel."),
@@ -47,9 +58,8 @@ def repro(
 def _build(common: Common, target: str, script_args: list[str], options) -> Report:
     from jaxdbg._errors import UsageError
     from jaxdbg.repro import reproduce
-    from jaxdbg.target import parse_target
-
     from jaxdbg.repro.signature import KINDS
+    from jaxdbg.target import parse_target
 
     if options.reference not in ("eager", "float64"):
         raise UsageError(f"--reference '{options.reference}': use eager (op-by-op) or float64")

@@ -26,8 +26,9 @@ import enum
 import inspect
 import keyword
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 from jax import lax
@@ -116,7 +117,7 @@ def array_expr(value: np.ndarray, limit: int = MAX_INLINE_ELEMENTS) -> str:
             return f"{dtype}({complex(value)!r})"
         return f"{dtype}({scalar_text(value.item() if value.dtype.kind in 'biu' else float(value))})"
     flat = value.reshape(-1)
-    if flat.size and np.all(flat == flat[0]) or (flat.size and value.dtype.kind == "f" and np.all(np.isnan(flat))):
+    if (flat.size and np.all(flat == flat[0])) or (flat.size and value.dtype.kind == "f" and np.all(np.isnan(flat))):
         return f"np.full({tuple(value.shape)}, {array_expr(flat[0])}, dtype={dtype})"
     if flat.size == 0:
         return f"np.zeros({tuple(value.shape)}, dtype={dtype})"

@@ -46,8 +46,9 @@ Example:
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -71,7 +72,7 @@ class Scope:
 
     jaxpr: Any
     path: tuple[str, ...]
-    parent: "Site | None" = None
+    parent: Site | None = None
     kind: str = "root"
     iteration: int | None = None
 
@@ -107,7 +108,7 @@ class Site:
             site = site.scope.parent
         return None
 
-    def enclosing(self) -> list["Site"]:
+    def enclosing(self) -> list[Site]:
         """The equations this one sits inside, outermost first."""
         chain, site = [], self.scope.parent
         while site is not None:
@@ -248,7 +249,7 @@ class Interpreter:
             return self.binder(site.eqn, invals)
         return _compat.bind_eqn(site.eqn, invals, keep_source=self.keep_source)
 
-    def child(self, **changes: Any) -> "Interpreter":
+    def child(self, **changes: Any) -> Interpreter:
         """A copy with some fields changed (same hooks), e.g. another binder inside shard_map."""
         fields = {"hooks": self.hooks, "rules": self.rules, "keep_source": self.keep_source, "binder": self.binder}
         fields.update(changes)
@@ -274,7 +275,7 @@ def _dead_after(jaxpr: Any) -> dict[int, list]:
     """
     dead = _DEAD_AFTER.get(jaxpr)
     if dead is None:
-        last = {var: -1 for var in [*jaxpr.constvars, *jaxpr.invars]}
+        last = dict.fromkeys([*jaxpr.constvars, *jaxpr.invars], -1)
         for index, eqn in enumerate(jaxpr.eqns):
             last.update((a, index) for a in eqn.invars if not _compat.is_literal(a))
             last.update((v, index) for v in eqn.outvars if not _compat.is_drop_var(v) and v not in last)

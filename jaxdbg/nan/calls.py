@@ -14,8 +14,9 @@ Example:
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import jax
 from jax.tree_util import keystr, tree_flatten, tree_flatten_with_path

@@ -15,7 +15,7 @@ Example:
 from __future__ import annotations
 
 import linecache
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from jaxdbg.nan.result import GrowthEntry, Origin, PrecisionCheck, ValueStats
 
@@ -86,7 +86,7 @@ def _masked_gradient(origin: Origin, line: str) -> tuple[str, list[str]] | None:
     if origin.pass_ != "backward" or origin.primitive not in ("mul", "div") or origin.kind != "nan":
         return None
     zeros = [s for s in origin.inputs if s.zero]
-    if not zeros or "where" not in line and "select" not in origin.name_stack:
+    if not zeros or ("where" not in line and "select" not in origin.name_stack):
         return None
     return ("the forward value is masked out (by `where`), so its gradient should be 0, but the derivative "
             "of the masked branch is infinite or undefined at the masked entries and 0 * inf (or 0 / 0) gives NaN.",

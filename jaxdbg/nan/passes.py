@@ -19,7 +19,8 @@ Example:
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from jaxdbg import _compat
 from jaxdbg.jaxpr import Site

@@ -30,8 +30,9 @@ import contextlib
 import functools
 import linecache
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -44,6 +45,7 @@ from jaxdbg.nan.calls import Call, output_leaf_names
 from jaxdbg.nan.growth import GrowthTracker
 from jaxdbg.nan.result import Origin
 from jaxdbg.nan.stats import is_inexact, nonfinite_flags, value_stats
+
 
 @dataclass
 class JitFinding:
@@ -135,7 +137,7 @@ class Watch(JitHook):
 
     # -- installation ---------------------------------------------------------------------------------------
 
-    def __enter__(self) -> "Watch":
+    def __enter__(self) -> Watch:
         stack = contextlib.ExitStack()
         # Calls cached before now would keep jax's C++ dispatch and stay invisible to the eager hook; the
         # entries made while watching are dropped again on exit so later code gets the fast path back.

@@ -18,15 +18,16 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from jaxdbg._errors import TargetFailedError, UsageError
-from jaxdbg.pipeline.messages import RealJob, RealTimeline, StageDevices
 from jaxdbg.pipeline.arbiter import RunRecord
+from jaxdbg.pipeline.messages import RealJob, RealTimeline, StageDevices
 from jaxdbg.pipeline.metrics import RunMetrics, lower_bound, measure
 from jaxdbg.pipeline.policies import HINTS, POLICIES, make_policies, memory_caps
 from jaxdbg.pipeline.real import ModelSpec

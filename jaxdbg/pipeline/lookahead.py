@@ -45,7 +45,8 @@ from __future__ import annotations
 import functools
 import math
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 

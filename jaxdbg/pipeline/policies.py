@@ -134,7 +134,7 @@ class ReadyFirst:
         self.fits_plan = fits_plan  # the plan's order stays within the cap (it can be followed)
         self.keep_plan = keep_plan  # on plan, keep the plan's order; None: decide by dry runs (Arbiter)
 
-    def fresh(self, keep_plan: bool) -> "ReadyFirst":
+    def fresh(self, keep_plan: bool) -> ReadyFirst:
         """A policy like this one before its run, for a dry run with the on-plan rule fixed to ``keep_plan``."""
         return ReadyFirst(
             self.keys, self.cap, self.admits, self.plan[:-1], self.headroom, self.wants_lookahead, self.expected,

@@ -128,7 +128,7 @@ def pick_devices(count: int) -> list:
 
 
 @functools.lru_cache(maxsize=1)
-def _programs() -> "_Programs":
+def _programs() -> _Programs:
     return _Programs()
 
 

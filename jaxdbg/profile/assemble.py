@@ -13,17 +13,35 @@ Example:
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
 from jaxdbg.profile.messages import (
-    CallBatch, CallTiming, CaptureOps, CompileRecord, DeviceInfo, FunctionDefined, MonitorSamples, PeakMeasured,
-    ProfileNote, RunFinished, RunTotals, TraceCaptured,
+    CallBatch,
+    CallTiming,
+    CaptureOps,
+    CompileRecord,
+    DeviceInfo,
+    FunctionDefined,
+    MonitorSamples,
+    PeakMeasured,
+    ProfileNote,
+    RunFinished,
+    RunTotals,
+    TraceCaptured,
 )
 from jaxdbg.profile.model import (
-    Compilation, CompileTimes, ExecuteStats, FunctionProfile, Recompile, Totals, TraceFiles, Transfer,
+    Compilation,
+    CompileTimes,
+    ExecuteStats,
+    FunctionProfile,
+    Recompile,
+    Totals,
+    TraceFiles,
+    Transfer,
 )
 from jaxdbg.profile.spans import union_length
 from jaxdbg.protocol import Environment, Message
@@ -47,7 +65,7 @@ class Gathered:
     environment: dict | None = None
 
     @classmethod
-    def from_messages(cls, messages: Iterable[Message]) -> "Gathered":
+    def from_messages(cls, messages: Iterable[Message]) -> Gathered:
         got = cls()
         for message in messages:
             if isinstance(message, DeviceInfo):

@@ -30,16 +30,17 @@ import functools
 import threading
 import time
 from collections import defaultdict
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from jaxdbg import _compat, jit_layer
 from jaxdbg._source import SourceLocation
 from jaxdbg.jit_layer import InstrumentedJit, JitCall, JitHook, unwrap_function
 from jaxdbg.profile.hlo import module_name, write_hlo
 from jaxdbg.profile.messages import CallBatch, CallTiming, CompileRecord, FunctionDefined, RunTotals
-from jaxdbg.protocol import Message
 from jaxdbg.profile.signature import Signature, call_signature, explain, parameter_names
 from jaxdbg.profile.spans import span_times
+from jaxdbg.protocol import Message
 
 FLUSH_EVERY_S = 0.5
 TIMED_FIRST = 3  # the first calls of a function are all timed (first call, and a steady median early)

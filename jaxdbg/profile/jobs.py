@@ -16,11 +16,20 @@ import contextlib
 import os
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from jaxdbg.profile.messages import (
-    CallBatch, CallTiming, CaptureOps, CompileRecord, DeviceInfo, FunctionDefined, PeakMeasured, ProfileJob,
-    ProfileNote, RunFinished,
+    CallBatch,
+    CallTiming,
+    CaptureOps,
+    CompileRecord,
+    DeviceInfo,
+    FunctionDefined,
+    PeakMeasured,
+    ProfileJob,
+    ProfileNote,
+    RunFinished,
 )
 from jaxdbg.protocol import Done, Environment, Message
 from jaxdbg.target import check_arity
@@ -124,8 +133,8 @@ def function_job(job: ProfileJob, channel: Any) -> None:
     import jax
 
     from jaxdbg import _compat
-    from jaxdbg.profile.hlo import module_name, write_hlo
     from jaxdbg.jit_layer import function_identity
+    from jaxdbg.profile.hlo import module_name, write_hlo
     from jaxdbg.profile.instrument import Recorder, compile_listener
     from jaxdbg.profile.monitor import Sampler
     from jaxdbg.target import load_function, load_inputs, short_dtype

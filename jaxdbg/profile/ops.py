@@ -21,8 +21,8 @@ import json
 import os
 import re
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 from jaxdbg._source import SourceLocation, is_user_file
 from jaxdbg.profile.hlo import HloModule, opcode_category

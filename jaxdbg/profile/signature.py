@@ -18,8 +18,9 @@ Example:
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from jaxdbg.profile.model import ArgChange, Recompile
 

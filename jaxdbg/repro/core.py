@@ -26,14 +26,14 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Callable
 
 from jaxdbg._errors import TargetFailedError, UsageError
 from jaxdbg.repro.failures import STILL_FAILS_WITHOUT_JIT, Checker, Failure, choose, observe
-from jaxdbg.repro.messages import CutFinished, LoweredText
 from jaxdbg.repro.jobs import CHILD_ENV, CUT_JOB, JOB, CutRequest, RunRequest, reduction_env
+from jaxdbg.repro.messages import CutFinished, LoweredText
 from jaxdbg.repro.program import INPUTS_FILE, REPRO_FILE, STABLEHLO_FILE, count_lines, expected_message
 from jaxdbg.repro.signature import KINDS, FailureSignature, normalise_message
 from jaxdbg.repro.source import SourceReducer, State, statement_lines

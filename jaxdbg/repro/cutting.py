@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxdbg.repro.cut import Criterion, Cutter, CutError
+from jaxdbg.repro.cut import Criterion, CutError, Cutter
 from jaxdbg.repro.graph import flatten, record
 from jaxdbg.repro.messages import CutFinished, FailureSeen
 from jaxdbg.repro.program import INPUTS_FILE, REPRO_FILE, STABLEHLO_FILE, build_program, can_emit, program_fails

@@ -18,17 +18,22 @@ import ast
 import os
 import re
 import threading
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Sequence
 
 from jaxdbg._source import SourceLocation
 from jaxdbg.repro.forkserver import ForkServer
 from jaxdbg.repro.jobs import CHILD_ENV, JOB, RunRequest
 from jaxdbg.repro.messages import FailureSeen, JaxWork, JitCallSeen, LastJit
-from jaxdbg.repro.signature import (FailureSignature, exception_signature, matches_pattern, mismatch_signature,
-                                    nonfinite_signature)
+from jaxdbg.repro.signature import (
+    FailureSignature,
+    exception_signature,
+    matches_pattern,
+    mismatch_signature,
+    nonfinite_signature,
+)
 from jaxdbg.repro.source import State, find_statement, is_constant_raise, parse, statement_lines
 from jaxdbg.runner import Outcome, first_line, run_contained
 

@@ -31,7 +31,8 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from jaxdbg.protocol import read_channel
 from jaxdbg.runner import Outcome, child_env, outcome_of
@@ -54,7 +55,7 @@ class ForkServer:
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
-    def __enter__(self) -> "ForkServer":
+    def __enter__(self) -> ForkServer:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -15,8 +15,9 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -27,7 +28,7 @@ from jaxdbg._source import SourceLocation
 class Var:
     """A value of the flat graph; compared by identity. ``aval`` has the original shape and dtype."""
 
-    __slots__ = ("aval", "__weakref__")
+    __slots__ = ("__weakref__", "aval")
 
     def __init__(self, aval: Any):
         self.aval = aval
@@ -39,7 +40,7 @@ class Var:
 class Lit:
     """A literal written in an equation (``val``), as jaxprs keep scalars like ``2.0:f32[]``."""
 
-    __slots__ = ("val", "aval")
+    __slots__ = ("aval", "val")
 
     def __init__(self, val: Any, aval: Any):
         self.val, self.aval = val, aval

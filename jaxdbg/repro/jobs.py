@@ -17,8 +17,9 @@ import contextlib
 import os
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from jaxdbg.repro.messages import CutFinished, InputsBuilt, JaxWork, LastJit
 from jaxdbg.repro.watch import StopRun, WatchConfig

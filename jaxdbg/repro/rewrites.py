@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import ast
 import copy
-from typing import Callable
+from collections.abc import Callable
 
 Edit = Callable[[list], bool]  # mutates the walk-ordered node list of a copy; False: not applicable
 

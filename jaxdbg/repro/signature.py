@@ -53,7 +53,7 @@ class FailureSignature:
         """What must stay equal between the original and a reduced program."""
         return (self.kind, self.type, self.message, self.signal)
 
-    def same_as(self, other: "FailureSignature | None") -> bool:
+    def same_as(self, other: FailureSignature | None) -> bool:
         return other is not None and self.key() == other.key()
 
     def describe(self) -> str:

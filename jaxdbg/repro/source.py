@@ -27,12 +27,29 @@ import builtins
 import copy
 import threading
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
 
-from jaxdbg.repro.rewrites import (Edit, constant_table, drop_defaults_edit, drop_unlooked_entries, drop_unread_bindings,
-                                   first_binding, fold_lookups, inline_call, inline_everywhere, inlinable, is_constant, is_literal,
-                                   lookup_of, name_stores, parents_of, read_once_after, replace_node, single_iteration)
+from jaxdbg.repro.rewrites import (
+    Edit,
+    constant_table,
+    drop_defaults_edit,
+    drop_unlooked_entries,
+    drop_unread_bindings,
+    first_binding,
+    fold_lookups,
+    inlinable,
+    inline_call,
+    inline_everywhere,
+    is_constant,
+    is_literal,
+    lookup_of,
+    name_stores,
+    parents_of,
+    read_once_after,
+    replace_node,
+    single_iteration,
+)
 
 # CPython 3.11's parser is not safe to call from several threads at once ("AST constructor recursion depth
 # mismatch"); candidates are checked from a thread pool, so every parse goes through this lock.

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import jax
 import numpy as np
@@ -81,7 +82,7 @@ class JitWatch(JitHook):
         self.last: str | None = None  # the jitted function entered most recently
 
     @contextlib.contextmanager
-    def installed(self) -> Iterator["JitWatch"]:
+    def installed(self) -> Iterator[JitWatch]:
         with jit_layer.installed(self):
             yield self
 
