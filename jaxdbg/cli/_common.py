@@ -7,6 +7,7 @@ A command module parses its options, then hands :func:`execute` a function that 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import traceback
@@ -152,10 +153,8 @@ def write_error_report(common: Common, message: str, exit_code: int) -> None:
     if common._out_dir is not None:
         destinations.append(str(common._out_dir / "report.json"))
     for destination in destinations:
-        try:
+        with contextlib.suppress(Exception):  # the error line above is already the answer; JSON is a courtesy
             write_json(report, destination)
-        except Exception:  # noqa: BLE001 - the error line above is already the answer; JSON is a courtesy
-            pass
 
 
 def essential_line(report: Report) -> str | None:

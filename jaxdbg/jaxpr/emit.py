@@ -246,7 +246,7 @@ class Emitter:
         lines = self.equations(eqns, indent)
         results = [self.names.read(v) for v in outvars]
         ret = results[0] if single and len(results) == 1 else _tuple(results)
-        return lines + ["    " * indent + f"return {ret}"]
+        return [*lines, "    " * indent + f"return {ret}"]
 
     def equations(self, eqns: Sequence[Any], indent: int) -> list[str]:
         lines: list[str] = []
@@ -441,7 +441,7 @@ def _emit_while(em: Emitter, eqn: Any, indent: int) -> list[str]:
     cname, lines = em.nested("cond", p["cond_jaxpr"], cond_consts, indent, cond_signature)
     bname, body = em.nested("body", p["body_jaxpr"], body_consts, indent, signature)
     outs = [em.names.bind(v) for v in eqn.outvars]
-    lines += body + ["    " * indent + f"{_tuple(outs)} = lax.while_loop({cname}, {bname}, {_tuple(init)})"]
+    lines += [*body, "    " * indent + f"{_tuple(outs)} = lax.while_loop({cname}, {bname}, {_tuple(init)})"]
     return lines
 
 

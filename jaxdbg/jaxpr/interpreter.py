@@ -411,7 +411,7 @@ def _to_device_blocks(x: Any, spec: Any, sizes: dict[str, int], manual: tuple[st
         for name in names:
             block //= sizes[name]
         shape += [sizes[n] for n in names] + [block]
-        split_axes += names + [None]
+        split_axes += [*names, None]
     x = x.reshape(shape)
     positions = {name: i for i, name in enumerate(split_axes) if name is not None}
     block_dims = [i for i, name in enumerate(split_axes) if name is None]

@@ -64,8 +64,8 @@ def _input_pattern(origin: Origin, line: str) -> tuple[str, list[str]] | None:
     return (f"{value} was already in argument `{origin.argument}` when `{origin.function}` was called "
             f"(call {origin.call_index}); nothing inside the function created it.",
             ["check the data that feeds this call: e.g. `assert np.isfinite(batch).all()` in the input pipeline, "
-             "and find or drop the bad samples", "if missing values are expected, replace them before the step "
-             "(`jnp.nan_to_num`, or a mask)"])
+             "and find or drop the bad samples",
+             "if missing values are expected, replace them before the step (`jnp.nan_to_num`, or a mask)"])
 
 
 def _masked_softmax(origin: Origin, line: str) -> tuple[str, list[str]] | None:
@@ -201,7 +201,7 @@ PATTERNS: tuple[Pattern, ...] = (_input_pattern, _masked_softmax, _masked_gradie
 
 
 def _where(origin: Origin) -> str:
-    inner = [p for p in origin.path[1:]]
+    inner = list(origin.path[1:])
     place = f" inside {' > '.join(inner)}" if inner else ""
     src = f" at {origin.source.file.rsplit('/', 1)[-1]}:{origin.source.line}" if origin.source else ""
     value = {"nan": "A NaN", "inf": "An Inf", "input": "A non-finite value"}[origin.kind]

@@ -78,7 +78,7 @@ def backward_equations(jaxpr: Any, inherited: bool, backward_outputs: frozenset[
     primal = [i for i, e in enumerate(eqns) if _is_jvp(e) and not _is_transposed(e)]
     if primal and all(i in backward for i in primal):  # grad without the primal value: see module docstring
         producer_line = {}
-        for i, eqn in enumerate(eqns):
+        for eqn in eqns:
             for atom in eqn.outvars:
                 producer_line[atom] = _compat.eqn_source(eqn)
 

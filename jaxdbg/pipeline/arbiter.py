@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Callable
@@ -88,7 +89,7 @@ class Arbiter:
         if self.lookahead is not None and len(guarded) == len(policies):
             plans = [p.plan[:-1] for p in policies]
             keys = policies[0].keys
-            if all(keys[a] < keys[b] for plan in plans for a, b in zip(plan, plan[1:])):  # the plan's own hint
+            if all(keys[a] < keys[b] for plan in plans for a, b in itertools.pairwise(plan)):  # the plan's own hint
                 keep = policies[0].keep_plan
                 can_keep = all(p.fits_plan for p in policies)
                 self.lookahead.keep_plan = keep if can_keep else False

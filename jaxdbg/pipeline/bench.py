@@ -301,10 +301,10 @@ def _rows(options: BenchOptions, jobs: list[_Job], records: dict, real: dict) ->
         if key in real:
             predicted = measure(simulate(job.shape, job.policies(), job.durations, key.comm)).makespan_s
             replayed = measure(simulate(job.shape, job.policies(), _measured(job, real[key]), key.comm)).makespan_s
-            extra = dict(
-                sim_makespan_s=predicted, sim_error=predicted / m.makespan_s - 1, replay_makespan_s=replayed,
-                max_abs_grad_diff=real[key].grad_diff,
-            )
+            extra = {
+                "sim_makespan_s": predicted, "sim_error": predicted / m.makespan_s - 1, "replay_makespan_s": replayed,
+                "max_abs_grad_diff": real[key].grad_diff,
+            }
         rows.append(RunRow(
             **_fields(key, RunKey), **_fields(m, RunMetrics), memory_cap_microbatches=caps, lower_bound_s=bound,
             makespan_over_lower_bound=m.makespan_s / bound if bound > 0 else float("nan"),

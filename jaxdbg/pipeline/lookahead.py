@@ -43,6 +43,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import threading
 from collections.abc import Callable
@@ -298,7 +299,7 @@ class LookAhead:
         comm_in = [self.prior_comm] * n
         after = [-1] * n
         for plan in plans:
-            for a, b in zip(plan, plan[1:]):
+            for a, b in itertools.pairwise(plan):
                 after[a] = b
         starts = [float(x) for x in record.start]
         start_by = [INF] * n

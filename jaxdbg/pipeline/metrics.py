@@ -107,9 +107,9 @@ def timeline_problems(
     start, end = record.start, record.end
     problems = [f"{shape.name(t)} ran shorter than drawn" for t in np.flatnonzero(end - start < durations.task - tolerance)]
     for task in range(shape.num_tasks):
-        for nxt in (graph.local_a[task], graph.local_b[task]):
-            if nxt >= 0 and start[nxt] < end[task] - tolerance:
-                problems.append(f"{shape.name(nxt)} started before {shape.name(task)} ended")
+        problems.extend(f"{shape.name(nxt)} started before {shape.name(task)} ended"
+                        for nxt in (graph.local_a[task], graph.local_b[task])
+                        if nxt >= 0 and start[nxt] < end[task] - tolerance)
         nxt = graph.remote[task]
         if nxt >= 0 and start[nxt] < end[task] + durations.comm[task] - tolerance:
             problems.append(f"{shape.name(nxt)} started before the message from {shape.name(task)} arrived")

@@ -37,8 +37,8 @@ def chrome_trace(records: Mapping[str, RunRecord]) -> dict:
             continue
         events.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": label}})
         events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": pid}})
-        for w in range(shape.stages):
-            events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": w, "args": {"name": f"stage {w}"}})
+        events.extend({"ph": "M", "name": "thread_name", "pid": pid, "tid": w, "args": {"name": f"stage {w}"}}
+                      for w in range(shape.stages))
         worker = shape.graph().worker
         for task in range(shape.num_tasks):
             kind, model_stage, mb = shape.decode(task)

@@ -68,7 +68,7 @@ class FixedOrder:
     """
 
     def __init__(self, order: tuple[int, ...] | list[int], ready: bytearray, shape: PipelineShape):
-        self.order = list(order) + [NO_TASK]
+        self.order = [*order, NO_TASK]
         self.kinds = [shape.decode(t)[0] for t in order] + [NO_TASK]
         self.kind_of = dict(zip(order, self.kinds))
         self.position = 0
@@ -124,7 +124,7 @@ class ReadyFirst:
         self.admits = admits
         self.admit_heap: list[int] = []
         self.other_heap: list[int] = []
-        self.plan = list(plan or []) + [len(keys)]  # the sentinel: LookAhead.began holds one more entry
+        self.plan = [*(plan or []), len(keys)]  # the sentinel: LookAhead.began holds one more entry
         self.position = 0
         self.headroom = headroom
         self.wants_lookahead = lookahead and bool(plan)
@@ -189,13 +189,13 @@ class ReadyFirst:
                 return best
         # Only work the hint ranks below a plan task that waits for its inputs is held to the gap (were that
         # task ready, it would be ranked best; a cap-blocked one cannot run anyway).
-        if keys[best] > keys[upcoming] and not (admits[upcoming] and inflight >= self.cap):
-            if not (self.headroom and admits[best]):
-                spare = runner_up if self.headroom and runner_up >= 0 and admits[runner_up] else NO_TASK
-                fits = look.choose(self.worker, now, upcoming, best, runner_up if spare < 0 else NO_TASK)
-                best = fits if fits >= 0 else spare
-                if best < 0:
-                    return NO_TASK
+        if (keys[best] > keys[upcoming] and not (admits[upcoming] and inflight >= self.cap)
+                and not (self.headroom and admits[best])):
+            spare = runner_up if self.headroom and runner_up >= 0 and admits[runner_up] else NO_TASK
+            fits = look.choose(self.worker, now, upcoming, best, runner_up if spare < 0 else NO_TASK)
+            best = fits if fits >= 0 else spare
+            if best < 0:
+                return NO_TASK
         if look.sync and look.sender_due(self.worker, now, best) > now:
             return NO_TASK  # receive a neighbour's message first rather than keep it blocked
         return best
@@ -319,4 +319,4 @@ def memory_caps(shape: PipelineShape, multiple: float) -> list[int]:
     """Per-worker caps in microbatches: ``multiple`` times 1F1B's, at least one, at most all microbatches."""
     if multiple <= 0:
         raise UsageError(f"--memory-cap {multiple}: use a positive multiple of 1F1B's memory, e.g. 1,2,4")
-    return [max(1, min(shape.microbatches, int(round(base * multiple)))) for base in default_caps(shape)]
+    return [max(1, min(shape.microbatches, round(base * multiple))) for base in default_caps(shape)]

@@ -238,7 +238,8 @@ def _lognormal(rng: np.random.Generator, cv: float, size: tuple) -> np.ndarray:
 
 def _replay(path: str, spec: str, S: int, m: int, comm: np.ndarray, input_share: float):
     try:
-        data = json.loads(open(path).read())
+        with open(path) as handle:
+            data = json.load(handle)
         forward = np.asarray(data["forward"], dtype=float)
         backward = np.asarray(data["backward"], dtype=float)
     except (OSError, ValueError, KeyError, TypeError) as err:

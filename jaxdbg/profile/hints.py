@@ -81,8 +81,7 @@ def notes_for(mode: str, functions: list[FunctionProfile], gathered: Any, error:
             + ". Wrap the step in jax.jit, or profile one function with file.py::func")
     if error and functions:
         notes.append("the target failed midway: the profile covers what ran before the failure")
-    for text in gathered.trace_errors:
-        notes.append(text)
+    notes.extend(gathered.trace_errors)
     if gathered.trace is None and not error and functions:
         notes.append("no profiler capture was taken (--trace-calls 0), so there is no per-op table")
     sampled = [f for f in functions if mode == "script" and f.execute.timed_calls < f.execute.calls]
@@ -92,8 +91,8 @@ def notes_for(mode: str, functions: list[FunctionProfile], gathered: Any, error:
                      "then one in --sync-every; the others ran ahead unblocked as in a plain run, so execute "
                      "totals are estimates (--sync-every 1 times every call)")
     window = gathered.trace.calls_traced if gathered.trace is not None else 0
-    for function in functions:
-        if not function.ops and function.execute.calls and gathered.trace is not None:
-            notes.append(f"{function.name}: no per-op rows; it did not run inside the capture window (the first "
-                         f"{window} calls of the run): raise --trace-calls to include it")
+    notes.extend(f"{function.name}: no per-op rows; it did not run inside the capture window (the first "
+                 f"{window} calls of the run): raise --trace-calls to include it"
+                 for function in functions
+                 if not function.ops and function.execute.calls and gathered.trace is not None)
     return tuple(dict.fromkeys(notes))

@@ -230,8 +230,8 @@ class Recorder(JitHook):
             site = str(record.source) if record.source else ""
             info["recompile"] = explain(record.signatures, signature, same_callable=same, call_index=index,
                                         callable_site=site)
-        record.signatures = (record.signatures + [signature])[-_KEEP_SIGNATURES:]
-        record.callables = (record.callables + [function.fun])[-_KEEP_SIGNATURES:]
+        record.signatures = [*record.signatures, signature][-_KEEP_SIGNATURES:]
+        record.callables = [*record.callables, function.fun][-_KEEP_SIGNATURES:]
         info["signature"] = signature.short()
         info["dtypes"] = tuple(leaf.dtype for _, leaf in signature.leaves if leaf.kind == "array")
         if not failed and record.introspect and record.compiles < self.hlo_limit:

@@ -372,7 +372,7 @@ class _Reproduction:
             reducer.run()
             timed_out = reducer.out_of_time()
             self.checks = base_checks + checker.checks
-            candidates = [reducer.state] + accepted[::-1][1:3] + [State(None, None, subject.source)]  # type: ignore[arg-type]
+            candidates = [reducer.state, *accepted[::-1][1:3], State(None, None, subject.source)]  # type: ignore[arg-type]
             return self._finish_source(target, flaky, runs, candidates, checker, timed_out, check_timeout)
         finally:
             checker.close()

@@ -63,9 +63,9 @@ class Criterion:
 
     def failing_index(self, fn: Callable, args: Sequence[Any]) -> tuple | None:
         """None if the candidate does not fail; else the index of a failing element of its first output."""
-        if self.kind == "nonfinite" and not self.allow_nonfinite_inputs:
-            if any(np.asarray(a).dtype.kind in "fc" and not np.isfinite(a).all() for a in args):
-                return None
+        if self.kind == "nonfinite" and not self.allow_nonfinite_inputs and any(
+                np.asarray(a).dtype.kind in "fc" and not np.isfinite(a).all() for a in args):
+            return None
         try:
             outs = jax.jit(fn)(*args)
             if self.kind == "exception":
@@ -77,9 +77,9 @@ class Criterion:
                 refs = [np.asarray(r) for r in fn(*args)]
             return _worst_mismatch(outs, refs, self.rtol, self.atol)
         except Exception as err:  # noqa: BLE001 - a candidate that does not even run is not interesting
-            if self.kind == "exception" and type(err).__name__ == self.exc_type:
-                if normalise_message(str(err)) == self.exc_message:
-                    return ()
+            if (self.kind == "exception" and type(err).__name__ == self.exc_type
+                    and normalise_message(str(err)) == self.exc_message):
+                return ()
             return None
 
 

@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -125,10 +126,8 @@ class ForkServer:
     def _stop(self, pid: int, request_id: int) -> int:
         """Stack dump (SIGUSR1 -> faulthandler), then kill the child's whole session."""
         for sig, grace in ((signal.SIGUSR1, 0.3), (signal.SIGKILL, 10.0)):  # the dump takes milliseconds
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
             status = self._wait(self._status, request_id, grace)
             if status is not None:
                 return status

@@ -90,7 +90,7 @@ def inline_call(function: int, call_index: int) -> Edit:
         direct = {name: value for name, value in binding.items() if name not in renames}
         assigns = [ast.Assign(targets=[ast.Name(renames[name], ast.Store())], value=value, lineno=0)
                    for name, value in binding.items() if name in renames]
-        holder = ast.Module(body=body + [ast.Expr(result)], type_ignores=[])
+        holder = ast.Module(body=[*body, ast.Expr(result)], type_ignores=[])
         _rename(holder, renames)
         _substitute(holder, direct)
         result = holder.body.pop().value
@@ -218,7 +218,7 @@ def replace_node(root: ast.AST, old: ast.AST, new: ast.AST) -> bool:
                 setattr(node, field, new)
                 return True
             if isinstance(value, list) and any(v is old for v in value):
-                value[[i for i, v in enumerate(value) if v is old][0]] = new
+                value[next(i for i, v in enumerate(value) if v is old)] = new
                 return True
     return False
 
@@ -367,7 +367,7 @@ def read_once_after(assign: ast.stmt, read: ast.Name, parents: dict[int, ast.AST
             rebound = {n.id for s in block[start + 1:stop + 1] for n in ast.walk(s)
                        if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
             return stop > start and not rebound & {n.id for n in ast.walk(assign.value) if isinstance(n, ast.Name)}
-        if isinstance(parent, _LAZY + (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.While)) or (
+        if isinstance(parent, (*_LAZY, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.While)) or (
                 isinstance(parent, ast.For) and node is not parent.iter) or (
                 isinstance(parent, ast.If) and node is not parent.test and parent is not owner):
             return False

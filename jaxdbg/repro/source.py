@@ -80,9 +80,9 @@ def find_statement(tree: ast.Module, line: int | None) -> ast.stmt | None:
         return None
     best = None
     for node in ast.walk(tree):
-        if isinstance(node, ast.stmt) and node.lineno <= line <= (node.end_lineno or node.lineno):
-            if best is None or (node.lineno >= best.lineno and (node.end_lineno or 0) <= (best.end_lineno or 0)):
-                best = node
+        if (isinstance(node, ast.stmt) and node.lineno <= line <= (node.end_lineno or node.lineno)
+                and (best is None or (node.lineno >= best.lineno and (node.end_lineno or 0) <= (best.end_lineno or 0)))):
+            best = node
     return best
 
 
@@ -215,7 +215,7 @@ class SourceReducer:
 
     def _first_interesting(self, batch: list[tuple[int, State]]) -> tuple[int, State] | None:
         verdicts = self.test([state for _, state in batch])
-        for (offset, state), verdict in zip(batch, verdicts):
+        for (_, state), verdict in zip(batch, verdicts):
             self.cache[state.text] = bool(verdict)
         self.checks += len(batch)
         for (offset, state), verdict in zip(batch, verdicts):
@@ -246,7 +246,7 @@ class SourceReducer:
 
     def delete_statements(self, state: State) -> list[Edit]:
         """Delete chunks of statements from every block, big chunks first (the protected one stays)."""
-        ancestors, frozen = self._guarded(state)
+        ancestors, _ = self._guarded(state)
         keep = ancestors | ({id(state.protected)} if state.protected is not None else set())
         edits: list[tuple[int, Edit]] = []
         nodes = list(ast.walk(state.tree))
@@ -316,7 +316,6 @@ class SourceReducer:
 
     def drop_unused_parameters(self, state: State) -> list[Edit]:
         """A parameter the function never reads goes, with the matching argument of calls ``f(...)``/``jit(f)(...)``."""
-        _, frozen = self._guarded(state)
         edits: list[Edit] = []
         for index, node in enumerate(ast.walk(state.tree)):
             if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or node.args.vararg or node.args.kwarg:
