@@ -225,7 +225,8 @@ def pitfalls(config: Any, backend: str, host: dict, profiler: dict, cache: dict,
     for flag, what in (("jax_debug_nans", "NaN"), ("jax_debug_infs", "Inf")):
         if getattr(config, flag, False):
             checks.append(Check(flag, "warn", f"{flag} is on: every output is copied to the host and checked for "
-                                f"{what}, which slows everything; turn it off outside debugging (or use jaxdbg nan-hunt)"))
+                                f"{what}, which slows everything; turn it off outside debugging "
+                                "(or use jaxdbg nan-hunt)"))
     if getattr(config, "jax_disable_jit", False):
         checks.append(Check("jax_disable_jit", "warn", "jit is disabled: everything runs op by op, slowly, and "
                             "numerics differ from compiled code; unset JAX_DISABLE_JIT"))
@@ -251,7 +252,8 @@ def pitfalls(config: Any, backend: str, host: dict, profiler: dict, cache: dict,
         checks.append(Check("profiler", "ok", f"jax.profiler capture works ({profiler['trace_dir']})"))
     checks.append(Check("compilation_cache", "ok" if cache["enabled"] else "info",
                         f"persistent compilation cache at {cache['dir']}" if cache["enabled"] else
-                        "persistent compilation cache is off; set JAX_COMPILATION_CACHE_DIR to reuse compiles across runs"))
+                        "persistent compilation cache is off; set JAX_COMPILATION_CACHE_DIR to reuse compiles "
+                        "across runs"))
     if versions.get("xprof") == "not installed":
         checks.append(Check("xprof", "warn", "xprof is not installed: no offline trace conversion or --serve"))
     return checks

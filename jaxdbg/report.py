@@ -117,7 +117,8 @@ def write_json(report: Report, destination: str) -> None:
         return
     path = Path(destination)
     if not path.parent.exists():
-        raise UsageError(f"--json '{destination}': folder '{path.parent}' does not exist; create it or pick another path")
+        raise UsageError(
+            f"--json '{destination}': folder '{path.parent}' does not exist; create it or pick another path")
     path.write_text(text + "\n")
 
 

@@ -275,12 +275,14 @@ def parse_args_spec(text: str) -> list[ArraySpec]:
         match = _ARRAY_SPEC.match(token)
         if not match:
             raise UsageError(
-                f"--args '{text}': cannot read '{token}'; write each argument as dtype[dims], e.g. \"f32[8,128] i32[] bf16[4]\""
+                f"--args '{text}': cannot read '{token}'; write each argument as dtype[dims], "
+                "e.g. \"f32[8,128] i32[] bf16[4]\""
             )
         dtype = DTYPE_ALIASES.get(match.group(1).lower())
         if dtype is None:
             raise UsageError(
-                f"--args '{text}': unknown dtype '{match.group(1)}'; use one of {', '.join(sorted(set(DTYPE_ALIASES.values())))}"
+                f"--args '{text}': unknown dtype '{match.group(1)}'; "
+                f"use one of {', '.join(sorted(set(DTYPE_ALIASES.values())))}"
             )
         dims = [d.strip() for d in match.group(2).split(",") if d.strip()]
         specs.append(ArraySpec(dtype, tuple(int(d) for d in dims)))
@@ -347,7 +349,8 @@ def load_inputs(inputs: str | None, args: str | None, seed: int = 0) -> tuple[An
         return random_inputs(parse_args_spec(args), seed)
     if not inputs:
         raise UsageError(
-            "a function target needs inputs: pass --args \"f32[8,128] ...\" or --inputs file.py::make_inputs or data.npz"
+            "a function target needs inputs: pass --args \"f32[8,128] ...\" or --inputs file.py::make_inputs "
+            "or data.npz"
         )
     if "::" in inputs:
         maker = load_function(parse_target(inputs))
@@ -374,7 +377,7 @@ def check_arity(fn: Callable, inputs: Sequence[Any], name: str | None = None) ->
         >>> check_arity(lambda w, x: w, (1.0,), "step")
         Traceback (most recent call last):
         ...
-        jaxdbg._errors.UsageError: the inputs do not fit step(w, x): missing a required argument: 'x'; give one input per parameter with --args or --inputs
+        jaxdbg._errors.UsageError: the inputs do not fit step(w, x): missing a required argument: 'x'; give one ...
     """
     import inspect
 

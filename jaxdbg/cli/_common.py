@@ -27,7 +27,8 @@ EXIT_INTERNAL = 4  # a bug in jaxdbg itself (not in the contract's 0-3): report 
 
 JsonOpt = Annotated[
     str | None,
-    typer.Option("--json", metavar="PATH", help="Write the JSON report to PATH; '-' prints it to stdout and nothing else."),
+    typer.Option("--json", metavar="PATH",
+                 help="Write the JSON report to PATH; '-' prints it to stdout and nothing else."),
 ]
 OutOpt = Annotated[
     str | None,

@@ -34,7 +34,8 @@ BudgetOpt = Annotated[str | None, typer.Option(
 CompareOpt = Annotated[str | None, typer.Option(
     "--compare", metavar="OLD.json", help="Show per-function deltas against an earlier --json report.")]
 XlaDumpOpt = Annotated[bool, typer.Option("--xla-dump", help="Also write XLA's full dump folder into --out.")]
-MonitorOpt = Annotated[bool, typer.Option("--monitor", help="Sample host memory/CPU and device memory through the run.")]
+MonitorOpt = Annotated[bool, typer.Option(
+    "--monitor", help="Sample host memory/CPU and device memory through the run.")]
 ServeOpt = Annotated[bool, typer.Option("--serve", help="Open the capture in xprof on localhost (Ctrl-C stops it).")]
 TopOpt = Annotated[int, typer.Option("--top", min=0, help="Ops shown per function in the per-op table.")]
 TraceCallsOpt = Annotated[int, typer.Option(
@@ -144,7 +145,8 @@ def render(report: Report, console: Console) -> None:
         console.print("transfers: " + ", ".join(f"{x.kind} {x.count}x {_s(x.total_s)}" for x in result.transfers))
     if result.monitor is not None:
         summary = result.monitor.summary
-        console.print(f"monitor: {summary['samples']} samples, peak host RSS {summary['peak_host_rss_bytes'] / 2**20:.0f} "
+        console.print(f"monitor: {summary['samples']} samples, "
+                      f"peak host RSS {summary['peak_host_rss_bytes'] / 2**20:.0f} "
                       f"MiB, mean CPU {summary['mean_host_cpu_percent']:.0f}% of a core"
                       + "".join(f"\n  [yellow]{w}[/]" for w in summary.get("warnings", [])))
     if result.comparison:

@@ -38,8 +38,9 @@ def repro(
                                    help="Time bound for the whole reduction; the best verified result so far is kept."),
     jobs: int = typer.Option(2, "--jobs", "-j", min=1, help="Candidates checked in parallel."),
     runs: int = typer.Option(2, "--runs", min=1, help="Runs of the original (a failure that comes and goes is flaky)."),
-    reference: str = typer.Option("eager", "--reference", metavar="REF",
-                                  help="What a jitted call is compared with for a mismatch: eager (op-by-op) or float64."),
+    reference: str = typer.Option(
+        "eager", "--reference", metavar="REF",
+        help="What a jitted call is compared with for a mismatch: eager (op-by-op) or float64."),
     rtol: float = typer.Option(1e-3, "--rtol", help="Relative tolerance of a mismatch."),
     atol: float = typer.Option(1e-5, "--atol", help="Absolute tolerance of a mismatch."),
     args: ArgsOpt = None, inputs: InputsOpt = None, seed: SeedOpt = 0,
@@ -84,9 +85,11 @@ def _build(common: Common, target: str, script_args: list[str], options) -> Repo
 def render(report: Report, console: Console) -> None:
     r = report.result
     sig = r.signature
-    console.print(f"[bold]jaxdbg repro[/] {report.target}: {sig.describe()}" + (" [yellow](flaky)[/]" if r.flaky else ""))
+    console.print(f"[bold]jaxdbg repro[/] {report.target}: {sig.describe()}"
+                  + (" [yellow](flaky)[/]" if r.flaky else ""))
     before = f"{r.original.lines} lines" + (f", {r.original.equations} equations" if r.original.equations else "")
-    after = f"{r.minimized.lines} lines" + (f", {r.minimized.equations} equations" if r.minimized.equations is not None else "")
+    after = f"{r.minimized.lines} lines" + (
+        f", {r.minimized.equations} equations" if r.minimized.equations is not None else "")
     how = "cut the jitted computation" if r.strategy == "computation" else "reduced the source"
     console.print(f"  {how}: {before} -> {after}; {r.checks} checks in {r.elapsed_s:.1f}s"
                   + (" [yellow](time limit reached)[/]" if r.timed_out else ""))

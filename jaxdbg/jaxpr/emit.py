@@ -236,7 +236,8 @@ class Emitter:
         self.names = Names()
         self.uses_prims = False
 
-    def function(self, name: str, invars: Sequence[Any], eqns: Sequence[Any], outvars: Sequence[Any]) -> EmittedFunction:
+    def function(self, name: str, invars: Sequence[Any], eqns: Sequence[Any],
+                 outvars: Sequence[Any]) -> EmittedFunction:
         args = [self.names.bind(v) for v in invars]
         body = self.body(eqns, outvars, indent=1, single=len(outvars) == 1)
         source = f"def {name}({', '.join(args)}):\n" + "\n".join(body) + "\n"
@@ -315,7 +316,8 @@ class Emitter:
 
     # Nested functions for control flow -------------------------------------------------------------------
 
-    def nested(self, prefix: str, closed: Any, operands: Sequence[str], indent: int, signature: Callable) -> tuple[str, list[str]]:
+    def nested(self, prefix: str, closed: Any, operands: Sequence[str], indent: int,
+               signature: Callable) -> tuple[str, list[str]]:
         """A nested ``def`` for a body jaxpr: ``signature(names) -> (param text, unpack lines)``."""
         jaxpr, consts = _compat.open_jaxpr(closed)
         for var, value in zip(jaxpr.constvars, consts):
@@ -387,7 +389,8 @@ _RULES: dict[str, Callable[[Any, list[str]], str | None]] = {
     "copy": lambda e, a: f"jnp.copy({a[0]})",
     "copy_p": lambda e, a: f"jnp.copy({a[0]})",
     "sort": lambda e, a: (  # sort_p always has a tuple of results; lax.sort unwraps a single one
-        ("(" if len(a) == 1 else "") + f"lax.sort({a[0] if len(a) == 1 else _tuple(a)}, dimension={e.params['dimension']}, "
+        ("(" if len(a) == 1 else "")
+        + f"lax.sort({a[0] if len(a) == 1 else _tuple(a)}, dimension={e.params['dimension']}, "
         f"is_stable={e.params['is_stable']}, num_keys={e.params['num_keys']})" + (",)" if len(a) == 1 else "")),
     "debug_callback": lambda e, a: None,
 }

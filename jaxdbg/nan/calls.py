@@ -37,7 +37,8 @@ class Call:
     output_names: list[str] | None = field(default=None)
 
     def _static_sets(self) -> tuple[set[int], set[str]]:
-        nums = {i % len(self.args) if self.args else i for i in (self.static_argnums or ()) if -len(self.args) <= i < len(self.args)}
+        nums = {i % len(self.args) if self.args else i
+                for i in (self.static_argnums or ()) if -len(self.args) <= i < len(self.args)}
         names = set(self.static_argnames or ())
         for i, param in enumerate(self._positional_params()):
             if param in names:

@@ -146,7 +146,8 @@ def _division(origin: Origin, line: str) -> tuple[str, list[str]] | None:
     if den is not None and den.zero:
         both = num is not None and num.zero
         where = "in the gradient, " if origin.pass_ == "backward" else ""
-        return (f"{where}a division by zero ({den.zero} zero denominator(s)){': 0 / 0 is NaN' if both else ' gives inf'}.",
+        return (f"{where}a division by zero ({den.zero} zero denominator(s))"
+                f"{': 0 / 0 is NaN' if both else ' gives inf'}.",
                 [EPSILON_DIV, DOUBLE_WHERE] if origin.pass_ == "backward" else [EPSILON_DIV])
     return None
 
@@ -193,7 +194,8 @@ def _domain(origin: Origin, line: str) -> tuple[str, list[str]] | None:
     if origin.primitive not in ("acos", "asin", "atanh", "acosh"):
         return None
     return (f"{origin.primitive} is only defined on a limited range and got {_stat(origin, 0).min:.3g} .. "
-            f"{_stat(origin, 0).max:.3g}.", ["clip the input to the valid range, e.g. `jnp.clip(x, -1 + 1e-7, 1 - 1e-7)`"])
+            f"{_stat(origin, 0).max:.3g}.",
+            ["clip the input to the valid range, e.g. `jnp.clip(x, -1 + 1e-7, 1 - 1e-7)`"])
 
 
 PATTERNS: tuple[Pattern, ...] = (_input_pattern, _masked_softmax, _masked_gradient, _log, _sqrt,
@@ -227,7 +229,8 @@ def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence
             hints += found[1]
             break
     else:
-        parts.append(f"`{first.primitive}` produced it from inputs that held no {'NaN' if first.kind == 'nan' else 'Inf'}.")
+        parts.append(f"`{first.primitive}` produced it from inputs that held no "
+                     f"{'NaN' if first.kind == 'nan' else 'Inf'}.")
     if "custom_vjp_bwd(" in " ".join(first.path):
         rule = next(p for p in first.path if p.startswith("custom_vjp_bwd("))[15:-1]
         parts.append(f"This happens inside your own custom_vjp backward rule `{rule}` (the line shown is in it).")

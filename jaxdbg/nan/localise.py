@@ -247,8 +247,8 @@ def replay(call: Call, nan_only: bool = False, closed: Any = None) -> tuple[NanH
     """Trace ``call`` and interpret it op by op under a :class:`NanHunter`; returns (hunter, outs, tags, jaxpr).
 
     The trace keeps the lines of user ``custom_vjp`` backward rules and ``custom_jvp`` rules under remat (see
-    :func:`jaxdbg._compat.custom_vjp_backward_sources`, :func:`jaxdbg._compat.custom_jvp_rule_sources`); jax's trace caches are cleared first so nested
-    functions traced earlier (without that) are traced again.
+    :func:`jaxdbg._compat.custom_vjp_backward_sources`, :func:`jaxdbg._compat.custom_jvp_rule_sources`); jax's
+    trace caches are cleared first so nested functions traced earlier (without that) are traced again.
     """
     if closed is None:
         jax.clear_caches()

@@ -34,7 +34,8 @@ def _is_jvp(eqn: Any) -> bool:
     return "jvp(" in _compat.eqn_name_stack(eqn)
 
 
-def backward_equations(jaxpr: Any, inherited: bool, backward_outputs: frozenset[int]) -> tuple[set[int], dict[int, frozenset[int]]]:
+def backward_equations(jaxpr: Any, inherited: bool,
+                       backward_outputs: frozenset[int]) -> tuple[set[int], dict[int, frozenset[int]]]:
     """Indices of the backward equations of ``jaxpr``, and per equation which of its outputs feed only them.
 
     ``inherited``: the enclosing equation is backward (so is everything inside). ``backward_outputs``: the

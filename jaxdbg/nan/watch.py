@@ -74,7 +74,8 @@ class NonFiniteFound(BaseException):
 def _describe(finding: JitFinding | EagerFinding) -> str:
     if isinstance(finding, EagerFinding):
         return f"eager {finding.origin.primitive} made a {finding.origin.kind}"
-    return f"call {finding.call.call_index} of {finding.call.name} returned non-finite {', '.join(finding.nonfinite_outputs[:3])}"
+    return (f"call {finding.call.call_index} of {finding.call.name} returned non-finite "
+            f"{', '.join(finding.nonfinite_outputs[:3])}")
 
 
 def _keeps_fast_path(executable_name: str) -> bool:

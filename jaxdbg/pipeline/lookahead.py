@@ -23,8 +23,8 @@ once, the first time keeping the plan and leaving it would differ while still on
 pays: :meth:`LookAhead.keeps_plan` asks the Arbiter for a dry run of the same policies on the expected
 durations and compares it with the plan's own run (:func:`jaxdbg.pipeline.arbiter.plan_run`). If the plan
 is faster, stages keep the plan's order (and post only the receives it would) for as long as the run stays
-on plan: without variability that is the fixed order's timeline exactly. The decision uses only what the run knows before
-it starts; a run whose first durations already differ from expectations never pays for the dry run.
+on plan: without variability that is the fixed order's timeline exactly. The decision uses only what the run
+knows before it starts; a run whose first durations already differ from expectations never pays for the dry run.
 
 An estimate is made only from work that is under way: ended tasks, messages in flight, running tasks,
 and tasks (up to ``DEPTH`` hops back) that are ready or becoming ready on a stage that is computing. When
@@ -219,7 +219,8 @@ class LookAhead:
                 if self.miss_total[x] > RELIABLE * RELIABLE * self.miss_count[x]:
                     continue
                 due = self.end_of_running(sending, now)
-                if now < due < end and (due - now < end - due or self._sender_critical(worker, task, sending, due, end)):
+                if now < due < end and (due - now < end - due
+                                        or self._sender_critical(worker, task, sending, due, end)):
                     self.wake[worker] = due
                     return due
         return -1.0

@@ -62,7 +62,8 @@ def plot_timeline(path: str | Path, records: Mapping[str, RunRecord]) -> None:
     plt = _pyplot()
     from matplotlib.patches import Patch
 
-    fig, axes = plt.subplots(len(records), 1, figsize=(12, 1.2 + 0.35 * _stages(records) * len(records)), sharex=True, squeeze=False)
+    fig, axes = plt.subplots(len(records), 1, figsize=(12, 1.2 + 0.35 * _stages(records) * len(records)),
+                             sharex=True, squeeze=False)
     for ax, (label, record) in zip(axes[:, 0], records.items()):
         shape = record.shape
         kinds = np.arange(shape.num_tasks) // (shape.model_stages * shape.microbatches)

@@ -102,8 +102,8 @@ class ReadyFirst:
     """Best-ranked ready task first, under a cap on the microbatches resident on the stage.
 
     ``plan`` is the worker's order in the schedule the run follows (the fixed order it is compared with).
-    With the look-ahead (bound by the :class:`~jaxdbg.pipeline.arbiter.Arbiter`), work the hint ranks *below* the plan's next task
-    runs only if it is expected to be done before that task can start (see
+    With the look-ahead (bound by the :class:`~jaxdbg.pipeline.arbiter.Arbiter`), work the hint ranks *below* the
+    plan's next task runs only if it is expected to be done before that task can start (see
     :mod:`jaxdbg.pipeline.lookahead`); otherwise the stage holds. Work the hint ranks above the plan's next
     task runs at once: the hint has the last word. With ``headroom`` (a cap above the plan's own peak),
     forwards that admit a microbatch are exempt: spare memory is there to run forwards ahead.
@@ -185,7 +185,8 @@ class ReadyFirst:
             if best != upcoming:
                 if look.keeps_plan():
                     return NO_TASK
-            elif look.keep_plan or (look.keep_plan is None and look.sender_due(self.worker, now, best) > now and look.keeps_plan()):
+            elif look.keep_plan or (look.keep_plan is None and look.sender_due(self.worker, now, best) > now
+                                    and look.keeps_plan()):
                 return best
         # Only work the hint ranks below a plan task that waits for its inputs is held to the gap (were that
         # task ready, it would be ranked best; a cap-blocked one cannot run anyway).
@@ -229,7 +230,8 @@ def hint_ranks(hint: str, shape: PipelineShape) -> list[int]:
     if hint in ("1f1b", "gpipe"):
         return _position_ranks(build_schedule(_family(hint, shape), shape))
     K, S, m = shape.kinds, shape.model_stages, shape.microbatches
-    kind, model_stage, mb = (a.reshape(-1) for a in np.meshgrid(np.arange(K), np.arange(S), np.arange(m), indexing="ij"))
+    kind, model_stage, mb = (a.reshape(-1)
+                             for a in np.meshgrid(np.arange(K), np.arange(S), np.arange(m), indexing="ij"))
     klass = np.array([1, 0, 0 if hint == "bf" or not shape.split else 2])[kind]
     order = np.lexsort((kind, model_stage // shape.stages, mb, klass))  # last key sorts first
     ranks = np.empty(shape.num_tasks, dtype=np.int64)

@@ -163,7 +163,8 @@ def _parse_params(spec: str, name: str, text: str, stages: int | None, model_sta
             value = kind(raw.strip())
         except ValueError:
             raise UsageError(f"--variability '{spec}': {name} {key}='{raw}' is not a {kind.__name__}") from None
-        if (low is not None and value < low) or (high is not None and value > high) or (kind is float and not math.isfinite(value)):
+        if ((low is not None and value < low) or (high is not None and value > high)
+                or (kind is float and not math.isfinite(value))):
             bounds = f"at least {low}" if high is None else f"between {low} and {high}"
             raise UsageError(f"--variability '{spec}': {name} {key}={raw} must be {bounds}")
         values[key] = value
@@ -172,7 +173,8 @@ def _parse_params(spec: str, name: str, text: str, stages: int | None, model_sta
             raise UsageError(f"--variability '{spec}': {name} {key} must be positive")
     if name == "straggler" and stages is not None and values["stage"] is not None and values["stage"] >= stages:
         raise UsageError(f"--variability '{spec}': straggler stage={values['stage']} but stages are 0..{stages - 1}")
-    if name == "multimodal" and model_stages is not None and values["encoder"] is not None and values["encoder"] > model_stages:
+    if (name == "multimodal" and model_stages is not None and values["encoder"] is not None
+            and values["encoder"] > model_stages):
         raise UsageError(f"--variability '{spec}': encoder={values['encoder']} exceeds the {model_stages} model stages")
     return values
 

@@ -125,7 +125,8 @@ class Gathered:
             if stage == "compile":
                 by_name[name] += end - start
         top = sorted(by_name.items(), key=lambda kv: -kv[1])[:5]
-        return {"count": sum(1 for s in spans if s[0] == "compile"), "total_s": union_length([(s, e) for _, s, e, _ in spans]),
+        return {"count": sum(1 for s in spans if s[0] == "compile"),
+                "total_s": union_length([(s, e) for _, s, e, _ in spans]),
                 "top": [{"name": n, "compile_s": t} for n, t in top]}
 
     def totals_for(self, functions: list[FunctionProfile], elapsed_s: float, mode: str) -> Totals:

@@ -71,7 +71,8 @@ def _delta(old: float | None, new: float | None) -> dict[str, float | None]:
             "ratio": None if not old or new is None else new / old}
 
 
-def compare(baseline: dict[str, Any], functions: tuple[FunctionProfile, ...], totals: Totals) -> tuple[FunctionDelta, ...]:
+def compare(baseline: dict[str, Any], functions: tuple[FunctionProfile, ...],
+            totals: Totals) -> tuple[FunctionDelta, ...]:
     """Deltas per function (by name) and for the run's totals (as the pseudo-function ``<totals>``)."""
     from jaxdbg.report import to_jsonable
 

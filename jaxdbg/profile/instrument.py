@@ -13,9 +13,9 @@ restores what it replaced in ``finally``:
   reading an array on the host (``float(x)``, ``x.item()``, ``print``). Host (numpy) arguments of a
   tracked call are copied to the device just before it, and that copy is timed as a transfer too.
 
-Results leave as messages (:mod:`jaxdbg.profile.messages`) through ``send(message)`` as they happen (compiles at once, call timings in batches
-every half second from a background thread), so a script that raises, hangs or is killed midway still
-leaves its profile.
+Results leave as messages (:mod:`jaxdbg.profile.messages`) through ``send(message)`` as they happen (compiles at
+once, call timings in batches every half second from a background thread), so a script that raises, hangs or
+is killed midway still leaves its profile.
 
 Example:
     >>> rec = Recorder(send=lambda message: None, out_dir="/tmp/p")        # doctest: +SKIP

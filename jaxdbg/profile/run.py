@@ -209,7 +209,8 @@ def _peak(gathered: Gathered) -> Peak | None:
 
 
 def _table(gathered: Gathered, function: FunctionProfile) -> Peak | None:
-    return table_peak(gathered.device.get("kind", "") if gathered.device else "", dtype_class(gathered.dtypes(function.name)))
+    return table_peak(gathered.device.get("kind", "") if gathered.device else "",
+                      dtype_class(gathered.dtypes(function.name)))
 
 
 def attach_ops(functions: list[FunctionProfile], captured: CaptureOps, top: int) -> list[FunctionProfile]:

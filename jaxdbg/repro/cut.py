@@ -134,7 +134,8 @@ class Cutter:
     """Delta debugging over a flat graph with recorded values (see the module docstring for the passes)."""
 
     def __init__(self, graph: Graph, recorded: dict, criterion: Criterion, *, deadline: float | None = None,
-                 on_progress: Callable[[int, int], None] | None = None, emittable: Callable[[Candidate], bool] | None = None):
+                 on_progress: Callable[[int, int], None] | None = None,
+                 emittable: Callable[[Candidate], bool] | None = None):
         self.graph, self.recorded, self.criterion = graph, recorded, criterion
         self.deadline = deadline
         self.on_progress = on_progress or (lambda checks, size: None)
@@ -266,7 +267,8 @@ class Cutter:
         out_shape = self._output_shape(cand)
         if out_shape and all(self.graph.nodes[i].name in ELEMENTWISE for i in cand.nodes):
             idx = cand.index
-            values = {v: (cand.values[v][idx] if np.shape(cand.values[v]) == out_shape else cand.values[v]) for v in inputs}
+            values = {v: (cand.values[v][idx] if np.shape(cand.values[v]) == out_shape else cand.values[v])
+                      for v in inputs}
             cand = self.test(replace(cand, values=values)) or cand
         for var in inputs:
             if var in fixed:

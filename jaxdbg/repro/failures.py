@@ -233,7 +233,8 @@ class Checker:
                 if not _same_file(failure.location.file, path):
                     return f"raised elsewhere ({failure.location})"
                 if lines is not None and not lines[0] <= failure.location.line <= lines[1]:
-                    return f"raised at line {failure.location.line}, not by the kept statement (lines {lines[0]}-{lines[1]})"
+                    return (f"raised at line {failure.location.line}, not by the kept statement "
+                            f"(lines {lines[0]}-{lines[1]})")
             elif (failure.location.file, failure.location.line) != (target.location.file, target.location.line):
                 return f"raised elsewhere ({failure.location})"
         if not evidence:

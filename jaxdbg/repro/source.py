@@ -5,8 +5,8 @@ the chunk size, ddmin style), drops dead code in one step, evaluates comprehensi
 only, inlines calls of user functions (so call chains collapse), unwraps ``with``/``try``/``if``/``for``
 blocks (a loop runs once), inlines constants, single-use values and constant dict lookups, drops
 unused parameters and defaults, and simplifies expressions (a call by one of its arguments, ``a + b`` by
-``a``, big integers by 1 or 2, a subscript by its value). Candidates are tested in batches of ``jobs`` in parallel (C-Vise style
-speculation: the first interesting one in order wins) and their verdicts are cached by text.
+``a``, big integers by 1 or 2, a subscript by its value). Candidates are tested in batches of ``jobs`` in
+parallel (C-Vise style speculation: the first interesting one in order wins) and their verdicts are cached by text.
 
 What makes it safe for reproducers: the *protected* statement (the one that raises, crashes or hangs) is
 never deleted or edited, nor are the conditions of the blocks around it; only what feeds it may shrink.
@@ -81,7 +81,8 @@ def find_statement(tree: ast.Module, line: int | None) -> ast.stmt | None:
     best = None
     for node in ast.walk(tree):
         if (isinstance(node, ast.stmt) and node.lineno <= line <= (node.end_lineno or node.lineno)
-                and (best is None or (node.lineno >= best.lineno and (node.end_lineno or 0) <= (best.end_lineno or 0)))):
+                and (best is None
+                     or (node.lineno >= best.lineno and (node.end_lineno or 0) <= (best.end_lineno or 0)))):
             best = node
     return best
 
@@ -135,7 +136,8 @@ class SourceReducer:
 
     def __init__(self, source: str, protected_line: int | None, test: Callable[[Sequence[State]], Sequence[bool]],
                  *, jobs: int = 1, deadline: float | None = None,
-                 on_progress: Callable[[int, str], None] | None = None, on_accept: Callable[[State], None] | None = None):
+                 on_progress: Callable[[int, str], None] | None = None,
+                 on_accept: Callable[[State], None] | None = None):
         tree = parse(source)
         self.state = State(tree, find_statement(tree, protected_line), ast.unparse(tree))
         self.test, self.jobs, self.deadline = test, max(1, jobs), deadline
@@ -207,7 +209,8 @@ class SourceReducer:
                 compile(text, "<candidate>", "exec")
         except (SyntaxError, ValueError, TypeError, RecursionError):
             return None
-        if _size(tree, text) >= _size(self.state.tree, self.state.text) or text in self.cache or undefined_names(tree) - undefined_names(self.state.tree):
+        if (_size(tree, text) >= _size(self.state.tree, self.state.text) or text in self.cache
+                or undefined_names(tree) - undefined_names(self.state.tree)):
             return None
         if protected is not None and not any(node is protected for node in ast.walk(tree)):
             return None
@@ -268,7 +271,8 @@ class SourceReducer:
         return [edit for _, edit in edits]
 
     def unwrap_blocks(self, state: State) -> list[Edit]:
-        """Replace a ``with``/``try``/``if``/``for`` statement by its body (not the ifs/loops around the protected one)."""
+        """Replace a ``with``/``try``/``if``/``for`` statement by its body (not the ifs/loops around the protected
+        one)."""
         ancestors, _ = self._guarded(state)
         edits: list[Edit] = []
         for index, node in enumerate(ast.walk(state.tree)):
@@ -304,7 +308,8 @@ class SourceReducer:
             alias = isinstance(node.value, ast.Name)  # `h = x`: read x where h is read
             if stores.get(name) != 1 or id(node) in frozen:
                 continue
-            reads = [n for n in ast.walk(state.tree) if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)]
+            reads = [n for n in ast.walk(state.tree)
+                     if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)]
             if any(id(r) in frozen for r in reads):
                 continue
             # `w = f(x)` read once, later in the same block, x unchanged in between: write f(x) there
@@ -345,7 +350,8 @@ class SourceReducer:
         """
         functions = {node.name: index for index, node in enumerate(ast.walk(state.tree))
                      if isinstance(node, ast.FunctionDef) and inlinable(node, state.protected)}
-        defined = [n.name for n in ast.walk(state.tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+        defined = [n.name for n in ast.walk(state.tree)
+                   if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
         functions = {name: index for name, index in functions.items() if defined.count(name) == 1}
         _, frozen = self._guarded(state)
         calls: dict[str, list[int]] = {}
@@ -363,7 +369,8 @@ class SourceReducer:
         call is no longer lazy, so it can be inlined next."""
         _, frozen = self._guarded(state)
         return [single_iteration(index) for index, node in enumerate(ast.walk(state.tree))
-                if isinstance(node, (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)) and id(node) not in frozen]
+                if isinstance(node, (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp))
+                and id(node) not in frozen]
 
     def fold_constant_lookups(self, state: State) -> list[Edit]:
         """``CONFIG["d_model"]`` with ``CONFIG = {...}`` a dict literal assigned once: write the entry's value."""

@@ -118,7 +118,8 @@ def _function_inputs(spec: TargetSpec, inputs: str | None, args: str | None, see
     if inputs and inputs.endswith(".npz"):
         return list(load_npz_inputs(inputs))
     if not inputs:
-        raise UsageError('a function target needs inputs: pass --args "f32[8,128] ..." or --inputs file.py::make_inputs or data.npz')
+        raise UsageError('a function target needs inputs: pass --args "f32[8,128] ..." or --inputs '
+                         'file.py::make_inputs or data.npz')
     outcome = run_contained(INPUTS_JOB, RunRequest(inputs=inputs, seed=seed), timeout=timeout or 120, env=CHILD_ENV)
     built = outcome.last(InputsBuilt)
     arrays = built.arrays if built is not None else None
