@@ -199,7 +199,7 @@ def profiler_check(trace_dir: str | None, timeout: float = 120) -> dict[str, Any
 def compilation_cache_report() -> dict[str, Any]:
     import jax
 
-    directory = jax.config.jax_compilation_cache_dir
+    directory = getattr(jax.config, "jax_compilation_cache_dir", None)  # a dynamic option: not in jax's types
     enabled = bool(directory) and bool(getattr(jax.config, "jax_enable_compilation_cache", True))
     return {"enabled": enabled, "dir": directory}
 

@@ -26,7 +26,7 @@ from typer.core import TyperGroup
 try:  # typer >= 0.22 vendors click as typer._click; older releases depend on click itself
     from typer._click import exceptions as click_errors
 except ImportError:  # pragma: no cover - depends on the installed typer
-    from click import exceptions as click_errors
+    click_errors = importlib.import_module("click.exceptions")
 
 from jaxdbg._errors import EXIT_USAGE
 from jaxdbg._version import __version__

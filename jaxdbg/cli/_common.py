@@ -18,7 +18,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from jaxdbg._errors import JaxdbgError, UsageError
 from jaxdbg.report import Report, Result, resolve_out_dir, write_json
@@ -105,13 +105,13 @@ class NullProgress:
     def __exit__(self, *exc: Any) -> None:
         return None
 
-    def add_task(self, description: str, total: float | None = None, **fields: Any) -> int:
-        return 0
+    def add_task(self, description: str, total: float | None = None, **fields: Any) -> TaskID:
+        return TaskID(0)
 
-    def update(self, task_id: int, **kwargs: Any) -> None:
+    def update(self, task_id: TaskID, **kwargs: Any) -> None:
         return None
 
-    def advance(self, task_id: int, advance: float = 1) -> None:
+    def advance(self, task_id: TaskID, advance: float = 1) -> None:
         return None
 
 

@@ -31,7 +31,7 @@ def _build(common: Common, no_profiler: bool) -> Report:
 
     trace_dir = None if no_profiler else str(common.out_dir() / "profiler-check")
     result = diagnose(trace_dir)
-    artifacts = {"profiler_trace": trace_dir} if result.profiler.get("ok") else {}
+    artifacts = {"profiler_trace": trace_dir} if trace_dir is not None and result.profiler.get("ok") else {}
     return Report("doctor", None, result, 0 if result.ok else 1, artifacts, environment_info())
 
 

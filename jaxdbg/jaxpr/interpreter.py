@@ -150,8 +150,9 @@ class Hooks:
         return next((t for t in tags if t is not None), None)
 
 
-# A rule: (interpreter, site, input values, input tags) -> (output values, output tags).
-Rule = Callable[["Interpreter", Site, list, list], "tuple[list, list]"]
+# A rule: (interpreter, site, input values, input tags) -> (output values, output tags), or None to run the
+# equation whole after all.
+Rule = Callable[["Interpreter", Site, list, list], "tuple[list, list] | None"]
 
 
 @dataclass
@@ -231,6 +232,7 @@ class Interpreter:
         if supplied is not None:
             outs, out_tags = list(supplied), [None] * n_out
         else:
+            assert self.rules is not None  # set in __post_init__
             rule = self.rules.get(site.primitive)
             result = rule(self, site, invals, in_tags) if rule is not None else None
             if result is not None:
@@ -251,7 +253,8 @@ class Interpreter:
 
     def child(self, **changes: Any) -> Interpreter:
         """A copy with some fields changed (same hooks), e.g. another binder inside shard_map."""
-        fields = {"hooks": self.hooks, "rules": self.rules, "keep_source": self.keep_source, "binder": self.binder}
+        fields: dict[str, Any] = {"hooks": self.hooks, "rules": self.rules, "keep_source": self.keep_source,
+                                  "binder": self.binder}
         fields.update(changes)
         return Interpreter(**fields)
 
@@ -314,7 +317,7 @@ def _call_rule(param: str, prefix: str, named: bool = True) -> Rule:
     return rule
 
 
-def _scan_rule(interp: Interpreter, site: Site, invals: list, in_tags: list) -> tuple[list, list]:
+def _scan_rule(interp: Interpreter, site: Site, invals: list, in_tags: list) -> tuple[list, list] | None:
     params = site.eqn.params
     n_consts, n_carry = _compat.scan_split(params)
     length, reverse = int(params["length"]), bool(params.get("reverse", False))
@@ -341,14 +344,14 @@ def _scan_rule(interp: Interpreter, site: Site, invals: list, in_tags: list) -> 
     stacked = []
     for slot in range(len(ys)):
         stacked.append(jnp.stack([jnp.asarray(v) for v in ys[slot]]))
-        ys[slot] = None  # free this output's per-iteration pieces before stacking the next one
+        ys[slot].clear()  # free this output's per-iteration pieces before stacking the next one
     return [*carry, *stacked], [*carry_tags, *(interp.hooks.merge_tags(t) for t in ys_tags)]
 
 
 MAX_WHILE_ITERATIONS = 1_000_000
 
 
-def _while_rule(interp: Interpreter, site: Site, invals: list, in_tags: list) -> tuple[list, list]:
+def _while_rule(interp: Interpreter, site: Site, invals: list, in_tags: list) -> tuple[list, list] | None:
     params = site.eqn.params
     nc, nb = params["cond_nconsts"], params["body_nconsts"]
     cond_consts, body_consts, carry = invals[:nc], invals[nc:nc + nb], invals[nc + nb:]
