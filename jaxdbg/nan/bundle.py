@@ -44,7 +44,8 @@ def save_bundle(out_dir: str, call: Call, closed: Any, first: Origin | None) -> 
     artifacts: dict[str, str] = {}
     leaves = call.leaves()
     names = call.leaf_names()
-    arrays, dtypes = {}, []
+    arrays: dict[str, Any] = {}  # (Any: np.savez's **kwds would otherwise clash with its allow_pickle)
+    dtypes = []
     for i, leaf in enumerate(leaves):
         host, dtype = _storable(leaf)
         arrays[f"arg{i}"] = host

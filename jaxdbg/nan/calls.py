@@ -27,7 +27,7 @@ class Call:
     """A call to replay: ``fun(*args, **kwargs)`` with jit's static arguments, by name and position."""
 
     name: str
-    fun: Callable
+    fun: Callable | None  # None: an eager operation, replayed from its jaxpr only
     args: tuple
     kwargs: dict
     static_argnums: Sequence[int] = ()
@@ -48,6 +48,8 @@ class Call:
         return nums, names
 
     def _positional_params(self) -> list[str]:
+        if self.fun is None:
+            return []
         try:
             params = inspect.signature(self.fun).parameters.values()
         except (TypeError, ValueError):
@@ -64,6 +66,7 @@ class Call:
         fun = self.fun
 
         def replay(*dargs: Any, **dkwargs: Any) -> Any:
+            assert fun is not None  # only a call with a function is traced from it
             it = iter(dargs)
             full = [statics[i] if i in statics else next(it) for i in range(len(dargs) + len(statics))]
             return fun(*full, **dkwargs, **static_kwargs)

@@ -191,10 +191,11 @@ def _overflow(origin: Origin, line: str) -> tuple[str, list[str]] | None:
 
 
 def _domain(origin: Origin, line: str) -> tuple[str, list[str]] | None:
-    if origin.primitive not in ("acos", "asin", "atanh", "acosh"):
+    s = _stat(origin, 0)
+    if origin.primitive not in ("acos", "asin", "atanh", "acosh") or s is None:
         return None
-    return (f"{origin.primitive} is only defined on a limited range and got {_stat(origin, 0).min:.3g} .. "
-            f"{_stat(origin, 0).max:.3g}.",
+    return (f"{origin.primitive} is only defined on a limited range and got {s.min:.3g} .. "
+            f"{s.max:.3g}.",
             ["clip the input to the valid range, e.g. `jnp.clip(x, -1 + 1e-7, 1 - 1e-7)`"])
 
 

@@ -130,7 +130,7 @@ class NanHunter(Hooks):
     def const_tags(self, scope: Scope, consts: list) -> list:
         """Constants of inner jaxprs were written in the code; arrays the function captured (closure,
         globals) are the root jaxpr's constants and count as inputs."""
-        tags = []
+        tags: list[Provenance | None] = []
         for i, value in enumerate(consts):
             nan, inf = nonfinite_flags(value)
             if not (nan or inf):

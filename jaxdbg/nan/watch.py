@@ -30,6 +30,7 @@ import contextlib
 import functools
 import linecache
 import sys
+import types
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -97,7 +98,7 @@ def _assigned_names(file: str, line: int) -> tuple[str, ...] | None:
     if isinstance(target, ast.Name):
         return (target.id,)
     if isinstance(target, (ast.Tuple, ast.List)) and all(isinstance(e, ast.Name) for e in target.elts):
-        return tuple(e.id for e in target.elts)
+        return tuple(e.id for e in target.elts if isinstance(e, ast.Name))
     return None
 
 
@@ -234,7 +235,7 @@ class Watch(JitHook):
 
     def _eager_call_index(self) -> int | None:
         """Which call (0-based) of the user function running this eager operation is under way."""
-        frame = sys._getframe(2)
+        frame: types.FrameType | None = sys._getframe(2)
         while frame is not None:
             path = frame.f_code.co_filename
             user = self._user_files.get(path)
@@ -280,7 +281,8 @@ class Watch(JitHook):
 
         source, name_stack = _compat.current_source_context()
         source = source or caller_user_frame(3)
-        inputs, path = tuple(value_stats(a) for a in args), ("eager",)
+        inputs = tuple(value_stats(a) for a in args)
+        path: tuple[str, ...] = ("eager",)
         try:
             closed = program if not callable(program) else jax.make_jaxpr(program)(*args)
             inner = localise_call(Call("eager", None, tuple(args), {}), self.nan_only, closed).first
@@ -290,7 +292,7 @@ class Watch(JitHook):
             path = ("eager", *inner.path[1:]) if name in ("scan", "while", "cond") else ("eager",)
             if name in ("scan", "while", "cond") and inner.source is not None:
                 source = inner.source  # a loop body traced just now: its own line is the better answer
-            name, inputs = inner.primitive, inner.inputs
+            name, inputs = inner.primitive or name, inner.inputs
         return Origin(
             kind, name, "backward" if "transpose(" in name_stack else "forward", source,
             source.function if source else "<eager>", call_index if call_index is not None else self.eager_ops - 1,
