@@ -112,6 +112,7 @@ class Arbiter:
         Keeping the plan's order while on plan runs exactly the fixed order, so the plan's own run stands for
         it. The decision uses only what the run knows before it starts: the expected durations."""
         look = self.lookahead
+        assert look is not None  # handed to the look-ahead as its judge: only exists with one
         durations = look.expected_durations()
         if durations is None:
             return False

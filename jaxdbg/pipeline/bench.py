@@ -244,7 +244,9 @@ def run_bench(
             if progress:
                 progress(i, len(jobs), job.key.label())
             records[job.key] = simulate(job.shape, job.policies(), job.durations, job.key.comm)
-        real, devices, correctness = {}, [], None
+        real: dict[Any, RealTimeline] = {}
+        devices: list[str] = []
+        correctness: Correctness | None = None
     else:
         if progress:
             progress(0, len(jobs), f"{len(jobs)} real runs in a child process")

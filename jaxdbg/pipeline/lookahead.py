@@ -228,10 +228,11 @@ class LookAhead:
     def _sender_critical(self, worker: int, task: int, sending: int, due: float, end: float) -> bool:
         """Whether running ``task`` to ``end`` would make the neighbour's ``sending`` pair too late for the
         plan (its latest finish), while receiving first still starts ``task`` in time for the plan."""
-        if not self.on_plan or self.deadlines() is None:
+        finish_by = self.deadlines() if self.on_plan else None
+        if finish_by is None or self.start_by is None:  # start_by is set with finish_by
             return False
         slack = _TOLERANCE * max(abs(end), 1.0)
-        late = end > self.finish_by[sending] + slack
+        late = end > finish_by[sending] + slack
         return late and due + self.comm_mean[worker] <= self.start_by[task] + slack
 
     def follow(self, plans: list[list[int]], judge: Callable[[], bool] | None, plan_run: Callable[..., Any]) -> None:
@@ -290,6 +291,7 @@ class LookAhead:
     def _latest_times(self, plans: list[list[int]], durations) -> tuple[list[float], list[float]] | None:
         """``(start_by, finish_by)`` for :meth:`plan_deadlines`; None for a plan that cannot run in fixed
         order with blocking sends (no deadlines to keep)."""
+        assert self._plan_run is not None  # set by follow(), before any deadline is asked for
         record = self._plan_run(plans, durations, "sync")
         if record is None:
             return None

@@ -105,7 +105,7 @@ def timeline_problems(
     shape = record.shape
     graph = shape.graph()
     start, end = record.start, record.end
-    problems = [f"{shape.name(t)} ran shorter than drawn"
+    problems = [f"{shape.name(int(t))} ran shorter than drawn"
                 for t in np.flatnonzero(end - start < durations.task - tolerance)]
     for task in range(shape.num_tasks):
         problems.extend(f"{shape.name(nxt)} started before {shape.name(task)} ended"

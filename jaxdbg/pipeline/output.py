@@ -47,7 +47,7 @@ def chrome_trace(records: Mapping[str, RunRecord]) -> dict:
                 "ts": float(record.start[task]) * 1e6, "dur": float(record.end[task] - record.start[task]) * 1e6,
                 "args": {"microbatch": mb, "model_stage": model_stage},
             })
-    trace = {"traceEvents": events, "displayTimeUnit": "ms"}
+    trace: dict[str, object] = {"traceEvents": events, "displayTimeUnit": "ms"}
     if omitted:
         trace["otherData"] = {"omitted_runs": omitted, "why": f"more than {MAX_TRACE_EVENTS} events"}
     return trace

@@ -168,6 +168,7 @@ class ReadyFirst:
     def _guard(self, best: int, runner_up: int, inflight: int, now: float) -> int:
         """What the stage runs instead of ``best`` (NO_TASK: hold) to keep the plan's next task on time."""
         look, plan, position = self.lookahead, self.plan, self.position
+        assert look is not None  # pick() guards only with a look-ahead bound
         began = look.began
         while began[plan[position]] >= 0:  # the plan ends with a task id that never starts
             position += 1
@@ -211,6 +212,7 @@ class ReadyFirst:
 
     def _posted_by_plan(self, task: int) -> bool:
         look = self.lookahead
+        assert look is not None  # wants() asks only with a look-ahead bound
         per_kind = look.shape.model_stages * look.m  # task ids run kind by kind
         kind = task // per_kind
         began, plan = look.began, self.plan

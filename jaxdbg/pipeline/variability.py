@@ -230,7 +230,7 @@ def realise(variability: Variability, shape: PipelineShape, costs: Costs, seed: 
     return Durations(shape, task.reshape(-1), message, heavy)
 
 
-def _lognormal(rng: np.random.Generator, cv: float, size: tuple) -> np.ndarray:
+def _lognormal(rng: np.random.Generator, cv: float, size: int | tuple[int, ...]) -> np.ndarray:
     """Factors of mean 1 and coefficient of variation ``cv``."""
     if cv == 0:
         return np.ones(size)
