@@ -4,7 +4,7 @@ traces, monitoring and CI budgets. Parses options, calls :func:`jaxdbg.profile.p
 from __future__ import annotations
 
 import os
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -25,6 +25,11 @@ from jaxdbg.cli._common import (
     execute,
 )
 from jaxdbg.report import Report, environment_info, relative_or_absolute
+
+if TYPE_CHECKING:  # annotations only: the profile package is imported when a command runs
+    from jaxdbg._source import SourceLocation
+    from jaxdbg.profile.model import BudgetResult, FunctionProfile, ProfileResult
+    from jaxdbg.profile.run import ProfileOptions
 
 RunsOpt = Annotated[int, typer.Option("--runs", min=1, help="Timed runs of a function target.")]
 WarmupOpt = Annotated[int, typer.Option("--warmup", min=0, help="Untimed runs before the timed ones.")]
@@ -85,7 +90,7 @@ def profile(
     return code
 
 
-def _build(common: Common, target: str, script_args: list[str], options: object) -> Report:
+def _build(common: Common, target: str, script_args: list[str], options: ProfileOptions) -> Report:
     from jaxdbg.profile import profile as run_profile
     from jaxdbg.target import parse_target
 
@@ -165,7 +170,7 @@ def render(report: Report, console: Console) -> None:
         Console(stderr=True, highlight=False).print(f"jaxdbg profile: {result.error}", soft_wrap=True, markup=False)
 
 
-def _functions_table(result: object) -> Table:
+def _functions_table(result: ProfileResult) -> Table:
     table = Table(title="jitted functions", title_justify="left")
     table.add_column("function", no_wrap=True)
     for column in ("compiles", "compile", "calls", "first", "median", "p90", "execute"):
@@ -177,14 +182,14 @@ def _functions_table(result: object) -> Table:
     return table
 
 
-def _loc(source: object) -> str:
+def _loc(source: SourceLocation | None) -> str:
     """'train.py:14': the file's base name keeps tables narrow (the JSON has the full path)."""
     if source is None:
         return "-"
     return f"{os.path.basename(source.file)}:{source.line}"
 
 
-def _render_function_detail(console: Console, f: object) -> None:
+def _render_function_detail(console: Console, f: FunctionProfile) -> None:
     c = f.compile
     console.print(f"  [bold]{f.name}[/] compile {_s(c.total_s)} over {f.compiles} compile(s): trace {_s(c.trace_s)}, "
                   f"lower {_s(c.lower_s)}, backend {_s(c.compile_s)}"
@@ -198,8 +203,8 @@ def _render_function_detail(console: Console, f: object) -> None:
         parts = []
         if f.cost:
             parts.append(", ".join(f"{k} {v:.3g}" for k, v in f.cost.items()))
-        if f.rates and f.rates.flops_per_s:
-            r = f.rates
+        r = f.rates
+        if r and r.flops_per_s:
             frac = f" = {100 * r.flops_fraction:.1f}% of peak" if r.flops_fraction else ""
             bw = f", {_rate(r.bytes_per_s, 'B/s')}" if r.bytes_per_s else ""
             bwfrac = f" = {100 * r.bytes_fraction:.1f}% of peak" if r.bytes_fraction else ""
@@ -254,7 +259,7 @@ def _render_comparison(console: Console, deltas: tuple) -> None:
     console.print(table)
 
 
-def _render_budget(console: Console, budget: object) -> None:
+def _render_budget(console: Console, budget: BudgetResult) -> None:
     if not budget.checked:
         return
     if budget.ok:

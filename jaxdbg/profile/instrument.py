@@ -80,7 +80,7 @@ class Recorder(JitHook):
         self.hlo_limit = hlo_limit
         self.window = window
         self.convert_host_args = convert_host_args
-        self.functions: dict[tuple, TrackedFunction] = {}
+        self.functions: dict[int, TrackedFunction] = {}
         self._local = threading.local()
         self._lock = threading.Lock()
         self.eager_spans: list[tuple[str, float, float, str]] = []
@@ -251,7 +251,7 @@ class Recorder(JitHook):
             compiled = lowered.compile()
             text = compiled.as_text()
             paths = write_hlo(self.out_dir, record.name, record.compiles, lowered.as_text(), text)
-            found = {"hlo": paths, "module": module_name(text), "cost": _compat.compiled_cost(compiled),
+            found: dict[str, Any] = {"hlo": paths, "module": module_name(text), "cost": _compat.compiled_cost(compiled),
                      "memory": _compat.compiled_memory(compiled)}
         except Exception as err:  # noqa: BLE001 - analysis is best effort; the user's run goes on
             record.introspect = False
@@ -338,8 +338,8 @@ def compile_listener(recorder: Recorder) -> Iterator[None]:
     """Route jax.monitoring compile spans (and cache hits) to ``recorder`` while the block runs."""
     import jax.monitoring as monitoring
 
-    def on_span(event: str, start: float, end: float, **kwargs: Any) -> None:
-        recorder.on_span(event, start, end, str(kwargs.get("fun_name", "")))
+    def on_span(event: str, start_time: float, end_time: float, **kwargs: Any) -> None:
+        recorder.on_span(event, start_time, end_time, str(kwargs.get("fun_name", "")))
 
     def on_event(event: str, **kwargs: Any) -> None:
         if event == CACHE_HIT_EVENT:

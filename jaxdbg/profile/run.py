@@ -18,13 +18,13 @@ import re
 from dataclasses import dataclass, field
 
 from jaxdbg._errors import EXIT_FOUND, EXIT_OK, EXIT_TARGET_FAILED, EXIT_USAGE, UsageError
-from jaxdbg._source import is_jaxdbg_file
+from jaxdbg._source import SourceLocation, is_jaxdbg_file
 from jaxdbg.profile.assemble import Gathered
 from jaxdbg.profile.budget import check_budget, parse_budget
 from jaxdbg.profile.compare import compare, load_baseline, other_target_note
 from jaxdbg.profile.hints import hints_for, notes_for
 from jaxdbg.profile.messages import CaptureOps, ProfileJob
-from jaxdbg.profile.model import FunctionProfile, ProfileResult
+from jaxdbg.profile.model import FunctionProfile, ProfileResult, Rates
 from jaxdbg.profile.monitor import series
 from jaxdbg.profile.peaks import Peak, achieved_rates, dtype_class, table_peak
 from jaxdbg.profile.trace import write_perfetto
@@ -141,9 +141,9 @@ def _check_inputs(spec: TargetSpec, options: ProfileOptions) -> None:
                          "--inputs file.py::make_inputs or data.npz")
     if options.args:
         parse_args_spec(options.args)
-    elif "::" in options.inputs:
+    elif options.inputs and "::" in options.inputs:
         parse_target(options.inputs)
-    elif options.inputs.endswith(".npz"):
+    elif options.inputs and options.inputs.endswith(".npz"):
         load_npz_inputs(options.inputs)
     else:
         raise UsageError(f"--inputs '{options.inputs}': expected file.py::make_inputs or a .npz file")
@@ -176,7 +176,7 @@ def _raise_internal_failure(outcome: Outcome, spec: TargetSpec, options: Profile
                        f"[{' / '.join(line.strip() for line in last)}]")
 
 
-def _error(outcome: Outcome) -> tuple[str | None, object]:
+def _error(outcome: Outcome) -> tuple[str | None, SourceLocation | None]:
     if outcome.ok:
         return None, None
     text = f"the target {outcome.describe()}"
@@ -184,7 +184,7 @@ def _error(outcome: Outcome) -> tuple[str | None, object]:
     return text, frame
 
 
-def _rates(function: FunctionProfile, peak: Peak | None) -> object:
+def _rates(function: FunctionProfile, peak: Peak | None) -> Rates | None:
     """Achieved rates from cost analysis, with the matmuls of loops counted as often as they run."""
     from jaxdbg.profile.hlo import loop_note
     from jaxdbg.profile.loops import loop_matmul_flops

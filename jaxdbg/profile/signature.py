@@ -47,7 +47,7 @@ class LeafSig:
             return f"a Python {self.value} (weakly typed {self.dtype})"
         if self.kind == "array":
             weak = " weakly typed" if self.weak_type else ""
-            return f"{self.dtype}{list(self.shape)}{weak}"
+            return f"{self.dtype}{list(self.shape or ())}{weak}"
         return self.value or "an object"
 
 
@@ -171,7 +171,7 @@ def _leaf_changes(path: str, prev: LeafSig, leaf: LeafSig) -> list[ArgChange]:
     if prev.kind != leaf.kind:
         return [ArgChange(path, "type", prev.describe(), leaf.describe())]
     if leaf.kind == "static":
-        return [] if prev.token == leaf.token else [ArgChange(path, "static", prev.value, leaf.value)]
+        return [] if prev.token == leaf.token else [ArgChange(path, "static", str(prev.value), str(leaf.value))]
     out = []
     if prev.shape != leaf.shape:
         out.append(ArgChange(path, "shape", str(prev.shape), str(leaf.shape)))
