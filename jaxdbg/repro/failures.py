@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from typing import Any
 
 from jaxdbg._source import SourceLocation
 from jaxdbg.repro.forkserver import ForkServer
@@ -64,7 +65,7 @@ def _jax_roots() -> tuple[str, ...]:
     import jax
     import jaxlib
 
-    return tuple(os.path.realpath(os.path.dirname(m.__file__)) + os.sep for m in (jax, jaxlib))
+    return tuple(os.path.realpath(os.path.dirname(m.__file__)) + os.sep for m in (jax, jaxlib) if m.__file__)
 
 
 _TB_FILE = re.compile(r'^\s*File "([^"]+)", line \d+', re.M)
@@ -82,7 +83,7 @@ def observe(outcome: Outcome) -> list[Failure]:
     calls = outcome.all(JitCallSeen)
     last = outcome.last(LastJit)
     last_jit = (last.function if last else None) or (calls[-1].function if calls else None)
-    common = {"last_jit": last_jit, "jax_work": jax_work}
+    common: dict[str, Any] = {"last_jit": last_jit, "jax_work": jax_work}
     found: list[Failure] = []
     if outcome.status == "exception" and outcome.exception is not None:
         exc = outcome.exception

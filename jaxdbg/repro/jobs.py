@@ -150,7 +150,7 @@ def _jax_work_listener(channel: Any) -> Iterator[None]:
     """Tell the parent once that JAX traced or compiled something (a failure before that is not a JAX bug)."""
     import jax.monitoring
 
-    sent = []
+    sent: list[bool] = []
 
     def listener(event: str, *args: Any, **kwargs: Any) -> None:
         if not sent and event.startswith("/jax/core/compile"):

@@ -70,7 +70,7 @@ def count_lines(source: str) -> int:
         docstrings = {n.body[0].lineno for n in ast.walk(parse(source))
                       if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
                       and n.body and isinstance(n.body[0], ast.Expr)
-                      and isinstance(getattr(n.body[0], "value", None), ast.Constant)
+                      and isinstance(n.body[0].value, ast.Constant)
                       and isinstance(n.body[0].value.value, str)}
         skip = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
         for tok in tokenize.generate_tokens(io.StringIO(source).readline):

@@ -59,9 +59,10 @@ def inline_call(function: int, call_index: int) -> Edit:
             if any(isinstance(n, _LAZY) for n in ast.walk(result)) and any(
                     isinstance(n, ast.Name) and n.id in binding for n in ast.walk(result)):
                 return False  # a lambda or comprehension could shadow a parameter: keep it simple
-            holder = ast.Module(body=[ast.Expr(result)], type_ignores=[])
+            expr = ast.Expr(result)
+            holder = ast.Module(body=[expr], type_ignores=[])
             _substitute(holder, binding)
-            return replace_node(nodes[0], call, holder.body[0].value)
+            return replace_node(nodes[0], call, expr.value)
         parents = parents_of(nodes[0])
         stmt, node = call, call
         while not isinstance(stmt, ast.stmt):
@@ -95,10 +96,12 @@ def inline_call(function: int, call_index: int) -> Edit:
         direct = {name: value for name, value in binding.items() if name not in renames}
         assigns = [ast.Assign(targets=[ast.Name(renames[name], ast.Store())], value=value, lineno=0)
                    for name, value in binding.items() if name in renames]
-        holder = ast.Module(body=[*body, ast.Expr(result)], type_ignores=[])
+        tail = ast.Expr(result)
+        holder = ast.Module(body=[*body, tail], type_ignores=[])
         _rename(holder, renames)
         _substitute(holder, direct)
-        result = holder.body.pop().value
+        holder.body.pop()
+        result = tail.value
         block = getattr(owner, field)
         at = next(i for i, s in enumerate(block) if s is stmt)
         if isinstance(stmt, ast.Expr) and stmt.value is call:
@@ -172,7 +175,8 @@ def drop_unlooked_entries(frozen: set[int]) -> Edit:
         for node in nodes:
             if (isinstance(node, ast.Dict) and id(node) not in frozen
                     and all(isinstance(k, ast.Constant) for k in node.keys)):
-                keep = [(k, v) for k, v in zip(node.keys, node.values) if k.value in looked]
+                keep = [(k, v) for k, v in zip(node.keys, node.values)
+                        if isinstance(k, ast.Constant) and k.value in looked]
                 if len(keep) < len(node.keys):
                     node.keys[:], node.values[:] = [k for k, _ in keep], [v for _, v in keep]
                     dropped = True
@@ -244,7 +248,7 @@ def name_stores(tree: ast.AST) -> dict[str, int]:
 def constant_table(node: ast.AST) -> dict | None:
     """``{"a": 1, ...}`` or ``dict(a=1, ...)`` with literal keys: key -> value node."""
     if isinstance(node, ast.Dict) and all(isinstance(k, ast.Constant) for k in node.keys):
-        return {k.value: v for k, v in zip(node.keys, node.values)}
+        return {k.value: v for k, v in zip(node.keys, node.values) if isinstance(k, ast.Constant)}
     if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "dict" and not node.args
             and all(k.arg is not None for k in node.keywords)):
         return {k.arg: k.value for k in node.keywords}
@@ -318,7 +322,7 @@ def first_binding(target: ast.expr, iterable: ast.expr) -> dict[str, ast.expr] |
     if not (isinstance(target, ast.Tuple) and all(isinstance(e, ast.Name) for e in target.elts)
             and isinstance(iterable, ast.Call) and isinstance(iterable.func, ast.Name) and not iterable.keywords):
         return None
-    names = [e.id for e in target.elts]
+    names = [e.id for e in target.elts if isinstance(e, ast.Name)]
     if iterable.func.id == "enumerate" and len(iterable.args) == 1 and len(names) == 2:
         return {names[0]: ast.Constant(0), names[1]: first_item(iterable.args[0])}
     if (iterable.func.id == "zip" and len(iterable.args) == len(names)
@@ -337,9 +341,11 @@ def single_iteration(comprehension: int) -> Edit:
         parts = [node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]
         if binding is None or any(_rebinds(n, binding) for part in parts for n in ast.walk(part)):
             return False  # an inner lambda or comprehension shadows the loop variable: leave it
-        holder = ast.Module(body=[ast.Expr(ast.Tuple(parts, ast.Load()))], type_ignores=[])
+        values = ast.Tuple(parts, ast.Load())
+        holder = ast.Module(body=[ast.Expr(values)], type_ignores=[])
         _substitute(holder, binding)
-        parts = holder.body[0].value.elts
+        parts = values.elts
+        new: ast.expr
         if isinstance(node, ast.DictComp):
             new = ast.Dict(keys=[parts[0]], values=[parts[1]])
         elif isinstance(node, ast.SetComp):
@@ -360,12 +366,12 @@ def _rebinds(node: ast.AST, names: dict) -> bool:
     return isinstance(node, ast.NamedExpr) and node.target.id in names
 
 
-def read_once_after(assign: ast.stmt, read: ast.Name, parents: dict[int, ast.AST]) -> bool:
+def read_once_after(assign: ast.Assign, read: ast.Name, parents: dict[int, ast.AST]) -> bool:
     """True when ``read`` sits in a later statement of ``assign``'s own block, evaluated once (not in a loop,
     lambda, comprehension, nested function or lazily evaluated operand), and no name the value reads changes
     in between: moving the value there computes the same thing."""
     owner = parents.get(id(assign))
-    node = read
+    node: ast.AST | None = read
     while node is not None:
         parent = parents.get(id(node))
         if parent is owner and isinstance(node, ast.stmt):

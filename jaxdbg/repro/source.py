@@ -29,6 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from jaxdbg.repro.rewrites import (
     Edit,
@@ -92,7 +93,7 @@ def statement_lines(state: State) -> tuple[int, int] | None:
     if state.protected is None:
         return None
     index = next(i for i, node in enumerate(ast.walk(state.tree)) if node is state.protected)
-    node = list(ast.walk(parse(state.text)))[index]
+    node = cast(ast.stmt, list(ast.walk(parse(state.text)))[index])  # the same walk order: the statement again
     return node.lineno, node.end_lineno or node.lineno
 
 
@@ -112,7 +113,7 @@ def is_constant_raise(stmt: ast.stmt | None) -> bool:
 
 def undefined_names(tree: ast.Module) -> set[str]:
     """Names read but bound nowhere in the file (cheap static check that spares a run ending in NameError)."""
-    bound, read = set(_BUILTINS), set()
+    bound, read = set(_BUILTINS), set[str]()
     for node in ast.walk(tree):
         if isinstance(node, ast.Name):
             (read if isinstance(node.ctx, ast.Load) else bound).add(node.id)
@@ -493,7 +494,7 @@ def _is_main_guard(stmt: ast.stmt) -> bool:
         isinstance(n, ast.Call) for n in ast.walk(stmt.test))
 
 
-def _replace(target: int, make: Callable[[ast.AST], ast.AST | None]) -> Edit:
+def _replace(target: int, make: Callable[..., ast.AST | None]) -> Edit:
     def edit(nodes: list) -> bool:
         new = make(nodes[target])
         return new is not None and replace_node(nodes[0], nodes[target], new)
@@ -565,8 +566,9 @@ def _imported_names(tree: ast.AST) -> set[str]:
 def _fill_empty_bodies(tree: ast.AST) -> None:
     """Blocks that lost every statement get ``pass``; a ``try`` that lost its handlers gets ``finally: pass``."""
     for node in ast.walk(tree):
-        if not isinstance(node, ast.Module) and isinstance(getattr(node, "body", None), list) and not node.body:
-            node.body.append(ast.Pass())
+        body = getattr(node, "body", None)
+        if not isinstance(node, ast.Module) and isinstance(body, list) and not body:
+            body.append(ast.Pass())
         if isinstance(node, ast.Try) and not node.handlers and not node.finalbody:
             node.finalbody = [ast.Pass()]
 

@@ -207,8 +207,8 @@ def trace_flat(fun: Callable, jit_kwargs: dict, args: tuple, kwargs: dict) -> tu
         positional = list(inspect.signature(fun).parameters)
         static_nums += tuple(i for i, p in enumerate(positional) if p in static_names)
         static_names |= {positional[i] for i in static_nums if 0 <= i < len(positional)}
-    static_nums = {i % len(args) if args else i for i in static_nums}
-    dynamic_args = [a for i, a in enumerate(args) if i not in static_nums]
+    static_positions = {i % len(args) if args else i for i in static_nums}
+    dynamic_args = [a for i, a in enumerate(args) if i not in static_positions]
     dynamic_kwargs = {k: v for k, v in kwargs.items() if k not in static_names}
     leaves, tree = jax.tree_util.tree_flatten((dynamic_args, dynamic_kwargs))
 
