@@ -108,6 +108,40 @@ def under_transformation() -> bool:
     return not core.trace_state_clean()
 
 
+def backend_started() -> bool:
+    """True once jax has started a backend (anything that asks for devices does). Until then jaxdbg must not
+    start one itself: a multi-process program calls ``jax.distributed.initialize()`` first, and that call
+    fails once a backend exists."""
+    from jax._src import xla_bridge  # internal: no public "is the backend up?" in jax 0.10/0.11
+
+    return bool(xla_bridge._backends)
+
+
+def detected_cluster() -> str | None:
+    """The cluster launcher whose environment this process runs in (``slurm``, ``ompi``), by environment
+    variables alone: jax's detection of TPU and Kubernetes clusters asks metadata servers, which can hang."""
+    from jax._src import clusters  # internal: jax's cluster detection has no public spelling
+
+    for env in clusters.ClusterEnv._cluster_types:
+        if env.name in ("slurm", "ompi") and env.is_env_present():
+            return str(env.name)
+    return None
+
+
+def coordinator_address() -> str | None:
+    """The coordinator this process joined (``jax.distributed.initialize``), or None."""
+    from jax._src import distributed
+
+    return distributed.global_state.coordinator_address
+
+
+def distributed_client() -> Any:
+    """The ``jax.distributed`` coordination-service client of this process, or None outside a job."""
+    from jax._src import distributed  # internal: the key-value store has no public spelling in jax 0.10/0.11
+
+    return distributed.global_state.client
+
+
 def array_class() -> Any:
     """The concrete class of jax arrays (``ArrayImpl``), whose ``_value`` copies device data to the host.
 

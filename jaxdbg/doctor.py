@@ -89,6 +89,7 @@ class DoctorResult:
     profiler: dict[str, Any]
     compilation_cache: dict[str, Any]
     checks: list[Check] = field(default_factory=list)
+    distributed: dict[str, Any] | None = None  # the jax.distributed job this process joined (None: not in one)
 
     @property
     def ok(self) -> bool:
@@ -101,7 +102,7 @@ class DoctorResult:
 
 def package_versions() -> dict[str, str]:
     versions = {"python": platform.python_version()}
-    for name in ("jax", "jaxlib", "numpy", "xprof", "typer", "rich"):
+    for name in ("jax", "jaxlib", "numpy", "xprof", "typer", "rich", "libtpu"):
         try:
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
@@ -204,18 +205,76 @@ def compilation_cache_report() -> dict[str, Any]:
     return {"enabled": enabled, "dir": directory}
 
 
-def diagnose(profile_dir: str | None) -> DoctorResult:
-    """Gather the environment report; ``profile_dir`` is where the test capture goes (None skips it)."""
+def diagnose(profile_dir: str | None, distributed: bool | None = None, timeout: float = 60) -> DoctorResult:
+    """Gather the environment report; ``profile_dir`` is where the test capture goes (None skips it).
+
+    ``distributed``: join the ``jax.distributed`` job first (None: when a cluster launcher's environment or
+    ``JAX_COORDINATOR_ADDRESS`` says this process is one of a job's), before anything starts the backend."""
     import jax
 
     versions = package_versions()
+    job, job_checks = distributed_report(versions, distributed, timeout)
     backend, devices = device_report()
     settings = settings_in_effect()
     host = host_report()
     profiler = profiler_check(profile_dir)
     cache = compilation_cache_report()
-    checks = pitfalls(jax.config, backend, host, profiler, cache, accelerator_hints(), versions)
-    return DoctorResult(versions, backend, devices, settings, host, profiler, cache, checks)
+    checks = pitfalls(jax.config, backend, host, profiler, cache, accelerator_hints(), versions) + job_checks
+    return DoctorResult(versions, backend, devices, settings, host, profiler, cache, checks, job)
+
+
+SHARED_VERSIONS = ("python", "jax", "jaxlib", "libtpu")  # what every process of a job must agree on
+
+
+def distributed_report(versions: dict[str, str], join: bool | None, timeout: float) -> tuple[dict | None, list[Check]]:
+    """Join the job (when asked, or when the environment says this is one of a job's processes), then its
+    setup: coordinator, processes, devices per process, CPU collectives, and, on process 0, whether every
+    process runs the same python/jax/jaxlib/libtpu (gathered through the job's coordination service)."""
+    import jax
+
+    from jaxdbg import _compat, multihost
+
+    cluster = _compat.detected_cluster()
+    if join is False or (join is None and cluster is None and not os.environ.get("JAX_COORDINATOR_ADDRESS")):
+        return None, []
+    try:
+        jax.distributed.initialize(initialization_timeout=max(int(timeout), 1))
+    except Exception as err:  # noqa: BLE001 - a job this process cannot join is the finding
+        detail = f"could not join the jax.distributed job ({cluster or 'JAX_COORDINATOR_ADDRESS'}): {err}"
+        return {"cluster": cluster, "joined": False, "error": str(err)}, [Check("distributed", "fail", detail)]
+    info: dict[str, Any] = {
+        "cluster": cluster, "joined": True, "coordinator": _compat.coordinator_address(),
+        "process_index": jax.process_index(), "process_count": jax.process_count(),
+        "local_devices": jax.local_device_count(), "devices": jax.device_count(),
+        "cpu_collectives": str(jax.config.jax_cpu_collectives_implementation),
+    }
+    checks = [Check("distributed", "ok", f"process {info['process_index']} of {info['process_count']}, "
+                    f"{info['local_devices']} of {info['devices']} devices here, coordinator {info['coordinator']}")]
+    if jax.default_backend() == "cpu" and info["process_count"] > 1 and info["cpu_collectives"] in ("none", ""):
+        checks.append(Check("cpu_collectives", "fail", "CPU collectives are off: a computation across processes "
+                            "cannot run; set JAX_CPU_COLLECTIVES_IMPLEMENTATION=gloo"))
+    mine = {name: versions.get(name, "not installed") for name in SHARED_VERSIONS}
+    multihost.publish("doctor", "versions", mine)
+    if info["process_index"] == 0:
+        got = multihost.gather("doctor", "versions", timeout)
+        info["versions_by_process"] = {str(i): got.get(i) for i in range(info["process_count"])}
+        checks += _version_checks(got, info["process_count"])
+    return info, checks
+
+
+def _version_checks(got: dict[int, dict], count: int) -> list[Check]:
+    missing = [i for i in range(count) if i not in got]
+    checks = [Check("job_versions", "fail", f"process {i} did not report its versions (it died, hangs, or runs no "
+                    "jaxdbg doctor)") for i in missing]
+    reference = got.get(0, {})
+    for index, theirs in sorted(got.items()):
+        differ = [f"{name} {theirs.get(name)} (process 0: {reference.get(name)})" for name in SHARED_VERSIONS
+                  if theirs.get(name) != reference.get(name)]
+        if differ:
+            checks.append(Check("job_versions", "fail", f"process {index} runs " + ", ".join(differ)))
+    if not missing and len(checks) == 0:
+        checks.append(Check("job_versions", "ok", f"all {count} processes run the same python, jax, jaxlib and libtpu"))
+    return checks
 
 
 def pitfalls(config: Any, backend: str, host: dict, profiler: dict, cache: dict, hints: list[str],

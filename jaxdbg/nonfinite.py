@@ -87,6 +87,14 @@ def _device_flags_jaxdbg(x: jax.Array) -> jax.Array:
     return jnp.stack([jnp.any(jnp.isnan(x)), jnp.any(jnp.isinf(x))])
 
 
+def host_readable(value: Any) -> bool:
+    """False for a global array of a multi-process job that spans other processes' devices: it cannot be
+    copied to this host; reduce it on the devices instead (every process then runs the same reduction)."""
+    if not isinstance(value, jax.Array):
+        return True
+    return bool(value.is_fully_addressable or value.is_fully_replicated)
+
+
 def nonfinite_flags(value: Any) -> tuple[bool, bool]:
     """``(has NaN, has Inf)``; ``(False, False)`` for integers, booleans and keys."""
     if not is_inexact(value):
@@ -94,7 +102,7 @@ def nonfinite_flags(value: Any) -> tuple[bool, bool]:
     size = int(np.prod(np.shape(value), dtype=np.int64))
     if size == 0:
         return False, False
-    if isinstance(value, jax.Array) and size > HOST_CHECK_ELEMENTS:
+    if isinstance(value, jax.Array) and (size > HOST_CHECK_ELEMENTS or not host_readable(value)):
         flags = np.asarray(_device_flags_jaxdbg(value))
         return bool(flags[0]), bool(flags[1])
     host = host_floats(value)

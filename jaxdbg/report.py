@@ -69,7 +69,9 @@ def to_jsonable(value: Any) -> Any:
 
 
 def environment_info() -> dict:
-    """The envelope's ``environment``: jax/jaxlib versions, backend, devices, python (imports jax)."""
+    """The envelope's ``environment``: jax/jaxlib versions, backend, devices, python, and this process's place
+    in a multi-process job (imports jax and starts its backend: call it after the program's own
+    ``jax.distributed.initialize()``)."""
     import jax
     import jaxlib
 
@@ -78,9 +80,12 @@ def environment_info() -> dict:
         "jaxlib": getattr(jaxlib, "__version__", "unknown"),
         "backend": jax.default_backend(),
         "devices": [
-            {"id": d.id, "platform": d.platform, "kind": getattr(d, "device_kind", "")} for d in jax.devices()
+            {"id": d.id, "platform": d.platform, "kind": getattr(d, "device_kind", ""), "process_index": d.process_index}
+            for d in jax.devices()
         ],
         "python": platform.python_version(),
+        "process_index": jax.process_index(),  # a multi-process job (jax.distributed): which process wrote this
+        "process_count": jax.process_count(),
     }
 
 
@@ -137,6 +142,20 @@ def resolve_out_dir(out: str | None, command: str) -> Path:
         path = Path("jaxdbg-out") / f"{command}-{stamp}"
     path.mkdir(parents=out is None, exist_ok=True)
     return path
+
+
+def process_folder(out_dir: Path, environment: dict | None) -> Path:
+    """The output folder of this process: ``out_dir`` itself, or its ``process-<index>/`` in a multi-process
+    job (every process runs the same command line, maybe on one machine).
+
+    Example:
+        >>> str(process_folder(Path("out"), {"process_index": 1, "process_count": 4}))
+        'out/process-1'
+    """
+    env = environment or {}
+    if env.get("process_count", 1) <= 1:
+        return out_dir
+    return out_dir / f"process-{env['process_index']}"
 
 
 def relative_or_absolute(path: str | os.PathLike) -> str:

@@ -80,11 +80,11 @@ def test_documented_options_are_the_commands_options(name: str) -> None:
 def test_root_options() -> None:
     root = _table(SECTIONS["jaxdbg"])
     actual = {name for name, param in _options(_group()).items() if param is not None}
-    assert set(root) == actual == {"--version"}
+    assert set(root) == actual == {"--version", "--processes"}
 
 
 def _default_matches(param, cell: str) -> bool:
-    if param.is_flag:
+    if param.is_flag and param.default is not None:  # a tri-state --x/--no-x flag defaults to None: "none (...)"
         return cell == ("on" if param.default else "off")
     if param.default is None:
         return cell.startswith("none")

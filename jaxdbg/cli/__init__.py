@@ -28,7 +28,8 @@ try:  # typer >= 0.22 vendors click as typer._click; older releases depend on cl
 except ImportError:  # pragma: no cover - depends on the installed typer
     click_errors = importlib.import_module("click.exceptions")
 
-from jaxdbg._errors import EXIT_USAGE
+from jaxdbg._errors import EXIT_USAGE, UsageError
+from jaxdbg.launch import launch, split_processes_option
 from jaxdbg._version import __version__
 
 # Subcommand modules under jaxdbg.cli, in the order --help lists them.
@@ -79,6 +80,10 @@ def _print_version(value: bool) -> None:
 @app.callback()
 def _root(
     version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True, help="Print the version."),
+    processes: int | None = typer.Option(
+        None, "--processes", metavar="N", min=1,
+        help="Run the command as N processes of one local jax.distributed job (as srun would; CPU collectives "
+             "over gloo); must come before the command."),
 ) -> None:
     """jaxdbg: debugging and profiling for JAX programs."""
 
@@ -92,8 +97,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     # SIGTERM (a CI job's timeout, `kill`) becomes SystemExit, so contained children are stopped on the way out.
     on_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminate) if on_main_thread else None
+    args = list(argv) if argv is not None else sys.argv[1:]
     try:
-        app(args=list(argv) if argv is not None else None, prog_name="jaxdbg")
+        processes, rest = split_processes_option(args)
+        if processes is not None:
+            return launch(rest, processes)
+        app(args=args, prog_name="jaxdbg")
+    except UsageError as err:
+        typer.echo(f"jaxdbg: {err.message}", err=True)
+        return err.exit_code
     except SystemExit as done:
         return done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
     finally:

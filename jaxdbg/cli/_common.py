@@ -21,7 +21,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from jaxdbg._errors import JaxdbgError, UsageError
-from jaxdbg.report import Report, Result, resolve_out_dir, write_json
+from jaxdbg.launch import WORKER_VARIABLE
+from jaxdbg.report import Report, Result, process_folder, resolve_out_dir, write_json
 
 EXIT_INTERNAL = 4  # a bug in jaxdbg itself (not in the contract's 0-3): report it with the -v traceback
 
@@ -123,10 +124,12 @@ def execute(common: Common, build: Callable[[Common], Report], render: Callable[
     try:
         validate_destinations(common)
         report = build(common)
-        if common._out_dir is not None:
-            report.artifacts.setdefault("report", os.path.abspath(common._out_dir / "report.json"))
-            write_json(report, str(common._out_dir / "report.json"))
-        if common.json:
+        check_launched_job(report)
+        out_dir = report_folder(common._out_dir, report)
+        if out_dir is not None:
+            report.artifacts.setdefault("report", os.path.abspath(out_dir / "report.json"))
+            write_json(report, str(out_dir / "report.json"))
+        if common.json and (common.json == "-" or speaks_for_the_job(report)):
             write_json(report, common.json)
         render(report, common.console)
         line = essential_line(report) if common.quiet and not common.verbose and report.exit_code else None
@@ -145,6 +148,32 @@ def execute(common: Common, build: Callable[[Common], Report], render: Callable[
         fail(common, message, err)
         write_error_report(common, message, EXIT_INTERNAL)
         return EXIT_INTERNAL
+
+
+def report_folder(out_dir: Path | None, report: Report) -> Path | None:
+    """Where report.json goes: the output folder, or this process's folder in it (report.process_folder)."""
+    if out_dir is None:
+        return None
+    folder = process_folder(out_dir, report.environment)
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+def check_launched_job(report: Report) -> None:
+    """A process started by ``jaxdbg --processes N`` whose program never joined the job ran alone: say so
+    (each process would otherwise report a whole run of its own as if it were the job)."""
+    launched = os.environ.get("SLURM_NTASKS") if os.environ.get(WORKER_VARIABLE) is not None else None
+    ran_as = (report.environment or {}).get("process_count")
+    if launched and int(launched) > 1 and ran_as == 1:
+        raise UsageError(f"started as one of {launched} processes (--processes {launched}), but the program never "
+                         "called jax.distributed.initialize(), so each process ran alone; call it at the start of "
+                         "the program, or drop --processes")
+
+
+def speaks_for_the_job(report: Report) -> bool:
+    """Process 0 of a multi-process job (or a single process): the one that writes ``--json PATH``, which
+    every process of the job was given (the others' reports are in their process-<index>/ folders)."""
+    return (report.environment or {}).get("process_index", 0) == 0
 
 
 def write_error_report(common: Common, message: str, exit_code: int) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -18,19 +20,23 @@ def register(app: typer.Typer) -> None:
 
 def doctor(
     no_profiler: bool = typer.Option(False, "--no-profiler", help="Skip the test profiler capture."),
+    distributed: Optional[bool] = typer.Option(
+        None, "--distributed/--no-distributed",
+        help="Join the jax.distributed job first and report its setup (default: when a SLURM or Open MPI "
+             "launch, or JAX_COORDINATOR_ADDRESS, says this process is one of a job's)."),
     json: JsonOpt = None, out: OutOpt = None, timeout: TimeoutOpt = None, quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
 ) -> int:
     """Report the environment: versions, backend, devices, settings and known pitfalls (exit 1 if a check fails)."""
     common = Common("doctor", json, out, timeout, quiet, verbose)
-    return execute(common, lambda c: _build(c, no_profiler), render)
+    return execute(common, lambda c: _build(c, no_profiler, distributed), render)
 
 
-def _build(common: Common, no_profiler: bool) -> Report:
+def _build(common: Common, no_profiler: bool, distributed: bool | None) -> Report:
     from jaxdbg.doctor import diagnose
 
     trace_dir = None if no_profiler else str(common.out_dir() / "profiler-check")
-    result = diagnose(trace_dir)
+    result = diagnose(trace_dir, distributed, common.timeout or 60)
     artifacts = {"profiler_trace": trace_dir} if trace_dir is not None and result.profiler.get("ok") else {}
     return Report("doctor", None, result, 0 if result.ok else 1, artifacts, environment_info())
 

@@ -4,7 +4,7 @@ traces, monitoring and CI budgets. Parses options, calls :func:`jaxdbg.profile.p
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -134,6 +134,24 @@ def _pct(part: float, whole: float) -> str:
     return f"{100 * part / whole:.0f}%" if whole > 0 else "-"
 
 
+def _render_processes(console: Console, result: Any) -> None:
+    """The job's processes side by side (process 0's report of a multi-process job)."""
+    table = Table(title=f"processes ({len(result.processes)})", title_justify="left", show_edge=False, pad_edge=False)
+    for column in ("process", "wall", "compile", "execute", "in collectives", "host between steps", "steps"):
+        table.add_column(column, justify="right", no_wrap=True)
+    for row in result.processes:
+        mark = " *" if row.index in result.stragglers else ""
+        if not row.reported:
+            table.add_row(f"{row.index}{mark}", row.note, "", "", "", "", "")
+            continue
+        table.add_row(f"{row.index}{mark}", _s(row.wall_s), _s(row.compile_s), _s(row.execute_s), _s(row.collective_s),
+                      _s(row.host_s), str(row.steps))
+    console.print(table)
+    if result.step_skew_s is not None:
+        console.print(f"step skew: {_s(result.step_skew_s)} per step between the busiest and the least busy process"
+                      + ("  (* straggler)" if result.stragglers else ""))
+
+
 def render(report: Report, console: Console) -> None:
     result = report.result
     t = result.totals
@@ -156,6 +174,8 @@ def render(report: Report, console: Console) -> None:
                       + "".join(f"\n  [yellow]{w}[/]" for w in summary.get("warnings", [])))
     if result.comparison:
         _render_comparison(console, result.comparison)
+    if result.processes:
+        _render_processes(console, result)
     for note in result.notes:
         console.print(f"[cyan]note[/] {note}", soft_wrap=True)
     for hint in result.hints:

@@ -9,6 +9,10 @@ Files written into the output folder:
 - ``nan_function.stablehlo.mlir``: its StableHLO, as jit lowers it for these inputs.
 - ``nan_bundle.json``: the manifest: function, call index, input names/shapes/dtypes, the origin.
 
+In a multi-process job an input that spans other processes' devices cannot be copied to one host: each
+process saves the shards it holds (``argI_shardK``, with their index ranges in the manifest), in its own
+``process-<index>/`` folder.
+
 Example:
     >>> artifacts = save_bundle("out", call, closed, first)     # doctest: +SKIP
     >>> sorted(artifacts)                                        # doctest: +SKIP
@@ -26,6 +30,8 @@ import numpy as np
 
 from jaxdbg import _compat
 from jaxdbg.nan.calls import Call
+from jaxdbg.nan.placement import device_name, index_ranges
+from jaxdbg.nonfinite import host_readable
 from jaxdbg.nan.result import Origin
 from jaxdbg.report import to_jsonable
 from jaxdbg.target import short_dtype
@@ -38,6 +44,16 @@ def _storable(value: Any) -> tuple[np.ndarray, str]:
     return (host.astype(np.float32) if dtype == "bf16" else host), dtype
 
 
+def _store_shards(arrays: dict, key: str, value: Any) -> list[dict]:
+    """Store this process's shards of a global array; returns where each piece goes in the whole."""
+    pieces = []
+    for k, shard in enumerate(sorted(value.addressable_shards, key=lambda s: s.device.id)):
+        arrays[f"{key}_shard{k}"], _ = _storable(shard.data)
+        pieces.append({"key": f"{key}_shard{k}", "device": device_name(shard.device),
+                       "index": [list(r) for r in index_ranges(shard.index, value.shape)]})
+    return pieces
+
+
 def save_bundle(out_dir: str, call: Call, closed: Any, first: Origin | None) -> dict[str, str]:
     """Write the bundle files; returns ``{artifact name: path}`` for what could be written."""
     os.makedirs(out_dir, exist_ok=True)
@@ -45,8 +61,12 @@ def save_bundle(out_dir: str, call: Call, closed: Any, first: Origin | None) -> 
     leaves = call.leaves()
     names = call.leaf_names()
     arrays: dict[str, Any] = {}  # (Any: np.savez's **kwds would otherwise clash with its allow_pickle)
-    dtypes = []
+    dtypes, shards = [], {}
     for i, leaf in enumerate(leaves):
+        if not host_readable(leaf):
+            shards[f"arg{i}"] = _store_shards(arrays, f"arg{i}", leaf)
+            dtypes.append(short_dtype(leaf.dtype))
+            continue
         host, dtype = _storable(leaf)
         arrays[f"arg{i}"] = host
         dtypes.append(dtype)
@@ -75,6 +95,7 @@ def save_bundle(out_dir: str, call: Call, closed: Any, first: Origin | None) -> 
         "inputs_are_positional_arguments": positional,
         "static_arguments": {str(k): repr(v) for k, v in _statics(call).items()},
         "origin": first,
+        "local_shards": shards,  # inputs stored shard by shard (multi-process job): key -> stored pieces
     }
     bundle_path = os.path.join(out_dir, "nan_bundle.json")
     with open(bundle_path, "w") as handle:

@@ -31,6 +31,7 @@ from jaxdbg.jaxpr import Hooks, Interpreter, Scope, Site, Stop
 from jaxdbg.nan.calls import Call
 from jaxdbg.nan.passes import PassClassifier
 from jaxdbg.nan.result import Origin
+from jaxdbg.nan.placement import first_bad_shard
 from jaxdbg.nan.stats import nonfinite_flags, value_stats
 
 LOOPS = ("scan", "while")
@@ -201,10 +202,13 @@ class NanHunter(Hooks):
         inputs = tuple(value_stats(_typed(atom, v)) for atom, v in zip(site.eqn.invars, invals))
         outputs = tuple(value_stats(v) for v in outvals)
         name_stack = site.name_stack
+        where = first_bad_shard(outvals)
         origin = Origin(
             kind, site.primitive, self.passes.pass_of(site), site.source, self.function, self.call_index,
             _vmap_marked(site.path, name_stack), inputs, None, outputs, name_stack,
             constant_input=any(t is not None and t.constant for t in in_tags),
+            process=where.process if where else None, device=where.device if where else None,
+            shard=where.index if where else None,
         )
         self.records.append(Record(origin, tuple(sorted(fed)), site))
         return len(self.records) - 1

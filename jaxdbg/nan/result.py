@@ -53,6 +53,11 @@ class Origin:
     outputs: tuple[ValueStats, ...] = ()
     name_stack: str = ""
     constant_input: bool = False  # a non-finite constant written in the code (e.g. -inf) fed this operation
+    # Where the first non-finite output value sits: the process (of a multi-process job), the device, and the
+    # shard's [start, stop) range per dimension (None where no value was looked at).
+    process: int | None = None
+    device: str | None = None
+    shard: tuple[tuple[int, int], ...] | None = None
 
     def describe(self) -> str:
         """``nan first made by log (forward pass) at train.py:12 in loss, call 3``."""
@@ -97,6 +102,18 @@ class PrecisionCheck:
 
 
 @dataclass(frozen=True)
+class ProcessFinding:
+    """One process of a multi-process job, in process 0's report: did it find the origin, which, and where."""
+
+    index: int
+    found: bool
+    origin: str | None = None  # Origin.describe() of its first origin
+    process: int | None = None  # where that origin's non-finite value sits, as this process saw it
+    device: str | None = None
+    note: str = ""  # why it has no answer (it died or hung)
+
+
+@dataclass(frozen=True)
 class NanHuntResult:
     """The contract's nan-hunt ``result`` plus extras (strategy, precision, gradient norms, notes)."""
 
@@ -112,6 +129,7 @@ class NanHuntResult:
     calls_watched: int = 0
     functions_watched: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default=())
+    processes: tuple[ProcessFinding, ...] = ()  # process 0 of a multi-process job: what each process found
 
     def essential_line(self) -> str | None:
         return self.first.describe() if self.first is not None else None

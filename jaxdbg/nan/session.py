@@ -14,13 +14,14 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
 import numpy as np
 from jax.tree_util import keystr, tree_flatten_with_path
 
-from jaxdbg import _compat
+from jaxdbg import _compat, multihost
 from jaxdbg._errors import TargetFailedError, UsageError
 from jaxdbg.nan.api import HuntOptions
 from jaxdbg.nan.bundle import save_bundle
@@ -30,7 +31,7 @@ from jaxdbg.nan.fidelity import bisect_compiled
 from jaxdbg.nan.localise import Localisation, localise_call
 from jaxdbg.nan.messages import HuntFinished, HuntJob, NonFiniteDetected
 from jaxdbg.nan.precision import check_precision
-from jaxdbg.nan.result import GradNorm, NanHuntResult, Origin
+from jaxdbg.nan.result import GradNorm, NanHuntResult, Origin, ProcessFinding
 from jaxdbg.nan.stats import is_inexact, nonfinite_flags
 from jaxdbg.nan.watch import EagerFinding, JitFinding, NonFiniteFound, Watch
 from jaxdbg.runner import first_line
@@ -42,7 +43,39 @@ def hunt_job(job: HuntJob, channel: Any) -> None:
     from jaxdbg.report import environment_info
 
     result, artifacts = hunt_here(job.spec, job.options, channel)
+    result = share_with_the_job(result, job.options.timeout)
     channel.send(HuntFinished(result, artifacts, environment_info()))
+
+
+GATHER_WAIT_S = 60.0  # how long process 0 waits for the other processes' answers
+
+
+def share_with_the_job(result: NanHuntResult, timeout: float | None) -> NanHuntResult:
+    """In a multi-process job: every process publishes what it found; process 0's result then says, for each
+    process, whether it found the origin, and places the origin on the process and device whose shard
+    holds the first non-finite value (each process sees only its own shards)."""
+    place = multihost.job()
+    if place is None:
+        return result
+    first = result.first
+    mine = {"found": result.found, "origin": first.describe() if first else None,
+            "process": first.process if first else None, "device": first.device if first else None,
+            "shard": first.shard if first else None}
+    multihost.publish("nan-hunt", "finding", mine)
+    if place.index != 0:
+        return result
+    wait = GATHER_WAIT_S if timeout is None else max(min(GATHER_WAIT_S, timeout / 2), 1.0)
+    got = multihost.gather("nan-hunt", "finding", wait)
+    rows = tuple(
+        ProcessFinding(i, bool(got[i]["found"]), got[i]["origin"], got[i]["process"], got[i]["device"]) if i in got
+        else ProcessFinding(i, False, note=multihost.missing_line("nan-hunt", i, place.count, wait))
+        for i in range(place.count))
+    holders = [got[i] for i in sorted(got) if got[i].get("device") is not None]
+    if first is not None and holders:
+        held = holders[0]
+        shard = tuple(tuple(r) for r in held["shard"]) if held.get("shard") else None
+        first = dataclasses.replace(first, process=held["process"], device=held["device"], shard=shard)
+    return dataclasses.replace(result, first=first, processes=rows)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -185,7 +218,7 @@ def _analyse(finding: JitFinding | EagerFinding, watch: Watch, options: HuntOpti
     call = finding.call
     if channel is not None:
         channel.send(NonFiniteDetected(call.name, call.call_index, call.call_site, finding.kind))
-    found = localise_call(call, options.nan_only)
+    found = localise_call(call, options.nan_only, finding.closed_jaxpr)
     strategy, notes = found.strategy, list(found.notes)
     first, chain = found.first, list(found.chain)
     if first is None:
@@ -203,7 +236,8 @@ def _analyse(finding: JitFinding | EagerFinding, watch: Watch, options: HuntOpti
     _attach_growth_sources(watch, call, found)
     growth = tuple(watch.growth.report())
     text, hints = explain(first, chain, growth, precision, strategy)
-    artifacts = save_bundle(options.out_dir, call, found.closed_jaxpr, first) if options.out_dir else {}
+    folder = multihost.process_folder(options.out_dir) if options.out_dir else None
+    artifacts = save_bundle(folder, call, found.closed_jaxpr, first) if folder else {}
     result = NanHuntResult(
         True, first, tuple(chain), growth, text, hints, strategy, precision,
         grad_norms, max(watch.calls, 1), names, tuple(notes),

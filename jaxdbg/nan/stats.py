@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 
 from jaxdbg.nan.result import ValueStats
-from jaxdbg.nonfinite import host_floats, is_inexact, nonfinite_flags  # re-exported: callers ask here
+from jaxdbg.nonfinite import host_floats, host_readable, is_inexact, nonfinite_flags  # re-exported: callers ask here
 from jaxdbg.target import short_dtype
 
-__all__ = ["host_floats", "is_inexact", "nonfinite_flags", "value_stats"]
+__all__ = ["host_floats", "host_readable", "is_inexact", "nonfinite_flags", "value_stats"]
 
 
 def value_stats(value: Any) -> ValueStats:
@@ -32,6 +32,8 @@ def value_stats(value: Any) -> ValueStats:
         name = short_dtype(dtype)
     except TypeError:
         return ValueStats(shape, str(dtype), None, None, 0, 0, 0, 0)
+    if not host_readable(value):
+        return _device_stats(value, shape, name)
     host = host_floats(value)
     if host.dtype == np.bool_:
         host = host.astype(np.int8)
@@ -44,3 +46,27 @@ def value_stats(value: Any) -> ValueStats:
     lo = float(real.min()) if real.size else float("nan")
     hi = float(real.max()) if real.size else float("nan")
     return ValueStats(shape, name, lo, hi, nan, inf, int((host == 0).sum()), int((host < 0).sum()))
+
+
+def _device_stats(value: Any, shape: tuple[int, ...], name: str) -> ValueStats:
+    """The same summary reduced on the devices (a global array spanning other processes' devices)."""
+    import jax
+    import jax.numpy as jnp
+
+    @jax.jit
+    def summary_jaxdbg(x: Any) -> tuple[Any, Any]:
+        floating = jnp.issubdtype(x.dtype, jnp.inexact)
+        real = x.astype(jnp.float32)
+        nan = jnp.isnan(real) if floating else jnp.zeros(x.shape, bool)
+        bounds = jnp.stack([jnp.min(jnp.where(nan, jnp.inf, real)), jnp.max(jnp.where(nan, -jnp.inf, real))])
+        counts = jnp.stack([jnp.sum(nan), jnp.sum(jnp.isinf(real)) if floating else 0, jnp.sum(real == 0),
+                            jnp.sum(real < 0)]).astype(jnp.int32)
+        return bounds, counts
+
+    if int(np.prod(shape, dtype=np.int64)) == 0:
+        return ValueStats(shape, name, None, None, 0, 0, 0, 0)
+    bounds, counts = (np.asarray(v) for v in summary_jaxdbg(value))  # replicated results: readable everywhere
+    nan, inf, zero, negative = (int(c) for c in counts)
+    size = int(np.prod(shape, dtype=np.int64))
+    lo, hi = (float(b) for b in bounds) if nan < size else (float("nan"), float("nan"))
+    return ValueStats(shape, name, lo, hi, nan, inf, zero, negative)

@@ -55,6 +55,7 @@ class JitFinding:
     call: Call
     nonfinite_outputs: list[str]
     kind: str = "nan"
+    closed_jaxpr: Any = None  # traced while the call was under way (None: trace it again later)
 
 
 @dataclass
@@ -82,6 +83,17 @@ def _describe(finding: JitFinding | EagerFinding) -> str:
 def _keeps_fast_path(executable_name: str) -> bool:
     """The user's watched functions and jaxdbg's own keep jax's C++ dispatch (eager jax functions do not)."""
     return executable_name.endswith((CHECKED_SUFFIX, CHECKED_SUFFIX + ")", "_jaxdbg", "_jaxdbg)"))
+
+
+def _trace_now(call: Call) -> Any:
+    """The call's jaxpr, traced while the call is still under way. Framework wrappers (``nnx.jit``) jit an
+    inner function that only runs inside the context their own ``__call__`` sets up; traced later, outside
+    it, that function raises. None if tracing fails here too (the analysis then says why)."""
+    try:
+        with jit_layer.internal():
+            return call.trace()
+    except Exception:  # noqa: BLE001 - the later analysis traces again and reports the failure
+        return None
 
 
 @functools.lru_cache(maxsize=256)
@@ -187,7 +199,7 @@ class Watch(JitHook):
             replay = Call(function.name, function.fun, tuple(args), dict(kwargs), function.static_argnums,
                           function.static_argnames, call.index, caller_user_frame(2), list(seen.leaf_names))
             kind = "nan" if np.isnan(host).any() else "inf"
-            self.found(JitFinding(replay, [n for n, b in zip(seen.leaf_names, bad) if b], kind))
+            self.found(JitFinding(replay, [n for n, b in zip(seen.leaf_names, bad) if b], kind, _trace_now(replay)))
         self.growth.update(function.name, seen.leaf_names, host, call.index, seen.call_site)
 
     @staticmethod

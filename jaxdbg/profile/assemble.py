@@ -26,6 +26,7 @@ from jaxdbg.profile.messages import (
     CompileRecord,
     DeviceInfo,
     FunctionDefined,
+    JobFigures,
     MonitorSamples,
     PeakMeasured,
     ProfileNote,
@@ -63,6 +64,7 @@ class Gathered:
     peak: Any = None
     ops: CaptureOps | None = None
     environment: dict | None = None
+    job: tuple = ()  # process 0 of a multi-process job: every process's ProcessFigures
 
     @classmethod
     def from_messages(cls, messages: Iterable[Message]) -> Gathered:
@@ -93,6 +95,8 @@ class Gathered:
                 got.ops = message
             elif isinstance(message, Environment):
                 got.environment = message.info
+            elif isinstance(message, JobFigures):
+                got.job = tuple(message.rows)
         return got
 
     # ---- per function ------------------------------------------------------------------------------------

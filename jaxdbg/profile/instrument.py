@@ -88,6 +88,8 @@ class Recorder(JitHook):
         self.transfers: dict[str, list] = defaultdict(lambda: [0, 0.0, 0])
         self.cache_hits = 0
         self.overhead_s = 0.0
+        self.on_first_call: Callable[[], Any] | None = None  # once, before the first tracked call runs
+        self.current: tuple[str, int] | None = None  # the latest tracked call: (function, call index)
 
     # ---- functions (hooks of the jit layer) ----------------------------------------------------------------
     def on_jit(self, function: InstrumentedJit) -> None:
@@ -100,8 +102,12 @@ class Recorder(JitHook):
     def around(self, call: JitCall, run: Callable[[], Any]) -> Any:
         import jax
 
+        if self.on_first_call is not None:
+            first, self.on_first_call = self.on_first_call, None
+            first()
         record = self.functions[call.function.record.id]
         index = call.index
+        self.current = (record.name, index)
         put_s = 0.0
         if self.convert_host_args:
             call.args, put_s = self._put_host_args(call.args)

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from jaxdbg import multihost
 from jaxdbg.profile.messages import (
     CallBatch,
     CallTiming,
@@ -26,6 +27,7 @@ from jaxdbg.profile.messages import (
     CompileRecord,
     DeviceInfo,
     FunctionDefined,
+    JobFigures,
     PeakMeasured,
     ProfileJob,
     ProfileNote,
@@ -35,31 +37,87 @@ from jaxdbg.protocol import Done, Environment, Message
 from jaxdbg.target import check_arity
 
 Send = Callable[[Message], None]
+GATHER_WAIT_S = 60.0  # how long process 0 waits for the other processes' figures at the end of the run
 
 
-def locked_sender(channel: Any) -> Send:
-    """``channel.send`` made safe for the monitor thread and the main thread at once."""
+class MessageLog(list):
+    """The messages a job sent, kept while ``keeping`` (a multi-process job shares figures made from them)."""
+
+    keeping = True
+
+    def stop(self) -> None:
+        self.keeping = False
+        self.clear()
+
+
+def locked_sender(channel: Any, log: MessageLog | None = None) -> Send:
+    """``channel.send`` made safe for the monitor thread and the main thread at once; with ``log``, every
+    message is also kept there while the log keeps them."""
     lock = threading.Lock()
 
     def send(message: Message) -> None:
         with lock:
             channel.send(message)
+            if log is not None and log.keeping:
+                log.append(message)
 
     return send
 
 
 def start(channel: Any) -> tuple[Send, DeviceInfo]:
     """The sender, and the device and environment (sent first: the report's envelope comes from here)."""
+    send = locked_sender(channel)
+    return send, send_device_info(send)
+
+
+def send_device_info(send: Send) -> DeviceInfo:
+    """The default backend and the environment (the report's envelope comes from here); starts the backend."""
     import jax
 
     from jaxdbg.report import environment_info
 
-    send = locked_sender(channel)
     devices = jax.devices()
     info = DeviceInfo(jax.default_backend(), getattr(devices[0], "device_kind", ""), len(devices))
     send(info)
     send(Environment(environment_info()))
-    return send, info
+    return info
+
+
+class BackendStart:
+    """What needs jax's backend (the device, the environment, the profiler capture) waits for the script's
+    first jitted call, or its end: a multi-process program must call ``jax.distributed.initialize()`` before
+    anything starts the backend, and a script does so before its first jitted call. In a multi-process job
+    each process keeps its artifacts in ``process-<index>/`` of the output folder (one machine may run them
+    all, and the profiler names its files by host)."""
+
+    def __init__(self, send: Send, stack: contextlib.ExitStack, window: Any, recorder: Any, log: MessageLog):
+        self.send, self.stack, self.window, self.recorder, self.log = send, stack, window, recorder, log
+        self.info: DeviceInfo | None = None
+        self.started = time.perf_counter()
+
+    def __call__(self) -> DeviceInfo:
+        if self.info is None:
+            import jax
+
+            self.info = send_device_info(self.send)
+            if jax.process_count() > 1:
+                self.recorder.out_dir = os.path.join(self.recorder.out_dir, f"process-{jax.process_index()}")
+                if self.window is not None:
+                    self.window.logdir = os.path.join(self.recorder.out_dir, "trace")
+                heartbeat = multihost.Heartbeat("profile", self.where)
+                heartbeat.start()
+                self.stack.callback(heartbeat.stop)
+            else:
+                self.log.stop()  # kept only to share this process's figures with the job
+            if self.window is not None:
+                self.stack.enter_context(self.window)
+        return self.info
+
+    def where(self) -> dict:
+        """Where this process stands, for the job's other processes should it stop answering."""
+        current = self.recorder.current
+        at = f"in {current[0]} call {current[1]}" if current else "before its first jitted call"
+        return {"text": f"{at}, {time.perf_counter() - self.started:.1f} s into the run"}
 
 
 def send_capture_ops(send: Send, window: Any, backend: str) -> None:
@@ -103,16 +161,17 @@ def script_job(job: ProfileJob, channel: Any) -> None:
     from jaxdbg.profile.monitor import Sampler
     from jaxdbg.target import run_script
 
-    send, info = start(channel)
+    log = MessageLog()
+    send = locked_sender(channel, log)
     options = job.options
     window = _window(job, send)
     recorder = Recorder(send, job.out_dir, window=window, sync_every=options.sync_every)
+    backend: BackendStart | None = None
     try:
         with contextlib.ExitStack() as stack:
+            backend = recorder.on_first_call = BackendStart(send, stack, window, recorder, log)
             if options.monitor:
                 stack.enter_context(Sampler(send, options.monitor_interval))
-            if window is not None:
-                stack.enter_context(window)
             stack.enter_context(recorder.flushing())
             stack.enter_context(compile_listener(recorder))
             stack.enter_context(tracking_jit(recorder))
@@ -123,9 +182,37 @@ def script_job(job: ProfileJob, channel: Any) -> None:
             finally:
                 send(RunFinished(time.perf_counter() - started, recorder.overhead_s))
     finally:
+        info = backend() if backend is not None else send_device_info(send)
         send_capture_ops(send, window, info.backend)
+        share_with_the_job(send, log, options.timeout, backend.started if backend else time.perf_counter())
     send_peak(send, info, options.calibrate)
     send(Done())
+
+
+def share_with_the_job(send: Send, log: MessageLog, timeout: float | None, started: float) -> None:
+    """In a multi-process job: publish this process's figures; process 0 gathers everyone's (waiting no
+    longer than its own --timeout allows) and sends them on, naming any process that never reported."""
+    from jaxdbg.profile.assemble import Gathered
+    from jaxdbg.profile.processes import ProcessFigures, figures_of
+    from jaxdbg.profile.run import attach_ops
+
+    place = multihost.job()
+    if place is None:
+        return
+    gathered = Gathered.from_messages(list(log))
+    functions = gathered.functions("script")
+    if gathered.ops is not None:
+        functions = attach_ops(functions, gathered.ops, top=1_000_000)
+    totals = gathered.totals_for(functions, time.perf_counter() - started, "script")
+    multihost.publish("profile", "figures", figures_of(place.index, functions, totals).as_message())
+    if place.index != 0:
+        return
+    wait = GATHER_WAIT_S if timeout is None else max(min(GATHER_WAIT_S, timeout - (time.perf_counter() - started) - 10), 1.0)
+    got = multihost.gather("profile", "figures", wait)
+    send(JobFigures(tuple(
+        ProcessFigures(**got[i]) if i in got else
+        ProcessFigures.missing(i, multihost.missing_line("profile", i, place.count, wait))
+        for i in range(place.count))))
 
 
 def function_job(job: ProfileJob, channel: Any) -> None:

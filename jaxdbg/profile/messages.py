@@ -136,6 +136,13 @@ class PeakMeasured(Message):
 
 
 @dataclass(frozen=True)
+class JobFigures(Message):
+    """Process 0 of a multi-process job: every process's figures (profile.processes.ProcessFigures)."""
+
+    rows: tuple
+
+
+@dataclass(frozen=True)
 class ProfileNote(Message):
     """Something that went wrong on the side (the capture, the calibration): shown as a note."""
 

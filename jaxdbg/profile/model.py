@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jaxdbg._source import SourceLocation
+from jaxdbg.profile.processes import ProcessFigures
 
 
 @dataclass(frozen=True)
@@ -205,6 +206,11 @@ class ProfileResult:
     monitor: MonitorSeries | None = None
     comparison: tuple[FunctionDelta, ...] | None = None
     device: dict[str, Any] = field(default_factory=dict)
+    # A multi-process job, in process 0's report: every process's figures, the ones the others waited for,
+    # and the per-step spread of the time the processes spent working rather than waiting.
+    processes: tuple[ProcessFigures, ...] = ()
+    stragglers: tuple[int, ...] = ()
+    step_skew_s: float | None = None
 
     def essential_line(self) -> str | None:
         if not self.budget.ok:

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from jaxdbg._compat import backend_started
 from jaxdbg.profile.messages import MonitorSamples
 from jaxdbg.profile.model import MonitorSeries
 from jaxdbg.protocol import Message
@@ -126,8 +127,8 @@ class Sampler:
         if system and self._system and system[1] > self._system[1]:
             busy = round(100.0 * (system[0] - self._system[0]) / (system[1] - self._system[1]), 1)
         self._system = system
-        try:
-            devices = device_bytes_in_use()
+        try:  # not before the target started jax's backend (see _compat.backend_started)
+            devices = device_bytes_in_use() if backend_started() else None
         except Exception:  # noqa: BLE001
             devices = None
         self._pending.append((now - self._start, host_rss_bytes(), round(percent, 1), host_available_bytes(),

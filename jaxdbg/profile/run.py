@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+from pathlib import Path
 from dataclasses import dataclass, field
 
 from jaxdbg._errors import EXIT_FOUND, EXIT_OK, EXIT_TARGET_FAILED, EXIT_USAGE, UsageError
@@ -26,8 +27,10 @@ from jaxdbg.profile.hints import hints_for, notes_for
 from jaxdbg.profile.messages import CaptureOps, ProfileJob
 from jaxdbg.profile.model import FunctionProfile, ProfileResult, Rates
 from jaxdbg.profile.monitor import series
+from jaxdbg.profile.processes import find_stragglers, step_skew_s
 from jaxdbg.profile.peaks import Peak, achieved_rates, dtype_class, table_peak
 from jaxdbg.profile.trace import write_perfetto
+from jaxdbg.report import process_folder
 from jaxdbg.runner import Outcome, first_line, run_contained
 from jaxdbg.target import TargetSpec, load_npz_inputs, parse_args_spec, parse_target
 
@@ -93,18 +96,19 @@ def profile(spec: TargetSpec, options: ProfileOptions, out_dir: str) -> ProfileR
     totals = gathered.totals_for(functions, outcome.elapsed_s, mode)
     budget = check_budget(rules, tuple(functions), totals)
     error, error_source = _error(outcome)
+    stragglers, straggler_hints = find_stragglers(list(gathered.job))
     other = other_target_note(baseline, spec.text) if baseline is not None else None
     other_target = (other,) if other else ()
     result = ProfileResult(
         mode=mode, functions=tuple(functions), totals=totals, budget=budget, error=error, error_source=error_source,
         notes=notes_for(mode, functions, gathered, error, command_buffers_off) + other_target,
-        hints=hints_for(functions, totals, gathered.transfers()),
+        hints=hints_for(functions, totals, gathered.transfers()) + straggler_hints,
         transfers=tuple(gathered.transfers()), eager_compile=gathered.eager_compile(), trace=trace,
         monitor=series(gathered.monitor, options.monitor_interval),
         comparison=compare(baseline, tuple(functions), totals) if baseline is not None else None,
-        device=gathered.device,
+        device=gathered.device, processes=gathered.job, stragglers=stragglers, step_skew_s=step_skew_s(list(gathered.job)),
     )
-    artifacts.update(_artifacts(result, outcome, out_dir))
+    artifacts.update(_artifacts(result, outcome, str(process_folder(Path(out_dir), gathered.environment))))
     code = EXIT_TARGET_FAILED if error else (EXIT_FOUND if not budget.ok else EXIT_OK)
     return ProfileRun(result, code, artifacts, outcome, gathered.environment)
 

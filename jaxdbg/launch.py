@@ -1,0 +1,116 @@
+"""``jaxdbg --processes N <command> ...``: run a multi-process job on this machine, as a cluster would.
+
+Every process of a ``jax.distributed`` job runs the same command line; on a cluster the launcher (srun,
+mpirun, a JobSet) starts them and tells JAX which process is which. Here, for tests and for users without a
+cluster, jaxdbg starts N copies of the same jaxdbg command and gives each the environment of one task of a
+one-node SLURM step (``SLURM_PROCID`` etc.) plus ``JAX_COORDINATOR_ADDRESS`` on a free loopback port, so the
+program's own unmodified ``jax.distributed.initialize()`` finds its place by JAX's own cluster detection.
+CPU collectives across processes use gloo unless the user chose otherwise.
+
+Process 0's output is shown as it comes (its report speaks for the job); the other processes' output goes
+to ``launch-process-<i>.log`` files in a temporary folder, and any that fails is named with its last line.
+
+Example:
+    >>> env = task_environment(1, 4, 12345, {"PATH": "/bin"})
+    >>> env["SLURM_PROCID"], env["SLURM_NTASKS"], env["JAX_COORDINATOR_ADDRESS"]
+    ('1', '4', '127.0.0.1:12345')
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from typing import Mapping, Sequence
+
+from jaxdbg._errors import UsageError
+
+WORKER_VARIABLE = "JAXDBG_LAUNCHED_PROCESS"  # set in each launched process: it must not launch again
+
+
+def free_port() -> int:
+    """A free TCP port on the loopback interface (for the job's coordinator)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def task_environment(index: int, count: int, port: int, base: Mapping[str, str]) -> dict[str, str]:
+    """The environment of process ``index`` of ``count``: one task of a one-node SLURM step."""
+    env = dict(base)
+    env.update({
+        "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}",
+        "SLURM_JOB_ID": str(port), "SLURM_STEP_NODELIST": "localhost", "SLURM_STEP_NUM_NODES": "1",
+        "SLURM_NTASKS": str(count), "SLURM_PROCID": str(index), "SLURM_LOCALID": str(index),
+        WORKER_VARIABLE: str(index),
+    })
+    env.setdefault("JAX_CPU_COLLECTIVES_IMPLEMENTATION", "gloo")
+    return env
+
+
+def split_processes_option(argv: Sequence[str]) -> tuple[int | None, list[str]]:
+    """``(N, the rest)`` for a command line that starts with ``--processes N`` (or ``--processes=N``).
+
+    Example:
+        >>> split_processes_option(["--processes", "2", "profile", "train.py"])
+        (2, ['profile', 'train.py'])
+        >>> split_processes_option(["profile", "train.py"])
+        (None, ['profile', 'train.py'])
+    """
+    args = list(argv)
+    if not args or not args[0].startswith("--processes"):
+        return None, args
+    if args[0] == "--processes":
+        if len(args) < 2:
+            raise UsageError("--processes needs a number of processes, e.g. --processes 2 profile train.py")
+        value, rest = args[1], args[2:]
+    else:
+        value, rest = args[0].partition("=")[2], args[1:]
+    if not value.isdigit() or int(value) < 1:
+        raise UsageError(f"--processes '{value}': give a whole number of processes, 1 or more")
+    if not rest:
+        raise UsageError("--processes N needs a command after it, e.g. jaxdbg --processes 2 profile train.py")
+    return int(value), rest
+
+
+def launch(argv: Sequence[str], processes: int, timeout: float | None = None) -> int:
+    """Run ``jaxdbg ARGV`` as ``processes`` processes of one local job; the job's exit code is process 0's,
+    unless process 0 succeeded and another failed (then the first failure's)."""
+    if os.environ.get(WORKER_VARIABLE) is not None:
+        raise UsageError("--processes inside a launched process: give it once, before the command")
+    port = free_port()
+    logs = tempfile.mkdtemp(prefix="jaxdbg-launch-")
+    command = [sys.executable, "-m", "jaxdbg", *argv]
+    procs: list[subprocess.Popen] = []
+    paths: list[str | None] = []
+    try:
+        for index in range(processes):
+            env = task_environment(index, processes, port, os.environ)
+            if index == 0:
+                procs.append(subprocess.Popen(command, env=env))
+                paths.append(None)
+                continue
+            path = os.path.join(logs, f"launch-process-{index}.log")
+            with open(path, "wb") as log:
+                procs.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                              stdin=subprocess.DEVNULL))
+            paths.append(path)
+        codes = [proc.wait(timeout=timeout) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    for index, (code, path) in enumerate(zip(codes, paths)):
+        if index and code not in (0, codes[0]) and path is not None:
+            last = _last_line(path)
+            sys.stderr.write(f"jaxdbg: process {index} of {processes} exited with {code}: {last} (log: {path})\n")
+    failed = [code for code in codes[1:] if code != 0]
+    return codes[0] if codes[0] != 0 or not failed else failed[0]
+
+
+def _last_line(path: str) -> str:
+    with open(path, "rb") as handle:
+        lines = [line for line in handle.read().decode(errors="replace").splitlines() if line.strip()]
+    return lines[-1].strip() if lines else "no output"

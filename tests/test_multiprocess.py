@@ -1,0 +1,118 @@
+"""Multi-process jobs (jax.distributed, gloo collectives on CPU devices): jaxdbg in front of every process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
+
+
+def launch(argv: list[str], processes: int, devices: int = 2, timeout: float = 240) -> subprocess.CompletedProcess:
+    """``jaxdbg --processes N ARGV``: the job's processes on this machine, each with ``devices`` CPU devices."""
+    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+    return subprocess.run([sys.executable, "-m", "jaxdbg", "--processes", str(processes), *argv], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_profile_runs_in_every_process_of_a_two_process_job(tmp_path):
+    out = tmp_path / "prof"
+    done = launch(["profile", os.path.join(CORPUS, "multihost_dp", "train.py"), "--out", str(out), "-q",
+                   "--json", str(tmp_path / "job.json")], 2)
+    assert done.returncode == 0, done.stderr[-3000:]
+    job = json.loads((tmp_path / "job.json").read_text())
+    assert job["environment"]["process_index"] == 0
+    # Process 0 speaks for the job: every process's figures, gathered through JAX's coordination service.
+    rows = job["result"]["processes"]
+    assert [r["index"] for r in rows] == [0, 1] and all(r["note"] == "" and r["steps"] == 5 for r in rows)
+    assert job["result"]["stragglers"] == []
+    for index in (0, 1):
+        report = json.loads((out / f"process-{index}" / "report.json").read_text())
+        env = report["environment"]
+        assert (env["process_index"], env["process_count"]) == (index, 2)
+        assert {d["process_index"] for d in env["devices"]} == {0, 1}  # the job's 4 devices, 2 per process
+        step = next(f for f in report["result"]["functions"] if f["name"] == "step")
+        assert step["execute"]["calls"] == 5
+        # The gradient's all-reduce across processes shows in the per-op table, at the user's line.
+        ops = {op["category"]: op for op in step["ops"]}
+        assert "collective" in ops and ops["collective"]["source"]["file"].endswith("train.py")
+        assert os.path.isdir(out / f"process-{index}" / "trace")
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--processes"], "needs a number"),
+    (["--processes", "0", "doctor"], "whole number"),
+    (["--processes", "2"], "needs a command"),
+])
+def test_bad_processes_option_is_one_line_and_exit_2(argv, says):
+    done = subprocess.run([sys.executable, "-m", "jaxdbg", *argv], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and says in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_program_that_never_joins_the_job_is_told_so(tmp_path):
+    script = tmp_path / "alone.py"
+    script.write_text("import jax, jax.numpy as jnp\nprint(jax.jit(jnp.sin)(1.0))\n")
+    done = launch(["profile", str(script), "--out", str(tmp_path / "out"), "-q"], 2)
+    assert done.returncode == 2 and "never called jax.distributed.initialize()" in done.stderr
+
+
+def test_profile_names_the_straggler_and_where_its_time_went(tmp_path):
+    out = tmp_path / "prof"
+    done = launch(["profile", os.path.join(CORPUS, "multihost_straggler", "train.py"), "--out", str(out), "-q",
+                   "--json", str(tmp_path / "job.json")], 2)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "job.json").read_text())["result"]
+    assert result["stragglers"] == [1]
+    slow, other = result["processes"][1], result["processes"][0]
+    assert other["collective_s"] > slow["collective_s"] and slow["host_s"] > other["host_s"]
+    hint = next(h for h in result["hints"] if h.startswith("process 1 is the straggler"))
+    assert "host-side work between steps" in hint
+
+
+def test_four_processes_one_straggler(tmp_path):
+    done = launch(["profile", os.path.join(CORPUS, "multihost_straggler", "train.py"), "--out", str(tmp_path / "p"),
+                   "-q", "--json", str(tmp_path / "job.json"), "--trace-calls", "5"], 4, devices=1)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "job.json").read_text())["result"]
+    assert [r["index"] for r in result["processes"]] == [0, 1, 2, 3] and result["stragglers"] == [1]
+
+
+def test_nan_hunt_names_the_process_device_and_shard_of_the_origin(tmp_path):
+    """The replay runs in lockstep in both processes (an SPMD program), checking values on the devices;
+    process 1's shard holds the corrupt example."""
+    program = os.path.join(CORPUS, "multihost_nan", "train.py")
+    done = launch(["nan-hunt", program, "--out", str(tmp_path / "n"), "-q", "--json", str(tmp_path / "job.json")], 2)
+    assert done.returncode == 1, done.stderr[-3000:]
+    result = json.loads((tmp_path / "job.json").read_text())["result"]
+    first = result["first"]
+    line = next(i for i, text in enumerate(open(program), start=1) if "log-scaled first feature" in text)
+    assert (first["primitive"], first["pass"], first["source"]["line"], first["call_index"]) == ("log", "forward", line, 2)
+    # Process 1's local row 5 is global row 13: on its second device, whose shard holds rows 12-15.
+    assert first["process"] == 1 and first["shard"] == [[12, 16], [0, 1]]
+    assert first["device"] == f"cpu:{json.loads((tmp_path / 'n' / 'process-1' / 'report.json').read_text())['environment']['devices'][3]['id']}"
+    assert [(p["index"], p["found"]) for p in result["processes"]] == [(0, True), (1, True)]
+    assert (tmp_path / "n" / "process-1" / "nan_bundle.json").exists()
+
+
+def test_doctor_reports_the_job_and_compares_versions(tmp_path):
+    done = launch(["doctor", "--no-profiler", "--out", str(tmp_path / "d"), "-q", "--json", str(tmp_path / "d.json")], 2)
+    assert done.returncode == 0, done.stderr[-3000:]
+    job = json.loads((tmp_path / "d.json").read_text())["result"]["distributed"]
+    assert (job["cluster"], job["process_index"], job["process_count"], job["local_devices"], job["devices"]) == (
+        "slurm", 0, 2, 2, 4)
+    assert set(job["versions_by_process"]) == {"0", "1"}
+
+
+def test_version_mismatch_and_silent_processes_fail_the_check():
+    from jaxdbg.doctor import _version_checks
+
+    same = {"python": "3.11.7", "jax": "0.10.2", "jaxlib": "0.10.2", "libtpu": "not installed"}
+    assert [c.status for c in _version_checks({0: same, 1: dict(same)}, 2)] == ["ok"]
+    checks = _version_checks({0: same, 2: {**same, "jax": "0.11.2"}}, 3)
+    assert [c.status for c in checks] == ["fail", "fail"]
+    assert "process 1 did not report" in checks[0].detail and "jax 0.11.2 (process 0: 0.10.2)" in checks[1].detail
