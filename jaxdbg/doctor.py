@@ -246,7 +246,7 @@ def distributed_report(versions: dict[str, str], join: bool | None, timeout: flo
         "cluster": cluster, "joined": True, "coordinator": _compat.coordinator_address(),
         "process_index": jax.process_index(), "process_count": jax.process_count(),
         "local_devices": jax.local_device_count(), "devices": jax.device_count(),
-        "cpu_collectives": str(jax.config.jax_cpu_collectives_implementation),
+        "cpu_collectives": str(getattr(jax.config, "jax_cpu_collectives_implementation", None)),  # a dynamic option
     }
     checks = [Check("distributed", "ok", f"process {info['process_index']} of {info['process_count']}, "
                     f"{info['local_devices']} of {info['devices']} devices here, coordinator {info['coordinator']}")]

@@ -29,8 +29,8 @@ except ImportError:  # pragma: no cover - depends on the installed typer
     click_errors = importlib.import_module("click.exceptions")
 
 from jaxdbg._errors import EXIT_USAGE, UsageError
-from jaxdbg.launch import launch, split_processes_option
 from jaxdbg._version import __version__
+from jaxdbg.launch import launch, split_processes_option
 
 # Subcommand modules under jaxdbg.cli, in the order --help lists them.
 COMMANDS = ("doctor", "profile", "nan_hunt", "repro", "pipeline_bench")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -20,7 +18,7 @@ def register(app: typer.Typer) -> None:
 
 def doctor(
     no_profiler: bool = typer.Option(False, "--no-profiler", help="Skip the test profiler capture."),
-    distributed: Optional[bool] = typer.Option(
+    distributed: bool | None = typer.Option(
         None, "--distributed/--no-distributed",
         help="Join the jax.distributed job first and report its setup (default: when a SLURM or Open MPI "
              "launch, or JAX_COORDINATOR_ADDRESS, says this process is one of a job's)."),

@@ -117,7 +117,7 @@ def render(report: Report, console: Console) -> None:
         console.print(f"  operation [bold]{first.primitive}[/]  ({first.pass_} pass)")
         console.print(f"  source    {escape(_where(first.source))}", soft_wrap=True)
     console.print(f"  path      {escape(' > '.join(first.path))}", soft_wrap=True)
-    if first.device is not None and (result.processes or first.shard and len(first.shard) and first.process):
+    if first.device is not None and (result.processes or (first.shard and len(first.shard) and first.process)):
         rows = ", ".join(f"{a}:{b}" for a, b in first.shard or ())
         console.print(f"  where     process {first.process}, device {first.device}, shard [{rows}]")
     for row in result.processes:

@@ -31,8 +31,8 @@ import numpy as np
 from jaxdbg import _compat
 from jaxdbg.nan.calls import Call
 from jaxdbg.nan.placement import device_name, index_ranges
-from jaxdbg.nonfinite import host_readable
 from jaxdbg.nan.result import Origin
+from jaxdbg.nonfinite import host_readable
 from jaxdbg.report import to_jsonable
 from jaxdbg.target import short_dtype
 

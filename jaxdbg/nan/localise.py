@@ -30,8 +30,8 @@ from jaxdbg import _compat
 from jaxdbg.jaxpr import Hooks, Interpreter, Scope, Site, Stop
 from jaxdbg.nan.calls import Call
 from jaxdbg.nan.passes import PassClassifier
-from jaxdbg.nan.result import Origin
 from jaxdbg.nan.placement import first_bad_shard
+from jaxdbg.nan.result import Origin
 from jaxdbg.nan.stats import nonfinite_flags, value_stats
 
 LOOPS = ("scan", "while")

@@ -207,7 +207,8 @@ def share_with_the_job(send: Send, log: MessageLog, timeout: float | None, start
     multihost.publish("profile", "figures", figures_of(place.index, functions, totals).as_message())
     if place.index != 0:
         return
-    wait = GATHER_WAIT_S if timeout is None else max(min(GATHER_WAIT_S, timeout - (time.perf_counter() - started) - 10), 1.0)
+    wait = (GATHER_WAIT_S if timeout is None
+            else max(min(GATHER_WAIT_S, timeout - (time.perf_counter() - started) - 10), 1.0))
     got = multihost.gather("profile", "figures", wait)
     send(JobFigures(tuple(
         ProcessFigures(**got[i]) if i in got else

@@ -15,8 +15,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from jaxdbg._errors import EXIT_FOUND, EXIT_OK, EXIT_TARGET_FAILED, EXIT_USAGE, UsageError
 from jaxdbg._source import SourceLocation, is_jaxdbg_file
@@ -27,8 +27,8 @@ from jaxdbg.profile.hints import hints_for, notes_for
 from jaxdbg.profile.messages import CaptureOps, ProfileJob
 from jaxdbg.profile.model import FunctionProfile, ProfileResult, Rates
 from jaxdbg.profile.monitor import series
-from jaxdbg.profile.processes import find_stragglers, step_skew_s
 from jaxdbg.profile.peaks import Peak, achieved_rates, dtype_class, table_peak
+from jaxdbg.profile.processes import find_stragglers, step_skew_s
 from jaxdbg.profile.trace import write_perfetto
 from jaxdbg.report import process_folder
 from jaxdbg.runner import Outcome, first_line, run_contained
@@ -106,7 +106,8 @@ def profile(spec: TargetSpec, options: ProfileOptions, out_dir: str) -> ProfileR
         transfers=tuple(gathered.transfers()), eager_compile=gathered.eager_compile(), trace=trace,
         monitor=series(gathered.monitor, options.monitor_interval),
         comparison=compare(baseline, tuple(functions), totals) if baseline is not None else None,
-        device=gathered.device, processes=gathered.job, stragglers=stragglers, step_skew_s=step_skew_s(list(gathered.job)),
+        device=gathered.device, processes=gathered.job, stragglers=stragglers,
+        step_skew_s=step_skew_s(list(gathered.job)),
     )
     artifacts.update(_artifacts(result, outcome, str(process_folder(Path(out_dir), gathered.environment))))
     code = EXIT_TARGET_FAILED if error else (EXIT_FOUND if not budget.ok else EXIT_OK)
