@@ -49,10 +49,24 @@ def main(workdir: str) -> int:
         traceback.print_exc()
         return 1
     finally:
+        _leave_job()
         channel.close()
         sys.stdout.flush()
         sys.stderr.flush()
     return 0
+
+
+def _leave_job() -> None:
+    """In a jax.distributed job, exit together with the other processes (see multihost.leave_job): the child
+    ends with os._exit, which skips jax's own exit handler that would do so."""
+    if "jax" not in sys.modules:
+        return
+    from jaxdbg.multihost import leave_job
+
+    try:
+        leave_job()
+    except Exception:  # noqa: BLE001 - never let leaving hide the run's own outcome
+        pass
 
 
 if __name__ == "__main__":

@@ -88,11 +88,6 @@ def scan_split(params: dict) -> tuple[int, int]:
     return len(list(consts)), len(list(carry))
 
 
-def is_tracer(value: Any) -> bool:
-    """True while tracing (a value inside jit/grad/vmap), when concrete checks are impossible."""
-    return isinstance(value, jax.core.Tracer)
-
-
 def is_extended_dtype(dtype: Any) -> bool:
     """PRNG key arrays and other dtypes numpy cannot hold."""
     return jax.dtypes.issubdtype(dtype, jax.dtypes.extended)

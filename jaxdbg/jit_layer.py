@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxdbg import _compat
+from jaxdbg import _compat, frameworks
 from jaxdbg._source import SourceLocation, caller_user_frame, is_user_file
 from jaxdbg.nonfinite import magnitudes, with_magnitudes
 
@@ -184,6 +184,7 @@ class _Layer:
         return wrapped
 
     def _record(self, fun: Callable) -> FunctionRecord:
+        fun = frameworks.user_function(fun)  # the user's function, not a framework wrapper's inner one
         name, source = function_identity(fun)
         inner = unwrap_function(fun)
         code = getattr(inner, "__code__", None)

@@ -26,6 +26,7 @@ from typing import Any
 from jaxdbg import _compat
 
 HEARTBEAT_S = 1.0
+SILENT_S = 15.0  # a peer whose heartbeat has not moved for this long is reported as lost (dead or frozen)
 
 
 @dataclass(frozen=True)
@@ -78,12 +79,21 @@ def gather(command: str, what: str, timeout_s: float) -> dict[int, Any]:
     deadline = time.monotonic() + timeout_s
     found: dict[int, Any] = {}
     for index in range(place.count):
-        left_ms = max(int((deadline - time.monotonic()) * 1000), 1)
-        try:
-            found[index] = json.loads(client.blocking_key_value_get(_key(command, what, index), left_ms))
-        except Exception:  # noqa: BLE001 - not published in time: dead, hung or still busy
-            continue
+        while index not in _silent:  # in slices, so a peer the heartbeat finds lost is not waited for to the end
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            try:
+                found[index] = json.loads(client.blocking_key_value_get(_key(command, what, index),
+                                                                        max(min(left_ms, 1000), 1)))
+                break
+            except Exception:  # noqa: BLE001 - not published yet: dead, hung or still busy
+                if left_ms <= 1000:
+                    _silent.add(index)
     return found
+
+
+# Processes that failed to answer a gather, or whose heartbeat stopped: not waited for again.
+_silent: set[int] = set()
+_lost_peers: set[int] = set()  # of those, the ones whose heartbeat stopped
 
 
 def peek(command: str, what: str, index: int) -> Any:
@@ -97,43 +107,91 @@ def peek(command: str, what: str, index: int) -> Any:
         return None
 
 
-def live_processes(count: int) -> set[int] | None:
-    """The processes the coordination service still hears from (None where it cannot say)."""
-    client = _compat.distributed_client()
-    try:
-        return set(client.get_live_nodes(list(range(count)))) if client is not None else None
-    except Exception:  # noqa: BLE001 - older runtimes or a coordinator that is gone
-        return None
-
-
 class Heartbeat:
-    """Publishes ``state()`` under ``where`` every second from a daemon thread while the block runs."""
+    """Publishes ``state()`` (a dict with a ``text``) under ``where`` every second from a daemon thread while
+    the program runs, and watches the other processes' heartbeats: one that stops moving for ``SILENT_S``
+    (the process died, or froze) is passed once to ``on_lost(index, line)``. This thread keeps beating while
+    the program's own thread waits in a collective for a peer, so a live process never looks lost."""
 
-    def __init__(self, command: str, state: Callable[[], Any]):
-        self.command, self.state = command, state
+    def __init__(self, command: str, state: Callable[[], dict], on_lost: Callable[[int, str], None] | None = None):
+        self.command, self.state, self.on_lost = command, state, on_lost
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._beats = 0
+        self._seen: dict[int, tuple[Any, float]] = {}  # peer -> (its latest beat, when it last moved)
+        self._lost: set[int] = set()
 
     def start(self) -> None:
         if self._thread is None:
+            self._beat()  # at once: a process that dies in its first second has still said where it was
             self._thread = threading.Thread(target=self._run, name="jaxdbg-heartbeat", daemon=True)
             self._thread.start()
 
+    def _beat(self) -> None:
+        self._beats += 1
+        publish(self.command, "where", {**self.state(), "beat": self._beats})
+
     def _run(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):
-            publish(self.command, "where", self.state())
+            self._beat()
+            if self.on_lost is not None:
+                self._watch()
+
+    def _watch(self) -> None:
+        place = job()
+        if place is None:
+            return
+        now = time.monotonic()
+        for peer in range(place.count):
+            if peer == place.index or peer in self._lost:
+                continue
+            where = peek(self.command, "where", peer)
+            beat = where.get("beat") if isinstance(where, dict) else None
+            last = self._seen.get(peer)
+            if last is None or last[0] != beat:
+                self._seen[peer] = (beat, now)
+            elif now - last[1] >= SILENT_S:
+                self._lost.add(peer)
+                _silent.add(peer)
+                _lost_peers.add(peer)
+                stood = f"; last seen {where['text']}" if isinstance(where, dict) and where.get("text") else ""
+                assert self.on_lost is not None
+                self.on_lost(peer, f"process {peer} stopped answering {now - last[1]:.0f} s ago (it died or froze)"
+                             f"{stood}")
 
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        publish(self.command, "where", self.state())
+        self._beat()
+
+
+def leave_job(wait_s: float = 10.0) -> None:
+    """Leave the job together: every process says it is done and waits (bounded) for the others, then all
+    shut the distributed runtime down as jax's own exit handler would. A process that exits alone while
+    others still run takes the coordination service with it (process 0) or is reported missing (the others),
+    and the runtime aborts the processes left behind. Where a process never says it is done (it died), the
+    others do not wait on it longer than ``wait_s`` (nor at all for one that already failed to answer)."""
+    place = job()
+    if place is None:
+        return
+    publish("job", "done", True)
+    if _silent:
+        return
+    if len(gather("job", "done", wait_s)) == place.count:
+        import jax
+
+        try:
+            jax.distributed.shutdown()
+        except Exception:  # noqa: BLE001 - leaving is best effort: the process exits right after
+            pass
 
 
 def missing_line(command: str, index: int, count: int, waited_s: float) -> str:
-    """One line about a process that did not report: dead or hung, and where it last stood."""
-    alive = live_processes(count)
-    state = "died" if alive is not None and index not in alive else "did not finish (hung or still running)"
+    """One line about a process that did not report (it died, hangs, or is still busy), and where it last
+    stood. (The coordination service's own liveness query can block for its heartbeat timeout: not used.)"""
     where = peek(command, "where", index)
     stood = f"; last seen {where['text']}" if isinstance(where, dict) and where.get("text") else ""
-    return f"process {index} {state}: no report within {waited_s:.0f} s{stood}"
+    lost = index in _lost_peers
+    why = "it stopped answering: it died or froze" if lost else f"none within {waited_s:.0f} s: it died, hangs or is busy"
+    return f"process {index} sent no report ({why}){stood}"

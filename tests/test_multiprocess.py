@@ -115,3 +115,16 @@ def test_version_mismatch_and_silent_processes_fail_the_check():
     checks = _version_checks({0: same, 2: {**same, "jax": "0.11.2"}}, 3)
     assert [c.status for c in checks] == ["fail", "fail"]
     assert "process 1 did not report" in checks[0].detail and "jax 0.11.2 (process 0: 0.10.2)" in checks[1].detail
+
+
+def test_a_process_that_dies_is_named_not_waited_for(tmp_path):
+    """Process 1 aborts at step 3; process 0's all-reduce fails, and its report names process 1 and where it
+    last stood, well before the timeout."""
+    done = launch(["profile", os.path.join(CORPUS, "multihost_dies", "train.py"), "--out", str(tmp_path / "p"), "-q",
+                   "--json", str(tmp_path / "job.json"), "--timeout", "200"], 2, devices=1)
+    report = json.loads((tmp_path / "job.json").read_text())
+    assert done.returncode == 3 and report["exit_code"] == 3, done.stderr[-3000:]
+    rows = report["result"]["processes"]
+    assert rows[0]["note"] == "" and rows[1]["note"].startswith("process 1 sent no report (it stopped answering")
+    assert "last seen" in rows[1]["note"]
+    assert any(note.startswith("process 1 stopped answering") for note in report["result"]["notes"])

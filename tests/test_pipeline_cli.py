@@ -56,11 +56,12 @@ def test_trace_and_plots_are_written(capsys, tmp_path):
     assert "where the time went" in out and "speedup" in out
 
 
-def test_no_lookahead_is_the_blind_readiness_rule(capsys):
+def test_no_lookahead_is_the_blind_readiness_rule(capsys, tmp_path):
     """ZB-H1 without variability: the look-ahead keeps ready on the fixed order's time; blind readiness lags."""
     speedup = {}
     for flag in ("--lookahead", "--no-lookahead"):
-        code, out, err = _bench(capsys, "--stages", "8", "--microbatches", "32", "--schedule", "zb-h1", flag, "--json", "-")
+        code, out, err = _bench(capsys, "--stages", "8", "--microbatches", "32", "--schedule", "zb-h1", flag, "--json", "-",
+                                "--out", str(tmp_path / flag))  # not jaxdbg-out/ in the folder pytest runs from
         assert code == 0, err
         result = json.loads(out)["result"]
         assert result["config"]["lookahead"] is (flag == "--lookahead")

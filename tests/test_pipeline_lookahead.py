@@ -35,20 +35,13 @@ GUARANTEED = [("1f1b", "1f1b", (1, 2, 4)), ("zb-h1", "1f1b", (1, 2, 4)), ("inter
               ("gpipe", "gpipe", (32,))]
 
 
+@pytest.mark.parametrize("comm", ["async", "sync"])  # buffered messages, blocking sends
 @pytest.mark.parametrize("name,hint,caps", GUARANTEED)
 @pytest.mark.parametrize("p,m", [(4, 16), (8, 32)])
-def test_without_variability_ready_is_never_slower_than_fixed_with_buffered_messages(name, hint, caps, p, m):
+def test_without_variability_ready_is_never_slower_than_fixed(name, hint, caps, p, m, comm):
     for costs in (COSTS, UNIT):
         for cap in caps:
-            assert _ratio(name, p, m, hint, cap, "async", costs) >= 1 - 1e-9, (cap, costs)
-
-
-@pytest.mark.parametrize("name,hint,caps", GUARANTEED)
-@pytest.mark.parametrize("p,m", [(4, 16), (8, 32)])
-def test_without_variability_ready_is_never_slower_than_fixed_under_blocking_sends(name, hint, caps, p, m):
-    for costs in (COSTS, UNIT):
-        for cap in caps:
-            assert _ratio(name, p, m, hint, cap, "sync", costs) >= 1 - 1e-9, (cap, costs)
+            assert _ratio(name, p, m, hint, cap, comm, costs) >= 1 - 1e-9, (cap, costs)
 
 
 def _ready_run(name, p, m, cap, comm, keep_plan=None, spec="none"):

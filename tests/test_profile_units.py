@@ -14,6 +14,7 @@ from jaxdbg.profile.budget import check_budget, parse_budget
 from jaxdbg.profile.compare import compare, load_baseline
 from jaxdbg.profile.hints import hints_for
 from jaxdbg.profile.hlo import loop_note, module_name, parse_hlo
+from jaxdbg.profile.messages import CallTiming
 from jaxdbg.profile.model import CompileTimes, ExecuteStats, FunctionProfile, Recompile, Totals, Transfer
 from jaxdbg.profile.ops import OpTotal, _self_times, op_table
 from jaxdbg.profile.peaks import Peak, achieved_rates, calibrate_cpu, table_peak
@@ -50,8 +51,9 @@ def test_weak_type_and_python_scalar_changes():
     assert weak.leaves[0][1].weak_type and not strong.leaves[0][1].weak_type
     why = explain([weak], strong, same_callable=True)
     assert why.changes[0].kind == "weak_type" and "weakly typed f32 -> strongly typed f32" in why.reason
-    scalar = _sig(lambda lr: lr, 0.1)
-    assert explain([scalar], strong, same_callable=True).changes[0].kind == "type"
+    scalar = _sig(lambda lr: lr, 0.1)  # to jax a weakly typed f32[]: only the weak type differs
+    why = explain([scalar], strong, same_callable=True)
+    assert why.changes[0].kind == "weak_type" and "a Python float (weakly typed f32) -> strongly typed f32" in why.reason
 
 
 def test_new_callable_and_unexplained_recompiles():
@@ -179,8 +181,8 @@ def test_peaks_from_table_and_calibration():
 
 
 def _call(index, exec_s, compile_s=0.0, captured=False, timed=True):
-    """A call record as the instrumentation keeps it: (index, wall, execute, compile, arg copy, captured, timed)."""
-    return (index, exec_s + compile_s, exec_s, compile_s, 0.0, captured, timed)
+    """A call record as the instrumentation sends it (its wall time holds its compile)."""
+    return CallTiming(index, exec_s + compile_s, exec_s, compile_s, captured=captured, timed=timed)
 
 
 def test_execute_statistics_leave_out_compiling_calls():

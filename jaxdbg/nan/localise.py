@@ -247,17 +247,22 @@ def _typed(atom: Any, value: Any) -> Any:
     return value
 
 
+def trace_for_replay(call: Call) -> Any:
+    """The call's closed jaxpr, traced so that it keeps the lines of user ``custom_vjp`` backward rules and
+    ``custom_jvp`` rules under remat; jax's trace caches are cleared first so nested functions traced earlier
+    (without that) are traced again."""
+    jax.clear_caches()
+    with _compat.custom_vjp_backward_sources(), _compat.custom_jvp_rule_sources():
+        return call.trace()
+
+
 def replay(call: Call, nan_only: bool = False, closed: Any = None) -> tuple[NanHunter, list, list, Any]:
     """Trace ``call`` and interpret it op by op under a :class:`NanHunter`; returns (hunter, outs, tags, jaxpr).
 
-    The trace keeps the lines of user ``custom_vjp`` backward rules and ``custom_jvp`` rules under remat (see
-    :func:`jaxdbg._compat.custom_vjp_backward_sources`, :func:`jaxdbg._compat.custom_jvp_rule_sources`); jax's
-    trace caches are cleared first so nested functions traced earlier (without that) are traced again.
+    ``closed``: the call's jaxpr if already traced (by :func:`trace_for_replay`), else traced here.
     """
     if closed is None:
-        jax.clear_caches()
-        with _compat.custom_vjp_backward_sources(), _compat.custom_jvp_rule_sources():
-            closed = call.trace()
+        closed = trace_for_replay(call)
     hunter = NanHunter(call.name, call.call_index, nan_only)
     leaves = call.leaves()
     tags = hunter.input_tags(leaves, call.leaf_names())

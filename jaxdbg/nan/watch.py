@@ -89,9 +89,11 @@ def _trace_now(call: Call) -> Any:
     """The call's jaxpr, traced while the call is still under way. Framework wrappers (``nnx.jit``) jit an
     inner function that only runs inside the context their own ``__call__`` sets up; traced later, outside
     it, that function raises. None if tracing fails here too (the analysis then says why)."""
+    from jaxdbg.nan.localise import trace_for_replay  # the watch itself needs no interpreter
+
     try:
         with jit_layer.internal():
-            return call.trace()
+            return trace_for_replay(call)
     except Exception:  # noqa: BLE001 - the later analysis traces again and reports the failure
         return None
 

@@ -291,8 +291,7 @@ class LookAhead:
     def _latest_times(self, plans: list[list[int]], durations) -> tuple[list[float], list[float]] | None:
         """``(start_by, finish_by)`` for :meth:`plan_deadlines`; None for a plan that cannot run in fixed
         order with blocking sends (no deadlines to keep)."""
-        assert self._plan_run is not None  # set by follow(), before any deadline is asked for
-        record = self._plan_run(plans, durations, "sync")
+        record = self._plan_run(plans, durations, "sync") if self._plan_run is not None else None
         if record is None:
             return None
         shape, n = self.shape, self.shape.num_tasks

@@ -7,10 +7,10 @@ Example:
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 from jaxdbg.profile.model import FunctionProfile, Totals, Transfer
+from jaxdbg.profile.signature import main_cause
 
 _FIXES = {
     "shape": "pad inputs to a few fixed shapes (bucketing), or drop the ragged last batch",
@@ -29,11 +29,11 @@ def hints_for(functions: list[FunctionProfile], totals: Totals, transfers: list[
     for function in functions:
         if not function.recompiles:
             continue
-        kinds = Counter(change.kind for r in function.recompiles for change in r.changes) or Counter(["unknown"])
-        kind, count = kinds.most_common(1)[0]
+        kind, count = main_cause(function.recompiles)
         fix = _FIXES.get(kind, "check jax's caches and config between calls")
         hints.append(f"{function.name} compiled {function.compiles} times ({function.compile.total_s:.2f} s); "
-                     f"the main cause, on {count} recompiles: {kind} changes. Fix: {fix}")
+                     f"the main cause, on {count} of {len(function.recompiles)} recompiles: {kind} changes. "
+                     f"Fix: {fix}")
     wall = totals.wall_s or 0.0
     if wall > 0 and totals.compile_s > 0.5 * wall:
         hints.append(f"compilation takes {100 * totals.compile_s / wall:.0f}% of the run ({totals.compile_s:.2f} s): "

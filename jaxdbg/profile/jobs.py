@@ -94,6 +94,7 @@ class BackendStart:
         self.send, self.stack, self.window, self.recorder, self.log = send, stack, window, recorder, log
         self.info: DeviceInfo | None = None
         self.started = time.perf_counter()
+        self.heartbeat: multihost.Heartbeat | None = None  # runs until the job's figures are shared
 
     def __call__(self) -> DeviceInfo:
         if self.info is None:
@@ -104,9 +105,9 @@ class BackendStart:
                 self.recorder.out_dir = os.path.join(self.recorder.out_dir, f"process-{jax.process_index()}")
                 if self.window is not None:
                     self.window.logdir = os.path.join(self.recorder.out_dir, "trace")
-                heartbeat = multihost.Heartbeat("profile", self.where)
-                heartbeat.start()
-                self.stack.callback(heartbeat.stop)
+                self.heartbeat = multihost.Heartbeat("profile", self.where,
+                                                     lambda _, line: self.send(ProfileNote(line)))
+                self.heartbeat.start()
             else:
                 self.log.stop()  # kept only to share this process's figures with the job
             if self.window is not None:
@@ -185,6 +186,8 @@ def script_job(job: ProfileJob, channel: Any) -> None:
         info = backend() if backend is not None else send_device_info(send)
         send_capture_ops(send, window, info.backend)
         share_with_the_job(send, log, options.timeout, backend.started if backend else time.perf_counter())
+        if backend is not None and backend.heartbeat is not None:
+            backend.heartbeat.stop()
     send_peak(send, info, options.calibrate)
     send(Done())
 

@@ -5,6 +5,12 @@ sharding, the value of a static argument, the pytree structure, or the Python ca
 records the signature of every call that compiled and diffs it against the closest earlier one, which
 names the argument and the change (``jax_explain_cache_misses`` only logs text, and not for every cause).
 
+A signature is what jax keys on, not what the user passed: dtypes canonicalised (a float64 numpy array is
+float32 to jax unless x64 is on), a Python number is a weakly typed scalar like the array jax returns for
+it. Only the compiled calls' signatures are kept, one per cache entry, so a difference between two of them
+is a difference jax compiled for. Arguments of framework wrappers (``eqx.filter_jit``, ``nnx.jit``) are
+named as the user passed them (:mod:`jaxdbg.frameworks`).
+
 A signature is computed only for calls that compiled, so steady-state calls pay nothing for it.
 
 Example:
@@ -18,13 +24,18 @@ Example:
 from __future__ import annotations
 
 import inspect
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from jaxdbg import frameworks
 from jaxdbg.profile.model import ArgChange, Recompile
 
-_SCALAR_DTYPES = {bool: "bool", int: "i32", float: "f32", complex: "c64"}
+# A Python number is a scalar of its kind's widest dtype, canonicalised like an array (int32 without x64);
+# bool is the one kind jax does not type weakly.
+_SCALAR_KINDS = {bool: ("bool", False), int: ("int64", True), float: ("float64", True),
+                 complex: ("complex128", True)}
 _MAX_VALUE_TEXT = 60
 
 
@@ -32,13 +43,14 @@ _MAX_VALUE_TEXT = 60
 class LeafSig:
     """What jax keys a compile on for one argument leaf."""
 
-    kind: str  # 'array', 'scalar' (a Python number: weakly typed), 'static', 'other'
+    kind: str  # 'array', 'scalar' (a Python number), 'static', 'other'
     shape: tuple[int, ...] | None = None
-    dtype: str | None = None
+    dtype: str | None = None  # as jax canonicalises it
     weak_type: bool = False
     sharding: str | None = None
-    value: str | None = None  # static arguments: the value's repr (compared by equality via `token`)
+    value: str | None = None  # static arguments: the value in short (compared by equality via `token`)
     token: Any = None
+    attribute: bool = False  # a static value inside an argument (a module's field): listed last
 
     def describe(self) -> str:
         if self.kind == "static":
@@ -61,8 +73,9 @@ class Signature:
         return dict(self.leaves)
 
     def short(self, limit: int = 6) -> str:
-        """'batch: f32[8, 32], n: static 3, ...' for reports."""
-        parts = [f"{path}: {leaf.describe()}" for path, leaf in self.leaves[:limit]]
+        """'batch: f32[8, 32], n: static 3, ...' for reports (modules' static fields after the arguments)."""
+        ordered = sorted(self.leaves, key=lambda item: item[1].attribute)
+        parts = [f"{path}: {leaf.describe()}" for path, leaf in ordered[:limit]]
         if len(self.leaves) > limit:
             parts.append(f"... {len(self.leaves) - limit} more")
         return ", ".join(parts)
@@ -78,8 +91,15 @@ def parameter_names(fun: Callable) -> list[str] | None:
 
 
 def _short_dtype(dtype: Any) -> str:
+    """The dtype jax compiles for (float64 -> f32 without x64), in the contract's spelling."""
+    import jax
+
     from jaxdbg.target import short_dtype
 
+    try:
+        dtype = jax.dtypes.canonicalize_dtype(dtype)
+    except (TypeError, ValueError):
+        pass  # extended dtypes (PRNG keys) are their own canonical form
     try:
         return short_dtype(dtype)
     except TypeError:
@@ -87,9 +107,10 @@ def _short_dtype(dtype: Any) -> str:
 
 
 def leaf_signature(value: Any) -> LeafSig:
-    """The signature of one dynamic leaf (jax array, numpy array, Python number or other)."""
-    if type(value) in _SCALAR_DTYPES:
-        return LeafSig("scalar", (), _SCALAR_DTYPES[type(value)], True, value=type(value).__name__)
+    """The signature of one dynamic leaf (jax array, numpy array, Python number or other), as jax keys on it."""
+    if type(value) in _SCALAR_KINDS:
+        widest, weak = _SCALAR_KINDS[type(value)]
+        return LeafSig("scalar", (), _short_dtype(widest), weak, value=type(value).__name__)
     shape = getattr(value, "shape", None)
     dtype = getattr(value, "dtype", None)
     if shape is not None and dtype is not None:
@@ -110,16 +131,14 @@ def _describe_sharding(sharding: Any) -> str:
     return f"{type(sharding).__name__}({count} device{'s' if count != 1 else ''})"
 
 
-def _static_leaf(value: Any) -> LeafSig:
-    text = repr(value)
-    if len(text) > _MAX_VALUE_TEXT:
-        text = text[: _MAX_VALUE_TEXT - 3] + "..."
+def _static_leaf(value: Any, attribute: bool = False) -> LeafSig:
+    text = frameworks.readable(value, _MAX_VALUE_TEXT)
     try:
         hash(value)
         token = value
     except TypeError:
         token = text
-    return LeafSig("static", value=text, token=token)
+    return LeafSig("static", value=text, token=token, attribute=attribute)
 
 
 def call_signature(
@@ -130,25 +149,38 @@ def call_signature(
     static_argnames: Sequence[str] = (),
     names: list[str] | None = None,
 ) -> Signature:
-    """The signature of ``fun(*args, **kwargs)`` as jit sees it (static arguments by value)."""
-    import jax
-
-    names = parameter_names(fun) if names is None else names
-    statics = {i % len(args) for i in static_argnums if args and -len(args) <= i < len(args)}
+    """The signature of ``fun(*args, **kwargs)`` as jit sees it (static arguments by value), by the user's
+    names (a framework wrapper's inner function is mapped back to the user's function first)."""
+    arguments = frameworks.user_arguments(fun, tuple(args), kwargs)
+    if arguments is None:
+        names = parameter_names(fun) if names is None else names
+        statics = {i % len(args) for i in static_argnums if args and -len(args) <= i < len(args)}
+        arguments = [frameworks.Argument(names[i] if names and i < len(names) else f"args[{i}]", value, i in statics)
+                     for i, value in enumerate(args)]
+        arguments += [frameworks.Argument(key, value, key in static_argnames) for key, value in kwargs.items()]
     leaves: list[tuple[str, LeafSig]] = []
-    named = [(names[i] if names and i < len(names) else f"args[{i}]", value, i in statics)
-             for i, value in enumerate(args)]
-    named += [(key, value, key in static_argnames) for key, value in kwargs.items()]
-    for name, value, static in named:
-        if static:
-            leaves.append((name, _static_leaf(value)))
+    for argument in arguments:
+        if argument.static:
+            leaves.append((argument.name, _static_leaf(argument.value)))
             continue
-        flat, _ = jax.tree_util.tree_flatten_with_path(value)
-        if not flat:
-            leaves.append((name, LeafSig("other", value=f"empty {type(value).__name__}")))
-        for path, leaf in flat:
-            leaves.append((name + jax.tree_util.keystr(path), leaf_signature(leaf)))
+        found = False
+        for path, leaf, attribute in frameworks.named_leaves(argument.value):
+            found = True
+            if attribute or (argument.filtered and not _is_array(leaf)):
+                leaves.append((argument.name + path, _static_leaf(leaf, attribute=bool(path))))
+            else:
+                leaves.append((argument.name + path, leaf_signature(leaf)))
+        if not found:
+            leaves.append((argument.name, LeafSig("other", value=f"empty {type(argument.value).__name__}")))
     return Signature(tuple(leaves))
+
+
+def _is_array(value: Any) -> bool:
+    """What a filtering wrapper (eqx.filter_jit) traces: jax and numpy arrays; every other leaf is static."""
+    import jax
+    import numpy as np
+
+    return isinstance(value, (jax.Array, np.ndarray, np.generic))
 
 
 def diff(old: Signature, new: Signature) -> list[ArgChange]:
@@ -168,26 +200,29 @@ def diff(old: Signature, new: Signature) -> list[ArgChange]:
 
 
 def _leaf_changes(path: str, prev: LeafSig, leaf: LeafSig) -> list[ArgChange]:
-    if prev.kind != leaf.kind:
-        return [ArgChange(path, "type", prev.describe(), leaf.describe())]
-    if leaf.kind == "static":
-        return [] if prev.token == leaf.token else [ArgChange(path, "static", str(prev.value), str(leaf.value))]
+    if "static" in (prev.kind, leaf.kind) or "other" in (prev.kind, leaf.kind):
+        if prev.kind != leaf.kind:
+            return [ArgChange(path, "type", prev.describe(), leaf.describe())]
+        if leaf.kind == "static":
+            return [] if prev.token == leaf.token else [ArgChange(path, "static", str(prev.value), str(leaf.value))]
+        return [] if prev.value == leaf.value else [ArgChange(path, "type", str(prev.value), str(leaf.value))]
+    # An array and a Python number are alike to jax: a Python int and the weakly typed i32[] jax returns for
+    # it share a compile, so only the abstract value is compared.
     out = []
     if prev.shape != leaf.shape:
         out.append(ArgChange(path, "shape", str(prev.shape), str(leaf.shape)))
     if prev.dtype != leaf.dtype:
         out.append(ArgChange(path, "dtype", str(prev.dtype), str(leaf.dtype)))
-    if prev.weak_type != leaf.weak_type:
+    elif prev.weak_type != leaf.weak_type:  # a dtype change says it already
         out.append(ArgChange(path, "weak_type", _weak(prev), _weak(leaf)))
     if prev.sharding != leaf.sharding and prev.sharding is not None and leaf.sharding is not None:
         out.append(ArgChange(path, "sharding", prev.sharding, leaf.sharding))
-    if leaf.kind == "other" and prev.value != leaf.value:
-        out.append(ArgChange(path, "type", str(prev.value), str(leaf.value)))
     return out
 
 
 def _weak(leaf: LeafSig) -> str:
-    return f"weakly typed {leaf.dtype}" if leaf.weak_type else f"strongly typed {leaf.dtype}"
+    typed = f"weakly typed {leaf.dtype}" if leaf.weak_type else f"strongly typed {leaf.dtype}"
+    return f"a Python {leaf.value} ({typed})" if leaf.kind == "scalar" else typed
 
 
 def change_text(change: ArgChange) -> str:
@@ -197,7 +232,8 @@ def change_text(change: ArgChange) -> str:
         "sharding": "sharding changed", "structure": "pytree structure changed", "type": "kind changed",
     }
     if change.kind == "static":
-        return f"static argument '{change.argument}' changed {change.before} -> {change.after}"
+        noun = "argument" if change.argument.isidentifier() else "value"  # a field inside an argument
+        return f"static {noun} '{change.argument}' changed {change.before} -> {change.after}"
     if change.kind == "callable":
         return change.after
     return f"argument '{change.argument}' {what.get(change.kind, 'changed')} {change.before} -> {change.after}"
@@ -229,3 +265,17 @@ def explain(previous: Sequence[Signature], new: Signature, *, same_callable: boo
         shown += f"; and {len(changes) - 3} more changes"
     return Recompile(call_index, shown, tuple(changes))
 
+
+def main_cause(recompiles: Sequence[Recompile]) -> tuple[str, int]:
+    """The kind of change behind the most recompiles, and on how many: a recompile counts once per kind,
+    however many leaves changed (twelve parameter arrays changing dtype in one recompile are one cause).
+
+    Example:
+        >>> shape = ArgChange("batch", "shape", "(8, 4)", "(9, 4)")
+        >>> dtypes = tuple(ArgChange(f"params[{i}]", "dtype", "f32", "bf16") for i in range(6))
+        >>> main_cause([Recompile(1, "", (shape,)), Recompile(2, "", (shape,)), Recompile(3, "", dtypes)])
+        ('shape', 2)
+    """
+    counts = Counter(kind for r in recompiles for kind in dict.fromkeys(c.kind for c in r.changes))
+    counts.update("unknown" for r in recompiles if not r.changes)
+    return max(counts.items(), key=lambda item: item[1]) if counts else ("unknown", 0)

@@ -28,7 +28,7 @@ rng = np.random.default_rng(jax.process_index())
 for i in range(5):
     local = np.abs(rng.normal(size=(4 * jax.local_device_count(), 8))).astype(np.float32)
     if i == 2 and jax.process_index() == 1:
-        local[5, 0] = -1.0  # a corrupt example in process 1's shard
+        local[len(local) - 3, 0] = -1.0  # a corrupt example in process 1's shard
     x = jax.make_array_from_process_local_data(sharding, local)
     w, loss = step(w, x)
 print(jax.process_index(), float(loss))
