@@ -23,6 +23,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -96,10 +97,8 @@ def _short_dtype(dtype: Any) -> str:
 
     from jaxdbg.target import short_dtype
 
-    try:
+    with contextlib.suppress(TypeError, ValueError):  # extended dtypes (PRNG keys) are their own canonical form
         dtype = jax.dtypes.canonicalize_dtype(dtype)
-    except (TypeError, ValueError):
-        pass  # extended dtypes (PRNG keys) are their own canonical form
     try:
         return short_dtype(dtype)
     except TypeError:
