@@ -7,6 +7,7 @@ prints the Python stack of a crash, and of a hang when the parent sends SIGUSR1 
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import importlib
 import os
@@ -63,10 +64,8 @@ def _leave_job() -> None:
         return
     from jaxdbg.multihost import leave_job
 
-    try:
+    with contextlib.suppress(Exception):  # never let leaving hide the run's own outcome
         leave_job()
-    except Exception:  # noqa: BLE001 - never let leaving hide the run's own outcome
-        pass
 
 
 if __name__ == "__main__":

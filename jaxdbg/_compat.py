@@ -14,11 +14,13 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import jax
 
 from jaxdbg._source import SourceLocation, is_user_file
+
 
 def open_jaxpr(closed: Any) -> tuple[Any, list]:
     """``(jaxpr, consts)`` of a closed jaxpr on any supported jax version (an open jaxpr gets no consts)."""
@@ -135,8 +137,10 @@ def distributed_client() -> Any:
     return distributed.global_state.client
 
 
-def array_class() -> type:
-    """The concrete class of jax arrays (``ArrayImpl``), whose ``_value`` copies device data to the host."""
+def array_class() -> Any:
+    """The concrete class of jax arrays (``ArrayImpl``), whose ``_value`` copies device data to the host.
+
+    Typed Any: the caller patches that private property, which jax's types do not let one assign."""
     from jax._src.array import ArrayImpl
 
     return ArrayImpl
@@ -200,6 +204,7 @@ def bind_eqn(eqn: Any, invals: list, keep_source: bool = False) -> list:
         subfuns, params = params
         invals = [*subfuns, *invals]
     ctx = getattr(getattr(eqn, "ctx", None), "manager", None) or contextlib.nullcontext()
+    where: contextlib.AbstractContextManager[Any]
     if keep_source:
         stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
         where = source_info_util.user_context(eqn.source_info.traceback, name_stack=stack)
@@ -305,13 +310,13 @@ def eager_hooks(on_primitive: Any, on_jit: Any, keep_fast: Any) -> Iterator[None
             return original_fastpath(executable, *args, **kwargs)
         return None
 
-    core.EvalTrace.process_primitive = process_primitive
+    core.EvalTrace.process_primitive = process_primitive  # type: ignore[method-assign]  # patched while active
     pjit._pjit_call_impl_python = call_impl_python
     pjit._get_fastpath_data = fastpath_data
     try:
         yield
     finally:
-        core.EvalTrace.process_primitive = original_primitive
+        core.EvalTrace.process_primitive = original_primitive  # type: ignore[method-assign]  # restored
         pjit._pjit_call_impl_python = original_jit
         pjit._get_fastpath_data = original_fastpath
 
@@ -408,11 +413,11 @@ def custom_jvp_rule_sources() -> Iterator[None]:
             params = {**params, "jvp_jaxpr_fun": live_traceback(params["jvp_jaxpr_fun"])}
         return original(params)
 
-    custom_jvp_call_p.get_bind_params = get_bind_params
+    custom_jvp_call_p.get_bind_params = get_bind_params  # type: ignore[method-assign]  # patched while active
     try:
         yield
     finally:
         if own is None:
             del custom_jvp_call_p.get_bind_params
         else:
-            custom_jvp_call_p.get_bind_params = own
+            custom_jvp_call_p.get_bind_params = own  # type: ignore[method-assign]  # restored

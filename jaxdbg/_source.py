@@ -41,9 +41,9 @@ def _library_roots() -> tuple[str, ...]:
         if path:
             roots.add(os.path.realpath(path))
     for name in ("jax", "jaxlib", "jaxdbg", "numpy", "typer", "rich", "click"):
-        module = sys.modules.get(name)
-        if module is not None and getattr(module, "__file__", None):
-            roots.add(os.path.realpath(os.path.dirname(module.__file__)))
+        file = getattr(sys.modules.get(name), "__file__", None)
+        if file:
+            roots.add(os.path.realpath(os.path.dirname(file)))
     roots.add(os.path.realpath(os.path.dirname(os.path.dirname(__file__))) + os.sep + "jaxdbg")
     return tuple(sorted(roots))
 
@@ -86,7 +86,7 @@ def innermost_user_frame(tb: types.TracebackType | None) -> SourceLocation | Non
 
 def caller_user_frame(skip: int = 1) -> SourceLocation | None:
     """The innermost user frame on the current Python stack (for hooks that run inside jax calls)."""
-    frame = sys._getframe(skip)
+    frame: types.FrameType | None = sys._getframe(skip)
     while frame is not None:
         if is_user_file(frame.f_code.co_filename):
             return SourceLocation(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)

@@ -200,7 +200,7 @@ def profiler_check(trace_dir: str | None, timeout: float = 120) -> dict[str, Any
 def compilation_cache_report() -> dict[str, Any]:
     import jax
 
-    directory = jax.config.jax_compilation_cache_dir
+    directory = getattr(jax.config, "jax_compilation_cache_dir", None)  # a dynamic option: not in jax's types
     enabled = bool(directory) and bool(getattr(jax.config, "jax_enable_compilation_cache", True))
     return {"enabled": enabled, "dir": directory}
 
@@ -246,7 +246,7 @@ def distributed_report(versions: dict[str, str], join: bool | None, timeout: flo
         "cluster": cluster, "joined": True, "coordinator": _compat.coordinator_address(),
         "process_index": jax.process_index(), "process_count": jax.process_count(),
         "local_devices": jax.local_device_count(), "devices": jax.device_count(),
-        "cpu_collectives": str(jax.config.jax_cpu_collectives_implementation),
+        "cpu_collectives": str(getattr(jax.config, "jax_cpu_collectives_implementation", None)),  # a dynamic option
     }
     checks = [Check("distributed", "ok", f"process {info['process_index']} of {info['process_count']}, "
                     f"{info['local_devices']} of {info['devices']} devices here, coordinator {info['coordinator']}")]
@@ -284,7 +284,8 @@ def pitfalls(config: Any, backend: str, host: dict, profiler: dict, cache: dict,
     for flag, what in (("jax_debug_nans", "NaN"), ("jax_debug_infs", "Inf")):
         if getattr(config, flag, False):
             checks.append(Check(flag, "warn", f"{flag} is on: every output is copied to the host and checked for "
-                                f"{what}, which slows everything; turn it off outside debugging (or use jaxdbg nan-hunt)"))
+                                f"{what}, which slows everything; turn it off outside debugging "
+                                "(or use jaxdbg nan-hunt)"))
     if getattr(config, "jax_disable_jit", False):
         checks.append(Check("jax_disable_jit", "warn", "jit is disabled: everything runs op by op, slowly, and "
                             "numerics differ from compiled code; unset JAX_DISABLE_JIT"))
@@ -310,7 +311,8 @@ def pitfalls(config: Any, backend: str, host: dict, profiler: dict, cache: dict,
         checks.append(Check("profiler", "ok", f"jax.profiler capture works ({profiler['trace_dir']})"))
     checks.append(Check("compilation_cache", "ok" if cache["enabled"] else "info",
                         f"persistent compilation cache at {cache['dir']}" if cache["enabled"] else
-                        "persistent compilation cache is off; set JAX_COMPILATION_CACHE_DIR to reuse compiles across runs"))
+                        "persistent compilation cache is off; set JAX_COMPILATION_CACHE_DIR to reuse compiles "
+                        "across runs"))
     if versions.get("xprof") == "not installed":
         checks.append(Check("xprof", "warn", "xprof is not installed: no offline trace conversion or --serve"))
     return checks

@@ -238,7 +238,7 @@ def _filter_jit_arguments(args: tuple, kwargs: dict) -> list[Argument] | None:
     fun = _combine(dynamic["fun"], static_fun)
     first = _combine(dynamic["first"], static_first)
     rest, user_kwargs = _combine(dynamic["rest"], static_rest)
-    positional = ((first,) + tuple(rest))[:-1]  # filter_jit appends a None so that no call has zero arguments
+    positional = (first, *rest)[:-1]  # filter_jit appends a None so that no call has zero arguments
     out = [Argument(name, value, filtered=True)
            for name, value in zip(_positional_names(fun, len(positional)), positional)]
     out += [Argument(key, value, filtered=True) for key, value in user_kwargs.items()]

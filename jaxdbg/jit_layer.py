@@ -39,7 +39,8 @@ import contextlib
 import functools
 import threading
 import types
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -55,10 +56,10 @@ class JitHook:
 
     check_outputs: bool = False
 
-    def on_jit(self, function: "InstrumentedJit") -> None:
+    def on_jit(self, function: InstrumentedJit) -> None:
         """``jax.jit`` was applied (once per application, before any call)."""
 
-    def around(self, call: "JitCall", run: Callable[[], Any]) -> Any:
+    def around(self, call: JitCall, run: Callable[[], Any]) -> Any:
         """Run one call; the default is ``before``, ``run()``, then ``after`` or ``on_exception``."""
         self.before(call)
         try:
@@ -69,13 +70,13 @@ class JitHook:
         self.after(call, out)
         return out
 
-    def before(self, call: "JitCall") -> None:
+    def before(self, call: JitCall) -> None:
         """Before the call runs; may replace ``call.args`` and ``call.kwargs``."""
 
-    def after(self, call: "JitCall", out: Any) -> None:
+    def after(self, call: JitCall, out: Any) -> None:
         """After the call returned ``out`` (its computation may still be running on the device)."""
 
-    def on_exception(self, call: "JitCall", err: BaseException) -> None:
+    def on_exception(self, call: JitCall, err: BaseException) -> None:
         """The call raised ``err`` (re-raised afterwards)."""
 
 
@@ -97,9 +98,9 @@ class JitCall:
     place for hooks to keep what they need from ``before`` to ``after``.
     """
 
-    __slots__ = ("function", "args", "kwargs", "index", "magnitudes", "notes", "_host")
+    __slots__ = ("_host", "args", "function", "index", "kwargs", "magnitudes", "notes")
 
-    def __init__(self, function: "InstrumentedJit", args: tuple, kwargs: dict, index: int):
+    def __init__(self, function: InstrumentedJit, args: tuple, kwargs: dict, index: int):
         self.function = function
         self.args = args
         self.kwargs = kwargs
@@ -118,7 +119,7 @@ class JitCall:
 class InstrumentedJit:
     """What ``jax.jit(fun, **options)`` returns while hooks are installed; behaves like the jitted function."""
 
-    def __init__(self, layer: "_Layer", jitted: Any, fun: Callable, options: dict, record: FunctionRecord):
+    def __init__(self, layer: _Layer, jitted: Any, fun: Callable, options: dict, record: FunctionRecord):
         self._layer = layer
         self.jitted = jitted
         self.fun = fun

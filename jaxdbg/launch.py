@@ -23,7 +23,7 @@ import socket
 import subprocess
 import sys
 import tempfile
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from jaxdbg._errors import UsageError
 
@@ -102,10 +102,10 @@ def launch(argv: Sequence[str], processes: int, timeout: float | None = None) ->
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
-    for index, (code, path) in enumerate(zip(codes, paths)):
-        if index and code not in (0, codes[0]) and path is not None:
-            last = _last_line(path)
-            sys.stderr.write(f"jaxdbg: process {index} of {processes} exited with {code}: {last} (log: {path})\n")
+    for index, (code, log_path) in enumerate(zip(codes, paths)):
+        if index and code not in (0, codes[0]) and log_path is not None:
+            last = _last_line(log_path)
+            sys.stderr.write(f"jaxdbg: process {index} of {processes} exited with {code}: {last} (log: {log_path})\n")
     failed = [code for code in codes[1:] if code != 0]
     return codes[0] if codes[0] != 0 or not failed else failed[0]
 

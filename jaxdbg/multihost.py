@@ -15,12 +15,14 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from jaxdbg import _compat
 
@@ -180,10 +182,8 @@ def leave_job(wait_s: float = 10.0) -> None:
     if len(gather("job", "done", wait_s)) == place.count:
         import jax
 
-        try:
+        with contextlib.suppress(Exception):  # leaving is best effort: the process exits right after
             jax.distributed.shutdown()
-        except Exception:  # noqa: BLE001 - leaving is best effort: the process exits right after
-            pass
 
 
 def missing_line(command: str, index: int, count: int, waited_s: float) -> str:
@@ -192,5 +192,6 @@ def missing_line(command: str, index: int, count: int, waited_s: float) -> str:
     where = peek(command, "where", index)
     stood = f"; last seen {where['text']}" if isinstance(where, dict) and where.get("text") else ""
     lost = index in _lost_peers
-    why = "it stopped answering: it died or froze" if lost else f"none within {waited_s:.0f} s: it died, hangs or is busy"
+    why = ("it stopped answering: it died or froze" if lost
+           else f"none within {waited_s:.0f} s: it died, hangs or is busy")
     return f"process {index} sent no report ({why}){stood}"

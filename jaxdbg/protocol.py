@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import struct
@@ -85,7 +86,7 @@ class Channel:
     """Append-only record file from child to parent: length-prefixed pickles, flushed per message."""
 
     def __init__(self, path: str):
-        self._handle = open(path, "ab", buffering=0)
+        self._handle = open(path, "ab", buffering=0)  # noqa: SIM115 - held open until close()
 
     def send(self, message: Message) -> None:
         if not isinstance(message, Message):
@@ -109,10 +110,8 @@ def read_channel(path: str) -> list[Message]:
         (size,) = struct.unpack_from("<Q", data, offset)
         if offset + 8 + size > len(data):
             break
-        try:
+        with contextlib.suppress(Exception):  # a value the parent cannot import is skipped, not fatal
             records.append(pickle.loads(data[offset + 8 : offset + 8 + size]))
-        except Exception:  # noqa: BLE001 - a value the parent cannot import is skipped, not fatal
-            pass
         offset += 8 + size
     return records
 

@@ -80,7 +80,8 @@ def environment_info() -> dict:
         "jaxlib": getattr(jaxlib, "__version__", "unknown"),
         "backend": jax.default_backend(),
         "devices": [
-            {"id": d.id, "platform": d.platform, "kind": getattr(d, "device_kind", ""), "process_index": d.process_index}
+            {"id": d.id, "platform": d.platform, "kind": getattr(d, "device_kind", ""),
+             "process_index": d.process_index}
             for d in jax.devices()
         ],
         "python": platform.python_version(),
@@ -122,7 +123,8 @@ def write_json(report: Report, destination: str) -> None:
         return
     path = Path(destination)
     if not path.parent.exists():
-        raise UsageError(f"--json '{destination}': folder '{path.parent}' does not exist; create it or pick another path")
+        raise UsageError(
+            f"--json '{destination}': folder '{path.parent}' does not exist; create it or pick another path")
     path.write_text(text + "\n")
 
 

@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import re
@@ -21,8 +22,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping, TypeVar
+from typing import Any, TypeVar
 
 from jaxdbg._errors import EXIT_TARGET_FAILED
 from jaxdbg._source import SourceLocation, is_user_file
@@ -226,10 +228,8 @@ def _read_text(path: str) -> str:
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _signal_name(number: int) -> str:

@@ -28,8 +28,9 @@ import re
 import runpy
 import sys
 import zipfile
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -116,6 +117,7 @@ def check_target(spec: TargetSpec) -> None:
     check_syntax(spec.path)
     if spec.kind != "function":
         return
+    assert spec.function is not None  # parse_target sets it on every function target
     with open(spec.path, "rb") as handle:
         tree = ast.parse(handle.read(), spec.path)
     defined = set()
@@ -141,6 +143,7 @@ def load_module_from_file(path: str) -> Any:
     check_syntax(path)
     name = "_jaxdbg_target_" + re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
     spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None  # a .py path always gets a source loader
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     folder = os.path.dirname(path)
@@ -160,9 +163,11 @@ def load_function(spec: TargetSpec) -> Callable:
     """The callable a function TARGET names (``file.py::func``, ``pkg.mod:func``; dotted attributes allowed)."""
     if spec.kind != "function":
         raise UsageError(f"target '{spec.text}' is a script, not a function; write it as file.py::function_name")
+    assert spec.function is not None  # parse_target sets it on every function target
     if spec.path is not None:
         module = load_module_from_file(spec.path)
     else:
+        assert spec.module is not None  # a function target without a file is module:function
         if os.getcwd() not in sys.path:  # as `python -m`: modules of the current folder are importable
             sys.path.insert(0, os.getcwd())
         try:
@@ -190,6 +195,7 @@ def load_function(spec: TargetSpec) -> Callable:
 @contextlib.contextmanager
 def script_context(spec: TargetSpec) -> Iterator[None]:
     """sys.argv and sys.path as ``python script.py ARGS`` would set them; restored afterwards."""
+    assert spec.path is not None  # every script target has its file
     old_argv, old_path = sys.argv[:], sys.path[:]
     sys.argv = [spec.path, *spec.script_args]
     sys.path.insert(0, os.path.dirname(spec.path))
@@ -206,6 +212,7 @@ def run_script(spec: TargetSpec) -> dict:
     Install instrumentation before calling this and remove it afterwards: the script imports jax itself.
     A ``sys.exit(0)`` in the script counts as success.
     """
+    assert spec.path is not None  # every script target has its file
     check_syntax(spec.path)
     with script_context(spec):
         try:
@@ -274,12 +281,14 @@ def parse_args_spec(text: str) -> list[ArraySpec]:
         match = _ARRAY_SPEC.match(token)
         if not match:
             raise UsageError(
-                f"--args '{text}': cannot read '{token}'; write each argument as dtype[dims], e.g. \"f32[8,128] i32[] bf16[4]\""
+                f"--args '{text}': cannot read '{token}'; write each argument as dtype[dims], "
+                "e.g. \"f32[8,128] i32[] bf16[4]\""
             )
         dtype = DTYPE_ALIASES.get(match.group(1).lower())
         if dtype is None:
             raise UsageError(
-                f"--args '{text}': unknown dtype '{match.group(1)}'; use one of {', '.join(sorted(set(DTYPE_ALIASES.values())))}"
+                f"--args '{text}': unknown dtype '{match.group(1)}'; "
+                f"use one of {', '.join(sorted(set(DTYPE_ALIASES.values())))}"
             )
         dims = [d.strip() for d in match.group(2).split(",") if d.strip()]
         specs.append(ArraySpec(dtype, tuple(int(d) for d in dims)))
@@ -294,6 +303,7 @@ def random_inputs(specs: Sequence[ArraySpec], seed: int = 0) -> tuple[np.ndarray
     out = []
     for spec in specs:
         dtype = numpy_dtype(spec.dtype)
+        value: np.ndarray
         if spec.dtype == "bool":
             value = rng.random(spec.shape) < 0.5
         elif spec.dtype.startswith("u"):
@@ -324,7 +334,7 @@ def load_npz_inputs(path: str) -> tuple[np.ndarray, ...]:
                     f"--inputs '{path}': arrays must be named arg0, arg1, ... (found {', '.join(keys) or 'none'}); "
                     "save them with np.savez(path, arg0=x, arg1=y)"
                 )
-            ranked = sorted(zip((int(m.group(1)) for m in order), keys))
+            ranked = sorted(zip((int(m.group(1)) for m in order if m is not None), keys))
             return tuple(data[key] for _, key in ranked)
     except UsageError:
         raise
@@ -346,7 +356,8 @@ def load_inputs(inputs: str | None, args: str | None, seed: int = 0) -> tuple[An
         return random_inputs(parse_args_spec(args), seed)
     if not inputs:
         raise UsageError(
-            "a function target needs inputs: pass --args \"f32[8,128] ...\" or --inputs file.py::make_inputs or data.npz"
+            "a function target needs inputs: pass --args \"f32[8,128] ...\" or --inputs file.py::make_inputs "
+            "or data.npz"
         )
     if "::" in inputs:
         maker = load_function(parse_target(inputs))
@@ -373,7 +384,7 @@ def check_arity(fn: Callable, inputs: Sequence[Any], name: str | None = None) ->
         >>> check_arity(lambda w, x: w, (1.0,), "step")
         Traceback (most recent call last):
         ...
-        jaxdbg._errors.UsageError: the inputs do not fit step(w, x): missing a required argument: 'x'; give one input per parameter with --args or --inputs
+        jaxdbg._errors.UsageError: the inputs do not fit step(w, x): missing a required argument: 'x'; give one ...
     """
     import inspect
 

@@ -162,8 +162,8 @@ def _mark(value: bool) -> str:
 
 def _print_row(row: dict) -> None:
     j, f = row["jaxdbg"], row["flags"]
-    print(f"{row['recipe']:<19} jaxdbg: {str(j['named']):<22} op {_mark(j['op']):<3} line {_mark(j['line']):<3} "
-          f"pass {_mark(j['pass']):<3} {j['wall_s']:5.1f}s | debug flags: {str(f['named']):<24} op {_mark(f['op']):<3} "
+    print(f"{row['recipe']:<19} jaxdbg: {j['named']!s:<22} op {_mark(j['op']):<3} line {_mark(j['line']):<3} "
+          f"pass {_mark(j['pass']):<3} {j['wall_s']:5.1f}s | debug flags: {f['named']!s:<24} op {_mark(f['op']):<3} "
           f"line {_mark(f['line']):<3} pass {_mark(f['pass']):<3} {f['wall_s']:5.1f}s", flush=True)
 
 

@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     seeds = args.seeds or (3 if args.quick else 5)
     began = time.perf_counter()
-    common = dict(policies=("fixed", "ready"), comms=("async", "sync"), memory_caps=(1.0, 2.0, 4.0))
+    common = {"policies": ("fixed", "ready"), "comms": ("async", "sync"), "memory_caps": (1.0, 2.0, 4.0)}
 
     print(f"simulation ({seeds} paired seeds per combination; base F 4 ms, B 8 ms, message 0.2 ms)")
     sim_rows, blind_rows = [], []
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  [info] {source} {schedule} {comm} without variability, worst of every hint: "
                   f"{worst_any.median_speedup_vs_fixed:.3f} (ready/{worst_any.hint} {worst_any.memory_cap:g}x; "
                   "a hint that ranks against the schedule may cost time even without variability)")
-        for label, kw, s in rows:
+        for label, _, s in rows:
             if s.policy == "fixed" and s.variability.startswith(MULTIMODAL) and s.schedule == "1f1b" and "8x32" in label:
                 print(f"  [info] {label} {s.variability} {s.comm}: fixed 1F1B is {s.median_makespan_over_lower_bound:.3f}x "
                       "the lower bound, so no order can beat it by more than that")

@@ -200,10 +200,8 @@ def run_cvise(recipe: str, path: str, test: Interestingness, budget: float, work
             verdict = test(conn.recv())
         except (OutOfBudget, EOFError, OSError):
             verdict = False
-        try:
+        with contextlib.suppress(OSError):  # C-Vise already killed this test
             conn.send(verdict)
-        except OSError:  # C-Vise already killed this test
-            pass
         conn.close()
 
     threading.Thread(target=serve, daemon=True).start()

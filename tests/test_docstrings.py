@@ -53,9 +53,8 @@ FLAGS = doctest.ELLIPSIS
 
 def _modules() -> list[str]:
     names = [jaxdbg.__name__]
-    for info in pkgutil.walk_packages(jaxdbg.__path__, prefix="jaxdbg."):
-        if info.name.rsplit(".", 1)[-1] != "__main__":  # running it would edit sys.path
-            names.append(info.name)
+    names.extend(info.name for info in pkgutil.walk_packages(jaxdbg.__path__, prefix="jaxdbg.")
+                 if info.name.rsplit(".", 1)[-1] != "__main__")  # running it would edit sys.path
     return sorted(names)
 
 

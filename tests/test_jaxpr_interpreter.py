@@ -238,7 +238,7 @@ def test_values_are_freed_after_their_last_use() -> None:
     kinds = {path[-1].split("(")[0].split("[")[0] for path in hooks.most_alive}
     assert kinds == {"jit", "scan", "while", "cond", "checkpoint", "custom_jvp", "custom_vjp"}
     assert all(len(refs) == CHAIN for refs in hooks.refs.values())
-    assert hooks.most_alive == {path: 1 for path in hooks.most_alive}
+    assert hooks.most_alive == dict.fromkeys(hooks.most_alive, 1)
 
 
 def test_default_rule_table_covers_the_higher_order_primitives() -> None:

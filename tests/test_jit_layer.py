@@ -36,7 +36,7 @@ def test_jax_jit_is_restored_when_the_last_hook_leaves_even_on_error():
         with jit_layer.installed(Log("a", [])):
             with jit_layer.installed(Log("b", [])):
                 assert jax.jit is not real
-                1 / 0
+                1 / 0  # noqa: B018 - raises on purpose
     assert jax.jit is real
 
 

@@ -9,7 +9,6 @@ import sys
 
 import pytest
 
-
 CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
 
 

@@ -155,7 +155,7 @@ def test_function_mode_jitted_target_keeps_its_static_arguments(tmp_path) -> Non
      "do not fit rollout("),
 ])
 def test_bad_usage_is_one_line_exit_2(argv, fragment, capsys, tmp_path) -> None:
-    code, _, err = _run(argv + ["--out", str(tmp_path / "u")], capsys)
+    code, _, err = _run([*argv, "--out", str(tmp_path / "u")], capsys)
     assert code == 2 and err.count("\n") == 1 and fragment in err
 
 
@@ -182,8 +182,8 @@ def test_quiet_still_says_where_the_nan_was_made(tmp_path, capsys) -> None:
     code = main(["nan-hunt", os.path.join(RECIPES, "nan_scan", "train.py"), "-q", "--out", str(tmp_path / "q")])
     captured = capsys.readouterr()
     assert code == 1 and captured.out == ""
-    assert captured.err.strip() == "jaxdbg nan-hunt: nan first made by sqrt (forward pass) at train.py:9 in " \
-                                   "rollout, call 1"
+    assert captured.err.strip() == ("jaxdbg nan-hunt: nan first made by sqrt (forward pass) at train.py:9 in "
+                                    "rollout, call 1")
 
 
 OVERFLOWING = textwrap.dedent("""

@@ -9,9 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxdbg.jit_layer import InstrumentedJit
 from jaxdbg.nan.explain import explain
 from jaxdbg.nan.localise import localise_call
-from jaxdbg.jit_layer import InstrumentedJit
 from jaxdbg.nan.watch import EagerFinding, JitFinding, NonFiniteFound, Watch
 
 
@@ -30,7 +30,7 @@ def test_hooks_are_removed_afterwards_even_on_error() -> None:
     assert jax.jit is real_jit and _eval_process_primitive() is real_eval
     with pytest.raises(ZeroDivisionError):
         with Watch():
-            1 / 0
+            1 / 0  # noqa: B018 - raises on purpose
     assert jax.jit is real_jit and _eval_process_primitive() is real_eval
 
 
@@ -139,7 +139,7 @@ def test_output_names_come_from_the_assignment() -> None:
             step = jax.jit(lambda p: ({"w": p["w"] * 100.0, "b": p["b"]}, jnp.sum(p["w"])))
             params = {"w": jnp.ones(2), "b": jnp.ones(1)}
             for _ in range(30):
-                params, total = step(params)
+                params, total = step(params)  # noqa: RUF059 - growth is reported by these names
     names = [g.name for g in watch.growth.report()]
     assert set(names[:2]) == {"params['w']", "total"}  # both grow 100x per call: either may be first
     assert "params['b']" not in names

@@ -82,7 +82,7 @@ def test_no_lookahead_is_the_blind_readiness_rule(capsys, tmp_path):
     (["--stages", "0"], "jaxdbg pipeline-bench"),
 ])
 def test_bad_options_exit_2_with_one_line(capsys, args, message):
-    code, out, err = _bench(capsys, *args)
+    code, _, err = _bench(capsys, *args)
     assert code == 2
     assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
 

@@ -25,7 +25,7 @@ def test_every_schedule_is_valid(name, stages, microbatches):
 
 def test_notation_of_1f1b_and_zb_h1():
     assert build_schedule("1f1b", PipelineShape(2, 3)).format() == (
-        "stage 0: 0F0 0F1 0B0 0F2 0B1 0B2\n" "stage 1: 1F0 1B0 1F1 1B1 1F2 1B2"
+        "stage 0: 0F0 0F1 0B0 0F2 0B1 0B2\nstage 1: 1F0 1B0 1F1 1B1 1F2 1B2"
     )
     zb = build_schedule("zb-h1", PipelineShape(2, 3, split=True)).format()
     # Stage 1 holds one weight gradient back; stage 0 runs each W right after its I.

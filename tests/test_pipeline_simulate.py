@@ -169,7 +169,7 @@ def test_comma_separated_specs_keep_their_parameters():
 def test_replay_durations_drive_the_simulator(tmp_path):
     path = tmp_path / "durations.json"
     forward = [[0.001 * (s + 1)] * 2 for s in range(3)]
-    path.write_text('{"forward": %s, "backward": %s}' % (forward, [[2 * x for x in row] for row in forward]))
+    path.write_text(f'{{"forward": {forward}, "backward": {[[2 * x for x in row] for row in forward]}}}')
     shape = shape_for("1f1b", 3, 4, 1)
     durations = realise(parse_variability(f"replay:{path}", 3), shape, Costs(comm_s=0.0), 0)
     assert np.allclose(durations.task.reshape(2, 3, 4)[0, 2], 0.003)  # microbatches repeat cyclically

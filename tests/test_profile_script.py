@@ -108,7 +108,7 @@ def test_capture_files_and_one_step_annotation_per_call(hot):
 
 
 def test_xla_dump_goes_to_out_only(hot):
-    run, out = hot
+    run, _ = hot
     dumped = os.listdir(run.artifacts["xla_dump"])
     assert any("jit_step" in name and name.endswith(".txt") for name in dumped)
     assert "--xla_dump_to" not in os.environ.get("XLA_FLAGS", "")

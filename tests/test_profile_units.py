@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from jaxdbg._errors import UsageError
+from jaxdbg.profile.assemble import execute_stats
 from jaxdbg.profile.budget import check_budget, parse_budget
 from jaxdbg.profile.compare import compare, load_baseline
-from jaxdbg.profile.hlo import loop_note, module_name, parse_hlo
-from jaxdbg.profile.assemble import execute_stats
 from jaxdbg.profile.hints import hints_for
+from jaxdbg.profile.hlo import loop_note, module_name, parse_hlo
 from jaxdbg.profile.messages import CallTiming
 from jaxdbg.profile.model import CompileTimes, ExecuteStats, FunctionProfile, Recompile, Totals, Transfer
 from jaxdbg.profile.ops import OpTotal, _self_times, op_table

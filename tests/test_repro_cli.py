@@ -134,9 +134,9 @@ def test_an_unverified_reproducer_under_quiet_says_why_and_exits_3(tmp_path, cap
     down on a loaded machine, stopped somewhere else) exited 4 with "'int' object is not iterable"."""
     from jaxdbg.cli._common import Common, execute
     from jaxdbg.cli.repro import render
+    from jaxdbg.report import Report
     from jaxdbg.repro.core import ReproResult, Size
     from jaxdbg.repro.signature import FailureSignature
-    from jaxdbg.report import Report
 
     result = ReproResult(FailureSignature("timeout"), Size(17), Size(17), checks=9, elapsed_s=15.0, verified=False,
                          strategy="source", verification="fresh run of repro.py timeout after 2.0s at hang.py:2")
@@ -150,7 +150,7 @@ def test_function_target_with_random_args(tmp_path_factory):
     module = tmp_path_factory.mktemp("fn") / "model.py"
     module.write_text("import jax.numpy as jnp\n\ndef loss(x, w):\n    h = jnp.tanh(x @ w)\n"
                       "    return jnp.sum(jnp.log(h - 2.0))\n")
-    code, report, out = repro(tmp_path_factory, f"{module}::loss", "--args", "f32[4,8] f32[8,8]", "--max-time", "300")
+    code, report, _ = repro(tmp_path_factory, f"{module}::loss", "--args", "f32[4,8] f32[8,8]", "--max-time", "300")
     result = report["result"]
     assert code == 0 and result["verified"] and result["failing_primitives"] == ["log"]
 
@@ -190,8 +190,8 @@ def test_flaky_failure_is_reported_as_such(tmp_path_factory):
     script.write_text("import os, sys\nimport jax.numpy as jnp\nmarker = sys.argv[1]\nx = jnp.ones(3)\n"
                       "if not os.path.exists(marker):\n    open(marker, 'w').close()\n"
                       "    jnp.dot(x, jnp.ones(4))\n")
-    code, report, out = repro(tmp_path_factory, str(script), "--jobs", "1", "--max-time", "8", "--",
-                              str(folder / "marker"))
+    code, report, _ = repro(tmp_path_factory, str(script), "--jobs", "1", "--max-time", "8", "--",
+                            str(folder / "marker"))
     result = report["result"]
     assert code == 0 and result["flaky"] and not result["verified"]
     assert any("flaky" in note for note in result["notes"])

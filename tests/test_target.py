@@ -8,7 +8,13 @@ import pytest
 
 from jaxdbg._errors import TargetFailedError, UsageError
 from jaxdbg.target import (
-    load_function, load_inputs, load_npz_inputs, parse_args_spec, parse_target, random_inputs, run_script,
+    load_function,
+    load_inputs,
+    load_npz_inputs,
+    parse_args_spec,
+    parse_target,
+    random_inputs,
+    run_script,
     short_dtype,
 )
 
@@ -68,12 +74,12 @@ def test_load_function_forms(model_file):
 
 
 def test_unknown_function_lists_callables(model_file):
-    with pytest.raises(UsageError, match="no function 'lost'.*loss"):
+    with pytest.raises(UsageError, match=r"no function 'lost'.*loss"):
         load_function(parse_target(f"{model_file}::lost"))
 
 
 def test_unknown_module():
-    with pytest.raises(UsageError, match="cannot import module 'no_such_pkg_xyz.mod'"):
+    with pytest.raises(UsageError, match=r"cannot import module 'no_such_pkg_xyz\.mod'"):
         load_function(parse_target("no_such_pkg_xyz.mod:f"))
 
 

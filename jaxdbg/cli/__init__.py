@@ -17,7 +17,8 @@ import importlib
 import signal
 import sys
 import threading
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import typer
 from typer.core import TyperGroup
@@ -25,11 +26,11 @@ from typer.core import TyperGroup
 try:  # typer >= 0.22 vendors click as typer._click; older releases depend on click itself
     from typer._click import exceptions as click_errors
 except ImportError:  # pragma: no cover - depends on the installed typer
-    from click import exceptions as click_errors
+    click_errors = importlib.import_module("click.exceptions")
 
 from jaxdbg._errors import EXIT_USAGE, UsageError
-from jaxdbg.launch import launch, split_processes_option
 from jaxdbg._version import __version__
+from jaxdbg.launch import launch, split_processes_option
 
 # Subcommand modules under jaxdbg.cli, in the order --help lists them.
 COMMANDS = ("doctor", "profile", "nan_hunt", "repro", "pipeline_bench")
@@ -38,7 +39,7 @@ COMMANDS = ("doctor", "profile", "nan_hunt", "repro", "pipeline_bench")
 class JaxdbgGroup(TyperGroup):
     """Turns click's multi-line usage errors into the contract's single line and exit code 2."""
 
-    def main(self, args: Optional[Sequence[str]] = None, prog_name: Optional[str] = None, *a: Any, **extra: Any) -> Any:
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None, *a: Any, **extra: Any) -> Any:
         extra["standalone_mode"] = False
         try:
             code = super().main(args, prog_name or "jaxdbg", *a, **extra)
@@ -79,7 +80,7 @@ def _print_version(value: bool) -> None:
 @app.callback()
 def _root(
     version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True, help="Print the version."),
-    processes: Optional[int] = typer.Option(
+    processes: int | None = typer.Option(
         None, "--processes", metavar="N", min=1,
         help="Run the command as N processes of one local jax.distributed job (as srun would; CPU collectives "
              "over gloo); must come before the command."),
@@ -91,7 +92,7 @@ for _name in COMMANDS:
     importlib.import_module(f"jaxdbg.cli.{_name}").register(app)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code instead of exiting."""
     # SIGTERM (a CI job's timeout, `kill`) becomes SystemExit, so contained children are stopped on the way out.
     on_main_thread = threading.current_thread() is threading.main_thread()

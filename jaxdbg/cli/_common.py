@@ -7,16 +7,18 @@ A command module parses its options, then hands :func:`execute` a function that 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Callable, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from jaxdbg._errors import JaxdbgError, UsageError
 from jaxdbg.launch import WORKER_VARIABLE
@@ -25,15 +27,16 @@ from jaxdbg.report import Report, Result, process_folder, resolve_out_dir, write
 EXIT_INTERNAL = 4  # a bug in jaxdbg itself (not in the contract's 0-3): report it with the -v traceback
 
 JsonOpt = Annotated[
-    Optional[str],
-    typer.Option("--json", metavar="PATH", help="Write the JSON report to PATH; '-' prints it to stdout and nothing else."),
+    str | None,
+    typer.Option("--json", metavar="PATH",
+                 help="Write the JSON report to PATH; '-' prints it to stdout and nothing else."),
 ]
 OutOpt = Annotated[
-    Optional[str],
+    str | None,
     typer.Option("--out", metavar="DIR", help="Folder for artifacts (default: jaxdbg-out/<command>-<timestamp>/)."),
 ]
 TimeoutOpt = Annotated[
-    Optional[float],
+    float | None,
     typer.Option("--timeout", metavar="SECONDS", min=0.1, help="Stop the target after this long and report it."),
 ]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Print only the essentials.")]
@@ -43,14 +46,14 @@ TargetArg = Annotated[
                         help="script.py (run as __main__), file.py::func or package.module:func."),
 ]
 ScriptArgsArg = Annotated[
-    Optional[list[str]], typer.Argument(metavar="[-- ARGS]...", show_default=False,
+    list[str] | None, typer.Argument(metavar="[-- ARGS]...", show_default=False,
                                         help="Arguments passed to a script target (after --)."),
 ]
 ArgsOpt = Annotated[
-    Optional[str], typer.Option("--args", metavar="SPEC", help='Inputs of a function target, e.g. "f32[8,128] i32[8]".'),
+    str | None, typer.Option("--args", metavar="SPEC", help='Inputs of a function target, e.g. "f32[8,128] i32[8]".'),
 ]
 InputsOpt = Annotated[
-    Optional[str], typer.Option("--inputs", metavar="SRC", help="file.py::make_inputs or data.npz (arg0, arg1, ...)."),
+    str | None, typer.Option("--inputs", metavar="SRC", help="file.py::make_inputs or data.npz (arg0, arg1, ...)."),
 ]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the random --args inputs.")]
 
@@ -83,7 +86,7 @@ class Common:
             self._out_dir = resolve_out_dir(self.out, self.command)
         return self._out_dir
 
-    def progress(self) -> Progress | "NullProgress":
+    def progress(self) -> Progress | NullProgress:
         """A progress bar on a terminal; a silent stand-in when piped, quiet or under CI."""
         console = self.err_console
         if self.quiet or not console.is_terminal or os.environ.get("CI"):
@@ -97,19 +100,19 @@ class Common:
 class NullProgress:
     """Progress with rich's API that shows nothing (piped output, CI, --quiet)."""
 
-    def __enter__(self) -> "NullProgress":
+    def __enter__(self) -> NullProgress:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         return None
 
-    def add_task(self, description: str, total: float | None = None, **fields: Any) -> int:
-        return 0
+    def add_task(self, description: str, total: float | None = None, **fields: Any) -> TaskID:
+        return TaskID(0)
 
-    def update(self, task_id: int, **kwargs: Any) -> None:
+    def update(self, task_id: TaskID, **kwargs: Any) -> None:
         return None
 
-    def advance(self, task_id: int, advance: float = 1) -> None:
+    def advance(self, task_id: TaskID, advance: float = 1) -> None:
         return None
 
 
@@ -180,10 +183,8 @@ def write_error_report(common: Common, message: str, exit_code: int) -> None:
     if common._out_dir is not None:
         destinations.append(str(common._out_dir / "report.json"))
     for destination in destinations:
-        try:
+        with contextlib.suppress(Exception):  # the error line above is already the answer; JSON is a courtesy
             write_json(report, destination)
-        except Exception:  # noqa: BLE001 - the error line above is already the answer; JSON is a courtesy
-            pass
 
 
 def essential_line(report: Report) -> str | None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -20,7 +18,7 @@ def register(app: typer.Typer) -> None:
 
 def doctor(
     no_profiler: bool = typer.Option(False, "--no-profiler", help="Skip the test profiler capture."),
-    distributed: Optional[bool] = typer.Option(
+    distributed: bool | None = typer.Option(
         None, "--distributed/--no-distributed",
         help="Join the jax.distributed job first and report its setup (default: when a SLURM or Open MPI "
              "launch, or JAX_COORDINATOR_ADDRESS, says this process is one of a job's)."),
@@ -37,7 +35,7 @@ def _build(common: Common, no_profiler: bool, distributed: bool | None) -> Repor
 
     trace_dir = None if no_profiler else str(common.out_dir() / "profiler-check")
     result = diagnose(trace_dir, distributed, common.timeout or 60)
-    artifacts = {"profiler_trace": trace_dir} if result.profiler.get("ok") else {}
+    artifacts = {"profiler_trace": trace_dir} if trace_dir is not None and result.profiler.get("ok") else {}
     return Report("doctor", None, result, 0 if result.ok else 1, artifacts, environment_info())
 
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import os
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -14,7 +14,17 @@ from rich.table import Table
 from jaxdbg._errors import UsageError
 from jaxdbg._source import SourceLocation
 from jaxdbg.cli._common import (
-    ArgsOpt, Common, InputsOpt, JsonOpt, OutOpt, QuietOpt, ScriptArgsArg, SeedOpt, TargetArg, TimeoutOpt, VerboseOpt,
+    ArgsOpt,
+    Common,
+    InputsOpt,
+    JsonOpt,
+    OutOpt,
+    QuietOpt,
+    ScriptArgsArg,
+    SeedOpt,
+    TargetArg,
+    TimeoutOpt,
+    VerboseOpt,
     execute,
 )
 from jaxdbg.nan.result import ValueStats
@@ -23,7 +33,7 @@ from jaxdbg.report import Report, relative_or_absolute
 GradOpt = Annotated[bool, typer.Option("--grad", help=(
     "Function target: hunt inside its gradient (value_and_grad). A function returning a (scalar loss, aux) pair is "
     "differentiated with has_aux=True: the gradient of the loss, and aux is checked too."))]
-ArgnumsOpt = Annotated[Optional[str], typer.Option("--argnums", metavar="I,J",
+ArgnumsOpt = Annotated[str | None, typer.Option("--argnums", metavar="I,J",
                                                   help="Arguments to differentiate with --grad (default 0).")]
 NanOnlyOpt = Annotated[bool, typer.Option("--nan-only", help="Look for NaN only; ignore Inf.")]
 GrowthOpt = Annotated[float, typer.Option(
@@ -107,7 +117,7 @@ def render(report: Report, console: Console) -> None:
         console.print(f"  operation [bold]{first.primitive}[/]  ({first.pass_} pass)")
         console.print(f"  source    {escape(_where(first.source))}", soft_wrap=True)
     console.print(f"  path      {escape(' > '.join(first.path))}", soft_wrap=True)
-    if first.device is not None and (result.processes or first.shard and len(first.shard) and first.process):
+    if first.device is not None and (result.processes or (first.shard and len(first.shard) and first.process)):
         rows = ", ".join(f"{a}:{b}" for a, b in first.shard or ())
         console.print(f"  where     process {first.process}, device {first.device}, shard [{rows}]")
     for row in result.processes:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich import box
@@ -25,12 +24,15 @@ def pipeline_bench(
     mode: str = typer.Option("sim", "--mode", help="real: threads and JAX devices; sim: discrete-event simulation."),
     stages: int = typer.Option(4, "--stages", min=1, help="Pipeline stages (one device or device group each)."),
     microbatches: int = typer.Option(16, "--microbatches", min=1, help="Microbatches per step."),
-    virtual_stages: Optional[int] = typer.Option(None, "--virtual-stages", min=1, help="Chunks per stage for the interleaved schedule (default 2)."),
-    schedule: str = typer.Option("1f1b", "--schedule", help="gpipe, 1f1b, interleaved, zb-h1 (comma-separated for several)."),
+    virtual_stages: int | None = typer.Option(
+        None, "--virtual-stages", min=1, help="Chunks per stage for the interleaved schedule (default 2)."),
+    schedule: str = typer.Option(
+        "1f1b", "--schedule", help="gpipe, 1f1b, interleaved, zb-h1 (comma-separated for several)."),
     policy: str = typer.Option("fixed,ready", "--policy", help="fixed (strict order) and/or ready (readiness-first)."),
     hint: str = typer.Option("1f1b", "--hint", help="Ranking for ready: 1f1b, bf, bfw, gpipe (comma-separated)."),
     comm: str = typer.Option("async", "--comm", help="async (buffered messages) and/or sync (paired blocking sends)."),
-    memory_cap: str = typer.Option("1", "--memory-cap", help="Ready's per-stage cap, multiples of 1F1B's in-flight microbatches, e.g. 1,2,4."),
+    memory_cap: str = typer.Option(
+        "1", "--memory-cap", help="Ready's per-stage cap, multiples of 1F1B's in-flight microbatches, e.g. 1,2,4."),
     variability: str = typer.Option(
         "none", "--variability", metavar="SPEC",
         help="none; jitter:cv=0.3 (lognormal factor per task); straggler:stage=2,factor=2,prob=0.1; "
@@ -40,15 +42,24 @@ def pipeline_bench(
         "stages; length: CV of a per-microbatch sequence-length factor on every stage; partition=balanced scales "
         "each stage to the same expected load); comm:cv=0.5; replay:FILE. '+' combines.",
     ),
-    seeds: int = typer.Option(1, "--seeds", min=1, help="Seeds per combination (paired: every policy meets the same draws)."),
+    seeds: int = typer.Option(
+        1, "--seeds", min=1, help="Seeds per combination (paired: every policy meets the same draws)."),
     seed: int = typer.Option(0, "--seed", help="First seed."),
     task_ms: float = typer.Option(4.0, "--task-ms", help="Base forward time of a stage in ms (backward: twice that)."),
     comm_ms: float = typer.Option(0.2, "--comm-ms", help="Base delay of a message between stages in ms."),
-    lookahead: bool = typer.Option(True, "--lookahead/--no-lookahead", help="ready: start work ranked below the schedule's next task only if it should be done before that task can start (--no-lookahead: whenever it is ready)."),
-    devices_per_stage: int = typer.Option(1, "--devices-per-stage", min=1, help="Real mode: devices per stage (weights sharded across them)."),
-    trace: Optional[str] = typer.Option(None, "--trace", metavar="OUT.json", help="Write a Chrome/Perfetto trace: one process per run, one track per stage."),
-    plot: Optional[str] = typer.Option(None, "--plot", metavar="OUT.png", help="Write a timeline PNG and OUT-memory.png (speedup vs memory cap)."),
-    xprof: bool = typer.Option(False, "--xprof", help="Real mode: capture a jax.profiler trace with one annotation per task."),
+    lookahead: bool = typer.Option(
+        True, "--lookahead/--no-lookahead",
+        help="ready: start work ranked below the schedule's next task only if it should be done before that task can "
+        "start (--no-lookahead: whenever it is ready)."),
+    devices_per_stage: int = typer.Option(
+        1, "--devices-per-stage", min=1, help="Real mode: devices per stage (weights sharded across them)."),
+    trace: str | None = typer.Option(
+        None, "--trace", metavar="OUT.json",
+        help="Write a Chrome/Perfetto trace: one process per run, one track per stage."),
+    plot: str | None = typer.Option(
+        None, "--plot", metavar="OUT.png", help="Write a timeline PNG and OUT-memory.png (speedup vs memory cap)."),
+    xprof: bool = typer.Option(
+        False, "--xprof", help="Real mode: capture a jax.profiler trace with one annotation per task."),
     json: JsonOpt = None, out: OutOpt = None, timeout: TimeoutOpt = None, quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
 ) -> int:
@@ -82,13 +93,15 @@ def _caps(text: str) -> tuple[float, ...]:
         try:
             caps.append(float(piece.rstrip("x")))
         except ValueError:
-            raise UsageError(f"--memory-cap '{piece}' is not a number; use multiples of 1F1B's memory, e.g. 1,2,4") from None
+            raise UsageError(
+                f"--memory-cap '{piece}' is not a number; use multiples of 1F1B's memory, e.g. 1,2,4") from None
     return tuple(caps)
 
 
 def _writable(option: str, path: str | None) -> None:
     if path and not Path(path).resolve().parent.is_dir():
-        raise UsageError(f"{option} '{path}': folder '{Path(path).parent}' does not exist; create it or pick another path")
+        raise UsageError(
+            f"{option} '{path}': folder '{Path(path).parent}' does not exist; create it or pick another path")
 
 
 def _build(common: Common, options, trace: str | None, plot: str | None, xprof: bool) -> Report:
@@ -135,7 +148,8 @@ def _plots(plot: str, result, records) -> dict[str, str]:
 
     first = result.runs[0]
     group = [row for row in result.runs
-             if (row.schedule, row.comm, row.variability, row.seed) == (first.schedule, first.comm, first.variability, first.seed)]
+             if (row.schedule, row.comm, row.variability, row.seed)
+             == (first.schedule, first.comm, first.variability, first.seed)]
     chosen = [row for row in group if row.policy == "fixed"][:1]
     ready = [row for row in group if row.policy == "ready"]
     if ready:
@@ -144,7 +158,8 @@ def _plots(plot: str, result, records) -> dict[str, str]:
     series: dict[str, list[tuple[float, float]]] = {}
     for s in result.summary:
         if s.policy == "ready":
-            series.setdefault(f"{s.schedule} {s.hint} {s.comm} | {s.variability}", []).append((s.memory_cap, s.median_speedup_vs_fixed))
+            series.setdefault(f"{s.schedule} {s.hint} {s.comm} | {s.variability}", []).append(
+                (s.memory_cap, s.median_speedup_vs_fixed))
     artifacts = {"plot": plot}
     if series:
         path = Path(plot)
@@ -157,7 +172,8 @@ def _plots(plot: str, result, records) -> dict[str, str]:
 def render(report: Report, console: Console) -> None:
     result = report.result
     config = result.config
-    seeds = f"seed {config['seed']}" if config["seeds"] == 1 else f"seeds {config['seed']}..{config['seed'] + config['seeds'] - 1}"
+    seeds = (f"seed {config['seed']}" if config["seeds"] == 1
+             else f"seeds {config['seed']}..{config['seed'] + config['seeds'] - 1}")
     console.print(
         f"[bold]jaxdbg pipeline-bench[/] {config['mode']}: {config['stages']} stages x {config['microbatches']} "
         f"microbatches, {seeds}" + (f", {len(result.devices)} devices" if result.devices else "")
@@ -201,13 +217,15 @@ def _summary_table(result, variability: str) -> Table:
     real = result.config["mode"] == "real"
     columns = ("schedule", "policy", "comm", "speedup", "/LB", "bubble", "ns/pick") + (("sim err",) if real else ())
     seeds = result.config["seeds"]
-    table = _table(f"summary ({'median of ' + str(seeds) + ' seeds' if seeds > 1 else 'one seed'}) | {variability}", columns)
+    table = _table(
+        f"summary ({'median of ' + str(seeds) + ' seeds' if seeds > 1 else 'one seed'}) | {variability}", columns)
     for s in result.summary:
         if s.variability != variability:
             continue
         cells = [
             s.schedule, _policy(s), s.comm, f"{s.median_speedup_vs_fixed:.3f}x",
-            f"{s.median_makespan_over_lower_bound:.3f}", f"{s.median_bubble_fraction:.1%}", f"{s.median_decision_ns:.0f}",
+            f"{s.median_makespan_over_lower_bound:.3f}", f"{s.median_bubble_fraction:.1%}",
+            f"{s.median_decision_ns:.0f}",
         ]
         if real:
             cells.append("" if s.median_abs_sim_error is None else f"{s.median_abs_sim_error:.1%}")
@@ -217,7 +235,8 @@ def _summary_table(result, variability: str) -> Table:
 
 def _runs_table(result, variability: str) -> Table:
     real = result.config["mode"] == "real"
-    columns = ("schedule", "policy", "comm", "seed", "ms", "speedup") + (("sim ms",) if real else ()) + ("peak in flight",)
+    columns = (("schedule", "policy", "comm", "seed", "ms", "speedup") + (("sim ms",) if real else ())
+               + ("peak in flight",))
     table = _table(f"runs | {variability}", columns)
     for row in result.runs:
         if row.variability != variability:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.cells import cell_len
@@ -14,20 +14,36 @@ from rich.table import Table
 from rich.text import Text
 
 from jaxdbg.cli._common import (
-    ArgsOpt, Common, InputsOpt, JsonOpt, OutOpt, QuietOpt, ScriptArgsArg, SeedOpt, TargetArg, TimeoutOpt, VerboseOpt,
+    ArgsOpt,
+    Common,
+    InputsOpt,
+    JsonOpt,
+    OutOpt,
+    QuietOpt,
+    ScriptArgsArg,
+    SeedOpt,
+    TargetArg,
+    TimeoutOpt,
+    VerboseOpt,
     execute,
 )
 from jaxdbg.report import Report, environment_info, relative_or_absolute
 
+if TYPE_CHECKING:  # annotations only: the profile package is imported when a command runs
+    from jaxdbg._source import SourceLocation
+    from jaxdbg.profile.model import BudgetResult, FunctionProfile, ProfileResult
+    from jaxdbg.profile.run import ProfileOptions
+
 RunsOpt = Annotated[int, typer.Option("--runs", min=1, help="Timed runs of a function target.")]
 WarmupOpt = Annotated[int, typer.Option("--warmup", min=0, help="Untimed runs before the timed ones.")]
-BudgetOpt = Annotated[Optional[str], typer.Option(
+BudgetOpt = Annotated[str | None, typer.Option(
     "--budget", metavar="RULES", help='Fail (exit 1) past a budget, e.g. "compile_s<=2,execute_median_ms<=50,'
     'recompiles<=0,train_step.compile_s<=1".')]
-CompareOpt = Annotated[Optional[str], typer.Option(
+CompareOpt = Annotated[str | None, typer.Option(
     "--compare", metavar="OLD.json", help="Show per-function deltas against an earlier --json report.")]
 XlaDumpOpt = Annotated[bool, typer.Option("--xla-dump", help="Also write XLA's full dump folder into --out.")]
-MonitorOpt = Annotated[bool, typer.Option("--monitor", help="Sample host memory/CPU and device memory through the run.")]
+MonitorOpt = Annotated[bool, typer.Option(
+    "--monitor", help="Sample host memory/CPU and device memory through the run.")]
 ServeOpt = Annotated[bool, typer.Option("--serve", help="Open the capture in xprof on localhost (Ctrl-C stops it).")]
 TopOpt = Annotated[int, typer.Option("--top", min=0, help="Ops shown per function in the per-op table.")]
 TraceCallsOpt = Annotated[int, typer.Option(
@@ -77,7 +93,7 @@ def profile(
     return code
 
 
-def _build(common: Common, target: str, script_args: list[str], options: object) -> Report:
+def _build(common: Common, target: str, script_args: list[str], options: ProfileOptions) -> Report:
     from jaxdbg.profile import profile as run_profile
     from jaxdbg.target import parse_target
 
@@ -160,7 +176,8 @@ def render(report: Report, console: Console) -> None:
         console.print("transfers: " + ", ".join(f"{x.kind} {x.count}x {_s(x.total_s)}" for x in result.transfers))
     if result.monitor is not None:
         summary = result.monitor.summary
-        console.print(f"monitor: {summary['samples']} samples, peak host RSS {summary['peak_host_rss_bytes'] / 2**20:.0f} "
+        console.print(f"monitor: {summary['samples']} samples, "
+                      f"peak host RSS {summary['peak_host_rss_bytes'] / 2**20:.0f} "
                       f"MiB, mean CPU {summary['mean_host_cpu_percent']:.0f}% of a core"
                       + "".join(f"\n  [yellow]{w}[/]" for w in summary.get("warnings", [])))
     if result.comparison:
@@ -230,7 +247,7 @@ def _fitted_table(title: str, columns: list[_Column], rows: list[list[str]], wid
     return table
 
 
-def _functions_table(result: object, width: int) -> Table:
+def _functions_table(result: ProfileResult, width: int) -> Table:
     columns = [_Column("function", fold=True), _Column("compiles", drop=1), _Column("compile"),
                _Column("calls", drop=2), _Column("first", drop=4, minor=True), _Column("median", drop=3),
                _Column("p90", drop=5, minor=True), _Column("execute")]
@@ -239,14 +256,14 @@ def _functions_table(result: object, width: int) -> Table:
     return _fitted_table("jitted functions", columns, rows, width)
 
 
-def _loc(source: object) -> str:
+def _loc(source: SourceLocation | None) -> str:
     """'train.py:14': the file's base name keeps tables narrow (the JSON has the full path)."""
     if source is None:
         return "-"
     return f"{os.path.basename(source.file)}:{source.line}"
 
 
-def _render_function_detail(console: Console, f: object) -> None:
+def _render_function_detail(console: Console, f: FunctionProfile) -> None:
     c = f.compile
     console.print(f"  [bold]{f.name}[/] compile {_s(c.total_s)} over {f.compiles} compile(s): trace {_s(c.trace_s)}, "
                   f"lower {_s(c.lower_s)}, backend {_s(c.compile_s)}"
@@ -260,8 +277,8 @@ def _render_function_detail(console: Console, f: object) -> None:
         parts = []
         if f.cost:
             parts.append(", ".join(f"{k} {v:.3g}" for k, v in f.cost.items()))
-        if f.rates and f.rates.flops_per_s:
-            r = f.rates
+        r = f.rates
+        if r and r.flops_per_s:
             frac = f" = {100 * r.flops_fraction:.1f}% of peak" if r.flops_fraction else ""
             bw = f", {_rate(r.bytes_per_s, 'B/s')}" if r.bytes_per_s else ""
             bwfrac = f" = {100 * r.bytes_fraction:.1f}% of peak" if r.bytes_fraction else ""
@@ -313,7 +330,7 @@ def _render_comparison(console: Console, deltas: tuple) -> None:
     console.print(_fitted_table("compared with the earlier report", columns, rows, console.width))
 
 
-def _render_budget(console: Console, budget: object) -> None:
+def _render_budget(console: Console, budget: BudgetResult) -> None:
     if not budget.checked:
         return
     if budget.ok:

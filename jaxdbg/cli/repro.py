@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 from rich.console import Console
 
-from jaxdbg.cli._common import (ArgsOpt, Common, InputsOpt, JsonOpt, OutOpt, QuietOpt, ScriptArgsArg, SeedOpt,
-                                TargetArg, TimeoutOpt, VerboseOpt, execute, validate_destinations)
 from jaxdbg._errors import EXIT_OK, EXIT_TARGET_FAILED
+from jaxdbg.cli._common import (
+    ArgsOpt,
+    Common,
+    InputsOpt,
+    JsonOpt,
+    OutOpt,
+    QuietOpt,
+    ScriptArgsArg,
+    SeedOpt,
+    TargetArg,
+    TimeoutOpt,
+    VerboseOpt,
+    execute,
+    validate_destinations,
+)
 from jaxdbg.report import Report, environment_info, relative_or_absolute
 
 
@@ -20,15 +31,16 @@ def register(app: typer.Typer) -> None:
 def repro(
     target: TargetArg,
     script_args: ScriptArgsArg = None,
-    kind: Optional[str] = typer.Option(None, "--kind", metavar="KIND",
+    kind: str | None = typer.Option(None, "--kind", metavar="KIND",
                                        help="Failure to keep: exception, crash, timeout, nonfinite or mismatch."),
-    match: Optional[str] = typer.Option(None, "--match", metavar="REGEX", help="Keep only a failure whose text matches."),
+    match: str | None = typer.Option(None, "--match", metavar="REGEX", help="Keep only a failure whose text matches."),
     max_time: float = typer.Option(600.0, "--max-time", metavar="SECONDS", min=1.0,
                                    help="Time bound for the whole reduction; the best verified result so far is kept."),
     jobs: int = typer.Option(2, "--jobs", "-j", min=1, help="Candidates checked in parallel."),
     runs: int = typer.Option(2, "--runs", min=1, help="Runs of the original (a failure that comes and goes is flaky)."),
-    reference: str = typer.Option("eager", "--reference", metavar="REF",
-                                  help="What a jitted call is compared with for a mismatch: eager (op-by-op) or float64."),
+    reference: str = typer.Option(
+        "eager", "--reference", metavar="REF",
+        help="What a jitted call is compared with for a mismatch: eager (op-by-op) or float64."),
     rtol: float = typer.Option(1e-3, "--rtol", help="Relative tolerance of a mismatch."),
     atol: float = typer.Option(1e-5, "--atol", help="Absolute tolerance of a mismatch."),
     args: ArgsOpt = None, inputs: InputsOpt = None, seed: SeedOpt = 0,
@@ -47,9 +59,8 @@ def repro(
 def _build(common: Common, target: str, script_args: list[str], options) -> Report:
     from jaxdbg._errors import UsageError
     from jaxdbg.repro import reproduce
-    from jaxdbg.target import parse_target
-
     from jaxdbg.repro.signature import KINDS
+    from jaxdbg.target import parse_target
 
     if options.reference not in ("eager", "float64"):
         raise UsageError(f"--reference '{options.reference}': use eager (op-by-op) or float64")
@@ -74,9 +85,11 @@ def _build(common: Common, target: str, script_args: list[str], options) -> Repo
 def render(report: Report, console: Console) -> None:
     r = report.result
     sig = r.signature
-    console.print(f"[bold]jaxdbg repro[/] {report.target}: {sig.describe()}" + (" [yellow](flaky)[/]" if r.flaky else ""))
+    console.print(f"[bold]jaxdbg repro[/] {report.target}: {sig.describe()}"
+                  + (" [yellow](flaky)[/]" if r.flaky else ""))
     before = f"{r.original.lines} lines" + (f", {r.original.equations} equations" if r.original.equations else "")
-    after = f"{r.minimized.lines} lines" + (f", {r.minimized.equations} equations" if r.minimized.equations is not None else "")
+    after = f"{r.minimized.lines} lines" + (
+        f", {r.minimized.equations} equations" if r.minimized.equations is not None else "")
     how = "cut the jitted computation" if r.strategy == "computation" else "reduced the source"
     console.print(f"  {how}: {before} -> {after}; {r.checks} checks in {r.elapsed_s:.1f}s"
                   + (" [yellow](time limit reached)[/]" if r.timed_out else ""))

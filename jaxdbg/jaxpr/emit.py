@@ -26,8 +26,9 @@ import enum
 import inspect
 import keyword
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 from jax import lax
@@ -116,7 +117,7 @@ def array_expr(value: np.ndarray, limit: int = MAX_INLINE_ELEMENTS) -> str:
             return f"{dtype}({complex(value)!r})"
         return f"{dtype}({scalar_text(value.item() if value.dtype.kind in 'biu' else float(value))})"
     flat = value.reshape(-1)
-    if flat.size and np.all(flat == flat[0]) or (flat.size and value.dtype.kind == "f" and np.all(np.isnan(flat))):
+    if (flat.size and np.all(flat == flat[0])) or (flat.size and value.dtype.kind == "f" and np.all(np.isnan(flat))):
         return f"np.full({tuple(value.shape)}, {array_expr(flat[0])}, dtype={dtype})"
     if flat.size == 0:
         return f"np.zeros({tuple(value.shape)}, dtype={dtype})"
@@ -235,7 +236,8 @@ class Emitter:
         self.names = Names()
         self.uses_prims = False
 
-    def function(self, name: str, invars: Sequence[Any], eqns: Sequence[Any], outvars: Sequence[Any]) -> EmittedFunction:
+    def function(self, name: str, invars: Sequence[Any], eqns: Sequence[Any],
+                 outvars: Sequence[Any]) -> EmittedFunction:
         args = [self.names.bind(v) for v in invars]
         body = self.body(eqns, outvars, indent=1, single=len(outvars) == 1)
         source = f"def {name}({', '.join(args)}):\n" + "\n".join(body) + "\n"
@@ -245,7 +247,7 @@ class Emitter:
         lines = self.equations(eqns, indent)
         results = [self.names.read(v) for v in outvars]
         ret = results[0] if single and len(results) == 1 else _tuple(results)
-        return lines + ["    " * indent + f"return {ret}"]
+        return [*lines, "    " * indent + f"return {ret}"]
 
     def equations(self, eqns: Sequence[Any], indent: int) -> list[str]:
         lines: list[str] = []
@@ -314,7 +316,8 @@ class Emitter:
 
     # Nested functions for control flow -------------------------------------------------------------------
 
-    def nested(self, prefix: str, closed: Any, operands: Sequence[str], indent: int, signature: Callable) -> tuple[str, list[str]]:
+    def nested(self, prefix: str, closed: Any, operands: Sequence[str], indent: int,
+               signature: Callable) -> tuple[str, list[str]]:
         """A nested ``def`` for a body jaxpr: ``signature(names) -> (param text, unpack lines)``."""
         jaxpr, consts = _compat.open_jaxpr(closed)
         for var, value in zip(jaxpr.constvars, consts):
@@ -386,7 +389,8 @@ _RULES: dict[str, Callable[[Any, list[str]], str | None]] = {
     "copy": lambda e, a: f"jnp.copy({a[0]})",
     "copy_p": lambda e, a: f"jnp.copy({a[0]})",
     "sort": lambda e, a: (  # sort_p always has a tuple of results; lax.sort unwraps a single one
-        ("(" if len(a) == 1 else "") + f"lax.sort({a[0] if len(a) == 1 else _tuple(a)}, dimension={e.params['dimension']}, "
+        ("(" if len(a) == 1 else "")
+        + f"lax.sort({a[0] if len(a) == 1 else _tuple(a)}, dimension={e.params['dimension']}, "
         f"is_stable={e.params['is_stable']}, num_keys={e.params['num_keys']})" + (",)" if len(a) == 1 else "")),
     "debug_callback": lambda e, a: None,
 }
@@ -440,7 +444,7 @@ def _emit_while(em: Emitter, eqn: Any, indent: int) -> list[str]:
     cname, lines = em.nested("cond", p["cond_jaxpr"], cond_consts, indent, cond_signature)
     bname, body = em.nested("body", p["body_jaxpr"], body_consts, indent, signature)
     outs = [em.names.bind(v) for v in eqn.outvars]
-    lines += body + ["    " * indent + f"{_tuple(outs)} = lax.while_loop({cname}, {bname}, {_tuple(init)})"]
+    lines += [*body, "    " * indent + f"{_tuple(outs)} = lax.while_loop({cname}, {bname}, {_tuple(init)})"]
     return lines
 
 

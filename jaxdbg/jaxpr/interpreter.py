@@ -46,8 +46,9 @@ Example:
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -71,7 +72,7 @@ class Scope:
 
     jaxpr: Any
     path: tuple[str, ...]
-    parent: "Site | None" = None
+    parent: Site | None = None
     kind: str = "root"
     iteration: int | None = None
 
@@ -107,7 +108,7 @@ class Site:
             site = site.scope.parent
         return None
 
-    def enclosing(self) -> list["Site"]:
+    def enclosing(self) -> list[Site]:
         """The equations this one sits inside, outermost first."""
         chain, site = [], self.scope.parent
         while site is not None:
@@ -149,8 +150,9 @@ class Hooks:
         return next((t for t in tags if t is not None), None)
 
 
-# A rule: (interpreter, site, input values, input tags) -> (output values, output tags).
-Rule = Callable[["Interpreter", Site, list, list], "tuple[list, list]"]
+# A rule: (interpreter, site, input values, input tags) -> (output values, output tags), or None to run the
+# equation whole after all.
+Rule = Callable[["Interpreter", Site, list, list], "tuple[list, list] | None"]
 
 
 @dataclass
@@ -230,6 +232,7 @@ class Interpreter:
         if supplied is not None:
             outs, out_tags = list(supplied), [None] * n_out
         else:
+            assert self.rules is not None  # set in __post_init__
             rule = self.rules.get(site.primitive)
             result = rule(self, site, invals, in_tags) if rule is not None else None
             if result is not None:
@@ -248,9 +251,10 @@ class Interpreter:
             return self.binder(site.eqn, invals)
         return _compat.bind_eqn(site.eqn, invals, keep_source=self.keep_source)
 
-    def child(self, **changes: Any) -> "Interpreter":
+    def child(self, **changes: Any) -> Interpreter:
         """A copy with some fields changed (same hooks), e.g. another binder inside shard_map."""
-        fields = {"hooks": self.hooks, "rules": self.rules, "keep_source": self.keep_source, "binder": self.binder}
+        fields: dict[str, Any] = {"hooks": self.hooks, "rules": self.rules, "keep_source": self.keep_source,
+                                  "binder": self.binder}
         fields.update(changes)
         return Interpreter(**fields)
 
@@ -274,7 +278,7 @@ def _dead_after(jaxpr: Any) -> dict[int, list]:
     """
     dead = _DEAD_AFTER.get(jaxpr)
     if dead is None:
-        last = {var: -1 for var in [*jaxpr.constvars, *jaxpr.invars]}
+        last = dict.fromkeys([*jaxpr.constvars, *jaxpr.invars], -1)
         for index, eqn in enumerate(jaxpr.eqns):
             last.update((a, index) for a in eqn.invars if not _compat.is_literal(a))
             last.update((v, index) for v in eqn.outvars if not _compat.is_drop_var(v) and v not in last)
@@ -313,7 +317,7 @@ def _call_rule(param: str, prefix: str, named: bool = True) -> Rule:
     return rule
 
 
-def _scan_rule(interp: Interpreter, site: Site, invals: list, in_tags: list) -> tuple[list, list]:
+def _scan_rule(interp: Interpreter, site: Site, invals: list, in_tags: list) -> tuple[list, list] | None:
     params = site.eqn.params
     n_consts, n_carry = _compat.scan_split(params)
     length, reverse = int(params["length"]), bool(params.get("reverse", False))
@@ -340,14 +344,14 @@ def _scan_rule(interp: Interpreter, site: Site, invals: list, in_tags: list) -> 
     stacked = []
     for slot in range(len(ys)):
         stacked.append(jnp.stack([jnp.asarray(v) for v in ys[slot]]))
-        ys[slot] = None  # free this output's per-iteration pieces before stacking the next one
+        ys[slot].clear()  # free this output's per-iteration pieces before stacking the next one
     return [*carry, *stacked], [*carry_tags, *(interp.hooks.merge_tags(t) for t in ys_tags)]
 
 
 MAX_WHILE_ITERATIONS = 1_000_000
 
 
-def _while_rule(interp: Interpreter, site: Site, invals: list, in_tags: list) -> tuple[list, list]:
+def _while_rule(interp: Interpreter, site: Site, invals: list, in_tags: list) -> tuple[list, list] | None:
     params = site.eqn.params
     nc, nb = params["cond_nconsts"], params["body_nconsts"]
     cond_consts, body_consts, carry = invals[:nc], invals[nc:nc + nb], invals[nc + nb:]
@@ -410,7 +414,7 @@ def _to_device_blocks(x: Any, spec: Any, sizes: dict[str, int], manual: tuple[st
         for name in names:
             block //= sizes[name]
         shape += [sizes[n] for n in names] + [block]
-        split_axes += names + [None]
+        split_axes += [*names, None]
     x = x.reshape(shape)
     positions = {name: i for i, name in enumerate(split_axes) if name is not None}
     block_dims = [i for i, name in enumerate(split_axes) if name is None]

@@ -98,6 +98,7 @@ def _check_function_options(options: HuntOptions) -> None:
     if options.inputs and options.inputs.endswith(".npz") and not os.path.exists(options.inputs):
         raise UsageError(f"--inputs '{options.inputs}': no such file; check the path")
     if not options.args and not options.inputs:
-        raise UsageError("a function target needs inputs: pass --args \"f32[8,128] ...\" or --inputs file.py::make_inputs or data.npz")
+        raise UsageError("a function target needs inputs: pass --args \"f32[8,128] ...\" or --inputs "
+                         "file.py::make_inputs or data.npz")
 
 

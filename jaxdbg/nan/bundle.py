@@ -31,8 +31,8 @@ import numpy as np
 from jaxdbg import _compat
 from jaxdbg.nan.calls import Call
 from jaxdbg.nan.placement import device_name, index_ranges
-from jaxdbg.nonfinite import host_readable
 from jaxdbg.nan.result import Origin
+from jaxdbg.nonfinite import host_readable
 from jaxdbg.report import to_jsonable
 from jaxdbg.target import short_dtype
 
@@ -60,7 +60,8 @@ def save_bundle(out_dir: str, call: Call, closed: Any, first: Origin | None) -> 
     artifacts: dict[str, str] = {}
     leaves = call.leaves()
     names = call.leaf_names()
-    arrays, dtypes, shards = {}, [], {}
+    arrays: dict[str, Any] = {}  # (Any: np.savez's **kwds would otherwise clash with its allow_pickle)
+    dtypes, shards = [], {}
     for i, leaf in enumerate(leaves):
         if not host_readable(leaf):
             shards[f"arg{i}"] = _store_shards(arrays, f"arg{i}", leaf)

@@ -14,8 +14,9 @@ Example:
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import jax
 from jax.tree_util import keystr, tree_flatten, tree_flatten_with_path
@@ -26,7 +27,7 @@ class Call:
     """A call to replay: ``fun(*args, **kwargs)`` with jit's static arguments, by name and position."""
 
     name: str
-    fun: Callable
+    fun: Callable | None  # None: an eager operation, replayed from its jaxpr only
     args: tuple
     kwargs: dict
     static_argnums: Sequence[int] = ()
@@ -36,7 +37,8 @@ class Call:
     output_names: list[str] | None = field(default=None)
 
     def _static_sets(self) -> tuple[set[int], set[str]]:
-        nums = {i % len(self.args) if self.args else i for i in (self.static_argnums or ()) if -len(self.args) <= i < len(self.args)}
+        nums = {i % len(self.args) if self.args else i
+                for i in (self.static_argnums or ()) if -len(self.args) <= i < len(self.args)}
         names = set(self.static_argnames or ())
         for i, param in enumerate(self._positional_params()):
             if param in names:
@@ -46,6 +48,8 @@ class Call:
         return nums, names
 
     def _positional_params(self) -> list[str]:
+        if self.fun is None:
+            return []
         try:
             params = inspect.signature(self.fun).parameters.values()
         except (TypeError, ValueError):
@@ -62,6 +66,7 @@ class Call:
         fun = self.fun
 
         def replay(*dargs: Any, **dkwargs: Any) -> Any:
+            assert fun is not None  # only a call with a function is traced from it
             it = iter(dargs)
             full = [statics[i] if i in statics else next(it) for i in range(len(dargs) + len(statics))]
             return fun(*full, **dkwargs, **static_kwargs)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import io
 import linecache
 import tokenize
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from jaxdbg._source import SourceLocation
 from jaxdbg.nan.result import GrowthEntry, Origin, PrecisionCheck, ValueStats
@@ -41,8 +41,10 @@ LOG_SOFTMAX = ("use `jax.nn.log_softmax(logits)` instead of `jnp.log(jax.nn.soft
                "softmax underflows to exactly 0 for large logit gaps, log_softmax never does")
 LOG_SIGMOID = ("use `jax.nn.log_sigmoid(x)` (and `jax.nn.log_sigmoid(-x)` for log(1 - sigmoid(x))), or the whole loss "
                "`optax.sigmoid_binary_cross_entropy(logits, labels)`")
-SQRT_EPSILON = "add an epsilon inside: `jnp.sqrt(x + 1e-12)` (or take the square root only where x > 0, with the double-where trick)"
-MASKED_MEAN = ("a fully masked batch or row (all padding) has nothing to average: divide by `jnp.maximum(mask.sum(), 1)` "
+SQRT_EPSILON = ("add an epsilon inside: `jnp.sqrt(x + 1e-12)` (or take the square root only where x > 0, with the "
+                "double-where trick)")
+MASKED_MEAN = ("a fully masked batch or row (all padding) has nothing to average: divide by "
+               "`jnp.maximum(mask.sum(), 1)` "
                "(its numerator is 0 too), and check the data pipeline for empty batches")
 SUBTRACT_MAX = "subtract the maximum before exponentiating (what `jax.nn.softmax`/`logsumexp` do)"
 CLIP = "clip gradients (e.g. `optax.clip_by_global_norm(1.0)`) and/or lower the learning rate (or add warmup)"
@@ -88,8 +90,8 @@ def _input_pattern(origin: Origin, line: str, feeders: str) -> tuple[str, list[s
     return (f"{value} was already in argument `{origin.argument}` when `{origin.function}` was called "
             f"(call {origin.call_index}); nothing inside the function created it.",
             ["check the data that feeds this call: e.g. `assert np.isfinite(batch).all()` in the input pipeline, "
-             "and find or drop the bad samples", "if missing values are expected, replace them before the step "
-             "(`jnp.nan_to_num`, or a mask)"])
+             "and find or drop the bad samples",
+             "if missing values are expected, replace them before the step (`jnp.nan_to_num`, or a mask)"])
 
 
 def _masked_softmax(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] | None:
@@ -110,7 +112,7 @@ def _masked_gradient(origin: Origin, line: str, feeders: str) -> tuple[str, list
     if origin.pass_ != "backward" or origin.primitive not in ("mul", "div") or origin.kind != "nan":
         return None
     zeros = [s for s in origin.inputs if s.zero]
-    if not zeros or "where" not in line and "select" not in origin.name_stack:
+    if not zeros or ("where" not in line and "select" not in origin.name_stack):
         return None
     return ("the forward value is masked out (by `where`), so its gradient should be 0, but the derivative "
             "of the masked branch is infinite or undefined at the masked entries and 0 * inf (or 0 / 0) gives NaN.",
@@ -170,7 +172,8 @@ def _division(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] 
     if den is not None and den.zero:
         both = num is not None and num.zero
         where = "in the gradient, " if origin.pass_ == "backward" else ""
-        what = f"{where}a division by zero ({den.zero} zero denominator(s)){': 0 / 0 is NaN' if both else ' gives inf'}"
+        what = (f"{where}a division by zero ({den.zero} zero denominator(s))"
+                f"{': 0 / 0 is NaN' if both else ' gives inf'}")
         if both and "mask" in line + "\n" + feeders:
             return (what + "; the denominator counts a mask, so nothing was unmasked there (e.g. a batch or row "
                     "of padding only).", [MASKED_MEAN, EPSILON_DIV])
@@ -220,10 +223,12 @@ def _overflow(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] 
 
 
 def _domain(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] | None:
-    if origin.primitive not in ("acos", "asin", "atanh", "acosh"):
+    s = _stat(origin, 0)
+    if origin.primitive not in ("acos", "asin", "atanh", "acosh") or s is None:
         return None
-    return (f"{origin.primitive} is only defined on a limited range and got {_stat(origin, 0).min:.3g} .. "
-            f"{_stat(origin, 0).max:.3g}.", ["clip the input to the valid range, e.g. `jnp.clip(x, -1 + 1e-7, 1 - 1e-7)`"])
+    return (f"{origin.primitive} is only defined on a limited range and got {s.min:.3g} .. "
+            f"{s.max:.3g}.",
+            ["clip the input to the valid range, e.g. `jnp.clip(x, -1 + 1e-7, 1 - 1e-7)`"])
 
 
 PATTERNS: tuple[Pattern, ...] = (_input_pattern, _masked_softmax, _masked_gradient, _log, _sqrt,
@@ -270,10 +275,12 @@ def _growth_sentence(growth: Sequence[GrowthEntry], singular: bool) -> tuple[str
     top = max(growth, key=lambda g: g.ratio)
     more = f" (and {len(growth) - 1} more value(s))" if len(growth) > 1 else ""
     if top.peak >= DIVERGED:
-        grew = f"Before this, `{top.name}`{more} grew {top.ratio:.2g}x (to {top.peak:.2g}) from call {top.first_call} on"
+        grew = (f"Before this, `{top.name}`{more} grew {top.ratio:.2g}x (to {top.peak:.2g}) from call "
+                f"{top.first_call} on")
         if singular:
             return grew + ": the run was diverging, which may be what drove a value here to 0.", [CLIP], False
-        return grew + ": the run was diverging, and the non-finite value is where that ended, not its cause.", [CLIP], True
+        return (grew + ": the run was diverging, and the non-finite value is where that ended, not its cause.",
+                [CLIP], True)
     early = growth[0]
     grew = (f"Before this, `{early.name}`{more} grew {early.ratio:.2g}x (to {early.peak:.2g}) from call "
             f"{early.first_call} on")
@@ -283,7 +290,7 @@ def _growth_sentence(growth: Sequence[GrowthEntry], singular: bool) -> tuple[str
 
 
 def _where(origin: Origin) -> str:
-    inner = [p for p in origin.path[1:]]
+    inner = list(origin.path[1:])
     place = f" inside {' > '.join(inner)}" if inner else ""
     src = f" at {origin.source.file.rsplit('/', 1)[-1]}:{origin.source.line}" if origin.source else ""
     value = {"nan": "A NaN", "inf": "An Inf", "input": "A non-finite value"}[origin.kind]

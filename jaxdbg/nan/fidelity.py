@@ -19,8 +19,9 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import jax
 
@@ -97,8 +98,7 @@ class _Prefixes:
             env.update(zip(jaxpr.invars, xs))
             for eqn in eqns:
                 ins = [a.val if _compat.is_literal(a) else env[a] for a in eqn.invars]
-                for var, value in zip(eqn.outvars, _compat.bind_eqn(eqn, ins)):
-                    env[var] = value
+                env.update(zip(eqn.outvars, _compat.bind_eqn(eqn, ins)))
             return [env[v] for v in wanted]
 
         self.probes += 1

@@ -19,8 +19,9 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -30,8 +31,8 @@ from jaxdbg._source import SourceLocation
 from jaxdbg.jaxpr import Hooks, Interpreter, Scope, Site, Stop
 from jaxdbg.nan.calls import Call
 from jaxdbg.nan.passes import PassClassifier
-from jaxdbg.nan.result import Origin
 from jaxdbg.nan.placement import first_bad_shard
+from jaxdbg.nan.result import Origin
 from jaxdbg.nan.stats import nonfinite_flags, value_stats
 
 LOOPS = ("scan", "while")
@@ -138,7 +139,7 @@ class NanHunter(Hooks):
     def const_tags(self, scope: Scope, consts: list) -> list:
         """Constants of inner jaxprs were written in the code; arrays the function captured (closure,
         globals) are the root jaxpr's constants and count as inputs."""
-        tags = []
+        tags: list[Provenance | None] = []
         for i, value in enumerate(consts):
             nan, inf = nonfinite_flags(value)
             if not (nan or inf):

@@ -19,7 +19,8 @@ Example:
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from jaxdbg import _compat
 from jaxdbg.jaxpr import Site
@@ -33,7 +34,8 @@ def _is_jvp(eqn: Any) -> bool:
     return "jvp(" in _compat.eqn_name_stack(eqn)
 
 
-def backward_equations(jaxpr: Any, inherited: bool, backward_outputs: frozenset[int]) -> tuple[set[int], dict[int, frozenset[int]]]:
+def backward_equations(jaxpr: Any, inherited: bool,
+                       backward_outputs: frozenset[int]) -> tuple[set[int], dict[int, frozenset[int]]]:
     """Indices of the backward equations of ``jaxpr``, and per equation which of its outputs feed only them.
 
     ``inherited``: the enclosing equation is backward (so is everything inside). ``backward_outputs``: the
@@ -77,7 +79,7 @@ def backward_equations(jaxpr: Any, inherited: bool, backward_outputs: frozenset[
     primal = [i for i, e in enumerate(eqns) if _is_jvp(e) and not _is_transposed(e)]
     if primal and all(i in backward for i in primal):  # grad without the primal value: see module docstring
         producer_line = {}
-        for i, eqn in enumerate(eqns):
+        for eqn in eqns:
             for atom in eqn.outvars:
                 producer_line[atom] = _compat.eqn_source(eqn)
 

@@ -13,8 +13,9 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from jaxdbg.nonfinite import is_inexact, nonfinite_flags
 
@@ -41,10 +42,12 @@ def first_bad_shard(values: Sequence[Any]) -> Placement | None:
             continue
         for shard in sorted(value.addressable_shards, key=lambda s: s.device.id):
             if any(nonfinite_flags(shard.data)):
-                return Placement(shard.device.process_index, device_name(shard.device), index_ranges(shard.index, value.shape))
+                return Placement(shard.device.process_index, device_name(shard.device),
+                                 index_ranges(shard.index, value.shape))
     return None
 
 
 def index_ranges(index: tuple, shape: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
-    return tuple((part.indices(size)[0], part.indices(size)[1]) if isinstance(part, slice) else (int(part), int(part) + 1)
+    return tuple((part.indices(size)[0], part.indices(size)[1]) if isinstance(part, slice)
+                 else (int(part), int(part) + 1)
                  for part, size in zip(index, shape))

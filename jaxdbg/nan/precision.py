@@ -84,7 +84,7 @@ def low_precision_dtype(found: Localisation) -> str | None:
 def check_precision(found: Localisation, call: Call) -> PrecisionCheck | None:
     """Replay in float32 and say whether the origin's value becomes finite; None if not bf16/f16 or no site."""
     dtype = low_precision_dtype(found)
-    if dtype is None or found.record is None or found.record.site is None:
+    if dtype is None or found.first is None or found.record is None or found.record.site is None:
         return None
     hooks = _Promoted(found.record.site)
     try:

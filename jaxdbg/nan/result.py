@@ -64,7 +64,8 @@ class Origin:
         at = f" at {os.path.basename(self.source.file)}:{self.source.line}" if self.source else ""
         if self.primitive is None:
             return f"{self.kind} in the outputs of {self.function}, call {self.call_index}{at}"
-        return f"{self.kind} first made by {self.primitive} ({self.pass_} pass){at} in {self.function}, call {self.call_index}"
+        return (f"{self.kind} first made by {self.primitive} ({self.pass_} pass){at} in {self.function}, "
+                f"call {self.call_index}")
 
 
 @dataclass(frozen=True)

@@ -133,6 +133,7 @@ def _hunt_function(spec: TargetSpec, options: HuntOptions, channel: Any) -> tupl
     fn = load_function(spec)
     inputs = load_inputs(options.inputs, options.args, options.seed)
     check_arity(fn, inputs, spec.function)
+    assert spec.function is not None  # load_function has found it
     name = spec.function
     target = fn
     if options.grad:
@@ -154,8 +155,8 @@ def _hunt_function(spec: TargetSpec, options: HuntOptions, channel: Any) -> tupl
         raise TargetFailedError(f"{spec.function} raised {type(err).__name__}: {first_line(str(err))}") from err
     grad_norms = _grad_norms(fn, out[1], options.argnums) if options.grad else ()
     flags = [nonfinite_flags(x) for x in jax.tree_util.tree_leaves(out)]
-    bad = any(n or (i and not options.nan_only) for n, i in flags)
-    if not bad:
+    nonfinite = any(n or (i and not options.nan_only) for n, i in flags)
+    if not nonfinite:
         return NanHuntResult(False, grad_norms=grad_norms, calls_watched=1, functions_watched=(name,),
                              explanation=f"No NaN or Inf: every output of `{name}` is finite for these inputs."), {}
     if target is fn and hasattr(fn, "lower") and hasattr(fn, "__wrapped__"):
@@ -213,6 +214,7 @@ def _grad_norms(fn: Any, grads: Any, argnums: tuple[int, ...]) -> tuple[GradNorm
 
 def _analyse(finding: JitFinding | EagerFinding, watch: Watch, options: HuntOptions, channel: Any,
              names: tuple[str, ...], grad_norms: tuple = ()) -> tuple[NanHuntResult, dict[str, str]]:
+    first: Origin | None
     if isinstance(finding, EagerFinding):
         first = finding.origin
         earlier, sources, notes = _earlier_infs(finding, watch, options, any(s.inf for s in first.inputs))

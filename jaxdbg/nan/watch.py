@@ -41,9 +41,11 @@ import contextlib
 import functools
 import linecache
 import sys
+import types
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -61,6 +63,7 @@ from jaxdbg.nonfinite import magnitudes
 EAGER_OPS_PER_CALL = 64  # after an Inf, eager operations are budgeted at this many per jitted call
 MAX_INF_FINDINGS = 8  # distinct Inf births kept while waiting for a NaN (each keeps its call's inputs alive)
 MADE_EAGERLY = 4096  # eager outputs remembered with their line (for the growth of an eagerly updated argument)
+
 
 
 @dataclass
@@ -108,7 +111,8 @@ class NonFiniteFound(BaseException):
 def _describe(finding: JitFinding | EagerFinding) -> str:
     if isinstance(finding, EagerFinding):
         return f"eager {finding.origin.primitive} made a {finding.origin.kind}"
-    return f"call {finding.call.call_index} of {finding.call.name} returned non-finite {', '.join(finding.nonfinite_outputs[:3])}"
+    return (f"call {finding.call.call_index} of {finding.call.name} returned non-finite "
+            f"{', '.join(finding.nonfinite_outputs[:3])}")
 
 
 def _keeps_fast_path(executable_name: str) -> bool:
@@ -143,7 +147,7 @@ def _assigned_names(file: str, line: int) -> tuple[str, ...] | None:
     if isinstance(target, ast.Name):
         return (target.id,)
     if isinstance(target, (ast.Tuple, ast.List)) and all(isinstance(e, ast.Name) for e in target.elts):
-        return tuple(e.id for e in target.elts)
+        return tuple(e.id for e in target.elts if isinstance(e, ast.Name))
     return None
 
 
@@ -225,7 +229,7 @@ class Watch(JitHook):
 
     # -- installation ---------------------------------------------------------------------------------------
 
-    def __enter__(self) -> "Watch":
+    def __enter__(self) -> Watch:
         stack = contextlib.ExitStack()
         # Calls cached before now would keep jax's C++ dispatch and stay invisible to the eager hook; the
         # entries made while watching are dropped again on exit so later code gets the fast path back.
@@ -492,7 +496,7 @@ class Watch(JitHook):
     def _eager_call_index(self) -> tuple[int | None, SourceLocation | None]:
         """Which call (0-based) of the user function running this eager operation is under way, and the user
         line running it."""
-        frame = sys._getframe(2)
+        frame: types.FrameType | None = sys._getframe(2)
         while frame is not None:
             path = frame.f_code.co_filename
             user = self._user_files.get(path)
@@ -556,7 +560,8 @@ class Watch(JitHook):
 
         source, name_stack = _compat.current_source_context()
         source = source or caller_user_frame(3)
-        inputs, path = tuple(value_stats(a) for a in args), ("eager",)
+        inputs = tuple(value_stats(a) for a in args)
+        path: tuple[str, ...] = ("eager",)
         try:
             closed = program if not callable(program) else jax.make_jaxpr(program)(*args)
             inner = localise_call(Call("eager", None, tuple(args), {}), self.nan_only, closed).first
@@ -566,7 +571,7 @@ class Watch(JitHook):
             path = ("eager", *inner.path[1:]) if name in ("scan", "while", "cond") else ("eager",)
             if name in ("scan", "while", "cond") and inner.source is not None:
                 source = inner.source  # a loop body traced just now: its own line is the better answer
-            name, inputs = inner.primitive, inner.inputs
+            name, inputs = inner.primitive or name, inner.inputs
         return Origin(
             kind, name, "backward" if "transpose(" in name_stack else "forward", source,
             source.function if source else "<eager>", call_index if call_index is not None else self.eager_ops - 1,

@@ -19,10 +19,11 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -88,7 +89,7 @@ class Arbiter:
         if self.lookahead is not None and len(guarded) == len(policies):
             plans = [p.plan[:-1] for p in policies]
             keys = policies[0].keys
-            if all(keys[a] < keys[b] for plan in plans for a, b in zip(plan, plan[1:])):  # the plan's own hint
+            if all(keys[a] < keys[b] for plan in plans for a, b in itertools.pairwise(plan)):  # the plan's own hint
                 keep = policies[0].keep_plan
                 can_keep = all(p.fits_plan for p in policies)
                 self.lookahead.keep_plan = keep if can_keep else False
@@ -111,6 +112,7 @@ class Arbiter:
         Keeping the plan's order while on plan runs exactly the fixed order, so the plan's own run stands for
         it. The decision uses only what the run knows before it starts: the expected durations."""
         look = self.lookahead
+        assert look is not None  # handed to the look-ahead as its judge: only exists with one
         durations = look.expected_durations()
         if durations is None:
             return False

@@ -4,9 +4,10 @@ For each schedule, variability and seed the durations are drawn once; the fixed 
 communication model, and the readiness-first policy under each hint, memory cap and communication
 model, all against those same durations (with ``lookahead``, ready leaves the schedule only for work that
 fits). ``speedup_vs_fixed`` divides the fixed run's makespan (same schedule, communication, variability and
-seed; the fixed order uses the memory its order implies) by the run's own. In real mode every run executes in one contained child process with one JAX device per stage
-(or several, ``devices_per_stage``), and each is also simulated from the same realised durations (the
-prediction) and from the durations the run measured (a replay) to check the simulator.
+seed; the fixed order uses the memory its order implies) by the run's own. In real mode every run executes in
+one contained child process with one JAX device per stage (or several, ``devices_per_stage``), and each is also
+simulated from the same realised durations (the prediction) and from the durations the run measured (a replay)
+to check the simulator.
 
 Example:
     >>> result, runs = run_bench(BenchOptions(stages=4, microbatches=8, variabilities=("jitter:cv=0.3",)))
@@ -18,15 +19,16 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from jaxdbg._errors import TargetFailedError, UsageError
-from jaxdbg.pipeline.messages import RealJob, RealTimeline, StageDevices
 from jaxdbg.pipeline.arbiter import RunRecord
+from jaxdbg.pipeline.messages import RealJob, RealTimeline, StageDevices
 from jaxdbg.pipeline.metrics import RunMetrics, lower_bound, measure
 from jaxdbg.pipeline.policies import HINTS, POLICIES, make_policies, memory_caps
 from jaxdbg.pipeline.real import ModelSpec
@@ -188,7 +190,8 @@ def check_options(options: BenchOptions) -> dict[str, Variability]:
     if not options.schedules:
         raise UsageError("--schedule: give at least one schedule")
     return {
-        spec: parse_variability(spec, options.stages, min(model_stages)) for spec in dict.fromkeys(options.variabilities)
+        spec: parse_variability(spec, options.stages, min(model_stages))
+        for spec in dict.fromkeys(options.variabilities)
     }
 
 
@@ -197,7 +200,8 @@ def _one_of(option: str, values: tuple[str, ...], allowed: tuple[str, ...]) -> N
         raise UsageError(f"{option}: give at least one of {', '.join(allowed)}")
     for value in values:
         if value not in allowed:
-            raise UsageError(f"{option} '{value}': unknown; use one of {', '.join(allowed)} (comma-separated for several)")
+            raise UsageError(
+                f"{option} '{value}': unknown; use one of {', '.join(allowed)} (comma-separated for several)")
 
 
 def _virtual(options: BenchOptions, schedule: str) -> int:
@@ -240,7 +244,9 @@ def run_bench(
             if progress:
                 progress(i, len(jobs), job.key.label())
             records[job.key] = simulate(job.shape, job.policies(), job.durations, job.key.comm)
-        real, devices, correctness = {}, [], None
+        real: dict[Any, RealTimeline] = {}
+        devices: list[str] = []
+        correctness: Correctness | None = None
     else:
         if progress:
             progress(0, len(jobs), f"{len(jobs)} real runs in a child process")
@@ -300,10 +306,10 @@ def _rows(options: BenchOptions, jobs: list[_Job], records: dict, real: dict) ->
         if key in real:
             predicted = measure(simulate(job.shape, job.policies(), job.durations, key.comm)).makespan_s
             replayed = measure(simulate(job.shape, job.policies(), _measured(job, real[key]), key.comm)).makespan_s
-            extra = dict(
-                sim_makespan_s=predicted, sim_error=predicted / m.makespan_s - 1, replay_makespan_s=replayed,
-                max_abs_grad_diff=real[key].grad_diff,
-            )
+            extra = {
+                "sim_makespan_s": predicted, "sim_error": predicted / m.makespan_s - 1, "replay_makespan_s": replayed,
+                "max_abs_grad_diff": real[key].grad_diff,
+            }
         rows.append(RunRow(
             **_fields(key, RunKey), **_fields(m, RunMetrics), memory_cap_microbatches=caps, lower_bound_s=bound,
             makespan_over_lower_bound=m.makespan_s / bound if bound > 0 else float("nan"),
@@ -343,7 +349,8 @@ def _run_real(options: BenchOptions, jobs: list[_Job]) -> tuple[dict, dict, list
     outcome = run_contained("jaxdbg.pipeline.bench:real_job", payload, timeout=options.timeout, device_count=devices)
     if not outcome.ok:
         outcome.reraise_expected()
-        raise TargetFailedError(f"the real pipeline run {outcome.describe()}; try fewer stages or microbatches, or a longer --timeout")
+        raise TargetFailedError(
+            f"the real pipeline run {outcome.describe()}; try fewer stages or microbatches, or a longer --timeout")
     results = {timeline.key: timeline for timeline in outcome.all(RealTimeline)}
     records = {key: _record(job.shape, results[key]) for job in jobs for key in [job.key]}
     stages = outcome.last(StageDevices)

@@ -23,8 +23,8 @@ once, the first time keeping the plan and leaving it would differ while still on
 pays: :meth:`LookAhead.keeps_plan` asks the Arbiter for a dry run of the same policies on the expected
 durations and compares it with the plan's own run (:func:`jaxdbg.pipeline.arbiter.plan_run`). If the plan
 is faster, stages keep the plan's order (and post only the receives it would) for as long as the run stays
-on plan: without variability that is the fixed order's timeline exactly. The decision uses only what the run knows before
-it starts; a run whose first durations already differ from expectations never pays for the dry run.
+on plan: without variability that is the fixed order's timeline exactly. The decision uses only what the run
+knows before it starts; a run whose first durations already differ from expectations never pays for the dry run.
 
 An estimate is made only from work that is under way: ended tasks, messages in flight, running tasks,
 and tasks (up to ``DEPTH`` hops back) that are ready or becoming ready on a stage that is computing. When
@@ -43,9 +43,11 @@ Example:
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -217,7 +219,8 @@ class LookAhead:
                 if self.miss_total[x] > RELIABLE * RELIABLE * self.miss_count[x]:
                     continue
                 due = self.end_of_running(sending, now)
-                if now < due < end and (due - now < end - due or self._sender_critical(worker, task, sending, due, end)):
+                if now < due < end and (due - now < end - due
+                                        or self._sender_critical(worker, task, sending, due, end)):
                     self.wake[worker] = due
                     return due
         return -1.0
@@ -225,10 +228,11 @@ class LookAhead:
     def _sender_critical(self, worker: int, task: int, sending: int, due: float, end: float) -> bool:
         """Whether running ``task`` to ``end`` would make the neighbour's ``sending`` pair too late for the
         plan (its latest finish), while receiving first still starts ``task`` in time for the plan."""
-        if not self.on_plan or self.deadlines() is None:
+        finish_by = self.deadlines() if self.on_plan else None
+        if finish_by is None or self.start_by is None:  # start_by is set with finish_by
             return False
         slack = _TOLERANCE * max(abs(end), 1.0)
-        late = end > self.finish_by[sending] + slack
+        late = end > finish_by[sending] + slack
         return late and due + self.comm_mean[worker] <= self.start_by[task] + slack
 
     def follow(self, plans: list[list[int]], judge: Callable[[], bool] | None, plan_run: Callable[..., Any]) -> None:
@@ -297,7 +301,7 @@ class LookAhead:
         comm_in = [self.prior_comm] * n
         after = [-1] * n
         for plan in plans:
-            for a, b in zip(plan, plan[1:]):
+            for a, b in itertools.pairwise(plan):
                 after[a] = b
         starts = [float(x) for x in record.start]
         start_by = [INF] * n

@@ -47,7 +47,7 @@ class RealTimeline(Message):
     memory_wait: tuple[float, ...]
     peak: tuple[int, ...]
     decisions: int
-    decision_ns: float
+    decision_ns: int
     grad_diff: float
     grad_max: float
     measured: np.ndarray

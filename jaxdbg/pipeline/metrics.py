@@ -105,11 +105,12 @@ def timeline_problems(
     shape = record.shape
     graph = shape.graph()
     start, end = record.start, record.end
-    problems = [f"{shape.name(t)} ran shorter than drawn" for t in np.flatnonzero(end - start < durations.task - tolerance)]
+    problems = [f"{shape.name(int(t))} ran shorter than drawn"
+                for t in np.flatnonzero(end - start < durations.task - tolerance)]
     for task in range(shape.num_tasks):
-        for nxt in (graph.local_a[task], graph.local_b[task]):
-            if nxt >= 0 and start[nxt] < end[task] - tolerance:
-                problems.append(f"{shape.name(nxt)} started before {shape.name(task)} ended")
+        problems.extend(f"{shape.name(nxt)} started before {shape.name(task)} ended"
+                        for nxt in (graph.local_a[task], graph.local_b[task])
+                        if nxt >= 0 and start[nxt] < end[task] - tolerance)
         nxt = graph.remote[task]
         if nxt >= 0 and start[nxt] < end[task] + durations.comm[task] - tolerance:
             problems.append(f"{shape.name(nxt)} started before the message from {shape.name(task)} arrived")
@@ -121,7 +122,8 @@ def timeline_problems(
             problems.append(f"stage {w} ran two tasks at once")
         if orders is not None and list(ran) != list(orders[w]):
             problems.append(f"stage {w} left its fixed order")
-        changes = sorted([(end[t], -1) for t in mine if graph.releases[t]] + [(start[t], 1) for t in mine if graph.admits[t]])
+        changes = sorted([(end[t], -1) for t in mine if graph.releases[t]]
+                         + [(start[t], 1) for t in mine if graph.admits[t]])
         peak = int(np.cumsum([delta for _, delta in changes]).max())
         if peak != record.peak_inflight[w]:
             problems.append(f"stage {w} reported {record.peak_inflight[w]} microbatches in flight at most, held {peak}")

@@ -14,8 +14,8 @@ Example:
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 import numpy as np
 
@@ -37,8 +37,8 @@ def chrome_trace(records: Mapping[str, RunRecord]) -> dict:
             continue
         events.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": label}})
         events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": pid}})
-        for w in range(shape.stages):
-            events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": w, "args": {"name": f"stage {w}"}})
+        events.extend({"ph": "M", "name": "thread_name", "pid": pid, "tid": w, "args": {"name": f"stage {w}"}}
+                      for w in range(shape.stages))
         worker = shape.graph().worker
         for task in range(shape.num_tasks):
             kind, model_stage, mb = shape.decode(task)
@@ -47,7 +47,7 @@ def chrome_trace(records: Mapping[str, RunRecord]) -> dict:
                 "ts": float(record.start[task]) * 1e6, "dur": float(record.end[task] - record.start[task]) * 1e6,
                 "args": {"microbatch": mb, "model_stage": model_stage},
             })
-    trace = {"traceEvents": events, "displayTimeUnit": "ms"}
+    trace: dict[str, object] = {"traceEvents": events, "displayTimeUnit": "ms"}
     if omitted:
         trace["otherData"] = {"omitted_runs": omitted, "why": f"more than {MAX_TRACE_EVENTS} events"}
     return trace
@@ -62,7 +62,8 @@ def plot_timeline(path: str | Path, records: Mapping[str, RunRecord]) -> None:
     plt = _pyplot()
     from matplotlib.patches import Patch
 
-    fig, axes = plt.subplots(len(records), 1, figsize=(12, 1.2 + 0.35 * _stages(records) * len(records)), sharex=True, squeeze=False)
+    fig, axes = plt.subplots(len(records), 1, figsize=(12, 1.2 + 0.35 * _stages(records) * len(records)),
+                             sharex=True, squeeze=False)
     for ax, (label, record) in zip(axes[:, 0], records.items()):
         shape = record.shape
         kinds = np.arange(shape.num_tasks) // (shape.model_stages * shape.microbatches)

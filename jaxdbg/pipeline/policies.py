@@ -68,7 +68,7 @@ class FixedOrder:
     """
 
     def __init__(self, order: tuple[int, ...] | list[int], ready: bytearray, shape: PipelineShape):
-        self.order = list(order) + [NO_TASK]
+        self.order = [*order, NO_TASK]
         self.kinds = [shape.decode(t)[0] for t in order] + [NO_TASK]
         self.kind_of = dict(zip(order, self.kinds))
         self.position = 0
@@ -102,8 +102,8 @@ class ReadyFirst:
     """Best-ranked ready task first, under a cap on the microbatches resident on the stage.
 
     ``plan`` is the worker's order in the schedule the run follows (the fixed order it is compared with).
-    With the look-ahead (bound by the :class:`~jaxdbg.pipeline.arbiter.Arbiter`), work the hint ranks *below* the plan's next task
-    runs only if it is expected to be done before that task can start (see
+    With the look-ahead (bound by the :class:`~jaxdbg.pipeline.arbiter.Arbiter`), work the hint ranks *below* the
+    plan's next task runs only if it is expected to be done before that task can start (see
     :mod:`jaxdbg.pipeline.lookahead`); otherwise the stage holds. Work the hint ranks above the plan's next
     task runs at once: the hint has the last word. With ``headroom`` (a cap above the plan's own peak),
     forwards that admit a microbatch are exempt: spare memory is there to run forwards ahead.
@@ -124,7 +124,7 @@ class ReadyFirst:
         self.admits = admits
         self.admit_heap: list[int] = []
         self.other_heap: list[int] = []
-        self.plan = list(plan or []) + [len(keys)]  # the sentinel: LookAhead.began holds one more entry
+        self.plan = [*(plan or []), len(keys)]  # the sentinel: LookAhead.began holds one more entry
         self.position = 0
         self.headroom = headroom
         self.wants_lookahead = lookahead and bool(plan)
@@ -134,7 +134,7 @@ class ReadyFirst:
         self.fits_plan = fits_plan  # the plan's order stays within the cap (it can be followed)
         self.keep_plan = keep_plan  # on plan, keep the plan's order; None: decide by dry runs (Arbiter)
 
-    def fresh(self, keep_plan: bool) -> "ReadyFirst":
+    def fresh(self, keep_plan: bool) -> ReadyFirst:
         """A policy like this one before its run, for a dry run with the on-plan rule fixed to ``keep_plan``."""
         return ReadyFirst(
             self.keys, self.cap, self.admits, self.plan[:-1], self.headroom, self.wants_lookahead, self.expected,
@@ -168,6 +168,7 @@ class ReadyFirst:
     def _guard(self, best: int, runner_up: int, inflight: int, now: float) -> int:
         """What the stage runs instead of ``best`` (NO_TASK: hold) to keep the plan's next task on time."""
         look, plan, position = self.lookahead, self.plan, self.position
+        assert look is not None  # pick() guards only with a look-ahead bound
         began = look.began
         while began[plan[position]] >= 0:  # the plan ends with a task id that never starts
             position += 1
@@ -185,17 +186,18 @@ class ReadyFirst:
             if best != upcoming:
                 if look.keeps_plan():
                     return NO_TASK
-            elif look.keep_plan or (look.keep_plan is None and look.sender_due(self.worker, now, best) > now and look.keeps_plan()):
+            elif look.keep_plan or (look.keep_plan is None and look.sender_due(self.worker, now, best) > now
+                                    and look.keeps_plan()):
                 return best
         # Only work the hint ranks below a plan task that waits for its inputs is held to the gap (were that
         # task ready, it would be ranked best; a cap-blocked one cannot run anyway).
-        if keys[best] > keys[upcoming] and not (admits[upcoming] and inflight >= self.cap):
-            if not (self.headroom and admits[best]):
-                spare = runner_up if self.headroom and runner_up >= 0 and admits[runner_up] else NO_TASK
-                fits = look.choose(self.worker, now, upcoming, best, runner_up if spare < 0 else NO_TASK)
-                best = fits if fits >= 0 else spare
-                if best < 0:
-                    return NO_TASK
+        if (keys[best] > keys[upcoming] and not (admits[upcoming] and inflight >= self.cap)
+                and not (self.headroom and admits[best])):
+            spare = runner_up if self.headroom and runner_up >= 0 and admits[runner_up] else NO_TASK
+            fits = look.choose(self.worker, now, upcoming, best, runner_up if spare < 0 else NO_TASK)
+            best = fits if fits >= 0 else spare
+            if best < 0:
+                return NO_TASK
         if look.sync and look.sender_due(self.worker, now, best) > now:
             return NO_TASK  # receive a neighbour's message first rather than keep it blocked
         return best
@@ -210,6 +212,7 @@ class ReadyFirst:
 
     def _posted_by_plan(self, task: int) -> bool:
         look = self.lookahead
+        assert look is not None  # wants() asks only with a look-ahead bound
         per_kind = look.shape.model_stages * look.m  # task ids run kind by kind
         kind = task // per_kind
         began, plan = look.began, self.plan
@@ -229,7 +232,8 @@ def hint_ranks(hint: str, shape: PipelineShape) -> list[int]:
     if hint in ("1f1b", "gpipe"):
         return _position_ranks(build_schedule(_family(hint, shape), shape))
     K, S, m = shape.kinds, shape.model_stages, shape.microbatches
-    kind, model_stage, mb = (a.reshape(-1) for a in np.meshgrid(np.arange(K), np.arange(S), np.arange(m), indexing="ij"))
+    kind, model_stage, mb = (a.reshape(-1)
+                             for a in np.meshgrid(np.arange(K), np.arange(S), np.arange(m), indexing="ij"))
     klass = np.array([1, 0, 0 if hint == "bf" or not shape.split else 2])[kind]
     order = np.lexsort((kind, model_stage // shape.stages, mb, klass))  # last key sorts first
     ranks = np.empty(shape.num_tasks, dtype=np.int64)
@@ -319,4 +323,4 @@ def memory_caps(shape: PipelineShape, multiple: float) -> list[int]:
     """Per-worker caps in microbatches: ``multiple`` times 1F1B's, at least one, at most all microbatches."""
     if multiple <= 0:
         raise UsageError(f"--memory-cap {multiple}: use a positive multiple of 1F1B's memory, e.g. 1,2,4")
-    return [max(1, min(shape.microbatches, int(round(base * multiple)))) for base in default_caps(shape)]
+    return [max(1, min(shape.microbatches, round(base * multiple))) for base in default_caps(shape)]

@@ -72,7 +72,8 @@ def init_params(spec: ModelSpec, model_stages: int) -> list[list[tuple[np.ndarra
     scale = 1.0 / np.sqrt(spec.width)
     return [
         [
-            (rng.normal(0, scale, (spec.width, spec.width)).astype(np.float32), rng.normal(0, 0.1, spec.width).astype(np.float32))
+            (rng.normal(0, scale, (spec.width, spec.width)).astype(np.float32),
+             rng.normal(0, 0.1, spec.width).astype(np.float32))
             for _ in range(spec.layers)
         ]
         for _ in range(model_stages)
@@ -128,7 +129,7 @@ def pick_devices(count: int) -> list:
 
 
 @functools.lru_cache(maxsize=1)
-def _programs() -> "_Programs":
+def _programs() -> _Programs:
     return _Programs()
 
 
@@ -177,13 +178,15 @@ class RealPipeline:
         bias = [NamedSharding(meshes[k % p], PartitionSpec("tp")) for k in range(S)]
         self.host_params = init_params(spec, S)
         self.params = [
-            [(jax.device_put(w, weight[k]), jax.device_put(b, bias[k])) for w, b in self.host_params[k]] for k in range(S)
+            [(jax.device_put(w, weight[k]), jax.device_put(b, bias[k])) for w, b in self.host_params[k]]
+            for k in range(S)
         ]
         x, y = make_batch(spec, m)
         self.inputs = [jax.device_put(x[j], self.activation[0]) for j in range(m)]
         self.targets = [jax.device_put(y[j], self.activation[S - 1]) for j in range(m)]
         self.scale = np.float32(1.0 / m)
-        self.reference = reference_grads(spec, self.host_params, x.reshape(-1, spec.width), y.reshape(-1, spec.width), devices[0])
+        self.reference = reference_grads(spec, self.host_params, x.reshape(-1, spec.width), y.reshape(-1, spec.width),
+                                         devices[0])
         self.programs = _programs()
         self._zeros = [jax.tree_util.tree_map(jax.numpy.zeros_like, self.params[k]) for k in range(S)]
         self._warm_up()
@@ -226,7 +229,8 @@ class RealPipeline:
         arbiter = Arbiter(shape, policies, comm, simulator=simulate)  # dry runs on the expected durations
         state = _RunState(self, arbiter, durations, comm, annotate, n)
         arbiter.start()
-        threads = [threading.Thread(target=state.work, args=(w,), name=f"stage-{w}", daemon=True) for w in range(shape.stages)]
+        threads = [threading.Thread(target=state.work, args=(w,), name=f"stage-{w}", daemon=True)
+                   for w in range(shape.stages)]
         state.t0 = time.perf_counter() + 0.01
         for t in threads:
             t.start()
@@ -241,7 +245,8 @@ class RealPipeline:
         if state.error is not None:
             raise state.error
         grads = jax.device_get(state.acc)
-        diff = max(float(np.max(np.abs(np.asarray(g) - np.asarray(r)))) for g, r in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(self.reference)))
+        diff = max(float(np.max(np.abs(np.asarray(g) - np.asarray(r))))
+                   for g, r in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(self.reference)))
         biggest = max(float(np.max(np.abs(np.asarray(r)))) for r in jax.tree_util.tree_leaves(self.reference))
         start, end = np.asarray(state.start), np.asarray(state.end)
         record = arbiter.record(start, end, state.blocked)
@@ -251,7 +256,8 @@ class RealPipeline:
 class _RunState:
     """The mutable side of one real run: inboxes, saved residuals, accumulators, the timeline."""
 
-    def __init__(self, pipe: RealPipeline, arbiter: Arbiter, durations: Durations, comm: str, annotate: str | None, n: int):
+    def __init__(self, pipe: RealPipeline, arbiter: Arbiter, durations: Durations, comm: str, annotate: str | None,
+                 n: int):
         self.pipe, self.arbiter, self.comm, self.annotate = pipe, arbiter, comm, annotate
         self.target = durations.task.tolist()
         self.comm_delay = durations.comm.tolist()
@@ -374,7 +380,8 @@ class _RunState:
             blocked_on.append(self.end[task])
             self.inbox[receiver].put(("offer", receiver_task, value, w, self.comm_delay[task]))
         else:
-            self.inbox[receiver].put(("data", self.end[task] + self.comm_delay[task], receiver_task, value, self.comm_delay[task]))
+            self.inbox[receiver].put(
+                ("data", self.end[task] + self.comm_delay[task], receiver_task, value, self.comm_delay[task]))
 
     def _compute(self, task: int) -> Any:
         """Run one task's jitted program; returns what goes to the next stage (None if nothing)."""
@@ -405,5 +412,6 @@ class _RunState:
                 return None
             self.acc[k], dx = jax.block_until_ready(prog.backward(vjp, dy, self.acc[k]))
             return dx
-        self.acc[k] = jax.block_until_ready(prog.weight_grad(self.saved.pop((k, j)), self.cotangents.pop((k, j)), self.acc[k]))
+        self.acc[k] = jax.block_until_ready(
+            prog.weight_grad(self.saved.pop((k, j)), self.cotangents.pop((k, j)), self.acc[k]))
         return None

@@ -58,7 +58,8 @@ def shape_for(schedule: str, stages: int, microbatches: int, virtual: int) -> Pi
                 f"(got {microbatches} and {stages}), as in Megatron; change one of them"
             )
     elif virtual != 1:
-        raise UsageError(f"--virtual-stages {virtual} only applies to --schedule interleaved; drop it or switch schedule")
+        raise UsageError(
+            f"--virtual-stages {virtual} only applies to --schedule interleaved; drop it or switch schedule")
     return PipelineShape(stages, microbatches, virtual, split=schedule == "zb-h1")
 
 

@@ -69,7 +69,7 @@ class PipelineShape:
         kind, model_stage, microbatch = self.decode(task)
         return f"{model_stage}{self.letter(kind)}{microbatch}"
 
-    def graph(self) -> "TaskGraph":
+    def graph(self) -> TaskGraph:
         return _graph(self)
 
 

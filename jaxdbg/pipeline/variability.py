@@ -163,7 +163,8 @@ def _parse_params(spec: str, name: str, text: str, stages: int | None, model_sta
             value = kind(raw.strip())
         except ValueError:
             raise UsageError(f"--variability '{spec}': {name} {key}='{raw}' is not a {kind.__name__}") from None
-        if (low is not None and value < low) or (high is not None and value > high) or (kind is float and not math.isfinite(value)):
+        if ((low is not None and value < low) or (high is not None and value > high)
+                or (kind is float and not math.isfinite(value))):
             bounds = f"at least {low}" if high is None else f"between {low} and {high}"
             raise UsageError(f"--variability '{spec}': {name} {key}={raw} must be {bounds}")
         values[key] = value
@@ -172,7 +173,8 @@ def _parse_params(spec: str, name: str, text: str, stages: int | None, model_sta
             raise UsageError(f"--variability '{spec}': {name} {key} must be positive")
     if name == "straggler" and stages is not None and values["stage"] is not None and values["stage"] >= stages:
         raise UsageError(f"--variability '{spec}': straggler stage={values['stage']} but stages are 0..{stages - 1}")
-    if name == "multimodal" and model_stages is not None and values["encoder"] is not None and values["encoder"] > model_stages:
+    if (name == "multimodal" and model_stages is not None and values["encoder"] is not None
+            and values["encoder"] > model_stages):
         raise UsageError(f"--variability '{spec}': encoder={values['encoder']} exceeds the {model_stages} model stages")
     return values
 
@@ -228,7 +230,7 @@ def realise(variability: Variability, shape: PipelineShape, costs: Costs, seed: 
     return Durations(shape, task.reshape(-1), message, heavy)
 
 
-def _lognormal(rng: np.random.Generator, cv: float, size: tuple) -> np.ndarray:
+def _lognormal(rng: np.random.Generator, cv: float, size: int | tuple[int, ...]) -> np.ndarray:
     """Factors of mean 1 and coefficient of variation ``cv``."""
     if cv == 0:
         return np.ones(size)
@@ -238,7 +240,8 @@ def _lognormal(rng: np.random.Generator, cv: float, size: tuple) -> np.ndarray:
 
 def _replay(path: str, spec: str, S: int, m: int, comm: np.ndarray, input_share: float):
     try:
-        data = json.loads(open(path).read())
+        with open(path) as handle:
+            data = json.load(handle)
         forward = np.asarray(data["forward"], dtype=float)
         backward = np.asarray(data["backward"], dtype=float)
     except (OSError, ValueError, KeyError, TypeError) as err:

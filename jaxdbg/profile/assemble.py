@@ -13,17 +13,36 @@ Example:
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
 from jaxdbg.profile.messages import (
-    CallBatch, CallTiming, CaptureOps, CompileRecord, DeviceInfo, FunctionDefined, JobFigures, MonitorSamples,
-    PeakMeasured, ProfileNote, RunFinished, RunTotals, TraceCaptured,
+    CallBatch,
+    CallTiming,
+    CaptureOps,
+    CompileRecord,
+    DeviceInfo,
+    FunctionDefined,
+    JobFigures,
+    MonitorSamples,
+    PeakMeasured,
+    ProfileNote,
+    RunFinished,
+    RunTotals,
+    TraceCaptured,
 )
 from jaxdbg.profile.model import (
-    Compilation, CompileTimes, ExecuteStats, FunctionProfile, Recompile, Totals, TraceFiles, Transfer,
+    Compilation,
+    CompileTimes,
+    ExecuteStats,
+    FunctionProfile,
+    Recompile,
+    Totals,
+    TraceFiles,
+    Transfer,
 )
 from jaxdbg.profile.spans import union_length
 from jaxdbg.protocol import Environment, Message
@@ -48,7 +67,7 @@ class Gathered:
     job: tuple = ()  # process 0 of a multi-process job: every process's ProcessFigures
 
     @classmethod
-    def from_messages(cls, messages: Iterable[Message]) -> "Gathered":
+    def from_messages(cls, messages: Iterable[Message]) -> Gathered:
         got = cls()
         for message in messages:
             if isinstance(message, DeviceInfo):
@@ -110,7 +129,8 @@ class Gathered:
             if stage == "compile":
                 by_name[name] += end - start
         top = sorted(by_name.items(), key=lambda kv: -kv[1])[:5]
-        return {"count": sum(1 for s in spans if s[0] == "compile"), "total_s": union_length([(s, e) for _, s, e, _ in spans]),
+        return {"count": sum(1 for s in spans if s[0] == "compile"),
+                "total_s": union_length([(s, e) for _, s, e, _ in spans]),
                 "top": [{"name": n, "compile_s": t} for n, t in top]}
 
     def totals_for(self, functions: list[FunctionProfile], elapsed_s: float, mode: str) -> Totals:

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import operator
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from jaxdbg._errors import UsageError
 from jaxdbg.profile.model import BudgetResult, FunctionProfile, Totals

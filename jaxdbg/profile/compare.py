@@ -71,7 +71,8 @@ def _delta(old: float | None, new: float | None) -> dict[str, float | None]:
             "ratio": None if not old or new is None else new / old}
 
 
-def compare(baseline: dict[str, Any], functions: tuple[FunctionProfile, ...], totals: Totals) -> tuple[FunctionDelta, ...]:
+def compare(baseline: dict[str, Any], functions: tuple[FunctionProfile, ...],
+            totals: Totals) -> tuple[FunctionDelta, ...]:
     """Deltas per function (by name) and for the run's totals (as the pseudo-function ``<totals>``)."""
     from jaxdbg.report import to_jsonable
 
@@ -82,8 +83,7 @@ def compare(baseline: dict[str, Any], functions: tuple[FunctionProfile, ...], to
         old = old_by_name.pop(function.name, None)
         metrics = {m: _delta(_dig(old, p) if old else None, _dig(new, p)) for m, p in _FUNCTION_METRICS.items()}
         deltas.append(FunctionDelta(function.name, "changed" if old else "new", metrics))
-    for name in old_by_name:
-        deltas.append(FunctionDelta(str(name), "gone", {}))
+    deltas.extend(FunctionDelta(str(name), "gone", {}) for name in old_by_name)
     old_totals = baseline.get("totals") or {}
     deltas.append(FunctionDelta("<totals>", "changed", {
         m: _delta(_dig(old_totals, (m,)), getattr(totals, m)) for m in _TOTAL_METRICS}))

@@ -51,7 +51,8 @@ def _eager_hint(eager: Mapping[str, Any], totals: Totals) -> str | None:
     return (f"{eager['count']} operations run outside jit compiled one by one: {seconds:.2f} s, "
             f"{100 * seconds / max(totals.compile_s, 1e-9):.0f}% of compile time"
             + (f" ({names})" if names else "") + f", mostly {what}. Keep them across runs with the persistent "
-            "cache and its threshold lowered: JAX_COMPILATION_CACHE_DIR=DIR JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 "
+            "cache and its threshold lowered: JAX_COMPILATION_CACHE_DIR=DIR "
+            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 "
             "(by default it skips compiles under 1 s); building the model inside one jit (nnx.jit(create_model), "
             "jax.jit(model.init)) trades them for one larger compile")
 
@@ -75,7 +76,8 @@ def hints_for(functions: list[FunctionProfile], totals: Totals, transfers: list[
         split = ""
         if eager_matters(eager, totals):
             jitted = max(totals.compile_s - eager["total_s"], 0.0)
-            split = f": {jitted:.2f} s in jitted functions, {eager['total_s']:.2f} s in {eager['count']} eager operations"
+            split = (f": {jitted:.2f} s in jitted functions, {eager['total_s']:.2f} s in {eager['count']} "
+                     "eager operations")
         hints.append(f"compilation takes {100 * totals.compile_s / wall:.0f}% of the run ({totals.compile_s:.2f} s"
                      f"{split}): reuse compiled code with the persistent cache (JAX_COMPILATION_CACHE_DIR), or "
                      "compile less (fewer shapes, smaller unrolled loops: lax.scan instead of Python loops)")
@@ -129,8 +131,7 @@ def notes_for(mode: str, functions: list[FunctionProfile], gathered: Any, error:
             + ". Wrap the step in jax.jit, or profile one function with file.py::func")
     if error and functions:
         notes.append("the target failed midway: the profile covers what ran before the failure")
-    for text in gathered.trace_errors:
-        notes.append(text)
+    notes.extend(gathered.trace_errors)
     if gathered.trace is None and not error and functions:
         notes.append("no profiler capture was taken (--trace-calls 0), so there is no per-op table")
     sampled = [f for f in functions if mode == "script" and f.execute.timed_calls < f.execute.calls]
@@ -140,8 +141,8 @@ def notes_for(mode: str, functions: list[FunctionProfile], gathered: Any, error:
                      "then one in --sync-every; the others ran ahead unblocked as in a plain run, so execute "
                      "totals are estimates (--sync-every 1 times every call)")
     window = gathered.trace.calls_traced if gathered.trace is not None else 0
-    for function in functions:
-        if not function.ops and function.execute.calls and gathered.trace is not None:
-            notes.append(f"{function.name}: no per-op rows; it did not run inside the capture window (the first "
-                         f"{window} calls of the run): raise --trace-calls to include it")
+    notes.extend(f"{function.name}: no per-op rows; it did not run inside the capture window (the first "
+                 f"{window} calls of the run): raise --trace-calls to include it"
+                 for function in functions
+                 if not function.ops and function.execute.calls and gathered.trace is not None)
     return tuple(dict.fromkeys(notes))

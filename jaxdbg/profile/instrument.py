@@ -13,9 +13,9 @@ restores what it replaced in ``finally``:
   reading an array on the host (``float(x)``, ``x.item()``, ``print``). Host (numpy) arguments of a
   tracked call are copied to the device just before it, and that copy is timed as a transfer too.
 
-Results leave as messages (:mod:`jaxdbg.profile.messages`) through ``send(message)`` as they happen (compiles at once, call timings in batches
-every half second from a background thread), so a script that raises, hangs or is killed midway still
-leaves its profile.
+Results leave as messages (:mod:`jaxdbg.profile.messages`) through ``send(message)`` as they happen (compiles at
+once, call timings in batches every half second from a background thread), so a script that raises, hangs or
+is killed midway still leaves its profile.
 
 Example:
     >>> rec = Recorder(send=lambda message: None, out_dir="/tmp/p")        # doctest: +SKIP
@@ -30,16 +30,17 @@ import functools
 import threading
 import time
 from collections import defaultdict
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from jaxdbg import _compat, jit_layer
 from jaxdbg._source import SourceLocation
 from jaxdbg.jit_layer import InstrumentedJit, JitCall, JitHook, unwrap_function
 from jaxdbg.profile.hlo import module_name, write_hlo
 from jaxdbg.profile.messages import CallBatch, CallTiming, CompileRecord, FunctionDefined, RunTotals
-from jaxdbg.protocol import Message
 from jaxdbg.profile.signature import Signature, call_signature, explain, parameter_names
 from jaxdbg.profile.spans import span_times
+from jaxdbg.protocol import Message
 
 FLUSH_EVERY_S = 0.5
 TIMED_FIRST = 3  # the first calls of a function are all timed (first call, and a steady median early)
@@ -79,7 +80,7 @@ class Recorder(JitHook):
         self.hlo_limit = hlo_limit
         self.window = window
         self.convert_host_args = convert_host_args
-        self.functions: dict[tuple, TrackedFunction] = {}
+        self.functions: dict[int, TrackedFunction] = {}
         self._local = threading.local()
         self._lock = threading.Lock()
         self.eager_spans: list[tuple[str, float, float, str]] = []
@@ -235,8 +236,8 @@ class Recorder(JitHook):
             site = str(record.source) if record.source else ""
             info["recompile"] = explain(record.signatures, signature, same_callable=same, call_index=index,
                                         callable_site=site)
-        record.signatures = (record.signatures + [signature])[-_KEEP_SIGNATURES:]
-        record.callables = (record.callables + [function.fun])[-_KEEP_SIGNATURES:]
+        record.signatures = [*record.signatures, signature][-_KEEP_SIGNATURES:]
+        record.callables = [*record.callables, function.fun][-_KEEP_SIGNATURES:]
         info["signature"] = signature.short()
         info["dtypes"] = tuple(leaf.dtype for _, leaf in signature.leaves if leaf.kind == "array")
         if not failed and record.introspect and record.compiles < self.hlo_limit:
@@ -256,7 +257,7 @@ class Recorder(JitHook):
             compiled = lowered.compile()
             text = compiled.as_text()
             paths = write_hlo(self.out_dir, record.name, record.compiles, lowered.as_text(), text)
-            found = {"hlo": paths, "module": module_name(text), "cost": _compat.compiled_cost(compiled),
+            found: dict[str, Any] = {"hlo": paths, "module": module_name(text), "cost": _compat.compiled_cost(compiled),
                      "memory": _compat.compiled_memory(compiled)}
         except Exception as err:  # noqa: BLE001 - analysis is best effort; the user's run goes on
             record.introspect = False
@@ -343,8 +344,8 @@ def compile_listener(recorder: Recorder) -> Iterator[None]:
     """Route jax.monitoring compile spans (and cache hits) to ``recorder`` while the block runs."""
     import jax.monitoring as monitoring
 
-    def on_span(event: str, start: float, end: float, **kwargs: Any) -> None:
-        recorder.on_span(event, start, end, str(kwargs.get("fun_name", "")))
+    def on_span(event: str, start_time: float, end_time: float, **kwargs: Any) -> None:
+        recorder.on_span(event, start_time, end_time, str(kwargs.get("fun_name", "")))
 
     def on_event(event: str, **kwargs: Any) -> None:
         if event == CACHE_HIT_EVENT:

@@ -16,12 +16,22 @@ import contextlib
 import os
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from jaxdbg import multihost
 from jaxdbg.profile.messages import (
-    CallBatch, CallTiming, CaptureOps, CompileRecord, DeviceInfo, FunctionDefined, JobFigures, PeakMeasured,
-    ProfileJob, ProfileNote, RunFinished,
+    CallBatch,
+    CallTiming,
+    CaptureOps,
+    CompileRecord,
+    DeviceInfo,
+    FunctionDefined,
+    JobFigures,
+    PeakMeasured,
+    ProfileJob,
+    ProfileNote,
+    RunFinished,
 )
 from jaxdbg.protocol import Done, Environment, Message
 from jaxdbg.target import check_arity
@@ -200,7 +210,8 @@ def share_with_the_job(send: Send, log: MessageLog, timeout: float | None, start
     multihost.publish("profile", "figures", figures_of(place.index, functions, totals).as_message())
     if place.index != 0:
         return
-    wait = GATHER_WAIT_S if timeout is None else max(min(GATHER_WAIT_S, timeout - (time.perf_counter() - started) - 10), 1.0)
+    wait = (GATHER_WAIT_S if timeout is None
+            else max(min(GATHER_WAIT_S, timeout - (time.perf_counter() - started) - 10), 1.0))
     got = multihost.gather("profile", "figures", wait)
     send(JobFigures(tuple(
         ProcessFigures(**got[i]) if i in got else
@@ -213,8 +224,8 @@ def function_job(job: ProfileJob, channel: Any) -> None:
     import jax
 
     from jaxdbg import _compat
-    from jaxdbg.profile.hlo import module_name, write_hlo
     from jaxdbg.jit_layer import function_identity
+    from jaxdbg.profile.hlo import module_name, write_hlo
     from jaxdbg.profile.instrument import Recorder, compile_listener
     from jaxdbg.profile.monitor import Sampler
     from jaxdbg.target import load_function, load_inputs, short_dtype
@@ -251,7 +262,8 @@ def function_job(job: ProfileJob, channel: Any) -> None:
             text = compiled.as_text()
             send(CompileRecord(
                 0, 0, trace_s=t1 - t0, lower_s=t2 - t1, compile_s=t3 - t2, total_s=t3 - t0,
-                signature=_signature_text(args), dtypes=tuple(short_dtype(a.dtype) for a in args if hasattr(a, "dtype")),
+                signature=_signature_text(args),
+                dtypes=tuple(short_dtype(a.dtype) for a in args if hasattr(a, "dtype")),
                 hlo=write_hlo(job.out_dir, name, 0, lowered.as_text(), text), module=module_name(text),
                 cost=_compat.compiled_cost(compiled), memory=_compat.compiled_memory(compiled),
             ))

@@ -94,7 +94,7 @@ def _parse(text: str) -> tuple[dict[str, list[_Inst]], str | None]:
             continue
         match = _INSTRUCTION.match(line) if current else None
         opcode = _OPCODE.match(match.group(3)) if match else None
-        if not opcode:
+        if current is None or match is None or opcode is None:
             continue
         rest = match.group(3)
         shape = _SHAPE.match(rest)

@@ -19,7 +19,8 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from jaxdbg._compat import backend_started
 from jaxdbg.profile.messages import MonitorSamples
@@ -88,7 +89,7 @@ class Sampler:
         self._thread: threading.Thread | None = None
         self._pending: list[tuple] = []
 
-    def __enter__(self) -> "Sampler":
+    def __enter__(self) -> Sampler:
         self._start = time.perf_counter()
         self._cpu = self._cpu_seconds()
         self._system = system_cpu_ticks()

@@ -21,8 +21,8 @@ import json
 import os
 import re
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 from jaxdbg._source import SourceLocation, is_user_file
 from jaxdbg.profile.hlo import HloModule, opcode_category
@@ -67,13 +67,13 @@ def _self_times(events: list[tuple[float, float, str, str]]) -> Iterator[tuple[s
     stack: list[list] = []  # [end, module, op, self_ns]
     for start, duration, module, op in events:
         while stack and start >= stack[-1][0]:
-            end, m, o, self_ns = stack.pop()
+            _, m, o, self_ns = stack.pop()
             yield m, o, self_ns
         if stack:
             stack[-1][3] -= min(duration, stack[-1][0] - start)
         stack.append([start + duration, module, op, duration])
     while stack:
-        end, m, o, self_ns = stack.pop()
+        _, m, o, self_ns = stack.pop()
         yield m, o, max(self_ns, 0.0)
 
 

@@ -13,7 +13,9 @@ Example:
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from jaxdbg.profile.model import Rates
 
@@ -80,7 +82,7 @@ def calibrate_cpu(size: int = 512, repeats: int = 5) -> Peak:
     return Peak(flops, bandwidth, f"calibrated on this CPU ({size}x{size} f32 matmul, 32 MiB read)")
 
 
-def _best(run: object, repeats: int) -> float:
+def _best(run: Callable[[], Any], repeats: int) -> float:
     run().block_until_ready()  # compile and warm up
     best = float("inf")
     for _ in range(repeats):

@@ -46,7 +46,7 @@ class ProcessFigures:
         return not self.note
 
     @classmethod
-    def missing(cls, index: int, note: str) -> "ProcessFigures":
+    def missing(cls, index: int, note: str) -> ProcessFigures:
         return cls(index, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0, None, note)
 
     def as_message(self) -> dict[str, Any]:

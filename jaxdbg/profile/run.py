@@ -15,20 +15,20 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from jaxdbg._errors import EXIT_FOUND, EXIT_OK, EXIT_TARGET_FAILED, EXIT_USAGE, UsageError
-from jaxdbg._source import is_jaxdbg_file
+from jaxdbg._source import SourceLocation, is_jaxdbg_file
 from jaxdbg.profile.assemble import Gathered
 from jaxdbg.profile.budget import check_budget, parse_budget
 from jaxdbg.profile.compare import compare, load_baseline, other_target_note
 from jaxdbg.profile.hints import hints_for, notes_for
 from jaxdbg.profile.messages import CaptureOps, ProfileJob
-from jaxdbg.profile.model import FunctionProfile, ProfileResult
+from jaxdbg.profile.model import FunctionProfile, ProfileResult, Rates
 from jaxdbg.profile.monitor import series
-from jaxdbg.profile.processes import find_stragglers, step_skew_s
 from jaxdbg.profile.peaks import Peak, achieved_rates, dtype_class, table_peak
+from jaxdbg.profile.processes import find_stragglers, step_skew_s
 from jaxdbg.profile.trace import write_perfetto
 from jaxdbg.report import process_folder
 from jaxdbg.runner import Outcome, first_line, run_contained
@@ -108,7 +108,8 @@ def profile(spec: TargetSpec, options: ProfileOptions, out_dir: str) -> ProfileR
         transfers=tuple(gathered.transfers()), eager_compile=eager, trace=trace,
         monitor=series(gathered.monitor, options.monitor_interval),
         comparison=compare(baseline, tuple(functions), totals) if baseline is not None else None,
-        device=gathered.device, processes=gathered.job, stragglers=stragglers, step_skew_s=step_skew_s(list(gathered.job)),
+        device=gathered.device, processes=gathered.job, stragglers=stragglers,
+        step_skew_s=step_skew_s(list(gathered.job)),
     )
     artifacts.update(_artifacts(result, outcome, str(process_folder(Path(out_dir), gathered.environment))))
     code = EXIT_TARGET_FAILED if error else (EXIT_FOUND if not budget.ok else EXIT_OK)
@@ -147,9 +148,9 @@ def _check_inputs(spec: TargetSpec, options: ProfileOptions) -> None:
                          "--inputs file.py::make_inputs or data.npz")
     if options.args:
         parse_args_spec(options.args)
-    elif "::" in options.inputs:
+    elif options.inputs and "::" in options.inputs:
         parse_target(options.inputs)
-    elif options.inputs.endswith(".npz"):
+    elif options.inputs and options.inputs.endswith(".npz"):
         load_npz_inputs(options.inputs)
     else:
         raise UsageError(f"--inputs '{options.inputs}': expected file.py::make_inputs or a .npz file")
@@ -197,7 +198,7 @@ def stopped_in_jitted_call(outcome: Outcome) -> bool:
                for path in _STACK_FILE.findall(text or ""))
 
 
-def _error(outcome: Outcome) -> tuple[str | None, object]:
+def _error(outcome: Outcome) -> tuple[str | None, SourceLocation | None]:
     if outcome.ok:
         return None, None
     text = f"the target {outcome.describe()}"
@@ -205,7 +206,7 @@ def _error(outcome: Outcome) -> tuple[str | None, object]:
     return text, frame
 
 
-def _rates(function: FunctionProfile, peak: Peak | None) -> object:
+def _rates(function: FunctionProfile, peak: Peak | None) -> Rates | None:
     """Achieved rates from cost analysis, with the matmuls of loops counted as often as they run."""
     from jaxdbg.profile.hlo import loop_note
     from jaxdbg.profile.loops import loop_matmul_flops
@@ -230,7 +231,8 @@ def _peak(gathered: Gathered) -> Peak | None:
 
 
 def _table(gathered: Gathered, function: FunctionProfile) -> Peak | None:
-    return table_peak(gathered.device.get("kind", "") if gathered.device else "", dtype_class(gathered.dtypes(function.name)))
+    return table_peak(gathered.device.get("kind", "") if gathered.device else "",
+                      dtype_class(gathered.dtypes(function.name)))
 
 
 def attach_ops(functions: list[FunctionProfile], captured: CaptureOps, top: int) -> list[FunctionProfile]:

@@ -67,11 +67,13 @@ def start_xprof(logdir: str, port: int = 0, timeout: float = 60.0) -> XprofServe
         [sys.executable, "-m", "jaxdbg.profile.serve", os.path.abspath(logdir), str(port)],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, env=env, text=True,
     )
+    stdout = process.stdout
+    assert stdout is not None  # stdout=PIPE
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        ready, _, _ = select.select([process.stdout], [], [], 0.2)
+        ready, _, _ = select.select([stdout], [], [], 0.2)
         if ready:
-            line = process.stdout.readline()
+            line = stdout.readline()
             if line.startswith("LISTENING "):
                 return XprofServer(f"http://127.0.0.1:{int(line.split()[1])}/", process)
             if not line and process.poll() is not None:

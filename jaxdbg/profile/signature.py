@@ -23,10 +23,12 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from jaxdbg import frameworks
 from jaxdbg.profile.model import ArgChange, Recompile
@@ -58,7 +60,7 @@ class LeafSig:
             return f"a Python {self.value} (weakly typed {self.dtype})"
         if self.kind == "array":
             weak = " weakly typed" if self.weak_type else ""
-            return f"{self.dtype}{list(self.shape)}{weak}"
+            return f"{self.dtype}{list(self.shape or ())}{weak}"
         return self.value or "an object"
 
 
@@ -95,10 +97,8 @@ def _short_dtype(dtype: Any) -> str:
 
     from jaxdbg.target import short_dtype
 
-    try:
+    with contextlib.suppress(TypeError, ValueError):  # extended dtypes (PRNG keys) are their own canonical form
         dtype = jax.dtypes.canonicalize_dtype(dtype)
-    except (TypeError, ValueError):
-        pass  # extended dtypes (PRNG keys) are their own canonical form
     try:
         return short_dtype(dtype)
     except TypeError:

@@ -16,7 +16,8 @@ import glob
 import gzip
 import json
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from jaxdbg.profile.messages import ProfileNote, TraceCaptured
 from jaxdbg.profile.model import TraceFiles
@@ -37,7 +38,7 @@ class TraceWindow:
         self.files: TraceFiles | None = None
         self._saved: list = []
 
-    def __enter__(self) -> "TraceWindow":
+    def __enter__(self) -> TraceWindow:
         import jax
 
         self._yield_to_user_captures()

@@ -26,14 +26,14 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Callable
 
 from jaxdbg._errors import TargetFailedError, UsageError
 from jaxdbg.repro.failures import STILL_FAILS_WITHOUT_JIT, Checker, Failure, choose, observe
-from jaxdbg.repro.messages import CutFinished, LoweredText
 from jaxdbg.repro.jobs import CHILD_ENV, CUT_JOB, JOB, CutRequest, RunRequest, reduction_env
+from jaxdbg.repro.messages import CutFinished, LoweredText
 from jaxdbg.repro.program import INPUTS_FILE, REPRO_FILE, STABLEHLO_FILE, count_lines, expected_message
 from jaxdbg.repro.signature import KINDS, FailureSignature, normalise_message
 from jaxdbg.repro.source import SourceReducer, State, statement_lines
@@ -204,7 +204,8 @@ class _Reproduction:
     def detect(self) -> tuple[Failure, bool, list[str], list[Outcome]]:
         self.progress("detect", 0, f"{self.subject.original_lines} lines")
         kind = self.options.kind
-        watch = WatchConfig(nonfinite=kind in (None, "nonfinite"), mismatch_calls=2 if kind in (None, "mismatch") else 0,
+        watch = WatchConfig(nonfinite=kind in (None, "nonfinite"),
+                            mismatch_calls=2 if kind in (None, "mismatch") else 0,
                             reference=self.options.reference, rtol=self.options.rtol, atol=self.options.atol)
         request = replace(self.subject.request, script=self.subject.path, watch=watch)
         runs = max(1, self.options.runs)
@@ -215,7 +216,8 @@ class _Reproduction:
         self.checks += runs
         seen = [observe(o) for o in outcomes]
         chosen = [choose(failures, kind, self.options.match) for failures in seen]
-        descriptions = [(c.describe() if c else _plain_end(o, failures)) for c, o, failures in zip(chosen, outcomes, seen)]
+        descriptions = [(c.describe() if c else _plain_end(o, failures))
+                        for c, o, failures in zip(chosen, outcomes, seen)]
         target = next((c for c in chosen if c is not None), None)
         if target is None:
             raise UsageError(self._nothing_to_reproduce(seen, outcomes))
@@ -358,7 +360,8 @@ class _Reproduction:
                           cwd=self.cwd)
         protected = target.location.line if target.location and _same(target.location.file, subject.path) else None
         source = subject.source
-        if subject.data_free_source and checker.check_text(subject.data_free_source, (protected, protected) if protected else None):
+        if subject.data_free_source and checker.check_text(subject.data_free_source,
+                                                           (protected, protected) if protected else None):
             source = subject.data_free_source  # the inputs' values do not matter: no inputs.npz needed
             self.notes.append("the failure does not depend on the input values: the reproducer uses np.ones")
         accepted: list[State] = []
@@ -366,13 +369,14 @@ class _Reproduction:
         reserve = self.verify_reserve
         reducer = SourceReducer(
             source, protected, checker, jobs=self.options.jobs, deadline=self.clock.deadline - reserve,
-            on_progress=lambda checks, text: self.progress("reduce source", base_checks + checks, f"{count_lines(text)} lines"),
+            on_progress=lambda checks, text: self.progress("reduce source", base_checks + checks,
+                                                           f"{count_lines(text)} lines"),
             on_accept=accepted.append)
         try:
             reducer.run()
             timed_out = reducer.out_of_time()
             self.checks = base_checks + checker.checks
-            candidates = [reducer.state] + accepted[::-1][1:3] + [State(None, None, subject.source)]  # type: ignore[arg-type]
+            candidates = [reducer.state, *accepted[::-1][1:3], State(None, None, subject.source)]  # type: ignore[arg-type]
             return self._finish_source(target, flaky, runs, candidates, checker, timed_out, check_timeout)
         finally:
             checker.close()

@@ -24,8 +24,9 @@ Example:
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -62,9 +63,9 @@ class Criterion:
 
     def failing_index(self, fn: Callable, args: Sequence[Any]) -> tuple | None:
         """None if the candidate does not fail; else the index of a failing element of its first output."""
-        if self.kind == "nonfinite" and not self.allow_nonfinite_inputs:
-            if any(np.asarray(a).dtype.kind in "fc" and not np.isfinite(a).all() for a in args):
-                return None
+        if self.kind == "nonfinite" and not self.allow_nonfinite_inputs and any(
+                np.asarray(a).dtype.kind in "fc" and not np.isfinite(a).all() for a in args):
+            return None
         try:
             outs = jax.jit(fn)(*args)
             if self.kind == "exception":
@@ -76,9 +77,9 @@ class Criterion:
                 refs = [np.asarray(r) for r in fn(*args)]
             return _worst_mismatch(outs, refs, self.rtol, self.atol)
         except Exception as err:  # noqa: BLE001 - a candidate that does not even run is not interesting
-            if self.kind == "exception" and type(err).__name__ == self.exc_type:
-                if normalise_message(str(err)) == self.exc_message:
-                    return ()
+            if (self.kind == "exception" and type(err).__name__ == self.exc_type
+                    and normalise_message(str(err)) == self.exc_message):
+                return ()
             return None
 
 
@@ -133,7 +134,8 @@ class Cutter:
     """Delta debugging over a flat graph with recorded values (see the module docstring for the passes)."""
 
     def __init__(self, graph: Graph, recorded: dict, criterion: Criterion, *, deadline: float | None = None,
-                 on_progress: Callable[[int, int], None] | None = None, emittable: Callable[[Candidate], bool] | None = None):
+                 on_progress: Callable[[int, int], None] | None = None,
+                 emittable: Callable[[Candidate], bool] | None = None):
         self.graph, self.recorded, self.criterion = graph, recorded, criterion
         self.deadline = deadline
         self.on_progress = on_progress or (lambda checks, size: None)
@@ -265,7 +267,8 @@ class Cutter:
         out_shape = self._output_shape(cand)
         if out_shape and all(self.graph.nodes[i].name in ELEMENTWISE for i in cand.nodes):
             idx = cand.index
-            values = {v: (cand.values[v][idx] if np.shape(cand.values[v]) == out_shape else cand.values[v]) for v in inputs}
+            values = {v: (cand.values[v][idx] if np.shape(cand.values[v]) == out_shape else cand.values[v])
+                      for v in inputs}
             cand = self.test(replace(cand, values=values)) or cand
         for var in inputs:
             if var in fixed:

@@ -11,13 +11,14 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from typing import Any
 
 import numpy as np
 
-from jaxdbg.repro.cut import Criterion, Cutter, CutError
+from jaxdbg.repro.cut import Criterion, CutError, Cutter
 from jaxdbg.repro.graph import flatten, record
 from jaxdbg.repro.messages import CutFinished, FailureSeen
 from jaxdbg.repro.program import INPUTS_FILE, REPRO_FILE, STABLEHLO_FILE, build_program, can_emit, program_fails
@@ -58,10 +59,8 @@ def cut_captured(captured: Any, request: Any, deadline: float) -> CutFinished:
     program = build_program(graph, best, criterion, origin, len(graph.nodes))
     files = write_program(program, request.work_dir)
     self_check = program_fails(files["repro"], criterion)
-    try:
+    with contextlib.suppress(Exception):  # StableHLO is a bonus; the reproducer stands without it
         files["stablehlo"] = write_stablehlo(program, graph, best, request.work_dir)
-    except Exception:  # noqa: BLE001 - StableHLO is a bonus; the reproducer stands without it
-        pass
     return CutFinished(
         True, cutter.stats.checks, len(graph.nodes), function=captured.function, failure=captured.failure,
         equations=len(best.nodes), primitives=[graph.nodes[i].name for i in best.nodes], lines=program.lines,

@@ -18,17 +18,23 @@ import ast
 import os
 import re
 import threading
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Sequence
+from typing import Any
 
 from jaxdbg._source import SourceLocation
 from jaxdbg.repro.forkserver import ForkServer
 from jaxdbg.repro.jobs import CHILD_ENV, JOB, RunRequest
 from jaxdbg.repro.messages import FailureSeen, JaxWork, JitCallSeen, LastJit
-from jaxdbg.repro.signature import (FailureSignature, exception_signature, matches_pattern, mismatch_signature,
-                                    nonfinite_signature)
+from jaxdbg.repro.signature import (
+    FailureSignature,
+    exception_signature,
+    matches_pattern,
+    mismatch_signature,
+    nonfinite_signature,
+)
 from jaxdbg.repro.source import State, find_statement, is_constant_raise, parse, statement_lines
 from jaxdbg.runner import Outcome, first_line, run_contained
 
@@ -59,7 +65,7 @@ def _jax_roots() -> tuple[str, ...]:
     import jax
     import jaxlib
 
-    return tuple(os.path.realpath(os.path.dirname(m.__file__)) + os.sep for m in (jax, jaxlib))
+    return tuple(os.path.realpath(os.path.dirname(m.__file__)) + os.sep for m in (jax, jaxlib) if m.__file__)
 
 
 _TB_FILE = re.compile(r'^\s*File "([^"]+)", line \d+', re.M)
@@ -77,7 +83,7 @@ def observe(outcome: Outcome) -> list[Failure]:
     calls = outcome.all(JitCallSeen)
     last = outcome.last(LastJit)
     last_jit = (last.function if last else None) or (calls[-1].function if calls else None)
-    common = {"last_jit": last_jit, "jax_work": jax_work}
+    common: dict[str, Any] = {"last_jit": last_jit, "jax_work": jax_work}
     found: list[Failure] = []
     if outcome.status == "exception" and outcome.exception is not None:
         exc = outcome.exception
@@ -228,7 +234,8 @@ class Checker:
                 if not _same_file(failure.location.file, path):
                     return f"raised elsewhere ({failure.location})"
                 if lines is not None and not lines[0] <= failure.location.line <= lines[1]:
-                    return f"raised at line {failure.location.line}, not by the kept statement (lines {lines[0]}-{lines[1]})"
+                    return (f"raised at line {failure.location.line}, not by the kept statement "
+                            f"(lines {lines[0]}-{lines[1]})")
             elif (failure.location.file, failure.location.line) != (target.location.file, target.location.line):
                 return f"raised elsewhere ({failure.location})"
         if not evidence:

@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -31,7 +32,8 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from jaxdbg.protocol import read_channel
 from jaxdbg.runner import Outcome, child_env, outcome_of
@@ -46,6 +48,8 @@ class ForkServer:
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "jaxdbg.repro.forkserver"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL, env=child_env(env), start_new_session=True)
+        assert self._proc.stdin is not None and self._proc.stdout is not None  # both are pipes
+        self._stdin, self._stdout = self._proc.stdin, self._proc.stdout
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self._pids: dict[int, int] = {}
@@ -54,7 +58,7 @@ class ForkServer:
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
-    def __enter__(self) -> "ForkServer":
+    def __enter__(self) -> ForkServer:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -66,14 +70,14 @@ class ForkServer:
 
     def close(self) -> None:
         try:
-            self._proc.stdin.close()
+            self._stdin.close()
             self._proc.wait(timeout=5)
         except (OSError, subprocess.TimeoutExpired):
             self._proc.kill()
             self._proc.wait()
 
     def _read(self) -> None:
-        for line in self._proc.stdout:
+        for line in self._stdout:
             message = json.loads(line)
             with self._changed:
                 if "pid" in message:
@@ -104,9 +108,9 @@ class ForkServer:
             request_id = next(self._ids)
             started = time.perf_counter()
             with self._lock:
-                self._proc.stdin.write((json.dumps({"id": request_id, "workdir": workdir, "cwd": cwd or os.getcwd()})
+                self._stdin.write((json.dumps({"id": request_id, "workdir": workdir, "cwd": cwd or os.getcwd()})
                                         + "\n").encode())
-                self._proc.stdin.flush()
+                self._stdin.flush()
             pid = self._wait(self._pids, request_id, 30)
             if pid is None:
                 raise RuntimeError("the fork server did not start the run")
@@ -124,10 +128,8 @@ class ForkServer:
     def _stop(self, pid: int, request_id: int) -> int:
         """Stack dump (SIGUSR1 -> faulthandler), then kill the child's whole session."""
         for sig, grace in ((signal.SIGUSR1, 0.3), (signal.SIGKILL, 10.0)):  # the dump takes milliseconds
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
             status = self._wait(self._status, request_id, grace)
             if status is not None:
                 return status

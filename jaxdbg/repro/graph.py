@@ -15,8 +15,10 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -27,7 +29,7 @@ from jaxdbg._source import SourceLocation
 class Var:
     """A value of the flat graph; compared by identity. ``aval`` has the original shape and dtype."""
 
-    __slots__ = ("aval", "__weakref__")
+    __slots__ = ("__weakref__", "aval")
 
     def __init__(self, aval: Any):
         self.aval = aval
@@ -39,7 +41,7 @@ class Var:
 class Lit:
     """A literal written in an equation (``val``), as jaxprs keep scalars like ``2.0:f32[]``."""
 
-    __slots__ = ("val", "aval")
+    __slots__ = ("aval", "val")
 
     def __init__(self, val: Any, aval: Any):
         self.val, self.aval = val, aval
@@ -91,8 +93,7 @@ def flatten(closed: Any) -> tuple[Graph, dict[Var, Any]]:
             env[var] = mine
 
     def walk(inner: Any, atoms: Sequence[Atom]) -> list[Atom]:
-        for var, atom in zip(inner.invars, atoms):
-            env[var] = atom
+        env.update(zip(inner.invars, atoms))
         for eqn in inner.eqns:
             ins = [read(a) for a in eqn.invars]
             called = _compat.inlinable_jaxpr(eqn)
@@ -100,8 +101,7 @@ def flatten(closed: Any) -> tuple[Graph, dict[Var, Any]]:
                 called_jaxpr, called_consts = _compat.open_jaxpr(called)
                 add_consts(called_jaxpr, called_consts)
                 results = walk(called_jaxpr, ins[len(ins) - len(called_jaxpr.invars):])
-                for out, res in zip(eqn.outvars, results):
-                    env[out] = res
+                env.update(zip(eqn.outvars, results))
                 continue
             outs = tuple(Var(o.aval) for o in eqn.outvars)
             env.update(zip(eqn.outvars, outs))
@@ -145,10 +145,8 @@ def record(graph: Graph, args: Sequence[Any], const_values: Mapping[Var, Any]) -
     n_args = len(graph.invars) - len(const_values)
     env: dict[Var, Any] = dict(zip(graph.invars[:n_args], args))
     env.update(const_values)
-    try:
+    with contextlib.suppress(Exception):  # values up to the failing node are still useful cut points
         evaluate(graph.nodes, env)
-    except Exception:  # noqa: BLE001 - values up to the failing node are still useful cut points
-        pass
     return {var: np.asarray(value) for var, value in env.items() if not _compat.is_extended_dtype(_dtype(value))}
 
 

@@ -17,8 +17,9 @@ import contextlib
 import os
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from jaxdbg.repro.messages import CutFinished, InputsBuilt, JaxWork, LastJit
 from jaxdbg.repro.watch import StopRun, WatchConfig
@@ -149,7 +150,7 @@ def _jax_work_listener(channel: Any) -> Iterator[None]:
     """Tell the parent once that JAX traced or compiled something (a failure before that is not a JAX bug)."""
     import jax.monitoring
 
-    sent = []
+    sent: list[bool] = []
 
     def listener(event: str, *args: Any, **kwargs: Any) -> None:
         if not sent and event.startswith("/jax/core/compile"):

@@ -69,7 +69,8 @@ def count_lines(source: str) -> int:
     try:
         docstrings = {n.body[0].lineno for n in ast.walk(parse(source))
                       if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
-                      and n.body and isinstance(n.body[0], ast.Expr) and isinstance(getattr(n.body[0], "value", None), ast.Constant)
+                      and n.body and isinstance(n.body[0], ast.Expr)
+                      and isinstance(n.body[0].value, ast.Constant)
                       and isinstance(n.body[0].value.value, str)}
         skip = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
         for tok in tokenize.generate_tokens(io.StringIO(source).readline):
@@ -97,7 +98,8 @@ def can_emit(graph: Graph, cand: Candidate) -> bool:
     return True
 
 
-def build_program(graph: Graph, cand: Candidate, criterion: Criterion, origin: str, original_equations: int) -> ReproProgram:
+def build_program(graph: Graph, cand: Candidate, criterion: Criterion, origin: str,
+                  original_equations: int) -> ReproProgram:
     """Write the reproducer of ``cand`` (raises EmitError if some equation has no Python spelling)."""
     emitted = emit_candidate(graph, cand)
     inputs = cand.inputs(graph)
@@ -115,7 +117,8 @@ def build_program(graph: Graph, cand: Candidate, criterion: Criterion, origin: s
     what = _failure_words(criterion)
     sources = list(dict.fromkeys(f"{os.path.basename(n.source.file)}:{n.source.line} ({n.source.function})"
                                  for n in (graph.nodes[i] for i in cand.nodes) if n.source is not None))
-    where = f"\nThe equations come from {', '.join(sources[:4])}{' ...' if len(sources) > 4 else ''}.\n" if sources else ""
+    where = (f"\nThe equations come from {', '.join(sources[:4])}{' ...' if len(sources) > 4 else ''}.\n"
+             if sources else "")
     doc = (f'"""jaxdbg repro: {what} (cut from {original_equations} equations of {origin} to {len(cand.nodes)}).\n'
            f'{where}\n`python {REPRO_FILE}` fails with {_expected(criterion)} while the bug is present.\n"""\n')
     wide = any(np.asarray(cand.values[v]).dtype.itemsize == 8 for v in inputs) or "64" in emitted.source

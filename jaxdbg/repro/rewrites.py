@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import ast
 import copy
-from typing import Callable
+from collections.abc import Callable
 
 Edit = Callable[[list], bool]  # mutates the walk-ordered node list of a copy; False: not applicable
 
@@ -28,9 +28,10 @@ def inlinable(func: ast.FunctionDef, protected: ast.stmt | None) -> bool:
     if func.decorator_list or spec.vararg or spec.kwarg or spec.kwonlyargs or spec.posonlyargs:
         return False
     inner = [n for stmt in func.body for n in ast.walk(stmt)]
-    if any(n is protected for n in inner) or any(isinstance(n, (ast.Yield, ast.YieldFrom, ast.Await, ast.Global, ast.Nonlocal,
-                                                                 ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-                                                 for n in inner):
+    if any(n is protected for n in inner) or any(
+            isinstance(n, (ast.Yield, ast.YieldFrom, ast.Await, ast.Global, ast.Nonlocal,
+                           ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            for n in inner):
         return False
     if any(isinstance(n, ast.Name) and n.id == func.name for n in inner):
         return False  # recursive
@@ -49,7 +50,8 @@ def inline_call(function: int, call_index: int) -> Edit:
         if binding is None:
             return False
         body = [copy.deepcopy(stmt) for stmt in func.body]
-        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+        if (body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
             body = body[1:]  # the docstring
         result = body.pop().value if body and isinstance(body[-1], ast.Return) else None
         result = result if result is not None else ast.Constant(None)
@@ -57,9 +59,10 @@ def inline_call(function: int, call_index: int) -> Edit:
             if any(isinstance(n, _LAZY) for n in ast.walk(result)) and any(
                     isinstance(n, ast.Name) and n.id in binding for n in ast.walk(result)):
                 return False  # a lambda or comprehension could shadow a parameter: keep it simple
-            holder = ast.Module(body=[ast.Expr(result)], type_ignores=[])
+            expr = ast.Expr(result)
+            holder = ast.Module(body=[expr], type_ignores=[])
             _substitute(holder, binding)
-            return replace_node(nodes[0], call, holder.body[0].value)
+            return replace_node(nodes[0], call, expr.value)
         parents = parents_of(nodes[0])
         stmt, node = call, call
         while not isinstance(stmt, ast.stmt):
@@ -67,17 +70,20 @@ def inline_call(function: int, call_index: int) -> Edit:
             if stmt is None or isinstance(stmt, _LAZY):
                 return False
         if isinstance(stmt, (ast.While, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) or (
-                isinstance(stmt, (ast.If, ast.For)) and node not in (getattr(stmt, "test", None), getattr(stmt, "iter", None))):
+                isinstance(stmt, (ast.If, ast.For))
+                and node not in (getattr(stmt, "test", None), getattr(stmt, "iter", None))):
             return False
         owner = parents.get(id(stmt))
-        field = next((f for f in ("body", "orelse", "finalbody") if any(s is stmt for s in getattr(owner, f, None) or [])), None)
+        field = next((f for f in ("body", "orelse", "finalbody")
+                      if any(s is stmt for s in getattr(owner, f, None) or [])), None)
         if field is None:
             return False
         # Callee locals get fresh names where they would collide with a name already in use.
         own = {id(n) for n in ast.walk(func)}  # the callee's own names clash with nothing once it is inlined
         taken = {n.id if isinstance(n, ast.Name) else n.arg for n in ast.walk(nodes[0])
                  if isinstance(n, (ast.Name, ast.arg)) and id(n) not in own}
-        stored = {n.id for s in body for n in ast.walk(s) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+        stored = {n.id for s in body for n in ast.walk(s)
+                  if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
         renames: dict[str, str] = {}
         for name in sorted(stored | set(binding)):
             simple = name in binding and name not in stored and isinstance(binding[name], (ast.Name, ast.Constant))
@@ -90,10 +96,12 @@ def inline_call(function: int, call_index: int) -> Edit:
         direct = {name: value for name, value in binding.items() if name not in renames}
         assigns = [ast.Assign(targets=[ast.Name(renames[name], ast.Store())], value=value, lineno=0)
                    for name, value in binding.items() if name in renames]
-        holder = ast.Module(body=body + [ast.Expr(result)], type_ignores=[])
+        tail = ast.Expr(result)
+        holder = ast.Module(body=[*body, tail], type_ignores=[])
         _rename(holder, renames)
         _substitute(holder, direct)
-        result = holder.body.pop().value
+        holder.body.pop()
+        result = tail.value
         block = getattr(owner, field)
         at = next(i for i, s in enumerate(block) if s is stmt)
         if isinstance(stmt, ast.Expr) and stmt.value is call:
@@ -124,16 +132,19 @@ def drop_unread_bindings(protected: int | None) -> Edit:
     def edit(nodes: list) -> bool:
         dropped = False
         while True:
-            user = {n.name for n in ast.walk(nodes[0]) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+            user = {n.name for n in ast.walk(nodes[0])
+                    if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
             read = {n.id for n in ast.walk(nodes[0]) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-            read |= {n.value.id for n in ast.walk(nodes[0]) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)}
+            read |= {n.value.id for n in ast.walk(nodes[0])
+                     if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)}
             found = False
             for node in ast.walk(nodes[0]):
                 for field in ("body", "orelse", "finalbody"):
                     block = getattr(node, field, None)
                     if not isinstance(block, list):
                         continue
-                    keep = [s for s in block if not _binds_only_unread(s, read, user) or any(id(n) == protected for n in ast.walk(s))]
+                    keep = [s for s in block
+                            if not _binds_only_unread(s, read, user) or any(id(n) == protected for n in ast.walk(s))]
                     if len(keep) < len(block):
                         block[:] = keep
                         found = dropped = True
@@ -151,8 +162,8 @@ def _binds_only_unread(stmt: ast.stmt, read: set[str], user: set[str]) -> bool:
         names = [n for t in stmt.targets for n in ast.walk(t)]
         calls_user = any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in user
                          for n in ast.walk(stmt.value))
-        return not calls_user and all(isinstance(n, (ast.Name, ast.Tuple, ast.List, ast.Store)) for n in names) and not any(
-            isinstance(n, ast.Name) and n.id in read for n in names)
+        return (not calls_user and all(isinstance(n, (ast.Name, ast.Tuple, ast.List, ast.Store)) for n in names)
+                and not any(isinstance(n, ast.Name) and n.id in read for n in names))
     return False
 
 
@@ -162,8 +173,10 @@ def drop_unlooked_entries(frozen: set[int]) -> Edit:
         looked |= {k.arg for n in nodes if isinstance(n, ast.Call) for k in n.keywords}
         dropped = False
         for node in nodes:
-            if isinstance(node, ast.Dict) and id(node) not in frozen and all(isinstance(k, ast.Constant) for k in node.keys):
-                keep = [(k, v) for k, v in zip(node.keys, node.values) if k.value in looked]
+            if (isinstance(node, ast.Dict) and id(node) not in frozen
+                    and all(isinstance(k, ast.Constant) for k in node.keys)):
+                keep = [(k, v) for k, v in zip(node.keys, node.values)
+                        if isinstance(k, ast.Constant) and k.value in looked]
                 if len(keep) < len(node.keys):
                     node.keys[:], node.values[:] = [k for k, _ in keep], [v for _, v in keep]
                     dropped = True
@@ -218,7 +231,7 @@ def replace_node(root: ast.AST, old: ast.AST, new: ast.AST) -> bool:
                 setattr(node, field, new)
                 return True
             if isinstance(value, list) and any(v is old for v in value):
-                value[[i for i, v in enumerate(value) if v is old][0]] = new
+                value[next(i for i, v in enumerate(value) if v is old)] = new
                 return True
     return False
 
@@ -235,7 +248,7 @@ def name_stores(tree: ast.AST) -> dict[str, int]:
 def constant_table(node: ast.AST) -> dict | None:
     """``{"a": 1, ...}`` or ``dict(a=1, ...)`` with literal keys: key -> value node."""
     if isinstance(node, ast.Dict) and all(isinstance(k, ast.Constant) for k in node.keys):
-        return {k.value: v for k, v in zip(node.keys, node.values)}
+        return {k.value: v for k, v in zip(node.keys, node.values) if isinstance(k, ast.Constant)}
     if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "dict" and not node.args
             and all(k.arg is not None for k in node.keywords)):
         return {k.arg: k.value for k in node.keywords}
@@ -287,9 +300,11 @@ def first_item(iterable: ast.expr) -> ast.expr:
     """An expression for the first item ``iterable`` yields: ``range(n)`` -> ``0``, ``[a, b]`` -> ``a``, else ``E[0]``
     (``list(E)[0]`` for a call, which may build an iterator); the reducer's test rejects a wrong guess."""
     if isinstance(iterable, ast.Call) and isinstance(iterable.func, ast.Name) and iterable.func.id == "range" and (
-            1 <= len(iterable.args) <= 3 and not iterable.keywords and not any(isinstance(a, ast.Starred) for a in iterable.args)):
+            1 <= len(iterable.args) <= 3 and not iterable.keywords
+            and not any(isinstance(a, ast.Starred) for a in iterable.args)):
         return copy.deepcopy(iterable.args[0]) if len(iterable.args) > 1 else ast.Constant(0)
-    if isinstance(iterable, (ast.List, ast.Tuple)) and iterable.elts and not any(isinstance(e, ast.Starred) for e in iterable.elts):
+    if (isinstance(iterable, (ast.List, ast.Tuple)) and iterable.elts
+            and not any(isinstance(e, ast.Starred) for e in iterable.elts)):
         return copy.deepcopy(iterable.elts[0])
     if isinstance(iterable, ast.Call):
         iterable = ast.Call(ast.Name("list", ast.Load()), [copy.deepcopy(iterable)], [])
@@ -307,10 +322,11 @@ def first_binding(target: ast.expr, iterable: ast.expr) -> dict[str, ast.expr] |
     if not (isinstance(target, ast.Tuple) and all(isinstance(e, ast.Name) for e in target.elts)
             and isinstance(iterable, ast.Call) and isinstance(iterable.func, ast.Name) and not iterable.keywords):
         return None
-    names = [e.id for e in target.elts]
+    names = [e.id for e in target.elts if isinstance(e, ast.Name)]
     if iterable.func.id == "enumerate" and len(iterable.args) == 1 and len(names) == 2:
         return {names[0]: ast.Constant(0), names[1]: first_item(iterable.args[0])}
-    if iterable.func.id == "zip" and len(iterable.args) == len(names) and not any(isinstance(a, ast.Starred) for a in iterable.args):
+    if (iterable.func.id == "zip" and len(iterable.args) == len(names)
+            and not any(isinstance(a, ast.Starred) for a in iterable.args)):
         return {name: first_item(arg) for name, arg in zip(names, iterable.args)}
     return None
 
@@ -325,9 +341,11 @@ def single_iteration(comprehension: int) -> Edit:
         parts = [node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]
         if binding is None or any(_rebinds(n, binding) for part in parts for n in ast.walk(part)):
             return False  # an inner lambda or comprehension shadows the loop variable: leave it
-        holder = ast.Module(body=[ast.Expr(ast.Tuple(parts, ast.Load()))], type_ignores=[])
+        values = ast.Tuple(parts, ast.Load())
+        holder = ast.Module(body=[ast.Expr(values)], type_ignores=[])
         _substitute(holder, binding)
-        parts = holder.body[0].value.elts
+        parts = values.elts
+        new: ast.expr
         if isinstance(node, ast.DictComp):
             new = ast.Dict(keys=[parts[0]], values=[parts[1]])
         elif isinstance(node, ast.SetComp):
@@ -348,12 +366,12 @@ def _rebinds(node: ast.AST, names: dict) -> bool:
     return isinstance(node, ast.NamedExpr) and node.target.id in names
 
 
-def read_once_after(assign: ast.stmt, read: ast.Name, parents: dict[int, ast.AST]) -> bool:
+def read_once_after(assign: ast.Assign, read: ast.Name, parents: dict[int, ast.AST]) -> bool:
     """True when ``read`` sits in a later statement of ``assign``'s own block, evaluated once (not in a loop,
     lambda, comprehension, nested function or lazily evaluated operand), and no name the value reads changes
     in between: moving the value there computes the same thing."""
     owner = parents.get(id(assign))
-    node = read
+    node: ast.AST | None = read
     while node is not None:
         parent = parents.get(id(node))
         if parent is owner and isinstance(node, ast.stmt):
@@ -367,7 +385,7 @@ def read_once_after(assign: ast.stmt, read: ast.Name, parents: dict[int, ast.AST
             rebound = {n.id for s in block[start + 1:stop + 1] for n in ast.walk(s)
                        if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
             return stop > start and not rebound & {n.id for n in ast.walk(assign.value) if isinstance(n, ast.Name)}
-        if isinstance(parent, _LAZY + (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.While)) or (
+        if isinstance(parent, (*_LAZY, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.While)) or (
                 isinstance(parent, ast.For) and node is not parent.iter) or (
                 isinstance(parent, ast.If) and node is not parent.test and parent is not owner):
             return False

@@ -53,7 +53,7 @@ class FailureSignature:
         """What must stay equal between the original and a reduced program."""
         return (self.kind, self.type, self.message, self.signal)
 
-    def same_as(self, other: "FailureSignature | None") -> bool:
+    def same_as(self, other: FailureSignature | None) -> bool:
         return other is not None and self.key() == other.key()
 
     def describe(self) -> str:
@@ -81,4 +81,5 @@ def mismatch_signature(function: str, reference: str) -> FailureSignature:
 
 def matches_pattern(signature: FailureSignature, raw_text: str, pattern: str | None) -> bool:
     """``--match REGEX`` against the raw (not normalised) description of a failure."""
-    return pattern is None or re.search(pattern, raw_text) is not None or re.search(pattern, signature.describe()) is not None
+    return (pattern is None or re.search(pattern, raw_text) is not None
+            or re.search(pattern, signature.describe()) is not None)

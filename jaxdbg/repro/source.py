@@ -5,8 +5,8 @@ the chunk size, ddmin style), drops dead code in one step, evaluates comprehensi
 only, inlines calls of user functions (so call chains collapse), unwraps ``with``/``try``/``if``/``for``
 blocks (a loop runs once), inlines constants, single-use values and constant dict lookups, drops
 unused parameters and defaults, and simplifies expressions (a call by one of its arguments, ``a + b`` by
-``a``, big integers by 1 or 2, a subscript by its value). Candidates are tested in batches of ``jobs`` in parallel (C-Vise style
-speculation: the first interesting one in order wins) and their verdicts are cached by text.
+``a``, big integers by 1 or 2, a subscript by its value). Candidates are tested in batches of ``jobs`` in
+parallel (C-Vise style speculation: the first interesting one in order wins) and their verdicts are cached by text.
 
 What makes it safe for reproducers: the *protected* statement (the one that raises, crashes or hangs) is
 never deleted or edited, nor are the conditions of the blocks around it; only what feeds it may shrink.
@@ -27,12 +27,30 @@ import builtins
 import copy
 import threading
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import cast
 
-from jaxdbg.repro.rewrites import (Edit, constant_table, drop_defaults_edit, drop_unlooked_entries, drop_unread_bindings,
-                                   first_binding, fold_lookups, inline_call, inline_everywhere, inlinable, is_constant, is_literal,
-                                   lookup_of, name_stores, parents_of, read_once_after, replace_node, single_iteration)
+from jaxdbg.repro.rewrites import (
+    Edit,
+    constant_table,
+    drop_defaults_edit,
+    drop_unlooked_entries,
+    drop_unread_bindings,
+    first_binding,
+    fold_lookups,
+    inlinable,
+    inline_call,
+    inline_everywhere,
+    is_constant,
+    is_literal,
+    lookup_of,
+    name_stores,
+    parents_of,
+    read_once_after,
+    replace_node,
+    single_iteration,
+)
 
 # CPython 3.11's parser is not safe to call from several threads at once ("AST constructor recursion depth
 # mismatch"); candidates are checked from a thread pool, so every parse goes through this lock.
@@ -63,9 +81,10 @@ def find_statement(tree: ast.Module, line: int | None) -> ast.stmt | None:
         return None
     best = None
     for node in ast.walk(tree):
-        if isinstance(node, ast.stmt) and node.lineno <= line <= (node.end_lineno or node.lineno):
-            if best is None or (node.lineno >= best.lineno and (node.end_lineno or 0) <= (best.end_lineno or 0)):
-                best = node
+        if (isinstance(node, ast.stmt) and node.lineno <= line <= (node.end_lineno or node.lineno)
+                and (best is None
+                     or (node.lineno >= best.lineno and (node.end_lineno or 0) <= (best.end_lineno or 0)))):
+            best = node
     return best
 
 
@@ -74,7 +93,7 @@ def statement_lines(state: State) -> tuple[int, int] | None:
     if state.protected is None:
         return None
     index = next(i for i, node in enumerate(ast.walk(state.tree)) if node is state.protected)
-    node = list(ast.walk(parse(state.text)))[index]
+    node = cast(ast.stmt, list(ast.walk(parse(state.text)))[index])  # the same walk order: the statement again
     return node.lineno, node.end_lineno or node.lineno
 
 
@@ -94,7 +113,7 @@ def is_constant_raise(stmt: ast.stmt | None) -> bool:
 
 def undefined_names(tree: ast.Module) -> set[str]:
     """Names read but bound nowhere in the file (cheap static check that spares a run ending in NameError)."""
-    bound, read = set(_BUILTINS), set()
+    bound, read = set(_BUILTINS), set[str]()
     for node in ast.walk(tree):
         if isinstance(node, ast.Name):
             (read if isinstance(node.ctx, ast.Load) else bound).add(node.id)
@@ -118,7 +137,8 @@ class SourceReducer:
 
     def __init__(self, source: str, protected_line: int | None, test: Callable[[Sequence[State]], Sequence[bool]],
                  *, jobs: int = 1, deadline: float | None = None,
-                 on_progress: Callable[[int, str], None] | None = None, on_accept: Callable[[State], None] | None = None):
+                 on_progress: Callable[[int, str], None] | None = None,
+                 on_accept: Callable[[State], None] | None = None):
         tree = parse(source)
         self.state = State(tree, find_statement(tree, protected_line), ast.unparse(tree))
         self.test, self.jobs, self.deadline = test, max(1, jobs), deadline
@@ -190,7 +210,8 @@ class SourceReducer:
                 compile(text, "<candidate>", "exec")
         except (SyntaxError, ValueError, TypeError, RecursionError):
             return None
-        if _size(tree, text) >= _size(self.state.tree, self.state.text) or text in self.cache or undefined_names(tree) - undefined_names(self.state.tree):
+        if (_size(tree, text) >= _size(self.state.tree, self.state.text) or text in self.cache
+                or undefined_names(tree) - undefined_names(self.state.tree)):
             return None
         if protected is not None and not any(node is protected for node in ast.walk(tree)):
             return None
@@ -198,7 +219,7 @@ class SourceReducer:
 
     def _first_interesting(self, batch: list[tuple[int, State]]) -> tuple[int, State] | None:
         verdicts = self.test([state for _, state in batch])
-        for (offset, state), verdict in zip(batch, verdicts):
+        for (_, state), verdict in zip(batch, verdicts):
             self.cache[state.text] = bool(verdict)
         self.checks += len(batch)
         for (offset, state), verdict in zip(batch, verdicts):
@@ -229,7 +250,7 @@ class SourceReducer:
 
     def delete_statements(self, state: State) -> list[Edit]:
         """Delete chunks of statements from every block, big chunks first (the protected one stays)."""
-        ancestors, frozen = self._guarded(state)
+        ancestors, _ = self._guarded(state)
         keep = ancestors | ({id(state.protected)} if state.protected is not None else set())
         edits: list[tuple[int, Edit]] = []
         nodes = list(ast.walk(state.tree))
@@ -251,7 +272,8 @@ class SourceReducer:
         return [edit for _, edit in edits]
 
     def unwrap_blocks(self, state: State) -> list[Edit]:
-        """Replace a ``with``/``try``/``if``/``for`` statement by its body (not the ifs/loops around the protected one)."""
+        """Replace a ``with``/``try``/``if``/``for`` statement by its body (not the ifs/loops around the protected
+        one)."""
         ancestors, _ = self._guarded(state)
         edits: list[Edit] = []
         for index, node in enumerate(ast.walk(state.tree)):
@@ -287,7 +309,8 @@ class SourceReducer:
             alias = isinstance(node.value, ast.Name)  # `h = x`: read x where h is read
             if stores.get(name) != 1 or id(node) in frozen:
                 continue
-            reads = [n for n in ast.walk(state.tree) if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)]
+            reads = [n for n in ast.walk(state.tree)
+                     if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)]
             if any(id(r) in frozen for r in reads):
                 continue
             # `w = f(x)` read once, later in the same block, x unchanged in between: write f(x) there
@@ -299,7 +322,6 @@ class SourceReducer:
 
     def drop_unused_parameters(self, state: State) -> list[Edit]:
         """A parameter the function never reads goes, with the matching argument of calls ``f(...)``/``jit(f)(...)``."""
-        _, frozen = self._guarded(state)
         edits: list[Edit] = []
         for index, node in enumerate(ast.walk(state.tree)):
             if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or node.args.vararg or node.args.kwarg:
@@ -329,7 +351,8 @@ class SourceReducer:
         """
         functions = {node.name: index for index, node in enumerate(ast.walk(state.tree))
                      if isinstance(node, ast.FunctionDef) and inlinable(node, state.protected)}
-        defined = [n.name for n in ast.walk(state.tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+        defined = [n.name for n in ast.walk(state.tree)
+                   if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
         functions = {name: index for name, index in functions.items() if defined.count(name) == 1}
         _, frozen = self._guarded(state)
         calls: dict[str, list[int]] = {}
@@ -347,7 +370,8 @@ class SourceReducer:
         call is no longer lazy, so it can be inlined next."""
         _, frozen = self._guarded(state)
         return [single_iteration(index) for index, node in enumerate(ast.walk(state.tree))
-                if isinstance(node, (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)) and id(node) not in frozen]
+                if isinstance(node, (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp))
+                and id(node) not in frozen]
 
     def fold_constant_lookups(self, state: State) -> list[Edit]:
         """``CONFIG["d_model"]`` with ``CONFIG = {...}`` a dict literal assigned once: write the entry's value."""
@@ -470,7 +494,7 @@ def _is_main_guard(stmt: ast.stmt) -> bool:
         isinstance(n, ast.Call) for n in ast.walk(stmt.test))
 
 
-def _replace(target: int, make: Callable[[ast.AST], ast.AST | None]) -> Edit:
+def _replace(target: int, make: Callable[..., ast.AST | None]) -> Edit:
     def edit(nodes: list) -> bool:
         new = make(nodes[target])
         return new is not None and replace_node(nodes[0], nodes[target], new)
@@ -542,8 +566,9 @@ def _imported_names(tree: ast.AST) -> set[str]:
 def _fill_empty_bodies(tree: ast.AST) -> None:
     """Blocks that lost every statement get ``pass``; a ``try`` that lost its handlers gets ``finally: pass``."""
     for node in ast.walk(tree):
-        if not isinstance(node, ast.Module) and isinstance(getattr(node, "body", None), list) and not node.body:
-            node.body.append(ast.Pass())
+        body = getattr(node, "body", None)
+        if not isinstance(node, ast.Module) and isinstance(body, list) and not body:
+            body.append(ast.Pass())
         if isinstance(node, ast.Try) and not node.handlers and not node.finalbody:
             node.finalbody = [ast.Pass()]
 

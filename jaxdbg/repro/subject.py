@@ -17,6 +17,7 @@ import ast
 import importlib.util
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -45,10 +46,12 @@ def prepare_subject(spec: TargetSpec, inputs: str | None, args: str | None, seed
                     timeout: float | None = None) -> Subject:
     """The subject for a TARGET; function targets get a synthesized script and ``inputs.npz``."""
     if spec.is_script:
+        assert spec.path is not None  # every script target has its file
         with open(spec.path) as handle:
             source = handle.read()
         request = RunRequest(argv=tuple(spec.script_args), sys_path=(os.path.dirname(spec.path),))
         return Subject(spec.path, source, os.path.basename(spec.path), request, {}, count_lines(source))
+    assert spec.function is not None  # parse_target sets it on every function target
     module_path = _module_file(spec)
     with open(module_path) as handle:
         module_source = handle.read()
@@ -56,7 +59,8 @@ def prepare_subject(spec: TargetSpec, inputs: str | None, args: str | None, seed
     folder = os.path.join(work_dir, "subject")
     os.makedirs(folder, exist_ok=True)
     npz = os.path.join(folder, INPUTS_FILE)
-    np.savez(npz, **{f"arg{i}": a for i, a in enumerate(arrays)})
+    named: dict[str, Any] = {f"arg{i}": a for i, a in enumerate(arrays)}  # (Any: see np.savez's allow_pickle)
+    np.savez(npz, **named)
     body = blank_main_blocks(module_source)
     source = body + driver_source(spec.function, len(arrays))
     path = os.path.join(folder, os.path.basename(module_path))
@@ -102,6 +106,7 @@ def blank_main_blocks(source: str) -> str:
 def _module_file(spec: TargetSpec) -> str:
     if spec.path is not None:
         return spec.path
+    assert spec.module is not None  # a function target without a file is module:function
     found = importlib.util.find_spec(spec.module)
     if found is None or not found.origin or not found.origin.endswith(".py"):
         raise UsageError(f"target '{spec.text}': cannot find the source file of module '{spec.module}'")
@@ -118,7 +123,8 @@ def _function_inputs(spec: TargetSpec, inputs: str | None, args: str | None, see
     if inputs and inputs.endswith(".npz"):
         return list(load_npz_inputs(inputs))
     if not inputs:
-        raise UsageError('a function target needs inputs: pass --args "f32[8,128] ..." or --inputs file.py::make_inputs or data.npz')
+        raise UsageError('a function target needs inputs: pass --args "f32[8,128] ..." or --inputs '
+                         'file.py::make_inputs or data.npz')
     outcome = run_contained(INPUTS_JOB, RunRequest(inputs=inputs, seed=seed), timeout=timeout or 120, env=CHILD_ENV)
     built = outcome.last(InputsBuilt)
     arrays = built.arrays if built is not None else None

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import jax
 import numpy as np
@@ -81,7 +82,7 @@ class JitWatch(JitHook):
         self.last: str | None = None  # the jitted function entered most recently
 
     @contextlib.contextmanager
-    def installed(self) -> Iterator["JitWatch"]:
+    def installed(self) -> Iterator[JitWatch]:
         with jit_layer.installed(self):
             yield self
 
@@ -206,8 +207,8 @@ def trace_flat(fun: Callable, jit_kwargs: dict, args: tuple, kwargs: dict) -> tu
         positional = list(inspect.signature(fun).parameters)
         static_nums += tuple(i for i, p in enumerate(positional) if p in static_names)
         static_names |= {positional[i] for i in static_nums if 0 <= i < len(positional)}
-    static_nums = {i % len(args) if args else i for i in static_nums}
-    dynamic_args = [a for i, a in enumerate(args) if i not in static_nums]
+    static_positions = {i % len(args) if args else i for i in static_nums}
+    dynamic_args = [a for i, a in enumerate(args) if i not in static_positions]
     dynamic_kwargs = {k: v for k, v in kwargs.items() if k not in static_names}
     leaves, tree = jax.tree_util.tree_flatten((dynamic_args, dynamic_kwargs))
 
