@@ -56,7 +56,6 @@ class RunRequest:
     args: str | None = None
     seed: int = 0
     watch: WatchConfig | None = None
-    send_inputs: bool = False
     disable_jit: bool = False  # run op by op, as JAX_DISABLE_JIT=1 would
 
 
@@ -121,15 +120,11 @@ def _run(request: RunRequest, channel: Any) -> None:
         run_script(spec)
         return
     import jax
-    import numpy as np
 
     from jaxdbg.target import load_function, load_inputs
 
     func = load_function(request.function)
     inputs = load_inputs(request.inputs, request.args, request.seed)
-    if request.send_inputs:
-        with contextlib.suppress(Exception):
-            channel.send(InputsBuilt([np.asarray(x) for x in inputs]))
     jax.jit(func)(*inputs)
 
 
@@ -166,9 +161,7 @@ def _jax_work_listener(channel: Any) -> Iterator[None]:
 
 def inputs_job(request: RunRequest, channel: Any) -> None:
     """Build a function target's inputs (``--inputs file.py::make_inputs`` runs user code) and send them."""
-    import numpy as np
-
-    from jaxdbg.target import load_inputs
+    from jaxdbg.target import flatten_inputs, load_inputs
 
     inputs = load_inputs(request.inputs, request.args, request.seed)
-    channel.send(InputsBuilt([np.asarray(x) for x in inputs]))
+    channel.send(InputsBuilt(flatten_inputs(inputs)))

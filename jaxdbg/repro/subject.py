@@ -2,8 +2,9 @@
 
 A script TARGET is its own subject. A function TARGET (``file.py::f``, ``pkg.mod:f``) becomes a script:
 the module's source (its ``if __name__ == "__main__":`` blocks blanked, so line numbers stay), plus a driver
-that loads the inputs from ``inputs.npz`` next to it and calls ``jax.jit(f)(*inputs)``, the way jaxdbg
-runs a function target. The user's files are only read; the subject lives in jaxdbg's work folder.
+that loads the inputs from ``inputs.npz`` next to it (array leaves, rebuilt into the tuples, lists and dicts
+they came in, bfloat16 restored from its bits) and calls ``jax.jit(f)(*inputs)``, the way jaxdbg runs a
+function target. The user's files are only read; the subject lives in jaxdbg's work folder.
 
 Example:
     >>> subject = prepare_subject(parse_target("model.py::loss"), options, "/tmp/work")   # doctest: +SKIP
@@ -17,6 +18,7 @@ import ast
 import importlib.util
 import os
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -25,7 +27,8 @@ from jaxdbg.repro.jobs import CHILD_ENV, INPUTS_JOB, RunRequest
 from jaxdbg.repro.messages import InputsBuilt
 from jaxdbg.repro.program import INPUTS_FILE, count_lines
 from jaxdbg.runner import run_contained
-from jaxdbg.target import TargetSpec, load_npz_inputs, parse_args_spec, random_inputs
+from jaxdbg.target import (FlatInputs, TargetSpec, flatten_inputs, load_npz_inputs, parse_args_spec, random_inputs,
+                           save_npz_inputs, storable)
 
 
 @dataclass(frozen=True)
@@ -52,37 +55,63 @@ def prepare_subject(spec: TargetSpec, inputs: str | None, args: str | None, seed
     module_path = _module_file(spec)
     with open(module_path) as handle:
         module_source = handle.read()
-    arrays = _function_inputs(spec, inputs, args, seed, timeout)
+    flat = _function_inputs(spec, inputs, args, seed, timeout)
     folder = os.path.join(work_dir, "subject")
     os.makedirs(folder, exist_ok=True)
     npz = os.path.join(folder, INPUTS_FILE)
-    np.savez(npz, **{f"arg{i}": a for i, a in enumerate(arrays)})
+    save_npz_inputs(npz, flat)
     body = blank_main_blocks(module_source)
-    source = body + driver_source(spec.function, len(arrays))
+    source = body + driver_source(spec.function, flat)
     path = os.path.join(folder, os.path.basename(module_path))
     with open(path, "w") as handle:
         handle.write(source)
     request = RunRequest(sys_path=(os.path.dirname(module_path),))
     return Subject(path, source, os.path.basename(module_path), request, {INPUTS_FILE: npz}, count_lines(module_source),
-                   body + ones_driver_source(spec.function, arrays))
+                   body + ones_driver_source(spec.function, flat))
 
 
-def driver_source(function: str, n_inputs: int) -> str:
-    """Lines that call the function target as jaxdbg does: ``jax.jit(f)(*inputs)``."""
-    return (
-        "\n\n# jaxdbg: the call `jaxdbg repro` made (inputs saved next to this file)\n"
-        "import jax as _jax\nimport numpy as _np\n"
-        "_inputs = _np.load((__file__.rpartition('/')[0] or '.') + '/inputs.npz')\n"
-        f"_jax.jit({function})(*[_inputs[f'arg{{i}}'] for i in range({n_inputs})])\n"
-    )
+def driver_source(function: str, flat: FlatInputs) -> str:
+    """Lines that call the function target as jaxdbg does: ``jax.jit(f)(*inputs)``, the inputs rebuilt (nesting,
+    bfloat16) from the ``inputs.npz`` that :func:`~jaxdbg.target.save_npz_inputs` wrote, with numpy alone."""
+    lines = ["\n\n# jaxdbg: the call `jaxdbg repro` made (inputs saved next to this file)",
+             "import jax as _jax", "import numpy as _np",
+             "_inputs = _np.load((__file__.rpartition('/')[0] or '.') + '/inputs.npz')",
+             f"_x = [_inputs[f'arg{{i}}'] for i in range({len(flat.leaves)})]"]
+    for i, leaf in enumerate(flat.leaves):
+        special = storable(np.asarray(leaf))[1]
+        if special:
+            lines.append(f"_x[{i}] = _x[{i}].view(_jax.numpy.{special})")
+    lines.append(f"_jax.jit({function})({_call_args(flat, lambda i: f'_x[{i}]')})")
+    return "\n".join(lines) + "\n"
 
 
-def ones_driver_source(function: str, arrays: list[np.ndarray]) -> str:
+def ones_driver_source(function: str, flat: FlatInputs) -> str:
     """The same call with ``np.ones`` inputs of the same shapes and dtypes: when data does not matter, the
     reproducer needs no ``inputs.npz`` and the reducer can shrink the shapes written in it."""
-    inputs = ", ".join(f"_np.ones({tuple(a.shape)!r}, {a.dtype.name!r})" for a in arrays)
+    def ones(i: int) -> str:
+        leaf = np.asarray(flat.leaves[i])
+        dtype = f"_jax.numpy.{leaf.dtype.name}" if storable(leaf)[1] else repr(leaf.dtype.name)
+        return f"_np.ones({tuple(leaf.shape)!r}, {dtype})"
+
     return ("\n\n# jaxdbg: the call `jaxdbg repro` made, with all-ones inputs\n"
-            f"import jax as _jax\nimport numpy as _np\n_jax.jit({function})({inputs})\n")
+            f"import jax as _jax\nimport numpy as _np\n_jax.jit({function})({_call_args(flat, ones)})\n")
+
+
+def _call_args(flat: FlatInputs, leaf: Callable[[int], str]) -> str:
+    """The positional arguments as Python source, each array leaf written by ``leaf(index)``."""
+    def expr(node: dict) -> str:
+        if "leaf" in node:
+            return leaf(node["leaf"])
+        if "tuple" in node:
+            items = [expr(n) for n in node["tuple"]]
+            return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+        if "list" in node:
+            return "[" + ", ".join(expr(n) for n in node["list"]) + "]"
+        if "dict" in node:
+            return "{" + ", ".join(f"{k!r}: {expr(n)}" for k, n in node["dict"]) + "}"
+        return repr(node.get("scalar"))
+
+    return ", ".join(expr(node) for node in flat.args)
 
 
 def blank_main_blocks(source: str) -> str:
@@ -109,22 +138,19 @@ def _module_file(spec: TargetSpec) -> str:
 
 
 def _function_inputs(spec: TargetSpec, inputs: str | None, args: str | None, seed: int,
-                     timeout: float | None) -> list[np.ndarray]:
-    """Inputs as arrays; ``--inputs file.py::make_inputs`` runs contained (it is user code)."""
+                     timeout: float | None) -> FlatInputs:
+    """Inputs as array leaves and nesting; ``--inputs file.py::make_inputs`` runs contained (it is user code)."""
     if inputs and args:
         raise UsageError("give either --args or --inputs, not both")
     if args:
-        return list(random_inputs(parse_args_spec(args), seed))
+        return flatten_inputs(random_inputs(parse_args_spec(args), seed))
     if inputs and inputs.endswith(".npz"):
-        return list(load_npz_inputs(inputs))
+        return flatten_inputs(load_npz_inputs(inputs))
     if not inputs:
         raise UsageError('a function target needs inputs: pass --args "f32[8,128] ..." or --inputs file.py::make_inputs or data.npz')
     outcome = run_contained(INPUTS_JOB, RunRequest(inputs=inputs, seed=seed), timeout=timeout or 120, env=CHILD_ENV)
     built = outcome.last(InputsBuilt)
-    arrays = built.arrays if built is not None else None
-    if arrays is None:
+    if built is None:
         outcome.reraise_expected()
         raise TargetFailedError(f"--inputs '{inputs}' could not be built: {outcome.describe()}")
-    if any(a.dtype == object for a in arrays):
-        raise UsageError(f"--inputs '{inputs}': repro needs plain arrays (a tuple of arrays), not other Python objects")
-    return arrays
+    return built.inputs
