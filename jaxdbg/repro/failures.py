@@ -28,7 +28,7 @@ from jaxdbg.repro.forkserver import ForkServer
 from jaxdbg.repro.jobs import CHILD_ENV, JOB, RunRequest
 from jaxdbg.repro.messages import FailureSeen, JaxWork, JitCallSeen, LastJit
 from jaxdbg.repro.signature import (FailureSignature, exception_signature, matches_pattern, mismatch_signature,
-                                    nonfinite_signature)
+                                    nonfinite_signature, without_tracebacks)
 from jaxdbg.repro.source import State, find_statement, is_constant_raise, parse, statement_lines
 from jaxdbg.runner import Outcome, first_line, run_contained
 
@@ -82,7 +82,7 @@ def observe(outcome: Outcome) -> list[Failure]:
     if outcome.status == "exception" and outcome.exception is not None:
         exc = outcome.exception
         sig = exception_signature(exc.type, exc.message, exc.user_frame)
-        found.append(Failure(sig, f"{exc.type}: {first_line(exc.message)}", exc.user_frame,
+        found.append(Failure(sig, f"{exc.type}: {first_line(without_tracebacks(exc.message))}", exc.user_frame,
                              raised_inside_jax(exc.traceback), **common))
     elif outcome.status == "crash":
         found.append(Failure(FailureSignature("crash", signal=outcome.signal), f"crash with {outcome.signal}",

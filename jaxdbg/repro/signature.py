@@ -37,11 +37,15 @@ _EMBEDDED_TRACEBACK = re.compile(r"Traceback \(most recent call last\):\s*\n(?:[
 MESSAGE_CHARS = 400
 
 
+def without_tracebacks(message: str | None) -> str:
+    """The message with each embedded Python traceback cut to the exception it ends with."""
+    return _EMBEDDED_TRACEBACK.sub("", message or "")
+
+
 def normalise_message(message: str | None) -> str:
     """The message with embedded tracebacks cut to the exception they end with, addresses, paths and numbers
     abstracted, and whitespace collapsed (first 400 chars)."""
-    text = _EMBEDDED_TRACEBACK.sub("", message or "")
-    text = _ADDRESS.sub("<addr>", text)
+    text = _ADDRESS.sub("<addr>", without_tracebacks(message))
     text = _PATH.sub("<path>", text)
     text = _NUMBER.sub("<n>", text)
     return _SPACE.sub(" ", text).strip()[:MESSAGE_CHARS]
