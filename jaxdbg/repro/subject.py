@@ -14,15 +14,16 @@ Example:
 
 from __future__ import annotations
 
-import ast
 import importlib.util
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
 
 from jaxdbg._errors import TargetFailedError, UsageError
+from jaxdbg._source import SourceLocation
+from jaxdbg.repro.inline import Combined, blank_main_blocks, inline_local_modules
 from jaxdbg.repro.jobs import CHILD_ENV, INPUTS_JOB, RunRequest
 from jaxdbg.repro.messages import InputsBuilt
 from jaxdbg.repro.program import INPUTS_FILE, count_lines
@@ -33,7 +34,9 @@ from jaxdbg.target import (FlatInputs, TargetSpec, flatten_inputs, load_npz_inpu
 
 @dataclass(frozen=True)
 class Subject:
-    """A script to run and reduce, how to run it, and the files every candidate needs beside it."""
+    """A script to run (``path``) and the text to reduce (``source``: the same program, with the user's sibling
+    modules pasted in when it imports any, see :mod:`jaxdbg.repro.inline`), how to run it, and the files every
+    candidate needs beside it."""
 
     path: str
     source: str
@@ -42,6 +45,16 @@ class Subject:
     companions: dict = field(default_factory=dict)
     original_lines: int = 0
     data_free_source: str | None = None  # function targets: the same call with np.ones inputs (no inputs.npz)
+    combined: Combined | None = None  # how ``source`` maps back to the user's files, when modules were pasted
+    reduce_path: str = ""  # a file holding ``source`` (``path`` itself when nothing was pasted)
+
+    def locate(self, location: SourceLocation | None) -> SourceLocation | None:
+        """Where a place of the original program (``models.py:21``) is in ``source``, as a place in ``reduce_path``;
+        unchanged when nothing was pasted or it lies in a file that was not."""
+        if location is None or self.combined is None:
+            return location
+        line = self.combined.line_of(location.file, location.line)
+        return location if line is None else SourceLocation(self.reduce_path, line, location.function)
 
 
 def prepare_subject(spec: TargetSpec, inputs: str | None, args: str | None, seed: int, work_dir: str,
@@ -51,7 +64,9 @@ def prepare_subject(spec: TargetSpec, inputs: str | None, args: str | None, seed
         with open(spec.path) as handle:
             source = handle.read()
         request = RunRequest(argv=tuple(spec.script_args), sys_path=(os.path.dirname(spec.path),))
-        return Subject(spec.path, source, os.path.basename(spec.path), request, {}, count_lines(source))
+        subject = Subject(spec.path, source, os.path.basename(spec.path), request, {}, count_lines(source),
+                          reduce_path=spec.path)
+        return _with_modules_pasted(subject, os.path.dirname(spec.path), work_dir)
     module_path = _module_file(spec)
     with open(module_path) as handle:
         module_source = handle.read()
@@ -66,8 +81,28 @@ def prepare_subject(spec: TargetSpec, inputs: str | None, args: str | None, seed
     with open(path, "w") as handle:
         handle.write(source)
     request = RunRequest(sys_path=(os.path.dirname(module_path),))
-    return Subject(path, source, os.path.basename(module_path), request, {INPUTS_FILE: npz}, count_lines(module_source),
-                   body + ones_driver_source(spec.function, flat))
+    subject = Subject(path, source, os.path.basename(module_path), request, {INPUTS_FILE: npz},
+                      count_lines(module_source), body + ones_driver_source(spec.function, flat), reduce_path=path)
+    return _with_modules_pasted(subject, os.path.dirname(module_path), work_dir)
+
+
+def _with_modules_pasted(subject: Subject, folder: str, work_dir: str) -> Subject:
+    """The subject with the sibling modules it imports pasted into the text to reduce (kept in a file of its own)."""
+    combined = inline_local_modules(subject.path, subject.source, folder)
+    if combined is None:
+        return subject
+    data_free = subject.data_free_source
+    if data_free is not None:
+        pasted = inline_local_modules(subject.path, data_free, folder)
+        data_free = pasted.text if pasted is not None else None
+    reduce_path = os.path.join(work_dir, "combined", subject.script_name)
+    os.makedirs(os.path.dirname(reduce_path), exist_ok=True)
+    with open(reduce_path, "w") as handle:
+        handle.write(combined.text)
+    # The program is the script and the modules it brought in: a reproducer stands in for all of them.
+    added = count_lines(combined.text) - count_lines(subject.source)
+    return replace(subject, source=combined.text, data_free_source=data_free, combined=combined,
+                   reduce_path=reduce_path, original_lines=subject.original_lines + added)
 
 
 def driver_source(function: str, flat: FlatInputs) -> str:
@@ -112,20 +147,6 @@ def _call_args(flat: FlatInputs, leaf: Callable[[int], str]) -> str:
         return repr(node.get("scalar"))
 
     return ", ".join(expr(node) for node in flat.args)
-
-
-def blank_main_blocks(source: str) -> str:
-    """Replace top-level ``if __name__ == "__main__":`` blocks by blank lines (line numbers stay put)."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError as err:
-        raise UsageError(f"the target module has a syntax error at line {err.lineno}: {err.msg}") from None
-    lines = source.splitlines()
-    for node in tree.body:
-        if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test) and "__name__" in ast.unparse(node.test):
-            for i in range(node.lineno - 1, node.end_lineno or node.lineno):
-                lines[i] = ""
-    return "\n".join(lines) + "\n"
 
 
 def _module_file(spec: TargetSpec) -> str:
