@@ -317,17 +317,122 @@ def random_inputs(specs: Sequence[ArraySpec], seed: int = 0) -> tuple[np.ndarray
 
 
 _NPZ_KEY = re.compile(r"^(?:arg|arr_)(\d+)$")
+# The npz entry describing inputs that are not a flat list of plain arrays (see :func:`save_npz_inputs`).
+TREE_KEY = "__jaxdbg_tree__"
 
 
-def load_npz_inputs(path: str) -> tuple[np.ndarray, ...]:
-    """Arrays ``arg0, arg1, ...`` (or numpy's default ``arr_0, ...``) of an npz, in positional order, no pickle."""
+@dataclass(frozen=True)
+class FlatInputs:
+    """A function target's positional inputs as array leaves plus a JSON-able description of their nesting.
+
+    ``args`` holds one node per positional argument; a node is ``{"leaf": i}`` (``leaves[i]``), ``{"tuple":
+    [...]}``, ``{"list": [...]}``, ``{"dict": [[key, node], ...]}``, ``{"none": None}`` or ``{"scalar": v}``
+    (a Python bool, int or float, kept weakly typed). Only containers that plain Python can rebuild are taken:
+    a reproducer written from them needs no user code.
+    """
+
+    leaves: tuple[np.ndarray, ...]
+    args: tuple[Any, ...]
+
+    @property
+    def flat(self) -> bool:
+        """Every argument is itself an array (the classic ``arg0, arg1, ...`` npz)."""
+        return all("leaf" in node for node in self.args)
+
+    def rebuild(self, leaves: Sequence[Any] | None = None) -> tuple[Any, ...]:
+        """The positional arguments, with ``leaves`` (default: these) in place of the array leaves."""
+        values = self.leaves if leaves is None else leaves
+        return tuple(_rebuild(node, values) for node in self.args)
+
+
+def flatten_inputs(inputs: Sequence[Any]) -> FlatInputs:
+    """Describe positional inputs as leaves and nesting; UsageError for containers plain Python cannot rebuild.
+
+    Example:
+        >>> flat = flatten_inputs(([(np.ones(2), np.zeros(2))], np.float32(3.0), 0.5))
+        >>> len(flat.leaves), flat.args[0], flat.args[2]
+        (3, {'list': [{'tuple': [{'leaf': 0}, {'leaf': 1}]}]}, {'scalar': 0.5})
+    """
+    leaves: list[np.ndarray] = []
+
+    def node(value: Any, where: str) -> Any:
+        if value is None:
+            return {"none": None}
+        if isinstance(value, (bool, int, float)) and not isinstance(value, np.generic):
+            return {"scalar": value}
+        if isinstance(value, tuple) and not hasattr(value, "_fields"):
+            return {"tuple": [node(v, f"{where}[{i}]") for i, v in enumerate(value)]}
+        if isinstance(value, list):
+            return {"list": [node(v, f"{where}[{i}]") for i, v in enumerate(value)]}
+        if isinstance(value, dict) and all(isinstance(k, (str, int)) for k in value):
+            return {"dict": [[k, node(v, f"{where}[{k!r}]")] for k, v in value.items()]}
+        if hasattr(value, "shape") and hasattr(value, "dtype"):
+            array = np.asarray(value)
+            if array.dtype != object:
+                leaves.append(array)
+                return {"leaf": len(leaves) - 1}
+        raise UsageError(f"input {where} is a {type(value).__name__}; repro takes arrays, Python numbers and "
+                         "tuples, lists and dicts of them (rebuild other containers inside the function)")
+
+    args = tuple(node(value, f"arg{i}") for i, value in enumerate(inputs))
+    return FlatInputs(tuple(leaves), args)
+
+
+def _rebuild(node: Any, leaves: Sequence[Any]) -> Any:
+    if "leaf" in node:
+        return leaves[node["leaf"]]
+    if "tuple" in node:
+        return tuple(_rebuild(n, leaves) for n in node["tuple"])
+    if "list" in node:
+        return [_rebuild(n, leaves) for n in node["list"]]
+    if "dict" in node:
+        return {k: _rebuild(n, leaves) for k, n in node["dict"]}
+    return node.get("scalar")  # {"none": None} too
+
+
+def storable(array: np.ndarray) -> tuple[np.ndarray, str | None]:
+    """``(array, None)`` for a dtype an npz keeps; else its bit pattern as unsigned integers and the dtype's name
+    (bfloat16 and the other ml_dtypes types are written by np.save as raw bytes and read back as void)."""
+    if array.dtype.kind in "biufc?":
+        return array, None
+    return array.view(np.dtype(f"u{array.dtype.itemsize}")), array.dtype.name
+
+
+def restored_dtype(name: str) -> np.dtype:
+    """The numpy dtype of a name :func:`storable` recorded (ml_dtypes, a jax dependency, defines bfloat16)."""
+    import ml_dtypes
+
+    return np.dtype(getattr(ml_dtypes, name))
+
+
+def save_npz_inputs(path: str, inputs: Sequence[Any] | FlatInputs) -> FlatInputs:
+    """Write inputs as ``arg0, arg1, ...`` leaves; nesting and the dtypes npz cannot keep go into ``TREE_KEY``
+    (JSON), so :func:`load_npz_inputs` gives back the same arguments. Never pickles."""
+    import json
+
+    flat = inputs if isinstance(inputs, FlatInputs) else flatten_inputs(inputs)
+    arrays: dict[str, Any] = {}  # (Any: np.savez's **kwargs are typed against its allow_pickle flag)
+    dtypes = {}
+    for i, leaf in enumerate(flat.leaves):
+        arrays[f"arg{i}"], special = storable(np.asarray(leaf))
+        if special:
+            dtypes[f"arg{i}"] = special
+    if not flat.flat or dtypes:
+        arrays[TREE_KEY] = np.array(json.dumps({"args": list(flat.args), "dtypes": dtypes}))
+    np.savez(path, **arrays)
+    return flat
+
+
+def load_npz_inputs(path: str) -> tuple[Any, ...]:
+    """Arrays ``arg0, arg1, ...`` (or numpy's default ``arr_0, ...``) of an npz, in positional order, no pickle;
+    an npz written by :func:`save_npz_inputs` gives back its nesting and dtypes."""
     if not os.path.exists(path):
         raise UsageError(f"--inputs '{path}': no such file; check the path")
     if not zipfile.is_zipfile(path):  # np.load would otherwise try to read it as a pickle
         raise UsageError(f"--inputs '{path}': not a readable npz file (not a zip archive); save it with np.savez")
     try:
         with np.load(path, allow_pickle=False) as data:
-            keys = list(data.files)
+            keys = [k for k in data.files if k != TREE_KEY]
             order = [_NPZ_KEY.match(k) for k in keys]
             if not keys or not all(order):
                 raise UsageError(
@@ -335,7 +440,8 @@ def load_npz_inputs(path: str) -> tuple[np.ndarray, ...]:
                     "save them with np.savez(path, arg0=x, arg1=y)"
                 )
             ranked = sorted(zip((int(m.group(1)) for m in order if m is not None), keys))
-            return tuple(data[key] for _, key in ranked)
+            arrays = tuple(data[key] for _, key in ranked)
+            tree = str(data[TREE_KEY]) if TREE_KEY in data.files else None
     except UsageError:
         raise
     except ValueError as err:
@@ -346,6 +452,23 @@ def load_npz_inputs(path: str) -> tuple[np.ndarray, ...]:
         raise UsageError(f"--inputs '{path}': not a readable npz file ({err}); save it with np.savez") from None
     except (OSError, zipfile.BadZipFile, EOFError) as err:
         raise UsageError(f"--inputs '{path}': not a readable npz file ({err}); save it with np.savez") from None
+    if tree is None:
+        return arrays
+    return _described(path, arrays, [key for _, key in ranked], tree)
+
+
+def _described(path: str, arrays: tuple[np.ndarray, ...], keys: list[str], text: str) -> tuple[Any, ...]:
+    """Arguments rebuilt from the leaves and the ``TREE_KEY`` description :func:`save_npz_inputs` wrote."""
+    import json
+
+    try:
+        tree = json.loads(text)
+        leaves = [a.view(restored_dtype(tree["dtypes"][k])) if k in tree["dtypes"] else a
+                  for k, a in zip(keys, arrays)]
+        return FlatInputs(tuple(leaves), tuple(tree["args"])).rebuild()
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as err:
+        raise UsageError(f"--inputs '{path}': its {TREE_KEY} entry is unreadable ({err}); write it with "
+                         "jaxdbg.target.save_npz_inputs or save plain arrays arg0, arg1, ...") from None
 
 
 def load_inputs(inputs: str | None, args: str | None, seed: int = 0) -> tuple[Any, ...]:

@@ -6,10 +6,15 @@ The steps, each bounded by ``--max-time`` (the smallest reproducer so far is kep
    (exception, crash, timeout, NaN/Inf from a jitted call, jit vs op-by-op mismatch); keep the one
    ``--kind``/``--match`` name, or the first by priority. Runs that disagree make the failure *flaky*.
 2. Reduce. A NaN/Inf or a mismatch lives in a jitted computation: capture its jaxpr and inputs, cut it down
-   (:mod:`jaxdbg.repro.cut`) and emit plain jax/lax code. Otherwise (exception, crash, hang), shrink the
-   script's source (:mod:`jaxdbg.repro.source`), each candidate checked in a contained run.
-3. Verify the written ``repro.py`` in a fresh process; if it does not fail the same way, fall back to the
-   previous (larger) candidate.
+   (:mod:`jaxdbg.repro.cut`) and emit plain jax/lax code. An exception raised by one JAX operation's rules
+   (a shape or dtype error while tracing or lowering) is cut to that operation alone, on arrays of the
+   recorded shapes and dtypes (:mod:`jaxdbg.repro.operation`). Otherwise (any other exception, crash,
+   hang), shrink the script's source (:mod:`jaxdbg.repro.source`), each candidate checked in a contained run.
+   After a cut, the source is still reduced for a short while into ``repro_source.py``: the user's program,
+   at the user's level, failing at the user's line.
+3. Verify each written file alone: copied into an empty folder and run there in a fresh process, as
+   ``python repro.py`` would run on another machine (a file that needs the user's other modules or data is
+   not a reproducer). If it does not fail the same way, fall back to the previous (larger) candidate.
 
 Example:
     >>> result, artifacts = reproduce(parse_target("bug.py"), ReproOptions(max_time=60), "out")  # doctest: +SKIP
@@ -19,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import itertools
 import os
@@ -26,17 +32,18 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from jaxdbg._errors import TargetFailedError, UsageError
-from jaxdbg.repro.failures import STILL_FAILS_WITHOUT_JIT, Checker, Failure, choose, observe
+from jaxdbg._source import SourceLocation
+from jaxdbg.repro.failures import STILL_FAILS_WITHOUT_JIT, Checker, Failure, choose, observe, preloadable
 from jaxdbg.repro.jobs import CHILD_ENV, CUT_JOB, JOB, CutRequest, RunRequest, reduction_env
 from jaxdbg.repro.messages import CutFinished, LoweredText
 from jaxdbg.repro.program import INPUTS_FILE, REPRO_FILE, STABLEHLO_FILE, count_lines, expected_message
 from jaxdbg.repro.signature import KINDS, FailureSignature, normalise_message
-from jaxdbg.repro.source import SourceReducer, State, statement_lines
+from jaxdbg.repro.source import SourceReducer, State, parse, statement_lines
 from jaxdbg.repro.subject import Subject, prepare_subject
 from jaxdbg.repro.watch import WatchConfig
 from jaxdbg.runner import Outcome, run_contained
@@ -110,6 +117,7 @@ def reproduce(spec: TargetSpec, options: ReproOptions, out_dir: str, on_progress
     check_target(spec)  # a syntax error or a missing function is bad input (exit 2), not a failure to keep
     progress = on_progress or (lambda phase, checks, size: None)
     out_dir = os.path.abspath(out_dir)  # runs happen in a scratch folder: a relative --out would not be found
+    os.makedirs(out_dir, exist_ok=True)
     clock = _Clock(options.max_time)
     work = tempfile.mkdtemp(prefix="jaxdbg-repro-")
     try:
@@ -120,6 +128,11 @@ def reproduce(spec: TargetSpec, options: ReproOptions, out_dir: str, on_progress
 
 
 EMITTED_FRAME_LINES = 15
+SOURCE_FILE = "repro_source.py"  # the source-level reduction written next to a cut computation
+# Seconds the source-level reduction gets after a verified cut: as long as finding the cut took, within these
+# bounds. The cut is the answer, this file a companion that shows the user's own code; the bound keeps a
+# framework program within about two minutes at the defaults.
+SOURCE_FILE_SECONDS = (15.0, 45.0)
 MIRROR_COPY_BYTES = 1 << 20  # files up to this size are copied into the scratch folder, larger ones linked
 MIRROR_MAX_ENTRIES = 5000
 
@@ -173,12 +186,14 @@ class _Reproduction:
     def run(self) -> tuple[ReproResult, dict[str, str]]:
         target, flaky, runs, outcomes = self.detect()
         check_timeout = self.check_timeout(target, outcomes)
-        computational = target.signature.kind == "nonfinite" or (
-            target.signature.kind == "mismatch" and self.options.reference == "eager")
-        if computational:  # (a float64 reference has no faithful replay per equation: source reduction)
-            done = self.cut(target, flaky, runs)
-            if done is not None:
-                return done
+        kind = target.signature.kind
+        done = None
+        if kind == "nonfinite" or (kind == "mismatch" and self.options.reference == "eager"):
+            done = self.cut(target, flaky, runs)  # (a float64 reference has no faithful replay per equation)
+        elif kind == "exception" and target.raised_in_jax:
+            done = self.cut_operation(target, flaky, runs, outcomes)
+        if done is not None:
+            return self.with_source_file(done, target, flaky, runs, check_timeout)
         jit_sensitive = self.jit_sensitive(target, check_timeout)
         return self.reduce_source(target, flaky, runs, check_timeout, jit_sensitive)
 
@@ -207,7 +222,9 @@ class _Reproduction:
         watch = WatchConfig(nonfinite=kind in (None, "nonfinite"),
                             mismatch_calls=2 if kind in (None, "mismatch") else 0,
                             reference=self.options.reference, rtol=self.options.rtol, atol=self.options.atol)
-        request = replace(self.subject.request, script=self.subject.path, watch=watch)
+        # An exception is cut to its JAX operation as it passes (its frames are gone once it is reported).
+        operations = os.path.join(self.work, "operation") if kind in (None, "exception") else None
+        request = replace(self.subject.request, script=self.subject.path, watch=watch, operation_dir=operations)
         runs = max(1, self.options.runs)
         with ThreadPoolExecutor(max_workers=max(1, min(self.options.jobs, runs))) as pool:
             outcomes = list(pool.map(lambda _: run_contained(JOB, request, timeout=self.detect_timeout, env=self.env,
@@ -282,44 +299,78 @@ class _Reproduction:
             self.checks += summary.checks if summary else 0
             return None
         self.checks += summary.checks + 1
+        return self._accept_cut(summary, target, flaky, runs, "cut computation", verify_reserve)
+
+    def cut_operation(self, target: Failure, flaky: bool, runs: list[str],
+                      outcomes: list[Outcome]) -> tuple[ReproResult, dict[str, str]] | None:
+        """An exception raised by one JAX operation: that operation alone, as the detection runs wrote it."""
+        self.progress("cut operation", self.checks, f"{self.subject.original_lines} lines")
+        signature = target.signature
+        summaries = [c for o in outcomes for c in o.all(CutFinished)]
+        summary = next((c for c in summaries if c.ok and (c.criterion["type"], c.criterion["message"]) == (
+            signature.type, signature.message)), None)
+        if summary is None:
+            reasons = [c.reason for c in summaries if c.reason]
+            self.notes.append(f"no single JAX operation to cut to ({reasons[0] if reasons else 'none was seen'}); "
+                              "reduced the source instead")
+            return None
+        self.checks += summary.checks
+        return self._accept_cut(summary, target, flaky, runs, "failing operation", self.verify_reserve + 1)
+
+    def _accept_cut(self, summary: CutFinished, target: Failure, flaky: bool, runs: list[str], what: str,
+                    verify_reserve: float) -> tuple[ReproResult, dict[str, str]] | None:
+        """Publish a cut's files and verify them alone; None (files removed, a note says why) if they fail to."""
         # Written out, a cut carries a fixed frame (imports, inputs, the jit call, the check): beyond that, a
         # program longer than the user's is no reduction (e.g. a whole scan written out as lax code).
         if summary.lines > self.subject.original_lines + EMITTED_FRAME_LINES:
-            self.notes.append(f"the cut computation ({summary.lines} lines, {summary.equations} equation(s)) "
-                              f"is not smaller than the program ({self.subject.original_lines} lines); reduced "
-                              "the source instead")
+            self.notes.append(f"the {what} ({summary.lines} lines, {summary.equations} equation(s)) is not smaller "
+                              f"than the program ({self.subject.original_lines} lines); reduced the source instead")
             return None
         artifacts = self._publish(summary.files)
-        verified, verification = self.verify_program(artifacts["repro"], summary.criterion)
+        verified, verification = self.verify_program(artifacts, summary.criterion)
         self.progress("verify", self.checks, f"{summary.equations} equations")
         if not verified:  # an emitted program that does not fail as promised is no answer: reduce the source
             for path in artifacts.values():
                 with contextlib.suppress(OSError):
                     os.remove(path)
-            self.notes.append(f"the cut computation did not verify ({verification}); reduced the source instead")
+            self.notes.append(f"the {what} did not verify ({verification}); reduced the source instead")
             return None
         timed_out = self.clock.left() <= verify_reserve
         result = ReproResult(
-            signature=target.signature, original=Size(self.subject.original_lines, summary.equations_original),
+            signature=target.signature, original=Size(self.subject.original_lines, summary.equations_original or None),
             minimized=Size(summary.lines, summary.equations), checks=self.checks,
             elapsed_s=round(self.clock.elapsed(), 2), verified=verified, strategy="computation", flaky=flaky,
             runs=runs, timed_out=timed_out, verification=verification,
             failing_primitives=summary.primitives, notes=self.notes)
         return result, artifacts
 
-    def verify_program(self, path: str, criterion: dict) -> tuple[bool, str]:
-        """Run an emitted reproducer as ``python repro.py`` would, in a fresh process."""
-        outcome = run_contained(JOB, RunRequest(script=path), timeout=self.detect_timeout, env=CHILD_ENV,
-                                cwd=self.cwd)
+    def verify_program(self, artifacts: dict[str, str], criterion: dict) -> tuple[bool, str]:
+        """Run an emitted reproducer as ``python repro.py`` would, alone in an empty folder, in a fresh process."""
+        with self._alone(artifacts["repro"], [p for k, p in artifacts.items() if k == "inputs"]) as path:
+            outcome = run_contained(JOB, RunRequest(script=path), timeout=self.detect_timeout, env=CHILD_ENV,
+                                    cwd=os.path.dirname(path))
         self.checks += 1
         exc = outcome.exception
+        said = _in_out_dir(outcome.describe(), path, artifacts["repro"])
         if outcome.status != "exception" or exc is None:
-            return False, f"repro.py {outcome.describe()} (expected it to fail)"
+            return False, f"{REPRO_FILE} alone in an empty folder {said} (expected it to fail)"
         if criterion["kind"] == "exception":
             ok = exc.type == criterion["type"] and normalise_message(exc.message) == criterion["message"]
         else:
             ok = exc.type == "AssertionError" and expected_message_for(criterion) in exc.message
-        return ok, f"fresh `python {REPRO_FILE}` {outcome.describe()}"
+        return ok, f"fresh `python {REPRO_FILE}` alone in an empty folder {said}"
+
+    @contextlib.contextmanager
+    def _alone(self, path: str, companions: list[str]) -> Iterator[str]:
+        """A copy of ``path`` (and the companion files it reads) in a new empty folder: nothing of the user's
+        folder (sibling modules, data files) is there to lean on, and nothing is on ``sys.path`` but it."""
+        folder = tempfile.mkdtemp(prefix="alone-", dir=self.work)
+        try:
+            for source in [path, *companions]:
+                shutil.copyfile(source, os.path.join(folder, os.path.basename(source)))
+            yield os.path.join(folder, os.path.basename(path))
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def _with_progress(self, phase: str, path: str, unit: str, work: Callable[[], Outcome]) -> Outcome:
         """Run ``work`` in a thread while relaying the child's progress file (``"<checks> <size>"``)."""
@@ -348,17 +399,23 @@ class _Reproduction:
     # 2b. Source reduction -----------------------------------------------------------------------------------
 
     def reduce_source(self, target: Failure, flaky: bool, runs: list[str], check_timeout: float,
-                      jit_sensitive: bool = False) -> tuple[ReproResult, dict[str, str]]:
+                      jit_sensitive: bool = False, deadline: float | None = None,
+                      file_name: str = REPRO_FILE) -> tuple[ReproResult, dict[str, str]]:
+        """Shrink the script's source until ``deadline`` (default: the end of ``--max-time``, less the time kept
+        to verify) and write the smallest candidate that verifies alone as ``file_name``."""
         subject = self.subject
         watch = self._check_watch(target)
         request = replace(subject.request, watch=watch)
         folder = os.path.join(self.work, "candidates")
         os.makedirs(folder, exist_ok=True)
+        # The failure's place in the text being reduced (in which the user's sibling modules may be pasted).
+        target = replace(target, location=subject.locate(target.location))
         checker = Checker(target, request, script_name=subject.script_name, work_dir=folder,
-                          original_path=subject.path, timeout=check_timeout, jobs=self.options.jobs,
+                          original_path=subject.reduce_path, timeout=check_timeout, jobs=self.options.jobs,
                           companions=subject.companions, env=self.env, jit_sensitive=jit_sensitive, flaky=flaky,
-                          cwd=self.cwd)
-        protected = target.location.line if target.location and _same(target.location.file, subject.path) else None
+                          cwd=self.cwd, preload=preloadable(subject.source))
+        located = target.location is not None and _same(target.location.file, subject.reduce_path)
+        protected = target.location.line if located and target.location else None
         source = subject.source
         if subject.data_free_source and checker.check_text(subject.data_free_source,
                                                            (protected, protected) if protected else None):
@@ -368,7 +425,8 @@ class _Reproduction:
         base_checks = self.checks
         reserve = self.verify_reserve
         reducer = SourceReducer(
-            source, protected, checker, jobs=self.options.jobs, deadline=self.clock.deadline - reserve,
+            source, protected, checker, jobs=self.options.jobs,
+            deadline=deadline if deadline is not None else self.clock.deadline - reserve,
             on_progress=lambda checks, text: self.progress("reduce source", base_checks + checks,
                                                            f"{count_lines(text)} lines"),
             on_accept=accepted.append)
@@ -377,9 +435,44 @@ class _Reproduction:
             timed_out = reducer.out_of_time()
             self.checks = base_checks + checker.checks
             candidates = [reducer.state, *accepted[::-1][1:3], State(None, None, subject.source)]  # type: ignore[arg-type]
-            return self._finish_source(target, flaky, runs, candidates, checker, timed_out, check_timeout)
+            return self._finish_source(target, flaky, runs, candidates, checker, timed_out, check_timeout, file_name)
         finally:
             checker.close()
+
+    def with_source_file(self, done: tuple[ReproResult, dict[str, str]], target: Failure, flaky: bool, runs: list[str],
+                         check_timeout: float) -> tuple[ReproResult, dict[str, str]]:
+        """Add ``repro_source.py`` to a verified cut: the program reduced at the user's level for a short while,
+        still failing at the user's line. Written only when it verifies alone; the notes say what happened."""
+        result, artifacts = done
+        low, high = SOURCE_FILE_SECONDS
+        budget = min(high, max(low, self.clock.elapsed()), self.clock.left() - self.verify_reserve)
+        if budget < 5:
+            self.notes.append(f"no time was left to reduce the program's source into {SOURCE_FILE}")
+            return replace(result, notes=self.notes), artifacts
+        if "inputs" in artifacts and self.subject.companions:
+            self.notes.append(f"{SOURCE_FILE} not written: it would need its own {INPUTS_FILE} beside the cut's")
+            return replace(result, notes=self.notes), artifacts
+        notes = len(self.notes)
+        source_result, source_artifacts = self.reduce_source(
+            target, flaky, runs, check_timeout, deadline=time.perf_counter() + budget, file_name=SOURCE_FILE)
+        del self.notes[notes:]  # the source reduction's own notes describe a fallback that did not happen
+        where = self._originally(target, ", failing at {}")
+        if source_result.verified:
+            artifacts = {**artifacts, "source": source_artifacts["repro"],
+                         **{k: v for k, v in source_artifacts.items() if k not in ("repro", "stablehlo")}}
+            stopped = f" (stopped after {budget:.0f}s)" if source_result.timed_out else ""
+            self.notes.append(
+                f"{SOURCE_FILE}: the program itself{where}, reduced from {source_result.original.lines} to "
+                f"{source_result.minimized.lines} lines{stopped}; it too fails alone in an empty folder")
+        else:
+            for path in source_artifacts.values():
+                if path not in artifacts.values():
+                    with contextlib.suppress(OSError):
+                        os.remove(path)
+            self.notes.append(f"{SOURCE_FILE} not written: no reduction of the program{where} verified alone in an "
+                              f"empty folder ({source_result.verification})")
+        result = replace(result, checks=self.checks, elapsed_s=round(self.clock.elapsed(), 2), notes=self.notes)
+        return result, artifacts
 
     def _check_watch(self, target: Failure) -> WatchConfig:
         kind = target.signature.kind
@@ -389,52 +482,60 @@ class _Reproduction:
                            function=target.last_jit if kind in ("nonfinite", "mismatch") else None)
 
     def _finish_source(self, target: Failure, flaky: bool, runs: list[str], candidates: list[State],
-                       checker: Checker, timed_out: bool, check_timeout: float) -> tuple[ReproResult, dict[str, str]]:
-        """Write the smallest candidate that verifies in a fresh process (falling back to larger ones)."""
+                       checker: Checker, timed_out: bool, check_timeout: float,
+                       file_name: str = REPRO_FILE) -> tuple[ReproResult, dict[str, str]]:
+        """Write the smallest candidate that verifies alone in an empty folder (falling back to larger ones)."""
         artifacts: dict[str, str] = {}
         verified, verification, text = False, "not verified", candidates[-1].text
-        path = os.path.join(self.out_dir, REPRO_FILE)
+        path = os.path.join(self.out_dir, file_name)
         for state in candidates:
-            text = _with_header(state.text, target)
+            text = self._with_header(state.text, target)
             lines = statement_lines(state) if state.tree is not None else _original_lines(target)
             shift = text.count("\n") - state.text.count("\n")
             lines = (lines[0] + shift, lines[1] + shift) if lines else None
+            if lines:
+                text = _marked(text, lines[0],
+                               "<- jaxdbg: fails here" + self._originally(target, " ({} in the original)"))
             with open(path, "w") as handle:
                 handle.write(text)
-            for name, source in self.subject.companions.items():
-                if name in text:  # e.g. inputs.npz, read by the driver of a function target
-                    artifacts["inputs" if name == INPUTS_FILE else name] = os.path.join(self.out_dir, name)
-                    shutil.copyfile(source, os.path.join(self.out_dir, name))
+            companions = {name: source for name, source in self.subject.companions.items() if name in text}
+            for name, source in companions.items():  # e.g. inputs.npz, read by the driver of a function target
+                artifacts["inputs" if name == INPUTS_FILE else name] = os.path.join(self.out_dir, name)
+                shutil.copyfile(source, os.path.join(self.out_dir, name))
             watch = replace(self._check_watch(target), send_lowered=True, stop_on=None)
-            request = replace(self.subject.request, script=path, watch=watch)
             self.progress("verify", self.checks, f"{count_lines(text)} lines")
-            # Every run the verdict needs, at once: twice in a fresh process (as every candidate failed
+            # Every run the verdict needs, at once: twice alone in a fresh process (as every candidate failed
             # twice), and op by op where the failure needs jit.
             fresh_runs = 1 if flaky or target.signature.kind == "timeout" else 2
-            with ThreadPoolExecutor(max_workers=fresh_runs + checker.jit_sensitive) as pool:
-                fresh = [pool.submit(run_contained, JOB, request, timeout=check_timeout, env=CHILD_ENV, cwd=self.cwd)
-                         for _ in range(fresh_runs)]
-                without_jit = pool.submit(checker.needs_jit, path, text, lines) if checker.jit_sensitive else None
-                outcomes = [future.result() for future in fresh]
-                needs_jit = without_jit.result() if without_jit is not None else True
+            with contextlib.ExitStack() as stack:
+                alone = [stack.enter_context(self._alone(path, list(companions.values()))) for _ in range(fresh_runs)]
+                with ThreadPoolExecutor(max_workers=fresh_runs + checker.jit_sensitive) as pool:
+                    fresh = [pool.submit(run_contained, JOB, RunRequest(script=copy, argv=self.subject.request.argv,
+                                                                        watch=watch),
+                                         timeout=check_timeout, env=CHILD_ENV, cwd=os.path.dirname(copy))
+                             for copy in alone]
+                    without_jit = pool.submit(checker.needs_jit, path, text, lines) if checker.jit_sensitive else None
+                    outcomes = [future.result() for future in fresh]
+                    needs_jit = without_jit.result() if without_jit is not None else True
+                verified = all(checker.accepts(o, copy, text, lines) for o, copy in zip(outcomes, alone))
             self.checks += fresh_runs + (without_jit is not None)
             outcome = outcomes[0]
-            verified = all(checker.accepts(o, path, text, lines) for o in outcomes)
             if verified and not needs_jit:
                 verified = False
                 checker.last_rejections = [STILL_FAILS_WITHOUT_JIT]
-            verification = f"fresh run of {REPRO_FILE} {_plain_end(outcome, observe(outcome))}"
+            said = _in_out_dir(_plain_end(outcome, observe(outcome)), alone[0], path)
+            verification = f"fresh run of {file_name} alone in an empty folder {said}"
             if verified:
                 lowered = [m for m in outcome.all(LoweredText) if m.function == target.last_jit]
-                if lowered and target.signature.kind in ("crash", "timeout", "exception", "nonfinite", "mismatch"):
+                if lowered and file_name == REPRO_FILE:
                     artifacts["stablehlo"] = os.path.join(self.out_dir, STABLEHLO_FILE)
                     with open(artifacts["stablehlo"], "w") as handle:
                         handle.write(lowered[-1].text)
                 break
             why = "; ".join(checker.last_rejections)
-            self.notes.append(f"a {count_lines(text)}-line candidate did not verify ({why}); trying a larger one")
+            self.notes.append(f"a {count_lines(text)}-line candidate did not verify alone ({why}); trying a larger one")
         if target.signature.kind in ("nonfinite", "mismatch"):
-            self.notes.append("this reduced script shows the failure only under jaxdbg's detector (no assertion)")
+            self.notes.append(f"{file_name} shows the failure only under jaxdbg's detector (no assertion)")
         artifacts["repro"] = path
         result = ReproResult(
             signature=target.signature, original=Size(self.subject.original_lines),
@@ -443,6 +544,19 @@ class _Reproduction:
             verification=verification, notes=self.notes)
         return result, artifacts
 
+    def _with_header(self, text: str, target: Failure) -> str:
+        """The signature, and where the original program failed (the user's own file and line)."""
+        return (f"# jaxdbg repro: {target.signature.describe()}\n"
+                + self._originally(target, "# the original program fails at {}\n") + text)
+
+    def _originally(self, target: Failure, template: str) -> str:
+        """``template`` filled with where the original failed, when that is a file of the user's (a function
+        target fails in the call jaxdbg wrote, which the user never saw: then nothing)."""
+        location = target.signature.location
+        if location is None or os.path.realpath(location.file).startswith(os.path.realpath(self.work) + os.sep):
+            return ""
+        return template.format(_short(location))
+
 
 def expected_message_for(criterion: dict) -> str:
     from jaxdbg.repro.cut import Criterion
@@ -450,8 +564,27 @@ def expected_message_for(criterion: dict) -> str:
     return expected_message(Criterion(criterion["kind"], what=criterion.get("what") or "NaN"))
 
 
-def _with_header(text: str, target: Failure) -> str:
-    return f"# jaxdbg repro: {target.signature.describe()}\n" + text
+def _short(location: SourceLocation) -> str:
+    return f"{os.path.basename(location.file)}:{location.line} ({location.function})"
+
+
+def _marked(text: str, line: int, comment: str) -> str:
+    """``text`` with ``# comment`` at the end of ``line``, unless that changes the program (a line inside a string)."""
+    rows = text.split("\n")
+    if not 0 < line <= len(rows):
+        return text
+    rows[line - 1] += f"  # {comment}"
+    marked = "\n".join(rows)
+    try:
+        same = ast.dump(parse(marked)) == ast.dump(parse(text))
+    except SyntaxError:
+        return text
+    return marked if same else text
+
+
+def _in_out_dir(text: str, copy: str, path: str) -> str:
+    """A run's description with the empty folder it ran in named as the file it copied (that folder is gone)."""
+    return text.replace(copy, path)
 
 
 def _original_lines(target: Failure) -> tuple[int, int] | None:

@@ -64,7 +64,7 @@ class Criterion:
     def failing_index(self, fn: Callable, args: Sequence[Any]) -> tuple | None:
         """None if the candidate does not fail; else the index of a failing element of its first output."""
         if self.kind == "nonfinite" and not self.allow_nonfinite_inputs and any(
-                np.asarray(a).dtype.kind in "fc" and not np.isfinite(a).all() for a in args):
+                inexact(np.asarray(a).dtype) and not np.isfinite(a).all() for a in args):
             return None
         try:
             outs = jax.jit(fn)(*args)
@@ -83,10 +83,18 @@ class Criterion:
             return None
 
 
+def inexact(dtype: Any) -> bool:
+    """A floating or complex dtype, bfloat16 included (numpy files the ml_dtypes types as kind 'V')."""
+    try:
+        return bool(jax.numpy.issubdtype(dtype, jax.numpy.inexact))
+    except TypeError:  # an extended dtype (PRNG key)
+        return False
+
+
 def _first_nonfinite(outs: Sequence[np.ndarray], what: str) -> tuple | None:
     """Index of the first bad element of the first output that has one (candidates end with one output)."""
     for out in outs:
-        if out.dtype.kind not in "fc":
+        if not inexact(out.dtype):
             continue
         bad = np.isnan(out) if what == "NaN" else np.isinf(out)
         if bad.any():
@@ -96,7 +104,7 @@ def _first_nonfinite(outs: Sequence[np.ndarray], what: str) -> tuple | None:
 
 def _worst_mismatch(outs: Sequence[np.ndarray], refs: Sequence[np.ndarray], rtol: float, atol: float) -> tuple | None:
     for out, ref in zip(outs, refs):
-        if out.shape != ref.shape or out.dtype.kind not in "fc":
+        if out.shape != ref.shape or not inexact(out.dtype):
             continue
         a, b = out.astype(np.float64), ref.astype(np.float64)
         close = np.isclose(a, b, rtol=rtol, atol=atol, equal_nan=True)
@@ -286,7 +294,7 @@ class Cutter:
         """Plainer input values: all zeros, all ones, ±1, the failing element everywhere, rounded."""
         for var in cand.inputs(self.graph):
             value = np.asarray(cand.values[var])
-            if value.dtype.kind not in "fc" or value.size == 0:
+            if not inexact(value.dtype) or value.size == 0:
                 continue
             same = value.shape == self._output_shape(cand) and cand.index
             pick = value[cand.index] if same else value.reshape(-1)[0]
@@ -328,7 +336,7 @@ def _holds_program(param: Any) -> bool:
 
 def _finite(value: Any) -> bool:
     value = np.asarray(value)
-    return value.dtype.kind not in "fc" or bool(np.isfinite(value).all())
+    return not inexact(value.dtype) or bool(np.isfinite(value).all())
 
 
 def _size(cand: Candidate) -> tuple[int, int]:

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxdbg.repro.cut import Criterion, CutError, Cutter
+from jaxdbg.repro.cut import Criterion, CutError, Cutter, inexact
 from jaxdbg.repro.graph import flatten, record
 from jaxdbg.repro.messages import CutFinished, FailureSeen
 from jaxdbg.repro.program import INPUTS_FILE, REPRO_FILE, STABLEHLO_FILE, build_program, can_emit, program_fails
@@ -38,7 +38,7 @@ def cut_captured(captured: Any, request: Any, deadline: float) -> CutFinished:
     """Cut the captured computation and write the reproducer files into ``request.work_dir``."""
     criterion = criterion_for(captured.failure, request.rtol, request.atol)
     if criterion.kind == "nonfinite":
-        finite_inputs = all(np.asarray(a).dtype.kind not in "fc" or np.isfinite(a).all() for a in captured.args
+        finite_inputs = all(not inexact(np.asarray(a).dtype) or np.isfinite(a).all() for a in captured.args
                             if hasattr(a, "dtype"))
         criterion = Criterion("nonfinite", what=criterion.what, allow_nonfinite_inputs=not finite_inputs)
     graph, consts = flatten(captured.closed_jaxpr)

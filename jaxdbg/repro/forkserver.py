@@ -1,8 +1,9 @@
 """Contained runs without the start-up cost: a pre-warmed process that forks one child per candidate.
 
 A reduction runs hundreds of small candidates; a fresh interpreter spends ~0.5 s importing jax before the
-candidate's own ~0.1 s of work. The fork server imports jax, numpy and jaxdbg's job code once (no backend
-is started, so no XLA threads exist yet) and forks a child per request. Each child gets its own session
+candidate's own ~0.1 s of work. The fork server imports jax, numpy and jaxdbg's job code once (and the
+Flax/Optax/Equinox the program imports, see :data:`jaxdbg.repro.failures.PRELOADABLE`; no backend is started, so
+no XLA threads exist yet) and forks a child per request. Each child gets its own session
 (so a timeout kills everything it started), its own stdout/stderr files, faulthandler, and runs the job
 exactly as :mod:`jaxdbg._child` does; the parent turns what happened into the same
 :class:`~jaxdbg.runner.Outcome` as :func:`~jaxdbg.runner.run_contained`: exception, crash (signal), timeout
@@ -32,7 +33,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from jaxdbg.protocol import read_channel
@@ -44,9 +45,9 @@ PRELOAD = ("numpy", "jax", "jax.numpy", "jaxdbg._child", "jaxdbg.target", "jaxdb
 class ForkServer:
     """Parent side: start the server, send requests, wait for exits; thread-safe."""
 
-    def __init__(self, env: Mapping[str, str] | None = None):
+    def __init__(self, env: Mapping[str, str] | None = None, preload: Sequence[str] = ()):
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "jaxdbg.repro.forkserver"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            [sys.executable, "-m", "jaxdbg.repro.forkserver", *preload], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL, env=child_env(env), start_new_session=True)
         assert self._proc.stdin is not None and self._proc.stdout is not None  # both are pipes
         self._stdin, self._stdout = self._proc.stdin, self._proc.stdout
@@ -149,11 +150,15 @@ def _read_text(path: str) -> str:
 # ----------------------------------------------------------------------------------------------------------
 
 
-def _serve() -> None:
+def _serve(extra: Sequence[str] = ()) -> None:
+    import contextlib
     import importlib
 
     for name in PRELOAD:
         importlib.import_module(name)
+    for name in extra:  # the program's own libraries (see failures.PRELOADABLE); a missing one is the run's business
+        with contextlib.suppress(Exception):
+            importlib.import_module(name)
     children: dict[int, int] = {}
     pending = b""
     stdin_open = True
@@ -219,4 +224,4 @@ def _child(request: dict) -> None:
 
 
 if __name__ == "__main__":
-    _serve()
+    _serve(sys.argv[1:])

@@ -4,6 +4,8 @@
   target under the :mod:`jit watch <jaxdbg.repro.watch>` and reports what it saw on the channel.
 - :func:`cut_job` runs the target until the failing jitted call, captures its jaxpr and inputs, cuts the
   computation down (:mod:`jaxdbg.repro.cut`) and writes the reproducer into a work folder.
+- with ``operation_dir``, :func:`target_job` also writes the JAX operation an exception came from alone
+  (:mod:`jaxdbg.repro.operation`), as the exception passes: its frames are gone once it is reported.
 
 Messages: :mod:`jaxdbg.repro.messages`; ``progress`` is a file (not a message) so the parent can poll it.
 
@@ -18,7 +20,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from jaxdbg.repro.messages import CutFinished, InputsBuilt, JaxWork, LastJit
@@ -57,8 +59,8 @@ class RunRequest:
     args: str | None = None
     seed: int = 0
     watch: WatchConfig | None = None
-    send_inputs: bool = False
     disable_jit: bool = False  # run op by op, as JAX_DISABLE_JIT=1 would
+    operation_dir: str | None = None  # on an exception, write its failing operation alone in a folder here
 
 
 @dataclass(frozen=True)
@@ -71,21 +73,41 @@ class CutRequest:
     budget_s: float
     rtol: float = 1e-3
     atol: float = 1e-5
-    exc_message: str | None = None
-    extra: dict = field(default_factory=dict)
 
 
 def target_job(request: RunRequest, channel: Any) -> None:
-    """Run the target; exceptions propagate (the child reports them) after naming the last jitted call."""
+    """Run the target; exceptions propagate (the child reports them) after naming the last jitted call and,
+    with ``operation_dir``, writing the JAX operation that raised alone (:mod:`jaxdbg.repro.operation`)."""
     with _jax_work_listener(channel), _watched(request, channel) as watch:
         try:
             _run(request, channel)
         except StopRun:
             return
-        except BaseException:
+        except BaseException as err:
+            last = watch.last if watch is not None else None
             if watch is not None:
-                channel.send(LastJit(watch.last))
+                channel.send(LastJit(last))
+            if request.operation_dir is not None and isinstance(err, Exception):
+                _cut_operation(err, request.operation_dir, last, channel)
             raise
+
+
+def _cut_operation(err: Exception, folder: str, last_jit: str | None, channel: Any) -> None:
+    """Cut the exception to its operation while its frames are still alive (right where it was caught)."""
+    import tempfile
+
+    from jaxdbg import jit_layer
+    from jaxdbg.repro.operation import cut_operation
+    from jaxdbg.repro.signature import normalise_message
+
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with jit_layer.internal():  # the check runs the written program: not a jitted call of the target's
+            summary = cut_operation(err, tempfile.mkdtemp(dir=folder), type(err).__name__, normalise_message(str(err)),
+                                    f"jit({last_jit})" if last_jit else "")
+        channel.send(summary)
+    except Exception as failure:  # noqa: BLE001 - the run's own exception is what must reach the parent
+        channel.send(CutFinished(False, reason=f"{type(failure).__name__}: {failure}"))
 
 
 def cut_job(request: CutRequest, channel: Any) -> None:
@@ -122,15 +144,11 @@ def _run(request: RunRequest, channel: Any) -> None:
         run_script(spec)
         return
     import jax
-    import numpy as np
 
     from jaxdbg.target import load_function, load_inputs
 
     func = load_function(request.function)
     inputs = load_inputs(request.inputs, request.args, request.seed)
-    if request.send_inputs:
-        with contextlib.suppress(Exception):
-            channel.send(InputsBuilt([np.asarray(x) for x in inputs]))
     jax.jit(func)(*inputs)
 
 
@@ -167,9 +185,7 @@ def _jax_work_listener(channel: Any) -> Iterator[None]:
 
 def inputs_job(request: RunRequest, channel: Any) -> None:
     """Build a function target's inputs (``--inputs file.py::make_inputs`` runs user code) and send them."""
-    import numpy as np
-
-    from jaxdbg.target import load_inputs
+    from jaxdbg.target import flatten_inputs, load_inputs
 
     inputs = load_inputs(request.inputs, request.args, request.seed)
-    channel.send(InputsBuilt([np.asarray(x) for x in inputs]))
+    channel.send(InputsBuilt(flatten_inputs(inputs)))

@@ -81,6 +81,7 @@ class CutFinished(Message):
 
 @dataclass(frozen=True)
 class InputsBuilt(Message):
-    """A function target's inputs (``--inputs file.py::make_inputs`` runs user code, so it runs contained)."""
+    """A function target's inputs (``--inputs file.py::make_inputs`` runs user code, so it runs contained), as
+    array leaves and their nesting (a :class:`~jaxdbg.target.FlatInputs`)."""
 
-    arrays: list
+    inputs: Any

@@ -11,6 +11,9 @@ Example:
     'dot_general requires contracting dimensions to have the same shape, got (<n>,) and (<n>,).'
     >>> normalise_message("object at 0x7f3a2c1b90d0 in /home/me/run/train.py")
     'object at <addr> in <path>'
+    >>> normalise_message('CpuCallback error: Traceback (most recent call last):\\n  File "run.py", line 3, in main\\n'
+    ...                   'ValueError: too large: 2.5')
+    'CpuCallback error: ValueError: too large: <n>'
 """
 
 from __future__ import annotations
@@ -26,13 +29,23 @@ _ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
 _PATH = re.compile(r"(?:[A-Za-z]:)?(?:[\w.~-]*/)+[\w.-]+|[\w.-]+\.py\b")
 _NUMBER = re.compile(r"(?<![A-Za-z_])[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 _SPACE = re.compile(r"\s+")
+# A Python traceback embedded in a message (XLA wraps an exception raised inside a host callback this way):
+# its frames are whoever happened to call the computation (jaxdbg's runner, runpy, the user's driver), so only
+# the exception it ends with says what failed.
+_EMBEDDED_TRACEBACK = re.compile(r"Traceback \(most recent call last\):\s*\n(?:[ \t]+.*\n)*")
 # Messages can carry a whole traceback or a long listing; the head says what failed.
 MESSAGE_CHARS = 400
 
 
+def without_tracebacks(message: str | None) -> str:
+    """The message with each embedded Python traceback cut to the exception it ends with."""
+    return _EMBEDDED_TRACEBACK.sub("", message or "")
+
+
 def normalise_message(message: str | None) -> str:
-    """The message with addresses, paths and numbers abstracted and whitespace collapsed (first 400 chars)."""
-    text = _ADDRESS.sub("<addr>", message or "")
+    """The message with embedded tracebacks cut to the exception they end with, addresses, paths and numbers
+    abstracted, and whitespace collapsed (first 400 chars)."""
+    text = _ADDRESS.sub("<addr>", without_tracebacks(message))
     text = _PATH.sub("<path>", text)
     text = _NUMBER.sub("<n>", text)
     return _SPACE.sub(" ", text).strip()[:MESSAGE_CHARS]

@@ -2,8 +2,9 @@
 
 A script TARGET is its own subject. A function TARGET (``file.py::f``, ``pkg.mod:f``) becomes a script:
 the module's source (its ``if __name__ == "__main__":`` blocks blanked, so line numbers stay), plus a driver
-that loads the inputs from ``inputs.npz`` next to it and calls ``jax.jit(f)(*inputs)``, the way jaxdbg
-runs a function target. The user's files are only read; the subject lives in jaxdbg's work folder.
+that loads the inputs from ``inputs.npz`` next to it (array leaves, rebuilt into the tuples, lists and dicts
+they came in, bfloat16 restored from its bits) and calls ``jax.jit(f)(*inputs)``, the way jaxdbg runs a
+function target. The user's files are only read; the subject lives in jaxdbg's work folder.
 
 Example:
     >>> subject = prepare_subject(parse_target("model.py::loss"), options, "/tmp/work")   # doctest: +SKIP
@@ -13,25 +14,37 @@ Example:
 
 from __future__ import annotations
 
-import ast
 import importlib.util
 import os
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from jaxdbg._errors import TargetFailedError, UsageError
+from jaxdbg._source import SourceLocation
+from jaxdbg.repro.inline import Combined, blank_main_blocks, inline_local_modules
 from jaxdbg.repro.jobs import CHILD_ENV, INPUTS_JOB, RunRequest
 from jaxdbg.repro.messages import InputsBuilt
 from jaxdbg.repro.program import INPUTS_FILE, count_lines
 from jaxdbg.runner import run_contained
-from jaxdbg.target import TargetSpec, load_npz_inputs, parse_args_spec, random_inputs
+from jaxdbg.target import (
+    FlatInputs,
+    TargetSpec,
+    flatten_inputs,
+    load_npz_inputs,
+    parse_args_spec,
+    random_inputs,
+    save_npz_inputs,
+    storable,
+)
 
 
 @dataclass(frozen=True)
 class Subject:
-    """A script to run and reduce, how to run it, and the files every candidate needs beside it."""
+    """A script to run (``path``) and the text to reduce (``source``: the same program, with the user's sibling
+    modules pasted in when it imports any, see :mod:`jaxdbg.repro.inline`), how to run it, and the files every
+    candidate needs beside it."""
 
     path: str
     source: str
@@ -40,6 +53,16 @@ class Subject:
     companions: dict = field(default_factory=dict)
     original_lines: int = 0
     data_free_source: str | None = None  # function targets: the same call with np.ones inputs (no inputs.npz)
+    combined: Combined | None = None  # how ``source`` maps back to the user's files, when modules were pasted
+    reduce_path: str = ""  # a file holding ``source`` (``path`` itself when nothing was pasted)
+
+    def locate(self, location: SourceLocation | None) -> SourceLocation | None:
+        """Where a place of the original program (``models.py:21``) is in ``source``, as a place in ``reduce_path``;
+        unchanged when nothing was pasted or it lies in a file that was not."""
+        if location is None or self.combined is None:
+            return location
+        line = self.combined.line_of(location.file, location.line)
+        return location if line is None else SourceLocation(self.reduce_path, line, location.function)
 
 
 def prepare_subject(spec: TargetSpec, inputs: str | None, args: str | None, seed: int, work_dir: str,
@@ -50,57 +73,90 @@ def prepare_subject(spec: TargetSpec, inputs: str | None, args: str | None, seed
         with open(spec.path) as handle:
             source = handle.read()
         request = RunRequest(argv=tuple(spec.script_args), sys_path=(os.path.dirname(spec.path),))
-        return Subject(spec.path, source, os.path.basename(spec.path), request, {}, count_lines(source))
-    assert spec.function is not None  # parse_target sets it on every function target
+        subject = Subject(spec.path, source, os.path.basename(spec.path), request, {}, count_lines(source),
+                          reduce_path=spec.path)
+        return _with_modules_pasted(subject, os.path.dirname(spec.path), work_dir)
     module_path = _module_file(spec)
     with open(module_path) as handle:
         module_source = handle.read()
-    arrays = _function_inputs(spec, inputs, args, seed, timeout)
+    assert spec.function is not None  # parse_target sets it on every function target
+    flat = _function_inputs(spec, inputs, args, seed, timeout)
     folder = os.path.join(work_dir, "subject")
     os.makedirs(folder, exist_ok=True)
     npz = os.path.join(folder, INPUTS_FILE)
-    named: dict[str, Any] = {f"arg{i}": a for i, a in enumerate(arrays)}  # (Any: see np.savez's allow_pickle)
-    np.savez(npz, **named)
+    save_npz_inputs(npz, flat)
     body = blank_main_blocks(module_source)
-    source = body + driver_source(spec.function, len(arrays))
+    source = body + driver_source(spec.function, flat)
     path = os.path.join(folder, os.path.basename(module_path))
     with open(path, "w") as handle:
         handle.write(source)
     request = RunRequest(sys_path=(os.path.dirname(module_path),))
-    return Subject(path, source, os.path.basename(module_path), request, {INPUTS_FILE: npz}, count_lines(module_source),
-                   body + ones_driver_source(spec.function, arrays))
+    subject = Subject(path, source, os.path.basename(module_path), request, {INPUTS_FILE: npz},
+                      count_lines(module_source), body + ones_driver_source(spec.function, flat), reduce_path=path)
+    return _with_modules_pasted(subject, os.path.dirname(module_path), work_dir)
 
 
-def driver_source(function: str, n_inputs: int) -> str:
-    """Lines that call the function target as jaxdbg does: ``jax.jit(f)(*inputs)``."""
-    return (
-        "\n\n# jaxdbg: the call `jaxdbg repro` made (inputs saved next to this file)\n"
-        "import jax as _jax\nimport numpy as _np\n"
-        "_inputs = _np.load((__file__.rpartition('/')[0] or '.') + '/inputs.npz')\n"
-        f"_jax.jit({function})(*[_inputs[f'arg{{i}}'] for i in range({n_inputs})])\n"
-    )
+def _with_modules_pasted(subject: Subject, folder: str, work_dir: str) -> Subject:
+    """The subject with the sibling modules it imports pasted into the text to reduce (kept in a file of its own)."""
+    combined = inline_local_modules(subject.path, subject.source, folder)
+    if combined is None:
+        return subject
+    data_free = subject.data_free_source
+    if data_free is not None:
+        pasted = inline_local_modules(subject.path, data_free, folder)
+        data_free = pasted.text if pasted is not None else None
+    reduce_path = os.path.join(work_dir, "combined", subject.script_name)
+    os.makedirs(os.path.dirname(reduce_path), exist_ok=True)
+    with open(reduce_path, "w") as handle:
+        handle.write(combined.text)
+    # The program is the script and the modules it brought in: a reproducer stands in for all of them.
+    added = count_lines(combined.text) - count_lines(subject.source)
+    return replace(subject, source=combined.text, data_free_source=data_free, combined=combined,
+                   reduce_path=reduce_path, original_lines=subject.original_lines + added)
 
 
-def ones_driver_source(function: str, arrays: list[np.ndarray]) -> str:
+def driver_source(function: str, flat: FlatInputs) -> str:
+    """Lines that call the function target as jaxdbg does: ``jax.jit(f)(*inputs)``, the inputs rebuilt (nesting,
+    bfloat16) from the ``inputs.npz`` that :func:`~jaxdbg.target.save_npz_inputs` wrote, with numpy alone."""
+    lines = ["\n\n# jaxdbg: the call `jaxdbg repro` made (inputs saved next to this file)",
+             "import jax as _jax", "import numpy as _np",
+             "_inputs = _np.load((__file__.rpartition('/')[0] or '.') + '/inputs.npz')",
+             f"_x = [_inputs[f'arg{{i}}'] for i in range({len(flat.leaves)})]"]
+    for i, leaf in enumerate(flat.leaves):
+        special = storable(np.asarray(leaf))[1]
+        if special:
+            lines.append(f"_x[{i}] = _x[{i}].view(_jax.numpy.{special})")
+    lines.append(f"_jax.jit({function})({_call_args(flat, lambda i: f'_x[{i}]')})")
+    return "\n".join(lines) + "\n"
+
+
+def ones_driver_source(function: str, flat: FlatInputs) -> str:
     """The same call with ``np.ones`` inputs of the same shapes and dtypes: when data does not matter, the
     reproducer needs no ``inputs.npz`` and the reducer can shrink the shapes written in it."""
-    inputs = ", ".join(f"_np.ones({tuple(a.shape)!r}, {a.dtype.name!r})" for a in arrays)
+    def ones(i: int) -> str:
+        leaf = np.asarray(flat.leaves[i])
+        dtype = f"_jax.numpy.{leaf.dtype.name}" if storable(leaf)[1] else repr(leaf.dtype.name)
+        return f"_np.ones({tuple(leaf.shape)!r}, {dtype})"
+
     return ("\n\n# jaxdbg: the call `jaxdbg repro` made, with all-ones inputs\n"
-            f"import jax as _jax\nimport numpy as _np\n_jax.jit({function})({inputs})\n")
+            f"import jax as _jax\nimport numpy as _np\n_jax.jit({function})({_call_args(flat, ones)})\n")
 
 
-def blank_main_blocks(source: str) -> str:
-    """Replace top-level ``if __name__ == "__main__":`` blocks by blank lines (line numbers stay put)."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError as err:
-        raise UsageError(f"the target module has a syntax error at line {err.lineno}: {err.msg}") from None
-    lines = source.splitlines()
-    for node in tree.body:
-        if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test) and "__name__" in ast.unparse(node.test):
-            for i in range(node.lineno - 1, node.end_lineno or node.lineno):
-                lines[i] = ""
-    return "\n".join(lines) + "\n"
+def _call_args(flat: FlatInputs, leaf: Callable[[int], str]) -> str:
+    """The positional arguments as Python source, each array leaf written by ``leaf(index)``."""
+    def expr(node: dict) -> str:
+        if "leaf" in node:
+            return leaf(node["leaf"])
+        if "tuple" in node:
+            items = [expr(n) for n in node["tuple"]]
+            return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+        if "list" in node:
+            return "[" + ", ".join(expr(n) for n in node["list"]) + "]"
+        if "dict" in node:
+            return "{" + ", ".join(f"{k!r}: {expr(n)}" for k, n in node["dict"]) + "}"
+        return repr(node.get("scalar"))
+
+    return ", ".join(expr(node) for node in flat.args)
 
 
 def _module_file(spec: TargetSpec) -> str:
@@ -114,23 +170,20 @@ def _module_file(spec: TargetSpec) -> str:
 
 
 def _function_inputs(spec: TargetSpec, inputs: str | None, args: str | None, seed: int,
-                     timeout: float | None) -> list[np.ndarray]:
-    """Inputs as arrays; ``--inputs file.py::make_inputs`` runs contained (it is user code)."""
+                     timeout: float | None) -> FlatInputs:
+    """Inputs as array leaves and nesting; ``--inputs file.py::make_inputs`` runs contained (it is user code)."""
     if inputs and args:
         raise UsageError("give either --args or --inputs, not both")
     if args:
-        return list(random_inputs(parse_args_spec(args), seed))
+        return flatten_inputs(random_inputs(parse_args_spec(args), seed))
     if inputs and inputs.endswith(".npz"):
-        return list(load_npz_inputs(inputs))
+        return flatten_inputs(load_npz_inputs(inputs))
     if not inputs:
         raise UsageError('a function target needs inputs: pass --args "f32[8,128] ..." or --inputs '
                          'file.py::make_inputs or data.npz')
     outcome = run_contained(INPUTS_JOB, RunRequest(inputs=inputs, seed=seed), timeout=timeout or 120, env=CHILD_ENV)
     built = outcome.last(InputsBuilt)
-    arrays = built.arrays if built is not None else None
-    if arrays is None:
+    if built is None:
         outcome.reraise_expected()
         raise TargetFailedError(f"--inputs '{inputs}' could not be built: {outcome.describe()}")
-    if any(a.dtype == object for a in arrays):
-        raise UsageError(f"--inputs '{inputs}': repro needs plain arrays (a tuple of arrays), not other Python objects")
-    return arrays
+    return built.inputs

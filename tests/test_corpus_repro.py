@@ -1,0 +1,324 @@
+"""`jaxdbg repro` on the real-program corpus (tests/corpus/) and on what such programs bring: framework shape
+errors cut to the one JAX operation, reproducers that stand alone in an empty folder, a host callback's
+exception as the signature, pytree and bfloat16 inputs of a function target."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from jaxdbg.cli import main
+from jaxdbg.repro.program import count_lines
+from jaxdbg.repro.signature import normalise_message
+from jaxdbg.target import flatten_inputs, load_npz_inputs, save_npz_inputs
+
+CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
+
+
+def repro(tmp_path, *argv):
+    """`jaxdbg repro ...` in-process; returns (exit code, report, out folder)."""
+    out = tmp_path / "out"
+    code = main(["repro", "--out", str(out), "--json", str(tmp_path / "r.json"), "-q", *argv])
+    return code, json.loads((tmp_path / "r.json").read_text()), out
+
+
+def imports_of(path) -> set[str]:
+    tree = ast.parse(open(path).read())
+    names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    return names | {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+
+
+def run_alone(path, tmp_path, *companions):
+    """`python repro.py` copied alone into an empty folder (nothing of the user's around it), as a user would."""
+    folder = tmp_path / f"alone-{os.path.basename(path)}"
+    folder.mkdir()
+    for name in (path, *companions):
+        shutil.copy(name, folder)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # jax from the environment, not the repo
+    return subprocess.run([sys.executable, os.path.basename(path)], cwd=folder, capture_output=True, text=True,
+                          timeout=120, env=env)
+
+
+def raised(run) -> tuple[str, str]:
+    """(exception type, normalised message) of a failed run: its traceback's last `SomeError: message` line
+    (JAX prints a note about filtered frames after it)."""
+    for line in reversed(run.stderr.strip().splitlines()):
+        found = re.match(r"^([A-Za-z_][\w.]*(?:Error|Exception)): (.*)$", line)
+        if found:
+            return found.group(1).rsplit(".", 1)[-1], normalise_message(found.group(2))
+    return "", run.stderr[-300:]
+
+
+def line_of(path: str, marker: str) -> int:
+    with open(path) as handle:
+        return next(i for i, text in enumerate(handle, start=1) if marker in text)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The corpus: framework programs whose shape error is cut to the one JAX operation
+# ----------------------------------------------------------------------------------------------------------
+
+# program, file and marker of the user's line that calls the failing operation, shapes of its inputs
+SHAPE_ERRORS = [
+    # Flax NNX Transformer LM, bf16 compute: the attention output projection is emb_dim wide, its input qkv_dim.
+    ("nnx_lm_shape", "train.py", "# attention output projection", "bfloat16[8,32,48], bfloat16[64,64]"),
+    # Equinox GRU under lax.scan, vmap, filter_value_and_grad and filter_jit: 3 features into a 2-input cell.
+    ("eqx_gru_shape", "train.py", "# one GRU step per time step", "float32[48,2], float32[3]"),
+    # Flax NNX CNN in a sibling module (models.py): 32x32 images into a layer sized for 28x28.
+    ("nnx_cnn_sibling", "models.py", "x = nnx.relu(self.dropout2(self.linear1(x)", "float32[32,4096], float32[3136,256]"),
+]
+
+
+@pytest.fixture(scope="module", params=SHAPE_ERRORS, ids=[case[0] for case in SHAPE_ERRORS])
+def shape_error(request, tmp_path_factory):
+    pytest.importorskip("flax")
+    pytest.importorskip("equinox")
+    program, culprit, marker, avals = request.param
+    tmp_path = tmp_path_factory.mktemp(program)
+    # --max-time bounds the second file (repro_source.py) only (the cut is found before): it leaves that file's
+    # reduction some time after a slow detection on a loaded machine.
+    code, report, out = repro(tmp_path, os.path.join(CORPUS, program, "train.py"), "--max-time", "90")
+    return request.param, code, report, out, tmp_path
+
+
+def test_a_framework_shape_error_becomes_its_one_operation(shape_error):
+    (program, culprit, marker, avals), code, report, out, tmp_path = shape_error
+    result = report["result"]
+    assert code == 0 and result["verified"] and result["strategy"] == "computation"
+    assert result["failing_primitives"] == ["dot_general"] and result["minimized"]["equations"] == 1
+    assert result["signature"]["type"] == "TypeError" and "dot_general requires" in result["signature"]["message"]
+    user_file = os.path.join(CORPUS, program, culprit)
+    assert result["signature"]["location"]["file"] == user_file
+    assert result["signature"]["location"]["line"] == line_of(user_file, marker)
+    text = (out / "repro.py").read_text()
+    assert count_lines(text) <= 15 and result["minimized"]["lines"] == count_lines(text)
+    assert imports_of(out / "repro.py") <= {"jax", "numpy"}
+    assert f"dot_general({avals})" in text and f"Called at {culprit}:{line_of(user_file, marker)}" in text
+    assert result["original"]["lines"] >= 60
+
+
+def test_the_operation_fails_alone_in_an_empty_folder_the_same_way(shape_error):
+    _, code, report, out, tmp_path = shape_error
+    signature = report["result"]["signature"]
+    run = run_alone(out / "repro.py", tmp_path)
+    assert run.returncode != 0 and raised(run) == (signature["type"], signature["message"])
+
+
+def test_the_program_reduced_at_the_users_level_points_at_the_users_line(shape_error):
+    """repro_source.py: the user's program (sibling modules pasted in), failing at the user's line, alone."""
+    (program, culprit, marker, _), code, report, out, tmp_path = shape_error
+    source = (out / "repro_source.py").read_text()
+    assert report["artifacts"]["source"] == str(out / "repro_source.py")
+    assert "import models" not in source and "from models" not in source
+    line = line_of(os.path.join(CORPUS, program, culprit), marker)
+    failing = next(text for text in source.splitlines() if "# <- jaxdbg: fails here" in text)
+    assert f"({culprit}:{line} " in failing
+    signature = report["result"]["signature"]
+    run = run_alone(out / "repro_source.py", tmp_path)
+    assert run.returncode != 0 and raised(run) == (signature["type"], signature["message"])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Standalone means standalone: verified alone in an empty folder, the user's modules pasted in or no verdict
+# ----------------------------------------------------------------------------------------------------------
+
+MODELS = """import jax.numpy as jnp
+
+
+def scale():
+    return 3.0
+
+
+def forward(x):
+    h = jnp.tanh(x * scale())
+    if float(jnp.abs(h).max()) > 0.9:
+        raise ValueError("activations saturated")
+    return h
+"""
+
+TRAIN = """import jax.numpy as jnp
+import models
+
+{own}x = jnp.ones(4) * 0.5
+for step in range(3):
+    models.forward(x * step)
+"""
+
+
+def _project(tmp_path, own: str):
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "models.py").write_text(MODELS)
+    (folder / "train.py").write_text(TRAIN.format(own=own))
+    return folder / "train.py"
+
+
+def test_a_sibling_module_is_pasted_into_the_reproducer(tmp_path):
+    code, report, out = repro(tmp_path, str(_project(tmp_path, "")), "--max-time", "40")
+    result = report["result"]
+    assert code == 0 and result["verified"] and result["strategy"] == "source"
+    assert "models" not in imports_of(out / "repro.py") and "alone in an empty folder" in result["verification"]
+    run = run_alone(out / "repro.py", tmp_path)
+    assert run.returncode != 0 and raised(run) == ("ValueError", "activations saturated")
+
+
+def test_a_reproducer_that_needs_the_users_folder_is_never_verified(tmp_path):
+    """models.py cannot be pasted (train.py binds `scale` too): the reduced script still imports it, runs only
+    beside it, and so is no reproducer (it was reported 'verified: fresh run' when runs could see the folder)."""
+    code, report, out = repro(tmp_path, str(_project(tmp_path, "def scale():\n    return 0.5\n\n\n")),
+                              "--max-time", "40")
+    result = report["result"]
+    assert code == 3 and not result["verified"] and report["exit_code"] == 3
+    assert "No module named 'models'" in result["verification"]
+    assert "alone in an empty folder" in result["verification"]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# A host callback's exception, not the frames that happened to call the computation
+# ----------------------------------------------------------------------------------------------------------
+
+CALLBACK = """import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def log_stats(x):
+    x = np.asarray(x)
+    if x.max() > 1.0:
+        raise ValueError(f"activation too large: {x.max():.3f}")
+    return np.float32(x.mean())
+
+
+@jax.jit
+def step(x):
+    y = jnp.tanh(x) * 3
+    m = jax.pure_callback(log_stats, jax.ShapeDtypeStruct((), jnp.float32), y)
+    return y.sum() + m
+
+
+print(step(jnp.ones(4)))
+"""
+
+
+def test_a_callback_error_is_signed_by_the_exception_raised_inside_it(tmp_path):
+    script = tmp_path / "stats.py"
+    script.write_text(CALLBACK)
+    code, report, out = repro(tmp_path, str(script), "--max-time", "40")
+    result = report["result"]
+    message = result["signature"]["message"]
+    assert code == 0 and result["verified"]
+    assert message.endswith("ValueError: activation too large: <n>")
+    assert not any(frame in message for frame in ("Traceback", "target_job", "run_script", "runpy"))
+    assert result["minimized"]["lines"] < result["original"]["lines"]  # candidates can match it now
+    assert "raise ValueError" in (out / "repro.py").read_text()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Function targets: pytree and bfloat16 inputs, as nan-hunt takes them
+# ----------------------------------------------------------------------------------------------------------
+
+MODEL = """import jax.numpy as jnp
+import numpy as np
+
+
+def log_margin(x):
+    return jnp.log(x - 5.0).sum()
+
+
+def mlp(params, x):
+    for w, b in params:
+        x = jnp.tanh(x @ w + b)
+    return jnp.log(x - 2.0).sum()
+
+
+def check_widths(params, x):
+    for w, b in params:
+        if w.shape[0] != x.shape[-1]:
+            raise ValueError(f"layer expects {w.shape[0]} features, got {x.shape[-1]}")
+        x = jnp.tanh(x @ w + b)
+    return x.sum()
+
+
+def make_inputs():
+    rng = np.random.default_rng(0)
+    bf16 = jnp.bfloat16
+    params = [(rng.standard_normal((8, 8)).astype(bf16), np.zeros(8, bf16)) for _ in range(2)]
+    return params, rng.standard_normal((4, 8)).astype(bf16)
+
+
+def make_mismatched():
+    params, x = make_inputs()
+    return params + [(np.ones((6, 2), jnp.bfloat16), np.zeros(2, jnp.bfloat16))], x
+"""
+
+
+@pytest.fixture()
+def model(tmp_path):
+    path = tmp_path / "model.py"
+    path.write_text(MODEL)
+    return path
+
+
+def test_bf16_args_of_a_function_target(model, tmp_path):
+    code, report, out = repro(tmp_path, f"{model}::log_margin", "--args", "bf16[64]", "--max-time", "40")
+    result = report["result"]
+    assert code == 0 and result["verified"] and result["signature"]["kind"] == "nonfinite"
+    assert result["failing_primitives"] == ["log"] and "jnp.bfloat16" in (out / "repro.py").read_text()
+    run = run_alone(out / "repro.py", tmp_path)
+    assert run.returncode != 0 and "produced NaN" in run.stderr
+
+
+def test_pytree_bf16_inputs_from_make_inputs(model, tmp_path):
+    code, report, out = repro(tmp_path, f"{model}::mlp", "--inputs", f"{model}::make_inputs", "--max-time", "40")
+    result = report["result"]
+    assert code == 0 and result["verified"] and result["failing_primitives"] == ["log"]
+
+
+def test_pytree_bf16_inputs_reach_a_source_reduction_intact(model, tmp_path):
+    """The program raises by itself (no JAX operation to cut to): the reduced script rebuilds the list of
+    (w, b) bf16 tuples from inputs.npz with numpy alone, and fails the same way in an empty folder."""
+    code, report, out = repro(tmp_path, f"{model}::check_widths", "--inputs", f"{model}::make_mismatched",
+                              "--max-time", "40")
+    result = report["result"]
+    assert code == 0 and result["verified"] and result["strategy"] == "source"
+    assert result["signature"]["message"] == "layer expects <n> features, got <n>"
+    assert imports_of(out / "repro.py") <= {"jax", "numpy"}
+    companions = [out / "inputs.npz"] if (out / "inputs.npz").exists() else []
+    run = run_alone(out / "repro.py", tmp_path, *companions)
+    assert run.returncode != 0 and raised(run) == ("ValueError", "layer expects <n> features, got <n>")
+
+
+def test_inputs_npz_keeps_nesting_and_bfloat16(tmp_path):
+    import jax.numpy as jnp
+
+    params = [(np.arange(4, dtype=np.float32).astype(jnp.bfloat16), np.ones(2, np.int32))]
+    inputs = (params, {"scale": np.float32(2.0), "steps": 3}, None)
+    save_npz_inputs(str(tmp_path / "in.npz"), inputs)
+    loaded = load_npz_inputs(str(tmp_path / "in.npz"))
+    assert isinstance(loaded[0], list) and isinstance(loaded[0][0], tuple) and loaded[2] is None
+    assert loaded[0][0][0].dtype == jnp.bfloat16 and loaded[0][0][0].tolist() == [0, 1, 2, 3]
+    assert loaded[1]["steps"] == 3 and isinstance(loaded[1]["steps"], int) and loaded[1]["scale"] == 2.0
+    assert flatten_inputs(loaded).args == flatten_inputs(inputs).args
+    plain = tmp_path / "plain.npz"
+    save_npz_inputs(str(plain), (np.ones(3), np.zeros(2)))
+    assert sorted(np.load(plain).files) == ["arg0", "arg1"]  # plain arrays stay a plain npz
+
+
+def test_inputs_of_other_containers_are_refused_with_what_repro_takes():
+    from typing import NamedTuple
+
+    from jaxdbg._errors import UsageError
+
+    class Params(NamedTuple):
+        w: np.ndarray
+
+    with pytest.raises(UsageError, match=r"input arg1\[0\] is a Params; repro takes arrays"):
+        flatten_inputs((np.ones(2), [Params(np.ones(2))]))
