@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import functools
 import os
-import runpy
 import time
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -43,8 +42,9 @@ from jaxdbg.jaxpr.emit import HEADER, PRIMS_IMPORT, EmitError, array_expr, dtype
 from jaxdbg.repro.failures import _jax_roots
 from jaxdbg.repro.graph import Var
 from jaxdbg.repro.messages import CutFinished
-from jaxdbg.repro.program import INPUTS_FILE, REPRO_FILE, count_lines
-from jaxdbg.repro.signature import normalise_message
+from jaxdbg.repro.cut import Criterion
+from jaxdbg.repro.cutting import write_program
+from jaxdbg.repro.program import INPUTS_FILE, REPRO_FILE, count_lines, program_fails
 from jaxdbg.target import storable
 
 # Concrete inputs up to this many elements are written inline when their values are needed.
@@ -250,26 +250,6 @@ def _where(source: SourceLocation | None) -> str:
     return f"{os.path.basename(source.file)}:{source.line} ({source.function})"
 
 
-def raises_same(path: str, exc_type: str, message: str) -> bool:
-    """Run a written reproducer in this process: does it raise ``exc_type`` with this normalised message?"""
-    try:
-        runpy.run_path(path, run_name="__main__")
-    except Exception as err:  # noqa: BLE001 - the exception is what we compare
-        return type(err).__name__ == exc_type and normalise_message(str(err)) == message
-    return False
-
-
-def write_program(program: OperationProgram, folder: str) -> dict[str, str]:
-    """Write ``repro.py`` (and ``inputs.npz`` when some input is too large to write inline) into ``folder``."""
-    files = {"repro": os.path.join(folder, REPRO_FILE)}
-    with open(files["repro"], "w") as handle:
-        handle.write(program.source)
-    if program.arrays:
-        files["inputs"] = os.path.join(folder, INPUTS_FILE)
-        np.savez(files["inputs"], **program.arrays)
-    return files
-
-
 def cut_operation(err: BaseException, folder: str, exc_type: str, message: str, origin: str) -> CutFinished:
     """The reproducer of the operation that raised ``err`` (``exc_type`` with the normalised ``message``),
     written into ``folder`` and checked here to raise the same; ``origin`` names where it ran, in words."""
@@ -281,7 +261,7 @@ def cut_operation(err: BaseException, folder: str, exc_type: str, message: str, 
     for program in operation_programs(op, exc_type, origin):
         checks += 1
         files = write_program(program, folder)
-        if raises_same(files["repro"], exc_type, message):
+        if program_fails(files["repro"], Criterion("exception", exc_type=exc_type, exc_message=message)):
             return CutFinished(
                 True, checks, 0, function=origin, equations=1, primitives=[op.primitive.name],
                 lines=count_lines(program.source), files=files, self_check=True,
