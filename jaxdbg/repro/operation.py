@@ -31,19 +31,27 @@ from __future__ import annotations
 import functools
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
 from jaxdbg._source import SourceLocation, is_user_file
-from jaxdbg.jaxpr.emit import HEADER, PRIMS_IMPORT, EmitError, array_expr, dtype_expr, emit_function
+from jaxdbg.jaxpr.emit import (
+    HEADER,
+    PRIMS_IMPORT,
+    EmitError,
+    array_expr,
+    dtype_expr,
+    emit_function,
+)
+from jaxdbg.repro.cut import Criterion
+from jaxdbg.repro.cutting import write_program
 from jaxdbg.repro.failures import _jax_roots
 from jaxdbg.repro.graph import Var
 from jaxdbg.repro.messages import CutFinished
-from jaxdbg.repro.cut import Criterion
-from jaxdbg.repro.cutting import write_program
 from jaxdbg.repro.program import INPUTS_FILE, REPRO_FILE, count_lines, program_fails
 from jaxdbg.target import storable
 

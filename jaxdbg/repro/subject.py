@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Callable
 
 import numpy as np
 
@@ -28,8 +28,16 @@ from jaxdbg.repro.jobs import CHILD_ENV, INPUTS_JOB, RunRequest
 from jaxdbg.repro.messages import InputsBuilt
 from jaxdbg.repro.program import INPUTS_FILE, count_lines
 from jaxdbg.runner import run_contained
-from jaxdbg.target import (FlatInputs, TargetSpec, flatten_inputs, load_npz_inputs, parse_args_spec, random_inputs,
-                           save_npz_inputs, storable)
+from jaxdbg.target import (
+    FlatInputs,
+    TargetSpec,
+    flatten_inputs,
+    load_npz_inputs,
+    parse_args_spec,
+    random_inputs,
+    save_npz_inputs,
+    storable,
+)
 
 
 @dataclass(frozen=True)
