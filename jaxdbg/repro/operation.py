@@ -57,6 +57,9 @@ from jaxdbg.target import storable
 
 # Concrete inputs up to this many elements are written inline when their values are needed.
 INLINE_ELEMENTS = 64
+# Inputs of a written operation up to this many bytes in all: the check runs it, and an operation that does not
+# fail as it did would then copy them to the device (a traced program's arrays can be far larger than memory).
+MAX_INPUT_BYTES = 1 << 30
 
 
 @dataclass
@@ -190,6 +193,11 @@ class OperationProgram:
 def operation_programs(op: FailedOperation, exc_type: str, origin: str) -> Iterator[OperationProgram]:
     """Reproducers to try, plainest first: zeros of the recorded shapes and dtypes (a shape or dtype error does
     not depend on values), then the recorded values where the inputs were concrete."""
+    try:
+        if sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in op.avals) > MAX_INPUT_BYTES:
+            return
+    except (TypeError, AttributeError):  # a PRNG key or another value numpy cannot hold: nothing to write
+        return
     invars = tuple(Var(aval) for aval in op.avals)
     eqn = _Equation(op.primitive, op.params, invars, (Var(None),))
     try:
