@@ -89,7 +89,7 @@ def shape_error(request, tmp_path_factory):
     return request.param, code, report, out, tmp_path
 
 
-def test_a_framework_shape_error_becomes_its_one_operation(shape_error):
+def test_a_framework_shape_error_becomes_its_one_operation_which_fails_alone(shape_error):
     (program, culprit, marker, avals), code, report, out, tmp_path = shape_error
     result = report["result"]
     assert code == 0 and result["verified"] and result["strategy"] == "computation"
@@ -103,13 +103,8 @@ def test_a_framework_shape_error_becomes_its_one_operation(shape_error):
     assert imports_of(out / "repro.py") <= {"jax", "numpy"}
     assert f"dot_general({avals})" in text and f"Called at {culprit}:{line_of(user_file, marker)}" in text
     assert result["original"]["lines"] >= 60
-
-
-def test_the_operation_fails_alone_in_an_empty_folder_the_same_way(shape_error):
-    _, code, report, out, tmp_path = shape_error
-    signature = report["result"]["signature"]
-    run = run_alone(out / "repro.py", tmp_path)
-    assert run.returncode != 0 and raised(run) == (signature["type"], signature["message"])
+    run = run_alone(out / "repro.py", tmp_path)  # copied alone into an empty folder, it fails the same way
+    assert run.returncode != 0 and raised(run) == (result["signature"]["type"], result["signature"]["message"])
 
 
 def test_the_program_reduced_at_the_users_level_points_at_the_users_line(shape_error):
@@ -159,6 +154,27 @@ def _project(tmp_path, own: str):
     (folder / "models.py").write_text(MODELS)
     (folder / "train.py").write_text(TRAIN.format(own=own))
     return folder / "train.py"
+
+
+def test_sibling_modules_are_pasted_once_with_the_lines_they_came_from(tmp_path):
+    from jaxdbg.repro.inline import inline_local_modules
+
+    (tmp_path / "helpers.py").write_text("import jax.numpy as jnp\n\ndef act(x):\n    return jnp.tanh(x)\n")
+    (tmp_path / "layers.py").write_text("import helpers as h\n\n\ndef dense(w, x):\n    return h.act(x @ w)\n")
+    (tmp_path / "model.py").write_text("from layers import dense as layer\nimport layers\n\n\ndef loss(w, x):\n"
+                                       "    return layers.dense(w, x).sum() + layer(w, x).sum()\n")
+    combined = inline_local_modules(str(tmp_path / "model.py"))
+    assert combined.modules == ("helpers", "layers") and "import" not in combined.text.replace("import jax", "")
+    assert combined.text.count("def dense") == 1 and "layer = dense" in combined.text
+    row = combined.line_of(str(tmp_path / "layers.py"), 5)
+    assert combined.text.splitlines()[row - 1] == "    return act(x @ w)"
+    namespace: dict = {}
+    exec(combined.text, namespace)
+    assert float(namespace["loss"](np.ones((3, 3), np.float32), np.ones((2, 3), np.float32))) == pytest.approx(11.9407, 1e-4)
+    (tmp_path / "model.py").write_text("import layers\n\n\ndef act(x):\n    return x\n\n\nlayers.dense(1.0, 2.0)\n")
+    clashing = inline_local_modules(str(tmp_path / "model.py"))  # helpers.act and model's act: helpers stays imported
+    assert clashing.modules == ("layers",) and "import helpers as h" in clashing.text
+    assert clashing.text.count("def act") == 1
 
 
 def test_a_sibling_module_is_pasted_into_the_reproducer(tmp_path):

@@ -22,7 +22,9 @@ from jaxdbg.schema import schema
 
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 
-SHAPE_BUG = "import jax.numpy as jnp\n\nx = jnp.ones(3)\nprint(jnp.dot(x, jnp.ones(4)))\n"
+# Raised by the program itself: a JAX operation's own shape error would be cut to that operation ("computation").
+SHAPE_BUG = ("import jax.numpy as jnp\n\nx = jnp.ones(3)\nif x.shape != (4,):\n"
+             "    raise ValueError(f'expected 4 features, got {x.shape}')\n")
 NAN_BUG = ("import jax\nimport jax.numpy as jnp\n\n\n@jax.jit\ndef f(x):\n    return jnp.log(x - 2.0) * 3.0\n\n\n"
            "print(f(jnp.ones(3)))\n")
 

@@ -8,8 +8,8 @@ top-level ``import m`` / ``from m import a`` of a module ``m.py`` in the same fo
 located in ``models.py`` is found again in the combined script.
 
 A module is left imported (the result is then not standalone, which verification will say) when pasting it
-could change what a name means: a top-level name bound by both files to different things, ``m`` used other
-than as ``m.attr``, a package, or an import cycle.
+could change what a name means: a top-level name bound by two of the files to different things (they would
+share one namespace), ``m`` used other than as ``m.attr``, a package, or an import cycle.
 
 Example:
     >>> import os, tempfile
@@ -74,18 +74,42 @@ def inline_local_modules(path: str, source: str | None = None, folder: str | Non
     if source is None:
         with open(path) as handle:
             source = handle.read()
-    modules: list[str] = []
-    lines = _inline(os.path.realpath(path), source, modules, (os.path.realpath(path),), folder)
-    if not modules:
+    refused: set[str] = set()
+    while True:  # each round keeps one more module imported, until no name means two things
+        modules: list[str] = []
+        lines = _inline(os.path.realpath(path), source, modules, (os.path.realpath(path),), folder, set(), refused)
+        if not modules:
+            return None
+        future = [pair for pair in lines if pair[0].strip() == "from __future__ import annotations"]
+        rest = [pair for pair in lines if pair not in future]
+        lines = future[:1] + rest  # a pasted module's __future__ import must come first in the combined file
+        combined = Combined("\n".join(text for text, _ in lines) + "\n", tuple(origin for _, origin in lines),
+                            tuple(modules))
+        clash = _clash(combined, os.path.realpath(path))
+        if clash is None:
+            return combined
+        refused.add(clash)
+
+
+def _clash(combined: Combined, main: str) -> str | None:
+    """A pasted module (its path) that binds a top-level name another file binds to something else: pasted,
+    one would overwrite the other in the one namespace left. None when there is none."""
+    try:
+        tree = ast.parse(combined.text)
+    except SyntaxError:
         return None
-    future = [pair for pair in lines if pair[0].strip() == "from __future__ import annotations"]
-    rest = [pair for pair in lines if pair not in future]
-    lines = future[:1] + rest  # a pasted module's __future__ import must come first in the combined file
-    return Combined("\n".join(text for text, _ in lines) + "\n", tuple(origin for _, origin in lines), tuple(modules))
+    seen: dict[str, tuple[str, str]] = {}  # name -> (file, what binds it)
+    for node in tree.body:
+        file = combined.origins[node.lineno - 1][0]
+        for name, what in _bindings(ast.Module(body=[node], type_ignores=[])).items():
+            first = seen.setdefault(name, (file, what))
+            if first[0] != file and not (what.startswith(("import", "from")) and what == first[1]):
+                return file if file != main else first[0]
+    return None
 
 
-def _inline(path: str, source: str, modules: list[str], stack: tuple[str, ...],
-            folder: str | None = None) -> list[tuple[str, tuple[str, int]]]:
+def _inline(path: str, source: str, modules: list[str], stack: tuple[str, ...], folder: str | None,
+            pasted: set[str], refused: set[str]) -> list[tuple[str, tuple[str, int]]]:
     """Lines of ``source`` (with origins) with its pastable sibling imports replaced by the modules' lines."""
     try:
         tree = ast.parse(source)
@@ -101,10 +125,10 @@ def _inline(path: str, source: str, modules: list[str], stack: tuple[str, ...],
         if name is None:
             continue
         module_path = os.path.realpath(os.path.join(folder, name + ".py"))
-        if module_path in stack or len(stack) > MAX_DEPTH:
+        if module_path in stack or module_path in refused or len(stack) > MAX_DEPTH:
             continue
         try:
-            replacement = _paste(node, name, module_path, tree, modules, stack, renames)
+            replacement = _paste(node, name, module_path, tree, modules, stack, renames, pasted, refused)
         except (_Refused, UsageError, SyntaxError, OSError, UnicodeDecodeError):
             continue
         edits.append((node.lineno, node.end_lineno or node.lineno, replacement))
@@ -130,20 +154,21 @@ def _sibling(node: ast.stmt, folder: str) -> str | None:
 
 
 def _paste(node: ast.stmt, name: str, module_path: str, importer: ast.Module, modules: list[str],
-           stack: tuple[str, ...], renames: dict[str, str]) -> list[tuple[str, tuple[str, int]]]:
+           stack: tuple[str, ...], renames: dict[str, str], pasted: set[str],
+           refused: set[str]) -> list[tuple[str, tuple[str, int]]]:
+    """The lines replacing one import: the module's (once per program: a later import of it only binds the
+    names it imports), then ``alias = name`` for each ``from m import name as alias``."""
     with open(module_path) as handle:
         module_source = blank_main_blocks(handle.read())
-    module_tree = ast.parse(module_source)
-    imported: set[str] = set()
+    ast.parse(module_source)  # a module that does not parse stays imported (SyntaxError)
     if isinstance(node, ast.Import):
         alias = node.names[0].asname or name
         if not _only_attribute_reads(importer, alias):
             raise _Refused(f"{alias} is used other than as {alias}.attr")
         renames[alias] = name
-    elif isinstance(node, ast.ImportFrom):
-        imported = {a.asname or a.name for a in node.names}
-    _check_collisions(module_tree, importer, node, imported | set(renames))
-    lines = _inline(module_path, module_source, modules, (*stack, module_path))
+    lines = [] if module_path in pasted else _inline(module_path, module_source, modules, (*stack, module_path),
+                                                     None, pasted, refused)
+    pasted.add(module_path)
     origin = (stack[-1], node.lineno)
     if isinstance(node, ast.ImportFrom):
         lines += [(f"{a.asname} = {a.name}", origin) for a in node.names if a.asname and a.asname != a.name]
@@ -180,17 +205,6 @@ def _bindings(tree: ast.Module) -> dict[str, str]:
                 if isinstance(target, ast.Name) and isinstance(target.ctx, ast.Store):
                     bound[target.id] = "assignment"
     return bound
-
-
-def _check_collisions(module: ast.Module, importer: ast.Module, statement: ast.stmt, imported: set[str]) -> None:
-    """Refuse when a name both files bind would mean something else after pasting."""
-    mine = _bindings(importer)
-    for name, what in _bindings(module).items():
-        if name in imported or name not in mine:
-            continue
-        if what.startswith(("import", "from")) and mine[name] == what:
-            continue  # both import the same thing under the same name
-        raise _Refused(f"'{name}' is bound by both files")
 
 
 def _drop_prefixes(lines: list[tuple[str, tuple[str, int]]], tree: ast.Module, renames: dict[str, str],

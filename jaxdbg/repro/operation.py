@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import functools
 import os
-import runpy
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -40,16 +39,27 @@ from typing import Any
 import numpy as np
 
 from jaxdbg._source import SourceLocation, is_user_file
-from jaxdbg.jaxpr.emit import HEADER, PRIMS_IMPORT, EmitError, array_expr, dtype_expr, emit_function
+from jaxdbg.jaxpr.emit import (
+    HEADER,
+    PRIMS_IMPORT,
+    EmitError,
+    array_expr,
+    dtype_expr,
+    emit_function,
+)
+from jaxdbg.repro.cut import Criterion
+from jaxdbg.repro.cutting import write_program
 from jaxdbg.repro.failures import _jax_roots
 from jaxdbg.repro.graph import Var
 from jaxdbg.repro.messages import CutFinished
-from jaxdbg.repro.program import INPUTS_FILE, REPRO_FILE, count_lines
-from jaxdbg.repro.signature import normalise_message
+from jaxdbg.repro.program import INPUTS_FILE, REPRO_FILE, count_lines, program_fails
 from jaxdbg.target import storable
 
 # Concrete inputs up to this many elements are written inline when their values are needed.
 INLINE_ELEMENTS = 64
+# Inputs of a written operation up to this many bytes in all: the check runs it, and an operation that does not
+# fail as it did would then copy them to the device (a traced program's arrays can be far larger than memory).
+MAX_INPUT_BYTES = 1 << 30
 
 
 @dataclass
@@ -183,6 +193,11 @@ class OperationProgram:
 def operation_programs(op: FailedOperation, exc_type: str, origin: str) -> Iterator[OperationProgram]:
     """Reproducers to try, plainest first: zeros of the recorded shapes and dtypes (a shape or dtype error does
     not depend on values), then the recorded values where the inputs were concrete."""
+    try:
+        if sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in op.avals) > MAX_INPUT_BYTES:
+            return
+    except (TypeError, AttributeError):  # a PRNG key or another value numpy cannot hold: nothing to write
+        return
     invars = tuple(Var(aval) for aval in op.avals)
     eqn = _Equation(op.primitive, op.params, invars, (Var(None),))
     try:
@@ -251,26 +266,6 @@ def _where(source: SourceLocation | None) -> str:
     return f"{os.path.basename(source.file)}:{source.line} ({source.function})"
 
 
-def raises_same(path: str, exc_type: str, message: str) -> bool:
-    """Run a written reproducer in this process: does it raise ``exc_type`` with this normalised message?"""
-    try:
-        runpy.run_path(path, run_name="__main__")
-    except Exception as err:  # noqa: BLE001 - the exception is what we compare
-        return type(err).__name__ == exc_type and normalise_message(str(err)) == message
-    return False
-
-
-def write_program(program: OperationProgram, folder: str) -> dict[str, str]:
-    """Write ``repro.py`` (and ``inputs.npz`` when some input is too large to write inline) into ``folder``."""
-    files = {"repro": os.path.join(folder, REPRO_FILE)}
-    with open(files["repro"], "w") as handle:
-        handle.write(program.source)
-    if program.arrays:
-        files["inputs"] = os.path.join(folder, INPUTS_FILE)
-        np.savez(files["inputs"], **program.arrays)
-    return files
-
-
 def cut_operation(err: BaseException, folder: str, exc_type: str, message: str, origin: str) -> CutFinished:
     """The reproducer of the operation that raised ``err`` (``exc_type`` with the normalised ``message``),
     written into ``folder`` and checked here to raise the same; ``origin`` names where it ran, in words."""
@@ -282,7 +277,7 @@ def cut_operation(err: BaseException, folder: str, exc_type: str, message: str, 
     for program in operation_programs(op, exc_type, origin):
         checks += 1
         files = write_program(program, folder)
-        if raises_same(files["repro"], exc_type, message):
+        if program_fails(files["repro"], Criterion("exception", exc_type=exc_type, exc_message=message)):
             return CutFinished(
                 True, checks, 0, function=origin, equations=1, primitives=[op.primitive.name],
                 lines=count_lines(program.source), files=files, self_check=True,

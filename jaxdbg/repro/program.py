@@ -183,11 +183,10 @@ def program_fails(path: str, criterion: Criterion) -> bool:
     """Run a written reproducer in this process and check it fails as expected (a quick self-check)."""
     try:
         runpy.run_path(path, run_name="__main__")
-    except AssertionError as err:
-        return criterion.kind != "exception" and expected_message(criterion) in str(err)
     except Exception as err:  # noqa: BLE001 - the exception is what we compare
         from jaxdbg.repro.signature import normalise_message
 
-        return (criterion.kind == "exception" and type(err).__name__ == criterion.exc_type
-                and normalise_message(str(err)) == criterion.exc_message)
+        if criterion.kind != "exception":
+            return isinstance(err, AssertionError) and expected_message(criterion) in str(err)
+        return type(err).__name__ == criterion.exc_type and normalise_message(str(err)) == criterion.exc_message
     return False
