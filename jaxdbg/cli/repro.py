@@ -90,7 +90,8 @@ def render(report: Report, console: Console) -> None:
     before = f"{r.original.lines} lines" + (f", {r.original.equations} equations" if r.original.equations else "")
     after = f"{r.minimized.lines} lines" + (
         f", {r.minimized.equations} equations" if r.minimized.equations is not None else "")
-    how = "cut the jitted computation" if r.strategy == "computation" else "reduced the source"
+    how = "reduced the source" if r.strategy != "computation" else (
+        "cut the jitted computation" if r.original.equations else "cut to the failing operation")
     console.print(f"  {how}: {before} -> {after}; {r.checks} checks in {r.elapsed_s:.1f}s"
                   + (" [yellow](time limit reached)[/]" if r.timed_out else ""))
     if r.failing_primitives:
