@@ -37,9 +37,19 @@ _EMBEDDED_TRACEBACK = re.compile(r"Traceback \(most recent call last\):\s*\n(?:[
 MESSAGE_CHARS = 400
 
 
+# XLA (jax >= 0.11) appends the C++ source locations of a failed status to its message: not the error's words.
+_XLA_SOURCE_TRACE = re.compile(r"\s*=== Source Location Trace: ===.*\Z", re.S)
+
+
 def without_tracebacks(message: str | None) -> str:
-    """The message with each embedded Python traceback cut to the exception it ends with."""
-    return _EMBEDDED_TRACEBACK.sub("", message or "")
+    """The message with each embedded Python traceback cut to the exception it ends with, and without the
+    C++ source-location trace XLA appends to a failed status.
+
+    Example:
+        >>> without_tracebacks("INTERNAL: boom\\n\\n=== Source Location Trace: ===\\nxla/pjrt/a.cc:12")
+        'INTERNAL: boom'
+    """
+    return _XLA_SOURCE_TRACE.sub("", _EMBEDDED_TRACEBACK.sub("", message or ""))
 
 
 def normalise_message(message: str | None) -> str:
