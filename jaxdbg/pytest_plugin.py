@@ -56,7 +56,8 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
         with guard:
             return (yield)
     except WatchError as err:
-        pytest.fail(err.message, pytrace=False)
+        line = err.message
+    pytest.fail(line, pytrace=False)  # outside the except: no "during handling of the above exception"
 
 
 def _options(marker: pytest.Mark) -> dict[str, Any]:

@@ -8,7 +8,7 @@ Example:
     >>> from jaxdbg.live import NonFiniteError, watch
     >>> try:
     ...     with watch(out="/tmp/jaxdbg-live-doc"):
-    ...         jax.jit(jnp.log)(jnp.array(-1.0))
+    ...         _ = jax.jit(jnp.log)(jnp.array(-1.0))
     ... except NonFiniteError as err:
     ...     print(err.report["first"]["primitive"])
     log
