@@ -46,7 +46,7 @@ import numpy as np
 
 from jaxdbg import _compat, frameworks
 from jaxdbg._source import SourceLocation, caller_user_frame, is_user_file
-from jaxdbg.nonfinite import magnitudes, with_magnitudes
+from jaxdbg.nonfinite import with_magnitudes
 
 CHECKED_SUFFIX = "__jaxdbg_checked"  # names the companion functions (they keep jax's C++ fast path)
 
@@ -140,11 +140,14 @@ class InstrumentedJit:
         return self.options.get("donate_argnums") is not None or self.options.get("donate_argnames") is not None
 
     def checked(self) -> Any:
-        """The companion that also returns the output magnitudes (None when ``out_shardings`` is given: those
-        describe the user's outputs only, so the check then runs as a separate reduction)."""
-        if self._checked is None and "out_shardings" not in self.options:
-            self._checked = self._layer.real_jit(with_magnitudes(self.fun, self.name + CHECKED_SUFFIX),
-                                                 **self.options)
+        """The companion that also returns the output magnitudes. Given ``out_shardings`` (``nnx.jit`` always
+        passes them) describe the user's outputs: the companion's are ``(theirs, None)``, the small vector's
+        sharding left to jax."""
+        if self._checked is None:
+            options = dict(self.options)
+            if options.get("out_shardings") is not None:
+                options["out_shardings"] = (options["out_shardings"], None)
+            self._checked = self._layer.real_jit(with_magnitudes(self.fun, self.name + CHECKED_SUFFIX), **options)
         return self._checked
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -211,14 +214,10 @@ class _Layer:
 
         def execute() -> Any:
             with self.internal():
-                checked = function.checked() if check else None
-                if checked is not None:
-                    out, call.magnitudes = checked(*call.args, **call.kwargs)
-                    return out
-                out = function.jitted(*call.args, **call.kwargs)
                 if check:
-                    call.magnitudes = magnitudes(out)
-                return out
+                    out, call.magnitudes = function.checked()(*call.args, **call.kwargs)
+                    return out
+                return function.jitted(*call.args, **call.kwargs)
 
         run = execute
         for hook in reversed(hooks):

@@ -117,11 +117,18 @@ class LiveHook(Watch):
             self._check(*previous)
 
     def _check(self, call: JitCall, out: Any) -> None:
-        if self.active:
-            super().after(call, out)  # nan-hunt's reading of the flags (growth, the finding and its replay)
         host = call.host_magnitudes()
-        if host.size and not np.isfinite(host).all():
+        finite = bool(np.isfinite(host).all())
+        if not finite:
             self.figures.function(call.function.name).nonfinite += 1
+        if not self.active:
+            return
+        seen = self._watched.get(call.function.record.id)
+        if finite and seen is not None and seen.leaf_names is not None:  # the steady state: growth only
+            self.calls += 1
+            self.growth.update(call.function.name, seen.leaf_names, host, call.index, seen.call_site)
+            return
+        super().after(call, out)  # nan-hunt's reading of the flags (names, growth, the finding and its replay)
 
     def _measure_fresh_arguments(self, call: JitCall) -> None:
         return None  # an extra reduction per call: left to nan-hunt
