@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 import urllib.request
@@ -102,3 +103,27 @@ def test_bad_options_are_one_clear_usage_error():
         jaxdbg.watch(action="stop")
     with pytest.raises(jaxdbg.UsageError, match="max_compiles=0"):
         jaxdbg.watch(max_compiles=0)
+
+
+def test_each_process_of_a_job_watches_its_own_part(tmp_path):
+    from jaxdbg.launch import free_port, task_environment
+
+    port, out = free_port(), tmp_path / "job"
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+           "PYTHONPATH": os.pathsep.join([str(DATA.parent.parent), os.environ.get("PYTHONPATH", "")])}
+    processes = [subprocess.Popen([sys.executable, str(DATA / "live_multiprocess.py"), str(out)],
+                                  env=task_environment(i, 2, port, env), stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for i in range(2)]
+    finished = [p.communicate(timeout=240) for p in processes]
+    assert [p.returncode for p in processes] == [0, 0], [err[-2000:] for _, err in finished]
+    line = next(i for i, text in enumerate((DATA / "live_multiprocess.py").read_text().splitlines(), 1)
+                if "<- origin" in text)
+    for index, (stdout, _) in enumerate(finished):
+        assert f"done {index}" in stdout  # action="log": every process ran to its end
+        report = json.loads((out / f"process-{index}" / "report.json").read_text())
+        first = report["result"]["first"]
+        assert (report["environment"]["process_index"], report["environment"]["process_count"]) == (index, 2)
+        assert (first["primitive"], first["call_index"], first["source"]["line"]) == ("log", 2, line)
+    # Only process 1's own shard holds the bad example: it places the origin there.
+    first = json.loads((out / "process-1" / "report.json").read_text())["result"]["first"]
+    assert first["process"] == 1 and first["shard"] == [[12, 16], [0, 1]]
