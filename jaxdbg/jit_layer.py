@@ -7,6 +7,7 @@ as a method), and each *top-level* call of it (concrete arguments, not inside an
 another instrumented call or jaxdbg's own work) runs through the installed hooks:
 
 - ``on_jit(function)`` when ``jax.jit`` is applied;
+- ``wants(function, index)``: whether the hook runs for this call at all (default True);
 - ``around(call, run)``: by default ``before(call)``, then ``run()``, then ``after(call, out)`` or
   ``on_exception(call, err)``. ``before`` may replace ``call.args``/``call.kwargs``; a hook that must wrap
   the execution itself (a profiler annotation) overrides ``around``.
@@ -55,6 +56,12 @@ class JitHook:
     """Base class of the hooks: every method is a no-op. Subclasses override what they need."""
 
     check_outputs: bool = False
+
+    def wants(self, function: InstrumentedJit, index: int) -> bool:
+        """Whether this hook runs for call ``index`` of ``function`` (default: every call). A call no hook wants
+        goes straight to jax's C++ dispatch (its index still counts): a profiler that times one call in N,
+        or a check that samples, costs nothing on the others."""
+        return True
 
     def on_jit(self, function: InstrumentedJit) -> None:
         """``jax.jit`` was applied (once per application, before any call)."""
@@ -209,15 +216,22 @@ class _Layer:
         with self.lock:
             index = record.calls
             record.calls += 1
+        hooks = [h for h in hooks if h.wants(function, index)]
+        if not hooks:  # counted, and left on jax's C++ dispatch: nothing else runs
+            return function.jitted(*args, **kwargs)
         call = JitCall(function, args, kwargs, index)
         check = any(h.check_outputs for h in hooks)
+        local = self.local
 
         def execute() -> Any:
-            with self.internal():
+            local.depth = getattr(local, "depth", 0) + 1  # as internal(), without a generator per call
+            try:
                 if check:
                     out, call.magnitudes = function.checked()(*call.args, **call.kwargs)
                     return out
                 return function.jitted(*call.args, **call.kwargs)
+            finally:
+                local.depth -= 1
 
         run = execute
         for hook in reversed(hooks):

@@ -10,6 +10,8 @@
 (b) Time to the answer: the same loop with a learning-rate spike at a late step. From the call of the step
     that goes bad to (watch) the written report + NonFiniteError, and (debug flags) the FloatingPointError.
     Also whether each named the operation and the step.
+(c) Per call: a tiny jitted function (x * 2 + 1 on 16 floats) called in a loop, plain (jax's C++ dispatch) and
+    jitted inside ``jaxdbg.watch()``, in one process, alternating; the difference is the watch's cost per call.
 
 Usage: python scripts/bench_watch.py [--pairs 3] [--steps 200] [--width 256] [--batch 128]
 """
@@ -106,6 +108,28 @@ PROGRAM = textwrap.dedent('''
 ''')
 
 
+TINY = textwrap.dedent('''
+    import sys, time, jax, jax.numpy as jnp, jaxdbg
+
+    def per_call_us(f, x, n=2000):
+        for _ in range(20):
+            r = f(x)
+        r.block_until_ready()
+        t = time.perf_counter()
+        for _ in range(n):
+            r = f(x)
+        r.block_until_ready()
+        return (time.perf_counter() - t) / n * 1e6
+
+    x = jnp.ones((16,))
+    plain = jax.jit(lambda x: x * 2.0 + 1.0)
+    with jaxdbg.watch(out=sys.argv[1]):
+        watched = jax.jit(lambda x: x * 2.0 + 1.0)
+        rows = [(per_call_us(plain, x), per_call_us(watched, x)) for _ in range(int(sys.argv[2]))]
+    print(min(p for p, _ in rows), min(w for _, w in rows))
+''')
+
+
 def _run(argv: list[str], env: dict | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "PYTHONPATH": ROOT, **(env or {})})
@@ -166,6 +190,14 @@ def main() -> None:
             shown = f"{got['answer_s']:.3f} s" if got.get("answer_s") is not None else "no answer"
             print(f"  {name:14s} {shown:>10s}  op={got.get('primitive')} call={got.get('call_index')} "
                   f"line={got.get('line')}  [{got.get('error', '')[:110]}]")
+
+        tiny = os.path.join(workdir, "tiny.py")
+        with open(tiny, "w") as handle:
+            handle.write(TINY)
+        done = _run([sys.executable, tiny, os.path.join(workdir, "tiny.d"), str(5 * args.pairs)])
+        plain_us, watch_us = (float(v) for v in done.stdout.split())
+        print(f"\n(c) per call of a tiny jitted function (best of {5 * args.pairs} rounds of 2000 calls)")
+        print(f"  plain {plain_us:7.1f} us/call   jaxdbg.watch {watch_us:7.1f} us/call  (+{watch_us - plain_us:.1f})")
 
 
 if __name__ == "__main__":
