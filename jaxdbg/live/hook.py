@@ -73,6 +73,7 @@ class LiveHook(Watch):
         self.compiles: dict[int, _Compiles] = {}
         self._pending: tuple[JitCall, Any] | None = None
         self._local = threading.local()
+        self._copy_ahead: bool | None = None
         self.active = nans
 
     # -- one call ------------------------------------------------------------------------------------------
@@ -104,8 +105,13 @@ class LiveHook(Watch):
     def after(self, call: JitCall, out: Any) -> None:
         if call.magnitudes is None:
             return
-        with contextlib.suppress(AttributeError):
-            call.magnitudes.copy_to_host_async()
+        if self._copy_ahead is None:  # decided at the first call: the backend is up by then
+            import jax
+
+            self._copy_ahead = jax.default_backend() != "cpu"
+        if self._copy_ahead:  # start the small device->host copy now; on CPU there is nothing to copy
+            with contextlib.suppress(AttributeError):
+                call.magnitudes.copy_to_host_async()
         previous, self._pending = self._pending, (call, out)
         if previous is not None:
             self._check(*previous)
