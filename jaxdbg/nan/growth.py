@@ -65,10 +65,10 @@ class GrowthTracker:
             series = _Series(list(names() if callable(names) else names), np.full(n, np.nan), np.zeros(n),
                              np.full(n, -1, dtype=np.int64), source, [None] * n, function)
             self.series[key] = series
+        if series.settled and (magnitudes <= series.peak).all():
+            return  # the steady state (every call of a long run): no new peak, so nothing grew (lines kept)
         if sources is not None:
             series.sources = [new or old for new, old in zip(sources, series.sources)]
-        elif series.settled and (magnitudes <= series.peak).all():
-            return  # the steady state (every call of a long run): no new peak, so nothing can change
         mags = np.where(np.isfinite(magnitudes), magnitudes, np.nan)
         unset = np.isnan(series.baseline) & (mags > 0)
         series.baseline[unset] = mags[unset]
