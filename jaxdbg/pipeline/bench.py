@@ -408,19 +408,32 @@ def replay_file(shape: PipelineShape, value: RealTimeline) -> dict:
 def real_job(payload: RealJob, channel) -> None:
     """Child side of real mode: build each shape's pipeline once, run every job, send back timelines. A
     process launched as one of several joins the job first and runs its own stages (pipeline.transport)."""
-    import contextlib
 
     from jaxdbg.pipeline.transport import join_job
 
     wait = payload.timeout or 300.0
     transport = join_job(payload.transfer_bind, wait)  # before anything starts jax's backend
+
+    from jaxdbg import multihost
+    from jaxdbg.report import environment_info
+
+    channel.send(Environment(environment_info()))
+    try:
+        _real_runs(payload, channel, transport, wait)
+    except BaseException as err:
+        transport.abort(f"{type(err).__name__}: {err}".splitlines()[0])  # the other processes stop, not wait
+        raise
+    multihost.leave_job()
+
+
+def _real_runs(payload: RealJob, channel, transport, wait: float) -> None:
+    import contextlib
+
     import jax
 
     from jaxdbg import multihost
     from jaxdbg.pipeline.real import RealPipeline
-    from jaxdbg.report import environment_info
 
-    channel.send(Environment(environment_info()))
     pipelines: dict[PipelineShape, RealPipeline] = {}
     folder = payload.xprof_dir and multihost.process_folder(payload.xprof_dir)
     capture = jax.profiler.trace(folder) if folder else contextlib.nullcontext()
@@ -438,4 +451,3 @@ def real_job(payload: RealJob, channel) -> None:
                 key, record.start, record.end, tuple(record.blocked_s), tuple(record.memory_wait_s),
                 tuple(record.peak_inflight), record.decisions, record.decision_ns, run.max_abs_grad_diff,
                 run.max_abs_grad, run.measured, run.message_delay))
-    multihost.leave_job()

@@ -106,10 +106,11 @@ class ProcessTransport(LocalTransport):
         self.connections: dict[int, Any] = {}
         for peer in range(self.count):
             if peer != self.index:
-                address = self.client.blocking_key_value_get(f"{KEY}/transfer/{peer}", int(timeout * 1000))
+                address = self._wait_for(f"{KEY}/transfer/{peer}", f"process {peer}'s transfer server")
                 self.connections[peer] = self.server.connect(address)
         self._ids = itertools.count()
         self._runs = itertools.count()
+        self.run = -1
         self._lock = threading.Lock()
         self.sent: list[Any] = []  # offered arrays, kept until the run ends
         self._stop = threading.Event()
@@ -124,12 +125,26 @@ class ProcessTransport(LocalTransport):
                                            name=f"notes-from-{peer}", daemon=True) for peer in self.connections]
         for thread in self.listeners:
             thread.start()
-        self.client.wait_at_barrier(f"{KEY}/start/{self.run}", int(self.timeout * 1000))
+        # Start together (a barrier of notes, so that a process that failed is named rather than waited for).
+        self.client.key_value_set(f"{KEY}/ready/{self.run}/{self.index}", "1", allow_overwrite=True)
+        for peer in self.connections:
+            self._wait_for(f"{KEY}/ready/{self.run}/{peer}", f"process {peer} to start run {self.run}")
         key = f"{KEY}/t0/{self.run}"
         if self.index == 0:
             self.client.key_value_set(key, repr(time.time() + 0.05), allow_overwrite=True)
-        t0_wall = float(self.client.blocking_key_value_get(key, int(self.timeout * 1000)))
+        t0_wall = float(self._wait_for(key, f"process 0 to start run {self.run}"))
         return time.perf_counter() + (t0_wall - time.time())
+
+    def _wait_for(self, key: str, what: str) -> str:
+        """The value of ``key`` once a peer posts it; stops early when a process says it failed."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                return str(self.client.blocking_key_value_get(key, _NOTE_WAIT_MS))
+            except Exception:  # noqa: BLE001 - not posted yet
+                self._check_peer()
+                if time.monotonic() > deadline:
+                    raise TargetFailedError(f"waited {self.timeout:.0f} s for {what}: it died or hangs") from None
 
     def _expected(self, peer: int, state: Any) -> int:
         """How many notes ``peer`` sends this process in one run: a message per task whose result goes from
@@ -240,13 +255,12 @@ class ProcessTransport(LocalTransport):
         """Stop this run's listeners and, with a ``reason``, tell the other processes this one failed."""
         self._stop.set()
         if reason:
-            with contextlib.suppress(Exception):  # the coordination service may be gone already
-                self.client.key_value_set(f"{KEY}/abort/{self.run}", f"process {self.index}: {reason}",
-                                          allow_overwrite=True)
+            with contextlib.suppress(Exception):  # set already (the first failure stays), or the service is gone
+                self.client.key_value_set(f"{KEY}/failed", f"process {self.index}: {reason}")
 
     def _check_peer(self) -> None:
         try:
-            why = self.client.key_value_try_get(f"{KEY}/abort/{self.run}")
+            why = self.client.key_value_try_get(f"{KEY}/failed")
         except Exception:  # noqa: BLE001 - no peer failed
             return
         raise TargetFailedError(f"the real run stopped: {why}")
