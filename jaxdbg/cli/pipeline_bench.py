@@ -10,7 +10,17 @@ from rich.console import Console
 from rich.table import Table
 
 from jaxdbg._errors import EXIT_FOUND, EXIT_OK, UsageError
-from jaxdbg.cli._common import Common, JsonOpt, OutOpt, QuietOpt, TimeoutOpt, VerboseOpt, execute
+from jaxdbg.cli._common import (
+    Common,
+    JsonOpt,
+    MetricsOpt,
+    MetricsPushOpt,
+    OutOpt,
+    QuietOpt,
+    TimeoutOpt,
+    VerboseOpt,
+    execute,
+)
 from jaxdbg.report import Report, relative_or_absolute
 
 RUNS_SHOWN = 16  # beyond this many runs, only the summary is printed (the JSON holds every run)
@@ -61,10 +71,10 @@ def pipeline_bench(
     xprof: bool = typer.Option(
         False, "--xprof", help="Real mode: capture a jax.profiler trace with one annotation per task."),
     json: JsonOpt = None, out: OutOpt = None, timeout: TimeoutOpt = None, quiet: QuietOpt = False,
-    verbose: VerboseOpt = False,
+    verbose: VerboseOpt = False, metrics: MetricsOpt = None, metrics_push: MetricsPushOpt = None,
 ) -> int:
     """Run pipeline schedules in fixed order and readiness-first, and show where every stage's time went."""
-    common = Common("pipeline-bench", json, out, timeout, quiet, verbose)
+    common = Common("pipeline-bench", json, out, timeout, quiet, verbose, metrics=metrics, metrics_push=metrics_push)
 
     def build(c: Common) -> Report:
         from jaxdbg.pipeline.bench import BenchOptions

@@ -18,6 +18,8 @@ from jaxdbg.cli._common import (
     Common,
     InputsOpt,
     JsonOpt,
+    MetricsOpt,
+    MetricsPushOpt,
     OutOpt,
     QuietOpt,
     ScriptArgsArg,
@@ -71,11 +73,12 @@ def profile(
     sync_every: SyncEveryOpt = 8, args: ArgsOpt = None,
     inputs: InputsOpt = None, seed: SeedOpt = 0, json: JsonOpt = None, out: OutOpt = None,
     timeout: TimeoutOpt = None, quiet: QuietOpt = False, verbose: VerboseOpt = False,
+    metrics: MetricsOpt = None, metrics_push: MetricsPushOpt = None,
 ) -> int:
     """Where the time goes: compile vs execute per jitted function, why it recompiled, HLO, per-op tables."""
     from jaxdbg.profile import ProfileOptions
 
-    common = Common("profile", json, out, timeout, quiet, verbose, target)
+    common = Common("profile", json, out, timeout, quiet, verbose, target, metrics=metrics, metrics_push=metrics_push)
     options = ProfileOptions(runs=runs, warmup=warmup, top=top, trace_calls=trace_calls, xla_dump=xla_dump,
                              monitor=monitor, budget=budget, compare=compare, args=args, inputs=inputs, seed=seed,
                              timeout=timeout, python_tracer=python_tracer, command_buffers=command_buffers,
