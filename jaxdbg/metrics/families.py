@@ -17,7 +17,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -155,6 +155,9 @@ def _monitor(out: Families, monitor: dict | None, process: str) -> None:
     for i, value in enumerate(tpu.get("mean_duty_cycle_percent") or []):
         out.gauge("tpu_duty_cycle_mean_percent", "TPU runtime: mean TensorCore duty cycle.",
                   {"device": str(i), "process": process}, value)
+    for i, value in enumerate(tpu.get("mean_tensorcore_util_percent") or []):
+        out.gauge("tpu_tensorcore_util_mean_percent", "TPU runtime: mean TensorCore utilisation.",
+                  {"device": str(i), "process": process}, value)
     for i, value in enumerate(tpu.get("peak_hbm_bytes") or []):
         out.gauge("tpu_hbm_peak_bytes", "TPU runtime: peak HBM in use.", {"device": str(i), "process": process}, value)
     for i, value in enumerate(tpu.get("hbm_total_bytes") or []):
@@ -209,15 +212,12 @@ def run_labels(row: dict) -> dict[str, Any]:
     return {name: row.get(name) for name in RUN_LABELS}
 
 
-def stage_occupancy(busy: Iterable[float], makespan_s: float) -> list[float]:
-    """Busy fraction (0..1) of each stage over a run's makespan."""
-    return [b / makespan_s if makespan_s > 0 else 0.0 for b in busy]
-
-
 def pipeline_run(out: Families, row: dict, process: str) -> None:
     """One run's families (used by the final export and by the live endpoint)."""
     labels = {**run_labels(row), "process": process}
-    for w, value in enumerate(stage_occupancy(row.get("stage_busy") or [], row.get("makespan_s") or 0.0)):
+    from jaxdbg.pipeline.metrics import occupancy
+
+    for w, value in enumerate(occupancy(row.get("stage_busy") or [], _number(row.get("makespan_s")) or 0.0)):
         out.gauge("stage_occupancy", "pipeline-bench: busy fraction of a stage over a run (0..1).",
                   {**labels, "stage": str(w)}, value)
     out.gauge("pipeline_makespan_seconds", "pipeline-bench: a run's makespan.", labels, row.get("makespan_s"))
