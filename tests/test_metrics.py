@@ -10,6 +10,7 @@ import re
 import socket
 import threading
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -149,9 +150,9 @@ def test_process_zero_exports_every_process_under_its_own_label() -> None:
 
 
 class _Recorder(http.server.BaseHTTPRequestHandler):
-    requests: list = []
+    requests: ClassVar[list] = []
 
-    def do_PUT(self) -> None:  # noqa: N802 - http.server's naming
+    def do_PUT(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length", 0))).decode()
         self.requests.append((self.command, self.path, body))
         self.send_response(200)
@@ -223,5 +224,5 @@ def test_alerting_rules_use_only_exported_names(exports) -> None:
 
 def test_every_exported_family_is_in_docs_metrics_md(exports) -> None:
     documented = set(re.findall(r"^\| `(jaxdbg_\w+)`", METRICS_MD.read_text(), flags=re.MULTILINE))
-    exported = {name for name in _exported_names(exports)}
+    exported = _exported_names(exports)
     assert exported <= documented, sorted(exported - documented)
