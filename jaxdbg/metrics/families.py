@@ -91,6 +91,17 @@ def families(report: dict) -> list[Metric]:
 # ---- profile -----------------------------------------------------------------------------------------------
 
 
+# (family, help, key of the function's `execute` figures); step_seconds is the table's shared name for the
+# step time, which a finished profile knows as the median execute time.
+_EXECUTE_GAUGES = (
+    ("step_seconds", "Step time: the median execute time of the profiled calls.", "median_s"),
+    ("execute_median_seconds", "Median execute time of a jitted function.", "median_s"),
+    ("execute_p90_seconds", "90th percentile of a jitted function's execute time.", "p90_s"),
+    ("execute_first_seconds", "The first call's wall time (compile included).", "first_s"),
+    ("execute_seconds", "Execute time summed over the calls (compile left out).", "total_s"),
+)
+
+
 def _profile(out: Families, result: dict, process: str) -> None:
     for fn in result.get("functions") or []:
         labels = {"function": fn["name"], "process": process}
@@ -100,16 +111,8 @@ def _profile(out: Families, result: dict, process: str) -> None:
         out.counter("compiles", "Compiles of a jitted function (the first one included).", labels, fn.get("compiles"))
         out.counter("recompiles", "Compiles after the first.", labels, len(fn.get("recompiles") or []))
         out.counter("compile_seconds", "Time spent compiling (trace, lower, backend).", labels, compile_.get("total_s"))
-        out.gauge("step_seconds", "Step time: the median execute time of the profiled calls.", labels,
-                  execute.get("median_s"))
-        out.gauge("execute_median_seconds", "Median execute time of a jitted function.", labels,
-                  execute.get("median_s"))
-        out.gauge("execute_p90_seconds", "90th percentile of a jitted function's execute time.", labels,
-                  execute.get("p90_s"))
-        out.gauge("execute_first_seconds", "The first call's wall time (compile included).", labels,
-                  execute.get("first_s"))
-        out.gauge("execute_seconds", "Execute time summed over the calls (compile left out).", labels,
-                  execute.get("total_s"))
+        for name, help_text, key in _EXECUTE_GAUGES:
+            out.gauge(name, help_text, labels, execute.get(key))
         for op in fn.get("ops") or []:
             out.gauge("op_seconds", "Device time of one HLO op over the traced calls.",
                       {**labels, "op": op["name"]}, op.get("total_s"))
@@ -149,22 +152,20 @@ def _monitor(out: Families, monitor: dict | None, process: str) -> None:
         out.gauge(name.replace("_bytes", "_peak_bytes_per_second"), f"Peak rate of bytes {what}.", own,
                   summary.get(f"peak_{key}_bytes_per_s"))
     tpu = summary.get("tpu") or {}
-    for i, value in enumerate(tpu.get("peak_duty_cycle_percent") or []):
-        out.gauge("tpu_duty_cycle_peak_percent", "TPU runtime: peak TensorCore duty cycle.",
-                  {"device": str(i), "process": process}, value)
-    for i, value in enumerate(tpu.get("mean_duty_cycle_percent") or []):
-        out.gauge("tpu_duty_cycle_mean_percent", "TPU runtime: mean TensorCore duty cycle.",
-                  {"device": str(i), "process": process}, value)
-    for i, value in enumerate(tpu.get("mean_tensorcore_util_percent") or []):
-        out.gauge("tpu_tensorcore_util_mean_percent", "TPU runtime: mean TensorCore utilisation.",
-                  {"device": str(i), "process": process}, value)
-    for i, value in enumerate(tpu.get("peak_hbm_bytes") or []):
-        out.gauge("tpu_hbm_peak_bytes", "TPU runtime: peak HBM in use.", {"device": str(i), "process": process}, value)
-    for i, value in enumerate(tpu.get("hbm_total_bytes") or []):
-        out.gauge("tpu_hbm_total_bytes", "TPU runtime: HBM capacity.", {"device": str(i), "process": process}, value)
-    for i, value in enumerate(tpu.get("peak_hbm_bandwidth_percent") or []):
-        out.gauge("tpu_hbm_bandwidth_peak_percent", "TPU runtime: peak HBM bandwidth utilisation.",
-                  {"device": str(i), "process": process}, value)
+    for name, help_text, key in _TPU_GAUGES:
+        for i, value in enumerate(tpu.get(key) or []):
+            out.gauge(name, help_text, {"device": str(i), "process": process}, value)
+
+
+# (family, help, key of the monitor summary's `tpu`): one sample per TPU device.
+_TPU_GAUGES = (
+    ("tpu_duty_cycle_peak_percent", "TPU runtime: peak TensorCore duty cycle.", "peak_duty_cycle_percent"),
+    ("tpu_duty_cycle_mean_percent", "TPU runtime: mean TensorCore duty cycle.", "mean_duty_cycle_percent"),
+    ("tpu_tensorcore_util_mean_percent", "TPU runtime: mean TensorCore utilisation.", "mean_tensorcore_util_percent"),
+    ("tpu_hbm_peak_bytes", "TPU runtime: peak HBM in use.", "peak_hbm_bytes"),
+    ("tpu_hbm_total_bytes", "TPU runtime: HBM capacity.", "hbm_total_bytes"),
+    ("tpu_hbm_bandwidth_peak_percent", "TPU runtime: peak HBM bandwidth utilisation.", "peak_hbm_bandwidth_percent"),
+)
 
 
 def _job_processes(out: Families, result: dict) -> None:
@@ -220,15 +221,19 @@ def pipeline_run(out: Families, row: dict, process: str) -> None:
     for w, value in enumerate(occupancy(row.get("stage_busy") or [], _number(row.get("makespan_s")) or 0.0)):
         out.gauge("stage_occupancy", "pipeline-bench: busy fraction of a stage over a run (0..1).",
                   {**labels, "stage": str(w)}, value)
-    out.gauge("pipeline_makespan_seconds", "pipeline-bench: a run's makespan.", labels, row.get("makespan_s"))
-    out.gauge("pipeline_throughput_microbatches_per_second", "pipeline-bench: microbatches per second.", labels,
-              row.get("throughput_mb_s"))
-    out.gauge("pipeline_bubble_fraction", "pipeline-bench: the run's idle fraction of stage time.", labels,
-              row.get("bubble_fraction"))
-    out.gauge("pipeline_speedup_vs_fixed", "pipeline-bench: fixed order's makespan over this run's.", labels,
-              row.get("speedup_vs_fixed"))
-    out.gauge("pipeline_makespan_over_lower_bound", "pipeline-bench: makespan over the run's lower bound.", labels,
-              row.get("makespan_over_lower_bound"))
+    for name, help_text, key in _RUN_GAUGES:
+        out.gauge(name, help_text, labels, row.get(key))
+
+
+# (family, help, key of a pipeline-bench run row).
+_RUN_GAUGES = (
+    ("pipeline_makespan_seconds", "pipeline-bench: a run's makespan.", "makespan_s"),
+    ("pipeline_throughput_microbatches_per_second", "pipeline-bench: microbatches per second.", "throughput_mb_s"),
+    ("pipeline_bubble_fraction", "pipeline-bench: the run's idle fraction of stage time.", "bubble_fraction"),
+    ("pipeline_speedup_vs_fixed", "pipeline-bench: fixed order's makespan over this run's.", "speedup_vs_fixed"),
+    ("pipeline_makespan_over_lower_bound", "pipeline-bench: makespan over the run's lower bound.",
+     "makespan_over_lower_bound"),
+)
 
 
 def _pipeline_bench(out: Families, result: dict, process: str) -> None:
