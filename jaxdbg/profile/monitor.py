@@ -189,7 +189,7 @@ def series(samples: list[tuple], interval_s: float) -> MonitorSeries | None:
                             "busy: timings are slowed by contention, not by this program")
     net_in, net_out = _rates(t, net, 0), _rates(t, net, 1)
     disk_read, disk_write = _rates(t, disk, 0), _rates(t, disk, 1)
-    warnings.extend(_io_summary(summary, t, net, disk, net_in, net_out, disk_read))
+    warnings.extend(_io_summary(summary, t, net, disk))
     tpu_series = _tpu_summary(summary, tpu)
     summary["warnings"] = warnings
     return MonitorSeries(interval_s, t, rss, cpu, available, devices, system, summary, net_in, net_out, disk_read,
@@ -206,10 +206,8 @@ def _rates(t: tuple, counters: tuple, column: int) -> tuple[float | None, ...]:
     return tuple(rates)
 
 
-def _io_summary(summary: dict, t: tuple, net: tuple, disk: tuple, net_in: tuple, net_out: tuple,
-                disk_read: tuple) -> list[str]:
+def _io_summary(summary: dict, t: tuple, net: tuple, disk: tuple) -> list[str]:
     """Totals and peaks of the host's network and disk I/O, and warnings where they may be what steps wait on."""
-    warnings = []
     for name, counters, columns in (("net", net, ("receive", "transmit")), ("disk", disk, ("read", "write"))):
         known = [c for c in counters if c is not None]
         if len(known) < 2:
@@ -221,15 +219,37 @@ def _io_summary(summary: dict, t: tuple, net: tuple, disk: tuple, net_in: tuple,
     link = host_io.link_bytes_per_s()
     if link:
         summary["link_bytes_per_s"] = link
-        busiest = max([r for r in net_in + net_out if r is not None], default=0.0)
-        if busiest > 0.8 * link:
-            warnings.append(f"the network ran at {busiest / 1e6:.0f} MB/s, near its links' {link / 1e6:.0f} MB/s: "
-                            "steps may be waiting on the network (data loading, checkpoints, collectives)")
-    reads = [r for r in disk_read if r is not None]
-    if reads and max(reads) > 50e6 and summary["mean_host_cpu_percent"] < 50:
-        warnings.append(f"disk reads peaked at {max(reads) / 1e6:.0f} MB/s while this process kept under half a "
-                        "core busy: steps may be waiting on input reading")
-    return warnings
+    return [warning for warning, _ in io_findings(summary)]
+
+
+def io_findings(summary: dict) -> list[tuple[str, str]]:
+    """(warning, what to try) where the host's I/O may be what the steps waited on: a network link near its
+    speed, or heavy disk reads while the process itself stayed mostly idle (from a monitor summary).
+
+    Example:
+        >>> io_findings({"mean_host_cpu_percent": 12.0, "peak_disk_read_bytes_per_s": 400e6})[0][0][:30]
+        'disk reads peaked at 400 MB/s '
+    """
+    found = []
+    link = summary.get("link_bytes_per_s")
+    busiest = max(summary.get("peak_net_receive_bytes_per_s", 0.0), summary.get("peak_net_transmit_bytes_per_s", 0.0))
+    if link and busiest > 0.8 * link:
+        found.append((f"the network ran at {busiest / 1e6:.0f} MB/s, near its links' {link / 1e6:.0f} MB/s: "
+                      "steps may be waiting on the network (data loading, checkpoints, collectives)",
+                      "prefetch input ahead of the step, cache the data set locally, or checkpoint less often"))
+    reads = summary.get("peak_disk_read_bytes_per_s", 0.0)
+    if reads > 50e6 and summary["mean_host_cpu_percent"] < 50:
+        found.append((f"disk reads peaked at {reads / 1e6:.0f} MB/s while this process kept under half a core busy: "
+                      "steps may be waiting on input reading",
+                      "read input in background threads (prefetch), use a faster local disk, or cache decoded data"))
+    return found
+
+
+def monitor_hints(monitor: MonitorSeries | None) -> tuple[str, ...]:
+    """The I/O findings as the profile's hints (the warning, then what to try)."""
+    if monitor is None:
+        return ()
+    return tuple(f"{warning}; {advice}" for warning, advice in io_findings(monitor.summary))
 
 
 def _tpu_summary(summary: dict, tpu: tuple) -> tuple[tuple, tuple, tuple, tuple]:
