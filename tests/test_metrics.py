@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import re
 import socket
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import ClassVar
@@ -226,3 +229,22 @@ def test_every_exported_family_is_in_docs_metrics_md(exports) -> None:
     documented = set(re.findall(r"^\| `(jaxdbg_\w+)`", METRICS_MD.read_text(), flags=re.MULTILINE))
     exported = _exported_names(exports)
     assert exported <= documented, sorted(exported - documented)
+
+
+def test_each_process_of_a_job_exports_its_own_and_process_zero_the_jobs(tmp_path) -> None:
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", "jaxdbg", "--processes", "2", "profile",
+         str(ROOT / "tests" / "corpus" / "multihost_dp" / "train.py"),
+         "--trace-calls", "0", "--out", str(tmp_path / "o"), "-q", "--json", str(tmp_path / "job.json"),
+         "--metrics", str(tmp_path / "m.prom")], env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    own = {index: _samples((tmp_path / name).read_text()) for index, name in ((0, "m.prom"), (1, "m.process-1.prom"))}
+    for index, samples in own.items():
+        calls = {dict(labels)["process"] for name, labels in samples if name == "jaxdbg_calls_total"}
+        assert calls == {str(index)}  # each file: its own process's functions
+    rows = json.loads((tmp_path / "job.json").read_text())["result"]["processes"]
+    walls = {dict(labels)["process"]: value for (name, labels), value in own[0].items()
+             if name == "jaxdbg_process_wall_seconds"}
+    assert walls == pytest.approx({str(r["index"]): r["wall_s"] for r in rows}) and set(walls) == {"0", "1"}
+    assert not any(name.startswith("jaxdbg_process_") for name, _ in own[1])
