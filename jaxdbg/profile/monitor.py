@@ -30,6 +30,9 @@ from jaxdbg.profile.messages import MonitorSamples
 from jaxdbg.profile.model import MonitorSeries
 from jaxdbg.protocol import Message
 
+# The TPU runtime is asked at most once a second: one ask is four gRPC calls (~20 ms of the monitor thread),
+# and libtpu's duty cycle is itself an average over a window. Samples in between hold None for it.
+TPU_INTERVAL_S = 1.0
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -84,8 +87,10 @@ def device_bytes_in_use() -> tuple[int, ...] | None:
 class Sampler:
     """A daemon thread that samples every ``interval_s`` and sends batches of samples."""
 
-    def __init__(self, send: Callable[[Message], None], interval_s: float = 0.1, batch_s: float = 1.0):
+    def __init__(self, send: Callable[[Message], None], interval_s: float = 0.1, batch_s: float = 1.0,
+                 tpu_interval_s: float = TPU_INTERVAL_S):
         self.send = send
+        self.tpu_interval_s = tpu_interval_s
         self.interval_s = interval_s
         self.batch_s = batch_s
         self._stop = threading.Event()
@@ -93,6 +98,7 @@ class Sampler:
         self._pending: list[tuple] = []
         self._tpu_address: str | None = None
         self._tpu_failed = False
+        self._tpu_last = -float("inf")
 
     def __enter__(self) -> Sampler:
         self._start = time.perf_counter()
@@ -141,12 +147,14 @@ class Sampler:
 
     def _tpu(self) -> tuple | None:
         """The TPU runtime's figures; after one failed ask, no more (a service that is not there costs time)."""
-        if self._tpu_failed:
+        now = time.perf_counter()
+        if self._tpu_failed or now - self._tpu_last < self.tpu_interval_s:
             return None
         if self._tpu_address is None:
             self._tpu_address = tpu_runtime.address()
             if self._tpu_address is None:
                 return None
+        self._tpu_last = now
         try:
             return tuple(tpu_runtime.read(self._tpu_address))
         except Exception:  # noqa: BLE001 - grpc.RpcError and its kin: the service is not answering
