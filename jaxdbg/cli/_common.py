@@ -164,7 +164,9 @@ def export_metrics(common: Common, report: Report) -> None:
         return
     from jaxdbg.metrics import export
 
-    written, failures = export(report.to_dict(), common.metrics, common.metrics_push)
+    data = report.to_dict()
+    report.environment = report.environment or data["environment"]  # asked once (it may import jax)
+    written, failures = export(data, common.metrics, common.metrics_push)
     for path in written:
         report.artifacts.setdefault("metrics", os.path.abspath(path))
     for line in failures:
