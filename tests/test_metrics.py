@@ -4,6 +4,7 @@ table and alerting rules against the names jaxdbg really exports."""
 
 from __future__ import annotations
 
+import gzip
 import http.server
 import json
 import os
@@ -26,6 +27,7 @@ RECIPES = ROOT / "recipes"
 METRICS_MD = ROOT / "docs" / "metrics.md"
 
 TRAIN = """
+import time
 import jax, jax.numpy as jnp
 
 @jax.jit
@@ -35,6 +37,7 @@ def step(w, x):
 w = jnp.ones((16, 16))
 for i in range(5):
     w = step(w, jnp.ones((16, 4)))
+time.sleep(0.3)                  # inside the capture: --monitor samples land in the trace
 w = step(w, jnp.ones((16, 5)))   # a new shape: one recompile
 """
 
@@ -93,6 +96,12 @@ def test_profile_metrics_hold_the_reports_figures(exports) -> None:
     assert samples["jaxdbg_host_disk_read_bytes_total", own] == monitor["summary"]["disk_read_bytes"] >= 0
     assert samples["jaxdbg_host_network_receive_bytes_total", own] == monitor["summary"]["net_receive_bytes"] >= 0
     assert report["artifacts"]["metrics"].endswith("profile.prom")
+    # ... and on the capture's time axis: counter tracks in the Perfetto trace, beside the steps.
+    events = json.loads(gzip.decompress(Path(report["artifacts"]["perfetto"]).read_bytes()))["traceEvents"]
+    counters = [e for e in events if e.get("ph") == "C" and e["name"] == "host I/O MB since start"]
+    steps = [e["ts"] for e in events if e.get("name", "").startswith("step") and e.get("ph") == "X"]
+    assert counters and "disk_read_mb" in counters[0]["args"]
+    assert any(min(steps) < c["ts"] < max(steps) for c in counters)  # sampled during the sleep between steps
 
 
 def test_nan_hunt_metrics_name_the_origin(exports) -> None:

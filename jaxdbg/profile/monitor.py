@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -33,6 +34,9 @@ from jaxdbg.protocol import Message
 # The TPU runtime is asked at most once a second: one ask is four gRPC calls (~20 ms of the monitor thread),
 # and libtpu's duty cycle is itself an average over a window. Samples in between hold None for it.
 TPU_INTERVAL_S = 1.0
+# Each sample is also a zero-length annotation in the jax.profiler capture (when one runs), so that the trace
+# shows the host's CPU and I/O on its own time axis; trace.write_perfetto turns them into counter tracks.
+MONITOR_EVENT = "jaxdbg monitor"
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -142,8 +146,26 @@ class Sampler:
             devices = device_bytes_in_use() if backend_started() else None
         except Exception:  # noqa: BLE001
             devices = None
-        self._pending.append((now - self._start, host_rss_bytes(), round(percent, 1), host_available_bytes(),
-                              devices, busy, host_io.network_bytes(), host_io.disk_bytes(), self._tpu()))
+        row = (now - self._start, host_rss_bytes(), round(percent, 1), host_available_bytes(), devices, busy,
+               host_io.network_bytes(), host_io.disk_bytes(), self._tpu())
+        self._pending.append(row)
+        self._annotate(row)
+
+    def _annotate(self, row: tuple) -> None:
+        """The sample as an annotation in a running capture: CPU, and MB moved since the monitor started."""
+        if "jax" not in sys.modules:  # never import jax from the monitor thread
+            return
+        import jax
+
+        if not hasattr(self, "_io_start"):
+            self._io_start = (row[6], row[7])
+        figures = {"host_cpu_percent": row[2], "host_rss_mb": round(row[1] / 1e6, 1)}
+        for (name, columns), start, now in zip((("net", ("receive", "transmit")), ("disk", ("read", "write"))),
+                                               self._io_start, (row[6], row[7])):
+            if start is not None and now is not None:
+                figures.update({f"{name}_{c}_mb": round((now[i] - start[i]) / 1e6, 3) for i, c in enumerate(columns)})
+        with jax.profiler.TraceAnnotation(MONITOR_EVENT, **figures):
+            pass
 
     def _tpu(self) -> tuple | None:
         """The TPU runtime's figures; after one failed ask, no more (a service that is not there costs time)."""
