@@ -18,6 +18,8 @@ from jaxdbg.cli._common import (
     Common,
     InputsOpt,
     JsonOpt,
+    MetricsOpt,
+    MetricsPushOpt,
     OutOpt,
     QuietOpt,
     ScriptArgsArg,
@@ -71,11 +73,12 @@ def profile(
     sync_every: SyncEveryOpt = 8, args: ArgsOpt = None,
     inputs: InputsOpt = None, seed: SeedOpt = 0, json: JsonOpt = None, out: OutOpt = None,
     timeout: TimeoutOpt = None, quiet: QuietOpt = False, verbose: VerboseOpt = False,
+    metrics: MetricsOpt = None, metrics_push: MetricsPushOpt = None,
 ) -> int:
     """Where the time goes: compile vs execute per jitted function, why it recompiled, HLO, per-op tables."""
     from jaxdbg.profile import ProfileOptions
 
-    common = Common("profile", json, out, timeout, quiet, verbose, target)
+    common = Common("profile", json, out, timeout, quiet, verbose, target, metrics=metrics, metrics_push=metrics_push)
     options = ProfileOptions(runs=runs, warmup=warmup, top=top, trace_calls=trace_calls, xla_dump=xla_dump,
                              monitor=monitor, budget=budget, compare=compare, args=args, inputs=inputs, seed=seed,
                              timeout=timeout, python_tracer=python_tracer, command_buffers=command_buffers,
@@ -137,6 +140,29 @@ def _pct(part: float, whole: float) -> str:
     return f"{100 * part / whole:.0f}%" if whole > 0 else "-"
 
 
+def _io_line(summary: dict) -> str:
+    """The host's network and disk traffic during the run (--monitor), where the host counts it."""
+    parts = [f"{label} {summary[f'{key}_bytes'] / 1e6:.1f} MB "
+             f"(peak {summary[f'peak_{key}_bytes_per_s'] / 1e6:.1f} MB/s)"
+             for key, label in (("net_receive", "net in"), ("net_transmit", "net out"), ("disk_read", "disk read"),
+                                ("disk_write", "disk write")) if f"{key}_bytes" in summary]
+    return "\n  host I/O: " + ", ".join(parts) if parts else ""
+
+
+def _tpu_line(tpu: dict | None) -> str:
+    """The TPU runtime's figures (--monitor on a TPU host with tpu-info installed)."""
+    if not tpu:
+        return ""
+    parts = []
+    if tpu.get("mean_duty_cycle_percent"):
+        parts.append("duty cycle " + " ".join(f"{v:.0f}%" for v in tpu["mean_duty_cycle_percent"]))
+    if tpu.get("peak_hbm_bytes"):
+        parts.append("peak HBM " + " ".join(f"{v / 2**30:.1f}" for v in tpu["peak_hbm_bytes"]) + " GiB")
+    if tpu.get("peak_hbm_bandwidth_percent"):
+        parts.append("peak HBM bandwidth " + " ".join(f"{v:.0f}%" for v in tpu["peak_hbm_bandwidth_percent"]))
+    return "\n  TPU runtime: " + ", ".join(parts) if parts else ""
+
+
 def _render_processes(console: Console, result: Any) -> None:
     """The job's processes side by side (process 0's report of a multi-process job)."""
     columns = [_Column("process"), _Column("wall", drop=2), _Column("compile"), _Column("execute", drop=1),
@@ -179,6 +205,7 @@ def render(report: Report, console: Console) -> None:
         console.print(f"monitor: {summary['samples']} samples, "
                       f"peak host RSS {summary['peak_host_rss_bytes'] / 2**20:.0f} "
                       f"MiB, mean CPU {summary['mean_host_cpu_percent']:.0f}% of a core"
+                      + _io_line(summary) + _tpu_line(summary.get("tpu"))
                       + "".join(f"\n  [yellow]{w}[/]" for w in summary.get("warnings", [])))
     if result.comparison:
         _render_comparison(console, result.comparison)

@@ -166,6 +166,16 @@ class MonitorSeries:
     device_bytes_in_use: tuple[tuple[int, ...] | None, ...]
     system_cpu_percent: tuple[float | None, ...]  # the whole machine, all cores = 100
     summary: dict[str, Any] = field(default_factory=dict)
+    # The whole host's I/O in bytes/s since the sample before (None: the first sample, or not known here).
+    net_receive_bytes_per_s: tuple[float | None, ...] = ()
+    net_transmit_bytes_per_s: tuple[float | None, ...] = ()
+    disk_read_bytes_per_s: tuple[float | None, ...] = ()
+    disk_write_bytes_per_s: tuple[float | None, ...] = ()
+    # The TPU runtime's figures, one list per sample, one entry per device (empty off TPU).
+    tpu_duty_cycle_percent: tuple[tuple[float, ...] | None, ...] = ()
+    tpu_hbm_bytes_in_use: tuple[tuple[int, ...] | None, ...] = ()
+    tpu_hbm_bandwidth_percent: tuple[tuple[float, ...] | None, ...] = ()
+    tpu_tensorcore_util_percent: tuple[tuple[float, ...] | None, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from jaxdbg.profile.compare import compare, load_baseline, other_target_note
 from jaxdbg.profile.hints import hints_for, notes_for
 from jaxdbg.profile.messages import CaptureOps, ProfileJob
 from jaxdbg.profile.model import FunctionProfile, ProfileResult, Rates
-from jaxdbg.profile.monitor import series
+from jaxdbg.profile.monitor import monitor_hints, series
 from jaxdbg.profile.peaks import Peak, achieved_rates, dtype_class, table_peak
 from jaxdbg.profile.processes import find_stragglers, step_skew_s
 from jaxdbg.profile.trace import write_perfetto
@@ -100,13 +100,14 @@ def profile(spec: TargetSpec, options: ProfileOptions, out_dir: str) -> ProfileR
     other = other_target_note(baseline, spec.text) if baseline is not None else None
     other_target = (other,) if other else ()
     eager = gathered.eager_compile()
+    monitor = series(gathered.monitor, options.monitor_interval)
     notes = notes_for(mode, functions, gathered, error, command_buffers_off, stopped_in_jitted_call(outcome))
     result = ProfileResult(
         mode=mode, functions=tuple(functions), totals=totals, budget=budget, error=error, error_source=error_source,
         notes=notes + other_target,
-        hints=hints_for(functions, totals, gathered.transfers(), eager) + straggler_hints,
+        hints=hints_for(functions, totals, gathered.transfers(), eager) + straggler_hints + monitor_hints(monitor),
         transfers=tuple(gathered.transfers()), eager_compile=eager, trace=trace,
-        monitor=series(gathered.monitor, options.monitor_interval),
+        monitor=monitor,
         comparison=compare(baseline, tuple(functions), totals) if baseline is not None else None,
         device=gathered.device, processes=gathered.job, stragglers=stragglers,
         step_skew_s=step_skew_s(list(gathered.job)),
