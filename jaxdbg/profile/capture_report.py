@@ -1,0 +1,173 @@
+"""A capture's :class:`~jaxdbg.profile.model.ProfileResult`: the same per-op tables, step breakdown and hints
+as a profiled run, read from xplane files alone.
+
+Per process (one xplane file): every jitted program that ran in the window becomes a function (``jit_step``
+-> ``step``) with its execution statistics and its per-op table (:func:`jaxdbg.profile.ops.function_ops`,
+shared with a profiled run: xprof's hlo_stats off CPU, the XLA:CPU op events on CPU). Source lines come from
+the program's optimised HLO, which xprof's own graph_viewer converter returns from the capture with its
+stack-frame tables. What a capture cannot know (compile times, recompile causes, cost analysis) is None.
+
+Example:
+    >>> run = profile_capture("out", from_capture="logdir")                             # doctest: +SKIP
+    >>> result = capture_result("out/capture/plugins/profile/run", "capture", top=10)   # doctest: +SKIP
+    >>> result.functions[0].ops[0].source                                              # doctest: +SKIP
+    SourceLocation(file='train.py', line=12, function='loss')
+"""
+
+from __future__ import annotations
+
+import glob
+import itertools
+import os
+
+from jaxdbg._errors import EXIT_FOUND, EXIT_OK, UsageError
+from jaxdbg.profile.assemble import duration_stats
+from jaxdbg.profile.budget import BudgetRule, check_budget, parse_budget
+from jaxdbg.profile.capture import attach, copy_run, find_run, host_label, parse_addresses
+from jaxdbg.profile.hints import op_hints
+from jaxdbg.profile.hlo import HloModule, parse_hlo
+from jaxdbg.profile.model import (
+    CaptureHost,
+    CaptureInfo,
+    ExecuteStats,
+    FunctionProfile,
+    ProfileResult,
+    StepFigures,
+    Totals,
+    TraceFiles,
+)
+from jaxdbg.profile.ops import XplaneEvents, function_ops, quiet_native_stderr, read_xplane, xprof_hlo_stats
+from jaxdbg.profile.run import ProfileRun
+from jaxdbg.profile.spans import union_length
+
+HOST_BOUND_FRACTION = 0.3  # a step that spends this share outside its programs waits on the host
+NOTE = ("a capture of a running job: compile times, recompile causes and cost analysis are unknown (null); "
+        "run the program under jaxdbg profile for them")
+
+
+def profile_capture(out_dir: str, *, attach_to: str | None = None, from_capture: str | None = None,
+                    duration_s: float = 2.0, top: int = 10, budget: str | None = None) -> ProfileRun:
+    """Capture ``duration_s`` seconds of the processes at ``attach_to`` (``HOST:PORT,...``), or read the capture
+    in the folder ``from_capture``; bad input raises UsageError (exit 2), a failed capture TargetFailedError."""
+    if (attach_to is None) == (from_capture is None):
+        raise UsageError("give one of --attach HOST:PORT or --from-capture DIR")
+    rules = parse_budget(budget)
+    out_dir = os.path.abspath(out_dir)
+    if attach_to is not None:
+        addresses = parse_addresses(attach_to)
+        run = attach(addresses, duration_s, os.path.join(out_dir, "capture"))
+        result = capture_result(run, "attach", top, rules, duration_s)
+    else:
+        assert from_capture is not None
+        original = find_run(from_capture)
+        result = capture_result(copy_run(original, out_dir), "capture", top, rules)
+    artifacts = {"trace_dir": result.trace.logdir} if result.trace else {}
+    artifacts.update({f"xplane.{h.label}": h.file for h in result.capture.hosts} if result.capture else {})
+    return ProfileRun(result, EXIT_OK if result.budget.ok else EXIT_FOUND, artifacts)
+
+
+def capture_result(run: str, source: str, top: int, rules: tuple[BudgetRule, ...] = (),
+                   duration_s: float | None = None) -> ProfileResult:
+    """Analyse every xplane file of the run folder ``run`` (a copy jaxdbg owns: xprof writes cache files there)."""
+    paths = sorted(glob.glob(os.path.join(run, "*.xplane.pb")))
+    functions: list[FunctionProfile] = []
+    hosts = []
+    backend = "cpu"
+    for path in paths:
+        events = read_xplane(path)
+        backend = _backend(events) if events.devices else backend
+        found, host = _host(path, events, top)
+        functions.extend(found)
+        hosts.append(host)
+    first = hosts[0]
+    wall = duration_s or first.duration_s
+    totals = Totals(wall, None, first.execute_s, None, max(wall - first.execute_s, 0.0))
+    info = CaptureInfo(source, tuple(hosts), wall, first.steps.count if first.steps else None, run)
+    hints = op_hints(functions, wall) + tuple(_step_hint(h) for h in hosts if _step_hint(h))
+    logdir = os.path.dirname(os.path.dirname(os.path.dirname(run)))
+    return ProfileResult(
+        mode="capture", functions=tuple(functions), totals=totals, budget=check_budget(rules, tuple(functions), totals),
+        notes=(NOTE,), hints=hints, trace=TraceFiles(logdir, paths[0] if paths else None, None, None, 0),
+        device={"backend": backend, "kind": "", "count": 0}, capture=info,
+    )
+
+
+def _host(path: str, events: XplaneEvents, top: int) -> tuple[list[FunctionProfile], CaptureHost]:
+    label = host_label(path)
+    by_prefix = xprof_hlo_stats(path) if events.devices else {}  # xprof's per-op tools are empty on CPU
+    functions = []
+    for module, runs in events.executions.items():
+        durations = [(end - start) * 1e-9 for start, end in runs]
+        median, p90, low, high, spread = duration_stats(durations)
+        execute = ExecuteStats(len(runs), None, median, p90, low, high, spread, sum(durations), len(runs))
+        name = module[len("jit_"):] if module.startswith("jit_") else module
+        hlo = module_hlo(path, module, events.programs.get(module))
+        rows, ops_source = function_ops(name, module, hlo, by_prefix, events.ops, top)
+        functions.append(FunctionProfile(
+            name=name, source=None, compiles=None, recompiles=None, compile=None, execute=execute, ops=rows,
+            module=module, ops_source=ops_source, host=label))
+    functions.sort(key=lambda f: -f.execute.total_s)
+    spans = [s for runs in events.executions.values() for s in runs]
+    marks = [(s, e) for steps in events.steps.values() for _, s, e in steps]
+    edges = [t for span in spans + marks for t in span]
+    duration = (max(edges) - min(edges)) * 1e-9 if edges else 0.0
+    return functions, CaptureHost(label, path, duration, union_length(spans) * 1e-9, step_figures(events))
+
+
+def module_hlo(xplane: str, module: str, program_id: int | None) -> HloModule | None:
+    """A program's optimised HLO with its stack-frame tables, from xprof's graph_viewer converter (None where
+    the capture holds none). xprof writes ``<module>(<id>).hlo_proto.pb`` beside ``xplane``: a copy's folder."""
+    try:
+        from xprof.convert.raw_to_tool_data import xspace_to_tool_data, xspace_to_tool_names
+    except ImportError:
+        return None
+    if not glob.glob(os.path.join(os.path.dirname(xplane), "*.hlo_proto.pb")):
+        with quiet_native_stderr():  # listing the tools is what writes the programs' HLO files
+            xspace_to_tool_names([xplane])
+    options = {"type": "long_txt", "module_name": f"{module}({program_id})", "program_id": str(program_id),
+               "show_metadata": 1}
+    try:
+        with quiet_native_stderr():
+            data, _ = xspace_to_tool_data([xplane], "graph_viewer", {"graph_viewer_options": options})
+    except Exception:  # noqa: BLE001 - without the HLO the table still stands, without sources
+        return None
+    text = data.decode() if isinstance(data, bytes) else str(data or "")
+    return parse_hlo(text) if text.startswith("HloModule") else None
+
+
+def step_figures(events: XplaneEvents) -> StepFigures | None:
+    """Steps from the most frequent step marker, or else from the most-run program's executions."""
+    spans = [s for runs in events.executions.values() for s in runs]
+    if events.steps:
+        name, marks = max(events.steps.items(), key=lambda kv: len(kv[1]))
+        steps = sorted((s, e) for _, s, e in marks)
+        marker = f"StepTraceAnnotation {name}"
+    elif events.executions:
+        module, runs = max(events.executions.items(), key=lambda kv: len(kv[1]))
+        if len(runs) < 2:
+            return None
+        steps = [(a[0], b[0]) for a, b in itertools.pairwise(runs)]
+        marker = f"executions of {module}"
+    else:
+        return None
+    lengths = [(e - s) * 1e-9 for s, e in steps]
+    busy = [union_length([(max(a, s), min(b, e)) for a, b in spans if a < e and b > s]) * 1e-9 for s, e in steps]
+    median, p90, *_ = duration_stats(lengths)
+    total = sum(lengths)
+    host = [max(length - b, 0.0) for length, b in zip(lengths, busy)]
+    return StepFigures(marker, len(steps), median, p90, sum(busy) / total if total > 0 else None,
+                       duration_stats(host)[0])
+
+
+def _step_hint(host: CaptureHost) -> str:
+    steps = host.steps
+    if steps is None or steps.execute_fraction is None or steps.execute_fraction > 1 - HOST_BOUND_FRACTION:
+        return ""
+    return (f"{host.label}: jitted programs run {100 * steps.execute_fraction:.0f}% of each step "
+            f"({steps.count} steps of {1e3 * (steps.median_s or 0):.3g} ms); the rest waits on the host (input "
+            "pipeline, Python, logging): prefetch batches, or read device values less often")
+
+
+def _backend(events: XplaneEvents) -> str:
+    names = " ".join(events.devices).upper()
+    return "tpu" if "TPU" in names else "gpu" if "GPU" in names else "cpu"
