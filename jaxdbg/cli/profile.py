@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from jaxdbg._errors import UsageError
 from jaxdbg.cli._common import (
     ArgsOpt,
     Common,
@@ -26,7 +27,6 @@ from jaxdbg.cli._common import (
     VerboseOpt,
     execute,
 )
-from jaxdbg._errors import UsageError
 from jaxdbg.report import Report, environment_info, relative_or_absolute
 
 if TYPE_CHECKING:  # annotations only: the profile package is imported when a command runs
