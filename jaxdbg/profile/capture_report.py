@@ -87,7 +87,8 @@ def capture_result(run: str, source: str, top: int, rules: tuple[BudgetRule, ...
     logdir = os.path.dirname(os.path.dirname(os.path.dirname(run)))
     return ProfileResult(
         mode="capture", functions=tuple(functions), totals=totals, budget=check_budget(rules, tuple(functions), totals),
-        notes=(NOTE,), hints=hints, trace=TraceFiles(logdir, paths[0] if paths else None, None, None, 0),
+        notes=(NOTE,), hints=hints, eager_compile={"count": 0, "total_s": 0.0, "top": []},
+        trace=TraceFiles(logdir, paths[0] if paths else None, None, None, 0),
         device={"backend": backend, "kind": "", "count": 0}, capture=info,
     )
 
