@@ -6,6 +6,7 @@ byte for byte as it was, and a second host's file in the same run gives a second
 """
 
 import csv
+import gzip
 import hashlib
 import json
 import os
@@ -52,21 +53,28 @@ def top_op(report: dict) -> dict:
 
 
 def test_attach_a_live_job_matches_a_profiled_run(tmp_path, capsys):
-    port = free_port()
-    job = subprocess.Popen([sys.executable, str(SCRIPT), str(port), "60"], stdout=subprocess.PIPE, text=True)
+    port, other = free_port(), free_port()
+    jobs = [subprocess.Popen([sys.executable, str(SCRIPT), str(p), "60"], stdout=subprocess.PIPE, text=True)
+            for p in (port, other)]
     try:
-        assert job.stdout.readline().strip() == "ready"
-        code = main(["profile", "--attach", f"127.0.0.1:{port}", "--duration", "2", "--out", str(tmp_path / "a"),
-                     "--json", str(tmp_path / "attach.json"), "--csv", str(tmp_path / "csv")])
+        assert [job.stdout.readline().strip() for job in jobs] == ["ready", "ready"]
+        code = main(["profile", "--attach", f"127.0.0.1:{port},127.0.0.1:{other}", "--duration", "2",
+                     "--out", str(tmp_path / "a"), "--json", str(tmp_path / "attach.json"),
+                     "--csv", str(tmp_path / "csv")])
     finally:
-        job.kill()
-        job.wait()
+        for job in jobs:
+            job.kill()
+            job.wait()
     out = capsys.readouterr().out
     assert code == 0, out
     attached = json.loads((tmp_path / "attach.json").read_text())
     validate(attached)
     result = attached["result"]
     assert result["mode"] == "capture" and result["capture"]["source"] == "attach"
+    # both processes, captured at once: a table each
+    labels = {f"127.0.0.1_{port}", f"127.0.0.1_{other}"}
+    assert sorted(h["label"] for h in result["capture"]["hosts"]) == sorted(labels)
+    assert {f["host"] for f in result["functions"] if f["name"] == "train_step" and f["ops"]} == labels
     step = next(f for f in result["functions"] if f["name"] == "train_step")
     assert step["compile"] is None and step["compiles"] is None and step["recompiles"] is None
     assert step["host"] == f"127.0.0.1_{port}" and step["execute"]["calls"] > 10
@@ -82,9 +90,10 @@ def test_attach_a_live_job_matches_a_profiled_run(tmp_path, capsys):
         ops = list(csv.DictReader(handle))
     with open(tmp_path / "csv" / "calls.csv", newline="") as handle:
         calls = list(csv.DictReader(handle))
-    assert [(r["op"], float(r["total_s"]), int(r["line"])) for r in ops if r["function"] == "train_step"] == \
+    assert [(r["op"], float(r["total_s"]), int(r["line"])) for r in ops
+            if r["function"] == "train_step" and r["process"] == step["host"]] == \
         [(o["name"], o["total_s"], o["source"]["line"]) for o in step["ops"]]
-    row = next(r for r in calls if r["function"] == "train_step")
+    row = next(r for r in calls if r["function"] == "train_step" and r["process"] == step["host"])
     assert int(row["calls"]) == step["execute"]["calls"] and row["compile_s"] == "" and row["process"] == step["host"]
 
     # the same job, profiled by jaxdbg: the same hot line, the hot op among its top ops
@@ -169,3 +178,30 @@ def test_failed_csv_export_keeps_the_report(tmp_path, capsys):
     assert code == 0 and "--csv" in err and err.count("\n") == 1
     validate(json.loads((tmp_path / "r.json").read_text()))
     assert os.path.getsize(blocker) == 0
+
+
+def test_from_capture_of_an_h200_job_uses_xprofs_tables(tmp_path, capsys):
+    """The GPU path, read here on CPU: a capture recorded on an NVIDIA H200 (see test_profile_gpu_capture.py)."""
+    run = tmp_path / "logdir" / "plugins" / "profile" / "run"
+    run.mkdir(parents=True)
+    packed = Path(__file__).parent / "data" / "h200_power_iterations" / "command_buffers_off.xplane.pb.gz"
+    (run / "gpu-host.xplane.pb").write_bytes(gzip.decompress(packed.read_bytes()))
+    code = main(["profile", "--from-capture", str(tmp_path / "logdir"), "--out", str(tmp_path / "o"), "--json", "-"])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    validate(report)
+    assert report["environment"]["backend"] == "gpu"
+    function = report["result"]["functions"][0]
+    hot = function["ops"][0]
+    assert function["ops_source"] == "xprof hlo_stats" and (hot["name"], hot["category"]) == ("custom-call.1", "matmul")
+    assert hot["source"]["line"] == 12 and hot["source"]["file"].endswith("run_heavy/train.py")
+    # 10 calls: the kernels carry no run id, so the calls are cut at the gaps between them
+    steps = report["result"]["capture"]["hosts"][0]["steps"]
+    assert function["execute"]["calls"] == steps["count"] == 10
+    assert function["execute"]["median_s"] <= steps["median_s"]
+
+    # a budget checks what a capture knows; compile figures it cannot know are left out, not failed
+    code = main(["profile", "--from-capture", str(tmp_path / "logdir"), "--out", str(tmp_path / "o2"), "-q",
+                 "--budget", "execute_median_ms<=1,compile_s<=0,recompiles<=0"])
+    err = capsys.readouterr().err
+    assert code == 1 and "power_iterations.execute_median_ms" in err and "compile_s" not in err.split("broken:")[1]

@@ -122,7 +122,7 @@ def module_hlo(xplane: str, module: str, program_id: int | None) -> HloModule | 
         from xprof.convert.raw_to_tool_data import xspace_to_tool_data, xspace_to_tool_names
     except ImportError:
         return None
-    if not glob.glob(os.path.join(os.path.dirname(xplane), "*.hlo_proto.pb")):
+    if not os.path.exists(os.path.join(os.path.dirname(xplane), f"{module}({program_id}).hlo_proto.pb")):
         with quiet_native_stderr():  # listing the tools is what writes the programs' HLO files
             xspace_to_tool_names([xplane])
     options = {"type": "long_txt", "module_name": f"{module}({program_id})", "program_id": str(program_id),

@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -69,6 +70,7 @@ def read_xplane(xplane_path: str) -> XplaneEvents:
     data = ProfileData.from_file(xplane_path)
     totals: dict[str, dict[str, OpTotal]] = defaultdict(lambda: defaultdict(OpTotal))
     runs: dict[tuple[str, int], list[float]] = {}
+    unnumbered: dict[str, list[tuple[float, float]]] = defaultdict(list)  # op events without a run_id (GPU)
     steps: dict[str, list[tuple[int, float, float]]] = defaultdict(list)
     programs: dict[str, int] = {}
     devices = []
@@ -84,7 +86,10 @@ def read_xplane(xplane_path: str) -> XplaneEvents:
                 if op and module:
                     events.append((start, duration, str(module), str(op)))
                     programs.setdefault(str(module), int(stats.get("program_id", -1)))
-                    span = runs.setdefault((str(module), int(stats.get("run_id", 0))), [start, start + duration])
+                    if "run_id" not in stats:
+                        unnumbered[str(module)].append((start, start + duration))
+                        continue
+                    span = runs.setdefault((str(module), int(stats["run_id"])), [start, start + duration])
                     span[0], span[1] = min(span[0], start), max(span[1], start + duration)
                 elif "step_num" in stats and not module:
                     steps[str(event.name)].append((int(stats["step_num"]), start, start + duration))
@@ -95,8 +100,26 @@ def read_xplane(xplane_path: str) -> XplaneEvents:
     executions: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for (module, _), (start, end) in sorted(runs.items(), key=lambda kv: kv[1][0]):
         executions[module].append((start, end))
+    for module, spans in unnumbered.items():
+        if module not in executions:
+            calls = min(t.count for t in totals[module].values())
+            executions[module] = split_at_gaps(spans, calls)
     return XplaneEvents({m: dict(ops) for m, ops in totals.items()}, dict(executions), dict(steps), programs,
                         tuple(devices))
+
+
+def split_at_gaps(spans: list[tuple[float, float]], parts: int) -> list[tuple[float, float]]:
+    """A program's op events cut into ``parts`` executions at the widest gaps between them: where the op events
+    carry no run id (XLA:GPU's kernels), the gap between two calls is wider than any between the kernels of one.
+    ``parts`` is how often the program's rarest op ran (an entry op runs once per call).
+
+        >>> split_at_gaps([(0, 1), (1, 2), (10, 11), (11, 12)], 2)
+        [(0, 2), (10, 12)]
+    """
+    spans = sorted(spans)
+    gaps = sorted(range(1, len(spans)), key=lambda i: spans[i][0] - spans[i - 1][1])[len(spans) - max(parts, 1):]
+    cuts = [0, *sorted(gaps), len(spans)]
+    return [(spans[a][0], max(e for _, e in spans[a:b])) for a, b in itertools.pairwise(cuts) if b > a]
 
 
 def _stats(event: object) -> dict:
