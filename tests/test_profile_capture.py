@@ -131,6 +131,9 @@ def test_from_capture_leaves_the_folder_unchanged_and_reads_every_host(tmp_path,
     hot = top_op(report)
     assert hot["source"]["file"] == __file__ and hot["source"]["line"] == hot_line and hot["category"] == "matmul"
     assert next(f for f in report["result"]["functions"] if f["name"] == "_hot")["execute"]["calls"] == 5
+    # no step markers: the steps are the intervals between the starts of the most-run program
+    steps = report["result"]["capture"]["hosts"][0]["steps"]
+    assert steps["marker"] == "executions of jit__hot" and steps["count"] == 4
 
     # a second host's file in the same run: one session, a table per process
     two = tmp_path / "two"
@@ -190,7 +193,8 @@ def test_from_capture_of_an_h200_job_uses_xprofs_tables(tmp_path, capsys):
     assert code == 0
     report = json.loads(capsys.readouterr().out)
     validate(report)
-    assert report["environment"]["backend"] == "gpu"
+    assert report["environment"]["backend"] == "gpu" and report["environment"]["process_count"] == 1
+    assert [d["platform"] for d in report["environment"]["devices"]] == ["gpu"]
     function = report["result"]["functions"][0]
     hot = function["ops"][0]
     assert function["ops_source"] == "xprof hlo_stats" and (hot["name"], hot["category"]) == ("custom-call.1", "matmul")

@@ -161,9 +161,10 @@ def _build_capture(common: Common, target: str | None, captured: _Capture, optio
         progress.add_task(f"reading {captured.text()}", total=None, status="")
         run = profile_capture(str(common.out_dir()), attach_to=captured.attach, from_capture=captured.from_capture,
                               duration_s=captured.duration, top=options.top, budget=options.budget)
-    environment = environment_info()
-    environment["backend"] = run.result.device.get("backend", environment["backend"])  # the captured job's
-    return Report("profile", captured.text() or "", run.result, run.exit_code, run.artifacts, environment)
+    from jaxdbg.profile.capture_report import capture_environment
+
+    return Report("profile", captured.text() or "", run.result, run.exit_code, run.artifacts,
+                  capture_environment(run.result))
 
 
 def _export_csv(common: Common, report: Report, folder: str) -> None:

@@ -89,7 +89,7 @@ def capture_result(run: str, source: str, top: int, rules: tuple[BudgetRule, ...
         mode="capture", functions=tuple(functions), totals=totals, budget=check_budget(rules, tuple(functions), totals),
         notes=(NOTE,), hints=hints, eager_compile={"count": 0, "total_s": 0.0, "top": []},
         trace=TraceFiles(logdir, paths[0] if paths else None, None, None, 0),
-        device={"backend": backend, "kind": "", "count": 0}, capture=info,
+        device={"backend": backend, "count": sum(len(h.devices) for h in hosts)}, capture=info,
     )
 
 
@@ -112,7 +112,8 @@ def _host(path: str, events: XplaneEvents, top: int) -> tuple[list[FunctionProfi
     marks = [(s, e) for steps in events.steps.values() for _, s, e in steps]
     edges = [t for span in spans + marks for t in span]
     duration = (max(edges) - min(edges)) * 1e-9 if edges else 0.0
-    return functions, CaptureHost(label, path, duration, union_length(spans) * 1e-9, step_figures(events))
+    return functions, CaptureHost(label, path, duration, union_length(spans) * 1e-9, step_figures(events),
+                                  events.devices)
 
 
 def module_hlo(xplane: str, module: str, program_id: int | None) -> HloModule | None:
@@ -158,6 +159,24 @@ def step_figures(events: XplaneEvents) -> StepFigures | None:
     host = [max(length - b, 0.0) for length, b in zip(lengths, busy)]
     return StepFigures(marker, len(steps), median, p90, sum(busy) / total if total > 0 else None,
                        duration_stats(host)[0])
+
+
+def capture_environment(result: ProfileResult) -> dict:
+    """The report's ``environment`` for a capture: the captured job's backend, devices and processes (from
+    its device planes; none listed for CPU), with the jax that read it (without starting a backend here)."""
+    import platform
+
+    import jax
+    import jaxlib
+
+    hosts = result.capture.hosts if result.capture else ()
+    backend = str(result.device.get("backend", "cpu"))
+    devices = [{"id": int(name.rpartition(":")[2]) if name.rpartition(":")[2].isdigit() else 0,
+                "platform": backend, "kind": "", "process_index": index}
+               for index, host in enumerate(hosts) for name in host.devices]
+    return {"jax": jax.__version__, "jaxlib": getattr(jaxlib, "__version__", "unknown"), "backend": backend,
+            "devices": devices, "python": platform.python_version(), "process_index": 0,
+            "process_count": max(len(hosts), 1)}
 
 
 def _step_hint(host: CaptureHost) -> str:

@@ -217,6 +217,7 @@ class CaptureHost:
     duration_s: float  # from its first to its last recorded program execution or step
     execute_s: float  # time its jitted programs ran (union)
     steps: StepFigures | None
+    devices: tuple[str, ...] = ()  # its device planes ('/device:GPU:0'); none for CPU
 
 
 @dataclass(frozen=True)
