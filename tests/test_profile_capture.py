@@ -157,6 +157,7 @@ BAD = [
     (["--from-capture", "{empty}/missing"], "no such folder", 2),
     (["model.py", "--from-capture", "{empty}"], "TARGET 'model.py' together with", 2),
     ([], "profile needs a TARGET", 2),
+    (["--from-capture", "{empty}", "--compare", "old.json", "--monitor"], "--compare, --monitor: only for", 2),
 ]
 
 

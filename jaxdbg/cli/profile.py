@@ -155,6 +155,12 @@ def _build_capture(common: Common, target: str | None, captured: _Capture, optio
                          "running or a capture already taken; give either a TARGET or one of them")
     if captured.attach is not None and captured.from_capture is not None:
         raise UsageError("give either --attach or --from-capture, not both")
+    unused = [name for name, given in (("--compare", options.compare), ("--monitor", options.monitor),
+                                       ("--xla-dump", options.xla_dump), ("--args", options.args),
+                                       ("--inputs", options.inputs)) if given]
+    if unused:
+        raise UsageError(f"{', '.join(unused)}: only for a profiled TARGET; a capture of a job has no compiles, "
+                         "inputs or host samples to give them")
     if captured.attach is not None and not captured.duration > 0:
         raise UsageError(f"--duration {captured.duration:g}: give a positive number of seconds to capture, e.g. 2")
     with common.progress() as progress:
