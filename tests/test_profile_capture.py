@@ -210,3 +210,18 @@ def test_from_capture_of_an_h200_job_uses_xprofs_tables(tmp_path, capsys):
                  "--budget", "execute_median_ms<=1,compile_s<=0,recompiles<=0"])
     err = capsys.readouterr().err
     assert code == 1 and "power_iterations.execute_median_ms" in err and "compile_s" not in err.split("broken:")[1]
+
+
+def test_attach_to_a_job_running_no_jax_work_is_exit_3(tmp_path, capsys):
+    port = free_port()
+    idle = ("import sys, time, jax; jax.profiler.start_server(int(sys.argv[1])); print('ready', flush=True); "
+            "time.sleep(60)")
+    job = subprocess.Popen([sys.executable, "-c", idle, str(port)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert job.stdout.readline().strip() == "ready"
+        code = main(["profile", "--attach", f"127.0.0.1:{port}", "--duration", "0.5", "--out", str(tmp_path)])
+    finally:
+        job.kill()
+        job.wait()
+    err = capsys.readouterr().err
+    assert code == 3 and "the capture failed" in err and err.count("\n") == 1 and "Traceback" not in err

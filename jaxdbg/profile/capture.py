@@ -70,8 +70,10 @@ def attach(addresses: tuple[tuple[str, int], ...], duration_s: float, logdir: st
         with quiet_native_stderr(fds=(1, 2)):
             client.trace(service, logdir, "", True, int(duration_s * 1000), TRACING_ATTEMPTS, options)
     except Exception as err:  # noqa: BLE001 - xprof raises plain exceptions with the gRPC status
+        why = str(err).strip().splitlines()[0].rstrip(".") if str(err).strip() else type(err).__name__
         raise TargetFailedError(f"--attach {service}: the capture failed after {time.monotonic() - started:.1f} s: "
-                         f"{str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}") from None
+                                f"{why}; check that the job is still running JAX work and called "
+                                "jax.profiler.start_server on that port") from None
     return find_run(logdir, option="--attach")
 
 

@@ -41,6 +41,7 @@ from jaxdbg.profile.run import ProfileRun
 from jaxdbg.profile.spans import union_length
 
 HOST_BOUND_FRACTION = 0.3  # a step that spends this share outside its programs waits on the host
+IDLE = "no jitted program ran during the capture: capture while the job is in its training loop, or longer"
 NOTE = ("a capture of a running job: compile times, recompile causes and cost analysis are unknown (null); "
         "run the program under jaxdbg profile for them")
 
@@ -87,7 +88,8 @@ def capture_result(run: str, source: str, top: int, rules: tuple[BudgetRule, ...
     logdir = os.path.dirname(os.path.dirname(os.path.dirname(run)))
     return ProfileResult(
         mode="capture", functions=tuple(functions), totals=totals, budget=check_budget(rules, tuple(functions), totals),
-        notes=(NOTE,), hints=hints, eager_compile={"count": 0, "total_s": 0.0, "top": []},
+        notes=(NOTE,) + (() if functions else (IDLE,)), hints=hints,
+        eager_compile={"count": 0, "total_s": 0.0, "top": []},
         trace=TraceFiles(logdir, paths[0] if paths else None, None, None, 0),
         device={"backend": backend, "count": sum(len(h.devices) for h in hosts)}, capture=info,
     )
