@@ -6,9 +6,14 @@
 Unknown figures (a capture's compile times) are empty cells.
 
 Example:
-    >>> paths = write_profile_csv(result, "out/csv")     # doctest: +SKIP
-    >>> sorted(paths)                                    # doctest: +SKIP
-    ['calls', 'ops']
+    >>> import csv, tempfile
+    >>> from jaxdbg.profile.model import BudgetResult, ExecuteStats, FunctionProfile, ProfileResult, Totals
+    >>> step = FunctionProfile("step", None, None, None, None, ExecuteStats(calls=3, total_s=0.3), host="host-0")
+    >>> result = ProfileResult("capture", (step,), Totals(1.0, None, 0.3, None, 0.7), BudgetResult(True))
+    >>> paths = write_profile_csv(result, tempfile.mkdtemp())
+    >>> row = next(csv.DictReader(open(paths["calls"])))
+    >>> row["process"], row["calls"], row["compile_s"]
+    ('host-0', '3', '')
 """
 
 from __future__ import annotations
