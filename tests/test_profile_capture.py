@@ -204,6 +204,8 @@ def test_from_capture_of_an_h200_job_uses_xprofs_tables(tmp_path, capsys):
     steps = report["result"]["capture"]["hosts"][0]["steps"]
     assert function["execute"]["calls"] == steps["count"] == 10
     assert function["execute"]["median_s"] <= steps["median_s"]
+    overview = report["result"]["capture"]["hosts"][0]["overview"]  # xprof's own step breakdown
+    assert overview["bottleneck"] == "device" and overview["device_compute_ms"] <= overview["step_ms"]
 
     # a budget checks what a capture knows; compile figures it cannot know are left out, not failed
     code = main(["profile", "--from-capture", str(tmp_path / "logdir"), "--out", str(tmp_path / "o2"), "-q",

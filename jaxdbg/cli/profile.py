@@ -294,6 +294,11 @@ def _render_capture(console: Console, result: ProfileResult) -> None:
             line += (f"; {steps.count} steps ({steps.marker}), median {_s(steps.median_s)}, p90 {_s(steps.p90_s)}, "
                      f"{busy} in programs, host {_s(steps.host_median_s)} per step")
         console.print(line, soft_wrap=True)
+        if host.overview:
+            parts = ", ".join(f"{key[:-3].replace('_', ' ')} {value:g}ms" for key, value in host.overview.items()
+                              if key.endswith("_ms") and key != "step_ms" and value)
+            console.print(f"    xprof: {host.overview.get('bottleneck', '?')}-bound; step {host.overview['step_ms']:g}ms"
+                          + (f": {parts}" if parts else ""), soft_wrap=True)
     if result.functions:
         console.print(_functions_table(result, console.width))
     for function in result.functions:

@@ -19,7 +19,9 @@ from __future__ import annotations
 import bisect
 import glob
 import itertools
+import json
 import os
+from typing import Any
 
 from jaxdbg._errors import EXIT_FOUND, EXIT_OK, UsageError
 from jaxdbg.profile.assemble import duration_stats
@@ -116,7 +118,44 @@ def _host(path: str, events: XplaneEvents, top: int) -> tuple[list[FunctionProfi
     edges = [t for span in spans + marks for t in span]
     duration = (max(edges) - min(edges)) * 1e-9 if edges else 0.0
     return functions, CaptureHost(label, path, duration, union_length(spans) * 1e-9, step_figures(events),
-                                  events.devices)
+                                  events.devices, xprof_overview(path) if events.devices else None)
+
+
+# xprof's overview_page fields kept (milliseconds per step, averaged), under jaxdbg's names.
+OVERVIEW = {"steptime_ms_average": "step_ms", "device_compute_time_ms_avg": "device_compute_ms",
+            "device_collectives_time_ms_avg": "device_collectives_ms",
+            "device_to_device_time_ms_avg": "device_to_device_ms",
+            "host_compute_time_ms_avg": "host_compute_ms", "kernel_launch_time_ms_avg": "kernel_launch_ms",
+            "infeed_time_ms_avg": "input_ms", "compile_time_ms_avg": "compile_ms", "other_time_ms_avg": "other_ms"}
+
+
+def xprof_overview(xplane: str) -> dict[str, Any] | None:
+    """xprof's own step-time breakdown and bottleneck verdict (overview_page), GPU/TPU captures; None where it
+    has none. ``bottleneck`` is xprof's word (``device``, ``host``, ``input``...), ``conclusion`` its sentence."""
+    try:
+        from xprof.convert.raw_to_tool_data import xspace_to_tool_data
+
+        with quiet_native_stderr():
+            data, _ = xspace_to_tool_data([xplane], "overview_page", {})
+        parts = [p.get("p", p) for p in json.loads(data)] if data else []
+    except Exception:  # noqa: BLE001 - xprof's verdict is extra: the step figures stand without it
+        return None
+    found: dict[str, Any] = {}
+    for part in parts:
+        if "steptime_ms_average" in part:
+            found.update({ours: float(part[theirs]) for theirs, ours in OVERVIEW.items() if _number(part.get(theirs))})
+            found["conclusion"] = str(part.get("input_conclusion", ""))
+        if part.get("bottleneck"):
+            found["bottleneck"] = str(part["bottleneck"])
+    return found if "step_ms" in found else None
+
+
+def _number(text: object) -> bool:
+    try:
+        float(str(text))
+    except ValueError:
+        return False
+    return True
 
 
 def module_hlo(xplane: str, module: str, program_id: int | None) -> HloModule | None:
@@ -207,6 +246,9 @@ def busy_within(spans: list[tuple[float, float]], windows: list[tuple[float, flo
 
 
 def _step_hint(host: CaptureHost) -> str:
+    verdict = host.overview or {}
+    if verdict.get("bottleneck") not in (None, "", "device") and verdict.get("conclusion"):
+        return f"{host.label} (xprof): {verdict['conclusion']}"
     steps = host.steps
     if steps is None or steps.execute_fraction is None or steps.execute_fraction > 1 - HOST_BOUND_FRACTION:
         return ""

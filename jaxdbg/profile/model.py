@@ -218,6 +218,7 @@ class CaptureHost:
     execute_s: float  # time its jitted programs ran (union)
     steps: StepFigures | None
     devices: tuple[str, ...] = ()  # its device planes ('/device:GPU:0'); none for CPU
+    overview: dict[str, Any] | None = None  # GPU/TPU: xprof's overview_page step breakdown (capture_report.OVERVIEW)
 
 
 @dataclass(frozen=True)
