@@ -297,7 +297,8 @@ def _render_capture(console: Console, result: ProfileResult) -> None:
         if host.overview:
             parts = ", ".join(f"{key[:-3].replace('_', ' ')} {value:g}ms" for key, value in host.overview.items()
                               if key.endswith("_ms") and key != "step_ms" and value)
-            console.print(f"    xprof: {host.overview.get('bottleneck', '?')}-bound; step {host.overview['step_ms']:g}ms"
+            verdict = host.overview.get("bottleneck", "?")
+            console.print(f"    xprof: {verdict}-bound; step {host.overview['step_ms']:g}ms"
                           + (f": {parts}" if parts else ""), soft_wrap=True)
     if result.functions:
         console.print(_functions_table(result, console.width))
