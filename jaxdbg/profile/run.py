@@ -242,7 +242,7 @@ def attach_ops(functions: list[FunctionProfile], captured: CaptureOps, top: int)
     ``captured.by_prefix``: xprof's hlo_stats keyed by framework-op prefix (``jit(train_step)``), used
     first; ``captured.by_module``: the capture's own op events keyed by HLO module (``jit_train_step``)."""
     from jaxdbg.profile.hlo import parse_hlo
-    from jaxdbg.profile.ops import op_table
+    from jaxdbg.profile.ops import function_ops
 
     if top <= 0:
         return functions
@@ -254,11 +254,8 @@ def attach_ops(functions: list[FunctionProfile], captured: CaptureOps, top: int)
             with open(path) as handle:
                 module = parse_hlo(handle.read())
         name = function.module or (module.name if module else f"jit_{function.name}")
-        ops, source = captured.by_prefix.get(f"jit({function.name})"), "xprof hlo_stats"
-        if not ops:
-            ops, source = captured.by_module.get(name), "xplane op events"
-        rows = op_table(ops, module, top, name) if ops else ()
-        updated.append(dataclasses.replace(function, ops=rows, ops_source=source if rows else ""))
+        rows, source = function_ops(function.name, name, module, captured.by_prefix, captured.by_module, top)
+        updated.append(dataclasses.replace(function, ops=rows, ops_source=source))
     return updated
 
 
