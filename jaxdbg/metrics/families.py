@@ -109,7 +109,9 @@ def _profile(out: Families, result: dict, process: str) -> None:
         compile_ = fn.get("compile") or {}
         out.counter("calls", "Top-level calls of a jitted function.", labels, execute.get("calls"))
         out.counter("compiles", "Compiles of a jitted function (the first one included).", labels, fn.get("compiles"))
-        out.counter("recompiles", "Compiles after the first.", labels, len(fn.get("recompiles") or []))
+        recompiles = fn.get("recompiles")  # null in a capture: unknown, not zero
+        out.counter("recompiles", "Compiles after the first.", labels,
+                    None if recompiles is None else len(recompiles))
         out.counter("compile_seconds", "Time spent compiling (trace, lower, backend).", labels, compile_.get("total_s"))
         for name, help_text, key in _EXECUTE_GAUGES:
             out.gauge(name, help_text, labels, execute.get(key))
