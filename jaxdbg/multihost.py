@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jaxdbg import _compat
+from jaxdbg._errors import JobMismatchError
 
 HEARTBEAT_S = 1.0
 SILENT_S = 15.0  # a peer whose heartbeat has not moved for this long is reported as lost (dead or frozen)
@@ -195,3 +196,83 @@ def missing_line(command: str, index: int, count: int, waited_s: float) -> str:
     why = ("it stopped answering: it died or froze" if lost
            else f"none within {waited_s:.0f} s: it died, hangs or is busy")
     return f"process {index} sent no report ({why}){stood}"
+
+
+# Set by the command line (jaxdbg.cli.main) for the processes it starts: the jaxdbg command this process runs.
+COMMAND_VARIABLE = "JAXDBG_COMMAND_LINE"
+# Options that may differ between the processes of a job (a per-host --out, --json); every other word must not.
+PER_PROCESS_OPTIONS = {"--out": 1, "--json": 1, "-q": 0, "--quiet": 0, "-v": 0, "--verbose": 0}
+AGREE_WAIT_S = 60.0
+_agreed: list[bool] = []
+
+
+def comparable_command(argv: list[str]) -> list[str]:
+    """The words of a jaxdbg command line that every process of a job must share.
+
+    Example:
+        >>> comparable_command(["profile", "train.py", "--out", "/tmp/h1", "-q", "--json=/tmp/a.json"])
+        ['profile', 'train.py']
+    """
+    kept: list[str] = []
+    skip = 0
+    for word in argv:
+        if skip:
+            skip -= 1
+            continue
+        name = word.partition("=")[0]
+        if name in PER_PROCESS_OPTIONS:
+            skip = PER_PROCESS_OPTIONS[name] if "=" not in word else 0
+            continue
+        kept.append(word)
+    return kept
+
+
+def agree_on_command(wait_s: float = AGREE_WAIT_S) -> None:
+    """Once, when this process has joined a job: publish the jaxdbg command it runs and compare it with every
+    other process's (each waited for at most ``wait_s``). Different commands, targets, options or jaxdbg
+    versions (a launch-line typo, an old install on one host) would each wait in the other's collectives:
+    raise :class:`~jaxdbg._errors.JobMismatchError` naming the difference (every process sees the same
+    pair, so every process stops with the same line)."""
+    line = os.environ.get(COMMAND_VARIABLE)
+    place = job()
+    if line is None or place is None or _agreed:
+        return
+    _agreed.append(True)
+    from jaxdbg._version import __version__
+
+    mine = {"version": __version__, "command": comparable_command(json.loads(line))}
+    client = _compat.distributed_client()
+    try:
+        client.key_value_set(_key("job", "command", place.index), json.dumps(mine), allow_overwrite=True)
+    except Exception:  # noqa: BLE001 - the runtime is gone: nothing to compare with
+        return
+    deadline = time.monotonic() + wait_s
+    for peer in range(place.count):
+        if peer == place.index:
+            continue
+        try:
+            left_ms = max(int((deadline - time.monotonic()) * 1000), 1)
+            theirs = json.loads(client.blocking_key_value_get(_key("job", "command", peer), left_ms))
+        except Exception:  # noqa: BLE001 - not there in time: the heartbeat and the gathers report a silent peer
+            continue
+        if theirs != mine:
+            first, second = sorted([(place.index, mine), (peer, theirs)], key=lambda pair: pair[0])
+            raise JobMismatchError(mismatch_line(first, second))
+
+
+def mismatch_line(first: tuple[int, dict], second: tuple[int, dict]) -> str:
+    """One line naming how two processes' commands differ.
+
+    Example:
+        >>> line = mismatch_line((0, {"version": "1", "command": ["profile", "a.py"]}),
+        ...                      (1, {"version": "1", "command": ["nan-hunt", "a.py"]}))
+        >>> line.partition(": ")[2].partition(";")[0]
+        "process 0 runs 'jaxdbg profile a.py', process 1 runs 'jaxdbg nan-hunt a.py'"
+    """
+    (a, mine), (b, theirs) = first, second
+    if mine["version"] != theirs["version"]:
+        return (f"the job's processes run different jaxdbg versions: process {a} runs jaxdbg {mine['version']}, "
+                f"process {b} runs jaxdbg {theirs['version']}; install the same version on every host")
+    said = [f"process {i} runs 'jaxdbg {' '.join(c['command'])}'" for i, c in ((a, mine), (b, theirs))]
+    return (f"the job's processes run different jaxdbg commands: {said[0]}, {said[1]}; every process must run "
+            "the same command on the same target (check the launch line)")

@@ -128,3 +128,21 @@ def test_a_process_that_dies_is_named_not_waited_for(tmp_path):
     assert rows[0]["note"] == "" and rows[1]["note"].startswith("process 1 sent no report (it stopped answering")
     assert "last seen" in rows[1]["note"]
     assert any(note.startswith("process 1 stopped answering") for note in report["result"]["notes"])
+
+
+def test_processes_that_run_different_commands_stop_with_one_line(tmp_path):
+    """A launch-line typo: process 0 profiles, process 1 hunts NaNs on the same program. Each finds the other's
+    command through the job's key-value store at its first jitted call and stops (exit 2), naming both."""
+    from jaxdbg.launch import free_port, task_environment
+
+    program = os.path.join(CORPUS, "multihost_dp", "train.py")
+    port, base = free_port(), {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    procs = [subprocess.Popen([sys.executable, "-m", "jaxdbg", command, program, "--out", str(tmp_path / str(i)),
+                               "-q", "--timeout", "120"], env=task_environment(i, 2, port, base),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i, command in enumerate(["profile", "nan-hunt"])]
+    ends = [proc.communicate(timeout=150) for proc in procs]
+    said = f"process 0 runs 'jaxdbg profile {program} --timeout 120', process 1 runs 'jaxdbg nan-hunt {program} --timeout"
+    for proc, (_, err) in zip(procs, ends):
+        assert proc.returncode == 2 and said in err, err[-2000:]
+        assert len(err.strip().splitlines()) == 1, err[-2000:]
