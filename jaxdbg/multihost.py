@@ -93,6 +93,47 @@ def gather(command: str, what: str, timeout_s: float) -> dict[int, Any]:
     return found
 
 
+# Larger values (a profiler capture) travel in chunks: the coordination service carries each key's value in
+# one gRPC message (4 MiB by default), and it holds every value in process 0's memory until deleted.
+CHUNK_BYTES = 1 << 20
+MAX_SHARED_BYTES = 64 << 20
+
+
+def publish_bytes(command: str, what: str, data: bytes) -> bool:
+    """Publish this process's ``data`` in chunks, then its size (so a reader that sees the size finds every
+    chunk); False when the job's runtime is gone."""
+    client, place = _compat.distributed_client(), job()
+    if client is None or place is None:
+        return False
+    key = _key(command, what, place.index)
+    try:
+        chunks = range(0, len(data), CHUNK_BYTES)
+        for number, start in enumerate(chunks):
+            client.key_value_set_bytes(f"{key}/{number}", data[start:start + CHUNK_BYTES], allow_overwrite=True)
+        client.key_value_set(key, json.dumps({"chunks": len(chunks), "bytes": len(data)}), allow_overwrite=True)
+    except Exception:  # noqa: BLE001 - the coordination service went away (the job is ending)
+        return False
+    return True
+
+
+def fetch_bytes(command: str, what: str, index: int, timeout_s: float) -> bytes | None:
+    """Process ``index``'s published bytes (waiting at most ``timeout_s`` for them to be announced), removed
+    from the store once read; None if they never came."""
+    client = _compat.distributed_client()
+    if client is None or index in _silent:
+        return None
+    key = _key(command, what, index)
+    try:
+        size = json.loads(client.blocking_key_value_get(key, max(int(timeout_s * 1000), 1)))
+        parts = [client.blocking_key_value_get_bytes(f"{key}/{n}", 10_000) for n in range(size["chunks"])]
+    except Exception:  # noqa: BLE001 - not published in time: dead, hung or busy
+        return None
+    for n in range(size["chunks"]):
+        with contextlib.suppress(Exception):
+            client.key_value_delete(f"{key}/{n}")
+    return b"".join(parts)
+
+
 # Processes that failed to answer a gather, or whose heartbeat stopped: not waited for again.
 _silent: set[int] = set()
 _lost_peers: set[int] = set()  # of those, the ones whose heartbeat stopped

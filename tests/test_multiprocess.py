@@ -41,6 +41,18 @@ def test_profile_runs_in_every_process_of_a_two_process_job(tmp_path):
         ops = {op["category"]: op for op in step["ops"]}
         assert "collective" in ops and ops["collective"]["source"]["file"].endswith("train.py")
         assert os.path.isdir(out / f"process-{index}" / "trace")
+    # Every process's capture, gathered into process 0's --out through the key-value store: one xprof session
+    # (one run folder, a host per process), which xprof's converter opens with both hosts on one timeline.
+    from xprof.convert.raw_to_tool_data import xspace_to_tool_data
+
+    assert job["artifacts"]["job_trace_dir"] == str(out / "trace")
+    (run,) = os.listdir(out / "trace" / "plugins" / "profile")
+    session = out / "trace" / "plugins" / "profile" / run
+    assert sorted(os.listdir(session)) == ["process-0.xplane.pb", "process-1.xplane.pb"]
+    data, _ = xspace_to_tool_data(sorted(str(p) for p in session.iterdir()), "trace_viewer@",
+                                  {"hosts": ["process-0", "process-1"]})
+    names = {e["args"]["name"] for e in json.loads(data)["traceEvents"] if e.get("name") == "process_name"}
+    assert {name.split(" ")[0] for name in names} == {"process-0", "process-1"}
 
 
 @pytest.mark.parametrize("argv, says", [
