@@ -93,6 +93,34 @@ def gather(command: str, what: str, timeout_s: float) -> dict[int, Any]:
     return found
 
 
+def wait_for(command: str, what: str, index: int, timeout_s: float) -> Any:
+    """Process ``index``'s ``what``, waiting at most ``timeout_s`` for it (None if it never came)."""
+    client = _compat.distributed_client()
+    if client is None:
+        return None
+    try:
+        return json.loads(client.blocking_key_value_get(_key(command, what, index), max(int(timeout_s * 1000), 1)))
+    except Exception:  # noqa: BLE001 - not published in time
+        return None
+
+
+def global_value(value: Any) -> Any:
+    """A host copy of ``value``; for a ``jax.Array`` sharded over devices of other processes, the whole global
+    array, gathered from every process. A collective: every process of the job must call it, in the same
+    order, on the same arrays (a replay or capture of an SPMD program does)."""
+    import jax
+    import numpy as np
+
+    if not isinstance(value, jax.Array) or value.is_fully_addressable or value.is_fully_replicated:
+        return value
+    from jax.experimental import multihost_utils
+
+    from jaxdbg import jit_layer
+
+    with jit_layer.internal():  # the gather's own jitted function is jaxdbg's, not the program's
+        return np.asarray(multihost_utils.process_allgather(value, tiled=True))
+
+
 # Larger values (a profiler capture) travel in chunks: the coordination service carries each key's value in
 # one gRPC message (4 MiB by default), and it holds every value in process 0's memory until deleted.
 CHUNK_BYTES = 1 << 20
