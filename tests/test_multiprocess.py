@@ -158,3 +158,35 @@ def test_processes_that_run_different_commands_stop_with_one_line(tmp_path):
     for proc, (_, err) in zip(procs, ends):
         assert proc.returncode == 2 and said in err, err[-2000:]
         assert len(err.strip().splitlines()) == 1, err[-2000:]
+
+
+def _repro_job(tmp_path, program: str, devices: int) -> tuple[dict, dict, str]:
+    out = tmp_path / "r"
+    done = launch(["repro", os.path.join(CORPUS, program, "train.py"), "--out", str(out), "-q", "--max-time", "120",
+                   "--timeout", "60", "--json", str(tmp_path / "job.json")], 2, devices=devices)
+    assert done.returncode == 0, done.stderr[-3000:]
+    job = json.loads((tmp_path / "job.json").read_text())
+    peer = json.loads((out / "process-1" / "report.json").read_text())
+    assert (job["environment"]["process_index"], job["environment"]["process_count"]) == (0, 2)
+    assert peer["environment"]["process_index"] == 1 and "process 0's report" in peer["result"]["verification"]
+    assert not (out / "process-1" / "repro.py").exists()
+    return job, peer, (out / "repro.py").read_text()
+
+
+def test_repro_of_a_shape_error_in_a_sharded_step_is_one_process_with_the_global_shapes(tmp_path):
+    """Every process traces the step on the global batch (2 processes x 2 devices x 4 rows); the failing
+    operation alone, on those global shapes, fails the same way in one process, with no jax.distributed."""
+    job, _, text = _repro_job(tmp_path, "multihost_shape", 2)
+    result = job["result"]
+    assert result["verified"] and result["strategy"] == "computation" and result["failing_primitives"] == ["dot_general"]
+    assert "np.zeros((16, 8)" in text and "distributed" not in text
+    assert any(note.startswith("reproduced in one process") for note in result["notes"])
+
+
+def test_repro_of_a_nan_in_one_shard_gathers_the_global_inputs(tmp_path):
+    """The NaN comes from process 1's shard; the capture gathers the step's sharded inputs whole, process 0
+    cuts them to the log of the negative example, and that runs alone in one process."""
+    job, _, text = _repro_job(tmp_path, "multihost_nan", 2)
+    result = job["result"]
+    assert result["verified"] and result["signature"]["kind"] == "nonfinite"
+    assert result["failing_primitives"] == ["log"] and "-1.0" in text and "distributed" not in text
