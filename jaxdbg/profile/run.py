@@ -24,7 +24,7 @@ from jaxdbg.profile.assemble import Gathered
 from jaxdbg.profile.budget import check_budget, parse_budget
 from jaxdbg.profile.compare import compare, load_baseline, other_target_note
 from jaxdbg.profile.hints import hints_for, notes_for
-from jaxdbg.profile.messages import CaptureOps, ProfileJob
+from jaxdbg.profile.messages import CaptureOps, JobCapture, ProfileJob
 from jaxdbg.profile.model import FunctionProfile, ProfileResult, Rates
 from jaxdbg.profile.monitor import monitor_hints, series
 from jaxdbg.profile.peaks import Peak, achieved_rates, dtype_class, table_peak
@@ -113,6 +113,9 @@ def profile(spec: TargetSpec, options: ProfileOptions, out_dir: str) -> ProfileR
         step_skew_s=step_skew_s(list(gathered.job)),
     )
     artifacts.update(_artifacts(result, outcome, str(process_folder(Path(out_dir), gathered.environment))))
+    session = outcome.last(JobCapture)
+    if session is not None:  # process 0 of a job: every process's capture as one xprof session
+        artifacts["job_trace_dir"] = session.logdir
     code = EXIT_TARGET_FAILED if error else (EXIT_FOUND if not budget.ok else EXIT_OK)
     return ProfileRun(result, code, artifacts, outcome, gathered.environment)
 
