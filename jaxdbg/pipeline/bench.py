@@ -237,10 +237,14 @@ def plan_jobs(options: BenchOptions) -> list[_Job]:
 
 def run_bench(
     options: BenchOptions, progress: Callable[[int, int, str], None] | None = None, out_dir: Path | None = None,
-    seen_environment: dict | None = None,
+    on_run: Callable[[int, int, RunKey, RunRecord], None] | None = None, seen_environment: dict | None = None,
 ) -> tuple[BenchResult, dict[RunKey, RunRecord]]:
-    """Run every combination; returns the result and each run's timeline (for traces and plots). Real mode
-    fills ``seen_environment`` with the jax environment its runs saw (the process's place in a job)."""
+    """Run every combination; returns the result and each run's timeline (for traces and plots).
+
+    ``on_run(done, total, key, record)`` hears of each finished run (sim: as it ends; real: when the child
+    process has run them all), e.g. for the live ``--metrics-port`` endpoint. Real mode fills
+    ``seen_environment`` with the jax environment its runs saw (the process's place in a job).
+    """
     jobs = plan_jobs(options)
     if options.mode == "sim":
         records = {}
@@ -248,6 +252,8 @@ def run_bench(
             if progress:
                 progress(i, len(jobs), job.key.label())
             records[job.key] = simulate(job.shape, job.policies(), job.durations, job.key.comm)
+            if on_run:
+                on_run(i + 1, len(jobs), job.key, records[job.key])
         real: dict[Any, RealTimeline] = {}
         devices: list[str] = []
         environment = None
@@ -256,6 +262,9 @@ def run_bench(
         if progress:
             progress(0, len(jobs), f"{len(jobs)} real runs in a child process")
         records, real, devices, environment = _run_real(options, jobs)
+        for i, job in enumerate(jobs):
+            if on_run:
+                on_run(i + 1, len(jobs), job.key, records[job.key])
         correctness = _correctness(real)
         if out_dir is not None:
             from jaxdbg.report import process_folder
@@ -414,16 +423,14 @@ def real_job(payload: RealJob, channel) -> None:
     wait = payload.timeout or 300.0
     transport = join_job(payload.transfer_bind, wait)  # before anything starts jax's backend
 
-    from jaxdbg import multihost
     from jaxdbg.report import environment_info
 
     channel.send(Environment(environment_info()))
     try:
-        _real_runs(payload, channel, transport, wait)
+        _real_runs(payload, channel, transport, wait)  # (the child leaves the job on its way out: jaxdbg._child)
     except BaseException as err:
         transport.abort(f"{type(err).__name__}: {err}".splitlines()[0])  # the other processes stop, not wait
         raise
-    multihost.leave_job()
 
 
 def _real_runs(payload: RealJob, channel, transport, wait: float) -> None:

@@ -279,6 +279,9 @@ def join_job(bind: str, timeout: float) -> LocalTransport:
     jax.distributed.initialize()
     if jax.process_count() <= 1:
         return LocalTransport()
+    from jaxdbg import multihost
+
+    multihost.agree_on_command(min(timeout, multihost.AGREE_WAIT_S))  # a launch-line typo stops every process
     if not bind:
         raise UsageError("--transfer-bind: give an interface address, e.g. 127.0.0.1")
     return ProcessTransport(bind, timeout)
