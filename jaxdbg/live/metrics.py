@@ -1,59 +1,51 @@
-"""The live figures of a :func:`jaxdbg.watch` over HTTP, in the Prometheus text format (``prometheus-client``).
+"""The live figures of a :func:`jaxdbg.watch` as Prometheus metric families, for ``metrics_port``.
 
-Served on 127.0.0.1 only, from a daemon thread; each scrape reads the figures as they are then. Names and
-labels are the project's shared ones (``jaxdbg_calls_total{function,process}``, ...).
+Served by :func:`jaxdbg.metrics.live.serve` (127.0.0.1 only); each scrape reads the figures as they are
+then, under the same names and labels as the exported reports (:mod:`jaxdbg.metrics.families`, docs/metrics.md).
 
 Example:
     >>> from urllib.request import urlopen
     >>> from jaxdbg.live.figures import Figures
+    >>> from jaxdbg.metrics.live import serve
     >>> figures = Figures()
     >>> figures.function("train_step").called(1.0)
-    >>> server = serve(0, figures)
-    >>> text = urlopen(server.url).read().decode()
+    >>> with serve(WatchCollector(figures), port=0) as url:
+    ...     text = urlopen(url).read().decode()
     >>> 'jaxdbg_calls_total{function="train_step",process="0"} 1.0' in text
     True
-    >>> server.close()
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterable
+
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
 
 from jaxdbg.live.figures import Figures
+from jaxdbg.metrics.families import Families
 
 
-class _Collector:
-    """Yields the metric families from the figures at scrape time."""
+class WatchCollector(Collector):
+    """Yields the watch's figures at scrape time."""
 
     def __init__(self, figures: Figures):
         self.figures = figures
 
-    def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
+    def collect(self) -> Iterable[Metric]:
+        out = Families()
         process = str(_process_index())
-        labels = ["function", "process"]
-        calls = CounterMetricFamily("jaxdbg_calls", "top-level calls of a jitted function", labels=labels)
-        compiles = CounterMetricFamily("jaxdbg_compiles", "compiles (first one included)", labels=labels)
-        recompiles = CounterMetricFamily("jaxdbg_recompiles", "compiles after the first", labels=labels)
-        compile_s = CounterMetricFamily("jaxdbg_compile_seconds", "time spent compiling", labels=labels)
-        nonfinite = CounterMetricFamily("jaxdbg_nonfinite", "calls whose outputs held NaN/Inf", labels=labels)
-        step = GaugeMetricFamily("jaxdbg_step_seconds", "interval between the two latest calls", labels=labels)
         for row in list(self.figures.functions.values()):
-            key = [row.name, process]
-            calls.add_metric(key, row.calls)
-            compiles.add_metric(key, row.compiles)
-            recompiles.add_metric(key, max(row.compiles - 1, 0))
-            compile_s.add_metric(key, row.compile_s)
-            nonfinite.add_metric(key, row.nonfinite)
-            if row.step_s is not None:
-                step.add_metric(key, row.step_s)
-        memory = GaugeMetricFamily("jaxdbg_device_memory_bytes", "device memory in use", labels=["device", "process"])
+            labels = {"function": row.name, "process": process}
+            out.counter("calls", "Top-level calls of a jitted function.", labels, row.calls)
+            out.counter("compiles", "Compiles of a jitted function (the first one included).", labels, row.compiles)
+            out.counter("recompiles", "Compiles after the first.", labels, max(row.compiles - 1, 0))
+            out.counter("compile_seconds", "Time spent compiling (trace, lower, backend).", labels, row.compile_s)
+            out.counter("nonfinite", "Calls whose outputs held NaN/Inf.", labels, row.nonfinite)
+            out.gauge("step_seconds", "Interval between the function's two latest calls.", labels, row.step_s)
         for device, used in _device_memory():
-            memory.add_metric([device, process], used)
-        yield from (calls, compiles, recompiles, compile_s, nonfinite, step, memory)
+            out.gauge("device_memory_bytes", "Device memory in use.", {"device": device, "process": process}, used)
+        return out.all()
 
 
 def _process_index() -> int:
@@ -67,7 +59,7 @@ def _process_index() -> int:
 
 
 def _device_memory() -> list[tuple[str, int]]:
-    """``(device, bytes in use)`` of this process's devices that report it (CPU devices do not)."""
+    """``(local device index, bytes in use)`` of this process's devices that report it (CPU devices do not)."""
     from jaxdbg import _compat
 
     if not _compat.backend_started():
@@ -75,33 +67,8 @@ def _device_memory() -> list[tuple[str, int]]:
     import jax
 
     rows = []
-    for device in jax.local_devices():
+    for i, device in enumerate(jax.local_devices()):
         stats = device.memory_stats() if hasattr(device, "memory_stats") else None
         if stats and "bytes_in_use" in stats:
-            rows.append((f"{device.platform}:{device.id}", int(stats["bytes_in_use"])))
+            rows.append((str(i), int(stats["bytes_in_use"])))
     return rows
-
-
-class MetricsServer:
-    """A running ``/metrics`` endpoint; :meth:`close` stops it."""
-
-    def __init__(self, server: Any, thread: threading.Thread):
-        self._server = server
-        self._thread = thread
-        self.port = int(server.server_port)
-        self.url = f"http://127.0.0.1:{self.port}/metrics"
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
-
-
-def serve(port: int, figures: Figures) -> MetricsServer:
-    """Serve ``figures`` on http://127.0.0.1:PORT/metrics (port 0: a free one, see ``.url``)."""
-    from prometheus_client import CollectorRegistry, start_http_server
-
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Collector(figures))  # a collector by duck typing (collect())
-    server, thread = start_http_server(port, addr="127.0.0.1", registry=registry)
-    return MetricsServer(server, thread)

@@ -100,16 +100,14 @@ class watch(contextlib.ContextDecorator):
         stack.enter_context(compile_spans(hook))
         stack.enter_context(jit_layer.installed(hook))
         if self.metrics_port is not None:
-            from jaxdbg.live.metrics import serve
+            from jaxdbg.live.metrics import WatchCollector
+            from jaxdbg.metrics.live import serve
 
             try:
-                server = serve(self.metrics_port, hook.figures)
-            except OSError as err:
+                self.metrics_url = stack.enter_context(serve(WatchCollector(hook.figures), self.metrics_port))
+            except BaseException:
                 stack.close()
-                raise UsageError(f"jaxdbg.watch(metrics_port={self.metrics_port}): cannot listen on 127.0.0.1:"
-                                 f"{self.metrics_port} ({err.strerror or err}); pick a free port") from None
-            stack.callback(server.close)
-            self.metrics_url = server.url
+                raise
         self._states.append(_State(hook, stack))
         return self
 
