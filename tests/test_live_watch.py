@@ -98,6 +98,13 @@ def test_log_action_goes_on_and_metrics_are_served(tmp_path, caplog):
         urllib.request.urlopen(guard.metrics_url, timeout=5)  # the server stopped with the watch
 
 
+def test_a_watch_that_saw_no_jitted_function_says_so(caplog):
+    early = jax.jit(lambda x: jnp.log(x))
+    with caplog.at_level(logging.WARNING, logger="jaxdbg"), jaxdbg.watch():
+        early(jnp.array(-1.0))  # jitted before the watch: not watched
+    assert "functions jitted before it began are not watched" in caplog.text
+
+
 def test_bad_options_are_one_clear_usage_error():
     with pytest.raises(jaxdbg.UsageError, match=r"action='stop'.*use 'raise' or 'log'"):
         jaxdbg.watch(action="stop")

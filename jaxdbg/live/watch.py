@@ -116,6 +116,9 @@ class watch(contextlib.ContextDecorator):
         try:
             if kind is None:
                 state.hook.flush()  # the latest call's flags: may raise NonFiniteError
+                if not state.hook.functions:
+                    log.warning("jaxdbg.watch: no function was jitted while the watch was on, so nothing was "
+                                "checked; functions jitted before it began are not watched (enter it first)")
         finally:
             self._states.pop()
             state.stack.close()
