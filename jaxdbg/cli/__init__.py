@@ -33,7 +33,7 @@ from jaxdbg._version import __version__
 from jaxdbg.launch import launch, split_processes_option
 
 # Subcommand modules under jaxdbg.cli, in the order --help lists them.
-COMMANDS = ("doctor", "profile", "nan_hunt", "repro", "pipeline_bench")
+COMMANDS = ("doctor", "profile", "nan_hunt", "repro", "pipeline_bench", "check")
 
 
 class JaxdbgGroup(TyperGroup):

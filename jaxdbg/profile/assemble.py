@@ -187,7 +187,7 @@ def execute_stats(calls: list[CallTiming], mode: str, warmup: int) -> ExecuteSta
     p10, p90 = (float(v) for v in np.percentile(values, [10, 90]))
     return ExecuteStats(count, first, median, p90, float(values.min()), float(values.max()),
                         (p90 - p10) / median if median > 0 else None, total,
-                        sampled if mode != "function" else count)
+                        sampled if mode != "function" else count, tuple(float(v) for v in timed))
 
 
 def normalize_cost(raw: dict | None) -> dict[str, float] | None:
