@@ -20,17 +20,12 @@ from __future__ import annotations
 
 import re
 import shlex
-import sys
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from jaxdbg._errors import UsageError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - jaxdbg needs Python 3.11 (pyproject.toml's requires-python)
-    raise ImportError("jaxdbg check needs Python 3.11 or newer (tomllib)")
 
 COMMANDS = ("profile", "nan-hunt")
 _KEYS = {"command": str, "target": str, "options": list, "budget": str}

@@ -8,8 +8,9 @@ Example:
     >>> report = {"command": "nan-hunt", "exit_code": 1, "result": {"found": True, "first": {
     ...     "kind": "nan", "primitive": "log", "pass": "forward", "function": "loss", "call_index": 0,
     ...     "source": {"file": "/p/train.py", "line": 7, "function": "loss"}}}}
-    >>> finding(report)
-    ('nan first made by log (forward pass) at train.py:7 in loss, call 0', SourceLocation(file='/p/train.py', line=7, function='loss'))
+    >>> line, where = finding(report)
+    >>> line, str(where)
+    ('nan first made by log (forward pass) at train.py:7 in loss, call 0', '/p/train.py:7 (loss)')
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ def annotation(check: CheckOutcome, workspace: str | None = None) -> str:
     return f"::error {','.join(properties)}::{escape_data(message)}"
 
 
-def annotations(result: CheckSuiteResult) -> list[str]:
+def annotation_lines(result: CheckSuiteResult) -> list[str]:
     return [annotation(check) for check in result.checks if not check.passed]
 
 

@@ -40,8 +40,8 @@ class Regression:
             how = f"{self.test} p={self.p_value:.2g}, interval {self.interval[0]:.3g}-{self.interval[1]:.3g}x"
         else:
             how = self.test
-        return f"{self.metric} of {self.function} {self.ratio:.3g}x the baseline ({how}; run-to-run noise " \
-               f"{self.noise:.3g}x)"
+        return (f"{self.metric} of {self.function} {self.ratio:.3g}x the baseline ({how}; run-to-run noise "
+                f"{self.noise:.3g}x)")
 
 
 @dataclass(frozen=True)

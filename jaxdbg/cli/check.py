@@ -22,7 +22,8 @@ ConfigOpt = Annotated[str | None, typer.Option(
     "from the current folder up).")]
 JobsOpt = Annotated[int | None, typer.Option(
     "--jobs", metavar="N", min=1, help="Checks run at once (default: the CPU count).")]
-JunitOpt = Annotated[str | None, typer.Option("--junit", metavar="PATH", help="Write JUnit XML: one test case per check.")]
+JunitOpt = Annotated[str | None, typer.Option(
+    "--junit", metavar="PATH", help="Write JUnit XML: one test case per check.")]
 BaselineOpt = Annotated[str | None, typer.Option(
     "--baseline", metavar="PATH", help="Compare compile and execute figures with this baseline (a regression is "
     "a slowdown beyond its measured noise).")]
@@ -53,7 +54,7 @@ def check(
 def _build(common: Common, config: str | None, jobs: int | None, junit: str | None, baseline: str | None,
            update_baseline: bool, repeats: int | None, alpha: float) -> Report:
     from jaxdbg.check import Settings, find_config, load_checks, run_suite
-    from jaxdbg.check.github import annotations, append_summary
+    from jaxdbg.check.github import annotation_lines, append_summary
     from jaxdbg.check.junit import write_junit
 
     path = Path(config) if config else find_config(Path.cwd())
@@ -73,7 +74,7 @@ def _build(common: Common, config: str | None, jobs: int | None, junit: str | No
         artifacts["junit"] = os.path.abspath(junit)
     if os.environ.get("GITHUB_ACTIONS") == "true":
         stream = sys.stderr if common.json == "-" else sys.stdout  # stdout carries only the JSON then
-        for line in annotations(run.result):
+        for line in annotation_lines(run.result):
             print(line, file=stream, flush=True)
     if os.environ.get("GITHUB_STEP_SUMMARY"):
         append_summary(run.result, Path(os.environ["GITHUB_STEP_SUMMARY"]))
