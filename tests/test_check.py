@@ -56,7 +56,7 @@ TIMED = """
 [tool.jaxdbg.check.matmul]
 command = "profile"
 target = "work.py::matmul"
-options = ["--args", "f32[{n},{n}]", "--runs", "40", "--warmup", "3", "--trace-calls", "0"]
+options = ["--args", "f32[{n},{n}]", "--runs", "20", "--warmup", "3", "--trace-calls", "0"]
 """
 ANNOTATION = re.compile(r"^::error file=(?P<file>[^,:]+),line=(?P<line>\d+),title=(?P<title>[^,:]+)::(?P<msg>.+)$")
 
@@ -135,7 +135,7 @@ def test_baseline_holds_on_a_rerun_and_finds_a_bigger_matmul(tmp_path) -> None:
     assert written.returncode == 0, written.stderr
     stored = json.loads(baseline.read_text())
     series = stored["checks"]["matmul"]["matmul"]
-    assert len(series["execute_run_medians_s"]) == 3 and len(series["execute_samples_s"]) == 120
+    assert len(series["execute_run_medians_s"]) == 3 and len(series["execute_samples_s"]) == 60
     assert stored["fingerprint"]["backend"] == "cpu" and stored["calibration"]["execute_s"] > 0
 
     same = _check(folder, "--baseline", str(baseline), "--repeats", "1", "--json", str(tmp_path / "same.json"),
@@ -151,7 +151,9 @@ def test_baseline_holds_on_a_rerun_and_finds_a_bigger_matmul(tmp_path) -> None:
     check = report["result"]["checks"][0]
     regression = next(r for r in check["regressions"] if r["metric"] == "execute_median_s")
     assert regression["ratio"] > 4 and regression["p_value"] < 0.01 and regression["interval"][0] > 1
-    assert "permutation test" in regression["test"] and check["finding"].startswith("regression: execute_median_s")
+    assert "t prediction test on run medians, 3 baseline runs vs 1" in regression["test"]
+    assert regression["noise"] > 1 and check["finding"].startswith("regression: execute_median_s")
+    assert f"p={regression['p_value']:.2g}" in check["finding"]
     assert Path(check["location"]["file"]).name == "work.py"
 
 

@@ -9,8 +9,8 @@ backends they are refused.
 
 Example:
     >>> calls = [1.0, 1.02, 0.98, 1.01, 0.99, 1.03, 0.97, 1.0]
-    >>> samples = {"f": {"execute_samples_s": calls, "execute_run_medians_s": [1.0, 1.02],
-    ...                  "compile_samples_s": [0.5, 0.52]}}
+    >>> samples = {"f": {"execute_samples_s": calls, "execute_run_medians_s": [1.0, 1.02, 0.99],
+    ...                  "compile_samples_s": [0.5, 0.52, 0.49]}}
     >>> slower = {"f": {"execute_samples_s": [2 * v for v in calls], "execute_run_medians_s": [2.0],
     ...                 "compile_samples_s": [0.51]}}
     >>> compared, regressed = compare_check(samples, slower, Scale(), alpha=0.01)
@@ -33,7 +33,7 @@ import numpy as np
 from jaxdbg._errors import UsageError
 from jaxdbg._version import __version__
 from jaxdbg.check.result import Regression
-from jaxdbg.check.stats import median_ratio_test, run_to_run_noise
+from jaxdbg.check.stats import median_ratio_test, run_level_test
 
 FORMAT = 1  # bump when the file's layout changes; an older file is refused, not misread
 MIN_SAMPLES = 3  # fewer on either side and the permutation test cannot reach a small p-value
@@ -138,10 +138,11 @@ def compare_check(baseline: Samples, current: Samples, scale: Scale,
                   alpha: float) -> tuple[tuple[Regression, ...], tuple[Regression, ...]]:
     """(every figure compared, the regressions among them) for the functions present in both runs.
 
-    Execute: a one-sided permutation test on the median ratio of the calls' times; a regression when
-    p < alpha and the interval's low end is above the run-to-run noise of the baseline's runs. Compile (one
-    figure a run): a regression when the median is beyond the baseline's largest run by its run-to-run
-    spread, or, with enough runs on both sides, by the permutation test as for execute.
+    A regression is a slowdown beyond run-to-run noise: the runs' medians fail a one-sided Student t
+    prediction test against the baseline's repeated runs (p < alpha) and, for execute time, the calls'
+    bootstrap interval of the median ratio lies above 1. With a single baseline run no run-to-run noise was
+    measured: execute time then falls back to the one-sided permutation test on the calls' times, and compile
+    time (one figure a run) is not compared.
     """
     compared: list[Regression] = []
     regressed: list[Regression] = []
@@ -149,10 +150,7 @@ def compare_check(baseline: Samples, current: Samples, scale: Scale,
         now = current.get(name)
         if now is None:
             continue
-        for figure in (_figure(name, "execute_median_s", base["execute_samples_s"], now["execute_samples_s"],
-                               base["execute_run_medians_s"], scale.execute, scale.note, alpha),
-                       _figure(name, "compile_s", base["compile_samples_s"], now["compile_samples_s"],
-                               base["compile_samples_s"], scale.compile, scale.note, alpha)):
+        for figure in (_execute(name, base, now, scale, alpha), _compile(name, base, now, scale, alpha)):
             if figure is not None:
                 compared.append(figure[0])
                 if figure[1]:
@@ -160,21 +158,35 @@ def compare_check(baseline: Samples, current: Samples, scale: Scale,
     return tuple(compared), tuple(regressed)
 
 
-def _figure(function: str, metric: str, base: list[float], now: list[float], runs: list[float], scale: float,
-            note: str, alpha: float) -> tuple[Regression, bool] | None:
-    if not base or not now:
+def _execute(function: str, base: dict[str, list[float]], now: dict[str, list[float]], scale: Scale,
+             alpha: float) -> tuple[Regression, bool] | None:
+    calls = [v / scale.execute for v in now["execute_samples_s"]]
+    runs = [v / scale.execute for v in now["execute_run_medians_s"]]
+    base_calls, base_runs = base["execute_samples_s"], base["execute_run_medians_s"]
+    if len(base_calls) < MIN_SAMPLES or len(calls) < MIN_SAMPLES:
         return None
-    current = [v / scale for v in now]
-    noise = run_to_run_noise(runs)
-    base_median, now_median = float(np.median(base)), float(np.median(current))
-    if len(base) >= MIN_SAMPLES and len(current) >= MIN_SAMPLES:
-        ratio, p_value, interval = median_ratio_test(base, current, confidence=1 - alpha)
-        test = f"one-sided permutation test on the median ratio, {len(base)} vs {len(current)} samples{note}:"
-        return (Regression(function, metric, base_median, now_median, ratio, test, p_value, interval, noise),
-                p_value < alpha and interval[0] > noise)
-    if len(runs) < 2:
-        return None  # one baseline run measured no noise: nothing to hold a single figure against
-    ratio = now_median / base_median
-    test = f"range test: beyond the largest of {len(base)} baseline runs by their spread{note}"
-    return (Regression(function, metric, base_median, now_median, ratio, test, None, None, noise),
-            now_median > max(base) * noise)
+    ratio, p_calls, interval = median_ratio_test(base_calls, calls, confidence=1 - alpha)
+    medians = float(np.median(base_calls)), float(np.median(calls))
+    if len(base_runs) >= 2 and runs:
+        p_runs, bound = run_level_test(base_runs, runs, alpha)
+        test = (f"one-sided t prediction test on run medians, {len(base_runs)} baseline runs vs {len(runs)}; "
+                f"calls' interval by bootstrap{scale.note}:")
+        return (Regression(function, "execute_median_s", *medians, ratio, test, p_runs, interval, bound),
+                p_runs < alpha and interval[0] > 1.0)
+    test = (f"one-sided permutation test on {len(base_calls)} vs {len(calls)} calls' times (one baseline run: "
+            f"run-to-run noise not measured){scale.note}:")
+    return (Regression(function, "execute_median_s", *medians, ratio, test, p_calls, interval, 1.0),
+            p_calls < alpha and interval[0] > 1.0)
+
+
+def _compile(function: str, base: dict[str, list[float]], now: dict[str, list[float]], scale: Scale,
+             alpha: float) -> tuple[Regression, bool] | None:
+    runs = [v / scale.compile for v in now["compile_samples_s"] if v > 0]
+    base_runs = [v for v in base["compile_samples_s"] if v > 0]
+    if len(base_runs) < 2 or not runs:
+        return None
+    p_runs, bound = run_level_test(base_runs, runs, alpha)
+    medians = float(np.median(base_runs)), float(np.median(runs))
+    test = f"one-sided t prediction test on compile times, {len(base_runs)} baseline runs vs {len(runs)}{scale.note}:"
+    return (Regression(function, "compile_s", *medians, medians[1] / medians[0], test, p_runs, None, bound),
+            p_runs < alpha)
