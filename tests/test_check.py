@@ -56,7 +56,7 @@ TIMED = """
 [tool.jaxdbg.check.matmul]
 command = "profile"
 target = "work.py::matmul"
-options = ["--args", "f32[{n},{n}]", "--runs", "20", "--warmup", "3", "--trace-calls", "0"]
+options = ["--args", "f32[{n},{n}]", "--runs", "10", "--warmup", "2", "--trace-calls", "0"]
 """
 ANNOTATION = re.compile(r"^::error file=(?P<file>[^,:]+),line=(?P<line>\d+),title=(?P<title>[^,:]+)::(?P<msg>.+)$")
 
@@ -129,20 +129,20 @@ def test_github_annotations_and_summary(suite) -> None:
 
 
 def test_baseline_holds_on_a_rerun_and_finds_a_bigger_matmul(tmp_path) -> None:
-    folder = _project(tmp_path / "demo", TIMED.format(n=96))
+    folder = _project(tmp_path / "demo", TIMED.format(n=256))
     baseline = tmp_path / "baseline.json"
     written = _check(folder, "--baseline", str(baseline), "--update-baseline", "--out", str(tmp_path / "o1"))
     assert written.returncode == 0, written.stderr
     stored = json.loads(baseline.read_text())
     series = stored["checks"]["matmul"]["matmul"]
-    assert len(series["execute_run_medians_s"]) == 3 and len(series["execute_samples_s"]) == 60
+    assert len(series["execute_run_medians_s"]) == 5 and len(series["execute_samples_s"]) == 50
     assert stored["fingerprint"]["backend"] == "cpu" and stored["calibration"]["execute_s"] > 0
 
     same = _check(folder, "--baseline", str(baseline), "--repeats", "1", "--json", str(tmp_path / "same.json"),
                   "--out", str(tmp_path / "o2"))
     assert same.returncode == 0, same.stdout + same.stderr
 
-    (folder / "pyproject.toml").write_text(f"[project]\nname = 'demo'\n{TIMED.format(n=384)}")
+    (folder / "pyproject.toml").write_text(f"[project]\nname = 'demo'\n{TIMED.format(n=1024)}")
     slower = _check(folder, "--baseline", str(baseline), "--repeats", "1", "--json", str(tmp_path / "slow.json"),
                     "--out", str(tmp_path / "o3"))
     assert slower.returncode == 1, slower.stdout + slower.stderr
@@ -151,7 +151,7 @@ def test_baseline_holds_on_a_rerun_and_finds_a_bigger_matmul(tmp_path) -> None:
     check = report["result"]["checks"][0]
     regression = next(r for r in check["regressions"] if r["metric"] == "execute_median_s")
     assert regression["ratio"] > 4 and regression["p_value"] < 0.01 and regression["interval"][0] > 1
-    assert "t prediction test on run medians, 3 baseline runs vs 1" in regression["test"]
+    assert "t prediction test on run medians, 5 baseline runs vs 1" in regression["test"]
     assert regression["noise"] > 1 and check["finding"].startswith("regression: execute_median_s")
     assert f"p={regression['p_value']:.2g}" in check["finding"]
     assert Path(check["location"]["file"]).name == "work.py"

@@ -3,7 +3,7 @@ several at once up to ``jobs``, then findings, baseline comparison and the suite
 
 A check runs ``python -m jaxdbg <command> [--budget B] OPTIONS TARGET --out OUT/<check> -q`` in the folder of
 its pyproject.toml and is judged on that command's JSON report (``OUT/<check>/report.json``). A profile check
-runs ``repeats`` times when a baseline is compared or written (``OUT/<check>/repeat-<k>/``), so the baseline
+runs ``repeats`` times (5 when a baseline is written) (``OUT/<check>/repeat-<k>/``), so the baseline
 holds the run-to-run noise too. A command that refuses its input (exit 2: an unknown budget rule or option,
 a missing target) is bad configuration: the suite stops with exit 2 naming the check.
 
@@ -51,7 +51,8 @@ from jaxdbg.check.result import CheckOutcome, CheckSuiteResult, Regression
 
 @dataclass(frozen=True)
 class Settings:
-    """How a suite runs; ``repeats`` None means 3 for a profile check when a baseline is involved, else 1."""
+    """How a suite runs; ``repeats`` None means 5 runs of a profile check when writing a baseline (its
+    run-to-run noise needs several), else 1."""
 
     out_dir: Path
     jobs: int | None = None
@@ -66,7 +67,7 @@ class Settings:
             return 1
         if self.repeats is not None:
             return self.repeats
-        return 3 if self.baseline is not None else 1
+        return 5 if self.update_baseline else 1
 
 
 @dataclass(frozen=True)

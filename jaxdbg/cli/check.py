@@ -30,7 +30,7 @@ BaselineOpt = Annotated[str | None, typer.Option(
 UpdateBaselineOpt = Annotated[bool, typer.Option(
     "--update-baseline", help="Write the --baseline file from this run instead of comparing.")]
 RepeatsOpt = Annotated[int | None, typer.Option(
-    "--repeats", metavar="N", min=1, help="Runs of each profile check (default: 3 with --baseline, else 1).")]
+    "--repeats", metavar="N", min=1, help="Runs of each profile check (default: 5 with --update-baseline, else 1).")]
 AlphaOpt = Annotated[float, typer.Option(
     "--alpha", min=1e-6, max=0.5, help="Significance level of the baseline's regression test.")]
 
