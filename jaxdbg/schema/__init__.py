@@ -3,10 +3,10 @@
 ``report.schema.json`` sits next to this module and is read through :mod:`importlib.resources`, so it is
 found in an installed wheel as well as in a source checkout. It describes the envelope and one ``result``
 per command (``$defs``: ``doctor_result``, ``profile_result``, ``nan_hunt_result``, ``repro_result``,
-``pipeline_bench_result``, ``check_result``, and ``error_result`` for a command that stopped with an error); every object
-lists its required keys and allows no others, so a renamed or missing field fails validation. The fields
-are explained in ``docs/report.md``. Validating needs a JSON Schema library such as ``jsonschema``, which
-jaxdbg itself does not depend on.
+``pipeline_bench_result``, ``check_result``, and ``error_result`` for a command that stopped with an
+error); every object lists its required keys and allows no others, so a renamed or missing field fails
+validation. The fields are explained in ``docs/report.md``. Validating needs a JSON Schema library such as
+``jsonschema``, which jaxdbg itself does not depend on.
 
 Example:
     >>> report_schema = schema()
