@@ -47,6 +47,7 @@ from jaxdbg.check.calibrate import calibrate_in_child
 from jaxdbg.check.config import CheckSpec
 from jaxdbg.check.findings import finding, location
 from jaxdbg.check.result import CheckOutcome, CheckSuiteResult, Regression
+from jaxdbg.report import to_jsonable
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,7 @@ def run_suite(specs: tuple[CheckSpec, ...], settings: Settings) -> SuiteRun:
     compared: dict[str, tuple[Regression, ...]] = {}
     artifacts: dict[str, str] = {}
     if baseline is not None and settings.baseline is not None:
-        compared = _compare(baseline, samples, here, settings)
+        compared = _compare(baseline, samples, here, settings, artifacts)
     if settings.update_baseline and settings.baseline is not None:
         write_baseline(settings.baseline, samples, here, calibrate_in_child())
         artifacts["baseline"] = str(settings.baseline)
@@ -113,15 +114,20 @@ def run_suite(specs: tuple[CheckSpec, ...], settings: Settings) -> SuiteRun:
     return SuiteRun(CheckSuiteResult(all(o.passed for o in outcomes), outcomes), artifacts, environment)
 
 
-def _compare(baseline: dict[str, Any], samples: dict[str, Samples], here: dict[str, str],
-             settings: Settings) -> dict[str, tuple[Regression, ...]]:
+def _compare(baseline: dict[str, Any], samples: dict[str, Samples], here: dict[str, str], settings: Settings,
+             artifacts: dict[str, str]) -> dict[str, tuple[Regression, ...]]:
+    """Each profile check's regressions; every figure compared (regressed or not) goes to
+    ``OUT/<check>/baseline-comparison.json``, so a passing comparison shows its tests too."""
     assert settings.baseline is not None
     scale = scale_for(baseline, here, settings.baseline, calibrate_in_child)
     found = {}
     for name, current in samples.items():
         stored = (baseline.get("checks") or {}).get(name)
         if stored:
-            found[name] = compare_check(stored, current, scale, settings.alpha)[1]
+            compared, found[name] = compare_check(stored, current, scale, settings.alpha)
+            path = (settings.out_dir / name / "baseline-comparison.json").resolve()
+            path.write_text(json.dumps(to_jsonable(compared), indent=1) + "\n")
+            artifacts[f"{name}_baseline_comparison"] = str(path)
     return found
 
 
