@@ -181,10 +181,14 @@ BAD = {
 def test_bad_config_is_one_line_and_exit_2(case, tmp_path, capsys) -> None:
     table, expected = BAD[case]
     folder = _project(tmp_path / "demo", table)
-    code = main(["check", "--config", str(folder / "pyproject.toml"), "--out", str(tmp_path / "out")])
+    code = main(["check", "--config", str(folder / "pyproject.toml"), "--out", str(tmp_path / "out"), "--json",
+                 str(tmp_path / "error.json")])
     err = capsys.readouterr().err
     assert code == 2 and expected in err and len(err.strip().splitlines()) == 1, err
     assert str(folder / "pyproject.toml") in err
+    report = json.loads((tmp_path / "error.json").read_text())  # CI still gets a report saying why
+    jsonschema.validate(report, schema())
+    assert report["result"] == {"error": err.strip().removeprefix("jaxdbg check: ")}
 
 
 OTHER_BASELINES = {

@@ -34,14 +34,18 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # the check's name is also 
 
 @dataclass(frozen=True)
 class CheckSpec:
-    """One check of the table; ``folder`` is the pyproject's folder, where the check runs."""
+    """One check of the table; ``config`` is the file it came from, whose folder is where the check runs."""
 
     name: str
     command: str
     target: str
-    folder: Path
+    config: Path
     options: tuple[str, ...] = ()
     budget: str | None = None
+
+    @property
+    def folder(self) -> Path:
+        return self.config.parent
 
     def argv(self) -> list[str]:
         """The command's words after ``jaxdbg <command>``: options first, so a script's ``-- ARGS`` stay last."""
@@ -114,4 +118,4 @@ def _check(name: str, entry: Any, path: Path) -> CheckSpec:
         shlex.split(entry["target"])
     except ValueError as err:
         raise UsageError(f"{path}: target in [{key}] cannot be split into words ({err}); check its quotes") from None
-    return CheckSpec(name, command, entry["target"], path.resolve().parent, tuple(options), budget)
+    return CheckSpec(name, command, entry["target"], path.resolve(), tuple(options), budget)

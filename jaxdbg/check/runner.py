@@ -98,7 +98,7 @@ def run_suite(specs: tuple[CheckSpec, ...], settings: Settings) -> SuiteRun:
         ran = list(pool.map(lambda spec: _run_check(spec, settings), specs))
     refused = next((r for r in ran if r.exit_code == EXIT_USAGE), None)
     if refused is not None:
-        raise UsageError(f"[tool.jaxdbg.check.{refused.spec.name}] in {refused.spec.folder / 'pyproject.toml'}: "
+        raise UsageError(f"[tool.jaxdbg.check.{refused.spec.name}] in {refused.spec.config}: "
                          f"{refused.stderr_line or 'its command refused its input (exit 2)'}; fix the check")
     samples = {r.spec.name: samples_of(r.reports) for r in ran if r.spec.command == "profile" and r.reports}
     environment = next((r.reports[0].get("environment") for r in ran if r.reports), None)

@@ -58,8 +58,8 @@ def _build(common: Common, config: str | None, jobs: int | None, junit: str | No
     from jaxdbg.check.junit import write_junit
 
     path = Path(config) if config else find_config(Path.cwd())
+    common.target = str(path)  # an error report names the file too
     specs = load_checks(path)
-    common.target = str(path)
     if update_baseline and not baseline:
         raise UsageError("--update-baseline needs --baseline PATH: the file to write")
     for option, value in (("--junit", junit), ("--baseline", baseline if update_baseline else None)):
