@@ -57,3 +57,7 @@ def error_for_exit_code(code: int) -> type[JaxdbgError]:
         ('UsageError', 'TargetFailedError')
     """
     return {EXIT_USAGE: UsageError, EXIT_TARGET_FAILED: TargetFailedError}.get(code, JaxdbgError)
+
+
+class JobMismatchError(UsageError):
+    """The processes of one ``jax.distributed`` job run different jaxdbg commands (exit 2 in every process)."""

@@ -253,6 +253,7 @@ def distributed_report(versions: dict[str, str], join: bool | None, timeout: flo
     if jax.default_backend() == "cpu" and info["process_count"] > 1 and info["cpu_collectives"] in ("none", ""):
         checks.append(Check("cpu_collectives", "fail", "CPU collectives are off: a computation across processes "
                             "cannot run; set JAX_CPU_COLLECTIVES_IMPLEMENTATION=gloo"))
+    multihost.agree_on_command(min(timeout, multihost.AGREE_WAIT_S))
     mine = {name: versions.get(name, "not installed") for name in SHARED_VERSIONS}
     multihost.publish("doctor", "versions", mine)
     if info["process_index"] == 0:

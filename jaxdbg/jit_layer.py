@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxdbg import _compat, frameworks
+from jaxdbg import _compat, frameworks, multihost
 from jaxdbg._source import SourceLocation, caller_user_frame, is_user_file
 from jaxdbg.nonfinite import magnitudes, with_magnitudes
 
@@ -171,6 +171,7 @@ class _Layer:
         self.records: dict[tuple, FunctionRecord] = {}
         self.local = threading.local()
         self.lock = threading.Lock()
+        self.job_checked = False
 
     def jit(self, fun: Callable | None = None, /, *args: Any, **options: Any) -> Any:
         if fun is None:  # @jax.jit(static_argnames=...) used as a decorator factory
@@ -202,6 +203,9 @@ class _Layer:
         hooks = self.hooks
         if not hooks or self.busy() or _compat.under_transformation():
             return function.jitted(*args, **kwargs)  # traced inside another function, nested, or jaxdbg's own
+        if not self.job_checked:  # the first top-level call: the program has joined its job, if it has one
+            self.job_checked = True
+            multihost.agree_on_command()
         record = function.record
         with self.lock:
             index = record.calls

@@ -30,6 +30,27 @@ from jaxdbg._errors import UsageError
 WORKER_VARIABLE = "JAXDBG_LAUNCHED_PROCESS"  # set in each launched process: it must not launch again
 
 
+# (index, count) variables of the launchers whose place jax's cluster detection reads from the environment.
+PLACE_VARIABLES = (("SLURM_PROCID", "SLURM_NTASKS"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+                   ("JAX_PROCESS_ID", "JAX_NUM_PROCESSES"))
+
+
+def launched_place(env: Mapping[str, str]) -> tuple[int, int] | None:
+    """``(index, count)`` of this process in a job of several processes, as its launcher's environment says
+    (before any JAX: a command whose own process never joins the job, like repro's, learns its place here).
+
+    Example:
+        >>> launched_place(task_environment(1, 2, 12345, {}))
+        (1, 2)
+        >>> launched_place({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}) is None
+        True
+    """
+    for index, count in PLACE_VARIABLES:
+        if env.get(index, "").isdigit() and env.get(count, "").isdigit() and int(env[count]) > 1:
+            return int(env[index]), int(env[count])
+    return None
+
+
 def free_port() -> int:
     """A free TCP port on the loopback interface (for the job's coordinator)."""
     with socket.socket() as sock:
@@ -82,7 +103,8 @@ def launch(argv: Sequence[str], processes: int, timeout: float | None = None) ->
         raise UsageError("--processes inside a launched process: give it once, before the command")
     port = free_port()
     logs = tempfile.mkdtemp(prefix="jaxdbg-launch-")
-    command = [sys.executable, "-m", "jaxdbg", *argv]
+    # `jaxdbg --processes N python repro.py`: the program itself (a multi-process reproducer), without jaxdbg.
+    command = [sys.executable, *argv[1:]] if argv[0] == "python" else [sys.executable, "-m", "jaxdbg", *argv]
     procs: list[subprocess.Popen] = []
     paths: list[str | None] = []
     try:

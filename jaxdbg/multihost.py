@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jaxdbg import _compat
+from jaxdbg._errors import JobMismatchError
 
 HEARTBEAT_S = 1.0
 SILENT_S = 15.0  # a peer whose heartbeat has not moved for this long is reported as lost (dead or frozen)
@@ -90,6 +91,75 @@ def gather(command: str, what: str, timeout_s: float) -> dict[int, Any]:
                 if left_ms <= 1000:
                     _silent.add(index)
     return found
+
+
+def wait_for(command: str, what: str, index: int, timeout_s: float) -> Any:
+    """Process ``index``'s ``what``, waiting at most ``timeout_s`` for it (None if it never came)."""
+    client = _compat.distributed_client()
+    if client is None:
+        return None
+    try:
+        return json.loads(client.blocking_key_value_get(_key(command, what, index), max(int(timeout_s * 1000), 1)))
+    except Exception:  # noqa: BLE001 - not published in time
+        return None
+
+
+def global_value(value: Any) -> Any:
+    """A host copy of ``value``; for a ``jax.Array`` sharded over devices of other processes, the whole global
+    array, gathered from every process. A collective: every process of the job must call it, in the same
+    order, on the same arrays (a replay or capture of an SPMD program does)."""
+    import jax
+    import numpy as np
+
+    if not isinstance(value, jax.Array) or value.is_fully_addressable or value.is_fully_replicated:
+        return value
+    from jax.experimental import multihost_utils
+
+    from jaxdbg import jit_layer
+
+    with jit_layer.internal():  # the gather's own jitted function is jaxdbg's, not the program's
+        return np.asarray(multihost_utils.process_allgather(value, tiled=True))
+
+
+# Larger values (a profiler capture) travel in chunks: the coordination service carries each key's value in
+# one gRPC message (4 MiB by default), and it holds every value in process 0's memory until deleted.
+CHUNK_BYTES = 1 << 20
+MAX_SHARED_BYTES = 64 << 20
+
+
+def publish_bytes(command: str, what: str, data: bytes) -> bool:
+    """Publish this process's ``data`` in chunks, then its size (so a reader that sees the size finds every
+    chunk); False when the job's runtime is gone."""
+    client, place = _compat.distributed_client(), job()
+    if client is None or place is None:
+        return False
+    key = _key(command, what, place.index)
+    try:
+        chunks = range(0, len(data), CHUNK_BYTES)
+        for number, start in enumerate(chunks):
+            client.key_value_set_bytes(f"{key}/{number}", data[start:start + CHUNK_BYTES], allow_overwrite=True)
+        client.key_value_set(key, json.dumps({"chunks": len(chunks), "bytes": len(data)}), allow_overwrite=True)
+    except Exception:  # noqa: BLE001 - the coordination service went away (the job is ending)
+        return False
+    return True
+
+
+def fetch_bytes(command: str, what: str, index: int, timeout_s: float) -> bytes | None:
+    """Process ``index``'s published bytes (waiting at most ``timeout_s`` for them to be announced), removed
+    from the store once read; None if they never came."""
+    client = _compat.distributed_client()
+    if client is None or index in _silent:
+        return None
+    key = _key(command, what, index)
+    try:
+        size = json.loads(client.blocking_key_value_get(key, max(int(timeout_s * 1000), 1)))
+        parts = [client.blocking_key_value_get_bytes(f"{key}/{n}", 10_000) for n in range(size["chunks"])]
+    except Exception:  # noqa: BLE001 - not published in time: dead, hung or busy
+        return None
+    for n in range(size["chunks"]):
+        with contextlib.suppress(Exception):
+            client.key_value_delete(f"{key}/{n}")
+    return b"".join(parts)
 
 
 # Processes that failed to answer a gather, or whose heartbeat stopped: not waited for again.
@@ -195,3 +265,83 @@ def missing_line(command: str, index: int, count: int, waited_s: float) -> str:
     why = ("it stopped answering: it died or froze" if lost
            else f"none within {waited_s:.0f} s: it died, hangs or is busy")
     return f"process {index} sent no report ({why}){stood}"
+
+
+# Set by the command line (jaxdbg.cli.main) for the processes it starts: the jaxdbg command this process runs.
+COMMAND_VARIABLE = "JAXDBG_COMMAND_LINE"
+# Options that may differ between the processes of a job (a per-host --out, --json); every other word must not.
+PER_PROCESS_OPTIONS = {"--out": 1, "--json": 1, "-q": 0, "--quiet": 0, "-v": 0, "--verbose": 0}
+AGREE_WAIT_S = 60.0
+_agreed: list[bool] = []
+
+
+def comparable_command(argv: list[str]) -> list[str]:
+    """The words of a jaxdbg command line that every process of a job must share.
+
+    Example:
+        >>> comparable_command(["profile", "train.py", "--out", "/tmp/h1", "-q", "--json=/tmp/a.json"])
+        ['profile', 'train.py']
+    """
+    kept: list[str] = []
+    skip = 0
+    for word in argv:
+        if skip:
+            skip -= 1
+            continue
+        name = word.partition("=")[0]
+        if name in PER_PROCESS_OPTIONS:
+            skip = PER_PROCESS_OPTIONS[name] if "=" not in word else 0
+            continue
+        kept.append(word)
+    return kept
+
+
+def agree_on_command(wait_s: float = AGREE_WAIT_S) -> None:
+    """Once, when this process has joined a job: publish the jaxdbg command it runs and compare it with every
+    other process's (each waited for at most ``wait_s``). Different commands, targets, options or jaxdbg
+    versions (a launch-line typo, an old install on one host) would each wait in the other's collectives:
+    raise :class:`~jaxdbg._errors.JobMismatchError` naming the difference (every process sees the same
+    pair, so every process stops with the same line)."""
+    line = os.environ.get(COMMAND_VARIABLE)
+    place = job()
+    if line is None or place is None or _agreed:
+        return
+    _agreed.append(True)
+    from jaxdbg._version import __version__
+
+    mine = {"version": __version__, "command": comparable_command(json.loads(line))}
+    client = _compat.distributed_client()
+    try:
+        client.key_value_set(_key("job", "command", place.index), json.dumps(mine), allow_overwrite=True)
+    except Exception:  # noqa: BLE001 - the runtime is gone: nothing to compare with
+        return
+    deadline = time.monotonic() + wait_s
+    for peer in range(place.count):
+        if peer == place.index:
+            continue
+        try:
+            left_ms = max(int((deadline - time.monotonic()) * 1000), 1)
+            theirs = json.loads(client.blocking_key_value_get(_key("job", "command", peer), left_ms))
+        except Exception:  # noqa: BLE001 - not there in time: the heartbeat and the gathers report a silent peer
+            continue
+        if theirs != mine:
+            first, second = sorted([(place.index, mine), (peer, theirs)], key=lambda pair: pair[0])
+            raise JobMismatchError(mismatch_line(first, second))
+
+
+def mismatch_line(first: tuple[int, dict], second: tuple[int, dict]) -> str:
+    """One line naming how two processes' commands differ.
+
+    Example:
+        >>> line = mismatch_line((0, {"version": "1", "command": ["profile", "a.py"]}),
+        ...                      (1, {"version": "1", "command": ["nan-hunt", "a.py"]}))
+        >>> line.partition(": ")[2].partition(";")[0]
+        "process 0 runs 'jaxdbg profile a.py', process 1 runs 'jaxdbg nan-hunt a.py'"
+    """
+    (a, mine), (b, theirs) = first, second
+    if mine["version"] != theirs["version"]:
+        return (f"the job's processes run different jaxdbg versions: process {a} runs jaxdbg {mine['version']}, "
+                f"process {b} runs jaxdbg {theirs['version']}; install the same version on every host")
+    said = [f"process {i} runs 'jaxdbg {' '.join(c['command'])}'" for i, c in ((a, mine), (b, theirs))]
+    return (f"the job's processes run different jaxdbg commands: {said[0]}, {said[1]}; every process must run "
+            "the same command on the same target (check the launch line)")

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from jaxdbg._errors import EXIT_TARGET_FAILED
+from jaxdbg._errors import EXIT_TARGET_FAILED, JobMismatchError
 from jaxdbg._source import SourceLocation, is_user_file
 from jaxdbg.protocol import Channel as Channel
 from jaxdbg.protocol import ChildFailed, Echo, ExceptionInfo, Message, read_channel
@@ -183,7 +183,10 @@ def run_contained(
         _kill_group(proc)  # what the target left running in its session ends with it
         messages = read_channel(os.path.join(workdir, "channel.bin"))
         stdout, stderr = (_read_text(path) for path in (out_path, err_path))
-    return outcome_of(proc.returncode, timed_out, messages, stdout, stderr, elapsed)
+    outcome = outcome_of(proc.returncode, timed_out, messages, stdout, stderr, elapsed)
+    if outcome.exception is not None and outcome.exception.type == JobMismatchError.__name__:
+        raise JobMismatchError(outcome.exception.message)  # the job's processes disagree: no run stands
+    return outcome
 
 
 def outcome_of(returncode: int | None, timed_out: bool, messages: list[Message], stdout: str, stderr: str,

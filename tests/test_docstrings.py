@@ -30,6 +30,7 @@ SKIP_ALLOWED = {
     "jaxdbg.profile": "profile() in a child: tests/test_docs_api.py (docs/api.md)",
     "jaxdbg.profile.run": "profile() in a child: tests/test_docs_api.py (docs/api.md)",
     "jaxdbg.profile.assemble": "child messages: tests/test_profile_script.py",
+    "jaxdbg.profile.capture_report": "reads a capture on disk: tests/test_profile_capture.py",
     "jaxdbg.profile.instrument": "instrumentation inside the child: tests/test_profile_script.py",
     "jaxdbg.profile.ops": "reads a capture on disk: tests/test_profile_function.py",
     "jaxdbg.profile.serve": "starts xprof: tests/test_profile_function.py::test_serve_answers_on_loopback_then_stops",

@@ -41,6 +41,18 @@ def test_profile_runs_in_every_process_of_a_two_process_job(tmp_path):
         ops = {op["category"]: op for op in step["ops"]}
         assert "collective" in ops and ops["collective"]["source"]["file"].endswith("train.py")
         assert os.path.isdir(out / f"process-{index}" / "trace")
+    # Every process's capture, gathered into process 0's --out through the key-value store: one xprof session
+    # (one run folder, a host per process), which xprof's converter opens with both hosts on one timeline.
+    from xprof.convert.raw_to_tool_data import xspace_to_tool_data
+
+    assert job["artifacts"]["job_trace_dir"] == str(out / "trace")
+    (run,) = os.listdir(out / "trace" / "plugins" / "profile")
+    session = out / "trace" / "plugins" / "profile" / run
+    assert sorted(os.listdir(session)) == ["process-0.xplane.pb", "process-1.xplane.pb"]
+    data, _ = xspace_to_tool_data(sorted(str(p) for p in session.iterdir()), "trace_viewer@",
+                                  {"hosts": ["process-0", "process-1"]})
+    names = {e["args"]["name"] for e in json.loads(data)["traceEvents"] if e.get("name") == "process_name"}
+    assert {name.split(" ")[0] for name in names} == {"process-0", "process-1"}
 
 
 @pytest.mark.parametrize("argv, says", [
@@ -128,3 +140,53 @@ def test_a_process_that_dies_is_named_not_waited_for(tmp_path):
     assert rows[0]["note"] == "" and rows[1]["note"].startswith("process 1 sent no report (it stopped answering")
     assert "last seen" in rows[1]["note"]
     assert any(note.startswith("process 1 stopped answering") for note in report["result"]["notes"])
+
+
+def test_processes_that_run_different_commands_stop_with_one_line(tmp_path):
+    """A launch-line typo: process 0 profiles, process 1 hunts NaNs on the same program. Each finds the other's
+    command through the job's key-value store at its first jitted call and stops (exit 2), naming both."""
+    from jaxdbg.launch import free_port, task_environment
+
+    program = os.path.join(CORPUS, "multihost_dp", "train.py")
+    port, base = free_port(), {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    procs = [subprocess.Popen([sys.executable, "-m", "jaxdbg", command, program, "--out", str(tmp_path / str(i)),
+                               "-q", "--timeout", "120"], env=task_environment(i, 2, port, base),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i, command in enumerate(["profile", "nan-hunt"])]
+    ends = [proc.communicate(timeout=150) for proc in procs]
+    said = f"process 0 runs 'jaxdbg profile {program} --timeout 120', process 1 runs 'jaxdbg nan-hunt {program} --timeout"
+    for proc, (_, err) in zip(procs, ends):
+        assert proc.returncode == 2 and said in err, err[-2000:]
+        assert len(err.strip().splitlines()) == 1, err[-2000:]
+
+
+def _repro_job(tmp_path, program: str, devices: int) -> tuple[dict, dict, str]:
+    out = tmp_path / "r"
+    done = launch(["repro", os.path.join(CORPUS, program, "train.py"), "--out", str(out), "-q", "--max-time", "120",
+                   "--timeout", "60", "--json", str(tmp_path / "job.json")], 2, devices=devices)
+    assert done.returncode == 0, done.stderr[-3000:]
+    job = json.loads((tmp_path / "job.json").read_text())
+    peer = json.loads((out / "process-1" / "report.json").read_text())
+    assert (job["environment"]["process_index"], job["environment"]["process_count"]) == (0, 2)
+    assert peer["environment"]["process_index"] == 1 and "process 0's report" in peer["result"]["verification"]
+    assert not (out / "process-1" / "repro.py").exists()
+    return job, peer, (out / "repro.py").read_text()
+
+
+def test_repro_of_a_shape_error_in_a_sharded_step_is_one_process_with_the_global_shapes(tmp_path):
+    """Every process traces the step on the global batch (2 processes x 2 devices x 4 rows); the failing
+    operation alone, on those global shapes, fails the same way in one process, with no jax.distributed."""
+    job, _, text = _repro_job(tmp_path, "multihost_shape", 2)
+    result = job["result"]
+    assert result["verified"] and result["strategy"] == "computation" and result["failing_primitives"] == ["dot_general"]
+    assert "np.zeros((16, 8)" in text and "distributed" not in text
+    assert any(note.startswith("reproduced in one process") for note in result["notes"])
+
+
+def test_repro_of_a_nan_in_one_shard_gathers_the_global_inputs(tmp_path):
+    """The NaN comes from process 1's shard; the capture gathers the step's sharded inputs whole, process 0
+    cuts them to the log of the negative example, and that runs alone in one process."""
+    job, _, text = _repro_job(tmp_path, "multihost_nan", 2)
+    result = job["result"]
+    assert result["verified"] and result["signature"]["kind"] == "nonfinite"
+    assert result["failing_primitives"] == ["log"] and "-1.0" in text and "distributed" not in text

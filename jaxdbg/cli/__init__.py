@@ -14,6 +14,8 @@ Example:
 from __future__ import annotations
 
 import importlib
+import json
+import os
 import signal
 import sys
 import threading
@@ -31,6 +33,7 @@ except ImportError:  # pragma: no cover - depends on the installed typer
 from jaxdbg._errors import EXIT_USAGE, UsageError
 from jaxdbg._version import __version__
 from jaxdbg.launch import launch, split_processes_option
+from jaxdbg.multihost import COMMAND_VARIABLE
 
 # Subcommand modules under jaxdbg.cli, in the order --help lists them.
 COMMANDS = ("doctor", "profile", "nan_hunt", "repro", "pipeline_bench", "check")
@@ -102,6 +105,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         processes, rest = split_processes_option(args)
         if processes is not None:
             return launch(rest, processes)
+        # What this process runs, for the processes of a jax.distributed job to compare (multihost.agree_on_command).
+        os.environ[COMMAND_VARIABLE] = json.dumps(args)
         app(args=args, prog_name="jaxdbg")
     except UsageError as err:
         typer.echo(f"jaxdbg: {err.message}", err=True)

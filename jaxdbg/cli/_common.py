@@ -56,6 +56,11 @@ InputsOpt = Annotated[
     str | None, typer.Option("--inputs", metavar="SRC", help="file.py::make_inputs or data.npz (arg0, arg1, ...)."),
 ]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the random --args inputs.")]
+MetricsOpt = Annotated[str | None, typer.Option(
+    "--metrics", metavar="PATH.prom",
+    help="Write the report's figures as Prometheus/OpenMetrics text (docs/metrics.md).")]
+MetricsPushOpt = Annotated[str | None, typer.Option(
+    "--metrics-push", metavar="URL", help="Push the report's figures to a Prometheus Pushgateway at URL.")]
 
 
 @dataclass
@@ -69,6 +74,8 @@ class Common:
     quiet: bool = False
     verbose: bool = False
     target: str | None = None
+    metrics: str | None = None  # --metrics PATH.prom
+    metrics_push: str | None = None  # --metrics-push URL
     _out_dir: Path | None = field(default=None, repr=False)
 
     @property
@@ -125,6 +132,7 @@ def execute(common: Common, build: Callable[[Common], Report], render: Callable[
         validate_destinations(common)
         report = build(common)
         check_launched_job(report)
+        export_metrics(common, report)
         out_dir = report_folder(common._out_dir, report)
         if out_dir is not None:
             report.artifacts.setdefault("report", os.path.abspath(out_dir / "report.json"))
@@ -148,6 +156,21 @@ def execute(common: Common, build: Callable[[Common], Report], render: Callable[
         fail(common, message, err)
         write_error_report(common, message, EXIT_INTERNAL)
         return EXIT_INTERNAL
+
+
+def export_metrics(common: Common, report: Report) -> None:
+    """--metrics / --metrics-push: a failed export is one line on stderr; the report and exit code stay."""
+    if not (common.metrics or common.metrics_push):
+        return
+    from jaxdbg.metrics import export
+
+    data = report.to_dict()
+    report.environment = report.environment or data["environment"]  # asked once (it may import jax)
+    written, failures = export(data, common.metrics, common.metrics_push)
+    for path in written:
+        report.artifacts.setdefault("metrics", os.path.abspath(path))
+    for line in failures:
+        fail(common, line)
 
 
 def report_folder(out_dir: Path | None, report: Report) -> Path | None:
@@ -197,6 +220,10 @@ def validate_destinations(common: Common) -> None:
     """Refuse a bad --out or --json before any work is done (not after minutes of analysis)."""
     if common.out:
         common.out_dir()
+    if common.metrics_push:
+        from jaxdbg.metrics.export import check_push_url
+
+        check_push_url(common.metrics_push)
     if common.json and common.json != "-":
         path = Path(common.json)
         if not path.resolve().parent.exists():

@@ -18,6 +18,8 @@ from jaxdbg.cli._common import (
     Common,
     InputsOpt,
     JsonOpt,
+    MetricsOpt,
+    MetricsPushOpt,
     OutOpt,
     QuietOpt,
     ScriptArgsArg,
@@ -51,9 +53,10 @@ def nan_hunt(
     nan_only: NanOnlyOpt = False, growth_factor: GrowthOpt = 100.0, precision: PrecisionOpt = False,
     args: ArgsOpt = None, inputs: InputsOpt = None, seed: SeedOpt = 0, json: JsonOpt = None, out: OutOpt = None,
     timeout: TimeoutOpt = None, quiet: QuietOpt = False, verbose: VerboseOpt = False,
+    metrics: MetricsOpt = None, metrics_push: MetricsPushOpt = None,
 ) -> int:
     """Locate where NaN/Inf values are born: operation, source line, forward/backward pass, loop iteration."""
-    common = Common("nan-hunt", json, out, timeout, quiet, verbose, target)
+    common = Common("nan-hunt", json, out, timeout, quiet, verbose, target, metrics=metrics, metrics_push=metrics_push)
 
     def build(c: Common) -> Report:
         from jaxdbg.nan import HuntOptions, hunt

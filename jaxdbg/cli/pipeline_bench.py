@@ -10,7 +10,17 @@ from rich.console import Console
 from rich.table import Table
 
 from jaxdbg._errors import EXIT_FOUND, EXIT_OK, UsageError
-from jaxdbg.cli._common import Common, JsonOpt, OutOpt, QuietOpt, TimeoutOpt, VerboseOpt, execute
+from jaxdbg.cli._common import (
+    Common,
+    JsonOpt,
+    MetricsOpt,
+    MetricsPushOpt,
+    OutOpt,
+    QuietOpt,
+    TimeoutOpt,
+    VerboseOpt,
+    execute,
+)
 from jaxdbg.report import Report, relative_or_absolute
 
 RUNS_SHOWN = 16  # beyond this many runs, only the summary is printed (the JSON holds every run)
@@ -60,11 +70,16 @@ def pipeline_bench(
         None, "--plot", metavar="OUT.png", help="Write a timeline PNG and OUT-memory.png (speedup vs memory cap)."),
     xprof: bool = typer.Option(
         False, "--xprof", help="Real mode: capture a jax.profiler trace with one annotation per task."),
+    csv: str | None = typer.Option(
+        None, "--csv", metavar="DIR", help="Write runs.csv (one row per run) and stages.csv (per run and stage)."),
+    metrics_port: int | None = typer.Option(
+        None, "--metrics-port", metavar="N", min=0, max=65535,
+        help="While the bench runs, serve stage occupancy and progress at http://127.0.0.1:N/metrics."),
     json: JsonOpt = None, out: OutOpt = None, timeout: TimeoutOpt = None, quiet: QuietOpt = False,
-    verbose: VerboseOpt = False,
+    verbose: VerboseOpt = False, metrics: MetricsOpt = None, metrics_push: MetricsPushOpt = None,
 ) -> int:
     """Run pipeline schedules in fixed order and readiness-first, and show where every stage's time went."""
-    common = Common("pipeline-bench", json, out, timeout, quiet, verbose)
+    common = Common("pipeline-bench", json, out, timeout, quiet, verbose, metrics=metrics, metrics_push=metrics_push)
 
     def build(c: Common) -> Report:
         from jaxdbg.pipeline.bench import BenchOptions
@@ -78,7 +93,7 @@ def pipeline_bench(
             costs=Costs(forward_s=task_ms / 1e3, backward_s=2 * task_ms / 1e3, comm_s=comm_ms / 1e3),
             lookahead=lookahead, devices_per_stage=devices_per_stage, timeout=timeout,
         )
-        return _build(c, options, trace, plot, xprof)
+        return _build(c, options, trace, plot, xprof, csv, metrics_port)
 
     return execute(common, build, render)
 
@@ -104,13 +119,18 @@ def _writable(option: str, path: str | None) -> None:
             f"{option} '{path}': folder '{Path(path).parent}' does not exist; create it or pick another path")
 
 
-def _build(common: Common, options, trace: str | None, plot: str | None, xprof: bool) -> Report:
+def _build(common: Common, options, trace: str | None, plot: str | None, xprof: bool, csv: str | None,
+           metrics_port: int | None) -> Report:
+    import contextlib
     from dataclasses import replace
 
     from jaxdbg.pipeline.bench import check_options, run_bench
 
     _writable("--trace", trace)
     _writable("--plot", plot)
+    _writable("--csv", csv)
+    if csv and Path(csv).exists() and not Path(csv).is_dir():
+        raise UsageError(f"--csv '{csv}' is a file; give a folder for runs.csv and stages.csv")
     if xprof and options.mode != "real":
         raise UsageError("--xprof captures real execution; add --mode real")
     check_options(options)
@@ -119,10 +139,20 @@ def _build(common: Common, options, trace: str | None, plot: str | None, xprof: 
     if xprof:
         options = replace(options, xprof_dir=str(out_dir / "xprof"))
         artifacts["xprof"] = options.xprof_dir
-    with common.progress() as bar:
+    live = None
+    endpoint: contextlib.AbstractContextManager = contextlib.nullcontext()
+    if metrics_port is not None:
+        from jaxdbg.metrics.live import LiveBench, serve
+
+        live = LiveBench()
+        endpoint = serve(live, metrics_port)
+    with endpoint as url, common.progress() as bar:
+        if url:
+            common.console.print(f"[dim]metrics:[/] {url}")
         task = bar.add_task("pipeline-bench", total=None, status="")
         result, records = run_bench(
             options, progress=lambda i, n, label: bar.update(task, completed=i, total=n, status=label), out_dir=out_dir,
+            on_run=live.update if live else None,
         )
     if options.mode == "real":
         artifacts["durations"] = str(out_dir / "durations.json")
@@ -134,6 +164,10 @@ def _build(common: Common, options, trace: str | None, plot: str | None, xprof: 
         artifacts["trace"] = trace
     if plot:
         artifacts.update(_plots(plot, result, records))
+    if csv:
+        from jaxdbg.pipeline.tables import write_tables
+
+        artifacts.update(write_tables(csv, result.runs))
     code = EXIT_FOUND if result.correctness is not None and not result.correctness.ok else EXIT_OK
     return Report("pipeline-bench", None, result, code, artifacts)
 

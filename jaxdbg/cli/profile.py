@@ -13,16 +13,18 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from jaxdbg._errors import UsageError
 from jaxdbg.cli._common import (
     ArgsOpt,
     Common,
     InputsOpt,
     JsonOpt,
+    MetricsOpt,
+    MetricsPushOpt,
     OutOpt,
     QuietOpt,
     ScriptArgsArg,
     SeedOpt,
-    TargetArg,
     TimeoutOpt,
     VerboseOpt,
     execute,
@@ -58,24 +60,42 @@ SyncEveryOpt = Annotated[int, typer.Option(
     "--sync-every", min=1, help="Script mode: after a function's first calls, wait for and time one call in N; "
     "the others run ahead as in a plain run (1: time every call).")]
 
+ProfileTargetArg = Annotated[str | None, typer.Argument(
+    metavar="TARGET", show_default=False,
+    help="script.py (run as __main__), file.py::func or package.module:func; none with --attach/--from-capture.")]
+AttachOpt = Annotated[str | None, typer.Option(
+    "--attach", metavar="HOST:PORT[,HOST:PORT...]", help="Capture live processes that called "
+    "jax.profiler.start_server(PORT), all at once, instead of running a TARGET.")]
+DurationOpt = Annotated[float, typer.Option(
+    "--duration", metavar="SECONDS", help="How long --attach captures.")]
+FromCaptureOpt = Annotated[str | None, typer.Option(
+    "--from-capture", metavar="DIR", help="Read an existing capture (a logdir with plugins/profile/RUN/*.xplane.pb) "
+    "instead of running a TARGET; the folder is left unchanged.")]
+CsvOpt = Annotated[str | None, typer.Option(
+    "--csv", metavar="DIR", help="Also write calls.csv and ops.csv (flat tables) into DIR.")]
+
 
 def register(app: typer.Typer) -> None:
     app.command("profile", context_settings={"allow_interspersed_args": True})(profile)
 
 
 def profile(
-    target: TargetArg, script_args: ScriptArgsArg = None, runs: RunsOpt = 20, warmup: WarmupOpt = 3,
+    target: ProfileTargetArg = None, script_args: ScriptArgsArg = None, runs: RunsOpt = 20, warmup: WarmupOpt = 3,
     budget: BudgetOpt = None, compare: CompareOpt = None, xla_dump: XlaDumpOpt = False, monitor: MonitorOpt = False,
     serve: ServeOpt = False, top: TopOpt = 10, trace_calls: TraceCallsOpt = 10,
     python_tracer: PythonTracerOpt = False, command_buffers: CommandBuffersOpt = False,
     sync_every: SyncEveryOpt = 8, args: ArgsOpt = None,
-    inputs: InputsOpt = None, seed: SeedOpt = 0, json: JsonOpt = None, out: OutOpt = None,
+    inputs: InputsOpt = None, seed: SeedOpt = 0, attach: AttachOpt = None, duration: DurationOpt = 2.0,
+    from_capture: FromCaptureOpt = None, csv: CsvOpt = None, json: JsonOpt = None, out: OutOpt = None,
     timeout: TimeoutOpt = None, quiet: QuietOpt = False, verbose: VerboseOpt = False,
+    metrics: MetricsOpt = None, metrics_push: MetricsPushOpt = None,
 ) -> int:
     """Where the time goes: compile vs execute per jitted function, why it recompiled, HLO, per-op tables."""
     from jaxdbg.profile import ProfileOptions
 
-    common = Common("profile", json, out, timeout, quiet, verbose, target)
+    captured = _Capture(attach, duration, from_capture)
+    common = Common("profile", json, out, timeout, quiet, verbose, target or captured.text(),
+                    metrics=metrics, metrics_push=metrics_push)
     options = ProfileOptions(runs=runs, warmup=warmup, top=top, trace_calls=trace_calls, xla_dump=xla_dump,
                              monitor=monitor, budget=budget, compare=compare, args=args, inputs=inputs, seed=seed,
                              timeout=timeout, python_tracer=python_tracer, command_buffers=command_buffers,
@@ -83,7 +103,15 @@ def profile(
     built: list[Report] = []
 
     def build(c: Common) -> Report:
-        report = _build(c, target, script_args or [], options)
+        if captured.asked():
+            report = _build_capture(c, target, captured, options)
+        elif target is None:
+            raise UsageError("profile needs a TARGET (script.py, file.py::func, module:func), or --attach "
+                             "HOST:PORT or --from-capture DIR")
+        else:
+            report = _build(c, target, script_args or [], options)
+        if csv:
+            _export_csv(c, report, csv)
         built.append(report)
         return report
 
@@ -103,6 +131,63 @@ def _build(common: Common, target: str, script_args: list[str], options: Profile
         run = run_profile(spec, options, str(common.out_dir()))
     # The child's view of jax (it ran the target); importing jax here only for the envelope would cost ~1 s.
     return Report("profile", target, run.result, run.exit_code, run.artifacts, run.environment or environment_info())
+
+
+@dataclass(frozen=True)
+class _Capture:
+    """--attach / --duration / --from-capture as given."""
+
+    attach: str | None
+    duration: float
+    from_capture: str | None
+
+    def asked(self) -> bool:
+        return self.attach is not None or self.from_capture is not None
+
+    def text(self) -> str | None:
+        """What the report names as its target."""
+        if self.attach is not None:
+            return f"attach:{self.attach}"
+        return f"capture:{self.from_capture}" if self.from_capture is not None else None
+
+
+def _build_capture(common: Common, target: str | None, captured: _Capture, options: ProfileOptions) -> Report:
+    from jaxdbg.profile.capture_report import profile_capture
+
+    if target is not None:
+        raise UsageError(f"TARGET '{target}' together with --attach/--from-capture: these read a job already "
+                         "running or a capture already taken; give either a TARGET or one of them")
+    if captured.attach is not None and captured.from_capture is not None:
+        raise UsageError("give either --attach or --from-capture, not both")
+    unused = [name for name, given in (("--compare", options.compare), ("--monitor", options.monitor),
+                                       ("--xla-dump", options.xla_dump), ("--args", options.args),
+                                       ("--inputs", options.inputs)) if given]
+    if unused:
+        raise UsageError(f"{', '.join(unused)}: only for a profiled TARGET; a capture of a job has no compiles, "
+                         "inputs or host samples to give them")
+    if captured.attach is not None and not captured.duration > 0:
+        raise UsageError(f"--duration {captured.duration:g}: give a positive number of seconds to capture, e.g. 2")
+    with common.progress() as progress:
+        progress.add_task(f"reading {captured.text()}", total=None, status="")
+        run = profile_capture(str(common.out_dir()), attach_to=captured.attach, from_capture=captured.from_capture,
+                              duration_s=captured.duration, top=options.top, budget=options.budget)
+    from jaxdbg.profile.capture_report import capture_environment
+
+    return Report("profile", captured.text() or "", run.result, run.exit_code, run.artifacts,
+                  capture_environment(run.result))
+
+
+def _export_csv(common: Common, report: Report, folder: str) -> None:
+    """--csv: a failed export is one line on stderr; the report itself is still written."""
+    from jaxdbg.profile.csv_export import write_profile_csv
+
+    try:
+        paths = write_profile_csv(report.result, folder)
+    except OSError as err:
+        common.err_console.print(f"jaxdbg profile: --csv {folder}: could not write the tables ({err.strerror or err}); "
+                                 "the report is written without them", soft_wrap=True, highlight=False, markup=False)
+        return
+    report.artifacts.update({f"csv_{name}": os.path.abspath(path) for name, path in paths.items()})
 
 
 def _serve(common: Common, logdir: str) -> None:
@@ -137,6 +222,29 @@ def _pct(part: float, whole: float) -> str:
     return f"{100 * part / whole:.0f}%" if whole > 0 else "-"
 
 
+def _io_line(summary: dict) -> str:
+    """The host's network and disk traffic during the run (--monitor), where the host counts it."""
+    parts = [f"{label} {summary[f'{key}_bytes'] / 1e6:.1f} MB "
+             f"(peak {summary[f'peak_{key}_bytes_per_s'] / 1e6:.1f} MB/s)"
+             for key, label in (("net_receive", "net in"), ("net_transmit", "net out"), ("disk_read", "disk read"),
+                                ("disk_write", "disk write")) if f"{key}_bytes" in summary]
+    return "\n  host I/O: " + ", ".join(parts) if parts else ""
+
+
+def _tpu_line(tpu: dict | None) -> str:
+    """The TPU runtime's figures (--monitor on a TPU host with tpu-info installed)."""
+    if not tpu:
+        return ""
+    parts = []
+    if tpu.get("mean_duty_cycle_percent"):
+        parts.append("duty cycle " + " ".join(f"{v:.0f}%" for v in tpu["mean_duty_cycle_percent"]))
+    if tpu.get("peak_hbm_bytes"):
+        parts.append("peak HBM " + " ".join(f"{v / 2**30:.1f}" for v in tpu["peak_hbm_bytes"]) + " GiB")
+    if tpu.get("peak_hbm_bandwidth_percent"):
+        parts.append("peak HBM bandwidth " + " ".join(f"{v:.0f}%" for v in tpu["peak_hbm_bandwidth_percent"]))
+    return "\n  TPU runtime: " + ", ".join(parts) if parts else ""
+
+
 def _render_processes(console: Console, result: Any) -> None:
     """The job's processes side by side (process 0's report of a multi-process job)."""
     columns = [_Column("process"), _Column("wall", drop=2), _Column("compile"), _Column("execute", drop=1),
@@ -159,6 +267,9 @@ def render(report: Report, console: Console) -> None:
     eager = result.eager_compile or {}
     shown = eager_matters(eager, t)
     console.print(f"[bold]jaxdbg profile[/] {report.target}  ({result.mode} mode, {result.device.get('backend', '?')})")
+    if result.capture is not None:
+        _render_capture(console, result)
+        return
     console.print(f"wall {_s(t.wall_s)} = compile {_s(t.compile_s)} ({_pct(t.compile_s, t.wall_s)}"
                   + (f", {_s(eager['total_s'])} of it eager" if shown else "") + ") + execute "
                   f"{_s(t.execute_s)} ({_pct(t.execute_s, t.wall_s)}) + transfer {_s(t.transfer_s)} "
@@ -179,6 +290,7 @@ def render(report: Report, console: Console) -> None:
         console.print(f"monitor: {summary['samples']} samples, "
                       f"peak host RSS {summary['peak_host_rss_bytes'] / 2**20:.0f} "
                       f"MiB, mean CPU {summary['mean_host_cpu_percent']:.0f}% of a core"
+                      + _io_line(summary) + _tpu_line(summary.get("tpu"))
                       + "".join(f"\n  [yellow]{w}[/]" for w in summary.get("warnings", [])))
     if result.comparison:
         _render_comparison(console, result.comparison)
@@ -196,6 +308,36 @@ def render(report: Report, console: Console) -> None:
     _render_budget(console, result.budget)
     if result.error:
         Console(stderr=True, highlight=False).print(f"jaxdbg profile: {result.error}", soft_wrap=True, markup=False)
+
+
+def _render_capture(console: Console, result: ProfileResult) -> None:
+    """A capture: its processes and steps, then the same function and per-op tables as a profiled run."""
+    capture = result.capture
+    assert capture is not None
+    for host in capture.hosts:
+        steps = host.steps
+        line = (f"  {host.label}: programs ran {_s(host.execute_s)} of {_s(host.duration_s)}")
+        if steps is not None:
+            busy = f"{100 * steps.execute_fraction:.0f}%" if steps.execute_fraction is not None else "-"
+            line += (f"; {steps.count} steps ({steps.marker}), median {_s(steps.median_s)}, p90 {_s(steps.p90_s)}, "
+                     f"{busy} in programs, host {_s(steps.host_median_s)} per step")
+        console.print(line, soft_wrap=True)
+        if host.overview:
+            parts = ", ".join(f"{key[:-3].replace('_', ' ')} {value:g}ms" for key, value in host.overview.items()
+                              if key.endswith("_ms") and key != "step_ms" and value)
+            verdict = host.overview.get("bottleneck", "?")
+            console.print(f"    xprof: {verdict}-bound; step {host.overview['step_ms']:g}ms"
+                          + (f": {parts}" if parts else ""), soft_wrap=True)
+    if result.functions:
+        console.print(_functions_table(result, console.width))
+    for function in result.functions:
+        _render_ops(console, function)
+    for note in result.notes:
+        console.print(f"[cyan]note[/] {note}", soft_wrap=True)
+    for hint in result.hints:
+        console.print(f"[yellow]hint[/] {hint}", soft_wrap=True)
+    console.print(f"capture: {relative_or_absolute(capture.run)} (a copy; open with xprof --logdir)")
+    _render_budget(console, result.budget)
 
 
 @dataclass(frozen=True)
@@ -251,7 +393,8 @@ def _functions_table(result: ProfileResult, width: int) -> Table:
     columns = [_Column("function", fold=True), _Column("compiles", drop=1), _Column("compile"),
                _Column("calls", drop=2), _Column("first", drop=4, minor=True), _Column("median", drop=3),
                _Column("p90", drop=5, minor=True), _Column("execute")]
-    rows = [[f.name, str(f.compiles), _s(f.compile.total_s), str(f.execute.calls), _s(f.execute.first_s),
+    rows = [[f.name + (f" @{f.host}" if f.host else ""), "-" if f.compiles is None else str(f.compiles),
+             _s(f.compile.total_s if f.compile else None), str(f.execute.calls), _s(f.execute.first_s),
              _s(f.execute.median_s), _s(f.execute.p90_s), _s(f.execute.total_s)] for f in result.functions]
     return _fitted_table("jitted functions", columns, rows, width)
 
@@ -265,11 +408,14 @@ def _loc(source: SourceLocation | None) -> str:
 
 def _render_function_detail(console: Console, f: FunctionProfile) -> None:
     c = f.compile
+    if c is None:  # a capture: no compiles seen
+        _render_ops(console, f)
+        return
     console.print(f"  [bold]{f.name}[/] compile {_s(c.total_s)} over {f.compiles} compile(s): trace {_s(c.trace_s)}, "
                   f"lower {_s(c.lower_s)}, backend {_s(c.compile_s)}"
                   + (f"; defined at {relative_or_absolute(f.source.file)}:{f.source.line}" if f.source else ""),
                   soft_wrap=True)
-    for calls, reason in _grouped(f.recompiles)[:8]:
+    for calls, reason in _grouped(f.recompiles or ())[:8]:
         shown = ", ".join(map(str, calls[:6])) + (f", ... ({len(calls)} recompiles)" if len(calls) > 6 else "")
         label = "call" if len(calls) == 1 else "calls"
         console.print(f"  [magenta]recompile[/] {f.name} {label} {shown}: {reason}", soft_wrap=True)
@@ -292,12 +438,17 @@ def _render_function_detail(console: Console, f: FunctionProfile) -> None:
     if f.memory:
         console.print(f"  {f.name} memory: " + ", ".join(f"{k} {_rate(v, 'B')}" for k, v in f.memory.items()),
                       soft_wrap=True)
+    _render_ops(console, f)
+
+
+def _render_ops(console: Console, f: FunctionProfile) -> None:
     if f.ops:
         columns = [_Column("op", fold=True), _Column("category", drop=1), _Column("count", drop=2, minor=True),
                    _Column("total"), _Column("share"), _Column("source")]
         rows = [[op.name, op.category, str(op.count), _s(op.total_s), f"{100 * op.fraction:.1f}%", _loc(op.source)]
                 for op in f.ops]
-        console.print(_fitted_table(f"top ops of {f.name} ({f.ops_source})", columns, rows, console.width))
+        where = f" in {f.host}" if f.host else ""
+        console.print(_fitted_table(f"top ops of {f.name}{where} ({f.ops_source})", columns, rows, console.width))
 
 
 def _grouped(recompiles: tuple) -> list[tuple[list[int], str]]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import typer
 from rich.console import Console
 
@@ -21,6 +23,7 @@ from jaxdbg.cli._common import (
     execute,
     validate_destinations,
 )
+from jaxdbg.launch import launched_place
 from jaxdbg.report import Report, environment_info, relative_or_absolute
 
 
@@ -79,7 +82,12 @@ def _build(common: Common, target: str, script_args: list[str], options) -> Repo
     # An unverified reproducer is no answer (the original program is the last fallback, so this is rare);
     # for a flaky failure it is the expected best effort, and says so.
     code = EXIT_OK if result.verified or result.flaky else EXIT_TARGET_FAILED
-    return Report("repro", target, result, code, artifacts, environment_info())
+    environment = environment_info()
+    place = launched_place(os.environ)
+    if place is not None:  # each run was one process of the job (jaxdbg.repro.job); process 0 speaks for it
+        environment.update(process_index=place[0], process_count=place[1])
+        code = code if place[0] == 0 else EXIT_OK
+    return Report("repro", target, result, code, artifacts, environment)
 
 
 def render(report: Report, console: Console) -> None:

@@ -235,8 +235,13 @@ def plan_jobs(options: BenchOptions) -> list[_Job]:
 
 def run_bench(
     options: BenchOptions, progress: Callable[[int, int, str], None] | None = None, out_dir: Path | None = None,
+    on_run: Callable[[int, int, RunKey, RunRecord], None] | None = None,
 ) -> tuple[BenchResult, dict[RunKey, RunRecord]]:
-    """Run every combination; returns the result and each run's timeline (for traces and plots)."""
+    """Run every combination; returns the result and each run's timeline (for traces and plots).
+
+    ``on_run(done, total, key, record)`` hears of each finished run (sim: as it ends; real: when the child
+    process has run them all), e.g. for the live ``--metrics-port`` endpoint.
+    """
     jobs = plan_jobs(options)
     if options.mode == "sim":
         records = {}
@@ -244,6 +249,8 @@ def run_bench(
             if progress:
                 progress(i, len(jobs), job.key.label())
             records[job.key] = simulate(job.shape, job.policies(), job.durations, job.key.comm)
+            if on_run:
+                on_run(i + 1, len(jobs), job.key, records[job.key])
         real: dict[Any, RealTimeline] = {}
         devices: list[str] = []
         correctness: Correctness | None = None
@@ -251,6 +258,9 @@ def run_bench(
         if progress:
             progress(0, len(jobs), f"{len(jobs)} real runs in a child process")
         records, real, devices = _run_real(options, jobs)
+        for i, job in enumerate(jobs):
+            if on_run:
+                on_run(i + 1, len(jobs), job.key, records[job.key])
         correctness = _correctness(real)
         if out_dir is not None:
             first = jobs[0]

@@ -75,6 +75,11 @@ def measure(record: RunRecord) -> RunMetrics:
     )
 
 
+def occupancy(stage_busy: list[float], makespan_s: float) -> list[float]:
+    """Busy fraction (0..1) of each stage over a run's makespan (``--csv``'s and the metrics' occupancy)."""
+    return [busy / makespan_s if makespan_s > 0 else 0.0 for busy in stage_busy]
+
+
 def lower_bound(durations: Durations) -> float:
     """A makespan no order can beat with these realised durations (see the module docstring)."""
     shape = durations.shape

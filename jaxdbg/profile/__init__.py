@@ -5,6 +5,8 @@ A library first (the command line in :mod:`jaxdbg.cli.profile` only parses and r
 - :func:`profile` runs a script or one function contained and returns a :class:`ProfileRun`.
 - :func:`parse_budget` / :func:`check_budget` gate CI; :func:`compare` diffs against an earlier report.
 - :func:`start_xprof` serves a capture on localhost.
+- :func:`profile_capture` reads a live job (``attach_to``) or an existing capture (``from_capture``);
+  :func:`write_profile_csv` writes a result's flat tables.
 
 Example:
     >>> from jaxdbg.target import parse_target
@@ -15,7 +17,9 @@ Example:
 
 from jaxdbg.profile.budget import check_budget as check_budget
 from jaxdbg.profile.budget import parse_budget as parse_budget
+from jaxdbg.profile.capture_report import profile_capture as profile_capture
 from jaxdbg.profile.compare import compare as compare
+from jaxdbg.profile.csv_export import write_profile_csv as write_profile_csv
 from jaxdbg.profile.model import FunctionProfile as FunctionProfile
 from jaxdbg.profile.model import ProfileResult as ProfileResult
 from jaxdbg.profile.run import ProfileOptions as ProfileOptions

@@ -109,7 +109,7 @@ class Gathered:
             if not infos and not calls:
                 continue  # jitted but never called
             found.append(function_profile(meta, infos, calls, mode, warmup))
-        found.sort(key=lambda f: -(f.compile.total_s + f.execute.total_s))
+        found.sort(key=lambda f: -(f.compile_total_s + f.execute.total_s))
         return found
 
     # ---- run-wide ---------------------------------------------------------------------------------------
@@ -136,7 +136,7 @@ class Gathered:
     def totals_for(self, functions: list[FunctionProfile], elapsed_s: float, mode: str) -> Totals:
         overhead = self.run.overhead_s if self.run is not None else 0.0
         wall = self.run.wall_s - overhead if self.run is not None else elapsed_s
-        compile_s = sum(f.compile.total_s for f in functions) + self.eager_compile()["total_s"]
+        compile_s = sum(f.compile_total_s for f in functions) + self.eager_compile()["total_s"]
         if mode == "function":
             execute = sum(c.wall_s for rows in self.calls.values() for c in rows)
         else:
@@ -182,12 +182,21 @@ def execute_stats(calls: list[CallTiming], mode: str, warmup: int) -> ExecuteSta
         total = sum(c.execute_s for c in waited) + (len(calls) - len(waited)) * float(np.mean(timed))
         count = len(calls)
         sampled = len(waited)
-    values = np.asarray(timed, dtype=float)
+    median, p90, low, high, spread = duration_stats(timed)
+    return ExecuteStats(count, first, median, p90, low, high, spread, total, sampled if mode != "function" else count,
+                        tuple(float(v) for v in timed))
+
+
+def duration_stats(durations: Iterable[float]) -> tuple[float, float, float, float, float | None]:
+    """``(median, p90, min, max, spread)`` of some durations (at least one); spread = (p90 - p10) / median.
+
+        >>> duration_stats([1.0, 2.0, 3.0])[:2]
+        (2.0, 2.8)
+    """
+    values = np.asarray(list(durations), dtype=float)
     median = float(np.median(values))
     p10, p90 = (float(v) for v in np.percentile(values, [10, 90]))
-    return ExecuteStats(count, first, median, p90, float(values.min()), float(values.max()),
-                        (p90 - p10) / median if median > 0 else None, total,
-                        sampled if mode != "function" else count, tuple(float(v) for v in timed))
+    return median, p90, float(values.min()), float(values.max()), (p90 - p10) / median if median > 0 else None
 
 
 def normalize_cost(raw: dict | None) -> dict[str, float] | None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import operator
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from jaxdbg._errors import UsageError
@@ -34,16 +34,26 @@ _UNITS = {"s": 1.0, "ms": 1e3, "us": 1e6}
 _TOTAL_READERS: dict[str, Callable[[Totals, tuple[FunctionProfile, ...]], float | None]] = {
     "wall": lambda t, f: t.wall_s, "compile": lambda t, f: t.compile_s, "execute": lambda t, f: t.execute_s,
     "transfer": lambda t, f: t.transfer_s, "other": lambda t, f: t.other_s,
-    "recompiles": lambda t, f: float(sum(len(x.recompiles) for x in f)),
-    "compiles": lambda t, f: float(sum(x.compiles for x in f)),
+    "recompiles": lambda t, f: _known_sum(len(x.recompiles) if x.recompiles is not None else None for x in f),
+    "compiles": lambda t, f: _known_sum(x.compiles for x in f),
 }
 _FUNCTION_READERS: dict[str, Callable[[FunctionProfile], float | None]] = {
-    "compile": lambda f: f.compile.total_s, "trace": lambda f: f.compile.trace_s, "lower": lambda f: f.compile.lower_s,
-    "backend_compile": lambda f: f.compile.compile_s, "execute": lambda f: f.execute.total_s,
+    "compile": lambda f: f.compile.total_s if f.compile else None,
+    "trace": lambda f: f.compile.trace_s if f.compile else None,
+    "lower": lambda f: f.compile.lower_s if f.compile else None,
+    "backend_compile": lambda f: f.compile.compile_s if f.compile else None,
+    "execute": lambda f: f.execute.total_s,
     "execute_median": lambda f: f.execute.median_s, "execute_p90": lambda f: f.execute.p90_s,
     "first": lambda f: f.execute.first_s, "calls": lambda f: float(f.execute.calls),
-    "recompiles": lambda f: float(len(f.recompiles)), "compiles": lambda f: float(f.compiles),
+    "recompiles": lambda f: _known_sum([len(f.recompiles)] if f.recompiles is not None else [None]),
+    "compiles": lambda f: _known_sum([f.compiles]),
 }
+
+
+def _known_sum(values: Iterable[float | None]) -> float | None:
+    """The sum, or None where a value is unknown (a capture knows no compiles)."""
+    known = list(values)
+    return None if any(v is None for v in known) else float(sum(v for v in known if v is not None))
 _COUNTS = {"recompiles", "compiles", "calls"}
 
 

@@ -8,7 +8,7 @@ Example:
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from jaxdbg.profile.model import FunctionProfile, Totals, Transfer
@@ -30,7 +30,7 @@ def eager_matters(eager: Mapping[str, Any], totals: Totals) -> bool:
     """Whether the compiles of operations run outside jit deserve their own line: a tenth of all compile
     time or more (a model built eagerly compiles each initialiser on its own, often for seconds)."""
     seconds = float(eager.get("total_s") or 0.0)
-    return bool(eager.get("count")) and seconds >= 0.05 and seconds >= 0.1 * totals.compile_s
+    return bool(eager.get("count")) and seconds >= 0.05 and seconds >= 0.1 * (totals.compile_s or 0.0)
 
 
 # Names of jax.random's samplers as eager compiles show them (jit(_truncated_normal), jit(_uniform), ...).
@@ -49,7 +49,7 @@ def _eager_hint(eager: Mapping[str, Any], totals: Totals) -> str | None:
     # jax_persistent_cache_min_compile_time_secs (1 s): the cache alone keeps few of them. With the threshold at
     # 0 a second run of the NNX LM in tests/corpus built its model in 0.9 s instead of 8.6 s.
     return (f"{eager['count']} operations run outside jit compiled one by one: {seconds:.2f} s, "
-            f"{100 * seconds / max(totals.compile_s, 1e-9):.0f}% of compile time"
+            f"{100 * seconds / max(totals.compile_s or 0.0, 1e-9):.0f}% of compile time"
             + (f" ({names})" if names else "") + f", mostly {what}. Keep them across runs with the persistent "
             "cache and its threshold lowered: JAX_COMPILATION_CACHE_DIR=DIR "
             "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 "
@@ -68,25 +68,26 @@ def hints_for(functions: list[FunctionProfile], totals: Totals, transfers: list[
             continue
         kind, count = main_cause(function.recompiles)
         fix = _FIXES.get(kind, "check jax's caches and config between calls")
-        hints.append(f"{function.name} compiled {function.compiles} times ({function.compile.total_s:.2f} s); "
+        hints.append(f"{function.name} compiled {function.compiles} times ({function.compile_total_s:.2f} s); "
                      f"the main cause, on {count} of {len(function.recompiles)} recompiles: {kind} changes. "
                      f"Fix: {fix}")
     wall = totals.wall_s or 0.0
-    if wall > 0 and totals.compile_s > 0.5 * wall:
+    compile_s, transfer_s = totals.compile_s or 0.0, totals.transfer_s or 0.0
+    if wall > 0 and compile_s > 0.5 * wall:
         split = ""
         if eager_matters(eager, totals):
-            jitted = max(totals.compile_s - eager["total_s"], 0.0)
+            jitted = max(compile_s - eager["total_s"], 0.0)
             split = (f": {jitted:.2f} s in jitted functions, {eager['total_s']:.2f} s in {eager['count']} "
                      "eager operations")
-        hints.append(f"compilation takes {100 * totals.compile_s / wall:.0f}% of the run ({totals.compile_s:.2f} s"
+        hints.append(f"compilation takes {100 * compile_s / wall:.0f}% of the run ({compile_s:.2f} s"
                      f"{split}): reuse compiled code with the persistent cache (JAX_COMPILATION_CACHE_DIR), or "
                      "compile less (fewer shapes, smaller unrolled loops: lax.scan instead of Python loops)")
     eager_hint = _eager_hint(eager, totals)
     if eager_hint:
         hints.append(eager_hint)
-    if wall > 0 and totals.transfer_s > 0.2 * wall:
-        hints.append(f"host<->device copies take {100 * totals.transfer_s / wall:.0f}% of the run "
-                     f"({totals.transfer_s:.2f} s): keep data on the device between steps")
+    if wall > 0 and transfer_s > 0.2 * wall:
+        hints.append(f"host<->device copies take {100 * transfer_s / wall:.0f}% of the run "
+                     f"({transfer_s:.2f} s): keep data on the device between steps")
     by_kind = {t.kind: t for t in transfers}
     implicit = by_kind.get("implicit_args")
     if implicit and implicit.count >= 3 and implicit.total_s > 0.05 * max(wall, 1e-9):
@@ -97,6 +98,12 @@ def hints_for(functions: list[FunctionProfile], totals: Totals, transfers: list[
     if reads and reads.count >= 10 and reads.total_s > 0.05 * max(wall, 1e-9):
         hints.append(f"device values were read on the host {reads.count} times ({reads.total_s:.2f} s: float(x), "
                      ".item(), print): each read waits for the device; log every N steps instead")
+    return tuple(hints) + op_hints(functions, wall)
+
+
+def op_hints(functions: Iterable[FunctionProfile], wall: float) -> tuple[str, ...]:
+    """One op that takes most of a function's time, in a function that matters: a profiled run and a capture."""
+    hints = []
     for function in functions:
         if function.ops and function.ops[0].fraction > 0.5 and function.execute.total_s > 0.05 * max(wall, 1e-9):
             op = function.ops[0]

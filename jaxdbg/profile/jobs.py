@@ -185,17 +185,22 @@ def script_job(job: ProfileJob, channel: Any) -> None:
     finally:
         info = backend() if backend is not None else send_device_info(send)
         send_capture_ops(send, window, info.backend)
-        share_with_the_job(send, log, options.timeout, backend.started if backend else time.perf_counter())
+        files = window.files if window is not None else None
+        share_with_the_job(send, log, options.timeout, backend.started if backend else time.perf_counter(),
+                           files.xplane if files is not None else None, job.out_dir)
         if backend is not None and backend.heartbeat is not None:
             backend.heartbeat.stop()
     send_peak(send, info, options.calibrate)
     send(Done())
 
 
-def share_with_the_job(send: Send, log: MessageLog, timeout: float | None, started: float) -> None:
+def share_with_the_job(send: Send, log: MessageLog, timeout: float | None, started: float,
+                       xplane: str | None = None, out_dir: str = "") -> None:
     """In a multi-process job: publish this process's figures; process 0 gathers everyone's (waiting no
-    longer than its own --timeout allows) and sends them on, naming any process that never reported."""
+    longer than its own --timeout allows) and sends them on, naming any process that never reported. The
+    captures (``xplane``) go the same way, into one xprof session in process 0's ``out_dir``."""
     from jaxdbg.profile.assemble import Gathered
+    from jaxdbg.profile.job_capture import share_capture
     from jaxdbg.profile.processes import ProcessFigures, figures_of
     from jaxdbg.profile.run import attach_ops
 
@@ -207,16 +212,19 @@ def share_with_the_job(send: Send, log: MessageLog, timeout: float | None, start
     if gathered.ops is not None:
         functions = attach_ops(functions, gathered.ops, top=1_000_000)
     totals = gathered.totals_for(functions, time.perf_counter() - started, "script")
+    wait = (GATHER_WAIT_S if timeout is None
+            else max(min(GATHER_WAIT_S, timeout - (time.perf_counter() - started) - 10), 1.0))
+    if place.index != 0:  # the capture first: once process 0 has the figures, the capture is there too
+        share_capture(send, xplane, out_dir, wait)
     multihost.publish("profile", "figures", figures_of(place.index, functions, totals).as_message())
     if place.index != 0:
         return
-    wait = (GATHER_WAIT_S if timeout is None
-            else max(min(GATHER_WAIT_S, timeout - (time.perf_counter() - started) - 10), 1.0))
     got = multihost.gather("profile", "figures", wait)
     send(JobFigures(tuple(
         ProcessFigures(**got[i]) if i in got else
         ProcessFigures.missing(i, multihost.missing_line("profile", i, place.count, wait))
         for i in range(place.count))))
+    share_capture(send, xplane, out_dir, 5.0)
 
 
 def function_job(job: ProfileJob, channel: Any) -> None:

@@ -143,6 +143,16 @@ class JobFigures(Message):
 
 
 @dataclass(frozen=True)
+class JobCapture(Message):
+    """Process 0 of a multi-process job: the job's xprof session (``logdir/plugins/profile/run/``) and the
+    processes whose capture is in it (profile.job_capture)."""
+
+    logdir: str
+    run: str
+    processes: tuple
+
+
+@dataclass(frozen=True)
 class ProfileNote(Message):
     """Something that went wrong on the side (the capture, the calibration): shown as a note."""
 

@@ -112,9 +112,9 @@ class FunctionProfile:
 
     name: str
     source: SourceLocation | None
-    compiles: int
-    recompiles: tuple[Recompile, ...]
-    compile: CompileTimes
+    compiles: int | None  # None (like recompiles and compile): a capture of a running job cannot know them
+    recompiles: tuple[Recompile, ...] | None
+    compile: CompileTimes | None
     execute: ExecuteStats
     cost: dict[str, float] | None = None
     memory: dict[str, int] | None = None
@@ -124,6 +124,12 @@ class FunctionProfile:
     module: str = ""
     hlo: dict[str, str] = field(default_factory=dict)  # 'stablehlo' / 'optimized_hlo' -> file path
     ops_source: str = ""  # where the op table came from: 'xprof hlo_stats', 'xplane op events', ''
+    host: str | None = None  # a capture: the process it ran in (its xplane file's name); None in a profiled run
+
+    @property
+    def compile_total_s(self) -> float:
+        """Seconds compiling (0 where unknown: a capture)."""
+        return self.compile.total_s if self.compile is not None else 0.0
 
 
 @dataclass(frozen=True)
@@ -131,9 +137,9 @@ class Totals:
     """The script's wall time split up; ``overhead_s`` is jaxdbg's own time (left out of the rest)."""
 
     wall_s: float
-    compile_s: float
+    compile_s: float | None  # None in a capture (jaxdbg did not see the compiles)
     execute_s: float
-    transfer_s: float
+    transfer_s: float | None  # None in a capture
     other_s: float
     overhead_s: float = 0.0
 
@@ -167,6 +173,16 @@ class MonitorSeries:
     device_bytes_in_use: tuple[tuple[int, ...] | None, ...]
     system_cpu_percent: tuple[float | None, ...]  # the whole machine, all cores = 100
     summary: dict[str, Any] = field(default_factory=dict)
+    # The whole host's I/O in bytes/s since the sample before (None: the first sample, or not known here).
+    net_receive_bytes_per_s: tuple[float | None, ...] = ()
+    net_transmit_bytes_per_s: tuple[float | None, ...] = ()
+    disk_read_bytes_per_s: tuple[float | None, ...] = ()
+    disk_write_bytes_per_s: tuple[float | None, ...] = ()
+    # The TPU runtime's figures, one list per sample, one entry per device (empty off TPU).
+    tpu_duty_cycle_percent: tuple[tuple[float, ...] | None, ...] = ()
+    tpu_hbm_bytes_in_use: tuple[tuple[int, ...] | None, ...] = ()
+    tpu_hbm_bandwidth_percent: tuple[tuple[float, ...] | None, ...] = ()
+    tpu_tensorcore_util_percent: tuple[tuple[float, ...] | None, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -190,10 +206,49 @@ class TraceFiles:
 
 
 @dataclass(frozen=True)
+class StepFigures:
+    """The steps one process ran during a capture: from its ``StepTraceAnnotation`` markers, or else the
+    intervals between the starts of its most-run jitted program. ``execute_fraction``: the share of step time
+    its programs ran; ``host_median_s``: per step, the time outside them (input pipeline, Python, logging)."""
+
+    marker: str  # 'StepTraceAnnotation train' or 'executions of jit_train_step'
+    count: int
+    median_s: float | None
+    p90_s: float | None
+    execute_fraction: float | None
+    host_median_s: float | None
+
+
+@dataclass(frozen=True)
+class CaptureHost:
+    """One process of a captured session (one xplane file)."""
+
+    label: str  # the file's name without .xplane.pb: 'host_port' for an attached process
+    file: str
+    duration_s: float  # from its first to its last recorded program execution or step
+    execute_s: float  # time its jitted programs ran (union)
+    steps: StepFigures | None
+    devices: tuple[str, ...] = ()  # its device planes ('/device:GPU:0'); none for CPU
+    overview: dict[str, Any] | None = None  # GPU/TPU: xprof's overview_page step breakdown (capture_report.OVERVIEW)
+
+
+@dataclass(frozen=True)
+class CaptureInfo:
+    """Where a capture's figures came from: ``attach`` (jaxdbg took it from the live job) or ``capture``
+    (read from a folder); ``steps``: the first process's step count."""
+
+    source: str
+    hosts: tuple[CaptureHost, ...]
+    duration_s: float
+    steps: int | None
+    run: str  # the copy under --out that was read (the user's folder is never written)
+
+
+@dataclass(frozen=True)
 class ProfileResult:
     """The profile ``result`` of the contract, plus detail."""
 
-    mode: str  # 'script' or 'function'
+    mode: str  # 'script', 'function', or 'capture' (--attach / --from-capture)
     functions: tuple[FunctionProfile, ...]
     totals: Totals
     budget: BudgetResult
@@ -212,6 +267,7 @@ class ProfileResult:
     processes: tuple[ProcessFigures, ...] = ()
     stragglers: tuple[int, ...] = ()
     step_skew_s: float | None = None
+    capture: CaptureInfo | None = None  # --attach / --from-capture only
 
     def essential_line(self) -> str | None:
         if not self.budget.ok:

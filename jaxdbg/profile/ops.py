@@ -17,9 +17,11 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import re
+import sys
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -42,23 +44,90 @@ class OpTotal:
 
 def thunk_events(xplane_path: str) -> dict[str, dict[str, OpTotal]]:
     """``{module: {op: OpTotal}}`` from the XLA:CPU (or device) events of an xplane.pb, by self time."""
+    return read_xplane(xplane_path).ops
+
+
+@dataclass
+class XplaneEvents:
+    """What one host's capture holds: per-op totals by module, each program execution's span, step markers.
+
+    ``executions``: ``{module: [(start_ns, end_ns)]}``, one per execution (the op events of one ``run_id``);
+    ``steps``: ``{name: [(step_num, start_ns, end_ns)]}`` from ``jax.profiler.StepTraceAnnotation``;
+    ``programs``: ``{module: program_id}`` (xprof names a module's HLO ``module(program_id)``);
+    ``devices``: the device planes' names (``/device:GPU:0``), empty on CPU."""
+
+    ops: dict[str, dict[str, OpTotal]]
+    executions: dict[str, list[tuple[float, float]]]
+    steps: dict[str, list[tuple[int, float, float]]]
+    programs: dict[str, int]
+    devices: tuple[str, ...]
+
+
+def read_xplane(xplane_path: str) -> XplaneEvents:
+    """One pass over an xplane.pb: op self times, program executions and step markers."""
     from jax.profiler import ProfileData
 
     data = ProfileData.from_file(xplane_path)
     totals: dict[str, dict[str, OpTotal]] = defaultdict(lambda: defaultdict(OpTotal))
+    runs: dict[tuple[str, int], list[float]] = {}
+    unnumbered: dict[str, list[tuple[float, float]]] = defaultdict(list)  # op events without a run_id (GPU)
+    steps: dict[str, list[tuple[int, float, float]]] = defaultdict(list)
+    programs: dict[str, int] = {}
+    devices = []
     for plane in data.planes:
+        if plane.name.startswith("/device:"):
+            devices.append(plane.name)
         for line in plane.lines:
             events = []
             for event in line.events:
-                stats = dict(event.stats)
+                stats = _stats(event)
+                start, duration = float(event.start_ns), float(event.duration_ns)
                 op, module = stats.get("hlo_op"), stats.get("hlo_module")
                 if op and module:
-                    events.append((float(event.start_ns), float(event.duration_ns), str(module), str(op)))
+                    events.append((start, duration, str(module), str(op)))
+                    programs.setdefault(str(module), int(stats.get("program_id", -1)))
+                    if "run_id" not in stats:
+                        unnumbered[str(module)].append((start, start + duration))
+                        continue
+                    span = runs.setdefault((str(module), int(stats["run_id"])), [start, start + duration])
+                    span[0], span[1] = min(span[0], start), max(span[1], start + duration)
+                elif "step_num" in stats and not module:
+                    steps[str(event.name)].append((int(stats["step_num"]), start, start + duration))
             for module, op, self_ns in _self_times(events):
                 entry = totals[module][op]
                 entry.count += 1
                 entry.total_s += self_ns * 1e-9
-    return {m: dict(ops) for m, ops in totals.items()}
+    executions: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for (module, _), (start, end) in sorted(runs.items(), key=lambda kv: kv[1][0]):
+        executions[module].append((start, end))
+    for module, spans in unnumbered.items():
+        if module not in executions:
+            calls = min(t.count for t in totals[module].values())
+            executions[module] = split_at_gaps(spans, calls)
+    return XplaneEvents({m: dict(ops) for m, ops in totals.items()}, dict(executions), dict(steps), programs,
+                        tuple(devices))
+
+
+def split_at_gaps(spans: list[tuple[float, float]], parts: int) -> list[tuple[float, float]]:
+    """A program's op events cut into ``parts`` executions at the widest gaps between them: where the op events
+    carry no run id (XLA:GPU's kernels), the gap between two calls is wider than any between the kernels of one.
+    ``parts`` is how often the program's rarest op ran (an entry op runs once per call).
+
+        >>> split_at_gaps([(0, 1), (1, 2), (10, 11), (11, 12)], 2)
+        [(0, 2), (10, 12)]
+    """
+    spans = sorted(spans)
+    gaps = sorted(range(1, len(spans)), key=lambda i: spans[i][0] - spans[i - 1][1])[len(spans) - max(parts, 1):]
+    cuts = [0, *sorted(gaps), len(spans)]
+    return [(spans[a][0], max(e for _, e in spans[a:b])) for a, b in itertools.pairwise(cuts) if b > a]
+
+
+def _stats(event: object) -> dict:
+    """An event's stats; {} where one holds bytes that are not text (the reader raises on those)."""
+    try:
+        return dict(event.stats)  # type: ignore[attr-defined]
+    except (UnicodeDecodeError, ValueError):
+        return {}
 
 
 def _self_times(events: list[tuple[float, float, str, str]]) -> Iterator[tuple[str, str, float]]:
@@ -78,20 +147,22 @@ def _self_times(events: list[tuple[float, float, str, str]]) -> Iterator[tuple[s
 
 
 @contextlib.contextmanager
-def quiet_native_stderr() -> Iterator[None]:
-    """Silence C++ logging on file descriptor 2 (xprof's converters log every step at INFO)."""
-    try:
-        saved = os.dup(2)
-    except OSError:
-        yield
-        return
+def quiet_native_stderr(fds: tuple[int, ...] = (2,)) -> Iterator[None]:
+    """Silence C++ logging on file descriptor 2 (xprof's converters log every step at INFO); with ``fds=(1, 2)``
+    stdout too (xprof's capture client prints its progress there, which would spoil ``--json -``)."""
+    sys.stdout.flush()
+    saved = []
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:
-        os.dup2(devnull, 2)
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                saved.append((fd, os.dup(fd)))
+                os.dup2(devnull, fd)
         yield
     finally:
-        os.dup2(saved, 2)
-        os.close(saved)
+        for fd, copy in saved:
+            os.dup2(copy, fd)
+            os.close(copy)
         os.close(devnull)
 
 
@@ -167,3 +238,14 @@ def op_table(ops: dict[str, OpTotal], module: HloModule | None, top: int, module
         rows.append(OpRow(name, category, total.count, total.total_s, total.total_s / grand, source,
                           module_name or (module.name if module else ""), expression))
     return tuple(rows)
+
+
+def function_ops(function: str, module_name: str, module: HloModule | None, by_prefix: dict, by_module: dict,
+                 top: int) -> tuple[tuple[OpRow, ...], str]:
+    """One function's per-op table and where it came from: xprof's hlo_stats rows named ``jit(function)``
+    first, else the capture's own op events of its HLO module. A profiled run and a capture share it."""
+    ops, source = by_prefix.get(f"jit({function})"), "xprof hlo_stats"
+    if not ops:
+        ops, source = by_module.get(module_name), "xplane op events"
+    rows = op_table(ops, module, top, module_name) if ops and top > 0 else ()
+    return rows, source if rows else ""

@@ -24,9 +24,9 @@ from jaxdbg.profile.assemble import Gathered
 from jaxdbg.profile.budget import check_budget, parse_budget
 from jaxdbg.profile.compare import compare, load_baseline, other_target_note
 from jaxdbg.profile.hints import hints_for, notes_for
-from jaxdbg.profile.messages import CaptureOps, ProfileJob
+from jaxdbg.profile.messages import CaptureOps, JobCapture, ProfileJob
 from jaxdbg.profile.model import FunctionProfile, ProfileResult, Rates
-from jaxdbg.profile.monitor import series
+from jaxdbg.profile.monitor import monitor_hints, series
 from jaxdbg.profile.peaks import Peak, achieved_rates, dtype_class, table_peak
 from jaxdbg.profile.processes import find_stragglers, step_skew_s
 from jaxdbg.profile.trace import write_perfetto
@@ -100,18 +100,22 @@ def profile(spec: TargetSpec, options: ProfileOptions, out_dir: str) -> ProfileR
     other = other_target_note(baseline, spec.text) if baseline is not None else None
     other_target = (other,) if other else ()
     eager = gathered.eager_compile()
+    monitor = series(gathered.monitor, options.monitor_interval)
     notes = notes_for(mode, functions, gathered, error, command_buffers_off, stopped_in_jitted_call(outcome))
     result = ProfileResult(
         mode=mode, functions=tuple(functions), totals=totals, budget=budget, error=error, error_source=error_source,
         notes=notes + other_target,
-        hints=hints_for(functions, totals, gathered.transfers(), eager) + straggler_hints,
+        hints=hints_for(functions, totals, gathered.transfers(), eager) + straggler_hints + monitor_hints(monitor),
         transfers=tuple(gathered.transfers()), eager_compile=eager, trace=trace,
-        monitor=series(gathered.monitor, options.monitor_interval),
+        monitor=monitor,
         comparison=compare(baseline, tuple(functions), totals) if baseline is not None else None,
         device=gathered.device, processes=gathered.job, stragglers=stragglers,
         step_skew_s=step_skew_s(list(gathered.job)),
     )
     artifacts.update(_artifacts(result, outcome, str(process_folder(Path(out_dir), gathered.environment))))
+    session = outcome.last(JobCapture)
+    if session is not None:  # process 0 of a job: every process's capture as one xprof session
+        artifacts["job_trace_dir"] = session.logdir
     code = EXIT_TARGET_FAILED if error else (EXIT_FOUND if not budget.ok else EXIT_OK)
     return ProfileRun(result, code, artifacts, outcome, gathered.environment)
 
@@ -241,7 +245,7 @@ def attach_ops(functions: list[FunctionProfile], captured: CaptureOps, top: int)
     ``captured.by_prefix``: xprof's hlo_stats keyed by framework-op prefix (``jit(train_step)``), used
     first; ``captured.by_module``: the capture's own op events keyed by HLO module (``jit_train_step``)."""
     from jaxdbg.profile.hlo import parse_hlo
-    from jaxdbg.profile.ops import op_table
+    from jaxdbg.profile.ops import function_ops
 
     if top <= 0:
         return functions
@@ -253,11 +257,8 @@ def attach_ops(functions: list[FunctionProfile], captured: CaptureOps, top: int)
             with open(path) as handle:
                 module = parse_hlo(handle.read())
         name = function.module or (module.name if module else f"jit_{function.name}")
-        ops, source = captured.by_prefix.get(f"jit({function.name})"), "xprof hlo_stats"
-        if not ops:
-            ops, source = captured.by_module.get(name), "xplane op events"
-        rows = op_table(ops, module, top, name) if ops else ()
-        updated.append(dataclasses.replace(function, ops=rows, ops_source=source if rows else ""))
+        rows, source = function_ops(function.name, name, module, captured.by_prefix, captured.by_module, top)
+        updated.append(dataclasses.replace(function, ops=rows, ops_source=source))
     return updated
 
 

@@ -105,6 +105,33 @@ class TraceWindow:
         self.send(TraceCaptured(self.files))
 
 
+def monitor_counters(events: list[dict]) -> list[dict]:
+    """Counter tracks (Perfetto draws them as graphs under the process) from --monitor's annotations: the host's
+    CPU use, and the MB it moved over the network and to/from disk since the run started.
+
+    Example:
+        >>> sample = {"ph": "X", "pid": 1, "ts": 5.0, "name": "jaxdbg monitor",
+        ...           "args": {"host_cpu_percent": "80", "net_receive_mb": "1.5", "disk_read_mb": "0"}}
+        >>> for counter in monitor_counters([sample]):
+        ...     print(counter["ph"], counter["name"], counter["args"])
+        C host CPU % {'host_cpu_percent': 80.0}
+        C host I/O MB since start {'net_receive_mb': 1.5, 'disk_read_mb': 0.0}
+    """
+    from jaxdbg.profile.monitor import MONITOR_EVENT
+
+    counters = []
+    for event in events:
+        if event.get("name") != MONITOR_EVENT or event.get("ph") != "X":
+            continue
+        args = {k: float(v) for k, v in (event.get("args") or {}).items()}
+        for track, keys in (("host CPU %", [k for k in args if k.endswith("_percent")]),
+                            ("host I/O MB since start", [k for k in args if k.endswith("_mb") and k != "host_rss_mb"])):
+            if keys:
+                counters.append({"ph": "C", "name": track, "pid": event["pid"], "ts": event["ts"],
+                                 "args": {k: args[k] for k in keys}})
+    return counters
+
+
 def find_trace_files(logdir: str, calls: int = 0) -> TraceFiles:
     """The newest capture under ``logdir`` (``plugins/profile/<run>/<host>.xplane.pb`` and friends)."""
     runs = sorted(glob.glob(os.path.join(logdir, "plugins", "profile", "*")), key=os.path.getmtime)
@@ -124,6 +151,7 @@ def write_perfetto(trace: TraceFiles) -> TraceFiles:
     with gzip.open(trace.trace_json, "rb") as handle:
         data = json.loads(handle.read())
     data.pop("metadata", None)
+    data["traceEvents"] = data.get("traceEvents", []) + monitor_counters(data.get("traceEvents", []))
     path = os.path.join(os.path.dirname(trace.trace_json), "perfetto_trace.json.gz")
     with gzip.open(path, "wb", compresslevel=1) as handle:
         handle.write(json.dumps(data).encode())  # one C-encoder call: json.dump streams in Python, 10x slower

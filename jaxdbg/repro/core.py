@@ -38,6 +38,7 @@ from dataclasses import dataclass, field, replace
 
 from jaxdbg._errors import TargetFailedError, UsageError
 from jaxdbg._source import SourceLocation
+from jaxdbg.launch import launched_place
 from jaxdbg.repro.failures import STILL_FAILS_WITHOUT_JIT, Checker, Failure, choose, observe, preloadable
 from jaxdbg.repro.jobs import CHILD_ENV, CUT_JOB, JOB, CutRequest, RunRequest, reduction_env
 from jaxdbg.repro.messages import CutFinished, LoweredText
@@ -122,7 +123,8 @@ def reproduce(spec: TargetSpec, options: ReproOptions, out_dir: str, on_progress
     work = tempfile.mkdtemp(prefix="jaxdbg-repro-")
     try:
         subject = prepare_subject(spec, options.inputs, options.args, options.seed, work, options.timeout)
-        return _Reproduction(spec, subject, options, out_dir, work, clock, progress).run()
+        return _Reproduction(spec, subject, options, out_dir, work, clock, progress,
+                             launched_place(os.environ)).run()
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -171,8 +173,9 @@ class _Reproduction:
     """One `jaxdbg repro` run (state shared by the steps)."""
 
     def __init__(self, spec: TargetSpec, subject: Subject, options: ReproOptions, out_dir: str, work: str,
-                 clock: _Clock, progress: Progress):
+                 clock: _Clock, progress: Progress, place: tuple[int, int] | None = None):
         self.spec, self.subject, self.options = spec, subject, options
+        self.place = place  # (index, count) in a multi-process job: every run is one run of the job (repro.job)
         self.out_dir, self.work, self.clock, self.progress = out_dir, work, clock, progress
         self.checks = 0
         self.notes: list[str] = []
@@ -184,6 +187,10 @@ class _Reproduction:
     # 1. Detect ----------------------------------------------------------------------------------------------
 
     def run(self) -> tuple[ReproResult, dict[str, str]]:
+        if self.place is not None:
+            from jaxdbg.repro.job import run_in_job
+
+            return run_in_job(self)
         target, flaky, runs, outcomes = self.detect()
         check_timeout = self.check_timeout(target, outcomes)
         kind = target.signature.kind
@@ -225,7 +232,7 @@ class _Reproduction:
         # An exception is cut to its JAX operation as it passes (its frames are gone once it is reported).
         operations = os.path.join(self.work, "operation") if kind in (None, "exception") else None
         request = replace(self.subject.request, script=self.subject.path, watch=watch, operation_dir=operations)
-        runs = max(1, self.options.runs)
+        runs = max(1, self.options.runs) if self.place is None else 1  # a job runs once per process, in lockstep
         with ThreadPoolExecutor(max_workers=max(1, min(self.options.jobs, runs))) as pool:
             outcomes = list(pool.map(lambda _: run_contained(JOB, request, timeout=self.detect_timeout, env=self.env,
                                                              cwd=self.cwd),

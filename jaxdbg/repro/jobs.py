@@ -124,10 +124,23 @@ def cut_job(request: CutRequest, channel: Any) -> None:
         reason = (watch.capture_error if watch else None) or "the failing jitted call was not seen again"
         channel.send(CutFinished(False, reason=reason))
         return
+    from jaxdbg import multihost
     from jaxdbg.repro.cutting import cut_captured
 
     deadline = started + request.budget_s
-    channel.send(cut_captured(watch.captured, request, deadline))
+    place = multihost.job()
+    if place is not None and place.index != 0:
+        # The capture holds the job's whole inputs in every process: process 0 alone cuts them (one process,
+        # no collective left), while this one stays in the job until it is done (a process that leaves early
+        # is reported lost by the job's runtime, which then stops the others).
+        channel.send(CutFinished(False, reason=f"process 0 cuts the job's computation (this is process {place.index})"))
+        multihost.wait_for("repro", "cut", 0, max(deadline - time.perf_counter(), 1.0) + 60)
+        return
+    try:
+        channel.send(cut_captured(watch.captured, request, deadline))
+    finally:
+        if place is not None:
+            multihost.publish("repro", "cut", True)
 
 
 def _run(request: RunRequest, channel: Any) -> None:

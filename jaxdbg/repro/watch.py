@@ -31,7 +31,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxdbg import _compat, jit_layer
+from jaxdbg import _compat, jit_layer, multihost
 from jaxdbg._source import caller_user_frame
 from jaxdbg.jit_layer import JitCall, JitHook
 from jaxdbg.nonfinite import kind_of
@@ -220,6 +220,7 @@ def trace_flat(fun: Callable, jit_kwargs: dict, args: tuple, kwargs: dict) -> tu
 
     closed = jax.make_jaxpr(flat_fun)(*leaves)
     avals = closed.in_avals
+    leaves = [multihost.global_value(leaf) for leaf in leaves]  # a job's sharded inputs, whole (a collective)
     flat = [leaf if _compat.is_extended_dtype(aval.dtype) else np.asarray(leaf, dtype=aval.dtype)
             for leaf, aval in zip(leaves, avals)]
     return closed, flat

@@ -1,0 +1,55 @@
+"""``--csv DIR``: a profile's figures as flat tables for spreadsheets and BI tools.
+
+- ``calls.csv``: one row per function (per process in a capture): calls, compile and execute figures.
+- ``ops.csv``: one row per op of each function's per-op table: time, share, category, user source line.
+
+Unknown figures (a capture's compile times) are empty cells.
+
+Example:
+    >>> import csv, tempfile
+    >>> from jaxdbg.profile.model import BudgetResult, ExecuteStats, FunctionProfile, ProfileResult, Totals
+    >>> step = FunctionProfile("step", None, None, None, None, ExecuteStats(calls=3, total_s=0.3), host="host-0")
+    >>> result = ProfileResult("capture", (step,), Totals(1.0, None, 0.3, None, 0.7), BudgetResult(True))
+    >>> paths = write_profile_csv(result, tempfile.mkdtemp())
+    >>> row = next(csv.DictReader(open(paths["calls"])))
+    >>> row["process"], row["calls"], row["compile_s"]
+    ('host-0', '3', '')
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+
+from jaxdbg.profile.model import ProfileResult
+
+CALL_COLUMNS = ("process", "function", "calls", "compiles", "recompiles", "compile_s", "first_s", "median_s",
+                "p90_s", "execute_total_s")
+OP_COLUMNS = ("process", "function", "op", "category", "count", "total_s", "fraction", "file", "line",
+              "source_function")
+
+
+def write_profile_csv(result: ProfileResult, folder: str) -> dict[str, str]:
+    """Write ``calls.csv`` and ``ops.csv`` into ``folder`` (created); returns ``{"calls": path, "ops": path}``."""
+    os.makedirs(folder, exist_ok=True)
+    calls, ops = [], []
+    for f in result.functions:
+        process = f.host or ""
+        calls.append((process, f.name, f.execute.calls, f.compiles, None if f.recompiles is None else len(f.recompiles),
+                      f.compile.total_s if f.compile else None, f.execute.first_s, f.execute.median_s,
+                      f.execute.p90_s, f.execute.total_s))
+        for op in f.ops:
+            source = op.source
+            ops.append((process, f.name, op.name, op.category, op.count, op.total_s, op.fraction,
+                        source.file if source else None, source.line if source else None,
+                        source.function if source else None))
+    return {"calls": _write(os.path.join(folder, "calls.csv"), CALL_COLUMNS, calls),
+            "ops": _write(os.path.join(folder, "ops.csv"), OP_COLUMNS, ops)}
+
+
+def _write(path: str, columns: tuple[str, ...], rows: list[tuple]) -> str:
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(columns)
+        writer.writerows(tuple("" if v is None else v for v in row) for row in rows)
+    return path
