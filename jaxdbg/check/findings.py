@@ -1,8 +1,9 @@
 """The one-line finding of a check and the user line it points at, read from its command's JSON report.
 
-nan-hunt points at the origin's source; profile at the function that broke the budget (a recompiling
-function for ``recompiles``, the function named in a ``function.metric`` violation, else the first function
-that ran). The line is the command's own ``essential_line()``, which the report carries as its result.
+nan-hunt points at the origin's source; profile at what broke the budget: the user's line of the first
+call that recompiled for ``recompiles``/``compiles``, the function named in a ``function.metric`` violation,
+else the first function that ran. The line is the command's own ``essential_line()``, rebuilt from the
+JSON report.
 
 Example:
     >>> report = {"command": "nan-hunt", "exit_code": 1, "result": {"found": True, "first": {
@@ -61,11 +62,18 @@ def _profile_finding(result: dict) -> tuple[str | None, SourceLocation | None]:
 
 
 def _budget_location(violations: list[str], functions: list[dict]) -> SourceLocation | None:
+    """A recompile budget points at the call that recompiled; any other at the function it names, else the
+    first function that ran."""
     by_name = {f["name"]: f for f in functions}
     first = violations[0] if violations else ""
     named = next((f for name, f in by_name.items() if first.startswith(f"{name}.")), None)
-    if named is None and first.startswith(("recompiles", "compiles")):
-        named = next((f for f in functions if f.get("recompiles")), None)
+    metric = first[len(named["name"]) + 1:] if named else first
+    if metric.startswith(("recompiles", "compiles")):
+        for function in [named] if named else functions:
+            call = next((r for r in function.get("recompiles") or [] if r.get("source")), None)
+            if call is not None:
+                return location(call["source"])
+        named = named or next((f for f in functions if f.get("recompiles")), None)
     if named is None and functions:
         named = functions[0]
     return location(named.get("source")) if named else None

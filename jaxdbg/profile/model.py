@@ -64,6 +64,7 @@ class Recompile:
     call_index: int
     reason: str
     changes: tuple[ArgChange, ...] = ()
+    source: SourceLocation | None = None  # the user's line that made the call (where CI annotates it)
 
 
 @dataclass(frozen=True)
