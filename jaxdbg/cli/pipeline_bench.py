@@ -21,7 +21,7 @@ from jaxdbg.cli._common import (
     VerboseOpt,
     execute,
 )
-from jaxdbg.report import Report, relative_or_absolute
+from jaxdbg.report import Report, process_folder, relative_or_absolute
 
 RUNS_SHOWN = 16  # beyond this many runs, only the summary is printed (the JSON holds every run)
 
@@ -70,6 +70,10 @@ def pipeline_bench(
         None, "--plot", metavar="OUT.png", help="Write a timeline PNG and OUT-memory.png (speedup vs memory cap)."),
     xprof: bool = typer.Option(
         False, "--xprof", help="Real mode: capture a jax.profiler trace with one annotation per task."),
+    transfer_bind: str = typer.Option(
+        "127.0.0.1", "--transfer-bind", metavar="ADDRESS",
+        help="Real mode across processes: the interface the jax.experimental.transfer server binds (the one port "
+        "jaxdbg opens); give this host's address for a job across hosts."),
     csv: str | None = typer.Option(
         None, "--csv", metavar="DIR", help="Write runs.csv (one row per run) and stages.csv (per run and stage)."),
     metrics_port: int | None = typer.Option(
@@ -91,7 +95,7 @@ def pipeline_bench(
             memory_caps=_caps(memory_cap), variabilities=tuple(split_specs(variability)) or ("none",),
             seeds=seeds, seed=seed,
             costs=Costs(forward_s=task_ms / 1e3, backward_s=2 * task_ms / 1e3, comm_s=comm_ms / 1e3),
-            lookahead=lookahead, devices_per_stage=devices_per_stage, timeout=timeout,
+            lookahead=lookahead, devices_per_stage=devices_per_stage, timeout=timeout, transfer_bind=transfer_bind,
         )
         return _build(c, options, trace, plot, xprof, csv, metrics_port)
 
@@ -139,6 +143,7 @@ def _build(common: Common, options, trace: str | None, plot: str | None, xprof: 
     if xprof:
         options = replace(options, xprof_dir=str(out_dir / "xprof"))
         artifacts["xprof"] = options.xprof_dir
+    environment: dict = {}
     live = None
     endpoint: contextlib.AbstractContextManager = contextlib.nullcontext()
     if metrics_port is not None:
@@ -152,10 +157,15 @@ def _build(common: Common, options, trace: str | None, plot: str | None, xprof: 
         task = bar.add_task("pipeline-bench", total=None, status="")
         result, records = run_bench(
             options, progress=lambda i, n, label: bar.update(task, completed=i, total=n, status=label), out_dir=out_dir,
-            on_run=live.update if live else None,
+            on_run=live.update if live else None, seen_environment=environment,
         )
     if options.mode == "real":
-        artifacts["durations"] = str(out_dir / "durations.json")
+        artifacts["durations"] = str(process_folder(out_dir, environment) / "durations.json")
+        if environment.get("process_count", 1) > 1:
+            if xprof:
+                artifacts["xprof"] = str(process_folder(Path(artifacts["xprof"]), environment))
+            if environment.get("process_index") != 0:  # every process holds the job's runs: one writes the files
+                trace = plot = csv = None
     labels = {_label(row): row.key() for row in result.runs}
     if trace:
         from jaxdbg.pipeline.output import write_trace
@@ -169,7 +179,7 @@ def _build(common: Common, options, trace: str | None, plot: str | None, xprof: 
 
         artifacts.update(write_tables(csv, result.runs))
     code = EXIT_FOUND if result.correctness is not None and not result.correctness.ok else EXIT_OK
-    return Report("pipeline-bench", None, result, code, artifacts)
+    return Report("pipeline-bench", None, result, code, artifacts, environment or None)
 
 
 def _label(row) -> str:

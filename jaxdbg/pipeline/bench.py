@@ -36,6 +36,7 @@ from jaxdbg.pipeline.schedules import Schedule, build_schedule, shape_for
 from jaxdbg.pipeline.simulate import COMMS, simulate
 from jaxdbg.pipeline.tasks import BACKWARD, FORWARD, WEIGHT, PipelineShape
 from jaxdbg.pipeline.variability import Costs, Durations, Variability, parse_variability, realise
+from jaxdbg.protocol import Environment
 
 MODES = ("sim", "real")
 
@@ -62,6 +63,7 @@ class BenchOptions:
     model: ModelSpec = ModelSpec()
     xprof_dir: str | None = None
     timeout: float | None = None
+    transfer_bind: str = "127.0.0.1"  # real mode across processes: the interface jax.experimental.transfer binds
 
 
 @dataclass(frozen=True)
@@ -235,12 +237,13 @@ def plan_jobs(options: BenchOptions) -> list[_Job]:
 
 def run_bench(
     options: BenchOptions, progress: Callable[[int, int, str], None] | None = None, out_dir: Path | None = None,
-    on_run: Callable[[int, int, RunKey, RunRecord], None] | None = None,
+    on_run: Callable[[int, int, RunKey, RunRecord], None] | None = None, seen_environment: dict | None = None,
 ) -> tuple[BenchResult, dict[RunKey, RunRecord]]:
     """Run every combination; returns the result and each run's timeline (for traces and plots).
 
     ``on_run(done, total, key, record)`` hears of each finished run (sim: as it ends; real: when the child
-    process has run them all), e.g. for the live ``--metrics-port`` endpoint.
+    process has run them all), e.g. for the live ``--metrics-port`` endpoint. Real mode fills
+    ``seen_environment`` with the jax environment its runs saw (the process's place in a job).
     """
     jobs = plan_jobs(options)
     if options.mode == "sim":
@@ -253,22 +256,29 @@ def run_bench(
                 on_run(i + 1, len(jobs), job.key, records[job.key])
         real: dict[Any, RealTimeline] = {}
         devices: list[str] = []
+        environment = None
         correctness: Correctness | None = None
     else:
         if progress:
             progress(0, len(jobs), f"{len(jobs)} real runs in a child process")
-        records, real, devices = _run_real(options, jobs)
+        records, real, devices, environment = _run_real(options, jobs)
         for i, job in enumerate(jobs):
             if on_run:
                 on_run(i + 1, len(jobs), job.key, records[job.key])
         correctness = _correctness(real)
         if out_dir is not None:
+            from jaxdbg.report import process_folder
+
             first = jobs[0]
             replay = replay_file(first.shape, real[first.key])
-            (out_dir / "durations.json").write_text(json.dumps(replay) + "\n")
+            folder = process_folder(out_dir, environment)  # a job's processes may share one --out
+            folder.mkdir(exist_ok=True)
+            (folder / "durations.json").write_text(json.dumps(replay) + "\n")
     rows = _rows(options, jobs, records, real)
     if "fixed" not in options.policies:
         rows = [r for r in rows if r.policy != "fixed"]
+    if environment is not None and seen_environment is not None:
+        seen_environment.update(environment)
     result = BenchResult(_config(options), rows, summarise(rows), correctness, devices)
     return result, records
 
@@ -350,11 +360,12 @@ def summarise(rows: list[RunRow]) -> list[SummaryRow]:
 # --- real mode ------------------------------------------------------------------------------------
 
 
-def _run_real(options: BenchOptions, jobs: list[_Job]) -> tuple[dict, dict, list[str]]:
+def _run_real(options: BenchOptions, jobs: list[_Job]) -> tuple[dict, dict, list[str], dict | None]:
     from jaxdbg.runner import run_contained
 
     payload = RealJob(options.model, options.devices_per_stage, options.xprof_dir, options.costs, options.lookahead,
-                      [(job.key, job.shape, job.schedule.name, job.durations) for job in jobs])
+                      [(job.key, job.shape, job.schedule.name, job.durations) for job in jobs],
+                      options.transfer_bind, options.timeout)
     devices = options.stages * options.devices_per_stage
     outcome = run_contained("jaxdbg.pipeline.bench:real_job", payload, timeout=options.timeout, device_count=devices)
     if not outcome.ok:
@@ -364,7 +375,8 @@ def _run_real(options: BenchOptions, jobs: list[_Job]) -> tuple[dict, dict, list
     results = {timeline.key: timeline for timeline in outcome.all(RealTimeline)}
     records = {key: _record(job.shape, results[key]) for job in jobs for key in [job.key]}
     stages = outcome.last(StageDevices)
-    return records, results, list(stages.devices) if stages else []
+    environment = outcome.last(Environment)
+    return records, results, list(stages.devices) if stages else [], environment.info if environment else None
 
 
 def _record(shape: PipelineShape, value: RealTimeline) -> RunRecord:
@@ -403,24 +415,44 @@ def replay_file(shape: PipelineShape, value: RealTimeline) -> dict:
 
 
 def real_job(payload: RealJob, channel) -> None:
-    """Child side of real mode: build each shape's pipeline once, run every job, send back timelines."""
+    """Child side of real mode: build each shape's pipeline once, run every job, send back timelines. A
+    process launched as one of several joins the job first and runs its own stages (pipeline.transport)."""
+
+    from jaxdbg.pipeline.transport import join_job
+
+    wait = payload.timeout or 300.0
+    transport = join_job(payload.transfer_bind, wait)  # before anything starts jax's backend
+
+    from jaxdbg.report import environment_info
+
+    channel.send(Environment(environment_info()))
+    try:
+        _real_runs(payload, channel, transport, wait)  # (the child leaves the job on its way out: jaxdbg._child)
+    except BaseException as err:
+        transport.abort(f"{type(err).__name__}: {err}".splitlines()[0])  # the other processes stop, not wait
+        raise
+
+
+def _real_runs(payload: RealJob, channel, transport, wait: float) -> None:
     import contextlib
 
     import jax
 
+    from jaxdbg import multihost
     from jaxdbg.pipeline.real import RealPipeline
 
     pipelines: dict[PipelineShape, RealPipeline] = {}
-    capture = jax.profiler.trace(payload.xprof_dir) if payload.xprof_dir else contextlib.nullcontext()
+    folder = payload.xprof_dir and multihost.process_folder(payload.xprof_dir)
+    capture = jax.profiler.trace(folder) if folder else contextlib.nullcontext()
     with capture:
         for key, shape, schedule_name, durations in payload.jobs:
             if shape not in pipelines:
-                pipelines[shape] = RealPipeline(shape, payload.model, payload.devices_per_stage)
+                pipelines[shape] = RealPipeline(shape, payload.model, payload.devices_per_stage, transport=transport)
                 channel.send(StageDevices(tuple(str(d) for d in pipelines[shape].devices)))
             pipe = pipelines[shape]
             job = _Job(key, shape, build_schedule(schedule_name, shape), durations, payload.costs, payload.lookahead)
             annotate = key.label() if payload.xprof_dir else None
-            run = pipe.run(job.policies(), durations, key.comm, annotate=annotate)
+            run = pipe.run(job.policies(), durations, key.comm, annotate=annotate, timeout=wait)
             record = run.record
             channel.send(RealTimeline(
                 key, record.start, record.end, tuple(record.blocked_s), tuple(record.memory_wait_s),

@@ -26,6 +26,8 @@ class RealJob(Message):
     costs: Any
     lookahead: Any
     jobs: list[tuple]
+    transfer_bind: str = "127.0.0.1"  # across processes: the interface jax.experimental.transfer's server binds
+    timeout: float | None = None  # across processes: the longest wait for a peer (None: 300 s)
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,11 @@ A forward runs ``jax.vjp`` under ``jax.jit`` and keeps the returned VJP (a pytre
 stage's devices); a backward applies it to the incoming gradient and adds the weight gradient to the
 stage's accumulator. With a split backward, ``I`` keeps only the input gradient and ``W`` only the weight
 gradient (XLA drops the unused half of each). Activations and gradients travel between stages as
-messages placed with ``jax.device_put``. A stage may span several devices (``devices_per_stage``): its
-weights are then sharded over a one-axis mesh, and its one SPMD program issues the stage's collectives
-on all of its devices alike.
+messages carried by a transport (:mod:`jaxdbg.pipeline.transport`): ``jax.device_put`` within a process,
+``jax.experimental.transfer`` to a stage of another process of a ``jax.distributed`` job, where each
+process runs its own stages and readiness waits on messages from the others. A stage may span several
+devices (``devices_per_stage``): its weights are then sharded over a one-axis mesh, and its one SPMD
+program issues the stage's collectives on all of its devices alike.
 
 Each worker thread drives its stage through the same :class:`~jaxdbg.pipeline.arbiter.Arbiter` as the
 simulator. Variability is injected on top of the real compute: a task that finishes before its realised
@@ -40,6 +42,7 @@ from jaxdbg._errors import UsageError
 from jaxdbg.pipeline.arbiter import Arbiter, RunRecord
 from jaxdbg.pipeline.simulate import simulate
 from jaxdbg.pipeline.tasks import BACKWARD, FORWARD, PipelineShape
+from jaxdbg.pipeline.transport import LocalTransport
 from jaxdbg.pipeline.variability import Durations
 
 _POLL_S = 0.05  # longest a waiting worker sleeps before it looks at the abort flag again
@@ -115,16 +118,25 @@ def reference_grads(spec: ModelSpec, params, x: np.ndarray, y: np.ndarray, devic
     return jax.device_get(jax.jit(jax.grad(loss))(*placed))
 
 
-def pick_devices(count: int) -> list:
-    """``count`` devices of the default backend, or of the CPU when it has more; else an error."""
+def pick_devices(count: int, owners: list[int] | None = None) -> list:
+    """``count`` devices of the default backend, or of the CPU when it has more; else an error. With
+    ``owners`` (the process of each of ``count`` slots), each slot gets a device of its process, in order."""
     import jax
 
+    owners = owners if owners is not None else [0] * count
     for devices in (jax.devices(), jax.devices("cpu")):
-        if len(devices) >= count:
-            return list(devices[:count])
+        by_process: dict[int, list] = {}
+        for device in devices:
+            by_process.setdefault(device.process_index, []).append(device)
+        wanted = {q: owners.count(q) for q in set(owners)}
+        if all(len(by_process.get(q, [])) >= n for q, n in wanted.items()):
+            taken = {q: iter(by_process[q]) for q in wanted}
+            return [next(taken[q]) for q in owners]
+    per_process = max(owners.count(q) for q in set(owners))
     raise UsageError(
-        f"real mode needs {count} devices but jax sees {len(jax.devices())}; lower --stages or "
-        f"--devices-per-stage, or set XLA_FLAGS=--xla_force_host_platform_device_count={count} before jax starts"
+        f"real mode needs {count} devices but jax sees {len(jax.local_devices())} in this process; lower --stages "
+        f"or --devices-per-stage, or set XLA_FLAGS=--xla_force_host_platform_device_count={per_process} before "
+        "jax starts"
     )
 
 
@@ -159,13 +171,22 @@ class _Programs:
 class RealPipeline:
     """A model placed stage by stage on devices, ready to run any policy against realised durations."""
 
-    def __init__(self, shape: PipelineShape, spec: ModelSpec, devices_per_stage: int = 1, devices: list | None = None):
+    def __init__(self, shape: PipelineShape, spec: ModelSpec, devices_per_stage: int = 1, devices: list | None = None,
+                 transport: LocalTransport | None = None):
         import jax
         from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
         self.shape, self.spec = shape, spec
         p, S, m = shape.stages, shape.model_stages, shape.microbatches
-        devices = devices or pick_devices(p * devices_per_stage)
+        self.transport = transport or LocalTransport()
+        if p < self.transport.count:
+            raise UsageError(f"--stages {p}: real mode across {self.transport.count} processes needs a stage or "
+                             "more per process; raise --stages or lower --processes")
+        self.owner = self.transport.owners(p)  # the process of each stage
+        self.local_workers = [w for w in range(p) if self.owner[w] == self.transport.index]
+        local = [k for k in range(S) if k % p in self.local_workers]  # this process's model stages
+        devices = devices or pick_devices(
+            p * devices_per_stage, [q for q in self.owner for _ in range(devices_per_stage)])
         if len(devices) < p * devices_per_stage:
             raise UsageError(f"real mode needs {p * devices_per_stage} devices, got {len(devices)}")
         if spec.width % devices_per_stage:
@@ -176,52 +197,48 @@ class RealPipeline:
         self.activation = [NamedSharding(meshes[k % p], PartitionSpec()) for k in range(S)]
         weight = [NamedSharding(meshes[k % p], PartitionSpec(None, "tp")) for k in range(S)]
         bias = [NamedSharding(meshes[k % p], PartitionSpec("tp")) for k in range(S)]
+        self.local_model_stages = local
         self.host_params = init_params(spec, S)
-        self.params = [
+        # Weights and accumulators only where this process runs the model stage (None elsewhere).
+        self.params: list[Any] = [
             [(jax.device_put(w, weight[k]), jax.device_put(b, bias[k])) for w, b in self.host_params[k]]
-            for k in range(S)
+            if k in local else None for k in range(S)
         ]
         x, y = make_batch(spec, m)
-        self.inputs = [jax.device_put(x[j], self.activation[0]) for j in range(m)]
-        self.targets = [jax.device_put(y[j], self.activation[S - 1]) for j in range(m)]
+        self.inputs = [jax.device_put(x[j], self.activation[0]) for j in range(m)] if 0 in local else []
+        self.targets = [jax.device_put(y[j], self.activation[S - 1]) for j in range(m)] if S - 1 in local else []
         self.scale = np.float32(1.0 / m)
         self.reference = reference_grads(spec, self.host_params, x.reshape(-1, spec.width), y.reshape(-1, spec.width),
-                                         devices[0])
+                                         devices[self.local_workers[0] * devices_per_stage])
         self.programs = _programs()
-        self._zeros = [jax.tree_util.tree_map(jax.numpy.zeros_like, self.params[k]) for k in range(S)]
+        self._zeros = [jax.tree_util.tree_map(jax.numpy.zeros_like, self.params[k]) if k in local else None
+                       for k in range(S)]
         self._warm_up()
 
     def _warm_up(self) -> None:
-        """Compile every stage program by pushing one microbatch through, forward and back."""
+        """Compile this process's stage programs: each model stage forward and back on a stand-in input."""
         import jax
 
-        S, prog = self.shape.model_stages, self.programs
-        h = self.inputs[0]
-        vjps = []
-        for k in range(S):
+        S, prog, spec = self.shape.model_stages, self.programs, self.spec
+        for k in self.local_model_stages:
+            h = jax.device_put(np.zeros((spec.rows, spec.width), np.float32), self.activation[k])
             if k == S - 1:
-                out, vjp = prog.forward_last(self.params[k], h, self.targets[0], self.scale)
+                _, vjp = prog.forward_last(self.params[k], h, self.targets[0], self.scale)
+                dy: Any = np.float32(1.0)
             else:
                 out, vjp = prog.forward(self.params[k], h)
-                h = jax.device_put(out, self.activation[k + 1])
-            vjps.append(vjp)
-        dy = np.float32(1.0)
-        for k in reversed(range(S)):
+                dy = jax.device_put(np.ones(out.shape, out.dtype), self.activation[k])
             acc = self._zeros[k]
-            jax.block_until_ready(prog.weight_grad(vjps[k], dy, acc))
-            prog.input_grad(vjps[k], dy)
-            if k == 0:
-                jax.block_until_ready(prog.backward_first(vjps[k], dy, acc))
-            else:
-                _, dx = prog.backward(vjps[k], dy, acc)
-                dy = jax.device_put(dx, self.activation[k - 1])
-        jax.block_until_ready(dy)
+            jax.block_until_ready(prog.weight_grad(vjp, dy, acc))
+            jax.block_until_ready(prog.input_grad(vjp, dy))
+            jax.block_until_ready(prog.backward_first(vjp, dy, acc) if k == 0 else prog.backward(vjp, dy, acc))
 
     def run(
         self, policies: list, durations: Durations, comm: str = "async", annotate: str | None = None,
         timeout: float = 300.0,
     ) -> RealRun:
-        """Run every task with one thread per stage; ``annotate`` names jax.profiler annotations."""
+        """Run every task with one thread per stage of this process; ``annotate`` names jax.profiler
+        annotations. Across processes every process calls this together and gets the whole job's run."""
         import jax
 
         shape = self.shape
@@ -230,8 +247,8 @@ class RealPipeline:
         state = _RunState(self, arbiter, durations, comm, annotate, n)
         arbiter.start()
         threads = [threading.Thread(target=state.work, args=(w,), name=f"stage-{w}", daemon=True)
-                   for w in range(shape.stages)]
-        state.t0 = time.perf_counter() + 0.01
+                   for w in self.local_workers]
+        state.t0 = self.transport.begin(state)
         for t in threads:
             t.start()
         deadline = time.monotonic() + timeout
@@ -239,18 +256,42 @@ class RealPipeline:
             t.join(max(deadline - time.monotonic(), 0.0))
         if any(t.is_alive() for t in threads):
             state.abort.set()
+            self.transport.abort(f"timed out ({state.describe_progress()})")
             for t in threads:
                 t.join(1.0)
             raise TimeoutError(f"the real run did not finish in {timeout:.0f}s ({state.describe_progress()})")
         if state.error is not None:
+            self.transport.abort(f"{type(state.error).__name__}: {state.error}".splitlines()[0])
             raise state.error
-        grads = jax.device_get(state.acc)
+        local = self.local_model_stages
+        grads = jax.device_get([state.acc[k] for k in local])
+        reference = [self.reference[k] for k in local]
         diff = max(float(np.max(np.abs(np.asarray(g) - np.asarray(r))))
-                   for g, r in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(self.reference)))
+                   for g, r in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(reference)))
         biggest = max(float(np.max(np.abs(np.asarray(r)))) for r in jax.tree_util.tree_leaves(self.reference))
-        start, end = np.asarray(state.start), np.asarray(state.end)
-        record = arbiter.record(start, end, state.blocked)
-        return RealRun(record, diff, biggest, end - start, np.asarray(state.delay))
+        mine = [self.owner[w] == self.transport.index for w in arbiter.graph.worker]
+        part = {
+            "start": [t if own else 0.0 for t, own in zip(state.start, mine)],
+            "end": [t if own else 0.0 for t, own in zip(state.end, mine)],
+            "delay": state.delay, "blocked": state.blocked, "memory_wait": list(arbiter.memory_wait),
+            "peak": list(arbiter.peak), "decisions": sum(arbiter.decisions), "decision_ns": sum(arbiter.decision_ns),
+            "grad_diff": diff,
+        }
+        return _merged(arbiter, self.transport.end(part, timeout), biggest)
+
+
+def _merged(arbiter: Arbiter, parts: list[dict], biggest: float) -> RealRun:
+    """One run from each process's part: each task's times from the process that ran it, each stage's waits
+    from its process, a message's delay as its receiver saw it (at least the drawn delay)."""
+    start, end = (np.sum([p[key] for p in parts], axis=0) for key in ("start", "end"))
+    blocked, memory_wait = (np.sum([p[key] for p in parts], axis=0).tolist() for key in ("blocked", "memory_wait"))
+    record = RunRecord(
+        arbiter.shape, start, end, tuple(blocked), tuple(memory_wait),
+        tuple(np.max([p["peak"] for p in parts], axis=0).tolist()),
+        sum(p["decisions"] for p in parts), sum(p["decision_ns"] for p in parts),
+    )
+    delay = np.max([p["delay"] for p in parts], axis=0)
+    return RealRun(record, max(p["grad_diff"] for p in parts), biggest, end - start, delay)
 
 
 class _RunState:
@@ -262,7 +303,8 @@ class _RunState:
         self.target = durations.task.tolist()
         self.comm_delay = durations.comm.tolist()
         p = pipe.shape.stages
-        self.inbox: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(p)]
+        self.local_workers = pipe.local_workers
+        self.transport = pipe.transport
         self.start, self.end, self.delay = [0.0] * n, [0.0] * n, [0.0] * n
         self.blocked = [0.0] * p
         self.acc = list(pipe._zeros)
@@ -281,7 +323,7 @@ class _RunState:
         return time.perf_counter() - self.t0
 
     def describe_progress(self) -> str:
-        return ", ".join(f"stage {w}: {r} tasks left" for w, r in enumerate(self.remaining) if r)
+        return ", ".join(f"stage {w}: {self.remaining[w]} tasks left" for w in self.local_workers if self.remaining[w])
 
     def work(self, w: int) -> None:
         try:
@@ -291,7 +333,7 @@ class _RunState:
             self.abort.set()
 
     def _loop(self, w: int) -> None:
-        arbiter, inbox = self.arbiter, self.inbox[w]
+        arbiter, inbox = self.arbiter, self.transport.inbox[w]
         pending: list[tuple[float, int, int, Any, float]] = []  # in flight: (arrival, seq, task, value, delay)
         offers: dict[int, tuple[Any, int, float]] = {}  # blocking sends waiting for our receive
         blocked_on: list[float] = []  # sync: when our own send began (empty when not sending)
@@ -323,7 +365,7 @@ class _RunState:
                     arrival = now + delay
                     seq += 1
                     heapq.heappush(pending, (arrival, seq, task, value, delay))
-                    self.inbox[sender].put(("ack", arrival))
+                    self.transport.send(sender, ("ack", arrival))
             if blocked_on:
                 if acked_until:
                     self._sleep_until(acked_until.pop())  # the transfer itself
@@ -374,14 +416,14 @@ class _RunState:
         if receiver_task < 0:
             return
         receiver = self.arbiter.graph.worker[receiver_task]
-        value = jax.device_put(out, self.pipe.activation[shape.decode(receiver_task)[1]])
         self.delay[task] = self.comm_delay[task]
         if self.comm == "sync":
             blocked_on.append(self.end[task])
-            self.inbox[receiver].put(("offer", receiver_task, value, w, self.comm_delay[task]))
+            self.transport.send(receiver, ("offer", receiver_task, out, w, self.comm_delay[task]), task)
         else:
-            self.inbox[receiver].put(
-                ("data", self.end[task] + self.comm_delay[task], receiver_task, value, self.comm_delay[task]))
+            self.transport.send(
+                receiver, ("data", self.end[task] + self.comm_delay[task], receiver_task, out, self.comm_delay[task]),
+                task)
 
     def _compute(self, task: int) -> Any:
         """Run one task's jitted program; returns what goes to the next stage (None if nothing)."""
