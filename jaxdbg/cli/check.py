@@ -14,7 +14,17 @@ from rich.console import Console
 from rich.table import Table
 
 from jaxdbg._errors import UsageError
-from jaxdbg.cli._common import Common, JsonOpt, OutOpt, QuietOpt, TimeoutOpt, VerboseOpt, execute
+from jaxdbg.cli._common import (
+    Common,
+    JsonOpt,
+    MetricsOpt,
+    MetricsPushOpt,
+    OutOpt,
+    QuietOpt,
+    TimeoutOpt,
+    VerboseOpt,
+    execute,
+)
 from jaxdbg.report import Report, environment_info, relative_or_absolute
 
 ConfigOpt = Annotated[str | None, typer.Option(
@@ -43,10 +53,10 @@ def check(
     config: ConfigOpt = None, jobs: JobsOpt = None, junit: JunitOpt = None, baseline: BaselineOpt = None,
     update_baseline: UpdateBaselineOpt = False, repeats: RepeatsOpt = None, alpha: AlphaOpt = 0.01,
     json: JsonOpt = None, out: OutOpt = None, timeout: TimeoutOpt = None, quiet: QuietOpt = False,
-    verbose: VerboseOpt = False,
+    verbose: VerboseOpt = False, metrics: MetricsOpt = None, metrics_push: MetricsPushOpt = None,
 ) -> int:
     """Run the CI checks of pyproject.toml's [tool.jaxdbg.check] (exit 1 if one fails)."""
-    common = Common("check", json, out, timeout, quiet, verbose)
+    common = Common("check", json, out, timeout, quiet, verbose, metrics=metrics, metrics_push=metrics_push)
     return execute(common, lambda c: _build(c, config, jobs, junit, baseline, update_baseline, repeats, alpha),
                    render)
 
