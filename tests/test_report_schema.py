@@ -42,6 +42,7 @@ CASES = {
     "pipeline-sim": (["pipeline-bench", "--stages", "2", "--microbatches", "4", "--hint", "1f1b,bf",
                       "--memory-cap", "1,2"], 0),
     "pipeline-real": (["pipeline-bench", "--mode", "real", "--stages", "2", "--microbatches", "2"], 0),
+    "check": (["check", "--config", "{check.toml}"], 1),
     "usage-error": (["profile", str(RECIPES / "nan_forward" / "train.py"), "--args", "f32[3]"], 2),
 }
 
@@ -51,11 +52,12 @@ def reports(tmp_path_factory) -> dict[str, dict]:
     folder = tmp_path_factory.mktemp("reports")
     (folder / "shape_bug.py").write_text(SHAPE_BUG)
     (folder / "nan_bug.py").write_text(NAN_BUG)
+    (folder / "check.toml").write_text('[tool.jaxdbg.check.no-nan]\ncommand = "nan-hunt"\ntarget = "nan_bug.py"\n')
     found: dict[str, dict] = {}
     runner = CliRunner()
     for case, (argv, code) in CASES.items():
         paths = {"{shape_bug.py}": str(folder / "shape_bug.py"), "{nan_bug.py}": str(folder / "nan_bug.py"),
-                 "{profile-script}": str(folder / "profile-script.json")}
+                 "{profile-script}": str(folder / "profile-script.json"), "{check.toml}": str(folder / "check.toml")}
         argv = [paths.get(arg, arg) for arg in argv]
         destination = folder / f"{case}.json"
         out = folder / f"{case}-out"
@@ -155,7 +157,9 @@ MUTATIONS = {
                                      "speedup_vs_fixed"),
     "pipeline correctness without ok": ("pipeline-real", _drop(["result", "correctness", "ok"]), "'ok'"),
     "error result with extra key": ("usage-error", _set(["result", "detail"], "more"), "detail"),
-    "unknown command": ("doctor", _set(["command"], "check"), "'check'"),
+    "unknown command": ("doctor", _set(["command"], "lint"), "'lint'"),
+    "check entry with extra key": ("check", _set(["result", "checks", 0, "extra"], 1), "extra"),
+    "check passed with exit 1": ("check", _set(["result", "passed"], True), "0 was expected"),
 }
 
 

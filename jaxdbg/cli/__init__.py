@@ -36,7 +36,7 @@ from jaxdbg.launch import launch, split_processes_option
 from jaxdbg.multihost import COMMAND_VARIABLE
 
 # Subcommand modules under jaxdbg.cli, in the order --help lists them.
-COMMANDS = ("doctor", "profile", "nan_hunt", "repro", "pipeline_bench")
+COMMANDS = ("doctor", "profile", "nan_hunt", "repro", "pipeline_bench", "check")
 
 
 class JaxdbgGroup(TyperGroup):

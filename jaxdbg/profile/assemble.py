@@ -183,7 +183,8 @@ def execute_stats(calls: list[CallTiming], mode: str, warmup: int) -> ExecuteSta
         count = len(calls)
         sampled = len(waited)
     median, p90, low, high, spread = duration_stats(timed)
-    return ExecuteStats(count, first, median, p90, low, high, spread, total, sampled if mode != "function" else count)
+    return ExecuteStats(count, first, median, p90, low, high, spread, total, sampled if mode != "function" else count,
+                        tuple(float(v) for v in timed))
 
 
 def duration_stats(durations: Iterable[float]) -> tuple[float, float, float, float, float | None]:

@@ -26,6 +26,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import threading
 import time
@@ -34,7 +35,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from jaxdbg import _compat, jit_layer
-from jaxdbg._source import SourceLocation
+from jaxdbg._source import SourceLocation, caller_user_frame
 from jaxdbg.jit_layer import InstrumentedJit, JitCall, JitHook, unwrap_function
 from jaxdbg.profile.hlo import module_name, write_hlo
 from jaxdbg.profile.messages import CallBatch, CallTiming, CompileRecord, FunctionDefined, RunTotals
@@ -234,8 +235,9 @@ class Recorder(JitHook):
         if record.signatures:
             same = any(f is function.fun for f in record.callables)
             site = str(record.source) if record.source else ""
-            info["recompile"] = explain(record.signatures, signature, same_callable=same, call_index=index,
-                                        callable_site=site)
+            recompile = explain(record.signatures, signature, same_callable=same, call_index=index,
+                                callable_site=site)
+            info["recompile"] = dataclasses.replace(recompile, source=caller_user_frame(1))
         record.signatures = [*record.signatures, signature][-_KEEP_SIGNATURES:]
         record.callables = [*record.callables, function.fun][-_KEEP_SIGNATURES:]
         info["signature"] = signature.short()

@@ -43,6 +43,7 @@ class ExecuteStats:
     spread: float | None = None  # (p90 - p10) / median: how much the timed calls vary
     total_s: float = 0.0
     timed_calls: int = 0  # calls waited for and timed; the rest ran ahead (script mode, --sync-every)
+    samples_s: tuple[float, ...] = ()  # the execute times the median is over, in call order (jaxdbg check's baselines)
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,7 @@ class Recompile:
     call_index: int
     reason: str
     changes: tuple[ArgChange, ...] = ()
+    source: SourceLocation | None = None  # the user's line that made the call (where CI annotates it)
 
 
 @dataclass(frozen=True)

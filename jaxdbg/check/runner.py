@@ -1,0 +1,199 @@
+"""Run a suite of checks: each check's command in its own process (a crashing target stays contained),
+several at once up to ``jobs``, then findings, baseline comparison and the suite's result.
+
+A check runs ``python -m jaxdbg <command> [--budget B] OPTIONS TARGET --out OUT/<check> -q`` in the folder of
+its pyproject.toml and is judged on that command's JSON report (``OUT/<check>/report.json``). A profile check
+runs ``repeats`` times (5 when a baseline is written) (``OUT/<check>/repeat-<k>/``), so the baseline
+holds the run-to-run noise too. A command that refuses its input (exit 2: an unknown budget rule or option,
+a missing target) is bad configuration: the suite stops with exit 2 naming the check.
+
+Example:
+    >>> import pathlib, tempfile
+    >>> folder = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = (folder / "pyproject.toml").write_text(
+    ...     '[tool.jaxdbg.check.clean]\\ncommand = "nan-hunt"\\ntarget = "ok.py"\\n')
+    >>> _ = (folder / "ok.py").write_text("import jax.numpy as jnp\\nprint(jnp.ones(2).sum())\\n")
+    >>> from jaxdbg.check.config import load_checks
+    >>> run = run_suite(load_checks(folder / "pyproject.toml"), Settings(folder / "out"))
+    >>> run.result.passed, [(c.name, c.exit_code, c.finding) for c in run.result.checks]
+    (True, [('clean', 0, None)])
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jaxdbg._errors import EXIT_FOUND, EXIT_TARGET_FAILED, EXIT_USAGE, UsageError
+from jaxdbg._source import SourceLocation
+from jaxdbg.check.baseline import (
+    Samples,
+    compare_check,
+    fingerprint,
+    load_baseline,
+    samples_of,
+    scale_for,
+    write_baseline,
+)
+from jaxdbg.check.calibrate import calibrate_in_child
+from jaxdbg.check.config import CheckSpec
+from jaxdbg.check.findings import finding, location
+from jaxdbg.check.result import CheckOutcome, CheckSuiteResult, Regression
+from jaxdbg.report import to_jsonable
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How a suite runs; ``repeats`` None means 5 runs of a profile check when writing a baseline (its
+    run-to-run noise needs several), else 1."""
+
+    out_dir: Path
+    jobs: int | None = None
+    timeout: float | None = None
+    repeats: int | None = None
+    baseline: Path | None = None
+    update_baseline: bool = False
+    alpha: float = 0.01
+
+    def runs_of(self, spec: CheckSpec) -> int:
+        if spec.command != "profile":
+            return 1
+        if self.repeats is not None:
+            return self.repeats
+        return 5 if self.update_baseline else 1
+
+
+@dataclass(frozen=True)
+class Ran:
+    """One check's command runs: their reports (first run first), exit codes, wall time, stderr's last line."""
+
+    spec: CheckSpec
+    reports: list[dict[str, Any]]
+    exit_code: int
+    duration_s: float
+    report_path: Path
+    stderr_line: str
+
+
+@dataclass
+class SuiteRun:
+    result: CheckSuiteResult
+    artifacts: dict[str, str] = field(default_factory=dict)
+    environment: dict[str, Any] | None = None
+
+
+def run_suite(specs: tuple[CheckSpec, ...], settings: Settings) -> SuiteRun:
+    """Run every check and judge it; raise UsageError (exit 2) for bad configuration or a bad baseline."""
+    baseline = load_baseline(settings.baseline) if settings.baseline and not settings.update_baseline else None
+    jobs = max(1, min(settings.jobs or os.cpu_count() or 1, len(specs)))
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        ran = list(pool.map(lambda spec: _run_check(spec, settings), specs))
+    refused = next((r for r in ran if r.exit_code == EXIT_USAGE), None)
+    if refused is not None:
+        raise UsageError(f"[tool.jaxdbg.check.{refused.spec.name}] in {refused.spec.config}: "
+                         f"{refused.stderr_line or 'its command refused its input (exit 2)'}; fix the check")
+    samples = {r.spec.name: samples_of(r.reports) for r in ran if r.spec.command == "profile" and r.reports}
+    environment = next((r.reports[0].get("environment") for r in ran if r.reports), None)
+    here = fingerprint(environment or {})
+    compared: dict[str, tuple[Regression, ...]] = {}
+    artifacts: dict[str, str] = {}
+    if baseline is not None and settings.baseline is not None:
+        compared = _compare(baseline, samples, here, settings, artifacts)
+    if settings.update_baseline and settings.baseline is not None:
+        write_baseline(settings.baseline, samples, here, calibrate_in_child())
+        artifacts["baseline"] = str(settings.baseline)
+    outcomes = tuple(_outcome(r, compared.get(r.spec.name, ())) for r in ran)
+    return SuiteRun(CheckSuiteResult(all(o.passed for o in outcomes), outcomes), artifacts, environment)
+
+
+def _compare(baseline: dict[str, Any], samples: dict[str, Samples], here: dict[str, str], settings: Settings,
+             artifacts: dict[str, str]) -> dict[str, tuple[Regression, ...]]:
+    """Each profile check's regressions; every figure compared (regressed or not) goes to
+    ``OUT/<check>/baseline-comparison.json``, so a passing comparison shows its tests too."""
+    assert settings.baseline is not None
+    scale = scale_for(baseline, here, settings.baseline, calibrate_in_child)
+    found = {}
+    for name, current in samples.items():
+        stored = (baseline.get("checks") or {}).get(name)
+        if stored:
+            compared, found[name] = compare_check(stored, current, scale, settings.alpha)
+            path = (settings.out_dir / name / "baseline-comparison.json").resolve()
+            path.write_text(json.dumps(to_jsonable(compared), indent=1) + "\n")
+            artifacts[f"{name}_baseline_comparison"] = str(path)
+    return found
+
+
+def _run_check(spec: CheckSpec, settings: Settings) -> Ran:
+    folder = (settings.out_dir / spec.name).resolve()
+    started = time.perf_counter()
+    reports, codes, last = [], [], ""
+    for k in range(settings.runs_of(spec)):
+        out = folder if k == 0 else folder / f"repeat-{k}"
+        code, last = _run_command(spec, out, settings.timeout)
+        codes.append(code)
+        report = _read_report(out / "report.json")
+        if report is not None:
+            reports.append(report)
+        if code not in (0, EXIT_FOUND):
+            break  # a crash or a refusal repeats itself: no more samples to gain
+    failing = next((c for c in codes if c != 0), 0)
+    return Ran(spec, reports, failing, time.perf_counter() - started, folder / "report.json", last)
+
+
+def _run_command(spec: CheckSpec, out: Path, timeout: float | None) -> tuple[int, str]:
+    """Run the check's command once; (exit code, last line of its stderr). Its output goes to output.log."""
+    out.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "jaxdbg", spec.command, *spec.argv(), "--out", str(out), "-q"]
+    with open(out / "output.log", "w") as log:
+        process = subprocess.Popen(argv, cwd=spec.folder, stdout=log, stderr=subprocess.PIPE, text=True,
+                                   start_new_session=True)  # its own group: a timeout stops the target's children too
+        try:
+            _, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            return EXIT_TARGET_FAILED, f"timed out after {timeout:g} s (jaxdbg check --timeout)"
+        finally:
+            if process.poll() is None:  # interrupted (Ctrl-C, a CI job's SIGTERM): stop the whole group
+                os.killpg(process.pid, signal.SIGKILL)
+        log.write(stderr)
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    return process.returncode, lines[-1] if lines else ""
+
+
+def _read_report(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _outcome(ran: Ran, regressed: tuple[Regression, ...]) -> CheckOutcome:
+    spec = ran.spec
+    report = ran.reports[0] if ran.reports else None
+    line, where = finding(report) if report is not None else (None, None)
+    if ran.exit_code not in (0, EXIT_FOUND) and line is None:
+        line = ran.stderr_line or f"jaxdbg {spec.command} exited with code {ran.exit_code} and wrote no report"
+    if regressed:
+        described = "; ".join(r.describe() for r in regressed)
+        line = f"{line}; regression: {described}" if line else f"regression: {described}"
+        where = where or _function_source(report, regressed[0].function)
+    failed = ran.exit_code != 0 or bool(regressed)
+    code = ran.exit_code if ran.exit_code != 0 else (EXIT_FOUND if regressed else 0)
+    return CheckOutcome(spec.name, spec.command, spec.target, not failed, code, line if failed else None,
+                        round(ran.duration_s, 3), str(ran.report_path), where if failed else None, regressed)
+
+
+def _function_source(report: dict[str, Any] | None, name: str) -> SourceLocation | None:
+    for function in ((report or {}).get("result") or {}).get("functions") or []:
+        if function.get("name") == name:
+            return location(function.get("source"))
+    return None
