@@ -7,6 +7,7 @@ as a method), and each *top-level* call of it (concrete arguments, not inside an
 another instrumented call or jaxdbg's own work) runs through the installed hooks:
 
 - ``on_jit(function)`` when ``jax.jit`` is applied;
+- ``wants(function, index)``: whether the hook runs for this call at all (default True);
 - ``around(call, run)``: by default ``before(call)``, then ``run()``, then ``after(call, out)`` or
   ``on_exception(call, err)``. ``before`` may replace ``call.args``/``call.kwargs``; a hook that must wrap
   the execution itself (a profiler annotation) overrides ``around``.
@@ -46,7 +47,7 @@ import numpy as np
 
 from jaxdbg import _compat, frameworks, multihost
 from jaxdbg._source import SourceLocation, caller_user_frame, is_user_file
-from jaxdbg.nonfinite import magnitudes, with_magnitudes
+from jaxdbg.nonfinite import with_magnitudes
 
 CHECKED_SUFFIX = "__jaxdbg_checked"  # names the companion functions (they keep jax's C++ fast path)
 
@@ -55,6 +56,12 @@ class JitHook:
     """Base class of the hooks: every method is a no-op. Subclasses override what they need."""
 
     check_outputs: bool = False
+
+    def wants(self, function: InstrumentedJit, index: int) -> bool:
+        """Whether this hook runs for call ``index`` of ``function`` (default: every call). A call no hook wants
+        goes straight to jax's C++ dispatch (its index still counts): a profiler that times one call in N,
+        or a check that samples, costs nothing on the others."""
+        return True
 
     def on_jit(self, function: InstrumentedJit) -> None:
         """``jax.jit`` was applied (once per application, before any call)."""
@@ -140,11 +147,14 @@ class InstrumentedJit:
         return self.options.get("donate_argnums") is not None or self.options.get("donate_argnames") is not None
 
     def checked(self) -> Any:
-        """The companion that also returns the output magnitudes (None when ``out_shardings`` is given: those
-        describe the user's outputs only, so the check then runs as a separate reduction)."""
-        if self._checked is None and "out_shardings" not in self.options:
-            self._checked = self._layer.real_jit(with_magnitudes(self.fun, self.name + CHECKED_SUFFIX),
-                                                 **self.options)
+        """The companion that also returns the output magnitudes. Given ``out_shardings`` (``nnx.jit`` always
+        passes them) describe the user's outputs: the companion's are ``(theirs, None)``, the small vector's
+        sharding left to jax."""
+        if self._checked is None:
+            options = dict(self.options)
+            if options.get("out_shardings") is not None:
+                options["out_shardings"] = (options["out_shardings"], None)
+            self._checked = self._layer.real_jit(with_magnitudes(self.fun, self.name + CHECKED_SUFFIX), **options)
         return self._checked
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -210,19 +220,22 @@ class _Layer:
         with self.lock:
             index = record.calls
             record.calls += 1
+        hooks = [h for h in hooks if h.wants(function, index)]
+        if not hooks:  # counted, and left on jax's C++ dispatch: nothing else runs
+            return function.jitted(*args, **kwargs)
         call = JitCall(function, args, kwargs, index)
         check = any(h.check_outputs for h in hooks)
+        local = self.local
 
         def execute() -> Any:
-            with self.internal():
-                checked = function.checked() if check else None
-                if checked is not None:
-                    out, call.magnitudes = checked(*call.args, **call.kwargs)
-                    return out
-                out = function.jitted(*call.args, **call.kwargs)
+            local.depth = getattr(local, "depth", 0) + 1  # as internal(), without a generator per call
+            try:
                 if check:
-                    call.magnitudes = magnitudes(out)
-                return out
+                    out, call.magnitudes = function.checked()(*call.args, **call.kwargs)
+                    return out
+                return function.jitted(*call.args, **call.kwargs)
+            finally:
+                local.depth -= 1
 
         run = execute
         for hook in reversed(hooks):

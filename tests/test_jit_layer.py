@@ -124,9 +124,28 @@ def test_output_check_runs_fused_and_with_out_shardings():
         device = jax.devices()[0]
         sharded = jax.jit(lambda x: jnp.sqrt(x), out_shardings=jax.sharding.SingleDeviceSharding(device))
         sharded(jnp.array([-1.0]))
+        nnx_like = jax.jit(lambda x: (x, jnp.sqrt(x)), out_shardings=(None, None))  # what nnx.jit passes
+        nnx_like(jnp.array([4.0]))
     after = [e for e in events if e[1] == "after"]
     assert after[0][4] == [np.inf]  # one floating output leaf: |log 0| = inf; the int leaf is not checked
-    assert np.isnan(after[1][4][0])
+    assert np.isnan(after[1][4][0]) and after[2][4] == [4.0, 2.0]
+    # Given out_shardings, the check is still compiled into the function (no separate eager reductions).
+    assert sharded._checked is not None and nnx_like._checked is not None
+
+
+def test_a_call_no_hook_wants_keeps_jax_dispatch_and_its_index():
+    events = []
+
+    class EveryThird(Log):
+        def wants(self, function, index):
+            return index % 3 == 0
+
+    with jit_layer.installed(EveryThird("h", events, check=True)):
+        f = jax.jit(lambda x: x + 1.0)
+        outs = [float(f(jnp.float32(i))) for i in range(7)]
+    assert outs == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]
+    assert [e[3] for e in events if e[1] == "after"] == [0, 3, 6]
+    assert f.record.calls == 7
 
 
 def test_a_nan_in_a_large_array_is_found_on_the_device():

@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -51,10 +52,9 @@ class Call:
         if self.fun is None:
             return []
         try:
-            params = inspect.signature(self.fun).parameters.values()
-        except (TypeError, ValueError):
-            return []
-        return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+            return list(_positional_params(self.fun))
+        except TypeError:  # an unhashable callable
+            return list(_positional_params.__wrapped__(self.fun))
 
     def dynamic(self) -> tuple[Callable, tuple, dict]:
         """``(fn, dyn_args, dyn_kwargs)``: ``fn(*dyn_args, **dyn_kwargs)`` is the call with statics fixed."""
@@ -100,6 +100,15 @@ class Call:
         """The call's closed jaxpr (traced afresh from the Python function)."""
         fn, dyn_args, dyn_kwargs = self.dynamic()
         return jax.make_jaxpr(fn)(*dyn_args, **dyn_kwargs)
+
+
+@functools.lru_cache(maxsize=1024)  # asked on every watched call: inspect.signature is slow
+def _positional_params(fun: Callable) -> tuple[str, ...]:
+    try:
+        params = inspect.signature(fun).parameters.values()
+    except (TypeError, ValueError):
+        return ()
+    return tuple(p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
 
 
 def output_leaf_names(out: Any, base_names: Sequence[str] | None, function: str) -> list[str]:

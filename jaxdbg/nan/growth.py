@@ -39,6 +39,7 @@ class _Series:
     source: SourceLocation | None = None
     sources: list[SourceLocation | None] = field(default_factory=list)
     function: str = ""
+    settled: bool = False  # every leaf has its baseline: a call below the peaks changes nothing
 
 
 class GrowthTracker:
@@ -64,6 +65,8 @@ class GrowthTracker:
             series = _Series(list(names() if callable(names) else names), np.full(n, np.nan), np.zeros(n),
                              np.full(n, -1, dtype=np.int64), source, [None] * n, function)
             self.series[key] = series
+        if series.settled and (magnitudes <= series.peak).all():
+            return  # the steady state (every call of a long run): no new peak, so nothing grew (lines kept)
         if sources is not None:
             series.sources = [new or old for new, old in zip(sources, series.sources)]
         mags = np.where(np.isfinite(magnitudes), magnitudes, np.nan)
@@ -73,6 +76,7 @@ class GrowthTracker:
         with np.errstate(divide="ignore", invalid="ignore"):
             grew = (series.first_call < 0) & (mags >= self.factor * series.baseline)
         series.first_call[grew] = call_index
+        series.settled = not np.isnan(series.baseline).any()
 
     def set_sources(self, function: str, find: Callable[[int], SourceLocation | None]) -> None:
         """Give each leaf of ``function`` its own source line (known once its jaxpr has been traced)."""

@@ -328,3 +328,10 @@ def _attach_growth_sources(watch: Watch, call: Call, found: Localisation) -> Non
         return _compat.eqn_source(producer[floats[i]])
 
     watch.growth.set_sources(call.name, find)
+
+
+def analyse_finding(finding: JitFinding | EagerFinding, watch: Watch, options: HuntOptions,
+                    names: tuple[str, ...]) -> tuple[NanHuntResult, dict[str, str]]:
+    """nan-hunt's analysis of a finding of ``watch`` (localise, chain, growth, explanation, bundle under
+    ``options.out_dir``): what ``jaxdbg.watch`` runs in the user's process."""
+    return _analyse(finding, watch, options, None, names)

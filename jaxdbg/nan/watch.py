@@ -221,6 +221,8 @@ class Watch(JitHook):
         self._made_eagerly: collections.OrderedDict[int, tuple[weakref.ref, SourceLocation]] = (
             collections.OrderedDict())
         self._argument_names: dict[tuple[int, int], list[str]] = {}
+        # id(argument) -> its max(|x|): the same batch or constant passed again is not reduced again
+        self._fresh_measured: dict[int, tuple[weakref.ref, float]] = {}
         self._stack: contextlib.ExitStack | None = None
         # Calls of the user functions that run eager operations: code -> (frame of its latest call, 0-based
         # index of that call). Holding the frame keeps the next call from reusing its identity.
@@ -313,7 +315,10 @@ class Watch(JitHook):
             if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
                 continue  # a reduction over it is a collective every process would have to join: left out
             fresh.append(i)
-            if isinstance(leaf, jax.Array):
+            known = self._fresh_measured.get(id(leaf))
+            if known is not None and _same(known[0], leaf):  # arrays are immutable: measured once is enough
+                on_host.append((i, known[1]))
+            elif isinstance(leaf, jax.Array):
                 on_device.append((i, leaf))
             else:
                 host = np.abs(np.asarray(leaf))
@@ -334,7 +339,13 @@ class Watch(JitHook):
         replay, count, on_device, device, on_host, sources = measured
         mags = np.full(count, np.nan)
         if device is not None:
-            mags[[i for i, _ in on_device]] = np.asarray(device)
+            measured = np.asarray(device)
+            mags[[i for i, _ in on_device]] = measured
+            if len(self._fresh_measured) > MADE_EAGERLY:
+                self._fresh_measured.clear()
+            for (_, leaf), magnitude in zip(on_device, measured.tolist()):
+                if (ref := _weak(leaf)) is not None:
+                    self._fresh_measured[id(leaf)] = (ref, magnitude)
         for i, value in on_host:
             mags[i] = value
         key = (call.function.record.id, count)

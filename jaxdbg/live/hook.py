@@ -1,0 +1,188 @@
+"""The hook behind :func:`jaxdbg.watch`: nan-hunt's :class:`~jaxdbg.nan.watch.Watch` made cheap enough for a run
+of days, plus a compile counter that names each recompile's cause as profile does.
+
+- NaN/Inf: the jit layer's fused check (``max(|x|)`` per floating output, in the same compiled program).
+  The host reads that small vector one call late: the flags of call k are read when call k+1 has been
+  dispatched (its copy started asynchronously at once), so the device never waits for the host. Call k's
+  inputs are kept until then, so the first bad call is still found and replayed exactly; the error is raised
+  from call k+1 (or when the watch ends). Eager operations are not checked (nan-hunt's eager check sends
+  every eager jitted call through Python dispatch) and arguments are not measured for growth: outputs are.
+- Compiles: ``jax.monitoring`` reports trace / lower / compile spans on the thread that compiles; a watched
+  call that saw one compiled. Its signature is diffed against the function's earlier compiles by
+  :mod:`jaxdbg.profile.signature`, the same words as profile's ``recompiles``.
+
+Example:
+    >>> import jax, jax.numpy as jnp
+    >>> from jaxdbg import jit_layer
+    >>> seen = []
+    >>> hook = LiveHook(nans=False, on_compile=lambda fn, count, why: seen.append((count, why and why.reason)))
+    >>> with compile_spans(hook), jit_layer.installed(hook):
+    ...     f = jax.jit(lambda batch: batch * 2)
+    ...     _ = f(jnp.ones(3)); _ = f(jnp.ones(3)); _ = f(jnp.ones(4))
+    >>> seen
+    [(1, None), (2, "argument 'batch' shape changed (3,) -> (4,)")]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from jaxdbg.jit_layer import InstrumentedJit, JitCall
+from jaxdbg.live.figures import Figures
+from jaxdbg.nan.watch import EagerFinding, JitFinding, Watch
+from jaxdbg.profile.instrument import COMPILE_EVENTS
+from jaxdbg.profile.model import Recompile
+from jaxdbg.profile.signature import Signature, call_signature, explain, parameter_names
+
+_KEEP_SIGNATURES = 32
+
+
+class _Compiles:
+    """One function's compiles: how many, and the signatures and callables jax compiled for."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.signatures: list[Signature] = []
+        self.callables: list[Any] = []  # strong refs: an id() could be reused by a later lambda
+        self.recompiles: list[Recompile] = []
+
+
+class LiveHook(Watch):
+    """A :class:`Watch` without eager checks, with a one-call-late host read, and a compile counter.
+
+    ``on_nonfinite(finding)`` is called at the first non-finite call (then the NaN check stops; later bad
+    calls are only counted); ``on_compile(function, count, recompile_or_None)`` after each compile.
+    """
+
+    def __init__(self, nans: bool = True,
+                 on_nonfinite: Callable[[JitFinding | EagerFinding], None] | None = None,
+                 on_compile: Callable[[InstrumentedJit, int, Recompile | None], None] | None = None,
+                 figures: Figures | None = None):
+        super().__init__(eager=False, after_inf=0)
+        self.check_outputs = nans
+        self.nans = nans
+        self.on_nonfinite = on_nonfinite
+        self.on_compile = on_compile
+        self.figures = figures if figures is not None else Figures()
+        self.compiles: dict[int, _Compiles] = {}
+        self._pending: tuple[JitCall, Any] | None = None
+        self._local = threading.local()
+        self._copy_ahead: bool | None = None
+        self.active = nans
+
+    # -- one call ------------------------------------------------------------------------------------------
+
+    def around(self, call: JitCall, run: Callable[[], Any]) -> Any:
+        local = self._local
+        self.before(call)
+        spans = local.spans = []
+        try:
+            out = run()
+        finally:
+            local.spans = None
+        row = self.figures.function(call.function.name)
+        row.called(time.perf_counter())
+        if spans:
+            self._compiled(call, spans, row)
+        self.after(call, out)
+        return out
+
+    def on_span(self, event: str, start: float, end: float) -> None:
+        spans = getattr(self._local, "spans", None)
+        if spans is not None and event in COMPILE_EVENTS:
+            spans.append(end - start)
+
+    def before(self, call: JitCall) -> None:
+        if self.active:
+            super().before(call)
+
+    def after(self, call: JitCall, out: Any) -> None:
+        if call.magnitudes is None:
+            return
+        if self._copy_ahead is None:  # decided at the first call: the backend is up by then
+            import jax
+
+            self._copy_ahead = jax.default_backend() != "cpu"
+        if self._copy_ahead:  # start the small device->host copy now; on CPU there is nothing to copy
+            with contextlib.suppress(AttributeError):
+                call.magnitudes.copy_to_host_async()
+        previous, self._pending = self._pending, (call, out)
+        if previous is not None:
+            self._check(*previous)
+
+    def flush(self) -> None:
+        """Read the flags of the latest call (the watch is ending)."""
+        previous, self._pending = self._pending, None
+        if previous is not None:
+            self._check(*previous)
+
+    def _check(self, call: JitCall, out: Any) -> None:
+        host = call.host_magnitudes()
+        finite = bool(np.isfinite(host).all())
+        if not finite:
+            self.figures.function(call.function.name).nonfinite += 1
+        if not self.active:
+            return
+        seen = self._watched.get(call.function.record.id)
+        if finite and seen is not None and seen.leaf_names is not None:  # the steady state: growth only
+            self.calls += 1
+            self.growth.update(call.function.name, seen.leaf_names, host, call.index, seen.call_site)
+            return
+        super().after(call, out)  # nan-hunt's reading of the flags (names, growth, the finding and its replay)
+
+    def _measure_fresh_arguments(self, call: JitCall) -> None:
+        return None  # an extra reduction per call: left to nan-hunt
+
+    def found(self, finding: JitFinding | EagerFinding, final: bool = False) -> int:
+        self.finding = finding
+        self.active = False  # the first finding is the answer; later calls are only counted
+        self._pending = None
+        if self.on_nonfinite is not None:
+            self.on_nonfinite(finding)
+        return 0
+
+    # -- compiles ------------------------------------------------------------------------------------------
+
+    def _compiled(self, call: JitCall, spans: list[float], row: Any) -> None:
+        function = call.function
+        seen = self.compiles.setdefault(function.record.id, _Compiles())
+        try:
+            signature = call_signature(function.fun, call.args, call.kwargs, function.static_argnums,
+                                       function.static_argnames, parameter_names(function.fun))
+        except Exception:  # noqa: BLE001 - an odd argument must not break the user's run
+            signature = Signature(())
+        recompile = None
+        if seen.signatures:
+            site = str(function.record.source) if function.record.source else ""
+            same = any(f is function.fun for f in seen.callables)
+            recompile = explain(seen.signatures, signature, same_callable=same, call_index=call.index,
+                                callable_site=site)
+            seen.recompiles.append(recompile)
+        seen.signatures = [*seen.signatures, signature][-_KEEP_SIGNATURES:]
+        seen.callables = [*seen.callables, function.fun][-_KEEP_SIGNATURES:]
+        seen.count += 1
+        row.compiles += 1
+        row.compile_s += sum(spans)
+        if self.on_compile is not None:
+            self.on_compile(function, seen.count, recompile)
+
+
+@contextlib.contextmanager
+def compile_spans(hook: LiveHook) -> Iterator[None]:
+    """Route ``jax.monitoring``'s compile spans to ``hook`` while the block runs."""
+    import jax.monitoring as monitoring
+
+    def on_span(event: str, start_time: float, end_time: float, **kwargs: Any) -> None:
+        hook.on_span(event, start_time, end_time)
+
+    monitoring.register_event_time_span_listener(on_span)
+    try:
+        yield
+    finally:
+        monitoring.unregister_event_time_span_listener(on_span)

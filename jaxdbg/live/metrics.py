@@ -1,0 +1,74 @@
+"""The live figures of a :func:`jaxdbg.watch` as Prometheus metric families, for ``metrics_port``.
+
+Served by :func:`jaxdbg.metrics.live.serve` (127.0.0.1 only); each scrape reads the figures as they are
+then, under the same names and labels as the exported reports (:mod:`jaxdbg.metrics.families`, docs/metrics.md).
+
+Example:
+    >>> from urllib.request import urlopen
+    >>> from jaxdbg.live.figures import Figures
+    >>> from jaxdbg.metrics.live import serve
+    >>> figures = Figures()
+    >>> figures.function("train_step").called(1.0)
+    >>> with serve(WatchCollector(figures), port=0) as url:
+    ...     text = urlopen(url).read().decode()
+    >>> 'jaxdbg_calls_total{function="train_step",process="0"} 1.0' in text
+    True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
+
+from jaxdbg.live.figures import Figures
+from jaxdbg.metrics.families import Families
+
+
+class WatchCollector(Collector):
+    """Yields the watch's figures at scrape time."""
+
+    def __init__(self, figures: Figures):
+        self.figures = figures
+
+    def collect(self) -> Iterable[Metric]:
+        out = Families()
+        process = str(_process_index())
+        for row in list(self.figures.functions.values()):
+            labels = {"function": row.name, "process": process}
+            out.counter("calls", "Top-level calls of a jitted function.", labels, row.calls)
+            out.counter("compiles", "Compiles of a jitted function (the first one included).", labels, row.compiles)
+            out.counter("recompiles", "Compiles after the first.", labels, max(row.compiles - 1, 0))
+            out.counter("compile_seconds", "Time spent compiling (trace, lower, backend).", labels, row.compile_s)
+            out.counter("nonfinite", "Calls whose outputs held NaN/Inf.", labels, row.nonfinite)
+            out.gauge("step_seconds", "Interval between the function's two latest calls.", labels, row.step_s)
+        for device, used in _device_memory():
+            out.gauge("device_memory_bytes", "Device memory in use.", {"device": device, "process": process}, used)
+        return out.all()
+
+
+def _process_index() -> int:
+    from jaxdbg import _compat
+
+    if not _compat.backend_started():  # a scrape must not start the backend before jax.distributed.initialize()
+        return 0
+    import jax
+
+    return jax.process_index()
+
+
+def _device_memory() -> list[tuple[str, int]]:
+    """``(local device index, bytes in use)`` of this process's devices that report it (CPU devices do not)."""
+    from jaxdbg import _compat
+
+    if not _compat.backend_started():
+        return []
+    import jax
+
+    rows = []
+    for i, device in enumerate(jax.local_devices()):
+        stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+        if stats and "bytes_in_use" in stats:
+            rows.append((str(i), int(stats["bytes_in_use"])))
+    return rows

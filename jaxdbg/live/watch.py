@@ -1,0 +1,188 @@
+"""``jaxdbg.watch``: a context manager and decorator that watches a running program's jitted functions.
+
+While active, every function jitted meanwhile has its outputs checked for NaN/Inf (fused into its compiled
+program, read one call late: see :mod:`jaxdbg.live.hook`) and its compiles counted. At the first non-finite
+output the origin is localised in this process by nan-hunt's own analysis and written, with nan-hunt's
+``result``, to ``out/report.json`` (``"command": "watch"``; later findings of an ``action="log"`` run
+to ``report-2.json``, ...); then :class:`NonFiniteError` is raised
+(``action="raise"``) or one line is logged and the run goes on (``action="log"``). With ``max_compiles=N``
+a function compiled more than N times raises :class:`RecompileError` (or logs), naming each recompile's cause
+as profile's ``recompiles`` do. ``metrics_port=N`` serves the live figures at http://127.0.0.1:N/metrics.
+In a multi-process job each process writes to ``out/process-<i>/``.
+
+Example:
+    >>> import jax, jax.numpy as jnp
+    >>> @watch(out="/tmp/jaxdbg-watch-doc", max_compiles=1, action="log")
+    ... def run():
+    ...     step = jax.jit(lambda batch: batch.sum())
+    ...     return [float(step(jnp.ones(n))) for n in (2, 2, 3)]
+    >>> run()
+    [2.0, 2.0, 3.0]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from jaxdbg._errors import UsageError
+from jaxdbg.live.errors import NonFiniteError, RecompileError
+
+log = logging.getLogger("jaxdbg")
+ACTIONS = ("raise", "log")
+
+
+@dataclass(frozen=True)
+class RecompileResult:
+    """``result`` of a watch report for a function that compiled more than ``max_compiles`` times."""
+
+    function: str
+    source: Any  # SourceLocation | None: where the function is defined
+    compiles: int
+    max_compiles: int
+    recompiles: tuple = ()  # profile's entries: {call_index, reason, changes}
+    kind: str = "recompiles"
+
+    def essential_line(self) -> str | None:
+        last = self.recompiles[-1]
+        return (f"{self.function} compiled {self.compiles} times (max_compiles={self.max_compiles}); "
+                f"call {last.call_index}: {last.reason}")
+
+
+@dataclass
+class _State:
+    hook: Any
+    stack: contextlib.ExitStack
+    reported: list = field(default_factory=list)
+
+
+class watch(contextlib.ContextDecorator):
+    """Watch jitted functions for NaN/Inf outputs and recompiles (see the module docstring).
+
+    Args:
+        out: folder of ``report.json`` and the analysis artifacts (created when something is found).
+        nans: check outputs for NaN/Inf.
+        max_compiles: more compiles than this of one function is a finding (None: only counted).
+        action: ``"raise"`` the finding's error, or ``"log"`` one line (logger ``jaxdbg``) and go on.
+        metrics_port: serve the live figures on http://127.0.0.1:PORT/metrics (Prometheus text format).
+    """
+
+    def __init__(self, out: str = "jaxdbg-out/watch", nans: bool = True, max_compiles: int | None = None,
+                 action: str = "raise", metrics_port: int | None = None):
+        if action not in ACTIONS:
+            raise UsageError(f"jaxdbg.watch(action={action!r}): unknown action; use 'raise' or 'log'")
+        if max_compiles is not None and (not isinstance(max_compiles, int) or max_compiles < 1):
+            raise UsageError(f"jaxdbg.watch(max_compiles={max_compiles!r}): give a whole number >= 1, or None")
+        if metrics_port is not None and (not isinstance(metrics_port, int) or not 0 <= metrics_port < 65536):
+            raise UsageError(f"jaxdbg.watch(metrics_port={metrics_port!r}): give a TCP port number, or None")
+        self.out = os.fspath(out)
+        self.nans = nans
+        self.max_compiles = max_compiles
+        self.action = action
+        self.metrics_port = metrics_port
+        self.reports: list[str] = []  # report.json paths written (the latest finding last)
+        self.metrics_url: str | None = None
+        self._states: list[_State] = []
+
+    # -- the context ---------------------------------------------------------------------------------------
+
+    def __enter__(self) -> watch:
+        from jaxdbg import jit_layer
+        from jaxdbg.live.hook import LiveHook, compile_spans
+
+        hook = LiveHook(self.nans, on_nonfinite=self._nonfinite, on_compile=self._compiled)
+        stack = contextlib.ExitStack()
+        stack.enter_context(compile_spans(hook))
+        stack.enter_context(jit_layer.installed(hook))
+        if self.metrics_port is not None:
+            from jaxdbg.live.metrics import WatchCollector
+            from jaxdbg.metrics.live import serve
+
+            try:
+                self.metrics_url = stack.enter_context(serve(WatchCollector(hook.figures), self.metrics_port))
+            except BaseException:
+                stack.close()
+                raise
+        self._states.append(_State(hook, stack))
+        return self
+
+    def __exit__(self, kind: Any, error: Any, traceback: Any) -> None:
+        state = self._states[-1]
+        try:
+            if kind is None:
+                state.hook.flush()  # the latest call's flags: may raise NonFiniteError
+                if not state.hook.functions:
+                    log.warning("jaxdbg.watch: no function was jitted while the watch was on, so nothing was "
+                                "checked; functions jitted before it began are not watched (enter it first)")
+        finally:
+            self._states.pop()
+            state.stack.close()
+
+    # -- findings ------------------------------------------------------------------------------------------
+
+    def _nonfinite(self, finding: Any) -> None:
+        from jaxdbg import jit_layer
+        from jaxdbg.nan.api import HuntOptions
+        from jaxdbg.nan.session import analyse_finding
+
+        hook = self._states[-1].hook
+        names = tuple(dict.fromkeys(f.name for f in hook.functions))
+        folder = self._folder()
+        with jit_layer.internal():
+            result, artifacts = analyse_finding(finding, hook, HuntOptions(out_dir=self.out), names)
+        path = self._write(folder, result, artifacts)
+        line = result.essential_line() or "a jitted call returned NaN/Inf"
+        self._act(NonFiniteError(f"jaxdbg.watch: {line} (report: {path})", _jsonable(result), path))
+
+    def _compiled(self, function: Any, count: int, recompile: Any) -> None:
+        if self.max_compiles is None or count <= self.max_compiles or recompile is None:
+            return
+        hook = self._states[-1].hook
+        seen = hook.compiles[function.record.id]
+        result = RecompileResult(function.name, function.record.source, count, self.max_compiles,
+                                 tuple(seen.recompiles))
+        path = self._write(self._folder(), result, {})
+        self._act(RecompileError(f"jaxdbg.watch: {result.essential_line()} (report: {path})", _jsonable(result),
+                                 path))
+
+    def _act(self, error: Exception) -> None:
+        if self.action == "raise":
+            raise error
+        log.warning("%s", error)
+
+    def _folder(self) -> str:
+        from jaxdbg import multihost
+
+        folder = multihost.process_folder(self.out)
+        os.makedirs(folder, exist_ok=True)
+        return folder
+
+    def _write(self, folder: str, result: Any, artifacts: dict) -> str:
+        from jaxdbg.report import Report
+
+        name = "report.json" if not self.reports else f"report-{len(self.reports) + 1}.json"  # action="log" goes on
+        path = os.path.join(folder, name)
+        report = Report("watch", _program(), result, 1, {**artifacts, "report": path})
+        with open(path, "w") as handle:
+            json.dump(report.to_dict(), handle, indent=2, allow_nan=False)
+            handle.write("\n")
+        self.reports.append(path)
+        return path
+
+
+def _jsonable(result: Any) -> dict:
+    from jaxdbg.report import to_jsonable
+
+    return to_jsonable(result)
+
+
+def _program() -> str | None:
+    """The running program, as a target would name it (its script), or None (an interactive session)."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    return os.path.relpath(path) if path and not os.path.relpath(path).startswith("..") else path

@@ -1,0 +1,204 @@
+"""Benchmark ``jaxdbg.watch`` (and nan-hunt's watch) against a plain run and ``jax_debug_nans``, in one run.
+
+(a) Overhead: a clean Flax NNX training loop (MLP classifier, optax SGD) timed by itself (median seconds per
+    step over chunks of steps, after warm-up), each variant in a fresh process, variants alternating
+    (``--pairs``): plain; under ``jaxdbg.watch()``; under ``jaxdbg.watch(max_compiles=...)`` with metrics
+    served; with ``jax_debug_nans`` + ``jax_debug_infs``; the unmodified script under ``jaxdbg nan-hunt``.
+    Targets: watch <= 1.05x plain, nan-hunt <= 1.10x plain. Each run reports its median and its fastest chunk
+    of 10 steps (on a shared machine the fastest chunk is the least disturbed); ratios compare the best run of
+    each variant, by both.
+(b) Time to the answer: the same loop with a learning-rate spike at a late step. From the call of the step
+    that goes bad to (watch) the written report + NonFiniteError, and (debug flags) the FloatingPointError.
+    Also whether each named the operation and the step.
+(c) Per call: a tiny jitted function (x * 2 + 1 on 16 floats) called in a loop, plain (jax's C++ dispatch) and
+    jitted inside ``jaxdbg.watch()``, in one process, alternating; the difference is the watch's cost per call.
+
+Usage: python scripts/bench_watch.py [--pairs 3] [--steps 200] [--width 256] [--batch 128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEBUG_FLAGS = {"JAX_DEBUG_NANS": "1", "JAX_DEBUG_INFS": "1"}
+
+PROGRAM = textwrap.dedent('''
+    """A Flax NNX training loop that times itself; MODE: plain | watch | watch-full | spike-watch | spike-plain."""
+    import json, sys, time
+    import jax, jax.numpy as jnp, optax
+    from flax import nnx
+    import jaxdbg
+
+    mode, steps, width, batch, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+    SPIKE_AT = steps - 5
+
+    class MLP(nnx.Module):
+        def __init__(self, rngs):
+            self.l1 = nnx.Linear(256, width, rngs=rngs)
+            self.l2 = nnx.Linear(width, width, rngs=rngs)
+            self.l3 = nnx.Linear(width, 10, rngs=rngs)
+
+        def __call__(self, x):
+            return self.l3(nnx.relu(self.l2(nnx.relu(self.l1(x)))))  # <- origin
+
+    def main():
+        model = MLP(nnx.Rngs(0))
+        optimizer = nnx.Optimizer(model, optax.inject_hyperparams(optax.sgd)(learning_rate=0.01), wrt=nnx.Param)
+
+        @nnx.jit
+        def train_step(model, optimizer, x, labels):
+            def loss_fn(model):
+                return optax.softmax_cross_entropy_with_integer_labels(model(x), labels).mean()
+            loss, grads = nnx.value_and_grad(loss_fn)(model)
+            optimizer.update(model, grads)
+            return loss
+
+        k = jax.random.split(jax.random.key(0), 2)
+        x = jax.random.normal(k[0], (batch, 256))
+        y = jax.random.randint(k[1], (batch,), 0, 10)
+        for _ in range(10):
+            loss = train_step(model, optimizer, x, y)
+        loss.block_until_ready()
+        if mode.startswith("spike"):
+            started = None
+            try:
+                for step in range(steps):
+                    if step == SPIKE_AT:
+                        optimizer.opt_state.hyperparams["learning_rate"][...] = jnp.asarray(1e36)
+                        started = time.perf_counter()
+                    loss = train_step(model, optimizer, x, y)
+                loss.block_until_ready()
+                return {"answer_s": None}
+            except (jaxdbg.NonFiniteError, FloatingPointError) as err:
+                answer = time.perf_counter() - started
+                report = getattr(err, "report", None)
+                first = report["first"] if report else {}
+                return {"answer_s": answer, "primitive": first.get("primitive"), "call_index": first.get("call_index"),
+                        "line": (first.get("source") or {}).get("line"), "error": str(err).splitlines()[0][:200]}
+        chunk, per_step = 10, []
+        for _ in range(0, steps, chunk):
+            t = time.perf_counter()
+            for step in range(chunk):
+                loss = train_step(model, optimizer, x, y)
+                if step % 10 == 0:
+                    float(loss)  # what a loop that logs does
+            loss.block_until_ready()
+            per_step.append((time.perf_counter() - t) / chunk)
+        per_step.sort()
+        return {"median_step_s": per_step[len(per_step) // 2], "best_step_s": per_step[0]}
+
+    if mode in ("watch", "spike-watch"):
+        with jaxdbg.watch(out=out + ".d"):
+            found = main()
+    elif mode == "watch-full":
+        with jaxdbg.watch(out=out + ".d", max_compiles=2, metrics_port=0):
+            found = main()
+    else:
+        found = main()
+    with open(out, "w") as handle:
+        json.dump(found, handle)
+''')
+
+
+TINY = textwrap.dedent('''
+    import sys, time, jax, jax.numpy as jnp, jaxdbg
+
+    def per_call_us(f, x, n=2000):
+        for _ in range(20):
+            r = f(x)
+        r.block_until_ready()
+        t = time.perf_counter()
+        for _ in range(n):
+            r = f(x)
+        r.block_until_ready()
+        return (time.perf_counter() - t) / n * 1e6
+
+    x = jnp.ones((16,))
+    plain = jax.jit(lambda x: x * 2.0 + 1.0)
+    with jaxdbg.watch(out=sys.argv[1]):
+        watched = jax.jit(lambda x: x * 2.0 + 1.0)
+        rows = [(per_call_us(plain, x), per_call_us(watched, x)) for _ in range(int(sys.argv[2]))]
+    print(min(p for p, _ in rows), min(w for _, w in rows))
+''')
+
+
+def _run(argv: list[str], env: dict | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONPATH": ROOT, **(env or {})})
+
+
+def variant(name: str, program: str, args: argparse.Namespace, workdir: str, mode: str | None = None) -> dict:
+    out = os.path.join(workdir, f"{name}.json")
+    sizes = [str(args.steps), str(args.width), str(args.batch), out]
+    if name == "nan-hunt":
+        argv = [sys.executable, "-m", "jaxdbg", "nan-hunt", program, "-q", "--out", out + ".d", "--", "plain", *sizes]
+        env = None
+    else:
+        argv = [sys.executable, program, mode or name, *sizes]
+        env = DEBUG_FLAGS if name.startswith("debug") else None
+    started = time.perf_counter()
+    done = _run(argv, env)
+    if not os.path.exists(out):
+        raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
+    with open(out) as handle:
+        return {**json.load(handle), "wall_s": time.perf_counter() - started}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=128)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as workdir:
+        program = os.path.join(workdir, "nnx_loop.py")
+        with open(program, "w") as handle:
+            handle.write(PROGRAM)
+        names = {"plain": "plain", "watch": "watch", "watch+compiles+metrics": "watch-full",
+                 "debug_nans": "plain", "nan-hunt": None}
+        best: dict[str, float] = {}
+        fastest: dict[str, float] = {}
+        for pair in range(args.pairs):
+            for name, mode in names.items():
+                got = variant(name, program, args, workdir, mode)
+                best[name] = min(best.get(name, got["median_step_s"]), got["median_step_s"])
+                fastest[name] = min(fastest.get(name, got["best_step_s"]), got["best_step_s"])
+                print(f"  pair {pair}: {name:24s} median {got['median_step_s'] * 1e3:8.3f} ms/step, fastest chunk "
+                      f"{got['best_step_s'] * 1e3:8.3f}", flush=True)
+        print(f"\n(a) overhead on a clean Flax NNX loop (width {args.width}, batch {args.batch}, best of {args.pairs})")
+        for name in names:
+            print(f"  {name:24s} median {best[name] * 1e3:8.3f} ms/step {best[name] / best['plain']:5.2f}x plain   "
+                  f"fastest chunk {fastest[name] * 1e3:8.3f} ms/step {fastest[name] / fastest['plain']:5.2f}x plain")
+        print("\n(b) from the bad step's call to the answer (learning-rate spike 5 steps before the end)")
+        for name, mode, env in (("jaxdbg.watch", "spike-watch", None), ("debug_nans", "spike-plain", DEBUG_FLAGS)):
+            out = os.path.join(workdir, f"{mode}.json")
+            done = _run([sys.executable, program, mode, str(args.steps), str(args.width), str(args.batch), out], env)
+            if not os.path.exists(out):
+                print(f"  {name:14s} failed: {done.stderr[-500:]}")
+                continue
+            with open(out) as handle:
+                got = json.load(handle)
+            shown = f"{got['answer_s']:.3f} s" if got.get("answer_s") is not None else "no answer"
+            print(f"  {name:14s} {shown:>10s}  op={got.get('primitive')} call={got.get('call_index')} "
+                  f"line={got.get('line')}  [{got.get('error', '')[:110]}]")
+
+        tiny = os.path.join(workdir, "tiny.py")
+        with open(tiny, "w") as handle:
+            handle.write(TINY)
+        done = _run([sys.executable, tiny, os.path.join(workdir, "tiny.d"), str(5 * args.pairs)])
+        plain_us, watch_us = (float(v) for v in done.stdout.split())
+        print(f"\n(c) per call of a tiny jitted function (best of {5 * args.pairs} rounds of 2000 calls)")
+        print(f"  plain {plain_us:7.1f} us/call   jaxdbg.watch {watch_us:7.1f} us/call  (+{watch_us - plain_us:.1f})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""jaxdbg.watch in a running program: a Flax NNX loop that goes bad at a late step (the same origin nan-hunt
+names, the report valid against the schema), a ragged loop that recompiles, action="log", live metrics."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import jsonschema
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+import jaxdbg
+from jaxdbg.schema import schema
+
+DATA = Path(__file__).resolve().parent / "data"
+sys.path.insert(0, str(DATA))
+import live_nnx_loop  # noqa: E402 - the loop lives in tests/data, shared with scripts/bench_watch.py
+
+SPIKE_AT = 12
+ORIGIN_LINE = next(i for i, text in enumerate((DATA / "live_nnx_loop.py").read_text().splitlines(), 1)
+                   if "<- origin" in text)
+
+
+def test_nnx_loop_that_spikes_late_raises_with_nan_hunts_origin_and_report(tmp_path):
+    with pytest.raises(jaxdbg.NonFiniteError) as raised, jaxdbg.watch(out=str(tmp_path / "w")):
+        live_nnx_loop.train(SPIKE_AT + 5, spike_at=SPIKE_AT)
+    first = raised.value.report["first"]
+    # The spike at step 12 blows the weights up; in call 13 (0-based) the output layer's matmul makes the NaN.
+    assert (first["primitive"], first["pass"], first["function"], first["call_index"]) == (
+        "dot_general", "forward", "train_step", SPIKE_AT + 1)
+    assert (Path(first["source"]["file"]).name, first["source"]["line"]) == ("live_nnx_loop.py", ORIGIN_LINE)
+    assert str(raised.value).startswith("jaxdbg.watch: ") and f"call {SPIKE_AT + 1}" in str(raised.value)
+    report = json.loads(Path(raised.value.path).read_text())
+    jsonschema.validate(report, schema())
+    assert (report["command"], report["exit_code"], report["result"]) == ("watch", 1, raised.value.report)
+    assert report["artifacts"]["report"] == raised.value.path and Path(report["artifacts"]["inputs"]).exists()
+
+    # The same program under `jaxdbg nan-hunt` names the same origin (the same analysis, run by the CLI).
+    script = tmp_path / "spike.py"
+    script.write_text(f"import sys\nsys.path.insert(0, {str(DATA)!r})\nimport live_nnx_loop\n"
+                      f"live_nnx_loop.train({SPIKE_AT + 5}, spike_at={SPIKE_AT})\n")
+    done = subprocess.run([sys.executable, "-m", "jaxdbg", "nan-hunt", str(script), "--json", "-", "-q"],
+                          capture_output=True, text=True, timeout=180)
+    hunted = json.loads(done.stdout)["result"]["first"]
+    keys = ("kind", "primitive", "pass", "source", "function", "call_index", "path")
+    assert {k: hunted[k] for k in keys} == {k: first[k] for k in keys}
+
+
+def test_ragged_batches_with_max_compiles_1_raise_the_shape_cause(tmp_path):
+    batches = [np.ones((8, 4), np.float32)] * 3 + [np.ones((5, 4), np.float32)]
+    with pytest.raises(jaxdbg.RecompileError) as raised, jaxdbg.watch(out=str(tmp_path), max_compiles=1):
+        step = jax.jit(lambda w, batch: jnp.tanh(batch @ w).mean())
+        for batch in batches:
+            step(jnp.ones((4, 2)), batch)
+    result = raised.value.report
+    assert (result["function"], result["compiles"], result["max_compiles"]) == ("<lambda>", 2, 1)
+    assert result["recompiles"][0]["call_index"] == 3
+    assert result["recompiles"][0]["reason"] == "argument 'batch' shape changed (8, 4) -> (5, 4)"
+    assert "argument 'batch' shape changed (8, 4) -> (5, 4)" in str(raised.value)
+    jsonschema.validate(json.loads((tmp_path / "report.json").read_text()), schema())
+
+
+def test_log_action_goes_on_and_metrics_are_served(tmp_path, caplog):
+    guard = jaxdbg.watch(out=str(tmp_path), max_compiles=1, action="log", metrics_port=0)
+    with caplog.at_level(logging.WARNING, logger="jaxdbg"), guard:
+        step = jax.jit(lambda x: (jnp.sqrt(x) + 1.0).sum())
+        outs = [float(step(jnp.full((n,), v))) for n, v in ((2, 4.0), (2, -1.0), (2, 9.0), (3, -4.0))]
+        families = {f.name: f for f in text_string_to_metric_families(
+            urllib.request.urlopen(guard.metrics_url, timeout=10).read().decode())}
+    assert outs[0] == 6.0 and np.isnan(outs[1]) and outs[2] == 8.0 and np.isnan(outs[3])  # the run went on
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2 and "sqrt" in lines[0] and "call 1" in lines[0]  # one line per finding
+    assert "shape changed (2,) -> (3,)" in lines[1]
+    assert [Path(p).name for p in guard.reports] == ["report.json", "report-2.json"]  # one report per finding
+    assert json.loads(Path(guard.reports[1]).read_text())["result"]["kind"] == "recompiles"
+    assert guard.metrics_url.startswith("http://127.0.0.1:")
+
+    def value(name, sample_name):
+        return next(s.value for s in families[name].samples if s.name == sample_name
+                    and s.labels == {"function": "<lambda>", "process": "0"})
+
+    assert value("jaxdbg_calls", "jaxdbg_calls_total") == 4
+    assert value("jaxdbg_compiles", "jaxdbg_compiles_total") == 2
+    assert value("jaxdbg_recompiles", "jaxdbg_recompiles_total") == 1
+    assert value("jaxdbg_nonfinite", "jaxdbg_nonfinite_total") >= 1
+    assert value("jaxdbg_step_seconds", "jaxdbg_step_seconds") > 0
+    assert "jaxdbg_device_memory_bytes" in families or jax.default_backend() == "cpu"  # CPU devices keep no count
+    with pytest.raises(OSError):
+        urllib.request.urlopen(guard.metrics_url, timeout=5)  # the server stopped with the watch
+
+
+def test_a_watch_that_saw_no_jitted_function_says_so(caplog):
+    early = jax.jit(lambda x: jnp.log(x))
+    with caplog.at_level(logging.WARNING, logger="jaxdbg"), jaxdbg.watch():
+        early(jnp.array(-1.0))  # jitted before the watch: not watched
+    assert "functions jitted before it began are not watched" in caplog.text
+
+
+def test_bad_options_are_one_clear_usage_error():
+    with pytest.raises(jaxdbg.UsageError, match=r"action='stop'.*use 'raise' or 'log'"):
+        jaxdbg.watch(action="stop")
+    with pytest.raises(jaxdbg.UsageError, match="max_compiles=0"):
+        jaxdbg.watch(max_compiles=0)
+
+
+def test_each_process_of_a_job_watches_its_own_part(tmp_path):
+    from jaxdbg.launch import free_port, task_environment
+
+    port, out = free_port(), tmp_path / "job"
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+           "PYTHONPATH": os.pathsep.join([str(DATA.parent.parent), os.environ.get("PYTHONPATH", "")])}
+    processes = [subprocess.Popen([sys.executable, str(DATA / "live_multiprocess.py"), str(out)],
+                                  env=task_environment(i, 2, port, env), stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for i in range(2)]
+    finished = [p.communicate(timeout=240) for p in processes]
+    assert [p.returncode for p in processes] == [0, 0], [err[-2000:] for _, err in finished]
+    line = next(i for i, text in enumerate((DATA / "live_multiprocess.py").read_text().splitlines(), 1)
+                if "<- origin" in text)
+    for index, (stdout, _) in enumerate(finished):
+        assert f"done {index}" in stdout  # action="log": every process ran to its end
+        report = json.loads((out / f"process-{index}" / "report.json").read_text())
+        first = report["result"]["first"]
+        assert (report["environment"]["process_index"], report["environment"]["process_count"]) == (index, 2)
+        assert (first["primitive"], first["call_index"], first["source"]["line"]) == ("log", 2, line)
+    # Only process 1's own shard holds the bad example: it places the origin there.
+    first = json.loads((out / "process-1" / "report.json").read_text())["result"]["first"]
+    assert first["process"] == 1 and first["shard"] == [[12, 16], [0, 1]]

@@ -1,0 +1,87 @@
+"""The pytest plugin: a marked test runs under jaxdbg.watch and fails with one line, the report in its tmp dir;
+unmarked tests are untouched (no jax imported); pytest-xdist workers load it too."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+USER_TESTS = textwrap.dedent('''
+    import jax
+    import jax.numpy as jnp
+    import pytest
+
+
+    @pytest.mark.jaxdbg
+    def test_goes_nan():
+        step = jax.jit(lambda x: jnp.sqrt(2.5 - x))  # <- origin
+        for i in range(4):
+            step(jnp.full((2,), float(i)))
+
+
+    @pytest.mark.jaxdbg(max_compiles=1)
+    def test_ragged():
+        step = jax.jit(lambda batch: batch.sum())
+        for n in (8, 8, 5):
+            step(jnp.ones((n, 2)))
+
+
+    @pytest.mark.jaxdbg(nans=True, max_compiles=2)
+    def test_clean():
+        step = jax.jit(lambda x: jnp.exp(-x))
+        assert float(step(jnp.array(1.0))) < 1
+
+
+    def test_unmarked():
+        assert jnp.ones(2).sum() == 2
+''')
+
+
+ORIGIN_LINE = next(i for i, text in enumerate(USER_TESTS.splitlines(), 1) if "<- origin" in text)
+
+
+def plugin_args() -> list[str]:
+    """The installed entry point loads the plugin; before a reinstall, name it (never both: it would register
+    twice)."""
+    installed = any(ep.name == "jaxdbg" for ep in importlib.metadata.entry_points(group="pytest11"))
+    return [] if installed else ["-p", "jaxdbg.pytest_plugin"]
+
+
+def test_marked_tests_fail_with_one_line_and_keep_their_report_under_xdist(tmp_path):
+    (tmp_path / "test_user.py").write_text(USER_TESTS)
+    basetemp = tmp_path / "base"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider", *plugin_args(),
+         f"--basetemp={basetemp}", "-rf", "test_user.py"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    out = done.stdout
+    assert done.returncode == 1, out[-3000:] + done.stderr[-3000:]
+    assert "2 failed, 2 passed" in out, out[-3000:]
+    failed = {line.split("::")[-1].split(" ")[0] for line in out.splitlines() if line.startswith("FAILED ")}
+    assert failed == {"test_goes_nan", "test_ragged"}
+    messages = [line for line in out.splitlines() if line.startswith("jaxdbg.watch: ")]  # each test's failure
+    assert len(messages) == 2, out[-3000:]
+    nan_line = f"jaxdbg.watch: nan first made by sqrt (forward pass) at test_user.py:{ORIGIN_LINE} in <lambda>, call 3"
+    assert any(m.startswith(nan_line + " (report: ") for m in messages)
+    assert any("call 2: argument 'batch' shape changed (8, 2) -> (5, 2)" in m for m in messages)
+    assert "Traceback" not in out and "NonFiniteError" not in out  # the one line, not a traceback
+    reports = {path.parent.parent.name: json.loads(path.read_text()) for path in basetemp.glob("*/*/jaxdbg/report.json")
+               if not path.parent.parent.name.endswith("current")}  # pytest's "...current" links
+    assert {name.rstrip("0123456789") for name in reports} == {"test_goes_nan", "test_ragged"}
+    nan = next(r for name, r in reports.items() if name.startswith("test_goes_nan"))
+    assert (nan["command"], nan["result"]["first"]["source"]["line"], nan["result"]["first"]["call_index"]) == (
+        "watch", ORIGIN_LINE, 3)
+
+
+def test_loading_the_plugin_imports_no_jax():
+    code = "import sys, jaxdbg.pytest_plugin; print(sorted(m for m in sys.modules if m.split('.')[0] == 'jax'))"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "[]", done.stderr
