@@ -421,3 +421,44 @@ def custom_jvp_rule_sources() -> Iterator[None]:
             del custom_jvp_call_p.get_bind_params
         else:
             custom_jvp_call_p.get_bind_params = own  # type: ignore[method-assign]  # restored
+
+
+def jit_options(jitted: Any) -> tuple[Any, dict] | None:
+    """``(fun, options)`` that rebuild a ``jax.jit`` object made earlier (read from its private ``_fun`` and
+    ``_jit_info``), or None when it is no such object or uses options this cannot carry over (explicit
+    layouts, a device or backend). Used to watch functions jitted before a ``jaxdbg.watch`` began.
+
+    Example:
+        >>> f = jax.jit(lambda x, n: x * n, static_argnums=1, donate_argnums=0)
+        >>> fun, options = jit_options(f)
+        >>> options == {"static_argnums": (1,), "donate_argnums": (0,)}
+        True
+    """
+    info, fun = getattr(jitted, "_jit_info", None), getattr(jitted, "_fun", None)
+    if info is None or fun is None or not hasattr(info, "in_shardings_treedef"):
+        return None
+    if info.device is not None or info.backend is not None or any(
+            leaf is not None for leaf in (*info.in_layouts_leaves, *info.out_layouts_leaves)):
+        return None
+    options: dict[str, Any] = {}
+    for name in ("static_argnums", "donate_argnums"):
+        if getattr(info, name):
+            options[name] = tuple(getattr(info, name))
+    if info.static_argnames and not info.static_argnums:  # names alone: jax derives the numbers again
+        options["static_argnames"] = tuple(info.static_argnames)
+    if info.donate_argnames and not info.donate_argnums:
+        options["donate_argnames"] = tuple(info.donate_argnames)
+    from jax._src.sharding_impls import UnspecifiedValue
+
+    for side in ("in", "out"):
+        leaves = getattr(info, f"{side}_shardings_leaves")
+        if any(not isinstance(leaf, UnspecifiedValue) for leaf in leaves):
+            treedef = getattr(info, f"{side}_shardings_treedef")
+            options[f"{side}_shardings"] = jax.tree_util.tree_unflatten(treedef, leaves)
+    if info.keep_unused:
+        options["keep_unused"] = True
+    if info.inline:
+        options["inline"] = True
+    if info.compiler_options_kvs:
+        options["compiler_options"] = dict(info.compiler_options_kvs)
+    return fun, options

@@ -55,6 +55,19 @@ def user_function(fun: Any) -> Any:
     return fun
 
 
+def traces_only_in_its_call(fun: Any) -> bool:
+    """True for a framework's inner function that can be traced only while its wrapper's call is under way:
+    NNX's ``JitFn`` runs in the update context ``nnx.jit``'s ``__call__`` sets up (traced later, it raises
+    "No update context found"). A check that reads a call's flags later must read these at once.
+
+    Example:
+        >>> traces_only_in_its_call(lambda x: x)
+        False
+    """
+    kind = type(fun)
+    return kind.__name__.startswith("JitFn") and kind.__module__.startswith("flax.nnx")
+
+
 def user_arguments(fun: Any, args: tuple, kwargs: dict) -> list[Argument] | None:
     """The arguments of a call of a framework's inner function as the user passed them, by the user's
     parameter names; None when ``fun`` is no framework's inner function (or its arguments are not the

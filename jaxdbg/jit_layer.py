@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 import threading
 import types
 from collections.abc import Callable, Iterator
@@ -277,6 +278,93 @@ def installed(hook: JitHook) -> Iterator[JitHook]:
             if not layer.hooks and _layer is layer:
                 jax.jit = layer.real_jit
                 _layer = None
+
+
+# Framework wrappers that hold their inner ``jax.jit`` as an attribute: Flax's ``nnx.jit`` (``jitted_fn``; the
+# user's function is ``fun``) and Equinox's ``filter_jit`` (``_cached``; ``__wrapped__``).
+_INNER_JIT_ATTRIBUTES = ("jitted_fn", "_cached")
+
+
+@contextlib.contextmanager
+def adopted() -> Iterator[list[str]]:
+    """While hooks are installed, also instrument functions jitted *before* (``@jax.jit``, ``nnx.jit`` and
+    ``eqx.filter_jit`` at module level, the usual way): each one bound to a global name of one of the program's
+    own modules is swapped for an instrumented twin built with the same options (for a framework wrapper, its
+    inner ``jax.jit`` is), and everything is put back on exit. Yields the names adopted. A function held only
+    in a local variable or another object cannot be reached (enter the watch before ``jax.jit`` for those).
+
+    Example:
+        >>> import jax, jax.numpy as jnp, os, sys, tempfile, types
+        >>> program = types.ModuleType("program")
+        >>> program.__file__ = os.path.join(tempfile.mkdtemp(), "program.py")
+        >>> program.step = jax.jit(lambda x: x + 1)      # jitted before any hook, as at module level
+        >>> sys.modules["program"] = program
+        >>> class Count(JitHook):
+        ...     def after(self, call, out):
+        ...         print("watched call", call.index)
+        >>> with installed(Count()), adopted() as names:
+        ...     _ = program.step(jnp.ones(2))
+        watched call 0
+        >>> names, isinstance(program.step, InstrumentedJit)     # put back on exit
+        (['step'], False)
+        >>> del sys.modules["program"]
+    """
+    layer = _layer
+    undo: list[tuple[Any, str, Any]] = []
+    names: list[str] = []
+    if layer is not None:
+        for module in list(sys.modules.values()):
+            if is_user_file(getattr(module, "__file__", None)) and isinstance(getattr(module, "__dict__", None), dict):
+                for name, restore in _adopt_in(module.__dict__, layer):
+                    undo.append(restore)
+                    names.append(name)
+    try:
+        yield names
+    finally:
+        for owner, name, original in reversed(undo):
+            if isinstance(owner, dict):
+                owner[name] = original
+            else:
+                object.__setattr__(owner, name, original)
+
+
+def _adopt_in(namespace: dict, layer: _Layer) -> list[tuple[str, tuple[Any, str, Any]]]:
+    """Swap the jitted functions bound in ``namespace`` for instrumented twins; ``(name, undo)`` for each."""
+    done = []
+    for name, value in list(namespace.items()):
+        if isinstance(value, InstrumentedJit):
+            continue
+        twin = _twin(layer, value, None)
+        if twin is not None:
+            namespace[name] = twin
+            done.append((name, (namespace, name, value)))
+            continue
+        module = type(value).__module__ or ""
+        if not module.startswith(("flax.", "equinox.")):
+            continue
+        for attribute in _INNER_JIT_ATTRIBUTES:
+            inner = getattr(value, attribute, None)
+            user = getattr(value, "fun", None) or getattr(value, "__wrapped__", None)
+            twin = _twin(layer, inner, user) if inner is not None else None
+            if twin is not None:
+                object.__setattr__(value, attribute, twin)  # Equinox modules are frozen dataclasses
+                done.append((name, (value, attribute, inner)))
+    return done
+
+
+def _twin(layer: _Layer, value: Any, user_fun: Any) -> InstrumentedJit | None:
+    """An instrumented ``jax.jit`` of the same function with the same options, or None (not a jax.jit object,
+    or options that cannot be carried over)."""
+    rebuilt = _compat.jit_options(value)
+    if rebuilt is None:
+        return None
+    fun, options = rebuilt
+    jitted = layer.real_jit(fun, **options)
+    record = layer._record(user_fun if user_fun is not None else fun)
+    twin = InstrumentedJit(layer, jitted, fun, options, record)
+    for hook in list(layer.hooks):
+        hook.on_jit(twin)
+    return twin
 
 
 @contextlib.contextmanager

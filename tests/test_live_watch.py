@@ -101,8 +101,55 @@ def test_log_action_goes_on_and_metrics_are_served(tmp_path, caplog):
 def test_a_watch_that_saw_no_jitted_function_says_so(caplog):
     early = jax.jit(lambda x: jnp.log(x))
     with caplog.at_level(logging.WARNING, logger="jaxdbg"), jaxdbg.watch():
-        early(jnp.array(-1.0))  # jitted before the watch: not watched
-    assert "functions jitted before it began are not watched" in caplog.text
+        early(jnp.array(-1.0))  # jitted before the watch and held in a local variable: not reachable
+    assert "no jitted function was watched" in caplog.text
+
+
+MODULE_LEVEL = """
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+
+@jax.jit
+def scale(x, factor):
+    return x * factor
+
+
+@eqx.filter_jit
+def normalise(x, eps):
+    return x / jnp.sqrt(jnp.sum(x * x) + eps)
+
+
+class Linear(nnx.Module):
+    def __init__(self):
+        self.w = nnx.Param(jnp.ones((4, 4)))
+
+
+@nnx.jit
+def apply(model, x):
+    return jnp.log(x @ model.w)  # <- origin
+"""
+
+
+def test_functions_jitted_at_module_level_before_the_watch_are_watched_and_put_back(tmp_path, monkeypatch):
+    (tmp_path / "module_level.py").write_text(MODULE_LEVEL)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import module_level  # jitted at import, before any watch: the usual way
+
+    originals = (module_level.scale, module_level.normalise._cached, module_level.apply.jitted_fn)
+    model = module_level.Linear()
+    with pytest.raises(jaxdbg.NonFiniteError) as raised, jaxdbg.watch(out=str(tmp_path / "w")) as guard:
+        x = module_level.normalise(module_level.scale(jnp.ones((2, 4)), 2.0), 0.0)
+        module_level.apply(model, x)
+        module_level.apply(model, -x)  # log of a negative: NaN at the origin line, call 1 of apply
+    first = raised.value.report["first"]
+    assert (first["primitive"], first["function"], first["call_index"]) == ("log", "apply", 1)
+    origin = next(i for i, text in enumerate(MODULE_LEVEL.splitlines(), 1) if "<- origin" in text)
+    assert (Path(first["source"]["file"]).name, first["source"]["line"]) == ("module_level.py", origin)
+    assert (module_level.scale, module_level.normalise._cached, module_level.apply.jitted_fn) == originals
+    assert not guard.reports[1:]
 
 
 def test_bad_options_are_one_clear_usage_error():

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxdbg import frameworks
 from jaxdbg.jit_layer import InstrumentedJit, JitCall
 from jaxdbg.live.figures import Figures
 from jaxdbg.nan.watch import EagerFinding, JitFinding, Watch
@@ -115,6 +116,8 @@ class LiveHook(Watch):
         previous, self._pending = self._pending, (call, out)
         if previous is not None:
             self._check(*previous)
+        if frameworks.traces_only_in_its_call(call.function.fun):  # an analysis later could not trace it
+            self.flush()
 
     def flush(self) -> None:
         """Read the flags of the latest call (the watch is ending)."""

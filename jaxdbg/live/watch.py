@@ -99,6 +99,7 @@ class watch(contextlib.ContextDecorator):
         stack = contextlib.ExitStack()
         stack.enter_context(compile_spans(hook))
         stack.enter_context(jit_layer.installed(hook))
+        stack.enter_context(jit_layer.adopted())  # functions jitted before, at module level: watched too
         if self.metrics_port is not None:
             from jaxdbg.live.metrics import WatchCollector
             from jaxdbg.metrics.live import serve
@@ -117,8 +118,9 @@ class watch(contextlib.ContextDecorator):
             if kind is None:
                 state.hook.flush()  # the latest call's flags: may raise NonFiniteError
                 if not state.hook.functions:
-                    log.warning("jaxdbg.watch: no function was jitted while the watch was on, so nothing was "
-                                "checked; functions jitted before it began are not watched (enter it first)")
+                    log.warning("jaxdbg.watch: no jitted function was watched, so nothing was checked: functions "
+                                "jitted before the watch began are watched only when bound to a global name of the "
+                                "program's modules (enter the watch first for the others)")
         finally:
             self._states.pop()
             state.stack.close()
