@@ -231,24 +231,10 @@ def _inputs(names: tuple[str, ...], op: FailedOperation, recorded: bool) -> tupl
             arrays[name] = bits
             loads.append(f"{name} = _inputs[{name!r}]" + (f".view(jnp.{special})" if special else ""))
             continue
-        assign.append(f"{name} = np.zeros({shape!r}, dtype={dtype_text(dtype)})")
+        assign.append(f"{name} = np.zeros({shape!r}, dtype={dtype_expr(dtype)})")
     if loads:
         loads.insert(0, f'_inputs = np.load((__file__.rpartition("/")[0] or ".") + "/{INPUTS_FILE}")')
     return loads + assign, arrays
-
-
-def dtype_text(dtype: Any) -> str:
-    """``np.float32``, ``jnp.bfloat16``: the emitter's spelling, and jnp's for the ml_dtypes types (bfloat16,
-    float8_*, int4) that the emitter refuses (numpy files them as kind 'V', like raw bytes)."""
-    try:
-        return dtype_expr(dtype)
-    except EmitError:
-        import jax.numpy as jnp
-
-        name = np.dtype(dtype).name
-        if getattr(jnp, name, None) is not None and np.dtype(getattr(jnp, name)) == np.dtype(dtype):
-            return f"jnp.{name}"
-        raise
 
 
 def _docstring(op: FailedOperation, exc_type: str, origin: str, recorded: bool) -> str:

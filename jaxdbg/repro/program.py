@@ -108,7 +108,7 @@ def build_program(graph: Graph, cand: Candidate, criterion: Criterion, origin: s
     for name, var in zip(emitted.arg_names, inputs):
         value = np.asarray(cand.values[var])
         try:
-            assign.append(f"{name} = {value_expr(value)}")
+            assign.append(f"{name} = {array_expr(value)}")
         except EmitError:
             arrays[name], special = storable(value)  # bfloat16 travels as its bits (npz keeps no ml_dtypes)
             assign.append(f"{name} = _inputs[{name!r}]" + (f".view(jnp.{special})" if special else ""))
@@ -129,19 +129,6 @@ def build_program(graph: Graph, cand: Candidate, criterion: Criterion, origin: s
     lines += ["", emitted.source, *assign]
     lines += _check_lines(criterion, args)
     return ReproProgram("\n".join(lines) + "\n", arrays, len(cand.nodes), emitted)
-
-
-def value_expr(value: np.ndarray) -> str:
-    """``array_expr``, and for bfloat16 (and the other ml_dtypes floats, which the emitter does not spell) the
-    float32 array of the same values cast back: exact, as each of them is a float32 value."""
-    try:
-        return array_expr(value)
-    except EmitError:
-        special = storable(value)[1]
-        wide = value.astype(np.float32) if special else None
-        if wide is None or not np.array_equal(wide.astype(value.dtype).astype(np.float32), wide, equal_nan=True):
-            raise
-        return f"{array_expr(wide)}.astype(jnp.{special})"
 
 
 def _failure_words(criterion: Criterion) -> str:
