@@ -12,6 +12,8 @@ import shutil
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -119,6 +121,56 @@ def test_the_program_reduced_at_the_users_level_points_at_the_users_line(shape_e
     signature = report["result"]["signature"]
     run = run_alone(out / "repro_source.py", tmp_path)
     assert run.returncode != 0 and raised(run) == (signature["type"], signature["message"])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# A shape error raised by jax.numpy itself (before any primitive): cut to that one call
+# ----------------------------------------------------------------------------------------------------------
+
+
+def test_a_jnp_level_shape_error_becomes_that_one_call_in_bf16(tmp_path):
+    """Flax Linen LM, bf16 compute: 100 features split into 8 heads of 12 fails in jnp's reshape check."""
+    pytest.importorskip("flax")
+    program = os.path.join(CORPUS, "linen_lm_heads", "train.py")
+    code, report, out = repro(tmp_path, program, "--max-time", "20")
+    result = report["result"]
+    assert code == 0 and result["verified"] and result["strategy"] == "computation"
+    assert result["failing_primitives"] == ["Array.reshape"] and result["minimized"]["equations"] == 1
+    assert result["signature"]["type"] == "TypeError" and "cannot reshape array" in result["signature"]["message"]
+    line = line_of(program, "# split into heads")
+    assert (result["signature"]["location"]["file"], result["signature"]["location"]["line"]) == (program, line)
+    text = (out / "repro.py").read_text()
+    assert count_lines(text) <= 15 and imports_of(out / "repro.py") <= {"jax", "numpy"}
+    assert "a.reshape(1, 16, 8, 12)" in text and "dtype=jnp.bfloat16" in text and f"train.py:{line}" in text
+    run = run_alone(out / "repro.py", tmp_path)
+    assert run.returncode != 0 and raised(run) == ("TypeError", result["signature"]["message"])
+
+
+JNP_RAISES = {  # jax.numpy / jax.nn functions that check their arguments themselves
+    "jnp.einsum": lambda x: jnp.einsum("bqd,bkd->bqk", x, jnp.ones((2, 5, 3))),
+    "jnp.split": lambda x: jnp.split(x, 3, axis=-1),
+    "jnp.take_along_axis": lambda x: jnp.take_along_axis(x, jnp.zeros((2, 4), jnp.int32), axis=-1),
+    "jax.nn.dot_product_attention": lambda x: jax.nn.dot_product_attention(
+        x[..., None], jnp.ones((2, 5, 3, 1)), jnp.ones((2, 5, 3, 1))),
+}
+
+
+@pytest.mark.parametrize("spelling", sorted(JNP_RAISES))
+def test_a_jnp_call_that_raises_by_itself_is_written_as_that_call(spelling, tmp_path):
+    from jaxdbg.repro.operation import cut_operation
+
+    filtering = jax.config.jax_traceback_filtering
+    jax.config.update("jax_traceback_filtering", "off")  # as in the contained runs: the frames must be there
+    try:
+        with pytest.raises((TypeError, ValueError)) as caught:
+            jax.jit(JNP_RAISES[spelling])(jnp.ones((2, 4, 4)))
+    finally:
+        jax.config.update("jax_traceback_filtering", filtering)
+    err = caught.value
+    summary = cut_operation(err, str(tmp_path), type(err).__name__, normalise_message(str(err)), "jit(step)")
+    assert summary.ok and summary.primitives == [spelling], summary.reason
+    text = (tmp_path / "repro.py").read_text()
+    assert f"return {spelling}(" in text and count_lines(text) <= 15 and "test_corpus_repro.py:" in text
 
 
 # ----------------------------------------------------------------------------------------------------------
