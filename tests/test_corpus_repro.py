@@ -124,6 +124,27 @@ def test_the_program_reduced_at_the_users_level_points_at_the_users_line(shape_e
 
 
 # ----------------------------------------------------------------------------------------------------------
+# A NaN in a framework program: cut to the operation that made it
+# ----------------------------------------------------------------------------------------------------------
+
+
+def test_a_vae_nan_after_a_fori_loop_is_cut_to_the_multiplication_that_made_it(tmp_path):
+    """Plain JAX + Optax VAE: a -inf bias (log-odds of a pixel never on) makes p = 0, and x * log(p) with
+    x = 0 is NaN after the fori_loop. The program's own inputs hold -inf (the bias), its jaxpr PRNG keys:
+    the cut still starts from no NaN and ends at the one multiplication."""
+    program = os.path.join(CORPUS, "vae_fori_nan", "train.py")
+    code, report, out = repro(tmp_path, program, "--max-time", "200")
+    result = report["result"]
+    assert code == 0 and result["verified"] and result["strategy"] == "computation"
+    assert result["signature"]["kind"] == "nonfinite" and result["failing_primitives"] == ["mul"]
+    text = (out / "repro.py").read_text()
+    assert count_lines(text) <= 15 and imports_of(out / "repro.py") <= {"jax", "numpy"}
+    assert f"train.py:{line_of(program, '# the NaN: 0 * log(0)')}" in text and "'-inf'" in text
+    run = run_alone(out / "repro.py", tmp_path)
+    assert run.returncode != 0 and "produced NaN" in run.stderr
+
+
+# ----------------------------------------------------------------------------------------------------------
 # A shape error raised by jax.numpy itself (before any primitive): cut to that one call
 # ----------------------------------------------------------------------------------------------------------
 

@@ -104,3 +104,13 @@ def test_inputs_of_a_scan_keep_their_shapes_so_the_written_scan_still_runs(tmp_p
     path = tmp_path / "repro.py"
     path.write_text(program.source)
     assert program_fails(str(path), criterion)
+
+
+def test_a_nan_birth_may_start_from_the_programs_inf_but_never_from_a_nan():
+    """Where the program's own inputs hold Inf (a -inf bias), a cut may start from an Inf (0 * -inf is the
+    birth) but not from a NaN it would only pass on."""
+    criterion = Criterion("nonfinite", what="NaN", allow_nonfinite_inputs=True)
+    assert criterion.failing_index(lambda a, b: [a * b], [np.float32(0.0), np.float32(-np.inf)]) == ()
+    assert criterion.failing_index(lambda a: [a + 1.0], [np.float32(np.nan)]) is None
+    strict = Criterion("nonfinite", what="NaN")
+    assert strict.failing_index(lambda a, b: [a * b], [np.float32(0.0), np.float32(-np.inf)]) is None

@@ -63,8 +63,7 @@ class Criterion:
 
     def failing_index(self, fn: Callable, args: Sequence[Any]) -> tuple | None:
         """None if the candidate does not fail; else the index of a failing element of its first output."""
-        if self.kind == "nonfinite" and not self.allow_nonfinite_inputs and any(
-                inexact(np.asarray(a).dtype) and not np.isfinite(a).all() for a in args):
+        if self.kind == "nonfinite" and any(self.rejects_input(np.asarray(a)) for a in args):
             return None
         try:
             outs = jax.jit(fn)(*args)
@@ -81,6 +80,16 @@ class Criterion:
                     and normalise_message(str(err)) == self.exc_message):
                 return ()
             return None
+
+
+    def rejects_input(self, value: np.ndarray) -> bool:
+        """An input a NaN/Inf birth may not start from: any non-finite one, or where the program's own inputs
+        hold Inf (a -inf bias), one holding a NaN (the cut would otherwise start from a NaN it only passes on)."""
+        if not inexact(value.dtype):
+            return False
+        if self.allow_nonfinite_inputs:
+            return self.what == "NaN" and bool(np.isnan(value).any())
+        return not bool(np.isfinite(value).all())
 
 
 def inexact(dtype: Any) -> bool:
@@ -191,6 +200,8 @@ class Cutter:
     def run(self) -> Candidate:
         every = range(len(self.graph.nodes))
         start = self.test(self.make(every, self.graph.outvars))
+        if start is None and self.out_of_time():
+            raise CutError("no time was left to replay the captured computation (raise --max-time)")
         if start is None:
             raise CutError("the captured computation does not fail when replayed from its jaxpr")
         cand = self.one_output(start)
@@ -213,12 +224,13 @@ class Cutter:
         return cand
 
     def single_node(self, cand: Candidate) -> Candidate | None:
-        """NaN/Inf: the first node whose recorded output is non-finite while its recorded inputs are finite."""
+        """NaN/Inf: the first node whose recorded output is non-finite while its recorded inputs are finite (or,
+        where the program's own inputs hold Inf, free of NaN)."""
         if self.criterion.kind != "nonfinite":
             return None
         for i in cand.nodes:
             node = self.graph.nodes[i]
-            if not all(_finite(self._value(a)) for a in node.invars):
+            if any(self.criterion.rejects_input(np.asarray(self._value(a))) for a in node.invars):
                 continue
             for out in node.outvars:
                 if out in self.recorded and not _finite(self.recorded[out]):
