@@ -237,6 +237,28 @@ class Cutter:
                     found = self.test(self.make([i], [out]))
                     if found is not None:
                         return found
+        return self.birth_chain(cand)
+
+    def birth_chain(self, cand: Candidate, depth: int = 8) -> Candidate | None:
+        """The first node whose output holds the NaN (Inf) looked for, with the nodes that made the other
+        non-finite values it was given (``0.5 / sqrt(0)`` = inf, then ``0 * inf``): a chain from finite inputs."""
+        made = {var: i for i in cand.nodes for var in self.graph.nodes[i].outvars}
+        for i in cand.nodes:
+            outs = [o for o in self.graph.nodes[i].outvars if o in self.recorded
+                    and _holds(self.recorded[o], self.criterion.what)]
+            if not outs:
+                continue
+            chain, frontier = {i}, [i]
+            for _ in range(depth):
+                bad = [a for k in frontier for a in self.graph.nodes[k].invars
+                       if isinstance(a, Var) and self.criterion.rejects_input(np.asarray(self._value(a)))]
+                if not bad:
+                    break
+                if any(a not in made for a in bad):
+                    return None
+                frontier = [made[a] for a in bad if made[a] not in chain]
+                chain.update(frontier)
+            return self.test(self.make(sorted(chain), outs[:1]))
         return None
 
     def earliest_output(self, cand: Candidate) -> Candidate | None:
@@ -344,6 +366,13 @@ def _holds_program(param: Any) -> bool:
     """A primitive parameter that is (or lists) a jaxpr: the node runs an inner program."""
     items = param if isinstance(param, (tuple, list)) else (param,)
     return any(hasattr(item, "eqns") or hasattr(getattr(item, "jaxpr", None), "eqns") for item in items)
+
+
+def _holds(value: Any, what: str) -> bool:
+    value = np.asarray(value)
+    if not inexact(value.dtype):
+        return False
+    return bool(np.isnan(value).any() if what == "NaN" else np.isinf(value).any())
 
 
 def _finite(value: Any) -> bool:

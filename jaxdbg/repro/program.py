@@ -27,6 +27,7 @@ Example:
 from __future__ import annotations
 
 import os
+import re
 import runpy
 from dataclasses import dataclass, field
 
@@ -122,7 +123,8 @@ def build_program(graph: Graph, cand: Candidate, criterion: Criterion, origin: s
              if sources else "")
     doc = (f'"""jaxdbg repro: {what} (cut from {original_equations} equations of {origin} to {len(cand.nodes)}).\n'
            f'{where}\n`python {REPRO_FILE}` fails with {_expected(criterion)} while the bug is present.\n"""\n')
-    wide = any(np.asarray(cand.values[v]).dtype.itemsize == 8 for v in inputs) or "64" in emitted.source
+    wide = (any(np.asarray(cand.values[v]).dtype.itemsize == 8 for v in inputs)
+            or re.search(r"\b(float|int|uint|complex)(64|128)\b", emitted.source) is not None)  # not a 64 in a shape
     lines = [doc + HEADER + (PRIMS_IMPORT if emitted.uses_prims else "")]
     if wide:
         lines.append('jax.config.update("jax_enable_x64", True)\n')
