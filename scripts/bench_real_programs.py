@@ -74,6 +74,7 @@ CASES = [
          argument="model.bn.use_running_average"),
     Case("nnx_lm_shape", "repro", "dot_general", "# attention output projection"),
     Case("eqx_gru_shape", "repro", "dot_general", "# one GRU step per time step"),
+    Case("nnx_cnn_sibling", "repro", "dot_general"),
     Case("linen_lm_heads", "repro", "Array.reshape", "# split into heads"),
     Case("vae_fori_nan", "repro", "mul"),
     Case("optax_multisteps_l2sp_nan", "repro", "div"),
