@@ -144,6 +144,40 @@ def test_a_vae_nan_after_a_fori_loop_is_cut_to_the_multiplication_that_made_it(t
     assert run.returncode != 0 and "produced NaN" in run.stderr
 
 
+def test_an_optax_multisteps_nan_in_the_gradient_is_cut_to_the_chain_that_made_it(tmp_path):
+    """Optax warmup-cosine + clip_by_global_norm + MultiSteps, an L2-SP penalty ||params - pretrained|| at
+    distance 0: 0.5 / sqrt(0) = inf, then 0 * inf = NaN in the gradient. The first train_step's computation
+    (210 equations, optax's state included), cut in this process as the cut child would, becomes that chain."""
+    import importlib.util
+
+    from jaxdbg.repro.cut import Criterion, Cutter
+    from jaxdbg.repro.graph import flatten, record
+    from jaxdbg.repro.program import build_program, can_emit, program_fails
+    from jaxdbg.repro.watch import trace_flat
+
+    path = os.path.join(CORPUS, "optax_multisteps_l2sp_nan", "train.py")
+    spec = importlib.util.spec_from_file_location("optax_multisteps_l2sp_nan", path)
+    program = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(program)
+    pretrained = program.init_mlp(jax.random.PRNGKey(0), [program.FEATURES, program.HIDDEN, program.CLASSES])
+    params = jax.tree.map(jnp.copy, pretrained)
+    x, labels = program.clusters(np.random.default_rng(0), 32)
+    args = (params, program.optimizer.init(params), pretrained, jnp.asarray(x), jnp.asarray(labels))
+    closed, flat = trace_flat(program.train_step, {}, args, {})
+    graph, consts = flatten(closed)
+    criterion = Criterion("nonfinite", what="NaN")
+    cutter = Cutter(graph, record(graph, flat, consts), criterion, emittable=lambda c: can_emit(graph, c))
+    best = cutter.run()
+    assert [graph.nodes[i].name for i in best.nodes][:2] == ["div", "mul"] and len(best.nodes) <= 4
+    written = build_program(graph, best, criterion, "jit(train_step)", len(graph.nodes))
+    (tmp_path / "repro.py").write_text(written.source)
+    assert count_lines(written.source) <= 15 and imports_of(tmp_path / "repro.py") <= {"jax", "numpy"}
+    assert f"train.py:{line_of(path, '# the NaN: d sqrt at 0')}" in written.source
+    assert program_fails(str(tmp_path / "repro.py"), criterion)
+    run = run_alone(tmp_path / "repro.py", tmp_path)
+    assert run.returncode != 0 and "produced NaN" in run.stderr
+
+
 # ----------------------------------------------------------------------------------------------------------
 # A shape error raised by jax.numpy itself (before any primitive): cut to that one call
 # ----------------------------------------------------------------------------------------------------------

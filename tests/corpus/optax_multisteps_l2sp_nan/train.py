@@ -2,7 +2,7 @@
 ``warmup_cosine_decay_schedule``, ``clip_by_global_norm`` chained before AdamW, and ``optax.MultiSteps`` to
 accumulate gradients over 4 micro-batches (a larger effective batch on a small device). To stay close to
 the pretrained weights, the loss adds an L2-SP penalty: the distance ``||params - pretrained||`` measured
-with ``optax.global_norm``.
+with ``optax.tree.norm``.
 
 The bug: at the first step the parameters *are* the pretrained ones, the distance is exactly 0, and the
 gradient of a square root at 0 is 0 * inf = NaN. The loss is finite (the penalty is 0), but the gradients
@@ -35,7 +35,7 @@ def forward(params, x):
 
 def loss_fn(params, pretrained, x, labels):
     ce = optax.softmax_cross_entropy_with_integer_labels(forward(params, x), labels).mean()
-    drift = optax.global_norm(jax.tree.map(jnp.subtract, params, pretrained))  # the NaN: d sqrt at 0
+    drift = optax.tree.norm(jax.tree.map(jnp.subtract, params, pretrained))  # the NaN: d sqrt at 0
     return ce + L2SP * drift
 
 
@@ -71,4 +71,4 @@ if __name__ == "__main__":
         x, labels = clusters(rng, 32)
         params, opt_state, loss = train_step(params, opt_state, pretrained, jnp.asarray(x), jnp.asarray(labels))
         if step % ACCUMULATE == ACCUMULATE - 1:
-            print(step, float(loss), float(optax.global_norm(params)))
+            print(step, float(loss), float(optax.tree.norm(params)))
