@@ -128,53 +128,63 @@ def test_the_program_reduced_at_the_users_level_points_at_the_users_line(shape_e
 # ----------------------------------------------------------------------------------------------------------
 
 
-def test_a_vae_nan_after_a_fori_loop_is_cut_to_the_multiplication_that_made_it(tmp_path):
-    """Plain JAX + Optax VAE: a -inf bias (log-odds of a pixel never on) makes p = 0, and x * log(p) with
-    x = 0 is NaN after the fori_loop. The program's own inputs hold -inf (the bias), its jaxpr PRNG keys:
-    the cut still starts from no NaN and ends at the one multiplication."""
-    program = os.path.join(CORPUS, "vae_fori_nan", "train.py")
-    code, report, out = repro(tmp_path, program, "--max-time", "200")
-    result = report["result"]
-    assert code == 0 and result["verified"] and result["strategy"] == "computation"
-    assert result["signature"]["kind"] == "nonfinite" and result["failing_primitives"] == ["mul"]
-    text = (out / "repro.py").read_text()
-    assert count_lines(text) <= 15 and imports_of(out / "repro.py") <= {"jax", "numpy"}
-    assert f"train.py:{line_of(program, '# the NaN: 0 * log(0)')}" in text and "'-inf'" in text
-    run = run_alone(out / "repro.py", tmp_path)
-    assert run.returncode != 0 and "produced NaN" in run.stderr
-
-
-def test_an_optax_multisteps_nan_in_the_gradient_is_cut_to_the_chain_that_made_it(tmp_path):
-    """Optax warmup-cosine + clip_by_global_norm + MultiSteps, an L2-SP penalty ||params - pretrained|| at
-    distance 0: 0.5 / sqrt(0) = inf, then 0 * inf = NaN in the gradient. The first train_step's computation
-    (210 equations, optax's state included), cut in this process as the cut child would, becomes that chain."""
+def cut_first_step(tmp_path, program: str, make_args):
+    """The program's first ``train_step`` captured and cut as repro's cut child does (``cut_captured``, which
+    writes repro.py and checks it), here in this process: (summary, repro.py's path, the program's path)."""
     import importlib.util
+    import time
 
-    from jaxdbg.repro.cut import Criterion, Cutter
-    from jaxdbg.repro.graph import flatten, record
-    from jaxdbg.repro.program import build_program, can_emit, program_fails
-    from jaxdbg.repro.watch import trace_flat
+    from jaxdbg.repro.cutting import cut_captured
+    from jaxdbg.repro.jobs import CutRequest, RunRequest
+    from jaxdbg.repro.messages import FailureSeen
+    from jaxdbg.repro.watch import Captured, trace_flat
 
-    path = os.path.join(CORPUS, "optax_multisteps_l2sp_nan", "train.py")
-    spec = importlib.util.spec_from_file_location("optax_multisteps_l2sp_nan", path)
-    program = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(program)
-    pretrained = program.init_mlp(jax.random.PRNGKey(0), [program.FEATURES, program.HIDDEN, program.CLASSES])
+    path = os.path.join(CORPUS, program, "train.py")
+    spec = importlib.util.spec_from_file_location(program, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    closed, flat = trace_flat(module.train_step, {}, make_args(module), {})
+    seen = FailureSeen("nonfinite", "train_step", 0, "jitted function produced NaN", what="NaN")
+    request = CutRequest(RunRequest(script=path), str(tmp_path), str(tmp_path / "progress"), budget_s=120)
+    summary = cut_captured(Captured("train_step", closed, flat, seen), request, time.perf_counter() + 120)
+    return summary, tmp_path / "repro.py", path
+
+
+def vae_args(vae):
+    data = vae.binarised_digits(np.random.default_rng(0), 64)
+    params = vae.init_params(jax.random.PRNGKey(0), jnp.asarray(data.mean(axis=0)))
+    return params, vae.optimizer.init(params), jnp.asarray(data[:32]), jax.random.PRNGKey(1)
+
+
+def l2sp_args(l2sp):
+    pretrained = l2sp.init_mlp(jax.random.PRNGKey(0), [l2sp.FEATURES, l2sp.HIDDEN, l2sp.CLASSES])
     params = jax.tree.map(jnp.copy, pretrained)
-    x, labels = program.clusters(np.random.default_rng(0), 32)
-    args = (params, program.optimizer.init(params), pretrained, jnp.asarray(x), jnp.asarray(labels))
-    closed, flat = trace_flat(program.train_step, {}, args, {})
-    graph, consts = flatten(closed)
-    criterion = Criterion("nonfinite", what="NaN")
-    cutter = Cutter(graph, record(graph, flat, consts), criterion, emittable=lambda c: can_emit(graph, c))
-    best = cutter.run()
-    assert [graph.nodes[i].name for i in best.nodes][:2] == ["div", "mul"] and len(best.nodes) <= 4
-    written = build_program(graph, best, criterion, "jit(train_step)", len(graph.nodes))
-    (tmp_path / "repro.py").write_text(written.source)
-    assert count_lines(written.source) <= 15 and imports_of(tmp_path / "repro.py") <= {"jax", "numpy"}
-    assert f"train.py:{line_of(path, '# the NaN: d sqrt at 0')}" in written.source
-    assert program_fails(str(tmp_path / "repro.py"), criterion)
-    run = run_alone(tmp_path / "repro.py", tmp_path)
+    x, labels = l2sp.clusters(np.random.default_rng(0), 32)
+    return params, l2sp.optimizer.init(params), pretrained, jnp.asarray(x), jnp.asarray(labels)
+
+
+NAN_PROGRAMS = [
+    # Plain JAX + Optax VAE: a -inf bias (log-odds of a pixel never on) makes p = 0, and x * log(p) with x = 0
+    # is NaN after the fori_loop. The inputs hold -inf (the bias), the jaxpr PRNG keys: the cut still starts
+    # from no NaN and ends at the one multiplication.
+    ("vae_fori_nan", vae_args, "# the NaN: 0 * log(0)", ["mul"]),
+    # Optax warmup-cosine + clip_by_global_norm + MultiSteps, an L2-SP penalty ||params - pretrained|| at
+    # distance 0: 0.5 / sqrt(0) = inf, then 0 * inf = NaN in the gradient; neither alone fails from finite
+    # inputs, the chain does (optax's whole update cut away).
+    ("optax_multisteps_l2sp_nan", l2sp_args, "# the NaN: d sqrt at 0", ["div", "mul", "broadcast_in_dim", "mul"]),
+]
+
+
+@pytest.mark.parametrize("program, make_args, marker, primitives", NAN_PROGRAMS, ids=[p[0] for p in NAN_PROGRAMS])
+def test_a_nan_in_a_framework_program_is_cut_to_the_operations_that_made_it(program, make_args, marker, primitives,
+                                                                           tmp_path):
+    summary, written, path = cut_first_step(tmp_path, program, make_args)
+    assert summary.ok and summary.self_check and summary.primitives == primitives, summary.reason
+    assert summary.equations_original > 150  # the whole step: forward, backward and the optimiser update
+    text = written.read_text()
+    assert count_lines(text) <= 15 and imports_of(written) <= {"jax", "numpy"}
+    assert f"train.py:{line_of(path, marker)}" in text
+    run = run_alone(written, tmp_path)
     assert run.returncode != 0 and "produced NaN" in run.stderr
 
 
