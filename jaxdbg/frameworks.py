@@ -75,6 +75,9 @@ def user_arguments(fun: Any, args: tuple, kwargs: dict) -> list[Argument] | None
     try:
         if _is_filter_jit_inner(fun):
             return _filter_jit_arguments(args, kwargs)
+        inner = getattr(fun, "f", None) if type(fun).__name__ == "SimpleJitPartialFn" else fun  # jax.jit's target
+        if _is_jit_partial_inner(inner):
+            return _jit_partial_arguments(inner, args, kwargs)
     except Exception:  # noqa: BLE001 - another framework version: fall back to the inner function's view
         return None
     return None
@@ -276,6 +279,28 @@ def _positional_names(fun: Any, count: int) -> list[str]:
             names += [f"{p.name}[{i}]" for i in range(count - len(names))]
     names += [f"args[{i}]" for i in range(len(names), count)]
     return names[:count]
+
+
+def _is_jit_partial_inner(fun: Any) -> bool:
+    """``nnx.jit_partial``'s inner function: ``wrapped_fun(flat_partial_list, *args, **kwargs)`` (jax.jit gets it
+    inside NNX's ``SimpleJitPartialFn``), wrapped to look like the user's function: its signature would name
+    the flat list after the user's first parameter and every later argument one parameter off."""
+    code = getattr(fun, "__code__", None)
+    return (code is not None and str(getattr(code, "co_filename", "")).replace("\\", "/").endswith(
+        "flax/nnx/transforms/compilation.py") and code.co_varnames[:1] == ("flat_partial_list",))
+
+
+def _jit_partial_arguments(fun: Any, args: tuple, kwargs: dict) -> list[Argument] | None:
+    """The bound arguments (``model``, ``optimizer``) rebuilt from the flat list, then the call's own."""
+    import jax
+
+    cells = dict(zip(fun.__code__.co_freevars, (c.cell_contents for c in fun.__closure__ or ())))
+    if "partial_treedef" not in cells or "fun" not in cells or not args:
+        return None
+    bound = jax.tree_util.tree_unflatten(cells["partial_treedef"], list(args[0]))
+    positional = (*bound, *args[1:])
+    out = [Argument(name, value) for name, value in zip(_positional_names(cells["fun"], len(positional)), positional)]
+    return out + [Argument(key, value) for key, value in kwargs.items()]
 
 
 # ---- Flax NNX and flax.struct --------------------------------------------------------------------------------

@@ -12,6 +12,8 @@ import shutil
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -119,6 +121,121 @@ def test_the_program_reduced_at_the_users_level_points_at_the_users_line(shape_e
     signature = report["result"]["signature"]
     run = run_alone(out / "repro_source.py", tmp_path)
     assert run.returncode != 0 and raised(run) == (signature["type"], signature["message"])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# A NaN in a framework program: cut to the operation that made it
+# ----------------------------------------------------------------------------------------------------------
+
+
+def cut_first_step(tmp_path, program: str, make_args):
+    """The program's first ``train_step`` captured and cut as repro's cut child does (``cut_captured``, which
+    writes repro.py and checks it), here in this process: (summary, repro.py's path, the program's path)."""
+    import importlib.util
+    import time
+
+    from jaxdbg.repro.cutting import cut_captured
+    from jaxdbg.repro.jobs import CutRequest, RunRequest
+    from jaxdbg.repro.messages import FailureSeen
+    from jaxdbg.repro.watch import Captured, trace_flat
+
+    path = os.path.join(CORPUS, program, "train.py")
+    spec = importlib.util.spec_from_file_location(program, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    closed, flat = trace_flat(module.train_step, {}, make_args(module), {})
+    seen = FailureSeen("nonfinite", "train_step", 0, "jitted function produced NaN", what="NaN")
+    request = CutRequest(RunRequest(script=path), str(tmp_path), str(tmp_path / "progress"), budget_s=120)
+    summary = cut_captured(Captured("train_step", closed, flat, seen), request, time.perf_counter() + 120)
+    return summary, tmp_path / "repro.py", path
+
+
+def vae_args(vae):
+    data = vae.binarised_digits(np.random.default_rng(0), 64)
+    params = vae.init_params(jax.random.PRNGKey(0), jnp.asarray(data.mean(axis=0)))
+    return params, vae.optimizer.init(params), jnp.asarray(data[:32]), jax.random.PRNGKey(1)
+
+
+def l2sp_args(l2sp):
+    pretrained = l2sp.init_mlp(jax.random.PRNGKey(0), [l2sp.FEATURES, l2sp.HIDDEN, l2sp.CLASSES])
+    params = jax.tree.map(jnp.copy, pretrained)
+    x, labels = l2sp.clusters(np.random.default_rng(0), 32)
+    return params, l2sp.optimizer.init(params), pretrained, jnp.asarray(x), jnp.asarray(labels)
+
+
+NAN_PROGRAMS = [
+    # Plain JAX + Optax VAE: a -inf bias (log-odds of a pixel never on) makes p = 0, and x * log(p) with x = 0
+    # is NaN after the fori_loop. The inputs hold -inf (the bias), the jaxpr PRNG keys: the cut still starts
+    # from no NaN and ends at the one multiplication.
+    ("vae_fori_nan", vae_args, "# the NaN: 0 * log(0)", ["mul"]),
+    # Optax warmup-cosine + clip_by_global_norm + MultiSteps, an L2-SP penalty ||params - pretrained|| at
+    # distance 0: 0.5 / sqrt(0) = inf, then 0 * inf = NaN in the gradient; neither alone fails from finite
+    # inputs, the chain does (optax's whole update cut away).
+    ("optax_multisteps_l2sp_nan", l2sp_args, "# the NaN: d sqrt at 0", ["div", "mul", "broadcast_in_dim", "mul"]),
+]
+
+
+@pytest.mark.parametrize("program, make_args, marker, primitives", NAN_PROGRAMS, ids=[p[0] for p in NAN_PROGRAMS])
+def test_a_nan_in_a_framework_program_is_cut_to_the_operations_that_made_it(program, make_args, marker, primitives,
+                                                                           tmp_path):
+    summary, written, path = cut_first_step(tmp_path, program, make_args)
+    assert summary.ok and summary.self_check and summary.primitives == primitives, summary.reason
+    assert summary.equations_original > 150  # the whole step: forward, backward and the optimiser update
+    text = written.read_text()
+    assert count_lines(text) <= 15 and imports_of(written) <= {"jax", "numpy"}
+    assert f"train.py:{line_of(path, marker)}" in text
+    run = run_alone(written, tmp_path)
+    assert run.returncode != 0 and "produced NaN" in run.stderr
+
+
+# ----------------------------------------------------------------------------------------------------------
+# A shape error raised by jax.numpy itself (before any primitive): cut to that one call
+# ----------------------------------------------------------------------------------------------------------
+
+
+def test_a_jnp_level_shape_error_becomes_that_one_call_in_bf16(tmp_path):
+    """Flax Linen LM, bf16 compute: 100 features split into 8 heads of 12 fails in jnp's reshape check."""
+    pytest.importorskip("flax")
+    program = os.path.join(CORPUS, "linen_lm_heads", "train.py")
+    code, report, out = repro(tmp_path, program, "--max-time", "20")
+    result = report["result"]
+    assert code == 0 and result["verified"] and result["strategy"] == "computation"
+    assert result["failing_primitives"] == ["Array.reshape"] and result["minimized"]["equations"] == 1
+    assert result["signature"]["type"] == "TypeError" and "cannot reshape array" in result["signature"]["message"]
+    line = line_of(program, "# split into heads")
+    assert (result["signature"]["location"]["file"], result["signature"]["location"]["line"]) == (program, line)
+    text = (out / "repro.py").read_text()
+    assert count_lines(text) <= 15 and imports_of(out / "repro.py") <= {"jax", "numpy"}
+    assert "a.reshape(1, 16, 8, 12)" in text and "dtype=jnp.bfloat16" in text and f"train.py:{line}" in text
+    run = run_alone(out / "repro.py", tmp_path)
+    assert run.returncode != 0 and raised(run) == ("TypeError", result["signature"]["message"])
+
+
+JNP_RAISES = {  # jax.numpy / jax.nn functions that check their arguments themselves
+    "jnp.einsum": lambda x: jnp.einsum("bqd,bkd->bqk", x, jnp.ones((2, 5, 3))),
+    "jnp.split": lambda x: jnp.split(x, 3, axis=-1),
+    "jnp.take_along_axis": lambda x: jnp.take_along_axis(x, jnp.zeros((2, 4), jnp.int32), axis=-1),
+    "jax.nn.dot_product_attention": lambda x: jax.nn.dot_product_attention(
+        x[..., None], jnp.ones((2, 5, 3, 1)), jnp.ones((2, 5, 3, 1))),
+}
+
+
+@pytest.mark.parametrize("spelling", sorted(JNP_RAISES))
+def test_a_jnp_call_that_raises_by_itself_is_written_as_that_call(spelling, tmp_path):
+    from jaxdbg.repro.operation import cut_operation
+
+    filtering = jax.config.jax_traceback_filtering
+    jax.config.update("jax_traceback_filtering", "off")  # as in the contained runs: the frames must be there
+    try:
+        with pytest.raises((TypeError, ValueError)) as caught:
+            jax.jit(JNP_RAISES[spelling])(jnp.ones((2, 4, 4)))
+    finally:
+        jax.config.update("jax_traceback_filtering", filtering)
+    err = caught.value
+    summary = cut_operation(err, str(tmp_path), type(err).__name__, normalise_message(str(err)), "jit(step)")
+    assert summary.ok and summary.primitives == [spelling], summary.reason
+    text = (tmp_path / "repro.py").read_text()
+    assert f"return {spelling}(" in text and count_lines(text) <= 15 and "test_corpus_repro.py:" in text
 
 
 # ----------------------------------------------------------------------------------------------------------

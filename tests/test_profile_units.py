@@ -275,3 +275,18 @@ def test_compare_against_another_programs_report_is_noted(tmp_path):
     baseline = load_baseline(str(path))
     assert other_target_note(baseline, "b/train.py") is None  # the same script, elsewhere: fine
     assert "profiled 'a/train.py'" in other_target_note(baseline, "serve.py")
+
+
+def test_op_expressions_name_arguments_as_the_user_does():
+    """jax names entry parameters after mangled argument paths (%params__w1__.1); the op table writes the
+    path the parameter's metadata keeps (params['w1'])."""
+    from jaxdbg.profile.hlo import parse_hlo
+
+    def step(params, x):
+        return (jnp.tanh(x @ params["w1"]) @ params["w2"]).sum()
+
+    params = {"w1": jnp.ones((16, 32)), "w2": jnp.ones((32, 8))}
+    module = parse_hlo(jax.jit(step).lower(params, jnp.ones((4, 16))).compile().as_text())
+    assert set(module.arguments.values()) == {"params['w1']", "params['w2']", "x"}
+    expressions = " ".join(op.expression for op in module.ops.values())
+    assert "params['w1']" in expressions and "params__w1__" not in expressions

@@ -104,3 +104,25 @@ def test_inputs_of_a_scan_keep_their_shapes_so_the_written_scan_still_runs(tmp_p
     path = tmp_path / "repro.py"
     path.write_text(program.source)
     assert program_fails(str(path), criterion)
+
+
+def test_a_nan_birth_may_start_from_the_programs_inf_but_never_from_a_nan():
+    """Where the program's own inputs hold Inf (a -inf bias), a cut may start from an Inf (0 * -inf is the
+    birth) but not from a NaN it would only pass on."""
+    criterion = Criterion("nonfinite", what="NaN", allow_nonfinite_inputs=True)
+    assert criterion.failing_index(lambda a, b: [a * b], [np.float32(0.0), np.float32(-np.inf)]) == ()
+    assert criterion.failing_index(lambda a: [a + 1.0], [np.float32(np.nan)]) is None
+    strict = Criterion("nonfinite", what="NaN")
+    assert strict.failing_index(lambda a, b: [a * b], [np.float32(0.0), np.float32(-np.inf)]) is None
+
+
+def test_a_nan_made_from_an_inf_is_cut_to_the_chain_from_finite_inputs():
+    """The gradient of a norm at 0: 0.5 / sqrt(0) = inf (a div), then times a zero (a mul) is NaN. Neither
+    alone fails from finite inputs; the chain of the two does, with nothing of the rest of the gradient."""
+    def loss(w, w0, x):
+        return jnp.tanh(x @ w).sum() + 0.1 * jnp.sqrt(jnp.sum((w - w0) ** 2))
+
+    w = np.ones((4, 4), np.float32)
+    args = [w, w.copy(), np.ones((2, 4), np.float32)]
+    graph, _, best = _cut(jax.grad(loss), args, Criterion("nonfinite", what="NaN"))
+    assert [graph.nodes[i].name for i in best.nodes][:2] == ["div", "mul"] and len(best.nodes) <= 4

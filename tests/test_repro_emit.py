@@ -84,3 +84,30 @@ def test_parameters_have_public_spellings():
     assert eval(param_expr(dims), {"lax": lax}) == dims
     with pytest.raises(EmitError):
         param_expr(object())
+
+
+def _bf16_dense(x, w):
+    """Mixed precision as Flax writes it (dtype=bfloat16, param_dtype=float32): cast, matmul, cast back."""
+    y = jnp.dot(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)) * jnp.asarray(0.125, jnp.bfloat16)
+    return jax.nn.gelu(y + jnp.arange(y.shape[-1], dtype=jnp.bfloat16)).astype(jnp.float32)
+
+
+def _bf16_constant(x):
+    """A bf16 constant array closed over by the jitted function, and low-precision casts (float8, int4)."""
+    table = jnp.asarray([0.5, -1.25, 2.0, 3.5], jnp.bfloat16)
+    scaled = x.astype(jnp.float8_e4m3fn).astype(jnp.bfloat16) * table + jnp.bfloat16(jnp.inf)
+    return scaled.astype(jnp.float32) + x.astype(jnp.int4).astype(jnp.float32)
+
+
+@pytest.mark.parametrize("fn", [_bf16_dense, _bf16_constant], ids=["cast", "constant"])
+def test_ml_dtypes_in_parameters_and_constants_are_written(fn):
+    rng = np.random.default_rng(1)
+    args = [jnp.asarray(rng.standard_normal((3, 4)), jnp.float32)]
+    if fn is _bf16_dense:
+        args.append(jnp.asarray(rng.standard_normal((4, 4)), jnp.float32))
+    emitted = emit_jaxpr(jax.make_jaxpr(fn)(*args), name="f")
+    namespace = {}
+    exec(compile(emitted.module_source(), "<emitted>", "exec"), namespace)
+    assert "jnp.bfloat16" in emitted.source and _imports(emitted.module_source()) <= {"jax", "numpy"}
+    # both jitted: XLA computes bf16 elementwise chains in f32 when it fuses them, op-by-op rounds each step
+    np.testing.assert_array_equal(np.asarray(jax.jit(namespace["f"])(*args)), np.asarray(jax.jit(fn)(*args)))

@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
@@ -84,14 +85,38 @@ def emit_function(name: str, invars: Sequence[Any], eqns: Sequence[Any], outvars
 
 
 def dtype_expr(dtype: Any) -> str:
-    """``np.float32``, ``jnp.bfloat16``, ...; raises EmitError for extended dtypes (PRNG keys)."""
+    """``np.float32``, and ``jnp.bfloat16`` for the ml_dtypes types (bfloat16, float8_*, int4, ...) numpy files
+    as kind 'V' like raw bytes; raises EmitError for extended dtypes (PRNG keys).
+
+    >>> dtype_expr("float32"), dtype_expr(jnp.bfloat16), dtype_expr(jnp.float8_e4m3fn)
+    ('np.float32', 'jnp.bfloat16', 'jnp.float8_e4m3fn')
+    """
     try:
         dt = np.dtype(dtype)
     except TypeError:
         raise EmitError(f"dtype {dtype} has no numpy spelling") from None
-    if dt.kind == "V" or dt.name.startswith(("key", "void")):
-        raise EmitError(f"dtype {dtype} has no numpy spelling")
-    return f"np.{dt.name}" if hasattr(np, dt.name) and dt.name != "object" else f"jnp.{dt.name}"
+    if dt.kind != "V" and dt.name != "object" and _same_dtype(getattr(np, dt.name, None), dt):
+        return f"np.{dt.name}"
+    if _same_dtype(getattr(jnp, dt.name, None), dt):
+        return f"jnp.{dt.name}"
+    raise EmitError(f"dtype {dtype} has no numpy spelling")
+
+
+def _same_dtype(candidate: Any, dt: np.dtype) -> bool:
+    try:
+        return candidate is not None and np.dtype(candidate) == dt
+    except TypeError:
+        return False
+
+
+def _kind_letter(dtype: Any) -> str:
+    """numpy's kind letter, with the ml_dtypes types filed as the floats/integers they are (numpy says 'V')."""
+    dt = np.dtype(dtype)
+    if dt.kind != "V":
+        return dt.kind
+    if jnp.issubdtype(dt, jnp.floating):
+        return "f"
+    return "u" if jnp.issubdtype(dt, jnp.unsignedinteger) else "i" if jnp.issubdtype(dt, jnp.integer) else "V"
 
 
 def scalar_text(value: Any) -> str:
@@ -109,24 +134,32 @@ def scalar_text(value: Any) -> str:
 
 
 def array_expr(value: np.ndarray, limit: int = MAX_INLINE_ELEMENTS) -> str:
-    """A numpy expression that rebuilds a small array exactly (``np.float32(2.0)``, ``np.full(...)``, ...)."""
+    """A numpy expression that rebuilds a small array exactly (``np.float32(2.0)``, ``np.full(...)``, ...).
+
+    >>> array_expr(np.array([1.5, 2.0], dtype=jnp.bfloat16))
+    'np.array([1.5, 2.0], dtype=jnp.bfloat16)'
+    """
     value = np.asarray(value)
-    dtype = dtype_expr(value.dtype)
+    dtype, kind = dtype_expr(value.dtype), _kind_letter(value.dtype)
     if value.ndim == 0:
         if np.iscomplexobj(value):
             return f"{dtype}({complex(value)!r})"
-        return f"{dtype}({scalar_text(value.item() if value.dtype.kind in 'biu' else float(value))})"
+        text = scalar_text(int(value) if kind in "biu" else float(value))
+        if dtype.startswith("jnp."):  # jnp's scalar types take no strings: 'nan' goes through float()
+            return f"{dtype}({'float(' + text + ')' if text.startswith(chr(39)) else text})"
+        return f"{dtype}({text})"
     flat = value.reshape(-1)
-    if (flat.size and np.all(flat == flat[0])) or (flat.size and value.dtype.kind == "f" and np.all(np.isnan(flat))):
+    if (flat.size and np.all(flat == flat[0])) or (flat.size and kind == "f" and np.all(np.isnan(flat))):
         return f"np.full({tuple(value.shape)}, {array_expr(flat[0])}, dtype={dtype})"
     if flat.size == 0:
         return f"np.zeros({tuple(value.shape)}, dtype={dtype})"
     if flat.size > limit:
         raise EmitError(f"array of {flat.size} elements is too large to write inline")
-    if value.dtype.kind == "f" and not np.all(np.isfinite(value.astype(np.float64))):
+    if kind == "f" and not np.all(np.isfinite(value.astype(np.float64))):
         items = ", ".join(f"float({scalar_text(float(v))})" if not np.isfinite(v) else repr(float(v)) for v in flat)
         return f"np.array([{items}], dtype={dtype}).reshape({tuple(value.shape)})"
-    items = value.astype(np.float64).tolist() if value.dtype.kind == "f" else value.tolist()
+    items = value.astype(np.float64).tolist() if kind == "f" else value.astype(np.int64).tolist() if kind in "iu" \
+        else value.tolist()
     return f"np.array({items!r}, dtype={dtype})"
 
 

@@ -95,6 +95,12 @@ class HloModule:
     frames: dict[int, tuple[int, int]] = field(default_factory=dict)  # frame id -> (location id, parent id)
     locations: dict[int, SourceLocation] = field(default_factory=dict)
     ops: dict[str, HloOp] = field(default_factory=dict)
+    arguments: dict[str, str] = field(default_factory=dict)  # entry parameter -> the user's path (params['w'])
+
+    def readable(self, expression: str) -> str:
+        """``expression`` with the entry parameters jax named after mangled paths (``%params__w1__.1``) written
+        as the user's arguments (``params['w1']``), which their metadata keeps."""
+        return re.sub(r"%([\w.\-]+)", lambda m: self.arguments.get(m.group(1), m.group(0)), expression)
 
     def op(self, name: str) -> HloOp | None:
         """The op behind a profiled name (thunk names may drop a '%' or carry a suffix)."""
@@ -107,11 +113,12 @@ def parse_hlo(text: str) -> HloModule:
     match = _MODULE.match(lines[0]) if lines else None
     module = HloModule(match.group(1) if match else "")
     _parse_tables(lines, module)
-    current = ""
+    current, entry = "", ""
     for line in lines:
         header = _COMPUTATION.match(line)
         if header:
             current = header.group(2)
+            entry = current if header.group(1) else entry
             module.computations[current] = []
             continue
         if not current or line.strip() == "}":
@@ -120,6 +127,8 @@ def parse_hlo(text: str) -> HloModule:
         if inst is not None:
             module.instructions[inst.name] = inst
             module.computations[current].append(inst.name)
+            if current == entry and inst.opcode == "parameter" and inst.op_name:
+                module.arguments[inst.name] = inst.op_name.replace("\\'", "'")
     users: dict[str, list[str]] = {}
     for inst in module.instructions.values():
         for operand in inst.operands:
@@ -129,7 +138,7 @@ def parse_hlo(text: str) -> HloModule:
             op = _describe(module, inst)
             if op.source is None:
                 op = dataclasses.replace(op, source=_neighbour_source(module, inst, users))
-            module.ops[inst.name] = op
+            module.ops[inst.name] = dataclasses.replace(op, expression=module.readable(op.expression))
     return module
 
 

@@ -234,7 +234,8 @@ def op_table(ops: dict[str, OpTotal], module: HloModule | None, top: int, module
         hlo = module.op(name) if module is not None else None
         category = hlo.category if hlo else (total.category or opcode_category(name.split(".")[0]))
         source = (hlo.source if hlo else None) or total.source
-        expression = (hlo.expression if hlo else "") or total.expression
+        expression = (hlo.expression if hlo else "") or (module.readable(total.expression) if module else
+                                                         total.expression)
         rows.append(OpRow(name, category, total.count, total.total_s, total.total_s / grand, source,
                           module_name or (module.name if module else ""), expression))
     return tuple(rows)

@@ -63,8 +63,7 @@ class Criterion:
 
     def failing_index(self, fn: Callable, args: Sequence[Any]) -> tuple | None:
         """None if the candidate does not fail; else the index of a failing element of its first output."""
-        if self.kind == "nonfinite" and not self.allow_nonfinite_inputs and any(
-                inexact(np.asarray(a).dtype) and not np.isfinite(a).all() for a in args):
+        if self.kind == "nonfinite" and any(self.rejects_input(np.asarray(a)) for a in args):
             return None
         try:
             outs = jax.jit(fn)(*args)
@@ -81,6 +80,16 @@ class Criterion:
                     and normalise_message(str(err)) == self.exc_message):
                 return ()
             return None
+
+
+    def rejects_input(self, value: np.ndarray) -> bool:
+        """An input a NaN/Inf birth may not start from: any non-finite one, or where the program's own inputs
+        hold Inf (a -inf bias), one holding a NaN (the cut would otherwise start from a NaN it only passes on)."""
+        if not inexact(value.dtype):
+            return False
+        if self.allow_nonfinite_inputs:
+            return self.what == "NaN" and bool(np.isnan(value).any())
+        return not bool(np.isfinite(value).all())
 
 
 def inexact(dtype: Any) -> bool:
@@ -191,6 +200,8 @@ class Cutter:
     def run(self) -> Candidate:
         every = range(len(self.graph.nodes))
         start = self.test(self.make(every, self.graph.outvars))
+        if start is None and self.out_of_time():
+            raise CutError("no time was left to replay the captured computation (raise --max-time)")
         if start is None:
             raise CutError("the captured computation does not fail when replayed from its jaxpr")
         cand = self.one_output(start)
@@ -213,18 +224,41 @@ class Cutter:
         return cand
 
     def single_node(self, cand: Candidate) -> Candidate | None:
-        """NaN/Inf: the first node whose recorded output is non-finite while its recorded inputs are finite."""
+        """NaN/Inf: the first node whose recorded output is non-finite while its recorded inputs are finite (or,
+        where the program's own inputs hold Inf, free of NaN)."""
         if self.criterion.kind != "nonfinite":
             return None
         for i in cand.nodes:
             node = self.graph.nodes[i]
-            if not all(_finite(self._value(a)) for a in node.invars):
+            if any(self.criterion.rejects_input(np.asarray(self._value(a))) for a in node.invars):
                 continue
             for out in node.outvars:
                 if out in self.recorded and not _finite(self.recorded[out]):
                     found = self.test(self.make([i], [out]))
                     if found is not None:
                         return found
+        return self.birth_chain(cand)
+
+    def birth_chain(self, cand: Candidate, depth: int = 8) -> Candidate | None:
+        """The first node whose output holds the NaN (Inf) looked for, with the nodes that made the other
+        non-finite values it was given (``0.5 / sqrt(0)`` = inf, then ``0 * inf``): a chain from finite inputs."""
+        made = {var: i for i in cand.nodes for var in self.graph.nodes[i].outvars}
+        for i in cand.nodes:
+            outs = [o for o in self.graph.nodes[i].outvars if o in self.recorded
+                    and _holds(self.recorded[o], self.criterion.what)]
+            if not outs:
+                continue
+            chain, frontier = {i}, [i]
+            for _ in range(depth):
+                bad = [a for k in frontier for a in self.graph.nodes[k].invars
+                       if isinstance(a, Var) and self.criterion.rejects_input(np.asarray(self._value(a)))]
+                if not bad:
+                    break
+                if any(a not in made for a in bad):
+                    return None
+                frontier = [made[a] for a in bad if made[a] not in chain]
+                chain.update(frontier)
+            return self.test(self.make(sorted(chain), outs[:1]))
         return None
 
     def earliest_output(self, cand: Candidate) -> Candidate | None:
@@ -332,6 +366,13 @@ def _holds_program(param: Any) -> bool:
     """A primitive parameter that is (or lists) a jaxpr: the node runs an inner program."""
     items = param if isinstance(param, (tuple, list)) else (param,)
     return any(hasattr(item, "eqns") or hasattr(getattr(item, "jaxpr", None), "eqns") for item in items)
+
+
+def _holds(value: Any, what: str) -> bool:
+    value = np.asarray(value)
+    if not inexact(value.dtype):
+        return False
+    return bool(np.isnan(value).any() if what == "NaN" else np.isinf(value).any())
 
 
 def _finite(value: Any) -> bool:

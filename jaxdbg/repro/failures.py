@@ -63,10 +63,11 @@ class Failure:
 
 @lru_cache(maxsize=1)
 def _jax_roots() -> tuple[str, ...]:
-    import jax
-    import jaxlib
+    """Folders of jax, jaxlib and opt_einsum (whose contract_path checks jnp.einsum's operands for jax)."""
+    import importlib.util
 
-    return tuple(os.path.realpath(os.path.dirname(m.__file__)) + os.sep for m in (jax, jaxlib) if m.__file__)
+    specs = [importlib.util.find_spec(name) for name in ("jax", "jaxlib", "opt_einsum")]
+    return tuple(os.path.realpath(os.path.dirname(spec.origin)) + os.sep for spec in specs if spec and spec.origin)
 
 
 _TB_FILE = re.compile(r'^\s*File "([^"]+)", line \d+', re.M)

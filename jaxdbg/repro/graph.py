@@ -151,7 +151,7 @@ def record(graph: Graph, args: Sequence[Any], const_values: Mapping[Var, Any]) -
 
 
 def _dtype(value: Any) -> Any:
-    return getattr(value, "dtype", np.asarray(value).dtype)
+    return value.dtype if hasattr(value, "dtype") else np.asarray(value).dtype  # (a PRNG key has no numpy form)
 
 
 def producers(nodes: Sequence[Node]) -> dict[Var, int]:

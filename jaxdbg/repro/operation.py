@@ -31,7 +31,7 @@ from __future__ import annotations
 import functools
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -43,6 +43,7 @@ from jaxdbg.jaxpr.emit import (
     HEADER,
     PRIMS_IMPORT,
     EmitError,
+    EmittedFunction,
     array_expr,
     dtype_expr,
     emit_function,
@@ -193,34 +194,43 @@ class OperationProgram:
 def operation_programs(op: FailedOperation, exc_type: str, origin: str) -> Iterator[OperationProgram]:
     """Reproducers to try, plainest first: zeros of the recorded shapes and dtypes (a shape or dtype error does
     not depend on values), then the recorded values where the inputs were concrete."""
-    try:
-        if sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in op.avals) > MAX_INPUT_BYTES:
-            return
-    except (TypeError, AttributeError):  # a PRNG key or another value numpy cannot hold: nothing to write
-        return
     invars = tuple(Var(aval) for aval in op.avals)
     eqn = _Equation(op.primitive, op.params, invars, (Var(None),))
     try:
         emitted = emit_function("f", invars, [eqn], list(eqn.outvars))
     except (EmitError, KeyError, TypeError, ValueError, AttributeError):
         return
-    options = [False] + ([True] if any(v is not None for v in op.values) else [])
-    for recorded in options:
+    title = f"{op.primitive.name}({_avals_text(op.avals)})"
+    yield from programs_of(emitted, op.avals, op.values, docstring_parts=(
+        title, "operation", op.source, f"{exc_type} while {op.stage}", origin))
+
+
+def programs_of(emitted: EmittedFunction, avals: list, values: list,
+                docstring_parts: tuple[str, str, SourceLocation | None, str, str]) -> Iterator[OperationProgram]:
+    """``emitted`` called jitted on zeros of ``avals``, then on ``values`` where they were concrete; nothing
+    when the inputs cannot be written (a PRNG key) or are too large to run here."""
+    try:
+        if sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in avals) > MAX_INPUT_BYTES:
+            return
+    except (TypeError, AttributeError):  # a PRNG key or another value numpy cannot hold: nothing to write
+        return
+    for recorded in [False] + ([True] if any(v is not None for v in values) else []):
         try:
-            assign, arrays = _inputs(emitted.arg_names, op, recorded)
+            assign, arrays = write_inputs(emitted.arg_names, avals, values, recorded)
         except EmitError:
             continue
-        doc = _docstring(op, exc_type, origin, recorded)
-        lines = [doc + HEADER + (PRIMS_IMPORT if emitted.uses_prims else "")]
-        if any(np.dtype(a.dtype).itemsize == 8 and np.dtype(a.dtype).kind in "iuf" for a in op.avals):
+        lines = [docstring(*docstring_parts, recorded) + HEADER + (PRIMS_IMPORT if emitted.uses_prims else "")]
+        if any(np.dtype(a.dtype).itemsize == 8 and np.dtype(a.dtype).kind in "iuf" for a in avals):
             lines.append('jax.config.update("jax_enable_x64", True)\n')  # else 64-bit inputs become 32-bit
         lines += ["", emitted.source, *assign, f"jax.jit(f)({', '.join(emitted.arg_names)})"]
         yield OperationProgram("\n".join(lines) + "\n", arrays, recorded)
 
 
-def _inputs(names: tuple[str, ...], op: FailedOperation, recorded: bool) -> tuple[list[str], dict]:
+def write_inputs(names: Sequence[str], avals: list, values: list, recorded: bool) -> tuple[list[str], dict]:
+    """Lines assigning each input (zeros of its aval, or its recorded value inline or from ``inputs.npz``) and
+    the arrays that go into ``inputs.npz``."""
     assign, arrays, loads = [], {}, []
-    for name, aval, value in zip(names, op.avals, op.values):
+    for name, aval, value in zip(names, avals, values):
         shape, dtype = tuple(aval.shape), np.dtype(aval.dtype)
         if recorded and value is not None:
             value = np.asarray(value, dtype=dtype)
@@ -231,32 +241,24 @@ def _inputs(names: tuple[str, ...], op: FailedOperation, recorded: bool) -> tupl
             arrays[name] = bits
             loads.append(f"{name} = _inputs[{name!r}]" + (f".view(jnp.{special})" if special else ""))
             continue
-        assign.append(f"{name} = np.zeros({shape!r}, dtype={dtype_text(dtype)})")
+        assign.append(f"{name} = np.zeros({shape!r}, dtype={dtype_expr(dtype)})")
     if loads:
         loads.insert(0, f'_inputs = np.load((__file__.rpartition("/")[0] or ".") + "/{INPUTS_FILE}")')
     return loads + assign, arrays
 
 
-def dtype_text(dtype: Any) -> str:
-    """``np.float32``, ``jnp.bfloat16``: the emitter's spelling, and jnp's for the ml_dtypes types (bfloat16,
-    float8_*, int4) that the emitter refuses (numpy files them as kind 'V', like raw bytes)."""
-    try:
-        return dtype_expr(dtype)
-    except EmitError:
-        import jax.numpy as jnp
-
-        name = np.dtype(dtype).name
-        if getattr(jnp, name, None) is not None and np.dtype(getattr(jnp, name)) == np.dtype(dtype):
-            return f"jnp.{name}"
-        raise
+def _avals_text(avals: list) -> str:
+    return ", ".join(a.str_short() if hasattr(a, "str_short") else str(a) for a in avals)
 
 
-def _docstring(op: FailedOperation, exc_type: str, origin: str, recorded: bool) -> str:
-    avals = ", ".join(a.str_short() if hasattr(a, "str_short") else str(a) for a in op.avals)
+def docstring(title: str, what: str, source: SourceLocation | None, failure: str, origin: str,
+              recorded: bool) -> str:
+    """The reproducer's docstring: ``title`` raises ``failure`` (``TypeError while tracing``) in ``origin``."""
+    exc_type = failure.split()[0]
     values = "the values it was called with" if recorded else "zeros of the shapes and dtypes it was called with"
     within = f" {origin}" if origin else ""
-    return (f'"""jaxdbg repro: {op.primitive.name}({avals}) raises {exc_type} while {op.stage}{within}.\n\n'
-            f'Called at {_where(op.source)}. This is that one operation alone, on\n{values}.\n\n'
+    return (f'"""jaxdbg repro: {title} raises {failure}{within}.\n\n'
+            f'Called at {_where(source)}. This is that one {what} alone, on\n{values}.\n\n'
             f'`python {REPRO_FILE}` fails with {exc_type} while the bug is present.\n"""\n')
 
 
@@ -269,19 +271,28 @@ def _where(source: SourceLocation | None) -> str:
 def cut_operation(err: BaseException, folder: str, exc_type: str, message: str, origin: str) -> CutFinished:
     """The reproducer of the operation that raised ``err`` (``exc_type`` with the normalised ``message``),
     written into ``folder`` and checked here to raise the same; ``origin`` names where it ran, in words."""
+    from jaxdbg.repro.jnp_call import call_programs, failing_call
+
     started = time.perf_counter()
     op = failing_operation(err)
-    if op is None:
-        return CutFinished(False, reason="the exception was not raised by the rules of one JAX operation")
+    call = failing_call(err) if op is None else None
+    if op is None and call is None:
+        return CutFinished(False, reason="the exception was not raised by the rules of one JAX operation nor by "
+                                         "one jax.numpy function")
+    if op is not None:
+        name, programs = op.primitive.name, operation_programs(op, exc_type, origin)
+    else:
+        assert call is not None
+        name, programs = call.label, call_programs(call, exc_type, origin)
     checks = 0
-    for program in operation_programs(op, exc_type, origin):
+    for program in programs:
         checks += 1
         files = write_program(program, folder)
         if program_fails(files["repro"], Criterion("exception", exc_type=exc_type, exc_message=message)):
             return CutFinished(
-                True, checks, 0, function=origin, equations=1, primitives=[op.primitive.name],
+                True, checks, 0, function=origin, equations=1, primitives=[name],
                 lines=count_lines(program.source), files=files, self_check=True,
                 elapsed_s=time.perf_counter() - started,
                 criterion={"kind": "exception", "what": None, "type": exc_type, "message": message})
-    return CutFinished(False, checks, reason=f"{op.primitive.name} alone on the recorded shapes and dtypes does not "
-                                             "raise the same exception")
+    return CutFinished(False, checks, reason=f"{name} alone on the recorded shapes and dtypes does not raise the "
+                                             "same exception")

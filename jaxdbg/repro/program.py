@@ -27,6 +27,7 @@ Example:
 from __future__ import annotations
 
 import os
+import re
 import runpy
 from dataclasses import dataclass, field
 
@@ -108,7 +109,7 @@ def build_program(graph: Graph, cand: Candidate, criterion: Criterion, origin: s
     for name, var in zip(emitted.arg_names, inputs):
         value = np.asarray(cand.values[var])
         try:
-            assign.append(f"{name} = {value_expr(value)}")
+            assign.append(f"{name} = {array_expr(value)}")
         except EmitError:
             arrays[name], special = storable(value)  # bfloat16 travels as its bits (npz keeps no ml_dtypes)
             assign.append(f"{name} = _inputs[{name!r}]" + (f".view(jnp.{special})" if special else ""))
@@ -122,26 +123,14 @@ def build_program(graph: Graph, cand: Candidate, criterion: Criterion, origin: s
              if sources else "")
     doc = (f'"""jaxdbg repro: {what} (cut from {original_equations} equations of {origin} to {len(cand.nodes)}).\n'
            f'{where}\n`python {REPRO_FILE}` fails with {_expected(criterion)} while the bug is present.\n"""\n')
-    wide = any(np.asarray(cand.values[v]).dtype.itemsize == 8 for v in inputs) or "64" in emitted.source
+    wide = (any(np.asarray(cand.values[v]).dtype.itemsize == 8 for v in inputs)
+            or re.search(r"\b(float|int|uint|complex)(64|128)\b", emitted.source) is not None)  # not a 64 in a shape
     lines = [doc + HEADER + (PRIMS_IMPORT if emitted.uses_prims else "")]
     if wide:
         lines.append('jax.config.update("jax_enable_x64", True)\n')
     lines += ["", emitted.source, *assign]
     lines += _check_lines(criterion, args)
     return ReproProgram("\n".join(lines) + "\n", arrays, len(cand.nodes), emitted)
-
-
-def value_expr(value: np.ndarray) -> str:
-    """``array_expr``, and for bfloat16 (and the other ml_dtypes floats, which the emitter does not spell) the
-    float32 array of the same values cast back: exact, as each of them is a float32 value."""
-    try:
-        return array_expr(value)
-    except EmitError:
-        special = storable(value)[1]
-        wide = value.astype(np.float32) if special else None
-        if wide is None or not np.array_equal(wide.astype(value.dtype).astype(np.float32), wide, equal_nan=True):
-            raise
-        return f"{array_expr(wide)}.astype(jnp.{special})"
 
 
 def _failure_words(criterion: Criterion) -> str:

@@ -1,0 +1,284 @@
+"""Benchmark: jaxdbg's answers on the real-program corpus (tests/corpus/), side by side with what JAX's own
+switches say on the same programs.
+
+Per case, the answer checked against the one written down here (found by hand; lines by a marker comment):
+
+- NaN cases: `jaxdbg nan-hunt` names the right op, line and pass (forward/backward) of the NaN's birth;
+  beside it, the program run with `JAX_DEBUG_NANS=1 JAX_DEBUG_INFS=1`: the op and user line of the
+  FloatingPointError jax raises (or nothing).
+- recompile cases: `jaxdbg profile` names the right main cause and argument of the function's recompiles;
+  beside it, the program run with `JAX_EXPLAIN_CACHE_MISSES=1`: whether jax's explanations of that
+  function's cache misses name the argument.
+- repro cases: `jaxdbg repro` at its default settings writes a reproducer that is verified, imports only
+  jax/numpy, has at most 15 code lines, fails when run alone in an empty folder, and is done within 120 s
+  (with the right failing op and user line where the failure is an exception).
+
+    python scripts/bench_real_programs.py                       # every case (long: ~20-40 min on 2 cores)
+    python scripts/bench_real_programs.py --cases vae_fori_nan,linen_lm_heads --kinds repro --json b.json
+
+Prints one row per case and totals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+CORPUS = os.path.join(ROOT, "tests", "corpus")
+REPRO_TARGET_S = 120.0
+REPRO_MAX_LINES = 15
+
+
+@dataclass(frozen=True)
+class Case:
+    program: str
+    kind: str  # nan | recompile | repro
+    op: str | None = None  # nan: the primitive of the NaN's birth; repro: the failing primitive / call
+    marker: str | None = None  # a comment on the expected line
+    pass_: str | None = None  # nan: forward | backward
+    function: str | None = None  # recompile: the jitted function
+    cause: str | None = None  # recompile: the main cause's kind (shape, static, dtype, ...)
+    argument: str | None = None  # recompile: an argument named in the recompiles (the user's name)
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}:{self.program}"
+
+
+CASES = [
+    Case("nnx_mnist_nan", "nan", "mul", "# the bug", "forward"),
+    Case("eqx_pairwise_nan", "nan", "mul", "# includes each point", "backward"),
+    Case("linen_masked_mean_nan", "nan", "div", "# the bug: 0 / 0", "forward"),
+    Case("optax_eager_lr_nan", "nan", "add", "# the NaN: applied eagerly", "forward"),
+    Case("nnx_scan_rnn_nan", "nan", "dot_general", "# the NaN: gradient", "backward"),
+    Case("nnx_vmap_ensemble_nan", "nan", "add", "# the NaN: log(0)", "forward"),
+    Case("nnx_schedule_nan", "nan", "mul", "# the NaN: inf learning rate", "forward"),
+    Case("eqx_rnn_poisson_nan", "nan", "div", "# forward-safe", "backward"),
+    Case("vae_fori_nan", "nan", "mul", "# the NaN: 0 * log(0)", "forward"),
+    Case("optax_multisteps_l2sp_nan", "nan", "mul", "# the NaN: d sqrt at 0", "backward"),
+    Case("mnist_ragged_batch", "recompile", function="update", cause="shape", argument="batch[0]"),
+    Case("linen_trainstate_padding", "recompile", function="train_step", cause="shape", argument="batch['tokens']"),
+    Case("eqx_annealed_temperature", "recompile", function="make_step", cause="static", argument="temperature"),
+    Case("nnx_forgot_train_mode", "recompile", function="train_step", cause="static",
+         argument="model.bn.use_running_average"),
+    Case("nnx_lm_shape", "repro", "dot_general", "# attention output projection"),
+    Case("eqx_gru_shape", "repro", "dot_general", "# one GRU step per time step"),
+    Case("nnx_cnn_sibling", "repro", "dot_general"),
+    Case("linen_lm_heads", "repro", "Array.reshape", "# split into heads"),
+    Case("vae_fori_nan", "repro", "mul"),
+    Case("optax_multisteps_l2sp_nan", "repro", "div"),
+]
+
+
+@dataclass
+class Row:
+    case: str
+    right: bool = False
+    answer: str = ""
+    wall_s: float = 0.0
+    anchor: str = ""
+    anchor_right: bool | None = None
+    details: dict = field(default_factory=dict)
+
+
+def script_of(case: Case) -> str:
+    return os.path.join(CORPUS, case.program, "train.py")
+
+
+def line_of(case: Case) -> int | None:
+    if case.marker is None:
+        return None
+    with open(script_of(case)) as handle:
+        return next(i for i, text in enumerate(handle, start=1) if case.marker in text)
+
+
+def jaxdbg(command: str, case: Case, work: str, *extra: str, timeout: float = 900) -> tuple[dict, float]:
+    """`python -m jaxdbg COMMAND program --json ... --out ...`: its report and wall time."""
+    report = os.path.join(work, f"{command}.json")
+    argv = [sys.executable, "-m", "jaxdbg", command, script_of(case), "--json", report, "--out",
+            os.path.join(work, command), "-q", *extra]
+    started = time.perf_counter()
+    subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                   env={**os.environ, "PYTHONPATH": ROOT})
+    wall = time.perf_counter() - started
+    try:
+        with open(report) as handle:
+            return json.load(handle), wall
+    except (OSError, json.JSONDecodeError):
+        return {}, wall
+
+
+def run_program(case: Case, env: dict, timeout: float = 600) -> subprocess.CompletedProcess:
+    """The program itself, as its user runs it, with ``env`` added."""
+    return subprocess.run([sys.executable, "train.py"], cwd=os.path.dirname(script_of(case)), capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, **env})
+
+
+# ---- NaN: nan-hunt vs JAX_DEBUG_NANS / JAX_DEBUG_INFS -------------------------------------------------------
+
+
+def bench_nan(case: Case, work: str) -> Row:
+    report, wall = jaxdbg("nan-hunt", case, work)
+    first = (report.get("result") or {}).get("first") or {}
+    got = (first.get("primitive"), first.get("pass"), (first.get("source") or {}).get("line"))
+    want = (case.op, case.pass_, line_of(case))
+    row = Row(case.name, got == want, f"{got[0]} {got[1]} line {got[2]}", wall)
+    flagged = run_program(case, {"JAX_DEBUG_NANS": "1", "JAX_DEBUG_INFS": "1"})
+    op, line = debug_flags_blame(flagged.stderr, script_of(case))
+    row.anchor = f"{op} line {line}" if op else "nothing raised"
+    row.anchor_right = (op, line) == (case.op, want[2])
+    row.details = {"expected": f"{case.op} {case.pass_} line {want[2]}"}
+    return row
+
+
+def debug_flags_blame(stderr: str, script: str) -> tuple[str | None, int | None]:
+    """The op of the last FloatingPointError jax raised and the deepest line of ``script`` in its traceback."""
+    ops = re.findall(r"FloatingPointError: .*?encountered in (\w+)", stderr)
+    if not ops:
+        return None, None
+    tail = stderr[stderr.rfind("Traceback"):] if "Traceback" in stderr else stderr
+    name = re.escape(os.path.basename(script))
+    lines = re.findall(rf'File "(?:{re.escape(os.path.dirname(script))}/)?{name}", line (\d+)', tail)
+    return ops[-1], int(lines[-1]) if lines else None
+
+
+# ---- recompiles: profile vs jax_explain_cache_misses ------------------------------------------------------
+
+
+def bench_recompile(case: Case, work: str) -> Row:
+    report, wall = jaxdbg("profile", case, work, "--trace-calls", "0")
+    result = report.get("result") or {}
+    function = next((f for f in result.get("functions", []) if f.get("name") == case.function), {})
+    hint = next((h for h in result.get("hints", []) if h.startswith(f"{case.function} compiled")), "")
+    cause = re.search(r"recompiles: (\w+) changes", hint)
+    arguments = {c["argument"] for r in function.get("recompiles", []) for c in r.get("changes", [])}
+    got_cause = cause.group(1) if cause else None
+    row = Row(case.name, got_cause == case.cause and case.argument in arguments,
+              f"{got_cause} ({', '.join(sorted(arguments))[:60]})", wall)
+    logged = run_program(case, {"JAX_EXPLAIN_CACHE_MISSES": "1"})
+    explained = explain_cache_misses(logged.stderr, case.function or "")
+    names = [p for p in re.split(r"[.\[\]']+", case.argument or "") if p and not p.isdigit()]
+    row.anchor = f"{len(explained)} explained: {explained[0][:100]}" if explained else "no explanation logged"
+    row.anchor_right = bool(explained) and all(names[-1] in text for text in explained)
+    row.details = {"expected": f"{case.cause} ({case.argument})", "jax_explanations": explained}
+    return row
+
+
+def explain_cache_misses(stderr: str, function: str) -> list[str]:
+    """jax's explanation of each tracing cache miss of ``function`` after its first (the differences it lists,
+    ``* at ...`` lines, or else its first reason)."""
+    found = []
+    for block in re.split(r"(?=TRACING CACHE MISS)", stderr):
+        body = [line.strip() for line in block.splitlines()[1:] if line.strip()]
+        if not block.startswith("TRACING CACHE MISS") or not any(f"for {function} defined" in b for b in body):
+            continue
+        differences = [line for line in body if line.startswith("* ")]
+        reasons = [line for line in body if not line.startswith(("for ", "all previously seen"))]
+        found.append(" ".join(differences) or (reasons[0] if reasons else ""))
+    return found
+
+
+# ---- repro: a verified, standalone, jax/numpy-only reproducer within 120 s -------------------------------
+
+
+def bench_repro(case: Case, work: str) -> Row:
+    report, wall = jaxdbg("repro", case, work)
+    result = report.get("result") or {}
+    repro = os.path.join(work, "repro", "repro.py")
+    imports = imports_of(repro) if os.path.exists(repro) else {"(none)"}
+    lines = (result.get("minimized") or {}).get("lines")
+    alone = fails_alone(repro) if os.path.exists(repro) else False
+    location = (result.get("signature") or {}).get("location") or {}
+    op_ok = case.op is None or case.op in (result.get("failing_primitives") or [])
+    line_ok = case.marker is None or location.get("line") == line_of(case)
+    ok = bool(result.get("verified")) and imports <= {"jax", "numpy"} and lines is not None \
+        and lines <= REPRO_MAX_LINES and alone and wall <= REPRO_TARGET_S and op_ok and line_ok
+    answer = (f"{result.get('strategy')} {lines} lines {','.join(result.get('failing_primitives') or [])} "
+              f"imports {'/'.join(sorted(imports))}{' alone-fails' if alone else ' ALONE-PASSES'}")
+    row = Row(case.name, ok, answer, wall, anchor="-")
+    row.details = {"verified": result.get("verified"), "lines": lines, "standalone": alone, "imports": sorted(imports),
+                   "op_right": op_ok, "line_right": line_ok, "within_120s": wall <= REPRO_TARGET_S}
+    return row
+
+
+def imports_of(path: str) -> set[str]:
+    with open(path) as handle:
+        tree = ast.parse(handle.read())
+    names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    return names | {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+
+
+def fails_alone(repro: str) -> bool:
+    """repro.py (and inputs.npz) copied into an empty folder fails when run there."""
+    folder = tempfile.mkdtemp(prefix="alone-")
+    for name in ("repro.py", "inputs.npz"):
+        if os.path.exists(os.path.join(os.path.dirname(repro), name)):
+            shutil.copy(os.path.join(os.path.dirname(repro), name), folder)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    try:
+        run = subprocess.run([sys.executable, "repro.py"], cwd=folder, capture_output=True, text=True, timeout=300,
+                             env=env)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return run.returncode != 0
+
+
+# ---- the table --------------------------------------------------------------------------------------------
+
+BENCHES = {"nan": bench_nan, "recompile": bench_recompile, "repro": bench_repro}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", default="", help="comma-separated program names (default: all)")
+    parser.add_argument("--kinds", default="nan,recompile,repro", help="comma-separated: nan, recompile, repro")
+    parser.add_argument("--json", default=None, help="also write the rows here")
+    args = parser.parse_args()
+    wanted = {c for c in args.cases.split(",") if c}
+    kinds = {k for k in args.kinds.split(",") if k}
+    cases = [c for c in CASES if (not wanted or c.program in wanted) and c.kind in kinds]
+    if not cases:
+        print(f"no case matches --cases {args.cases!r} --kinds {args.kinds!r}", file=sys.stderr)
+        return 2
+    rows = []
+    header = f"{'case':38} {'jaxdbg':4} {'time':>7}  {'jaxdbg answer':58} {'jax flags':5}  jax's own answer"
+    print(header)
+    print("-" * len(header))
+    for case in cases:
+        with tempfile.TemporaryDirectory(prefix="bench-real-") as work:
+            row = BENCHES[case.kind](case, work)
+        rows.append(row)
+        anchor_mark = "-" if row.anchor_right is None else ("ok" if row.anchor_right else "WRONG")
+        print(f"{row.case:38} {'ok' if row.right else 'WRONG':4} {row.wall_s:6.1f}s  {row.answer[:58]:58} "
+              f"{anchor_mark:5}  {row.anchor}", flush=True)
+    print()
+    for kind in sorted({c.kind for c in cases}):
+        mine = [r for r in rows if r.case.startswith(kind + ":")]
+        anchored = [r for r in mine if r.anchor_right is not None]
+        line = f"{kind:10} jaxdbg right {sum(r.right for r in mine)}/{len(mine)}"
+        if anchored:
+            line += f"; jax's own switches right {sum(bool(r.anchor_right) for r in anchored)}/{len(anchored)}"
+        if kind == "repro":
+            times = sorted(r.wall_s for r in mine)
+            line += (f"; within {REPRO_TARGET_S:.0f} s {sum(t <= REPRO_TARGET_S for t in times)}/{len(times)}, "
+                     f"median {times[len(times) // 2]:.1f} s, max {times[-1]:.1f} s")
+        print(line)
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump([asdict(r) for r in rows], handle, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
