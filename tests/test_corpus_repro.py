@@ -359,7 +359,7 @@ def logger_crash(tmp_path_factory):
     """repro on the corpus' Equinox step whose jax.debug.callback logger raises KeyError at step 5 (run once)."""
     pytest.importorskip("equinox")
     tmp_path = tmp_path_factory.mktemp("eqx_callback_logger")
-    code, report, out = repro(tmp_path, os.path.join(CORPUS, "eqx_callback_logger", "train.py"), "--max-time", "25")
+    code, report, out = repro(tmp_path, os.path.join(CORPUS, "eqx_callback_logger", "train.py"), "--max-time", "15")
     return code, report["result"], out, tmp_path
 
 
