@@ -166,6 +166,31 @@ def test_equinox_filter_grad_backward_origin(hunted) -> None:
     assert any("double-where" in h for h in got["hints"])
 
 
+# -- plain JAX + Optax: a fori_loop VAE and optax.MultiSteps ---------------------------------------------------
+
+
+def test_vae_zero_times_log_zero_names_the_bias_that_made_the_inf(hunted) -> None:
+    program = "vae_fori_nan"
+    got = hunted(program)
+    line = _line(program, "# the NaN: 0 * log(0)")
+    assert _where(got["first"]) == ("nan", "mul", "forward", line, 0) and got["first"]["path"] == ["jit(train_step)"]
+    # The -inf was made when the parameters were built (a log-odds bias of a pixel never on), then log(p = 0).
+    assert [_where(c) for c in got["chain"]] == [
+        ("inf", "log", "forward", _line(program, "# the bug: -inf where"), 0), ("inf", "log", "forward", line, 0)]
+    assert got["chain"][0]["source"]["function"] == "init_params" and got["growth"] == []
+    assert "0 * inf is NaN" in got["explanation"] and "jnp.log(jnp.maximum(x, 1e-12))" in got["hints"][0]
+
+
+def test_multisteps_l2sp_norm_derivative_at_zero_is_the_backward_pass(hunted) -> None:
+    program = "optax_multisteps_l2sp_nan"
+    got = hunted(program)
+    line = _line(program, "# the NaN: d sqrt at 0")
+    assert _where(got["first"]) == ("nan", "mul", "backward", line, 0) and got["first"]["path"] == ["jit(train_step)"]
+    assert [_where(c) for c in got["chain"]] == [("inf", "div", "backward", line, 0)]
+    assert "derivative of a norm at the zero vector" in got["explanation"] and got["growth"] == []
+    assert "jnp.sqrt(x + 1e-12)" in got["hints"][0] and "clip gradients" not in _said(got)
+
+
 # -- the rules behind the answers -----------------------------------------------------------------------------
 
 

@@ -37,6 +37,12 @@ def criterion_for(failure: FailureSeen, rtol: float, atol: float) -> Criterion:
 def cut_captured(captured: Any, request: Any, deadline: float) -> CutFinished:
     """Cut the captured computation and write the reproducer files into ``request.work_dir``."""
     criterion = criterion_for(captured.failure, request.rtol, request.atol)
+    if getattr(captured, "frozen", None):  # the mismatch is in what Python computed while tracing, not in XLA
+        return CutFinished(False, 0, 0, reason=(
+            f"jit froze a value Python computed while tracing: {captured.frozen} differs from one trace of the "
+            "call to the next (a np.random draw, a global or a counter read inside the jitted function is a "
+            "constant of the compiled function; op by op it is computed afresh each call), so no computation "
+            "replays it; pass it in as an argument (a jax.random key for randomness)"))
     if criterion.kind == "nonfinite":
         finite_inputs = all(not inexact(np.asarray(a).dtype) or np.isfinite(a).all() for a in captured.args
                             if hasattr(a, "dtype"))

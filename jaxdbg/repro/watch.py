@@ -36,6 +36,7 @@ from jaxdbg._source import caller_user_frame
 from jaxdbg.jit_layer import JitCall, JitHook
 from jaxdbg.nonfinite import kind_of
 from jaxdbg.repro.messages import FailureSeen, JitCallSeen, LoweredText
+from jaxdbg.repro.purity import frozen_difference
 
 ANNOUNCED_CALLS = 3  # jit_call messages per function (a training loop must not flood the channel)
 
@@ -67,6 +68,7 @@ class Captured:
     closed_jaxpr: Any
     args: list
     failure: FailureSeen
+    frozen: str | None = None  # a mismatch: what differs between two traces of the call (see repro.purity)
 
 
 class JitWatch(JitHook):
@@ -152,7 +154,11 @@ class JitWatch(JitHook):
     def _capture(self, call: JitCall, failure: FailureSeen) -> None:
         try:
             closed, flat = trace_flat(call.function.fun, call.function.options, call.args, call.kwargs)
-            self.captured = Captured(call.function.name, closed, flat, failure)
+            frozen = None
+            if failure.kind == "mismatch":  # a trace-time side effect? (a second trace: no cut can show it)
+                again, _ = trace_flat(call.function.fun, call.function.options, call.args, call.kwargs)
+                frozen = frozen_difference(closed, again)
+            self.captured = Captured(call.function.name, closed, flat, failure, frozen)
         except Exception as err:  # noqa: BLE001 - reported to the parent, which falls back to source reduction
             self.capture_error = f"{type(err).__name__}: {err}"
         raise StopRun()
