@@ -201,10 +201,12 @@ def outcome_of(returncode: int | None, timed_out: bool, messages: list[Message],
     kept = tuple(m for m in messages if not isinstance(m, ChildFailed))
     if timed_out:
         status, sig = "timeout", None
-    elif returncode is not None and returncode < 0:
-        status, sig = "crash", _signal_name(-returncode)
     elif exception is not None:
+        # Reported first, so it ended the run, even if a signal killed the child while leaving: a job's
+        # runtime aborts the survivors of a lost peer (its heartbeat timeout) while they wait to leave together.
         status, sig = "exception", None
+    elif returncode is not None and returncode < 0:
+        status, sig = "crash", signal_name(-returncode)
     elif returncode:
         status, sig = "exit", None
     else:
@@ -235,7 +237,7 @@ def _kill_group(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
-def _signal_name(number: int) -> str:
+def signal_name(number: int) -> str:
     try:
         return signal.Signals(number).name
     except ValueError:

@@ -190,3 +190,29 @@ def test_repro_of_a_nan_in_one_shard_gathers_the_global_inputs(tmp_path):
     result = job["result"]
     assert result["verified"] and result["signature"]["kind"] == "nonfinite"
     assert result["failing_primitives"] == ["log"] and "-1.0" in text and "distributed" not in text
+
+
+def test_repro_of_a_lost_peer_is_the_job_program_with_its_launch_line(tmp_path):
+    """Process 1 is killed mid-job, so process 0's all-reduce fails: a failure only the job has. Process 0
+    writes the program as repro.py with the launch line of 2 local processes, verifies it run that way and
+    names the process the job lost (the program's 10 s heartbeat timeout ends the survivors soon after)."""
+    out = tmp_path / "r"
+    done = launch(["repro", os.path.join(CORPUS, "multihost_preempted", "train.py"), "--out", str(out), "-q",
+                   "--max-time", "120", "--timeout", "60", "--json", str(tmp_path / "job.json")], 2, devices=1)
+    job = json.loads((tmp_path / "job.json").read_text())
+    assert done.returncode == 0 and job["exit_code"] == 0, done.stderr[-3000:]
+    result = job["result"]
+    # Process 0's own failure: the exception its all-reduce raised (not the runtime's abort that followed).
+    signature = result["signature"]
+    assert (signature["kind"], signature["type"]) == ("exception", "JaxRuntimeError") and "Gloo" in signature["message"]
+    assert result["verified"] and result["strategy"] == "source"
+    assert result["verification"].startswith("`jaxdbg --processes 2 python repro.py` alone in an empty folder raised")
+    assert result["verification"].endswith("; process 1 was killed (SIGKILL)")  # the one the job lost, named
+    assert any(note.startswith("the failure needs several processes") for note in result["notes"])
+    text = (out / "repro.py").read_text()
+    assert "# the failure needs a 2-process job: run jaxdbg --processes 2 python repro.py" in text
+    assert "jax.distributed.initialize(heartbeat_timeout_seconds=10)" in text
+    peer = json.loads((out / "process-1" / "report.json").read_text())
+    assert (peer["environment"]["process_index"], peer["exit_code"]) == (1, 0)
+    assert (peer["result"]["signature"]["kind"], peer["result"]["signature"]["signal"]) == ("crash", "SIGKILL")
+    assert "process 0's report" in peer["result"]["verification"] and not (out / "process-1" / "repro.py").exists()

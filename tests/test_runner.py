@@ -144,3 +144,18 @@ def test_an_exit_with_a_message_says_it(tmp_path):
     outcome = _run(tmp_path, "import sys\nsys.exit('config invalid: missing data dir')\n")
     assert outcome.status == "exit" and outcome.returncode == 1
     assert outcome.describe() == "exited with status 1 (last on stderr: config invalid: missing data dir)"
+
+
+def test_an_exception_reported_before_a_fatal_signal_is_the_outcome():
+    """A job's runtime aborts a process whose peer was lost while it waits to leave the job together: the
+    exception it reported first (the failed collective) is what ended the run."""
+    from jaxdbg.protocol import ChildFailed, describe_exception
+    from jaxdbg.runner import outcome_of
+
+    try:
+        raise RuntimeError("Gloo all-reduce failed: Connection reset by peer")
+    except RuntimeError as err:
+        info = describe_exception(err)
+    outcome = outcome_of(-6, False, [ChildFailed(info)], "", "", 1.0)
+    assert (outcome.status, outcome.exception.type) == ("exception", "RuntimeError")
+    assert outcome_of(-6, False, [], "", "", 1.0).status == "crash"

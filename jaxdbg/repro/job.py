@@ -13,8 +13,9 @@ wherever the failure does not need several processes (the usual case):
 Each is verified by process 0 alone in an empty folder, as ``python repro.py`` would run. Otherwise (the
 failure needs the job: a process that dies, a collective that never completes, a cut that does not fail
 alone) process 0 writes the program as ``repro.py`` with its launch line for N local processes,
-``jaxdbg --processes N python repro.py``, and verifies it that way. The other processes write no
-reproducer: process 0's report speaks for the job.
+``jaxdbg --processes N python repro.py``, and verifies it that way; its verification names the processes
+that ended otherwise (the launcher's exit codes) or that JAX's coordination service found lost (a stopped
+heartbeat). The other processes write no reproducer: process 0's report speaks for the job.
 
 Example (the end-to-end runs: tests/test_multiprocess.py::test_repro_of_a_nan_in_one_shard_gathers_the_global_inputs):
     >>> launch_line(4)   # how a reproducer that needs the job runs on one machine
@@ -35,6 +36,7 @@ from jaxdbg.launch import WORKER_VARIABLE
 from jaxdbg.repro.failures import Failure
 from jaxdbg.repro.program import REPRO_FILE, count_lines
 from jaxdbg.repro.signature import normalise_message
+from jaxdbg.runner import signal_name
 
 
 def launch_line(count: int) -> str:
@@ -72,10 +74,11 @@ def run_in_job(rep: Any) -> tuple[Any, dict[str, str]]:
         rep.notes.append(f"reproduced in one process: the failure of this {count}-process job does not need "
                          f"several (recorded with the job's {recorded})")
         return _with_notes(result, rep.notes), artifacts
-    return job_program(rep, target, flaky, runs, count)
+    return job_program(rep, target, flaky, runs, count, "".join(o.stderr for o in outcomes))
 
 
-def job_program(rep: Any, target: Failure, flaky: bool, runs: list[str], count: int) -> tuple[Any, dict[str, str]]:
+def job_program(rep: Any, target: Failure, flaky: bool, runs: list[str], count: int,
+                detection_log: str = "") -> tuple[Any, dict[str, str]]:
     """The program itself as ``repro.py``, with the launch line of ``count`` local processes, verified so."""
     from jaxdbg.repro.core import ReproResult, Size
 
@@ -85,8 +88,12 @@ def job_program(rep: Any, target: Failure, flaky: bool, runs: list[str], count: 
             f"# (or your cluster's launch line, {count} processes)\n" + rep.subject.source)
     with open(path, "w") as handle:
         handle.write(text)
-    verified, said = verify_in_job(path, target, count, rep.detect_timeout, rep.work, rep.subject.request.argv)
+    verified, said, log = verify_in_job(path, target, count, rep.detect_timeout, rep.work,
+                                        rep.subject.request.argv)
     rep.checks += 1
+    lost = lost_processes(detection_log + log)
+    if lost:
+        said += "; " + ", ".join(f"process {index} {how}" for index, how in sorted(lost.items()))
     rep.notes.append(f"the failure needs several processes: {REPRO_FILE} is the program, run as a "
                      f"{count}-process job ({launch_line(count)}); it was not reduced")
     result = ReproResult(
@@ -98,9 +105,10 @@ def job_program(rep: Any, target: Failure, flaky: bool, runs: list[str], count: 
 
 
 def verify_in_job(path: str, target: Failure, count: int, timeout: float, work: str,
-                  argv: tuple[str, ...] = ()) -> tuple[bool, str]:
+                  argv: tuple[str, ...] = ()) -> tuple[bool, str, str]:
     """Run ``path`` copied alone into an empty folder as a job of ``count`` local processes; did it fail as
-    ``target`` did (the exception's type and message in process 0's output, a crash, a hang)?"""
+    ``target`` did (the exception's type and message in process 0's output, a crash, a hang)? Also what it
+    said on stderr (the launcher's and the job's runtime's words on the other processes)."""
     folder = tempfile.mkdtemp(prefix="alone-job-", dir=work)
     try:
         shutil.copyfile(path, os.path.join(folder, REPRO_FILE))
@@ -110,12 +118,12 @@ def verify_in_job(path: str, target: Failure, count: int, timeout: float, work: 
             done = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True,
                                   timeout=timeout * 2 + 30, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
-            return target.signature.kind == "timeout", "hung (stopped after the timeout)"
+            return target.signature.kind == "timeout", "hung (stopped after the timeout)", ""
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     signature = target.signature
     if done.returncode == 0:
-        return False, "ran to completion without failing (expected it to fail)"
+        return False, "ran to completion without failing (expected it to fail)", done.stderr
     if signature.kind == "exception":
         # The same exception type: a job's runtime words a lost peer differently from run to run ("connection
         # reset", "closed by peer"), so the message is compared, and reported, but not required.
@@ -123,8 +131,28 @@ def verify_in_job(path: str, target: Failure, count: int, timeout: float, work: 
         same = any(normalise_message(message) == signature.message for message in raised)
         words = "" if same else " (in other words)"
         return bool(raised), (f"raised {signature.type}{words}" if raised
-                              else f"failed otherwise (exit {done.returncode})")
-    return signature.kind in ("crash", "timeout", "nonfinite"), f"failed (exit {done.returncode})"
+                              else f"failed otherwise (exit {done.returncode})"), done.stderr
+    return signature.kind in ("crash", "timeout", "nonfinite"), f"failed (exit {done.returncode})", done.stderr
+
+
+def lost_processes(log: str) -> dict[int, str]:
+    """The processes of a local job that ended otherwise than process 0, as the launcher
+    (:func:`jaxdbg.launch.launch`) names them, or that JAX's coordination service found lost (their
+    heartbeat stopped): index -> how, in words.
+
+    Example:
+        >>> lost_processes("jaxdbg: process 1 of 2 exited with -9: ... (log: /tmp/x)\\n"
+        ...                "UNAVAILABLE: Task 3 heartbeat timeout. This indicates ...")
+        {1: 'was killed (SIGKILL)', 3: 'stopped answering (its heartbeat timed out)'}
+    """
+    lost: dict[int, str] = {}
+    for index, code in re.findall(r"^jaxdbg: process (\d+) of \d+ exited with (-?\d+)", log, re.M):
+        number = int(code)
+        lost[int(index)] = f"was killed ({signal_name(-number)})" if number < 0 else f"exited with {number}"
+    for index in re.findall(r"\bTask (\d+) heartbeat timeout", log):
+        lost.setdefault(int(index), "stopped answering (its heartbeat timed out)")
+    return lost
+
 
 
 def _with_notes(result: Any, notes: list[str]) -> Any:
