@@ -194,8 +194,8 @@ def _serve(common: Common, logdir: str) -> None:
     from jaxdbg.profile.serve import start_xprof
 
     server = start_xprof(logdir)
-    common.err_console.print(f"xprof: {server.url}  (serving {relative_or_absolute(logdir)}; Ctrl-C stops it)")
-    server.wait()
+    server.wait(announce=lambda: common.err_console.print(
+        f"xprof: {server.url}  (serving {relative_or_absolute(logdir)}; Ctrl-C stops it)"))
 
 
 # ---- rendering ---------------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from jaxdbg._errors import TargetFailedError
@@ -41,15 +42,19 @@ class XprofServer:
                 self.process.kill()
                 self.process.wait()
 
-    def wait(self) -> None:
+    def wait(self, announce: Callable[[], None] | None = None) -> None:
         """Block until the server exits or Ctrl-C; either way the server is stopped and this returns.
 
         Ctrl-C sets a flag rather than raising: a KeyboardInterrupt raised while the server is being stopped
         (the terminal sends SIGINT to the server too, so it may already be gone) would escape as exit 130.
+        ``announce`` (printing the address) runs once that handler is in place, so a user (or a test) who
+        presses Ctrl-C as soon as the address shows cannot hit the default handler.
         """
         interrupted = threading.Event()
         previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
         try:
+            if announce is not None:
+                announce()
             while self.process.poll() is None and not interrupted.wait(0.2):
                 pass
         finally:
