@@ -431,8 +431,8 @@ def jit_options(jitted: Any) -> tuple[Any, dict] | None:
     Example:
         >>> f = jax.jit(lambda x, n: x * n, static_argnums=1, donate_argnums=0)
         >>> fun, options = jit_options(f)
-        >>> options == {"static_argnums": (1,), "donate_argnums": (0,)}
-        True
+        >>> {name: options[name] for name in ("static_argnums", "donate_argnums")}
+        {'static_argnums': (1,), 'donate_argnums': (0,)}
     """
     info, fun = getattr(jitted, "_jit_info", None), getattr(jitted, "_fun", None)
     if info is None or fun is None or not hasattr(info, "in_shardings_treedef"):
