@@ -70,6 +70,8 @@ def test_a_program_that_never_joins_the_job_is_told_so(tmp_path):
     script.write_text("import jax, jax.numpy as jnp\nprint(jax.jit(jnp.sin)(1.0))\n")
     done = launch(["profile", str(script), "--out", str(tmp_path / "out"), "-q"], 2)
     assert done.returncode == 2 and "never called jax.distributed.initialize()" in done.stderr
+    # Each lone process kept its capture in its own folder (one folder for both: a file read half-written).
+    assert all((tmp_path / "out" / f"process-{index}" / "trace").is_dir() for index in (0, 1))
 
 
 def test_profile_names_the_straggler_and_where_its_time_went(tmp_path):

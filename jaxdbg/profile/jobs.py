@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from jaxdbg import multihost
+from jaxdbg.launch import launched_place
 from jaxdbg.profile.messages import (
     CallBatch,
     CallTiming,
@@ -101,10 +102,15 @@ class BackendStart:
             import jax
 
             self.info = send_device_info(self.send)
-            if jax.process_count() > 1:
-                self.recorder.out_dir = os.path.join(self.recorder.out_dir, f"process-{jax.process_index()}")
+            # A process its launcher started as one of several keeps its own folder even if the program never
+            # joined the job (it is then refused at the end): the others write the same file names beside it.
+            place = (jax.process_index(), jax.process_count()) if jax.process_count() > 1 else launched_place(
+                os.environ)
+            if place is not None:
+                self.recorder.out_dir = os.path.join(self.recorder.out_dir, f"process-{place[0]}")
                 if self.window is not None:
                     self.window.logdir = os.path.join(self.recorder.out_dir, "trace")
+            if jax.process_count() > 1:
                 self.heartbeat = multihost.Heartbeat("profile", self.where,
                                                      lambda _, line: self.send(ProfileNote(line)))
                 self.heartbeat.start()
