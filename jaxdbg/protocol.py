@@ -100,20 +100,44 @@ class Channel:
 
 def read_channel(path: str) -> list[Message]:
     """All complete messages of a channel file (a record cut short by a kill is dropped)."""
-    records: list[Message] = []
-    if not os.path.exists(path):
+    return ChannelTail(path).read_new()
+
+
+class ChannelTail:
+    """Reads a channel file as it grows: each :meth:`read_new` returns the messages completed since the last
+    (a parent that acts on a child's messages while the child still runs, e.g. live metrics).
+
+    Example:
+        >>> import tempfile
+        >>> path = os.path.join(tempfile.mkdtemp(), "channel.bin")
+        >>> channel, tail = Channel(path), ChannelTail(path)
+        >>> channel.send(Done()); [type(m).__name__ for m in tail.read_new()]
+        ['Done']
+        >>> channel.send(Echo("x")); channel.close(); [m.value for m in tail.read_new()]
+        ['x']
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+        self._offset = 0
+
+    def read_new(self) -> list[Message]:
+        records: list[Message] = []
+        if not os.path.exists(self.path):
+            return records
+        with open(self.path, "rb") as handle:
+            handle.seek(self._offset)
+            data = handle.read()
+        offset = 0
+        while offset + 8 <= len(data):
+            (size,) = struct.unpack_from("<Q", data, offset)
+            if offset + 8 + size > len(data):
+                break  # not complete yet (or cut short by a kill)
+            with contextlib.suppress(Exception):  # a value the parent cannot import is skipped, not fatal
+                records.append(pickle.loads(data[offset + 8 : offset + 8 + size]))
+            offset += 8 + size
+        self._offset += offset
         return records
-    with open(path, "rb") as handle:
-        data = handle.read()
-    offset = 0
-    while offset + 8 <= len(data):
-        (size,) = struct.unpack_from("<Q", data, offset)
-        if offset + 8 + size > len(data):
-            break
-        with contextlib.suppress(Exception):  # a value the parent cannot import is skipped, not fatal
-            records.append(pickle.loads(data[offset + 8 : offset + 8 + size]))
-        offset += 8 + size
-    return records
 
 
 def describe_exception(err: BaseException) -> ExceptionInfo:

@@ -22,14 +22,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from jaxdbg._errors import EXIT_TARGET_FAILED, JobMismatchError
 from jaxdbg._source import SourceLocation, is_user_file
 from jaxdbg.protocol import Channel as Channel
-from jaxdbg.protocol import ChildFailed, Echo, ExceptionInfo, Message, read_channel
+from jaxdbg.protocol import ChannelTail, ChildFailed, Echo, ExceptionInfo, Message, read_channel
 from jaxdbg.protocol import describe_exception as describe_exception
 
 M = TypeVar("M", bound=Message)
@@ -144,6 +144,7 @@ def run_contained(
     env: Mapping[str, str] | None = None,
     device_count: int | None = None,
     cwd: str | None = None,
+    on_message: Callable[[Message], None] | None = None,
 ) -> Outcome:
     """Run ``job(payload, channel)`` in a fresh Python process and report what happened.
 
@@ -154,6 +155,7 @@ def run_contained(
         env: extra environment variables for the child.
         device_count: number of host-platform (CPU) devices the child's jax should see.
         cwd: working folder of the child (default: ours).
+        on_message: hears each message while the child still runs (read every 0.2 s; live figures).
     """
     with tempfile.TemporaryDirectory(prefix="jaxdbg-run-") as workdir:
         with open(os.path.join(workdir, "job.pkl"), "wb") as handle:
@@ -172,7 +174,7 @@ def run_contained(
             )
         timed_out = False
         try:
-            proc.wait(timeout=timeout)
+            _wait(proc, timeout, os.path.join(workdir, "channel.bin"), on_message)
         except subprocess.TimeoutExpired:
             timed_out = True
             _stop_hung(proc)
@@ -187,6 +189,26 @@ def run_contained(
     if outcome.exception is not None and outcome.exception.type == JobMismatchError.__name__:
         raise JobMismatchError(outcome.exception.message)  # the job's processes disagree: no run stands
     return outcome
+
+
+def _wait(proc: subprocess.Popen, timeout: float | None, channel: str,
+          on_message: Callable[[Message], None] | None) -> None:
+    """``proc.wait(timeout)``, passing the child's messages to ``on_message`` as they come when it is given."""
+    if on_message is None:
+        proc.wait(timeout=timeout)
+        return
+    tail, deadline = ChannelTail(channel), None if timeout is None else time.monotonic() + timeout
+    while True:
+        left = None if deadline is None else deadline - time.monotonic()
+        try:
+            proc.wait(timeout=0.2 if left is None else max(0.0, min(0.2, left)))
+            break
+        except subprocess.TimeoutExpired:
+            if left is not None and left <= 0.2:
+                raise
+        finally:
+            for message in tail.read_new():
+                on_message(message)
 
 
 def outcome_of(returncode: int | None, timed_out: bool, messages: list[Message], stdout: str, stderr: str,

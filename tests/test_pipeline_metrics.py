@@ -105,3 +105,28 @@ def test_metrics_port_in_use_is_bad_usage(tmp_path, capsys) -> None:
                      "--out", str(tmp_path / "o")])
     assert code == 2
     assert f"--metrics-port {port}: cannot listen" in capsys.readouterr().err
+
+
+def _running_children() -> set[int]:
+    """This process's live child processes (Linux /proc: every thread's ``children`` list)."""
+    found: set[int] = set()
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            found.update(int(pid) for pid in (task / "children").read_text().split())
+        except OSError:
+            continue
+    return found
+
+
+def test_real_runs_reach_the_live_figures_while_the_child_still_runs() -> None:
+    from jaxdbg.pipeline.bench import BenchOptions, run_bench
+
+    heard: list[tuple[int, int, bool]] = []
+    options = BenchOptions(mode="real", stages=2, microbatches=4, policies=("fixed", "ready"),
+                           variabilities=("jitter:cv=0.3",), seeds=10, timeout=240)
+    result, _ = run_bench(options, on_run=lambda done, total, key, record: heard.append(
+        (done, total, bool(_running_children()))))
+    assert [done for done, _, _ in heard] == list(range(1, 21)) and {total for _, total, _ in heard} == {20}
+    # The first run is heard while the child that runs them still has 19 to go (not when it has ended).
+    assert heard[0][2], "the first real run reached on_run only after the child process had ended"
+    assert len(result.runs) == 20

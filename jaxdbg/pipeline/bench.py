@@ -241,8 +241,8 @@ def run_bench(
 ) -> tuple[BenchResult, dict[RunKey, RunRecord]]:
     """Run every combination; returns the result and each run's timeline (for traces and plots).
 
-    ``on_run(done, total, key, record)`` hears of each finished run (sim: as it ends; real: when the child
-    process has run them all), e.g. for the live ``--metrics-port`` endpoint. Real mode fills
+    ``on_run(done, total, key, record)`` hears of each finished run as it ends (real mode: as the child
+    process reports it), e.g. for the live ``--metrics-port`` endpoint. Real mode fills
     ``seen_environment`` with the jax environment its runs saw (the process's place in a job).
     """
     jobs = plan_jobs(options)
@@ -261,10 +261,7 @@ def run_bench(
     else:
         if progress:
             progress(0, len(jobs), f"{len(jobs)} real runs in a child process")
-        records, real, devices, environment = _run_real(options, jobs)
-        for i, job in enumerate(jobs):
-            if on_run:
-                on_run(i + 1, len(jobs), job.key, records[job.key])
+        records, real, devices, environment = _run_real(options, jobs, on_run)
         correctness = _correctness(real)
         if out_dir is not None:
             from jaxdbg.report import process_folder
@@ -360,14 +357,24 @@ def summarise(rows: list[RunRow]) -> list[SummaryRow]:
 # --- real mode ------------------------------------------------------------------------------------
 
 
-def _run_real(options: BenchOptions, jobs: list[_Job]) -> tuple[dict, dict, list[str], dict | None]:
+def _run_real(options: BenchOptions, jobs: list[_Job], on_run: Callable[[int, int, RunKey, RunRecord], None] | None,
+              ) -> tuple[dict, dict, list[str], dict | None]:
     from jaxdbg.runner import run_contained
+
+    shapes = {job.key: job.shape for job in jobs}
+    done: list[RunKey] = []
+
+    def heard(message: Any) -> None:  # each run as the child finishes it: live figures (--metrics-port)
+        if on_run is not None and isinstance(message, RealTimeline) and message.key in shapes:
+            done.append(message.key)
+            on_run(len(done), len(jobs), message.key, _record(shapes[message.key], message))
 
     payload = RealJob(options.model, options.devices_per_stage, options.xprof_dir, options.costs, options.lookahead,
                       [(job.key, job.shape, job.schedule.name, job.durations) for job in jobs],
                       options.transfer_bind, options.timeout)
     devices = options.stages * options.devices_per_stage
-    outcome = run_contained("jaxdbg.pipeline.bench:real_job", payload, timeout=options.timeout, device_count=devices)
+    outcome = run_contained("jaxdbg.pipeline.bench:real_job", payload, timeout=options.timeout, device_count=devices,
+                            on_message=heard if on_run is not None else None)
     if not outcome.ok:
         outcome.reraise_expected()
         raise TargetFailedError(
