@@ -370,15 +370,25 @@ def test_a_framework_callback_crash_is_signed_by_the_loggers_own_exception(logge
     assert signature["message"].endswith("KeyError: 'accuracy'")  # raised in the user's logger, not jax's words
     assert not any(frame in signature["message"] for frame in ("Traceback", "target_job", "run_script", "runpy"))
     program = os.path.join(CORPUS, "eqx_callback_logger", "train.py")
-    assert (signature["location"]["file"], signature["location"]["line"]) == (program, line_of(program, "# raises at"))
-    assert "alone in an empty folder" in result["verification"]  # (an Equinox program: not run again here)
+    # where the logger raised, not the line that called the jitted step (nor jaxdbg's or runpy's frames)
+    assert signature["location"] == {"file": program, "line": line_of(program, "# the bug"), "function": "__call__"}
+    assert "alone in an empty folder" in result["verification"]
 
 
-@pytest.mark.xfail(strict=True, reason="not built yet: a callback crash is not cut to the callback (its host "
-                   "function and recorded arguments); the source reduction keeps equinox and optax")
 def test_a_framework_callback_crash_becomes_a_jax_numpy_reproducer(logger_crash):
+    """Cut to the callback: the user's logger written alone (reduced), called through jax.debug.callback from a
+    tiny jitted function with step 5's values; no Equinox, no Optax, no training loop."""
     code, result, out, tmp_path = logger_crash
-    assert count_lines((out / "repro.py").read_text()) <= 15 and imports_of(out / "repro.py") <= {"jax", "numpy"}
+    text = (out / "repro.py").read_text()
+    assert result["strategy"] == "computation" and result["failing_primitives"] == ["jax.debug.callback"]
+    assert count_lines(text) <= 15 and imports_of(out / "repro.py") <= {"jax", "numpy"}
+    assert "class MetricLogger" in text and "recent['accuracy']" in text and "jax.debug.callback(logger, " in text
+    assert "np.int32(5)" in text  # the failing call's step (step 0 to 4 do not raise)
+    assert any(note.startswith("repro.py: the host function MetricLogger.__call__ (raised at train.py:")
+               for note in result["notes"])
+    run = run_alone(out / "repro.py", tmp_path)
+    assert run.returncode != 0 and "JaxRuntimeError: INTERNAL: CpuCallback error" in run.stderr
+    assert raised(run) == ("KeyError", "'accuracy'")  # the traceback XLA passes on ends with the logger's
 
 
 def test_a_mismatch_from_a_value_frozen_at_trace_time_is_named_not_cut(tmp_path):
