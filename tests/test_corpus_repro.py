@@ -391,10 +391,11 @@ def test_a_framework_callback_crash_becomes_a_jax_numpy_reproducer(logger_crash)
     assert raised(run) == ("KeyError", "'accuracy'")  # the traceback XLA passes on ends with the logger's
 
 
-def test_a_mismatch_from_a_value_frozen_at_trace_time_is_named_not_cut(tmp_path):
+def test_a_mismatch_from_a_value_frozen_at_trace_time_is_named_and_shown_standalone(tmp_path):
     """Optax MLP whose dropout mask is drawn with np.random inside the jitted step: jit keeps the mask of its
     trace, op by op draws a new one. The watch sees the mismatch on the first call; replaying the captured
-    jaxpr cannot show it (the mask is a constant there), so the cut says why at once, naming the line."""
+    jaxpr cannot show it (the mask is a constant there), so the cut says why, naming the line, and writes the
+    user's `dropout` alone, jitted vs op by op on the traced shape: a jax/numpy program failing alone."""
     import importlib.util
     import time
 
@@ -422,9 +423,17 @@ def test_a_mismatch_from_a_value_frozen_at_trace_time_is_named_not_cut(tmp_path)
     assert watch.captured.frozen == f"a constant used by `select_n` at train.py:{line}"
     request = CutRequest(RunRequest(script=path), str(tmp_path), str(tmp_path / "progress"), budget_s=60)
     summary = cut_captured(watch.captured, request, time.perf_counter() + 60)
-    assert not summary.ok and summary.checks == 0
+    assert summary.ok and summary.checks == 1 and summary.primitives == ["select_n"]
     assert summary.reason.startswith(f"jit froze a value Python computed while tracing: a constant used by "
                                      f"`select_n` at train.py:{line} differs")
+    assert summary.reason.endswith("repro.py: `dropout` alone, jitted and op by op")
+    text = (tmp_path / "repro.py").read_text()
+    assert count_lines(text) <= 15 and imports_of(tmp_path / "repro.py") <= {"jax", "numpy"}
+    assert "np.random.rand(*x.shape) >= rate" in text and "return dropout(x, 0.5)" in text
+    assert "x = np.ones((64, 128)).astype(np.float32)" in text and "with jax.disable_jit():" in text
+    run = run_alone(tmp_path / "repro.py", tmp_path)
+    assert run.returncode != 0 and raised(run)[0] == "AssertionError"
+    assert "jit and op-by-op (jax.disable_jit) disagree" in run.stderr
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -306,7 +306,10 @@ class _Reproduction:
             self.checks += summary.checks if summary else 0
             return None
         self.checks += summary.checks + 1
-        return self._accept_cut(summary, target, flaky, runs, "cut computation", verify_reserve)
+        done = self._accept_cut(summary, target, flaky, runs, "cut computation", verify_reserve)
+        if done is not None and summary.reason:  # not a cut: a frozen value's function alone (repro.frozen)
+            self.notes.append(summary.reason)
+        return done
 
     def cut_operation(self, target: Failure, flaky: bool, runs: list[str],
                       outcomes: list[Outcome]) -> tuple[ReproResult, dict[str, str]] | None:

@@ -19,6 +19,8 @@ Example:
     >>> print(alone.text(), end="")
     import numpy as np
     LIMIT = 2.0
+    <BLANKLINE>
+    <BLANKLINE>
     def check(x):
         y = np.abs(x) * 2
         if y.max() > LIMIT:
@@ -64,7 +66,8 @@ class Standalone:
     raise_line: int | None = None  # the raising line inside ``definition`` (1-based), when it is there
 
     def text(self) -> str:
-        return "\n".join([*self.prelude, self.definition.rstrip("\n"), *self.postlude]) + "\n"
+        parts = [*self.prelude, "\n" if self.prelude else "", self.definition.strip("\n"), *self.postlude]
+        return "\n".join(p for p in parts if p) + "\n"
 
     @property
     def protected_line(self) -> int | None:
@@ -138,7 +141,7 @@ def _with_owner(owner: Any, function: Any, partial_args: tuple, definition: str,
     """A method inside a bare class of its own (the instance rebuilt from the attributes it reads), or a partial."""
     if owner is None:
         callable_name = name or f"{function.__name__}_"
-        bound = ", ".join(_literal(a) for a in partial_args)
+        bound = ", ".join(literal(a) for a in partial_args)
         post: tuple[str, ...] = (f"{callable_name} = functools.partial({function.__name__}, {bound})",)
         return Standalone(callable_name, tuple(dict.fromkeys(["import functools", *prelude])), definition, post,
                           raise_line)
@@ -155,13 +158,13 @@ def _with_owner(owner: Any, function: Any, partial_args: tuple, definition: str,
         value = inspect.getattr_static(cls, attribute, None)
         if value is None or callable(value) or isinstance(value, (property, staticmethod, classmethod)):
             raise NotStandalone(f"it uses self.{attribute}, which is not a plain attribute")
-        class_body.append(f"    {attribute} = {_literal(value)}")
+        class_body.append(f"    {attribute} = {literal(value)}")
     indented = textwrap.indent(definition, "    ")
     header = f"class {cls.__name__}:\n" + "".join(line + "\n" for line in class_body)
     instance = name or cls.__name__.lower()
     values = {a: state[a] for a in attributes if a in state}
     post = (f"{instance} = {cls.__name__}.__new__({cls.__name__})",
-            f"{instance}.__dict__.update({_literal(values)})")
+            f"{instance}.__dict__.update({literal(values)})")
     shift = header.count("\n")
     return Standalone(instance, tuple(dict.fromkeys(prelude)), header + indented, post,
                       raise_line + shift if raise_line is not None else None)
@@ -206,7 +209,7 @@ def _binding(name: str, value: Any) -> str:
             raise NotStandalone(f"it reads {name}, which {module} does not export by that name")
         alias = "" if name == exported else f" as {name}"
         return f"from {module} import {exported}{alias}"
-    return f"{name} = {_literal(value)}"
+    return f"{name} = {literal(value)}"
 
 
 def _allowed(module: str, name: str) -> None:
@@ -215,7 +218,8 @@ def _allowed(module: str, name: str) -> None:
         raise NotStandalone(f"it reads {name} from {top} (a reproducer imports only jax, numpy and the stdlib)")
 
 
-def _literal(value: Any) -> str:
+def literal(value: Any) -> str:
+    """A Python expression rebuilding ``value``; raises NotStandalone where there is none (or it is long)."""
     text = _literal_of(value)
     if len(text) > LITERAL_CHARS:
         raise NotStandalone(f"a value of {len(text)} characters")
