@@ -391,6 +391,54 @@ def test_a_framework_callback_crash_becomes_a_jax_numpy_reproducer(logger_crash)
     assert raised(run) == ("KeyError", "'accuracy'")  # the traceback XLA passes on ends with the logger's
 
 
+class Saver:
+    """A host function with state: a bound method called through io_callback that fails on its third save."""
+
+    def __init__(self):
+        self.saved = 0
+
+    def save(self, x):
+        self.saved += 1
+        if self.saved > 2:
+            raise RuntimeError(f"disk full after {self.saved} saves of {x.shape}")
+        return np.float32(0)
+
+
+def _saving_step(x):
+    from jax.experimental import io_callback
+
+    saver = Saver()
+    for _ in range(3):
+        io_callback(saver.save, jax.ShapeDtypeStruct((), jnp.float32), x, ordered=True)
+
+
+def _lambda_step(x):
+    config = {"log": print}
+    jax.debug.callback(lambda v: config["history"].append(v), x)  # a lambda: no source of its own
+
+
+@pytest.mark.parametrize("step, kind, written", [
+    (_saving_step, "io_callback", "if self.saved > 2:"),  # the method alone, its instance from its attributes
+    (_lambda_step, "jax.debug.callback", "raise KeyError('history')"),  # a stand-in raising the same
+], ids=["io_callback-method", "debug-callback-lambda"])
+def test_a_host_callback_is_cut_to_its_function_or_a_stand_in(step, kind, written, tmp_path):
+    from jaxdbg.repro.callback import cut_callback, recorded_callbacks
+
+    with recorded_callbacks() as recorder, pytest.raises(Exception) as caught:  # noqa: B017, PT011
+        jax.jit(step)(jnp.ones(3))
+    failed = recorder.failure
+    assert failed is not None and failed.kind == kind and failed.explains(caught.value)
+    assert failed.raised_at.file == __file__
+    message = normalise_message(str(caught.value))
+    summary = cut_callback(failed, str(tmp_path), type(caught.value).__name__, message, "jit(step)")
+    assert summary.ok and summary.primitives == [kind], summary.reason
+    text = (tmp_path / "repro.py").read_text()
+    assert written in text and count_lines(text) <= 15 and imports_of(tmp_path / "repro.py") <= {"jax", "numpy"}
+    run = run_alone(tmp_path / "repro.py", tmp_path)
+    assert run.returncode != 0 and "JaxRuntimeError: INTERNAL: CpuCallback error" in run.stderr
+    assert message.endswith(": ".join(raised(run)))  # ... and the traceback XLA passes on ends as it did
+
+
 def test_a_mismatch_from_a_value_frozen_at_trace_time_is_named_and_shown_standalone(tmp_path):
     """Optax MLP whose dropout mask is drawn with np.random inside the jitted step: jit keeps the mask of its
     trace, op by op draws a new one. The watch sees the mismatch on the first call; replaying the captured

@@ -47,7 +47,7 @@ from jaxdbg.repro.cutting import write_program
 from jaxdbg.repro.messages import CutFinished
 from jaxdbg.repro.operation import INLINE_ELEMENTS, OperationProgram, write_inputs
 from jaxdbg.repro.program import REPRO_FILE, count_lines, program_fails
-from jaxdbg.repro.signature import without_tracebacks
+from jaxdbg.repro.signature import normalise_message, without_tracebacks
 from jaxdbg.repro.standalone import NotStandalone, Standalone, standalone
 
 REDUCE_SECONDS = 10.0  # the in-process reduction of the host function (each check is one call: milliseconds)
@@ -118,11 +118,12 @@ def host_function(failed: FailedCallback) -> tuple[Standalone | None, str]:
     """The user's host function written alone and reduced, or None and why it cannot be."""
     def fails(namespace: dict) -> bool:
         try:
-            namespace[alone.name](*failed.args, **failed.kwargs)
+            eval(alone.name, namespace)(*failed.args, **failed.kwargs)  # a name: `logger`, `saver.save`
         except Exception as err:  # noqa: BLE001 - the exception is what we compare
-            return type(err) is type(failed.error) and str(err) == str(failed.error)
+            return type(err) is type(failed.error) and normalise_message(str(err)) == message
         return False
 
+    message = normalise_message(str(failed.error))  # as the signature compares it (a count may differ)
     line = failed.raised_at.line if failed.raised_at is not None else None
     try:
         alone = standalone(failed.function, line, name=_user_name(failed.function))
@@ -132,11 +133,14 @@ def host_function(failed: FailedCallback) -> tuple[Standalone | None, str]:
 
 
 def _user_name(function: Any) -> str | None:
-    """The name the user's module binds a callable instance to (``logger``), if any."""
-    call = vars(type(function)).get("__call__")
-    if inspect.isfunction(function) or inspect.ismethod(function) or not inspect.isfunction(call):
+    """The name the user's module binds the instance of a bound method or callable instance to (``logger``)."""
+    if inspect.ismethod(function):
+        owner, code_of = function.__self__, function.__func__
+    else:
+        owner, code_of = function, vars(type(function)).get("__call__")
+    if inspect.isfunction(owner) or not inspect.isfunction(code_of):
         return None
-    return next((n for n, v in call.__globals__.items() if v is function and not n.startswith("_")), None)
+    return next((n for n, v in code_of.__globals__.items() if v is owner and not n.startswith("_")), None)
 
 
 def raising_stub(failed: FailedCallback) -> Standalone:

@@ -57,7 +57,8 @@ class NotStandalone(Exception):
 
 @dataclass(frozen=True)
 class Standalone:
-    """``text()`` defines ``name``: imports, literal globals, the definition, and (a method) its instance."""
+    """``text()`` defines what ``name`` calls (``check``, ``logger``, ``saver.save``): imports, literal globals,
+    the definition, and (a method) its instance."""
 
     name: str
     prelude: tuple[str, ...]
@@ -66,12 +67,15 @@ class Standalone:
     raise_line: int | None = None  # the raising line inside ``definition`` (1-based), when it is there
 
     def text(self) -> str:
-        parts = [*self.prelude, "\n" if self.prelude else "", self.definition.strip("\n"), *self.postlude]
-        return "\n".join(p for p in parts if p) + "\n"
+        return "\n".join([*self._head(), self.definition.rstrip("\n"), *self.postlude]) + "\n"
+
+    def _head(self) -> list[str]:
+        """The prelude, two blank lines after it (the definition keeps its own leading blank lines)."""
+        return [*self.prelude, "", ""] if self.prelude else []
 
     @property
     def protected_line(self) -> int | None:
-        return None if self.raise_line is None else len(self.prelude) + self.raise_line
+        return None if self.raise_line is None else len(self._head()) + self.raise_line
 
     def reduce(self, fails: Any, seconds: float = 10.0) -> Standalone:
         """The text shrunk while ``fails(namespace)`` (after executing it) holds; one text, no parts."""
@@ -166,7 +170,8 @@ def _with_owner(owner: Any, function: Any, partial_args: tuple, definition: str,
     post = (f"{instance} = {cls.__name__}.__new__({cls.__name__})",
             f"{instance}.__dict__.update({literal(values)})")
     shift = header.count("\n")
-    return Standalone(instance, tuple(dict.fromkeys(prelude)), header + indented, post,
+    called = instance if function.__name__ == "__call__" else f"{instance}.{function.__name__}"
+    return Standalone(called, tuple(dict.fromkeys(prelude)), header + indented, post,
                       raise_line + shift if raise_line is not None else None)
 
 
