@@ -36,9 +36,12 @@ import functools
 import inspect
 import io
 import math
+import signal
 import sys
 import textwrap
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +52,7 @@ from jaxdbg.repro.source import SourceReducer, parse
 
 ALLOWED_PACKAGES = ("jax", "numpy")  # besides the standard library
 LITERAL_CHARS = 2000  # a literal longer than this is no small reproducer
+CHECK_SECONDS = 2.0  # one in-process check of a candidate (a call of the user's function): longer is a hang
 
 
 class NotStandalone(Exception):
@@ -84,20 +88,50 @@ class Standalone:
 
         if not _runs_and_fails(self.text(), fails):
             raise NotStandalone("written alone, it does not fail the same way")
+        if threading.current_thread() is not threading.main_thread():
+            return self  # no alarm to stop a candidate that loops forever (an edit can drop a loop's step)
         reducer = SourceReducer(self.text(), self.protected_line, test, deadline=time.perf_counter() + seconds)
         text = reducer.run()
         protected = reducer.state.protected
         return Standalone(self.name, (), text, (), protected.lineno if protected is not None else None)
 
 
+class _TooSlow(BaseException):
+    """Raised by the alarm into a candidate that runs too long (a BaseException: user code may catch Exception)."""
+
+
 def _runs_and_fails(text: str, fails: Any) -> bool:
+    """Execute ``text`` and ask ``fails``; a candidate that runs past CHECK_SECONDS does not count."""
     namespace: dict = {"__name__": "__jaxdbg_standalone__"}
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), _alarm(CHECK_SECONDS):
         try:
             exec(compile(text, "<standalone>", "exec"), namespace)  # noqa: S102 - the user's own function
+            return bool(fails(namespace))
+        except _TooSlow:
+            return False
         except Exception:  # noqa: BLE001 - a candidate that does not even define the function
             return False
-        return bool(fails(namespace))
+
+
+@contextlib.contextmanager
+def _alarm(seconds: float) -> Iterator[None]:
+    """Raise _TooSlow after ``seconds`` (main thread only: elsewhere no alarm can be set, and none is)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum: int, frame: Any) -> None:
+        raise _TooSlow()
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    except _TooSlow:
+        pass
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def standalone(function: Any, raised_at: int | None = None, name: str | None = None) -> Standalone:
