@@ -479,6 +479,7 @@ def test_a_mismatch_from_a_value_frozen_at_trace_time_is_named_and_shown_standal
     assert count_lines(text) <= 15 and imports_of(tmp_path / "repro.py") <= {"jax", "numpy"}
     assert "np.random.rand(*x.shape) >= rate" in text and "return dropout(x, 0.5)" in text
     assert "x = np.ones((64, 128)).astype(np.float32)" in text and "with jax.disable_jit():" in text
+    assert "assert np.array_equal(jax.jit(f)(x), jax.jit(f)(x), equal_nan=True)" in text  # jit: the same mask
     run = run_alone(tmp_path / "repro.py", tmp_path)
     assert run.returncode != 0 and raised(run)[0] == "AssertionError"
     assert "jit and op-by-op (jax.disable_jit) disagree" in run.stderr

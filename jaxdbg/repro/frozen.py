@@ -4,9 +4,10 @@
 that uses it (``select_n`` at train.py:23, inside ``dropout``). No cut of the captured computation can show
 that (the value is a constant there). What shows it is the user's function holding that line, written alone
 (:mod:`jaxdbg.repro.standalone`), called jitted and op by op (``jax.disable_jit``) on arrays of the shapes and
-dtypes it was traced with, and the same check as every mismatch reproducer: the two disagree, as the
-original did. The call is recorded by tracing once more under a profiler that notes the first call of that
-function (its tracers' shapes and dtypes, its other arguments' values).
+dtypes it was traced with: jitted twice it repeats itself, and the same check as every mismatch reproducer
+fails: jitted and op by op disagree, as in the original. The call is recorded by tracing once more under a
+profiler that notes the first call of that function (its tracers' shapes and dtypes, its other arguments'
+values).
 
 Example:
     >>> import jax, jax.numpy as jnp, numpy as np
@@ -41,6 +42,9 @@ from jaxdbg.repro.program import REPRO_FILE, _check_lines, count_lines, expected
 from jaxdbg.repro.standalone import NotStandalone, Standalone, literal, standalone
 
 _RESERVED = {"jax", "jnp", "np", "f", "out", "ref"}
+# Jitted twice, the function repeats the value of its trace (op by op, a new one each call: the check after it).
+_TWICE = ("assert np.array_equal(jax.jit(f)({args}), jax.jit(f)({args}), equal_nan=True), "
+          '"jit computes the value afresh"')
 FILLS = ("np.ones", "np.random.default_rng(0).standard_normal")  # tried in turn for a traced argument
 
 
@@ -113,7 +117,8 @@ def frozen_programs(call: FrozenCall, alone: Standalone, criterion: Criterion, d
         args = ", ".join(params)
         defined = [row for row in alone.text().splitlines() if row not in ("import jax", "import numpy as np")]
         lines = [doc + "import jax\nimport numpy as np", *defined, "", "", f"def f({args}):",
-                 f"    return {alone.name}({', '.join(passed)})", "", "", *assign, *_check_lines(criterion, args)]
+                 f"    return {alone.name}({', '.join(passed)})", "", "", *assign, _TWICE.format(args=args),
+                 *_check_lines(criterion, args)]
         yield OperationProgram("\n".join(lines) + "\n", {}, False)
 
 
