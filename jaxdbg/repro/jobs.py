@@ -107,10 +107,11 @@ def _cut_operation(err: Exception, folder: str, last_jit: str | None, channel: A
 
     try:
         os.makedirs(folder, exist_ok=True)
-        cut = cut_operation if callback is None else lambda *args: cut_callback(callback, *args[1:])
+        where, origin = tempfile.mkdtemp(dir=folder), f"jit({last_jit})" if last_jit else ""
+        exc_type, message = type(err).__name__, normalise_message(str(err))
         with jit_layer.internal():  # the check runs the written program: not a jitted call of the target's
-            summary = cut(err, tempfile.mkdtemp(dir=folder), type(err).__name__, normalise_message(str(err)),
-                          f"jit({last_jit})" if last_jit else "")
+            summary = (cut_operation(err, where, exc_type, message, origin) if callback is None
+                       else cut_callback(callback, where, exc_type, message, origin))
         channel.send(summary)
     except Exception as failure:  # noqa: BLE001 - the run's own exception is what must reach the parent
         channel.send(CutFinished(False, reason=f"{type(failure).__name__}: {failure}"))

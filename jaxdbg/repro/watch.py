@@ -162,8 +162,9 @@ class JitWatch(JitHook):
                 if frozen is not None and where is not None:  # the user's function that computes it, called how
                     from jaxdbg.repro.frozen import record_call  # (it writes programs: repro.operation's helpers)
 
-                    frozen_call = record_call(where, lambda: trace_flat(call.function.fun, call.function.options,
-                                                                        call.args, call.kwargs))
+                    with contextlib.suppress(Exception):  # without it, the parent still names the line
+                        frozen_call = record_call(where, lambda: trace_flat(
+                            call.function.fun, call.function.options, call.args, call.kwargs))
             self.captured = Captured(call.function.name, closed, flat, failure, frozen, frozen_call)
         except Exception as err:  # noqa: BLE001 - reported to the parent, which falls back to source reduction
             self.capture_error = f"{type(err).__name__}: {err}"
