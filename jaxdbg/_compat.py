@@ -462,3 +462,56 @@ def jit_options(jitted: Any) -> tuple[Any, dict] | None:
     if info.compiler_options_kvs:
         options["compiler_options"] = dict(info.compiler_options_kvs)
     return fun, options
+
+
+# jax logs an exception raised inside a host callback (``logger.exception`` in each callback primitive's impl)
+# while it passes: the one moment the user's host function, the arguments it got and the frames of the raise
+# are alive (XLA then turns the exception into a JaxRuntimeError that carries only its text).
+HOST_CALLBACK_LOGGERS = ("jax._src.debugging", "jax._src.callback")
+_CALLBACK_IMPLS = {"debug_callback_impl": "jax.debug.callback", "pure_callback_impl": "jax.pure_callback",
+                   "io_callback_impl": "io_callback"}
+
+
+def host_callback_call(tb: Any) -> dict | None:
+    """What a failed host callback was called with, read off the traceback jax logged: ``kind`` (how the user
+    called it: ``jax.debug.callback``, ``jax.pure_callback`` or ``io_callback``), the user's ``function``,
+    ``args`` and ``kwargs`` as it received them, ``result_avals`` (pure/io) and ``ordered``; None when the
+    traceback is not one of a callback impl's.
+
+    Example:
+        >>> import logging
+        >>> seen = []
+        >>> handler = logging.Handler(); handler.emit = lambda r: seen.append(host_callback_call(r.exc_info[2]))
+        >>> logging.getLogger(HOST_CALLBACK_LOGGERS[0]).addHandler(handler)
+        >>> logging.getLogger(HOST_CALLBACK_LOGGERS[0]).propagate = False
+        >>> def log(step):
+        ...     raise KeyError("accuracy")
+        >>> try:
+        ...     jax.jit(lambda s: jax.debug.callback(log, s))(5)
+        ... except Exception:
+        ...     pass
+        >>> logging.getLogger(HOST_CALLBACK_LOGGERS[0]).propagate = True
+        >>> logging.getLogger(HOST_CALLBACK_LOGGERS[0]).removeHandler(handler)
+        >>> seen[0]["kind"], seen[0]["function"] is log, [int(a) for a in seen[0]["args"]]
+        ('jax.debug.callback', True, [5])
+    """
+    frames = []
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    if not frames or frames[0].f_code.co_name not in _CALLBACK_IMPLS:
+        return None
+    caller = frames[0].f_back  # the lowering's closure: the primitive's params
+    outer = caller.f_locals if caller is not None else {}
+    found = {"kind": _CALLBACK_IMPLS[frames[0].f_code.co_name],
+             "result_avals": list((outer.get("params") or {}).get("result_avals") or ()),
+             "ordered": bool(outer.get("ordered", False))}
+    for frame in frames[1:]:
+        local = frame.f_locals
+        if frame.f_code.co_name == "_flat_callback" and "args_" in local:  # jax.debug.callback's flattening
+            return {**found, "function": local.get("callback"), "args": tuple(local["args_"]),
+                    "kwargs": dict(local.get("kwargs_") or {})}
+        if frame.f_code.co_name == "__call__" and hasattr(local.get("self"), "callback_func"):  # _FlatCallback
+            return {**found, "function": local["self"].callback_func, "args": tuple(local.get("args") or ()),
+                    "kwargs": dict(local.get("kwargs") or {})}
+    return None

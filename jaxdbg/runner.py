@@ -80,7 +80,9 @@ class Outcome:
             where = f" at {self.exception.user_frame}" if self.exception.user_frame else ""
             if self.exception.exit_code == EXIT_TARGET_FAILED:  # jaxdbg's own words about the target (an import failed)
                 return f"failed: {first_line(self.exception.message)}{where}"
-            return f"raised {self.exception.type}: {first_line(self.exception.message)}{where}"
+            from jaxdbg.repro.signature import without_tracebacks  # (a host callback's: the exception it ends with)
+
+            return f"raised {self.exception.type}: {first_line(without_tracebacks(self.exception.message))}{where}"
         if self.status == "crash":
             where = f" at {self.crash_frame}" if self.crash_frame else ""
             return f"crashed with {self.signal}{where}"

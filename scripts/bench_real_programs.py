@@ -78,7 +78,7 @@ CASES = [
     Case("linen_lm_heads", "repro", "Array.reshape", "# split into heads"),
     Case("vae_fori_nan", "repro", "mul"),
     Case("optax_multisteps_l2sp_nan", "repro", "div"),
-    Case("eqx_callback_logger", "repro", marker="# raises at"),  # a jax.debug.callback logger raising KeyError
+    Case("eqx_callback_logger", "repro", marker="# the bug"),  # a jax.debug.callback logger raising KeyError there
     Case("optax_frozen_dropout", "repro"),  # jit vs op-by-op: a np.random mask frozen at trace time
 ]
 

@@ -370,21 +370,80 @@ def test_a_framework_callback_crash_is_signed_by_the_loggers_own_exception(logge
     assert signature["message"].endswith("KeyError: 'accuracy'")  # raised in the user's logger, not jax's words
     assert not any(frame in signature["message"] for frame in ("Traceback", "target_job", "run_script", "runpy"))
     program = os.path.join(CORPUS, "eqx_callback_logger", "train.py")
-    assert (signature["location"]["file"], signature["location"]["line"]) == (program, line_of(program, "# raises at"))
-    assert "alone in an empty folder" in result["verification"]  # (an Equinox program: not run again here)
+    # where the logger raised, not the line that called the jitted step (nor jaxdbg's or runpy's frames)
+    assert signature["location"] == {"file": program, "line": line_of(program, "# the bug"), "function": "__call__"}
+    assert "alone in an empty folder" in result["verification"]
 
 
-@pytest.mark.xfail(strict=True, reason="not built yet: a callback crash is not cut to the callback (its host "
-                   "function and recorded arguments); the source reduction keeps equinox and optax")
 def test_a_framework_callback_crash_becomes_a_jax_numpy_reproducer(logger_crash):
+    """Cut to the callback: the user's logger written alone (reduced), called through jax.debug.callback from a
+    tiny jitted function with step 5's values; no Equinox, no Optax, no training loop."""
     code, result, out, tmp_path = logger_crash
-    assert count_lines((out / "repro.py").read_text()) <= 15 and imports_of(out / "repro.py") <= {"jax", "numpy"}
+    text = (out / "repro.py").read_text()
+    assert result["strategy"] == "computation" and result["failing_primitives"] == ["jax.debug.callback"]
+    assert count_lines(text) <= 15 and imports_of(out / "repro.py") <= {"jax", "numpy"}
+    assert "class MetricLogger" in text and "recent['accuracy']" in text and "jax.debug.callback(logger, " in text
+    assert "np.int32(5)" in text  # the failing call's step (step 0 to 4 do not raise)
+    assert any(note.startswith("repro.py: the host function MetricLogger.__call__ (raised at train.py:")
+               for note in result["notes"])
+    run = run_alone(out / "repro.py", tmp_path)
+    assert run.returncode != 0 and "JaxRuntimeError: INTERNAL: CpuCallback error" in run.stderr
+    assert raised(run) == ("KeyError", "'accuracy'")  # the traceback XLA passes on ends with the logger's
 
 
-def test_a_mismatch_from_a_value_frozen_at_trace_time_is_named_not_cut(tmp_path):
+class Saver:
+    """A host function with state: a bound method called through io_callback that fails on its third save."""
+
+    def __init__(self):
+        self.saved = 0
+
+    def save(self, x):
+        self.saved += 1
+        if self.saved > 2:
+            raise RuntimeError(f"disk full after {self.saved} saves of {x.shape}")
+        return np.float32(0)
+
+
+def _saving_step(x):
+    from jax.experimental import io_callback
+
+    saver = Saver()
+    for _ in range(3):
+        io_callback(saver.save, jax.ShapeDtypeStruct((), jnp.float32), x, ordered=True)
+
+
+def _lambda_step(x):
+    config = {"log": print}
+    jax.debug.callback(lambda v: config["history"].append(v), x)  # a lambda: no source of its own
+
+
+@pytest.mark.parametrize("step, kind, written", [
+    (_saving_step, "io_callback", "if self.saved > 2:"),  # the method alone, its instance from its attributes
+    (_lambda_step, "jax.debug.callback", "raise KeyError('history')"),  # a stand-in raising the same
+], ids=["io_callback-method", "debug-callback-lambda"])
+def test_a_host_callback_is_cut_to_its_function_or_a_stand_in(step, kind, written, tmp_path):
+    from jaxdbg.repro.callback import cut_callback, recorded_callbacks
+
+    with recorded_callbacks() as recorder, pytest.raises(Exception) as caught:  # noqa: B017, PT011
+        jax.jit(step)(jnp.ones(3))
+    failed = recorder.failure
+    assert failed is not None and failed.kind == kind and failed.explains(caught.value)
+    assert failed.raised_at.file == __file__
+    message = normalise_message(str(caught.value))
+    summary = cut_callback(failed, str(tmp_path), type(caught.value).__name__, message, "jit(step)")
+    assert summary.ok and summary.primitives == [kind], summary.reason
+    text = (tmp_path / "repro.py").read_text()
+    assert written in text and count_lines(text) <= 15 and imports_of(tmp_path / "repro.py") <= {"jax", "numpy"}
+    run = run_alone(tmp_path / "repro.py", tmp_path)
+    assert run.returncode != 0 and "JaxRuntimeError: INTERNAL: CpuCallback error" in run.stderr
+    assert message.endswith(": ".join(raised(run)))  # ... and the traceback XLA passes on ends as it did
+
+
+def test_a_mismatch_from_a_value_frozen_at_trace_time_is_named_and_shown_standalone(tmp_path):
     """Optax MLP whose dropout mask is drawn with np.random inside the jitted step: jit keeps the mask of its
     trace, op by op draws a new one. The watch sees the mismatch on the first call; replaying the captured
-    jaxpr cannot show it (the mask is a constant there), so the cut says why at once, naming the line."""
+    jaxpr cannot show it (the mask is a constant there), so the cut says why, naming the line, and writes the
+    user's `dropout` alone, jitted vs op by op on the traced shape: a jax/numpy program failing alone."""
     import importlib.util
     import time
 
@@ -412,9 +471,18 @@ def test_a_mismatch_from_a_value_frozen_at_trace_time_is_named_not_cut(tmp_path)
     assert watch.captured.frozen == f"a constant used by `select_n` at train.py:{line}"
     request = CutRequest(RunRequest(script=path), str(tmp_path), str(tmp_path / "progress"), budget_s=60)
     summary = cut_captured(watch.captured, request, time.perf_counter() + 60)
-    assert not summary.ok and summary.checks == 0
+    assert summary.ok and summary.checks == 1 and summary.primitives == ["select_n"]
     assert summary.reason.startswith(f"jit froze a value Python computed while tracing: a constant used by "
                                      f"`select_n` at train.py:{line} differs")
+    assert summary.reason.endswith("repro.py: `dropout` alone, jitted and op by op")
+    text = (tmp_path / "repro.py").read_text()
+    assert count_lines(text) <= 15 and imports_of(tmp_path / "repro.py") <= {"jax", "numpy"}
+    assert "np.random.rand(*x.shape) >= rate" in text and "return dropout(x, 0.5)" in text
+    assert "x = np.ones((64, 128)).astype(np.float32)" in text and "with jax.disable_jit():" in text
+    assert "assert np.array_equal(jax.jit(f)(x), jax.jit(f)(x), equal_nan=True)" in text  # jit: the same mask
+    run = run_alone(tmp_path / "repro.py", tmp_path)
+    assert run.returncode != 0 and raised(run)[0] == "AssertionError"
+    assert "jit and op-by-op (jax.disable_jit) disagree" in run.stderr
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -197,8 +197,8 @@ class _Reproduction:
         done = None
         if kind == "nonfinite" or (kind == "mismatch" and self.options.reference == "eager"):
             done = self.cut(target, flaky, runs)  # (a float64 reference has no faithful replay per equation)
-        elif kind == "exception" and target.raised_in_jax:
-            done = self.cut_operation(target, flaky, runs, outcomes)
+        elif kind == "exception" and (target.raised_in_jax or _matching_cut(outcomes, target.signature)):
+            done = self.cut_operation(target, flaky, runs, outcomes)  # (a host callback's is not raised in jax)
         if done is not None:
             return self.with_source_file(done, target, flaky, runs, check_timeout)
         jit_sensitive = self.jit_sensitive(target, check_timeout)
@@ -306,23 +306,27 @@ class _Reproduction:
             self.checks += summary.checks if summary else 0
             return None
         self.checks += summary.checks + 1
-        return self._accept_cut(summary, target, flaky, runs, "cut computation", verify_reserve)
+        done = self._accept_cut(summary, target, flaky, runs, "cut computation", verify_reserve)
+        if done is not None and summary.reason:  # not a cut: a frozen value's function alone (repro.frozen)
+            self.notes.append(summary.reason)
+        return done
 
     def cut_operation(self, target: Failure, flaky: bool, runs: list[str],
                       outcomes: list[Outcome]) -> tuple[ReproResult, dict[str, str]] | None:
         """An exception raised by one JAX operation: that operation alone, as the detection runs wrote it."""
         self.progress("cut operation", self.checks, f"{self.subject.original_lines} lines")
-        signature = target.signature
         summaries = [c for o in outcomes for c in o.all(CutFinished)]
-        summary = next((c for c in summaries if c.ok and (c.criterion["type"], c.criterion["message"]) == (
-            signature.type, signature.message)), None)
+        summary = _matching_cut(outcomes, target.signature)
         if summary is None:
             reasons = [c.reason for c in summaries if c.reason]
             self.notes.append(f"no single JAX operation to cut to ({reasons[0] if reasons else 'none was seen'}); "
                               "reduced the source instead")
             return None
         self.checks += summary.checks
-        return self._accept_cut(summary, target, flaky, runs, "failing operation", self.verify_reserve + 1)
+        done = self._accept_cut(summary, target, flaky, runs, "failing operation", self.verify_reserve + 1)
+        if done is not None and summary.reason:  # what was written: a host callback alone, or its stand-in
+            self.notes.append(summary.reason)
+        return done
 
     def _accept_cut(self, summary: CutFinished, target: Failure, flaky: bool, runs: list[str], what: str,
                     verify_reserve: float) -> tuple[ReproResult, dict[str, str]] | None:
@@ -563,6 +567,12 @@ class _Reproduction:
         if location is None or os.path.realpath(location.file).startswith(os.path.realpath(self.work) + os.sep):
             return ""
         return template.format(_short(location))
+
+
+def _matching_cut(outcomes: list[Outcome], signature: FailureSignature) -> CutFinished | None:
+    """A detection run's cut of the exception to its operation (or host callback) that raised the same."""
+    return next((c for o in outcomes for c in o.all(CutFinished) if c.ok and (
+        c.criterion["type"], c.criterion["message"]) == (signature.type, signature.message)), None)
 
 
 def expected_message_for(criterion: dict) -> str:

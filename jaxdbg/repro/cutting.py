@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -38,11 +39,18 @@ def cut_captured(captured: Any, request: Any, deadline: float) -> CutFinished:
     """Cut the captured computation and write the reproducer files into ``request.work_dir``."""
     criterion = criterion_for(captured.failure, request.rtol, request.atol)
     if getattr(captured, "frozen", None):  # the mismatch is in what Python computed while tracing, not in XLA
-        return CutFinished(False, 0, 0, reason=(
-            f"jit froze a value Python computed while tracing: {captured.frozen} differs from one trace of the "
-            "call to the next (a np.random draw, a global or a counter read inside the jitted function is a "
-            "constant of the compiled function; op by op it is computed afresh each call), so no computation "
-            "replays it; pass it in as an argument (a jax.random key for randomness)"))
+        reason = (f"jit froze a value Python computed while tracing: {captured.frozen} differs from one trace of "
+                  "the call to the next (a np.random draw, a global or a counter read inside the jitted function "
+                  "is a constant of the compiled function; op by op it is computed afresh each call), so no "
+                  "computation replays it; pass it in as an argument (a jax.random key for randomness)")
+        from jaxdbg.repro.frozen import cut_frozen  # (it writes its program with this module's write_program)
+
+        written = cut_frozen(captured.frozen_call, captured.frozen, f"jit({captured.function})", request.work_dir,
+                             request.rtol, request.atol)
+        if written is None:
+            return CutFinished(False, 0, 0, reason=reason)
+        function = captured.frozen_call.function.__name__
+        return replace(written, reason=f"{reason}. {REPRO_FILE}: `{function}` alone, jitted and op by op")
     if criterion.kind == "nonfinite":
         finite_inputs = all(not inexact(np.asarray(a).dtype) or np.isfinite(a).all() for a in captured.args
                             if hasattr(a, "dtype"))

@@ -30,6 +30,7 @@ from jaxdbg.repro.jobs import CHILD_ENV, JOB, RunRequest
 from jaxdbg.repro.messages import FailureSeen, JaxWork, JitCallSeen, LastJit
 from jaxdbg.repro.signature import (
     FailureSignature,
+    embedded_raise,
     exception_signature,
     matches_pattern,
     mismatch_signature,
@@ -89,8 +90,10 @@ def observe(outcome: Outcome) -> list[Failure]:
     found: list[Failure] = []
     if outcome.status == "exception" and outcome.exception is not None:
         exc = outcome.exception
-        sig = exception_signature(exc.type, exc.message, exc.user_frame)
-        found.append(Failure(sig, f"{exc.type}: {first_line(without_tracebacks(exc.message))}", exc.user_frame,
+        # A host callback's exception comes back as text: it was raised where its own traceback says.
+        where = embedded_raise(exc.message) or exc.user_frame
+        sig = exception_signature(exc.type, exc.message, where)
+        found.append(Failure(sig, f"{exc.type}: {first_line(without_tracebacks(exc.message))}", where,
                              raised_inside_jax(exc.traceback), **common))
     elif outcome.status == "crash":
         found.append(Failure(FailureSignature("crash", signal=outcome.signal), f"crash with {outcome.signal}",

@@ -78,7 +78,9 @@ class CutRequest:
 def target_job(request: RunRequest, channel: Any) -> None:
     """Run the target; exceptions propagate (the child reports them) after naming the last jitted call and,
     with ``operation_dir``, writing the JAX operation that raised alone (:mod:`jaxdbg.repro.operation`)."""
-    with _jax_work_listener(channel), _watched(request, channel) as watch:
+    from jaxdbg.repro.callback import recorded_callbacks
+
+    with _jax_work_listener(channel), _watched(request, channel) as watch, recorded_callbacks() as callbacks:
         try:
             _run(request, channel)
         except StopRun:
@@ -88,23 +90,28 @@ def target_job(request: RunRequest, channel: Any) -> None:
             if watch is not None:
                 channel.send(LastJit(last))
             if request.operation_dir is not None and isinstance(err, Exception):
-                _cut_operation(err, request.operation_dir, last, channel)
+                failed = callbacks.failure if callbacks.failure and callbacks.failure.explains(err) else None
+                _cut_operation(err, request.operation_dir, last, channel, failed)
             raise
 
 
-def _cut_operation(err: Exception, folder: str, last_jit: str | None, channel: Any) -> None:
-    """Cut the exception to its operation while its frames are still alive (right where it was caught)."""
+def _cut_operation(err: Exception, folder: str, last_jit: str | None, channel: Any, callback: Any = None) -> None:
+    """Cut the exception to its operation (or to the host callback it was raised in, when ``callback`` says
+    which) while its frames are still alive (right where it was caught)."""
     import tempfile
 
     from jaxdbg import jit_layer
+    from jaxdbg.repro.callback import cut_callback
     from jaxdbg.repro.operation import cut_operation
     from jaxdbg.repro.signature import normalise_message
 
     try:
         os.makedirs(folder, exist_ok=True)
+        where, origin = tempfile.mkdtemp(dir=folder), f"jit({last_jit})" if last_jit else ""
+        exc_type, message = type(err).__name__, normalise_message(str(err))
         with jit_layer.internal():  # the check runs the written program: not a jitted call of the target's
-            summary = cut_operation(err, tempfile.mkdtemp(dir=folder), type(err).__name__, normalise_message(str(err)),
-                                    f"jit({last_jit})" if last_jit else "")
+            summary = (cut_operation(err, where, exc_type, message, origin) if callback is None
+                       else cut_callback(callback, where, exc_type, message, origin))
         channel.send(summary)
     except Exception as failure:  # noqa: BLE001 - the run's own exception is what must reach the parent
         channel.send(CutFinished(False, reason=f"{type(failure).__name__}: {failure}"))

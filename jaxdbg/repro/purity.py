@@ -24,18 +24,25 @@ from typing import Any
 
 import numpy as np
 
+from jaxdbg._source import SourceLocation
 from jaxdbg.repro.graph import Lit, Node, Var, flatten
 
 
 def frozen_difference(first: Any, second: Any) -> str | None:
     """What differs between two traces (closed jaxprs) of one call, in the user's terms, or None if nothing."""
+    return frozen_site(first, second)[0]
+
+
+def frozen_site(first: Any, second: Any) -> tuple[str | None, SourceLocation | None]:
+    """:func:`frozen_difference` and the user's line it names (None where no equation keeps one)."""
     a, a_consts = flatten(first)
     b, b_consts = flatten(second)
     if [n.name for n in a.nodes] != [n.name for n in b.nodes]:
         at = next((i for i, (x, y) in enumerate(zip(a.nodes, b.nodes)) if x.name != y.name),
                   min(len(a.nodes), len(b.nodes)))
         node = a.nodes[at] if at < len(a.nodes) else None
-        return "the traced equations differ" + (f" from `{node.name}`{_where(node)} on" if node else "")
+        return ("the traced equations differ" + (f" from `{node.name}`{_where(node)} on" if node else ""),
+                node.source if node else None)
     differing = {x for x, y in zip(a_consts, b_consts) if not _same(a_consts[x], b_consts[y])}
     for at, (x, y) in enumerate(zip(a.nodes, b.nodes)):
         literal = any(isinstance(p, Lit) and isinstance(q, Lit) and not _same(p.val, q.val)
@@ -43,8 +50,8 @@ def frozen_difference(first: Any, second: Any) -> str | None:
         if literal or any(isinstance(v, Var) and v in differing for v in x.invars):
             # jax's own jitted helpers (jnp.where) keep no user line: the nearest equation before it has it
             located = next((n for n in reversed(a.nodes[:at + 1]) if n.source is not None), x)
-            return f"a constant used by `{x.name}`{_where(located)}"
-    return f"{len(differing)} constant(s) of the computation" if differing else None
+            return f"a constant used by `{x.name}`{_where(located)}", located.source
+    return (f"{len(differing)} constant(s) of the computation" if differing else None), None
 
 
 def _same(x: Any, y: Any) -> bool:

@@ -52,6 +52,28 @@ def without_tracebacks(message: str | None) -> str:
     return _XLA_SOURCE_TRACE.sub("", _EMBEDDED_TRACEBACK.sub("", message or ""))
 
 
+_EMBEDDED_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)', re.M)
+
+
+def embedded_raise(message: str | None) -> SourceLocation | None:
+    """Where the exception embedded in a message (a host callback's, as XLA passes it on) was raised: the
+    innermost frame of the user's code in its traceback (never jaxdbg's, jax's or runpy's).
+
+    Example:
+        >>> embedded_raise('CpuCallback error: Traceback (most recent call last):\\n'
+        ...                '  File "/usr/lib/python3.11/runpy.py", line 88, in _run_code\\n'
+        ...                '  File "/home/me/train.py", line 24, in __call__\\nKeyError: "accuracy"')
+        SourceLocation(file='/home/me/train.py', line=24, function='__call__')
+    """
+    from jaxdbg._source import is_user_file
+
+    blocks = list(_EMBEDDED_TRACEBACK.finditer(message or ""))
+    if not blocks:
+        return None
+    frames = [m for m in _EMBEDDED_FRAME.finditer(blocks[-1].group(0)) if is_user_file(m.group(1))]
+    return SourceLocation(frames[-1].group(1), int(frames[-1].group(2)), frames[-1].group(3)) if frames else None
+
+
 def normalise_message(message: str | None) -> str:
     """The message with embedded tracebacks cut to the exception they end with, addresses, paths and numbers
     abstracted, and whitespace collapsed (first 400 chars)."""

@@ -36,7 +36,7 @@ from jaxdbg._source import caller_user_frame
 from jaxdbg.jit_layer import JitCall, JitHook
 from jaxdbg.nonfinite import kind_of
 from jaxdbg.repro.messages import FailureSeen, JitCallSeen, LoweredText
-from jaxdbg.repro.purity import frozen_difference
+from jaxdbg.repro.purity import frozen_site
 
 ANNOUNCED_CALLS = 3  # jit_call messages per function (a training loop must not flood the channel)
 
@@ -69,6 +69,7 @@ class Captured:
     args: list
     failure: FailureSeen
     frozen: str | None = None  # a mismatch: what differs between two traces of the call (see repro.purity)
+    frozen_call: Any = None  # then the call of the user's function that computes it (repro.frozen.FrozenCall)
 
 
 class JitWatch(JitHook):
@@ -154,11 +155,17 @@ class JitWatch(JitHook):
     def _capture(self, call: JitCall, failure: FailureSeen) -> None:
         try:
             closed, flat = trace_flat(call.function.fun, call.function.options, call.args, call.kwargs)
-            frozen = None
+            frozen, frozen_call = None, None
             if failure.kind == "mismatch":  # a trace-time side effect? (a second trace: no cut can show it)
                 again, _ = trace_flat(call.function.fun, call.function.options, call.args, call.kwargs)
-                frozen = frozen_difference(closed, again)
-            self.captured = Captured(call.function.name, closed, flat, failure, frozen)
+                frozen, where = frozen_site(closed, again)
+                if frozen is not None and where is not None:  # the user's function that computes it, called how
+                    from jaxdbg.repro.frozen import record_call  # (it writes programs: repro.operation's helpers)
+
+                    with contextlib.suppress(Exception):  # without it, the parent still names the line
+                        frozen_call = record_call(where, lambda: trace_flat(
+                            call.function.fun, call.function.options, call.args, call.kwargs))
+            self.captured = Captured(call.function.name, closed, flat, failure, frozen, frozen_call)
         except Exception as err:  # noqa: BLE001 - reported to the parent, which falls back to source reduction
             self.capture_error = f"{type(err).__name__}: {err}"
         raise StopRun()
