@@ -417,26 +417,31 @@ def _lambda_step(x):
     jax.debug.callback(lambda v: config["history"].append(v), x)  # a lambda: no source of its own
 
 
-@pytest.mark.parametrize("step, kind, written", [
-    (_saving_step, "io_callback", "if self.saved > 2:"),  # the method alone, its instance from its attributes
-    (_lambda_step, "jax.debug.callback", "raise KeyError('history')"),  # a stand-in raising the same
-], ids=["io_callback-method", "debug-callback-lambda"])
-def test_a_host_callback_is_cut_to_its_function_or_a_stand_in(step, kind, written, tmp_path):
+def test_a_host_callback_is_cut_to_its_function_never_to_a_raise_of_constants(tmp_path):
     from jaxdbg.repro.callback import cut_callback, recorded_callbacks
 
-    with recorded_callbacks() as recorder, pytest.raises(Exception) as caught:  # noqa: B017, PT011
-        jax.jit(step)(jnp.ones(3))
-    failed = recorder.failure
-    assert failed is not None and failed.kind == kind and failed.explains(caught.value)
-    assert failed.raised_at.file == __file__
-    message = normalise_message(str(caught.value))
-    summary = cut_callback(failed, str(tmp_path), type(caught.value).__name__, message, "jit(step)")
-    assert summary.ok and summary.primitives == [kind], summary.reason
+    def recorded(step):
+        with recorded_callbacks() as recorder, pytest.raises(Exception) as caught:  # noqa: B017, PT011
+            jax.jit(step)(jnp.ones(3))
+        assert recorder.failure is not None and recorder.failure.explains(caught.value)
+        assert recorder.failure.raised_at.file == __file__
+        return recorder.failure, type(caught.value).__name__, normalise_message(str(caught.value))
+
+    # A bound method with state, through io_callback: the method alone, its instance from its attributes.
+    failed, exc_type, message = recorded(_saving_step)
+    summary = cut_callback(failed, str(tmp_path), exc_type, message, "jit(step)")
+    assert failed.kind == "io_callback" and summary.ok and summary.primitives == ["io_callback"], summary.reason
     text = (tmp_path / "repro.py").read_text()
-    assert written in text and count_lines(text) <= 15 and imports_of(tmp_path / "repro.py") <= {"jax", "numpy"}
+    assert "if self.saved > 2:" in text and count_lines(text) <= 15
+    assert imports_of(tmp_path / "repro.py") <= {"jax", "numpy"}
     run = run_alone(tmp_path / "repro.py", tmp_path)
     assert run.returncode != 0 and "JaxRuntimeError: INTERNAL: CpuCallback error" in run.stderr
     assert message.endswith(": ".join(raised(run)))  # ... and the traceback XLA passes on ends as it did
+    # A lambda reading a dict it closes over cannot be written alone: no cut (the source reduction answers),
+    # and no stand-in that merely raises KeyError('history').
+    failed, exc_type, message = recorded(_lambda_step)
+    summary = cut_callback(failed, str(tmp_path / "lambda"), exc_type, message, "jit(step)")
+    assert failed.kind == "jax.debug.callback" and not summary.ok and summary.checks == 0
 
 
 def test_a_mismatch_from_a_value_frozen_at_trace_time_is_named_and_shown_standalone(tmp_path):

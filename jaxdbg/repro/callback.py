@@ -8,9 +8,10 @@ arguments of the failing call (step 5's, not step 0's) and the frames of the rai
 :class:`CallbackRecorder` keeps them. The reproducer is that host function, written alone and reduced while it
 still raises the same exception here (:mod:`jaxdbg.repro.standalone`), called through the same callback kind
 from a tiny jitted function on the recorded values. Where the function cannot be written alone (it reads a
-framework object, it has no source), it is the smallest host function that raises the same exception type
-with the same message from the same callback kind. A program is kept only once it raises the same exception
-type with the same normalised message (checked here; the parent then runs it alone in an empty folder).
+framework object, it has no source), nothing is cut here and the source reduction answers: a host function
+that only raised the same exception would be a ``raise`` of constants, never a reproducer. A program is kept
+only once it raises the same exception type with the same normalised message (checked here; the parent then
+runs it alone in an empty folder).
 
 Example:
     >>> import jax
@@ -27,7 +28,6 @@ Example:
 
 from __future__ import annotations
 
-import builtins
 import contextlib
 import inspect
 import logging
@@ -143,43 +143,22 @@ def _user_name(function: Any) -> str | None:
     return next((n for n, v in code_of.__globals__.items() if v is owner and not n.startswith("_")), None)
 
 
-def raising_stub(failed: FailedCallback) -> Standalone:
-    """The smallest host function that raises the same exception type with the same message."""
-    cls = type(failed.error)
-    try:
-        arguments = ", ".join(_static(a) for a in failed.error.args)
-    except EmitError as err:
-        raise NotStandalone(f"the exception's arguments have no literal ({err})") from None
-    defined = "" if getattr(builtins, cls.__name__, None) is cls else \
-        f"class {cls.__name__}({_builtin_base(cls).__name__}):\n    pass\n\n\n"
-    return Standalone("host", (), f"{defined}def host(*args, **kwargs):\n    raise {cls.__name__}({arguments})\n")
-
-
-def _builtin_base(cls: type) -> type:
-    return next(b for b in cls.__mro__ if getattr(builtins, b.__name__, None) is b)
-
-
 def callback_programs(failed: FailedCallback, exc_type: str, origin: str) -> Iterator[tuple[OperationProgram, str]]:
-    """Reproducers to try, with what each is: the user's host function, then a stub raising the same."""
-    host, why = host_function(failed)
-    where = _where(failed.raised_at)
-    if host is not None:
-        with contextlib.suppress(EmitError):
-            yield _program(failed, host, True, exc_type, origin), (
-                f"{REPRO_FILE}: the host function {failed.title} (raised at {where}) written alone, called through "
-                f"{failed.kind} from a jitted function with the values of the failing call")
-    with contextlib.suppress(NotStandalone, EmitError):
-        yield _program(failed, raising_stub(failed), False, exc_type, origin), (
-            f"{REPRO_FILE}: the host function {failed.title} (raised at {where}) cannot be written alone ({why}); "
-            f"a host function raising the same {type(failed.error).__name__} through {failed.kind} stands for it")
+    """The reproducer to try, with what it is: the user's host function written alone. A host function that
+    cannot be written alone gives none (the source reduction answers): a function that only raises the same
+    exception would be a ``raise`` of constants, which the contract says is never a reproducer."""
+    host, _ = host_function(failed)
+    if host is None:
+        return
+    with contextlib.suppress(EmitError):
+        yield _program(failed, host, exc_type, origin), (
+            f"{REPRO_FILE}: the host function {failed.title} (raised at {_where(failed.raised_at)}) written alone, "
+            f"called through {failed.kind} from a jitted function with the values of the failing call")
 
 
-def _program(failed: FailedCallback, host: Standalone, with_arguments: bool, exc_type: str,
-             origin: str) -> OperationProgram:
+def _program(failed: FailedCallback, host: Standalone, exc_type: str, origin: str) -> OperationProgram:
     arrays: list = []
     parts = [_tree(a, arrays) for a in failed.args] + [f"{k}={_tree(v, arrays)}" for k, v in failed.kwargs.items()]
-    if not with_arguments:
-        parts, arrays = [], []
     names = [chr(ord("a") + i) if i < 26 else f"x{i}" for i in range(len(arrays))]
     call = ", ".join([host.name, *_results(failed), *parts]).format(*names)
     if failed.kind == "jax.debug.callback":
@@ -197,15 +176,13 @@ def _program(failed: FailedCallback, host: Standalone, with_arguments: bool, exc
     imports = ["import jax", "import numpy as np"] + (
         ["from jax.experimental import io_callback"] if failed.kind == "io_callback" else [])
     defined = [row for row in host.text().splitlines() if row not in imports]
-    what = "the host function" if with_arguments else "a host function that raises as it did"
-    values = " with the values of the failing call" if with_arguments else ""
     doc = (f'"""jaxdbg repro: {failed.title} raises {failed.raised()} inside {failed.kind}'
-           f'{f" in {origin}" if origin else ""}.\n\nRaised at {_where(failed.raised_at)}. This is {what}, called '
-           f'through {failed.kind} from a\njitted function{values}.'
+           f'{f" in {origin}" if origin else ""}.\n\nRaised at {_where(failed.raised_at)}. This is the host function, '
+           f'called through {failed.kind} from a\njitted function with the values of the failing call.'
            f'\n\n`python {REPRO_FILE}` fails with {exc_type} while the bug is present.\n"""\n')
     lines = [doc + "\n".join(imports), *defined, "", "", f"def f({', '.join(names)}):", body, "", "", *assign,
              f"jax.jit(f)({', '.join(inline)})"]
-    return OperationProgram("\n".join(lines) + "\n", files, with_arguments)
+    return OperationProgram("\n".join(lines) + "\n", files, True)
 
 
 def _tree(value: Any, arrays: list) -> str:

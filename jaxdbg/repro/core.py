@@ -324,7 +324,7 @@ class _Reproduction:
             return None
         self.checks += summary.checks
         done = self._accept_cut(summary, target, flaky, runs, "failing operation", self.verify_reserve + 1)
-        if done is not None and summary.reason:  # what was written: a host callback alone, or its stand-in
+        if done is not None and summary.reason:  # what was written (e.g. a host callback alone)
             self.notes.append(summary.reason)
         return done
 
