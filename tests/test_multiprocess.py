@@ -40,6 +40,11 @@ def test_profile_runs_in_every_process_of_a_two_process_job(tmp_path):
         # The gradient's all-reduce across processes shows in the per-op table, at the user's line.
         ops = {op["category"]: op for op in step["ops"]}
         assert "collective" in ops and ops["collective"]["source"]["file"].endswith("train.py")
+        # ... put there by the batch's split over 'data' (the weights are whole on every device): x.T @ y.
+        cause = next(op["sharding_cause"] for op in step["ops"] if op["category"] == "collective")
+        assert [(a["argument"], a["sharding"]) for a in cause["arguments"]] == [("x", "P('data')")]
+        # (XLA combines it with the loss's mean: one all-reduce for "dot_general, reduce_sum".)
+        assert cause["axes"] == ["data"] and cause["op"].startswith("dot_general") and cause["devices"]
         assert os.path.isdir(out / f"process-{index}" / "trace")
     # Every process's capture, gathered into process 0's --out through the key-value store: one xprof session
     # (one run folder, a host per process), which xprof's converter opens with both hosts on one timeline.

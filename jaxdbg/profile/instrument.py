@@ -258,7 +258,7 @@ class Recorder(JitHook):
             lowered = function.jitted.lower(*args, **kwargs)
             compiled = lowered.compile()
             text = compiled.as_text()
-            paths = write_hlo(self.out_dir, record.name, record.compiles, lowered.as_text(), text)
+            paths = write_hlo(self.out_dir, record.name, record.compiles, lowered.as_text(), text, compiled)
             found: dict[str, Any] = {"hlo": paths, "module": module_name(text), "cost": _compat.compiled_cost(compiled),
                      "memory": _compat.compiled_memory(compiled)}
         except Exception as err:  # noqa: BLE001 - analysis is best effort; the user's run goes on

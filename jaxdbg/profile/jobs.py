@@ -278,7 +278,7 @@ def function_job(job: ProfileJob, channel: Any) -> None:
                 0, 0, trace_s=t1 - t0, lower_s=t2 - t1, compile_s=t3 - t2, total_s=t3 - t0,
                 signature=_signature_text(args),
                 dtypes=tuple(short_dtype(a.dtype) for a in args if hasattr(a, "dtype")),
-                hlo=write_hlo(job.out_dir, name, 0, lowered.as_text(), text), module=module_name(text),
+                hlo=write_hlo(job.out_dir, name, 0, lowered.as_text(), text, compiled), module=module_name(text),
                 cost=_compat.compiled_cost(compiled), memory=_compat.compiled_memory(compiled),
             ))
             recorder.eager_spans.clear()  # the AOT compile above, already counted stage by stage

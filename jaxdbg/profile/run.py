@@ -244,6 +244,7 @@ def attach_ops(functions: list[FunctionProfile], captured: CaptureOps, top: int)
 
     ``captured.by_prefix``: xprof's hlo_stats keyed by framework-op prefix (``jit(train_step)``), used
     first; ``captured.by_module``: the capture's own op events keyed by HLO module (``jit_train_step``)."""
+    from jaxdbg.profile.collectives import read_specs
     from jaxdbg.profile.hlo import parse_hlo
     from jaxdbg.profile.ops import function_ops
 
@@ -256,6 +257,8 @@ def attach_ops(functions: list[FunctionProfile], captured: CaptureOps, top: int)
         if path and os.path.exists(path):
             with open(path) as handle:
                 module = parse_hlo(handle.read())
+            if function.hlo.get("shardings"):
+                read_specs(module, function.hlo["shardings"])
         name = function.module or (module.name if module else f"jit_{function.name}")
         rows, source = function_ops(function.name, name, module, captured.by_prefix, captured.by_module, top)
         updated.append(dataclasses.replace(function, ops=rows, ops_source=source))
