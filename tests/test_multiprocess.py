@@ -98,6 +98,12 @@ def test_four_processes_one_straggler(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((tmp_path / "job.json").read_text())["result"]
     assert [r["index"] for r in result["processes"]] == [0, 1, 2, 3] and result["stragglers"] == [1]
+    # Every process's per-op table names the sharding behind the gradient's all-reduce over the 4 processes.
+    for index in range(4):
+        step = next(f for f in json.loads((tmp_path / "p" / f"process-{index}" / "report.json").read_text())[
+            "result"]["functions"] if f["name"] == "step")
+        cause = next(op["sharding_cause"] for op in step["ops"] if op["category"] == "collective")
+        assert [a["argument"] for a in cause["arguments"]] == ["x"] and cause["axes"] == ["data"]
 
 
 def test_nan_hunt_names_the_process_device_and_shard_of_the_origin(tmp_path):
@@ -147,6 +153,24 @@ def test_a_process_that_dies_is_named_not_waited_for(tmp_path):
     assert rows[0]["note"] == "" and rows[1]["note"].startswith("process 1 sent no report (it stopped answering")
     assert "last seen" in rows[1]["note"]
     assert any(note.startswith("process 1 stopped answering") for note in report["result"]["notes"])
+
+
+def test_a_process_that_hangs_is_named_with_where_it_stands(tmp_path):
+    """Process 1 sleeps forever in host code at step 1 (its heartbeat thread alive), process 0 waits for it in
+    the all-reduce: --timeout ends the job (exit 3), and process 0's error line names process 1 and the line
+    its main thread stands at, read by its heartbeat; process 1 does not blame process 0, which waits in a call."""
+    program = os.path.join(CORPUS, "multihost_hangs", "train.py")
+    line = next(i for i, text in enumerate(open(program), start=1) if "the stuck read" in text)
+    done = launch(["profile", program, "--out", str(tmp_path / "p"), "-q", "--json", str(tmp_path / "job.json"),
+                   "--timeout", "20", "--trace-calls", "0"], 2, devices=1)
+    report = json.loads((tmp_path / "job.json").read_text())
+    assert done.returncode == 3 and report["exit_code"] == 3, done.stderr[-3000:]
+    error = report["result"]["error"]
+    assert error.startswith("the target timed out") and "process 1 hangs: alive (its heartbeat runs)" in error
+    assert "it stands after step call 0, " in error and f"train.py:{line} (read_batch)" in error
+    assert "(process 0 waits in step call 1" in error and error in done.stderr
+    peer = json.loads((tmp_path / "p" / "process-1" / "report.json").read_text())
+    assert peer["exit_code"] == 3 and not any("hangs" in note for note in peer["result"]["notes"])
 
 
 def test_processes_that_run_different_commands_stop_with_one_line(tmp_path):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -95,7 +96,7 @@ def profile(spec: TargetSpec, options: ProfileOptions, out_dir: str) -> ProfileR
     functions = [dataclasses.replace(f, rates=_rates(f, peak or _table(gathered, f))) for f in functions]
     totals = gathered.totals_for(functions, outcome.elapsed_s, mode)
     budget = check_budget(rules, tuple(functions), totals)
-    error, error_source = _error(outcome)
+    error, error_source = _error(outcome, gathered.trace_errors)
     stragglers, straggler_hints = find_stragglers(list(gathered.job))
     other = other_target_note(baseline, spec.text) if baseline is not None else None
     other_target = (other,) if other else ()
@@ -202,10 +203,14 @@ def stopped_in_jitted_call(outcome: Outcome) -> bool:
                for path in _STACK_FILE.findall(text or ""))
 
 
-def _error(outcome: Outcome) -> tuple[str | None, SourceLocation | None]:
+def _error(outcome: Outcome, notes: Sequence[str] = ()) -> tuple[str | None, SourceLocation | None]:
+    """The failure in one line; a job stopped at --timeout names the process it hung on (its heartbeat's note)."""
     if outcome.ok:
         return None, None
     text = f"the target {outcome.describe()}"
+    hung = next((note for note in notes if " hangs: alive" in note), None) if outcome.status == "timeout" else None
+    if hung:
+        text = f"{text}: {hung}"
     frame = outcome.exception.user_frame if outcome.exception else outcome.crash_frame
     return text, frame
 
