@@ -123,6 +123,19 @@ def test_nan_hunt_names_the_process_device_and_shard_of_the_origin(tmp_path):
     assert (tmp_path / "n" / "process-1" / "nan_bundle.json").exists()
 
 
+def test_nan_hunt_in_four_processes_names_the_process_and_device_of_the_bad_shard(tmp_path):
+    """4 processes of 1 device: process 1's rows are global rows 4-7, held by its one device."""
+    program = os.path.join(CORPUS, "multihost_nan", "train.py")
+    done = launch(["nan-hunt", program, "--out", str(tmp_path / "n"), "-q", "--json", str(tmp_path / "job.json")], 4,
+                  devices=1)
+    assert done.returncode == 1, done.stderr[-3000:]
+    result = json.loads((tmp_path / "job.json").read_text())["result"]
+    first, devices = result["first"], json.loads((tmp_path / "job.json").read_text())["environment"]["devices"]
+    assert (first["primitive"], first["call_index"], first["process"], first["shard"]) == ("log", 2, 1, [[4, 8], [0, 1]])
+    assert first["device"] == f"cpu:{next(d['id'] for d in devices if d['process_index'] == 1)}"
+    assert [(p["index"], p["found"]) for p in result["processes"]] == [(i, True) for i in range(4)]
+
+
 def test_doctor_reports_the_job_and_compares_versions(tmp_path):
     done = launch(["doctor", "--no-profiler", "--out", str(tmp_path / "d"), "-q", "--json", str(tmp_path / "d.json")], 2)
     assert done.returncode == 0, done.stderr[-3000:]
