@@ -73,15 +73,16 @@ def test_collective_rows_name_the_argument_axis_and_op_that_put_them_there(tmp_p
     assert "over mesh axis 'model': params['w1'] P('model', None), batch['x'] P('data', 'model') split" in done.stdout
 
 
-def test_hlo_sharding_forms_and_groups_read_without_a_mesh():
-    """A capture's HLO (no shardings.json): the HLO's own sharding text names the argument's pieces."""
+def test_hlo_sharding_forms_and_groups_read_without_a_mesh(tmp_path):
+    """A capture's HLO (no shardings.json): the HLO's own sharding text names the argument's pieces. Then a
+    collective inside a scan's body: followed out of the loop to the arguments, its mesh axis named."""
     import jax
     import jax.numpy as jnp
     import numpy as np
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    from jaxdbg.profile.collectives import sharding_cause
+    from jaxdbg.profile.collectives import argument_specs, read_specs, sharding_cause, write_specs
     from jaxdbg.profile.hlo import parse_hlo
 
     mesh = Mesh(np.array(jax.devices()[:4]), ("data",))
@@ -91,3 +92,20 @@ def test_hlo_sharding_forms_and_groups_read_without_a_mesh():
     (cause,) = [sharding_cause(module, name) for name, op in module.ops.items() if op.category == "collective"]
     assert [a.argument for a in cause.arguments] == ["x"] and cause.arguments[0].sharding.startswith("{devices=[4")
     assert cause.axes == () and cause.op == "dot_general"
+
+    mesh = Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("data", "model"))
+    w = jax.device_put(jnp.ones((16, 8)), NamedSharding(mesh, P("model", None)))
+    xs = jax.device_put(jnp.ones((3, 4, 16)), NamedSharding(mesh, P(None, None, "model")))
+    unused = jax.device_put(jnp.ones(2), NamedSharding(mesh, P("data")))
+
+    def scanned(w, unused, xs):
+        return jax.lax.scan(lambda c, x: (c + jnp.sum(x @ w), None), 0.0, xs)[0]
+
+    compiled = jax.jit(scanned).lower(w, unused, xs).compile()
+    module = parse_hlo(compiled.as_text())
+    write_specs(str(tmp_path / "s.json"), argument_specs(compiled))
+    read_specs(module, str(tmp_path / "s.json"))  # the unused argument is dropped: xs is still matched by name
+    (cause,) = [sharding_cause(module, name) for name, op in module.ops.items() if op.category == "collective"]
+    assert [(a.argument, a.sharding) for a in cause.arguments] == [("w", "P('model', None)"),
+                                                                   ("xs", "P(None, None, 'model')")]
+    assert cause.axes == ("model",) and cause.op_name.endswith("dot_general") and "while" in cause.op_name

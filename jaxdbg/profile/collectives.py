@@ -42,8 +42,13 @@ COLLECTIVES = {"all-reduce", "all-gather", "reduce-scatter", "all-to-all", "coll
 _DONE = {"all-reduce-done", "all-gather-done", "collective-permute-done"}
 _PARAMETER_NUMBER = re.compile(r"parameter\((\d+)\)")
 _IOTA = re.compile(r"\[([\d,]*)\]<=\[([\d,]*)\](?:T\(([\d,]*)\))?")
-# XLA's mesh form of replica groups: the devices of a mesh (in iota order, or as given), grouped along axes.
-_MESH_GROUPS = re.compile(r"mesh\[([^\]]*)\](?:<=\[([\d,]*)\](?:T\(([\d,]*)\))?)?\s*\{([^}]*)\}")
+# XLA's mesh form of replica groups: the devices of a mesh (in iota order, or as given after it, e.g.
+# "<=[2,2]T(1,0)" or ", device_ids=([2,2]T(1,0))" or ", device_ids=(0,2,1,3)"), grouped along some of its axes.
+_MESH_GROUPS = re.compile(r"mesh\[([^\]]*)\](.*?)\{([^}]*)\}")
+_MESH_IOTA = re.compile(r"\[([\d,]*)\](?:T\(([\d,]*)\))?")
+_MESH_LIST = re.compile(r"device_ids=\(([\d,\s]*)\)")
+# ... and of a sharding: the mesh, then for each dimension the axes split over it.
+_MESH_SHARDING = re.compile(r"\{mesh\[([^\]]*)\](.*?),?\s*\[((?:\{[^}]*\},?\s*)*)\](.*)\}$")
 _VISIT_LIMIT = 20_000
 
 
@@ -137,10 +142,7 @@ def _parameter_number(inst: Instruction) -> int | None:
 def _entry_ancestors(module: HloModule, start: Instruction) -> list[Instruction]:
     """The entry parameters ``start`` depends on; a parameter of a loop body or called computation leads on
     to the operands of the instructions that call it (the loop's whole state: an over-approximation)."""
-    callers: dict[str, list[Instruction]] = {}
-    for inst in module.instructions.values():
-        for called in inst.calls:
-            callers.setdefault(called, []).append(inst)
+    callers: dict[str, list[Instruction]] | None = None  # built when a called computation's parameter is met
     found, seen, frontier = [], {start.name}, [start]
     while frontier and len(seen) < _VISIT_LIMIT:
         inst = frontier.pop()
@@ -148,6 +150,11 @@ def _entry_ancestors(module: HloModule, start: Instruction) -> list[Instruction]
             if inst.computation == module.entry:
                 found.append(inst)
                 continue
+            if callers is None:
+                callers = {}
+                for other in module.instructions.values():
+                    for called in other.calls:
+                        callers.setdefault(called, []).append(other)
             following = [o for caller in callers.get(inst.computation, ()) for o in caller.operands]
         else:
             following = list(inst.operands)
@@ -175,7 +182,11 @@ def tile_map(sharding: str) -> dict[int, tuple[int, ...]] | None:
         {0: (0, 0), 2: (0, 0), 1: (1, 0), 3: (1, 0)}
         >>> tile_map("{devices=[2,1]1,0}"), tile_map("{replicated}")
         ({1: (0, 0), 0: (1, 0)}, None)
+        >>> tile_map("{mesh['data'=2,'model'=2], [{'model'}, {}]}")
+        {0: (0, 0), 1: (1, 0), 2: (0, 0), 3: (1, 0)}
     """
+    if sharding.strip().startswith("{mesh["):
+        return _mesh_tiles(sharding)
     match = re.match(r"\{devices=\[([\d,]+)\]([^ }]*)(.*)\}$", sharding.strip())
     if not match:
         return None
@@ -215,17 +226,57 @@ def device_groups(text: str) -> list[list[int]]:
             if _ints(group)]
 
 
+def _mesh_ids(sizes: list[int], written: str) -> np.ndarray | None:
+    """The device numbers of a mesh of ``sizes``, as written after ``mesh[...]`` (iota order by default)."""
+    listed, iota = _MESH_LIST.search(written), _MESH_IOTA.search(written)
+    try:
+        if listed and not iota:
+            return np.array(_ints(listed.group(1))).reshape(sizes)
+        return _iota(sizes, _ints(iota.group(1)) if iota else [math.prod(sizes)],
+                     _ints(iota.group(2)) if iota else None)
+    except ValueError:
+        return None
+
+
+def _mesh_tiles(sharding: str) -> dict[int, tuple[int, ...]] | None:
+    """``tile_map`` of XLA's named form ``{mesh['data'=2,'model'=2], [{}, {'model'}]}``: for each dimension,
+    the mesh axes split over it (major first)."""
+    match = _MESH_SHARDING.match(sharding.strip())
+    if not match or ":" in match.group(3):
+        return None
+    axes = re.findall(r"'([^']*)'=(\d+)", match.group(1))
+    names, sizes = [name for name, _ in axes], [int(size) for _, size in axes]
+    per_dim = [re.findall(r"'([^']*)'", dim) for dim in re.findall(r"\{([^}]*)\}", match.group(3))]
+    ids = _mesh_ids(sizes, match.group(2))
+    if ids is None or not any(per_dim) or any(name not in names for dim in per_dim for name in dim):
+        return None
+    tiles = {}
+    for coords in np.ndindex(*sizes):
+        tile = []
+        for dim in per_dim:
+            index = 0
+            for name in dim:
+                axis = names.index(name)
+                index = index * sizes[axis] + coords[axis]
+            tile.append(index)
+        tiles[int(ids[coords])] = tuple(tile)
+    return tiles
+
+
 def _mesh_groups(match: re.Match) -> list[list[int]]:
     """Groups of ``mesh['x'=2,'y'=4] {'y'}``: the devices that differ only along the named axes; [] (unknown)
-    for forms not read here (sub-axes)."""
+    for forms not read here (sub-axes).
+
+        >>> _mesh_groups(_MESH_GROUPS.fullmatch("mesh['a'=1,'b'=2,'c'=2], device_ids=([2,2]T(1,0)) {'b'}"))
+        [[0, 1], [2, 3]]
+    """
     axes = re.findall(r"'([^']*)'=(\d+)", match.group(1))
-    grouped = re.findall(r"'([^']*)'", match.group(4))
+    grouped = re.findall(r"'([^']*)'", match.group(3))
     names, sizes = [name for name, _ in axes], [int(size) for _, size in axes]
-    if not axes or any(name not in names for name in grouped) or ":" in match.group(4):
+    if not axes or any(name not in names for name in grouped) or ":" in match.group(3):
         return []
-    try:
-        ids = _iota(sizes, _ints(match.group(2)) or [math.prod(sizes)], _ints(match.group(3)) or None)
-    except ValueError:
+    ids = _mesh_ids(sizes, match.group(2))
+    if ids is None:
         return []
     inner = [names.index(name) for name in grouped]
     order = [axis for axis in range(len(sizes)) if axis not in inner] + inner
