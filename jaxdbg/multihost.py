@@ -184,9 +184,9 @@ class Heartbeat:
     with the main thread's user frame under ``where`` every second from a daemon thread while the program
     runs, and watches the other processes' heartbeats: one that stops moving for ``SILENT_S`` (the process
     died, or froze) is passed once to ``on_lost(index, line)``. This thread keeps beating while the program's
-    own thread waits in a collective for a peer, so a live process never looks lost; a peer whose program
-    (progress and frame) stands still for ``hung_s`` while this one's does too is passed once as hung, with
-    where it stands, unless it waits inside a jitted call for this process, which stands outside one."""
+    own thread waits in a collective for a peer, so a live process never looks lost. Once programs (progress
+    and frame) stand still for ``hung_s``, this one's too, the process the job hangs on (this one, possibly:
+    :func:`hung_processes`) is passed once to ``on_lost`` with a line saying where it stands."""
 
     def __init__(self, command: str, state: Callable[[], dict], on_lost: Callable[[int, str], None] | None = None,
                  hung_s: float = HUNG_S):
@@ -224,12 +224,11 @@ class Heartbeat:
         if place is None:
             return
         now = time.monotonic()
-        mine = peek(self.command, "where", place.index)
-        waiting = self._stalled(place.index, mine, now)  # a peer that stands still matters when this one waits
+        states = {place.index: peek(self.command, "where", place.index)}
         for peer in range(place.count):
             if peer == place.index or peer in self._lost:
                 continue
-            where = peek(self.command, "where", peer)
+            where = states[peer] = peek(self.command, "where", peer)
             beat = where.get("beat") if isinstance(where, dict) else None
             last = self._seen.get(peer)
             if last is None or last[0] != beat:
@@ -238,17 +237,18 @@ class Heartbeat:
                 self._lost.add(peer)
                 _silent.add(peer)
                 _lost_peers.add(peer)
+                del states[peer]
                 stood = f"; last seen {where['text']}" if isinstance(where, dict) and where.get("text") else ""
                 assert self.on_lost is not None
                 self.on_lost(peer, f"process {peer} stopped answering {now - last[1]:.0f} s ago (it died or froze)"
                              f"{stood}")
-                continue
-            # A peer inside a jitted call while this process is outside one waits for this one: not the hung one.
-            waits_for_me = isinstance(where, dict) and where.get("in_call") and not (mine or {}).get("in_call")
-            if self._stalled(peer, where, now) and waiting and not waits_for_me and peer not in self._hung:
-                self._hung.add(peer)
+        stalled = {index: where for index, where in states.items() if self._stalled(index, where, now)}
+        for index, waiter in hung_processes(place.index, stalled):
+            if index not in self._hung:
+                self._hung.add(index)
                 assert self.on_lost is not None
-                self.on_lost(peer, hung_line(peer, where, now - self._moved[peer][1], place.index, mine or {}))
+                self.on_lost(index, hung_line(index, stalled[index], now - self._moved[index][1], waiter,
+                                              stalled[waiter]))
 
     def _stalled(self, index: int, where: Any, now: float) -> bool:
         """Whether process ``index``'s program (not its heartbeat) has stood still for ``hung_s``."""
@@ -266,6 +266,36 @@ class Heartbeat:
         if self._thread is not None:
             self._thread.join(timeout=5)
         self._beat()
+
+
+def hung_processes(me: int, stalled: dict[int, dict]) -> list[tuple[int, int]]:
+    """Which processes the job hangs on, each with one that waits for it, given where the processes whose
+    program stands still are (``in_call``: inside a jitted call). Only while this process stands still too.
+    A process inside a jitted call while another stands outside one waits in a collective for it: the one
+    outside is named; where this process is the only one outside, it names itself.
+
+    Example:
+        >>> inside, outside = {"in_call": True}, {"in_call": False}
+        >>> hung_processes(0, {0: inside, 1: outside})    # process 0 waits in the all-reduce for process 1
+        [(1, 0)]
+        >>> hung_processes(1, {0: inside, 1: outside})    # process 1 does not blame the process that waits for it
+        [(1, 0)]
+        >>> hung_processes(0, {0: outside, 1: inside, 2: inside})  # process 0 is the one the others wait for
+        [(0, 1)]
+        >>> hung_processes(0, {0: outside, 1: outside}), hung_processes(0, {1: outside})
+        ([(1, 0)], [])
+        >>> hung_processes(0, {0: outside})   # no other process stands still: nothing hangs on this one
+        []
+    """
+    if me not in stalled or len(stalled) < 2:
+        return []
+    inside = [i for i, where in stalled.items() if where.get("in_call")]
+    outside = [i for i in stalled if i not in inside]
+    if not outside:  # every one waits inside a call (collectives that do not match): each names the others
+        return [(i, me) for i in inside if i != me]
+    waiter = inside[0] if inside else me
+    named = [i for i in outside if i != me] if me in outside and len(outside) > 1 else outside
+    return [(i, waiter) for i in named]
 
 
 def hung_wait(timeout: float | None) -> float:
