@@ -302,10 +302,10 @@ def hung_wait(timeout: float | None) -> float:
     """How long a program must stand still to be called hung: ``HUNG_S``, or well within ``--timeout`` so the
     line is written before the run is stopped.
 
-        >>> hung_wait(None), hung_wait(30)
-        (60.0, 12.0)
+        >>> hung_wait(None), hung_wait(24)
+        (60.0, 6.0)
     """
-    return HUNG_S if timeout is None else max(min(HUNG_S, 0.4 * timeout), 2.0)
+    return HUNG_S if timeout is None else max(min(HUNG_S, 0.25 * timeout), 2.0)
 
 
 def main_thread_frame() -> str:

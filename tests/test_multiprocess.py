@@ -175,7 +175,7 @@ def test_a_process_that_hangs_is_named_with_where_it_stands(tmp_path):
     program = os.path.join(CORPUS, "multihost_hangs", "train.py")
     line = next(i for i, text in enumerate(open(program), start=1) if "the stuck read" in text)
     done = launch(["profile", program, "--out", str(tmp_path / "p"), "-q", "--json", str(tmp_path / "job.json"),
-                   "--timeout", "20", "--trace-calls", "0"], 2, devices=1)
+                   "--timeout", "24", "--trace-calls", "0"], 2, devices=1)
     report = json.loads((tmp_path / "job.json").read_text())
     assert done.returncode == 3 and report["exit_code"] == 3, done.stderr[-3000:]
     error = report["result"]["error"]
