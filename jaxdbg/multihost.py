@@ -29,6 +29,7 @@ from jaxdbg._errors import JobMismatchError
 
 HEARTBEAT_S = 1.0
 SILENT_S = 15.0  # a peer whose heartbeat has not moved for this long is reported as lost (dead or frozen)
+HUNG_S = 60.0  # a peer alive but whose program has not moved for this long, while this one waits too: hung
 
 
 @dataclass(frozen=True)
@@ -179,18 +180,24 @@ def peek(command: str, what: str, index: int) -> Any:
 
 
 class Heartbeat:
-    """Publishes ``state()`` (a dict with a ``text``) under ``where`` every second from a daemon thread while
-    the program runs, and watches the other processes' heartbeats: one that stops moving for ``SILENT_S``
-    (the process died, or froze) is passed once to ``on_lost(index, line)``. This thread keeps beating while
-    the program's own thread waits in a collective for a peer, so a live process never looks lost."""
+    """Publishes ``state()`` (a dict with a ``text``, a ``progress`` mark and ``in_call``: inside a jitted call)
+    with the main thread's user frame under ``where`` every second from a daemon thread while the program
+    runs, and watches the other processes' heartbeats: one that stops moving for ``SILENT_S`` (the process
+    died, or froze) is passed once to ``on_lost(index, line)``. This thread keeps beating while the program's
+    own thread waits in a collective for a peer, so a live process never looks lost. Once programs (progress
+    and frame) stand still for ``hung_s``, this one's too, the process the job hangs on (this one, possibly:
+    :func:`hung_processes`) is passed once to ``on_lost`` with a line saying where it stands."""
 
-    def __init__(self, command: str, state: Callable[[], dict], on_lost: Callable[[int, str], None] | None = None):
-        self.command, self.state, self.on_lost = command, state, on_lost
+    def __init__(self, command: str, state: Callable[[], dict], on_lost: Callable[[int, str], None] | None = None,
+                 hung_s: float = HUNG_S):
+        self.command, self.state, self.on_lost, self.hung_s = command, state, on_lost, hung_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._beats = 0
         self._seen: dict[int, tuple[Any, float]] = {}  # peer -> (its latest beat, when it last moved)
         self._lost: set[int] = set()
+        self._moved: dict[int, tuple[Any, float]] = {}  # process -> (where its program stands, since when)
+        self._hung: set[int] = set()
 
     def start(self) -> None:
         if self._thread is None:
@@ -200,7 +207,11 @@ class Heartbeat:
 
     def _beat(self) -> None:
         self._beats += 1
-        publish(self.command, "where", {**self.state(), "beat": self._beats})
+        state = self.state()
+        frame = main_thread_frame()
+        if frame:
+            state = {**state, "frame": frame, "text": f"{state.get('text', '')}, at {frame}".lstrip(", ")}
+        publish(self.command, "where", {**state, "beat": self._beats})
 
     def _run(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):
@@ -213,10 +224,11 @@ class Heartbeat:
         if place is None:
             return
         now = time.monotonic()
+        states = {place.index: peek(self.command, "where", place.index)}
         for peer in range(place.count):
             if peer == place.index or peer in self._lost:
                 continue
-            where = peek(self.command, "where", peer)
+            where = states[peer] = peek(self.command, "where", peer)
             beat = where.get("beat") if isinstance(where, dict) else None
             last = self._seen.get(peer)
             if last is None or last[0] != beat:
@@ -225,16 +237,105 @@ class Heartbeat:
                 self._lost.add(peer)
                 _silent.add(peer)
                 _lost_peers.add(peer)
+                del states[peer]
                 stood = f"; last seen {where['text']}" if isinstance(where, dict) and where.get("text") else ""
                 assert self.on_lost is not None
                 self.on_lost(peer, f"process {peer} stopped answering {now - last[1]:.0f} s ago (it died or froze)"
                              f"{stood}")
+        stalled = {index: where for index, where in states.items() if self._stalled(index, where, now)}
+        for index, waiter in hung_processes(place.index, stalled):
+            if index not in self._hung:
+                self._hung.add(index)
+                assert self.on_lost is not None
+                self.on_lost(index, hung_line(index, stalled[index], now - self._moved[index][1], waiter,
+                                              stalled[waiter]))
+
+    def _stalled(self, index: int, where: Any, now: float) -> bool:
+        """Whether process ``index``'s program (not its heartbeat) has stood still for ``hung_s``."""
+        if not isinstance(where, dict):
+            return False
+        mark = (where.get("progress"), where.get("frame"))
+        last = self._moved.get(index)
+        if last is None or last[0] != mark:
+            self._moved[index] = (mark, now)
+            return False
+        return now - last[1] >= self.hung_s
 
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
         self._beat()
+
+
+def hung_processes(me: int, stalled: dict[int, dict]) -> list[tuple[int, int]]:
+    """Which processes the job hangs on, each with one that waits for it, given where the processes whose
+    program stands still are (``in_call``: inside a jitted call). Only while this process stands still too.
+    A process inside a jitted call while another stands outside one waits in a collective for it: the one
+    outside is named; where this process is the only one outside, it names itself.
+
+    Example:
+        >>> inside, outside = {"in_call": True}, {"in_call": False}
+        >>> hung_processes(0, {0: inside, 1: outside})    # process 0 waits in the all-reduce for process 1
+        [(1, 0)]
+        >>> hung_processes(1, {0: inside, 1: outside})    # process 1 does not blame the process that waits for it
+        [(1, 0)]
+        >>> hung_processes(0, {0: outside, 1: inside, 2: inside})  # process 0 is the one the others wait for
+        [(0, 1)]
+        >>> hung_processes(0, {0: outside, 1: outside}), hung_processes(0, {1: outside})
+        ([(1, 0)], [])
+        >>> hung_processes(0, {0: outside})   # no other process stands still: nothing hangs on this one
+        []
+    """
+    if me not in stalled or len(stalled) < 2:
+        return []
+    inside = [i for i, where in stalled.items() if where.get("in_call")]
+    outside = [i for i in stalled if i not in inside]
+    if not outside:  # every one waits inside a call (collectives that do not match): each names the others
+        return [(i, me) for i in inside if i != me]
+    waiter = inside[0] if inside else me
+    named = [i for i in outside if i != me] if me in outside and len(outside) > 1 else outside
+    return [(i, waiter) for i in named]
+
+
+def hung_wait(timeout: float | None) -> float:
+    """How long a program must stand still to be called hung: ``HUNG_S``, or well within ``--timeout`` so the
+    line is written before the run is stopped.
+
+        >>> hung_wait(None), hung_wait(24)
+        (60.0, 6.0)
+    """
+    return HUNG_S if timeout is None else max(min(HUNG_S, 0.25 * timeout), 2.0)
+
+
+def main_thread_frame() -> str:
+    """Where the program's main thread stands: its innermost frame in user code, as ``file:line (function)``
+    ("" where none is: the thread is inside jax or jaxdbg only). Read from another thread (the heartbeat's),
+    so it names the line of a program that is stuck in host code or blocked in a collective."""
+    import sys
+
+    from jaxdbg._source import is_user_file
+
+    frame = sys._current_frames().get(threading.main_thread().ident or -1)
+    while frame is not None and not is_user_file(frame.f_code.co_filename):
+        frame = frame.f_back
+    return "" if frame is None else f"{frame.f_code.co_filename}:{frame.f_lineno} ({frame.f_code.co_name})"
+
+
+def hung_line(peer: int, where: dict, still_s: float, me: int, mine: dict) -> str:
+    """One line naming a process that is alive (its heartbeat runs) but whose program stopped moving.
+
+    Example:
+        >>> line = hung_line(1, {"text": "after step call 2, at train.py:30 (<module>)"}, 12.0, 0,
+        ...                  {"text": "in step call 3, at train.py:33 (<module>)"})
+        >>> line.partition(";")[0]
+        'process 1 hangs: alive (its heartbeat runs) but its program has not moved for 12 s'
+        >>> line.partition("; ")[2].partition(" (process")[0]
+        'it stands after step call 2, at train.py:30 (<module>)'
+    """
+    waits = f" (process {me} waits {mine['text']})" if mine.get("text") else ""
+    return (f"process {peer} hangs: alive (its heartbeat runs) but its program has not moved for {still_s:.0f} s; "
+            f"it stands {where.get('text') or 'at an unknown place'}{waits}")
 
 
 def leave_job(wait_s: float = 10.0) -> None:

@@ -40,6 +40,11 @@ def test_profile_runs_in_every_process_of_a_two_process_job(tmp_path):
         # The gradient's all-reduce across processes shows in the per-op table, at the user's line.
         ops = {op["category"]: op for op in step["ops"]}
         assert "collective" in ops and ops["collective"]["source"]["file"].endswith("train.py")
+        # ... put there by the batch's split over 'data' (the weights are whole on every device): x.T @ y.
+        cause = next(op["sharding_cause"] for op in step["ops"] if op["category"] == "collective")
+        assert [(a["argument"], a["sharding"]) for a in cause["arguments"]] == [("x", "P('data')")]
+        # (XLA combines it with the loss's mean: one all-reduce for "dot_general, reduce_sum".)
+        assert cause["axes"] == ["data"] and cause["op"].startswith("dot_general") and cause["devices"]
         assert os.path.isdir(out / f"process-{index}" / "trace")
     # Every process's capture, gathered into process 0's --out through the key-value store: one xprof session
     # (one run folder, a host per process), which xprof's converter opens with both hosts on one timeline.
@@ -93,6 +98,12 @@ def test_four_processes_one_straggler(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((tmp_path / "job.json").read_text())["result"]
     assert [r["index"] for r in result["processes"]] == [0, 1, 2, 3] and result["stragglers"] == [1]
+    # Every process's per-op table names the sharding behind the gradient's all-reduce over the 4 processes.
+    for index in range(4):
+        step = next(f for f in json.loads((tmp_path / "p" / f"process-{index}" / "report.json").read_text())[
+            "result"]["functions"] if f["name"] == "step")
+        cause = next(op["sharding_cause"] for op in step["ops"] if op["category"] == "collective")
+        assert [a["argument"] for a in cause["arguments"]] == ["x"] and cause["axes"] == ["data"]
 
 
 def test_nan_hunt_names_the_process_device_and_shard_of_the_origin(tmp_path):
@@ -110,6 +121,19 @@ def test_nan_hunt_names_the_process_device_and_shard_of_the_origin(tmp_path):
     assert first["device"] == f"cpu:{json.loads((tmp_path / 'n' / 'process-1' / 'report.json').read_text())['environment']['devices'][3]['id']}"
     assert [(p["index"], p["found"]) for p in result["processes"]] == [(0, True), (1, True)]
     assert (tmp_path / "n" / "process-1" / "nan_bundle.json").exists()
+
+
+def test_nan_hunt_in_four_processes_names_the_process_and_device_of_the_bad_shard(tmp_path):
+    """4 processes of 1 device: process 1's rows are global rows 4-7, held by its one device."""
+    program = os.path.join(CORPUS, "multihost_nan", "train.py")
+    done = launch(["nan-hunt", program, "--out", str(tmp_path / "n"), "-q", "--json", str(tmp_path / "job.json")], 4,
+                  devices=1)
+    assert done.returncode == 1, done.stderr[-3000:]
+    result = json.loads((tmp_path / "job.json").read_text())["result"]
+    first, devices = result["first"], json.loads((tmp_path / "job.json").read_text())["environment"]["devices"]
+    assert (first["primitive"], first["call_index"], first["process"], first["shard"]) == ("log", 2, 1, [[4, 8], [0, 1]])
+    assert first["device"] == f"cpu:{next(d['id'] for d in devices if d['process_index'] == 1)}"
+    assert [(p["index"], p["found"]) for p in result["processes"]] == [(i, True) for i in range(4)]
 
 
 def test_doctor_reports_the_job_and_compares_versions(tmp_path):
@@ -142,6 +166,25 @@ def test_a_process_that_dies_is_named_not_waited_for(tmp_path):
     assert rows[0]["note"] == "" and rows[1]["note"].startswith("process 1 sent no report (it stopped answering")
     assert "last seen" in rows[1]["note"]
     assert any(note.startswith("process 1 stopped answering") for note in report["result"]["notes"])
+
+
+def test_a_process_that_hangs_is_named_with_where_it_stands(tmp_path):
+    """Process 1 sleeps forever in host code at step 1 (its heartbeat thread alive), process 0 waits for it in
+    the all-reduce: --timeout ends the job (exit 3), and process 0's error line names process 1 and the line
+    its main thread stands at, read by its heartbeat."""
+    program = os.path.join(CORPUS, "multihost_hangs", "train.py")
+    line = next(i for i, text in enumerate(open(program), start=1) if "the stuck read" in text)
+    done = launch(["profile", program, "--out", str(tmp_path / "p"), "-q", "--json", str(tmp_path / "job.json"),
+                   "--timeout", "24", "--trace-calls", "0"], 2, devices=1)
+    report = json.loads((tmp_path / "job.json").read_text())
+    assert done.returncode == 3 and report["exit_code"] == 3, done.stderr[-3000:]
+    error = report["result"]["error"]
+    assert error.startswith("the target timed out") and "process 1 hangs: alive (its heartbeat runs)" in error
+    assert "it stands after step call 0, " in error and f"train.py:{line} (read_batch)" in error
+    assert "(process 0 waits in step call 1" in error and error in done.stderr
+    peer = json.loads((tmp_path / "p" / "process-1" / "report.json").read_text())
+    # Process 1's own report names itself, not process 0, which waits in a call for it.
+    assert peer["exit_code"] == 3 and "process 1 hangs" in peer["result"]["error"] and " 0 hangs" not in str(peer)
 
 
 def test_processes_that_run_different_commands_stop_with_one_line(tmp_path):

@@ -33,7 +33,7 @@ from jaxdbg.report import Report, environment_info, relative_or_absolute
 
 if TYPE_CHECKING:  # annotations only: the profile package is imported when a command runs
     from jaxdbg._source import SourceLocation
-    from jaxdbg.profile.model import BudgetResult, FunctionProfile, ProfileResult
+    from jaxdbg.profile.model import BudgetResult, FunctionProfile, ProfileResult, ShardingCause
     from jaxdbg.profile.run import ProfileOptions
 
 RunsOpt = Annotated[int, typer.Option("--runs", min=1, help="Timed runs of a function target.")]
@@ -449,6 +449,19 @@ def _render_ops(console: Console, f: FunctionProfile) -> None:
                 for op in f.ops]
         where = f" in {f.host}" if f.host else ""
         console.print(_fitted_table(f"top ops of {f.name}{where} ({f.ops_source})", columns, rows, console.width))
+        for op in f.ops:
+            if op.sharding_cause is not None:
+                console.print(f"  {op.name}: {_cause_line(op.sharding_cause)}", soft_wrap=True)
+
+
+def _cause_line(cause: ShardingCause) -> str:
+    """Which sharding put a collective there, e.g. "over mesh axis 'model': batch['x'] P('data', 'model')
+    is split there; for dot_general at train.py:12"."""
+    over = f"over mesh axis {', '.join(repr(a) for a in cause.axes)}" if cause.axes else f"over devices {cause.devices}"
+    split = ", ".join(f"{a.argument} {a.sharding}" for a in cause.arguments)
+    why = (f"{split} split across those devices" if split
+           else "no argument is split across those devices (an output or intermediate sharding)")
+    return f"{over}: {why}; for {cause.op or '?'} at {_loc(cause.source)}"
 
 
 def _grouped(recompiles: tuple) -> list[tuple[list[int], str]]:

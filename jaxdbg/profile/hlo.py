@@ -73,6 +73,8 @@ class Instruction:
     source_line: int | None = None
     text: str = ""
     operands: tuple[str, ...] = ()
+    sharding: str = ""  # an entry parameter's HLO sharding, e.g. "{devices=[2,2]<=[4]}"
+    groups: str = ""  # a collective's device groups: replica_groups or source_target_pairs, as written
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,11 @@ class HloModule:
     locations: dict[int, SourceLocation] = field(default_factory=dict)
     ops: dict[str, HloOp] = field(default_factory=dict)
     arguments: dict[str, str] = field(default_factory=dict)  # entry parameter -> the user's path (params['w'])
+    entry: str = ""
+    # Set from the compile's shardings.json (jaxdbg.profile.collectives): entry parameter -> its PartitionSpec
+    # as the user wrote it, and the mesh's (axis name, size) pairs in order.
+    specs: dict[str, str] = field(default_factory=dict)
+    mesh: tuple[tuple[str, int], ...] = ()
 
     def readable(self, expression: str) -> str:
         """``expression`` with the entry parameters jax named after mangled paths (``%params__w1__.1``) written
@@ -119,6 +126,7 @@ def parse_hlo(text: str) -> HloModule:
         if header:
             current = header.group(2)
             entry = current if header.group(1) else entry
+            module.entry = entry
             module.computations[current] = []
             continue
         if not current or line.strip() == "}":
@@ -181,8 +189,37 @@ def _parse_instruction(line: str, computation: str) -> Instruction | None:
         op_name=op_name.group(1) if op_name else "", frame_id=int(frame.group(1)) if frame else None,
         source_file=src_file.group(1) if src_file else None,
         source_line=int(src_line.group(1)) if src_line else None,
-        text=rest.split(", metadata=")[0][:200],
+        text=rest.split(", metadata=")[0][:200], sharding=_braced(rest, "sharding="),
+        groups=_braced(rest, "replica_groups=") or _braced(rest, "source_target_pairs="),
     )
+
+
+def _braced(rest: str, key: str) -> str:
+    """The value after ``key`` in an instruction's attributes: a ``{...}`` group (nested braces kept whole) or,
+    for replica groups in iota form, ``[2,2]<=[4]``.
+
+        >>> _braced("all-reduce(%a), replica_groups={{0,1},{2,3}}, to_apply=%add", "replica_groups=")
+        '{{0,1},{2,3}}'
+    """
+    start = rest.find(key)
+    if start < 0:
+        return ""
+    start += len(key)
+    if not rest.startswith("{", start):
+        return _iota_value(rest[start:])
+    depth = 0
+    for end in range(start, len(rest)):
+        depth += {"{": 1, "}": -1}.get(rest[end], 0)
+        if depth == 0:
+            return rest[start:end + 1]
+    return ""
+
+
+def _iota_value(text: str) -> str:
+    """``[2,2]<=[4]`` (or with ``T(1,0)``), or XLA's mesh form ``mesh['a'=2,'b'=2] {'b'}``, at the start of
+    ``text``, up to the attribute that follows."""
+    match = re.match(r"\[[\d,]*\]<=\[[\d,]*\](?:T\([\d,]*\))?|mesh\[[^\]]*\][^{]*\{[^}]*\}", text)
+    return match.group(0) if match else ""
 
 
 def _operands(rest: str, start: int) -> tuple[str, ...]:
@@ -351,8 +388,10 @@ def module_name(hlo_text: str) -> str:
     return match.group(1) if match else ""
 
 
-def write_hlo(out_dir: str, name: str, index: int, stablehlo: str, optimized: str) -> dict[str, str]:
-    """Write one compile's StableHLO and optimised HLO under ``out_dir/hlo``; returns their paths."""
+def write_hlo(out_dir: str, name: str, index: int, stablehlo: str, optimized: str,
+              compiled: object = None) -> dict[str, str]:
+    """Write one compile's StableHLO and optimised HLO under ``out_dir/hlo`` (with ``compiled``, also its
+    arguments' PartitionSpecs where it is sharded: ``shardings.json``); returns their paths."""
     folder = os.path.join(out_dir, "hlo")
     os.makedirs(folder, exist_ok=True)
     stem = re.sub(r"[^\w.\-]", "_", name) + (f".{index}" if index else "")
@@ -362,4 +401,10 @@ def write_hlo(out_dir: str, name: str, index: int, stablehlo: str, optimized: st
         handle.write(stablehlo)
     with open(paths["optimized_hlo"], "w") as handle:
         handle.write(optimized)
+    from jaxdbg.profile.collectives import argument_specs, write_specs
+
+    specs = argument_specs(compiled) if compiled is not None else None
+    if specs is not None:
+        paths["shardings"] = os.path.join(folder, f"{stem}.shardings.json")
+        write_specs(paths["shardings"], specs)
     return paths

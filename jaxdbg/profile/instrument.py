@@ -91,6 +91,7 @@ class Recorder(JitHook):
         self.overhead_s = 0.0
         self.on_first_call: Callable[[], Any] | None = None  # once, before the first tracked call runs
         self.current: tuple[str, int] | None = None  # the latest tracked call: (function, call index)
+        self.in_call = False  # the main thread is inside a tracked call (a multi-process job's heartbeat says so)
 
     # ---- functions (hooks of the jit layer) ----------------------------------------------------------------
     def on_jit(self, function: InstrumentedJit) -> None:
@@ -101,14 +102,22 @@ class Recorder(JitHook):
                 self._send(FunctionDefined(record.id, record.name, record.source))
 
     def around(self, call: JitCall, run: Callable[[], Any]) -> Any:
-        import jax
-
         if self.on_first_call is not None:
             first, self.on_first_call = self.on_first_call, None
             first()
         record = self.functions[call.function.record.id]
         index = call.index
         self.current = (record.name, index)
+        self.in_call = True
+        try:
+            return self._around(call, record, run)
+        finally:
+            self.in_call = False
+
+    def _around(self, call: JitCall, record: TrackedFunction, run: Callable[[], Any]) -> Any:
+        import jax
+
+        index = call.index
         put_s = 0.0
         if self.convert_host_args:
             call.args, put_s = self._put_host_args(call.args)
@@ -258,7 +267,7 @@ class Recorder(JitHook):
             lowered = function.jitted.lower(*args, **kwargs)
             compiled = lowered.compile()
             text = compiled.as_text()
-            paths = write_hlo(self.out_dir, record.name, record.compiles, lowered.as_text(), text)
+            paths = write_hlo(self.out_dir, record.name, record.compiles, lowered.as_text(), text, compiled)
             found: dict[str, Any] = {"hlo": paths, "module": module_name(text), "cost": _compat.compiled_cost(compiled),
                      "memory": _compat.compiled_memory(compiled)}
         except Exception as err:  # noqa: BLE001 - analysis is best effort; the user's run goes on

@@ -91,8 +91,10 @@ class BackendStart:
     each process keeps its artifacts in ``process-<index>/`` of the output folder (one machine may run them
     all, and the profiler names its files by host)."""
 
-    def __init__(self, send: Send, stack: contextlib.ExitStack, window: Any, recorder: Any, log: MessageLog):
+    def __init__(self, send: Send, stack: contextlib.ExitStack, window: Any, recorder: Any, log: MessageLog,
+                 timeout: float | None = None):
         self.send, self.stack, self.window, self.recorder, self.log = send, stack, window, recorder, log
+        self.timeout = timeout
         self.info: DeviceInfo | None = None
         self.started = time.perf_counter()
         self.heartbeat: multihost.Heartbeat | None = None  # runs until the job's figures are shared
@@ -112,7 +114,8 @@ class BackendStart:
                     self.window.logdir = os.path.join(self.recorder.out_dir, "trace")
             if jax.process_count() > 1:
                 self.heartbeat = multihost.Heartbeat("profile", self.where,
-                                                     lambda _, line: self.send(ProfileNote(line)))
+                                                     lambda _, line: self.send(ProfileNote(line)),
+                                                     hung_s=multihost.hung_wait(self.timeout))
                 self.heartbeat.start()
             else:
                 self.log.stop()  # kept only to share this process's figures with the job
@@ -121,10 +124,12 @@ class BackendStart:
         return self.info
 
     def where(self) -> dict:
-        """Where this process stands, for the job's other processes should it stop answering."""
-        current = self.recorder.current
-        at = f"in {current[0]} call {current[1]}" if current else "before its first jitted call"
-        return {"text": f"{at}, {time.perf_counter() - self.started:.1f} s into the run"}
+        """Where this process stands, for the job's other processes should it stop answering or hang."""
+        current, inside = self.recorder.current, self.recorder.in_call
+        at = (f"{'in' if inside else 'after'} {current[0]} call {current[1]}" if current
+              else "before its first jitted call")
+        return {"text": f"{at}, {time.perf_counter() - self.started:.1f} s into the run", "progress": current,
+                "in_call": inside}
 
 
 def send_capture_ops(send: Send, window: Any, backend: str) -> None:
@@ -176,7 +181,7 @@ def script_job(job: ProfileJob, channel: Any) -> None:
     backend: BackendStart | None = None
     try:
         with contextlib.ExitStack() as stack:
-            backend = recorder.on_first_call = BackendStart(send, stack, window, recorder, log)
+            backend = recorder.on_first_call = BackendStart(send, stack, window, recorder, log, options.timeout)
             if options.monitor:
                 stack.enter_context(Sampler(send, options.monitor_interval))
             stack.enter_context(recorder.flushing())
@@ -278,7 +283,7 @@ def function_job(job: ProfileJob, channel: Any) -> None:
                 0, 0, trace_s=t1 - t0, lower_s=t2 - t1, compile_s=t3 - t2, total_s=t3 - t0,
                 signature=_signature_text(args),
                 dtypes=tuple(short_dtype(a.dtype) for a in args if hasattr(a, "dtype")),
-                hlo=write_hlo(job.out_dir, name, 0, lowered.as_text(), text), module=module_name(text),
+                hlo=write_hlo(job.out_dir, name, 0, lowered.as_text(), text, compiled), module=module_name(text),
                 cost=_compat.compiled_cost(compiled), memory=_compat.compiled_memory(compiled),
             ))
             recorder.eager_spans.clear()  # the AOT compile above, already counted stage by stage

@@ -78,6 +78,29 @@ class Compilation:
 
 
 @dataclass(frozen=True)
+class ShardedArgument:
+    """An argument of the jitted function by the user's name (``batch['x']``) and its sharding
+    (``P('data', 'model')``, or the HLO's text where the PartitionSpec is unknown)."""
+
+    argument: str
+    sharding: str
+
+
+@dataclass(frozen=True)
+class ShardingCause:
+    """Why a collective is in a compiled function: the arguments split between the devices it joins, the mesh
+    axes it runs over, its device groups as the HLO writes them, and the op of the user's program it belongs
+    to (``dot_general``, its full name and its line)."""
+
+    arguments: tuple[ShardedArgument, ...]
+    axes: tuple[str, ...]
+    devices: str
+    op: str
+    op_name: str
+    source: SourceLocation | None
+
+
+@dataclass(frozen=True)
 class OpRow:
     """One HLO operation of a compiled function, aggregated over the traced calls."""
 
@@ -89,6 +112,7 @@ class OpRow:
     source: SourceLocation | None
     module: str = ""
     expression: str = ""
+    sharding_cause: ShardingCause | None = None  # collectives only
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from jaxdbg._source import SourceLocation, is_user_file
+from jaxdbg.profile.collectives import sharding_cause
 from jaxdbg.profile.hlo import HloModule, opcode_category
 from jaxdbg.profile.model import OpRow
 
@@ -236,8 +237,9 @@ def op_table(ops: dict[str, OpTotal], module: HloModule | None, top: int, module
         source = (hlo.source if hlo else None) or total.source
         expression = (hlo.expression if hlo else "") or (module.readable(total.expression) if module else
                                                          total.expression)
+        cause = sharding_cause(module, name) if module is not None and category == "collective" else None
         rows.append(OpRow(name, category, total.count, total.total_s, total.total_s / grand, source,
-                          module_name or (module.name if module else ""), expression))
+                          module_name or (module.name if module else ""), expression, cause))
     return tuple(rows)
 
 

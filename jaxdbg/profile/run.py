@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -95,7 +96,7 @@ def profile(spec: TargetSpec, options: ProfileOptions, out_dir: str) -> ProfileR
     functions = [dataclasses.replace(f, rates=_rates(f, peak or _table(gathered, f))) for f in functions]
     totals = gathered.totals_for(functions, outcome.elapsed_s, mode)
     budget = check_budget(rules, tuple(functions), totals)
-    error, error_source = _error(outcome)
+    error, error_source = _error(outcome, gathered.trace_errors)
     stragglers, straggler_hints = find_stragglers(list(gathered.job))
     other = other_target_note(baseline, spec.text) if baseline is not None else None
     other_target = (other,) if other else ()
@@ -202,10 +203,14 @@ def stopped_in_jitted_call(outcome: Outcome) -> bool:
                for path in _STACK_FILE.findall(text or ""))
 
 
-def _error(outcome: Outcome) -> tuple[str | None, SourceLocation | None]:
+def _error(outcome: Outcome, notes: Sequence[str] = ()) -> tuple[str | None, SourceLocation | None]:
+    """The failure in one line; a job stopped at --timeout names the process it hung on (its heartbeat's note)."""
     if outcome.ok:
         return None, None
     text = f"the target {outcome.describe()}"
+    hung = next((note for note in notes if " hangs: alive" in note), None) if outcome.status == "timeout" else None
+    if hung:
+        text = f"{text}: {hung}"
     frame = outcome.exception.user_frame if outcome.exception else outcome.crash_frame
     return text, frame
 
@@ -244,6 +249,7 @@ def attach_ops(functions: list[FunctionProfile], captured: CaptureOps, top: int)
 
     ``captured.by_prefix``: xprof's hlo_stats keyed by framework-op prefix (``jit(train_step)``), used
     first; ``captured.by_module``: the capture's own op events keyed by HLO module (``jit_train_step``)."""
+    from jaxdbg.profile.collectives import read_specs
     from jaxdbg.profile.hlo import parse_hlo
     from jaxdbg.profile.ops import function_ops
 
@@ -256,6 +262,8 @@ def attach_ops(functions: list[FunctionProfile], captured: CaptureOps, top: int)
         if path and os.path.exists(path):
             with open(path) as handle:
                 module = parse_hlo(handle.read())
+            if function.hlo.get("shardings"):
+                read_specs(module, function.hlo["shardings"])
         name = function.module or (module.name if module else f"jit_{function.name}")
         rows, source = function_ops(function.name, name, module, captured.by_prefix, captured.by_module, top)
         updated.append(dataclasses.replace(function, ops=rows, ops_source=source))
