@@ -99,7 +99,9 @@ def render(report: Report, console: Console) -> None:
     after = f"{r.minimized.lines} lines" + (
         f", {r.minimized.equations} equations" if r.minimized.equations is not None else "")
     how = "reduced the source" if r.strategy != "computation" else (
-        "cut the jitted computation" if r.original.equations else "cut to the failing operation")
+        "cut the jitted computation" if r.original.equations else
+        "cut to the host callback" if r.failing_primitives and r.failing_primitives[0].endswith("callback") else
+        "cut to the failing operation")
     console.print(f"  {how}: {before} -> {after}; {r.checks} checks in {r.elapsed_s:.1f}s"
                   + (" [yellow](time limit reached)[/]" if r.timed_out else ""))
     if r.failing_primitives:
