@@ -199,10 +199,12 @@ def scripts(tmp_path_factory):
 
 
 def test_script_that_raises_keeps_partial_profile_and_exits_3(scripts, tmp_path, capsys):
-    code = main(["profile", str(scripts / "raises.py"), "--out", str(tmp_path / "o"), "--json", str(tmp_path / "r.json")])
+    code = main(["profile", str(scripts / "raises.py"), "--out", str(tmp_path / "o"), "--json", str(tmp_path / "r.json"),
+                 "-q"])
     assert code == 3
     err = capsys.readouterr().err
     assert "raised ValueError: data loader exhausted" in err and "raises.py:10" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, err  # -q: the one line, said once
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["exit_code"] == 3 and "data loader exhausted" in report["result"]["error"]
     step = report["result"]["functions"][0]

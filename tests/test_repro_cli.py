@@ -144,7 +144,8 @@ def test_an_unverified_reproducer_under_quiet_says_why_and_exits_3(tmp_path, cap
     common = Common("repro", json=str(tmp_path / "r.json"), out=str(tmp_path / "o"), quiet=True, target="hang.py")
     code = execute(common, lambda c: Report("repro", "hang.py", result, 3, environment={}), render)
     assert code == 3 and json.loads((tmp_path / "r.json").read_text())["exit_code"] == 3
-    assert capsys.readouterr().err == "jaxdbg repro: fresh run of repro.py timeout after 2.0s at hang.py:2\n"
+    assert capsys.readouterr().err == "jaxdbg repro: reproducer NOT verified: fresh run of repro.py timeout after 2.0s " \
+                                      "at hang.py:2\n"
 
 
 def test_function_target_with_random_args(tmp_path_factory):

@@ -306,7 +306,7 @@ def render(report: Report, console: Console) -> None:
     if report.artifacts.get("report"):
         console.print(f"[dim]report: {relative_or_absolute(report.artifacts['report'])}[/]")
     _render_budget(console, result.budget)
-    if result.error:
+    if result.error and not console.quiet:  # quiet: execute() prints the essential line, which is this error
         Console(stderr=True, highlight=False).print(f"jaxdbg profile: {result.error}", soft_wrap=True, markup=False)
 
 

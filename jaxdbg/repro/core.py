@@ -95,7 +95,10 @@ class ReproResult:
     notes: list[str] = field(default_factory=list)
 
     def essential_line(self) -> str | None:
-        return self.verification or None
+        if self.verified:
+            return self.verification or None
+        why = next((note.split("; trying")[0] for note in self.notes if "did not verify" in note), None)
+        return f"reproducer NOT verified: {self.verification or 'no fresh run'}" + (f"; {why}" if why else "")
 
 
 class _Clock:
