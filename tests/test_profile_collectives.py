@@ -9,6 +9,7 @@ tests/test_multiprocess.py.
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import subprocess
@@ -49,7 +50,7 @@ def test_collective_rows_name_the_argument_axis_and_op_that_put_them_there(tmp_p
     script.write_text(PROGRAM)
     line = next(i for i, text in enumerate(PROGRAM.splitlines(), start=1) if "contracting over" in text)
     done = subprocess.run([sys.executable, "-m", "jaxdbg", "profile", str(script), "--out", str(tmp_path / "out"),
-                           "--json", str(tmp_path / "r.json"), "--top", "50"],
+                           "--json", str(tmp_path / "r.json"), "--top", "50", "--csv", str(tmp_path / "csv")],
                           capture_output=True, text=True, timeout=240, env={**os.environ, "COLUMNS": "200"})
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((tmp_path / "r.json").read_text())
@@ -71,6 +72,10 @@ def test_collective_rows_name_the_argument_axis_and_op_that_put_them_there(tmp_p
     assert device_groups(backward["devices"]) == [[0, 2], [1, 3]]  # XLA writes them as a list or in iota form
     assert os.path.exists(step["hlo"]["shardings"])
     assert "over mesh axis 'model': params['w1'] P('model', None), batch['x'] P('data', 'model') split" in done.stdout
+    with open(tmp_path / "csv" / "ops.csv", newline="") as handle:  # the same cause in the flat table
+        rows = {row["sharding_axes"]: row for row in csv.DictReader(handle) if row["function"] == "step"}
+    assert rows["model"]["sharding_arguments"] == "params['w1'] P('model', None); batch['x'] P('data', 'model')"
+    assert rows["data"]["sharding_arguments"] == "batch['x'] P('data', 'model')"
 
 
 def test_hlo_sharding_forms_and_groups_read_without_a_mesh(tmp_path):

@@ -1,7 +1,8 @@
 """``--csv DIR``: a profile's figures as flat tables for spreadsheets and BI tools.
 
 - ``calls.csv``: one row per function (per process in a capture): calls, compile and execute figures.
-- ``ops.csv``: one row per op of each function's per-op table: time, share, category, user source line.
+- ``ops.csv``: one row per op of each function's per-op table: time, share, category, user source line, and
+  for a collective the sharding that put it there (mesh axes; arguments with their PartitionSpecs).
 
 Unknown figures (a capture's compile times) are empty cells.
 
@@ -26,7 +27,7 @@ from jaxdbg.profile.model import ProfileResult
 CALL_COLUMNS = ("process", "function", "calls", "compiles", "recompiles", "compile_s", "first_s", "median_s",
                 "p90_s", "execute_total_s")
 OP_COLUMNS = ("process", "function", "op", "category", "count", "total_s", "fraction", "file", "line",
-              "source_function")
+              "source_function", "sharding_axes", "sharding_arguments")
 
 
 def write_profile_csv(result: ProfileResult, folder: str) -> dict[str, str]:
@@ -40,9 +41,11 @@ def write_profile_csv(result: ProfileResult, folder: str) -> dict[str, str]:
                       f.execute.p90_s, f.execute.total_s))
         for op in f.ops:
             source = op.source
+            cause = op.sharding_cause
             ops.append((process, f.name, op.name, op.category, op.count, op.total_s, op.fraction,
                         source.file if source else None, source.line if source else None,
-                        source.function if source else None))
+                        source.function if source else None, " ".join(cause.axes) if cause else None,
+                        "; ".join(f"{a.argument} {a.sharding}" for a in cause.arguments) if cause else None))
     return {"calls": _write(os.path.join(folder, "calls.csv"), CALL_COLUMNS, calls),
             "ops": _write(os.path.join(folder, "ops.csv"), OP_COLUMNS, ops)}
 
