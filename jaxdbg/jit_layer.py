@@ -173,6 +173,25 @@ class InstrumentedJit:
         return f"<jaxdbg-instrumented {self.jitted!r}>"
 
 
+def main_thread_calls() -> tuple[str | None, int]:
+    """``(the instrumented jitted function the program's main thread is calling now or None, the top-level
+    calls made so far)``. Read by another thread (a heartbeat): nothing is recorded per call for it.
+
+    Example:
+        >>> main_thread_calls()[0] is None   # the main thread is here, in no jitted call
+        True
+    """
+    layer = _layer
+    total = sum(record.calls for record in list(layer.records.values())) if layer is not None else 0
+    frame = sys._current_frames().get(threading.main_thread().ident or -1)
+    code = InstrumentedJit.__call__.__code__
+    while frame is not None:
+        if frame.f_code is code:
+            return str(getattr(frame.f_locals.get("self"), "name", "?")), total
+        frame = frame.f_back
+    return None, total
+
+
 class _Layer:
     """The installed hooks and the functions jitted while they were installed."""
 

@@ -268,6 +268,41 @@ class Heartbeat:
         self._beat()
 
 
+class HeartbeatOnceJoined:
+    """A :class:`Heartbeat` started once the program has joined a job: a command that has no hook at the
+    moment the program calls ``jax.distributed.initialize()`` (nan-hunt's watch) looks every half second
+    from a daemon thread, so nothing is added to the program's own calls. ``stop()`` stops both.
+
+    Example:
+        >>> waiting = HeartbeatOnceJoined("nan-hunt", lambda: {"text": "", "progress": 0, "in_call": False})
+        >>> waiting.start(); waiting.stop(); waiting.heartbeat is None   # never joined a job here
+        True
+    """
+
+    def __init__(self, command: str, state: Callable[[], dict], on_lost: Callable[[int, str], None] | None = None,
+                 hung_s: float = HUNG_S):
+        self._arguments = (command, state, on_lost, hung_s)
+        self.heartbeat: Heartbeat | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._wait_for_the_job, name="jaxdbg-join-watch", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _wait_for_the_job(self) -> None:
+        while not self._stop.wait(0.5):
+            if job() is not None:
+                self.heartbeat = Heartbeat(*self._arguments)
+                self.heartbeat.start()
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+
+
 def hung_processes(me: int, stalled: dict[int, dict]) -> list[tuple[int, int]]:
     """Which processes the job hangs on, each with one that waits for it, given where the processes whose
     program stands still are (``in_call``: inside a jitted call). Only while this process stands still too.

@@ -261,3 +261,15 @@ def test_repro_of_a_lost_peer_is_the_job_program_with_its_launch_line(tmp_path):
     assert (peer["environment"]["process_index"], peer["exit_code"]) == (1, 0)
     assert (peer["result"]["signature"]["kind"], peer["result"]["signature"]["signal"]) == ("crash", "SIGKILL")
     assert "process 0's report" in peer["result"]["verification"] and not (out / "process-1" / "repro.py").exists()
+
+
+def test_nan_hunt_names_the_process_a_job_hangs_on(tmp_path):
+    """The same hung job under nan-hunt: its watch has no hook at the program's jax.distributed.initialize(),
+    so a heartbeat starts once the program has joined; --timeout's line (exit 3) names process 1 and its line."""
+    program = os.path.join(CORPUS, "multihost_hangs", "train.py")
+    line = next(i for i, text in enumerate(open(program), start=1) if "the stuck read" in text)
+    done = launch(["nan-hunt", program, "--out", str(tmp_path / "n"), "-q", "--timeout", "24"], 2, devices=1)
+    assert done.returncode == 3, done.stderr[-3000:]
+    first = done.stderr.strip().splitlines()[0]
+    assert first.startswith("jaxdbg nan-hunt: the target ran past --timeout 24.0s (process 1 hangs: alive"), first
+    assert f"train.py:{line} (read_batch)" in first and "(process 0 waits in a call of step" in first

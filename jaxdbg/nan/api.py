@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass, field
 
 from jaxdbg._errors import TargetFailedError, UsageError
-from jaxdbg.nan.messages import HuntFinished, HuntJob, NonFiniteDetected
+from jaxdbg.nan.messages import HuntFinished, HuntJob, NonFiniteDetected, PeerNote
 from jaxdbg.nan.result import NanHuntResult, Origin
 from jaxdbg.runner import first_line, run_contained
 from jaxdbg.target import TargetSpec, parse_args_spec
@@ -68,9 +68,12 @@ def hunt(spec: TargetSpec, options: HuntOptions) -> HuntRun:
     got = outcome.last(HuntFinished)
     if got is not None:
         return HuntRun(got.result, got.artifacts, got.environment)
+    # A job stopped at --timeout: the process it hung on, as this process's heartbeat named it.
+    hung = next((n.text for n in outcome.all(PeerNote) if " hangs: alive" in n.text), None)
+    stopped = f"{outcome.describe()}: {hung}" if hung and outcome.status == "timeout" else outcome.describe()
     detected = outcome.last(NonFiniteDetected)
     if detected is not None:  # found, but the analysis itself did not finish (a jaxdbg bug, or --timeout)
-        return HuntRun(_degraded(detected, outcome.describe()))
+        return HuntRun(_degraded(detected, stopped))
     if outcome.status == "exception" and outcome.exception is not None:
         outcome.reraise_expected()
         message = outcome.exception.message
@@ -78,10 +81,10 @@ def hunt(spec: TargetSpec, options: HuntOptions) -> HuntRun:
                            f"{outcome.exception.traceback}")
     what = {"timeout": f"ran past --timeout {options.timeout}s", "crash": outcome.describe(),
             "exit": outcome.describe()}.get(outcome.status, outcome.describe())
-    raise TargetFailedError(
-        f"the target {what} before any NaN/Inf was seen; nothing to localise "
-        f"({'raise --timeout or shorten the run' if outcome.status == 'timeout' else 'fix that failure first'})"
-    )
+    remedy = "raise --timeout or shorten the run" if outcome.status == "timeout" else "fix that failure first"
+    if hung and outcome.status == "timeout":
+        what, remedy = f"{what} ({hung})", "see where that process stands"
+    raise TargetFailedError(f"the target {what} before any NaN/Inf was seen; nothing to localise ({remedy})")
 
 
 def _degraded(detected: NonFiniteDetected, why: str) -> NanHuntResult:

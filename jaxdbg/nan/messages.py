@@ -40,3 +40,11 @@ class HuntFinished(Message):
     result: Any  # a nan.result.NanHuntResult
     artifacts: dict[str, str] = field(default_factory=dict)
     environment: dict | None = None
+
+
+@dataclass(frozen=True)
+class PeerNote(Message):
+    """A line about another process of the job (lost, or the one the job hangs on), sent as the heartbeat
+    sees it: a run stopped at ``--timeout`` still says it."""
+
+    text: str

@@ -29,7 +29,7 @@ from jaxdbg.nan.calls import Call
 from jaxdbg.nan.explain import explain
 from jaxdbg.nan.fidelity import bisect_compiled
 from jaxdbg.nan.localise import Localisation, localise_call, origins_of_outputs
-from jaxdbg.nan.messages import HuntFinished, HuntJob, NonFiniteDetected
+from jaxdbg.nan.messages import HuntFinished, HuntJob, NonFiniteDetected, PeerNote
 from jaxdbg.nan.precision import check_precision
 from jaxdbg.nan.result import GradNorm, NanHuntResult, Origin, ProcessFinding
 from jaxdbg.nan.stats import is_inexact, nonfinite_flags
@@ -42,9 +42,30 @@ def hunt_job(job: HuntJob, channel: Any) -> None:
     """Contained-run job: :func:`hunt_here` in the child; sends :class:`HuntFinished`."""
     from jaxdbg.report import environment_info
 
-    result, artifacts = hunt_here(job.spec, job.options, channel)
-    result = share_with_the_job(result, job.options.timeout)
+    presence = multihost.HeartbeatOnceJoined("nan-hunt", where_this_process_stands,
+                                             lambda _, line: channel.send(PeerNote(line)),
+                                             hung_s=multihost.hung_wait(job.options.timeout))
+    presence.start()
+    try:
+        result, artifacts = hunt_here(job.spec, job.options, channel)
+        result = share_with_the_job(result, job.options.timeout)
+    finally:
+        presence.stop()
     channel.send(HuntFinished(result, artifacts, environment_info()))
+
+
+def where_this_process_stands() -> dict:
+    """For the job's other processes, should this one stop answering or hang (its heartbeat's state).
+
+    Example:
+        >>> where_this_process_stands()["in_call"]
+        False
+    """
+    from jaxdbg.jit_layer import main_thread_calls
+
+    name, calls = main_thread_calls()
+    text = f"in a call of {name} ({calls} jitted calls so far)" if name else f"after {calls} jitted calls"
+    return {"text": text, "progress": calls, "in_call": name is not None}
 
 
 GATHER_WAIT_S = 60.0  # how long process 0 waits for the other processes' answers
