@@ -2,10 +2,15 @@
 of days, plus a compile counter that names each recompile's cause as profile does.
 
 - NaN/Inf: the jit layer's fused check (``max(|x|)`` per floating output, in the same compiled program).
-  The host reads that small vector one call late: the flags of call k are read when call k+1 has been
-  dispatched (its copy started asynchronously at once), so the device never waits for the host. Call k's
-  inputs are kept until then, so the first bad call is still found and replayed exactly; the error is raised
-  from call k+1 (or when the watch ends). Eager operations are not checked (nan-hunt's eager check sends
+  The host reads that small vector late, and never waits for it in the steady state: at each call, the
+  flags of the earlier calls that have finished are read, oldest first (their copy started asynchronously at
+  dispatch off CPU); only when :data:`MAX_PENDING` calls are unread is the oldest waited for. A host-device
+  sync per step, even one call late, cost ~15% on a CPU training loop. In a multi-process job the processes
+  must analyse a finding at the same call (the analysis gathers sharded inputs), so there the flags of call
+  k are read at call k+1 whatever the timing. The inputs of the unread calls are
+  kept, so the first bad call is still found and replayed exactly (NNX calls too: the replay enters NNX's
+  update context, :func:`jaxdbg.frameworks.tracing_context`); the error is raised from a later call (or when
+  the watch ends). Eager operations are not checked (nan-hunt's eager check sends
   every eager jitted call through Python dispatch) and arguments are not measured for growth: outputs are.
 - Compiles: ``jax.monitoring`` reports trace / lower / compile spans on the thread that compiles; a watched
   call that saw one compiled. Its signature is diffed against the function's earlier compiles by
@@ -25,6 +30,7 @@ Example:
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import threading
 import time
@@ -33,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxdbg import frameworks
+from jaxdbg._source import caller_user_frame
 from jaxdbg.jit_layer import InstrumentedJit, JitCall
 from jaxdbg.live.figures import Figures
 from jaxdbg.nan.watch import EagerFinding, JitFinding, Watch
@@ -42,6 +48,19 @@ from jaxdbg.profile.model import Recompile
 from jaxdbg.profile.signature import Signature, call_signature, explain, parameter_names
 
 _KEEP_SIGNATURES = 32
+# Calls whose flags are not read yet. A finished call's flags are read at the next call; the inputs of the
+# others are held by jax's own queue anyway. Past this many (the program runs far ahead of the device), the
+# oldest is waited for. Calls that donate keep device copies of their inputs: at most this many of them.
+MAX_PENDING = 64
+MAX_PENDING_COPIES = 2
+
+
+def _finished(magnitudes: Any) -> bool:
+    """Whether the computation that makes ``magnitudes`` is done (reading it then does not wait)."""
+    try:
+        return bool(magnitudes.is_ready())
+    except AttributeError:  # not a jax array: nothing to wait for
+        return True
 
 
 class _Compiles:
@@ -52,6 +71,7 @@ class _Compiles:
         self.signatures: list[Signature] = []
         self.callables: list[Any] = []  # strong refs: an id() could be reused by a later lambda
         self.recompiles: list[Recompile] = []
+        self.cleared = False  # jax's caches were cleared by jaxdbg since its latest compile
 
 
 class LiveHook(Watch):
@@ -72,9 +92,11 @@ class LiveHook(Watch):
         self.on_compile = on_compile
         self.figures = figures if figures is not None else Figures()
         self.compiles: dict[int, _Compiles] = {}
-        self._pending: tuple[JitCall, Any] | None = None
+        self._pending: collections.deque[JitCall] = collections.deque()  # flags not read yet
+        self._copies = 0  # pending calls that donate: their inputs are device copies kept for the replay
         self._local = threading.local()
         self._copy_ahead: bool | None = None
+        self._unread = MAX_PENDING  # calls left unread at most (1 in a multi-process job)
         self.active = nans
 
     # -- one call ------------------------------------------------------------------------------------------
@@ -110,22 +132,45 @@ class LiveHook(Watch):
             import jax
 
             self._copy_ahead = jax.default_backend() != "cpu"
+            # In a job, every process must read (and analyse: collectives) at the same call, whatever its
+            # timing: there the flags of call k are read at call k+1, waiting if need be.
+            self._unread = 1 if jax.process_count() > 1 else MAX_PENDING
         if self._copy_ahead:  # start the small device->host copy now; on CPU there is nothing to copy
             with contextlib.suppress(AttributeError):
                 call.magnitudes.copy_to_host_async()
-        previous, self._pending = self._pending, (call, out)
-        if previous is not None:
-            self._check(*previous)
-        if frameworks.traces_only_in_its_call(call.function.fun):  # an analysis later could not trace it
-            self.flush()
+        site = call.notes["site"] = caller_user_frame(2)  # the call's own line, for a finding read later
+        if self.active:
+            self.seen(call.function, out, site)  # at the first call: output names from that line
+        self._pending.append(call)  # not its outputs: holding them too would keep one more copy of a model
+        if call.function.donates:
+            self._copies += 1
+        self._read_ready()
+
+    def _read_ready(self) -> None:
+        """Read the flags of the pending calls that have finished, oldest first; wait only for the oldest when
+        too many are pending. Reading a finished call's flags costs ~1 us; waiting for one still running costs
+        a host-device sync per step (the whole point of reading late)."""
+        pending = self._pending
+        while pending:
+            call = pending[0]
+            if (len(pending) <= self._unread and self._copies <= MAX_PENDING_COPIES
+                    and (self._unread == 1 or not _finished(call.magnitudes))):
+                return
+            pending.popleft()
+            if call.function.donates:
+                self._copies -= 1
+            self._check(call)
 
     def flush(self) -> None:
-        """Read the flags of the latest call (the watch is ending)."""
-        previous, self._pending = self._pending, None
-        if previous is not None:
-            self._check(*previous)
+        """Read the flags of every pending call (the watch is ending)."""
+        pending = self._pending
+        while pending:
+            call = pending.popleft()
+            if call.function.donates:
+                self._copies -= 1
+            self._check(call)
 
-    def _check(self, call: JitCall, out: Any) -> None:
+    def _check(self, call: JitCall) -> None:
         host = call.host_magnitudes()
         finite = bool(np.isfinite(host).all())
         if not finite:
@@ -137,7 +182,7 @@ class LiveHook(Watch):
             self.calls += 1
             self.growth.update(call.function.name, seen.leaf_names, host, call.index, seen.call_site)
             return
-        super().after(call, out)  # nan-hunt's reading of the flags (names, growth, the finding and its replay)
+        self.read(call, None, call.notes.get("site"))  # nan-hunt's reading (growth, the finding and its replay)
 
     def _measure_fresh_arguments(self, call: JitCall) -> None:
         return None  # an extra reduction per call: left to nan-hunt
@@ -145,7 +190,8 @@ class LiveHook(Watch):
     def found(self, finding: JitFinding | EagerFinding, final: bool = False) -> int:
         self.finding = finding
         self.active = False  # the first finding is the answer; later calls are only counted
-        self._pending = None
+        for seen in self.compiles.values():  # its analysis clears jax's caches: the next compile is jaxdbg's
+            seen.cleared = True
         if self.on_nonfinite is not None:
             self.on_nonfinite(finding)
         return 0
@@ -160,6 +206,10 @@ class LiveHook(Watch):
                                        function.static_argnames, parameter_names(function.fun))
         except Exception:  # noqa: BLE001 - an odd argument must not break the user's run
             signature = Signature(())
+        if seen.cleared and signature in seen.signatures and any(f is function.fun for f in seen.callables):
+            seen.cleared = False  # compiled again only because the analysis of a finding cleared jax's caches
+            return
+        seen.cleared = False
         recompile = None
         if seen.signatures:
             site = str(function.record.source) if function.record.source else ""

@@ -271,29 +271,35 @@ class Watch(JitHook):
     def after(self, call: JitCall, out: Any) -> None:
         if not self.active or "nan_inputs" not in call.notes:
             return
+        self.read(call, out, caller_user_frame(2))
+
+    def read(self, call: JitCall, out: Any, site: SourceLocation | None) -> None:
+        """Read one call's flags (``site``: the user's line that made the call): growth, and a finding if
+        they hold a NaN/Inf. ``out`` (the call's outputs) may be None for a call read after it returned: its
+        output names must then be known already (:meth:`seen` at its call), and its outputs are not followed."""
         function = call.function
         host = call.host_magnitudes()
         self.calls += 1
-        seen = self._watched.setdefault(function.record.id, _Watched())
-        if seen.leaf_names is None:
-            seen.call_site = caller_user_frame(2)
-            seen.leaf_names = self._float_leaf_names(out, function.name)
+        seen = self.seen(function, out, site)
+        names = seen.leaf_names or []
         self._record_fresh_arguments(call, seen)
-        seen.returned = {id(leaf): ref for leaf in tree_leaves(out) if (ref := _weak(leaf)) is not None}
+        if out is not None:
+            seen.returned = {id(leaf): ref for leaf in tree_leaves(out) if (ref := _weak(leaf)) is not None}
         nan = np.isnan(host)
         bad = nan if (self.nan_only or self.inf_findings) else ~np.isfinite(host)
         if bad.any():
             args, kwargs = call.notes["nan_inputs"]
             replay = Call(function.name, function.fun, tuple(args), dict(kwargs), function.static_argnums,
-                          function.static_argnames, call.index, caller_user_frame(2), list(seen.leaf_names))
+                          function.static_argnames, call.index, site, list(names))
             feeds = self._infs_in(tree_leaves((args, kwargs))) if nan.any() else frozenset()
-            finding = JitFinding(replay, [n for n, b in zip(seen.leaf_names, bad) if b], "nan" if nan.any() else "inf",
+            finding = JitFinding(replay, [n for n, b in zip(names, bad) if b], "nan" if nan.any() else "inf",
                                  _trace_now(replay), feeds, self._argument_infs(replay) if feeds else {})
             index = self.found(finding)  # an Inf, while after_inf lets the run go on
-            self._hold_infs(function.record.id, out, host, frozenset(), index)
+            if out is not None:
+                self._hold_infs(function.record.id, out, host, frozenset(), index)
         elif self.inf_findings:
-            self._after_inf_call(call, out, host)
-        self.growth.update(function.name, seen.leaf_names, host, call.index, seen.call_site)
+            self._after_inf_call(call, out, host, site)
+        self.growth.update(function.name, names, host, call.index, seen.call_site)
 
     # -- arguments made outside the watched calls (growth) ----------------------------------------------------
 
@@ -411,18 +417,27 @@ class Watch(JitHook):
             born = self._births.get((function, int(i)))
             self._hold([leaf], held or (frozenset({born}) if born is not None else frozenset()))
 
-    def _after_inf_call(self, call: JitCall, out: Any, host: np.ndarray) -> None:
+    def seen(self, function: InstrumentedJit, out: Any, site: SourceLocation | None) -> _Watched:
+        """What the watch keeps of ``function``; at its first call, its output leaf names (by the assignment
+        at ``site``, the call's line: ``params, loss = step(...)``)."""
+        seen = self._watched.setdefault(function.record.id, _Watched())
+        if seen.leaf_names is None:
+            seen.call_site = site
+            seen.leaf_names = self._float_leaf_names(out, function.name, site)
+        return seen
+
+    def _after_inf_call(self, call: JitCall, out: Any, host: np.ndarray, site: SourceLocation | None) -> None:
         """A call after the first Inf with no NaN in its outputs: pass on which Infs its outputs hold, or
         record a new Inf birth; end the run when the budget is spent."""
         inf = np.isinf(host)
         if inf.any():
             args, kwargs = call.notes["nan_inputs"]
             held = self._infs_in(tree_leaves((args, kwargs)))
-            new = None if held else self._jit_birth(call, [int(i) for i in np.nonzero(inf)[0]])
+            new = None if held else self._jit_birth(call, [int(i) for i in np.nonzero(inf)[0]], site)
             self._hold_infs(call.function.record.id, out, host, held, new)
         self._spend(calls=1)
 
-    def _jit_birth(self, call: JitCall, leaves: list[int]) -> int | None:
+    def _jit_birth(self, call: JitCall, leaves: list[int], site: SourceLocation | None) -> int | None:
         """Record a call that made an Inf from finite arguments; returns its index in :attr:`inf_findings`.
 
         An overflow often recurs every step (a loss that stays inf). The slot of an earlier birth of the same
@@ -431,7 +446,7 @@ class Watch(JitHook):
         function = call.function
         args, kwargs = call.notes["nan_inputs"]
         replay = Call(function.name, function.fun, tuple(args), dict(kwargs), function.static_argnums,
-                      function.static_argnames, call.index, caller_user_frame(4))
+                      function.static_argnames, call.index, site)
         before = {self._births[key][0] for key in ((function.record.id, i) for i in leaves) if key in self._births}
         same = next((f.closed_jaxpr for f in self.inf_findings if isinstance(f, JitFinding)
                      and f.closed_jaxpr is not None and _same_signature(f.call, replay)), None)
@@ -450,8 +465,7 @@ class Watch(JitHook):
             self.found(self.inf_findings[0], final=True)
 
     @staticmethod
-    def _float_leaf_names(out: Any, name: str) -> list[str]:
-        site = caller_user_frame(3)
+    def _float_leaf_names(out: Any, name: str, site: SourceLocation | None) -> list[str]:
         targets = _assigned_names(site.file, site.line) if site else None
         names = output_leaf_names(out, targets, name)
         return [n for n, leaf in zip(names, tree_leaves(out)) if is_inexact(leaf)]
