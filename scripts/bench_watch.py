@@ -13,7 +13,10 @@
 (c) Per call: a tiny jitted function (x * 2 + 1 on 16 floats) called in a loop, plain (jax's C++ dispatch) and
     jitted inside ``jaxdbg.watch()``, in one process, alternating; the difference is the watch's cost per call.
 
-Usage: python scripts/bench_watch.py [--pairs 3] [--steps 200] [--width 256] [--batch 128]
+``--baseline DIR`` also runs the watch and nan-hunt variants with another jaxdbg source tree (e.g. main, from
+``git archive``) first on PYTHONPATH, in the same alternation: before/after figures from one run.
+
+Usage: python scripts/bench_watch.py [--pairs 3] [--steps 200] [--width 256] [--batch 128] [--baseline DIR]
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEBUG_FLAGS = {"JAX_DEBUG_NANS": "1", "JAX_DEBUG_INFS": "1"}
+BASELINE = " [baseline]"
 
 PROGRAM = textwrap.dedent('''
     """A Flax NNX training loop that times itself; MODE: plain | watch | watch-full | spike-watch | spike-plain."""
@@ -68,21 +72,16 @@ PROGRAM = textwrap.dedent('''
             loss = train_step(model, optimizer, x, y)
         loss.block_until_ready()
         if mode.startswith("spike"):
-            started = None
             try:
                 for step in range(steps):
                     if step == SPIKE_AT:
                         optimizer.opt_state.hyperparams["learning_rate"][...] = jnp.asarray(1e36)
-                        started = time.perf_counter()
+                        STARTED.append(time.perf_counter())
                     loss = train_step(model, optimizer, x, y)
                 loss.block_until_ready()
                 return {"answer_s": None}
             except (jaxdbg.NonFiniteError, FloatingPointError) as err:
-                answer = time.perf_counter() - started
-                report = getattr(err, "report", None)
-                first = report["first"] if report else {}
-                return {"answer_s": answer, "primitive": first.get("primitive"), "call_index": first.get("call_index"),
-                        "line": (first.get("source") or {}).get("line"), "error": str(err).splitlines()[0][:200]}
+                return answer(err)
         chunk, per_step = 10, []
         for _ in range(0, steps, chunk):
             t = time.perf_counter()
@@ -95,9 +94,20 @@ PROGRAM = textwrap.dedent('''
         per_step.sort()
         return {"median_step_s": per_step[len(per_step) // 2], "best_step_s": per_step[0]}
 
+    def answer(err):
+        seconds = time.perf_counter() - STARTED[0]
+        report = getattr(err, "report", None)
+        first = report["first"] if report else {}
+        return {"answer_s": seconds, "primitive": first.get("primitive"), "call_index": first.get("call_index"),
+                "line": (first.get("source") or {}).get("line"), "error": str(err).splitlines()[0][:200]}
+
+    STARTED = []
     if mode in ("watch", "spike-watch"):
-        with jaxdbg.watch(out=out + ".d"):
-            found = main()
+        try:
+            with jaxdbg.watch(out=out + ".d"):
+                found = main()
+        except jaxdbg.NonFiniteError as err:  # the flags are read late: a finding may come as the block ends
+            found = answer(err)
     elif mode == "watch-full":
         with jaxdbg.watch(out=out + ".d", max_compiles=2, metrics_port=0):
             found = main()
@@ -130,13 +140,17 @@ TINY = textwrap.dedent('''
 ''')
 
 
-def _run(argv: list[str], env: dict | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
+def _run(argv: list[str], env: dict | None = None, timeout: float = 900,
+         root: str = ROOT) -> subprocess.CompletedProcess:
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONPATH": ROOT, **(env or {})})
+                          env={**os.environ, "PYTHONPATH": root, **(env or {})})
 
 
 def variant(name: str, program: str, args: argparse.Namespace, workdir: str, mode: str | None = None) -> dict:
-    out = os.path.join(workdir, f"{name}.json")
+    root = ROOT
+    if name.endswith(BASELINE):
+        name, root = name[: -len(BASELINE)], args.baseline
+    out = os.path.join(workdir, f"{name}{'-base' if root != ROOT else ''}.json")
     sizes = [str(args.steps), str(args.width), str(args.batch), out]
     if name == "nan-hunt":
         argv = [sys.executable, "-m", "jaxdbg", "nan-hunt", program, "-q", "--out", out + ".d", "--", "plain", *sizes]
@@ -145,7 +159,7 @@ def variant(name: str, program: str, args: argparse.Namespace, workdir: str, mod
         argv = [sys.executable, program, mode or name, *sizes]
         env = DEBUG_FLAGS if name.startswith("debug") else None
     started = time.perf_counter()
-    done = _run(argv, env)
+    done = _run(argv, env, root=root)
     if not os.path.exists(out):
         raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
     with open(out) as handle:
@@ -158,6 +172,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--baseline", help="another jaxdbg source tree: its watch and nan-hunt run too")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as workdir:
         program = os.path.join(workdir, "nnx_loop.py")
@@ -165,6 +180,8 @@ def main() -> None:
             handle.write(PROGRAM)
         names = {"plain": "plain", "watch": "watch", "watch+compiles+metrics": "watch-full",
                  "debug_nans": "plain", "nan-hunt": None}
+        if args.baseline:
+            names.update({"watch" + BASELINE: "watch", "nan-hunt" + BASELINE: None})
         best: dict[str, float] = {}
         fastest: dict[str, float] = {}
         for pair in range(args.pairs):

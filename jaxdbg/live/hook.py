@@ -1,16 +1,13 @@
 """The hook behind :func:`jaxdbg.watch`: nan-hunt's :class:`~jaxdbg.nan.watch.Watch` made cheap enough for a run
 of days, plus a compile counter that names each recompile's cause as profile does.
 
-- NaN/Inf: the jit layer's fused check (``max(|x|)`` per floating output, in the same compiled program).
-  The host reads that small vector late, and never waits for it in the steady state: at each call, the
-  flags of the earlier calls that have finished are read, oldest first (their copy started asynchronously at
-  dispatch off CPU); only when :data:`MAX_PENDING` calls are unread is the oldest waited for. A host-device
-  sync per step, even one call late, cost ~15% on a CPU training loop. In a multi-process job the processes
-  must analyse a finding at the same call (the analysis gathers sharded inputs), so there the flags of call
-  k are read at call k+1 whatever the timing. The inputs of the unread calls are
-  kept, so the first bad call is still found and replayed exactly (NNX calls too: the replay enters NNX's
-  update context, :func:`jaxdbg.frameworks.tracing_context`); the error is raised from a later call (or when
-  the watch ends). Eager operations are not checked (nan-hunt's eager check sends
+- NaN/Inf: the jit layer's fused check (``max(|x|)`` per floating output, in the same compiled program),
+  read late (nan-hunt's ``Watch(read_late=True)``): at each call, the flags of the earlier calls that have
+  finished are read, oldest first, and the host never waits in the steady state (a sync per step, even one
+  call late, cost ~15% on a CPU training loop); in a multi-process job, call k's at call k+1. The inputs of
+  the unread calls are kept, so the first bad call is still found and replayed exactly (NNX calls too: the
+  replay enters NNX's update context, :func:`jaxdbg.frameworks.tracing_context`); the error is raised from
+  a later call (or when the watch ends). Eager operations are not checked (nan-hunt's eager check sends
   every eager jitted call through Python dispatch) and arguments are not measured for growth: outputs are.
 - Compiles: ``jax.monitoring`` reports trace / lower / compile spans on the thread that compiles; a watched
   call that saw one compiled. Its signature is diffed against the function's earlier compiles by
@@ -30,7 +27,6 @@ Example:
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import threading
 import time
@@ -48,21 +44,6 @@ from jaxdbg.profile.model import Recompile
 from jaxdbg.profile.signature import Signature, call_signature, explain, parameter_names
 
 _KEEP_SIGNATURES = 32
-# Calls whose flags are not read yet. A finished call's flags are read at the next call; the inputs of the
-# others are held by jax's own queue anyway. Past this many (the program runs far ahead of the device), the
-# oldest is waited for. Calls that donate keep device copies of their inputs: at most this many of them.
-MAX_PENDING = 64
-MAX_PENDING_COPIES = 2
-
-
-def _finished(magnitudes: Any) -> bool:
-    """Whether the computation that makes ``magnitudes`` is done (reading it then does not wait)."""
-    try:
-        return bool(magnitudes.is_ready())
-    except AttributeError:  # not a jax array: nothing to wait for
-        return True
-
-
 class _Compiles:
     """One function's compiles: how many, and the signatures and callables jax compiled for."""
 
@@ -85,18 +66,14 @@ class LiveHook(Watch):
                  on_nonfinite: Callable[[JitFinding | EagerFinding], None] | None = None,
                  on_compile: Callable[[InstrumentedJit, int, Recompile | None], None] | None = None,
                  figures: Figures | None = None):
-        super().__init__(eager=False, after_inf=0)
+        super().__init__(eager=False, after_inf=0, read_late=True)
         self.check_outputs = nans
         self.nans = nans
         self.on_nonfinite = on_nonfinite
         self.on_compile = on_compile
         self.figures = figures if figures is not None else Figures()
         self.compiles: dict[int, _Compiles] = {}
-        self._pending: collections.deque[JitCall] = collections.deque()  # flags not read yet
-        self._copies = 0  # pending calls that donate: their inputs are device copies kept for the replay
         self._local = threading.local()
-        self._copy_ahead: bool | None = None
-        self._unread = MAX_PENDING  # calls left unread at most (1 in a multi-process job)
         self.active = nans
 
     # -- one call ------------------------------------------------------------------------------------------
@@ -128,49 +105,13 @@ class LiveHook(Watch):
     def after(self, call: JitCall, out: Any) -> None:
         if call.magnitudes is None:
             return
-        if self._copy_ahead is None:  # decided at the first call: the backend is up by then
-            import jax
-
-            self._copy_ahead = jax.default_backend() != "cpu"
-            # In a job, every process must read (and analyse: collectives) at the same call, whatever its
-            # timing: there the flags of call k are read at call k+1, waiting if need be.
-            self._unread = 1 if jax.process_count() > 1 else MAX_PENDING
-        if self._copy_ahead:  # start the small device->host copy now; on CPU there is nothing to copy
-            with contextlib.suppress(AttributeError):
-                call.magnitudes.copy_to_host_async()
-        site = call.notes["site"] = caller_user_frame(2)  # the call's own line, for a finding read later
+        site = caller_user_frame(2)
         if self.active:
-            self.seen(call.function, out, site)  # at the first call: output names from that line
-        self._pending.append(call)  # not its outputs: holding them too would keep one more copy of a model
-        if call.function.donates:
-            self._copies += 1
-        self._read_ready()
-
-    def _read_ready(self) -> None:
-        """Read the flags of the pending calls that have finished, oldest first; wait only for the oldest when
-        too many are pending. Reading a finished call's flags costs ~1 us; waiting for one still running costs
-        a host-device sync per step (the whole point of reading late)."""
-        pending = self._pending
-        while pending:
-            call = pending[0]
-            if (len(pending) <= self._unread and self._copies <= MAX_PENDING_COPIES
-                    and (self._unread == 1 or not _finished(call.magnitudes))):
-                return
-            pending.popleft()
-            if call.function.donates:
-                self._copies -= 1
-            self._check(call)
-
-    def flush(self) -> None:
-        """Read the flags of every pending call (the watch is ending)."""
-        pending = self._pending
-        while pending:
-            call = pending.popleft()
-            if call.function.donates:
-                self._copies -= 1
-            self._check(call)
+            self.seen(call.function, out, site)  # at the first call: output names from its line
+        self.defer(call, site)  # not its outputs: holding them too would keep one more copy of a model
 
     def _check(self, call: JitCall) -> None:
+        """Read one unread call's flags: counted even after the finding; the steady state is growth only."""
         host = call.host_magnitudes()
         finite = bool(np.isfinite(host).all())
         if not finite:
