@@ -42,6 +42,14 @@ def is_inexact(value: Any) -> bool:
     if dtype is None:
         return isinstance(value, (float, complex))
     try:
+        return _inexact_dtype(dtype)
+    except TypeError:  # an unhashable dtype: asked directly
+        return _inexact_dtype.__wrapped__(dtype)
+
+
+@functools.lru_cache(maxsize=256)  # asked for every leaf of every watched call: jnp.issubdtype is slow
+def _inexact_dtype(dtype: Any) -> bool:
+    try:
         return bool(jnp.issubdtype(dtype, jnp.inexact))
     except TypeError:  # extended dtypes (PRNG keys)
         return False

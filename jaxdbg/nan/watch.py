@@ -245,6 +245,7 @@ class Watch(JitHook):
         self._argument_names: dict[tuple[int, int], list[str]] = {}
         # id(argument) -> its max(|x|): the same batch or constant passed again is not reduced again
         self._fresh_measured: dict[int, tuple[weakref.ref, float]] = {}
+        self._fresh_before: dict[int, tuple] = {}  # function -> its latest call's fresh positions and magnitudes
         self._stack: contextlib.ExitStack | None = None
         # Calls of the user functions that run eager operations: code -> (frame of its latest call, 0-based
         # index of that call). Holding the frame keeps the next call from reusing its identity.
@@ -396,10 +397,12 @@ class Watch(JitHook):
             leaves = replay.leaves()
         except Exception:  # noqa: BLE001 - arguments jit itself would reject: nothing to measure
             return None
-        returned = [seen.returned for seen in self._watched.values()]
+        returned: dict[int, weakref.ref] = {}
+        for seen in self._watched.values():
+            returned.update(seen.returned)
         fresh, on_device, on_host = [], [], []
         for i, leaf in enumerate(leaves):
-            if not is_inexact(leaf) or any(_same(r.get(id(leaf)), leaf) for r in returned):
+            if not is_inexact(leaf) or _same(returned.get(id(leaf)), leaf):
                 continue
             if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
                 continue  # a reduction over it is a collective every process would have to join: left out
@@ -414,6 +417,11 @@ class Watch(JitHook):
                 on_host.append((i, float(host.max()) if host.size else 0.0))
         if not fresh:
             return None
+        if not on_device:  # the same batch or constants as the previous call: its growth would not change
+            again = (tuple(fresh), tuple(on_host))
+            if self._fresh_before.get(function.record.id) == again:
+                return None
+            self._fresh_before[function.record.id] = again
         device = None
         if on_device:
             with self.internal(), contextlib.suppress(Exception):  # mixed devices: that part goes unmeasured
