@@ -58,6 +58,12 @@ def is_user_file(path: str | None) -> bool:
     return not _inside_a_jaxdbg_copy(os.path.dirname(real))
 
 
+@lru_cache(maxsize=4096)
+def _is_user_path(path: str) -> bool:
+    """:func:`is_user_file`, remembered per path: asked for each frame of every watched call."""
+    return is_user_file(path)
+
+
 def is_jaxdbg_file(path: str) -> bool:
     """True for a file of jaxdbg itself (this installation or any other copy of the package)."""
     return _inside_a_jaxdbg_copy(os.path.dirname(os.path.realpath(path)))
@@ -88,7 +94,7 @@ def caller_user_frame(skip: int = 1) -> SourceLocation | None:
     """The innermost user frame on the current Python stack (for hooks that run inside jax calls)."""
     frame: types.FrameType | None = sys._getframe(skip)
     while frame is not None:
-        if is_user_file(frame.f_code.co_filename):
+        if _is_user_path(frame.f_code.co_filename):
             return SourceLocation(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
         frame = frame.f_back
     return None

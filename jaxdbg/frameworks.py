@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import re
@@ -55,17 +56,34 @@ def user_function(fun: Any) -> Any:
     return fun
 
 
-def traces_only_in_its_call(fun: Any) -> bool:
-    """True for a framework's inner function that can be traced only while its wrapper's call is under way:
-    NNX's ``JitFn`` runs in the update context ``nnx.jit``'s ``__call__`` sets up (traced later, it raises
-    "No update context found"). A check that reads a call's flags later must read these at once.
+@contextlib.contextmanager
+def tracing_context(fun: Any) -> Iterator[None]:
+    """What a framework's inner function needs around a trace made outside its wrapper's call.
+
+    NNX's ``JitFn`` (and ``ShardMapFn``) merge and split their graph nodes in the update context that
+    ``nnx.jit``'s ``__call__`` opens for its tag (the ``JitWrapped``); traced later (nan-hunt's replay of a
+    call whose flags were read after it returned) they raise "No update context found". A fresh context for
+    that tag is pushed for the trace and popped after it: one under way (the user's next call) is left as it
+    was. Other functions trace as they are.
 
     Example:
-        >>> traces_only_in_its_call(lambda x: x)
-        False
+        >>> with tracing_context(lambda x: x):
+        ...     pass
     """
+    tag = _nnx_context_tag(fun)
+    if tag is None:
+        yield
+        return
+    with sys.modules["flax.nnx.graphlib"].update_context(tag):
+        yield
+
+
+def _nnx_context_tag(fun: Any) -> Any:
+    """The update-context tag of an NNX transform's inner function, or None for any other function."""
     kind = type(fun)
-    return kind.__name__.startswith("JitFn") and kind.__module__.startswith("flax.nnx")
+    if not kind.__module__.startswith("flax.nnx") or "flax.nnx.graphlib" not in sys.modules:
+        return None
+    return getattr(fun, "ctxtag", None)
 
 
 def user_arguments(fun: Any, args: tuple, kwargs: dict) -> list[Argument] | None:

@@ -10,10 +10,16 @@
 (b) Time to the answer: the same loop with a learning-rate spike at a late step. From the call of the step
     that goes bad to (watch) the written report + NonFiniteError, and (debug flags) the FloatingPointError.
     Also whether each named the operation and the step.
+(d) In one process (the least load-sensitive figure on a shared machine): the plain loop and the same loop
+    jitted inside ``jaxdbg.watch()``, chunks of 40 steps alternating; median ratio per round, wall time and
+    CPU time of the whole process (XLA's threads included).
 (c) Per call: a tiny jitted function (x * 2 + 1 on 16 floats) called in a loop, plain (jax's C++ dispatch) and
     jitted inside ``jaxdbg.watch()``, in one process, alternating; the difference is the watch's cost per call.
 
-Usage: python scripts/bench_watch.py [--pairs 3] [--steps 200] [--width 256] [--batch 128]
+``--baseline DIR`` also runs the watch and nan-hunt variants with another jaxdbg source tree (e.g. main, from
+``git archive``) first on PYTHONPATH, in the same alternation: before/after figures from one run.
+
+Usage: python scripts/bench_watch.py [--pairs 3] [--steps 200] [--width 256] [--batch 128] [--baseline DIR]
 """
 
 from __future__ import annotations
@@ -29,9 +35,11 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEBUG_FLAGS = {"JAX_DEBUG_NANS": "1", "JAX_DEBUG_INFS": "1"}
+BASELINE = " [baseline]"
 
 PROGRAM = textwrap.dedent('''
-    """A Flax NNX training loop that times itself; MODE: plain | watch | watch-full | spike-watch | spike-plain."""
+    """A Flax NNX training loop that times itself; MODE: plain | watch | watch-full | spike-watch | spike-plain |
+    interleaved."""
     import json, sys, time
     import jax, jax.numpy as jnp, optax
     from flax import nnx
@@ -49,7 +57,7 @@ PROGRAM = textwrap.dedent('''
         def __call__(self, x):
             return self.l3(nnx.relu(self.l2(nnx.relu(self.l1(x)))))  # <- origin
 
-    def main():
+    def build():
         model = MLP(nnx.Rngs(0))
         optimizer = nnx.Optimizer(model, optax.inject_hyperparams(optax.sgd)(learning_rate=0.01), wrt=nnx.Param)
 
@@ -64,25 +72,35 @@ PROGRAM = textwrap.dedent('''
         k = jax.random.split(jax.random.key(0), 2)
         x = jax.random.normal(k[0], (batch, 256))
         y = jax.random.randint(k[1], (batch,), 0, 10)
+        return train_step, model, optimizer, x, y
+
+    def timed_chunk(state, n=40):
+        """Seconds per step (wall, and CPU of the whole process) over n steps of a loop that logs every 10."""
+        train_step, model, optimizer, x, y = state
+        t, c = time.perf_counter(), time.process_time()
+        for step in range(n):
+            loss = train_step(model, optimizer, x, y)
+            if step % 10 == 0:
+                float(loss)
+        loss.block_until_ready()
+        return (time.perf_counter() - t) / n, (time.process_time() - c) / n
+
+    def main():
+        train_step, model, optimizer, x, y = build()
         for _ in range(10):
             loss = train_step(model, optimizer, x, y)
         loss.block_until_ready()
         if mode.startswith("spike"):
-            started = None
             try:
                 for step in range(steps):
                     if step == SPIKE_AT:
                         optimizer.opt_state.hyperparams["learning_rate"][...] = jnp.asarray(1e36)
-                        started = time.perf_counter()
+                        STARTED.append(time.perf_counter())
                     loss = train_step(model, optimizer, x, y)
                 loss.block_until_ready()
                 return {"answer_s": None}
             except (jaxdbg.NonFiniteError, FloatingPointError) as err:
-                answer = time.perf_counter() - started
-                report = getattr(err, "report", None)
-                first = report["first"] if report else {}
-                return {"answer_s": answer, "primitive": first.get("primitive"), "call_index": first.get("call_index"),
-                        "line": (first.get("source") or {}).get("line"), "error": str(err).splitlines()[0][:200]}
+                return answer(err)
         chunk, per_step = 10, []
         for _ in range(0, steps, chunk):
             t = time.perf_counter()
@@ -95,9 +113,27 @@ PROGRAM = textwrap.dedent('''
         per_step.sort()
         return {"median_step_s": per_step[len(per_step) // 2], "best_step_s": per_step[0]}
 
+    def answer(err):
+        seconds = time.perf_counter() - STARTED[0]
+        report = getattr(err, "report", None)
+        first = report["first"] if report else {}
+        return {"answer_s": seconds, "primitive": first.get("primitive"), "call_index": first.get("call_index"),
+                "line": (first.get("source") or {}).get("line"), "error": str(err).splitlines()[0][:200]}
+
+    STARTED = []
     if mode in ("watch", "spike-watch"):
+        try:
+            with jaxdbg.watch(out=out + ".d"):
+                found = main()
+        except jaxdbg.NonFiniteError as err:  # the flags are read late: a finding may come as the block ends
+            found = answer(err)
+    elif mode == "interleaved":  # one process: the plain loop and a loop jitted inside the watch, alternating
+        plain = build()
+        timed_chunk(plain, 10)
         with jaxdbg.watch(out=out + ".d"):
-            found = main()
+            watched = build()
+            timed_chunk(watched, 10)
+            found = {"rows": [(timed_chunk(plain), timed_chunk(watched)) for _ in range(steps // 10)]}
     elif mode == "watch-full":
         with jaxdbg.watch(out=out + ".d", max_compiles=2, metrics_port=0):
             found = main()
@@ -130,13 +166,17 @@ TINY = textwrap.dedent('''
 ''')
 
 
-def _run(argv: list[str], env: dict | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
+def _run(argv: list[str], env: dict | None = None, timeout: float = 900,
+         root: str = ROOT) -> subprocess.CompletedProcess:
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONPATH": ROOT, **(env or {})})
+                          env={**os.environ, "PYTHONPATH": root, **(env or {})})
 
 
 def variant(name: str, program: str, args: argparse.Namespace, workdir: str, mode: str | None = None) -> dict:
-    out = os.path.join(workdir, f"{name}.json")
+    root = ROOT
+    if name.endswith(BASELINE):
+        name, root = name[: -len(BASELINE)], args.baseline
+    out = os.path.join(workdir, f"{name}{'-base' if root != ROOT else ''}.json")
     sizes = [str(args.steps), str(args.width), str(args.batch), out]
     if name == "nan-hunt":
         argv = [sys.executable, "-m", "jaxdbg", "nan-hunt", program, "-q", "--out", out + ".d", "--", "plain", *sizes]
@@ -145,7 +185,7 @@ def variant(name: str, program: str, args: argparse.Namespace, workdir: str, mod
         argv = [sys.executable, program, mode or name, *sizes]
         env = DEBUG_FLAGS if name.startswith("debug") else None
     started = time.perf_counter()
-    done = _run(argv, env)
+    done = _run(argv, env, root=root)
     if not os.path.exists(out):
         raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
     with open(out) as handle:
@@ -158,6 +198,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--baseline", help="another jaxdbg source tree: its watch and nan-hunt run too")
+    parser.add_argument("--only-interleaved", action="store_true", help="run (d) alone")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as workdir:
         program = os.path.join(workdir, "nnx_loop.py")
@@ -165,39 +207,82 @@ def main() -> None:
             handle.write(PROGRAM)
         names = {"plain": "plain", "watch": "watch", "watch+compiles+metrics": "watch-full",
                  "debug_nans": "plain", "nan-hunt": None}
-        best: dict[str, float] = {}
-        fastest: dict[str, float] = {}
-        for pair in range(args.pairs):
-            for name, mode in names.items():
-                got = variant(name, program, args, workdir, mode)
-                best[name] = min(best.get(name, got["median_step_s"]), got["median_step_s"])
-                fastest[name] = min(fastest.get(name, got["best_step_s"]), got["best_step_s"])
-                print(f"  pair {pair}: {name:24s} median {got['median_step_s'] * 1e3:8.3f} ms/step, fastest chunk "
-                      f"{got['best_step_s'] * 1e3:8.3f}", flush=True)
-        print(f"\n(a) overhead on a clean Flax NNX loop (width {args.width}, batch {args.batch}, best of {args.pairs})")
-        for name in names:
-            print(f"  {name:24s} median {best[name] * 1e3:8.3f} ms/step {best[name] / best['plain']:5.2f}x plain   "
-                  f"fastest chunk {fastest[name] * 1e3:8.3f} ms/step {fastest[name] / fastest['plain']:5.2f}x plain")
-        print("\n(b) from the bad step's call to the answer (learning-rate spike 5 steps before the end)")
-        for name, mode, env in (("jaxdbg.watch", "spike-watch", None), ("debug_nans", "spike-plain", DEBUG_FLAGS)):
-            out = os.path.join(workdir, f"{mode}.json")
-            done = _run([sys.executable, program, mode, str(args.steps), str(args.width), str(args.batch), out], env)
-            if not os.path.exists(out):
-                print(f"  {name:14s} failed: {done.stderr[-500:]}")
-                continue
-            with open(out) as handle:
-                got = json.load(handle)
-            shown = f"{got['answer_s']:.3f} s" if got.get("answer_s") is not None else "no answer"
-            print(f"  {name:14s} {shown:>10s}  op={got.get('primitive')} call={got.get('call_index')} "
-                  f"line={got.get('line')}  [{got.get('error', '')[:110]}]")
+        if args.baseline:
+            names.update({"watch" + BASELINE: "watch", "nan-hunt" + BASELINE: None})
+        if not args.only_interleaved:
+            overhead_and_answer(program, names, args, workdir)
+        interleaved(program, args, workdir)
+        if not args.only_interleaved:
+            tiny_calls(args, workdir)
 
-        tiny = os.path.join(workdir, "tiny.py")
-        with open(tiny, "w") as handle:
-            handle.write(TINY)
-        done = _run([sys.executable, tiny, os.path.join(workdir, "tiny.d"), str(5 * args.pairs)])
-        plain_us, watch_us = (float(v) for v in done.stdout.split())
-        print(f"\n(c) per call of a tiny jitted function (best of {5 * args.pairs} rounds of 2000 calls)")
-        print(f"  plain {plain_us:7.1f} us/call   jaxdbg.watch {watch_us:7.1f} us/call  (+{watch_us - plain_us:.1f})")
+
+def overhead_and_answer(program: str, names: dict, args: argparse.Namespace, workdir: str) -> None:
+    """(a) and (b): each variant in its own process."""
+    best: dict[str, float] = {}
+    fastest: dict[str, float] = {}
+    for pair in range(args.pairs):
+        for name, mode in names.items():
+            got = variant(name, program, args, workdir, mode)
+            best[name] = min(best.get(name, got["median_step_s"]), got["median_step_s"])
+            fastest[name] = min(fastest.get(name, got["best_step_s"]), got["best_step_s"])
+            print(f"  pair {pair}: {name:24s} median {got['median_step_s'] * 1e3:8.3f} ms/step, fastest chunk "
+                  f"{got['best_step_s'] * 1e3:8.3f}", flush=True)
+    print(f"\n(a) overhead on a clean Flax NNX loop (width {args.width}, batch {args.batch}, best of {args.pairs})")
+    for name in names:
+        print(f"  {name:24s} median {best[name] * 1e3:8.3f} ms/step {best[name] / best['plain']:5.2f}x plain   "
+              f"fastest chunk {fastest[name] * 1e3:8.3f} ms/step {fastest[name] / fastest['plain']:5.2f}x plain")
+    print("\n(b) from the bad step's call to the answer (learning-rate spike 5 steps before the end)")
+    for name, mode, env in (("jaxdbg.watch", "spike-watch", None), ("debug_nans", "spike-plain", DEBUG_FLAGS)):
+        out = os.path.join(workdir, f"{mode}.json")
+        done = _run([sys.executable, program, mode, str(args.steps), str(args.width), str(args.batch), out], env)
+        if not os.path.exists(out):
+            print(f"  {name:14s} failed: {done.stderr[-500:]}")
+            continue
+        with open(out) as handle:
+            got = json.load(handle)
+        shown = f"{got['answer_s']:.3f} s" if got.get("answer_s") is not None else "no answer"
+        print(f"  {name:14s} {shown:>10s}  op={got.get('primitive')} call={got.get('call_index')} "
+              f"line={got.get('line')}  [{got.get('error', '')[:110]}]")
+
+
+def interleaved(program: str, args: argparse.Namespace, workdir: str) -> None:
+    """(d): plain and watched loops in one process."""
+    print(f"\n(d) in one process, chunks of 40 steps alternating ({args.steps // 10} rounds): plain vs "
+          "jaxdbg.watch")
+    for label, root in (("jaxdbg.watch", ROOT), ("jaxdbg.watch [baseline]", args.baseline)):
+        if root is None:
+            continue
+        out = os.path.join(workdir, f"interleaved-{len(label)}.json")
+        _run([sys.executable, program, "interleaved", str(args.steps), str(args.width), str(args.batch), out],
+             root=root)
+        if not os.path.exists(out):
+            print(f"  {label}: failed")
+            continue
+        with open(out) as handle:
+            rows = json.load(handle)["rows"]
+        plain_ms = _median([p[0] for p, _ in rows]) * 1e3
+        print(f"  {label:24s} wall {_median_ratio(rows, 0):5.2f}x plain   CPU (process) "
+              f"{_median_ratio(rows, 1):5.2f}x plain   (plain {plain_ms:.3f} ms/step)")
+
+
+def tiny_calls(args: argparse.Namespace, workdir: str) -> None:
+    """(c): the watch's cost per call of a tiny function."""
+    tiny = os.path.join(workdir, "tiny.py")
+    with open(tiny, "w") as handle:
+        handle.write(TINY)
+    done = _run([sys.executable, tiny, os.path.join(workdir, "tiny.d"), str(5 * args.pairs)])
+    plain_us, watch_us = (float(v) for v in done.stdout.split())
+    print(f"\n(c) per call of a tiny jitted function (best of {5 * args.pairs} rounds of 2000 calls)")
+    print(f"  plain {plain_us:7.1f} us/call   jaxdbg.watch {watch_us:7.1f} us/call  (+{watch_us - plain_us:.1f})")
+
+
+def _median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
+
+
+def _median_ratio(rows: list, index: int) -> float:
+    """Median over rounds of the watched chunk's time over the plain chunk's next to it."""
+    return _median([watched[index] / plain[index] for plain, watched in rows])
 
 
 if __name__ == "__main__":

@@ -155,3 +155,8 @@ def test_a_nan_in_a_large_array_is_found_on_the_device():
     assert kind_of(np.asarray(jax.jit(magnitudes)(jnp.full((256, 256), jnp.nan)))) == "nan"
     assert kind_of(np.asarray(jax.jit(magnitudes)(x.at[3, 5].set(jnp.inf)))) == "inf"
     assert kind_of(np.asarray(jax.jit(magnitudes)(x.at[3, 5].set(jnp.inf))), nan_only=True) is None
+    # One pass per leaf (a variadic reduce): the largest magnitude of each dtype and shape, NaN over Inf.
+    leaves = [jnp.float32(-3.0), jnp.zeros((0, 3)), jnp.array([1.0, -7.5], jnp.bfloat16), jnp.array([3 + 4j]),
+              jnp.array([jnp.inf, jnp.nan]), jnp.full((128, 128), 2.0, jnp.float16).at[1, 1].set(jnp.nan)]
+    got = np.asarray(jax.jit(magnitudes)(leaves))
+    assert got[:4].tolist() == [3.0, 0.0, 7.5, 5.0] and np.isnan(got[4:]).all()

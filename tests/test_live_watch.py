@@ -152,6 +152,45 @@ def test_functions_jitted_at_module_level_before_the_watch_are_watched_and_put_b
     assert not guard.reports[1:]
 
 
+def _nnx_run() -> tuple:
+    """An NNX step that updates its module's state and goes NaN at call 1 (log of a negative weight)."""
+    from flax import nnx
+
+    class Scale(nnx.Module):
+        def __init__(self):
+            self.w = nnx.Param(jnp.ones((3,)))
+            self.count = nnx.Variable(jnp.zeros((), jnp.int32))
+
+    @nnx.jit
+    def step(model, x):
+        model.count[...] += 1
+        model.w[...] = model.w[...] * 0.5 + x
+        return jnp.log(model.w[...]).sum()
+
+    model = Scale()
+    losses = [step(model, jnp.full((3,), v)) for v in (1.0, -5.0, 3.0, 2.0, 8.0)]  # no sync: read late
+    return np.asarray(model.w[...]), int(model.count[...]), np.asarray(losses)
+
+
+def test_an_nnx_finding_read_late_is_analysed_without_touching_the_run(tmp_path, caplog):
+    """NNX calls are read late like any other (no sync per step): the finding is replayed in NNX's update
+    context while later calls are under way or after the block, the program's module state ends as
+    without the watch, and jaxdbg's own cache clearing is no recompile."""
+    expected = _nnx_run()
+    guard = jaxdbg.watch(out=str(tmp_path), max_compiles=1, action="log")
+    with caplog.at_level(logging.WARNING, logger="jaxdbg"), guard:
+        got = _nnx_run()
+    np.testing.assert_array_equal(got[0], expected[0])
+    assert got[1] == expected[1] == 5 and np.isnan(got[2][1])
+    np.testing.assert_array_equal(got[2], expected[2])
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "log" in lines[0] and "call 1" in lines[0], lines  # no recompile finding
+    first = json.loads(Path(guard.reports[0]).read_text())["result"]["first"]
+    assert (first["primitive"], first["function"], first["call_index"]) == ("log", "step", 1)
+    assert first["source"]["line"] == next(i for i, text in enumerate(Path(__file__).read_text().splitlines(), 1)
+                                           if "return jnp.log(model.w[...]).sum()" in text)
+
+
 def test_bad_options_are_one_clear_usage_error():
     with pytest.raises(jaxdbg.UsageError, match=r"action='stop'.*use 'raise' or 'log'"):
         jaxdbg.watch(action="stop")

@@ -143,3 +143,29 @@ def test_output_names_come_from_the_assignment() -> None:
     names = [g.name for g in watch.growth.report()]
     assert set(names[:2]) == {"params['w']", "total"}  # both grow 100x per call: either may be first
     assert "params['b']" not in names
+
+
+def test_read_late_keeps_program_order_and_the_exact_replay() -> None:
+    """With ``read_late`` (nan-hunt on scripts, jaxdbg.watch) a call's flags are read after it returned: the
+    first bad call is still the finding when the block ends (here: the script fails first), when an eager
+    operation makes a NaN before it was read, and when a donating call is replayed from its kept copies."""
+
+    def unread_nan_then(ending):
+        step = jax.jit(lambda w, x: (w * 0.5 + x, jnp.log(w).sum()), donate_argnums=0)
+        w = jnp.ones(3)
+        for v in (1.0, -4.0, 1.0):  # w < 0 from call 1: log NaN at call 2
+            w, _ = step(w, jnp.full((3,), v))
+        ending()
+
+    def fail():
+        raise ValueError("the script's own failure, after the NaN")
+
+    for ending in (fail, lambda: jnp.log(jnp.float32(-1.0)), lambda: None):
+        with pytest.raises(NonFiniteFound) as stop:
+            with Watch(read_late=True) as watch:
+                unread_nan_then(ending)
+        finding = stop.value.finding
+        assert isinstance(finding, JitFinding) and finding.call.call_index == 2, ending
+        first = localise_call(finding.call, closed=finding.closed_jaxpr).first  # inputs kept despite donation
+        assert (first.primitive, first.call_index) == ("log", 2)
+        assert watch.calls == 3 and not watch._pending

@@ -1,11 +1,13 @@
 """The hook behind :func:`jaxdbg.watch`: nan-hunt's :class:`~jaxdbg.nan.watch.Watch` made cheap enough for a run
 of days, plus a compile counter that names each recompile's cause as profile does.
 
-- NaN/Inf: the jit layer's fused check (``max(|x|)`` per floating output, in the same compiled program).
-  The host reads that small vector one call late: the flags of call k are read when call k+1 has been
-  dispatched (its copy started asynchronously at once), so the device never waits for the host. Call k's
-  inputs are kept until then, so the first bad call is still found and replayed exactly; the error is raised
-  from call k+1 (or when the watch ends). Eager operations are not checked (nan-hunt's eager check sends
+- NaN/Inf: the jit layer's fused check (``max(|x|)`` per floating output, in the same compiled program),
+  read late (nan-hunt's ``Watch(read_late=True)``): at each call, the flags of the earlier calls that have
+  finished are read, oldest first, and the host never waits in the steady state (a sync per step, even one
+  call late, cost ~15% on a CPU training loop); in a multi-process job, call k's at call k+1. The inputs of
+  the unread calls are kept, so the first bad call is still found and replayed exactly (NNX calls too: the
+  replay enters NNX's update context, :func:`jaxdbg.frameworks.tracing_context`); the error is raised from
+  a later call (or when the watch ends). Eager operations are not checked (nan-hunt's eager check sends
   every eager jitted call through Python dispatch) and arguments are not measured for growth: outputs are.
 - Compiles: ``jax.monitoring`` reports trace / lower / compile spans on the thread that compiles; a watched
   call that saw one compiled. Its signature is diffed against the function's earlier compiles by
@@ -33,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxdbg import frameworks
+from jaxdbg._source import caller_user_frame
 from jaxdbg.jit_layer import InstrumentedJit, JitCall
 from jaxdbg.live.figures import Figures
 from jaxdbg.nan.watch import EagerFinding, JitFinding, Watch
@@ -42,8 +44,6 @@ from jaxdbg.profile.model import Recompile
 from jaxdbg.profile.signature import Signature, call_signature, explain, parameter_names
 
 _KEEP_SIGNATURES = 32
-
-
 class _Compiles:
     """One function's compiles: how many, and the signatures and callables jax compiled for."""
 
@@ -52,6 +52,7 @@ class _Compiles:
         self.signatures: list[Signature] = []
         self.callables: list[Any] = []  # strong refs: an id() could be reused by a later lambda
         self.recompiles: list[Recompile] = []
+        self.cleared = False  # jax's caches were cleared by jaxdbg since its latest compile
 
 
 class LiveHook(Watch):
@@ -65,16 +66,14 @@ class LiveHook(Watch):
                  on_nonfinite: Callable[[JitFinding | EagerFinding], None] | None = None,
                  on_compile: Callable[[InstrumentedJit, int, Recompile | None], None] | None = None,
                  figures: Figures | None = None):
-        super().__init__(eager=False, after_inf=0)
+        super().__init__(eager=False, after_inf=0, read_late=True)
         self.check_outputs = nans
         self.nans = nans
         self.on_nonfinite = on_nonfinite
         self.on_compile = on_compile
         self.figures = figures if figures is not None else Figures()
         self.compiles: dict[int, _Compiles] = {}
-        self._pending: tuple[JitCall, Any] | None = None
         self._local = threading.local()
-        self._copy_ahead: bool | None = None
         self.active = nans
 
     # -- one call ------------------------------------------------------------------------------------------
@@ -106,26 +105,13 @@ class LiveHook(Watch):
     def after(self, call: JitCall, out: Any) -> None:
         if call.magnitudes is None:
             return
-        if self._copy_ahead is None:  # decided at the first call: the backend is up by then
-            import jax
+        site = caller_user_frame(2)
+        if self.active:
+            self.seen(call.function, out, site)  # at the first call: output names from its line
+        self.defer(call, site)  # not its outputs: holding them too would keep one more copy of a model
 
-            self._copy_ahead = jax.default_backend() != "cpu"
-        if self._copy_ahead:  # start the small device->host copy now; on CPU there is nothing to copy
-            with contextlib.suppress(AttributeError):
-                call.magnitudes.copy_to_host_async()
-        previous, self._pending = self._pending, (call, out)
-        if previous is not None:
-            self._check(*previous)
-        if frameworks.traces_only_in_its_call(call.function.fun):  # an analysis later could not trace it
-            self.flush()
-
-    def flush(self) -> None:
-        """Read the flags of the latest call (the watch is ending)."""
-        previous, self._pending = self._pending, None
-        if previous is not None:
-            self._check(*previous)
-
-    def _check(self, call: JitCall, out: Any) -> None:
+    def _check(self, call: JitCall) -> None:
+        """Read one unread call's flags: counted even after the finding; the steady state is growth only."""
         host = call.host_magnitudes()
         finite = bool(np.isfinite(host).all())
         if not finite:
@@ -137,7 +123,7 @@ class LiveHook(Watch):
             self.calls += 1
             self.growth.update(call.function.name, seen.leaf_names, host, call.index, seen.call_site)
             return
-        super().after(call, out)  # nan-hunt's reading of the flags (names, growth, the finding and its replay)
+        self.read(call, None, call.notes.get("site"))  # nan-hunt's reading (growth, the finding and its replay)
 
     def _measure_fresh_arguments(self, call: JitCall) -> None:
         return None  # an extra reduction per call: left to nan-hunt
@@ -145,7 +131,8 @@ class LiveHook(Watch):
     def found(self, finding: JitFinding | EagerFinding, final: bool = False) -> int:
         self.finding = finding
         self.active = False  # the first finding is the answer; later calls are only counted
-        self._pending = None
+        for seen in self.compiles.values():  # its analysis clears jax's caches: the next compile is jaxdbg's
+            seen.cleared = True
         if self.on_nonfinite is not None:
             self.on_nonfinite(finding)
         return 0
@@ -160,6 +147,10 @@ class LiveHook(Watch):
                                        function.static_argnames, parameter_names(function.fun))
         except Exception:  # noqa: BLE001 - an odd argument must not break the user's run
             signature = Signature(())
+        if seen.cleared and signature in seen.signatures and any(f is function.fun for f in seen.callables):
+            seen.cleared = False  # compiled again only because the analysis of a finding cleared jax's caches
+            return
+        seen.cleared = False
         recompile = None
         if seen.signatures:
             site = str(function.record.source) if function.record.source else ""

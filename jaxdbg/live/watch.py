@@ -116,8 +116,8 @@ class watch(contextlib.ContextDecorator):
         state = self._states[-1]
         try:
             if kind is None:
-                state.hook.flush()  # the latest call's flags: may raise NonFiniteError
-                if not state.hook.functions:
+                state.hook.flush()  # the unread calls' flags: may raise NonFiniteError
+                if not any(row.calls for row in state.hook.figures.functions.values()):  # no watched call
                     log.warning("jaxdbg.watch: no jitted function was watched, so nothing was checked: functions "
                                 "jitted before the watch began are watched only when bound to a global name of the "
                                 "program's modules (enter the watch first for the others)")

@@ -22,6 +22,8 @@ from typing import Any
 import jax
 from jax.tree_util import keystr, tree_flatten, tree_flatten_with_path
 
+from jaxdbg import frameworks
+
 
 @dataclass
 class Call:
@@ -97,9 +99,11 @@ class Call:
         return names
 
     def trace(self) -> Any:
-        """The call's closed jaxpr (traced afresh from the Python function)."""
+        """The call's closed jaxpr (traced afresh from the Python function, in the context a framework's inner
+        function needs: see :func:`jaxdbg.frameworks.tracing_context`)."""
         fn, dyn_args, dyn_kwargs = self.dynamic()
-        return jax.make_jaxpr(fn)(*dyn_args, **dyn_kwargs)
+        with frameworks.tracing_context(self.fun):
+            return jax.make_jaxpr(fn)(*dyn_args, **dyn_kwargs)
 
 
 @functools.lru_cache(maxsize=1024)  # asked on every watched call: inspect.signature is slow

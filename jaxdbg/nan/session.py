@@ -117,7 +117,7 @@ AFTER_INF_CALLS = 64
 
 
 def _hunt_script(spec: TargetSpec, options: HuntOptions, channel: Any) -> tuple[NanHuntResult, dict[str, str]]:
-    watch = Watch(options.nan_only, options.growth_factor, after_inf=AFTER_INF_CALLS)
+    watch = Watch(options.nan_only, options.growth_factor, after_inf=AFTER_INF_CALLS, read_late=True)
     failure: BaseException | None = None
     try:
         with watch:

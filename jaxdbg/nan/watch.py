@@ -60,6 +60,11 @@ from jaxdbg.nan.result import Origin
 from jaxdbg.nan.stats import is_inexact, nonfinite_flags, value_stats
 from jaxdbg.nonfinite import magnitudes
 
+# With ``read_late``, calls whose flags are not read yet. A finished call's flags are read at the next call;
+# the inputs of the others are held by jax's own queue anyway. Past this many (the program runs far ahead of
+# the device) the oldest is waited for. Calls that donate keep device copies of their inputs: at most this many.
+MAX_PENDING = 64
+MAX_PENDING_COPIES = 2
 EAGER_OPS_PER_CALL = 64  # after an Inf, eager operations are budgeted at this many per jitted call
 MAX_INF_FINDINGS = 8  # distinct Inf births kept while waiting for a NaN (each keeps its call's inputs alive)
 MADE_EAGERLY = 4096  # eager outputs remembered with their line (for the growth of an eagerly updated argument)
@@ -176,6 +181,14 @@ def _same_signature(a: Call, b: Call) -> bool:
         return False
 
 
+def _finished(magnitudes: Any) -> bool:
+    """Whether the computation that makes ``magnitudes`` is done (reading it then does not wait)."""
+    try:
+        return bool(magnitudes.is_ready())
+    except AttributeError:  # not a jax array: nothing to wait for
+        return True
+
+
 def _same(ref: Any, value: Any) -> bool:
     return ref is not None and ref() is value
 
@@ -196,13 +209,22 @@ class Watch(JitHook):
         eager: also check operations run eagerly (outside jit).
         after_inf: after the first Inf, keep watching for a NaN for up to this many jitted calls (and
             :data:`EAGER_OPS_PER_CALL` times as many eager operations); 0 ends the run at the first Inf.
+        read_late: read a call's flags once its computation has finished, at a later call (or when an eager
+            operation makes a NaN/Inf, or the watch ends), instead of waiting for it: no host-device sync per
+            step. The inputs (and outputs) of the unread calls are kept. After the first Inf, calls are read
+            at once again (the Infs are followed in program order).
     """
 
     check_outputs = True  # the jit layer's fused max(|x|) of every floating output
 
     def __init__(self, nan_only: bool = False, growth_factor: float = 100.0, eager: bool = True,
-                 after_inf: int = 0):
+                 after_inf: int = 0, read_late: bool = False):
         self.nan_only = nan_only
+        self.read_late = read_late
+        self._pending: collections.deque[JitCall] = collections.deque()  # read_late: flags not read yet
+        self._copies = 0  # pending calls that donate: their inputs are device copies kept for the replay
+        self._unread: int | None = None  # calls left unread at most (decided at the first call)
+        self._copy_ahead = False
         self.growth = GrowthTracker(growth_factor)
         self.eager = eager
         self.after_inf = after_inf
@@ -223,6 +245,7 @@ class Watch(JitHook):
         self._argument_names: dict[tuple[int, int], list[str]] = {}
         # id(argument) -> its max(|x|): the same batch or constant passed again is not reduced again
         self._fresh_measured: dict[int, tuple[weakref.ref, float]] = {}
+        self._fresh_before: dict[int, tuple] = {}  # function -> its latest call's fresh positions and magnitudes
         self._stack: contextlib.ExitStack | None = None
         # Calls of the user functions that run eager operations: code -> (frame of its latest call, 0-based
         # index of that call). Holding the frame keeps the next call from reusing its identity.
@@ -246,7 +269,15 @@ class Watch(JitHook):
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        try:
+            if self.active:
+                self.flush()  # the unread calls came before whatever ends the block: may raise NonFiniteFound
+        finally:
+            self._close()
+
+    def _close(self) -> None:
         stack, self._stack = self._stack, None
+        self._pending.clear()
         self._eager_calls.clear()
         self._infs.clear()
         self._made_eagerly.clear()
@@ -271,29 +302,88 @@ class Watch(JitHook):
     def after(self, call: JitCall, out: Any) -> None:
         if not self.active or "nan_inputs" not in call.notes:
             return
+        site = caller_user_frame(2)
+        seen = self.seen(call.function, out, site)
+        seen.returned = {id(leaf): ref for leaf in tree_leaves(out) if (ref := _weak(leaf)) is not None}
+        if not self.read_late or self.inf_findings:  # after an Inf: at once, in order with eager operations
+            self.flush()
+            self.read(call, out, site)
+            return
+        call.notes["out"] = out  # followed if an Inf turns up among the unread calls
+        self.defer(call, site)
+
+    # -- reading late -----------------------------------------------------------------------------------------
+
+    def defer(self, call: JitCall, site: SourceLocation | None) -> None:
+        """Leave ``call``'s flags unread until its computation has finished (``site``: its line, for a finding
+        read later); read those of the earlier calls that have."""
+        if self._unread is None:  # the first call: the backend is up by now
+            # In a job, every process must read (and analyse: the analysis gathers sharded inputs) at the same
+            # call whatever its timing: there the flags of call k are read at call k+1, waiting if need be.
+            self._unread = 1 if jax.process_count() > 1 else MAX_PENDING
+            self._copy_ahead = jax.default_backend() != "cpu"
+        if self._copy_ahead:  # start the small device->host copy now; on CPU there is nothing to copy
+            with contextlib.suppress(AttributeError):
+                call.magnitudes.copy_to_host_async()
+        call.notes["site"] = site
+        self._pending.append(call)
+        if call.function.donates:
+            self._copies += 1
+        self.read_ready()
+
+    def read_ready(self) -> None:
+        """Read the flags of the unread calls that have finished, oldest first; wait for the oldest only past
+        :data:`MAX_PENDING` (or :data:`MAX_PENDING_COPIES`). Reading a finished call's flags costs ~1 us;
+        waiting for a running one is a host-device sync per step (~15% on a CPU training loop)."""
+        pending = self._pending
+        while pending:
+            call = pending[0]
+            if (len(pending) <= (self._unread or MAX_PENDING) and self._copies <= MAX_PENDING_COPIES
+                    and (self._unread == 1 or not _finished(call.magnitudes))):
+                return
+            self._read_oldest()
+
+    def flush(self) -> None:
+        """Read the flags of every unread call, oldest first (waits for them)."""
+        while self._pending:
+            self._read_oldest()
+
+    def _read_oldest(self) -> None:
+        call = self._pending.popleft()
+        if call.function.donates:
+            self._copies -= 1
+        self._check(call)
+
+    def _check(self, call: JitCall) -> None:
+        """Read one unread call's flags."""
+        if self.active:
+            self.read(call, call.notes.get("out"), call.notes.get("site"))
+
+    def read(self, call: JitCall, out: Any, site: SourceLocation | None) -> None:
+        """Read one call's flags (``site``: the user's line that made the call): growth, and a finding if
+        they hold a NaN/Inf. ``out`` (the call's outputs) may be None for a call read after it returned: its
+        output names must then be known already (:meth:`seen` at its call), and its outputs are not followed."""
         function = call.function
         host = call.host_magnitudes()
         self.calls += 1
-        seen = self._watched.setdefault(function.record.id, _Watched())
-        if seen.leaf_names is None:
-            seen.call_site = caller_user_frame(2)
-            seen.leaf_names = self._float_leaf_names(out, function.name)
+        seen = self.seen(function, out, site)
+        names = seen.leaf_names or []
         self._record_fresh_arguments(call, seen)
-        seen.returned = {id(leaf): ref for leaf in tree_leaves(out) if (ref := _weak(leaf)) is not None}
         nan = np.isnan(host)
         bad = nan if (self.nan_only or self.inf_findings) else ~np.isfinite(host)
         if bad.any():
             args, kwargs = call.notes["nan_inputs"]
             replay = Call(function.name, function.fun, tuple(args), dict(kwargs), function.static_argnums,
-                          function.static_argnames, call.index, caller_user_frame(2), list(seen.leaf_names))
+                          function.static_argnames, call.index, site, list(names))
             feeds = self._infs_in(tree_leaves((args, kwargs))) if nan.any() else frozenset()
-            finding = JitFinding(replay, [n for n, b in zip(seen.leaf_names, bad) if b], "nan" if nan.any() else "inf",
+            finding = JitFinding(replay, [n for n, b in zip(names, bad) if b], "nan" if nan.any() else "inf",
                                  _trace_now(replay), feeds, self._argument_infs(replay) if feeds else {})
             index = self.found(finding)  # an Inf, while after_inf lets the run go on
-            self._hold_infs(function.record.id, out, host, frozenset(), index)
+            if out is not None:
+                self._hold_infs(function.record.id, out, host, frozenset(), index)
         elif self.inf_findings:
-            self._after_inf_call(call, out, host)
-        self.growth.update(function.name, seen.leaf_names, host, call.index, seen.call_site)
+            self._after_inf_call(call, out, host, site)
+        self.growth.update(function.name, names, host, call.index, seen.call_site)
 
     # -- arguments made outside the watched calls (growth) ----------------------------------------------------
 
@@ -307,10 +397,12 @@ class Watch(JitHook):
             leaves = replay.leaves()
         except Exception:  # noqa: BLE001 - arguments jit itself would reject: nothing to measure
             return None
-        returned = [seen.returned for seen in self._watched.values()]
+        returned: dict[int, weakref.ref] = {}
+        for seen in self._watched.values():
+            returned.update(seen.returned)
         fresh, on_device, on_host = [], [], []
         for i, leaf in enumerate(leaves):
-            if not is_inexact(leaf) or any(_same(r.get(id(leaf)), leaf) for r in returned):
+            if not is_inexact(leaf) or _same(returned.get(id(leaf)), leaf):
                 continue
             if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
                 continue  # a reduction over it is a collective every process would have to join: left out
@@ -325,6 +417,11 @@ class Watch(JitHook):
                 on_host.append((i, float(host.max()) if host.size else 0.0))
         if not fresh:
             return None
+        if not on_device:  # the same batch or constants as the previous call: its growth would not change
+            again = (tuple(fresh), tuple(on_host))
+            if self._fresh_before.get(function.record.id) == again:
+                return None
+            self._fresh_before[function.record.id] = again
         device = None
         if on_device:
             with self.internal(), contextlib.suppress(Exception):  # mixed devices: that part goes unmeasured
@@ -411,18 +508,27 @@ class Watch(JitHook):
             born = self._births.get((function, int(i)))
             self._hold([leaf], held or (frozenset({born}) if born is not None else frozenset()))
 
-    def _after_inf_call(self, call: JitCall, out: Any, host: np.ndarray) -> None:
+    def seen(self, function: InstrumentedJit, out: Any, site: SourceLocation | None) -> _Watched:
+        """What the watch keeps of ``function``; at its first call, its output leaf names (by the assignment
+        at ``site``, the call's line: ``params, loss = step(...)``)."""
+        seen = self._watched.setdefault(function.record.id, _Watched())
+        if seen.leaf_names is None:
+            seen.call_site = site
+            seen.leaf_names = self._float_leaf_names(out, function.name, site)
+        return seen
+
+    def _after_inf_call(self, call: JitCall, out: Any, host: np.ndarray, site: SourceLocation | None) -> None:
         """A call after the first Inf with no NaN in its outputs: pass on which Infs its outputs hold, or
         record a new Inf birth; end the run when the budget is spent."""
         inf = np.isinf(host)
         if inf.any():
             args, kwargs = call.notes["nan_inputs"]
             held = self._infs_in(tree_leaves((args, kwargs)))
-            new = None if held else self._jit_birth(call, [int(i) for i in np.nonzero(inf)[0]])
+            new = None if held else self._jit_birth(call, [int(i) for i in np.nonzero(inf)[0]], site)
             self._hold_infs(call.function.record.id, out, host, held, new)
         self._spend(calls=1)
 
-    def _jit_birth(self, call: JitCall, leaves: list[int]) -> int | None:
+    def _jit_birth(self, call: JitCall, leaves: list[int], site: SourceLocation | None) -> int | None:
         """Record a call that made an Inf from finite arguments; returns its index in :attr:`inf_findings`.
 
         An overflow often recurs every step (a loss that stays inf). The slot of an earlier birth of the same
@@ -431,7 +537,7 @@ class Watch(JitHook):
         function = call.function
         args, kwargs = call.notes["nan_inputs"]
         replay = Call(function.name, function.fun, tuple(args), dict(kwargs), function.static_argnums,
-                      function.static_argnames, call.index, caller_user_frame(4))
+                      function.static_argnames, call.index, site)
         before = {self._births[key][0] for key in ((function.record.id, i) for i in leaves) if key in self._births}
         same = next((f.closed_jaxpr for f in self.inf_findings if isinstance(f, JitFinding)
                      and f.closed_jaxpr is not None and _same_signature(f.call, replay)), None)
@@ -450,8 +556,7 @@ class Watch(JitHook):
             self.found(self.inf_findings[0], final=True)
 
     @staticmethod
-    def _float_leaf_names(out: Any, name: str) -> list[str]:
-        site = caller_user_frame(3)
+    def _float_leaf_names(out: Any, name: str, site: SourceLocation | None) -> list[str]:
         targets = _assigned_names(site.file, site.line) if site else None
         names = output_leaf_names(out, targets, name)
         return [n for n, leaf in zip(names, tree_leaves(out)) if is_inexact(leaf)]
@@ -537,6 +642,7 @@ class Watch(JitHook):
                 if self.inf_findings:
                     self._spend(eager=1)
                 return
+            self.flush()  # unread jitted calls came first: one of them may be the finding (or the Inf fed here)
             leaves = tree_flatten(list(args))[0]
             in_flags = [nonfinite_flags(a) for a in leaves]
             in_nan = any(n for n, _ in in_flags)
