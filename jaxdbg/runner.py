@@ -88,6 +88,9 @@ class Outcome:
             return f"crashed with {self.signal}{where}"
         if self.status == "timeout":
             where = f" (last seen at {self.crash_frame})" if self.crash_frame else ""
+            if waited_to_join(self.stderr):
+                where += (" waiting in jax.distributed.initialize() for the job's other processes: one never "
+                          "started or cannot reach the coordinator")
             return f"timed out after {self.elapsed_s:.1f}s{where}"
         if self.status == "exit":  # sys.exit("message") prints the message as the last line of stderr
             lines = [line for line in self.stderr.strip().splitlines() if line.strip()]
@@ -111,6 +114,22 @@ def first_line(text: str, limit: int = 300) -> str:
 
 
 _FAULT_FRAME = re.compile(r'File "([^"]+)", line (\d+) in (\S+)')
+
+
+def waited_to_join(stderr: str) -> bool:
+    r"""Whether the program's main thread stood in ``jax.distributed.initialize()`` when a hung child was
+    stopped (the last faulthandler dump: its current thread), i.e. the job's other processes never came.
+
+    Example:
+        >>> waited_to_join('Current thread 0x1 (most recent call first):\n  File "/x/jax/_src/distributed.py", '
+        ...                'line 173 in initialize\n  File "train.py", line 7 in <module>\n')
+        True
+    """
+    current = stderr.rfind("Current thread")
+    if current < 0:
+        return False
+    dump = stderr[current:].split("\n\n", 1)[0]
+    return re.search(r"distributed\.py\", line \d+ in initialize", dump) is not None
 
 
 def faulthandler_user_frame(stderr: str) -> SourceLocation | None:

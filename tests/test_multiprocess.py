@@ -273,3 +273,19 @@ def test_nan_hunt_names_the_process_a_job_hangs_on(tmp_path):
     first = done.stderr.strip().splitlines()[0]
     assert first.startswith("jaxdbg nan-hunt: the target ran past --timeout 24.0s (process 1 hangs: alive"), first
     assert f"train.py:{line} (read_batch)" in first and "(process 0 waits in a call of step" in first
+
+
+def test_a_peer_that_never_starts_is_said_at_the_timeout(tmp_path):
+    """Process 0 of a 2-process job started alone: the program waits in jax.distributed.initialize() for a
+    peer that never comes. --timeout stops it (exit 3) with a line that says so, not 'never called
+    jax.distributed.initialize()'."""
+    from jaxdbg.launch import free_port, task_environment
+
+    env = task_environment(0, 2, free_port(), {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"})
+    done = subprocess.run([sys.executable, "-m", "jaxdbg", "nan-hunt", os.path.join(CORPUS, "multihost_dp", "train.py"),
+                           "--out", str(tmp_path / "o"), "-q", "--timeout", "20"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3, done.stderr[-3000:]
+    (line,) = done.stderr.strip().splitlines()
+    assert "waiting in jax.distributed.initialize() for the job's other processes" in line, line
+    assert "start every process of the job" in line

@@ -20,7 +20,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-from jaxdbg._errors import JaxdbgError, UsageError
+from jaxdbg._errors import EXIT_FOUND, EXIT_OK, JaxdbgError, UsageError
 from jaxdbg.launch import WORKER_VARIABLE
 from jaxdbg.report import Report, Result, process_folder, resolve_out_dir, write_json
 
@@ -187,7 +187,8 @@ def check_launched_job(report: Report) -> None:
     (each process would otherwise report a whole run of its own as if it were the job)."""
     launched = os.environ.get("SLURM_NTASKS") if os.environ.get(WORKER_VARIABLE) is not None else None
     ran_as = (report.environment or {}).get("process_count")
-    if launched and int(launched) > 1 and ran_as == 1:
+    finished = report.exit_code in (EXIT_OK, EXIT_FOUND)  # one that was stopped may be waiting to join the job
+    if launched and int(launched) > 1 and ran_as == 1 and finished:
         raise UsageError(f"started as one of {launched} processes (--processes {launched}), but the program never "
                          "called jax.distributed.initialize(), so each process ran alone; call it at the start of "
                          "the program, or drop --processes")

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from jaxdbg._errors import TargetFailedError, UsageError
 from jaxdbg.nan.messages import HuntFinished, HuntJob, NonFiniteDetected, PeerNote
 from jaxdbg.nan.result import NanHuntResult, Origin
-from jaxdbg.runner import first_line, run_contained
+from jaxdbg.runner import first_line, run_contained, waited_to_join
 from jaxdbg.target import TargetSpec, parse_args_spec
 
 
@@ -84,6 +84,9 @@ def hunt(spec: TargetSpec, options: HuntOptions) -> HuntRun:
     remedy = "raise --timeout or shorten the run" if outcome.status == "timeout" else "fix that failure first"
     if hung and outcome.status == "timeout":
         what, remedy = f"{what} ({hung})", "see where that process stands"
+    elif outcome.status == "timeout" and waited_to_join(outcome.stderr):
+        what, remedy = (f"{what} waiting in jax.distributed.initialize() for the job's other processes",
+                        "one never started or cannot reach the coordinator: start every process of the job")
     raise TargetFailedError(f"the target {what} before any NaN/Inf was seen; nothing to localise ({remedy})")
 
 
