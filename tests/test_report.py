@@ -52,3 +52,29 @@ def test_out_dir_rules(tmp_path, monkeypatch):
 def test_no_progress_bar_when_piped_or_in_ci(monkeypatch):
     monkeypatch.setenv("CI", "true")
     assert isinstance(Common("profile").progress(), NullProgress)
+
+
+def test_only_process_0_of_a_launched_job_touches_its_json(tmp_path, monkeypatch, capsys):
+    """Every process of a job gets the same --json. The others once tested it too (create, then delete when it
+    was new): two processes deleting the one file made process 0 fail with an internal FileNotFoundError and
+    left process 1 waiting for it in jax.distributed.initialize(). Their error reports go to their own folder."""
+    from jaxdbg.cli._common import execute
+    from jaxdbg.launch import task_environment
+
+    def fails(common: Common) -> Report:
+        raise UsageError("no such target")
+
+    job_json = tmp_path / "job.json"
+    job_json.write_text("process 0's")
+    for key, value in task_environment(1, 2, 12345, {}).items():
+        monkeypatch.setenv(key, value)
+    code = execute(Common("profile", json=str(job_json), out=str(tmp_path / "o"), quiet=True), fails,
+                   lambda report, console: None)
+    assert code == 2 and job_json.read_text() == "process 0's"
+    assert json.loads((tmp_path / "o" / "process-1" / "report.json").read_text())["result"]["error"] == "no such target"
+    assert not (tmp_path / "o" / "report.json").exists()
+    assert capsys.readouterr().err == "jaxdbg profile: no such target\n"
+
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    assert execute(Common("profile", json=str(job_json), quiet=True), fails, lambda report, console: None) == 2
+    assert json.loads(job_json.read_text())["result"]["error"] == "no such target"

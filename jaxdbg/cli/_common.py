@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from jaxdbg._errors import EXIT_FOUND, EXIT_OK, JaxdbgError, UsageError
-from jaxdbg.launch import WORKER_VARIABLE
+from jaxdbg.launch import WORKER_VARIABLE, launched_place
 from jaxdbg.report import Report, Result, process_folder, resolve_out_dir, write_json
 
 EXIT_INTERNAL = 4  # a bug in jaxdbg itself (not in the contract's 0-3): report it with the -v traceback
@@ -201,11 +201,19 @@ def speaks_for_the_job(report: Report) -> bool:
 
 
 def write_error_report(common: Common, message: str, exit_code: int) -> None:
-    """Even a failed command leaves one JSON object where --json points, so CI can read why it failed."""
+    """Even a failed command leaves one JSON object where --json points, so CI can read why it failed.
+
+    Another process of a job (``--json`` is process 0's) writes only into its own ``process-<index>/`` folder.
+    """
     report = Report(common.command, common.target, {"error": message}, exit_code)
-    destinations = [common.json] if common.json else []
+    place = launched_place(os.environ)
+    destinations = [common.json] if common.json and (place is None or place[0] == 0 or common.json == "-") else []
     if common._out_dir is not None:
-        destinations.append(str(common._out_dir / "report.json"))
+        folder = common._out_dir if place is None else process_folder(
+            common._out_dir, {"process_index": place[0], "process_count": place[1]})
+        with contextlib.suppress(OSError):
+            folder.mkdir(exist_ok=True)
+        destinations.append(str(folder / "report.json"))
     for destination in destinations:
         with contextlib.suppress(Exception):  # the error line above is already the answer; JSON is a courtesy
             write_json(report, destination)
@@ -232,6 +240,9 @@ def validate_destinations(common: Common) -> None:
                              "another path")
         if path.is_dir():
             raise UsageError(f"--json '{common.json}' is a folder; give a file path, e.g. {path / 'report.json'}")
+        place = launched_place(os.environ)
+        if place is not None and place[0] != 0:
+            return  # process 0 writes the job's --json (and tests it): the others racing it could delete its file
         existed = path.exists()
         try:  # the one sure test of writability (read-only file systems, permissions)
             with open(path, "a"):
@@ -239,7 +250,7 @@ def validate_destinations(common: Common) -> None:
         except OSError as err:
             raise UsageError(f"--json '{common.json}': cannot write there ({err.strerror}); pick another path") from err
         if not existed:
-            path.unlink()
+            path.unlink(missing_ok=True)
 
 
 def fail(common: Common, message: str, err: BaseException | None = None) -> None:
