@@ -1,7 +1,8 @@
 """``jaxdbg check`` end to end on a small project: a clean and a NaN nan-hunt check, a profile check whose
-target recompiles against ``recompiles<=0`` and one that holds its budget, run once in parallel; then a
-baseline written and compared (a rerun of the same target holds, a bigger matmul is a regression with its
-test and p-value); then bad configuration (one line, exit 2).
+target recompiles against ``recompiles<=0`` and one that holds its budget, run once in parallel (two of them
+scripts with ``-- ARGS``, which must reach the script alone); then a baseline written and compared (a rerun
+of the same target holds, a bigger matmul is a regression with its test and p-value); then bad configuration
+and bad baselines (one line, exit 2; a refused check stops the others at once).
 """
 
 from __future__ import annotations
@@ -25,16 +26,19 @@ ROOT = Path(__file__).resolve().parent.parent
 JUNIT_XSD = ROOT / "tests" / "data" / "junit.xsd"
 
 HEAD = "import jax\nimport jax.numpy as jnp\n\n\n@jax.jit\n"
-CLEAN = HEAD + "def step(x):\n    return jnp.tanh(x) * 0.5\n\n\nx = step(jnp.ones(8))\nprint(float(step(x).sum()))\n"
+ARGS_ONLY = "import sys\n\nassert sys.argv[1:] == ['--steps', '3'], sys.argv  # the target's -- ARGS, no more\n"
+CLEAN = ARGS_ONLY + HEAD + ("def step(x):\n    return jnp.tanh(x) * 0.5\n\n\nx = step(jnp.ones(8))\n"
+                            "print(float(step(x).sum()))\n")
 NAN = HEAD + "def loss(x):\n    return jnp.log(x - 2.0).sum()\n\n\nprint(loss(jnp.ones(4)))\n"
-RECOMPILE = HEAD + ("def step(x):\n    return (x * 2.0).sum()\n\n\n"
-                    "for n in (4, 5, 6):\n    step(jnp.ones(n)).block_until_ready()\n")
+RECOMPILE = "import sys\n" + HEAD + ("def step(x):\n    return (x * 2.0).sum()\n\n\n"
+                                    "for n in map(int, sys.argv[1:]):\n    step(jnp.ones(n)).block_until_ready()\n")
+SLOW = "import time\n\ntime.sleep(90)\n"  # outlives a refused check's few seconds unless it is stopped
 WORK = "import jax.numpy as jnp\n\n\ndef matmul(x):\n    return jnp.tanh(x @ x).sum()\n"
 
 SUITE = """
 [tool.jaxdbg.check.clean]
 command = "nan-hunt"
-target = "clean.py"
+target = "clean.py -- --steps 3"
 
 [tool.jaxdbg.check.no-nan]
 command = "nan-hunt"
@@ -42,7 +46,7 @@ target = "nan.py"
 
 [tool.jaxdbg.check.no-recompile]
 command = "profile"
-target = "recompile.py"
+target = "recompile.py -- 4 5 6"
 budget = "recompiles<=0"
 
 [tool.jaxdbg.check.step-budget]
@@ -63,7 +67,8 @@ ANNOTATION = re.compile(r"^::error file=(?P<file>[^,:]+),line=(?P<line>\d+),titl
 
 def _project(folder: Path, table: str) -> Path:
     folder.mkdir(exist_ok=True)
-    for name, text in {"clean.py": CLEAN, "nan.py": NAN, "recompile.py": RECOMPILE, "work.py": WORK}.items():
+    files = {"clean.py": CLEAN, "nan.py": NAN, "recompile.py": RECOMPILE, "work.py": WORK, "slow.py": SLOW}
+    for name, text in files.items():
         (folder / name).write_text(text)
     (folder / "pyproject.toml").write_text(f"[project]\nname = 'demo'\n{table}")
     return folder
@@ -98,9 +103,10 @@ def test_suite_exit_code_table_and_findings(suite) -> None:
     assert verdicts == [True, False, False, True]
     assert checks["no-nan"]["finding"].startswith("nan first made by log (forward pass) at nan.py:7 in loss")
     assert checks["no-nan"]["location"] == {"file": str(suite["folder"] / "nan.py"), "line": 7, "function": "loss"}
-    assert checks["no-recompile"]["finding"] == "budget broken: recompiles 2 > 0"
+    assert checks["no-recompile"]["finding"] == ("budget broken: recompiles 2 > 0; step recompiled at call 1: "
+                                                 "argument 'x' shape changed (4,) -> (5,)")
     recompiled_at = checks["no-recompile"]["location"]  # the call that recompiled, not the definition
-    assert (Path(recompiled_at["file"]).name, recompiled_at["line"]) == ("recompile.py", 11)
+    assert (Path(recompiled_at["file"]).name, recompiled_at["line"]) == ("recompile.py", 12)
     assert checks["clean"]["finding"] is None and checks["clean"]["location"] is None
     for check in checks.values():  # each check's own report is the command's, and valid
         jsonschema.validate(json.loads(Path(check["report"]).read_text()), schema())
@@ -126,7 +132,7 @@ def test_github_annotations_and_summary(suite) -> None:
     nan = found["jaxdbg check no-nan (nan-hunt)"]
     assert (nan["file"], nan["line"]) == ("nan.py", "7")  # relative to GITHUB_WORKSPACE, as GitHub wants
     recompile = found["jaxdbg check no-recompile (profile)"]
-    assert (recompile["file"], recompile["line"]) == ("recompile.py", "11")
+    assert (recompile["file"], recompile["line"]) == ("recompile.py", "12")
     assert "| no-nan | nan-hunt | **FAIL** |" in suite["summary"] and "| clean | nan-hunt | pass |" in suite["summary"]
 
 
@@ -135,6 +141,7 @@ def test_baseline_holds_on_a_rerun_and_finds_a_bigger_matmul(tmp_path) -> None:
     baseline = tmp_path / "baseline.json"
     written = _check(folder, "--baseline", str(baseline), "--update-baseline", "--out", str(tmp_path / "o1"))
     assert written.returncode == 0, written.stderr
+    assert f"baseline written: {baseline}" in written.stdout.replace("\n", "")
     stored = json.loads(baseline.read_text())
     series = stored["checks"]["matmul"]["matmul"]
     assert len(series["execute_run_medians_s"]) == 5 and len(series["execute_samples_s"]) == 50
@@ -145,6 +152,7 @@ def test_baseline_holds_on_a_rerun_and_finds_a_bigger_matmul(tmp_path) -> None:
     same = _check(folder, "--baseline", str(baseline), "--alpha", "0.001", "--json", str(tmp_path / "same.json"),
                   "--out", str(tmp_path / "o2"))
     assert same.returncode in (0, 1), same.stdout + same.stderr
+    assert "compared with the baseline: matmul" in same.stdout
     compared = json.loads((tmp_path / "o2" / "matmul" / "baseline-comparison.json").read_text())
     assert {c["metric"] for c in compared} == {"execute_median_s", "compile_s"}
     assert all(0 <= c["p_value"] <= 1 and "calibrated" not in c["test"] for c in compared)
@@ -175,8 +183,10 @@ BAD = {
     "not a table": ("[tool.jaxdbg]\ncheck = 3\n", "[tool.jaxdbg.check] must hold one sub-table per check"),
     "no target": ("[tool.jaxdbg.check.a]\ncommand = 'profile'\n", "[tool.jaxdbg.check.a] has no 'target'"),
     "bad toml": ("[tool.jaxdbg.check.a\n", "not valid TOML"),
-    "unknown budget metric": ("[tool.jaxdbg.check.a]\ncommand = 'profile'\ntarget = 'clean.py'\n"
+    "unknown budget metric": ("[tool.jaxdbg.check.a]\ncommand = 'profile'\ntarget = 'work.py::matmul'\n"
                               "budget = 'compile_seconds<=2'\n", "unknown metric 'compile_seconds'"),
+    "reserved option": ("[tool.jaxdbg.check.a]\ncommand = 'nan-hunt'\ntarget = 'clean.py'\noptions = ['--out=x']\n",
+                        "'options' in [tool.jaxdbg.check.a] sets --out"),
 }
 
 
@@ -194,10 +204,28 @@ def test_bad_config_is_one_line_and_exit_2(case, tmp_path, capsys) -> None:
     assert report["result"] == {"error": err.strip().removeprefix("jaxdbg check: ")}
 
 
+def test_a_refused_check_stops_the_suite(tmp_path, capsys) -> None:
+    """A typo in one check's budget is exit 2 at once: the slow check running beside it is stopped (it leaves
+    no report) and the one waiting for a free job never starts."""
+    table = "".join(f"[tool.jaxdbg.check.{name}]\ncommand = 'profile'\ntarget = '{target}'\n{extra}"
+                    for name, target, extra in (("typo", "work.py::matmul", "budget = 'recompile<=0'\n"),
+                                                ("slow", "slow.py", ""), ("waiting", "slow.py", "")))
+    folder = _project(tmp_path / "demo", table)
+    code = main(["check", "--config", str(folder / "pyproject.toml"), "--out", str(tmp_path / "out"), "--jobs", "2"])
+    err = capsys.readouterr().err
+    assert code == 2 and "[tool.jaxdbg.check.typo]" in err and "unknown metric 'recompile'" in err, err
+    assert (tmp_path / "out" / "typo" / "output.log").is_file()
+    assert not (tmp_path / "out" / "slow" / "report.json").exists()
+    assert not (tmp_path / "out" / "waiting").exists()
+
+
 OTHER_BASELINES = {
     "another format": ({"format": 0, "version": "0.0.1"}, "baseline format 0 (jaxdbg 0.0.1)"),
     "another backend": ({"format": 1, "fingerprint": {"backend": "gpu"}, "checks": {}},
                         "measured on backend gpu, this run is on cpu"),
+    "damaged": ({"format": 1, "fingerprint": {"backend": "cpu"}, "checks": {"matmul": {"matmul": {
+        "execute_samples_s": [0.1, "fast"], "execute_run_medians_s": [0.1], "compile_samples_s": [0.2]}}}},
+        "'checks.matmul.matmul.execute_samples_s' is not a list of positive numbers"),
 }
 
 

@@ -1,11 +1,12 @@
 """Run a suite of checks: each check's command in its own process (a crashing target stays contained),
 several at once up to ``jobs``, then findings, baseline comparison and the suite's result.
 
-A check runs ``python -m jaxdbg <command> [--budget B] OPTIONS TARGET --out OUT/<check> -q`` in the folder of
+A check runs ``python -m jaxdbg <command> [--budget B] OPTIONS --out OUT/<check> -q TARGET`` in the folder of
 its pyproject.toml and is judged on that command's JSON report (``OUT/<check>/report.json``). A profile check
 runs ``repeats`` times (5 when a baseline is written) (``OUT/<check>/repeat-<k>/``), so the baseline
 holds the run-to-run noise too. A command that refuses its input (exit 2: an unknown budget rule or option,
-a missing target) is bad configuration: the suite stops with exit 2 naming the check.
+a missing target) is bad configuration: the suite stops at once (the other checks' processes are stopped,
+those not started are skipped, so a typo costs seconds, not the suite's time) with exit 2 naming the check.
 
 Example:
     >>> import pathlib, tempfile
@@ -26,6 +27,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -83,6 +85,38 @@ class Ran:
     stderr_line: str
 
 
+class _Refusals:
+    """Stops the suite at the first check whose command refuses its input: the checks running then are
+    killed (their process groups), those not started yet do not start."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: set[subprocess.Popen] = set()
+        self.refused = threading.Event()
+
+    def started(self, process: subprocess.Popen) -> None:
+        with self._lock:
+            self._running.add(process)
+            if not self.refused.is_set():
+                return
+        _kill(process)  # refused while it was starting
+
+    def ended(self, process: subprocess.Popen, code: int) -> None:
+        with self._lock:
+            self._running.discard(process)
+            if code != EXIT_USAGE or self.refused.is_set():
+                return
+            self.refused.set()
+            others = list(self._running)
+        for other in others:
+            _kill(other)
+
+
+def _kill(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGKILL)
+
+
 @dataclass
 class SuiteRun:
     result: CheckSuiteResult
@@ -94,8 +128,9 @@ def run_suite(specs: tuple[CheckSpec, ...], settings: Settings) -> SuiteRun:
     """Run every check and judge it; raise UsageError (exit 2) for bad configuration or a bad baseline."""
     baseline = load_baseline(settings.baseline) if settings.baseline and not settings.update_baseline else None
     jobs = max(1, min(settings.jobs or os.cpu_count() or 1, len(specs)))
+    refusals = _Refusals()
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        ran = list(pool.map(lambda spec: _run_check(spec, settings), specs))
+        ran = list(pool.map(lambda spec: _run_check(spec, settings, refusals), specs))
     refused = next((r for r in ran if r.exit_code == EXIT_USAGE), None)
     if refused is not None:
         raise UsageError(f"[tool.jaxdbg.check.{refused.spec.name}] in {refused.spec.config}: "
@@ -131,13 +166,15 @@ def _compare(baseline: dict[str, Any], samples: dict[str, Samples], here: dict[s
     return found
 
 
-def _run_check(spec: CheckSpec, settings: Settings) -> Ran:
+def _run_check(spec: CheckSpec, settings: Settings, refusals: _Refusals) -> Ran:
     folder = (settings.out_dir / spec.name).resolve()
     started = time.perf_counter()
     reports, codes, last = [], [], ""
     for k in range(settings.runs_of(spec)):
+        if refusals.refused.is_set():  # another check's input was refused: the suite exits 2 anyway
+            break
         out = folder if k == 0 else folder / f"repeat-{k}"
-        code, last = _run_command(spec, out, settings.timeout)
+        code, last = _run_command(spec, out, settings.timeout, refusals)
         codes.append(code)
         report = _read_report(out / "report.json")
         if report is not None:
@@ -148,22 +185,24 @@ def _run_check(spec: CheckSpec, settings: Settings) -> Ran:
     return Ran(spec, reports, failing, time.perf_counter() - started, folder / "report.json", last)
 
 
-def _run_command(spec: CheckSpec, out: Path, timeout: float | None) -> tuple[int, str]:
+def _run_command(spec: CheckSpec, out: Path, timeout: float | None, refusals: _Refusals) -> tuple[int, str]:
     """Run the check's command once; (exit code, last line of its stderr). Its output goes to output.log."""
     out.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "jaxdbg", spec.command, *spec.argv(), "--out", str(out), "-q"]
+    argv = [sys.executable, "-m", "jaxdbg", spec.command, *spec.argv("--out", str(out), "-q")]
     with open(out / "output.log", "w") as log:
         process = subprocess.Popen(argv, cwd=spec.folder, stdout=log, stderr=subprocess.PIPE, text=True,
                                    start_new_session=True)  # its own group: a timeout stops the target's children too
+        refusals.started(process)
         try:
             _, stderr = process.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
+            _kill(process)
             process.wait()
+            refusals.ended(process, EXIT_TARGET_FAILED)
             return EXIT_TARGET_FAILED, f"timed out after {timeout:g} s (jaxdbg check --timeout)"
         finally:
-            if process.poll() is None:  # interrupted (Ctrl-C, a CI job's SIGTERM): stop the whole group
-                os.killpg(process.pid, signal.SIGKILL)
+            _kill(process)  # interrupted (Ctrl-C, a CI job's SIGTERM): stop the whole group
+        refusals.ended(process, process.returncode)
         log.write(stderr)
     lines = [line for line in stderr.splitlines() if line.strip()]
     return process.returncode, lines[-1] if lines else ""
