@@ -86,7 +86,8 @@ def suite(tmp_path_factory) -> dict:
     folder = _project(tmp_path_factory.mktemp("suite") / "demo", SUITE)
     summary = folder.parent / "summary.md"
     done = _check(folder, "--junit", str(folder.parent / "junit.xml"), "--json", str(folder.parent / "check.json"),
-                  "--out", str(folder.parent / "out"), "--jobs", "2",
+                  "--out", str(folder.parent / "out"), "--jobs", "2", "--baseline", str(folder.parent / "base.json"),
+                  "--update-baseline", "--repeats", "1",
                   env={"GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": str(summary), "GITHUB_WORKSPACE": str(folder),
                        "COLUMNS": "200"})
     return {"folder": folder, "done": done, "report": json.loads((folder.parent / "check.json").read_text()),
@@ -113,6 +114,9 @@ def test_suite_exit_code_table_and_findings(suite) -> None:
     for name in checks:  # one table row per check, with its verdict
         assert re.search(rf"{name}\s.*\b(pass|FAIL)\b", done.stdout), done.stdout
     assert "2 of 4 checks failed" in done.stdout
+    # A failing run is no baseline: --update-baseline leaves none and says so.
+    assert not (suite["folder"].parent / "base.json").exists() and "baseline" not in report["artifacts"]
+    assert "baseline '" in done.stderr and "not written: a check failed" in done.stderr
 
 
 def test_junit_validates_and_says_the_finding(suite) -> None:

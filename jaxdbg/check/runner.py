@@ -142,11 +142,13 @@ def run_suite(specs: tuple[CheckSpec, ...], settings: Settings) -> SuiteRun:
     artifacts: dict[str, str] = {}
     if baseline is not None and settings.baseline is not None:
         compared = _compare(baseline, samples, here, settings, artifacts)
-    if settings.update_baseline and settings.baseline is not None:
+    outcomes = tuple(_outcome(r, compared.get(r.spec.name, ())) for r in ran)
+    passed = all(o.passed for o in outcomes)
+    # A baseline is the last good run: a failing run (a crash, a NaN, a broken budget) leaves the old one.
+    if settings.update_baseline and settings.baseline is not None and passed:
         write_baseline(settings.baseline, samples, here, calibrate_in_child())
         artifacts["baseline"] = str(settings.baseline)
-    outcomes = tuple(_outcome(r, compared.get(r.spec.name, ())) for r in ran)
-    return SuiteRun(CheckSuiteResult(all(o.passed for o in outcomes), outcomes), artifacts, environment)
+    return SuiteRun(CheckSuiteResult(passed, outcomes), artifacts, environment)
 
 
 def _compare(baseline: dict[str, Any], samples: dict[str, Samples], here: dict[str, str], settings: Settings,

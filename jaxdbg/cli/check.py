@@ -86,6 +86,9 @@ def _build(common: Common, config: str | None, jobs: int | None, junit: str | No
         stream = sys.stderr if common.json == "-" else sys.stdout  # stdout carries only the JSON then
         for line in annotation_lines(run.result):
             print(line, file=stream, flush=True)
+    if update_baseline and not run.result.passed:
+        print(f"jaxdbg check: baseline '{baseline}' not written: a check failed (a baseline is the last good run; "
+              "an existing file is kept)", file=sys.stderr, flush=True)
     if os.environ.get("GITHUB_STEP_SUMMARY"):
         append_summary(run.result, Path(os.environ["GITHUB_STEP_SUMMARY"]))
     return Report("check", str(path), run.result, 0 if run.result.passed else 1, artifacts,
