@@ -1,8 +1,8 @@
 """``jaxdbg check`` end to end on a small project: a clean and a NaN nan-hunt check, a profile check whose
-target recompiles against ``recompiles<=0`` and one that holds its budget, run once in parallel (two of them
-scripts with ``-- ARGS``, which must reach the script alone); then a baseline written and compared (a rerun
-of the same target holds, a bigger matmul is a regression with its test and p-value); then bad configuration
-and bad baselines (one line, exit 2; a refused check stops the others at once).
+target recompiles against ``recompiles<=0``, one that holds its time budget and one over it, run once in
+parallel (two of them scripts with ``-- ARGS``, which must reach the script alone); then a baseline written
+and compared (a rerun of the same target holds, a bigger matmul is a regression with its test and p-value);
+then bad configuration and bad baselines (one line, exit 2; a refused check stops the others at once).
 """
 
 from __future__ import annotations
@@ -54,6 +54,12 @@ command = "profile"
 target = "work.py::matmul"
 budget = "execute_median_ms<=5000"
 options = ["--args", "f32[16,16]", "--runs", "3", "--timeout", "120"]
+
+[tool.jaxdbg.check.too-slow]
+command = "profile"
+target = "work.py::matmul"
+budget = "matmul.execute_median_us<=0.001"
+options = ["--args", "f32[16,16]", "--runs", "2"]
 """
 # A profile check of a matmul whose size the baseline test changes (a 64x bigger one is the regression).
 TIMED = """
@@ -100,8 +106,11 @@ def test_suite_exit_code_table_and_findings(suite) -> None:
     jsonschema.validate(report, schema())
     checks = {c["name"]: c for c in report["result"]["checks"]}
     assert report["result"]["passed"] is False and report["command"] == "check"
-    verdicts = [checks[n]["passed"] for n in ("clean", "no-nan", "no-recompile", "step-budget")]
-    assert verdicts == [True, False, False, True]
+    verdicts = [checks[n]["passed"] for n in ("clean", "no-nan", "no-recompile", "step-budget", "too-slow")]
+    assert verdicts == [True, False, False, True, False]
+    assert checks["too-slow"]["finding"].startswith("budget broken: matmul.execute_median_us ")
+    slow_at = checks["too-slow"]["location"]  # a time budget points at the function it names
+    assert (Path(slow_at["file"]).name, slow_at["line"], slow_at["function"]) == ("work.py", 4, "matmul")
     assert checks["no-nan"]["finding"].startswith("nan first made by log (forward pass) at nan.py:7 in loss")
     assert checks["no-nan"]["location"] == {"file": str(suite["folder"] / "nan.py"), "line": 7, "function": "loss"}
     assert checks["no-recompile"]["finding"] == ("budget broken: recompiles 2 > 0; step recompiled at call 1: "
@@ -113,7 +122,7 @@ def test_suite_exit_code_table_and_findings(suite) -> None:
         jsonschema.validate(json.loads(Path(check["report"]).read_text()), schema())
     for name in checks:  # one table row per check, with its verdict
         assert re.search(rf"{name}\s.*\b(pass|FAIL)\b", done.stdout), done.stdout
-    assert "2 of 4 checks failed" in done.stdout
+    assert "3 of 5 checks failed" in done.stdout
     # A failing run is no baseline: --update-baseline leaves none and says so.
     assert not (suite["folder"].parent / "base.json").exists() and "baseline" not in report["artifacts"]
     assert "baseline '" in done.stderr and "not written: a check failed" in done.stderr
@@ -122,7 +131,7 @@ def test_suite_exit_code_table_and_findings(suite) -> None:
 def test_junit_validates_and_says_the_finding(suite) -> None:
     xmlschema.XMLSchema(str(JUNIT_XSD)).validate(str(suite["junit"]))
     root = ET.parse(suite["junit"]).getroot()
-    assert (root.get("tests"), root.get("failures"), root.get("errors")) == ("4", "2", "0")
+    assert (root.get("tests"), root.get("failures"), root.get("errors")) == ("5", "3", "0")
     cases = {c.get("name"): c for c in root.iter("testcase")}
     failure = cases["no-nan"].find("failure")
     assert failure is not None and failure.get("message") == suite["report"]["result"]["checks"][1]["finding"]
@@ -132,11 +141,13 @@ def test_junit_validates_and_says_the_finding(suite) -> None:
 def test_github_annotations_and_summary(suite) -> None:
     lines = [line for line in suite["done"].stdout.splitlines() if line.startswith("::")]
     found = {m["title"]: m for m in (ANNOTATION.match(line) for line in lines) if m}
-    assert len(found) == len(lines) == 2, lines
+    assert len(found) == len(lines) == 3, lines
     nan = found["jaxdbg check no-nan (nan-hunt)"]
     assert (nan["file"], nan["line"]) == ("nan.py", "7")  # relative to GITHUB_WORKSPACE, as GitHub wants
     recompile = found["jaxdbg check no-recompile (profile)"]
     assert (recompile["file"], recompile["line"]) == ("recompile.py", "12")
+    slow = found["jaxdbg check too-slow (profile)"]
+    assert (slow["file"], slow["line"]) == ("work.py", "4") and slow["msg"].startswith("budget broken: matmul.")
     assert "| no-nan | nan-hunt | **FAIL** |" in suite["summary"] and "| clean | nan-hunt | pass |" in suite["summary"]
 
 
