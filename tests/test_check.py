@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -232,6 +233,42 @@ def test_a_refused_check_stops_the_suite(tmp_path, capsys) -> None:
     assert (tmp_path / "out" / "typo" / "output.log").is_file()
     assert not (tmp_path / "out" / "slow" / "report.json").exists()
     assert not (tmp_path / "out" / "waiting").exists()
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for its reaper has ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def test_sigterm_stops_every_target(tmp_path) -> None:
+    """A CI job's cancel (SIGTERM) stops jaxdbg check, its checks' commands and their targets, which run in
+    sessions of their own (a signal to jaxdbg check's group alone reaches none of them)."""
+    pids = [tmp_path / "nan-hunt.pid", tmp_path / "profile.pid"]
+    folder = _project(tmp_path / "demo", "".join(
+        f"[tool.jaxdbg.check.{p.stem}]\ncommand = '{p.stem}'\ntarget = 'sleeper.py -- {p}'\n" for p in pids))
+    (folder / "sleeper.py").write_text("import os, sys, time\n\nopen(sys.argv[1], 'w').write(str(os.getpid()))\n"
+                                       "time.sleep(120)\n")
+    environ = {**os.environ, "PYTHONPATH": str(ROOT)}
+    check = subprocess.Popen([sys.executable, "-m", "jaxdbg", "check", "--jobs", "2", "--out", str(tmp_path / "out")],
+                             cwd=folder, env=environ, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        while not all(p.is_file() and p.read_text() for p in pids):  # both targets run
+            assert check.poll() is None, check.stderr.read() if check.stderr else ""
+            time.sleep(0.1)
+        targets = [int(p.read_text()) for p in pids]
+        assert all(_alive(pid) for pid in targets)
+        check.terminate()
+        assert check.wait(timeout=60) == 128 + 15
+    finally:
+        check.kill()
+    for _ in range(100):  # each target was sent SIGKILL before its command exited: it ends in a moment
+        if not any(_alive(pid) for pid in targets):
+            break
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in targets)
 
 
 OTHER_BASELINES = {

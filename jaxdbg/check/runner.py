@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -50,6 +51,8 @@ from jaxdbg.check.config import CheckSpec
 from jaxdbg.check.findings import finding, location
 from jaxdbg.check.result import CheckOutcome, CheckSuiteResult, Regression
 from jaxdbg.report import to_jsonable
+
+STOP_GRACE_S = 5.0  # a stopped check's command gets this long to stop its target before it is killed
 
 
 @dataclass(frozen=True)
@@ -85,36 +88,52 @@ class Ran:
     stderr_line: str
 
 
-class _Refusals:
-    """Stops the suite at the first check whose command refuses its input: the checks running then are
-    killed (their process groups), those not started yet do not start."""
+class _Running:
+    """The checks' processes (each its own process group, so the terminal's Ctrl-C does not reach them): the
+    suite stops them all at the first check whose command refuses its input, or when jaxdbg check itself is
+    interrupted (Ctrl-C, a CI job's SIGTERM); once stopped, no check starts."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._running: set[subprocess.Popen] = set()
-        self.refused = threading.Event()
+        self._processes: set[subprocess.Popen] = set()
+        self.stopped = threading.Event()
 
     def started(self, process: subprocess.Popen) -> None:
         with self._lock:
-            self._running.add(process)
-            if not self.refused.is_set():
+            self._processes.add(process)
+            if not self.stopped.is_set():
                 return
-        _kill(process)  # refused while it was starting
+        _stop([process])  # stopped while it was starting
 
     def ended(self, process: subprocess.Popen, code: int) -> None:
         with self._lock:
-            self._running.discard(process)
-            if code != EXIT_USAGE or self.refused.is_set():
-                return
-            self.refused.set()
-            others = list(self._running)
-        for other in others:
-            _kill(other)
+            self._processes.discard(process)
+        if code == EXIT_USAGE:
+            self.stop()
+
+    def stop(self) -> None:
+        with self._lock:
+            self.stopped.set()
+            processes = list(self._processes)
+        _stop(processes)
 
 
-def _kill(process: subprocess.Popen) -> None:
+def _stop(processes: list[subprocess.Popen], grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM first: a jaxdbg command then stops its target, which runs in a session of its own that a
+    signal to the command's group does not reach; SIGKILL the groups still there after ``grace_s``."""
+    for process in processes:
+        _signal_group(process, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while any(p.poll() is None for p in processes) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for process in processes:
+        _signal_group(process, signal.SIGKILL)
+
+
+def _signal_group(process: subprocess.Popen, number: int) -> None:
     if process.poll() is None:
-        os.killpg(process.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, number)
 
 
 @dataclass
@@ -128,9 +147,13 @@ def run_suite(specs: tuple[CheckSpec, ...], settings: Settings) -> SuiteRun:
     """Run every check and judge it; raise UsageError (exit 2) for bad configuration or a bad baseline."""
     baseline = load_baseline(settings.baseline) if settings.baseline and not settings.update_baseline else None
     jobs = max(1, min(settings.jobs or os.cpu_count() or 1, len(specs)))
-    refusals = _Refusals()
+    running = _Running()
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        ran = list(pool.map(lambda spec: _run_check(spec, settings, refusals), specs))
+        try:
+            ran = list(pool.map(lambda spec: _run_check(spec, settings, running), specs))
+        except BaseException:  # Ctrl-C, SIGTERM (SystemExit): no check may outlive jaxdbg check
+            running.stop()
+            raise
     refused = next((r for r in ran if r.exit_code == EXIT_USAGE), None)
     if refused is not None:
         raise UsageError(f"[tool.jaxdbg.check.{refused.spec.name}] in {refused.spec.config}: "
@@ -168,15 +191,15 @@ def _compare(baseline: dict[str, Any], samples: dict[str, Samples], here: dict[s
     return found
 
 
-def _run_check(spec: CheckSpec, settings: Settings, refusals: _Refusals) -> Ran:
+def _run_check(spec: CheckSpec, settings: Settings, running: _Running) -> Ran:
     folder = (settings.out_dir / spec.name).resolve()
     started = time.perf_counter()
     reports, codes, last = [], [], ""
     for k in range(settings.runs_of(spec)):
-        if refusals.refused.is_set():  # another check's input was refused: the suite exits 2 anyway
+        if running.stopped.is_set():  # another check's input was refused (exit 2 anyway), or we were interrupted
             break
         out = folder if k == 0 else folder / f"repeat-{k}"
-        code, last = _run_command(spec, out, settings.timeout, refusals)
+        code, last = _run_command(spec, out, settings.timeout, running)
         codes.append(code)
         report = _read_report(out / "report.json")
         if report is not None:
@@ -187,24 +210,24 @@ def _run_check(spec: CheckSpec, settings: Settings, refusals: _Refusals) -> Ran:
     return Ran(spec, reports, failing, time.perf_counter() - started, folder / "report.json", last)
 
 
-def _run_command(spec: CheckSpec, out: Path, timeout: float | None, refusals: _Refusals) -> tuple[int, str]:
+def _run_command(spec: CheckSpec, out: Path, timeout: float | None, running: _Running) -> tuple[int, str]:
     """Run the check's command once; (exit code, last line of its stderr). Its output goes to output.log."""
     out.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "jaxdbg", spec.command, *spec.argv("--out", str(out), "-q")]
     with open(out / "output.log", "w") as log:
         process = subprocess.Popen(argv, cwd=spec.folder, stdout=log, stderr=subprocess.PIPE, text=True,
                                    start_new_session=True)  # its own group: a timeout stops the target's children too
-        refusals.started(process)
+        running.started(process)
         try:
             _, stderr = process.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            _kill(process)
+            _stop([process])
             process.wait()
-            refusals.ended(process, EXIT_TARGET_FAILED)
+            running.ended(process, EXIT_TARGET_FAILED)
             return EXIT_TARGET_FAILED, f"timed out after {timeout:g} s (jaxdbg check --timeout)"
         finally:
-            _kill(process)  # interrupted (Ctrl-C, a CI job's SIGTERM): stop the whole group
-        refusals.ended(process, process.returncode)
+            _stop([process])  # whatever stopped this thread: leave no process behind
+        running.ended(process, process.returncode)
         log.write(stderr)
     lines = [line for line in stderr.splitlines() if line.strip()]
     return process.returncode, lines[-1] if lines else ""
