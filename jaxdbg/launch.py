@@ -28,6 +28,9 @@ from collections.abc import Mapping, Sequence
 from jaxdbg._errors import UsageError
 
 WORKER_VARIABLE = "JAXDBG_LAUNCHED_PROCESS"  # set in each launched process: it must not launch again
+# Set by the command line (jaxdbg.cli.main): the jaxdbg command this process runs, which the processes of a
+# job compare (multihost.agree_on_command). Here, not in multihost, so the command line imports no jax.
+COMMAND_VARIABLE = "JAXDBG_COMMAND_LINE"
 
 
 # (index, count) variables of the launchers whose place jax's cluster detection reads from the environment.

@@ -26,6 +26,7 @@ from typing import Any
 
 from jaxdbg import _compat
 from jaxdbg._errors import JobMismatchError
+from jaxdbg.launch import COMMAND_VARIABLE
 
 HEARTBEAT_S = 1.0
 SILENT_S = 15.0  # a peer whose heartbeat has not moved for this long is reported as lost (dead or frozen)
@@ -403,8 +404,6 @@ def missing_line(command: str, index: int, count: int, waited_s: float) -> str:
     return f"process {index} sent no report ({why}){stood}"
 
 
-# Set by the command line (jaxdbg.cli.main) for the processes it starts: the jaxdbg command this process runs.
-COMMAND_VARIABLE = "JAXDBG_COMMAND_LINE"
 # Options that may differ between the processes of a job (a per-host --out, --json); every other word must not.
 PER_PROCESS_OPTIONS = {"--out": 1, "--json": 1, "-q": 0, "--quiet": 0, "-v": 0, "--verbose": 0}
 AGREE_WAIT_S = 60.0

@@ -1,5 +1,6 @@
 """The pytest plugin: a marked test runs under jaxdbg.watch and fails with one line, the report in its tmp dir;
-unmarked tests are untouched (no jax imported); pytest-xdist workers load it too."""
+unmarked tests are untouched (no jax imported); pytest-xdist workers load it too, through the ``pytest11``
+entry point that pyproject.toml declares (no ``-p`` option)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,19 +49,28 @@ USER_TESTS = textwrap.dedent('''
 ORIGIN_LINE = next(i for i, text in enumerate(USER_TESTS.splitlines(), 1) if "<- origin" in text)
 
 
-def plugin_args() -> list[str]:
-    """The installed entry point loads the plugin; before a reinstall, name it (never both: it would register
-    twice)."""
-    installed = any(ep.name == "jaxdbg" for ep in importlib.metadata.entry_points(group="pytest11"))
-    return [] if installed else ["-p", "jaxdbg.pytest_plugin"]
+def entry_point_path(folder: Path) -> list[str]:
+    """What to put on PYTHONPATH so pytest finds the plugin by its entry point, as after ``pip install jaxdbg``:
+    nothing when the installed jaxdbg declares it, else a distribution's metadata holding pyproject.toml's
+    ``[project.entry-points.pytest11]`` table (an editable install older than the entry point lacks it)."""
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["pytest11"]
+    assert declared == {"jaxdbg": "jaxdbg.pytest_plugin"}
+    if any(ep.name == "jaxdbg" for ep in importlib.metadata.entry_points(group="pytest11")):
+        return []
+    info = folder / "jaxdbg_entry_points-0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: jaxdbg-entry-points\nVersion: 0\n")
+    (info / "entry_points.txt").write_text("[pytest11]\n" + "".join(f"{k} = {v}\n" for k, v in declared.items()))
+    return [str(folder)]
 
 
 def test_marked_tests_fail_with_one_line_and_keep_their_report_under_xdist(tmp_path):
     (tmp_path / "test_user.py").write_text(USER_TESTS)
     basetemp = tmp_path / "base"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    path = [str(ROOT), *entry_point_path(tmp_path / "site"), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider", *plugin_args(),
+        [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider",
          f"--basetemp={basetemp}", "-rf", "test_user.py"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     out = done.stdout

@@ -23,6 +23,7 @@ Example:
 from __future__ import annotations
 
 import json
+import math
 import platform
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,7 @@ FORMAT = 1  # bump when the file's layout changes; an older file is refused, not
 MIN_SAMPLES = 3  # fewer on either side and the permutation test cannot reach a small p-value
 
 Samples = dict[str, dict[str, list[float]]]  # function -> series name -> values
+SERIES = ("execute_samples_s", "execute_run_medians_s", "compile_samples_s")
 
 
 def cpu_model() -> str:
@@ -64,10 +66,9 @@ def samples_of(reports: list[dict[str, Any]]) -> Samples:
     found: Samples = {}
     for report in reports:
         for function in (report.get("result") or {}).get("functions") or []:
-            series = found.setdefault(function["name"], {"execute_samples_s": [], "execute_run_medians_s": [],
-                                                         "compile_samples_s": []})
+            series = found.setdefault(function["name"], {name: [] for name in SERIES})
             execute = function.get("execute") or {}
-            taken = [float(v) for v in execute.get("samples_s") or [] if isinstance(v, (int, float))]
+            taken = [float(v) for v in execute.get("samples_s") or [] if isinstance(v, (int, float)) and v > 0]
             series["execute_samples_s"].extend(taken)
             if taken:
                 series["execute_run_medians_s"].append(float(np.median(taken)))
@@ -97,7 +98,42 @@ def load_baseline(path: Path) -> dict[str, Any]:
     if document.get("format") != FORMAT:
         raise UsageError(f"{where}: baseline format {document.get('format')} (jaxdbg {document.get('version')}), "
                          f"this jaxdbg reads format {FORMAT}; rewrite it with --update-baseline")
+    problem = _malformed(document)
+    if problem is not None:
+        raise UsageError(f"{where}: {problem}; the file was edited or cut short, rewrite it with --update-baseline")
     return document
+
+
+def _malformed(document: dict[str, Any]) -> str | None:
+    """What is wrong with a baseline's layout (the key at fault), or None: checked before any check runs, so a
+    damaged file is bad input, not a crash after the suite's work."""
+    fingerprint = document.get("fingerprint")
+    if not isinstance(fingerprint, dict) or not all(isinstance(v, str) for v in fingerprint.values()):
+        return "'fingerprint' is not a table of strings"
+    calibration = document.get("calibration")
+    if calibration is not None and not (isinstance(calibration, dict) and all(
+            _positive(calibration.get(key)) for key in ("compile_s", "execute_s"))):
+        return "'calibration' needs positive numbers compile_s and execute_s"
+    checks = document.get("checks")
+    if not isinstance(checks, dict):
+        return "'checks' is not a table of checks"
+    for check, functions in checks.items():
+        if not isinstance(functions, dict):
+            return f"'checks.{check}' is not a table of functions"
+        for function, series in functions.items():
+            if not isinstance(series, dict):
+                return f"'checks.{check}.{function}' is not a table of figures"
+            for name in SERIES:
+                values = series.get(name)
+                if not isinstance(values, list) or not all(_positive(v) or v == 0 for v in values):
+                    return f"'checks.{check}.{function}.{name}' is not a list of positive numbers"
+            if not all(v > 0 for name in SERIES[:2] for v in series[name]):
+                return f"'checks.{check}.{function}' holds an execute time of 0"
+    return None
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
 @dataclass(frozen=True)

@@ -47,10 +47,11 @@ class CheckSpec:
     def folder(self) -> Path:
         return self.config.parent
 
-    def argv(self) -> list[str]:
-        """The command's words after ``jaxdbg <command>``: options first, so a script's ``-- ARGS`` stay last."""
+    def argv(self, *extra: str) -> list[str]:
+        """The command's words after ``jaxdbg <command>``: options (then ``extra``, jaxdbg check's own) before
+        the target, so a script's ``-- ARGS`` stay last and reach the script alone."""
         budget = ["--budget", self.budget] if self.budget is not None else []
-        return [*budget, *self.options, *shlex.split(self.target)]
+        return [*budget, *self.options, *extra, *shlex.split(self.target)]
 
 
 def find_config(start: Path) -> Path:
@@ -105,8 +106,9 @@ def _check(name: str, entry: Any, path: Path) -> CheckSpec:
     options = entry.get("options", [])
     if not all(isinstance(o, str) for o in options):
         raise UsageError(f"{path}: 'options' in [{key}] must be a list of strings, e.g. [\"--timeout\", \"300\"]")
+    named = {option.split("=", 1)[0] for option in options}  # --out DIR and --out=DIR alike
     for reserved in ("--out", "--json", "--budget"):
-        if reserved in options:
+        if reserved in named:
             raise UsageError(f"{path}: 'options' in [{key}] sets {reserved}, which jaxdbg check sets itself"
                              + ("; use the budget key" if reserved == "--budget" else "; leave it out"))
     budget = entry.get("budget")

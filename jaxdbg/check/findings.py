@@ -1,9 +1,9 @@
 """The one-line finding of a check and the user line it points at, read from its command's JSON report.
 
 nan-hunt points at the origin's source; profile at what broke the budget: the user's line of the first
-call that recompiled for ``recompiles``/``compiles``, the function named in a ``function.metric`` violation,
-else the first function that ran. The line is the command's own ``essential_line()``, rebuilt from the
-JSON report.
+call that recompiled for ``recompiles``/``compiles`` (its cause joins the line), the function named in a
+``function.metric`` violation, else the first function that ran. The line is the command's own
+``essential_line()``, rebuilt from the JSON report.
 
 Example:
     >>> report = {"command": "nan-hunt", "exit_code": 1, "result": {"found": True, "first": {
@@ -58,12 +58,13 @@ def _profile_finding(result: dict) -> tuple[str | None, SourceLocation | None]:
     if budget.get("ok", True):
         return None, None
     violations = budget.get("violations") or []
-    return "budget broken: " + "; ".join(violations), _budget_location(violations, functions)
+    where, cause = _budget_location(violations, functions)
+    return "budget broken: " + "; ".join(violations) + (f"; {cause}" if cause else ""), where
 
 
-def _budget_location(violations: list[str], functions: list[dict]) -> SourceLocation | None:
-    """A recompile budget points at the call that recompiled; any other at the function it names, else the
-    first function that ran."""
+def _budget_location(violations: list[str], functions: list[dict]) -> tuple[SourceLocation | None, str | None]:
+    """A recompile budget points at the call that recompiled (and says why it did); any other at the
+    function it names, else the first function that ran."""
     by_name = {f["name"]: f for f in functions}
     first = violations[0] if violations else ""
     named = next((f for name, f in by_name.items() if first.startswith(f"{name}.")), None)
@@ -72,8 +73,9 @@ def _budget_location(violations: list[str], functions: list[dict]) -> SourceLoca
         for function in [named] if named else functions:
             call = next((r for r in function.get("recompiles") or [] if r.get("source")), None)
             if call is not None:
-                return location(call["source"])
+                cause = f"{function['name']} recompiled at call {call.get('call_index')}"
+                return location(call["source"]), cause + (f": {call['reason']}" if call.get("reason") else "")
         named = named or next((f for f in functions if f.get("recompiles")), None)
     if named is None and functions:
         named = functions[0]
-    return location(named.get("source")) if named else None
+    return (location(named.get("source")) if named else None), None

@@ -1,11 +1,12 @@
 """Run a suite of checks: each check's command in its own process (a crashing target stays contained),
 several at once up to ``jobs``, then findings, baseline comparison and the suite's result.
 
-A check runs ``python -m jaxdbg <command> [--budget B] OPTIONS TARGET --out OUT/<check> -q`` in the folder of
+A check runs ``python -m jaxdbg <command> [--budget B] OPTIONS --out OUT/<check> -q TARGET`` in the folder of
 its pyproject.toml and is judged on that command's JSON report (``OUT/<check>/report.json``). A profile check
 runs ``repeats`` times (5 when a baseline is written) (``OUT/<check>/repeat-<k>/``), so the baseline
 holds the run-to-run noise too. A command that refuses its input (exit 2: an unknown budget rule or option,
-a missing target) is bad configuration: the suite stops with exit 2 naming the check.
+a missing target) is bad configuration: the suite stops at once (the other checks' processes are stopped,
+those not started are skipped, so a typo costs seconds, not the suite's time) with exit 2 naming the check.
 
 Example:
     >>> import pathlib, tempfile
@@ -21,11 +22,13 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -48,6 +51,8 @@ from jaxdbg.check.config import CheckSpec
 from jaxdbg.check.findings import finding, location
 from jaxdbg.check.result import CheckOutcome, CheckSuiteResult, Regression
 from jaxdbg.report import to_jsonable
+
+STOP_GRACE_S = 5.0  # a stopped check's command gets this long to stop its target before it is killed
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,54 @@ class Ran:
     stderr_line: str
 
 
+class _Running:
+    """The checks' processes (each its own process group, so the terminal's Ctrl-C does not reach them): the
+    suite stops them all at the first check whose command refuses its input, or when jaxdbg check itself is
+    interrupted (Ctrl-C, a CI job's SIGTERM); once stopped, no check starts."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._processes: set[subprocess.Popen] = set()
+        self.stopped = threading.Event()
+
+    def started(self, process: subprocess.Popen) -> None:
+        with self._lock:
+            self._processes.add(process)
+            if not self.stopped.is_set():
+                return
+        _stop([process])  # stopped while it was starting
+
+    def ended(self, process: subprocess.Popen, code: int) -> None:
+        with self._lock:
+            self._processes.discard(process)
+        if code == EXIT_USAGE:
+            self.stop()
+
+    def stop(self) -> None:
+        with self._lock:
+            self.stopped.set()
+            processes = list(self._processes)
+        _stop(processes)
+
+
+def _stop(processes: list[subprocess.Popen], grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM first: a jaxdbg command then stops its target, which runs in a session of its own that a
+    signal to the command's group does not reach; SIGKILL the groups still there after ``grace_s``."""
+    for process in processes:
+        _signal_group(process, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while any(p.poll() is None for p in processes) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for process in processes:
+        _signal_group(process, signal.SIGKILL)
+
+
+def _signal_group(process: subprocess.Popen, number: int) -> None:
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, number)
+
+
 @dataclass
 class SuiteRun:
     result: CheckSuiteResult
@@ -94,8 +147,13 @@ def run_suite(specs: tuple[CheckSpec, ...], settings: Settings) -> SuiteRun:
     """Run every check and judge it; raise UsageError (exit 2) for bad configuration or a bad baseline."""
     baseline = load_baseline(settings.baseline) if settings.baseline and not settings.update_baseline else None
     jobs = max(1, min(settings.jobs or os.cpu_count() or 1, len(specs)))
+    running = _Running()
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        ran = list(pool.map(lambda spec: _run_check(spec, settings), specs))
+        try:
+            ran = list(pool.map(lambda spec: _run_check(spec, settings, running), specs))
+        except BaseException:  # Ctrl-C, SIGTERM (SystemExit): no check may outlive jaxdbg check
+            running.stop()
+            raise
     refused = next((r for r in ran if r.exit_code == EXIT_USAGE), None)
     if refused is not None:
         raise UsageError(f"[tool.jaxdbg.check.{refused.spec.name}] in {refused.spec.config}: "
@@ -107,11 +165,13 @@ def run_suite(specs: tuple[CheckSpec, ...], settings: Settings) -> SuiteRun:
     artifacts: dict[str, str] = {}
     if baseline is not None and settings.baseline is not None:
         compared = _compare(baseline, samples, here, settings, artifacts)
-    if settings.update_baseline and settings.baseline is not None:
+    outcomes = tuple(_outcome(r, compared.get(r.spec.name, ())) for r in ran)
+    passed = all(o.passed for o in outcomes)
+    # A baseline is the last good run: a failing run (a crash, a NaN, a broken budget) leaves the old one.
+    if settings.update_baseline and settings.baseline is not None and passed:
         write_baseline(settings.baseline, samples, here, calibrate_in_child())
         artifacts["baseline"] = str(settings.baseline)
-    outcomes = tuple(_outcome(r, compared.get(r.spec.name, ())) for r in ran)
-    return SuiteRun(CheckSuiteResult(all(o.passed for o in outcomes), outcomes), artifacts, environment)
+    return SuiteRun(CheckSuiteResult(passed, outcomes), artifacts, environment)
 
 
 def _compare(baseline: dict[str, Any], samples: dict[str, Samples], here: dict[str, str], settings: Settings,
@@ -131,13 +191,15 @@ def _compare(baseline: dict[str, Any], samples: dict[str, Samples], here: dict[s
     return found
 
 
-def _run_check(spec: CheckSpec, settings: Settings) -> Ran:
+def _run_check(spec: CheckSpec, settings: Settings, running: _Running) -> Ran:
     folder = (settings.out_dir / spec.name).resolve()
     started = time.perf_counter()
     reports, codes, last = [], [], ""
     for k in range(settings.runs_of(spec)):
+        if running.stopped.is_set():  # another check's input was refused (exit 2 anyway), or we were interrupted
+            break
         out = folder if k == 0 else folder / f"repeat-{k}"
-        code, last = _run_command(spec, out, settings.timeout)
+        code, last = _run_command(spec, out, settings.timeout, running)
         codes.append(code)
         report = _read_report(out / "report.json")
         if report is not None:
@@ -148,22 +210,24 @@ def _run_check(spec: CheckSpec, settings: Settings) -> Ran:
     return Ran(spec, reports, failing, time.perf_counter() - started, folder / "report.json", last)
 
 
-def _run_command(spec: CheckSpec, out: Path, timeout: float | None) -> tuple[int, str]:
+def _run_command(spec: CheckSpec, out: Path, timeout: float | None, running: _Running) -> tuple[int, str]:
     """Run the check's command once; (exit code, last line of its stderr). Its output goes to output.log."""
     out.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "jaxdbg", spec.command, *spec.argv(), "--out", str(out), "-q"]
+    argv = [sys.executable, "-m", "jaxdbg", spec.command, *spec.argv("--out", str(out), "-q")]
     with open(out / "output.log", "w") as log:
         process = subprocess.Popen(argv, cwd=spec.folder, stdout=log, stderr=subprocess.PIPE, text=True,
                                    start_new_session=True)  # its own group: a timeout stops the target's children too
+        running.started(process)
         try:
             _, stderr = process.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
+            _stop([process])
             process.wait()
+            running.ended(process, EXIT_TARGET_FAILED)
             return EXIT_TARGET_FAILED, f"timed out after {timeout:g} s (jaxdbg check --timeout)"
         finally:
-            if process.poll() is None:  # interrupted (Ctrl-C, a CI job's SIGTERM): stop the whole group
-                os.killpg(process.pid, signal.SIGKILL)
+            _stop([process])  # whatever stopped this thread: leave no process behind
+        running.ended(process, process.returncode)
         log.write(stderr)
     lines = [line for line in stderr.splitlines() if line.strip()]
     return process.returncode, lines[-1] if lines else ""

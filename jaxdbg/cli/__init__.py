@@ -32,8 +32,7 @@ except ImportError:  # pragma: no cover - depends on the installed typer
 
 from jaxdbg._errors import EXIT_USAGE, UsageError
 from jaxdbg._version import __version__
-from jaxdbg.launch import launch, split_processes_option
-from jaxdbg.multihost import COMMAND_VARIABLE
+from jaxdbg.launch import COMMAND_VARIABLE, launch, split_processes_option
 
 # Subcommand modules under jaxdbg.cli, in the order --help lists them.
 COMMANDS = ("doctor", "profile", "nan_hunt", "repro", "pipeline_bench", "check")

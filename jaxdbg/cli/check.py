@@ -86,6 +86,9 @@ def _build(common: Common, config: str | None, jobs: int | None, junit: str | No
         stream = sys.stderr if common.json == "-" else sys.stdout  # stdout carries only the JSON then
         for line in annotation_lines(run.result):
             print(line, file=stream, flush=True)
+    if update_baseline and not run.result.passed:
+        print(f"jaxdbg check: baseline '{baseline}' not written: a check failed (a baseline is the last good run; "
+              "an existing file is kept)", file=sys.stderr, flush=True)
     if os.environ.get("GITHUB_STEP_SUMMARY"):
         append_summary(run.result, Path(os.environ["GITHUB_STEP_SUMMARY"]))
     return Report("check", str(path), run.result, 0 if run.result.passed else 1, artifacts,
@@ -102,6 +105,28 @@ def render(report: Report, console: Console) -> None:
         verdict = "[green]pass[/]" if c.passed else "[bold red]FAIL[/]"
         table.add_row(c.name, c.command, verdict, f"{c.duration_s:.1f} s", (c.finding or "") + where)
     console.print(table)
+    for line in _baseline_lines(report):
+        console.print(line, highlight=False)
     failed = sum(not c.passed for c in result.checks)
     console.print("[green]all checks passed[/]" if not failed else
                   f"[bold red]{failed} of {len(result.checks)} checks failed[/]")
+
+
+def _baseline_lines(report: Report) -> list[str]:
+    """Say what happened to the baseline: written, or which checks were compared (a passing comparison is
+    otherwise silent, and a check missing from the baseline would look compared)."""
+    artifacts = report.artifacts
+    if "baseline" in artifacts:
+        return [f"baseline written: {relative_or_absolute(artifacts['baseline'])}"]
+    suffix = "_baseline_comparison"
+    compared = [name.removesuffix(suffix) for name in artifacts if name.endswith(suffix)]
+    if not compared:
+        return []
+    profiles = [c.name for c in report.result.checks if c.command == "profile"]
+    lines = [f"compared with the baseline: {', '.join(compared)} (every figure and its test in "
+             f"{relative_or_absolute(str(Path(artifacts[compared[0] + suffix]).parent.parent))}"
+             "/<check>/baseline-comparison.json)"]
+    missing = [name for name in profiles if name not in compared]
+    if missing:
+        lines.append(f"not in the baseline, not compared: {', '.join(missing)}")
+    return lines
