@@ -48,8 +48,9 @@ def waiting_jobs(tmp_path_factory):
     folders = {name: tmp_path_factory.mktemp(name) for name in ("dies", "hangs", "nan_hangs", "never_starts")}
     lone = task_environment(0, 2, free_port(), {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"})
     procs = {
-        "dies": start(["profile", os.path.join(CORPUS, "multihost_dies", "train.py"), "--out", str(folders["dies"] / "p"),
-                       "-q", "--json", str(folders["dies"] / "job.json"), "--timeout", "200"], 2, devices=1),
+        "dies": start(["profile", os.path.join(CORPUS, "multihost_dies", "train.py"), "--out",
+                       str(folders["dies"] / "p"), "-q", "--json", str(folders["dies"] / "job.json"), "--timeout", "200"],
+                      2, devices=1),
         "hangs": start(["profile", HANGS, "--out", str(folders["hangs"] / "p"), "-q", "--json",
                         str(folders["hangs"] / "job.json"), "--timeout", "24", "--trace-calls", "0"], 2, devices=1),
         "nan_hangs": start(["nan-hunt", HANGS, "--out", str(folders["nan_hangs"] / "n"), "-q", "--timeout", "24"], 2,
