@@ -197,7 +197,7 @@ def test_a_jnp_level_shape_error_becomes_that_one_call_in_bf16(tmp_path):
     """Flax Linen LM, bf16 compute: 100 features split into 8 heads of 12 fails in jnp's reshape check."""
     pytest.importorskip("flax")
     program = os.path.join(CORPUS, "linen_lm_heads", "train.py")
-    code, report, out = repro(tmp_path, program, "--max-time", "20")
+    code, report, out = repro(tmp_path, program, "--max-time", "20", "--source-time", "0")
     result = report["result"]
     assert code == 0 and result["verified"] and result["strategy"] == "computation"
     assert result["failing_primitives"] == ["Array.reshape"] and result["minimized"]["equations"] == 1
@@ -359,7 +359,8 @@ def logger_crash(tmp_path_factory):
     """repro on the corpus' Equinox step whose jax.debug.callback logger raises KeyError at step 5 (run once)."""
     pytest.importorskip("equinox")
     tmp_path = tmp_path_factory.mktemp("eqx_callback_logger")
-    code, report, out = repro(tmp_path, os.path.join(CORPUS, "eqx_callback_logger", "train.py"), "--max-time", "15")
+    code, report, out = repro(tmp_path, os.path.join(CORPUS, "eqx_callback_logger", "train.py"), "--max-time", "15",
+                              "--source-time", "0")
     return code, report["result"], out, tmp_path
 
 
@@ -537,7 +538,8 @@ def model(tmp_path):
 
 
 def test_bf16_args_of_a_function_target(model, tmp_path):
-    code, report, out = repro(tmp_path, f"{model}::log_margin", "--args", "bf16[64]", "--max-time", "40")
+    code, report, out = repro(tmp_path, f"{model}::log_margin", "--args", "bf16[64]", "--max-time", "40",
+                              "--source-time", "0")
     result = report["result"]
     assert code == 0 and result["verified"] and result["signature"]["kind"] == "nonfinite"
     assert result["failing_primitives"] == ["log"] and "jnp.bfloat16" in (out / "repro.py").read_text()
@@ -546,7 +548,8 @@ def test_bf16_args_of_a_function_target(model, tmp_path):
 
 
 def test_pytree_bf16_inputs_from_make_inputs(model, tmp_path):
-    code, report, out = repro(tmp_path, f"{model}::mlp", "--inputs", f"{model}::make_inputs", "--max-time", "40")
+    code, report, out = repro(tmp_path, f"{model}::mlp", "--inputs", f"{model}::make_inputs", "--max-time", "40",
+                              "--source-time", "0")
     result = report["result"]
     assert code == 0 and result["verified"] and result["failing_primitives"] == ["log"]
 

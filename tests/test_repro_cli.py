@@ -43,7 +43,8 @@ def fresh_run(path, timeout=60):
 
 @pytest.fixture(scope="module")
 def nan_run(tmp_path_factory):
-    return repro(tmp_path_factory, recipe("repro_nan_graph", "train.py"), "--max-time", "300")
+    # --source-time 0: the cut alone (repro_source.py is checked in test_time_limit_keeps_the_smallest_...)
+    return repro(tmp_path_factory, recipe("repro_nan_graph", "train.py"), "--max-time", "300", "--source-time", "0")
 
 
 def test_nan_in_a_big_graph_becomes_one_equation(nan_run):
@@ -62,10 +63,13 @@ def test_nan_in_a_big_graph_becomes_one_equation(nan_run):
 
 def test_mismatch_from_algebraic_rewriting_is_cut_to_add_and_sub(tmp_path_factory):
     code, report, out = repro(tmp_path_factory, recipe("repro_jit_mismatch", "features.py"), "--kind", "mismatch",
-                              "--max-time", "300")
+                              "--max-time", "300", "--source-time", "0")
     result = report["result"]
     assert code == 0 and result["verified"] and result["strategy"] == "computation"
     assert result["failing_primitives"] == ["add", "sub"]
+    # --source-time 0: the cut alone, no source reduction after it
+    assert "source" not in report["artifacts"] and not (out / "repro_source.py").exists()
+    assert "repro_source.py not written (--source-time 0)" in result["notes"]
     run = fresh_run(str(out / "repro.py"))
     assert "jit and op-by-op (jax.disable_jit) disagree" in run.stderr
 
@@ -152,7 +156,8 @@ def test_function_target_with_random_args(tmp_path_factory):
     module = tmp_path_factory.mktemp("fn") / "model.py"
     module.write_text("import jax.numpy as jnp\n\ndef loss(x, w):\n    h = jnp.tanh(x @ w)\n"
                       "    return jnp.sum(jnp.log(h - 2.0))\n")
-    code, report, _ = repro(tmp_path_factory, f"{module}::loss", "--args", "f32[4,8] f32[8,8]", "--max-time", "300")
+    code, report, _ = repro(tmp_path_factory, f"{module}::loss", "--args", "f32[4,8] f32[8,8]", "--max-time", "300",
+                            "--source-time", "0")
     result = report["result"]
     assert code == 0 and result["verified"] and result["failing_primitives"] == ["log"]
 
