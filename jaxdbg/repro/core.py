@@ -446,7 +446,9 @@ class _Reproduction:
                                                            f"{count_lines(text)} lines"),
             on_accept=accepted.append)
         try:
+            checker.deadline = reducer.deadline
             reducer.run()
+            checker.deadline = None  # the verification below runs for as long as it takes
             timed_out = reducer.out_of_time()
             self.checks = base_checks + checker.checks
             candidates = [reducer.state, *accepted[::-1][1:3], State(None, None, subject.source)]  # type: ignore[arg-type]
