@@ -86,8 +86,11 @@ def shape_error(request, tmp_path_factory):
     program, culprit, marker, avals = request.param
     tmp_path = tmp_path_factory.mktemp(program)
     # --max-time bounds the second file (repro_source.py) only (the cut is found before): it leaves that file's
-    # reduction some time after a slow detection on a loaded machine.
-    code, report, out = repro(tmp_path, os.path.join(CORPUS, program, "train.py"), "--max-time", "90")
+    # reduction some time after a slow detection on a loaded machine. --source-time 8: what is checked of
+    # repro_source.py (the user's line, siblings pasted, failing alone) holds however far it was reduced (the
+    # default budget is test_repro_cli's test_time_limit_keeps_the_smallest_verified_reproducer).
+    code, report, out = repro(tmp_path, os.path.join(CORPUS, program, "train.py"), "--max-time", "90",
+                              "--source-time", "8")
     return request.param, code, report, out, tmp_path
 
 
@@ -197,7 +200,7 @@ def test_a_jnp_level_shape_error_becomes_that_one_call_in_bf16(tmp_path):
     """Flax Linen LM, bf16 compute: 100 features split into 8 heads of 12 fails in jnp's reshape check."""
     pytest.importorskip("flax")
     program = os.path.join(CORPUS, "linen_lm_heads", "train.py")
-    code, report, out = repro(tmp_path, program, "--max-time", "20")
+    code, report, out = repro(tmp_path, program, "--max-time", "20", "--source-time", "0")
     result = report["result"]
     assert code == 0 and result["verified"] and result["strategy"] == "computation"
     assert result["failing_primitives"] == ["Array.reshape"] and result["minimized"]["equations"] == 1
@@ -359,7 +362,8 @@ def logger_crash(tmp_path_factory):
     """repro on the corpus' Equinox step whose jax.debug.callback logger raises KeyError at step 5 (run once)."""
     pytest.importorskip("equinox")
     tmp_path = tmp_path_factory.mktemp("eqx_callback_logger")
-    code, report, out = repro(tmp_path, os.path.join(CORPUS, "eqx_callback_logger", "train.py"), "--max-time", "15")
+    code, report, out = repro(tmp_path, os.path.join(CORPUS, "eqx_callback_logger", "train.py"), "--max-time", "15",
+                              "--source-time", "0")
     return code, report["result"], out, tmp_path
 
 
@@ -537,7 +541,8 @@ def model(tmp_path):
 
 
 def test_bf16_args_of_a_function_target(model, tmp_path):
-    code, report, out = repro(tmp_path, f"{model}::log_margin", "--args", "bf16[64]", "--max-time", "40")
+    code, report, out = repro(tmp_path, f"{model}::log_margin", "--args", "bf16[64]", "--max-time", "40",
+                              "--source-time", "0")
     result = report["result"]
     assert code == 0 and result["verified"] and result["signature"]["kind"] == "nonfinite"
     assert result["failing_primitives"] == ["log"] and "jnp.bfloat16" in (out / "repro.py").read_text()
@@ -546,7 +551,8 @@ def test_bf16_args_of_a_function_target(model, tmp_path):
 
 
 def test_pytree_bf16_inputs_from_make_inputs(model, tmp_path):
-    code, report, out = repro(tmp_path, f"{model}::mlp", "--inputs", f"{model}::make_inputs", "--max-time", "40")
+    code, report, out = repro(tmp_path, f"{model}::mlp", "--inputs", f"{model}::make_inputs", "--max-time", "40",
+                              "--source-time", "0")
     result = report["result"]
     assert code == 0 and result["verified"] and result["failing_primitives"] == ["log"]
 

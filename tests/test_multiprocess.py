@@ -14,9 +14,56 @@ CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
 
 def launch(argv: list[str], processes: int, devices: int = 2, timeout: float = 240) -> subprocess.CompletedProcess:
     """``jaxdbg --processes N ARGV``: the job's processes on this machine, each with ``devices`` CPU devices."""
-    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
-    return subprocess.run([sys.executable, "-m", "jaxdbg", "--processes", str(processes), *argv], env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return finish(start(argv, processes, devices), timeout)
+
+
+def start(argv: list[str], processes: int | None, devices: int = 2, env: dict | None = None) -> subprocess.Popen:
+    """``jaxdbg [--processes N] ARGV`` started in the background (``finish`` waits for it)."""
+    env = env or {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+    launcher = ["--processes", str(processes)] if processes else []
+    return subprocess.Popen([sys.executable, "-m", "jaxdbg", *launcher, *argv], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 240) -> subprocess.CompletedProcess:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+HANGS = os.path.join(CORPUS, "multihost_hangs", "train.py")
+
+
+@pytest.fixture(scope="module")
+def waiting_jobs(tmp_path_factory):
+    """The jobs that end only at a timeout (--timeout, or the 15 s a lost peer's heartbeat is waited for),
+    started together: they mostly wait (a process asleep or dead, its peer blocked in the all-reduce or in
+    jax.distributed.initialize()), so side by side they cost one wait instead of four (about 25 s, not 90).
+    Each test collects its own: (the finished run, its folder)."""
+    from jaxdbg.launch import free_port, task_environment
+
+    folders = {name: tmp_path_factory.mktemp(name) for name in ("dies", "hangs", "nan_hangs", "never_starts")}
+    lone = task_environment(0, 2, free_port(), {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"})
+    procs = {
+        "dies": start(["profile", os.path.join(CORPUS, "multihost_dies", "train.py"), "--out",
+                       str(folders["dies"] / "p"), "-q", "--json", str(folders["dies"] / "job.json"), "--timeout", "200"],
+                      2, devices=1),
+        "hangs": start(["profile", HANGS, "--out", str(folders["hangs"] / "p"), "-q", "--json",
+                        str(folders["hangs"] / "job.json"), "--timeout", "24", "--trace-calls", "0"], 2, devices=1),
+        "nan_hangs": start(["nan-hunt", HANGS, "--out", str(folders["nan_hangs"] / "n"), "-q", "--timeout", "24"], 2,
+                           devices=1),
+        # Process 0 of a 2-process job started alone: its peer never comes.
+        "never_starts": start(["nan-hunt", os.path.join(CORPUS, "multihost_dp", "train.py"), "--out",
+                               str(folders["never_starts"] / "o"), "-q", "--timeout", "20"], None, env=lone),
+    }
+    yield {name: (lambda name=name: (finish(procs[name]), folders[name])) for name in procs}
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
 
 
 def test_profile_runs_in_every_process_of_a_two_process_job(tmp_path):
@@ -155,11 +202,10 @@ def test_version_mismatch_and_silent_processes_fail_the_check():
     assert "process 1 did not report" in checks[0].detail and "jax 0.11.2 (process 0: 0.10.2)" in checks[1].detail
 
 
-def test_a_process_that_dies_is_named_not_waited_for(tmp_path):
+def test_a_process_that_dies_is_named_not_waited_for(waiting_jobs):
     """Process 1 aborts at step 3; process 0's all-reduce fails, and its report names process 1 and where it
     last stood, well before the timeout."""
-    done = launch(["profile", os.path.join(CORPUS, "multihost_dies", "train.py"), "--out", str(tmp_path / "p"), "-q",
-                   "--json", str(tmp_path / "job.json"), "--timeout", "200"], 2, devices=1)
+    done, tmp_path = waiting_jobs["dies"]()
     report = json.loads((tmp_path / "job.json").read_text())
     assert done.returncode == 3 and report["exit_code"] == 3, done.stderr[-3000:]
     rows = report["result"]["processes"]
@@ -168,14 +214,12 @@ def test_a_process_that_dies_is_named_not_waited_for(tmp_path):
     assert any(note.startswith("process 1 stopped answering") for note in report["result"]["notes"])
 
 
-def test_a_process_that_hangs_is_named_with_where_it_stands(tmp_path):
+def test_a_process_that_hangs_is_named_with_where_it_stands(waiting_jobs):
     """Process 1 sleeps forever in host code at step 1 (its heartbeat thread alive), process 0 waits for it in
     the all-reduce: --timeout ends the job (exit 3), and process 0's error line names process 1 and the line
     its main thread stands at, read by its heartbeat."""
-    program = os.path.join(CORPUS, "multihost_hangs", "train.py")
-    line = next(i for i, text in enumerate(open(program), start=1) if "the stuck read" in text)
-    done = launch(["profile", program, "--out", str(tmp_path / "p"), "-q", "--json", str(tmp_path / "job.json"),
-                   "--timeout", "24", "--trace-calls", "0"], 2, devices=1)
+    line = next(i for i, text in enumerate(open(HANGS), start=1) if "the stuck read" in text)
+    done, tmp_path = waiting_jobs["hangs"]()
     report = json.loads((tmp_path / "job.json").read_text())
     assert done.returncode == 3 and report["exit_code"] == 3, done.stderr[-3000:]
     error = report["result"]["error"]
@@ -263,28 +307,22 @@ def test_repro_of_a_lost_peer_is_the_job_program_with_its_launch_line(tmp_path):
     assert "process 0's report" in peer["result"]["verification"] and not (out / "process-1" / "repro.py").exists()
 
 
-def test_nan_hunt_names_the_process_a_job_hangs_on(tmp_path):
+def test_nan_hunt_names_the_process_a_job_hangs_on(waiting_jobs):
     """The same hung job under nan-hunt: its watch has no hook at the program's jax.distributed.initialize(),
     so a heartbeat starts once the program has joined; --timeout's line (exit 3) names process 1 and its line."""
-    program = os.path.join(CORPUS, "multihost_hangs", "train.py")
-    line = next(i for i, text in enumerate(open(program), start=1) if "the stuck read" in text)
-    done = launch(["nan-hunt", program, "--out", str(tmp_path / "n"), "-q", "--timeout", "24"], 2, devices=1)
+    line = next(i for i, text in enumerate(open(HANGS), start=1) if "the stuck read" in text)
+    done, _ = waiting_jobs["nan_hangs"]()
     assert done.returncode == 3, done.stderr[-3000:]
     first = done.stderr.strip().splitlines()[0]
     assert first.startswith("jaxdbg nan-hunt: the target ran past --timeout 24.0s (process 1 hangs: alive"), first
     assert f"train.py:{line} (read_batch)" in first and "(process 0 waits in a call of step" in first
 
 
-def test_a_peer_that_never_starts_is_said_at_the_timeout(tmp_path):
+def test_a_peer_that_never_starts_is_said_at_the_timeout(waiting_jobs):
     """Process 0 of a 2-process job started alone: the program waits in jax.distributed.initialize() for a
     peer that never comes. --timeout stops it (exit 3) with a line that says so, not 'never called
     jax.distributed.initialize()'."""
-    from jaxdbg.launch import free_port, task_environment
-
-    env = task_environment(0, 2, free_port(), {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"})
-    done = subprocess.run([sys.executable, "-m", "jaxdbg", "nan-hunt", os.path.join(CORPUS, "multihost_dp", "train.py"),
-                           "--out", str(tmp_path / "o"), "-q", "--timeout", "20"],
-                          env=env, capture_output=True, text=True, timeout=120)
+    done, _ = waiting_jobs["never_starts"]()
     assert done.returncode == 3, done.stderr[-3000:]
     (line,) = done.stderr.strip().splitlines()
     assert "waiting in jax.distributed.initialize() for the job's other processes" in line, line

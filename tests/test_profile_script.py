@@ -246,19 +246,32 @@ def test_crash_is_contained_and_reported(scripts, tmp_path):
     assert run.result.functions[0].execute.calls == 4
 
 
-def test_timeout_stops_the_target_and_keeps_what_was_sent(scripts, tmp_path):
-    # The limit leaves a loaded machine time to import jax and make the three calls before the hang.
-    run = profile(parse_target(str(scripts / "hangs.py")), ProfileOptions(timeout=20, trace_calls=0, calibrate=False),
-                  str(tmp_path))
+SPINS = ("import jax, jax.numpy as jnp\n\n@jax.jit\ndef spin(x):\n"
+         "    return jax.lax.while_loop(lambda v: v > 0, lambda v: v + 1.0, x)\n\nspin(jnp.float32(1))\n")
+
+
+@pytest.fixture(scope="module")
+def hung_runs(scripts, tmp_path_factory):
+    """The two runs that end only at --timeout, side by side (one sleeps, one spins on one core): one 20 s wait,
+    not two. The limit leaves a loaded machine time to import jax and make the three calls before the hang."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    (scripts / "spins.py").write_text(SPINS)
+    options = ProfileOptions(timeout=20, trace_calls=0, calibrate=False)
+    with ThreadPoolExecutor(2) as pool:
+        runs = {name: pool.submit(profile, parse_target(str(scripts / name)), options, str(tmp_path_factory.mktemp(name)))
+                for name in ("hangs.py", "spins.py")}
+        return {name: run.result() for name, run in runs.items()}
+
+
+def test_timeout_stops_the_target_and_keeps_what_was_sent(hung_runs):
+    run = hung_runs["hangs.py"]
     assert run.exit_code == 3 and "timed out" in run.result.error
     assert run.result.functions[0].execute.calls == 3  # flushed before the hang
 
 
-def test_a_hang_inside_the_first_jitted_call_is_said_to_be_there(tmp_path):
-    script = tmp_path / "spins.py"
-    script.write_text("import jax, jax.numpy as jnp\n\n@jax.jit\ndef spin(x):\n"
-                      "    return jax.lax.while_loop(lambda v: v > 0, lambda v: v + 1.0, x)\n\nspin(jnp.float32(1))\n")
-    run = profile(parse_target(str(script)), ProfileOptions(timeout=20, trace_calls=0, calibrate=False), str(tmp_path))
+def test_a_hang_inside_the_first_jitted_call_is_said_to_be_there(hung_runs):
+    run = hung_runs["spins.py"]
     assert run.exit_code == 3 and "timed out" in run.result.error and not run.result.functions
     assert any("before any jitted function returned from its first call (spin)" in n for n in run.result.notes)
     assert not any("ran no jitted function" in n for n in run.result.notes)

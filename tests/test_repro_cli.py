@@ -43,7 +43,8 @@ def fresh_run(path, timeout=60):
 
 @pytest.fixture(scope="module")
 def nan_run(tmp_path_factory):
-    return repro(tmp_path_factory, recipe("repro_nan_graph", "train.py"), "--max-time", "300")
+    # --source-time 0: the cut alone (repro_source.py is checked in test_time_limit_keeps_the_smallest_...)
+    return repro(tmp_path_factory, recipe("repro_nan_graph", "train.py"), "--max-time", "300", "--source-time", "0")
 
 
 def test_nan_in_a_big_graph_becomes_one_equation(nan_run):
@@ -62,10 +63,13 @@ def test_nan_in_a_big_graph_becomes_one_equation(nan_run):
 
 def test_mismatch_from_algebraic_rewriting_is_cut_to_add_and_sub(tmp_path_factory):
     code, report, out = repro(tmp_path_factory, recipe("repro_jit_mismatch", "features.py"), "--kind", "mismatch",
-                              "--max-time", "300")
+                              "--max-time", "300", "--source-time", "0")
     result = report["result"]
     assert code == 0 and result["verified"] and result["strategy"] == "computation"
     assert result["failing_primitives"] == ["add", "sub"]
+    # --source-time 0: the cut alone, no source reduction after it
+    assert "source" not in report["artifacts"] and not (out / "repro_source.py").exists()
+    assert "repro_source.py not written (--source-time 0)" in result["notes"]
     run = fresh_run(str(out / "repro.py"))
     assert "jit and op-by-op (jax.disable_jit) disagree" in run.stderr
 
@@ -96,39 +100,6 @@ def test_crash_in_host_callback(tmp_path_factory):
     assert fresh_run(str(out / "repro.py")).returncode == -11
 
 
-HANG = """import threading
-import jax
-import jax.numpy as jnp
-
-gate = threading.Event()
-SIZE = 16
-
-def wait_for_data(x):
-    gate.wait()
-    return x
-
-@jax.jit
-def step(x):
-    y = jnp.cos(x) * 2
-    return jax.pure_callback(wait_for_data, jax.ShapeDtypeStruct(y.shape, y.dtype), y)
-
-print(step(jnp.ones(SIZE)))
-"""
-
-
-def test_hang_in_host_callback(tmp_path_factory):
-    script = tmp_path_factory.mktemp("hang") / "hang.py"
-    script.write_text(HANG)
-    # Every run that hangs takes the whole --timeout, and a fresh process (detection, verification) must reach
-    # the hang within it, jax imported, on a loaded machine too: 8 s. --max-time leaves room for one round
-    # of candidates between detection and verification (each about --timeout).
-    code, report, out = repro(tmp_path_factory, str(script), "--timeout", "8", "--max-time", "45")
-    result = report["result"]
-    assert code == 0 and result["verified"] and result["signature"]["kind"] == "timeout"
-    assert "gate.wait()" in (out / "repro.py").read_text()
-    assert result["minimized"]["lines"] < result["original"]["lines"]
-
-
 def test_an_unverified_reproducer_under_quiet_says_why_and_exits_3(tmp_path, capsys):
     """-q prints the essential line of a failing report. It once looked for doctor's list of checks on any
     result and iterated repro's `checks` (a count of runs): an unverified hang repro (its fresh run, slowed
@@ -152,7 +123,8 @@ def test_function_target_with_random_args(tmp_path_factory):
     module = tmp_path_factory.mktemp("fn") / "model.py"
     module.write_text("import jax.numpy as jnp\n\ndef loss(x, w):\n    h = jnp.tanh(x @ w)\n"
                       "    return jnp.sum(jnp.log(h - 2.0))\n")
-    code, report, _ = repro(tmp_path_factory, f"{module}::loss", "--args", "f32[4,8] f32[8,8]", "--max-time", "300")
+    code, report, _ = repro(tmp_path_factory, f"{module}::loss", "--args", "f32[4,8] f32[8,8]", "--max-time", "300",
+                            "--source-time", "0")
     result = report["result"]
     assert code == 0 and result["verified"] and result["failing_primitives"] == ["log"]
 
@@ -170,22 +142,6 @@ def test_time_limit_keeps_the_smallest_verified_reproducer(tmp_path_factory):
     assert count_lines(source) < result["original"]["lines"]
 
 
-def test_a_target_that_does_not_fail_is_bad_input(tmp_path, capsys):
-    script = tmp_path / "fine.py"
-    script.write_text("import jax.numpy as jnp\nprint(jnp.ones(3).sum())\n")
-    assert main(["repro", str(script), "--out", str(tmp_path / "o")]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "nothing to reproduce" in err[0] and "ran to completion" in err[0]
-
-
-def test_kind_that_does_not_occur_is_reported(tmp_path, capsys):
-    script = tmp_path / "raises.py"
-    script.write_text("import jax.numpy as jnp\njnp.dot(jnp.ones(3), jnp.ones(4))\n")
-    assert main(["repro", str(script), "--kind", "crash", "--out", str(tmp_path / "o")]) == 2
-    err = capsys.readouterr().err
-    assert "no failure matching --kind crash" in err and "TypeError" in err
-
-
 def test_flaky_failure_is_reported_as_such(tmp_path_factory):
     folder = tmp_path_factory.mktemp("flaky")
     script = folder / "flaky.py"
@@ -201,6 +157,24 @@ def test_flaky_failure_is_reported_as_such(tmp_path_factory):
     assert "ran to completion" in " ".join(result["runs"])
 
 
+@pytest.mark.usefixtures("hang_repro")  # runs while the hang's reduction waits (see hang_repro)
+def test_a_target_that_does_not_fail_is_bad_input(tmp_path, capsys):
+    script = tmp_path / "fine.py"
+    script.write_text("import jax.numpy as jnp\nprint(jnp.ones(3).sum())\n")
+    assert main(["repro", str(script), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nothing to reproduce" in err[0] and "ran to completion" in err[0]
+
+
+@pytest.mark.usefixtures("hang_repro")
+def test_kind_that_does_not_occur_is_reported(tmp_path, capsys):
+    script = tmp_path / "raises.py"
+    script.write_text("import jax.numpy as jnp\njnp.dot(jnp.ones(3), jnp.ones(4))\n")
+    assert main(["repro", str(script), "--kind", "crash", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "no failure matching --kind crash" in err and "TypeError" in err
+
+
 @pytest.mark.parametrize("script, status", [
     (("repro_shape_error", "model_init.py"), "exception"),
     (("repro_nan_graph", "train.py"), "ok"),  # NaN, but nothing raises: only the watch sees it
@@ -208,6 +182,7 @@ def test_flaky_failure_is_reported_as_such(tmp_path_factory):
     (("repro_callback_crash", "host_stats.py"), "crash"),
     (("repro_hang", "prefetch.py"), "timeout"),
 ])
+@pytest.mark.usefixtures("hang_repro")
 def test_recipes_fail_as_described(script, status):
     # Only the hang needs a short limit; the others get room for a loaded machine.
     outcome = run_contained(JOB, RunRequest(script=recipe(*script)), timeout=4 if status == "timeout" else 60,
@@ -215,6 +190,61 @@ def test_recipes_fail_as_described(script, status):
     assert outcome.status == status
     if script[0] == "repro_nan_graph":
         assert "loss nan" in outcome.stdout
+
+
+HANG = """import threading
+import jax
+import jax.numpy as jnp
+
+gate = threading.Event()
+SIZE = 16
+
+def wait_for_data(x):
+    gate.wait()
+    return x
+
+@jax.jit
+def step(x):
+    y = jnp.cos(x) * 2
+    return jax.pure_callback(wait_for_data, jax.ShapeDtypeStruct(y.shape, y.dtype), y)
+
+print(step(jnp.ones(SIZE)))
+"""
+
+
+@pytest.fixture(scope="module")
+def hang_repro(tmp_path_factory):
+    """`jaxdbg repro` of HANG in a process of its own, started by the first test that uses this fixture and
+    collected by test_hang_in_host_callback. Its runs mostly wait (a hung run sleeps in gate.wait() for the
+    whole --timeout), so the tests marked to run meanwhile (single contained runs and bad input: one core)
+    overlap its 45 s instead of adding to them."""
+    folder = tmp_path_factory.mktemp("hang")
+    (folder / "hang.py").write_text(HANG)
+    # Every run that hangs takes the whole --timeout, and a fresh process (detection, verification) must reach
+    # the hang within it, jax imported, on a loaded machine too: 8 s. --max-time leaves room for one round
+    # of candidates between detection and verification (each about --timeout).
+    proc = subprocess.Popen([sys.executable, "-m", "jaxdbg", "repro", str(folder / "hang.py"), "--timeout", "8",
+                             "--max-time", "45", "--out", str(folder / "o"), "--json", str(folder / "r.json"), "-q"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def finished():
+        _, err = proc.communicate(timeout=240)
+        report = json.loads((folder / "r.json").read_text()) if (folder / "r.json").exists() else None
+        return proc.returncode, report, folder / "o", err
+
+    yield finished
+    if proc.poll() is None:
+        proc.kill()
+        proc.communicate()
+
+
+def test_hang_in_host_callback(hang_repro):
+    code, report, out, err = hang_repro()
+    assert report is not None, err[-3000:]
+    result = report["result"]
+    assert code == 0 and result["verified"] and result["signature"]["kind"] == "timeout"
+    assert "gate.wait()" in (out / "repro.py").read_text()
+    assert result["minimized"]["lines"] < result["original"]["lines"]
 
 
 def test_the_many_runs_leave_the_users_folder_alone(tmp_path, monkeypatch):

@@ -40,6 +40,9 @@ def repro(
     max_time: float = typer.Option(600.0, "--max-time", metavar="SECONDS", min=1.0,
                                    help="Time bound for the whole reduction; the best verified result so far is kept."),
     jobs: int = typer.Option(2, "--jobs", "-j", min=1, help="Candidates checked in parallel."),
+    source_time: float | None = typer.Option(
+        None, "--source-time", metavar="SECONDS", min=0.0,
+        help="After a cut: seconds to reduce the program's own source into repro_source.py (0: skip it)."),
     runs: int = typer.Option(2, "--runs", min=1, help="Runs of the original (a failure that comes and goes is flaky)."),
     reference: str = typer.Option(
         "eager", "--reference", metavar="REF",
@@ -55,7 +58,8 @@ def repro(
 
     common = Common("repro", json, out, timeout, quiet, verbose, target)
     options = ReproOptions(kind=kind, match=match, max_time=max_time, jobs=jobs, timeout=timeout, inputs=inputs,
-                           args=args, seed=seed, runs=runs, reference=reference, rtol=rtol, atol=atol)
+                           args=args, seed=seed, runs=runs, reference=reference, rtol=rtol, atol=atol,
+                           source_time=source_time)
     return execute(common, lambda c: _build(c, target, script_args or [], options), render)
 
 

@@ -68,6 +68,7 @@ class ReproOptions:
     reference: str = "eager"
     rtol: float = 1e-3
     atol: float = 1e-5
+    source_time: float | None = None  # seconds for repro_source.py after a cut; None: SOURCE_FILE_SECONDS; 0: none
 
 
 @dataclass(frozen=True)
@@ -445,7 +446,9 @@ class _Reproduction:
                                                            f"{count_lines(text)} lines"),
             on_accept=accepted.append)
         try:
+            checker.deadline = reducer.deadline
             reducer.run()
+            checker.deadline = None  # the verification below runs for as long as it takes
             timed_out = reducer.out_of_time()
             self.checks = base_checks + checker.checks
             candidates = [reducer.state, *accepted[::-1][1:3], State(None, None, subject.source)]  # type: ignore[arg-type]
@@ -459,9 +462,15 @@ class _Reproduction:
         still failing at the user's line. Written only when it verifies alone; the notes say what happened."""
         result, artifacts = done
         low, high = SOURCE_FILE_SECONDS
-        budget = min(high, max(low, self.clock.elapsed()), self.clock.left() - self.verify_reserve)
-        if budget < 5:
-            self.notes.append(f"no time was left to reduce the program's source into {SOURCE_FILE}")
+        wanted = self.options.source_time
+        if wanted == 0:  # the cut alone was asked for
+            self.notes.append(f"{SOURCE_FILE} not written (--source-time 0)")
+            return replace(result, notes=self.notes), artifacts
+        wanted = min(high, max(low, self.clock.elapsed())) if wanted is None else wanted
+        budget = min(wanted, self.clock.left() - self.verify_reserve)
+        if budget < 5:  # (too short to run and verify one candidate)
+            self.notes.append(f"no time was left to reduce the program's source into {SOURCE_FILE}"
+                              if budget < wanted else f"{SOURCE_FILE} not written (--source-time below 5 s)")
             return replace(result, notes=self.notes), artifacts
         if "inputs" in artifacts and self.subject.companions:
             self.notes.append(f"{SOURCE_FILE} not written: it would need its own {INPUTS_FILE} beside the cut's")

@@ -18,6 +18,7 @@ import ast
 import os
 import re
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -144,6 +145,9 @@ class Checker:
         self.script_name, self.work_dir = script_name, work_dir
         self.original_path = original_path
         self.timeout, self.jobs = timeout, max(1, jobs)
+        # While a reduction runs: its deadline. A candidate still running then is stopped (it could no longer be
+        # used), so --max-time and repro_source.py's budget hold instead of being overrun by whole candidate runs.
+        self.deadline: float | None = None
         self.checks = 0
         self.last_rejections: list[str] = []
         self.original_degenerate = False
@@ -161,12 +165,20 @@ class Checker:
     def run(self, path: str, disable_jit: bool = False) -> Outcome:
         """A contained run of a candidate, forked from the warm server (fresh processes if it is gone)."""
         request = replace(self.request, script=path, disable_jit=disable_jit)
+        timeout = self._run_timeout()
         if self._server.alive:
             try:
-                return self._server.run(JOB, request, timeout=self.timeout, cwd=self.cwd)
+                return self._server.run(JOB, request, timeout=timeout, cwd=self.cwd)
             except RuntimeError:
                 pass  # the server is gone: fresh processes from here on
-        return run_contained(JOB, request, timeout=self.timeout, env=self.env, cwd=self.cwd)
+        return run_contained(JOB, request, timeout=timeout, env=self.env, cwd=self.cwd)
+
+    def _run_timeout(self) -> float | None:
+        """The run's limit: ``timeout``, cut at the deadline, except for a hang (stopped, it would look like one)."""
+        if self.deadline is None or self.target.signature.kind == "timeout":
+            return self.timeout
+        left = max(0.5, self.deadline - time.perf_counter())
+        return left if self.timeout is None else min(self.timeout, left)
 
     def __call__(self, states: Sequence[State]) -> list[bool]:
         lines = [statement_lines(state) for state in states]
