@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import jax
+from jax._src import core as _jax_core  # internal: trace_state_clean has no public spelling in jax 0.10/0.11
 
 from jaxdbg._source import SourceLocation, is_user_file
 
@@ -98,9 +99,7 @@ def is_extended_dtype(dtype: Any) -> bool:
 
 def under_transformation() -> bool:
     """True while any jax trace is active (inside jit tracing, grad, vmap): calls there are not executions."""
-    from jax._src import core  # internal: trace_state_clean has no public spelling in jax 0.10/0.11
-
-    return not core.trace_state_clean()
+    return not _jax_core.trace_state_clean()  # asked on every instrumented call: core imported once, at the top
 
 
 def backend_started() -> bool:

@@ -93,8 +93,24 @@ def innermost_user_frame(tb: types.TracebackType | None) -> SourceLocation | Non
 def caller_user_frame(skip: int = 1) -> SourceLocation | None:
     """The innermost user frame on the current Python stack (for hooks that run inside jax calls)."""
     frame: types.FrameType | None = sys._getframe(skip)
+    known = _KNOWN_CODE
     while frame is not None:
-        if _is_user_path(frame.f_code.co_filename):
-            return SourceLocation(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+        code = frame.f_code
+        entry = known.get(id(code))
+        if entry is None or entry[0] is not code:
+            if len(known) > 4096:
+                known.clear()
+            entry = known[id(code)] = (code, _is_user_path(code.co_filename), {})
+        if entry[1]:
+            sites = entry[2]
+            site = sites.get(frame.f_lineno)
+            if site is None:  # a watched loop asks for the same line on every call: one object per line
+                site = sites[frame.f_lineno] = SourceLocation(code.co_filename, frame.f_lineno, code.co_name)
+            return site
         frame = frame.f_back
     return None
+
+
+# Asked on every watched call, so remembered per code object, by id (hashing a code object hashes its whole
+# bytecode): (the code object itself, to tell a reused id, whether it is user code, its lines' locations).
+_KNOWN_CODE: dict[int, tuple[types.CodeType, bool, dict[int, SourceLocation]]] = {}

@@ -137,15 +137,12 @@ class InstrumentedJit:
         self.static_argnums = _as_tuple(options.get("static_argnums"))
         self.static_argnames = _as_tuple(options.get("static_argnames"))
         self._checked: Any = None
+        # Whether a call may donate (delete) its argument buffers: asked on every watched call.
+        self.donates = options.get("donate_argnums") is not None or options.get("donate_argnames") is not None
         for attr in ("__name__", "__qualname__", "__module__", "__doc__"):
             with contextlib.suppress(AttributeError, TypeError):
                 setattr(self, attr, getattr(jitted, attr))
         self.__wrapped__ = getattr(jitted, "__wrapped__", fun)
-
-    @property
-    def donates(self) -> bool:
-        """Whether a call may donate (delete) its argument buffers."""
-        return self.options.get("donate_argnums") is not None or self.options.get("donate_argnames") is not None
 
     def checked(self) -> Any:
         """The companion that also returns the output magnitudes. Given ``out_shardings`` (``nnx.jit`` always

@@ -157,12 +157,15 @@ TINY = textwrap.dedent('''
         r.block_until_ready()
         return (time.perf_counter() - t) / n * 1e6
 
-    x = jnp.ones((16,))
-    plain = jax.jit(lambda x: x * 2.0 + 1.0)
-    with jaxdbg.watch(out=sys.argv[1]):
-        watched = jax.jit(lambda x: x * 2.0 + 1.0)
-        rows = [(per_call_us(plain, x), per_call_us(watched, x)) for _ in range(int(sys.argv[2]))]
-    print(min(p for p, _ in rows), min(w for _, w in rows))
+    def main():  # the plain function in a local: one bound to a global name of __main__ would be watched too
+        x = jnp.ones((16,))
+        plain = jax.jit(lambda x: x * 2.0 + 1.0)
+        with jaxdbg.watch(out=sys.argv[1]):
+            watched = jax.jit(lambda x: x * 2.0 + 1.0)
+            rows = [(per_call_us(plain, x), per_call_us(watched, x)) for _ in range(int(sys.argv[2]))]
+        print(min(p for p, _ in rows), min(w for _, w in rows))
+
+    main()
 ''')
 
 

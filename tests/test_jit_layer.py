@@ -160,3 +160,27 @@ def test_a_nan_in_a_large_array_is_found_on_the_device():
               jnp.array([jnp.inf, jnp.nan]), jnp.full((128, 128), 2.0, jnp.float16).at[1, 1].set(jnp.nan)]
     got = np.asarray(jax.jit(magnitudes)(leaves))
     assert got[:4].tolist() == [3.0, 0.0, 7.5, 5.0] and np.isnan(got[4:]).all()
+
+
+def test_magnitudes_keep_huge_finite_values_finite_and_every_nonfinite_visible():
+    # The check fused into a step (outputs computed in the same program, as a watched call does): values near
+    # the float32 maximum stay finite (no sum that could overflow), -Inf counts, NaN wins over Inf, 16-bit and
+    # complex leaves are widened first, and a NaN anywhere in a big leaf (first, last, all) is seen.
+    big = np.finfo(np.float32).max
+
+    @jax.jit
+    def step(x):
+        return magnitudes([x * 1.0, -x, x.astype(jnp.bfloat16), jax.lax.complex(x, jnp.zeros_like(x))])
+
+    def kinds(x):
+        return [kind_of(np.asarray(m)[None]) for m in np.asarray(step(x))]
+
+    huge = jnp.full((300, 300), big, jnp.float32)
+    assert np.asarray(step(huge))[:2].tolist() == [float(big)] * 2 and kinds(huge)[:2] == [None, None]
+    for at in ((0, 0), (299, 299)):
+        assert kinds(huge.at[at].set(jnp.nan)) == ["nan"] * 4
+        assert kinds(jnp.ones((300, 300)).at[at].set(-jnp.inf)) == ["inf"] * 4
+    assert kinds(jnp.full((300, 300), jnp.nan)) == ["nan"] * 4
+    assert kinds(jnp.ones((300, 300)).at[0, 0].set(jnp.inf).at[5, 5].set(jnp.nan)) == ["nan"] * 4
+    half = np.asarray(jax.jit(magnitudes)([jnp.array([65504.0, -1.0], jnp.float16), jnp.zeros((0,), jnp.bfloat16)]))
+    assert half.tolist() == [65504.0, 0.0]

@@ -78,6 +78,8 @@ class Call:
 
     def leaves(self) -> list:
         """Flat dynamic argument leaves, in the order of the traced jaxpr's inputs."""
+        if not self.static_argnums and not self.static_argnames:  # asked per watched call: nothing to leave out
+            return tree_flatten((tuple(self.args), dict(self.kwargs)))[0]
         _, dyn_args, dyn_kwargs = self.dynamic()
         return tree_flatten((dyn_args, dyn_kwargs))[0]
 
