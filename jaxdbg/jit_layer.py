@@ -13,9 +13,9 @@ another instrumented call or jaxdbg's own work) runs through the installed hooks
   the execution itself (a profiler annotation) overrides ``around``.
 
 Hooks run in installation order, the first installed outermost. A hook that sets ``check_outputs`` gets
-the one non-finite check of :mod:`jaxdbg.nonfinite`: the call runs a companion compiled function that
-returns the outputs plus ``max(|x|)`` of each floating output leaf, fused by XLA into the same program
-(its name ends in :data:`CHECKED_SUFFIX`), and ``call.host_magnitudes()`` copies just that vector.
+the one non-finite check of :mod:`jaxdbg.nonfinite`: right after the call, a small program of jaxdbg's own
+reduces its outputs to ``max(|x|)`` of each floating leaf on their devices (``call.magnitudes``), and
+``call.host_magnitudes()`` copies just that vector.
 
 profile (timing and the compile split), nan-hunt and the in-process watch (non-finite outputs), and repro
 (failures and captures) are hooks; none of them touches ``jax.jit`` itself.
@@ -48,9 +48,7 @@ import numpy as np
 
 from jaxdbg import _compat, frameworks, multihost
 from jaxdbg._source import SourceLocation, caller_user_frame, is_user_file
-from jaxdbg.nonfinite import with_magnitudes
-
-CHECKED_SUFFIX = "__jaxdbg_checked"  # names the companion functions (they keep jax's C++ fast path)
+from jaxdbg.nonfinite import output_magnitudes
 
 
 class JitHook:
@@ -136,24 +134,12 @@ class InstrumentedJit:
         self.name = record.name
         self.static_argnums = _as_tuple(options.get("static_argnums"))
         self.static_argnames = _as_tuple(options.get("static_argnames"))
-        self._checked: Any = None
         # Whether a call may donate (delete) its argument buffers: asked on every watched call.
         self.donates = options.get("donate_argnums") is not None or options.get("donate_argnames") is not None
         for attr in ("__name__", "__qualname__", "__module__", "__doc__"):
             with contextlib.suppress(AttributeError, TypeError):
                 setattr(self, attr, getattr(jitted, attr))
         self.__wrapped__ = getattr(jitted, "__wrapped__", fun)
-
-    def checked(self) -> Any:
-        """The companion that also returns the output magnitudes. Given ``out_shardings`` (``nnx.jit`` always
-        passes them) describe the user's outputs: the companion's are ``(theirs, None)``, the small vector's
-        sharding left to jax."""
-        if self._checked is None:
-            options = dict(self.options)
-            if options.get("out_shardings") is not None:
-                options["out_shardings"] = (options["out_shardings"], None)
-            self._checked = self._layer.real_jit(with_magnitudes(self.fun, self.name + CHECKED_SUFFIX), **options)
-        return self._checked
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._layer.call(self, args, kwargs)
@@ -247,10 +233,14 @@ class _Layer:
         def execute() -> Any:
             local.depth = getattr(local, "depth", 0) + 1  # as internal(), without a generator per call
             try:
+                local.user_call = True  # its new cache entries keep jax's C++ dispatch (see nan.watch)
+                try:
+                    out = function.jitted(*call.args, **call.kwargs)
+                finally:
+                    local.user_call = False
                 if check:
-                    out, call.magnitudes = function.checked()(*call.args, **call.kwargs)
-                    return out
-                return function.jitted(*call.args, **call.kwargs)
+                    call.magnitudes = output_magnitudes(out)
+                return out
             finally:
                 local.depth -= 1
 
@@ -393,6 +383,12 @@ def internal() -> Iterator[None]:
         return
     with layer.internal():
         yield
+
+
+def in_user_call() -> bool:
+    """True while an instrumented call runs the user's jitted function itself (not jaxdbg's own work)."""
+    layer = _layer
+    return layer is not None and getattr(layer.local, "user_call", False)
 
 
 def is_internal() -> bool:

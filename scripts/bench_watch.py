@@ -1,6 +1,10 @@
 """Benchmark ``jaxdbg.watch`` (and nan-hunt's watch) against a plain run and ``jax_debug_nans``, in one run.
 
-(a) Overhead: a clean Flax NNX training loop (MLP classifier, optax SGD) timed by itself (median seconds per
+Two loops (``--model``): ``cnn``, the Flax NNX MNIST tutorial's loop (CNN, AdamW, ``nnx.MultiMetric``, a fresh
+host batch of 32 each step: the realistic case) and ``mlp`` (a 3-layer MLP, SGD, the same device batch every step:
+the least work per step, so the watch's fixed cost per call weighs most). ``--model both`` (default) runs both.
+
+(a) Overhead: the clean Flax NNX training loop timed by itself (median seconds per
     step over chunks of steps, after warm-up), each variant in a fresh process, variants alternating
     (``--pairs``): plain; under ``jaxdbg.watch()``; under ``jaxdbg.watch(max_compiles=...)`` with metrics
     served; with ``jax_debug_nans`` + ``jax_debug_infs``; the unmodified script under ``jaxdbg nan-hunt``.
@@ -19,7 +23,8 @@
 ``--baseline DIR`` also runs the watch and nan-hunt variants with another jaxdbg source tree (e.g. main, from
 ``git archive``) first on PYTHONPATH, in the same alternation: before/after figures from one run.
 
-Usage: python scripts/bench_watch.py [--pairs 3] [--steps 200] [--width 256] [--batch 128] [--baseline DIR]
+Usage: python scripts/bench_watch.py [--model both|cnn|mlp] [--pairs 3] [--steps 200] [--width 256] [--batch N]
+       [--baseline DIR] [--only-interleaved]
 """
 
 from __future__ import annotations
@@ -41,11 +46,13 @@ PROGRAM = textwrap.dedent('''
     """A Flax NNX training loop that times itself; MODE: plain | watch | watch-full | spike-watch | spike-plain |
     interleaved."""
     import json, sys, time
-    import jax, jax.numpy as jnp, optax
+    from functools import partial
+    import jax, jax.numpy as jnp, numpy as np, optax
     from flax import nnx
     import jaxdbg
 
     mode, steps, width, batch, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+    kind = sys.argv[6]
     SPIKE_AT = steps - 5
 
     class MLP(nnx.Module):
@@ -57,38 +64,77 @@ PROGRAM = textwrap.dedent('''
         def __call__(self, x):
             return self.l3(nnx.relu(self.l2(nnx.relu(self.l1(x)))))  # <- origin
 
+    class CNN(nnx.Module):  # the Flax NNX MNIST tutorial's model
+        def __init__(self, rngs):
+            self.conv1 = nnx.Conv(1, 32, kernel_size=(3, 3), rngs=rngs)
+            self.conv2 = nnx.Conv(32, 64, kernel_size=(3, 3), rngs=rngs)
+            self.avg_pool = partial(nnx.avg_pool, window_shape=(2, 2), strides=(2, 2))
+            self.linear1 = nnx.Linear(3136, width, rngs=rngs)
+            self.linear2 = nnx.Linear(width, 10, rngs=rngs)
+
+        def __call__(self, x):
+            x = self.avg_pool(nnx.relu(self.conv1(x)))
+            x = self.avg_pool(nnx.relu(self.conv2(x)))
+            x = x.reshape(x.shape[0], -1)
+            return self.linear2(nnx.relu(self.linear1(x)))  # <- origin
+
     def build():
-        model = MLP(nnx.Rngs(0))
-        optimizer = nnx.Optimizer(model, optax.inject_hyperparams(optax.sgd)(learning_rate=0.01), wrt=nnx.Param)
+        """(run_step, optimizer): run_step(step) runs one training step on that step's batch, returns its loss."""
+        if kind == "cnn":
+            model = CNN(nnx.Rngs(0))
+            tx = optax.inject_hyperparams(optax.adamw)(learning_rate=0.005, b1=0.9)
+        else:
+            model = MLP(nnx.Rngs(0))
+            tx = optax.inject_hyperparams(optax.sgd)(learning_rate=0.01)
+        optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
+        metrics = nnx.MultiMetric(accuracy=nnx.metrics.Accuracy(), loss=nnx.metrics.Average("loss"))
 
         @nnx.jit
-        def train_step(model, optimizer, x, labels):
+        def train_step(model, optimizer, metrics, x, labels):
             def loss_fn(model):
-                return optax.softmax_cross_entropy_with_integer_labels(model(x), labels).mean()
-            loss, grads = nnx.value_and_grad(loss_fn)(model)
+                logits = model(x)
+                return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean(), logits
+            (loss, logits), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
+            if metrics is not None:
+                metrics.update(loss=loss, logits=logits, labels=labels)
             optimizer.update(model, grads)
             return loss
 
-        k = jax.random.split(jax.random.key(0), 2)
-        x = jax.random.normal(k[0], (batch, 256))
-        y = jax.random.randint(k[1], (batch,), 0, 10)
-        return train_step, model, optimizer, x, y
+        if kind == "cnn":  # a fresh host batch every step, as a data loader gives them
+            rng = np.random.default_rng(0)
+            images = rng.normal(size=(64 * batch, 28, 28, 1)).astype(np.float32)
+            classes = rng.integers(0, 10, size=(64 * batch,)).astype(np.int32)
+
+            def run_step(step):
+                i = (step % 64) * batch
+                loss = train_step(model, optimizer, metrics, images[i:i + batch], classes[i:i + batch])
+                if step % 10 == 9:  # the tutorial's periodic metrics read-out (a host sync)
+                    metrics.compute()
+                    metrics.reset()
+                return loss
+        else:  # the same device batch every step: the least work per call
+            k = jax.random.split(jax.random.key(0), 2)
+            fixed = jax.random.normal(k[0], (batch, 256)), jax.random.randint(k[1], (batch,), 0, 10)
+
+            def run_step(step):
+                return train_step(model, optimizer, None, *fixed)
+        return run_step, optimizer
 
     def timed_chunk(state, n=40):
         """Seconds per step (wall, and CPU of the whole process) over n steps of a loop that logs every 10."""
-        train_step, model, optimizer, x, y = state
+        run_step = state[0]
         t, c = time.perf_counter(), time.process_time()
         for step in range(n):
-            loss = train_step(model, optimizer, x, y)
+            loss = run_step(step)
             if step % 10 == 0:
                 float(loss)
         loss.block_until_ready()
         return (time.perf_counter() - t) / n, (time.process_time() - c) / n
 
     def main():
-        train_step, model, optimizer, x, y = build()
-        for _ in range(10):
-            loss = train_step(model, optimizer, x, y)
+        run_step, optimizer = build()
+        for step in range(10):
+            loss = run_step(step)
         loss.block_until_ready()
         if mode.startswith("spike"):
             try:
@@ -96,7 +142,7 @@ PROGRAM = textwrap.dedent('''
                     if step == SPIKE_AT:
                         optimizer.opt_state.hyperparams["learning_rate"][...] = jnp.asarray(1e36)
                         STARTED.append(time.perf_counter())
-                    loss = train_step(model, optimizer, x, y)
+                    loss = run_step(step)
                 loss.block_until_ready()
                 return {"answer_s": None}
             except (jaxdbg.NonFiniteError, FloatingPointError) as err:
@@ -105,7 +151,7 @@ PROGRAM = textwrap.dedent('''
         for _ in range(0, steps, chunk):
             t = time.perf_counter()
             for step in range(chunk):
-                loss = train_step(model, optimizer, x, y)
+                loss = run_step(step)
                 if step % 10 == 0:
                     float(loss)  # what a loop that logs does
             loss.block_until_ready()
@@ -180,7 +226,7 @@ def variant(name: str, program: str, args: argparse.Namespace, workdir: str, mod
     if name.endswith(BASELINE):
         name, root = name[: -len(BASELINE)], args.baseline
     out = os.path.join(workdir, f"{name}{'-base' if root != ROOT else ''}.json")
-    sizes = [str(args.steps), str(args.width), str(args.batch), out]
+    sizes = [*_sizes(args), out, args.kind]
     if name == "nan-hunt":
         argv = [sys.executable, "-m", "jaxdbg", "nan-hunt", program, "-q", "--out", out + ".d", "--", "plain", *sizes]
         env = None
@@ -200,7 +246,8 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--width", type=int, default=256)
-    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--batch", type=int, help="batch size (default: 32 for cnn, the tutorial's; 128 for mlp)")
+    parser.add_argument("--model", choices=("both", "cnn", "mlp"), default="both")
     parser.add_argument("--baseline", help="another jaxdbg source tree: its watch and nan-hunt run too")
     parser.add_argument("--only-interleaved", action="store_true", help="run (d) alone")
     args = parser.parse_args()
@@ -212,9 +259,13 @@ def main() -> None:
                  "debug_nans": "plain", "nan-hunt": None}
         if args.baseline:
             names.update({"watch" + BASELINE: "watch", "nan-hunt" + BASELINE: None})
-        if not args.only_interleaved:
-            overhead_and_answer(program, names, args, workdir)
-        interleaved(program, args, workdir)
+        batch = args.batch
+        for kind in ("cnn", "mlp") if args.model == "both" else (args.model,):
+            args.kind, args.batch = kind, batch or (32 if kind == "cnn" else 128)
+            print(f"\n=== {kind} loop ===", flush=True)
+            if not args.only_interleaved:
+                overhead_and_answer(program, names, args, workdir)
+            interleaved(program, args, workdir)
         if not args.only_interleaved:
             tiny_calls(args, workdir)
 
@@ -230,14 +281,15 @@ def overhead_and_answer(program: str, names: dict, args: argparse.Namespace, wor
             fastest[name] = min(fastest.get(name, got["best_step_s"]), got["best_step_s"])
             print(f"  pair {pair}: {name:24s} median {got['median_step_s'] * 1e3:8.3f} ms/step, fastest chunk "
                   f"{got['best_step_s'] * 1e3:8.3f}", flush=True)
-    print(f"\n(a) overhead on a clean Flax NNX loop (width {args.width}, batch {args.batch}, best of {args.pairs})")
+    print(f"\n(a) overhead on a clean Flax NNX loop ({args.kind}, width {args.width}, batch {args.batch}, "
+          f"best of {args.pairs})")
     for name in names:
         print(f"  {name:24s} median {best[name] * 1e3:8.3f} ms/step {best[name] / best['plain']:5.2f}x plain   "
               f"fastest chunk {fastest[name] * 1e3:8.3f} ms/step {fastest[name] / fastest['plain']:5.2f}x plain")
     print("\n(b) from the bad step's call to the answer (learning-rate spike 5 steps before the end)")
     for name, mode, env in (("jaxdbg.watch", "spike-watch", None), ("debug_nans", "spike-plain", DEBUG_FLAGS)):
         out = os.path.join(workdir, f"{mode}.json")
-        done = _run([sys.executable, program, mode, str(args.steps), str(args.width), str(args.batch), out], env)
+        done = _run([sys.executable, program, mode, *_sizes(args), out, args.kind], env)
         if not os.path.exists(out):
             print(f"  {name:14s} failed: {done.stderr[-500:]}")
             continue
@@ -250,13 +302,13 @@ def overhead_and_answer(program: str, names: dict, args: argparse.Namespace, wor
 
 def interleaved(program: str, args: argparse.Namespace, workdir: str) -> None:
     """(d): plain and watched loops in one process."""
-    print(f"\n(d) in one process, chunks of 40 steps alternating ({args.steps // 10} rounds): plain vs "
-          "jaxdbg.watch")
+    print(f"\n(d) {args.kind} loop in one process, chunks of 40 steps alternating ({args.steps // 10} rounds): "
+          "plain vs jaxdbg.watch")
     for label, root in (("jaxdbg.watch", ROOT), ("jaxdbg.watch [baseline]", args.baseline)):
         if root is None:
             continue
         out = os.path.join(workdir, f"interleaved-{len(label)}.json")
-        _run([sys.executable, program, "interleaved", str(args.steps), str(args.width), str(args.batch), out],
+        _run([sys.executable, program, "interleaved", *_sizes(args), out, args.kind],
              root=root)
         if not os.path.exists(out):
             print(f"  {label}: failed")
@@ -277,6 +329,10 @@ def tiny_calls(args: argparse.Namespace, workdir: str) -> None:
     plain_us, watch_us = (float(v) for v in done.stdout.split())
     print(f"\n(c) per call of a tiny jitted function (best of {5 * args.pairs} rounds of 2000 calls)")
     print(f"  plain {plain_us:7.1f} us/call   jaxdbg.watch {watch_us:7.1f} us/call  (+{watch_us - plain_us:.1f})")
+
+
+def _sizes(args: argparse.Namespace) -> list[str]:
+    return [str(args.steps), str(args.width), str(args.batch)]
 
 
 def _median(values: list[float]) -> float:

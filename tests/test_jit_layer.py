@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxdbg import jit_layer
+from jaxdbg import jit_layer, nonfinite
 from jaxdbg.jit_layer import InstrumentedJit, JitHook
 from jaxdbg.nonfinite import kind_of, magnitudes
 
@@ -113,14 +113,15 @@ def test_exceptions_reach_the_hooks_and_the_caller():
         bad = jax.jit(lambda x: x.reshape(7, 3))
         with pytest.raises(TypeError):
             bad(jnp.ones((4, 4)))
+        assert not jit_layer.is_internal() and not jit_layer.in_user_call()  # the next call is watched again
     assert ("h", "error", "TypeError") in events
 
 
-def test_output_check_runs_fused_and_with_out_shardings():
+def test_output_check_runs_after_the_call_with_out_shardings_and_devices_apart():
     events = []
     with jit_layer.installed(Log("h", events, check=True)):
-        fused = jax.jit(lambda x: (jnp.log(x), x.astype(jnp.int32)))
-        fused(jnp.array([1.0, 0.0]))
+        plain = jax.jit(lambda x: (jnp.log(x), x.astype(jnp.int32)))
+        out = plain(jnp.array([1.0, 0.0]))
         device = jax.devices()[0]
         sharded = jax.jit(lambda x: jnp.sqrt(x), out_shardings=jax.sharding.SingleDeviceSharding(device))
         sharded(jnp.array([-1.0]))
@@ -129,8 +130,14 @@ def test_output_check_runs_fused_and_with_out_shardings():
     after = [e for e in events if e[1] == "after"]
     assert after[0][4] == [np.inf]  # one floating output leaf: |log 0| = inf; the int leaf is not checked
     assert np.isnan(after[1][4][0]) and after[2][4] == [4.0, 2.0]
-    # Given out_shardings, the check is still compiled into the function (no separate eager reductions).
-    assert sharded._checked is not None and nnx_like._checked is not None
+    # The user's own program ran (once compiled, its outputs untouched); the check is a program of its own.
+    assert plain.jitted._cache_size() == 1 and out[1].tolist() == [1, 0]
+    # Leaves that no one program can take together (committed to different devices) are reduced one by one.
+    apart = [jax.device_put(jnp.array([-3.0, 1.0]), jax.devices()[0]),
+             jax.device_put(jnp.array([jnp.nan]), jax.devices()[1])]
+    mags = nonfinite.output_magnitudes(apart)
+    assert not isinstance(mags, jax.Array) and mags.is_ready()
+    assert np.asarray(mags)[0] == 3.0 and np.isnan(np.asarray(mags)[1])
 
 
 def test_a_call_no_hook_wants_keeps_jax_dispatch_and_its_index():

@@ -2,10 +2,10 @@
 
 While a :class:`Watch` is active (a context manager; everything is restored in ``finally``):
 
-- it is a hook of :mod:`jaxdbg.jit_layer` that asks for the output check: every call of a function jitted
-  meanwhile runs a companion compiled function that returns the user's outputs *plus* one small vector, the
-  largest magnitude of every floating output leaf (``max(|x|)``, fused by XLA into the same program; a NaN or
-  Inf anywhere shows up in it). Only that vector crosses to the host. It also feeds the growth tracker.
+- it is a hook of :mod:`jaxdbg.jit_layer` that asks for the output check: after every call of a function
+  jitted meanwhile, one small program reduces its outputs on their devices to one small vector, the largest
+  magnitude of every floating output leaf (``max(|x|)``; a NaN or Inf anywhere shows up in it). Only that
+  vector crosses to the host. It also feeds the growth tracker.
 - every primitive jax runs eagerly (outside jit) has its outputs checked; one that *creates* a non-finite
   value from clean inputs is itself the origin.
 - the arguments of a jitted call that no watched call returned (made by eager code, such as an optimiser
@@ -53,12 +53,12 @@ from jax.tree_util import tree_flatten, tree_leaves
 
 from jaxdbg import _compat, jit_layer
 from jaxdbg._source import SourceLocation, caller_user_frame, is_user_file
-from jaxdbg.jit_layer import CHECKED_SUFFIX, InstrumentedJit, JitCall, JitHook
+from jaxdbg.jit_layer import InstrumentedJit, JitCall, JitHook
 from jaxdbg.nan.calls import Call, output_leaf_names
 from jaxdbg.nan.growth import GrowthTracker
 from jaxdbg.nan.result import Origin
 from jaxdbg.nan.stats import is_inexact, nonfinite_flags, value_stats
-from jaxdbg.nonfinite import magnitudes
+from jaxdbg.nonfinite import device_magnitudes_jaxdbg
 
 # With ``read_late``, calls whose flags are not read yet. A finished call's flags are read at the next call;
 # the inputs of the others are held by jax's own queue anyway. Past this many (the program runs far ahead of
@@ -100,11 +100,6 @@ class EagerFinding:
         return self.origin.kind
 
 
-@jax.jit
-def _argument_magnitudes_jaxdbg(leaves: list) -> jax.Array:
-    return magnitudes(leaves)
-
-
 class NonFiniteFound(BaseException):
     """Ends the watched program at the first non-finite call (caught by jaxdbg, not by the program)."""
 
@@ -122,7 +117,7 @@ def _describe(finding: JitFinding | EagerFinding) -> str:
 
 def _keeps_fast_path(executable_name: str) -> bool:
     """The user's watched functions and jaxdbg's own keep jax's C++ dispatch (eager jax functions do not)."""
-    return executable_name.endswith((CHECKED_SUFFIX, CHECKED_SUFFIX + ")", "_jaxdbg", "_jaxdbg)"))
+    return jit_layer.in_user_call() or executable_name.endswith(("_jaxdbg", "_jaxdbg)"))
 
 
 def _trace_now(call: Call) -> Any:
@@ -215,7 +210,7 @@ class Watch(JitHook):
             at once again (the Infs are followed in program order).
     """
 
-    check_outputs = True  # the jit layer's fused max(|x|) of every floating output
+    check_outputs = True  # the jit layer's max(|x|) of every floating output
 
     def __init__(self, nan_only: bool = False, growth_factor: float = 100.0, eager: bool = True,
                  after_inf: int = 0, read_late: bool = False):
@@ -388,7 +383,7 @@ class Watch(JitHook):
     # -- arguments made outside the watched calls (growth) ----------------------------------------------------
 
     def _measure_fresh_arguments(self, call: JitCall) -> tuple | None:
-        """Start ``max(|x|)`` of the floating arguments that no watched call returned (one fused reduction on
+        """Start ``max(|x|)`` of the floating arguments that no watched call returned (one reduction on
         the device, read after the call); the others were measured as outputs already."""
         function = call.function
         replay = Call(function.name, function.fun, call.args, call.kwargs, function.static_argnums,
@@ -425,8 +420,10 @@ class Watch(JitHook):
         device = None
         if on_device:
             with self.internal(), contextlib.suppress(Exception):  # mixed devices: that part goes unmeasured
-                device = _argument_magnitudes_jaxdbg([leaf for _, leaf in on_device])
-        sources = [self._maker(leaf) for leaf in leaves]
+                device = device_magnitudes_jaxdbg([leaf for _, leaf in on_device])
+        sources: list[SourceLocation | None] = [None] * len(leaves)  # only a fresh leaf can have been made eagerly
+        for i in fresh:
+            sources[i] = self._maker(leaves[i])
         return replay, len(leaves), on_device, device, on_host, sources
 
     def _record_fresh_arguments(self, call: JitCall, seen: _Watched) -> None:
@@ -605,7 +602,7 @@ class Watch(JitHook):
 
     def _on_eager_jit(self, name: str, closed: Any, args: Sequence[Any], outs: list, nested: bool) -> None:
         """A jitted function run eagerly through Python dispatch: jax's own (``jnp.sqrt``), not a watched one."""
-        if nested or not self.active or self.busy or not name or name.endswith(CHECKED_SUFFIX):
+        if nested or not self.active or self.busy or not name or name.endswith("_jaxdbg"):
             return
         self._check_eager(name, args, outs, closed)
 
