@@ -4,7 +4,7 @@ Every part of jaxdbg that asks "did this produce a NaN or an Inf?" asks here, so
 are the same everywhere: a device array is reduced where it lives and only a few numbers cross to the host.
 
 - :func:`magnitudes` reduces a whole output tree to one small vector, ``max(|x|)`` per floating leaf
-  (NaN and Inf propagate into it); :func:`output_magnitudes` starts it on a call's outputs, on their devices.
+  (NaN and Inf propagate into it); :func:`with_magnitudes` compiles it into a jitted function's own program.
 - :func:`nonfinite_flags` answers ``(has NaN, has Inf)`` for one value (small host values are looked at
   directly, larger ones reduced on the device by one compiled reduction per shape and dtype).
 - :func:`kind_of` reads a host copy of :func:`magnitudes`: ``'nan'``, ``'inf'`` or None.
@@ -25,6 +25,7 @@ Example:
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -75,46 +76,27 @@ def _magnitude(x: jax.Array) -> jax.Array:
 
 @jax.jit
 def device_magnitudes_jaxdbg(leaves: list) -> jax.Array:
-    """:func:`magnitudes` of a list of arrays, compiled once per list signature (jaxdbg's own program)."""
+    """:func:`magnitudes` of a list of arrays (arguments made outside the watched calls), compiled once per
+    list signature; a program of jaxdbg's own (its name ends in ``_jaxdbg``)."""
     return magnitudes(leaves)
 
 
-class _Parts:
-    """Magnitudes reduced leaf by leaf (leaves that one program cannot take together): reads as one vector."""
-
-    def __init__(self, parts: list[Any]):  # jax arrays (is_ready is not in jax.Array's stubs)
-        self.parts = parts
-
-    def is_ready(self) -> bool:
-        return all(part.is_ready() for part in self.parts)
-
-    def copy_to_host_async(self) -> None:
-        for part in self.parts:
-            part.copy_to_host_async()
-
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        return np.concatenate([np.asarray(part) for part in self.parts]).astype(dtype or np.float32)
-
-
-def output_magnitudes(out: Any) -> Any:
-    """Start :func:`magnitudes` of a call's outputs as a small program of its own, dispatched right after the
-    call on the outputs' devices; returns the device vector (``np.asarray`` reads it).
-
-    Kept apart from the user's program on purpose: an executable's outputs are ready only when all of it has
-    run, so a check compiled into it delayed every next step by the reduction (13-18% of a small CPU step,
-    against 3% of CPU time); dispatched after it, the next step starts at once and the check runs beside it.
+def with_magnitudes(fun: Callable, name: str) -> Callable:
+    """``fun`` returning ``(outputs, magnitudes(outputs))``; jitted, the check runs in the same program.
 
     Example:
-        >>> np.asarray(output_magnitudes((jnp.array([1.0, -4.0]), jnp.array(7)))).tolist()
-        [4.0]
+        >>> out, mags = jax.jit(with_magnitudes(lambda x: (x * 2, jnp.int32(7)), "double"))(jnp.array([1.0, -4.0]))
+        >>> np.asarray(mags).tolist()
+        [8.0]
     """
-    leaves = [x for x in jax.tree_util.tree_leaves(out) if is_inexact(x)]
-    if not leaves:
-        return np.zeros((0,), np.float32)
-    try:
-        return device_magnitudes_jaxdbg(leaves)
-    except ValueError:  # leaves committed to different devices: one reduction each, where each one lives
-        return _Parts([device_magnitudes_jaxdbg([leaf]) for leaf in leaves])
+
+    @functools.wraps(fun)
+    def checked(*args: Any, **kwargs: Any) -> tuple[Any, jax.Array]:
+        out = fun(*args, **kwargs)
+        return out, magnitudes(out)
+
+    checked.__name__ = checked.__qualname__ = name
+    return checked
 
 
 def kind_of(host_magnitudes: np.ndarray, nan_only: bool = False) -> str | None:

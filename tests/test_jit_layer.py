@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxdbg import jit_layer, nonfinite
+from jaxdbg import jit_layer
 from jaxdbg.jit_layer import InstrumentedJit, JitHook
 from jaxdbg.nonfinite import kind_of, magnitudes
 
@@ -117,27 +117,28 @@ def test_exceptions_reach_the_hooks_and_the_caller():
     assert ("h", "error", "TypeError") in events
 
 
-def test_output_check_runs_after_the_call_with_out_shardings_and_devices_apart():
+def test_output_check_runs_in_the_functions_own_program_with_out_shardings():
     events = []
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("d",))
+    across = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("d"))
     with jit_layer.installed(Log("h", events, check=True)):
-        plain = jax.jit(lambda x: (jnp.log(x), x.astype(jnp.int32)))
-        out = plain(jnp.array([1.0, 0.0]))
+        fused = jax.jit(lambda x: (jnp.log(x), x.astype(jnp.int32)))
+        out = fused(jnp.array([1.0, 0.0]))
         device = jax.devices()[0]
         sharded = jax.jit(lambda x: jnp.sqrt(x), out_shardings=jax.sharding.SingleDeviceSharding(device))
         sharded(jnp.array([-1.0]))
         nnx_like = jax.jit(lambda x: (x, jnp.sqrt(x)), out_shardings=(None, None))  # what nnx.jit passes
         nnx_like(jnp.array([4.0]))
+        split = jax.jit(lambda x: jnp.log(x) * 0, out_shardings=across)  # a NaN in the second device's half
+        split(jnp.array([1.0, 2.0, 3.0, -4.0]))
     after = [e for e in events if e[1] == "after"]
     assert after[0][4] == [np.inf]  # one floating output leaf: |log 0| = inf; the int leaf is not checked
-    assert np.isnan(after[1][4][0]) and after[2][4] == [4.0, 2.0]
-    # The user's own program ran (once compiled, its outputs untouched); the check is a program of its own.
-    assert plain.jitted._cache_size() == 1 and out[1].tolist() == [1, 0]
-    # Leaves that no one program can take together (committed to different devices) are reduced one by one.
-    apart = [jax.device_put(jnp.array([-3.0, 1.0]), jax.devices()[0]),
-             jax.device_put(jnp.array([jnp.nan]), jax.devices()[1])]
-    mags = nonfinite.output_magnitudes(apart)
-    assert not isinstance(mags, jax.Array) and mags.is_ready()
-    assert np.asarray(mags)[0] == 3.0 and np.isnan(np.asarray(mags)[1])
+    assert np.isnan(after[1][4][0]) and after[2][4] == [4.0, 2.0] and np.isnan(after[3][4][0])
+    assert out[1].tolist() == [1, 0]  # the user's outputs come back untouched
+    # The check is compiled into a companion of each function, with the function's own options (no separate
+    # reductions): given out_shardings too, and named as jaxdbg's own.
+    assert all(f._checked is not None for f in (fused, sharded, nnx_like, split))
+    assert fused._checked.__name__.endswith(jit_layer.CHECKED_SUFFIX) and jit_layer.CHECKED_SUFFIX.endswith("_jaxdbg")
 
 
 def test_a_call_no_hook_wants_keeps_jax_dispatch_and_its_index():

@@ -1,8 +1,8 @@
 """The hook behind :func:`jaxdbg.watch`: nan-hunt's :class:`~jaxdbg.nan.watch.Watch` made cheap enough for a run
 of days, plus a compile counter that names each recompile's cause as profile does.
 
-- NaN/Inf: the jit layer's check (``max(|x|)`` per floating output, a small program dispatched after the
-  call), read late (nan-hunt's ``Watch(read_late=True)``): at each call, the flags of the earlier calls that have
+- NaN/Inf: the jit layer's check (``max(|x|)`` per floating output, compiled into the same program),
+  read late (nan-hunt's ``Watch(read_late=True)``): at each call, the flags of the earlier calls that have
   finished are read, oldest first, and the host never waits in the steady state (a sync per step, even one
   call late, cost ~15% on a CPU training loop); in a multi-process job, call k's at call k+1. The inputs of
   the unread calls are kept, so the first bad call is still found and replayed exactly (NNX calls too: the

@@ -1,7 +1,7 @@
 """``jaxdbg.watch``: a context manager and decorator that watches a running program's jitted functions.
 
-While active, every function jitted meanwhile has its outputs checked for NaN/Inf (reduced on the device after
-each call, read late: see :mod:`jaxdbg.live.hook`) and its compiles counted. At the first non-finite
+While active, every function jitted meanwhile has its outputs checked for NaN/Inf (compiled into its program,
+read late: see :mod:`jaxdbg.live.hook`) and its compiles counted. At the first non-finite
 output the origin is localised in this process by nan-hunt's own analysis and written, with nan-hunt's
 ``result``, to ``out/report.json`` (``"command": "watch"``; later findings of an ``action="log"`` run
 to ``report-2.json``, ...); then :class:`NonFiniteError` is raised

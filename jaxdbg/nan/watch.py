@@ -2,10 +2,10 @@
 
 While a :class:`Watch` is active (a context manager; everything is restored in ``finally``):
 
-- it is a hook of :mod:`jaxdbg.jit_layer` that asks for the output check: after every call of a function
-  jitted meanwhile, one small program reduces its outputs on their devices to one small vector, the largest
-  magnitude of every floating output leaf (``max(|x|)``; a NaN or Inf anywhere shows up in it). Only that
-  vector crosses to the host. It also feeds the growth tracker.
+- it is a hook of :mod:`jaxdbg.jit_layer` that asks for the output check: every call of a function jitted
+  meanwhile runs a companion compiled function that returns the user's outputs *plus* one small vector, the
+  largest magnitude of every floating output leaf (``max(|x|)``, in the same program; a NaN or Inf anywhere
+  shows up in it). Only that vector crosses to the host. It also feeds the growth tracker.
 - every primitive jax runs eagerly (outside jit) has its outputs checked; one that *creates* a non-finite
   value from clean inputs is itself the origin.
 - the arguments of a jitted call that no watched call returned (made by eager code, such as an optimiser
@@ -210,7 +210,7 @@ class Watch(JitHook):
             at once again (the Infs are followed in program order).
     """
 
-    check_outputs = True  # the jit layer's max(|x|) of every floating output
+    check_outputs = True  # the jit layer's max(|x|) of every floating output, in the function's own program
 
     def __init__(self, nan_only: bool = False, growth_factor: float = 100.0, eager: bool = True,
                  after_inf: int = 0, read_late: bool = False):

@@ -5,7 +5,7 @@ is a hook of :mod:`jaxdbg.jit_layer`, so every call of a function the target jit
 
 - is announced on the channel (:class:`JitCallSeen`, first few calls of each function), so the parent knows
   which jitted computation was running when the child crashed or hung;
-- has its outputs checked for NaN/Inf (the jit layer's on-device check) -> :class:`FailureSeen`, kind
+- has its outputs checked for NaN/Inf (the jit layer's check, compiled into the function) -> :class:`FailureSeen`, kind
   ``nonfinite``;
 - for its first ``mismatch_calls`` calls, is re-run op by op (``jax.disable_jit``) or in float64 and
   compared -> :class:`FailureSeen`, kind ``mismatch``;
