@@ -138,9 +138,9 @@ class InstrumentedJit:
         self.name = record.name
         self.static_argnums = _as_tuple(options.get("static_argnums"))
         self.static_argnames = _as_tuple(options.get("static_argnames"))
+        self._checked: Any = None
         # Whether a call may donate (delete) its argument buffers: asked on every watched call.
         self.donates = options.get("donate_argnums") is not None or options.get("donate_argnames") is not None
-        self._checked: Any = None
         for attr in ("__name__", "__qualname__", "__module__", "__doc__"):
             with contextlib.suppress(AttributeError, TypeError):
                 setattr(self, attr, getattr(jitted, attr))
