@@ -60,11 +60,15 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
+SEEDS = 300
+
+
 def test_live_occupancy_endpoint_while_the_bench_runs(tmp_path) -> None:
     port = _free_port()
-    # Enough runs (8 stages x 48 microbatches, 3 runs x 25 seeds) that the bench lasts a few seconds.
+    # Enough runs (8 stages x 48 microbatches, 3 runs x 300 seeds) that the runs last seconds, not the ~0.3 s
+    # that 25 seeds took: a scraper starved for that long on a loaded CI machine missed every run (CI, stop 17).
     command = [sys.executable, "-m", "jaxdbg", "pipeline-bench", "--stages", "8", "--microbatches", "48",
-               "--hint", "1f1b,bfw", "--variability", "jitter:cv=0.3", "--seeds", "25", "--metrics-port", str(port),
+               "--hint", "1f1b,bfw", "--variability", "jitter:cv=0.3", "--seeds", str(SEEDS), "--metrics-port", str(port),
                "--out", str(tmp_path / "o"), "-q"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -89,7 +93,7 @@ def test_live_occupancy_endpoint_while_the_bench_runs(tmp_path) -> None:
     samples, occupancy = seen
     done = samples["jaxdbg_pipeline_runs_done", (("process", "0"),)]
     total = samples["jaxdbg_pipeline_runs_total", (("process", "0"),)]
-    assert total == 25 * (1 + 2) and 1 <= done <= total  # per seed: fixed, ready/1f1b, ready/bfw
+    assert total == SEEDS * (1 + 2) and 1 <= done <= total  # per seed: fixed, ready/1f1b, ready/bfw
     assert sorted(dict(k[1])["stage"] for k in occupancy) == [str(w) for w in range(8)]
     assert all(0 < v <= 1 for v in occupancy.values())
     with pytest.raises(OSError):  # the endpoint closes with the bench
