@@ -105,7 +105,8 @@ class JitCall:
     """One top-level call of an instrumented function, as the hooks see it.
 
     ``index`` is the 0-based count of calls of this function (its record, across re-jits); ``notes`` is a
-    place for hooks to keep what they need from ``before`` to ``after``.
+    place for hooks to keep what they need from ``before`` to ``after``. ``args``/``kwargs`` are emptied when
+    the call returns: a hook that keeps the call longer (a check read late) keeps what it needs in ``notes``.
     """
 
     __slots__ = ("_host", "args", "function", "index", "kwargs", "magnitudes", "notes")
@@ -265,7 +266,10 @@ class _Layer:
         run = execute
         for hook in reversed(hooks):
             run = functools.partial(hook.around, call, run)
-        return run()
+        try:
+            return run()
+        finally:  # a hook that keeps the call past its end keeps what it needs of them in its notes
+            call.args, call.kwargs = (), {}
 
     @contextlib.contextmanager
     def internal(self) -> Iterator[None]:

@@ -3,12 +3,14 @@ names, the report valid against the schema), a ragged loop that recompiles, acti
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
 import subprocess
 import sys
 import urllib.request
+import weakref
 from pathlib import Path
 
 import jax
@@ -189,6 +191,59 @@ def test_an_nnx_finding_read_late_is_analysed_without_touching_the_run(tmp_path,
     assert (first["primitive"], first["function"], first["call_index"]) == ("log", "step", 1)
     assert first["source"]["line"] == next(i for i, text in enumerate(Path(__file__).read_text().splitlines(), 1)
                                            if "return jnp.log(model.w[...]).sum()" in text)
+
+
+class _Tag:
+    """Aux data made anew for every call and equal to the last, as Flax NNX's GraphDef is."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Tag) and other.name == self.name
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+
+@jax.tree_util.register_pytree_node_class
+class _Tagged:
+    def __init__(self, value, tag: _Tag):
+        self.value, self.tag = value, tag
+
+    def tree_flatten(self):
+        return (self.value,), self.tag
+
+    @classmethod
+    def tree_unflatten(cls, tag, children):
+        return cls(children[0], tag)
+
+
+def test_unread_calls_keep_their_arrays_but_not_a_fresh_structure_per_call(tmp_path):
+    """The inputs of calls not read yet are kept for the replay, but the structure a framework builds anew each
+    call is shared with the previous call's (kept, those objects set Python's GC off every few steps of an NNX
+    loop); the bad call is still replayed exactly from its own arrays."""
+    weights = jnp.full((1200, 1200), 1.0 / 1200)
+    tags, unread = [], []
+    with pytest.raises(jaxdbg.NonFiniteError) as raised, jaxdbg.watch(out=str(tmp_path)) as watcher:
+        hook = watcher._states[-1].hook
+
+        @jax.jit
+        def step(tagged, shift):
+            w = tagged.value
+            return jnp.log(((w @ w) @ w).sum() - shift)
+
+        for call, shift in enumerate([0.0, 1.0, 2.0, 1e9]):
+            tag = _Tag("state")
+            tags.append(weakref.ref(tag))
+            step(_Tagged(weights, tag), shift)
+            del tag
+            gc.collect()
+            unread.append(len(hook._pending))
+            assert [ref() is not None for ref in tags] == [True] + [False] * call  # the first one is shared
+    assert max(unread) >= 1, unread  # calls were kept unread (a matmul of 1200x1200 outlasts its dispatch)
+    first = raised.value.report["first"]
+    assert (first["primitive"], first["call_index"]) == ("log", 3)
 
 
 def test_bad_options_are_one_clear_usage_error():
