@@ -211,7 +211,10 @@ class KeptInputs:
     @classmethod
     def of(cls, args: tuple, kwargs: dict, previous: Any) -> KeptInputs:
         """``args``/``kwargs`` kept; ``previous``: the structure kept for the function's previous call, if any."""
-        leaves, treedef = tree_flatten((tuple(args), dict(kwargs)))
+        try:
+            leaves, treedef = tree_flatten((tuple(args), dict(kwargs)))
+        except Exception:  # noqa: BLE001 - a pytree that will not flatten: jax's own call reports it; kept whole
+            return cls([(args, kwargs)], None)
         if previous is not None:
             try:
                 if previous == treedef:  # a framework's aux data compares its own way; any failure: keep ours
@@ -221,7 +224,8 @@ class KeptInputs:
         return cls(leaves, treedef)
 
     def unpack(self) -> tuple[tuple, dict]:
-        args, kwargs = jax.tree_util.tree_unflatten(self.treedef, self.leaves)
+        args, kwargs = self.leaves[0] if self.treedef is None else jax.tree_util.tree_unflatten(
+            self.treedef, self.leaves)
         return args, kwargs
 
 
