@@ -87,7 +87,9 @@ def test_sampler_series_and_a_service_that_is_not_there(stand_in, monkeypatch) -
     monkeypatch.setenv(tpu_runtime.ADDRESS_VARIABLE, address)
     batches: list = []
     with Sampler(send=lambda message: batches.append(message.rows), interval_s=0.02, tpu_interval_s=0.0):
-        time.sleep(0.15)
+        deadline = time.monotonic() + 30  # a few samples, however loaded the machine is
+        while servicer.asks < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
     monitor = series([row for batch in batches for row in batch], interval_s=0.02)
     assert monitor is not None
     tpu = monitor.summary["tpu"]
