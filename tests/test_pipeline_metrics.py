@@ -68,8 +68,8 @@ def test_live_occupancy_endpoint_while_the_bench_runs(tmp_path) -> None:
     # Enough runs (8 stages x 48 microbatches, 3 runs x 300 seeds) that the runs last seconds, not the ~0.3 s
     # that 25 seeds took: a scraper starved for that long on a loaded CI machine missed every run (CI, stop 17).
     command = [sys.executable, "-m", "jaxdbg", "pipeline-bench", "--stages", "8", "--microbatches", "48",
-               "--hint", "1f1b,bfw", "--variability", "jitter:cv=0.3", "--seeds", str(SEEDS), "--metrics-port", str(port),
-               "--out", str(tmp_path / "o"), "-q"]
+               "--hint", "1f1b,bfw", "--variability", "jitter:cv=0.3", "--seeds", str(SEEDS),
+               "--metrics-port", str(port), "--out", str(tmp_path / "o"), "-q"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen = None
