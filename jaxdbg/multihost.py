@@ -411,11 +411,14 @@ _agreed: list[bool] = []
 
 
 def comparable_command(argv: list[str]) -> list[str]:
-    """The words of a jaxdbg command line that every process of a job must share.
+    """The words of a jaxdbg command line that every process of a job must share: not the per-process options,
+    and not the script's ``-- ARGS`` (a launch script often passes each process its id there).
 
     Example:
         >>> comparable_command(["profile", "train.py", "--out", "/tmp/h1", "-q", "--json=/tmp/a.json"])
         ['profile', 'train.py']
+        >>> comparable_command(["nan-hunt", "train.py", "--timeout", "60", "--", "--process-id", "1"])
+        ['nan-hunt', 'train.py', '--timeout', '60']
     """
     kept: list[str] = []
     skip = 0
@@ -423,6 +426,8 @@ def comparable_command(argv: list[str]) -> list[str]:
         if skip:
             skip -= 1
             continue
+        if word == "--":  # the script's own arguments: they may differ per process
+            break
         name = word.partition("=")[0]
         if name in PER_PROCESS_OPTIONS:
             skip = PER_PROCESS_OPTIONS[name] if "=" not in word else 0

@@ -249,6 +249,24 @@ def test_processes_that_run_different_commands_stop_with_one_line(tmp_path):
         assert len(err.strip().splitlines()) == 1, err[-2000:]
 
 
+def test_processes_whose_script_arguments_differ_run_as_one_job(tmp_path):
+    """A launch script that passes each process its id after `--` (one `jaxdbg` per process): the command and
+    target are the same, so the job runs (the contract lets `-- ARGS` differ) and process 0 speaks for both."""
+    from jaxdbg.launch import free_port, task_environment
+
+    program = os.path.join(CORPUS, "multihost_dp", "train.py")
+    port, base = free_port(), {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    procs = [subprocess.Popen([sys.executable, "-m", "jaxdbg", "nan-hunt", program, "--out", str(tmp_path / "o"),
+                               "-q", "--timeout", "120", "--json", str(tmp_path / "job.json"), "--", "--process-id",
+                               str(i)], env=task_environment(i, 2, port, base), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    ends = [proc.communicate(timeout=150) for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0], [err[-2000:] for _, err in ends]
+    job = json.loads((tmp_path / "job.json").read_text())
+    assert job["environment"]["process_count"] == 2 and [p["found"] for p in job["result"]["processes"]] == [False] * 2
+
+
 def _repro_job(tmp_path, program: str, devices: int) -> tuple[dict, dict, str]:
     out = tmp_path / "r"
     done = launch(["repro", os.path.join(CORPUS, program, "train.py"), "--out", str(out), "-q", "--max-time", "120",
