@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from typing import Annotated
 
 import typer
@@ -74,6 +75,9 @@ def nan_hunt(
         with c.progress() as progress:
             progress.add_task(f"hunting in {spec.display_name}", total=None, status="")
             run = hunt(spec, options)
+        if c.verbose:  # a step after the origin that failed: its traceback (the report keeps the warning)
+            for warning in run.result.warnings:
+                sys.stderr.write(f"jaxdbg nan-hunt: {warning.line()}\n{warning.traceback}")
         return Report("nan-hunt", target, run.result, run.exit_code, dict(run.artifacts), run.environment)
 
     return execute(common, build, render)
@@ -144,6 +148,8 @@ def render(report: Report, console: Console) -> None:
         console.print(f"  [cyan]try[/] {escape(hint)}", soft_wrap=True)
     for note in result.notes:
         console.print(f"  [dim]note: {escape(note)}[/]", soft_wrap=True)
+    for warning in result.warnings:
+        console.print(f"  [yellow]warning:[/] {escape(warning.line())}", soft_wrap=True)
     for name, path in report.artifacts.items():
         console.print(f"  [dim]{name}: {escape(relative_or_absolute(path))}[/]")
 

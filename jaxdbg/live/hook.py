@@ -28,6 +28,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -37,13 +38,18 @@ import numpy as np
 
 from jaxdbg._source import caller_user_frame
 from jaxdbg.jit_layer import InstrumentedJit, JitCall
+from jaxdbg.live.errors import WatchError
 from jaxdbg.live.figures import Figures
 from jaxdbg.nan.watch import EagerFinding, JitFinding, Watch
 from jaxdbg.profile.instrument import COMPILE_EVENTS
 from jaxdbg.profile.model import Recompile
 from jaxdbg.profile.signature import Signature, call_signature, explain, parameter_names
+from jaxdbg.runner import first_line
 
 _KEEP_SIGNATURES = 32
+log = logging.getLogger("jaxdbg")
+
+
 class _Compiles:
     """One function's compiles: how many, and the signatures and callables jax compiled for."""
 
@@ -75,23 +81,53 @@ class LiveHook(Watch):
         self.compiles: dict[int, _Compiles] = {}
         self._local = threading.local()
         self.active = nans
+        self.stopped = False  # an internal failure stopped the watch (see stop)
 
     # -- one call ------------------------------------------------------------------------------------------
 
+    def wants(self, function: InstrumentedJit, index: int) -> bool:
+        return not self.stopped  # once stopped, calls go straight to jax
+
     def around(self, call: JitCall, run: Callable[[], Any]) -> Any:
         local = self._local
-        self.before(call)
+        self._guarded(self.before, call)
         spans = local.spans = []
         try:
-            out = run()
+            out = run()  # the user's call: whatever it raises is theirs, and goes to them unchanged
         finally:
             local.spans = None
+        self._guarded(self._finish, call, spans, out)
+        return out
+
+    def _finish(self, call: JitCall, spans: list[float], out: Any) -> None:
         row = self.figures.function(call.function.name)
         row.called(time.perf_counter())
         if spans:
             self._compiled(call, spans, row)
         self.after(call, out)
-        return out
+
+    def flush(self) -> None:
+        self._guarded(super().flush)
+
+    def _guarded(self, work: Callable[..., None], *args: Any) -> None:
+        """Run jaxdbg's own part of a call. Its findings (NonFiniteError, RecompileError) reach the program; any
+        other failure is jaxdbg's: one warning line, and the watch stops (the program goes on unwatched)."""
+        if self.stopped:
+            return
+        try:
+            work(*args)
+        except WatchError:
+            raise
+        except Exception as err:  # never the user's exception, never the end of the user's run
+            self.stop(f"{type(err).__name__}: {first_line(str(err))}")
+            log.debug("jaxdbg.watch stopped by this error", exc_info=True)
+
+    def stop(self, why: str) -> None:
+        """Stop watching for good after an internal failure: one warning line, nothing more is checked."""
+        self.stopped, self.active = True, False
+        self._pending.clear()
+        log.warning("jaxdbg.watch: stopped watching after a failure of its own (%s); the program goes on unwatched "
+                    "(logger 'jaxdbg' at DEBUG level has the traceback)", why)
 
     def on_span(self, event: str, start: float, end: float) -> None:
         spans = getattr(self._local, "spans", None)

@@ -134,12 +134,14 @@ class watch(contextlib.ContextDecorator):
 
         hook = self._states[-1].hook
         names = tuple(dict.fromkeys(f.name for f in hook.functions))
-        folder = self._folder()
-        with jit_layer.internal():
+        with jit_layer.internal():  # every step after the origin is guarded: a failed one is a warning in it
             result, artifacts = analyse_finding(finding, hook, HuntOptions(out_dir=self.out), names)
-        path = self._write(folder, result, artifacts)
+        for warning in result.warnings:
+            log.warning("jaxdbg.watch: %s", warning.line())
+        path = self._write_or_warn(result, artifacts)
         line = result.essential_line() or "a jitted call returned NaN/Inf"
-        self._act(NonFiniteError(f"jaxdbg.watch: {line} (report: {path})", _jsonable(result), path))
+        said = f" (report: {path})" if path else " (no report could be written)"
+        self._act(NonFiniteError(f"jaxdbg.watch: {line}{said}", _jsonable(result), path))
 
     def _compiled(self, function: Any, count: int, recompile: Any) -> None:
         if self.max_compiles is None or count <= self.max_compiles or recompile is None:
@@ -148,9 +150,9 @@ class watch(contextlib.ContextDecorator):
         seen = hook.compiles[function.record.id]
         result = RecompileResult(function.name, function.record.source, count, self.max_compiles,
                                  tuple(seen.recompiles))
-        path = self._write(self._folder(), result, {})
-        self._act(RecompileError(f"jaxdbg.watch: {result.essential_line()} (report: {path})", _jsonable(result),
-                                 path))
+        path = self._write_or_warn(result, {})
+        said = f" (report: {path})" if path else " (no report could be written)"
+        self._act(RecompileError(f"jaxdbg.watch: {result.essential_line()}{said}", _jsonable(result), path))
 
     def _act(self, error: Exception) -> None:
         if self.action == "raise":
@@ -163,6 +165,16 @@ class watch(contextlib.ContextDecorator):
         folder = multihost.process_folder(self.out)
         os.makedirs(folder, exist_ok=True)
         return folder
+
+    def _write_or_warn(self, result: Any, artifacts: dict) -> str | None:
+        """Write the finding's report; one that cannot be written (``out`` unwritable) is a warning line, and the
+        finding's error is still raised (it carries ``report``), without a path."""
+        try:
+            return self._write(self._folder(), result, artifacts)
+        except OSError as err:
+            log.warning("jaxdbg.watch: could not write the report into %r (%s: %s); the error raised carries it",
+                        self.out, type(err).__name__, err)
+            return None
 
     def _write(self, folder: str, result: Any, artifacts: dict) -> str:
         from jaxdbg.report import Report

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
@@ -35,6 +35,9 @@ from jaxdbg.nan.result import Origin
 from jaxdbg.nonfinite import host_readable
 from jaxdbg.report import to_jsonable
 from jaxdbg.target import short_dtype
+
+if TYPE_CHECKING:
+    from jaxdbg.nan.analyses import Findings
 
 
 def _storable(value: Any) -> tuple[np.ndarray, str]:
@@ -54,10 +57,12 @@ def _store_shards(arrays: dict, key: str, value: Any) -> list[dict]:
     return pieces
 
 
-def save_bundle(out_dir: str, call: Call, closed: Any, first: Origin | None) -> dict[str, str]:
-    """Write the bundle files; returns ``{artifact name: path}`` for what could be written."""
+def save_bundle(out_dir: str, call: Call, closed: Any, first: Origin | None,
+                artifacts: dict[str, str] | None = None) -> dict[str, str]:
+    """Write the bundle files; returns ``artifacts`` (``{artifact name: path}``), filled as each file is written
+    (one that fails leaves those before it listed)."""
     os.makedirs(out_dir, exist_ok=True)
-    artifacts: dict[str, str] = {}
+    artifacts = {} if artifacts is None else artifacts
     leaves = call.leaves()
     names = call.leaf_names()
     arrays: dict[str, Any] = {}  # (Any: np.savez's **kwds would otherwise clash with its allow_pickle)
@@ -121,3 +126,13 @@ def _stablehlo(closed: Any, leaves: list) -> str | None:
         return jax.jit(replay).lower(*leaves).as_text()
     except Exception:  # noqa: BLE001 - the bundle is a courtesy: a function that will not lower is skipped
         return None
+
+
+def analyse(findings: Findings) -> None:
+    """The ``bundle`` analysis: a jitted finding's call saved under ``--out`` (this process's folder in a job)."""
+    from jaxdbg import multihost
+
+    out_dir = findings.options.out_dir
+    if out_dir and findings.call is not None:
+        closed = getattr(findings.localisation, "closed_jaxpr", None)
+        save_bundle(multihost.process_folder(out_dir), findings.call, closed, findings.first, findings.artifacts)

@@ -22,9 +22,13 @@ import io
 import linecache
 import tokenize
 from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from jaxdbg._source import SourceLocation
 from jaxdbg.nan.result import GrowthEntry, Origin, PrecisionCheck, ValueStats
+
+if TYPE_CHECKING:
+    from jaxdbg.nan.analyses import Findings
 
 # (origin, code of its line, code of the lines that computed its inputs) -> (sentence, hints) or None
 Pattern = Callable[[Origin, str, str], "tuple[str, list[str]] | None"]
@@ -296,6 +300,8 @@ def _where(origin: Origin) -> str:
     value = {"nan": "A NaN", "inf": "An Inf", "input": "A non-finite value"}[origin.kind]
     if origin.kind == "input":
         return f"{value} reached `{origin.function}` in call {origin.call_index}"
+    if origin.primitive is None:  # the replay did not say which operation (see the notes and warnings)
+        return f"{value} is in the outputs of `{origin.function}`, call {origin.call_index}{src}"
     pass_ = "backward pass (the gradient)" if origin.pass_ == "backward" else "forward pass"
     eager = " (run eagerly, outside jit)" if origin.path[:1] == ("eager",) else ""
     return (f"{value} was first made by `{origin.primitive}` in the {pass_} of `{origin.function}`, "
@@ -323,7 +329,8 @@ def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence
     sources = input_sources or {}
     pattern, text, hints = _match(first, sources.get(first, ()))
     parts = [_where(first) + ":", text or (
-        f"`{first.primitive}` produced it from inputs that held no {'NaN' if first.kind == 'nan' else 'Inf'}.")]
+        f"`{first.primitive}` produced it from inputs that held no {'NaN' if first.kind == 'nan' else 'Inf'}."
+        if first.primitive is not None else "which operation made it inside the call is not known.")]
     root = _root(first, chain) if pattern in (_inf_arithmetic, None) else None
     root_pattern, root_text, root_hints = _match(root, sources.get(root, ())) if root is not None else (None, "", [])
     if root is not None and root_pattern is not None:
@@ -365,3 +372,9 @@ def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence
                      "fuses and rewrites algebra, e.g. (y + c) - c becomes y) produces it, so jaxdbg bisected "
                      "over compiled prefixes of the computation.")
     return " ".join(parts), tuple(dict.fromkeys(hints))
+
+
+def analyse(findings: Findings) -> None:
+    """The ``explanation`` analysis: the paragraph and hints, from everything found before it."""
+    findings.explanation, findings.hints = explain(findings.first, findings.chain, findings.growth,
+                                                   findings.precision, findings.strategy, findings.sources)

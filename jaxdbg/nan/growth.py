@@ -21,11 +21,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from jaxdbg._source import SourceLocation
 from jaxdbg.nan.result import GrowthEntry
+
+if TYPE_CHECKING:
+    from jaxdbg.nan.analyses import Findings
 
 NOTABLE = 1.0  # a peak below this is small whatever the ratio (values near 0 grow by large factors)
 
@@ -99,3 +103,33 @@ class GrowthTracker:
                 entries.append(GrowthEntry(s.names[i], source, int(s.first_call[i]), ratio, s.function,
                                            float(s.baseline[i]), float(s.peak[i])))
         return sorted(entries, key=lambda e: (e.first_call, -e.ratio))
+
+
+def analyse(findings: Findings) -> None:
+    """The ``growth`` analysis: what the watch saw grow before the finding, each output leaf of the failing
+    function named by the line that computes it (known once its jaxpr is traced)."""
+    watch = findings.watch
+    closed = getattr(findings.localisation, "closed_jaxpr", None)
+    if findings.call is not None and closed is not None:
+        watch.growth.set_sources(findings.call.name, _output_sources(closed))
+    findings.growth = tuple(watch.growth.report())
+
+
+def _output_sources(closed: Any) -> Callable[[int], SourceLocation | None]:
+    """Floating output ``i`` of a closed jaxpr -> the source line of the equation that computes it."""
+    from jaxdbg import _compat
+    from jaxdbg.nonfinite import is_inexact
+
+    jaxpr, _ = _compat.open_jaxpr(closed)
+    producer = {}
+    for eqn in jaxpr.eqns:
+        for var in eqn.outvars:
+            producer[var] = eqn
+    floats = [v for v in jaxpr.outvars if is_inexact(getattr(v, "aval", None))]
+
+    def find(i: int) -> SourceLocation | None:
+        if i >= len(floats) or _compat.is_literal(floats[i]) or floats[i] not in producer:
+            return None
+        return _compat.eqn_source(producer[floats[i]])
+
+    return find

@@ -114,6 +114,20 @@ class ProcessFinding:
 
 
 @dataclass(frozen=True)
+class AnalysisWarning:
+    """A step of the analysis after the origin (see :mod:`jaxdbg.nan.analyses`) that failed: what it would have
+    added is missing, the rest of the answer stands. ``traceback`` is for ``-v`` (stderr), not the JSON."""
+
+    step: str  # "bundle", "chain", "growth", ...: an analysis' name
+    message: str  # the error in one line: "TypeError: ..."
+    traceback: str = field(default="", compare=False, metadata={"json": None})
+
+    def line(self) -> str:
+        """``the bundle step failed (OSError: ...); the rest of the report stands``."""
+        return f"the {self.step} step failed ({self.message}); the rest of the report stands"
+
+
+@dataclass(frozen=True)
 class NanHuntResult:
     """The contract's nan-hunt ``result`` plus extras (strategy, precision, gradient norms, notes)."""
 
@@ -130,6 +144,7 @@ class NanHuntResult:
     functions_watched: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default=())
     processes: tuple[ProcessFinding, ...] = ()  # process 0 of a multi-process job: what each process found
+    warnings: tuple[AnalysisWarning, ...] = ()  # steps after the origin that failed (their part is missing)
 
     def essential_line(self) -> str | None:
         return self.first.describe() if self.first is not None else None

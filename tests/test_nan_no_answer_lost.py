@@ -1,0 +1,102 @@
+"""No answer lost: a step of nan-hunt after the origin that fails is a warning in the report (its traceback with
+-v), and under jaxdbg.watch a failure of jaxdbg's own never replaces the user's exception nor stops the program.
+Every failure here is real, made through a real program (a folder where the bundle's file should go, a step
+that refuses to be traced again, a donated array used again)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import jax
+import jax.numpy as jnp
+import jsonschema
+import pytest
+from typer.testing import CliRunner
+
+import jaxdbg
+from jaxdbg.cli import app
+from jaxdbg.schema import schema
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FORWARD = os.path.join(os.path.dirname(HERE), "recipes", "nan_forward", "train.py")
+
+
+def _line(path: str, marker: str) -> int:
+    with open(path) as handle:
+        return next(i for i, text in enumerate(handle, start=1) if marker in text)
+
+
+# -- a step after the origin fails: a warning, the answer stays -------------------------------------------------
+
+
+def test_a_bundle_that_cannot_be_written_is_a_warning_and_v_prints_its_traceback(tmp_path) -> None:
+    out = tmp_path / "out"
+    (out / "nan_inputs.npz").mkdir(parents=True)  # where the bundle's inputs go: np.savez really fails
+    done = CliRunner().invoke(app, ["nan-hunt", FORWARD, "--out", str(out), "--json", str(tmp_path / "r.json"),
+                                    "-v"])
+    assert done.exit_code == 1, done.output
+    report = json.loads((tmp_path / "r.json").read_text())
+    jsonschema.validate(report, schema())
+    result = report["result"]
+    assert (result["first"]["primitive"], result["first"]["source"]["line"]) == ("log", _line(FORWARD, "<- origin"))
+    assert result["explanation"].startswith("A NaN was first made by `log`") and result["hints"]
+    [warning] = result["warnings"]
+    assert warning["step"] == "bundle" and warning["message"].startswith("IsADirectoryError")
+    assert set(warning) == {"step", "message"}  # the traceback is for -v, not the JSON
+    assert "warning: the bundle step failed (IsADirectoryError" in done.output
+    assert "Traceback (most recent call last)" in done.output and "np.savez" in done.output  # -v: where it failed
+
+
+# -- jaxdbg.watch: jaxdbg's own failures never replace the user's exception, never stop the program -----------
+
+
+def test_watch_raises_with_a_report_when_the_replay_fails(tmp_path, caplog) -> None:
+    """The step is guarded by Equinox's `assert_max_traces(max_traces=1)` (a recompile check users write): the
+    replay must trace it again, which the guard refuses. The origin is then the call itself, the report says
+    why, and NonFiniteError is still raised."""
+    eqx = pytest.importorskip("equinox")
+    with caplog.at_level(logging.WARNING, logger="jaxdbg"), pytest.raises(jaxdbg.NonFiniteError) as raised, \
+            jaxdbg.watch(out=str(tmp_path)):
+        step = jax.jit(eqx.debug.assert_max_traces(lambda w, batch: jnp.log(batch @ w).sum(), max_traces=1))
+        w = jnp.ones((3,))
+        for sign in (1.0, -1.0):
+            step(w, jnp.full((4, 3), sign))
+    result = raised.value.report
+    assert (result["first"]["primitive"], result["first"]["function"], result["first"]["call_index"]) == (
+        None, "<lambda>", 1)
+    [warning] = result["warnings"]
+    assert warning["step"] == "localise" and "traced" in warning["message"]
+    assert "is in the outputs of `<lambda>`, call 1" in result["explanation"]
+    jsonschema.validate(json.loads((tmp_path / "report.json").read_text()), schema())
+    assert any("the localise step failed" in r.getMessage() for r in caplog.records)
+
+
+def test_watch_raises_without_a_report_when_out_cannot_be_a_folder(tmp_path, caplog) -> None:
+    taken = tmp_path / "taken"
+    taken.write_text("a file where the report folder should be\n")
+    with caplog.at_level(logging.WARNING, logger="jaxdbg"), pytest.raises(jaxdbg.NonFiniteError) as raised, \
+            jaxdbg.watch(out=str(taken)):
+        jax.jit(lambda x: jnp.log(x))(jnp.array([-1.0]))
+    assert raised.value.path is None and raised.value.report["first"]["primitive"] == "log"
+    assert "no report could be written" in str(raised.value)
+    assert [w["step"] for w in raised.value.report["warnings"]] == ["bundle"]
+    assert any("could not write the report" in r.getMessage() for r in caplog.records)
+
+
+def test_a_failure_of_the_watch_stops_watching_and_the_program_gets_its_own_error(tmp_path, caplog) -> None:
+    """A donated array used again (a classic bug): the watch's copy of the call's inputs fails first. The watch
+    says so in one line and stops; the program's own call then raises jax's error, and the run goes on."""
+    with caplog.at_level(logging.WARNING, logger="jaxdbg"), jaxdbg.watch(out=str(tmp_path)) as watching:
+        step = jax.jit(lambda state: state * 2, donate_argnums=0)
+        state = jnp.ones(3)
+        new = step(state)
+        with pytest.raises(ValueError, match="deleted or donated") as raised:
+            step(state)
+        assert not any(entry.name == "copy_tree" for entry in raised.traceback)  # jax's, from the call itself
+        assert float(step(new).sum()) == 12.0  # unwatched from here on: the program runs as without jaxdbg
+        assert jax.jit(lambda x: jnp.log(x))(jnp.array([-1.0])).shape == (1,)  # a NaN no longer raises
+    stopped = [r.getMessage() for r in caplog.records if "stopped watching" in r.getMessage()]
+    assert len(stopped) == 1 and "deleted or donated" in stopped[0]
+    assert watching.reports == []
