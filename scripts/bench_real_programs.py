@@ -67,6 +67,7 @@ CASES = [
     Case("eqx_rnn_poisson_nan", "nan", "div", "# forward-safe", "backward"),
     Case("vae_fori_nan", "nan", "mul", "# the NaN: 0 * log(0)", "forward"),
     Case("optax_multisteps_l2sp_nan", "nan", "mul", "# the NaN: d sqrt at 0", "backward"),
+    Case("nnx_dropout_focal_nan", "nan", "mul", "# the bug", "backward"),  # typed PRNG keys among the inputs
     Case("mnist_ragged_batch", "recompile", function="update", cause="shape", argument="batch[0]"),
     Case("linen_trainstate_padding", "recompile", function="train_step", cause="shape", argument="batch['tokens']"),
     Case("eqx_annealed_temperature", "recompile", function="make_step", cause="static", argument="temperature"),

@@ -1,7 +1,8 @@
 """No answer lost: a step of nan-hunt after the origin that fails is a warning in the report (its traceback with
 -v), and under jaxdbg.watch a failure of jaxdbg's own never replaces the user's exception nor stops the program.
-Every failure here is real, made through a real program (a folder where the bundle's file should go, a step
-that refuses to be traced again, a donated array used again)."""
+Every failure here is real, made through a real program (a folder where the bundle's file should go, an input
+the program deleted, a donated array used again); and typed PRNG keys among a call's inputs (an NNX model with
+Dropout holding nnx.Rngs) are analysed, saved in the bundle and loaded back."""
 
 from __future__ import annotations
 
@@ -12,20 +13,70 @@ import os
 import jax
 import jax.numpy as jnp
 import jsonschema
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
 import jaxdbg
 from jaxdbg.cli import app
 from jaxdbg.schema import schema
+from jaxdbg.target import load_npz_inputs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+FOCAL = os.path.join(HERE, "corpus", "nnx_dropout_focal_nan", "train.py")
 FORWARD = os.path.join(os.path.dirname(HERE), "recipes", "nan_forward", "train.py")
 
 
 def _line(path: str, marker: str) -> int:
     with open(path) as handle:
         return next(i for i, text in enumerate(handle, start=1) if marker in text)
+
+
+# -- typed PRNG keys: an NNX model with Dropout (nnx.Rngs) ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def focal(tmp_path_factory):
+    """The NNX Dropout program run once under jaxdbg.watch (nan-hunt's own analysis, in this process): the
+    NonFiniteError it raised, and the report it wrote."""
+    pytest.importorskip("flax")
+    import runpy
+
+    out = tmp_path_factory.mktemp("focal")
+    with pytest.raises(jaxdbg.NonFiniteError) as raised, jaxdbg.watch(out=str(out)):
+        runpy.run_path(FOCAL, run_name="__main__")
+    return raised.value, json.loads((out / "report.json").read_text())
+
+
+def test_typed_keys_among_the_inputs_do_not_cost_the_answer(focal) -> None:
+    """nan-hunt's analysis (which jaxdbg.watch runs) used to die saving the keys; the user's program then died
+    with jaxdbg's TypeError instead of NonFiniteError, and no report was written."""
+    error, report = focal
+    jsonschema.validate(report, schema())
+    result = report["result"]
+    assert result == error.report and error.path is not None
+    first = result["first"]
+    # The NaN is the gradient's 0 * inf at the focal loss line (the factor's derivative at p = 1 is infinite).
+    assert (first["kind"], first["primitive"], first["pass"], first["function"], first["call_index"]) == (
+        "nan", "mul", "backward", "train_step", 0)
+    assert first["source"]["line"] == _line(FOCAL, "# the bug")
+    assert [c["primitive"] for c in result["chain"]] == ["pow"] and result["warnings"] == []
+    assert {"inputs", "jaxpr", "stablehlo", "bundle"} <= set(report["artifacts"])
+
+
+def test_keys_are_saved_as_key_data_and_load_back_as_keys(focal) -> None:
+    artifacts = focal[1]["artifacts"]
+    with open(artifacts["bundle"]) as handle:
+        manifest = json.load(handle)
+    keys = [entry for entry in manifest["inputs"] if entry["dtype"].startswith("key<")]
+    assert keys and {entry["dtype"] for entry in keys} == {"key<threefry2x32>"}
+    with np.load(artifacts["inputs"]) as saved:  # plain numpy reads the key data: uint32, one more dimension
+        data = saved[keys[0]["key"]]
+    assert data.dtype == np.uint32 and list(data.shape) == [*keys[0]["shape"], 2]
+    loaded = load_npz_inputs(artifacts["inputs"])  # what `--inputs nan_inputs.npz` gives: keys again
+    index = int(keys[0]["key"][3:])
+    assert jax.dtypes.issubdtype(loaded[index].dtype, jax.dtypes.prng_key)
+    assert np.array_equal(jax.random.key_data(loaded[index]), data)
 
 
 # -- a step after the origin fails: a warning, the answer stays -------------------------------------------------
