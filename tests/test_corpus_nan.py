@@ -224,6 +224,27 @@ def test_divergence_needs_a_large_magnitude_and_a_cause_growth_can_have() -> Non
     assert "the run was diverging" in text and hints[0] == CLIP
 
 
+def test_a_matmul_that_overflows_is_explained_the_same_whichever_op_makes_the_nan() -> None:
+    """A matmul of huge finite values: on one CPU its own sums make the NaN (+inf meets -inf inside it), on
+    another it returns Inf and the log-softmax's `x - max(x)` makes the NaN. Both say it overflowed, and the
+    second is not a 'fully masked' row (that is a maximum of -inf, not +inf)."""
+    inf = float("inf")
+    nan_inside = Origin("nan", "dot_general", "forward", None, "step", 13, ("jit(step)",),
+                        (_stats(0, 2.1e35, shape=(128, 128)), _stats(-4.5e34, 6.6e34, shape=(128, 10))))
+    text, hints = explain(nan_inside)
+    assert "overflow f32" in text and "2.1e+35 and 6.6e+34" in text and hints == (CLIP,)
+    matmul = Origin("inf", "dot_general", "forward", None, "step", 13, ("jit(step)",),
+                    (_stats(0, 2.1e35, shape=(128, 128)), _stats(-4.5e34, 6.6e34, shape=(128, 10))))
+    in_softmax = Origin("nan", "sub", "forward", None, "step", 13, ("jit(step)",),
+                        (_stats(-inf, 3.0, inf, shape=(128, 10)), _stats(2.0, inf, shape=(128, 1))))
+    text, hints = explain(in_softmax, (matmul,))
+    assert "masked" not in text and "same sign" in text and "dot_general overflowed f32" in text
+    assert "products exceed" in text and CLIP in hints
+    masked = Origin("nan", "sub", "forward", None, "step", 0, ("jit(step)",),
+                    (_stats(-inf, -inf, 1.0, shape=(3, 3)), _stats(-inf, 1.0, shape=(3, 1))))
+    assert "fully masked" in explain(masked)[0]
+
+
 def test_comments_on_the_line_do_not_choose_the_hints(tmp_path) -> None:
     path = tmp_path / "step.py"
     path.write_text("y = probs * scores  # after the softmax, exp of the logits\n")

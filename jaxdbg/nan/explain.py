@@ -57,6 +57,7 @@ LOSS_SCALE = "with float16 gradients use loss scaling (scale the loss up, unscal
 EXP_LIMIT = {"f16": 11.09, "bf16": 88.72, "f32": 88.72, "f64": 709.78}
 DIVERGED = 1e6  # a value that grew to this magnitude was diverging; below, growth may be ordinary training
 OVERFLOW_AT = {"f16": 65504.0, "bf16": 3.39e38, "f32": 3.40e38, "f64": 1.8e308}
+SUMMING = ("dot_general", "conv_general_dilated", "reduce_sum", "cumsum", "add_any")  # sum many values inside
 
 
 def _code(source: SourceLocation | None) -> str:
@@ -103,7 +104,7 @@ def _masked_softmax(origin: Origin, line: str, feeders: str) -> tuple[str, list[
     second = _stat(origin, 1)
     if origin.primitive != "sub" or first is None or second is None or not (first.inf and second.inf):
         return None
-    if not ("softmax" in line or "max" in line or origin.constant_input or second.min == float("-inf")):
+    if second.min != float("-inf"):  # a row's maximum is -inf only when all of it is; +inf is an overflow
         return None
     return ("a row where every entry is -inf (fully masked) was normalised: its maximum is -inf, and "
             "x - max = -inf - (-inf) = NaN.",
@@ -196,9 +197,29 @@ def _inf_arithmetic(origin: Origin, line: str, feeders: str) -> tuple[str, list[
         what = "inf / inf is NaN: both values overflowed before"
     elif origin.primitive in ("mul", "dot_general"):
         what = "0 * inf is NaN: one input holds inf and the other holds zeros"
+    elif origin.primitive == "sub":
+        what = "inf - inf is NaN: both inputs hold an infinity of the same sign"
     else:
-        what = "inf - inf is NaN: the inputs hold infinities of opposite sign"
+        what = "inf + (-inf) is NaN: the inputs hold infinities of opposite sign"
     return what + " (see the chain for where the infinities came from).", _overflow_hints(origin, line)
+
+
+def _overflow_inside(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] | None:
+    """A matmul (or sum) of finite but huge values: its products or partial sums overflow, and +inf meeting
+    -inf (or 0) inside it makes NaN; whether it gives NaN or only Inf depends on the order of the sums."""
+    if origin.kind != "nan" or origin.primitive not in SUMMING or any(s.inf or s.nan for s in origin.inputs):
+        return None
+    dtype = _dtype(origin)
+    limit = OVERFLOW_AT.get(dtype, 3.4e38)
+    sizes = sorted((max(abs(s.min or 0.0), abs(s.max or 0.0)) for s in origin.inputs), reverse=True)
+    reach = sizes[0] * sizes[1] if origin.primitive in ("dot_general", "conv_general_dilated") and len(sizes) > 1 \
+        else sizes[0] if sizes else 0.0
+    if reach < limit / 1e3:  # not near the dtype's range: something else made it
+        return None
+    inputs = " and ".join(f"{v:.3g}" for v in sizes[:2])
+    return (f"its inputs reach {inputs}, so its products and sums overflow {dtype} (max {limit:.3g}): inside the "
+            "sum +inf meets -inf (or 0), which is NaN (on another CPU the same sum may give only Inf, and the NaN "
+            "appear one operation later).", [CLIP] + ([UPCAST, LOSS_SCALE] if dtype in ("f16", "bf16") else []))
 
 
 def _overflow_hints(origin: Origin, line: str) -> list[str]:
@@ -220,8 +241,12 @@ def _overflow(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] 
         return (f"converting to {dtype} overflowed: the value ({_biggest(origin):.3g}) is beyond {dtype}'s range "
                 f"(max {OVERFLOW_AT.get(dtype, 3.4e38):.3g}).", [UPCAST, LOSS_SCALE if dtype == "f16" else CLIP])
     if not any(s.inf for s in origin.inputs):
-        return (f"{origin.primitive} overflowed {dtype} (largest input {_biggest(origin):.3g}, limit "
-                f"{OVERFLOW_AT.get(dtype, 3.4e38):.3g}).",
+        biggest = sorted((max(abs(s.min or 0.0), abs(s.max or 0.0)) for s in origin.inputs), reverse=True)
+        what = (f"its inputs reach {biggest[0]:.3g} and {biggest[1]:.3g}, whose products" if
+                origin.primitive in ("dot_general", "conv_general_dilated", "mul") and len(biggest) > 1 else
+                f"its largest input is {_biggest(origin):.3g}, and the result")
+        return (f"{origin.primitive} overflowed {dtype}: {what} exceed {dtype}'s max "
+                f"{OVERFLOW_AT.get(dtype, 3.4e38):.3g}.",
                 [CLIP] + ([UPCAST, LOSS_SCALE] if dtype in ("f16", "bf16") else []))
     return None
 
@@ -236,7 +261,7 @@ def _domain(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] | 
 
 
 PATTERNS: tuple[Pattern, ...] = (_input_pattern, _masked_softmax, _masked_gradient, _log, _sqrt,
-                                 _singular_derivative, _division, _inf_arithmetic, _domain, _overflow)
+                                 _singular_derivative, _division, _inf_arithmetic, _overflow_inside, _domain, _overflow)
 
 
 def _match(origin: Origin, feeders: Sequence[SourceLocation]) -> tuple[Pattern | None, str, list[str]]:
