@@ -68,6 +68,7 @@ CASES = [
     Case("vae_fori_nan", "nan", "mul", "# the NaN: 0 * log(0)", "forward"),
     Case("optax_multisteps_l2sp_nan", "nan", "mul", "# the NaN: d sqrt at 0", "backward"),
     Case("nnx_dropout_focal_nan", "nan", "mul", "# the bug", "backward"),  # typed PRNG keys among the inputs
+    Case("optax_eager_sgd_growth", "nan", "add", "# the NaN: inf + (-inf)", "forward"),  # no jit: eager growth
     Case("mnist_ragged_batch", "recompile", function="update", cause="shape", argument="batch[0]"),
     Case("linen_trainstate_padding", "recompile", function="train_step", cause="shape", argument="batch['tokens']"),
     Case("eqx_annealed_temperature", "recompile", function="make_step", cause="static", argument="temperature"),

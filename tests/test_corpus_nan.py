@@ -121,6 +121,19 @@ def test_log_of_softmax_suggests_log_softmax(hunted) -> None:
     assert got["growth"] == []  # Adam's moments growing from ~1e-6 to ~1e-2 are not divergence
 
 
+def test_a_loop_without_jit_shows_the_growth_of_the_array_it_updates(hunted) -> None:
+    """No jitted call at all: the parameters (one array) are rebound eagerly each step; their growth is seen at
+    the line that updates them, step by step (it was empty)."""
+    program = "optax_eager_sgd_growth"
+    got = hunted(program)
+    update = _line(program, "# the NaN: inf + (-inf)")
+    assert _where(got["first"])[:4] == ("nan", "add", "forward", update) and got["first"]["path"] == ["eager"]
+    [grew] = got["growth"]
+    assert (grew["name"], grew["source"]["line"], grew["function"]) == ("w", update, "<module>")
+    assert grew["ratio"] > 1e30 and grew["peak"] > 1e30 and grew["first_call"] < 10  # from the first steps on
+    assert "`w` grew" in got["explanation"] and "diverging" in got["explanation"]
+
+
 # -- item 1: NNX transforms, the NNX optimiser, Equinox filter_grad ------------------------------------------
 
 

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from jaxdbg.nan.analyses import Findings
 
 NOTABLE = 1.0  # a peak below this is small whatever the ratio (values near 0 grow by large factors)
+EAGER_KEY = "eager:"  # series of values updated eagerly (jaxdbg.nan.eager_growth) start their key with this
 
 
 @dataclass
@@ -94,14 +95,18 @@ class GrowthTracker:
             series.sources = [find(i) for i in range(len(series.names))]
 
     def report(self) -> list[GrowthEntry]:
-        """Leaves that grew by at least ``factor`` to at least :data:`NOTABLE`, earliest first (then by ratio)."""
-        entries = []
-        for s in self.series.values():
+        """Leaves that grew by at least ``factor`` to at least :data:`NOTABLE`, earliest first (then by ratio). A
+        value also seen as the argument of a jitted call is reported as that (its calls are the jitted
+        function's), not again as the eager update that made it (``key`` of that series: ``eager:...``)."""
+        entries, seen = [], set()
+        for key, s in sorted(self.series.items(), key=lambda item: item[0].startswith(EAGER_KEY)):
             for i in np.nonzero((s.first_call >= 0) & (s.peak >= NOTABLE))[0]:
                 source = s.sources[i] if i < len(s.sources) and s.sources[i] is not None else s.source
-                ratio = float(s.peak[i] / s.baseline[i])
-                entries.append(GrowthEntry(s.names[i], source, int(s.first_call[i]), ratio, s.function,
-                                           float(s.baseline[i]), float(s.peak[i])))
+                if key.startswith(EAGER_KEY) and (s.names[i], source) in seen:
+                    continue
+                seen.add((s.names[i], source))
+                entries.append(GrowthEntry(s.names[i], source, int(s.first_call[i]), float(s.peak[i] / s.baseline[i]),
+                                           s.function, float(s.baseline[i]), float(s.peak[i])))
         return sorted(entries, key=lambda e: (e.first_call, -e.ratio))
 
 

@@ -55,10 +55,11 @@ from jaxdbg import _compat, jit_layer
 from jaxdbg._source import SourceLocation, caller_user_frame, is_user_file
 from jaxdbg.jit_layer import InstrumentedJit, JitCall, JitHook
 from jaxdbg.nan.calls import Call, output_leaf_names
+from jaxdbg.nan.eager_growth import EagerUpdates
 from jaxdbg.nan.growth import GrowthTracker
 from jaxdbg.nan.result import Origin
 from jaxdbg.nan.stats import is_inexact, nonfinite_flags, value_stats
-from jaxdbg.nonfinite import device_magnitudes_jaxdbg
+from jaxdbg.nonfinite import device_magnitudes_jaxdbg, flags_and_magnitude
 
 # With ``read_late``, calls whose flags are not read yet. A finished call's flags are read at the next call;
 # the inputs of the others are held by jax's own queue anyway. Past this many (the program runs far ahead of
@@ -266,6 +267,7 @@ class Watch(JitHook):
         self._unread: int | None = None  # calls left unread at most (decided at the first call)
         self._copy_ahead = False
         self.growth = GrowthTracker(growth_factor)
+        self._eager_updates = EagerUpdates(self.growth)  # values a loop run without jit updates eagerly
         self.eager = eager
         self.after_inf = after_inf
         self.active = False
@@ -656,9 +658,9 @@ class Watch(JitHook):
             return
         self._check_eager(name, args, outs, closed)
 
-    def _eager_call_index(self) -> tuple[int | None, SourceLocation | None]:
-        """Which call (0-based) of the user function running this eager operation is under way, and the user
-        line running it."""
+    def _eager_call_index(self) -> tuple[int | None, SourceLocation | None, types.FrameType | None]:
+        """Which call (0-based) of the user function running this eager operation is under way, the user line
+        running it, and that line's frame."""
         frame: types.FrameType | None = sys._getframe(2)
         while frame is not None:
             path = frame.f_code.co_filename
@@ -669,25 +671,29 @@ class Watch(JitHook):
                 break
             frame = frame.f_back
         if frame is None:
-            return None, None
+            return None, None, None
         latest = self._eager_calls.get(frame.f_code)
         index = 0 if latest is None else latest[1] + (latest[0] is not frame)
         self._eager_calls[frame.f_code] = (frame, index)
-        return index, SourceLocation(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+        return index, SourceLocation(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name), frame
 
     def _check_eager(self, name: str, args: Sequence[Any], outs: list, program: Any) -> None:
-        call_index, source = self._eager_call_index()
+        call_index, source, frame = self._eager_call_index()
         if not any(is_inexact(o) for o in outs):
             return
         self._remember_maker(outs, source)
         with self.internal():
             self.eager_ops += 1
-            flags = [nonfinite_flags(o) for o in outs]
-            out_nan = any(n for n, _ in flags)
-            out_inf = any(i for _, i in flags)
+            checked = [flags_and_magnitude(o) for o in outs]
+            out_nan = any(n for n, _, _ in checked)
+            out_inf = any(i for _, i, _ in checked)
             if not out_nan and (self.nan_only or not out_inf):
                 if self.inf_findings:
                     self._spend(eager=1)
+                targets = _assigned_names(source.file, source.line) if source is not None else None
+                if frame is not None and targets is not None and len(targets) == 1:  # `w = update(w, ...)`
+                    self._eager_updates.seen(frame, targets[0], args, [m for o, (_, _, m) in zip(outs, checked)
+                                                                       if is_inexact(o)])
                 return
             self.flush()  # unread jitted calls came first: one of them may be the finding (or the Inf fed here)
             leaves = tree_flatten(list(args))[0]
