@@ -331,6 +331,11 @@ def current_source_context() -> tuple[SourceLocation | None, str]:
     return next(source_frames(info), None), str(info.name_stack)
 
 
+# jax.pmap runs as a jit of this name around a shard_map of the user's function (jax 0.10 and 0.11): seen by the
+# eager hook, such a call is a pmap.
+PMAP_JIT_NAME = "_fun"
+
+
 def shard_map_layout(params: dict) -> tuple[dict[str, int], tuple, tuple, tuple[str, ...]] | None:
     """``(mesh axis sizes, in_specs, out_specs, manual axes in mesh order)`` of a shard_map, or None."""
     mesh = params.get("mesh")

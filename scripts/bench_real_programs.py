@@ -69,6 +69,8 @@ CASES = [
     Case("optax_multisteps_l2sp_nan", "nan", "mul", "# the NaN: d sqrt at 0", "backward"),
     Case("nnx_dropout_focal_nan", "nan", "mul", "# the bug", "backward"),  # typed PRNG keys among the inputs
     Case("optax_eager_sgd_growth", "nan", "add", "# the NaN: inf + (-inf)", "forward"),  # no jit: eager growth
+    Case("shmap_dp_normalise_nan", "nan", "div", "# the bug", "forward"),  # shard_map: device and shard
+    Case("pmap_poisson_nan", "nan", "log", "# the NaN", "forward"),  # pmap: device and mapped index
     Case("mnist_ragged_batch", "recompile", function="update", cause="shape", argument="batch[0]"),
     Case("linen_trainstate_padding", "recompile", function="train_step", cause="shape", argument="batch['tokens']"),
     Case("eqx_annealed_temperature", "recompile", function="make_step", cause="static", argument="temperature"),

@@ -134,6 +134,25 @@ def test_a_loop_without_jit_shows_the_growth_of_the_array_it_updates(hunted) -> 
     assert "`w` grew" in got["explanation"] and "diverging" in got["explanation"]
 
 
+def test_inside_shard_map_the_origin_names_its_device_and_shard(hunted) -> None:
+    """The shard_map body calls jnp.linalg.norm (itself jitted); the replay descends into it per device (it
+    failed on the manual axes' types), and the origin names the device whose shard held the padding row."""
+    program = "shmap_dp_normalise_nan"
+    first = hunted(program)["first"]
+    assert _where(first)[:4] == ("nan", "div", "forward", _line(program, "# the bug"))
+    assert first["path"] == ["jit(train_step)", "shard_map"]
+    rows, features = 8, 16  # ROWS_PER_DEVICE, FEATURES: the padding row is row 2 of device 1's shard
+    assert (first["device"], first["shard"]) == ("cpu:1", [[rows, 2 * rows], [0, features]])
+
+
+def test_inside_pmap_the_origin_names_its_device_and_mapped_index(hunted) -> None:
+    program = "pmap_poisson_nan"
+    first = hunted(program)["first"]
+    assert _where(first)[:4] == ("nan", "log", "forward", _line(program, "# the NaN"))
+    assert first["path"] == ["pmap", "shard_map"] and first["function"] == "loss_fn"
+    assert (first["device"], first["shard"]) == ("cpu:2", [[2, 3]])  # the third device: index 2 of the pmap
+
+
 # -- item 1: NNX transforms, the NNX optimiser, Equinox filter_grad ------------------------------------------
 
 

@@ -115,7 +115,7 @@ def render(report: Report, console: Console) -> None:
         return
     first = result.first
     what = {"nan": "NaN", "inf": "Inf", "input": "non-finite input"}[first.kind]
-    eager = " (eager, outside jit)" if first.path[:1] == ("eager",) else ""
+    eager = {"eager": " (eager, outside jit)", "pmap": " (pmap)"}.get(first.path[0] if first.path else "", "")
     console.print(f"[bold red]{what}[/] first appeared in call {first.call_index} of "
                   f"[bold]{escape(first.function)}[/]{eager}", soft_wrap=True)
     if first.kind == "input":
@@ -124,9 +124,11 @@ def render(report: Report, console: Console) -> None:
         console.print(f"  operation [bold]{first.primitive}[/]  ({first.pass_} pass)")
         console.print(f"  source    {escape(_where(first.source))}", soft_wrap=True)
     console.print(f"  path      {escape(' > '.join(first.path))}", soft_wrap=True)
-    if first.device is not None and (result.processes or (first.shard and len(first.shard) and first.process)):
+    mapped = any(p.startswith(("shard_map", "pmap")) for p in first.path)
+    if first.device is not None and (result.processes or mapped or (first.shard and first.process)):
         rows = ", ".join(f"{a}:{b}" for a, b in first.shard or ())
-        console.print(f"  where     process {first.process}, device {first.device}, shard [{rows}]")
+        shard = f", shard [{rows}]" if first.shard else ""
+        console.print(f"  where     process {first.process}, device {first.device}{shard}")
     for row in result.processes:
         said = row.origin or ("no NaN/Inf" if not row.note else row.note)
         console.print(f"  process {row.index}: {escape(said)}", soft_wrap=True)

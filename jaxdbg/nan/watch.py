@@ -737,14 +737,21 @@ class Watch(JitHook):
             inner = localise_call(Call("eager", None, tuple(args), {}), self.nan_only, closed).first
         except Exception:  # noqa: BLE001 - naming the inner primitive is a refinement; the op itself is known
             inner = None
+        where: dict[str, Any] = {}
         if inner is not None and inner.kind != "input":
-            path = ("eager", *inner.path[1:]) if name in ("scan", "while", "cond") else ("eager",)
-            if name in ("scan", "while", "cond") and inner.source is not None:
-                source = inner.source  # a loop body traced just now: its own line is the better answer
+            # A loop body traced just now, or a pmap'd function (a jit of a shard_map of the user's function): its
+            # own line is the better answer, and a pmap's origin sits on one device.
+            inside = name in ("scan", "while", "cond") or "shard_map" in inner.path
+            root = "pmap" if name == _compat.PMAP_JIT_NAME and "shard_map" in inner.path else "eager"
+            path = (root, *inner.path[1:]) if inside else ("eager",)
+            if inside and inner.source is not None:
+                source = inner.source
+            if "shard_map" in inner.path:
+                where = {"process": inner.process, "device": inner.device, "shard": inner.shard}
             name, inputs = inner.primitive or name, inner.inputs
         return Origin(
             kind, name, "backward" if "transpose(" in name_stack else "forward", source,
             source.function if source else "<eager>", call_index if call_index is not None else self.eager_ops - 1,
             path, inputs, None,
-            tuple(value_stats(o) for o in outs), name_stack,
+            tuple(value_stats(o) for o in outs), name_stack, **where,
         )
