@@ -118,8 +118,12 @@ def global_value(value: Any) -> Any:
     from jax.experimental import multihost_utils
 
     from jaxdbg import jit_layer
+    from jaxdbg.storable import is_key, key_name, restore
 
     with jit_layer.internal():  # the gather's own jitted function is jaxdbg's, not the program's
+        if is_key(value):  # typed PRNG keys travel as their key data
+            data = multihost_utils.process_allgather(jax.random.key_data(value), tiled=True)
+            return restore(np.asarray(data), key_name(value))
         return np.asarray(multihost_utils.process_allgather(value, tiled=True))
 
 

@@ -71,6 +71,8 @@ CASES = [
     Case("optax_eager_sgd_growth", "nan", "add", "# the NaN: inf + (-inf)", "forward"),  # no jit: eager growth
     Case("shmap_dp_normalise_nan", "nan", "div", "# the bug", "forward"),  # shard_map: device and shard
     Case("pmap_poisson_nan", "nan", "log", "# the NaN", "forward"),  # pmap: device and mapped index
+    Case("f16_attention_overflow", "nan", "sub", "# the NaN", "forward"),  # root cause: an f16 matmul overflow
+    Case("f16_layernorm_overflow", "nan", "div", "# the NaN", "forward"),  # root cause: f16 x * x, through zeros
     Case("mnist_ragged_batch", "recompile", function="update", cause="shape", argument="batch[0]"),
     Case("linen_trainstate_padding", "recompile", function="train_step", cause="shape", argument="batch['tokens']"),
     Case("eqx_annealed_temperature", "recompile", function="make_step", cause="static", argument="temperature"),

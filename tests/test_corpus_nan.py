@@ -153,6 +153,34 @@ def test_inside_pmap_the_origin_names_its_device_and_mapped_index(hunted) -> Non
     assert (first["device"], first["shard"]) == ("cpu:2", [[2, 3]])  # the third device: index 2 of the pmap
 
 
+def test_a_float16_matmul_overflow_is_named_as_the_root_cause_with_fixes_that_fit(hunted) -> None:
+    """Unscaled f16 attention logits overflow 65504; softmax's inf - inf is the NaN. The report names the matmul
+    where the value left float16's range, and the fixes are float32 for that matmul and scaled inputs (not
+    clipping gradients at step 0, not an epsilon)."""
+    program = "f16_attention_overflow"
+    got = hunted(program)
+    assert _where(got["first"])[:4] == ("nan", "sub", "forward", _line(program, "# the NaN"))
+    overflow = got["overflow"]
+    assert _where(overflow["origin"])[:4] == ("inf", "dot_general", "forward", _line(program, "# the bug"))
+    assert (overflow["dtype"], overflow["max"]) == ("f16", 65504.0) and overflow["reach"] > 65504.0
+    assert "float16 overflow" in got["explanation"] and "max 65504" in got["explanation"]
+    assert "preferred_element_type=jnp.float32" in got["hints"][0] and "1/sqrt" in got["hints"][1]
+    assert not any(word in " ".join(got["hints"]) for word in ("epsilon", "clip gradients", "loss scaling"))
+
+
+def test_a_float16_overflow_that_turned_into_zeros_is_still_the_root_cause(hunted) -> None:
+    """x * x overflows in a hand-written layer norm; rsqrt(inf + eps) = 0 zeroes the embeddings and the L2
+    normalisation's 0 / 0 is the NaN, whose inputs hold no Inf (no chain). The overflow is found by data flow,
+    and the hint is float32 for x * x, not 'keep the denominator away from zero'."""
+    program = "f16_layernorm_overflow"
+    got = hunted(program)
+    assert _where(got["first"])[:4] == ("nan", "div", "forward", _line(program, "# the NaN")) and got["chain"] == []
+    assert _where(got["overflow"]["origin"])[:4] == ("inf", "mul", "forward", _line(program, "# the bug"))
+    assert "float16 overflow" in got["explanation"] and "`mul`" in got["explanation"]
+    assert "x.astype(jnp.float32) * x" in got["hints"][0]
+    assert not any("denominator away from zero" in h or "epsilon inside" in h for h in got["hints"])
+
+
 # -- item 1: NNX transforms, the NNX optimiser, Equinox filter_grad ------------------------------------------
 
 

@@ -82,20 +82,21 @@ def test_keys_are_saved_as_key_data_and_load_back_as_keys(focal) -> None:
 # -- a step after the origin fails: a warning, the answer stays -------------------------------------------------
 
 
-def test_a_bundle_that_cannot_be_written_is_a_warning_and_v_prints_its_traceback(tmp_path) -> None:
+def test_a_bundle_or_metrics_that_cannot_be_written_are_warnings_and_v_prints_the_traceback(tmp_path) -> None:
     out = tmp_path / "out"
     (out / "nan_inputs.npz").mkdir(parents=True)  # where the bundle's inputs go: np.savez really fails
     done = CliRunner().invoke(app, ["nan-hunt", FORWARD, "--out", str(out), "--json", str(tmp_path / "r.json"),
-                                    "-v"])
+                                    "-v", "--metrics", str(tmp_path / "no-such-folder" / "m.prom")])
     assert done.exit_code == 1, done.output
     report = json.loads((tmp_path / "r.json").read_text())
     jsonschema.validate(report, schema())
     result = report["result"]
     assert (result["first"]["primitive"], result["first"]["source"]["line"]) == ("log", _line(FORWARD, "<- origin"))
     assert result["explanation"].startswith("A NaN was first made by `log`") and result["hints"]
-    [warning] = result["warnings"]
+    warning, metrics = result["warnings"]
     assert warning["step"] == "bundle" and warning["message"].startswith("IsADirectoryError")
     assert set(warning) == {"step", "message"}  # the traceback is for -v, not the JSON
+    assert metrics["step"] == "metrics" and "cannot write there" in metrics["message"]  # and exit 1 all the same
     assert "warning: the bundle step failed (IsADirectoryError" in done.output
     assert "Traceback (most recent call last)" in done.output and "np.savez" in done.output  # -v: where it failed
 

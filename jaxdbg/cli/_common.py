@@ -171,6 +171,8 @@ def export_metrics(common: Common, report: Report) -> None:
         report.artifacts.setdefault("metrics", os.path.abspath(path))
     for line in failures:
         fail(common, line)
+    if failures and hasattr(report.result, "warned"):  # a result that keeps warnings (nan-hunt's) keeps these too
+        report.result = report.result.warned("metrics", failures)
 
 
 def report_folder(out_dir: Path | None, report: Report) -> Path | None:

@@ -138,6 +138,11 @@ def render(report: Report, console: Console) -> None:
     for i, link in enumerate(result.chain):
         console.print(f"  chain {i + 1}: {link.kind} from [bold]{escape(str(link.primitive or link.argument))}[/] "
                       f"({link.pass_}) at {escape(_where(link.source))}", soft_wrap=True)
+    if result.overflow is not None:
+        cause = result.overflow
+        console.print(f"  overflow  [bold]{cause.origin.primitive}[/] ({cause.origin.pass_}) at "
+                      f"{escape(_where(cause.origin.source))}: beyond {cause.dtype}'s max {cause.max:.6g}",
+                      soft_wrap=True)
     _render_growth(result.growth, console)
     if result.precision is not None:
         console.print(f"  precision ({result.precision.dtype}): {escape(result.precision.detail)}", soft_wrap=True)

@@ -1,8 +1,8 @@
 """What nan-hunt works out once the origin is found: a registry of analyses, each run under one guard.
 
 The origin is the answer; the analyses after it add to it: where its infinities came from (``chain``), what
-grew before it (``growth``), whether float32 cures it (``precision``), the paragraph and hints
-(``explanation``), the failing call saved to disk (``bundle``). Each
+grew before it (``growth``), whether float32 cures it (``precision``), a float16/bfloat16 overflow behind it
+(``overflow``), the paragraph and hints (``explanation``), the failing call saved to disk (``bundle``). Each
 is a function ``analyse(findings)`` in a module of its own that reads and fills one shared :class:`Findings`;
 :data:`ANALYSES` lists them in the order they run. One that raises loses only what it would have added: the
 guard turns the failure into an :class:`~jaxdbg.nan.result.AnalysisWarning` (the step, the error in one
@@ -28,8 +28,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from jaxdbg.nan import bundle, chain, explain, growth, precision
-from jaxdbg.nan.result import AnalysisWarning, GrowthEntry, NanHuntResult, Origin, PrecisionCheck
+from jaxdbg.nan import bundle, chain, explain, growth, overflow, precision
+from jaxdbg.nan.result import AnalysisWarning, GrowthEntry, NanHuntResult, Origin, Overflow, PrecisionCheck
 from jaxdbg.runner import first_line
 
 
@@ -55,6 +55,7 @@ class Findings:
     came_in: bool = False  # the origin's call (or eager operation) got an Inf through an argument
     growth: tuple[GrowthEntry, ...] = ()
     precision: PrecisionCheck | None = None
+    overflow: Overflow | None = None
     explanation: str = ""
     hints: tuple[str, ...] = ()
     artifacts: dict[str, str] = field(default_factory=dict)
@@ -65,7 +66,7 @@ class Findings:
         text = self.explanation or (self.first.describe() + "." if self.first is not None else "")
         return NanHuntResult(True, self.first, tuple(self.chain), self.growth, text, self.hints, self.strategy,
                              self.precision, grad_norms, calls_watched, functions, tuple(self.notes),
-                             warnings=tuple(self.warnings))
+                             warnings=tuple(self.warnings), overflow=self.overflow)
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,7 @@ ANALYSES: tuple[Analysis, ...] = (
     Analysis("chain", chain.analyse),
     Analysis("growth", growth.analyse),
     Analysis("precision", precision.analyse),
+    Analysis("overflow", overflow.analyse),
     Analysis("explanation", explain.analyse),
     Analysis("bundle", bundle.analyse),
 )

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import io
 import linecache
+import re
 import tokenize
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from jaxdbg._source import SourceLocation
-from jaxdbg.nan.result import GrowthEntry, Origin, PrecisionCheck, ValueStats
+from jaxdbg.nan.result import GrowthEntry, Origin, Overflow, PrecisionCheck, ValueStats
 
 if TYPE_CHECKING:
     from jaxdbg.nan.analyses import Findings
@@ -47,6 +48,7 @@ LOG_SIGMOID = ("use `jax.nn.log_sigmoid(x)` (and `jax.nn.log_sigmoid(-x)` for lo
                "`optax.sigmoid_binary_cross_entropy(logits, labels)`")
 SQRT_EPSILON = ("add an epsilon inside: `jnp.sqrt(x + 1e-12)` (or take the square root only where x > 0, with the "
                 "double-where trick)")
+EPSILONS = (EPSILON_LOG, EPSILON_DIV, SQRT_EPSILON)  # left out where the line already adds an epsilon
 MASKED_MEAN = ("a fully masked batch or row (all padding) has nothing to average: divide by "
                "`jnp.maximum(mask.sum(), 1)` "
                "(its numerator is 0 too), and check the data pipeline for empty batches")
@@ -57,6 +59,19 @@ LOSS_SCALE = "with float16 gradients use loss scaling (scale the loss up, unscal
 EXP_LIMIT = {"f16": 11.09, "bf16": 88.72, "f32": 88.72, "f64": 709.78}
 DIVERGED = 1e6  # a value that grew to this magnitude was diverging; below, growth may be ordinary training
 OVERFLOW_AT = {"f16": 65504.0, "bf16": 3.39e38, "f32": 3.40e38, "f64": 1.8e308}
+DTYPE_NAMES = {"f16": "float16", "bf16": "bfloat16"}
+SCALE_INPUTS = ("scale the values into range before it: normalise the inputs (pixels / 255, standardised "
+                "features) and scale attention logits by 1/sqrt(head_dim) before the matmul")
+UPCAST_HOW = {
+    "dot_general": "`jnp.matmul(a, b, preferred_element_type=jnp.float32)` (or `a.astype(jnp.float32) @ b`)",
+    "conv_general_dilated": "`lax.conv_general_dilated(..., preferred_element_type=jnp.float32)`",
+    "mul": "`x.astype(jnp.float32) * x` (a norm's statistics are usually kept in float32)",
+    "integer_pow": "`x.astype(jnp.float32) ** 2` (a norm's statistics are usually kept in float32)",
+    "reduce_sum": "`jnp.sum(x, dtype=jnp.float32)`",
+    "exp": "`jnp.exp(x.astype(jnp.float32))`",
+}
+EPSILON_WRITTEN = re.compile(r"\beps(ilon)?\b|\d(\.\d*)?e-\d+")  # an epsilon already in the code
+
 SUMMING = ("dot_general", "conv_general_dilated", "reduce_sum", "cumsum", "add_any")  # sum many values inside
 
 
@@ -342,12 +357,41 @@ def _root_where(root: Origin, first: Origin) -> str:
     return f"The infinity came from `{root.primitive}` in the {pass_}{call}{inner}{line}"
 
 
+def _range_sentence(overflow: Overflow, first: Origin) -> str:
+    """The root cause, a bf16/f16 overflow before the origin: where the value left the dtype's range."""
+    o, name = overflow.origin, DTYPE_NAMES[overflow.dtype]
+    pass_ = "backward pass" if o.pass_ == "backward" else "forward pass"
+    call = ("" if (o.function, o.call_index) == (first.function, first.call_index)
+            else f" of `{o.function}`, call {o.call_index}")
+    line = f" at line {o.source.line}" if o.source else ""
+    reach = f"; products of its inputs reach {overflow.reach:.3g}" if overflow.reach else ""
+    return (f"The root cause is a {name} overflow: `{o.primitive}` in the {pass_}{call}{line} computed values beyond "
+            f"{name}'s range (max {overflow.max:.6g}{reach}) and made Inf, which later operations turned into "
+            f"this {'NaN' if first.kind == 'nan' else 'Inf'}; an epsilon does not help.")
+
+
+def _range_fixes(overflow: Overflow) -> list[str]:
+    """Fixes for a bf16/f16 overflow: that operation in float32, its inputs scaled, loss scaling for a gradient."""
+    o = overflow.origin
+    line = f" at line {o.source.line}" if o.source else ""
+    how = UPCAST_HOW.get(o.primitive or "", "cast its inputs with `.astype(jnp.float32)`")
+    fixes = [f"compute `{o.primitive}`{line} in float32: {how}, and cast the result back if needed", SCALE_INPUTS]
+    return [LOSS_SCALE, *fixes] if o.pass_ == "backward" else fixes
+
+
+def _has_epsilon(origin: Origin) -> bool:
+    """The origin's line already adds an epsilon (``+ eps``, ``1e-5``): another one is no fix."""
+    return EPSILON_WRITTEN.search(_code(origin.source)) is not None
+
+
 def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence[GrowthEntry] = (),
             precision: PrecisionCheck | None = None, strategy: str | None = None,
-            input_sources: Mapping[Origin, Sequence[SourceLocation]] | None = None) -> tuple[str, tuple[str, ...]]:
+            input_sources: Mapping[Origin, Sequence[SourceLocation]] | None = None,
+            overflow: Overflow | None = None) -> tuple[str, tuple[str, ...]]:
     """``(paragraph, hints)`` for a finding; an empty paragraph when nothing was found.
 
-    ``input_sources`` gives, per origin, the user lines that computed its inputs (from the replay).
+    ``input_sources`` gives, per origin, the user lines that computed its inputs (from the replay);
+    ``overflow``, a bf16/f16 overflow behind the origin (:mod:`jaxdbg.nan.overflow`): the root cause and its fix.
     """
     if first is None:
         return "", ()
@@ -358,7 +402,12 @@ def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence
         if first.primitive is not None else "which operation made it inside the call is not known.")]
     root = _root(first, chain) if pattern in (_inf_arithmetic, None) else None
     root_pattern, root_text, root_hints = _match(root, sources.get(root, ())) if root is not None else (None, "", [])
-    if root is not None and root_pattern is not None:
+    if overflow is not None:  # where the value left its dtype's range: that is what to fix
+        if overflow.origin != first:
+            parts.append(_range_sentence(overflow, first))
+            root = overflow.origin
+        hints = _range_fixes(overflow)
+    elif root is not None and root_pattern is not None:
         parts.append(f"{_root_where(root, first)}: {root_text[0].lower()}{root_text[1:]}")
         hints = root_hints  # fix where the infinity is born; the arithmetic on it only passes it on
     else:
@@ -388,7 +437,7 @@ def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence
         parts.append(precision.detail[0].upper() + precision.detail[1:] + ".")
         if precision.f32_removes_origin:
             hints.insert(0, UPCAST)
-    elif first.kind != "input" and _dtype(first) in ("bf16", "f16"):
+    elif overflow is None and first.kind != "input" and _dtype(first) in ("bf16", "f16"):
         hints.append(UPCAST + " (run with --precision to test whether float32 fixes it)")
         if _dtype(first) == "f16":
             hints.append(LOSS_SCALE)
@@ -396,10 +445,13 @@ def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence
         parts.append("Replayed one operation at a time the values stay finite; only the compiled program (XLA "
                      "fuses and rewrites algebra, e.g. (y + c) - c becomes y) produces it, so jaxdbg bisected "
                      "over compiled prefixes of the computation.")
+    if _has_epsilon(first):
+        hints = [h for h in hints if h not in EPSILONS]
     return " ".join(parts), tuple(dict.fromkeys(hints))
 
 
 def analyse(findings: Findings) -> None:
     """The ``explanation`` analysis: the paragraph and hints, from everything found before it."""
     findings.explanation, findings.hints = explain(findings.first, findings.chain, findings.growth,
-                                                   findings.precision, findings.strategy, findings.sources)
+                                                   findings.precision, findings.strategy, findings.sources,
+                                                   findings.overflow)

@@ -78,6 +78,9 @@ class Localisation:
     # Per reported origin (first, then chain): the user lines that computed its inputs, for the explanation
     # (``log(probs)`` reads differently when ``probs`` came from a ``softmax`` line).
     input_sources: dict[Origin, tuple[SourceLocation, ...]] | None = None
+    # Every Inf made from finite inputs before the origin (records, with their sites): where a value may have
+    # left its dtype's range (jaxdbg.nan.overflow).
+    infs: tuple[Record, ...] = ()
 
 
 def _vmap_marked(path: tuple[str, ...], name_stack: str) -> tuple[str, ...]:
@@ -379,7 +382,7 @@ def localise_call(call: Call, nan_only: bool = False, closed: Any = None) -> Loc
     sources = {r.origin: input_sources(r.site) for r in (record, *chain) if r is not None and r.site is not None}
     return Localisation(
         record.origin if record else None, tuple(r.origin for r in chain), strategy, reproduced, record,
-        tuple(hunter.opaque_notes), closed, sources,
+        tuple(hunter.opaque_notes), closed, sources, tuple(r for r in hunter.records if r.origin.kind == "inf"),
     )
 
 
