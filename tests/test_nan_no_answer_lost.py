@@ -144,11 +144,11 @@ def test_a_failure_of_the_watch_stops_watching_and_the_program_gets_its_own_erro
         step = jax.jit(lambda state: state * 2, donate_argnums=0)
         state = jnp.ones(3)
         new = step(state)
-        with pytest.raises(ValueError, match="deleted or donated") as raised:
+        with pytest.raises((ValueError, RuntimeError), match="deleted") as raised:  # jax 0.10 / 0.11's words
             step(state)
         assert not any(entry.name == "copy_tree" for entry in raised.traceback)  # jax's, from the call itself
         assert float(step(new).sum()) == 12.0  # unwatched from here on: the program runs as without jaxdbg
         assert jax.jit(lambda x: jnp.log(x))(jnp.array([-1.0])).shape == (1,)  # a NaN no longer raises
     stopped = [r.getMessage() for r in caplog.records if "stopped watching" in r.getMessage()]
-    assert len(stopped) == 1 and "deleted or donated" in stopped[0]
+    assert len(stopped) == 1 and "deleted" in stopped[0]
     assert watching.reports == []
