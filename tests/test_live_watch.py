@@ -43,7 +43,8 @@ def test_nnx_loop_that_spikes_late_raises_with_nan_hunts_origin_and_report(tmp_p
     assert (first["kind"], first["pass"], first["function"], first["call_index"]) == (
         "nan", "forward", "train_step", SPIKE_AT + 1)
     matmul = [o for o in (first, *result["chain"]) if o["primitive"] == "dot_general"]
-    assert [(Path(o["source"]["file"]).name, o["source"]["line"]) for o in matmul] == [("live_nnx_loop.py", ORIGIN_LINE)]
+    where = [(Path(o["source"]["file"]).name, o["source"]["line"]) for o in matmul]
+    assert where == [("live_nnx_loop.py", ORIGIN_LINE)]
     assert "overflow" in result["explanation"] and "masked" not in result["explanation"]
     assert str(raised.value).startswith("jaxdbg.watch: ") and f"call {SPIKE_AT + 1}" in str(raised.value)
     report = json.loads(Path(raised.value.path).read_text())

@@ -34,7 +34,7 @@ def loss_fn(model, batch):
 
 @nnx.jit
 def train_step(model, optimizer, batch):
-    (loss, logits), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model, batch)
+    (loss, _logits), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model, batch)
     optimizer.update(model, grads)
     return loss
 
