@@ -61,6 +61,7 @@ def test_typed_keys_among_the_inputs_do_not_cost_the_answer(focal) -> None:
         "nan", "mul", "backward", "train_step", 0)
     assert first["source"]["line"] == _line(FOCAL, "# the bug")
     assert [c["primitive"] for c in result["chain"]] == ["pow"] and result["warnings"] == []
+    assert "base of the power away from zero" in result["hints"][0]  # not a denominator's epsilon
     assert {"inputs", "jaxpr", "stablehlo", "bundle"} <= set(report["artifacts"])
 
 

@@ -48,7 +48,9 @@ LOG_SIGMOID = ("use `jax.nn.log_sigmoid(x)` (and `jax.nn.log_sigmoid(-x)` for lo
                "`optax.sigmoid_binary_cross_entropy(logits, labels)`")
 SQRT_EPSILON = ("add an epsilon inside: `jnp.sqrt(x + 1e-12)` (or take the square root only where x > 0, with the "
                 "double-where trick)")
-EPSILONS = (EPSILON_LOG, EPSILON_DIV, SQRT_EPSILON)  # left out where the line already adds an epsilon
+POW_BASE = ("keep the base of the power away from zero: `jnp.maximum(x, 1e-6) ** gamma` (a power below 1 has an "
+            "infinite derivative at 0)")
+EPSILONS = (EPSILON_LOG, EPSILON_DIV, SQRT_EPSILON, POW_BASE)  # left out where the line already adds an epsilon
 MASKED_MEAN = ("a fully masked batch or row (all padding) has nothing to average: divide by "
                "`jnp.maximum(mask.sum(), 1)` "
                "(its numerator is 0 too), and check the data pipeline for empty batches")
@@ -179,7 +181,8 @@ def _singular_derivative(origin: Origin, line: str, feeders: str) -> tuple[str, 
     for name in ("sqrt", "norm", "pow", "**", "log", "arcsin", "arccos", "abs"):
         if name in line:
             what = {"norm": "a norm at the zero vector", "**": "a fractional power at 0"}.get(name, f"{name} at 0")
-            hints = [SQRT_EPSILON, DOUBLE_WHERE] if name in ("sqrt", "norm") else [EPSILON_DIV, DOUBLE_WHERE]
+            fix = {"sqrt": SQRT_EPSILON, "norm": SQRT_EPSILON, "pow": POW_BASE, "**": POW_BASE}.get(name, EPSILON_DIV)
+            hints = [fix, DOUBLE_WHERE]
             return (f"the derivative of {what} is infinite, so this backward-pass operation made "
                     f"{'a NaN' if origin.kind == 'nan' else 'an Inf'} although the forward value is finite.", hints)
     return None
