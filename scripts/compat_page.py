@@ -39,8 +39,8 @@ in `tests/test_compat_matrix.py`, run by CI on jax 0.10.2 (Python 3.11) and jax 
   its report;
 - check: the program as a `[tool.jaxdbg.check]` nan-hunt check fails, at the origin's line.
 
-"works": the answer is right. "bug": jaxdbg gets it wrong today (a known bug, being fixed); "not
-supported": jaxdbg declines it in one line. A note says what goes wrong.
+"works": the answer is right. "bug": jaxdbg's answer is wrong or missing today (a known bug, being
+fixed; the note says what goes wrong). "works, except device": the rest of the answer is right.
 """
 
 
@@ -55,8 +55,7 @@ def load_definition(path: str = DEFINITION) -> ModuleType:
 
 
 def _status(known) -> str:
-    what = "not supported" if known.unsupported else "bug"
-    return f"{what} on jax {known.jax}" if known.jax else what
+    return f"bug on jax {known.jax}" if known.jax else "bug"
 
 
 def _cell(row, column: str, notes: list[str]) -> str:

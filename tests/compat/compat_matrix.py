@@ -11,9 +11,8 @@ program, and each cell is that command's expected answer:
 - ``watch``: ``jaxdbg.watch`` raises ``NonFiniteError`` with the same origin;
 - ``check``: the row as a ``[tool.jaxdbg.check]`` nan-hunt check fails, at the origin's line.
 
-A cell that does not work carries a :class:`Known`: a bug being fixed (its test is
-``xfail(strict=True)``, so it fails loudly once the fix lands and the entry must go) or a feature jaxdbg
-does not support (its test checks that the user is told so in one line). ``tests/test_compat_matrix.py``
+A cell that does not work carries a :class:`Known`: a bug, being fixed (its test is ``xfail(strict=True)``,
+so it fails loudly once the fix lands and the entry must go). ``tests/test_compat_matrix.py``
 runs the cells; ``scripts/compat_page.py`` writes ``docs/compat.md`` from this file.
 
 A new row: a program ``tests/compat/<name>.py`` with a ``main()`` that runs a few steps (every command runs
@@ -54,13 +53,12 @@ class Function:
 @dataclass(frozen=True)
 class Known:
     """A cell, or one ``aspect`` of it, that does not work: a bug (``owner`` is the branch fixing it, or
-    None when this matrix found it) or, with ``unsupported``, a feature jaxdbg declines with one line."""
+    None when this matrix found it and nobody is on it yet)."""
 
     reason: str
     owner: str | None = None
     jax: str | None = None  # "0.10" or "0.11": only on that jax version
     aspect: str | None = None  # e.g. "device": the rest of the cell works
-    unsupported: bool = False
 
     def applies(self, jax_version: str) -> bool:
         return self.jax is None or jax_version.startswith(self.jax + ".") or jax_version == self.jax
