@@ -15,6 +15,8 @@ Per case, the answer checked against the one written down here (found by hand; l
 
     python scripts/bench_real_programs.py                       # every case (long: ~20-40 min on 2 cores)
     python scripts/bench_real_programs.py --cases vae_fori_nan,linen_lm_heads --kinds repro --json b.json
+    python scripts/bench_real_programs.py --matrix              # the compatibility matrix's NaN programs
+                                                                # (tests/compat/, 8 CPU devices; ~5-10 min)
 
 Prints one row per case and totals.
 """
@@ -50,6 +52,8 @@ class Case:
     function: str | None = None  # recompile: the jitted function
     cause: str | None = None  # recompile: the main cause's kind (shape, static, dtype, ...)
     argument: str | None = None  # recompile: an argument named in the recompiles (the user's name)
+    script: str | None = None  # the program, relative to the repository (default: the corpus's train.py)
+    devices: int | None = None  # CPU devices the program needs (XLA_FLAGS)
 
     @property
     def name(self) -> str:
@@ -95,7 +99,28 @@ class Row:
 
 
 def script_of(case: Case) -> str:
-    return os.path.join(CORPUS, case.program, "train.py")
+    return os.path.join(ROOT, case.script) if case.script else os.path.join(CORPUS, case.program, "train.py")
+
+
+def environment(case: Case, extra: dict | None = None) -> dict:
+    devices = {"XLA_FLAGS": f"--xla_force_host_platform_device_count={case.devices}"} if case.devices else {}
+    return {**os.environ, **devices, **(extra or {})}
+
+
+def matrix_cases() -> list[Case]:
+    """The compatibility matrix's rows (tests/compat/compat_matrix.py) as NaN cases: its nan-hunt column's
+    answers, side by side with JAX_DEBUG_NANS on the same programs."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("compat_matrix", os.path.join(ROOT, "tests", "compat",
+                                                                                "compat_matrix.py"))
+    assert spec is not None and spec.loader is not None
+    matrix = importlib.util.module_from_spec(spec)
+    sys.modules["compat_matrix"] = matrix
+    spec.loader.exec_module(matrix)
+    return [Case(row.name, "nan", row.origin.primitive, row.origin.marker, row.origin.pass_,
+                 script=os.path.join("tests", "compat", f"{row.name}.py"), devices=matrix.DEVICES)
+            for row in matrix.ROWS]
 
 
 def line_of(case: Case) -> int | None:
@@ -112,7 +137,7 @@ def jaxdbg(command: str, case: Case, work: str, *extra: str, timeout: float = 90
             os.path.join(work, command), "-q", *extra]
     started = time.perf_counter()
     subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                   env={**os.environ, "PYTHONPATH": ROOT})
+                   env=environment(case, {"PYTHONPATH": ROOT}))
     wall = time.perf_counter() - started
     try:
         with open(report) as handle:
@@ -123,8 +148,9 @@ def jaxdbg(command: str, case: Case, work: str, *extra: str, timeout: float = 90
 
 def run_program(case: Case, env: dict, timeout: float = 600) -> subprocess.CompletedProcess:
     """The program itself, as its user runs it, with ``env`` added."""
-    return subprocess.run([sys.executable, "train.py"], cwd=os.path.dirname(script_of(case)), capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, **env})
+    script = script_of(case)
+    return subprocess.run([sys.executable, os.path.basename(script)], cwd=os.path.dirname(script),
+                          capture_output=True, text=True, timeout=timeout, env=environment(case, env))
 
 
 # ---- NaN: nan-hunt vs JAX_DEBUG_NANS / JAX_DEBUG_INFS -------------------------------------------------------
@@ -246,10 +272,12 @@ def main() -> int:
     parser.add_argument("--cases", default="", help="comma-separated program names (default: all)")
     parser.add_argument("--kinds", default="nan,recompile,repro", help="comma-separated: nan, recompile, repro")
     parser.add_argument("--json", default=None, help="also write the rows here")
+    parser.add_argument("--matrix", action="store_true", help="the compatibility matrix's programs instead")
     args = parser.parse_args()
     wanted = {c for c in args.cases.split(",") if c}
     kinds = {k for k in args.kinds.split(",") if k}
-    cases = [c for c in CASES if (not wanted or c.program in wanted) and c.kind in kinds]
+    cases = [c for c in (matrix_cases() if args.matrix else CASES) if (not wanted or c.program in wanted)
+             and c.kind in kinds]
     if not cases:
         print(f"no case matches --cases {args.cases!r} --kinds {args.kinds!r}", file=sys.stderr)
         return 2
