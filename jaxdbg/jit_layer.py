@@ -69,6 +69,12 @@ class JitHook:
     def on_jit(self, function: InstrumentedJit) -> None:
         """``jax.jit`` was applied (once per application, before any call)."""
 
+    def compiler_options(self) -> dict[str, Any] | None:
+        """XLA options added to every function jitted while this hook is installed (``jax.jit``'s
+        ``compiler_options``; the user's own win on a clash), e.g. memory's per-function buffer-assignment dump.
+        Asked when ``jax.jit`` is applied, so they apply to the user's functions alone, not to eager operations."""
+        return None
+
     def around(self, call: JitCall, run: Callable[[], Any]) -> Any:
         """Run one call; the default is ``before``, ``run()``, then ``after`` or ``on_exception``."""
         self.before(call)
@@ -210,13 +216,22 @@ class _Layer:
     def jit(self, fun: Callable | None = None, /, *args: Any, **options: Any) -> Any:
         if fun is None:  # @jax.jit(static_argnames=...) used as a decorator factory
             return lambda f: self.jit(f, *args, **options)
-        jitted = self.real_jit(fun, *args, **options)
+        jitted = self.real_jit(fun, *args, **self.with_hook_options(options))
         if not self.hooks or not callable(jitted) or not hasattr(jitted, "lower"):
             return jitted
         wrapped = InstrumentedJit(self, jitted, fun, options, self._record(fun))
         for hook in list(self.hooks):
             hook.on_jit(wrapped)
         return wrapped
+
+    def with_hook_options(self, options: dict) -> dict:
+        """``options`` with the hooks' compiler options merged under the user's own (see JitHook.compiler_options)."""
+        extra: dict[str, Any] = {}
+        for hook in self.hooks:
+            extra.update(hook.compiler_options() or {})
+        if not extra:
+            return options
+        return {**options, "compiler_options": {**extra, **(options.get("compiler_options") or {})}}
 
     def _record(self, fun: Callable) -> FunctionRecord:
         fun = frameworks.user_function(fun)  # the user's function, not a framework wrapper's inner one
@@ -387,7 +402,7 @@ def _twin(layer: _Layer, value: Any, user_fun: Any) -> InstrumentedJit | None:
     if rebuilt is None:
         return None
     fun, options = rebuilt
-    jitted = layer.real_jit(fun, **options)
+    jitted = layer.real_jit(fun, **layer.with_hook_options(options))
     record = layer._record(user_fun if user_fun is not None else fun)
     twin = InstrumentedJit(layer, jitted, fun, options, record)
     for hook in list(layer.hooks):

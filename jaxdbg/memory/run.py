@@ -1,0 +1,209 @@
+"""``memory(spec, options, out_dir)``: run the target contained, then build the :class:`MemoryResult`.
+
+The parent never runs user code: the job runs in a child (:mod:`jaxdbg.memory.jobs`) and sends what it finds
+as it goes (:mod:`jaxdbg.memory.messages`); the parent assembles the report, checks the budget, writes the
+CSV files and the pictures.
+
+Example:
+    >>> from jaxdbg.target import parse_target
+    >>> run = memory(parse_target("train.py"), MemoryOptions(device_memory=16 * 2**30), "out")   # doctest: +SKIP
+    >>> run.exit_code, run.result.peak.function                                                   # doctest: +SKIP
+    (1, 'train_step')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from jaxdbg._errors import EXIT_FOUND, EXIT_OK, EXIT_TARGET_FAILED
+from jaxdbg.memory import budget as memory_budget
+from jaxdbg.memory.hints import hints_for
+from jaxdbg.memory.messages import (
+    Devices,
+    FinalLive,
+    JobMemory,
+    LeaksFound,
+    MemoryJob,
+    MemoryNote,
+    OutOfMemoryFound,
+    ProgramAnalysed,
+    SampleRow,
+    Samples,
+    ThreadedArguments,
+)
+from jaxdbg.memory.output import write_html, write_png, write_samples_csv, write_tables
+from jaxdbg.memory.result import Budget, DeviceMemory, MemoryResult, ProgramMemory
+from jaxdbg.memory.units import format_bytes
+from jaxdbg.protocol import Environment
+from jaxdbg.report import process_folder
+from jaxdbg.runner import Outcome, run_contained
+from jaxdbg.target import TargetSpec
+
+
+@dataclass(frozen=True)
+class MemoryOptions:
+    """Everything ``jaxdbg memory`` can be asked, with the command line's defaults."""
+
+    device_memory: int | None = None  # bytes per device; None: each device's own limit, where it reports one
+    budget: str | None = None
+    top: int = 10
+    leak_bytes: int = 1 << 20
+    plot: bool = True
+    args: str | None = None
+    inputs: str | None = None
+    seed: int = 0
+    timeout: float | None = None
+
+
+@dataclass(frozen=True)
+class MemoryRun:
+    result: MemoryResult
+    exit_code: int
+    artifacts: dict[str, str] = field(default_factory=dict)
+    outcome: Outcome | None = None
+    environment: dict | None = None
+
+
+def memory(spec: TargetSpec, options: MemoryOptions, out_dir: str) -> MemoryRun:
+    """Measure what fills device memory in a script or function TARGET; bad options raise UsageError first."""
+    from jaxdbg.profile.run import _check_inputs, _raise_internal_failure, _raise_usage_from_child
+
+    rules = memory_budget.parse_budget(options.budget)
+    _check_inputs(spec, options)
+    out_dir = os.path.abspath(out_dir)
+    dump = os.path.join(out_dir, "xla_dump")
+    job = "jaxdbg.memory.jobs:script_job" if spec.is_script else "jaxdbg.memory.jobs:function_job"
+    outcome = run_contained(job, MemoryJob(spec, options, out_dir, dump), timeout=options.timeout)
+    _raise_usage_from_child(outcome)
+    _raise_internal_failure(outcome, spec, options)
+    result = assemble(outcome, options, rules)
+    environment = outcome.last(Environment)
+    env = environment.info if environment is not None else None
+    folder = str(process_folder(Path(out_dir), env))
+    os.makedirs(folder, exist_ok=True)
+    artifacts = write_artifacts(result, _rows(outcome), folder, spec.display_name, options.plot)
+    artifacts["xla_dump"] = dump
+    for stream in ("stdout", "stderr"):
+        text = getattr(outcome, stream)
+        if text:
+            artifacts[f"target_{stream}"] = os.path.join(folder, f"target.{stream}.txt")
+            Path(artifacts[f"target_{stream}"]).write_text(text)
+    return MemoryRun(result, exit_code(result), artifacts, outcome, env)
+
+
+def exit_code(result: MemoryResult) -> int:
+    """1: something does not fit, a leak, an explained out-of-memory error, a broken budget; 3: the target failed
+    otherwise; 0: everything fits."""
+    if result.found:
+        return EXIT_FOUND
+    return EXIT_TARGET_FAILED if result.error else EXIT_OK
+
+
+def _rows(outcome: Outcome) -> list[SampleRow]:
+    return [row for batch in outcome.all(Samples) for row in batch.rows]
+
+
+def assemble(outcome: Outcome, options: MemoryOptions, rules: tuple) -> MemoryResult:
+    """The result from the child's messages."""
+    from jaxdbg.profile.run import _error
+
+    programs = _programs(outcome)
+    rows = _rows(outcome)
+    peaks = [batch for batch in outcome.all(Samples) if batch.peak is not None]
+    peak = peaks[-1].peak if peaks else None
+    live_at_peak = peaks[-1].live_at_peak if peaks else ()
+    leaks = tuple(leak for batch in outcome.all(LeaksFound)[-1:] for leak in batch.leaks)
+    oom_message = outcome.last(OutOfMemoryFound)
+    oom = oom_message.oom if oom_message is not None else None
+    devices_message = outcome.last(Devices)
+    devices = _devices(rows, devices_message)
+    budget_bytes, origin = _budget(options, devices_message)
+    misfits = tuple(p.name for p in programs if p.fits is False)
+    final = outcome.last(FinalLive)
+    run_figures = {"peak_bytes": peak.bytes if peak else None,
+                   "live_bytes": max((d.peak_live_bytes for d in devices), default=None),
+                   "leaked_bytes": sum(leak.bytes for leak in leaks)}
+    violations = memory_budget.check_budget(rules, programs, run_figures)
+    budget = Budget(budget_bytes, origin, misfits, not violations, violations, tuple(str(r) for r in rules))
+    error, error_source = (None, None) if oom is not None else _error(outcome)
+    notes = tuple(n.text for n in outcome.all(MemoryNote)) + _notes(outcome, programs, final, devices_message)
+    job = outcome.last(JobMemory)
+    found = bool(oom or misfits or leaks or violations)
+    return MemoryResult(
+        found=found, functions=tuple(programs), devices=tuple(devices), peak=peak, live_at_peak=tuple(live_at_peak),
+        leaks=leaks, out_of_memory=oom, budget=budget,
+        hints=hints_for(programs, leaks, oom, len(devices_message.devices) if devices_message else 1),
+        notes=notes, samples=len(rows), processes=job.rows if job else (), error=error, error_source=error_source)
+
+
+def _programs(outcome: Outcome) -> list[ProgramMemory]:
+    """Every analysed compile, with the arguments the run turned out to thread through each function."""
+    threaded: dict[str, set[int]] = {}
+    reused: dict[str, set[int]] = {}
+    for message in outcome.all(ThreadedArguments):
+        threaded.setdefault(message.function, set()).update(message.argnums)
+        reused.setdefault(message.function, set()).update(message.reused)
+    programs = []
+    for analysed in outcome.all(ProgramAnalysed):
+        program = analysed.program
+        fed = threaded.get(program.name, set())
+        kept = reused.get(program.name, set()) - fed
+        held = tuple(dataclasses.replace(h, threaded=h.threaded or h.argnum in fed) for h in program.held
+                     if h.argnum not in kept)
+        programs.append(dataclasses.replace(program, held=held))
+    return programs
+
+
+def _devices(rows: list[SampleRow], devices: Devices | None) -> list[DeviceMemory]:
+    names = list(devices.devices) if devices else []
+    for row in rows:
+        names.extend(d for d in row.live if d not in names)
+    limits = devices.limits if devices else {}
+    found = []
+    for name in names:
+        live = [row.live.get(name, 0) for row in rows]
+        estimate = [row.estimate.get(name, 0) for row in rows]
+        measured = [row.peak_in_use[name] for row in rows if name in row.peak_in_use]
+        found.append(DeviceMemory(name, limits.get(name), max(live, default=0), max(estimate, default=0),
+                                  max(measured) if measured else None, live[-1] if live else 0))
+    return found
+
+
+def _budget(options: MemoryOptions, devices: Devices | None) -> tuple[int | None, str]:
+    if options.device_memory is not None:
+        return options.device_memory, "--device-memory"
+    limits = list(devices.limits.values()) if devices else []
+    return (min(limits), "device limit") if limits else (None, "none")
+
+
+def _notes(outcome: Outcome, programs: list[ProgramMemory], final: FinalLive | None,
+           devices: Devices | None) -> tuple[str, ...]:
+    notes = []
+    if devices is None and outcome.ok:
+        notes.append("no jitted function ran: nothing was measured (jaxdbg memory follows jax.jit calls)")
+    if devices is not None and devices.backend == "cpu":
+        notes.append("CPU devices report no memory limit: give --device-memory to check a GPU/TPU budget ahead")
+    later = [p for p in programs if p.compile_index > 0]
+    if later:
+        notes.append(f"{len(later)} recompile(s) were analysed after they ran (first compiles are analysed before)")
+    if final is not None and final.groups:
+        kept = sum(g.bytes for g in final.groups)
+        notes.append(f"when the run ended, {len(final.groups)} producer group(s) still held live arrays "
+                     f"({format_bytes(kept)} over every device)")
+    return tuple(notes)
+
+
+def write_artifacts(result: MemoryResult, rows: list[SampleRow], folder: str, title: str,
+                    plot: bool) -> dict[str, str]:
+    """CSV tables always; memory.png (with matplotlib) and memory.html when ``plot``."""
+    artifacts = {"samples_csv": write_samples_csv(rows, folder)}
+    artifacts.update({f"{name}_csv": path for name, path in write_tables(result, folder).items()})
+    if plot:
+        png = write_png(result, rows, os.path.join(folder, "memory.png"))
+        if png:
+            artifacts["plot"] = png
+        artifacts["html"] = write_html(result, rows, os.path.join(folder, "memory.html"), title)
+    return artifacts
