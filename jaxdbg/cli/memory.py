@@ -164,7 +164,7 @@ def _render_functions(programs: tuple[ProgramMemory, ...], console: Console) -> 
 def _fits(program: ProgramMemory) -> str:
     if program.fits is None:
         return ""
-    return "yes" if program.fits else f"[red]no, {_size(program.over_bytes)} over[/]"
+    return "yes" if program.fits else "[red]no[/]"
 
 
 def _render_buffers(program: ProgramMemory, console: Console) -> None:
@@ -188,9 +188,10 @@ def _render_run(result: MemoryResult, console: Console) -> None:
     if peak is None:
         return
     during = f" during {peak.function} call {peak.call_index}" if peak.function else " at the end of the run"
-    console.print(f"[bold]peak[/] {_size(peak.bytes)} on {peak.device}{escape(during)} "
-                  f"{escape(_where(peak.source))}: {_size(peak.live_bytes)} live + {_size(peak.program_bytes)} the "
-                  f"call adds ({result.samples} samples)", soft_wrap=True)
+    line = f" ({_where(peak.source)})" if peak.source else ""
+    console.print(f"[bold]peak[/] {_size(peak.bytes)} on {peak.device}{escape(during + line)}: "
+                  f"{_size(peak.live_bytes)} live + {_size(peak.program_bytes)} the call adds ({result.samples} "
+                  "samples)", soft_wrap=True)
     for device in result.devices:
         if device.measured_peak_bytes is not None:
             console.print(f"  {device.device}: the device measured a peak of {_size(device.measured_peak_bytes)}"
@@ -219,6 +220,11 @@ def _render_oom(result: MemoryResult, console: Console) -> None:
     console.print(f"[bold red]out of memory[/] in{escape(where)} {escape(_where(oom.source))}{asked}; "
                   f"{_size(oom.live_bytes)} of live arrays at that moment", soft_wrap=True)
     console.print(f"  [dim]{escape(oom.message)}[/]", soft_wrap=True)
+    failed = next((b for b in (oom.program.largest if oom.program else ()) if b.bytes == oom.requested_bytes), None)
+    if failed is not None:
+        what = failed.argument or f"the {failed.op or failed.name} result"
+        console.print(f"  the allocation that failed is {escape(oom.function or '')}'s {escape(what)} "
+                      f"({escape(failed.shape)}) {escape(_where(failed.source))}", soft_wrap=True)
     _render_groups("live at the out-of-memory error", oom.live, console)
     if oom.program is not None and oom.program not in result.functions:
         _render_buffers(oom.program, console)

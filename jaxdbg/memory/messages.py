@@ -63,6 +63,7 @@ class ThreadedArguments(Message):
     function: str
     argnums: tuple[int, ...]
     reused: tuple[int, ...] = ()
+    names: tuple[str, ...] = ()  # the user's parameter names by position (a framework's view when it has one)
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,7 @@ class ProgramInfo:
     static_argnums: tuple[int, ...] = ()
     positional: int = 0  # positional arguments of the call (static ones included)
     threaded: frozenset[int] = frozenset()  # argnums the run fed with this function's previous outputs
+    jit: str = "jax.jit"  # how the user jitted it (frameworks.jit_kind)
 
 
 def analyse(compiled: Any, info: ProgramInfo, dump_folder: str | None, after_module: int = -1,
@@ -74,7 +75,7 @@ def analyse(compiled: Any, info: ProgramInfo, dump_folder: str | None, after_mod
         schedule_peak_bytes=assignment.peak_bytes if assignment else None, xla_peak_bytes=sizes.get("peak_bytes"),
         devices=_device_count(compiled), largest=largest, held=held_arguments(compiled, info),
         forward_kept_bytes=forward_kept(assignment, module) if assignment else 0,
-        dump=found[1].assignment if found else None, note=note,
+        dump=found[1].assignment if found else None, note=note, jit=info.jit,
     )
 
 

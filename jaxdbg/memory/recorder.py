@@ -81,11 +81,13 @@ class FunctionState:
     """What the recorder knows of one jitted function (one jit-layer record)."""
 
     def __init__(self, function: InstrumentedJit):
+        from jaxdbg import frameworks
         from jaxdbg.jit_layer import unwrap_function
         from jaxdbg.profile.signature import parameter_names
 
         self.name = function.name
         self.source = function.record.source
+        self.jit = frameworks.jit_kind(function.fun)
         self.parameters = tuple(parameter_names(unwrap_function(function.fun)) or ())
         self.calls = 0
         self.compiles = 0
@@ -95,6 +97,8 @@ class FunctionState:
         self.previous_args: dict[int, weakref.ref] = {}  # and its argument leaves
         self.threaded: set[int] = set()  # argnums fed with the previous call's outputs
         self.reused: set[int] = set()  # argnums passed the same arrays as in the previous call
+        self.last_source: SourceLocation | None = None  # the line of its latest call, and when it was made
+        self.last_called = 0.0
 
 
 class MemoryRecorder(JitHook):
@@ -147,12 +151,17 @@ class MemoryRecorder(JitHook):
         first = state.calls == 0
         state.calls += 1
         self.current = (state.name, call.index)
-        source = caller_user_frame(1)
+        source = state.last_source = caller_user_frame(1)
+        state.last_called = time.perf_counter()
         if state.calls <= THREAD_CHECKS:
             self._threaded(call, state)
-        snapshot = self._sample(state, call.index, source, force=state.calls <= ALWAYS_SAMPLED)
-        if first:
-            self._ahead(call, state, snapshot)
+        snapshot = self._snapshot(force=state.calls <= ALWAYS_SAMPLED)
+        try:
+            if first:
+                self._ahead(call, state, snapshot)
+        finally:  # recorded once the call's program is known: the estimate adds what it needs
+            if snapshot is not None:
+                self._record(snapshot, state, call.index, source)
         local = self.local
         local.compiled, local.active = False, True
         try:
@@ -189,7 +198,7 @@ class MemoryRecorder(JitHook):
             from jaxdbg import jit_layer
 
             with jit_layer.internal():
-                compiled = call.function.jitted.lower(*call.args, **call.kwargs).compile()
+                compiled = call.function.top_level.lower(*call.args, **call.kwargs).compile()
         except Exception as err:  # noqa: BLE001 - the call itself will say what is wrong (or run anyway)
             if is_out_of_memory(err) and self.oom is None:
                 self._out_of_memory(err, call, state, caller_user_frame(1), at_compile=True)
@@ -236,7 +245,7 @@ class MemoryRecorder(JitHook):
         except Exception:  # noqa: BLE001 - an odd argument: no signature, the analysis stands
             signature = ""
         info = ProgramInfo(state.name, state.source, call.index, state.compiles, signature, state.parameters,
-                           tuple(call.function.static_argnums), len(call.args), frozenset(state.threaded))
+                           tuple(call.function.static_argnums), len(call.args), frozenset(state.threaded), state.jit)
         folder = self.dump_folder if state.compiles < ANALYSED_COMPILES else None
         from jaxdbg.profile.hlo import module_name
 
@@ -250,9 +259,14 @@ class MemoryRecorder(JitHook):
         could be donated), and arguments passed again as they were (the caller keeps them: they cannot)."""
         import jax
 
+        from jaxdbg import frameworks
+
         before = (set(state.threaded), set(state.reused))
         arguments: dict[int, weakref.ref] = {}
-        for argnum, value in enumerate(call.args):
+        users = frameworks.user_arguments(call.function.fun, call.args, call.kwargs)  # filter_jit: the user's view
+        values = [a.value for a in users] if users is not None else list(call.args)
+        names = tuple(a.name for a in users) if users is not None else state.parameters
+        for argnum, value in enumerate(values):
             for leaf in jax.tree_util.tree_leaves(value):
                 for refs, found in ((state.previous, state.threaded), (state.previous_args, state.reused)):
                     ref = refs.get(id(leaf))
@@ -262,7 +276,8 @@ class MemoryRecorder(JitHook):
                     arguments[id(leaf)] = weakref.ref(leaf)
         state.previous_args = arguments if state.calls < THREAD_CHECKS else {}
         if (state.threaded, state.reused) != before:
-            self.send(ThreadedArguments(state.name, tuple(sorted(state.threaded)), tuple(sorted(state.reused))))
+            self.send(ThreadedArguments(state.name, tuple(sorted(state.threaded)), tuple(sorted(state.reused)),
+                                        names))
 
     def _tag(self, out: Any, state: FunctionState, index: int, source: SourceLocation | None) -> None:
         import jax
@@ -279,25 +294,28 @@ class MemoryRecorder(JitHook):
             state.previous = {}
 
     # ---- live memory ---------------------------------------------------------------------------------------
-    def _sample(self, state: FunctionState | None, index: int | None, source: SourceLocation | None,
-                force: bool = False) -> Snapshot | None:
-        now = time.perf_counter()
-        if not force and self.sample_s > SAMPLE_SHARE * (now - self.started):
+    def _snapshot(self, force: bool = False) -> Snapshot | None:
+        """Live memory now, if it is due: always when forced, else while snapshots stay under their share."""
+        if not force and self.sample_s > SAMPLE_SHARE * (time.perf_counter() - self.started):
             return None
         snapshot = take_snapshot(self.producers)
         self.sample_s += snapshot.seconds
+        return snapshot
+
+    def _record(self, snapshot: Snapshot, state: FunctionState | None, index: int | None,
+                source: SourceLocation | None) -> None:
+        """One sample: its row, the peak if it moved, the producer groups' points."""
         self.samples += 1
         extra = state.extra if state is not None else {}
         estimate = {device: live + extra.get(device, 0) for device, live in snapshot.live.items()}
         for device, added in extra.items():
             estimate.setdefault(device, added)
-        self.rows.append(SampleRow(now - self.started, state.name if state else None, index, snapshot.live,
+        self.rows.append(SampleRow(snapshot.t - self.started, state.name if state else None, index, snapshot.live,
                                    estimate, snapshot.in_use, snapshot.peak_in_use))
         self._peak(snapshot, estimate, state, index, source)
         self._follow_groups(snapshot)
-        if len(self.rows) >= 64 or now - self.last_send >= SEND_EVERY_S:
+        if len(self.rows) >= 64 or time.perf_counter() - self.last_send >= SEND_EVERY_S:
             self.flush()
-        return snapshot
 
     def _peak(self, snapshot: Snapshot, estimate: dict[str, int], state: FunctionState | None, index: int | None,
               source: SourceLocation | None) -> None:
@@ -361,7 +379,7 @@ class MemoryRecorder(JitHook):
 
     # ---- out of memory -------------------------------------------------------------------------------------
     def _out_of_memory(self, err: BaseException, call: JitCall | None, state: FunctionState | None,
-                       source: SourceLocation | None, at_compile: bool = False) -> None:
+                       source: SourceLocation | None, at_compile: bool = False, index: int | None = None) -> None:
         message = str(err)
         snapshot = take_snapshot(self.producers)
         program = state.program if state is not None else None
@@ -372,23 +390,44 @@ class MemoryRecorder(JitHook):
                 program = state.program
         device = max(snapshot.live, key=lambda d: snapshot.live[d]) if snapshot.live else None
         groups = live_groups(snapshot.groups.values(), device) if device else ()
-        self.oom = OutOfMemory(first_line(message), state.name if state else None, call.index if call else None,
-                               source, requested_bytes(message), snapshot.live.get(device) if device else None,
-                               groups, program, at_compile)
+        index = call.index if call is not None else index
+        self.oom = OutOfMemory(first_line(message), state.name if state else None, index, source,
+                               requested_bytes(message), snapshot.live.get(device) if device else None, groups,
+                               program, at_compile)
         self.send(OutOfMemoryFound(self.oom))
         self._name_keepers(snapshot, _stack_namespaces())
         self.send(LeaksFound(self.leaks()))
 
     def eager_out_of_memory(self, err: BaseException) -> None:
-        """An out-of-memory error raised outside any watched call (an eager operation, a device_put)."""
-        if self.oom is None and is_out_of_memory(err):
+        """An out-of-memory error raised outside any watched call: a call's own failure reported late (jax
+        dispatches asynchronously, so reading an output is where its allocation error surfaces), named by the
+        size asked for, or an eager operation's."""
+        if self.oom is not None or not is_out_of_memory(err):
+            return
+        state = self._asked_by(requested_bytes(str(err)))
+        if state is None:
             self._out_of_memory(err, None, None, innermost_user_frame(err.__traceback__))
+            return
+        self._out_of_memory(err, None, state, state.last_source, index=state.calls - 1)
+
+    def _asked_by(self, asked: int | None) -> FunctionState | None:
+        """The function whose latest program allocates exactly ``asked`` bytes in one piece (its temporaries,
+        its outputs, or one of its largest buffers), the most recently called first."""
+        if not asked:
+            return None
+        for state in sorted(self.functions.values(), key=lambda s: -s.last_called):
+            program = state.program
+            if program is not None and asked in {program.temp_bytes, program.output_bytes,
+                                                 *(b.bytes for b in program.largest)}:
+                return state
+        return None
 
     # ---- the end -------------------------------------------------------------------------------------------
     def finish(self, namespaces: list[dict]) -> None:
         """The last sample (what the run still holds), leaks with what keeps them, everything sent."""
-        snapshot = self._sample(None, None, None, force=True)
+        snapshot = self._snapshot(force=True)
         if snapshot is not None:
+            self._record(snapshot, None, None, None)
             self._name_keepers(snapshot, namespaces + _stack_namespaces())
             self.send(FinalLive(live_groups(snapshot.groups.values(), None)))
         if self.oom is None:

@@ -71,6 +71,8 @@ class ProgramMemory:
     over_bytes: int | None = None
     dump: str | None = None  # the buffer-assignment file read
     note: str | None = None
+    jit: str = "jax.jit"  # how it was jitted: jax.jit, nnx.jit, eqx.filter_jit
+    passed_again: tuple[str, ...] = ()  # array arguments the loop passed again as they were (not donatable)
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from jaxdbg.memory.messages import (
     ThreadedArguments,
 )
 from jaxdbg.memory.output import write_html, write_png, write_samples_csv, write_tables
-from jaxdbg.memory.result import Budget, DeviceMemory, MemoryResult, ProgramMemory
+from jaxdbg.memory.result import Budget, DeviceMemory, Held, MemoryResult, ProgramMemory
 from jaxdbg.memory.units import format_bytes
 from jaxdbg.protocol import Environment
 from jaxdbg.report import process_folder
@@ -135,26 +135,34 @@ def assemble(outcome: Outcome, options: MemoryOptions, rules: tuple) -> MemoryRe
     return MemoryResult(
         found=found, functions=tuple(programs), devices=tuple(devices), peak=peak, live_at_peak=tuple(live_at_peak),
         leaks=leaks, out_of_memory=oom, budget=budget,
-        hints=hints_for(programs, leaks, oom, len(devices_message.devices) if devices_message else 1),
+        hints=hints_for(programs, leaks, oom, len(devices_message.devices) if devices_message else 1,
+                        devices_message.backend if devices_message else ""),
         notes=notes, samples=len(rows), processes=job.rows if job else (), error=error, error_source=error_source)
 
 
 def _programs(outcome: Outcome) -> list[ProgramMemory]:
     """Every analysed compile, with the arguments the run turned out to thread through each function."""
-    threaded: dict[str, set[int]] = {}
-    reused: dict[str, set[int]] = {}
-    for message in outcome.all(ThreadedArguments):
-        threaded.setdefault(message.function, set()).update(message.argnums)
-        reused.setdefault(message.function, set()).update(message.reused)
-    programs = []
-    for analysed in outcome.all(ProgramAnalysed):
-        program = analysed.program
-        fed = threaded.get(program.name, set())
-        kept = reused.get(program.name, set()) - fed
+    seen = {m.function: m for m in outcome.all(ThreadedArguments)}  # each message holds what was seen so far
+    return [_with_threading(m.program, seen.get(m.program.name)) for m in outcome.all(ProgramAnalysed)]
+
+
+def _with_threading(program: ProgramMemory, seen: ThreadedArguments | None) -> ProgramMemory:
+    """Mark the held arguments the loop fed with the function's own outputs; drop those passed again as they
+    were (the caller keeps them: not donatable). ``filter_jit`` packs every argument into one inner argument:
+    its held arrays become one entry named after the user's arguments the loop threads."""
+    if seen is None:
+        return program
+    fed, kept = set(seen.argnums), set(seen.reused) - set(seen.argnums)
+    names = seen.names
+    again = tuple(names[i] for i in sorted(kept) if i < len(names))
+    if program.jit == "eqx.filter_jit":
+        size, leaves = sum(h.bytes for h in program.held), sum(h.leaves for h in program.held)
+        threaded_names = ", ".join(names[i] for i in sorted(fed) if i < len(names)) or "its arguments"
+        held: tuple[Held, ...] = (Held(threaded_names, None, size, leaves, bool(fed)),) if size else ()
+    else:
         held = tuple(dataclasses.replace(h, threaded=h.threaded or h.argnum in fed) for h in program.held
                      if h.argnum not in kept)
-        programs.append(dataclasses.replace(program, held=held))
-    return programs
+    return dataclasses.replace(program, held=held, passed_again=again)
 
 
 def _devices(rows: list[SampleRow], devices: Devices | None) -> list[DeviceMemory]:
@@ -184,7 +192,7 @@ def _notes(outcome: Outcome, programs: list[ProgramMemory], final: FinalLive | N
     notes = []
     if devices is None and outcome.ok:
         notes.append("no jitted function ran: nothing was measured (jaxdbg memory follows jax.jit calls)")
-    if devices is not None and devices.backend == "cpu":
+    if devices is not None and devices.backend == "cpu" and not any(p.fits is not None for p in programs):
         notes.append("CPU devices report no memory limit: give --device-memory to check a GPU/TPU budget ahead")
     later = [p for p in programs if p.compile_index > 0]
     if later:
