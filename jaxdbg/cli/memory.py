@@ -222,9 +222,9 @@ def _render_oom(result: MemoryResult, console: Console) -> None:
     console.print(f"  [dim]{escape(oom.message)}[/]", soft_wrap=True)
     failed = next((b for b in (oom.program.largest if oom.program else ()) if b.bytes == oom.requested_bytes), None)
     if failed is not None:
-        what = failed.argument or f"the {failed.op or failed.name} result"
-        console.print(f"  the allocation that failed is {escape(oom.function or '')}'s {escape(what)} "
-                      f"({escape(failed.shape)}) {escape(_where(failed.source))}", soft_wrap=True)
+        what = f"argument {failed.argument}" if failed.argument else f"the {failed.op or failed.name} result"
+        console.print(f"  the allocation that failed is {escape(what)} of {escape(oom.function or '')} "
+                      f"({escape(failed.shape)}, {failed.kind}) at {escape(_where(failed.source))}", soft_wrap=True)
     _render_groups("live at the out-of-memory error", oom.live, console)
     if oom.program is not None and oom.program not in result.functions:
         _render_buffers(oom.program, console)

@@ -99,30 +99,34 @@ def remat_hints(programs: Sequence[ProgramMemory], backend: str = "") -> list[Hi
     return found
 
 
-def _lines(buffers: Sequence[Buffer]) -> str:
+def _lines(buffers: Sequence[Buffer], before: str = " (made at ", after: str = ")") -> str:
+    """Where the buffers were made, the first three user lines: `` (made at train.py:11)``, or ''."""
     places = []
     for buffer in buffers:
         if buffer.source is not None:
             where = f"{relative_or_absolute(buffer.source.file)}:{buffer.source.line}"
             if where not in places:
                 places.append(where)
-    return f" (made at {', '.join(places[:3])})" if places else ""
+    return f"{before}{', '.join(places[:3])}{after}" if places else ""
 
 
 def tightening_hints(program: ProgramMemory, devices: int) -> list[Hint]:
     """For a program that does not fit: a smaller dtype for its largest buffer, sharding its largest argument."""
     found = []
-    largest = max(program.largest, key=lambda b: b.bytes, default=None)
-    if largest is not None:
-        dtype = largest.shape.split("[", 1)[0]
-        if dtype in _NARROW:
-            narrow, factor = _NARROW[dtype]
-            saves = largest.bytes - largest.bytes // factor
-            what = largest.argument or f"the {largest.op or 'value'} result"
-            where = f" at {relative_or_absolute(largest.source.file)}:{largest.source.line}" if largest.source else ""
-            found.append(Hint("dtype", f"{program.name}: its largest buffer is {what} ({largest.shape}, "
-                              f"{format_bytes(largest.bytes)}{where}); holding it in {narrow} saves "
-                              f"{format_bytes(saves)}", saves, program.name, largest.source))
+    narrowest = _narrowable(program.largest)
+    if narrowest:
+        dtype = narrowest[0].shape.split("[", 1)[0]
+        narrow, factor = _NARROW[dtype]
+        size = sum(b.bytes for b in narrowest)
+        saves = size - size // factor
+        first = narrowest[0]
+        makers = ", ".join(sorted({b.argument or b.op or b.kind for b in narrowest}))
+        what = (first.argument or f"the {first.op or 'value'} result") if len(narrowest) == 1 else (
+            f"{len(narrowest)} {first.shape} buffers ({makers})")
+        shape = f"{first.shape}, " if len(narrowest) == 1 else ""
+        found.append(Hint("dtype", f"{program.name}: at its peak it holds {what} ({shape}{format_bytes(size)}"
+                          f"{_lines(narrowest, ', made at ', '')}); holding {'it' if len(narrowest) == 1 else 'them'} in {narrow} "
+                          f"saves {format_bytes(saves)}", saves, program.name, first.source))
     arguments = [b for b in program.largest if b.kind == "argument"]
     biggest = max(arguments, key=lambda b: b.bytes, default=None)
     if biggest is not None and devices > 1 and program.devices == 1:
@@ -139,6 +143,16 @@ def tightening_hints(program: ProgramMemory, devices: int) -> list[Hint]:
                           f"{format_bytes(program.over_bytes)}, e.g. a smaller batch", program.over_bytes,
                           program.name, program.source))
     return found
+
+
+def _narrowable(buffers: Sequence[Buffer]) -> list[Buffer]:
+    """The buffers of one shape and dtype that together hold the most bytes, among the dtypes a smaller one can
+    replace (f64, f32, c128)."""
+    by_shape: dict[str, list[Buffer]] = {}
+    for buffer in buffers:
+        if buffer.shape.split("[", 1)[0] in _NARROW:
+            by_shape.setdefault(buffer.shape, []).append(buffer)
+    return max(by_shape.values(), key=lambda group: sum(b.bytes for b in group), default=[])
 
 
 def leak_hints(leaks: Sequence[Leak]) -> list[Hint]:

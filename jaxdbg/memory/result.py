@@ -198,20 +198,32 @@ class MemoryResult:
 
     def essential_line(self) -> str | None:
         """What it found in one line: the OOM, a function that does not fit, a leak, a broken budget."""
-        parts = []
-        if self.out_of_memory is not None:
-            oom = self.out_of_memory
-            asked = f" asking for {format_bytes(oom.requested_bytes)}" if oom.requested_bytes else ""
-            parts.append(f"out of memory in {oom.function or 'an eager operation'}{asked}")
-        parts.extend(f"{function.name} needs {format_bytes(function.needs_bytes)}, "
-                     f"{format_bytes(function.over_bytes)} over the budget"
-                     for function in self.functions if function.fits is False)
-        for leak in self.leaks:
-            where = f" ({leak.kept_by})" if leak.kept_by else ""
-            parts.append(f"leak: {leak.producer} outputs kept{where}, {format_bytes(leak.bytes)} over "
-                         f"{leak.arrays} arrays")
-        if not self.budget.ok:
-            parts.append("budget broken: " + "; ".join(self.budget.violations))
-        if parts:
-            return "; ".join(parts)
-        return self.error
+        from jaxdbg.report import to_jsonable
+
+        return finding_line(to_jsonable(self))
+
+
+def finding_line(result: dict) -> str | None:
+    """The one-line finding of a memory ``result`` as JSON (``essential_line``, and ``jaxdbg check`` reading a
+    report back).
+
+    Example:
+        >>> finding_line({"out_of_memory": {"function": "step", "requested_bytes": 2**34}, "functions": [],
+        ...               "leaks": [], "budget": {"ok": True}})
+        'out of memory in step asking for 16.0 GiB'
+    """
+    parts = []
+    oom = result.get("out_of_memory")
+    if oom:
+        asked = f" asking for {format_bytes(oom['requested_bytes'])}" if oom.get("requested_bytes") else ""
+        parts.append(f"out of memory in {oom.get('function') or 'an eager operation'}{asked}")
+    parts.extend(f"{f['name']} needs {format_bytes(f.get('needs_bytes'))}, {format_bytes(f.get('over_bytes'))} "
+                 "over the budget" for f in result.get("functions") or [] if f.get("fits") is False)
+    for leak in result.get("leaks") or []:
+        where = f" ({leak['kept_by']})" if leak.get("kept_by") else ""
+        parts.append(f"leak: {leak['producer']} outputs kept{where}, {format_bytes(leak['bytes'])} over "
+                     f"{leak['arrays']} arrays")
+    budget = result.get("budget") or {}
+    if not budget.get("ok", True):
+        parts.append("budget broken: " + "; ".join(budget.get("violations") or []))
+    return "; ".join(parts) if parts else result.get("error")
