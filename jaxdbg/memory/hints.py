@@ -124,9 +124,10 @@ def tightening_hints(program: ProgramMemory, devices: int) -> list[Hint]:
         what = (first.argument or f"the {first.op or 'value'} result") if len(narrowest) == 1 else (
             f"{len(narrowest)} {first.shape} buffers ({makers})")
         shape = f"{first.shape}, " if len(narrowest) == 1 else ""
+        them = "it" if len(narrowest) == 1 else "them"
         found.append(Hint("dtype", f"{program.name}: at its peak it holds {what} ({shape}{format_bytes(size)}"
-                          f"{_lines(narrowest, ', made at ', '')}); holding {'it' if len(narrowest) == 1 else 'them'} in {narrow} "
-                          f"saves {format_bytes(saves)}", saves, program.name, first.source))
+                          f"{_lines(narrowest, ', made at ', '')}); holding {them} in {narrow} saves "
+                          f"{format_bytes(saves)}", saves, program.name, first.source))
     arguments = [b for b in program.largest if b.kind == "argument"]
     biggest = max(arguments, key=lambda b: b.bytes, default=None)
     if biggest is not None and devices > 1 and program.devices == 1:
