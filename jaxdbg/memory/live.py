@@ -122,6 +122,18 @@ def device_name(device: Any) -> str:
     return f"{device.platform}:{device.id}"
 
 
+_LOCAL: list[str] = []
+
+
+def local_device_names() -> list[str]:
+    """This process's devices, named (asked once: they do not change while a backend runs)."""
+    if not _LOCAL:
+        import jax
+
+        _LOCAL.extend(device_name(d) for d in jax.local_devices())
+    return _LOCAL
+
+
 _LAYOUTS: dict[tuple, tuple[list[tuple[str, int]], str]] = {}
 
 
@@ -150,7 +162,7 @@ def take_snapshot(producers: Producers, stats: bool = True) -> Snapshot:
     import jax
 
     started = time.perf_counter()
-    live: dict[str, int] = {}
+    live: dict[str, int] = dict.fromkeys(local_device_names(), 0)  # every device, those holding nothing too
     groups: dict[tuple, Group] = {}
     arrays = jax.live_arrays()
     for array in arrays:
