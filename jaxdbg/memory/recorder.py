@@ -58,7 +58,7 @@ from jaxdbg.memory.oom import first_line, is_out_of_memory, requested_bytes
 from jaxdbg.memory.program import ProgramInfo, analyse, dump_number
 from jaxdbg.memory.result import Leak, LiveGroup, OutOfMemory, ProgramMemory, RunPeak
 
-SAMPLE_SHARE = 0.05  # snapshots after a function's first calls may cost at most this share of the run
+SAMPLE_SHARE = 0.03  # snapshots after a function's first calls may cost at most this share of the run
 ALWAYS_SAMPLED = 3  # the first calls of every function are always sampled
 ANALYSED_COMPILES = 3  # compiles of one function whose buffers are read (later ones: sizes only)
 THREAD_CHECKS = 4  # calls in which arguments are compared with the previous call's outputs

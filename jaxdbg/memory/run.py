@@ -40,7 +40,7 @@ from jaxdbg.memory.units import format_bytes
 from jaxdbg.protocol import Environment
 from jaxdbg.report import process_folder
 from jaxdbg.runner import Outcome, run_contained
-from jaxdbg.target import TargetSpec
+from jaxdbg.target import TargetSpec, check_target
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,7 @@ def memory(spec: TargetSpec, options: MemoryOptions, out_dir: str) -> MemoryRun:
 
     rules = memory_budget.parse_budget(options.budget)
     _check_inputs(spec, options)
+    check_target(spec)  # a syntax error or a missing function is bad input (exit 2), found without a child
     out_dir = os.path.abspath(out_dir)
     dump = os.path.join(out_dir, "xla_dump")
     job = "jaxdbg.memory.jobs:script_job" if spec.is_script else "jaxdbg.memory.jobs:function_job"
