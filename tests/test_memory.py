@@ -143,7 +143,9 @@ def test_a_step_that_does_not_fit_the_given_device_memory(runs) -> None:
     # --budget: the temporaries rule broke, the run's live bytes rule held
     (violation,) = result["budget"]["violations"]
     assert violation.startswith("train_step.temp_bytes ") and not result["budget"]["ok"]
-    assert {h["kind"] for h in result["hints"]} >= {"fit", "dtype", "remat", "donate"}
+    assert {h["kind"] for h in result["hints"]} >= {"fit", "dtype", "remat", "donate", "shard"}
+    shard = next(h for h in result["hints"] if h["kind"] == "shard")  # x, 1 MiB, over the 4 CPU devices
+    assert shard["saves_bytes"] == 1024 * 256 * 4 * 3 // 4
 
 
 def test_a_function_target_that_would_not_fit_is_not_run(runs) -> None:
