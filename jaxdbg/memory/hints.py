@@ -1,15 +1,16 @@
 """Hints that fit what ``jaxdbg memory`` found, each with the bytes it saves per device where that can be
 computed: donation (an argument the loop replaces by the function's output), rematerialisation (forward
 activations kept for the backward pass), a smaller dtype or sharding for the largest arrays (when something
-does not fit), and leaks moved out of the loop.
+does not fit), and leaks moved out of the loop. For donation and rematerialisation the saving is an upper
+bound: measured on CPU, donating a two-matrix parameter pytree saved one matrix (XLA kept a copy of the other).
 
 Example:
     >>> from jaxdbg.memory.result import Held, ProgramMemory
     >>> step = ProgramMemory("train_step", None, 0, 0, "", 2**30, 2**30, 0, 0, 0, 2**31,
     ...                      held=(Held("params", 0, 2**30, 8, threaded=True),))
     >>> print(donation_hints([step])[0].text)  # doctest: +NORMALIZE_WHITESPACE
-    train_step: donating params would save 1.0 GiB per call: the loop passes its outputs back in that place, so
-    XLA can write them over the arguments; jax.jit(..., donate_argnums=(0,))
+    train_step: donating params would save up to 1.0 GiB per call: the loop passes its outputs back in that place,
+    so XLA can write them over the arguments (less any copy it must keep); jax.jit(..., donate_argnums=(0,))
 """
 
 from __future__ import annotations
@@ -66,9 +67,9 @@ def donation_hints(programs: Sequence[ProgramMemory]) -> list[Hint]:
         how = donation_option(program.jit, [h.argnum for h in threaded if h.argnum is not None],
                               program.passed_again)
         names = ", ".join(h.argument for h in threaded)
-        found.append(Hint("donate", f"{program.name}: donating {names} would save {format_bytes(saves)} per call: "
-                          f"the loop passes its outputs back in that place, so XLA can write them over the arguments; "
-                          f"{how}", saves, program.name, program.source))
+        found.append(Hint("donate", f"{program.name}: donating {names} would save up to {format_bytes(saves)} per "
+                          "call: the loop passes its outputs back in that place, so XLA can write them over the "
+                          f"arguments (less any copy it must keep); {how}", saves, program.name, program.source))
     return found
 
 

@@ -30,7 +30,7 @@ from jaxdbg import _compat
 from jaxdbg._source import SourceLocation
 from jaxdbg.memory.buffers import Assignment, Value, find_dump
 from jaxdbg.memory.result import Buffer, Held, ProgramMemory
-from jaxdbg.profile.hlo import HloModule, instruction_source, parse_hlo
+from jaxdbg.profile.hlo import HloModule, instruction_source, module_name, parse_hlo
 
 TOP_BUFFERS = 10
 
@@ -57,8 +57,8 @@ def analyse(compiled: Any, info: ProgramInfo, dump_folder: str | None, after_mod
     sizes = _compat.compiled_memory(compiled, with_peak=True) or {}
     arguments, outputs = sizes.get("argument_bytes", 0), sizes.get("output_bytes", 0)
     alias, temp, code = sizes.get("alias_bytes", 0), sizes.get("temp_bytes", 0), sizes.get("code_bytes", 0)
-    module = parse_hlo(compiled.as_text())
-    found = find_dump(dump_folder, module.name, after_module) if dump_folder else None
+    text = compiled.as_text()
+    found = find_dump(dump_folder, module_name(text), after_module) if dump_folder else None
     assignment, note = None, None
     if found is not None:
         try:
@@ -67,14 +67,15 @@ def analyse(compiled: Any, info: ProgramInfo, dump_folder: str | None, after_mod
             note = f"the buffer assignment could not be read: {err}"
     elif dump_folder:
         note = "XLA wrote no buffer assignment for this program; its buffers are not listed"
-    largest = tuple(_buffer(v, module) for v in assignment.largest(top)) if assignment else ()
+    module = parse_hlo(text) if assignment else None  # the buffers' ops and lines (a large module: 0.1-1 s)
+    largest = tuple(_buffer(v, module) for v in assignment.largest(top)) if assignment and module else ()
     return ProgramMemory(
         name=info.name, source=info.source, call_index=info.call_index, compile_index=info.compile_index,
         signature=info.signature, argument_bytes=arguments, output_bytes=outputs, alias_bytes=alias,
         temp_bytes=temp, code_bytes=code, peak_bytes=arguments + outputs - alias + temp + code,
         schedule_peak_bytes=assignment.peak_bytes if assignment else None, xla_peak_bytes=sizes.get("peak_bytes"),
         devices=_device_count(compiled), largest=largest, held=held_arguments(compiled, info),
-        forward_kept_bytes=forward_kept(assignment, module) if assignment else 0,
+        forward_kept_bytes=forward_kept(assignment, module) if assignment and module else 0,
         dump=found[1].assignment if found else None, note=note, jit=info.jit,
     )
 
@@ -83,8 +84,6 @@ def dump_number(dump_folder: str | None, compiled: Any, after: int = -1) -> int:
     """The dump number of ``compiled``'s module (to look only at newer ones next time), or ``after``."""
     if not dump_folder:
         return after
-    from jaxdbg.profile.hlo import module_name
-
     found = find_dump(dump_folder, module_name(compiled.as_text()), after)
     return found[0] if found else after
 

@@ -61,6 +61,7 @@ from jaxdbg.memory.result import Leak, LiveGroup, OutOfMemory, ProgramMemory, Ru
 SAMPLE_SHARE = 0.03  # snapshots after a function's first calls may cost at most this share of the run
 ALWAYS_SAMPLED = 3  # the first calls of every function are always sampled
 ANALYSED_COMPILES = 3  # compiles of one function whose buffers are read (later ones: sizes only)
+REPORTED_COMPILES = 8  # compiles of one function analysed at all (a recompile storm is profile's question)
 THREAD_CHECKS = 4  # calls in which arguments are compared with the previous call's outputs
 SEND_EVERY_S = 1.0
 KEEP_POINTS = 512  # per producer group; older points are thinned out beyond this
@@ -99,6 +100,7 @@ class FunctionState:
         self.reused: set[int] = set()  # argnums passed the same arrays as in the previous call
         self.last_source: SourceLocation | None = None  # the line of its latest call, and when it was made
         self.last_called = 0.0
+        self.unanalysed = 0  # compiles past REPORTED_COMPILES
 
 
 class MemoryRecorder(JitHook):
@@ -192,6 +194,9 @@ class MemoryRecorder(JitHook):
         self._analyse(call, state, snapshot, ahead=True)
 
     def _analyse(self, call: JitCall, state: FunctionState, snapshot: Snapshot | None, ahead: bool) -> None:
+        if state.compiles >= REPORTED_COMPILES:
+            state.unanalysed += 1
+            return
         local = self.local
         local.introspecting = True
         try:
@@ -432,6 +437,11 @@ class MemoryRecorder(JitHook):
             self.send(FinalLive(live_groups(snapshot.groups.values(), None)))
         if self.oom is None:
             self.send(LeaksFound(self.leaks()))
+        for state in self.functions.values():
+            if state.unanalysed:
+                self.send(MemoryNote(f"{state.name} compiled {state.unanalysed} more time(s) after its first "
+                                     f"{REPORTED_COMPILES} compiles, which alone are analysed (jaxdbg profile says why "
+                                     "it recompiles)"))
         self.flush()
 
     def flush(self) -> None:
