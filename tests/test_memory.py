@@ -234,3 +234,18 @@ def test_metrics_of_a_memory_report(runs) -> None:
     assert samples[("jaxdbg_memory_run_peak_bytes", (("process", "0"),))] == report["result"]["peak"]["bytes"]
     key = ("jaxdbg_device_memory_peak_bytes", (("device", "cpu:0"), ("process", "0")))
     assert samples[key] == next(d["peak_live_bytes"] for d in report["result"]["devices"] if d["device"] == "cpu:0")
+
+
+def test_a_memory_budget_gates_a_check_suite(tmp_path, capsys) -> None:
+    """`jaxdbg check` runs a memory check with a peak_bytes budget: its verdict, finding and user line."""
+    model = RECIPES / "memory_fit" / "model.py"
+    config = tmp_path / "pyproject.toml"
+    config.write_text(f'[tool.jaxdbg.check.fits]\ncommand = "memory"\ntarget = "{model}::top_scores"\n'
+                      'budget = "top_scores.peak_bytes<=64KiB"\n'
+                      'options = ["--args", "f32[256,64] f32[256,64]", "--no-plot"]\n')
+    code = main(["check", "--config", str(config), "--out", str(tmp_path / "out"), "--json", str(tmp_path / "c.json")])
+    (check,) = json.loads((tmp_path / "c.json").read_text())["result"]["checks"]
+    assert code == 1 and (check["command"], check["passed"]) == ("memory", False)
+    finding = check["finding"]
+    assert finding.startswith("budget broken: top_scores.peak_bytes ") and "> 65536 (64.0 KiB)" in finding
+    assert (check["location"]["function"], check["location"]["line"]) == ("top_scores", _line(model, "def top_scores"))
