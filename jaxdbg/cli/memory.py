@@ -120,9 +120,10 @@ def render(report: Report, console: Console) -> None:
         console.print("[bold red]budget broken:[/] " + escape("; ".join(result.budget.violations)), soft_wrap=True)
     if result.error:
         console.print(f"[red]{escape(result.error)}[/]", soft_wrap=True)
-    verdict = result.essential_line() if result.found else "everything fits"
-    colour = "red" if result.found else "green"
-    console.print(f"[{colour}]{escape(verdict or '')}[/]", soft_wrap=True)
+    if result.found:
+        console.print(f"[red]{escape(result.essential_line() or '')}[/]", soft_wrap=True)
+    elif not result.error:
+        console.print("[green]everything fits[/]")
     for hint in result.hints:
         console.print(f"  [cyan]try[/] {escape(hint.text)}", soft_wrap=True)
     for row in result.processes:

@@ -76,7 +76,7 @@ def script_job(job: MemoryJob, channel: Any) -> None:
     recorder.on_first_call = start
     namespaces: list[dict] = []
     try:
-        with compile_spans(recorder), jit_layer.installed(recorder):
+        with recorder.flushing(), compile_spans(recorder), jit_layer.installed(recorder):
             try:
                 namespaces = [run_script(job.spec)]
             except BaseException as err:

@@ -315,9 +315,11 @@ class MemoryRecorder(JitHook):
         estimate = {device: live + extra.get(device, 0) for device, live in snapshot.live.items()}
         for device, added in extra.items():
             estimate.setdefault(device, added)
-        self.rows.append(SampleRow(snapshot.t - self.started, state.name if state else None, index, snapshot.live,
-                                   estimate, snapshot.in_use, snapshot.peak_in_use))
-        self._peak(snapshot, estimate, state, index, source)
+        row = SampleRow(snapshot.t - self.started, state.name if state else None, index, snapshot.live, estimate,
+                        snapshot.in_use, snapshot.peak_in_use)
+        with self.lock:
+            self.rows.append(row)
+            self._peak(snapshot, estimate, state, index, source)
         self._follow_groups(snapshot)
         if len(self.rows) >= 64 or time.perf_counter() - self.last_send >= SEND_EVERY_S:
             self.flush()
@@ -445,11 +447,31 @@ class MemoryRecorder(JitHook):
         self.flush()
 
     def flush(self) -> None:
-        rows, self.rows = tuple(self.rows), []
-        moved, self.peak_moved = self.peak_moved, False
+        """Send the samples taken since the last flush, and the peak if it moved (main thread or flusher)."""
+        with self.lock:
+            rows, self.rows = tuple(self.rows), []
+            moved, self.peak_moved = self.peak_moved, False
+            peak, groups = self.peak, self.peak_groups
+            self.last_send = time.perf_counter()
         if rows or moved:
-            self.send(Samples(rows, self.peak if moved else None, self.peak_groups if moved else ()))
-        self.last_send = time.perf_counter()
+            self.send(Samples(rows, peak if moved else None, groups if moved else ()))
+
+    @contextlib.contextmanager
+    def flushing(self) -> Iterator[None]:
+        """Flush every SEND_EVERY_S from a daemon thread, so a run that hangs or is killed keeps its samples."""
+        stop = threading.Event()
+
+        def loop() -> None:
+            while not stop.wait(SEND_EVERY_S):
+                self.flush()
+
+        thread = threading.Thread(target=loop, name="jaxdbg-memory-flush", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join(timeout=5)
 
 
 def live_groups(groups: Any, device: str | None, limit: int = TOP_GROUPS) -> tuple[LiveGroup, ...]:
