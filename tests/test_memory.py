@@ -249,3 +249,25 @@ def test_a_memory_budget_gates_a_check_suite(tmp_path, capsys) -> None:
     finding = check["finding"]
     assert finding.startswith("budget broken: top_scores.peak_bytes ") and "> 65536 (64.0 KiB)" in finding
     assert (check["location"]["function"], check["location"]["line"]) == ("top_scores", _line(model, "def top_scores"))
+
+
+def test_a_failure_of_the_recorder_is_a_note_and_the_run_goes_on(tmp_path, monkeypatch) -> None:
+    import jax
+    import jax.numpy as jnp
+
+    from jaxdbg import jit_layer
+    from jaxdbg.memory import recorder
+    from jaxdbg.memory.messages import MemoryNote, ProgramAnalysed
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("snapshot broke")
+
+    monkeypatch.setattr(recorder, "take_snapshot", broken)
+    sent: list = []
+    hook = recorder.MemoryRecorder(sent.append, str(tmp_path))
+    with recorder.compile_spans(hook), jit_layer.installed(hook):
+        double = jax.jit(lambda x: x * 2.0)
+        assert [float(double(jnp.float32(v))) for v in (1.0, 2.0)] == [2.0, 4.0]  # the program's answers stand
+    (note,) = [m.text for m in sent if isinstance(m, MemoryNote)]
+    assert "stopped following live memory (sampling live memory failed: RuntimeError: snapshot broke)" in note
+    assert [m.program.name for m in sent if isinstance(m, ProgramAnalysed)] == ["<lambda>"]  # analysed all the same

@@ -132,6 +132,7 @@ class MemoryRecorder(JitHook):
         self.dumped: dict[str, int] = {}  # module name -> newest dump number read
         self.oom: OutOfMemory | None = None
         self.on_first_call: Callable[[], Any] | None = None
+        self.working = True  # False once the live-memory side failed (see _safely)
         self.current: tuple[str, int] | None = None  # the latest call (a job's heartbeat says so)
 
     # ---- the jit layer's hooks ---------------------------------------------------------------------------
@@ -155,15 +156,13 @@ class MemoryRecorder(JitHook):
         self.current = (state.name, call.index)
         source = state.last_source = caller_user_frame(1)
         state.last_called = time.perf_counter()
-        if state.calls <= THREAD_CHECKS:
-            self._threaded(call, state)
-        snapshot = self._snapshot(force=state.calls <= ALWAYS_SAMPLED)
+        snapshot = self._safely("sampling live memory", self._before, call, state) if self.working else None
         try:
             if first:
                 self._ahead(call, state, snapshot)
         finally:  # recorded once the call's program is known: the estimate adds what it needs
             if snapshot is not None:
-                self._record(snapshot, state, call.index, source)
+                self._safely("sampling live memory", self._record, snapshot, state, call.index, source)
         local = self.local
         local.compiled, local.active = False, True
         try:
@@ -171,13 +170,31 @@ class MemoryRecorder(JitHook):
         except BaseException as err:
             local.active = False
             if is_out_of_memory(err) and self.oom is None:
-                self._out_of_memory(err, call, state, source)
+                self._safely("explaining the out-of-memory error", self._out_of_memory, err, call, state, source)
             raise
         local.active = False
         if local.compiled and not first:
             self._analyse(call, state, snapshot, ahead=False)
-        self._tag(out, state, call.index, source)
+        if self.working:
+            self._safely("tagging outputs", self._tag, out, state, call.index, source)
         return out
+
+    def _before(self, call: JitCall, state: FunctionState) -> Snapshot | None:
+        if state.calls <= THREAD_CHECKS:
+            self._threaded(call, state)
+        return self._snapshot(force=state.calls <= ALWAYS_SAMPLED)
+
+    def _safely(self, what: str, action: Callable[..., Any], *args: Any) -> Any:
+        """The recorder's own work, never the user's run's undoing: a failure of it is sent as a note and the
+        live-memory side stops (the compiled programs' analysis goes on); the run continues as without it."""
+        try:
+            return action(*args)
+        except Exception as err:  # noqa: BLE001 - jaxdbg's failure, not the program's: a note, not an error
+            self.working = False
+            self.send(MemoryNote(f"jaxdbg memory stopped following live memory ({what} failed: "
+                                 f"{type(err).__name__}: {first_line(str(err))}); what it measured until then "
+                                 "stands"))
+            return None
 
     def on_compile_span(self) -> None:
         """A backend compile ran on this thread (jax.monitoring): inside a watched call, that call compiled."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -85,7 +86,9 @@ def memory(spec: TargetSpec, options: MemoryOptions, out_dir: str) -> MemoryRun:
     env = environment.info if environment is not None else None
     folder = str(process_folder(Path(out_dir), env))
     os.makedirs(folder, exist_ok=True)
-    artifacts = write_artifacts(result, _rows(outcome), folder, spec.display_name, options.plot)
+    artifacts, failed = write_artifacts(result, _rows(outcome), folder, spec.display_name, options.plot)
+    if failed:
+        result = dataclasses.replace(result, notes=result.notes + tuple(failed))
     artifacts["xla_dump"] = dump
     for stream in ("stdout", "stderr"):
         text = getattr(outcome, stream)
@@ -206,13 +209,21 @@ def _notes(outcome: Outcome, programs: list[ProgramMemory], final: FinalLive | N
 
 
 def write_artifacts(result: MemoryResult, rows: list[SampleRow], folder: str, title: str,
-                    plot: bool) -> dict[str, str]:
-    """CSV tables always; memory.png (with matplotlib) and memory.html when ``plot``."""
-    artifacts = {"samples_csv": write_samples_csv(rows, folder)}
-    artifacts.update({f"{name}_csv": path for name, path in write_tables(result, folder).items()})
+                    plot: bool) -> tuple[dict[str, str], list[str]]:
+    """CSV tables always; memory.png (with matplotlib) and memory.html when ``plot``; and what failed to be
+    written, as notes (the answer stands without its files)."""
+    artifacts: dict[str, str] = {}
+    failed: list[str] = []
+    Writer = Callable[[], dict[str, str | None]]
+    writers: list[tuple[str, Writer]] = [
+        ("samples_csv", lambda: {"samples_csv": write_samples_csv(rows, folder)}),
+        ("tables", lambda: {f"{name}_csv": path for name, path in write_tables(result, folder).items()})]
     if plot:
-        png = write_png(result, rows, os.path.join(folder, "memory.png"))
-        if png:
-            artifacts["plot"] = png
-        artifacts["html"] = write_html(result, rows, os.path.join(folder, "memory.html"), title)
-    return artifacts
+        writers += [("plot", lambda: {"plot": write_png(result, rows, os.path.join(folder, "memory.png"))}),
+                    ("html", lambda: {"html": write_html(result, rows, os.path.join(folder, "memory.html"), title)})]
+    for name, write in writers:
+        try:
+            artifacts.update({key: path for key, path in write().items() if path})
+        except Exception as err:  # noqa: BLE001 - no answer lost for a file that could not be written
+            failed.append(f"writing {name} failed: {type(err).__name__}: {err}")
+    return artifacts, failed
