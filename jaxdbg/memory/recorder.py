@@ -57,6 +57,7 @@ from jaxdbg.memory.messages import (
 from jaxdbg.memory.oom import first_line, is_out_of_memory, requested_bytes
 from jaxdbg.memory.program import ProgramInfo, analyse, dump_number
 from jaxdbg.memory.result import Leak, LiveGroup, OutOfMemory, ProgramMemory, RunPeak
+from jaxdbg.protocol import repeating
 
 SAMPLE_SHARE = 0.03  # snapshots after a function's first calls may cost at most this share of the run
 ALWAYS_SAMPLED = 3  # the first calls of every function are always sampled
@@ -473,22 +474,9 @@ class MemoryRecorder(JitHook):
         if rows or moved:
             self.send(Samples(rows, peak if moved else None, groups if moved else ()))
 
-    @contextlib.contextmanager
-    def flushing(self) -> Iterator[None]:
+    def flushing(self) -> contextlib.AbstractContextManager[None]:
         """Flush every SEND_EVERY_S from a daemon thread, so a run that hangs or is killed keeps its samples."""
-        stop = threading.Event()
-
-        def loop() -> None:
-            while not stop.wait(SEND_EVERY_S):
-                self.flush()
-
-        thread = threading.Thread(target=loop, name="jaxdbg-memory-flush", daemon=True)
-        thread.start()
-        try:
-            yield
-        finally:
-            stop.set()
-            thread.join(timeout=5)
+        return repeating(self.flush, SEND_EVERY_S, "jaxdbg-memory-flush")
 
 
 def live_groups(groups: Any, device: str | None, limit: int = TOP_GROUPS) -> tuple[LiveGroup, ...]:
