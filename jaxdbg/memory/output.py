@@ -116,9 +116,9 @@ def write_png(result: MemoryResult, rows: Sequence[SampleRow], path: str) -> str
         return None
     figure, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [2, 1]})
     for device, (t, live, estimate) in series(rows).items():
-        line = left.plot(t, [v / 2**20 for v in live], label=f"{device} live arrays")[0]
-        left.plot(t, [v / 2**20 for v in estimate], linestyle="--", color=line.get_color(), alpha=0.6,
-                  label=f"{device} live + call")
+        line = left.plot(t, [v / 2**20 for v in live], drawstyle="steps-post", label=f"{device} live arrays")[0]
+        left.plot(t, [v / 2**20 for v in estimate], drawstyle="steps-post", linestyle="--", color=line.get_color(),
+                  alpha=0.6, label=f"{device} live + call")
     peak = result.peak
     if peak is not None:
         at = next((r.t for r in rows if r.function == peak.function and r.call_index == peak.call_index), None)
@@ -130,8 +130,9 @@ def write_png(result: MemoryResult, rows: Sequence[SampleRow], path: str) -> str
         left.axhline(result.budget.device_memory_bytes / 2**20, color="black", linestyle=":", label="budget")
     left.set_xlabel("seconds into the run")
     left.set_ylabel("MiB per device")
+    left.set_ylim(bottom=0)
     left.set_title("device memory at call boundaries")
-    left.legend(fontsize=7, loc="upper left")
+    left.legend(fontsize=7, loc="lower right")
     parts = breakdown(peak, result.live_at_peak)
     bottom = 0.0
     for label, size in parts:
@@ -172,13 +173,20 @@ def _svg_series(rows: Sequence[SampleRow], peak: RunPeak | None, width: int = 76
     def xy(t: float, v: int) -> str:
         return f"{pad + t / t_max * (width - 2 * pad):.1f},{height - pad - v / y_max * (height - 2 * pad):.1f}"
 
+    def steps(t: list[float], values: list[int]) -> str:
+        """A value holds until the next sample: a step line, as the PNG draws it."""
+        points = [xy(t[0], values[0])]
+        for i in range(1, len(t)):
+            points += [xy(t[i], values[i - 1]), xy(t[i], values[i])]
+        return " ".join(points)
+
     lines = []
     for i, (device, (t, live, estimate)) in enumerate(data.items()):
         colour = _COLOURS[i % len(_COLOURS)]
-        lines.append(f"<polyline fill='none' stroke='{colour}' points='{' '.join(map(xy, t, live))}'>"
+        lines.append(f"<polyline fill='none' stroke='{colour}' points='{steps(t, live)}'>"
                      f"<title>{device} live arrays</title></polyline>")
         lines.append(f"<polyline fill='none' stroke='{colour}' stroke-dasharray='4 3' opacity='0.6' "
-                     f"points='{' '.join(map(xy, t, estimate))}'><title>{device} live + call</title></polyline>")
+                     f"points='{steps(t, estimate)}'><title>{device} live + call</title></polyline>")
         lines.append(f"<text x='{width - pad + 4}' y='{pad + 14 * i}' fill='{colour}' font-size='11'>{device}</text>")
     if peak is not None:
         at = next((r.t for r in rows if r.function == peak.function and r.call_index == peak.call_index), None)
