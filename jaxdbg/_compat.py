@@ -171,8 +171,9 @@ def compiled_cost(compiled: Any) -> dict[str, float] | None:
     return {k: float(v) for k, v in cost.items() if isinstance(v, (int, float)) and v >= 0}
 
 
-def compiled_memory(compiled: Any) -> dict[str, int] | None:
-    """``Compiled.memory_analysis()`` as ``{argument_bytes, output_bytes, temp_bytes, code_bytes, alias_bytes}``."""
+def compiled_memory(compiled: Any, with_peak: bool = False) -> dict[str, int] | None:
+    """``Compiled.memory_analysis()`` as ``{argument_bytes, output_bytes, temp_bytes, code_bytes, alias_bytes}``
+    (with ``with_peak``, also ``peak_bytes``: its ``peak_memory_in_bytes``, which the CPU backend underreports)."""
     try:
         stats = compiled.memory_analysis()
     except Exception:  # noqa: BLE001 - not every backend implements it
@@ -182,6 +183,8 @@ def compiled_memory(compiled: Any) -> dict[str, int] | None:
     names = {"argument_bytes": "argument_size_in_bytes", "output_bytes": "output_size_in_bytes",
              "temp_bytes": "temp_size_in_bytes", "code_bytes": "generated_code_size_in_bytes",
              "alias_bytes": "alias_size_in_bytes"}
+    if with_peak:
+        names["peak_bytes"] = "peak_memory_in_bytes"
     return {k: int(getattr(stats, v)) for k, v in names.items() if getattr(stats, v, None) is not None}
 
 

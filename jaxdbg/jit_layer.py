@@ -69,6 +69,13 @@ class JitHook:
     def on_jit(self, function: InstrumentedJit) -> None:
         """``jax.jit`` was applied (once per application, before any call)."""
 
+    def compiler_options(self) -> dict[str, Any] | None:
+        """XLA options for the top-level calls of every function jitted while this hook is installed (``jax.jit``'s
+        ``compiler_options``; the user's own win on a clash), e.g. memory's per-function buffer-assignment dump.
+        Asked when ``jax.jit`` is applied, so they reach the user's functions alone, not eager operations; a call
+        nested in another function's trace runs without them (jax refuses them there)."""
+        return None
+
     def around(self, call: JitCall, run: Callable[[], Any]) -> Any:
         """Run one call; the default is ``before``, ``run()``, then ``after`` or ``on_exception``."""
         self.before(call)
@@ -130,9 +137,12 @@ class JitCall:
 class InstrumentedJit:
     """What ``jax.jit(fun, **options)`` returns while hooks are installed; behaves like the jitted function."""
 
-    def __init__(self, layer: _Layer, jitted: Any, fun: Callable, options: dict, record: FunctionRecord):
+    def __init__(self, layer: _Layer, jitted: Any, fun: Callable, options: dict, record: FunctionRecord,
+                 top_level: Any = None):
         self._layer = layer
         self.jitted = jitted
+        # What a top-level call runs: ``jitted`` with the hooks' compiler options (JitHook.compiler_options).
+        self.top_level = jitted if top_level is None else top_level
         self.fun = fun
         self.options = options
         self.record = record
@@ -166,7 +176,7 @@ class InstrumentedJit:
         return self._layer.call(self, args, kwargs)
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("jitted", "_layer", "fun"):  # not set yet (half-built, or unpickling): no recursion
+        if name in ("jitted", "_layer", "fun", "top_level"):  # not set yet (half-built, or unpickling): no recursion
             raise AttributeError(name)
         return getattr(self.jitted, name)
 
@@ -213,10 +223,22 @@ class _Layer:
         jitted = self.real_jit(fun, *args, **options)
         if not self.hooks or not callable(jitted) or not hasattr(jitted, "lower"):
             return jitted
-        wrapped = InstrumentedJit(self, jitted, fun, options, self._record(fun))
+        wrapped = InstrumentedJit(self, jitted, fun, options, self._record(fun),
+                                  self.top_level_jit(fun, args, options, jitted))
         for hook in list(self.hooks):
             hook.on_jit(wrapped)
         return wrapped
+
+    def top_level_jit(self, fun: Callable, args: tuple, options: dict, jitted: Any) -> Any:
+        """What top-level calls run: ``jitted`` again with the hooks' compiler options merged under the user's
+        own (see JitHook.compiler_options), or ``jitted`` itself when no hook adds any."""
+        extra: dict[str, Any] = {}
+        for hook in self.hooks:
+            extra.update(hook.compiler_options() or {})
+        if not extra:
+            return jitted
+        merged = {**extra, **(options.get("compiler_options") or {})}
+        return self.real_jit(fun, *args, **{**options, "compiler_options": merged})
 
     def _record(self, fun: Callable) -> FunctionRecord:
         fun = frameworks.user_function(fun)  # the user's function, not a framework wrapper's inner one
@@ -246,7 +268,7 @@ class _Layer:
             record.calls += 1
         hooks = [h for h in hooks if h.wants(function, index)]
         if not hooks:  # counted, and left on jax's C++ dispatch: nothing else runs
-            return function.jitted(*args, **kwargs)
+            return function.top_level(*args, **kwargs)
         call = JitCall(function, args, kwargs, index)
         check = any(h.check_outputs for h in hooks)
         local = self.local
@@ -258,7 +280,7 @@ class _Layer:
                 if check:
                     out, call.magnitudes = function.checked()(*call.args, **call.kwargs)
                     return out
-                return function.jitted(*call.args, **call.kwargs)
+                return function.top_level(*call.args, **call.kwargs)
             finally:
                 local.user_call = False
                 local.depth -= 1
@@ -389,7 +411,7 @@ def _twin(layer: _Layer, value: Any, user_fun: Any) -> InstrumentedJit | None:
     fun, options = rebuilt
     jitted = layer.real_jit(fun, **options)
     record = layer._record(user_fun if user_fun is not None else fun)
-    twin = InstrumentedJit(layer, jitted, fun, options, record)
+    twin = InstrumentedJit(layer, jitted, fun, options, record, layer.top_level_jit(fun, (), options, jitted))
     for hook in list(layer.hooks):
         hook.on_jit(twin)
     return twin

@@ -4,8 +4,10 @@
 # CI has no accelerator, so these paths are covered here by hand when a machine is lent: xprof's hlo_stats
 # per-op table, the published-peak table and achieved rates, device memory in doctor and --monitor, the
 # profiler capture on the device, nan-hunt's recipes with the device as default backend, repro's jaxpr
-# cutting on the device, jaxdbg.watch's output check and the overheads (bench_watch, bench_profile), and real
-# pipeline mode (which falls back to CPU devices when the host has fewer accelerators than stages).
+# cutting on the device, jaxdbg.watch's output check and the overheads (bench_watch, bench_profile), real
+# pipeline mode (which falls back to CPU devices when the host has fewer accelerators than stages), and
+# jaxdbg memory (the device's limit as the budget, its measured peak beside the estimate, a real out-of-memory
+# error under XLA_PYTHON_CLIENT_MEM_FRACTION, whether jax.checkpoint lowers the temporaries there).
 #
 #   OUT=/tmp/device_out bash scripts/device_check.sh                   # every check; PY=python3 by default
 #   OUT=/tmp/device_out bash scripts/device_check.sh profile_function  # only the checks named
@@ -50,7 +52,29 @@ print("notes", result["notes"])
 PYEOF
 }
 
-CHECKS=${*:-env doctor profile_script profile_function profile_monitor profile_recompile nan_hunt repro pipeline_real watch pytest}
+memory_summary() {  # a memory report in brief: the device's own peak beside the estimate, misfits, the OOM
+  $PY - "$1" <<'PYEOF'
+import json, sys
+report = json.load(open(sys.argv[1]))
+result = report["result"]
+print("exit", report["exit_code"], "found", result.get("found"), "budget", result.get("budget"))
+print("peak", result.get("peak"))
+for d in result.get("devices", []):
+    print("  device", d["device"], "limit", d["limit_bytes"], "estimate", d["peak_bytes"], "live", d["peak_live_bytes"],
+          "measured", d["measured_peak_bytes"])
+for f in result.get("functions", []):
+    print("  function", f["name"], "peak", f["peak_bytes"], "temp", f["temp_bytes"], "xla_peak", f["xla_peak_bytes"],
+          "schedule_peak", f["schedule_peak_bytes"], "needs", f["needs_bytes"], "fits", f["fits"], "dump", bool(f["dump"]))
+oom = result.get("out_of_memory")
+if oom:
+    print("oom", oom["function"], oom["call_index"], oom["requested_bytes"], oom["at_compile"], oom["message"])
+for hint in result.get("hints", []):
+    print("  hint", hint["kind"], hint["saves_bytes"], hint["text"][:160])
+print("notes", result.get("notes"))
+PYEOF
+}
+
+CHECKS=${*:-env doctor profile_script profile_function profile_monitor profile_recompile nan_hunt repro pipeline_real watch memory pytest}
 for check in $CHECKS; do
   case $check in
   env) step env 60 bash -c "nvidia-smi -L; $PY -c 'import jax, jaxlib, sys; print(sys.version); print(jax.__version__, jaxlib.__version__, jax.devices(), jax.default_backend())'; $PY -c 'import xprof, os; print(\"xprof\", os.path.dirname(xprof.__file__))'" ;;
@@ -79,6 +103,48 @@ for check in $CHECKS; do
       step "pytest_$suite" 240 env JAX_PLATFORMS= $PY -m pytest -q -p no:cacheprovider \
         --junitxml "$WORK/r/junit_$suite.xml" "tests/test_$suite.py"
     done ;;
+  memory)  # jaxdbg memory on the device: its limit as the budget, its own peak beside the estimate, a real OOM
+    step memory_remat 180 $PY -m jaxdbg memory recipes/memory_remat/train.py $(J memory_remat)
+    memory_summary "$WORK/r/memory_remat.json" >>"$LOG" 2>&1
+    step memory_leak 180 $PY -m jaxdbg memory recipes/memory_leak/train.py $(J memory_leak)
+    memory_summary "$WORK/r/memory_leak.json" >>"$LOG" 2>&1
+    cat > "$WORK/oom.py" <<'PYEOF'
+import jax, jax.numpy as jnp
+
+@jax.jit
+def top_scores(q, k):
+    return jnp.sort(q @ k.T, axis=1)[:, -8:]  # [65536, 65536] f32 scores: 16 GiB of temporaries
+
+kept = [jnp.ones((4096, 4096)) * i for i in range(4)]  # 256 MiB live beside it
+q, k = jnp.ones((65536, 64)), jnp.ones((65536, 64))
+print(float(top_scores(q, k)[0, 0]))
+PYEOF
+    # A 5% share of the GPU (about 7 GiB on an H200): the step does not fit its limit, runs, and fails for real.
+    step memory_oom 180 env XLA_PYTHON_CLIENT_MEM_FRACTION=0.05 $PY -m jaxdbg memory "$WORK/oom.py" $(J memory_oom)
+    memory_summary "$WORK/r/memory_oom.json" >>"$LOG" 2>&1
+    # Does jax.checkpoint on groups of layers lower the temporaries on this backend? (XLA:CPU: no; the hint says so)
+    step memory_remat_gain 180 $PY - <<'PYEOF'
+import jax, jax.numpy as jnp
+DEPTH, WIDTH, BATCH = 12, 512, 2048
+def make(group):
+    def block(x, ws):
+        for w in ws:
+            x = jnp.tanh(x @ w)
+        return x
+    if group:
+        block = jax.checkpoint(block, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
+    def loss(params, x):
+        g = group or DEPTH
+        for i in range(0, DEPTH, g):
+            x = block(x, params[i:i + g])
+        return jnp.mean(x ** 2)
+    return jax.jit(lambda params, x: jax.grad(loss)(params, x))
+params, x = [jnp.ones((WIDTH, WIDTH))] * DEPTH, jnp.ones((BATCH, WIDTH))
+for group in (0, 1, 2, 3, 4, 6, 12):
+    stats = make(group).lower(params, x).compile().memory_analysis()
+    print("checkpoint groups of", group or "none", "temp MiB", stats.temp_size_in_bytes / 2**20)
+PYEOF
+    step bench_memory 300 $PY scripts/bench_memory.py --only interleaved ;;
   *) echo "unknown check '$check'" | tee -a "$LOG" ;;
   esac
 done

@@ -65,6 +65,23 @@ def test_only_top_level_calls_reach_the_hooks():
     assert calls == [("h", "before", "<lambda>", 0)] and inner.record.calls == 0
 
 
+def test_compiler_options_of_a_hook_reach_top_level_calls_only(tmp_path):
+    """jax refuses compiler_options on a jit called inside another's trace (optax's own jitted helpers are):
+    a hook's options go to the top-level calls, a nested call runs the user's own jit."""
+
+    class Dumps(JitHook):
+        def compiler_options(self):
+            return {"xla_dump_to": str(tmp_path), "xla_dump_hlo_as_text": True}
+
+    with jit_layer.installed(Dumps()):
+        inner = jax.jit(lambda v: v * 3.0)
+        outer = jax.jit(lambda v: inner(v) + 1.0)
+        assert float(outer(jnp.float32(1.0))) == 4.0 and float(inner(jnp.float32(2.0))) == 6.0
+    # outer (with inner inlined) and inner called on its own; no eager operation's module
+    dumped = [p.name.split(".")[1] for p in tmp_path.glob("module_*buffer-assignment.txt")]
+    assert dumped == ["jit__lambda", "jit__lambda"]
+
+
 def test_re_jitting_the_same_code_counts_calls_of_one_function():
     def step(x):
         return x + 1.0

@@ -43,6 +43,9 @@ CASES = {
                       "--memory-cap", "1,2"], 0),
     "pipeline-real": (["pipeline-bench", "--mode", "real", "--stages", "2", "--microbatches", "2"], 0),
     "check": (["check", "--config", "{check.toml}"], 1),
+    "memory-fits": (["memory", f"{RECIPES / 'memory_fit' / 'model.py'}::top_scores", "--args",
+                     "f32[256,64] f32[256,64]", "--device-memory", "64MiB", "--budget", "peak_bytes<=64MiB",
+                     "--no-plot"], 0),
     "usage-error": (["profile", str(RECIPES / "nan_forward" / "train.py"), "--args", "f32[3]"], 2),
 }
 
@@ -109,6 +112,8 @@ def test_the_runs_reached_the_interesting_shapes(reports: dict) -> None:
     assert reports["pipeline-real"]["result"]["correctness"]["ok"] is True
     assert "model" in reports["pipeline-real"]["result"]["config"]
     assert set(reports["usage-error"]["result"]) == {"error"}
+    fits = reports["memory-fits"]["result"]
+    assert fits["functions"][0]["fits"] is True and fits["budget"]["ok"] and fits["samples"] >= 1
 
 
 def _parent(report: dict, path: list):

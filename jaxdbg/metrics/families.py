@@ -263,6 +263,54 @@ def _check(out: Families, result: dict, process: str) -> None:
         out.gauge("checks_passed", "jaxdbg check: 1 when every check passed.", {"process": process}, result["passed"])
 
 
+# ---- memory ------------------------------------------------------------------------------------------------
+
+
+def device_memory(out: Families, device: str, process: str, live: Any, peak: Any) -> None:
+    """A device's live and peak bytes: the same two families for a memory report and a live watch."""
+    labels = {"device": device, "process": process}
+    out.gauge("device_memory_live_bytes", "Bytes of live jax arrays on a device.", labels, live)
+    out.gauge("device_memory_peak_bytes", "A device's peak memory: its own peak_bytes_in_use where it keeps one "
+              "(GPU, TPU), else the most bytes of live arrays seen.", labels, peak)
+
+
+def _memory(out: Families, result: dict, process: str) -> None:
+    largest: dict[str, dict] = {}
+    for fn in result.get("functions") or []:  # a function's largest compile
+        if fn["name"] not in largest or fn["peak_bytes"] > largest[fn["name"]]["peak_bytes"]:
+            largest[fn["name"]] = fn
+    for name, fn in largest.items():
+        labels = {"function": name, "process": process}
+        out.gauge("memory_program_peak_bytes", "jaxdbg memory: what a call of the function holds at once (per "
+                  "device).", labels, fn.get("peak_bytes"))
+        out.gauge("memory_program_temp_bytes", "jaxdbg memory: the function's temporaries (per device).", labels,
+                  fn.get("temp_bytes"))
+        out.gauge("memory_program_needs_bytes", "jaxdbg memory: live bytes when called plus what the call adds.",
+                  labels, fn.get("needs_bytes"))
+        out.gauge("memory_program_fits", "jaxdbg memory: 1 when the function fits the device memory budget, else 0.",
+                  labels, fn.get("fits"))
+    for device in result.get("devices") or []:
+        measured = device.get("measured_peak_bytes")
+        device_memory(out, device["device"], process, device.get("final_live_bytes"),
+                      measured if measured is not None else device.get("peak_live_bytes"))
+    own = {"process": process}
+    peak = result.get("peak") or {}
+    out.gauge("memory_run_peak_bytes", "jaxdbg memory: the run's peak (live at a call's start + what it adds).",
+              own, peak.get("bytes"))
+    leaks = result.get("leaks") or []
+    out.gauge("memory_leaks", "jaxdbg memory: producers whose live arrays pile up call after call.", own, len(leaks))
+    out.gauge("memory_leaked_bytes", "jaxdbg memory: bytes the leaks hold.", own, sum(leak["bytes"] for leak in leaks))
+    out.gauge("memory_out_of_memory", "jaxdbg memory: 1 when the run ended in an out-of-memory error.", own,
+              result.get("out_of_memory") is not None)
+    budget = result.get("budget") or {}
+    out.gauge("memory_misfits", "jaxdbg memory: functions that do not fit the device memory budget.", own,
+              len(budget.get("misfits") or []))
+    if budget.get("checked"):
+        out.gauge("budget_ok", "1 when every --budget rule held, else 0.", own, budget.get("ok"))
+        out.gauge("budget_violations", "Broken --budget rules.", own, len(budget.get("violations") or []))
+
+
 _BUILDERS: dict[str, Callable[[Families, dict, str], None]] = {
     "profile": _profile, "nan-hunt": _nan_hunt, "pipeline-bench": _pipeline_bench, "check": _check,
+    "memory": _memory,
 }

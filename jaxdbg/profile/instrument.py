@@ -41,7 +41,7 @@ from jaxdbg.profile.hlo import module_name, write_hlo
 from jaxdbg.profile.messages import CallBatch, CallTiming, CompileRecord, FunctionDefined, RunTotals
 from jaxdbg.profile.signature import Signature, call_signature, explain, parameter_names
 from jaxdbg.profile.spans import span_times
-from jaxdbg.protocol import Message
+from jaxdbg.protocol import Message, repeating
 
 FLUSH_EVERY_S = 0.5
 TIMED_FIRST = 3  # the first calls of a function are all timed (first call, and a steady median early)
@@ -312,19 +312,10 @@ class Recorder(JitHook):
     def flushing(self) -> Iterator[None]:
         """Flush every FLUSH_EVERY_S from a daemon thread (so a run killed while it hangs keeps its calls),
         and once more at the end."""
-        stop = threading.Event()
-
-        def loop() -> None:
-            while not stop.wait(FLUSH_EVERY_S):
-                self.flush()
-
-        thread = threading.Thread(target=loop, name="jaxdbg-flush", daemon=True)
-        thread.start()
         try:
-            yield
+            with repeating(self.flush, FLUSH_EVERY_S, "jaxdbg-flush"):
+                yield
         finally:
-            stop.set()
-            thread.join(timeout=5)
             self.flush()
 
     def flush(self) -> None:

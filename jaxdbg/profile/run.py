@@ -18,6 +18,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from jaxdbg._errors import EXIT_FOUND, EXIT_OK, EXIT_TARGET_FAILED, EXIT_USAGE, UsageError
 from jaxdbg._source import SourceLocation, is_jaxdbg_file
@@ -140,7 +141,17 @@ def child_xla_flags(flags: str, options: ProfileOptions, dump: str | None) -> tu
     return flags.strip(), off
 
 
-def _check_inputs(spec: TargetSpec, options: ProfileOptions) -> None:
+class TargetInputs(Protocol):
+    """The options every command with a function target has (profile's and memory's share these checks)."""
+
+    @property
+    def args(self) -> str | None: ...
+
+    @property
+    def inputs(self) -> str | None: ...
+
+
+def _check_inputs(spec: TargetSpec, options: TargetInputs) -> None:
     """Fail fast (exit 2) on inputs that cannot work, without running user code."""
     if spec.is_script:
         if options.args or options.inputs:
@@ -168,7 +179,7 @@ def _raise_usage_from_child(outcome: Outcome) -> None:
         exc.reraise()
 
 
-def _raise_internal_failure(outcome: Outcome, spec: TargetSpec, options: ProfileOptions) -> None:
+def _raise_internal_failure(outcome: Outcome, spec: TargetSpec, options: TargetInputs) -> None:
     """An exception whose traceback never passed through the user's files is a jaxdbg bug, not the target's."""
     exc = outcome.exception
     if exc is None:
