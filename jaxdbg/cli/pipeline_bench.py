@@ -87,6 +87,10 @@ def pipeline_bench(
     exact_bound: float = typer.Option(
         1.0, "--exact-bound", metavar="SECONDS", min=0.0,
         help="Time HiGHS may take for the exact memory-aware lower bound on pipelines of at most 32 tasks (0: off)."),
+    message_auth: str = typer.Option(
+        "full", "--message-auth",
+        help="Real mode across processes: full (HMAC over each note and a digest of its array's bytes), notes "
+        "(the note and the array's shape and dtype), off."),
     csv: str | None = typer.Option(
         None, "--csv", metavar="DIR", help="Write runs.csv (one row per run) and stages.csv (per run and stage)."),
     metrics_port: int | None = typer.Option(
@@ -105,7 +109,7 @@ def pipeline_bench(
         options = BenchOptions(
             mode=mode, stages=stages, microbatches=microbatches, virtual_stages=virtual_stages,
             schedules=_names(schedule), policies=_names(policy), hints=_names(hint), admissions=_names(admit),
-            comms=_names(comm), exact_bound_s=exact_bound,
+            comms=_names(comm), exact_bound_s=exact_bound, message_auth=message_auth.strip().lower(),
             memory_caps=_caps(memory_cap), variabilities=tuple(split_specs(variability)) or ("none",),
             seeds=seeds, seed=seed,
             costs=Costs(forward_s=task_ms / 1e3, backward_s=2 * task_ms / 1e3, comm_s=comm_ms / 1e3),

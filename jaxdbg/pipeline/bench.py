@@ -39,6 +39,7 @@ from jaxdbg.pipeline.real import ModelSpec
 from jaxdbg.pipeline.schedules import Schedule, build_schedule, shape_for, static_peak_inflight
 from jaxdbg.pipeline.simulate import COMMS, simulate
 from jaxdbg.pipeline.tasks import BACKWARD, FORWARD, WEIGHT, PipelineShape
+from jaxdbg.pipeline.transport import AUTH
 from jaxdbg.pipeline.variability import Costs, Durations, Variability, parse_variability, realise
 from jaxdbg.protocol import Environment
 
@@ -70,6 +71,7 @@ class BenchOptions:
     transfer_bind: str = "127.0.0.1"  # real mode across processes: the interface jax.experimental.transfer binds
     admissions: tuple[str, ...] = ("data",)  # admission orders of the named hints (auto picks its own)
     exact_bound_s: float = EXACT_SECONDS  # time for the exact memory-aware bound on small pipelines (0: off)
+    message_auth: str = "full"  # real mode across processes: what each message's HMAC covers (transport.AUTH)
 
 
 @dataclass(frozen=True)
@@ -197,6 +199,7 @@ def check_options(options: BenchOptions) -> dict[str, Variability]:
     _one_of("--policy", options.policies, POLICIES)
     _one_of("--hint", options.hints, (*HINTS, "auto"))
     _one_of("--admit", options.admissions, ORDERS)
+    _one_of("--message-auth", (options.message_auth,), AUTH)
     if options.exact_bound_s < 0:
         raise UsageError(f"--exact-bound {options.exact_bound_s:g}: give seconds, 0 or more (0: no exact bound)")
     _one_of("--comm", options.comms, COMMS)
@@ -346,7 +349,8 @@ def _config(options: BenchOptions) -> dict:
         "lookahead": options.lookahead,
     }
     if options.mode == "real":
-        config.update(model=options.model, devices_per_stage=options.devices_per_stage)
+        config.update(model=options.model, devices_per_stage=options.devices_per_stage,
+                      message_auth=options.message_auth)
     return config
 
 
@@ -441,7 +445,7 @@ def _run_real(options: BenchOptions, jobs: list[_Job], on_run: Callable[[int, in
 
     payload = RealJob(options.model, options.devices_per_stage, options.xprof_dir, options.costs, options.lookahead,
                       [(job.key, job.shape, job.schedule.name, job.durations, job.hint, job.order) for job in jobs],
-                      options.transfer_bind, options.timeout)
+                      options.transfer_bind, options.timeout, options.message_auth)
     devices = options.stages * options.devices_per_stage
     outcome = run_contained("jaxdbg.pipeline.bench:real_job", payload, timeout=options.timeout, device_count=devices,
                             on_message=heard if on_run is not None else None)
@@ -498,7 +502,7 @@ def real_job(payload: RealJob, channel) -> None:
     from jaxdbg.pipeline.transport import join_job
 
     wait = payload.timeout or 300.0
-    transport = join_job(payload.transfer_bind, wait)  # before anything starts jax's backend
+    transport = join_job(payload.transfer_bind, wait, payload.message_auth)  # before anything starts jax's backend
 
     from jaxdbg.report import environment_info
 
