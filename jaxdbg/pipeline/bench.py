@@ -33,14 +33,14 @@ from jaxdbg.pipeline.arbiter import RunRecord
 from jaxdbg.pipeline.bounds import EXACT_SECONDS, EXACT_TASKS, Bound, memory_lower_bound
 from jaxdbg.pipeline.messages import RealJob, RealTimeline, StageDevices
 from jaxdbg.pipeline.metrics import RunMetrics, lower_bound, measure
-from jaxdbg.pipeline.planner import Pick, choose
+from jaxdbg.pipeline.planner import SAMPLES, Pick, choose
 from jaxdbg.pipeline.policies import HINTS, POLICIES, make_policies, memory_caps
 from jaxdbg.pipeline.real import ModelSpec
 from jaxdbg.pipeline.schedules import Schedule, build_schedule, shape_for, static_peak_inflight
 from jaxdbg.pipeline.simulate import COMMS, simulate
 from jaxdbg.pipeline.tasks import BACKWARD, FORWARD, WEIGHT, PipelineShape
 from jaxdbg.pipeline.transport import AUTH
-from jaxdbg.pipeline.variability import Costs, Durations, Variability, parse_variability, realise
+from jaxdbg.pipeline.variability import Costs, Durations, Variability, noise_samples, parse_variability, realise
 from jaxdbg.protocol import Environment
 
 MODES = ("sim", "real")
@@ -187,8 +187,9 @@ class _Job:
 
     def policies(self) -> list:
         key = self.key
+        policy = "fixed" if self.hint == "fixed" else key.policy  # auto may pick the schedule as written
         return make_policies(
-            key.policy, self.shape, self.schedule, self.hint, key.memory_cap or 1.0, self.costs, self.lookahead,
+            policy, self.shape, self.schedule, self.hint, key.memory_cap or 1.0, self.costs, self.lookahead,
             known=self.durations.known(), order=self.order,
         )
 
@@ -258,15 +259,17 @@ def plan_jobs(options: BenchOptions) -> list[_Job]:
                     key = RunKey(schedule_name, "fixed", None, "data", comm, None, spec, seed)
                     jobs.append(_Job(key, shape, schedule, durations, options.costs, options.lookahead))
                 if wanted_ready:
-                    jobs += _ready_jobs(options, shape, schedule, durations, spec, seed)
+                    jobs += _ready_jobs(options, shape, schedule, durations, variability, seed)
     return jobs
 
 
-def _ready_jobs(options: BenchOptions, shape: PipelineShape, schedule: Schedule, durations: Durations, spec: str,
-                seed: int) -> list[_Job]:
-    """The ready runs of one draw: each named hint in each admission order, and auto with the planner's pick."""
-    known = durations.known()
+def _ready_jobs(options: BenchOptions, shape: PipelineShape, schedule: Schedule, durations: Durations,
+                variability: Variability, seed: int) -> list[_Job]:
+    """The ready runs of one draw: each named hint in each admission order, and auto with the planner's pick
+    (planned on the known durations and on other draws of the noise, never on this draw's)."""
+    known, spec = durations.known(), variability.spec
     per_microbatch = microbatch_costs(shape, known)
+    samples = noise_samples(variability, durations, options.costs, seed, SAMPLES) if "auto" in options.hints else []
     jobs = []
     for hint in options.hints:
         admissions = ("auto",) if hint == "auto" else options.admissions
@@ -275,7 +278,7 @@ def _ready_jobs(options: BenchOptions, shape: PipelineShape, schedule: Schedule,
                 for comm in options.comms:
                     key = RunKey(schedule.name, "ready", hint, admission, comm, cap, spec, seed)
                     if hint == "auto":
-                        pick = choose(shape, schedule, cap, known, options.costs, comm, options.lookahead)
+                        pick = choose(shape, schedule, cap, known, options.costs, comm, options.lookahead, samples)
                         jobs.append(_Job(key, shape, schedule, durations, options.costs, options.lookahead,
                                          pick.hint, pick.order, pick))
                     else:

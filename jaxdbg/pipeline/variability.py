@@ -271,6 +271,27 @@ def realise(variability: Variability, shape: PipelineShape, costs: Costs, seed: 
     return Durations(shape, task.reshape(-1), message, draw.heavy, known.reshape(-1), draw.lengths)
 
 
+def noise_samples(variability: Variability, durations: Durations, costs: Costs, seed: int,
+                  count: int) -> list[Durations]:
+    """``count`` draws of what a runtime does not know beforehand (the noise: jitter, stragglers, message
+    delays) around ``durations``' known part, from seeds other than ``seed``'s (the past steps a runtime has
+    profiled, not this one): each task's known seconds times another draw's realised-over-known ratio; empty
+    when the spec has no noise."""
+    shape, known = durations.shape, durations.known()
+    base = realise(parse_variability("none"), shape, costs, 0).comm
+    samples = []
+    for k in range(count):
+        other = realise(variability, shape, costs, _SAMPLE_SEED + seed * 64 + k)
+        ratio = np.divide(other.task, other.known(), out=np.ones_like(other.task), where=other.known() > 0)
+        if k == 0 and np.allclose(ratio, 1.0) and np.allclose(other.comm, base):
+            return []  # nothing unknown: the expected durations are the durations
+        samples.append(Durations(shape, known * ratio, other.comm, durations.heavy, known, durations.lengths))
+    return samples
+
+
+_SAMPLE_SEED = 1_000_003  # noise samples' seeds start here, far from the seeds a bench pairs its runs on
+
+
 class _Draw:
     """One seed's draw in progress: work per (forward|backward, model stage, microbatch), what of it a runtime
     knows before running (``known``: modality, lengths, the partition; not noise), and each message's delay."""
