@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from jaxdbg.pipeline.metrics import lower_bound
-from jaxdbg.pipeline.tasks import PipelineShape
+from jaxdbg.pipeline.tasks import BACKWARD, FORWARD, WEIGHT, PipelineShape
 from jaxdbg.pipeline.variability import Durations
 
 EXACT_TASKS = 32  # pipelines with at most this many tasks get the mixed-integer program
@@ -82,18 +82,12 @@ def memory_lower_bound(durations: Durations, caps: list[int], exact_tasks: int =
 def slot_bound(durations: Durations, caps: list[int]) -> float:
     """The ``slots`` bound: residencies of at most ``caps[w]`` microbatches at a time on each stage ``w``."""
     shape = durations.shape
-    graph = shape.graph()
-    head, tail = heads_and_tails(durations)
-    dist = _residencies(durations)
+    release, residency, tail = _residencies(durations)
     best = 0.0
     for w in range(shape.stages):
-        admits = [t for t in range(shape.num_tasks) if graph.admits[t] and graph.worker[t] == w]
-        if caps[w] >= len(admits):
+        if caps[w] >= shape.microbatches:
             continue  # the cap never binds
-        releases = _release_of(shape, w)
-        r = np.sort([head[t] for t in admits])
-        q = np.sort([tail[releases[shape.decode(t)[2]]] for t in admits])
-        total = sum(dist[t] for t in admits)
+        r, q, total = np.sort(release[w]), np.sort(tail[w]), float(residency[w].sum())
         tracks = range(1, caps[w] + 1)
         best = max(best, min((r[:k].sum() + total + q[:k].sum()) / k for k in tracks))
     return float(best)
@@ -114,28 +108,26 @@ def heads_and_tails(durations: Durations) -> tuple[np.ndarray, np.ndarray]:
     return head, tail
 
 
-def _residencies(durations: Durations) -> dict[int, float]:
-    """Per admitting forward, the least time from its start to the end of its microbatch's release on the
-    same stage (the longest chain between them, both included)."""
-    shape, task, comm = durations.shape, durations.task, durations.comm
-    graph, (order, preds, _succs) = shape.graph(), _dag(shape)
-    m = shape.microbatches
-    chains = [[t for t in order if t % m == j] for j in range(m)]  # dependencies stay within a microbatch
-    out = {}
-    for w in range(shape.stages):
-        releases = _release_of(shape, w)
-        for admit in (t for t in range(shape.num_tasks) if graph.admits[t] and graph.worker[t] == w):
-            since = {admit: 0.0}  # earliest start of each task after the admit's start, on its descendants
-            for t in chains[admit % m]:
-                if t == admit:
-                    continue
-                reach = [since[u] + task[u] + (comm[u] if graph.worker[u] != graph.worker[t] else 0.0)
-                         for u in preds[t] if u in since]
-                if reach:
-                    since[t] = max(reach)
-            release = releases[shape.decode(admit)[2]]
-            out[admit] = since[release] + task[release]
-    return out
+def _residencies(durations: Durations) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per worker (its first chunk, where it admits microbatches) and microbatch: the earliest start of the
+    admitting forward, the least residency (that forward's start to the end of the task that frees the
+    microbatch there: the round trip through the later model stages, with their messages) and the least time
+    from that end to the end of the step. A microbatch's tasks form one chain, F through every model stage and
+    B back, each W hanging off its B, so these are sums along it."""
+    shape = durations.shape
+    task = durations.task.reshape(shape.kinds, shape.model_stages, shape.microbatches)
+    comm = durations.comm.reshape(shape.kinds, shape.model_stages, shape.microbatches)  # 0 where nothing is sent
+    forward, backward = task[FORWARD] + comm[FORWARD], task[BACKWARD] + comm[BACKWARD]
+    head = np.cumsum(forward, axis=0) - forward  # messages F(k) -> F(k+1) and B(k) -> B(k-1)
+    forward_rest = np.cumsum(forward[::-1], axis=0)[::-1]  # F(k) .. F(S-1), each message on to the next
+    backward_rest = np.cumsum(backward[::-1], axis=0)[::-1] - comm[BACKWARD]
+    residency = forward_rest + backward_rest
+    if shape.split:  # W frees the microbatch and nothing follows it
+        residency, tail = residency + task[WEIGHT], np.zeros_like(residency)
+    else:
+        tail = np.cumsum(backward, axis=0) - task[BACKWARD]
+    p = shape.stages
+    return head[:p], residency[:p], tail[:p]
 
 
 def _release_of(shape: PipelineShape, worker: int) -> dict[int, int]:
