@@ -25,7 +25,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 PREFIX = "jaxdbg_"
 
 # The labels that name one pipeline-bench run (every combination of options is a run).
-RUN_LABELS = ("schedule", "policy", "hint", "comm", "memory_cap", "variability", "seed")
+RUN_LABELS = ("schedule", "policy", "hint", "admission", "comm", "memory_cap", "variability", "seed")
 
 
 class Families:
@@ -235,6 +235,8 @@ _RUN_GAUGES = (
     ("pipeline_speedup_vs_fixed", "pipeline-bench: fixed order's makespan over this run's.", "speedup_vs_fixed"),
     ("pipeline_makespan_over_lower_bound", "pipeline-bench: makespan over the run's lower bound.",
      "makespan_over_lower_bound"),
+    ("pipeline_makespan_over_memory_bound", "pipeline-bench: makespan over the lower bound at the run's memory cap.",
+     "makespan_over_memory_bound"),
 )
 
 
