@@ -194,3 +194,40 @@ def test_nnx_jit_partial_arguments_are_named_as_the_user_bound_and_passed_them(t
     assert _changes(step) == {2: {("x", "shape", "(4, 2)", "(3, 2)"), ("y", "shape", "(4, 3)", "(3, 3)")}}
     signature = step["compilations"][0]["signature"]
     assert signature.startswith("model.bias: f32[3], model.kernel: f32[2, 3], optimizer.opt_state[0].count: i32[]")
+
+
+@pytest.fixture(scope="module")
+def pmap_report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("pmap")
+    code = main(["profile", os.path.join(CORPUS, "pmap_data_parallel/train.py"), "--trace-calls", "3", "-q",
+                 "--json", str(out / "report.json"), "--out", str(out / "out")])
+    with open(out / "report.json") as handle:
+        return code, json.load(handle)["result"]
+
+
+def test_pmap_is_profiled_as_a_function_compiled_twice_for_a_sharding_change(pmap_report):
+    # On jax 0.10 and 0.11 pmap is a jax.jit of a shard_map built inside jax: before, its compile was an
+    # eager jit(_fun), its calls went uncounted, and the hint blamed setup work outside jit.
+    code, result = pmap_report
+    program = os.path.join(CORPUS, "pmap_data_parallel/train.py")
+    update = _function(result, "update")
+    assert code == 0 and update["kind"] == "pmap"
+    assert update["source"]["file"] == program
+    assert update["source"]["line"] in (_line_of(program, "@functools.partial(jax.pmap"), _line_of(program, "def update"))
+    assert update["compiles"] == 2 and update["execute"]["calls"] == 16 and update["execute"]["timed_calls"] >= 3
+    assert update["execute"]["median_s"] > 0
+    (recompile,) = update["recompiles"]
+    kinds = {(c["argument"], c["kind"]) for c in recompile["changes"]}
+    assert recompile["call_index"] == 1 and ("params[0][0]", "sharding") in kinds  # replicated on one device first
+    assert "sharding changes" in _main_cause_hint(result, "update")
+    assert not any("_fun" in entry["name"] for entry in result["eager_compile"]["top"])
+
+
+def test_pmap_executions_per_device_ops_and_transfers(pmap_report):
+    _, result = pmap_report
+    update = _function(result, "update")
+    assert [d["device"] for d in update["devices"]] == ["cpu:0", "cpu:1", "cpu:2", "cpu:3"]
+    assert all(d["executions"] == 3 and d["median_s"] > 0 for d in update["devices"])  # the captured calls
+    assert any(op["category"] == "collective" for op in update["ops"])  # lax.pmean's all-reduce
+    implicit = next(t for t in result["transfers"] if t["kind"] == "implicit_args")  # the numpy batches
+    assert implicit["count"] == 16 and implicit["bytes"] == 16 * 256 * (16 + 1) * 4
