@@ -35,6 +35,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOT_OP = os.path.join(ROOT, "recipes", "hot_op", "train.py")
@@ -72,15 +73,18 @@ WORKLOAD = textwrap.dedent('''
     for _ in range(warm):
         params, loss = train_step(params, x, y)
     jax.block_until_ready(params)
-    per_step = []
+    per_step, cpu_per_step = [], []
     for _ in range(steps // chunk):
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.process_time()
         for _ in range(chunk):
             params, loss = train_step(params, x, y)
         jax.block_until_ready(params)
         per_step.append((time.perf_counter() - t) / chunk)
+        cpu_per_step.append((time.process_time() - cpu) / chunk)
     per_step.sort()
-    print(json.dumps({"step_s": per_step[len(per_step) // 2], "backend_compile_s": sum(compile_events)}))
+    cpu_per_step.sort()
+    print(json.dumps({"step_s": per_step[len(per_step) // 2], "backend_compile_s": sum(compile_events),
+                      "cpu_step_s": cpu_per_step[len(cpu_per_step) // 2]}))
 ''')
 
 HOST_WORKLOAD = textwrap.dedent('''
@@ -101,15 +105,17 @@ HOST_WORKLOAD = textwrap.dedent('''
     for i in range(30):
         w, loss = step(w, jnp.asarray(batches[i % 8]))
         np.asarray(loss)
-    per_step = []
+    per_step, cpu_per_step = [], []
     for c in range(steps // chunk):
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.process_time()
         for i in range(chunk):
             w, loss = step(w, jnp.asarray(batches[i % 8]))
             np.asarray(loss)
         per_step.append((time.perf_counter() - t) / chunk)
+        cpu_per_step.append((time.process_time() - cpu) / chunk)
     per_step.sort()
-    print(json.dumps({"step_s": per_step[len(per_step) // 2]}))
+    cpu_per_step.sort()
+    print(json.dumps({"step_s": per_step[len(per_step) // 2], "cpu_step_s": cpu_per_step[len(cpu_per_step) // 2]}))
 ''')
 
 
@@ -139,7 +145,7 @@ def bench_disturbance_and_compile(pairs: int, steps: int, workdir: str, baseline
     script = os.path.join(workdir, "workload.py")
     with open(script, "w") as handle:
         handle.write(WORKLOAD)
-    step_ratios, compile_ratios, same_process, baseline_ratios = [], [], [], []
+    step_ratios, compile_ratios, same_process, baseline_ratios, cpu_ratios, baseline_cpu = [], [], [], [], [], []
     rows = []
     for i in range(pairs):
         sides = ["plain", "profiled"] + (["baseline"] if baseline else [])
@@ -155,11 +161,13 @@ def bench_disturbance_and_compile(pairs: int, steps: int, workdir: str, baseline
         step_ratios.append(own["step_s"] / plain["step_s"])
         compile_ratios.append(reported / plain["backend_compile_s"])
         same_process.append(reported / own["backend_compile_s"])
+        cpu_ratios.append(own["cpu_step_s"] / plain["cpu_step_s"])
         if baseline:
             baseline_ratios.append(got["baseline"][1]["step_s"] / plain["step_s"])
+            baseline_cpu.append(got["baseline"][1]["cpu_step_s"] / plain["cpu_step_s"])
         rows.append((plain["step_s"], own["step_s"], step["execute"]["median_s"], plain["backend_compile_s"], reported))
     return {"step_ratios": step_ratios, "compile_ratios": compile_ratios, "same_process": same_process, "rows": rows,
-            "baseline_ratios": baseline_ratios}
+            "baseline_ratios": baseline_ratios, "cpu_ratios": cpu_ratios, "baseline_cpu": baseline_cpu}
 
 
 def bench_host_side(pairs: int, steps: int, workdir: str, baseline: str | None) -> dict:
@@ -168,19 +176,23 @@ def bench_host_side(pairs: int, steps: int, workdir: str, baseline: str | None) 
     with open(script, "w") as handle:
         handle.write(HOST_WORKLOAD)
     found: dict[str, list[float]] = {"plain": [], "profiled": [], "baseline": []}
+    cpu: dict[str, list[float]] = {"plain": [], "profiled": [], "baseline": []}
     verdicts = []
     for i in range(pairs):
         sides = ["plain", "profiled"] + (["baseline"] if baseline else [])
         for side in sides if i % 2 == 0 else sides[::-1]:
             if side == "plain":
-                found[side].append(run_plain(script, steps)["step_s"])
+                own = run_plain(script, steps)
+                found[side].append(own["step_s"])
+                cpu[side].append(own["cpu_step_s"])
                 continue
             root = baseline if side == "baseline" and baseline else ROOT
             report, own = run_profiled(script, steps, workdir, f"host-{side}{i}", root)
             found[side].append(own["step_s"])
+            cpu[side].append(own["cpu_step_s"])
             if side == "profiled":
                 verdicts.append((report["result"].get("input_pipeline") or {}).get("verdict"))
-    return {**found, "verdicts": verdicts}
+    return {**found, "cpu": cpu, "verdicts": verdicts}
 
 
 ANCHOR = textwrap.dedent('''
@@ -286,6 +298,39 @@ def bench_call_overhead(calls: int = 3000) -> tuple[float, float]:
     return plain, tracked
 
 
+def bench_sync_overhead(reps: int = 2000) -> dict[str, tuple[float, float]]:
+    """Seconds per host read or copy (``np.asarray``, ``float``, ``jnp.asarray``, ``np.asarray`` of a numpy array),
+    plainly and under profile's transfer and sync tracking (in process, interleaved; the best of 5 rounds each)."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxdbg.profile.instrument import Recorder
+    from jaxdbg.profile.transfers import timed_transfers
+
+    ready = jnp.float32(1.0) + 1
+    ready.block_until_ready()
+    batch = np.ones((128, 256), np.float32)
+    actions = {"np.asarray(jax scalar)": lambda: np.asarray(ready), "float(jax scalar)": lambda: float(ready),
+               "jnp.asarray(numpy 128x256)": lambda: jnp.asarray(batch), "np.asarray(numpy)": lambda: np.asarray(batch)}
+
+    def per_call(action: Any) -> float:
+        started = time.perf_counter()
+        for _ in range(reps):
+            action()
+        return (time.perf_counter() - started) / reps
+
+    found: dict[str, list[list[float]]] = {name: [[], []] for name in actions}
+    with tempfile.TemporaryDirectory() as out:
+        recorder = Recorder(lambda message: None, out)
+        for name, action in actions.items():
+            action()
+            for _ in range(5):
+                found[name][0].append(per_call(action))
+                with timed_transfers(recorder):
+                    found[name][1].append(per_call(action))
+    return {name: (min(plain), min(tracked)) for name, (plain, tracked) in found.items()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=5)
@@ -302,6 +347,7 @@ def main() -> int:
         d = bench_timing_claims(workdir) if "d" in only else None
         e = bench_host_side(options.pairs, options.steps, workdir, baseline) if "e" in only else None
     plain_call, tracked_call = bench_call_overhead()
+    syncs = bench_sync_overhead()
     print(f"machine: {os.cpu_count()} cores, load average {load_before:.1f} before and {os.getloadavg()[0]:.1f} "
           "after (other work on the machine moves single timings)")
     if a is not None:
@@ -320,6 +366,8 @@ def main() -> int:
               f"> 1); --sync-every 8 median / every-call median {d['sampled_over_every']:.2f} (target < 3)")
     if e is not None:
         _print_e(e)
+    print("(e') per host read or copy, plain / under the transfer and sync tracking: " + "; ".join(
+        f"{name} {plain * 1e6:.1f} / {tracked * 1e6:.1f} us" for name, (plain, tracked) in syncs.items()))
     return 0
 
 
@@ -337,6 +385,10 @@ def _print_a(a: dict) -> None:
     if a["baseline_ratios"]:
         print(f"    baseline tree / plain: median of pair ratios {med(a['baseline_ratios']):.3f} "
               f"({', '.join(f'{r:.3f}' for r in a['baseline_ratios'])})")
+    print(f"    CPU time per step (whole process) profiled / plain: median of pair ratios {med(a['cpu_ratios']):.3f} "
+          f"({', '.join(f'{r:.3f}' for r in a['cpu_ratios'])})"
+          + (f"; baseline tree / plain {med(a['baseline_cpu']):.3f} "
+             f"({', '.join(f'{r:.3f}' for r in a['baseline_cpu'])})" if a["baseline_cpu"] else ""))
     print(f"(b) compile time jaxdbg reports / plain backend-compile event: {best_compile:.3f} best vs best "
           f"(target 0.9-1.1); median of pair ratios {med(a['compile_ratios']):.3f} "
           f"({', '.join(f'{r:.3f}' for r in a['compile_ratios'])}); same process: {med(a['same_process']):.3f}")
@@ -351,6 +403,14 @@ def _print_e(e: dict) -> None:
         line += (f"; baseline tree / plain {min(e['baseline']) / plain:.3f} (pairs: "
                  f"{', '.join(f'{p / q:.3f}' for p, q in zip(e['baseline'], e['plain']))})")
     print(line + f"; verdicts: {', '.join(str(v) for v in e['verdicts'])}")
+    cpu = e["cpu"]
+    line = (f"    CPU time per step (whole process; less moved by other work on the machine): plain "
+            f"{min(cpu['plain']) * 1e3:.3f} ms; profiled / plain {min(cpu['profiled']) / min(cpu['plain']):.3f} "
+            f"best vs best (pairs: {', '.join(f'{p / q:.3f}' for p, q in zip(cpu['profiled'], cpu['plain']))})")
+    if cpu["baseline"]:
+        line += (f"; baseline tree / plain {min(cpu['baseline']) / min(cpu['plain']):.3f} (pairs: "
+                 f"{', '.join(f'{p / q:.3f}' for p, q in zip(cpu['baseline'], cpu['plain']))})")
+    print(line)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,12 @@ _FIXES = {
     "type": "an argument switches between a Python scalar and an array: pass the same kind each call",
 }
 
+# A pmap's first call often gets arguments on one device (replicated with jnp.stack or broadcast_to) and every later
+# call its own outputs, split over the devices: two compiles of the same program.
+_PMAP_SHARDING_FIX = ("the first call's arguments sit on one device and later calls get the pmap's own outputs, "
+                      "split over its devices: put them there from the start, jax.device_put(x, NamedSharding("
+                      "Mesh(jax.local_devices()[:n], (axis_name,)), P(axis_name)))")
+
 
 def eager_matters(eager: Mapping[str, Any], totals: Totals) -> bool:
     """Whether the compiles of operations run outside jit deserve their own line: a tenth of all compile
@@ -100,6 +106,8 @@ def hints_for(functions: list[FunctionProfile], totals: Totals, transfers: list[
             continue
         kind, count = main_cause(function.recompiles)
         fix = _FIXES.get(kind, "check jax's caches and config between calls")
+        if kind == "sharding" and function.kind == "pmap":
+            fix = _PMAP_SHARDING_FIX
         hints.append(f"{function.name} compiled {function.compiles} times ({function.compile_total_s:.2f} s); "
                      f"the main cause, on {count} of {len(function.recompiles)} recompiles: {kind} changes. "
                      f"Fix: {fix}")

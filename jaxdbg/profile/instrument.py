@@ -359,12 +359,22 @@ class Recorder(JitHook):
 
     @contextlib.contextmanager
     def no_transfer_timing(self) -> Iterator[None]:
-        previous = getattr(self._local, "in_transfer", False)
-        self._local.in_transfer = True
+        previous = self.enter_transfer()
         try:
             yield
         finally:
-            self._local.in_transfer = previous
+            self.leave_transfer(previous)
+
+    def enter_transfer(self) -> bool:
+        """Mark this thread as inside a timed transfer or sync (what it calls is not timed again); returns the
+        mark before, for :meth:`leave_transfer`. The per-sync path's spelling of :meth:`no_transfer_timing`."""
+        local = self._local
+        previous = getattr(local, "in_transfer", False)
+        local.in_transfer = True
+        return previous
+
+    def leave_transfer(self, previous: bool) -> None:
+        self._local.in_transfer = previous
 
     def timing_transfers(self) -> bool:
         return not getattr(self._local, "in_transfer", False)

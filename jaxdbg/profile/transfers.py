@@ -66,6 +66,8 @@ def timed_transfers(recorder: Any) -> Iterator[None]:
 
     perf = time.perf_counter
     array_cls = _compat.array_class()
+    original_block = jax.block_until_ready
+    original_method = array_cls.__dict__["block_until_ready"]
     originals: list[tuple[Any, str, Any]] = []
 
     def patch(owner: Any, name: str, replacement: Any) -> None:
@@ -82,17 +84,30 @@ def timed_transfers(recorder: Any) -> Iterator[None]:
         recorder.add_transfer(kind, seconds, nbytes(), caller_user_frame(1), outside_call=True)
         return result
 
-    def synced(kind: str, arrays: Any, read: Callable[[], Any], nbytes: Callable[[], int]) -> Any:
-        """Wait for ``arrays`` (untimed calls may still run: that wait is the sync's), then ``read()`` (the copy)."""
+    def synced(kind: str, arrays: Any, read: Callable[[], Any], nbytes: Callable[[Any], int]) -> Any:
+        """Wait for ``arrays`` (untimed calls may still run: that wait is the sync's), then ``read()`` (the copy);
+        ``nbytes(result)``: what it copied. Called on every read: no context manager, one array waited for directly."""
         if not recorder.timing_transfers():
             return read()
-        started = perf()
-        with recorder.no_transfer_timing():
-            recorder.wait(arrays)
+        previous = recorder.enter_transfer()
+        try:
+            started = perf()
+            if type(arrays) is array_cls:
+                original_method(arrays)
+            else:
+                original_block(arrays)
             waited = perf()
             result = read()
-        recorder.add_sync(kind, started, waited, perf(), nbytes())
+        finally:
+            recorder.leave_transfer(previous)
+        recorder.add_sync(kind, started, waited, perf(), nbytes(result))
         return result
+
+    def copied(result: Any) -> int:
+        return int(getattr(result, "nbytes", 0)) if isinstance(result, np.ndarray) else 0
+
+    def nothing(result: Any) -> int:
+        return 0
 
     home, attr = _compat.device_put_homes()[0]
     original_put = getattr(home, attr)
@@ -116,43 +131,41 @@ def timed_transfers(recorder: Any) -> Iterator[None]:
     @functools.wraps(original_get)
     def device_get(x: Any) -> Any:
         return synced("device_get", x, lambda: original_get(x),
-                      lambda: sum(int(getattr(v, "nbytes", 0)) for v in jax.tree_util.tree_leaves(x)))
+                      lambda got: sum(copied(v) for v in jax.tree_util.tree_leaves(got)))
 
     original_value = array_cls.__dict__["_value"]
 
     def value(self: Any) -> Any:
         if not _compat.host_copy_pending(self):
             return original_value.__get__(self)
-        return synced(read_kind("host read"), self, lambda: original_value.__get__(self),
-                      lambda: int(getattr(self, "nbytes", 0)))
+        return synced(read_kind("host read"), self, lambda: original_value.__get__(self), copied)
 
     def numpy_reader(original: Callable) -> Callable:
         @functools.wraps(original)
         def read(a: Any, *args: Any, **kwargs: Any) -> Any:
             if type(a) is not array_cls:
                 return original(a, *args, **kwargs)
-            return synced(read_kind("np.asarray"), a, lambda: original(a, *args, **kwargs),
-                          lambda: int(getattr(a, "nbytes", 0)))
+            return synced(read_kind("np.asarray"), a, lambda: original(a, *args, **kwargs), copied)
 
         return read
-
-    original_block = jax.block_until_ready
-    original_method = array_cls.__dict__["block_until_ready"]
 
     @functools.wraps(original_block)
     def block_until_ready(x: Any) -> Any:
         if not recorder.timing_transfers():
             return original_block(x)
-        return synced("block_until_ready", x, lambda: x, lambda: 0)
+        return synced("block_until_ready", x, lambda: x, nothing)
 
     def block_method(self: Any) -> Any:
         if not recorder.timing_transfers():  # jax.block_until_ready's own call, or the profile's
             return original_method(self)
-        return synced("block_until_ready", self, lambda: self, lambda: 0)
+        return synced("block_until_ready", self, lambda: self, nothing)
 
     def wait(x: Any) -> Any:
-        with recorder.no_transfer_timing():
+        previous = recorder.enter_transfer()
+        try:
             return original_block(x)
+        finally:
+            recorder.leave_transfer(previous)
 
     recorder.wait = wait  # the profile's own waits are not the program's syncs
     try:
