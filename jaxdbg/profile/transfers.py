@@ -80,8 +80,9 @@ def timed_transfers(recorder: Any) -> Iterator[None]:
         started, compiled = perf(), recorder.eager_compile_s()
         with recorder.no_transfer_timing():
             result = call()
-        seconds = max(perf() - started - (recorder.eager_compile_s() - compiled), 0.0)
-        recorder.add_transfer(kind, seconds, nbytes(), caller_user_frame(1), outside_call=True)
+        with contextlib.suppress(Exception):  # the bookkeeping never fails the program's own call
+            seconds = max(perf() - started - (recorder.eager_compile_s() - compiled), 0.0)
+            recorder.add_transfer(kind, seconds, nbytes(), caller_user_frame(1), outside_call=True)
         return result
 
     def synced(kind: str, arrays: Any, read: Callable[[], Any], nbytes: Callable[[Any], int]) -> Any:
@@ -100,7 +101,8 @@ def timed_transfers(recorder: Any) -> Iterator[None]:
             result = read()
         finally:
             recorder.leave_transfer(previous)
-        recorder.add_sync(kind, started, waited, perf(), nbytes(result))
+        with contextlib.suppress(Exception):  # as in to_device
+            recorder.add_sync(kind, started, waited, perf(), nbytes(result))
         return result
 
     def copied(result: Any) -> int:
