@@ -158,15 +158,6 @@ def device_put_homes() -> list[tuple[Any, str]]:
     return [(jax, "device_put"), (api, "device_put")]
 
 
-def host_staging_homes() -> list[tuple[Any, str]]:
-    """Every ``(module, attribute)`` holding the function that ``jnp.asarray``/``jnp.array`` call to move a
-    numpy array or scalar to the device (``lax.stage`` in jax 0.10 and 0.11; it runs a small ``jit(stage)``,
-    not ``device_put``); empty on a jax without it."""
-    from jax._src.lax import lax as lax_internal
-
-    return [(lax_internal, "stage")] if hasattr(lax_internal, "stage") else []
-
-
 def pmap_input_sharding(options: dict, shape: tuple) -> Any:
     """The sharding ``jax.pmap(fun, **options)`` gives a numpy argument of ``shape`` mapped over its axis 0
     (jax 0.10/0.11 build pmap as a jit of a shard_map over a one-axis mesh of the first local devices, named by

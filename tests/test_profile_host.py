@@ -53,6 +53,7 @@ def host_bound_loop(steps: int) -> None:
     jax.block_until_ready(w)  # mark: jax.block_until_ready
     w.block_until_ready()  # mark: method block_until_ready
     jax.device_get(w)  # mark: device_get
+    jnp.array(np.arange(8), dtype=jnp.float32)  # mark: jnp.array with a dtype (converted, not staged, by jax)
 
 
 def device_bound_loop(steps: int) -> None:
@@ -119,6 +120,7 @@ def test_transfers_are_counted_and_sized_at_their_lines(host_bound):
     count, seconds, nbytes = moved["jnp.asarray", line_of("# mark: jnp.asarray")]
     assert count == STEPS and nbytes == STEPS * 32 * 64 * 4 and seconds > 0
     assert moved["device_put", line_of("# mark: device_put")][::2] == [1, 64 * 64 * 4]
+    assert moved["jnp.asarray", line_of("# mark: jnp.array with a dtype")][::2] == [1, 8 * 8]  # int64 numpy
     reads = moved["to_host", line_of("# mark: np.asarray every step")]
     assert reads[0] == STEPS and reads[2] == STEPS * 4  # one f32 loss a step
 

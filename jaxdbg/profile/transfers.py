@@ -1,9 +1,10 @@
 """Copies between host and device, and the forced synchronisations, timed at the user's line: what
 :func:`timed_transfers` patches while a script runs under ``jaxdbg profile`` (each patch put back in ``finally``).
 
-Copies to the device: ``jax.device_put`` and ``jnp.asarray``/``jnp.array`` of a numpy array (jax 0.10/0.11 stage
-it with a small ``jit(stage)``, not with ``device_put``); numpy arguments of a jitted call are copied by the
-profile itself just before the call (``implicit_args``, :meth:`Recorder._put_host_args`).
+Copies to the device: ``jax.device_put``, and ``jnp.asarray``/``jnp.array`` of a numpy array (wrapped themselves:
+jax 0.10/0.11 stage a numpy array with a small ``jit(stage)``, or convert it when a dtype is given, neither through
+``device_put``); numpy arguments of a jitted call are copied by the profile itself just before the call
+(``implicit_args``, :meth:`Recorder._put_host_args`).
 
 Synchronisations: every read of a device array on the host waits for the computation that makes it, then
 copies it (``to_host``): ``float``/``int``/``bool``, ``.item()``, ``.tolist()``, ``print`` and f-strings
@@ -62,6 +63,7 @@ def read_kind(default: str) -> str:
 def timed_transfers(recorder: Any) -> Iterator[None]:
     """Time host<->device copies and synchronisations while the block runs (see the module's docstring)."""
     import jax
+    import jax.numpy as jnp
     import numpy as np
 
     perf = time.perf_counter
@@ -119,14 +121,14 @@ def timed_transfers(recorder: Any) -> Iterator[None]:
         return to_device("device_put", lambda: original_put(x, *args, **kwargs),
                          lambda: sum(v.nbytes for v in jax.tree_util.tree_leaves(x) if isinstance(v, np.ndarray)))
 
-    def staging(original: Callable) -> Callable:
+    def to_array(original: Callable) -> Callable:
         @functools.wraps(original)
-        def stage(x: Any, /) -> Any:
+        def convert(x: Any, *args: Any, **kwargs: Any) -> Any:
             if not isinstance(x, (np.ndarray, np.generic)) or _compat.under_transformation():
-                return original(x)  # a Python scalar, or a constant of a function being traced: no copy
-            return to_device("jnp.asarray", lambda: original(x), lambda: int(x.nbytes))
+                return original(x, *args, **kwargs)  # not numpy, or a constant of a function being traced: no copy
+            return to_device("jnp.asarray", lambda: original(x, *args, **kwargs), lambda: int(x.nbytes))
 
-        return stage
+        return convert
 
     original_get = jax.device_get
 
@@ -173,8 +175,8 @@ def timed_transfers(recorder: Any) -> Iterator[None]:
     try:
         for module, attr in _compat.device_put_homes():
             patch(module, attr, device_put)
-        for module, attr in _compat.host_staging_homes():
-            patch(module, attr, staging(getattr(module, attr)))
+        patch(jnp, "asarray", to_array(jnp.asarray))
+        patch(jnp, "array", to_array(jnp.array))
         patch(jax, "device_get", device_get)
         patch(array_cls, "_value", property(value))
         patch(np, "asarray", numpy_reader(np.asarray))
