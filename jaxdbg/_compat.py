@@ -158,6 +158,29 @@ def device_put_homes() -> list[tuple[Any, str]]:
     return [(jax, "device_put"), (api, "device_put")]
 
 
+def pmap_input_sharding(options: dict, shape: tuple) -> Any:
+    """The sharding ``jax.pmap(fun, **options)`` gives a numpy argument of ``shape`` mapped over its axis 0
+    (jax 0.10/0.11 build pmap as a jit of a shard_map over a one-axis mesh of the first local devices, named by
+    ``axis_name`` or jax's internal default), so that an argument put there first is not copied again inside the
+    call; None where pmap would choose otherwise (explicit devices, several processes, more rows than devices).
+
+    Example:
+        >>> pmap_input_sharding({"axis_name": "batch"}, (1, 3)).spec == jax.sharding.PartitionSpec("batch")
+        True
+    """
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    if options.get("devices") is not None or not shape or jax.process_count() > 1:
+        return None
+    devices = jax.local_devices(backend=options.get("backend"))
+    if not 0 < shape[0] <= len(devices):
+        return None
+    axis = options.get("axis_name")
+    axis = "_internal_pmap_axis_name" if axis is None else axis
+    return NamedSharding(Mesh(np.array(devices[:shape[0]]), (axis,)), PartitionSpec(axis))
+
+
 def compiled_cost(compiled: Any) -> dict[str, float] | None:
     """``Compiled.cost_analysis()`` as one flat dict (older jax returned a list of dicts; -1 means unknown)."""
     try:

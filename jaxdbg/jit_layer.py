@@ -1,4 +1,4 @@
-"""The one place that patches ``jax.jit``: the instrumentation layer that every command plugs into.
+"""The one place that patches ``jax.jit`` (and ``jax.pmap``): the instrumentation layer that every command plugs into.
 
 While at least one :class:`JitHook` is installed (:func:`installed`, a context manager that restores
 ``jax.jit`` in ``finally``), ``jax.jit(fun, **options)`` returns an :class:`InstrumentedJit`. It behaves like
@@ -11,6 +11,11 @@ another instrumented call or jaxdbg's own work) runs through the installed hooks
 - ``around(call, run)``: by default ``before(call)``, then ``run()``, then ``after(call, out)`` or
   ``on_exception(call, err)``. ``before`` may replace ``call.args``/``call.kwargs``; a hook that must wrap
   the execution itself (a profiler annotation) overrides ``around``.
+
+``jax.pmap(fun, **options)`` is patched the same way and returns an :class:`InstrumentedPmap`, whose calls
+reach only the hooks that set ``sees_pmap`` (profile's): since jax 0.10 a pmap is a ``jax.jit`` of a
+``shard_map`` built inside jax, invisible to the ``jax.jit`` patch, and a hook that replays or checks a
+jitted function's outputs would take its per-device outputs for one device's.
 
 Hooks run in installation order, the first installed outermost. A hook that sets ``check_outputs`` gets
 the one non-finite check of :mod:`jaxdbg.nonfinite`: the call runs a companion compiled function that
@@ -59,12 +64,14 @@ class JitHook:
     """Base class of the hooks: every method is a no-op. Subclasses override what they need."""
 
     check_outputs: bool = False
+    sees_pmap: bool = False  # whether calls of pmap'd functions (InstrumentedPmap) run through this hook
 
     def wants(self, function: InstrumentedJit, index: int) -> bool:
-        """Whether this hook runs for call ``index`` of ``function`` (default: every call). A call no hook wants
-        goes straight to jax's C++ dispatch (its index still counts): a profiler that times one call in N,
-        or a check that samples, costs nothing on the others."""
-        return True
+        """Whether this hook runs for call ``index`` of ``function`` (default: every call of a jitted function,
+        and of a pmap'd one if the hook ``sees_pmap``). A call no hook wants goes straight to jax's C++
+        dispatch (its index still counts): a profiler that times one call in N, or a check that samples,
+        costs nothing on the others."""
+        return self.sees_pmap or not function.is_pmap
 
     def on_jit(self, function: InstrumentedJit) -> None:
         """``jax.jit`` was applied (once per application, before any call)."""
@@ -137,6 +144,8 @@ class JitCall:
 class InstrumentedJit:
     """What ``jax.jit(fun, **options)`` returns while hooks are installed; behaves like the jitted function."""
 
+    is_pmap = False
+
     def __init__(self, layer: _Layer, jitted: Any, fun: Callable, options: dict, record: FunctionRecord,
                  top_level: Any = None):
         self._layer = layer
@@ -187,6 +196,37 @@ class InstrumentedJit:
         return f"<jaxdbg-instrumented {self.jitted!r}>"
 
 
+class InstrumentedPmap(InstrumentedJit):
+    """What ``jax.pmap(fun, **options)`` returns while a hook that ``sees_pmap`` is installed: the pmap'd
+    function (``jitted``) behind the same call path as a jitted one, named after the user's ``fun``. Its static
+    arguments are pmap's ``static_broadcasted_argnums``.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> class Seen(JitHook):
+        ...     sees_pmap = True
+        ...     def after(self, call, out):
+        ...         print(call.function.name, call.function.is_pmap, out.shape)
+        >>> with installed(Seen()):
+        ...     def double(x):
+        ...         return 2 * x
+        ...     _ = jax.pmap(double)(jnp.ones((1, 3)))
+        double True (1, 3)
+    """
+
+    is_pmap = True
+
+    def __init__(self, layer: _Layer, mapped: Any, fun: Callable, options: dict, record: FunctionRecord):
+        super().__init__(layer, mapped, fun, options, record)
+        self.static_argnums = _as_tuple(options.get("static_broadcasted_argnums"))
+        self.static_argnames = ()
+        self.donates = bool(_as_tuple(options.get("donate_argnums")))
+
+    def checked(self) -> Any:
+        raise NotImplementedError("the fused non-finite check is not built for pmap'd functions: a hook with "
+                                  "check_outputs must not set sees_pmap")
+
+
 def main_thread_calls() -> tuple[str | None, int]:
     """``(the instrumented jitted function the program's main thread is calling now or None, the top-level
     calls made so far)``. Read by another thread (a heartbeat): nothing is recorded per call for it.
@@ -209,8 +249,9 @@ def main_thread_calls() -> tuple[str | None, int]:
 class _Layer:
     """The installed hooks and the functions jitted while they were installed."""
 
-    def __init__(self, real_jit: Callable):
+    def __init__(self, real_jit: Callable, real_pmap: Callable):
         self.real_jit = real_jit
+        self.real_pmap = real_pmap
         self.hooks: list[JitHook] = []
         self.records: dict[tuple, FunctionRecord] = {}
         self.local = threading.local()
@@ -240,12 +281,24 @@ class _Layer:
         merged = {**extra, **(options.get("compiler_options") or {})}
         return self.real_jit(fun, *args, **{**options, "compiler_options": merged})
 
-    def _record(self, fun: Callable) -> FunctionRecord:
+    def pmap(self, fun: Callable, /, *args: Any, **options: Any) -> Any:
+        mapped = self.real_pmap(fun, *args, **options)
+        hooks = [h for h in self.hooks if h.sees_pmap]
+        if not hooks:
+            return mapped
+        if args:  # pmap(fun, axis_name): the one positional option
+            options = {"axis_name": args[0], **options}
+        wrapped = InstrumentedPmap(self, mapped, fun, options, self._record(fun, "pmap"))
+        for hook in hooks:
+            hook.on_jit(wrapped)
+        return wrapped
+
+    def _record(self, fun: Callable, kind: str = "jit") -> FunctionRecord:
         fun = frameworks.user_function(fun)  # the user's function, not a framework wrapper's inner one
         name, source = function_identity(fun)
         inner = unwrap_function(fun)
         code = getattr(inner, "__code__", None)
-        key = (name, code.co_filename, code.co_firstlineno) if code is not None else (name, id(inner))
+        key = (kind, name, code.co_filename, code.co_firstlineno) if code is not None else (kind, name, id(inner))
         with self.lock:
             record = self.records.get(key)
             if record is None:
@@ -309,15 +362,16 @@ _install_lock = threading.Lock()
 
 @contextlib.contextmanager
 def installed(hook: JitHook) -> Iterator[JitHook]:
-    """Install ``hook``: functions jitted from now on are instrumented; ``jax.jit`` is restored when the last
-    hook leaves. Hooks nest (profile's and a program's own ``jaxdbg.watch`` at once)."""
+    """Install ``hook``: functions jitted (or pmap'd) from now on are instrumented; ``jax.jit`` and ``jax.pmap``
+    are restored when the last hook leaves. Hooks nest (profile's and a program's own ``jaxdbg.watch`` at once)."""
     import jax
 
     global _layer
     with _install_lock:
         if _layer is None:
-            _layer = _Layer(jax.jit)
+            _layer = _Layer(jax.jit, jax.pmap)
             jax.jit = _layer.jit
+            jax.pmap = _layer.pmap  # type: ignore[assignment]  # forwards every argument to the real pmap
         layer = _layer
         layer.hooks = [*layer.hooks, hook]  # a new list: a call in flight keeps the hooks it started with
     try:
@@ -327,6 +381,7 @@ def installed(hook: JitHook) -> Iterator[JitHook]:
             layer.hooks = [h for h in layer.hooks if h is not hook]
             if not layer.hooks and _layer is layer:
                 jax.jit = layer.real_jit
+                jax.pmap = layer.real_pmap
                 _layer = None
 
 

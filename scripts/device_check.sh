@@ -4,7 +4,8 @@
 # CI has no accelerator, so these paths are covered here by hand when a machine is lent: xprof's hlo_stats
 # per-op table, the published-peak table and achieved rates, device memory in doctor and --monitor, the
 # profiler capture on the device, nan-hunt's recipes with the device as default backend, repro's jaxpr
-# cutting on the device, jaxdbg.watch's output check and the overheads (bench_watch, bench_profile), real
+# cutting on the device, jaxdbg.watch's output check and the overheads (bench_watch, bench_profile), profile's
+# host side where copies to the device are asynchronous (the input-pipeline verdict, syncs, a pmap), real
 # pipeline mode (which falls back to CPU devices when the host has fewer accelerators than stages), and
 # jaxdbg memory (the device's limit as the budget, its measured peak beside the estimate, a real out-of-memory
 # error under XLA_PYTHON_CLIENT_MEM_FRACTION, whether jax.checkpoint lowers the temporaries there).
@@ -74,7 +75,7 @@ print("notes", result.get("notes"))
 PYEOF
 }
 
-CHECKS=${*:-env doctor profile_script profile_function profile_monitor profile_recompile nan_hunt repro pipeline_real watch memory pytest}
+CHECKS=${*:-env doctor profile_script profile_function profile_monitor profile_recompile profile_host nan_hunt repro pipeline_real watch memory pytest}
 for check in $CHECKS; do
   case $check in
   env) step env 60 bash -c "nvidia-smi -L; $PY -c 'import jax, jaxlib, sys; print(sys.version); print(jax.__version__, jaxlib.__version__, jax.devices(), jax.default_backend())'; $PY -c 'import xprof, os; print(\"xprof\", os.path.dirname(xprof.__file__))'" ;;
@@ -91,6 +92,13 @@ for check in $CHECKS; do
     done ;;
   profile_monitor) step profile_monitor 120 $PY -m jaxdbg profile recipes/host_transfer/train.py --monitor $(J profile_monitor) ;;
   profile_recompile) step profile_recompile 120 $PY -m jaxdbg profile recipes/recompile_storm/train.py $(J profile_recompile) ;;
+  profile_host)  # the input-pipeline verdict, syncs and transfers where device_put is asynchronous, and pmap
+    step profile_host_numpy 180 $PY -m jaxdbg profile tests/corpus/linen_mnist_numpy_feed/train.py \
+      --trace-calls 0 $(J profile_host_numpy)
+    step profile_host_device 180 $PY -m jaxdbg profile tests/corpus/linen_mnist_numpy_feed/train.py \
+      --trace-calls 0 $(J profile_host_device) -- --feed device
+    step profile_pmap 180 $PY -m jaxdbg profile tests/corpus/pmap_data_parallel/train.py --trace-calls 3 $(J profile_pmap)
+    step bench_profile_host 400 $PY scripts/bench_profile.py --pairs 3 --only e ;;
   nan_hunt) step nan_hunt_scan 120 $PY -m jaxdbg nan-hunt recipes/nan_scan/train.py $(J nan_scan) ;;
   repro) step repro_nan_graph 150 $PY -m jaxdbg repro recipes/repro_nan_graph/train.py $(J repro_nan_graph) ;;
   pipeline_real) step pipeline_real 150 env XLA_FLAGS=--xla_force_host_platform_device_count=4 \

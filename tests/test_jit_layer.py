@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from jaxdbg import jit_layer
-from jaxdbg.jit_layer import InstrumentedJit, JitHook
+from jaxdbg.jit_layer import InstrumentedJit, InstrumentedPmap, JitHook
 from jaxdbg.nonfinite import kind_of, magnitudes
 
 
@@ -38,6 +38,30 @@ def test_jax_jit_is_restored_when_the_last_hook_leaves_even_on_error():
                 assert jax.jit is not real
                 1 / 0  # noqa: B018 - raises on purpose
     assert jax.jit is real
+
+
+class SeesPmap(Log):
+    sees_pmap = True
+
+
+def test_pmap_reaches_only_the_hooks_that_see_it_and_is_restored():
+    real_pmap, events, seen = jax.pmap, [], []
+    with jit_layer.installed(Log("plain", events)):
+        assert not isinstance(jax.pmap(lambda x: x), InstrumentedPmap)  # no hook wants pmap'd functions
+        with jit_layer.installed(SeesPmap("pmap", seen)):
+            def double(x):
+                return 2.0 * jax.lax.psum(x, "i") / jax.lax.psum(1.0, "i")
+
+            mapped = jax.pmap(double, "i")
+            rows = jnp.arange(8.0).reshape(4, 2)
+            out = mapped(rows)
+            out = mapped(out)
+    assert jax.pmap is real_pmap
+    assert isinstance(mapped, InstrumentedPmap) and mapped.name == "double" and mapped.options["axis_name"] == "i"
+    np.testing.assert_allclose(out, np.tile(4 * rows.mean(axis=0), (4, 1)))  # the pmap's own result
+    assert seen == [("pmap", "jit", "double"), ("pmap", "before", "double", 0), ("pmap", "after", "double", 0, None),
+                    ("pmap", "before", "double", 1), ("pmap", "after", "double", 1, None)]
+    assert not any(event[2] == "double" for event in events)  # a hook without sees_pmap never sees it
 
 
 def test_hooks_nest_first_installed_outermost_and_see_the_same_call():

@@ -118,16 +118,49 @@ def _profile(out: Families, result: dict, process: str) -> None:
         for op in fn.get("ops") or []:
             out.gauge("op_seconds", "Device time of one HLO op over the traced calls.",
                       {**labels, "op": op["name"]}, op.get("total_s"))
+        for device in fn.get("devices") or []:
+            out.gauge("device_execute_median_seconds", "Median execution of a function on one of its devices "
+                      "(a pmap or SPMD program, captured calls).",
+                      {**labels, "device": device["device"].rpartition(":")[2]},
+                      device.get("median_s"))
     totals = result.get("totals") or {}
     own = {"process": process}
     for part in ("wall", "compile", "execute", "transfer", "other"):
         out.gauge(f"run_{part}_seconds", f"The run's {part} time (profile totals).", own, totals.get(f"{part}_s"))
+    _input_pipeline(out, result, process)
     budget = result.get("budget") or {}
     if budget.get("checked"):
         out.gauge("budget_ok", "1 when every --budget rule held, else 0.", own, budget.get("ok"))
         out.gauge("budget_violations", "Broken --budget rules.", own, len(budget.get("violations") or []))
     _monitor(out, result.get("monitor"), process)
     _job_processes(out, result)
+
+
+# (family, help, key of result.input_pipeline): per step of the function called most.
+_INPUT_GAUGES = (
+    ("input_step_seconds", "Mean step time of the function called most (input-pipeline analysis).", "step_s"),
+    ("input_device_idle_fraction", "Share of the step the device waits for the host.", "device_idle_fraction"),
+    ("input_host_seconds", "Per step: the host's own work (building batches, Python).", "host_s"),
+    ("input_transfer_seconds", "Per step: host/device copies.", "transfer_s"),
+    ("input_sync_wait_seconds", "Per step: the host waiting for the device in syncs.", "sync_wait_s"),
+)
+
+
+def _input_pipeline(out: Families, result: dict, process: str) -> None:
+    """Whether the device waits for the host (per step), and the host's syncs by kind and user line."""
+    pipeline = result.get("input_pipeline")
+    if pipeline:
+        labels = {"function": pipeline["function"], "process": process}
+        for name, help_text, key in _INPUT_GAUGES:
+            out.gauge(name, help_text, labels, pipeline.get(key))
+    for sync in result.get("syncs") or []:
+        source = sync.get("source") or {}
+        labels = {"kind": sync["kind"], "source": f"{source.get('file', '')}:{source.get('line', '')}",
+                  "process": process}
+        out.counter("syncs", "Forced synchronisations (the host waited for the device) at one user line.", labels,
+                    sync.get("count"))
+        out.counter("sync_device_idle_seconds", "Device idle time after the syncs at one user line.", labels,
+                    sync.get("device_idle_s"))
 
 
 def _monitor(out: Families, monitor: dict | None, process: str) -> None:
