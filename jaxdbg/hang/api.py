@@ -36,7 +36,7 @@ from jaxdbg.runner import Outcome, run_contained
 from jaxdbg.target import TargetSpec, parse_args_spec
 
 GRACE_S = 60.0  # past --timeout, how long the verdict may take before the child is stopped without one
-PEER_FILES_WAIT_S = 5.0  # how long process 0 waits for a dead peer's report in a shared --out
+PEER_FILES_WAIT_S = 15.0  # how long process 0 waits for a dead peer's exit.json in a shared --out
 
 
 @dataclass(frozen=True)
@@ -88,13 +88,14 @@ def hunt(spec: TargetSpec, options: HangOptions) -> HangRun:
     if folder and place[1] > 1:
         folder = os.path.join(folder, f"process-{place[0]}")
     if verdict is not None:
-        from jaxdbg.hang.job import facts_from_json
+        from jaxdbg.hang.verdict import facts_from_json
 
         facts = facts_from_json(verdict.facts)
         if verdict.environment is not None:
             place = (verdict.environment.get("process_index", 0), verdict.environment.get("process_count", 1))
     else:
         facts = facts_without_verdict(outcome, place, options, folder)
+        write_exit_file(folder, facts.outcomes.get(place[0]))
     if place[0] == 0 and facts.count > 1 and options.out_dir:
         add_peer_files(facts, options.out_dir)
     result = judge(facts)
@@ -152,26 +153,31 @@ def facts_without_verdict(outcome: Outcome, place: tuple[int, int], options: Han
         ended = {"status": "raised", "error": f"{outcome.exception.type}: {outcome.exception.message}"[:300]}
     else:
         ended = {"status": "dead", "exit_code": outcome.returncode}
-    if outcome.crash_frame is not None and not record.get("user"):
-        record["user"] = outcome.crash_frame.as_dict()
+    if outcome.crash_frame is not None:  # where faulthandler saw it die: fresher than its last flight record
+        record["user"] = ended["user"] = outcome.crash_frame.as_dict()
     trigger = "timeout" if outcome.status == "timeout" else None
     return JobFacts(count, trigger, options.stall, {index: record}, {index: ended},
                     notes=[f"the program sent no verdict: it {outcome.describe()}"])
 
 
+EXIT_FILE = "exit.json"  # how this process's program ended, written as soon as it is known (a peer reads it)
+
+
+def write_exit_file(folder: str | None, ended: dict | None) -> None:
+    if folder and ended:
+        with contextlib.suppress(OSError):
+            os.makedirs(folder, exist_ok=True)
+            with open(os.path.join(folder, EXIT_FILE), "w") as handle:
+                json.dump(ended, handle)
+
+
 def read_record_file(folder: str | None) -> dict | None:
-    if not folder:
-        return None
-    try:
-        with open(os.path.join(folder, RECORD_FILE)) as handle:
-            return json.load(handle)
-    except (OSError, ValueError):
-        return None
+    return _read_json(os.path.join(folder, RECORD_FILE)) if folder else None
 
 
 def add_peer_files(facts: JobFacts, out_dir: str) -> None:
     """Where the job's processes share ``--out`` (one machine, or a shared filesystem): a process that sent
-    no record may have left its flight-record file, and its own report says how it died."""
+    no record may have left its flight-record file, and its jaxdbg says how it died (``exit.json``)."""
     missing = [i for i in range(facts.count) if i not in facts.records]
     deadline = time.time() + PEER_FILES_WAIT_S
     for index in missing:
@@ -181,33 +187,32 @@ def add_peer_files(facts: JobFacts, out_dir: str) -> None:
         record = read_record_file(folder)
         if record is not None:
             facts.records[index] = {**record, "index": index}
-        state = None
-        while state is None and time.time() < deadline:
-            state = _own_state(os.path.join(folder, "report.json"), index)
-            if state is None:
+        ended = None
+        while ended is None and time.time() < deadline:
+            ended = _read_json(os.path.join(folder, EXIT_FILE))
+            if ended is None:
                 time.sleep(0.2)
-        if state is not None and state.get("state") == "dead":
-            facts.outcomes[index] = {"status": "dead", "signal": state.get("signal"),
-                                     "exit_code": state.get("exit_code")}
+        if ended is not None:
+            facts.outcomes[index] = ended
         elif record is not None:
             facts.outcomes.setdefault(index, {"status": "dead"})
 
 
-def _own_state(path: str, index: int) -> dict | None:
+def _read_json(path: str) -> dict | None:
     try:
         with open(path) as handle:
-            processes = json.load(handle)["result"]["processes"]
-    except (OSError, ValueError, KeyError, TypeError):
+            found = json.load(handle)
+    except (OSError, ValueError):
         return None
-    return next((p for p in processes if p.get("index") == index), None)
+    return found if isinstance(found, dict) else None
 
 
 def write_artifacts(facts: JobFacts, result: HangResult, outcome: Outcome, folder: str | None) -> dict[str, str]:
     """The timeline (Perfetto trace and a picture), the job's facts, and the program's output."""
     if not folder:
         return {}
-    from jaxdbg.hang.job import facts_json
     from jaxdbg.hang.timeline import write_timeline
+    from jaxdbg.hang.verdict import facts_json
 
     os.makedirs(folder, exist_ok=True)
     found: dict[str, str] = {}

@@ -32,6 +32,7 @@ import time
 from typing import Any
 
 from jaxdbg import multihost
+from jaxdbg.hang.verdict import facts_from_json, facts_json
 
 COMMAND = "hang-hunt"
 BEAT_S = 1.0
@@ -314,22 +315,3 @@ class JobLink:
         multihost.publish(COMMAND, "ack", True)
         self.waiting = None
         self.watchdog.deliver(facts)
-
-
-def facts_json(facts: Any) -> dict:
-    """JobFacts as JSON (process indices as text keys)."""
-    return {"count": facts.count, "trigger": facts.trigger, "stall_s": facts.stall_s,
-            "records": {str(i): r for i, r in facts.records.items()},
-            "outcomes": {str(i): o for i, o in facts.outcomes.items()},
-            "silent": {str(i): s for i, s in facts.silent.items()}, "divergence": facts.divergence,
-            "notes": list(facts.notes)}
-
-
-def facts_from_json(data: dict) -> Any:
-    from jaxdbg.hang.verdict import JobFacts
-
-    return JobFacts(int(data["count"]), data.get("trigger"), float(data["stall_s"]),
-                    {int(i): r for i, r in (data.get("records") or {}).items()},
-                    {int(i): o for i, o in (data.get("outcomes") or {}).items()},
-                    {int(i): s for i, s in (data.get("silent") or {}).items()}, data.get("divergence"),
-                    list(data.get("notes") or ()))

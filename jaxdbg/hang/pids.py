@@ -26,6 +26,7 @@ from jaxdbg.hang import locks
 from jaxdbg.hang.result import HangResult
 from jaxdbg.hang.stacks import ThreadStack, py_spy, py_spy_dump
 from jaxdbg.hang.verdict import JobFacts, judge
+from jaxdbg.hang.watchdog import BUSY_FRACTION
 
 WINDOW_S = 3.0  # between the two looks
 _NATIVE_JAX = ("xla::", "pjrt", "pjit", "jaxlib", "gloo", "nccl", "tsl::", "blockuntilready")
@@ -71,7 +72,7 @@ def hunt_pids(pids: list[int], native: bool = True, out_dir: str | None = None,
         moved = _signature(again) != _signature(first[pid])
         before, after = cpu[pid], _cpu_s(pid)
         used = (after - before) / window_s if before is not None and after is not None else 0.0
-        idle = 0.0 if moved or used >= 0.2 else window_s
+        idle = 0.0 if moved or used >= BUSY_FRACTION else window_s
         records[index] = to_record(index, pid, again, idle, used)
     said = f"processes {', '.join(map(str, pids))} read with py-spy {window_s:g} s apart; left running"
     facts = JobFacts(len(pids), "signal", window_s, records, notes=[said])
@@ -80,7 +81,7 @@ def hunt_pids(pids: list[int], native: bool = True, out_dir: str | None = None,
     if out_dir:
         import json
 
-        from jaxdbg.hang.job import facts_json
+        from jaxdbg.hang.verdict import facts_json
 
         path = os.path.join(out_dir, "hang-facts.json")
         with open(path, "w") as handle:

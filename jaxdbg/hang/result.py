@@ -39,7 +39,7 @@ class CallRow:
     seq: int
     kind: str  # call | callback
     function: str
-    call_index: int
+    call_index: int | None  # None: unknown (a process looked at with --pid)
     source: SourceLocation | None
     step: int | None
     program: str | None

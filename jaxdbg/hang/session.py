@@ -19,8 +19,8 @@ from jaxdbg.hang.messages import ChildStarted, HangJob, HangVerdict
 def hang_job(job: HangJob, channel: Any) -> None:
     """Contained-run job: run the target under the recorder and watchdog; send the verdict's facts."""
     from jaxdbg import jit_layer
-    from jaxdbg.hang.job import facts_json
     from jaxdbg.hang.recorder import Recorder
+    from jaxdbg.hang.verdict import facts_json
     from jaxdbg.hang.watchdog import Settings, SignalListener, Watchdog
 
     lock = threading.Lock()

@@ -162,6 +162,22 @@ def kernel_state(native_id: int | None) -> str:
     return parts[0] + (" " + ", ".join(parts[1:]) if len(parts) > 1 else "")
 
 
+def runnable_threads(exclude: int | None = None) -> int:
+    """How many threads of this process are running or waiting for a CPU (``R``), ``exclude`` (an OS thread
+    id: the asker's own) left out: a process starved of CPU by others is working, not stuck."""
+    count = 0
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return 0
+    for tid in tasks:
+        if exclude is not None and tid == str(exclude):
+            continue
+        with contextlib.suppress(OSError, IndexError), open(f"/proc/self/task/{tid}/stat") as handle:
+            count += handle.read().rsplit(")", 1)[1].split()[0] == "R"
+    return count
+
+
 def py_spy() -> str | None:
     """The py-spy executable (next to this Python, or on PATH), or None."""
     beside = os.path.join(os.path.dirname(sys.executable), "py-spy")

@@ -124,7 +124,7 @@ def describe(record: dict, state: str, call: dict | None, callback_thread: dict 
     at = short(main.get("user"))
     waiting = f", waiting in {main['waiting_in']}" if main.get("waiting_in") else ""
     still = f" for {record['idle_s']:.0f} s" if record.get("idle_s") else ""
-    named = f"{call['function']} call {call['index']}" if call else None
+    named = call_name(call) if call else None
     if state == "callback" and callback_thread is not None:
         callback = callback_thread["callback"]
         thread_at = short(callback_thread.get("user"))
@@ -139,6 +139,13 @@ def describe(record: dict, state: str, call: dict | None, callback_thread: dict 
         return f"{where}, called at {short(call.get('site'))}{waiting}{still}"
     after = f", after {named}" if named else ", before its first jitted call"
     return f"outside JAX at {at}{waiting}{still}{after}"
+
+
+def call_name(call: dict) -> str:
+    """``step call 3``; ``a call of step`` where the index is unknown (a process looked at with --pid)."""
+    if call.get("index") is None:
+        return f"a call of {call['function']}"
+    return f"{call['function']} call {call['index']}"
 
 
 def _thread_report(thread: dict) -> ThreadReport:
@@ -161,7 +168,7 @@ def call_rows(record: dict, taken: float) -> list[CallRow]:
             return round(taken - call[key], 3) if call.get(key) is not None else None
 
         rows.append(CallRow(int(call.get("seq", -1)), str(call.get("kind")), str(call.get("function")),
-                            int(call.get("index", 0)), location(call.get("site")), step_of(record, call),
+                            call.get("index"), location(call.get("site")), step_of(record, call),
                             program.get("key") if program else None, ago("start") or 0.0, ago("returned"),
                             ago("ready"), call.get("error")))
     return rows

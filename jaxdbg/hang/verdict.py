@@ -25,14 +25,16 @@ Example:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from jaxdbg.hang.result import Divergence, DivergenceSide, HangResult, ProcessState
-from jaxdbg.hang.states import find_deadlock, location, process_state, program_of, short, step_of
+from jaxdbg.hang.states import call_name, find_deadlock, location, process_state, program_of, short, step_of
 
 IDLE_ON_REQUEST_S = 2.0  # at a signal or --timeout, processes idle this long count as stalled
+_IDLE_FOR = re.compile(r" for \d+ s\b")
 
 
 @dataclass
@@ -50,6 +52,24 @@ class JobFacts:
     silent: dict[int, dict] = field(default_factory=dict)
     divergence: dict | None = None
     notes: list[str] = field(default_factory=list)
+
+
+def facts_json(facts: JobFacts) -> dict:
+    """JobFacts as JSON (process indices as text keys)."""
+    return {"count": facts.count, "trigger": facts.trigger, "stall_s": facts.stall_s,
+            "records": {str(i): r for i, r in facts.records.items()},
+            "outcomes": {str(i): o for i, o in facts.outcomes.items()},
+            "silent": {str(i): s for i, s in facts.silent.items()}, "divergence": facts.divergence,
+            "notes": list(facts.notes)}
+
+
+def facts_from_json(data: dict) -> JobFacts:
+    """The JobFacts of :func:`facts_json`."""
+    return JobFacts(int(data["count"]), data.get("trigger"), float(data["stall_s"]),
+                    {int(i): r for i, r in (data.get("records") or {}).items()},
+                    {int(i): o for i, o in (data.get("outcomes") or {}).items()},
+                    {int(i): s for i, s in (data.get("silent") or {}).items()}, data.get("divergence"),
+                    list(data.get("notes") or ()))
 
 
 def judge(facts: JobFacts) -> HangResult:
@@ -92,7 +112,7 @@ def _state(facts: JobFacts, index: int) -> ProcessState:
     state = process_state(record)
     status = outcome.get("status")
     if status in ("finished", "raised"):
-        error = outcome.get("error")
+        error = brief_error(outcome.get("error"))
         detail = "finished" if status == "finished" else f"failed: {error}"
         if status == "raised" and state.function is not None:
             detail += f" (in or after {state.function} call {state.call_index})"
@@ -102,21 +122,40 @@ def _state(facts: JobFacts, index: int) -> ProcessState:
     return state
 
 
+def brief_error(text: str | None, limit: int = 240) -> str | None:
+    """An error message without XLA's repeated prefixes, cut to ``limit`` characters.
+
+        >>> brief_error("JaxRuntimeError: INTERNAL: Error dispatching computation: Error dispatching computation: "
+        ...             "Gloo all-reduce failed: Connection closed by peer")
+        'JaxRuntimeError: INTERNAL: Gloo all-reduce failed: Connection closed by peer'
+    """
+    if not text:
+        return text
+    text = text.replace("Error dispatching computation: ", "")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _dead_state(index: int, record: dict | None, outcome: dict, seen: dict) -> ProcessState:
     """A process that died (its parent saw the exit) or stopped answering (its heartbeat stopped)."""
     how = (f"died ({outcome['signal']})" if outcome.get("signal") else
            f"died (exit status {outcome['exit_code']})" if outcome.get("exit_code") is not None else
            "stopped answering (it died, or froze with its Python threads blocked)")
-    last = seen.get("last") or ((record or {}).get("calls") or [None])[-1] or {}
-    where = seen.get("user") or (record or {}).get("user")
-    after = f" after {last['function']} call {last['index']}" if last.get("function") else ""
+    last = _latest(seen.get("last"), ((record or {}).get("calls") or [None])[-1])
+    where = outcome.get("user") or seen.get("user") or (record or {}).get("user")
     at = f" at {short(where)}" if where else ""
-    detail = f"{how}{after}{at}"
+    after = f"; last seen after {last['function']} call {last['index']}" if last.get("function") else ""
+    detail = f"{how}{at}{after}"
     state = process_state(record) if record else None
     return ProcessState(index, "dead", detail, source=location(where), function=last.get("function"),
                         call_index=last.get("index"), step=last.get("step"), exit_code=outcome.get("exit_code"),
                         signal=outcome.get("signal"), last_calls=state.last_calls if state else (),
                         steps=(record or {}).get("steps"), note=outcome.get("error") or "")
+
+
+def _latest(*calls: dict | None) -> dict:
+    """The latest of the calls known of a process (its last heartbeat's, its flight-record file's)."""
+    known = [c for c in calls if c and c.get("function")]
+    return max(known, key=lambda c: c.get("seq") or 0) if known else {}
 
 
 def _dead(states: dict[int, ProcessState], dead: list[int], common: dict[str, Any]) -> HangResult:
@@ -139,7 +178,8 @@ def _deadlock(states: dict[int, ProcessState], deadlock: object, common: dict[st
     state = states[deadlock.process]
     verdict = prefix + "; ".join(deadlock.cycle)
     if state.function is not None:
-        verdict += f" ({'in' if state.state != 'host' else 'after'} {state.function} call {state.call_index})"
+        named = call_name({"function": state.function, "index": state.call_index})
+        verdict += f" ({'in' if state.state != 'host' else 'after'} {named})"
     return HangResult(True, verdict, "deadlock", stuck=(deadlock.process,), deadlock=deadlock, explanation=(
         "Threads of one process wait for each other: nothing can move. A host callback runs while the jitted call "
         "that made it waits for it (on CPU on the calling thread itself), so a callback that takes a lock the "
@@ -204,7 +244,7 @@ def _ended(states: dict[int, ProcessState], facts: JobFacts, common: dict[str, A
 
 def _call_words(state: ProcessState) -> str:
     over = f" ({state.collective})" if state.collective else ""
-    return f"{state.function} call {state.call_index}{over}"
+    return f"{call_name({'function': state.function, 'index': state.call_index})}{over}"
 
 
 def _group_others(states: dict[int, ProcessState], excluded: set[int], waits: str) -> list[str]:
@@ -213,8 +253,9 @@ def _group_others(states: dict[int, ProcessState], excluded: set[int], waits: st
     for index, state in states.items():
         if index in excluded:
             continue
-        verb = waits if state.state in ("running", "callback") else "is"
-        key = f"{verb} {state.detail}" if state.state not in ("finished", "failed", "dead") else state.detail
+        verb = {"running": waits, "callback": waits, "host": "is"}.get(state.state)
+        detail = _IDLE_FOR.sub("", state.detail)  # the table says how long each was idle: the words group them
+        key = f"{verb} {detail}" if verb else detail
         groups.setdefault(key, []).append(index)
     lines = []
     for text, members in groups.items():

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from jaxdbg.hang.recorder import Recorder
 
 TICK_S = 0.2
-BUSY_FRACTION = 0.2  # of one core: a process using more CPU than this is working, not stuck
+BUSY_FRACTION = 0.1  # of one core: a process using more CPU than this is working, not stuck (a stuck one: ~0.3%)
 RECORD_FILE = "flight-record.json"  # the latest flight record, rewritten every few seconds (a dead process's last)
 RECORD_EVERY_S = 2.0
 DEFAULT_STALL_S = 30.0
@@ -56,10 +56,13 @@ class Activity:
         self.active_at: float | None = None
         self.busy = 0.0  # the latest CPU use, in cores
 
-    def update(self, mark: tuple, now: float, cpu: float) -> None:
+    def update(self, mark: tuple, now: float, cpu: float, runnable: Callable[[], int] | None = None) -> None:
+        """One tick: the progress ``mark``, the process's CPU seconds so far, and (asked only when the CPU was
+        mostly unused) how many of its threads want a CPU: on a loaded machine a working process gets little."""
         if self._at is not None and now > self._at:
             self.busy = (cpu - self._cpu) / (now - self._at)
-        if mark != self._mark or self.busy >= BUSY_FRACTION or self.active_at is None:
+        working = self.busy >= BUSY_FRACTION or (runnable is not None and mark == self._mark and runnable() > 0)
+        if mark != self._mark or working or self.active_at is None:
             self.active_at = now
         self._mark, self._cpu, self._at = mark, cpu, now
 
@@ -166,7 +169,7 @@ class Watchdog:
         ready = self.recorder.check_ready()
         self._ready_total += ready
         mark = (*self.recorder.progress(), self._ready_total)
-        self.activity.update(mark, now, time.process_time())
+        self.activity.update(mark, now, time.process_time(), self._runnable)
         self._write_record_file(now, mark)
         reason = self._asked(now)
         if self.job is None:
@@ -174,10 +177,30 @@ class Watchdog:
         if self.job is not None:
             self.job.tick(now, reason)
             return
-        if reason is None and self.activity.idle_s(now) >= self.settings.stall_s:
+        if reason is None and self.activity.idle_s(now) >= self.settings.stall_s and not self._joining():
             reason = "stall"
         if reason is not None:
             self.deliver_single(reason)
+
+    def _joining(self) -> bool:
+        """Whether this process is one of a job that has not formed yet: launched as one of several (its
+        launcher says so), or waiting in ``jax.distributed.initialize()``. Waiting for the others to start is
+        not a stall of this process; the job's verdict comes once it has joined (or at a signal, the deadline)."""
+        from jaxdbg.launch import launched_place
+
+        if launched_place(os.environ) is not None:
+            return True
+        frame = sys._current_frames().get(threading.main_thread().ident or -1)
+        while frame is not None:
+            if frame.f_code.co_name == "initialize" and frame.f_code.co_filename.endswith("distributed.py"):
+                return True
+            frame = frame.f_back
+        return False
+
+    def _runnable(self) -> int:
+        from jaxdbg.hang.stacks import runnable_threads
+
+        return runnable_threads(exclude=threading.get_native_id())
 
     def _asked(self, now: float) -> str | None:
         if self.signals is not None and self.signals.poll():
