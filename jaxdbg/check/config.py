@@ -1,7 +1,7 @@
 """The ``[tool.jaxdbg.check]`` table of a pyproject.toml: one sub-table per check.
 
-Each check names a jaxdbg ``command`` (``profile`` or ``nan-hunt``), a ``target`` (as on the command line,
-``train.py -- --steps 50``), and optionally ``options`` (a list of extra command-line words) and a
+Each check names a jaxdbg ``command`` (``profile``, ``nan-hunt`` or ``hang-hunt``), a ``target`` (as on the
+command line, ``train.py -- --steps 50``), and optionally ``options`` (a list of extra command-line words) and a
 ``budget`` (profile only). Anything else is refused with one line naming the key and the file, so a typo
 never turns a CI gate off; an unknown budget rule or option is refused by the command that reads it, and
 ``jaxdbg check`` then exits 2 naming the check (:mod:`jaxdbg.check.runner`).
@@ -27,7 +27,7 @@ from typing import Any
 
 from jaxdbg._errors import UsageError
 
-COMMANDS = ("profile", "nan-hunt")
+COMMANDS = ("profile", "nan-hunt", "hang-hunt")
 _KEYS = {"command": str, "target": str, "options": list, "budget": str}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # the check's name is also its folder in --out
 

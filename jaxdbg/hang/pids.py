@@ -24,12 +24,11 @@ from jaxdbg._errors import TargetFailedError, UsageError
 from jaxdbg._source import SourceLocation, is_user_file
 from jaxdbg.hang import locks
 from jaxdbg.hang.result import HangResult
-from jaxdbg.hang.stacks import ThreadStack, py_spy, py_spy_dump
+from jaxdbg.hang.stacks import ThreadStack, in_jax, py_spy, py_spy_dump
 from jaxdbg.hang.verdict import JobFacts, judge
 from jaxdbg.hang.watchdog import BUSY_FRACTION
 
 WINDOW_S = 3.0  # between the two looks
-_NATIVE_JAX = ("xla::", "pjrt", "pjit", "jaxlib", "gloo", "nccl", "tsl::", "blockuntilready")
 _CALLBACK_FRAMES = {"pure_callback_impl": "jax.pure_callback", "io_callback_impl": "io_callback",
                     "debug_callback_impl": "jax.debug.callback"}
 
@@ -124,9 +123,9 @@ def to_record(index: int, pid: int, threads: list[dict], idle_s: float, busy: fl
         name = str(thread.get("thread_name") or thread.get("thread_id"))
         tid = thread.get("os_thread_id")
         state = ThreadStack(name, int(thread.get("thread_id") or 0), tid, main, False, stack, user,
-                            kernel_state_of(pid, tid), tuple(native[:12]))
+                            kernel_state_of(pid, tid), tuple(native[:24]))
         row = state.as_dict()
-        row["in_jax"] = _in_jax(stack, native)
+        row["in_jax"] = in_jax(stack, native)
         row["callback"] = _callback(stack, user)
         row["call"] = None
         if main and row["in_jax"] and user is not None and row["callback"] is None:
@@ -159,15 +158,6 @@ def _task_state(pid: int, tid: int) -> str:
         elif text and text != "0":
             parts.append(text)
     return " ".join(parts)
-
-
-def _in_jax(stack: tuple[SourceLocation, ...], native: list[str]) -> bool:
-    for location in stack:
-        if is_user_file(location.file):
-            break
-        if f"{os.sep}jax{os.sep}" in location.file or f"{os.sep}jaxlib{os.sep}" in location.file:
-            return True
-    return any(key in name.lower() for name in native for key in _NATIVE_JAX)
 
 
 def _callback(stack: tuple[SourceLocation, ...], user: SourceLocation | None) -> dict | None:

@@ -4,9 +4,10 @@ Each top-level jitted call is one :class:`Entry` in a bounded ring buffer: its s
 function and its call index, the program it ran (:mod:`jaxdbg.hang.programs`: fingerprint, collectives and
 their devices), the user's line that called it, when it started, when it returned to Python and when its
 results became ready. Calls into host callbacks are entries too (which thread, which function, from which
-call). The ready time is not waited for: the call keeps a reference to its smallest output, and the
-watchdog thread asks ``is_ready()`` of it later (a later ready call means the earlier ones are done too;
-older calls keep only a weak reference, so no output lives longer than it would).
+call). The ready time is not waited for: the call keeps a reference to its last output array, and the
+watchdog thread asks ``is_ready()`` of it later (a later ready call means the earlier ones are done too; an
+output of more than 16384 elements is held only weakly once a later call came, so no large output lives longer
+than it would, and one already freed counts as done).
 
 What the main thread pays per call: the layer's hook chain, the user line (remembered per code line), one
 append, and ``tree_leaves`` of the outputs. A new signature (a call that traced or compiled, or a function
@@ -43,6 +44,7 @@ from jaxdbg.hang.programs import Program, describe_program, signature_text
 from jaxdbg.jit_layer import InstrumentedJit, JitCall, JitHook
 
 CAPACITY = 256  # entries kept per process (calls and callbacks)
+SMALL_OUTPUT_ELEMENTS = 16384  # an output this small (a loss) is held until ready; a larger one only weakly
 _COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/backend_compile_duration")
 
 
@@ -61,7 +63,7 @@ class Entry:
         self.program: int | None = None
         self.step: int | None = None  # its place in the sequence of global calls
         self.error: str | None = None
-        self.out: Any = None  # the smallest output (a weak reference once a later call came)
+        self.out: Any = None  # its last output array (a weak reference to a large one once a later call came)
         self.call: JitCall | None = None  # while in flight: its arguments, to name its program if it never returns
         self.via: str | None = None  # a callback's kind: jax.pure_callback, io_callback, jax.debug.callback
 
@@ -77,6 +79,7 @@ class Recorder(JitHook):
     """The flight recorder (see the module docstring). ``entries()`` is safe to call from another thread."""
 
     def __init__(self, capacity: int = CAPACITY):
+        _bind_jax()
         self.ring: deque[Entry] = deque(maxlen=capacity)
         self.calls = 0  # jitted calls started (the sequence number of the next one)
         self.returned = 0
@@ -94,15 +97,18 @@ class Recorder(JitHook):
         self._latest: Entry | None = None
         self._local = threading.local()
         self._lock = threading.Lock()
+        self._thread_names: dict[int, str] = {}
 
     # -- jitted calls (the main thread) ------------------------------------------------------------------------
 
     def around(self, call: JitCall, run: Callable[[], Any]) -> Any:
         local = self._local
-        function = call.function
         thread = threading.get_ident()
-        entry = Entry("call", self.calls, function.name, call.index, caller_user_frame(1),
-                      threading.current_thread().name)
+        name = self._thread_names.get(thread)
+        if name is None:
+            name = self._thread_names[thread] = threading.current_thread().name
+        # (skip: this frame, the layer's partial, _Layer.call, InstrumentedJit.__call__: none is user code)
+        entry = Entry("call", self.calls, call.function.name, call.index, caller_user_frame(3), name)
         self.calls += 1
         entry.call = call
         self.ring.append(entry)
@@ -183,19 +189,20 @@ class Recorder(JitHook):
         return compiled, ""
 
     def _keep_output(self, entry: Entry, out: Any) -> None:
-        """Hold the smallest output array for the watchdog's readiness check; the call before keeps a weak one."""
-        import jax
-
-        smallest = None
-        for leaf in jax.tree_util.tree_leaves(out):
-            if isinstance(leaf, jax.Array) and (smallest is None or leaf.size < smallest.size):
-                smallest = leaf
-        if smallest is None:
+        """Hold one output array for the watchdog's readiness check (the outputs of one execution become ready
+        together: the last array leaf will do, found without looking at the others); once a later call came,
+        a large one is held only weakly."""
+        held = None
+        for leaf in reversed(_tree_leaves(out)):
+            if isinstance(leaf, _Array):
+                held = leaf
+                break
+        if held is None:
             entry.ready = entry.returned
-        entry.out = smallest
+        entry.out = held
         previous, self._latest = self._latest, entry
-        if previous is not None and previous.out is not None and not isinstance(previous.out, weakref.ref):
-            previous.out = weakref.ref(previous.out)
+        if previous is not None and isinstance(previous.out, _Array) and previous.out.size > SMALL_OUTPUT_ELEMENTS:
+            previous.out = weakref.ref(previous.out)  # a large output is not kept alive for the check
 
     def on_span(self, event: str) -> None:
         spans = getattr(self._local, "spans", None)
@@ -267,9 +274,9 @@ class Recorder(JitHook):
                 continue
             if not later_ready:
                 held = entry.out() if isinstance(entry.out, weakref.ref) else entry.out
-                if held is None or not _is_ready(held):
+                if held is not None and not _is_ready(held):
                     continue
-                later_ready = True
+                later_ready = True  # ready, or freed (consumed by a later call, or dropped): done by now
             entry.ready, entry.out = now, None
             newly += 1
         return newly
@@ -287,6 +294,21 @@ class Recorder(JitHook):
     def progress(self) -> tuple[int, int, int, int]:
         """What moves while the program makes progress: calls started and returned, callbacks entered and left."""
         return self.calls, self.returned, self.callbacks, self.callbacks_done
+
+
+def _tree_leaves(tree: Any) -> list:
+    return []
+
+
+_Array: Any = ()
+
+
+def _bind_jax() -> None:
+    """jax's names the hot path uses, looked up once (the recorder is built before the program imports jax)."""
+    global _tree_leaves, _Array
+    import jax
+
+    _tree_leaves, _Array = jax.tree_util.tree_leaves, jax.Array
 
 
 def _is_ready(array: Any) -> bool:

@@ -83,8 +83,9 @@ class ThreadStack:
 
 def _is_plumbing(name: str) -> bool:
     """Native frames that say nothing of what the thread waits for (libc's and the interpreter's wrappers)."""
-    return name in ("syscall",) or name.startswith((
-        "_Py", "Py", "pthread_", "__", "time_sleep", "lock_", "acquire_", "method_vectorcall", "cfunction_", "call_"))
+    return name in ("syscall",) or "nb_func" in name or name.startswith((
+        "_Py", "Py", "pthread_", "__", "time_sleep", "lock_", "acquire_", "method_vectorcall", "cfunction_", "call_",
+        "nanobind::", "detail::", "_PyEval"))
 
 
 def snapshot(native: bool = True, frames: dict[int, Any] | None = None) -> list[ThreadStack]:
@@ -102,10 +103,11 @@ def snapshot(native: bool = True, frames: dict[int, Any] | None = None) -> list[
             continue
         native_id = getattr(thread, "native_id", None)
         stack = _frames(frame)
+        native_names = tuple(natives.get(native_id, ())) if native_id is not None else ()
         found.append(ThreadStack(
             name, ident, native_id, ident == main_ident, bool(getattr(thread, "daemon", False)), stack,
-            next((f for f in stack if is_user_file(f.file)), None), kernel_state(native_id),
-            tuple(natives.get(native_id, ())) if native_id is not None else (), _innermost_is_jax(stack)))
+            next((f for f in stack if is_user_file(f.file)), None), kernel_state(native_id), native_names,
+            in_jax(stack, native_names)))
     found.sort(key=lambda t: (not t.main, t.name))
     return found
 
@@ -119,16 +121,31 @@ def _frames(frame: Any) -> tuple[SourceLocation, ...]:
     return tuple(out)
 
 
-def _innermost_is_jax(stack: tuple[SourceLocation, ...]) -> bool:
-    """Whether the thread's innermost frames (before any user frame) are jax's: it is inside a jax call."""
+# Native frames of jax's runtime (py-spy's names): a thread in them is in a JAX call even where no Python frame
+# of jax is on its stack (jax's C++ dispatch, an array's C++ block_until_ready).
+_NATIVE_JAX = ("xla::", "pjrt", "pjit", "jaxlib", "gloo", "nccl", "tsl::", "blockuntilready", "pyarray")
+_RESULT_WAITS = ("block_until_ready", "device_get")  # calls on a user line that wait for a jitted call's results
+
+
+def in_jax(stack: tuple[SourceLocation, ...], native: tuple[str, ...] | list[str] = ()) -> bool:
+    """Whether a thread is inside a JAX call: jax's (or the jit layer's) frames inside its innermost user
+    frame, jax's runtime in its native frames, or a user line that waits for results (``block_until_ready``)."""
+    user = None
     for location in stack:
         if is_user_file(location.file):
-            return False
+            user = location
+            break
         if f"{os.sep}jax{os.sep}" in location.file or f"{os.sep}jaxlib{os.sep}" in location.file:
             return True
         if is_jaxdbg_file(location.file) and location.function in ("execute", "around", "call", "__call__"):
             return True  # the jit layer's call of a jitted function
-    return False
+    if any(key in name.lower() for name in native for key in _NATIVE_JAX):
+        return True
+    if user is None:
+        return False
+    from jaxdbg.hang.locks import called_name
+
+    return called_name(user.file, user.line) in _RESULT_WAITS
 
 
 def kernel_state(native_id: int | None) -> str:
@@ -221,5 +238,5 @@ def native_frames(pid: int) -> dict[int, list[str]]:
                 break  # the Python frames: sys._current_frames() has them
             names.append(str(frame.get("name") or ""))
         if thread.get("os_thread_id") is not None:
-            found[int(thread["os_thread_id"])] = names[:12]
+            found[int(thread["os_thread_id"])] = names[:24]
     return found

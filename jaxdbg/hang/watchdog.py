@@ -32,6 +32,7 @@ import signal
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from jaxdbg.hang.recorder import Recorder
 
 TICK_S = 0.2
+RUNNABLE_TICKS = 5
 BUSY_FRACTION = 0.1  # of one core: a process using more CPU than this is working, not stuck (a stuck one: ~0.3%)
 RECORD_FILE = "flight-record.json"  # the latest flight record, rewritten every few seconds (a dead process's last)
 RECORD_EVERY_S = 2.0
@@ -51,6 +53,7 @@ class Activity:
 
     def __init__(self) -> None:
         self._mark: tuple | None = None
+        self._runnable: deque[bool] = deque(maxlen=RUNNABLE_TICKS)
         self._cpu = 0.0
         self._at: float | None = None
         self.active_at: float | None = None
@@ -61,7 +64,11 @@ class Activity:
         mostly unused) how many of its threads want a CPU: on a loaded machine a working process gets little."""
         if self._at is not None and now > self._at:
             self.busy = (cpu - self._cpu) / (now - self._at)
-        working = self.busy >= BUSY_FRACTION or (runnable is not None and mark == self._mark and runnable() > 0)
+        self._runnable.append(runnable is not None and self.busy < BUSY_FRACTION and mark == self._mark
+                              and runnable() > 0)
+        # A thread that wants a CPU at most ticks of the last second (a computation starved by other processes),
+        # not at one: the runtime's background threads (heartbeats, gRPC pollers) wake up now and then.
+        working = self.busy >= BUSY_FRACTION or sum(self._runnable) > RUNNABLE_TICKS // 2
         if mark != self._mark or working or self.active_at is None:
             self.active_at = now
         self._mark, self._cpu, self._at = mark, cpu, now
