@@ -70,7 +70,7 @@ def runs(tmp_path_factory):
         "lock": _hang_hunt(folders["lock"], LOCK, "--stall", "2"),
         "slow": _hang_hunt(folders["slow"], SLOW, "--stall", "1.5", "--no-native", script_args=("--", "3")),
         "signal": _hang_hunt(folders["signal"], READ, "--stall", "600"),
-        "timeout": _hang_hunt(folders["timeout"], READ, "--stall", "600", "--timeout", "25", "--keep-running"),
+        "timeout": _hang_hunt(folders["timeout"], READ, "--stall", "600", "--timeout", "45", "--keep-running"),
         # The same deadlock, run plainly: hang-hunt --pid reads it from outside.
         "pid": subprocess.Popen([sys.executable, LOCK], env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
         "watch": subprocess.Popen([sys.executable, WATCH, str(folders["watch"] / "out")], env=ENV,

@@ -24,7 +24,7 @@ def _line(marker: str) -> int:
 
 
 def test_the_recorder_names_a_programs_collectives_with_their_devices_and_line():
-    mesh = Mesh(np.array(jax.devices()[:4]), ("data",))
+    mesh = Mesh(np.array(jax.devices("cpu")[:4]), ("data",))  # tests/conftest.py gives 4 CPU devices
     x = jax.device_put(jnp.arange(32.0).reshape(8, 4), NamedSharding(mesh, P("data")))
     recorder = Recorder()
     with jit_layer.installed(recorder), recorder.listening():
@@ -35,7 +35,7 @@ def test_the_recorder_names_a_programs_collectives_with_their_devices_and_line()
     program = recorder.programs[entry.program]
     (collective,) = program.collectives
     assert (collective.op, collective.reduce) == ("all-reduce", "sum")
-    assert sorted(i for group in collective.groups for i in group) == sorted(d.id for d in jax.devices()[:4])
+    assert sorted(i for group in collective.groups for i in group) == sorted(d.id for d in jax.devices("cpu")[:4])
     assert collective.source is not None and collective.source.line == _line("the reduction over the sharded rows")
     assert program.processes == (0,) and not program.is_global  # one process: no step to compare with others
     assert program.key == "<lambda>(x: f32[8, 4]) [all-reduce:sum]"

@@ -37,7 +37,7 @@ from jaxdbg.hang.verdict import facts_from_json, facts_json
 COMMAND = "hang-hunt"
 BEAT_S = 1.0
 CHECKPOINT = 16
-ACK_WAIT_S = 3.0
+ACK_WAIT_S = 20.0  # the merger keeps the coordination service up until every process has the verdict
 FACTS_FOR_ALL = 16  # in jobs up to this size every process reads the whole job's facts (larger: its own part)
 
 

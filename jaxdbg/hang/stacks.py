@@ -228,7 +228,7 @@ def py_spy_dump(pid: int, native: bool = True, timeout: float = 20.0) -> tuple[l
 
 def native_frames(pid: int) -> dict[int, list[str]]:
     """Per OS thread id, the native frames py-spy reads above the innermost Python frame ({} if it cannot)."""
-    threads, _ = py_spy_dump(pid, native=True, timeout=15.0)
+    threads, _ = py_spy_dump(pid, native=True, timeout=5.0)  # a loaded machine: better no native frames than late
     found: dict[int, list[str]] = {}
     for thread in threads:
         names = []

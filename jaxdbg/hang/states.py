@@ -122,7 +122,8 @@ def describe(record: dict, state: str, call: dict | None, callback_thread: dict 
     """One line for a process: where it stands and in what."""
     main = _main(record)
     at = short(main.get("user"))
-    waiting = f", waiting in {main['waiting_in']}" if main.get("waiting_in") else ""
+    below = str(main.get("waiting_in") or "")
+    waiting = f", {below}" if below.startswith("running") else f", waiting in {below}" if below else ""
     still = f" for {record['idle_s']:.0f} s" if record.get("idle_s") else ""
     named = call_name(call) if call else None
     if state == "callback" and callback_thread is not None:

@@ -129,7 +129,7 @@ class Settings:
     timeout_s: float | None = None
     native: bool = True
     folder: str | None = None
-    collect_s: float = 20.0  # how long the job's records are waited for
+    collect_s: float = 30.0  # how long the job's records are waited for
 
 
 class Watchdog:
