@@ -189,10 +189,16 @@ def test_pid_reads_a_process_not_started_under_jaxdbg(runs, tmp_path):
     _valid(report)
 
 
-def test_bad_pid_is_one_line_and_exit_2():
-    done = subprocess.run([sys.executable, "-m", "jaxdbg", "hang-hunt", "--pid", "12x"], capture_output=True,
-                          text=True, timeout=60)
-    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1 and "--pid '12x'" in done.stderr
+@pytest.mark.parametrize("argv, says", [
+    (["--pid", "12x"], "--pid '12x'"),
+    ([LOCK, "--args", "f32[3]"], "--args/--inputs are for a function target"),
+    ([], "give a TARGET to run"),
+])
+def test_bad_input_is_one_line_and_exit_2_and_writes_nothing(argv, says, tmp_path):
+    done = subprocess.run([sys.executable, "-m", "jaxdbg", "hang-hunt", *argv], capture_output=True, text=True,
+                          timeout=60, cwd=tmp_path, env=ENV)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1 and says in done.stderr, done.stderr
+    assert os.listdir(tmp_path) == []  # no default output folder for a command refused up front
 
 
 def test_watch_stall_after_writes_the_verdict_and_exits_for_a_restart(runs):

@@ -67,10 +67,12 @@ def hang_hunt(
         if target is None:
             raise UsageError("give a TARGET to run (script.py, file.py::func) or --pid PID of a running process")
         from jaxdbg.hang import HangOptions, hunt
+        from jaxdbg.hang.api import check_options
         from jaxdbg.hang.environment import fallback_environment
         from jaxdbg.target import parse_target
 
         spec = parse_target(target, script_args or [])
+        check_options(spec, HangOptions(stall, timeout, args=args, inputs=inputs))  # bad input: before any folder
         options = HangOptions(stall, timeout, keep_running, native, args, inputs, seed, str(c.out_dir().resolve()))
         with c.progress() as progress:
             progress.add_task(f"watching {spec.display_name}", total=None, status="")

@@ -48,7 +48,10 @@ def take_record(recorder: Recorder, reason: str, idle_s: float, native: bool = T
             row["program"] = stuck_programs[entry.seq]
         calls.append(row)
     used = {c["program"] for c in calls if c.get("program") is not None}
+    from jaxdbg.hang.stacks import NATIVE_NOTES
+
     return {
+        "notes": list(NATIVE_NOTES),
         "index": index, "count": count, "pid": os.getpid(), "host": socket.gethostname(), "reason": reason,
         "taken": time.time(), "idle_s": round(idle_s, 3), "busy": round(busy, 3),
         "progress": dict(zip(("calls", "returned", "callbacks", "callbacks_done"), recorder.progress())),

@@ -226,9 +226,15 @@ def py_spy_dump(pid: int, native: bool = True, timeout: float = 20.0) -> tuple[l
         return [], "py-spy's output was not JSON"
 
 
+NATIVE_NOTES: list[str] = []  # why native frames could not be read, said once per process
+
+
 def native_frames(pid: int) -> dict[int, list[str]]:
-    """Per OS thread id, the native frames py-spy reads above the innermost Python frame ({} if it cannot)."""
-    threads, _ = py_spy_dump(pid, native=True, timeout=5.0)  # a loaded machine: better no native frames than late
+    """Per OS thread id, the native frames py-spy reads above the innermost Python frame ({} if it cannot:
+    why is kept in :data:`NATIVE_NOTES`)."""
+    threads, why = py_spy_dump(pid, native=True, timeout=5.0)  # a loaded machine: better no native frames than late
+    if why and f"native frames not read: {why}" not in NATIVE_NOTES:
+        NATIVE_NOTES.append(f"native frames not read: {why}")
     found: dict[int, list[str]] = {}
     for thread in threads:
         names = []

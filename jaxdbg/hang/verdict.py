@@ -83,8 +83,11 @@ def judge(facts: JobFacts) -> HangResult:
     stalled = bool(idle) and (facts.trigger == "stall" or (
         facts.trigger in ("signal", "timeout") and all((states[i].idle_s or 0.0) >= IDLE_ON_REQUEST_S for i in idle)))
     ordered = tuple(states[i] for i in range(facts.count))
+    said = {f"process {i}: {note}" if facts.count > 1 else note: None
+            for i, record in sorted(facts.records.items()) for note in record.get("notes") or ()}
+    notes = [*facts.notes, *(note for note in said if note not in facts.notes)]
     common: dict[str, Any] = {"stall_s": facts.stall_s, "trigger": facts.trigger, "still_s": still,
-                              "processes": ordered, "divergence": divergence, "notes": tuple(facts.notes)}
+                              "processes": ordered, "divergence": divergence, "notes": tuple(notes)}
     if dead and facts.count > 1:
         return _dead(states, dead, common)
     if deadlocks and (stalled or facts.trigger):
