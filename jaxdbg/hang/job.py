@@ -38,6 +38,7 @@ COMMAND = "hang-hunt"
 BEAT_S = 1.0
 CHECKPOINT = 16
 ACK_WAIT_S = 20.0  # the merger keeps the coordination service up until every process has the verdict
+FIRST_BEAT_S = 60.0  # a process that joined but has not beaten yet (its backend still starting) is not lost sooner
 FACTS_FOR_ALL = 16  # in jobs up to this size every process reads the whole job's facts (larger: its own part)
 
 
@@ -183,7 +184,7 @@ class JobLink:
             last = self.seen.get(peer)
             if last is None or last[0] != beat:
                 self.seen[peer] = (beat, now)
-            elif now - last[1] >= self.lost_s:
+            elif now - last[1] >= (self.lost_s if beat is not None else max(4 * self.lost_s, FIRST_BEAT_S)):
                 self.lost.add(peer)
                 multihost.mark_silent(peer)
                 continue
