@@ -121,7 +121,10 @@ class JobLink:
     def __init__(self, watchdog: Any, index: int, count: int):
         self.watchdog, self.index, self.count = watchdog, index, count
         self.sequence = Sequence()
-        self.lost_s = max(5.0, min(multihost.SILENT_S, watchdog.settings.stall_s))
+        # A loaded machine can delay a beat by seconds (and a collect pauses every process's beats while it
+        # reads its own stacks): a peer is lost only after 10 s (or --stall, up to 15 s) without one.
+        self.lost_s = max(10.0, min(multihost.SILENT_S, watchdog.settings.stall_s))
+        self.collecting = False
         self.beats = 0
         self.beat_at = 0.0
         self.states: dict[int, dict] = {}
@@ -175,7 +178,9 @@ class JobLink:
         self.known[self.index] = self.sequence.known()
 
     def _watch(self, now: float) -> None:
-        """Read the others' beats; a beat that stopped moving for ``lost_s`` is a lost process."""
+        """Read the others' beats; a beat that stopped moving for ``lost_s`` is a lost process (not while a
+        collect is under way: every process is then busy reading its own stacks, and the merger is chosen)."""
+        judging = not (self.collecting or self.waiting is not None)
         for peer in range(self.count):
             if peer == self.index or peer in self.lost:
                 continue
@@ -184,7 +189,7 @@ class JobLink:
             last = self.seen.get(peer)
             if last is None or last[0] != beat:
                 self.seen[peer] = (beat, now)
-            elif now - last[1] >= (self.lost_s if beat is not None else max(4 * self.lost_s, FIRST_BEAT_S)):
+            elif judging and now - last[1] >= (self.lost_s if beat is not None else max(4 * self.lost_s, FIRST_BEAT_S)):
                 self.lost.add(peer)
                 multihost.mark_silent(peer)
                 continue
@@ -240,6 +245,7 @@ class JobLink:
         """Gather every process's record and hand the job's facts to the verdict (every process's)."""
         from jaxdbg.hang.verdict import JobFacts
 
+        self.collecting = True
         cid = f"{self.index}-{time.time():.6f}"
         multihost.publish(COMMAND, "collect", {"id": cid, "reason": reason})
         if reason == "end" and self.divergence is None:
