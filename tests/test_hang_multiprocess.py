@@ -1,7 +1,8 @@
 """hang-hunt on jobs of 4 and 2 local processes (gloo collectives on CPU devices): a process stuck outside JAX
 before a collective (4 processes), processes that ran different programs at the same step and went on, a
-process that died, and a slow peer that is not stuck (2 processes each). The jobs mostly wait (a stall is seconds of nothing), so they run side
-by side, started together by one module fixture; each test reads its own job's reports."""
+process that died, and a slow peer that is not stuck (2 processes each). The jobs mostly wait (a stall is
+seconds of nothing), so they run side by side, started together by one module fixture; each test reads its own
+job's reports."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import sys
 import jsonschema
 import pytest
 
+from jaxdbg.launch import stop
 from jaxdbg.schema import schema
 
 CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
@@ -73,10 +75,8 @@ def jobs(tmp_path_factory):
         return done[name]
 
     yield collect
-    for name, proc in procs.items():
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    stop(list(procs.values()))  # a job not collected: SIGTERM stops its processes and their programs
+    for name in procs:
         for pid in _left_behind(name):
             os.kill(pid, signal.SIGKILL)
 
@@ -107,7 +107,8 @@ def test_a_process_stuck_outside_jax_is_named_with_its_line_and_what_the_others_
     assert f"called at train.py:{step_line}" in result["verdict"]
     # Every process's report holds the job's verdict; the Perfetto timeline has every process's calls.
     assert [r["result"]["verdict"] for r in reports] == [result["verdict"]] * 4
-    timeline = json.loads(open(job["artifacts"]["timeline"]).read())["traceEvents"]
+    with open(job["artifacts"]["timeline"]) as handle:
+        timeline = json.load(handle)["traceEvents"]
     assert {e["pid"] for e in timeline if e["ph"] == "X" and e["name"].startswith("step #")} == {0, 1, 2, 3}
     assert os.path.exists(job["artifacts"]["timeline_png"])
     for report in reports:

@@ -6,6 +6,7 @@ all at once; each test reads its own."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -18,6 +19,7 @@ import jsonschema
 import pytest
 
 from jaxdbg.hang.stacks import py_spy, py_spy_dump
+from jaxdbg.launch import stop
 from jaxdbg.schema import schema
 
 CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
@@ -88,10 +90,13 @@ def runs(tmp_path_factory):
 
     collect.procs, collect.folders = procs, folders  # type: ignore[attr-defined]
     yield collect
-    for proc in procs.values():
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    # A run not collected (its test deselected) is stopped as a user would: SIGTERM, which jaxdbg turns into
+    # stopping its program (SIGKILL to jaxdbg alone would orphan it); what is left is killed.
+    left = [pid for proc in procs.values() for pid in _children(proc.pid)]
+    stop(list(procs.values()))
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _valid(report: dict) -> None:
@@ -104,9 +109,9 @@ def test_a_callback_waiting_for_a_lock_its_caller_holds_is_a_deadlock(runs):
     result = report["result"]
     waits, holds = _line(LOCK, "the callback waits here"), _line(LOCK, "the loop holds the lock")
     assert result["kind"] == "deadlock" and result["stalled"] and result["stuck"] == [0]
-    assert result["verdict"] == (f"deadlock: MainThread waits for lock `metrics_lock` at train.py:{waits} (log_metrics) "
-                                 f"(in the host callback log_metrics), which itself holds since train.py:{holds} "
-                                 "(<module>) (in train_step call 3)")
+    assert result["verdict"] == (
+        f"deadlock: MainThread waits for lock `metrics_lock` at train.py:{waits} (log_metrics) (in the host callback "
+        f"log_metrics), which itself holds since train.py:{holds} (<module>) (in train_step call 3)")
     process = result["processes"][0]
     assert (process["state"], process["function"], process["call_index"]) == ("callback", "train_step", 3)
     main = process["threads"][0]
