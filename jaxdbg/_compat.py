@@ -540,3 +540,91 @@ def host_callback_call(tb: Any) -> dict | None:
             return {**found, "function": local["self"].callback_func, "args": tuple(local.get("args") or ()),
                     "kwargs": dict(local.get("kwargs") or {})}
     return None
+
+
+# ---- hang-hunt (issue 20): a program's devices, calls into host callbacks ---------------------------------
+
+
+def program_devices(compiled: Any) -> tuple:
+    """The devices of a compiled program in the order its HLO numbers them (a collective's
+    ``replica_groups`` with global device ids index this tuple); () where no sharding says.
+
+    Example:
+        >>> compiled = jax.jit(lambda x: x + 1).lower(jax.numpy.ones(2)).compile()
+        >>> program_devices(compiled) == (jax.devices()[0],)
+        True
+    """
+    shardings = [*jax.tree_util.tree_leaves(getattr(compiled, "input_shardings", None)),
+                 *jax.tree_util.tree_leaves(getattr(compiled, "output_shardings", None))]
+    for sharding in shardings:
+        devices = getattr(sharding, "_device_assignment", None)  # private: the order the partitioner used
+        if devices:
+            return tuple(devices)
+    return ()
+
+
+# The functions a compiled program calls back into Python through for each kind of host callback: the lowering
+# looks them up by name when the callback runs, so a wrapper put there sees every call (eager ones too).
+_CALLBACK_HOMES = (("jax._src.callback", "pure_callback_impl", "jax.pure_callback"),
+                   ("jax._src.callback", "io_callback_impl", "io_callback"),
+                   ("jax._src.debugging", "debug_callback_impl", "jax.debug.callback"))
+
+
+def callback_function(callback: Any) -> Any:
+    """The user's function behind the flattened callback jax hands its callback impls."""
+    inner = getattr(callback, "callback_func", None)  # pure_callback / io_callback: _FlatCallback
+    if inner is not None:
+        return inner
+    code = getattr(callback, "__code__", None)  # jax.debug.callback: a closure over the user's function
+    for name, cell in zip(getattr(code, "co_freevars", ()), getattr(callback, "__closure__", None) or ()):
+        if name == "callback":
+            with contextlib.suppress(ValueError):
+                return cell.cell_contents
+    return callback
+
+
+@contextlib.contextmanager
+def host_callback_hooks(enter: Any, leave: Any) -> Iterator[None]:
+    """While active, ``token = enter(kind, function)`` runs before each call into a host callback (on the
+    thread that runs it) and ``leave(token, error_or_None)`` after it; restored in ``finally``.
+
+    Example:
+        >>> seen = []
+        >>> with host_callback_hooks(lambda kind, fn: seen.append((kind, fn.__name__)), lambda token, err: None):
+        ...     def log(x):
+        ...         pass
+        ...     jax.jit(lambda x: jax.debug.callback(log, x))(1.0)
+        >>> seen
+        [('jax.debug.callback', 'log')]
+    """
+    import importlib
+
+    from jax._src import debugging
+
+    saved: list[tuple[Any, str, Any]] = []
+
+    def wrap(original: Any, kind: str) -> Any:
+        def recorded(*args: Any, callback: Any, **params: Any) -> Any:
+            token = enter(kind, callback_function(callback))
+            try:
+                out = original(*args, callback=callback, **params)
+            except BaseException as err:
+                leave(token, err)
+                raise
+            leave(token, None)
+            return out
+        return recorded
+
+    for module_name, name, kind in _CALLBACK_HOMES:
+        module = importlib.import_module(module_name)
+        original = getattr(module, name)
+        saved.append((module, name, original))
+        setattr(module, name, wrap(original, kind))
+    primitive = debugging.debug_callback_p  # jit's lowering of jax.debug.callback calls the primitive's impl
+    saved.append((primitive, "impl", primitive.impl))
+    primitive.impl = wrap(primitive.impl, "jax.debug.callback")  # type: ignore[method-assign]  # restored below
+    try:
+        yield
+    finally:
+        for owner, name, original in reversed(saved):
+            setattr(owner, name, original)

@@ -8,7 +8,8 @@
 # host side where copies to the device are asynchronous (the input-pipeline verdict, syncs, a pmap), real
 # pipeline mode (which falls back to CPU devices when the host has fewer accelerators than stages), and
 # jaxdbg memory (the device's limit as the budget, its measured peak beside the estimate, a real out-of-memory
-# error under XLA_PYTHON_CLIENT_MEM_FRACTION, whether jax.checkpoint lowers the temporaries there).
+# error under XLA_PYTHON_CLIENT_MEM_FRACTION, whether jax.checkpoint lowers the temporaries there),
+# and hang-hunt with asynchronous dispatch and host callbacks on the runtime's threads (bench_hang).
 #
 #   OUT=/tmp/device_out bash scripts/device_check.sh                   # every check; PY=python3 by default
 #   OUT=/tmp/device_out bash scripts/device_check.sh profile_function  # only the checks named
@@ -75,7 +76,7 @@ print("notes", result.get("notes"))
 PYEOF
 }
 
-CHECKS=${*:-env doctor profile_script profile_function profile_monitor profile_recompile profile_host nan_hunt repro pipeline_real watch memory pytest}
+CHECKS=${*:-env doctor profile_script profile_function profile_monitor profile_recompile profile_host nan_hunt repro pipeline_real watch memory hang pytest}
 for check in $CHECKS; do
   case $check in
   env) step env 60 bash -c "nvidia-smi -L; $PY -c 'import jax, jaxlib, sys; print(sys.version); print(jax.__version__, jaxlib.__version__, jax.devices(), jax.default_backend())'; $PY -c 'import xprof, os; print(\"xprof\", os.path.dirname(xprof.__file__))'" ;;
@@ -106,8 +107,14 @@ for check in $CHECKS; do
   watch)  # jaxdbg.watch and nan-hunt against a plain run on the tutorial loop; profile's overhead (owed)
     step bench_watch 300 $PY scripts/bench_watch.py --model cnn --pairs 1 --steps 200
     step bench_profile 300 $PY scripts/bench_profile.py --pairs 3 ;;
+  hang)  # hang-hunt on the device: async dispatch (a call returns before its results are ready: the ready check),
+    # a stuck host loop with calls in flight, a callback on an XLA thread (not the caller's, as on CPU); the
+    # recorder's overhead on a GPU step (tens of microseconds: where the fixed cost per call weighs most)
+    step hang_stuck 150 $PY -m jaxdbg hang-hunt tests/corpus/hang_stuck_read/train.py --stall 10 $(J hang_stuck)
+    step hang_lock 150 $PY -m jaxdbg hang-hunt tests/corpus/hang_callback_lock/train.py --stall 10 $(J hang_lock)
+    step bench_hang 300 $PY scripts/bench_hang.py --rounds 20 --stall 5 ;;
   pytest)  # suites whose code paths change with the backend, with the accelerator as jax's default backend
-    for suite in nan_recipes repro_cut jit_layer live_watch; do
+    for suite in nan_recipes repro_cut jit_layer live_watch hang_units; do
       step "pytest_$suite" 240 env JAX_PLATFORMS= $PY -m pytest -q -p no:cacheprovider \
         --junitxml "$WORK/r/junit_$suite.xml" "tests/test_$suite.py"
     done ;;

@@ -1,9 +1,9 @@
 """The ``[tool.jaxdbg.check]`` table of a pyproject.toml: one sub-table per check.
 
-Each check names a jaxdbg ``command`` (``profile``, ``nan-hunt`` or ``memory``), a ``target`` (as on the command
-line, ``train.py -- --steps 50``), and optionally ``options`` (a list of extra command-line words) and a
-``budget`` (profile and memory: ``--budget``'s rules, e.g. ``peak_bytes<=2GiB`` for memory). Anything else
-is refused with one line naming the key and the file, so a typo never turns a CI gate off; an unknown budget
+Each check names a jaxdbg ``command`` (``profile``, ``nan-hunt``, ``memory`` or ``hang-hunt``), a ``target``
+(as on the command line, ``train.py -- --steps 50``), and optionally ``options`` (a list of extra command-line
+words) and a ``budget`` (profile and memory: ``--budget``'s rules, e.g. ``peak_bytes<=2GiB`` for memory). Anything
+else is refused with one line naming the key and the file, so a typo never turns a CI gate off; an unknown budget
 rule or option is refused by the command that reads it, and ``jaxdbg check`` then exits 2 naming the check
 (:mod:`jaxdbg.check.runner`).
 
@@ -28,7 +28,7 @@ from typing import Any
 
 from jaxdbg._errors import UsageError
 
-COMMANDS = ("profile", "nan-hunt", "memory")
+COMMANDS = ("profile", "nan-hunt", "memory", "hang-hunt")
 BUDGETED = ("profile", "memory")  # commands that take --budget
 _KEYS = {"command": str, "target": str, "options": list, "budget": str}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # the check's name is also its folder in --out

@@ -38,6 +38,8 @@ def finding(report: dict[str, Any]) -> tuple[str | None, SourceLocation | None]:
         return _nan_finding(result)
     if report.get("command") == "memory":
         return _memory_finding(result)
+    if report.get("command") == "hang-hunt":
+        return _hang_finding(result, report.get("exit_code"))
     return _profile_finding(result)
 
 
@@ -62,6 +64,24 @@ def _memory_finding(result: dict) -> tuple[str | None, SourceLocation | None]:
     if leak is not None:
         return line, location(leak.get("kept_at") or leak.get("source"))
     return line, location(result.get("error_source")) or (location(functions[0].get("source")) if functions else None)
+
+
+def _hang_finding(result: dict, exit_code: Any) -> tuple[str | None, SourceLocation | None]:
+    """The verdict, at the stuck process's line (or the first side of a divergence).
+
+        >>> _hang_finding({"verdict": "deadlock: ...", "stuck": [0], "divergence": None,
+        ...                "processes": [{"source": {"file": "t.py", "line": 3, "function": "f"}}]}, 1)
+        ('deadlock: ...', SourceLocation(file='t.py', line=3, function='f'))
+    """
+    if exit_code == 0:
+        return None, None
+    processes = result.get("processes") or []
+    stuck = [processes[i] for i in result.get("stuck") or () if i < len(processes)]
+    where = next((location(p.get("source")) for p in stuck if p.get("source")), None)
+    sides = (result.get("divergence") or {}).get("sides") or []
+    if where is None and sides:
+        where = location(sides[0].get("source"))
+    return result.get("verdict"), where
 
 
 def _nan_finding(result: dict) -> tuple[str | None, SourceLocation | None]:
