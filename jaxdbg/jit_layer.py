@@ -1,4 +1,4 @@
-"""The one place that patches ``jax.jit``: the instrumentation layer that every command plugs into.
+"""The one place that patches ``jax.jit`` (and ``jax.pmap``): the instrumentation layer that every command plugs into.
 
 While at least one :class:`JitHook` is installed (:func:`installed`, a context manager that restores
 ``jax.jit`` in ``finally``), ``jax.jit(fun, **options)`` returns an :class:`InstrumentedJit`. It behaves like
@@ -11,6 +11,11 @@ another instrumented call or jaxdbg's own work) runs through the installed hooks
 - ``around(call, run)``: by default ``before(call)``, then ``run()``, then ``after(call, out)`` or
   ``on_exception(call, err)``. ``before`` may replace ``call.args``/``call.kwargs``; a hook that must wrap
   the execution itself (a profiler annotation) overrides ``around``.
+
+``jax.pmap(fun, **options)`` is patched the same way and returns an :class:`InstrumentedPmap`, whose calls
+reach only the hooks that set ``sees_pmap`` (profile's): since jax 0.10 a pmap is a ``jax.jit`` of a
+``shard_map`` built inside jax, invisible to the ``jax.jit`` patch, and a hook that replays or checks a
+jitted function's outputs would take its per-device outputs for one device's.
 
 Hooks run in installation order, the first installed outermost. A hook that sets ``check_outputs`` gets
 the one non-finite check of :mod:`jaxdbg.nonfinite`: the call runs a companion compiled function that
@@ -59,15 +64,24 @@ class JitHook:
     """Base class of the hooks: every method is a no-op. Subclasses override what they need."""
 
     check_outputs: bool = False
+    sees_pmap: bool = False  # whether calls of pmap'd functions (InstrumentedPmap) run through this hook
 
     def wants(self, function: InstrumentedJit, index: int) -> bool:
-        """Whether this hook runs for call ``index`` of ``function`` (default: every call). A call no hook wants
-        goes straight to jax's C++ dispatch (its index still counts): a profiler that times one call in N,
-        or a check that samples, costs nothing on the others."""
-        return True
+        """Whether this hook runs for call ``index`` of ``function`` (default: every call of a jitted function,
+        and of a pmap'd one if the hook ``sees_pmap``). A call no hook wants goes straight to jax's C++
+        dispatch (its index still counts): a profiler that times one call in N, or a check that samples,
+        costs nothing on the others."""
+        return self.sees_pmap or not function.is_pmap
 
     def on_jit(self, function: InstrumentedJit) -> None:
         """``jax.jit`` was applied (once per application, before any call)."""
+
+    def compiler_options(self) -> dict[str, Any] | None:
+        """XLA options for the top-level calls of every function jitted while this hook is installed (``jax.jit``'s
+        ``compiler_options``; the user's own win on a clash), e.g. memory's per-function buffer-assignment dump.
+        Asked when ``jax.jit`` is applied, so they reach the user's functions alone, not eager operations; a call
+        nested in another function's trace runs without them (jax refuses them there)."""
+        return None
 
     def around(self, call: JitCall, run: Callable[[], Any]) -> Any:
         """Run one call; the default is ``before``, ``run()``, then ``after`` or ``on_exception``."""
@@ -130,9 +144,14 @@ class JitCall:
 class InstrumentedJit:
     """What ``jax.jit(fun, **options)`` returns while hooks are installed; behaves like the jitted function."""
 
-    def __init__(self, layer: _Layer, jitted: Any, fun: Callable, options: dict, record: FunctionRecord):
+    is_pmap = False
+
+    def __init__(self, layer: _Layer, jitted: Any, fun: Callable, options: dict, record: FunctionRecord,
+                 top_level: Any = None):
         self._layer = layer
         self.jitted = jitted
+        # What a top-level call runs: ``jitted`` with the hooks' compiler options (JitHook.compiler_options).
+        self.top_level = jitted if top_level is None else top_level
         self.fun = fun
         self.options = options
         self.record = record
@@ -166,7 +185,7 @@ class InstrumentedJit:
         return self._layer.call(self, args, kwargs)
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("jitted", "_layer", "fun"):  # not set yet (half-built, or unpickling): no recursion
+        if name in ("jitted", "_layer", "fun", "top_level"):  # not set yet (half-built, or unpickling): no recursion
             raise AttributeError(name)
         return getattr(self.jitted, name)
 
@@ -175,6 +194,37 @@ class InstrumentedJit:
 
     def __repr__(self) -> str:
         return f"<jaxdbg-instrumented {self.jitted!r}>"
+
+
+class InstrumentedPmap(InstrumentedJit):
+    """What ``jax.pmap(fun, **options)`` returns while a hook that ``sees_pmap`` is installed: the pmap'd
+    function (``jitted``) behind the same call path as a jitted one, named after the user's ``fun``. Its static
+    arguments are pmap's ``static_broadcasted_argnums``.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> class Seen(JitHook):
+        ...     sees_pmap = True
+        ...     def after(self, call, out):
+        ...         print(call.function.name, call.function.is_pmap, out.shape)
+        >>> with installed(Seen()):
+        ...     def double(x):
+        ...         return 2 * x
+        ...     _ = jax.pmap(double)(jnp.ones((1, 3)))
+        double True (1, 3)
+    """
+
+    is_pmap = True
+
+    def __init__(self, layer: _Layer, mapped: Any, fun: Callable, options: dict, record: FunctionRecord):
+        super().__init__(layer, mapped, fun, options, record)
+        self.static_argnums = _as_tuple(options.get("static_broadcasted_argnums"))
+        self.static_argnames = ()
+        self.donates = bool(_as_tuple(options.get("donate_argnums")))
+
+    def checked(self) -> Any:
+        raise NotImplementedError("the fused non-finite check is not built for pmap'd functions: a hook with "
+                                  "check_outputs must not set sees_pmap")
 
 
 def main_thread_calls() -> tuple[str | None, int]:
@@ -199,8 +249,9 @@ def main_thread_calls() -> tuple[str | None, int]:
 class _Layer:
     """The installed hooks and the functions jitted while they were installed."""
 
-    def __init__(self, real_jit: Callable):
+    def __init__(self, real_jit: Callable, real_pmap: Callable):
         self.real_jit = real_jit
+        self.real_pmap = real_pmap
         self.hooks: list[JitHook] = []
         self.records: dict[tuple, FunctionRecord] = {}
         self.local = threading.local()
@@ -213,17 +264,41 @@ class _Layer:
         jitted = self.real_jit(fun, *args, **options)
         if not self.hooks or not callable(jitted) or not hasattr(jitted, "lower"):
             return jitted
-        wrapped = InstrumentedJit(self, jitted, fun, options, self._record(fun))
+        wrapped = InstrumentedJit(self, jitted, fun, options, self._record(fun),
+                                  self.top_level_jit(fun, args, options, jitted))
         for hook in list(self.hooks):
             hook.on_jit(wrapped)
         return wrapped
 
-    def _record(self, fun: Callable) -> FunctionRecord:
+    def top_level_jit(self, fun: Callable, args: tuple, options: dict, jitted: Any) -> Any:
+        """What top-level calls run: ``jitted`` again with the hooks' compiler options merged under the user's
+        own (see JitHook.compiler_options), or ``jitted`` itself when no hook adds any."""
+        extra: dict[str, Any] = {}
+        for hook in self.hooks:
+            extra.update(hook.compiler_options() or {})
+        if not extra:
+            return jitted
+        merged = {**extra, **(options.get("compiler_options") or {})}
+        return self.real_jit(fun, *args, **{**options, "compiler_options": merged})
+
+    def pmap(self, fun: Callable, /, *args: Any, **options: Any) -> Any:
+        mapped = self.real_pmap(fun, *args, **options)
+        hooks = [h for h in self.hooks if h.sees_pmap]
+        if not hooks:
+            return mapped
+        if args:  # pmap(fun, axis_name): the one positional option
+            options = {"axis_name": args[0], **options}
+        wrapped = InstrumentedPmap(self, mapped, fun, options, self._record(fun, "pmap"))
+        for hook in hooks:
+            hook.on_jit(wrapped)
+        return wrapped
+
+    def _record(self, fun: Callable, kind: str = "jit") -> FunctionRecord:
         fun = frameworks.user_function(fun)  # the user's function, not a framework wrapper's inner one
         name, source = function_identity(fun)
         inner = unwrap_function(fun)
         code = getattr(inner, "__code__", None)
-        key = (name, code.co_filename, code.co_firstlineno) if code is not None else (name, id(inner))
+        key = (kind, name, code.co_filename, code.co_firstlineno) if code is not None else (kind, name, id(inner))
         with self.lock:
             record = self.records.get(key)
             if record is None:
@@ -246,7 +321,7 @@ class _Layer:
             record.calls += 1
         hooks = [h for h in hooks if h.wants(function, index)]
         if not hooks:  # counted, and left on jax's C++ dispatch: nothing else runs
-            return function.jitted(*args, **kwargs)
+            return function.top_level(*args, **kwargs)
         call = JitCall(function, args, kwargs, index)
         check = any(h.check_outputs for h in hooks)
         local = self.local
@@ -258,7 +333,7 @@ class _Layer:
                 if check:
                     out, call.magnitudes = function.checked()(*call.args, **call.kwargs)
                     return out
-                return function.jitted(*call.args, **call.kwargs)
+                return function.top_level(*call.args, **call.kwargs)
             finally:
                 local.user_call = False
                 local.depth -= 1
@@ -287,15 +362,16 @@ _install_lock = threading.Lock()
 
 @contextlib.contextmanager
 def installed(hook: JitHook) -> Iterator[JitHook]:
-    """Install ``hook``: functions jitted from now on are instrumented; ``jax.jit`` is restored when the last
-    hook leaves. Hooks nest (profile's and a program's own ``jaxdbg.watch`` at once)."""
+    """Install ``hook``: functions jitted (or pmap'd) from now on are instrumented; ``jax.jit`` and ``jax.pmap``
+    are restored when the last hook leaves. Hooks nest (profile's and a program's own ``jaxdbg.watch`` at once)."""
     import jax
 
     global _layer
     with _install_lock:
         if _layer is None:
-            _layer = _Layer(jax.jit)
+            _layer = _Layer(jax.jit, jax.pmap)
             jax.jit = _layer.jit
+            jax.pmap = _layer.pmap  # type: ignore[assignment]  # forwards every argument to the real pmap
         layer = _layer
         layer.hooks = [*layer.hooks, hook]  # a new list: a call in flight keeps the hooks it started with
     try:
@@ -305,6 +381,7 @@ def installed(hook: JitHook) -> Iterator[JitHook]:
             layer.hooks = [h for h in layer.hooks if h is not hook]
             if not layer.hooks and _layer is layer:
                 jax.jit = layer.real_jit
+                jax.pmap = layer.real_pmap
                 _layer = None
 
 
@@ -389,7 +466,7 @@ def _twin(layer: _Layer, value: Any, user_fun: Any) -> InstrumentedJit | None:
     fun, options = rebuilt
     jitted = layer.real_jit(fun, **options)
     record = layer._record(user_fun if user_fun is not None else fun)
-    twin = InstrumentedJit(layer, jitted, fun, options, record)
+    twin = InstrumentedJit(layer, jitted, fun, options, record, layer.top_level_jit(fun, (), options, jitted))
     for hook in list(layer.hooks):
         hook.on_jit(twin)
     return twin

@@ -150,9 +150,9 @@ def publish_bytes(command: str, what: str, data: bytes) -> bool:
     return True
 
 
-def fetch_bytes(command: str, what: str, index: int, timeout_s: float) -> bytes | None:
+def fetch_bytes(command: str, what: str, index: int, timeout_s: float, remove: bool = True) -> bytes | None:
     """Process ``index``'s published bytes (waiting at most ``timeout_s`` for them to be announced), removed
-    from the store once read; None if they never came."""
+    from the store once read unless ``remove`` is False (bytes every process reads); None if they never came."""
     client = _compat.distributed_client()
     if client is None or index in _silent:
         return None
@@ -162,7 +162,7 @@ def fetch_bytes(command: str, what: str, index: int, timeout_s: float) -> bytes 
         parts = [client.blocking_key_value_get_bytes(f"{key}/{n}", 10_000) for n in range(size["chunks"])]
     except Exception:  # noqa: BLE001 - not published in time: dead, hung or busy
         return None
-    for n in range(size["chunks"]):
+    for n in range(size["chunks"] if remove else 0):
         with contextlib.suppress(Exception):
             client.key_value_delete(f"{key}/{n}")
     return b"".join(parts)
@@ -171,6 +171,12 @@ def fetch_bytes(command: str, what: str, index: int, timeout_s: float) -> bytes 
 # Processes that failed to answer a gather, or whose heartbeat stopped: not waited for again.
 _silent: set[int] = set()
 _lost_peers: set[int] = set()  # of those, the ones whose heartbeat stopped
+
+
+def mark_silent(index: int) -> None:
+    """Stop waiting for process ``index`` in gathers and fetches (another watcher found it lost)."""
+    _silent.add(index)
+    _lost_peers.add(index)
 
 
 def peek(command: str, what: str, index: int) -> Any:

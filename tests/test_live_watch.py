@@ -82,6 +82,7 @@ def test_log_action_goes_on_and_metrics_are_served(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="jaxdbg"), guard:
         step = jax.jit(lambda x: (jnp.sqrt(x) + 1.0).sum())
         outs = [float(step(jnp.full((n,), v))) for n, v in ((2, 4.0), (2, -1.0), (2, 9.0), (3, -4.0))]
+        kept = jax.device_put(jnp.ones((256, 256)), jax.devices()[1])  # live on cpu:1 when scraped
         families = {f.name: f for f in text_string_to_metric_families(
             urllib.request.urlopen(guard.metrics_url, timeout=10).read().decode())}
     assert outs[0] == 6.0 and np.isnan(outs[1]) and outs[2] == 8.0 and np.isnan(outs[3])  # the run went on
@@ -102,6 +103,11 @@ def test_log_action_goes_on_and_metrics_are_served(tmp_path, caplog):
     assert value("jaxdbg_nonfinite", "jaxdbg_nonfinite_total") >= 1
     assert value("jaxdbg_step_seconds", "jaxdbg_step_seconds") > 0
     assert "jaxdbg_device_memory_bytes" in families or jax.default_backend() == "cpu"  # CPU devices keep no count
+    memory = {(s.name, s.labels["device"]): s.value for name in ("jaxdbg_device_memory_live_bytes",
+              "jaxdbg_device_memory_peak_bytes") for s in families[name].samples}  # live arrays: CPU too
+    device = f"{kept.devices().pop().platform}:{kept.devices().pop().id}"
+    assert memory[("jaxdbg_device_memory_live_bytes", device)] >= kept.nbytes
+    assert memory[("jaxdbg_device_memory_peak_bytes", device)] >= memory[("jaxdbg_device_memory_live_bytes", device)]
     with pytest.raises(OSError):
         urllib.request.urlopen(guard.metrics_url, timeout=5)  # the server stopped with the watch
 

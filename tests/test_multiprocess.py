@@ -107,6 +107,29 @@ def test_profile_runs_in_every_process_of_a_two_process_job(tmp_path):
     assert {name.split(" ")[0] for name in names} == {"process-0", "process-1"}
 
 
+def test_memory_in_every_process_of_a_two_process_job(tmp_path):
+    """Each process measures its own devices; process 0's report lists every process's peak (gathered through
+    the coordination service), and the step's program is the per-device one (a quarter of the batch)."""
+    out = tmp_path / "mem"
+    done = launch(["memory", os.path.join(CORPUS, "multihost_dp", "train.py"), "--out", str(out), "-q", "--no-plot",
+                   "--json", str(tmp_path / "job.json")], 2)
+    assert done.returncode == 0, done.stderr[-3000:]
+    job = json.loads((tmp_path / "job.json").read_text())
+    rows = job["result"]["processes"]
+    assert [(r["index"], r["note"], r["leaks"], r["out_of_memory"]) for r in rows] == [(0, None, 0, False),
+                                                                                         (1, None, 0, False)]
+    for index in (0, 1):
+        report = json.loads((out / f"process-{index}" / "report.json").read_text())
+        result = report["result"]
+        devices = [d["device"] for d in result["devices"]]
+        mine = [f"cpu:{d['id']}" for d in report["environment"]["devices"] if d["process_index"] == index]
+        assert devices == mine and len(devices) == 2  # its own two devices, not the job's four
+        assert rows[index]["peak_bytes"] == result["peak"]["bytes"] and rows[index]["peak_device"] in mine
+        step = result["functions"][0]
+        x = next(b for b in step["largest"] if b["argument"] == "x")
+        assert (x["shape"], x["bytes"]) == ("f32[4,8]", 4 * 8 * 4)  # 16 global rows over 4 devices
+
+
 @pytest.mark.parametrize("argv, says", [
     (["--processes"], "needs a number"),
     (["--processes", "0", "doctor"], "whole number"),

@@ -29,6 +29,7 @@ from jaxdbg.cli._common import (
     TimeoutOpt,
     VerboseOpt,
     execute,
+    render_advice,
 )
 from jaxdbg.nan.result import ValueStats
 from jaxdbg.report import Report, relative_or_absolute
@@ -149,16 +150,8 @@ def render(report: Report, console: Console) -> None:
     if result.grad_norms:
         shown = ", ".join(f"{g.name}={_num(g.norm)}" for g in result.grad_norms[:8])
         console.print(f"  gradient norms: {escape(shown)}", soft_wrap=True)
-    console.print()
-    console.print(escape(result.explanation), soft_wrap=True)
-    for hint in result.hints:
-        console.print(f"  [cyan]try[/] {escape(hint)}", soft_wrap=True)
-    for note in result.notes:
-        console.print(f"  [dim]note: {escape(note)}[/]", soft_wrap=True)
-    for warning in result.warnings:
-        console.print(f"  [yellow]warning:[/] {escape(warning.line())}", soft_wrap=True)
-    for name, path in report.artifacts.items():
-        console.print(f"  [dim]{name}: {escape(relative_or_absolute(path))}[/]")
+    render_advice(console, report, result.explanation, result.hints, result.notes,
+                  [warning.line() for warning in result.warnings])
 
 
 def _render_values(title: str, stats: tuple[ValueStats, ...], console: Console) -> None:

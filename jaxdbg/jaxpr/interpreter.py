@@ -453,8 +453,20 @@ def _from_device_blocks(y: Any, spec: Any, sizes: dict[str, int], manual: tuple[
     return jnp.transpose(y, order).reshape(shape)
 
 
+# Collectives that only change a value's type (which manual axes it varies over), never its data: a
+# shard_map body that mixes replicated and per-device values holds ``pvary`` (check_vma), and so does its
+# gradient.
+# Bound under vmap outside a mesh they raise ("pvary should be called under jax.shard_map"); per-device
+# stacked values already vary, so they pass through (a literal is stacked, as every other value is).
+_TYPE_ONLY = frozenset({"pvary"})
+
+
 def _vmapped_binder(sizes: dict[str, int], manual: tuple[str, ...]) -> Callable[[Any, list], list]:
     def bind(eqn: Any, invals: list) -> list:
+        if eqn.primitive.name in _TYPE_ONLY:  # a literal (the same on every device) is stacked like the rest
+            lead = tuple(sizes[name] for name in manual)
+            return [jnp.broadcast_to(x, lead + jnp.shape(x)) if _compat.is_literal(a) else x
+                    for a, x in zip(eqn.invars, invals)]
         batched = [0 if not _compat.is_literal(a) else None for a in eqn.invars]
 
         def one(*xs: Any) -> list:

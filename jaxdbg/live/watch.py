@@ -70,10 +70,14 @@ class watch(contextlib.ContextDecorator):
         max_compiles: more compiles than this of one function is a finding (None: only counted).
         action: ``"raise"`` the finding's error, or ``"log"`` one line (logger ``jaxdbg``) and go on.
         metrics_port: serve the live figures on http://127.0.0.1:PORT/metrics (Prometheus text format).
+        stall_after: no progress for this many seconds is a stall: hang-hunt's verdict is written, then
+            ``stall_action`` (``"raise"`` :class:`jaxdbg.StallError`, ``"exit"`` with status 75, ``"log"``);
+            see :mod:`jaxdbg.hang.watch`.
     """
 
     def __init__(self, out: str = "jaxdbg-out/watch", nans: bool = True, max_compiles: int | None = None,
-                 action: str = "raise", metrics_port: int | None = None):
+                 action: str = "raise", metrics_port: int | None = None, stall_after: float | None = None,
+                 stall_action: str = "raise"):
         if action not in ACTIONS:
             raise UsageError(f"jaxdbg.watch(action={action!r}): unknown action; use 'raise' or 'log'")
         if max_compiles is not None and (not isinstance(max_compiles, int) or max_compiles < 1):
@@ -85,6 +89,13 @@ class watch(contextlib.ContextDecorator):
         self.max_compiles = max_compiles
         self.action = action
         self.metrics_port = metrics_port
+        self.stall: Any = None
+        if stall_after is not None:  # hang-hunt's recorder and watchdog (checked here: bad values fail at once)
+            from jaxdbg.hang.watch import StallWatch
+
+            self.stall = lambda: StallWatch(stall_after, stall_action, lambda result, artifacts: self._write(
+                self._folder(), result, artifacts), out=self.out)
+            self.stall()
         self.reports: list[str] = []  # report.json paths written (the latest finding last)
         self.metrics_url: str | None = None
         self._states: list[_State] = []
@@ -100,6 +111,8 @@ class watch(contextlib.ContextDecorator):
         stack.enter_context(compile_spans(hook))
         stack.enter_context(jit_layer.installed(hook))
         stack.enter_context(jit_layer.adopted())  # functions jitted before, at module level: watched too
+        if self.stall is not None:
+            stack.enter_context(self.stall())
         if self.metrics_port is not None:
             from jaxdbg.live.metrics import WatchCollector
             from jaxdbg.metrics.live import serve

@@ -49,11 +49,13 @@ class DeviceInfo(Message):
 
 @dataclass(frozen=True)
 class FunctionDefined(Message):
-    """A jitted function (``id`` is the jit layer's record: one per name and definition site)."""
+    """A jitted function (``id`` is the jit layer's record: one per name and definition site); ``kind``: ``jit``, or
+    ``pmap`` for a function given to ``jax.pmap``."""
 
     id: int
     name: str
     source: SourceLocation | None
+    kind: str = "jit"
 
 
 @dataclass(frozen=True)
@@ -89,12 +91,16 @@ class CallBatch(Message):
 @dataclass(frozen=True)
 class RunTotals(Message):
     """Running totals (the latest one is the whole truth): eager compile spans ``(stage, start, end, name)``,
-    transfers ``{kind: [count, seconds, bytes]}``, persistent-cache hits, time spent introspecting."""
+    transfers ``(kind, source, count, seconds, bytes)`` per kind and user line, persistent-cache hits, time spent
+    introspecting, forced synchronisations ``(kind, source, count, wait_s, idle_s, bytes)`` per kind and user line,
+    and per function id its steady steps' sums (:data:`jaxdbg.profile.host_bound.STEP_FIELDS`)."""
 
     eager_spans: list[tuple[str, float, float, str]]
-    transfers: dict[str, list]
+    transfers: list[tuple]
     cache_hits: int
     introspection_s: float
+    syncs: list[tuple] = field(default_factory=list)
+    steps: dict[int, list[float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -108,10 +114,12 @@ class RunFinished(Message):
 
 @dataclass(frozen=True)
 class CaptureOps(Message):
-    """Per-op totals read from the capture: xprof's hlo_stats by name prefix (off CPU), thunk events by module."""
+    """Per-op totals read from the capture: xprof's hlo_stats by name prefix (off CPU), thunk events by module;
+    ``per_device``: ``{module: {device ordinal: [seconds per execution]}}`` for programs run on several devices."""
 
     by_prefix: dict
     by_module: dict
+    per_device: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
