@@ -362,6 +362,12 @@ def current_source_context() -> tuple[SourceLocation | None, str]:
 PMAP_JIT_NAME = "_fun"
 
 
+def is_pmapped(value: Any) -> bool:
+    """Whether ``value`` is what ``jax.pmap(f)`` returned: a plain function defined in jax's pmap module."""
+    code = getattr(value, "__code__", None)
+    return code is not None and code.co_filename.replace("\\", "/").endswith("jax/_src/pmap.py")
+
+
 def shard_map_layout(params: dict) -> tuple[dict[str, int], tuple, tuple, tuple[str, ...]] | None:
     """``(mesh axis sizes, in_specs, out_specs, manual axes in mesh order)`` of a shard_map, or None."""
     mesh = params.get("mesh")

@@ -119,6 +119,17 @@ def test_a_watch_that_saw_no_jitted_function_says_so(caplog):
     assert "no jitted function was watched" in caplog.text
 
 
+def test_a_watch_of_pmapped_functions_only_says_they_are_not_watched(tmp_path, monkeypatch, caplog):
+    (tmp_path / "pmapped_step.py").write_text("import jax\nimport jax.numpy as jnp\n\n"
+                                              "step = jax.pmap(lambda x: jnp.log(x))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import pmapped_step
+
+    with caplog.at_level(logging.WARNING, logger="jaxdbg"), jaxdbg.watch(out=str(tmp_path / "w")):
+        pmapped_step.step(-jnp.ones((1, 2)))
+    assert "jax.pmap'd functions (step) are not watched" in caplog.text and "nan-hunt" in caplog.text
+
+
 MODULE_LEVEL = """
 import equinox as eqx
 import jax

@@ -131,9 +131,16 @@ class watch(contextlib.ContextDecorator):
             if kind is None:
                 state.hook.flush()  # the unread calls' flags: may raise NonFiniteError
                 if not any(row.calls for row in state.hook.figures.functions.values()):  # no watched call
-                    log.warning("jaxdbg.watch: no jitted function was watched, so nothing was checked: functions "
-                                "jitted before the watch began are watched only when bound to a global name of the "
-                                "program's modules (enter the watch first for the others)")
+                    pmapped = _pmapped_globals()
+                    if pmapped:
+                        log.warning("jaxdbg.watch: no jitted function was watched, so nothing was checked: "
+                                    "jax.pmap'd functions (%s) are not watched (only jax.jit, nnx.jit and "
+                                    "eqx.filter_jit ones); run the program under `jaxdbg nan-hunt` to check them",
+                                    ", ".join(pmapped))
+                    else:
+                        log.warning("jaxdbg.watch: no jitted function was watched, so nothing was checked: "
+                                    "functions jitted before the watch began are watched only when bound to a "
+                                    "global name of the program's modules (enter the watch first for the others)")
         finally:
             self._states.pop()
             state.stack.close()
@@ -213,3 +220,18 @@ def _program() -> str | None:
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
     return os.path.relpath(path) if path and not os.path.relpath(path).startswith("..") else path
+
+
+def _pmapped_globals() -> list[str]:
+    """The jax.pmap'd functions bound to global names of the program's own modules."""
+    import sys
+
+    from jaxdbg import _compat
+    from jaxdbg._source import is_user_file
+
+    found = []
+    for module in list(sys.modules.values()):
+        namespace = getattr(module, "__dict__", None)
+        if isinstance(namespace, dict) and is_user_file(getattr(module, "__file__", None)):
+            found += [name for name, value in list(namespace.items()) if _compat.is_pmapped(value)]
+    return found

@@ -293,6 +293,9 @@ class Watch(JitHook):
         # Calls of the user functions that run eager operations: code -> (frame of its latest call, 0-based
         # index of that call). Holding the frame keeps the next call from reusing its identity.
         self._eager_calls: dict[Any, tuple[Any, int]] = {}
+        # Calls of pmap'd functions, by the user line making them: (code, line) -> how many ran. A pmap reaches
+        # the eager hook as one jitted operation; its call index is its count at that line (the training step).
+        self._pmap_calls: collections.Counter = collections.Counter()
         self._user_files: dict[str, bool] = {}
 
     # -- installation ---------------------------------------------------------------------------------------
@@ -322,6 +325,7 @@ class Watch(JitHook):
         stack, self._stack = self._stack, None
         self._pending.clear()
         self._eager_calls.clear()
+        self._pmap_calls.clear()
         self._infs.clear()
         self._made_eagerly.clear()
         if self.finding is None and self.inf_findings:
@@ -679,6 +683,10 @@ class Watch(JitHook):
 
     def _check_eager(self, name: str, args: Sequence[Any], outs: list, program: Any) -> None:
         call_index, source, frame = self._eager_call_index()
+        if name == _compat.PMAP_JIT_NAME and frame is not None:  # a pmap: which call of it at this line
+            at = (frame.f_code, frame.f_lineno)
+            call_index = self._pmap_calls[at]
+            self._pmap_calls[at] += 1
         if not any(is_inexact(o) for o in outs):
             return
         self._remember_maker(outs, source)

@@ -89,31 +89,16 @@ def _train(calls: int = 4, compiles: int = 1, recompile: str | None = None) -> t
     return (Function("train_step", compiles, calls, recompile),)
 
 
-ROBUST = "robust"
-HOSTBOUND = "hostbound"
-TYPED_KEYS = Known("a typed key among the call's inputs stops the analysis (np.asarray of a key array): the origin "
-                   "and report are lost", ROBUST)
-SHARD_DEVICE = Known("the origin names device 0, not the device holding the bad shard", ROBUST, aspect="device")
-SHARD_NESTED_JIT = Known("a jitted jnp function (jnp.linalg.norm) applied to a per-device value in a shard_map body "
-                         "stops the replay ('Axes mentioned in manual_axis_type ... should be of type Manual'): only "
-                         "the call is named", ROBUST)
-PMAP_ORIGIN = Known("a jax.pmap call is taken for one eager operation: the origin is the call's line, not the "
-                    "operation inside", ROBUST)
-
 ROWS: tuple[Row, ...] = (
     Row("jit_options", "jit: nested jit, static and donated arguments", Op("nan", "div", "forward"), 2, _train(),
         path="jit(layer_norm)"),
-    Row("pmap_step", "jax.pmap with lax.pmean", Op("nan", "log", "forward"), 2, _train(), device="cpu:7",
-        known={"nan-hunt": (PMAP_ORIGIN,), "check": (PMAP_ORIGIN,),
-               "profile": (Known("jax.pmap is invisible to profile: its compile is filed under eager compiles and "
-                                 "its calls are not counted", HOSTBOUND),),
-               "watch": (Known("jaxdbg.watch does not see jax.pmap'd functions (only jit, nnx.jit, eqx.filter_jit); "
-                               "its warning blames functions jitted before the watch", HOSTBOUND),)}),
+    Row("pmap_step", "jax.pmap with lax.pmean", Op("nan", "log", "forward"), 2,
+        _train(compiles=2, recompile="sharding"), path="pmap", device="cpu:7",
+        known={"watch": (Known("not supported yet: jaxdbg.watch does not check jax.pmap'd functions (only jit, "
+                               "nnx.jit, eqx.filter_jit); its warning names them and points to nan-hunt"),)}),
     Row("shard_map_manual", "shard_map, every mesh axis manual (pmean; jnp.linalg.norm in the body)",
         Op("nan", "div", "forward"), 2, _train(compiles=2, recompile="sharding changed"), path="shard_map",
-        device="cpu:7",
-        known={"nan-hunt": (SHARD_NESTED_JIT, SHARD_DEVICE), "watch": (SHARD_NESTED_JIT, SHARD_DEVICE),
-               "check": (SHARD_NESTED_JIT,)}),
+        device="cpu:7"),
     Row("shard_map_auto", "shard_map, manual over one axis and auto over another (axis_names)",
         Op("nan", "log", "forward"), 2, _train(), path="shard_map"),
     Row("vmap_per_example", "vmap (per-example gradients)", Op("nan", "div", "forward"), 2, _train(), path="vmap"),
@@ -129,19 +114,14 @@ ROWS: tuple[Row, ...] = (
         _train(), chain=(Op("inf", "exp", "backward"),)),
     Row("callbacks", "pure_callback, io_callback, debug.callback", Op("nan", "pure_callback", "forward"), 2,
         _train()),
-    Row("keys_typed", "typed PRNG keys (jax.random.key)", Op("nan", "sqrt", "forward"), 2, _train(),
-        known={"nan-hunt": (TYPED_KEYS,), "check": (TYPED_KEYS,),
-               "watch": (Known("a typed key among the call's inputs: the program dies with jaxdbg's TypeError, not "
-                               "NonFiniteError, and no report is written", ROBUST),)}),
+    Row("keys_typed", "typed PRNG keys (jax.random.key)", Op("nan", "sqrt", "forward"), 2, _train()),
     Row("keys_raw", "raw uint32 PRNG keys (jax.random.PRNGKey)", Op("nan", "div", "backward"), 2, _train(),
         chain=(Op("inf", "div", "forward"),)),
     Row("dtype_bf16", "bfloat16", Op("nan", "sub", "forward"), 2, _train(), dtype="bf16",
         chain=(Op("inf", "convert_element_type", "forward", "# padding: -inf"),)),
     Row("dtype_f16", "float16 (overflow)", Op("nan", "sub", "forward"), 2, _train(), dtype="f16",
-        chain=(Op("inf", "dot_general", "forward", "# the root cause"),), explanation=("overflowed f16",),
-        hint="float32",
-        known={"nan-hunt": (Known("the overflow is in the chain, but the first hint is to clip gradients, not to "
-                                  "compute in float32 or scale the inputs", ROBUST, aspect="hint"),)}),
+        chain=(Op("inf", "dot_general", "forward", "# the root cause"),), explanation=("float16 overflow",),
+        hint="float32"),
     Row("dtype_f64", "float64 (jax.enable_x64)", Op("nan", "sqrt", "forward"), 1,
         (Function("neg_log_likelihood", 1, 3),), dtype="f64"),
     Row("dtype_int", "integer arrays (int32 tokens)", Op("nan", "div", "forward"), 2, _train()),
