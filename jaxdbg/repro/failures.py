@@ -26,17 +26,16 @@ from functools import lru_cache
 from typing import Any
 
 from jaxdbg._source import SourceLocation
+from jaxdbg._tracebacks import embedded_raise, without_tracebacks
 from jaxdbg.repro.forkserver import ForkServer
 from jaxdbg.repro.jobs import CHILD_ENV, JOB, RunRequest
 from jaxdbg.repro.messages import FailureSeen, JaxWork, JitCallSeen, LastJit
 from jaxdbg.repro.signature import (
     FailureSignature,
-    embedded_raise,
     exception_signature,
     matches_pattern,
     mismatch_signature,
     nonfinite_signature,
-    without_tracebacks,
 )
 from jaxdbg.repro.source import State, find_statement, is_constant_raise, parse, statement_lines
 from jaxdbg.runner import Outcome, first_line, run_contained
