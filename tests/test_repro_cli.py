@@ -11,6 +11,7 @@ import pytest
 from jaxdbg.cli import main
 from jaxdbg.repro.program import count_lines
 from jaxdbg.repro.jobs import CHILD_ENV, JOB, RunRequest
+from jaxdbg.repro.signature import Criterion
 from jaxdbg.repro.program import count_lines
 from jaxdbg.runner import run_contained
 
@@ -52,6 +53,7 @@ def test_nan_in_a_big_graph_becomes_one_equation(nan_run):
     result = report["result"]
     assert code == 0 and report["exit_code"] == 0
     assert result["signature"]["kind"] == "nonfinite" and result["verified"] and not result["flaky"]
+    assert Criterion.from_json(result["signature"]) == Criterion.nonfinite("NaN")  # a report reads back as one
     assert result["original"]["equations"] > 500 and result["minimized"]["equations"] == 1
     assert result["failing_primitives"] == ["log1p"]
     assert set(report["artifacts"]) >= {"repro", "stablehlo", "report"}

@@ -30,13 +30,7 @@ from jaxdbg._tracebacks import embedded_raise, without_tracebacks
 from jaxdbg.repro.forkserver import ForkServer
 from jaxdbg.repro.jobs import CHILD_ENV, JOB, RunRequest
 from jaxdbg.repro.messages import FailureSeen, JaxWork, JitCallSeen, LastJit
-from jaxdbg.repro.signature import (
-    FailureSignature,
-    exception_signature,
-    matches_pattern,
-    mismatch_signature,
-    nonfinite_signature,
-)
+from jaxdbg.repro.signature import Criterion, FailureSignature, matches_pattern
 from jaxdbg.repro.source import State, find_statement, is_constant_raise, parse, statement_lines
 from jaxdbg.runner import Outcome, first_line, run_contained
 
@@ -92,7 +86,7 @@ def observe(outcome: Outcome) -> list[Failure]:
         exc = outcome.exception
         # A host callback's exception comes back as text: it was raised where its own traceback says.
         where = embedded_raise(exc.message) or exc.user_frame
-        sig = exception_signature(exc.type, exc.message, where)
+        sig = FailureSignature.of(Criterion.exception(exc.type, exc.message), location=where)
         found.append(Failure(sig, f"{exc.type}: {first_line(without_tracebacks(exc.message))}", where,
                              raised_inside_jax(exc.traceback), **common))
     elif outcome.status == "crash":
@@ -106,12 +100,12 @@ def observe(outcome: Outcome) -> list[Failure]:
                              f"exit status {outcome.returncode}", None, **common))
     for event in outcome.all(FailureSeen):
         if event.kind == "nonfinite":
-            sig = nonfinite_signature(event.function, event.what or "NaN")
+            criterion = Criterion.nonfinite(event.what or "NaN")
         else:
-            sig = mismatch_signature(event.function, event.reference or "op-by-op")
+            criterion = Criterion.mismatch(event.reference or "op-by-op")
         loc = event.location
-        found.append(Failure(replace(sig, location=loc), f"{event.message} in jit({event.function})", loc,
-                             True, event.function, True, event))
+        found.append(Failure(FailureSignature.of(criterion, event.function, loc),
+                             f"{event.message} in jit({event.function})", loc, True, event.function, True, event))
     return found
 
 

@@ -35,7 +35,6 @@ from typing import Any
 from jaxdbg.launch import WORKER_VARIABLE
 from jaxdbg.repro.failures import Failure
 from jaxdbg.repro.program import REPRO_FILE, count_lines
-from jaxdbg.repro.signature import normalise_message
 from jaxdbg.runner import signal_name
 
 
@@ -128,7 +127,7 @@ def verify_in_job(path: str, target: Failure, count: int, timeout: float, work: 
         # The same exception type: a job's runtime words a lost peer differently from run to run ("connection
         # reset", "closed by peer"), so the message is compared, and reported, but not required.
         raised = re.findall(rf"^(?:\S+\.)?{re.escape(signature.type or '')}: (.*)$", done.stderr, re.M)
-        same = any(normalise_message(message) == signature.message for message in raised)
+        same = any(signature.same_exception(signature.type or "", message) for message in raised)
         words = "" if same else " (in other words)"
         return bool(raised), (f"raised {signature.type}{words}" if raised
                               else f"failed otherwise (exit {done.returncode})"), done.stderr

@@ -103,15 +103,15 @@ def _cut_operation(err: Exception, folder: str, last_jit: str | None, channel: A
     from jaxdbg import jit_layer
     from jaxdbg.repro.callback import cut_callback
     from jaxdbg.repro.operation import cut_operation
-    from jaxdbg.repro.signature import normalise_message
+    from jaxdbg.repro.signature import Criterion
 
     try:
         os.makedirs(folder, exist_ok=True)
         where, origin = tempfile.mkdtemp(dir=folder), f"jit({last_jit})" if last_jit else ""
-        exc_type, message = type(err).__name__, normalise_message(str(err))
+        criterion = Criterion.exception(type(err).__name__, str(err))
         with jit_layer.internal():  # the check runs the written program: not a jitted call of the target's
-            summary = (cut_operation(err, where, exc_type, message, origin) if callback is None
-                       else cut_callback(callback, where, exc_type, message, origin))
+            summary = (cut_operation(err, where, criterion, origin) if callback is None
+                       else cut_callback(callback, where, criterion, origin))
         channel.send(summary)
     except Exception as failure:  # noqa: BLE001 - the run's own exception is what must reach the parent
         channel.send(CutFinished(False, reason=f"{type(failure).__name__}: {failure}"))

@@ -48,12 +48,12 @@ from jaxdbg.jaxpr.emit import (
     dtype_expr,
     emit_function,
 )
-from jaxdbg.repro.cut import Criterion
 from jaxdbg.repro.cutting import write_program
 from jaxdbg.repro.failures import _jax_roots
 from jaxdbg.repro.graph import Var
 from jaxdbg.repro.messages import CutFinished
 from jaxdbg.repro.program import INPUTS_FILE, REPRO_FILE, count_lines, program_fails
+from jaxdbg.repro.signature import Criterion
 from jaxdbg.target import storable
 
 # Concrete inputs up to this many elements are written inline when their values are needed.
@@ -268,8 +268,8 @@ def _where(source: SourceLocation | None) -> str:
     return f"{os.path.basename(source.file)}:{source.line} ({source.function})"
 
 
-def cut_operation(err: BaseException, folder: str, exc_type: str, message: str, origin: str) -> CutFinished:
-    """The reproducer of the operation that raised ``err`` (``exc_type`` with the normalised ``message``),
+def cut_operation(err: BaseException, folder: str, criterion: Criterion, origin: str) -> CutFinished:
+    """The reproducer of the operation that raised ``err`` (failing as ``criterion``, an exception's, says),
     written into ``folder`` and checked here to raise the same; ``origin`` names where it ran, in words."""
     from jaxdbg.repro.jnp_call import call_programs, failing_call
 
@@ -280,19 +280,19 @@ def cut_operation(err: BaseException, folder: str, exc_type: str, message: str, 
         return CutFinished(False, reason="the exception was not raised by the rules of one JAX operation nor by "
                                          "one jax.numpy function")
     if op is not None:
-        name, programs = op.primitive.name, operation_programs(op, exc_type, origin)
+        name, programs = op.primitive.name, operation_programs(op, criterion.type or "", origin)
     else:
         assert call is not None
-        name, programs = call.label, call_programs(call, exc_type, origin)
+        name, programs = call.label, call_programs(call, criterion.type or "", origin)
     checks = 0
     for program in programs:
         checks += 1
         files = write_program(program, folder)
-        if program_fails(files["repro"], Criterion("exception", exc_type=exc_type, exc_message=message)):
+        if program_fails(files["repro"], criterion):
             return CutFinished(
                 True, checks, 0, function=origin, equations=1, primitives=[name],
                 lines=count_lines(program.source), files=files, self_check=True,
                 elapsed_s=time.perf_counter() - started,
-                criterion={"kind": "exception", "what": None, "type": exc_type, "message": message})
+                criterion=criterion)
     return CutFinished(False, checks, reason=f"{name} alone on the recorded shapes and dtypes does not raise the "
                                              "same exception")
