@@ -20,9 +20,10 @@ from typing import Any
 import numpy as np
 
 from jaxdbg.repro.cut import CutCheck, CutError, Cutter, inexact
+from jaxdbg.repro.frozen import cut_frozen
 from jaxdbg.repro.graph import flatten, record
 from jaxdbg.repro.messages import CutFinished, FailureSeen
-from jaxdbg.repro.program import INPUTS_FILE, REPRO_FILE, STABLEHLO_FILE, build_program, can_emit, program_fails
+from jaxdbg.repro.program import REPRO_FILE, STABLEHLO_FILE, build_program, can_emit, program_fails, write_program
 from jaxdbg.repro.signature import Criterion
 
 
@@ -43,8 +44,6 @@ def cut_captured(captured: Any, request: Any, deadline: float) -> CutFinished:
                   "the call to the next (a np.random draw, a global or a counter read inside the jitted function "
                   "is a constant of the compiled function; op by op it is computed afresh each call), so no "
                   "computation replays it; pass it in as an argument (a jax.random key for randomness)")
-        from jaxdbg.repro.frozen import cut_frozen  # (it writes its program with this module's write_program)
-
         written = cut_frozen(captured.frozen_call, captured.frozen, f"jit({captured.function})", request.work_dir,
                              request.rtol, request.atol)
         if written is None:
@@ -81,16 +80,6 @@ def cut_captured(captured: Any, request: Any, deadline: float) -> CutFinished:
         files=files, self_check=self_check, elapsed_s=time.perf_counter() - started, history=cutter.stats.history,
         criterion=check.criterion,
     )
-
-
-def write_program(program: Any, folder: str) -> dict[str, str]:
-    files = {"repro": os.path.join(folder, REPRO_FILE)}
-    with open(files["repro"], "w") as handle:
-        handle.write(program.source)
-    if program.arrays:
-        files["inputs"] = os.path.join(folder, INPUTS_FILE)
-        np.savez(files["inputs"], **program.arrays)
-    return files
 
 
 def write_stablehlo(program: Any, graph: Any, best: Any, folder: str) -> str:

@@ -38,7 +38,7 @@ from jaxdbg.jaxpr.emit import EmitError, array_expr, dtype_expr
 from jaxdbg.repro.cut import CutCheck
 from jaxdbg.repro.messages import CutFinished
 from jaxdbg.repro.operation import OperationProgram
-from jaxdbg.repro.program import REPRO_FILE, check_lines, count_lines, program_fails
+from jaxdbg.repro.program import REPRO_FILE, check_lines, count_lines, program_fails, write_program
 from jaxdbg.repro.signature import Criterion
 from jaxdbg.repro.standalone import NotStandalone, Standalone, literal, standalone
 
@@ -127,8 +127,6 @@ def cut_frozen(call: FrozenCall | None, what: str, origin: str, folder: str, rto
                atol: float) -> CutFinished | None:
     """The reproducer of a frozen value (see the module docstring), written into ``folder`` and checked here
     to fail as a mismatch does; None when the function cannot be written alone or does not show it."""
-    from jaxdbg.repro.cutting import write_program
-
     if call is None:
         return None
     started = time.perf_counter()

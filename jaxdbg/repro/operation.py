@@ -48,11 +48,10 @@ from jaxdbg.jaxpr.emit import (
     dtype_expr,
     emit_function,
 )
-from jaxdbg.repro.cutting import write_program
 from jaxdbg.repro.failures import _jax_roots
 from jaxdbg.repro.graph import Var
 from jaxdbg.repro.messages import CutFinished
-from jaxdbg.repro.program import INPUTS_FILE, REPRO_FILE, count_lines, program_fails
+from jaxdbg.repro.program import INPUTS_FILE, REPRO_FILE, count_lines, program_fails, write_program
 from jaxdbg.repro.signature import Criterion
 from jaxdbg.target import storable
 

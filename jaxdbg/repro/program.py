@@ -3,7 +3,8 @@
 The script imports only jax and numpy. Its inputs are written inline when small (``np.float32(-1.0)``,
 ``np.full(...)``, short literal arrays) and otherwise loaded from ``inputs.npz`` next to it. Its last
 statement fails the same way as the original: ``jax.jit(f)(...)`` raises the original exception, or an
-assertion on the jitted result names the NaN/Inf or the jit vs op-by-op disagreement.
+assertion on the jitted result names the NaN/Inf or the jit vs op-by-op disagreement. :func:`write_program`
+writes any reproducer (a cut's, one operation's) into a folder; :func:`program_fails` checks it here.
 
 Example:
     >>> import jax, jax.numpy as jnp
@@ -31,6 +32,7 @@ import os
 import re
 import runpy
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -160,6 +162,27 @@ def check_lines(check: CutCheck, args: str) -> list[str]:
                 f"np.testing.assert_allclose(out, ref, rtol={check.rtol!r}, atol={check.atol!r}, "
                 f'err_msg="{criterion.assertion()}")']
     return [f"jax.jit(f)({args})"]
+
+
+class Written(Protocol):
+    """A reproducer ready to be written: its source and the arrays of its ``inputs.npz`` (maybe none)."""
+
+    @property
+    def source(self) -> str: ...
+
+    @property
+    def arrays(self) -> dict: ...
+
+
+def write_program(program: Written, folder: str) -> dict[str, str]:
+    """Write ``repro.py`` (and ``inputs.npz`` if it has arrays) into ``folder``; returns their paths by key."""
+    files = {"repro": os.path.join(folder, REPRO_FILE)}
+    with open(files["repro"], "w") as handle:
+        handle.write(program.source)
+    if program.arrays:
+        files["inputs"] = os.path.join(folder, INPUTS_FILE)
+        np.savez(files["inputs"], **program.arrays)
+    return files
 
 
 def program_fails(path: str, criterion: Criterion) -> bool:
