@@ -22,12 +22,12 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from functools import lru_cache
 from typing import Any
 
 from jaxdbg._source import SourceLocation
 from jaxdbg._tracebacks import embedded_raise, without_tracebacks
 from jaxdbg.repro.forkserver import ForkServer
+from jaxdbg.repro.frames import in_jax
 from jaxdbg.repro.jobs import CHILD_ENV, JOB, RunRequest
 from jaxdbg.repro.messages import FailureSeen, JaxWork, JitCallSeen, LastJit
 from jaxdbg.repro.signature import Criterion, FailureSignature, matches_pattern
@@ -56,22 +56,13 @@ class Failure:
         return f"{self.raw}{where}"
 
 
-@lru_cache(maxsize=1)
-def _jax_roots() -> tuple[str, ...]:
-    """Folders of jax, jaxlib and opt_einsum (whose contract_path checks jnp.einsum's operands for jax)."""
-    import importlib.util
-
-    specs = [importlib.util.find_spec(name) for name in ("jax", "jaxlib", "opt_einsum")]
-    return tuple(os.path.realpath(os.path.dirname(spec.origin)) + os.sep for spec in specs if spec and spec.origin)
-
-
 _TB_FILE = re.compile(r'^\s*File "([^"]+)", line \d+', re.M)
 
 
 def raised_inside_jax(traceback_text: str) -> bool:
     """True when the innermost frame of a (full) traceback lies in jax or jaxlib."""
     files = _TB_FILE.findall(traceback_text or "")
-    return bool(files) and os.path.realpath(files[-1]).startswith(_jax_roots())
+    return bool(files) and in_jax(files[-1])
 
 
 def observe(outcome: Outcome) -> list[Failure]:

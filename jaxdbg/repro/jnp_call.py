@@ -32,6 +32,7 @@ import numpy as np
 
 from jaxdbg._source import SourceLocation, is_user_file
 from jaxdbg.jaxpr.emit import EmitError, EmittedFunction, Names, param_expr
+from jaxdbg.repro.frames import concrete, exception_chain, tb_frames_with_lines, under_jax
 from jaxdbg.repro.operation import OperationProgram, _avals_text
 
 # Public modules whose functions are written as calls, with their spelling in the reproducer (jnp first: a
@@ -70,9 +71,7 @@ class FailedCall:
 
     @property
     def values(self) -> list:
-        from jaxdbg.repro.operation import _concrete
-
-        return [_concrete(a) for a in self.arrays]
+        return [concrete(a) for a in self.arrays]
 
     def call_text(self, names: list[str]) -> str:
         """The call, arrays named by ``names`` in order (raises EmitError for a value with no Python spelling)."""
@@ -154,12 +153,10 @@ def _python_function(obj: Any) -> Any:
 def failing_call(err: BaseException) -> FailedCall | None:
     """The public JAX function (or array method) the user's code called, in whose code ``err`` was raised
     with only JAX below it; None when the raise is not under one (or the user's own code is deeper)."""
-    from jaxdbg.repro.operation import _chain, _frames_with_lines, _under_jax
-
     spelled = _public_functions()
-    for exc in _chain(err):
-        frames = list(_frames_with_lines(exc.__traceback__))
-        users = [k for k, (f, _) in enumerate(frames) if not _under_jax(f.f_code.co_filename)]
+    for exc in exception_chain(err):
+        frames = list(tb_frames_with_lines(exc.__traceback__))
+        users = [k for k, (f, _) in enumerate(frames) if not under_jax(f.f_code.co_filename)]
         first = users[-1] + 1 if users else 0
         for k in range(first, len(frames)):
             frame = frames[k][0]

@@ -28,12 +28,10 @@ Example:
 
 from __future__ import annotations
 
-import functools
 import os
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any
 
 import numpy as np
@@ -48,7 +46,7 @@ from jaxdbg.jaxpr.emit import (
     dtype_expr,
     emit_function,
 )
-from jaxdbg.repro.failures import _jax_roots
+from jaxdbg.repro.frames import concrete, exception_chain, in_jax, tb_frames, tb_frames_with_lines, under_jax
 from jaxdbg.repro.graph import Var
 from jaxdbg.repro.messages import CutFinished
 from jaxdbg.repro.program import INPUTS_FILE, REPRO_FILE, count_lines, program_fails, write_program
@@ -90,63 +88,26 @@ class _Equation:
 
 def failing_operation(err: BaseException) -> FailedOperation | None:
     """The primitive whose tracing or lowering rule raised ``err`` (or an exception it was raised from)."""
-    for exc in _chain(err):
-        frames = list(_frames(exc.__traceback__))
+    for exc in exception_chain(err):
+        frames = list(tb_frames(exc.__traceback__))
         for k in range(len(frames) - 1, -1, -1):
             op = _operation_at(frames[k])
             if op is None:
                 continue
             # Only JAX (and the libraries under it) may have run between the bind and the raise: a user (or
             # framework) frame deeper down means the error is that code's, traced inside a higher-order primitive.
-            if any(not _under_jax(f.f_code.co_filename) for f in frames[k + 1:]):
+            if any(not under_jax(f.f_code.co_filename) for f in frames[k + 1:]):
                 break
             op.source = next((SourceLocation(f.f_code.co_filename, line, f.f_code.co_name)
-                              for f, line in reversed(list(_frames_with_lines(exc.__traceback__))[:k])
+                              for f, line in reversed(list(tb_frames_with_lines(exc.__traceback__))[:k])
                               if is_user_file(f.f_code.co_filename)), None)
             return op
     return None
 
 
-def _chain(err: BaseException) -> Iterator[BaseException]:
-    seen: set[int] = set()
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
-        yield err
-        err = err.__cause__ or err.__context__  # type: ignore[assignment]
-
-
-def _frames(tb: TracebackType | None) -> Iterator[Any]:
-    while tb is not None:
-        yield tb.tb_frame
-        tb = tb.tb_next
-
-
-def _frames_with_lines(tb: TracebackType | None) -> Iterator[tuple[Any, int]]:
-    while tb is not None:
-        yield tb.tb_frame, tb.tb_lineno
-        tb = tb.tb_next
-
-
-def _in_jax(path: str) -> bool:
-    return os.path.realpath(path).startswith(_jax_roots())
-
-
-@functools.lru_cache(maxsize=1)
-def _below_jax() -> tuple[str, ...]:
-    """Folders of what JAX's own rules call: numpy, ml_dtypes and the standard library."""
-    import ml_dtypes
-
-    folders = [os.path.dirname(m.__file__ or "") for m in (np, ml_dtypes, os)]
-    return tuple(os.path.realpath(f) + os.sep for f in folders if f)
-
-
-def _under_jax(path: str) -> bool:
-    return path.startswith("<frozen") or _in_jax(path) or os.path.realpath(path).startswith(_below_jax())
-
-
 def _operation_at(frame: Any) -> FailedOperation | None:
     """The operation a JAX frame was applying: ``bind_with_trace`` while tracing, a lowering rule's equation."""
-    if not _in_jax(frame.f_code.co_filename):
+    if not in_jax(frame.f_code.co_filename):
         return None
     from jax.extend.core import Primitive
 
@@ -156,24 +117,13 @@ def _operation_at(frame: Any) -> FailedOperation | None:
         if len(avals) != len(args):
             return None
         return FailedOperation(local["self"], dict(local.get("params") or {}), avals,
-                               [_concrete(a) for a in args], None, "tracing")
+                               [concrete(a) for a in args], None, "tracing")
     eqn = local.get("eqn")
     if frame.f_code.co_name == "jaxpr_subcomp" and isinstance(getattr(eqn, "primitive", None), Primitive):
         avals = [v.aval for v in eqn.invars]
         values = [np.asarray(v.val) if hasattr(v, "val") else None for v in eqn.invars]
         return FailedOperation(eqn.primitive, dict(eqn.params), avals, values, None, "lowering")
     return None
-
-
-def _concrete(value: Any) -> np.ndarray | None:
-    import jax
-
-    if isinstance(value, jax.core.Tracer):
-        return None
-    try:
-        return np.asarray(value)
-    except Exception:  # noqa: BLE001 - a value numpy cannot hold (a PRNG key): its aval is all we have
-        return None
 
 
 # ----------------------------------------------------------------------------------------------------------
