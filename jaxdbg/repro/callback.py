@@ -43,8 +43,8 @@ from jaxdbg._compat import HOST_CALLBACK_LOGGERS, host_callback_call
 from jaxdbg._source import SourceLocation, innermost_user_frame
 from jaxdbg._tracebacks import without_tracebacks
 from jaxdbg.jaxpr.emit import EmitError, array_expr, dtype_expr
+from jaxdbg.repro.call_program import INLINE_ELEMENTS, OperationProgram, write_inputs
 from jaxdbg.repro.messages import CutFinished
-from jaxdbg.repro.operation import INLINE_ELEMENTS, OperationProgram, write_inputs
 from jaxdbg.repro.program import REPRO_FILE, count_lines, program_fails, write_program
 from jaxdbg.repro.signature import Criterion
 from jaxdbg.repro.standalone import NotStandalone, Standalone, standalone

@@ -35,9 +35,9 @@ import numpy as np
 
 from jaxdbg._source import SourceLocation
 from jaxdbg.jaxpr.emit import EmitError, array_expr, dtype_expr
+from jaxdbg.repro.call_program import OperationProgram
 from jaxdbg.repro.cut import CutCheck
 from jaxdbg.repro.messages import CutFinished
-from jaxdbg.repro.operation import OperationProgram
 from jaxdbg.repro.program import REPRO_FILE, check_lines, count_lines, program_fails, write_program
 from jaxdbg.repro.signature import Criterion
 from jaxdbg.repro.standalone import NotStandalone, Standalone, literal, standalone

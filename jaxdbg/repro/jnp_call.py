@@ -32,8 +32,8 @@ import numpy as np
 
 from jaxdbg._source import SourceLocation, is_user_file
 from jaxdbg.jaxpr.emit import EmitError, EmittedFunction, Names, param_expr
+from jaxdbg.repro.call_program import OperationProgram, avals_text, programs_of
 from jaxdbg.repro.frames import concrete, exception_chain, tb_frames_with_lines, under_jax
-from jaxdbg.repro.operation import OperationProgram, _avals_text
 
 # Public modules whose functions are written as calls, with their spelling in the reproducer (jnp first: a
 # function both spell is written as jnp's).
@@ -233,8 +233,6 @@ def writable(call: FailedCall, names: list[str]) -> str | None:
 
 def call_programs(call: FailedCall, exc_type: str, origin: str) -> Iterator[OperationProgram]:
     """Reproducers of the call to try: zeros of the recorded shapes and dtypes, then the recorded values."""
-    from jaxdbg.repro.operation import programs_of
-
     avals = call.avals
     fresh = Names()
     names = [fresh.fresh() for _ in avals]
@@ -242,6 +240,6 @@ def call_programs(call: FailedCall, exc_type: str, origin: str) -> Iterator[Oper
     if text is None:
         return
     emitted = EmittedFunction("f", f"def f({', '.join(names)}):\n    return {text}\n", tuple(names), False)
-    title = f"{call.label}({_avals_text(avals)})"
+    title = f"{call.label}({avals_text(avals)})"
     yield from programs_of(emitted, avals, call.values, docstring_parts=(
         title, "call", call.source, f"{exc_type} while {call.stage}", origin))

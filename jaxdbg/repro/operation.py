@@ -28,36 +28,22 @@ Example:
 
 from __future__ import annotations
 
-import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from jaxdbg._source import SourceLocation, is_user_file
-from jaxdbg.jaxpr.emit import (
-    HEADER,
-    PRIMS_IMPORT,
-    EmitError,
-    EmittedFunction,
-    array_expr,
-    dtype_expr,
-    emit_function,
-)
+from jaxdbg.jaxpr.emit import EmitError, emit_function
+from jaxdbg.repro.call_program import OperationProgram, avals_text, programs_of
 from jaxdbg.repro.frames import concrete, exception_chain, in_jax, tb_frames, tb_frames_with_lines, under_jax
 from jaxdbg.repro.graph import Var
+from jaxdbg.repro.jnp_call import call_programs, failing_call
 from jaxdbg.repro.messages import CutFinished
-from jaxdbg.repro.program import INPUTS_FILE, REPRO_FILE, count_lines, program_fails, write_program
+from jaxdbg.repro.program import count_lines, program_fails, write_program
 from jaxdbg.repro.signature import Criterion
-from jaxdbg.target import storable
-
-# Concrete inputs up to this many elements are written inline when their values are needed.
-INLINE_ELEMENTS = 64
-# Inputs of a written operation up to this many bytes in all: the check runs it, and an operation that does not
-# fail as it did would then copy them to the device (a traced program's arrays can be far larger than memory).
-MAX_INPUT_BYTES = 1 << 30
 
 
 @dataclass
@@ -131,15 +117,6 @@ def _operation_at(frame: Any) -> FailedOperation | None:
 # ----------------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class OperationProgram:
-    """The written reproducer of one operation: source, arrays for ``inputs.npz`` (maybe none), values used."""
-
-    source: str
-    arrays: dict
-    recorded_values: bool  # True: the recorded input values; False: zeros of the recorded shapes and dtypes
-
-
 def operation_programs(op: FailedOperation, exc_type: str, origin: str) -> Iterator[OperationProgram]:
     """Reproducers to try, plainest first: zeros of the recorded shapes and dtypes (a shape or dtype error does
     not depend on values), then the recorded values where the inputs were concrete."""
@@ -149,79 +126,14 @@ def operation_programs(op: FailedOperation, exc_type: str, origin: str) -> Itera
         emitted = emit_function("f", invars, [eqn], list(eqn.outvars))
     except (EmitError, KeyError, TypeError, ValueError, AttributeError):
         return
-    title = f"{op.primitive.name}({_avals_text(op.avals)})"
+    title = f"{op.primitive.name}({avals_text(op.avals)})"
     yield from programs_of(emitted, op.avals, op.values, docstring_parts=(
         title, "operation", op.source, f"{exc_type} while {op.stage}", origin))
-
-
-def programs_of(emitted: EmittedFunction, avals: list, values: list,
-                docstring_parts: tuple[str, str, SourceLocation | None, str, str]) -> Iterator[OperationProgram]:
-    """``emitted`` called jitted on zeros of ``avals``, then on ``values`` where they were concrete; nothing
-    when the inputs cannot be written (a PRNG key) or are too large to run here."""
-    try:
-        if sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in avals) > MAX_INPUT_BYTES:
-            return
-    except (TypeError, AttributeError):  # a PRNG key or another value numpy cannot hold: nothing to write
-        return
-    for recorded in [False] + ([True] if any(v is not None for v in values) else []):
-        try:
-            assign, arrays = write_inputs(emitted.arg_names, avals, values, recorded)
-        except EmitError:
-            continue
-        lines = [docstring(*docstring_parts, recorded) + HEADER + (PRIMS_IMPORT if emitted.uses_prims else "")]
-        if any(np.dtype(a.dtype).itemsize == 8 and np.dtype(a.dtype).kind in "iuf" for a in avals):
-            lines.append('jax.config.update("jax_enable_x64", True)\n')  # else 64-bit inputs become 32-bit
-        lines += ["", emitted.source, *assign, f"jax.jit(f)({', '.join(emitted.arg_names)})"]
-        yield OperationProgram("\n".join(lines) + "\n", arrays, recorded)
-
-
-def write_inputs(names: Sequence[str], avals: list, values: list, recorded: bool) -> tuple[list[str], dict]:
-    """Lines assigning each input (zeros of its aval, or its recorded value inline or from ``inputs.npz``) and
-    the arrays that go into ``inputs.npz``."""
-    assign, arrays, loads = [], {}, []
-    for name, aval, value in zip(names, avals, values):
-        shape, dtype = tuple(aval.shape), np.dtype(aval.dtype)
-        if recorded and value is not None:
-            value = np.asarray(value, dtype=dtype)
-            if value.size <= INLINE_ELEMENTS:
-                assign.append(f"{name} = {array_expr(value)}")
-                continue
-            bits, special = storable(value)
-            arrays[name] = bits
-            loads.append(f"{name} = _inputs[{name!r}]" + (f".view(jnp.{special})" if special else ""))
-            continue
-        assign.append(f"{name} = np.zeros({shape!r}, dtype={dtype_expr(dtype)})")
-    if loads:
-        loads.insert(0, f'_inputs = np.load((__file__.rpartition("/")[0] or ".") + "/{INPUTS_FILE}")')
-    return loads + assign, arrays
-
-
-def _avals_text(avals: list) -> str:
-    return ", ".join(a.str_short() if hasattr(a, "str_short") else str(a) for a in avals)
-
-
-def docstring(title: str, what: str, source: SourceLocation | None, failure: str, origin: str,
-              recorded: bool) -> str:
-    """The reproducer's docstring: ``title`` raises ``failure`` (``TypeError while tracing``) in ``origin``."""
-    exc_type = failure.split()[0]
-    values = "the values it was called with" if recorded else "zeros of the shapes and dtypes it was called with"
-    within = f" {origin}" if origin else ""
-    return (f'"""jaxdbg repro: {title} raises {failure}{within}.\n\n'
-            f'Called at {_where(source)}. This is that one {what} alone, on\n{values}.\n\n'
-            f'`python {REPRO_FILE}` fails with {exc_type} while the bug is present.\n"""\n')
-
-
-def _where(source: SourceLocation | None) -> str:
-    if source is None:
-        return "an unknown place"
-    return f"{os.path.basename(source.file)}:{source.line} ({source.function})"
 
 
 def cut_operation(err: BaseException, folder: str, criterion: Criterion, origin: str) -> CutFinished:
     """The reproducer of the operation that raised ``err`` (failing as ``criterion``, an exception's, says),
     written into ``folder`` and checked here to raise the same; ``origin`` names where it ran, in words."""
-    from jaxdbg.repro.jnp_call import call_programs, failing_call
-
     started = time.perf_counter()
     op = failing_operation(err)
     call = failing_call(err) if op is None else None
