@@ -109,7 +109,7 @@ def test_an_unverified_reproducer_under_quiet_says_why_and_exits_3(tmp_path, cap
     from jaxdbg.cli._common import Common, execute
     from jaxdbg.cli.repro import render
     from jaxdbg.report import Report
-    from jaxdbg.repro.core import ReproResult, Size
+    from jaxdbg.repro.result import ReproResult, Size
     from jaxdbg.repro.signature import FailureSignature
 
     result = ReproResult(FailureSignature("timeout"), Size(17), Size(17), checks=9, elapsed_s=15.0, verified=False,

@@ -34,15 +34,17 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from jaxdbg._errors import TargetFailedError, UsageError
 from jaxdbg._source import SourceLocation
 from jaxdbg.launch import launched_place
 from jaxdbg.repro.failures import STILL_FAILS_WITHOUT_JIT, Checker, Failure, choose, observe, preloadable
+from jaxdbg.repro.job import run_in_job
 from jaxdbg.repro.jobs import CHILD_ENV, CUT_JOB, JOB, CutRequest, RunRequest, reduction_env
 from jaxdbg.repro.messages import CutFinished, LoweredText
 from jaxdbg.repro.program import INPUTS_FILE, REPRO_FILE, STABLEHLO_FILE, count_lines
+from jaxdbg.repro.result import ReproResult, Size
 from jaxdbg.repro.signature import KINDS, Criterion, FailureSignature
 from jaxdbg.repro.source import SourceReducer, State, parse, statement_lines
 from jaxdbg.repro.subject import Subject, prepare_subject
@@ -69,37 +71,6 @@ class ReproOptions:
     rtol: float = 1e-3
     atol: float = 1e-5
     source_time: float | None = None  # seconds for repro_source.py after a cut; None: SOURCE_FILE_SECONDS; 0: none
-
-
-@dataclass(frozen=True)
-class Size:
-    lines: int | None
-    equations: int | None = None
-
-
-@dataclass(frozen=True)
-class ReproResult:
-    """The contract's repro result, plus how it was obtained."""
-
-    signature: FailureSignature
-    original: Size
-    minimized: Size
-    checks: int
-    elapsed_s: float
-    verified: bool
-    strategy: str  # "computation" (cut jaxpr) or "source" (reduced script)
-    flaky: bool = False
-    runs: list[str] = field(default_factory=list)
-    timed_out: bool = False
-    verification: str = ""
-    failing_primitives: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-    def essential_line(self) -> str | None:
-        if self.verified:
-            return self.verification or None
-        why = next((note.split("; trying")[0] for note in self.notes if "did not verify" in note), None)
-        return f"reproducer NOT verified: {self.verification or 'no fresh run'}" + (f"; {why}" if why else "")
 
 
 class _Clock:
@@ -192,8 +163,6 @@ class _Reproduction:
 
     def run(self) -> tuple[ReproResult, dict[str, str]]:
         if self.place is not None:
-            from jaxdbg.repro.job import run_in_job
-
             return run_in_job(self)
         target, flaky, runs, outcomes = self.detect()
         check_timeout = self.check_timeout(target, outcomes)

@@ -30,11 +30,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 from typing import Any
 
 from jaxdbg.launch import WORKER_VARIABLE
 from jaxdbg.repro.failures import Failure
 from jaxdbg.repro.program import REPRO_FILE, count_lines
+from jaxdbg.repro.result import ReproResult, Size
 from jaxdbg.runner import signal_name
 
 
@@ -48,10 +50,8 @@ def launch_line(count: int) -> str:
     return f"jaxdbg --processes {count} python {REPRO_FILE}"
 
 
-def run_in_job(rep: Any) -> tuple[Any, dict[str, str]]:
+def run_in_job(rep: Any) -> tuple[ReproResult, dict[str, str]]:
     """Detect, record and verify as process ``rep.place[0]`` of ``rep.place[1]`` (see the module docstring)."""
-    from jaxdbg.repro.core import ReproResult, Size
-
     index, count = rep.place
     target, flaky, runs, outcomes = rep.detect()
     kind = target.signature.kind
@@ -77,10 +77,8 @@ def run_in_job(rep: Any) -> tuple[Any, dict[str, str]]:
 
 
 def job_program(rep: Any, target: Failure, flaky: bool, runs: list[str], count: int,
-                detection_log: str = "") -> tuple[Any, dict[str, str]]:
+                detection_log: str = "") -> tuple[ReproResult, dict[str, str]]:
     """The program itself as ``repro.py``, with the launch line of ``count`` local processes, verified so."""
-    from jaxdbg.repro.core import ReproResult, Size
-
     path = os.path.join(rep.out_dir, REPRO_FILE)
     text = (f"# jaxdbg repro: {target.signature.describe()}\n"
             f"# the failure needs a {count}-process job: run {launch_line(count)}\n"
@@ -154,7 +152,5 @@ def lost_processes(log: str) -> dict[int, str]:
 
 
 
-def _with_notes(result: Any, notes: list[str]) -> Any:
-    from dataclasses import replace
-
+def _with_notes(result: ReproResult, notes: list[str]) -> ReproResult:
     return replace(result, notes=list(notes))
