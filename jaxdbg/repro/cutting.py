@@ -17,6 +17,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
+import jax
 import numpy as np
 
 from jaxdbg.repro.cut import CutCheck, CutError, Cutter, inexact
@@ -84,8 +85,6 @@ def cut_captured(captured: Any, request: Any, deadline: float) -> CutFinished:
 
 def write_stablehlo(program: Any, graph: Any, best: Any, folder: str) -> str:
     """``jax.jit(f).lower(*inputs).as_text()`` of the emitted function, next to the reproducer."""
-    import jax
-
     namespace: dict = {}
     exec(compile(program.function.module_source(), "<repro>", "exec"), namespace)  # noqa: S102 - our own code
     values = [best.values[v] for v in best.inputs(graph)]

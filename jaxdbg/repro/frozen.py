@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import jax
 import numpy as np
 
 from jaxdbg._source import SourceLocation
@@ -61,8 +62,6 @@ class FrozenCall:
 def record_call(location: SourceLocation, trace: Callable[[], Any]) -> FrozenCall | None:
     """Run ``trace`` (one more trace of the failing call) noting the first call of the function of the user's
     that holds ``location``; None when it was not called or its arguments cannot be read."""
-    import jax
-
     seen: list = []
 
     def profile(frame: Any, event: str, arg: Any) -> None:

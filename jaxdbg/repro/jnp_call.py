@@ -23,12 +23,16 @@ Example:
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from jax import core
 
 from jaxdbg._source import SourceLocation, is_user_file
 from jaxdbg.jaxpr.emit import EmitError, EmittedFunction, Names, param_expr
@@ -65,8 +69,6 @@ class FailedCall:
 
     @property
     def avals(self) -> list:
-        from jax import core
-
         return [a.aval if not isinstance(a, np.ndarray) else core.ShapedArray(a.shape, a.dtype) for a in self.arrays]
 
     @property
@@ -93,8 +95,6 @@ class FailedCall:
 
 
 def _is_array(value: Any) -> bool:
-    import jax
-
     return isinstance(value, (jax.Array, jax.core.Tracer, np.ndarray))
 
 
@@ -123,10 +123,6 @@ def _write(value: Any, names: Iterator[str]) -> str:
 def _public_functions() -> dict[Any, tuple[str, Any]]:
     """Code object -> (spelling, function) of every public function of ``_MODULES`` and every method of JAX
     arrays (the function a jitted or wrapped one runs: the frame's code is its)."""
-    import importlib
-
-    import jax.numpy as jnp
-
     spelled: dict[Any, tuple[str, Any]] = {}
     for module_name, prefix in _MODULES:
         module = importlib.import_module(module_name)

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from jax.extend.core import Primitive
 
 from jaxdbg._source import SourceLocation, is_user_file
 from jaxdbg.jaxpr.emit import EmitError, emit_function
@@ -95,8 +96,6 @@ def _operation_at(frame: Any) -> FailedOperation | None:
     """The operation a JAX frame was applying: ``bind_with_trace`` while tracing, a lowering rule's equation."""
     if not in_jax(frame.f_code.co_filename):
         return None
-    from jax.extend.core import Primitive
-
     local = frame.f_locals
     if frame.f_code.co_name == "bind_with_trace" and isinstance(local.get("self"), Primitive):
         args, avals = list(local.get("args") or ()), list(local.get("avals") or ())

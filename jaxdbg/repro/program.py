@@ -28,9 +28,12 @@ Example:
 
 from __future__ import annotations
 
+import ast
+import io
 import os
 import re
 import runpy
+import tokenize
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -40,6 +43,7 @@ from jaxdbg.jaxpr.emit import HEADER, PRIMS_IMPORT, EmitError, EmittedFunction, 
 from jaxdbg.repro.cut import Candidate, CutCheck
 from jaxdbg.repro.graph import Graph
 from jaxdbg.repro.signature import Criterion
+from jaxdbg.repro.source import parse
 from jaxdbg.target import storable
 
 INPUTS_FILE = "inputs.npz"
@@ -63,12 +67,6 @@ class ReproProgram:
 
 def count_lines(source: str) -> int:
     """Lines that hold code: blank lines, comments and docstring-only lines do not count."""
-    import ast
-    import io
-    import tokenize
-
-    from jaxdbg.repro.source import parse
-
     code_lines: set[int] = set()
     try:
         docstrings = {n.body[0].lineno for n in ast.walk(parse(source))
