@@ -119,6 +119,7 @@ class Criterion:
         return self.same_exception(type_name, message)
 
     def to_json(self) -> dict[str, str | None]:
+        """The contract's four keys (a signature's place is no part of its criterion)."""
         return {"kind": self.kind, "type": self.type, "message": self.message, "signal": self.signal}
 
     @staticmethod
