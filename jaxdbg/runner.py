@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 from jaxdbg._errors import EXIT_TARGET_FAILED, JobMismatchError
 from jaxdbg._source import SourceLocation, is_user_file
+from jaxdbg._tracebacks import without_tracebacks
 from jaxdbg.protocol import Channel as Channel
 from jaxdbg.protocol import ChannelTail, ChildFailed, Echo, ExceptionInfo, Message, read_channel
 from jaxdbg.protocol import describe_exception as describe_exception
@@ -81,8 +82,7 @@ class Outcome:
             where = f" at {self.exception.user_frame}" if self.exception.user_frame else ""
             if self.exception.exit_code == EXIT_TARGET_FAILED:  # jaxdbg's own words about the target (an import failed)
                 return f"failed: {first_line(self.exception.message)}{where}"
-            from jaxdbg.repro.signature import without_tracebacks  # (a host callback's: the exception it ends with)
-
+            # (a host callback's exception: the one its embedded traceback ends with)
             return f"raised {self.exception.type}: {first_line(without_tracebacks(self.exception.message))}{where}"
         if self.status == "crash":
             where = f" at {self.crash_frame}" if self.crash_frame else ""

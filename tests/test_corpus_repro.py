@@ -19,7 +19,7 @@ import pytest
 
 from jaxdbg.cli import main
 from jaxdbg.repro.program import count_lines
-from jaxdbg.repro.signature import normalise_message
+from jaxdbg.repro.signature import Criterion, normalise_message
 from jaxdbg.target import flatten_inputs, load_npz_inputs, save_npz_inputs
 
 CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
@@ -235,7 +235,7 @@ def test_a_jnp_call_that_raises_by_itself_is_written_as_that_call(spelling, tmp_
     finally:
         jax.config.update("jax_traceback_filtering", filtering)
     err = caught.value
-    summary = cut_operation(err, str(tmp_path), type(err).__name__, normalise_message(str(err)), "jit(step)")
+    summary = cut_operation(err, str(tmp_path), Criterion.exception(type(err).__name__, str(err)), "jit(step)")
     assert summary.ok and summary.primitives == [spelling], summary.reason
     text = (tmp_path / "repro.py").read_text()
     assert f"return {spelling}(" in text and count_lines(text) <= 15 and "test_corpus_repro.py:" in text
@@ -433,7 +433,7 @@ def test_a_host_callback_is_cut_to_its_function_never_to_a_raise_of_constants(tm
 
     # A bound method with state, through io_callback: the method alone, its instance from its attributes.
     failed, exc_type, message = recorded(_saving_step)
-    summary = cut_callback(failed, str(tmp_path), exc_type, message, "jit(step)")
+    summary = cut_callback(failed, str(tmp_path), Criterion("exception", exc_type, message), "jit(step)")
     assert failed.kind == "io_callback" and summary.ok and summary.primitives == ["io_callback"], summary.reason
     text = (tmp_path / "repro.py").read_text()
     assert "if self.saved > 2:" in text and count_lines(text) <= 15
@@ -444,7 +444,7 @@ def test_a_host_callback_is_cut_to_its_function_never_to_a_raise_of_constants(tm
     # A lambda reading a dict it closes over cannot be written alone: no cut (the source reduction answers),
     # and no stand-in that merely raises KeyError('history').
     failed, exc_type, message = recorded(_lambda_step)
-    summary = cut_callback(failed, str(tmp_path / "lambda"), exc_type, message, "jit(step)")
+    summary = cut_callback(failed, str(tmp_path / "lambda"), Criterion("exception", exc_type, message), "jit(step)")
     assert failed.kind == "jax.debug.callback" and not summary.ok and summary.checks == 0
 
 

@@ -11,6 +11,7 @@ import pytest
 from jaxdbg.cli import main
 from jaxdbg.repro.program import count_lines
 from jaxdbg.repro.jobs import CHILD_ENV, JOB, RunRequest
+from jaxdbg.repro.signature import Criterion
 from jaxdbg.repro.program import count_lines
 from jaxdbg.runner import run_contained
 
@@ -52,6 +53,7 @@ def test_nan_in_a_big_graph_becomes_one_equation(nan_run):
     result = report["result"]
     assert code == 0 and report["exit_code"] == 0
     assert result["signature"]["kind"] == "nonfinite" and result["verified"] and not result["flaky"]
+    assert Criterion.from_json(result["signature"]) == Criterion.nonfinite("NaN")  # a report reads back as one
     assert result["original"]["equations"] > 500 and result["minimized"]["equations"] == 1
     assert result["failing_primitives"] == ["log1p"]
     assert set(report["artifacts"]) >= {"repro", "stablehlo", "report"}
@@ -107,7 +109,7 @@ def test_an_unverified_reproducer_under_quiet_says_why_and_exits_3(tmp_path, cap
     from jaxdbg.cli._common import Common, execute
     from jaxdbg.cli.repro import render
     from jaxdbg.report import Report
-    from jaxdbg.repro.core import ReproResult, Size
+    from jaxdbg.repro.result import ReproResult, Size
     from jaxdbg.repro.signature import FailureSignature
 
     result = ReproResult(FailureSignature("timeout"), Size(17), Size(17), checks=9, elapsed_s=15.0, verified=False,

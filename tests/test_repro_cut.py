@@ -5,9 +5,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxdbg.repro.cut import Criterion, Cutter
+from jaxdbg.repro.cut import CutCheck, Cutter
 from jaxdbg.repro.graph import as_function, flatten, record
-from jaxdbg.repro.program import build_program, can_emit, count_lines, program_fails
+from jaxdbg.repro.program import build_program, can_emit, count_lines, program_fails, write_program
+from jaxdbg.repro.signature import Criterion
+
+NAN = CutCheck(Criterion.nonfinite("NaN"))
+MISMATCH = CutCheck(Criterion.mismatch())
 
 
 def _deep_nan(x, w):
@@ -24,9 +28,9 @@ def _snap(y):
     return jnp.sort((jnp.tanh(y) * 4.0 + 1e8) - 1e8), jnp.cos(y).sum()
 
 
-def _cut(fn, args, criterion):
+def _cut(fn, args, check):
     graph, consts = flatten(jax.make_jaxpr(fn)(*args))
-    cutter = Cutter(graph, record(graph, args, consts), criterion, emittable=lambda c: can_emit(graph, c))
+    cutter = Cutter(graph, record(graph, args, consts), check, emittable=lambda c: can_emit(graph, c))
     return graph, cutter, cutter.run()
 
 
@@ -34,7 +38,7 @@ def _cut(fn, args, criterion):
 def nan_cut():
     rng = np.random.default_rng(0)
     args = [rng.standard_normal((4, 8)).astype(np.float32), (rng.standard_normal((8, 8)) * 0.3).astype(np.float32)]
-    return _cut(_deep_nan, args, Criterion("nonfinite", what="NaN"))
+    return _cut(_deep_nan, args, NAN)
 
 
 def test_flatten_inlines_calls_and_keeps_primitives():
@@ -53,17 +57,17 @@ def test_nan_in_hundreds_of_equations_is_cut_to_the_one_that_makes_it(nan_cut):
 
 def test_emitted_nan_reproducer_fails_with_an_assertion(nan_cut, tmp_path):
     graph, _, best = nan_cut
-    program = build_program(graph, best, Criterion("nonfinite", what="NaN"), "jit(_deep_nan)", len(graph.nodes))
+    program = build_program(graph, best, NAN, "jit(_deep_nan)", len(graph.nodes))
     path = tmp_path / "repro.py"
     path.write_text(program.source)
-    assert program_fails(str(path), Criterion("nonfinite", what="NaN"))
+    assert program_fails(str(path), NAN.criterion)
     assert "lax.sqrt(" in program.source and "jax.jit(f)" in program.source
     assert count_lines(program.source) <= 10 and not program.arrays
 
 
 def test_jit_vs_op_by_op_mismatch_is_cut_to_the_folded_arithmetic(tmp_path):
     y = np.linspace(-1, 1, 6, dtype=np.float32)
-    graph, _, best = _cut(_snap, [y], Criterion("mismatch"))
+    graph, _, best = _cut(_snap, [y], MISMATCH)
     assert [graph.nodes[i].name for i in best.nodes] == ["add", "sub"]
     fn = as_function([graph.nodes[i] for i in best.nodes], best.inputs(graph), best.outvars)
     args = [best.values[v] for v in best.inputs(graph)]
@@ -71,16 +75,16 @@ def test_jit_vs_op_by_op_mismatch_is_cut_to_the_folded_arithmetic(tmp_path):
     with jax.disable_jit():
         eager = np.asarray(fn(*args)[0])
     assert not np.allclose(jitted, eager)  # the cut computation still disagrees
-    program = build_program(graph, best, Criterion("mismatch"), "jit(_snap)", len(graph.nodes))
+    program = build_program(graph, best, MISMATCH, "jit(_snap)", len(graph.nodes))
     path = tmp_path / "repro.py"
     path.write_text(program.source)
-    assert program_fails(str(path), Criterion("mismatch"))
+    assert program_fails(str(path), MISMATCH.criterion)
 
 
 def test_a_candidate_that_computes_nothing_never_counts():
     # With every equation cut away the NaN would come in through an input: rejected, not "reproduced".
     x = np.array([-1.0, 2.0], np.float32)
-    _, _, best = _cut(lambda v: jnp.log(v) + 1.0, [x], Criterion("nonfinite", what="NaN"))
+    _, _, best = _cut(lambda v: jnp.log(v) + 1.0, [x], NAN)
     assert len(best.nodes) >= 1
     assert all(np.isfinite(v).all() for v in best.values.values())
 
@@ -95,24 +99,23 @@ def test_inputs_of_a_scan_keep_their_shapes_so_the_written_scan_still_runs(tmp_p
         return jax.lax.scan(body, x, w)[0].sum()
 
     args = [np.full((2, 4), 0.1, np.float32), np.full((3, 4, 4), 0.1, np.float32)]
-    criterion = Criterion("nonfinite", what="NaN")
-    graph, cutter, best = _cut(layers, args, criterion)
+    graph, cutter, best = _cut(layers, args, NAN)
     scans = [i for i in best.nodes if graph.nodes[i].name == "scan"]
     assert scans and all(np.shape(best.values[v]) == np.shape(cutter.recorded[v])
                          for v in graph.nodes[scans[0]].invars if v in best.values)
-    program = build_program(graph, best, criterion, "jit(layers)", len(graph.nodes))
+    program = build_program(graph, best, NAN, "jit(layers)", len(graph.nodes))
     path = tmp_path / "repro.py"
     path.write_text(program.source)
-    assert program_fails(str(path), criterion)
+    assert program_fails(str(path), NAN.criterion)
 
 
 def test_a_nan_birth_may_start_from_the_programs_inf_but_never_from_a_nan():
     """Where the program's own inputs hold Inf (a -inf bias), a cut may start from an Inf (0 * -inf is the
     birth) but not from a NaN it would only pass on."""
-    criterion = Criterion("nonfinite", what="NaN", allow_nonfinite_inputs=True)
-    assert criterion.failing_index(lambda a, b: [a * b], [np.float32(0.0), np.float32(-np.inf)]) == ()
-    assert criterion.failing_index(lambda a: [a + 1.0], [np.float32(np.nan)]) is None
-    strict = Criterion("nonfinite", what="NaN")
+    check = CutCheck(Criterion.nonfinite("NaN"), allow_nonfinite_inputs=True)
+    assert check.failing_index(lambda a, b: [a * b], [np.float32(0.0), np.float32(-np.inf)]) == ()
+    assert check.failing_index(lambda a: [a + 1.0], [np.float32(np.nan)]) is None
+    strict = NAN
     assert strict.failing_index(lambda a, b: [a * b], [np.float32(0.0), np.float32(-np.inf)]) is None
 
 
@@ -124,7 +127,7 @@ def test_a_nan_made_from_an_inf_is_cut_to_the_chain_from_finite_inputs():
 
     w = np.ones((4, 4), np.float32)
     args = [w, w.copy(), np.ones((2, 4), np.float32)]
-    graph, _, best = _cut(jax.grad(loss), args, Criterion("nonfinite", what="NaN"))
+    graph, _, best = _cut(jax.grad(loss), args, NAN)
     assert [graph.nodes[i].name for i in best.nodes][:2] == ["div", "mul"] and len(best.nodes) <= 4
 
 
@@ -137,11 +140,9 @@ def test_a_typed_prng_key_among_the_inputs_is_cut_and_written_with_its_key_data(
     """The key is recorded as a key (numpy has no form for it) and, when the cut keeps it, the reproducer loads
     its key data and wraps it back (jax.random.wrap_key_data)."""
     args = [jax.random.key(0), jnp.arange(1.0, 9.0)]
-    graph, cutter, best = _cut(_dropout_log, args, Criterion("nonfinite", what="NaN"))
+    graph, cutter, best = _cut(_dropout_log, args, NAN)
     assert [graph.nodes[i].name for i in best.nodes] == ["log"]
     keep_key = cutter.make(range(len(graph.nodes) - 1), best.outvars)  # the log with the draw of its mask
-    program = build_program(graph, keep_key, Criterion("nonfinite", what="NaN"), "jit(f)", len(graph.nodes))
+    program = build_program(graph, keep_key, NAN, "jit(f)", len(graph.nodes))
     assert "jax.random.wrap_key_data(_inputs[" in program.source and "impl='threefry2x32'" in program.source
-    from jaxdbg.repro.cutting import write_program
-
-    assert program_fails(write_program(program, str(tmp_path))["repro"], Criterion("nonfinite", what="NaN"))
+    assert program_fails(write_program(program, str(tmp_path))["repro"], NAN.criterion)

@@ -6,9 +6,10 @@ import tempfile
 
 import pytest
 
+from jaxdbg._source import SourceLocation
 from jaxdbg.repro.failures import Checker, choose, observe, raises_constants
 from jaxdbg.repro.jobs import CHILD_ENV, JOB, RunRequest
-from jaxdbg.repro.signature import normalise_message
+from jaxdbg.repro.signature import Criterion, FailureSignature, normalise_message
 from jaxdbg.repro.source import SourceReducer, is_constant_raise, undefined_names
 from jaxdbg.repro.watch import WatchConfig
 from jaxdbg.runner import run_contained
@@ -25,6 +26,27 @@ def test_messages_are_normalised_for_shapes_addresses_and_paths():
     assert normalise_message("jit and op-by-op disagree") == "jit and op-by-op disagree"
 
 
+def test_one_criterion_decides_and_travels_as_json():
+    criteria = [Criterion.exception("TypeError", "got (128,) at 0x7f3a in /tmp/a/m.py"),
+                Criterion("crash", signal="SIGSEGV"), Criterion("crash", message="exit status 3"), Criterion("timeout"),
+                Criterion.nonfinite("Inf"), Criterion.mismatch("float64")]
+    assert [Criterion.from_json(c.to_json()) for c in criteria] == criteria
+    assert [c.what for c in criteria] == [None, None, None, None, "Inf", None]
+    # A signature is its criterion plus where: the place is no part of "the same way".
+    here = FailureSignature.of(criteria[0], location=SourceLocation("/tmp/a/m.py", 3, "f"))
+    assert here.same_as(criteria[0]) and Criterion.from_json(here.to_json()) == criteria[0]
+    assert not criteria[1].same_as(criteria[2]) and not criteria[4].same_as(Criterion.nonfinite("NaN"))
+    # An exception by type name and normalised message; a written NaN/mismatch reproducer by its assertion.
+    assert criteria[0].same_exception("TypeError", "got (8,) at 0x1 in /home/me/m.py")
+    assert not criteria[0].same_exception("ValueError", "got (8,) at 0x1 in /home/me/m.py")
+    assert criteria[4].reproduced_by("AssertionError", "jax.jit(f) produced Inf: [inf]")
+    assert not criteria[4].reproduced_by("AssertionError", "jax.jit(f) produced NaN: [nan]")
+    assert criteria[5].reproduced_by("AssertionError", "\nNot equal to tolerance\njit and op-by-op (jax.disable_jit) "
+                                                       "disagree")
+    with pytest.raises(ValueError, match="kind"):
+        Criterion.from_json({"kind": "segfault"})
+
+
 @pytest.mark.parametrize("code, degenerate", [
     ("assert 0, 'jit and op-by-op disagree'", True),
     ("assert False, f'jit and op-by-op disagree {1}'", True),
@@ -37,8 +59,6 @@ def test_raise_or_assert_of_constants_is_degenerate(code, degenerate):
 
 
 def test_a_guarded_constant_raise_is_not_degenerate(tmp_path):
-    from jaxdbg._source import SourceLocation
-
     guarded = "import numpy as np\nif not np.allclose(1, 2):\n    raise AssertionError('jit and op-by-op disagree')\n"
     bare = "raise AssertionError('jit and op-by-op disagree')\n"
     path = str(tmp_path / "c.py")

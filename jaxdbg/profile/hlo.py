@@ -20,7 +20,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 from dataclasses import dataclass, field
 
@@ -386,25 +385,3 @@ _MODULE_LINE = re.compile(r"^HloModule\s+([^\s,]+)")
 def module_name(hlo_text: str) -> str:
     match = _MODULE_LINE.match(hlo_text)
     return match.group(1) if match else ""
-
-
-def write_hlo(out_dir: str, name: str, index: int, stablehlo: str, optimized: str,
-              compiled: object = None) -> dict[str, str]:
-    """Write one compile's StableHLO and optimised HLO under ``out_dir/hlo`` (with ``compiled``, also its
-    arguments' PartitionSpecs where it is sharded: ``shardings.json``); returns their paths."""
-    folder = os.path.join(out_dir, "hlo")
-    os.makedirs(folder, exist_ok=True)
-    stem = re.sub(r"[^\w.\-]", "_", name) + (f".{index}" if index else "")
-    paths = {"stablehlo": os.path.join(folder, f"{stem}.stablehlo.mlir"),
-             "optimized_hlo": os.path.join(folder, f"{stem}.optimized.hlo.txt")}
-    with open(paths["stablehlo"], "w") as handle:
-        handle.write(stablehlo)
-    with open(paths["optimized_hlo"], "w") as handle:
-        handle.write(optimized)
-    from jaxdbg.profile.collectives import argument_specs, write_specs
-
-    specs = argument_specs(compiled) if compiled is not None else None
-    if specs is not None:
-        paths["shardings"] = os.path.join(folder, f"{stem}.shardings.json")
-        write_specs(paths["shardings"], specs)
-    return paths

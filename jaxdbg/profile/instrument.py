@@ -38,7 +38,8 @@ from typing import Any
 from jaxdbg import _compat, jit_layer
 from jaxdbg._source import SourceLocation, caller_user_frame
 from jaxdbg.jit_layer import InstrumentedJit, JitCall, JitHook, unwrap_function
-from jaxdbg.profile.hlo import module_name, write_hlo
+from jaxdbg.profile.hlo import module_name
+from jaxdbg.profile.hlo_files import write_hlo
 from jaxdbg.profile.host_bound import StepClock, SyncSite
 from jaxdbg.profile.messages import CallBatch, CallTiming, CompileRecord, FunctionDefined, RunTotals
 from jaxdbg.profile.signature import Signature, call_signature, explain, parameter_names

@@ -246,7 +246,8 @@ def function_job(job: ProfileJob, channel: Any) -> None:
 
     from jaxdbg import _compat
     from jaxdbg.jit_layer import function_identity
-    from jaxdbg.profile.hlo import module_name, write_hlo
+    from jaxdbg.profile.hlo import module_name
+    from jaxdbg.profile.hlo_files import write_hlo
     from jaxdbg.profile.instrument import Recorder, compile_listener
     from jaxdbg.profile.monitor import Sampler
     from jaxdbg.target import load_function, load_inputs, short_dtype

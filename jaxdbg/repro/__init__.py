@@ -13,7 +13,7 @@ Example:
 """
 
 from jaxdbg.repro.core import ReproOptions as ReproOptions
-from jaxdbg.repro.core import ReproResult as ReproResult
 from jaxdbg.repro.core import reproduce as reproduce
+from jaxdbg.repro.result import ReproResult as ReproResult
 from jaxdbg.repro.signature import FailureSignature as FailureSignature
 from jaxdbg.repro.signature import normalise_message as normalise_message

@@ -41,13 +41,12 @@ import numpy as np
 
 from jaxdbg._compat import HOST_CALLBACK_LOGGERS, host_callback_call
 from jaxdbg._source import SourceLocation, innermost_user_frame
+from jaxdbg._tracebacks import without_tracebacks
 from jaxdbg.jaxpr.emit import EmitError, array_expr, dtype_expr
-from jaxdbg.repro.cut import Criterion
-from jaxdbg.repro.cutting import write_program
+from jaxdbg.repro.call_program import INLINE_ELEMENTS, OperationProgram, write_inputs
 from jaxdbg.repro.messages import CutFinished
-from jaxdbg.repro.operation import INLINE_ELEMENTS, OperationProgram, write_inputs
-from jaxdbg.repro.program import REPRO_FILE, count_lines, program_fails
-from jaxdbg.repro.signature import normalise_message, without_tracebacks
+from jaxdbg.repro.program import REPRO_FILE, count_lines, program_fails, write_program
+from jaxdbg.repro.signature import Criterion
 from jaxdbg.repro.standalone import NotStandalone, Standalone, standalone
 
 REDUCE_SECONDS = 10.0  # the in-process reduction of the host function (each check is one call: milliseconds)
@@ -120,10 +119,10 @@ def host_function(failed: FailedCallback) -> tuple[Standalone | None, str]:
         try:
             eval(alone.name, namespace)(*failed.args, **failed.kwargs)  # a name: `logger`, `saver.save`
         except Exception as err:  # noqa: BLE001 - the exception is what we compare
-            return type(err) is type(failed.error) and normalise_message(str(err)) == message
+            return type(err) is type(failed.error) and raised.same_exception(type(err).__name__, str(err))
         return False
 
-    message = normalise_message(str(failed.error))  # as the signature compares it (a count may differ)
+    raised = Criterion.exception(type(failed.error).__name__, str(failed.error))  # (a count in it may differ)
     line = failed.raised_at.line if failed.raised_at is not None else None
     try:
         alone = standalone(failed.function, line, name=_user_name(failed.function))
@@ -218,19 +217,19 @@ def _where(location: SourceLocation | None) -> str:
     return f"{os.path.basename(location.file)}:{location.line}" if location else "an unknown place"
 
 
-def cut_callback(failed: FailedCallback, folder: str, exc_type: str, message: str, origin: str) -> CutFinished:
-    """The reproducer of the host callback that raised, written into ``folder`` and checked here to raise
-    ``exc_type`` with the normalised ``message``."""
+def cut_callback(failed: FailedCallback, folder: str, criterion: Criterion, origin: str) -> CutFinished:
+    """The reproducer of the host callback that raised, written into ``folder`` and checked here to fail as
+    ``criterion`` (an exception's) says."""
     started = time.perf_counter()
     checks = 0
-    for program, what in callback_programs(failed, exc_type, origin):
+    for program, what in callback_programs(failed, criterion.type or "", origin):
         checks += 1
         files = write_program(program, folder)
-        if program_fails(files["repro"], Criterion("exception", exc_type=exc_type, exc_message=message)):
+        if program_fails(files["repro"], criterion):
             return CutFinished(
                 True, checks, 0, reason=what, function=origin, equations=1, primitives=[failed.kind],
                 lines=count_lines(program.source), files=files, self_check=True,
                 elapsed_s=time.perf_counter() - started,
-                criterion={"kind": "exception", "what": None, "type": exc_type, "message": message})
+                criterion=criterion)
     return CutFinished(False, checks, reason=f"the host function of {failed.kind} alone does not raise the same "
                                              "exception")

@@ -34,16 +34,18 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from jaxdbg._errors import TargetFailedError, UsageError
 from jaxdbg._source import SourceLocation
 from jaxdbg.launch import launched_place
 from jaxdbg.repro.failures import STILL_FAILS_WITHOUT_JIT, Checker, Failure, choose, observe, preloadable
+from jaxdbg.repro.job import run_in_job
 from jaxdbg.repro.jobs import CHILD_ENV, CUT_JOB, JOB, CutRequest, RunRequest, reduction_env
 from jaxdbg.repro.messages import CutFinished, LoweredText
-from jaxdbg.repro.program import INPUTS_FILE, REPRO_FILE, STABLEHLO_FILE, count_lines, expected_message
-from jaxdbg.repro.signature import KINDS, FailureSignature, normalise_message
+from jaxdbg.repro.program import INPUTS_FILE, REPRO_FILE, STABLEHLO_FILE, count_lines
+from jaxdbg.repro.result import ReproResult, Size
+from jaxdbg.repro.signature import KINDS, Criterion, FailureSignature
 from jaxdbg.repro.source import SourceReducer, State, parse, statement_lines
 from jaxdbg.repro.subject import Subject, prepare_subject
 from jaxdbg.repro.watch import WatchConfig
@@ -69,37 +71,6 @@ class ReproOptions:
     rtol: float = 1e-3
     atol: float = 1e-5
     source_time: float | None = None  # seconds for repro_source.py after a cut; None: SOURCE_FILE_SECONDS; 0: none
-
-
-@dataclass(frozen=True)
-class Size:
-    lines: int | None
-    equations: int | None = None
-
-
-@dataclass(frozen=True)
-class ReproResult:
-    """The contract's repro result, plus how it was obtained."""
-
-    signature: FailureSignature
-    original: Size
-    minimized: Size
-    checks: int
-    elapsed_s: float
-    verified: bool
-    strategy: str  # "computation" (cut jaxpr) or "source" (reduced script)
-    flaky: bool = False
-    runs: list[str] = field(default_factory=list)
-    timed_out: bool = False
-    verification: str = ""
-    failing_primitives: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-    def essential_line(self) -> str | None:
-        if self.verified:
-            return self.verification or None
-        why = next((note.split("; trying")[0] for note in self.notes if "did not verify" in note), None)
-        return f"reproducer NOT verified: {self.verification or 'no fresh run'}" + (f"; {why}" if why else "")
 
 
 class _Clock:
@@ -192,8 +163,6 @@ class _Reproduction:
 
     def run(self) -> tuple[ReproResult, dict[str, str]]:
         if self.place is not None:
-            from jaxdbg.repro.job import run_in_job
-
             return run_in_job(self)
         target, flaky, runs, outcomes = self.detect()
         check_timeout = self.check_timeout(target, outcomes)
@@ -341,6 +310,7 @@ class _Reproduction:
             self.notes.append(f"the {what} ({summary.lines} lines, {summary.equations} equation(s)) is not smaller "
                               f"than the program ({self.subject.original_lines} lines); reduced the source instead")
             return None
+        assert summary.criterion is not None  # a cut that is ok says how its program fails
         artifacts = self._publish(summary.files)
         verified, verification = self.verify_program(artifacts, summary.criterion)
         self.progress("verify", self.checks, f"{summary.equations} equations")
@@ -359,7 +329,7 @@ class _Reproduction:
             failing_primitives=summary.primitives, notes=self.notes)
         return result, artifacts
 
-    def verify_program(self, artifacts: dict[str, str], criterion: dict) -> tuple[bool, str]:
+    def verify_program(self, artifacts: dict[str, str], criterion: Criterion) -> tuple[bool, str]:
         """Run an emitted reproducer as ``python repro.py`` would, alone in an empty folder, in a fresh process."""
         with self._alone(artifacts["repro"], [p for k, p in artifacts.items() if k == "inputs"]) as path:
             outcome = run_contained(JOB, RunRequest(script=path), timeout=self.detect_timeout, env=CHILD_ENV,
@@ -369,10 +339,7 @@ class _Reproduction:
         said = _in_out_dir(outcome.describe(), path, artifacts["repro"])
         if outcome.status != "exception" or exc is None:
             return False, f"{REPRO_FILE} alone in an empty folder {said} (expected it to fail)"
-        if criterion["kind"] == "exception":
-            ok = exc.type == criterion["type"] and normalise_message(exc.message) == criterion["message"]
-        else:
-            ok = exc.type == "AssertionError" and expected_message_for(criterion) in exc.message
+        ok = criterion.reproduced_by(exc.type, exc.message)
         return ok, f"fresh `python {REPRO_FILE}` alone in an empty folder {said}"
 
     @contextlib.contextmanager
@@ -583,14 +550,7 @@ class _Reproduction:
 
 def _matching_cut(outcomes: list[Outcome], signature: FailureSignature) -> CutFinished | None:
     """A detection run's cut of the exception to its operation (or host callback) that raised the same."""
-    return next((c for o in outcomes for c in o.all(CutFinished) if c.ok and (
-        c.criterion["type"], c.criterion["message"]) == (signature.type, signature.message)), None)
-
-
-def expected_message_for(criterion: dict) -> str:
-    from jaxdbg.repro.cut import Criterion
-
-    return expected_message(Criterion(criterion["kind"], what=criterion.get("what") or "NaN"))
+    return next((c for o in outcomes for c in o.all(CutFinished) if c.ok and signature.same_as(c.criterion)), None)
 
 
 def _short(location: SourceLocation) -> str:

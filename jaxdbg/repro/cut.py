@@ -13,10 +13,11 @@ checked by compiling the candidate with ``jax.jit`` and running it (in this proc
 Example:
     >>> import jax, jax.numpy as jnp
     >>> from jaxdbg.repro.graph import flatten, record
+    >>> from jaxdbg.repro.signature import Criterion
     >>> x = jnp.array([0.5, 2.0, 3.0])
     >>> graph, consts = flatten(jax.make_jaxpr(lambda x: jnp.tanh(x) * 2.0 + jnp.log(x - 1.0).sum())(x))
     >>> values = record(graph, [x], consts)              # every intermediate, recorded op by op
-    >>> best = Cutter(graph, values, Criterion("nonfinite", what="NaN")).run()
+    >>> best = Cutter(graph, values, CutCheck(Criterion.nonfinite("NaN"))).run()
     >>> len(graph.nodes), [graph.nodes[i].primitive.name for i in best.nodes]
     (6, ['log'])
 """
@@ -32,7 +33,7 @@ import jax
 import numpy as np
 
 from jaxdbg.repro.graph import Graph, Lit, Var, as_function, backward_slice, free_inputs
-from jaxdbg.repro.signature import normalise_message
+from jaxdbg.repro.signature import Criterion
 from jaxdbg.storable import is_key
 
 # Elementwise primitives: their parameters do not hold shapes, so they re-run on any (equal) shapes.
@@ -45,42 +46,33 @@ ELEMENTWISE = frozenset(
 
 
 @dataclass(frozen=True)
-class Criterion:
-    """What a candidate must do to count as failing the same way.
+class CutCheck:
+    """How a candidate is checked here for failing as ``criterion`` says: jitted, it raises the same exception,
+    produces the NaN/Inf (``criterion.what``) from finite inputs, or (a mismatch) differs from op-by-op
+    execution beyond ``rtol``/``atol``."""
 
-    kind: ``nonfinite`` (jit output holds ``what`` = 'NaN' or 'Inf' while inputs are finite), ``mismatch``
-    (jit output differs from op-by-op beyond rtol/atol), or ``exception`` (jit raises ``exc_type`` with the
-    normalised message ``exc_message``).
-    """
-
-    kind: str
-    what: str = "NaN"
+    criterion: Criterion
     rtol: float = 1e-3
     atol: float = 1e-5
-    exc_type: str | None = None
-    exc_message: str | None = None
     allow_nonfinite_inputs: bool = False
 
     def failing_index(self, fn: Callable, args: Sequence[Any]) -> tuple | None:
         """None if the candidate does not fail; else the index of a failing element of its first output."""
-        if self.kind == "nonfinite" and any(self.rejects_input(np.asarray(a)) for a in args if not is_key(a)):
+        kind = self.criterion.kind
+        if kind == "nonfinite" and any(self.rejects_input(np.asarray(a)) for a in args if not is_key(a)):
             return None
         try:
             outs = jax.jit(fn)(*args)
-            if self.kind == "exception":
+            if kind == "exception":
                 return None
             outs = [np.asarray(o) for o in outs]
-            if self.kind == "nonfinite":
-                return _first_nonfinite(outs, self.what)
+            if kind == "nonfinite":
+                return _first_nonfinite(outs, self.criterion.what)
             with jax.disable_jit():
                 refs = [np.asarray(r) for r in fn(*args)]
             return _worst_mismatch(outs, refs, self.rtol, self.atol)
         except Exception as err:  # noqa: BLE001 - a candidate that does not even run is not interesting
-            if (self.kind == "exception" and type(err).__name__ == self.exc_type
-                    and normalise_message(str(err)) == self.exc_message):
-                return ()
-            return None
-
+            return () if self.criterion.same_exception(type(err).__name__, str(err)) else None
 
     def rejects_input(self, value: np.ndarray) -> bool:
         """An input a NaN/Inf birth may not start from: any non-finite one, or where the program's own inputs
@@ -88,7 +80,7 @@ class Criterion:
         if not inexact(value.dtype):
             return False
         if self.allow_nonfinite_inputs:
-            return self.what == "NaN" and bool(np.isnan(value).any())
+            return self.criterion.what == "NaN" and bool(np.isnan(value).any())
         return not bool(np.isfinite(value).all())
 
 
@@ -100,7 +92,7 @@ def inexact(dtype: Any) -> bool:
         return False
 
 
-def _first_nonfinite(outs: Sequence[np.ndarray], what: str) -> tuple | None:
+def _first_nonfinite(outs: Sequence[np.ndarray], what: str | None) -> tuple | None:
     """Index of the first bad element of the first output that has one (candidates end with one output)."""
     for out in outs:
         if not inexact(out.dtype):
@@ -150,10 +142,10 @@ class CutError(Exception):
 class Cutter:
     """Delta debugging over a flat graph with recorded values (see the module docstring for the passes)."""
 
-    def __init__(self, graph: Graph, recorded: dict, criterion: Criterion, *, deadline: float | None = None,
+    def __init__(self, graph: Graph, recorded: dict, check: CutCheck, *, deadline: float | None = None,
                  on_progress: Callable[[int, int], None] | None = None,
                  emittable: Callable[[Candidate], bool] | None = None):
-        self.graph, self.recorded, self.criterion = graph, recorded, criterion
+        self.graph, self.recorded, self.check = graph, recorded, check
         self.deadline = deadline
         self.on_progress = on_progress or (lambda checks, size: None)
         self.emittable = emittable or (lambda cand: True)
@@ -184,7 +176,7 @@ class Cutter:
         inputs = cand.inputs(self.graph)
         fn = as_function([self.graph.nodes[i] for i in cand.nodes], inputs, cand.outvars)
         self.stats.checks += 1
-        index = self.criterion.failing_index(fn, [cand.values[v] for v in inputs])
+        index = self.check.failing_index(fn, [cand.values[v] for v in inputs])
         self.on_progress(self.stats.checks, len(self.best.nodes) if self.best else len(cand.nodes))
         if index is None:
             return None
@@ -226,7 +218,7 @@ class Cutter:
     def single_node(self, cand: Candidate) -> Candidate | None:
         """NaN/Inf: the first node whose recorded output is non-finite while its recorded inputs are finite (or,
         where the program's own inputs hold Inf, free of NaN)."""
-        if self.criterion.kind != "nonfinite":
+        if self.check.criterion.kind != "nonfinite":
             return None
         for i in cand.nodes:
             node = self.graph.nodes[i]
@@ -245,7 +237,7 @@ class Cutter:
         made = {var: i for i in cand.nodes for var in self.graph.nodes[i].outvars}
         for i in cand.nodes:
             outs = [o for o in self.graph.nodes[i].outvars if o in self.recorded
-                    and _holds(self.recorded[o], self.criterion.what)]
+                    and _holds(self.recorded[o], self.check.criterion.what)]
             if not outs:
                 continue
             chain, frontier = {i}, [i]
@@ -353,7 +345,7 @@ class Cutter:
     def _rejected(self, atom: Any) -> bool:
         """The criterion rejects this input's recorded value (a PRNG key never: its bits are no number)."""
         value = self._value(atom)
-        return not is_key(value) and self.criterion.rejects_input(np.asarray(value))
+        return not is_key(value) and self.check.rejects_input(np.asarray(value))
 
     def _output_shape(self, cand: Candidate) -> tuple:
         out = cand.outvars[0]
@@ -375,7 +367,7 @@ def _holds_program(param: Any) -> bool:
     return any(hasattr(item, "eqns") or hasattr(getattr(item, "jaxpr", None), "eqns") for item in items)
 
 
-def _holds(value: Any, what: str) -> bool:
+def _holds(value: Any, what: str | None) -> bool:
     if is_key(value):
         return False
     value = np.asarray(value)

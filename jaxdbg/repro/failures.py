@@ -22,22 +22,15 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from functools import lru_cache
 from typing import Any
 
 from jaxdbg._source import SourceLocation
+from jaxdbg._tracebacks import embedded_raise, without_tracebacks
 from jaxdbg.repro.forkserver import ForkServer
+from jaxdbg.repro.frames import in_jax
 from jaxdbg.repro.jobs import CHILD_ENV, JOB, RunRequest
 from jaxdbg.repro.messages import FailureSeen, JaxWork, JitCallSeen, LastJit
-from jaxdbg.repro.signature import (
-    FailureSignature,
-    embedded_raise,
-    exception_signature,
-    matches_pattern,
-    mismatch_signature,
-    nonfinite_signature,
-    without_tracebacks,
-)
+from jaxdbg.repro.signature import Criterion, FailureSignature, matches_pattern
 from jaxdbg.repro.source import State, find_statement, is_constant_raise, parse, statement_lines
 from jaxdbg.runner import Outcome, first_line, run_contained
 
@@ -63,22 +56,13 @@ class Failure:
         return f"{self.raw}{where}"
 
 
-@lru_cache(maxsize=1)
-def _jax_roots() -> tuple[str, ...]:
-    """Folders of jax, jaxlib and opt_einsum (whose contract_path checks jnp.einsum's operands for jax)."""
-    import importlib.util
-
-    specs = [importlib.util.find_spec(name) for name in ("jax", "jaxlib", "opt_einsum")]
-    return tuple(os.path.realpath(os.path.dirname(spec.origin)) + os.sep for spec in specs if spec and spec.origin)
-
-
 _TB_FILE = re.compile(r'^\s*File "([^"]+)", line \d+', re.M)
 
 
 def raised_inside_jax(traceback_text: str) -> bool:
     """True when the innermost frame of a (full) traceback lies in jax or jaxlib."""
     files = _TB_FILE.findall(traceback_text or "")
-    return bool(files) and os.path.realpath(files[-1]).startswith(_jax_roots())
+    return bool(files) and in_jax(files[-1])
 
 
 def observe(outcome: Outcome) -> list[Failure]:
@@ -93,7 +77,7 @@ def observe(outcome: Outcome) -> list[Failure]:
         exc = outcome.exception
         # A host callback's exception comes back as text: it was raised where its own traceback says.
         where = embedded_raise(exc.message) or exc.user_frame
-        sig = exception_signature(exc.type, exc.message, where)
+        sig = FailureSignature.of(Criterion.exception(exc.type, exc.message), location=where)
         found.append(Failure(sig, f"{exc.type}: {first_line(without_tracebacks(exc.message))}", where,
                              raised_inside_jax(exc.traceback), **common))
     elif outcome.status == "crash":
@@ -107,12 +91,12 @@ def observe(outcome: Outcome) -> list[Failure]:
                              f"exit status {outcome.returncode}", None, **common))
     for event in outcome.all(FailureSeen):
         if event.kind == "nonfinite":
-            sig = nonfinite_signature(event.function, event.what or "NaN")
+            criterion = Criterion.nonfinite(event.what or "NaN")
         else:
-            sig = mismatch_signature(event.function, event.reference or "op-by-op")
+            criterion = Criterion.mismatch(event.reference or "op-by-op")
         loc = event.location
-        found.append(Failure(replace(sig, location=loc), f"{event.message} in jit({event.function})", loc,
-                             True, event.function, True, event))
+        found.append(Failure(FailureSignature.of(criterion, event.function, loc),
+                             f"{event.message} in jit({event.function})", loc, True, event.function, True, event))
     return found
 
 

@@ -22,6 +22,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import importlib
 import itertools
 import json
 import os
@@ -33,9 +34,11 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from jaxdbg._child import main as child_main
 from jaxdbg.protocol import read_channel
 from jaxdbg.runner import Outcome, child_env, outcome_of
 
@@ -151,9 +154,6 @@ def _read_text(path: str) -> str:
 
 
 def _serve(extra: Sequence[str] = ()) -> None:
-    import contextlib
-    import importlib
-
     for name in PRELOAD:
         importlib.import_module(name)
     for name in extra:  # the program's own libraries (see failures.PRELOADABLE); a missing one is the run's business
@@ -208,12 +208,8 @@ def _child(request: dict) -> None:
             os.close(source)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.chdir(request["cwd"])
-        from jaxdbg import _child as child
-
-        code = child.main(workdir)
+        code = child_main(workdir)
     except BaseException:  # noqa: BLE001 - the child must end with os._exit, whatever happens
-        import traceback
-
         traceback.print_exc()
     finally:
         try:

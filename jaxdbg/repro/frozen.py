@@ -31,14 +31,16 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import jax
 import numpy as np
 
 from jaxdbg._source import SourceLocation
 from jaxdbg.jaxpr.emit import EmitError, array_expr, dtype_expr
-from jaxdbg.repro.cut import Criterion
+from jaxdbg.repro.call_program import OperationProgram
+from jaxdbg.repro.cut import CutCheck
 from jaxdbg.repro.messages import CutFinished
-from jaxdbg.repro.operation import OperationProgram
-from jaxdbg.repro.program import REPRO_FILE, _check_lines, count_lines, expected_message, program_fails
+from jaxdbg.repro.program import REPRO_FILE, check_lines, count_lines, program_fails, write_program
+from jaxdbg.repro.signature import Criterion
 from jaxdbg.repro.standalone import NotStandalone, Standalone, literal, standalone
 
 _RESERVED = {"jax", "jnp", "np", "f", "out", "ref"}
@@ -60,8 +62,6 @@ class FrozenCall:
 def record_call(location: SourceLocation, trace: Callable[[], Any]) -> FrozenCall | None:
     """Run ``trace`` (one more trace of the failing call) noting the first call of the function of the user's
     that holds ``location``; None when it was not called or its arguments cannot be read."""
-    import jax
-
     seen: list = []
 
     def profile(frame: Any, event: str, arg: Any) -> None:
@@ -92,7 +92,7 @@ def record_call(location: SourceLocation, trace: Callable[[], Any]) -> FrozenCal
     return FrozenCall(function, arguments, location.line)
 
 
-def frozen_programs(call: FrozenCall, alone: Standalone, criterion: Criterion, doc: str) -> Iterator[OperationProgram]:
+def frozen_programs(call: FrozenCall, alone: Standalone, check: CutCheck, doc: str) -> Iterator[OperationProgram]:
     """The function alone, jitted vs op by op, on ones of the traced shapes, then on normal draws."""
     kinds = {p.name: p.kind for p in inspect.signature(call.function).parameters.values()}
     for fill in FILLS:
@@ -118,7 +118,7 @@ def frozen_programs(call: FrozenCall, alone: Standalone, criterion: Criterion, d
         defined = [row for row in alone.text().splitlines() if row not in ("import jax", "import numpy as np")]
         lines = [doc + "import jax\nimport numpy as np", *defined, "", "", f"def f({args}):",
                  f"    return {alone.name}({', '.join(passed)})", "", "", *assign, _TWICE.format(args=args),
-                 *_check_lines(criterion, args)]
+                 *check_lines(check, args)]
         yield OperationProgram("\n".join(lines) + "\n", {}, False)
 
 
@@ -126,8 +126,6 @@ def cut_frozen(call: FrozenCall | None, what: str, origin: str, folder: str, rto
                atol: float) -> CutFinished | None:
     """The reproducer of a frozen value (see the module docstring), written into ``folder`` and checked here
     to fail as a mismatch does; None when the function cannot be written alone or does not show it."""
-    from jaxdbg.repro.cutting import write_program
-
     if call is None:
         return None
     started = time.perf_counter()
@@ -135,22 +133,22 @@ def cut_frozen(call: FrozenCall | None, what: str, origin: str, folder: str, rto
         alone = standalone(call.function, call.line)
     except (NotStandalone, SyntaxError):
         return None
-    criterion = Criterion("mismatch", rtol=rtol, atol=atol)
+    check = CutCheck(Criterion.mismatch(), rtol=rtol, atol=atol)
     where = f"{call.function.__code__.co_filename.rpartition('/')[2]}:{call.line}"
     doc = (f'"""jaxdbg repro: jit and op-by-op (jax.disable_jit) disagree in {origin}: {what}.\n\n'
            f'`{call.function.__name__}` computes it with Python while jit traces it ({where}): jit keeps the value of '
            f'its trace,\nop by op it is computed afresh each call. This is that function alone, jitted and op by op, '
            f'on\narrays of the shapes and dtypes it was traced with.\n\n'
-           f'`python {REPRO_FILE}` fails with AssertionError ("{expected_message(criterion)}") while the bug is '
+           f'`python {REPRO_FILE}` fails with AssertionError ("{check.criterion.assertion()}") while the bug is '
            f'present.\n"""\n')
-    for checks, program in enumerate(frozen_programs(call, alone, criterion, doc), start=1):
+    for checks, program in enumerate(frozen_programs(call, alone, check, doc), start=1):
         files = write_program(program, folder)
-        if program_fails(files["repro"], criterion):
+        if program_fails(files["repro"], check.criterion):
             primitive = re.search(r"`(\w+)`", what)
             return CutFinished(
                 True, checks, 0, function=origin, equations=1, primitives=[primitive.group(1) if primitive else
                                                                           call.function.__name__],
                 lines=count_lines(program.source), files=files, self_check=True,
                 elapsed_s=time.perf_counter() - started,
-                criterion={"kind": "mismatch", "what": None, "type": None, "message": None})
+                criterion=check.criterion)
     return None

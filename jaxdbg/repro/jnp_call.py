@@ -23,16 +23,21 @@ Example:
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from jax import core
 
 from jaxdbg._source import SourceLocation, is_user_file
 from jaxdbg.jaxpr.emit import EmitError, EmittedFunction, Names, param_expr
-from jaxdbg.repro.operation import OperationProgram, _avals_text
+from jaxdbg.repro.call_program import OperationProgram, avals_text, programs_of
+from jaxdbg.repro.frames import concrete, exception_chain, tb_frames_with_lines, under_jax
 
 # Public modules whose functions are written as calls, with their spelling in the reproducer (jnp first: a
 # function both spell is written as jnp's).
@@ -64,15 +69,11 @@ class FailedCall:
 
     @property
     def avals(self) -> list:
-        from jax import core
-
         return [a.aval if not isinstance(a, np.ndarray) else core.ShapedArray(a.shape, a.dtype) for a in self.arrays]
 
     @property
     def values(self) -> list:
-        from jaxdbg.repro.operation import _concrete
-
-        return [_concrete(a) for a in self.arrays]
+        return [concrete(a) for a in self.arrays]
 
     def call_text(self, names: list[str]) -> str:
         """The call, arrays named by ``names`` in order (raises EmitError for a value with no Python spelling)."""
@@ -94,8 +95,6 @@ class FailedCall:
 
 
 def _is_array(value: Any) -> bool:
-    import jax
-
     return isinstance(value, (jax.Array, jax.core.Tracer, np.ndarray))
 
 
@@ -124,10 +123,6 @@ def _write(value: Any, names: Iterator[str]) -> str:
 def _public_functions() -> dict[Any, tuple[str, Any]]:
     """Code object -> (spelling, function) of every public function of ``_MODULES`` and every method of JAX
     arrays (the function a jitted or wrapped one runs: the frame's code is its)."""
-    import importlib
-
-    import jax.numpy as jnp
-
     spelled: dict[Any, tuple[str, Any]] = {}
     for module_name, prefix in _MODULES:
         module = importlib.import_module(module_name)
@@ -154,12 +149,10 @@ def _python_function(obj: Any) -> Any:
 def failing_call(err: BaseException) -> FailedCall | None:
     """The public JAX function (or array method) the user's code called, in whose code ``err`` was raised
     with only JAX below it; None when the raise is not under one (or the user's own code is deeper)."""
-    from jaxdbg.repro.operation import _chain, _frames_with_lines, _under_jax
-
     spelled = _public_functions()
-    for exc in _chain(err):
-        frames = list(_frames_with_lines(exc.__traceback__))
-        users = [k for k, (f, _) in enumerate(frames) if not _under_jax(f.f_code.co_filename)]
+    for exc in exception_chain(err):
+        frames = list(tb_frames_with_lines(exc.__traceback__))
+        users = [k for k, (f, _) in enumerate(frames) if not under_jax(f.f_code.co_filename)]
         first = users[-1] + 1 if users else 0
         for k in range(first, len(frames)):
             frame = frames[k][0]
@@ -236,8 +229,6 @@ def writable(call: FailedCall, names: list[str]) -> str | None:
 
 def call_programs(call: FailedCall, exc_type: str, origin: str) -> Iterator[OperationProgram]:
     """Reproducers of the call to try: zeros of the recorded shapes and dtypes, then the recorded values."""
-    from jaxdbg.repro.operation import programs_of
-
     avals = call.avals
     fresh = Names()
     names = [fresh.fresh() for _ in avals]
@@ -245,6 +236,6 @@ def call_programs(call: FailedCall, exc_type: str, origin: str) -> Iterator[Oper
     if text is None:
         return
     emitted = EmittedFunction("f", f"def f({', '.join(names)}):\n    return {text}\n", tuple(names), False)
-    title = f"{call.label}({_avals_text(avals)})"
+    title = f"{call.label}({avals_text(avals)})"
     yield from programs_of(emitted, avals, call.values, docstring_parts=(
         title, "call", call.source, f"{exc_type} while {call.stage}", origin))

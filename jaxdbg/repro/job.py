@@ -30,12 +30,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 from typing import Any
 
 from jaxdbg.launch import WORKER_VARIABLE
 from jaxdbg.repro.failures import Failure
 from jaxdbg.repro.program import REPRO_FILE, count_lines
-from jaxdbg.repro.signature import normalise_message
+from jaxdbg.repro.result import ReproResult, Size
 from jaxdbg.runner import signal_name
 
 
@@ -49,10 +50,8 @@ def launch_line(count: int) -> str:
     return f"jaxdbg --processes {count} python {REPRO_FILE}"
 
 
-def run_in_job(rep: Any) -> tuple[Any, dict[str, str]]:
+def run_in_job(rep: Any) -> tuple[ReproResult, dict[str, str]]:
     """Detect, record and verify as process ``rep.place[0]`` of ``rep.place[1]`` (see the module docstring)."""
-    from jaxdbg.repro.core import ReproResult, Size
-
     index, count = rep.place
     target, flaky, runs, outcomes = rep.detect()
     kind = target.signature.kind
@@ -78,10 +77,8 @@ def run_in_job(rep: Any) -> tuple[Any, dict[str, str]]:
 
 
 def job_program(rep: Any, target: Failure, flaky: bool, runs: list[str], count: int,
-                detection_log: str = "") -> tuple[Any, dict[str, str]]:
+                detection_log: str = "") -> tuple[ReproResult, dict[str, str]]:
     """The program itself as ``repro.py``, with the launch line of ``count`` local processes, verified so."""
-    from jaxdbg.repro.core import ReproResult, Size
-
     path = os.path.join(rep.out_dir, REPRO_FILE)
     text = (f"# jaxdbg repro: {target.signature.describe()}\n"
             f"# the failure needs a {count}-process job: run {launch_line(count)}\n"
@@ -128,7 +125,7 @@ def verify_in_job(path: str, target: Failure, count: int, timeout: float, work: 
         # The same exception type: a job's runtime words a lost peer differently from run to run ("connection
         # reset", "closed by peer"), so the message is compared, and reported, but not required.
         raised = re.findall(rf"^(?:\S+\.)?{re.escape(signature.type or '')}: (.*)$", done.stderr, re.M)
-        same = any(normalise_message(message) == signature.message for message in raised)
+        same = any(signature.same_exception(signature.type or "", message) for message in raised)
         words = "" if same else " (in other words)"
         return bool(raised), (f"raised {signature.type}{words}" if raised
                               else f"failed otherwise (exit {done.returncode})"), done.stderr
@@ -155,7 +152,5 @@ def lost_processes(log: str) -> dict[int, str]:
 
 
 
-def _with_notes(result: Any, notes: list[str]) -> Any:
-    from dataclasses import replace
-
+def _with_notes(result: ReproResult, notes: list[str]) -> ReproResult:
     return replace(result, notes=list(notes))

@@ -18,13 +18,23 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import jax
+import jax.monitoring
+
+from jaxdbg import jit_layer, multihost
+from jaxdbg.repro.callback import cut_callback, recorded_callbacks
+from jaxdbg.repro.cutting import cut_captured
 from jaxdbg.repro.messages import CutFinished, InputsBuilt, JaxWork, LastJit
-from jaxdbg.repro.watch import StopRun, WatchConfig
+from jaxdbg.repro.operation import cut_operation
+from jaxdbg.repro.signature import Criterion
+from jaxdbg.repro.watch import JitWatch, StopRun, WatchConfig
+from jaxdbg.target import TargetSpec, flatten_inputs, load_function, load_inputs, run_script
 
 JOB = "jaxdbg.repro.jobs:target_job"
 CUT_JOB = "jaxdbg.repro.jobs:cut_job"
@@ -78,8 +88,6 @@ class CutRequest:
 def target_job(request: RunRequest, channel: Any) -> None:
     """Run the target; exceptions propagate (the child reports them) after naming the last jitted call and,
     with ``operation_dir``, writing the JAX operation that raised alone (:mod:`jaxdbg.repro.operation`)."""
-    from jaxdbg.repro.callback import recorded_callbacks
-
     with _jax_work_listener(channel), _watched(request, channel) as watch, recorded_callbacks() as callbacks:
         try:
             _run(request, channel)
@@ -98,20 +106,13 @@ def target_job(request: RunRequest, channel: Any) -> None:
 def _cut_operation(err: Exception, folder: str, last_jit: str | None, channel: Any, callback: Any = None) -> None:
     """Cut the exception to its operation (or to the host callback it was raised in, when ``callback`` says
     which) while its frames are still alive (right where it was caught)."""
-    import tempfile
-
-    from jaxdbg import jit_layer
-    from jaxdbg.repro.callback import cut_callback
-    from jaxdbg.repro.operation import cut_operation
-    from jaxdbg.repro.signature import normalise_message
-
     try:
         os.makedirs(folder, exist_ok=True)
         where, origin = tempfile.mkdtemp(dir=folder), f"jit({last_jit})" if last_jit else ""
-        exc_type, message = type(err).__name__, normalise_message(str(err))
+        criterion = Criterion.exception(type(err).__name__, str(err))
         with jit_layer.internal():  # the check runs the written program: not a jitted call of the target's
-            summary = (cut_operation(err, where, exc_type, message, origin) if callback is None
-                       else cut_callback(callback, where, exc_type, message, origin))
+            summary = (cut_operation(err, where, criterion, origin) if callback is None
+                       else cut_callback(callback, where, criterion, origin))
         channel.send(summary)
     except Exception as failure:  # noqa: BLE001 - the run's own exception is what must reach the parent
         channel.send(CutFinished(False, reason=f"{type(failure).__name__}: {failure}"))
@@ -131,9 +132,6 @@ def cut_job(request: CutRequest, channel: Any) -> None:
         reason = (watch.capture_error if watch else None) or "the failing jitted call was not seen again"
         channel.send(CutFinished(False, reason=reason))
         return
-    from jaxdbg import multihost
-    from jaxdbg.repro.cutting import cut_captured
-
     deadline = started + request.budget_s
     place = multihost.job()
     if place is not None and place.index != 0:
@@ -151,22 +149,14 @@ def cut_job(request: CutRequest, channel: Any) -> None:
 
 
 def _run(request: RunRequest, channel: Any) -> None:
-    from jaxdbg.target import TargetSpec, run_script
-
     for folder in reversed(request.sys_path):
         sys.path.insert(0, folder)
     if request.disable_jit:
-        import jax
-
         jax.config.update("jax_disable_jit", True)
     if request.script is not None:
         spec = TargetSpec("script", request.script, path=os.path.abspath(request.script), script_args=request.argv)
         run_script(spec)
         return
-    import jax
-
-    from jaxdbg.target import load_function, load_inputs
-
     func = load_function(request.function)
     inputs = load_inputs(request.inputs, request.args, request.seed)
     jax.jit(func)(*inputs)
@@ -177,8 +167,6 @@ def _watched(request: RunRequest, channel: Any) -> Iterator[Any]:
     if request.watch is None:
         yield None
         return
-    from jaxdbg.repro.watch import JitWatch
-
     with JitWatch(request.watch, channel).installed() as watch:
         yield watch
 
@@ -186,8 +174,6 @@ def _watched(request: RunRequest, channel: Any) -> Iterator[Any]:
 @contextlib.contextmanager
 def _jax_work_listener(channel: Any) -> Iterator[None]:
     """Tell the parent once that JAX traced or compiled something (a failure before that is not a JAX bug)."""
-    import jax.monitoring
-
     sent: list[bool] = []
 
     def listener(event: str, *args: Any, **kwargs: Any) -> None:
@@ -205,7 +191,5 @@ def _jax_work_listener(channel: Any) -> Iterator[None]:
 
 def inputs_job(request: RunRequest, channel: Any) -> None:
     """Build a function target's inputs (``--inputs file.py::make_inputs`` runs user code) and send them."""
-    from jaxdbg.target import flatten_inputs, load_inputs
-
     inputs = load_inputs(request.inputs, request.args, request.seed)
     channel.send(InputsBuilt(flatten_inputs(inputs)))

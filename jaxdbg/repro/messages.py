@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jaxdbg.protocol import Message
+from jaxdbg.repro.signature import Criterion
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,7 @@ class CutFinished(Message):
     self_check: bool = False
     elapsed_s: float = 0.0
     history: list = field(default_factory=list)
-    criterion: dict = field(default_factory=dict)  # what the verification checks: kind, what, type, message
+    criterion: Criterion | None = None  # how the written program fails (what its verification checks)
 
 
 @dataclass(frozen=True)

@@ -3,17 +3,19 @@
 The script imports only jax and numpy. Its inputs are written inline when small (``np.float32(-1.0)``,
 ``np.full(...)``, short literal arrays) and otherwise loaded from ``inputs.npz`` next to it. Its last
 statement fails the same way as the original: ``jax.jit(f)(...)`` raises the original exception, or an
-assertion on the jitted result names the NaN/Inf or the jit vs op-by-op disagreement.
+assertion on the jitted result names the NaN/Inf or the jit vs op-by-op disagreement. :func:`write_program`
+writes any reproducer (a cut's, one operation's) into a folder; :func:`program_fails` checks it here.
 
 Example:
     >>> import jax, jax.numpy as jnp
     >>> from jaxdbg.repro.cut import Cutter
     >>> from jaxdbg.repro.graph import flatten, record
+    >>> from jaxdbg.repro.signature import Criterion
     >>> x = jnp.array([0.5, 2.0])
     >>> graph, consts = flatten(jax.make_jaxpr(lambda x: jnp.log(x - 1.0) * 2.0)(x))
-    >>> criterion = Criterion("nonfinite", what="NaN")
-    >>> best = Cutter(graph, record(graph, [x], consts), criterion).run()
-    >>> program = build_program(graph, best, criterion, origin="jit(f)", original_equations=len(graph.nodes))
+    >>> check = CutCheck(Criterion.nonfinite("NaN"))
+    >>> best = Cutter(graph, record(graph, [x], consts), check).run()
+    >>> program = build_program(graph, best, check, origin="jit(f)", original_equations=len(graph.nodes))
     >>> print(program.source[program.source.index("def f"):], end="")
     def f(a):
         b = lax.log(a)
@@ -26,23 +28,27 @@ Example:
 
 from __future__ import annotations
 
+import ast
+import io
 import os
 import re
 import runpy
+import tokenize
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
 from jaxdbg.jaxpr.emit import HEADER, PRIMS_IMPORT, EmitError, EmittedFunction, array_expr, emit_function
-from jaxdbg.repro.cut import Candidate, Criterion
+from jaxdbg.repro.cut import Candidate, CutCheck
 from jaxdbg.repro.graph import Graph
+from jaxdbg.repro.signature import Criterion
+from jaxdbg.repro.source import parse
 from jaxdbg.storable import is_key, restore_source, storable
 
 INPUTS_FILE = "inputs.npz"
 REPRO_FILE = "repro.py"
 STABLEHLO_FILE = "repro.stablehlo.mlir"
-NAN_MESSAGE = "jax.jit(f) produced {what}"
-MISMATCH_MESSAGE = "jit and op-by-op (jax.disable_jit) disagree"
 
 
 @dataclass(frozen=True)
@@ -61,12 +67,6 @@ class ReproProgram:
 
 def count_lines(source: str) -> int:
     """Lines that hold code: blank lines, comments and docstring-only lines do not count."""
-    import ast
-    import io
-    import tokenize
-
-    from jaxdbg.repro.source import parse
-
     code_lines: set[int] = set()
     try:
         docstrings = {n.body[0].lineno for n in ast.walk(parse(source))
@@ -100,9 +100,10 @@ def can_emit(graph: Graph, cand: Candidate) -> bool:
     return True
 
 
-def build_program(graph: Graph, cand: Candidate, criterion: Criterion, origin: str,
+def build_program(graph: Graph, cand: Candidate, check: CutCheck, origin: str,
                   original_equations: int) -> ReproProgram:
-    """Write the reproducer of ``cand`` (raises EmitError if some equation has no Python spelling)."""
+    """Write the reproducer of ``cand``, ending with ``check`` (raises EmitError if some equation has no Python
+    spelling)."""
     emitted = emit_candidate(graph, cand)
     inputs = cand.inputs(graph)
     assign, arrays = [], {}
@@ -118,20 +119,20 @@ def build_program(graph: Graph, cand: Candidate, criterion: Criterion, origin: s
     if arrays:
         assign.insert(0, f'_inputs = np.load((__file__.rpartition("/")[0] or ".") + "/{INPUTS_FILE}")')
     args = ", ".join(emitted.arg_names)
-    what = _failure_words(criterion)
+    what = _failure_words(check.criterion)
     sources = list(dict.fromkeys(f"{os.path.basename(n.source.file)}:{n.source.line} ({n.source.function})"
                                  for n in (graph.nodes[i] for i in cand.nodes) if n.source is not None))
     where = (f"\nThe equations come from {', '.join(sources[:4])}{' ...' if len(sources) > 4 else ''}.\n"
              if sources else "")
     doc = (f'"""jaxdbg repro: {what} (cut from {original_equations} equations of {origin} to {len(cand.nodes)}).\n'
-           f'{where}\n`python {REPRO_FILE}` fails with {_expected(criterion)} while the bug is present.\n"""\n')
+           f'{where}\n`python {REPRO_FILE}` fails with {_expected(check.criterion)} while the bug is present.\n"""\n')
     wide = (any(storable(cand.values[v])[0].dtype.itemsize == 8 for v in inputs)
             or re.search(r"\b(float|int|uint|complex)(64|128)\b", emitted.source) is not None)  # not a 64 in a shape
     lines = [doc + HEADER + (PRIMS_IMPORT if emitted.uses_prims else "")]
     if wide:
         lines.append('jax.config.update("jax_enable_x64", True)\n')
     lines += ["", emitted.source, *assign]
-    lines += _check_lines(criterion, args)
+    lines += check_lines(check, args)
     return ReproProgram("\n".join(lines) + "\n", arrays, len(cand.nodes), emitted)
 
 
@@ -140,44 +141,54 @@ def _failure_words(criterion: Criterion) -> str:
         return f"jax.jit(f) produces {criterion.what}"
     if criterion.kind == "mismatch":
         return "jax.jit(f) and op-by-op execution disagree"
-    return f"jax.jit(f) raises {criterion.exc_type}"
+    return f"jax.jit(f) raises {criterion.type}"
 
 
 def _expected(criterion: Criterion) -> str:
-    return f"{criterion.exc_type}" if criterion.kind == "exception" else "AssertionError"
+    return f"{criterion.type}" if criterion.kind == "exception" else "AssertionError"
 
 
-def _check_lines(criterion: Criterion, args: str) -> list[str]:
+def check_lines(check: CutCheck, args: str) -> list[str]:
+    """The last statements of a reproducer of ``f``: they fail as ``check`` says while the bug is present."""
+    criterion = check.criterion
     if criterion.kind == "nonfinite":
         test = "np.isnan(out)" if criterion.what == "NaN" else "np.isinf(out)"
-        message = NAN_MESSAGE.format(what=criterion.what)
         return [f"out = np.asarray(jax.jit(f)({args}))",
-                f'assert not {test}.any(), f"{message}: {{out}}"']
+                f'assert not {test}.any(), f"{criterion.assertion()}: {{out}}"']
     if criterion.kind == "mismatch":
-        message = MISMATCH_MESSAGE
         return [f"out = np.asarray(jax.jit(f)({args}))",
                 "with jax.disable_jit():",
                 f"    ref = np.asarray(f({args}))",
-                f"np.testing.assert_allclose(out, ref, rtol={criterion.rtol!r}, atol={criterion.atol!r}, "
-                f'err_msg="{message}")']
+                f"np.testing.assert_allclose(out, ref, rtol={check.rtol!r}, atol={check.atol!r}, "
+                f'err_msg="{criterion.assertion()}")']
     return [f"jax.jit(f)({args})"]
 
 
-def expected_message(criterion: Criterion) -> str:
-    """Text the reproducer's AssertionError must contain (nonfinite/mismatch)."""
-    if criterion.kind == "nonfinite":
-        return NAN_MESSAGE.format(what=criterion.what)
-    return MISMATCH_MESSAGE
+class Written(Protocol):
+    """A reproducer ready to be written: its source and the arrays of its ``inputs.npz`` (maybe none)."""
+
+    @property
+    def source(self) -> str: ...
+
+    @property
+    def arrays(self) -> dict: ...
+
+
+def write_program(program: Written, folder: str) -> dict[str, str]:
+    """Write ``repro.py`` (and ``inputs.npz`` if it has arrays) into ``folder``; returns their paths by key."""
+    files = {"repro": os.path.join(folder, REPRO_FILE)}
+    with open(files["repro"], "w") as handle:
+        handle.write(program.source)
+    if program.arrays:
+        files["inputs"] = os.path.join(folder, INPUTS_FILE)
+        np.savez(files["inputs"], **program.arrays)
+    return files
 
 
 def program_fails(path: str, criterion: Criterion) -> bool:
-    """Run a written reproducer in this process and check it fails as expected (a quick self-check)."""
+    """Run a written reproducer in this process and check it fails as ``criterion`` says (a quick self-check)."""
     try:
         runpy.run_path(path, run_name="__main__")
     except Exception as err:  # noqa: BLE001 - the exception is what we compare
-        from jaxdbg.repro.signature import normalise_message
-
-        if criterion.kind != "exception":
-            return isinstance(err, AssertionError) and expected_message(criterion) in str(err)
-        return type(err).__name__ == criterion.exc_type and normalise_message(str(err)) == criterion.exc_message
+        return criterion.reproduced_by(type(err).__name__, str(err))
     return False

@@ -1,8 +1,9 @@
-"""Failure signatures: what "fails the same way" means for ``jaxdbg repro``.
+"""Failure criteria and signatures: what "fails the same way" means for ``jaxdbg repro``.
 
-A signature is the contract's ``{"kind", "type", "message", "signal"}``. ``kind`` is ``exception`` (a Python
-exception: its type and normalised message), ``crash`` (a fatal signal), ``timeout``, ``nonfinite`` (a
-jitted call produced NaN/Inf) or ``mismatch`` (a jitted call disagrees with op-by-op execution or float64).
+A :class:`Criterion` is the contract's ``{"kind", "type", "message", "signal"}``; a :class:`FailureSignature`
+adds where the failure happened. ``kind`` is ``exception`` (a Python exception: its type and normalised
+message), ``crash`` (a fatal signal), ``timeout``, ``nonfinite`` (a jitted call produced NaN/Inf) or
+``mismatch`` (a jitted call disagrees with op-by-op execution or float64).
 Messages are normalised so that a reproducer with smaller shapes or another temp folder still matches:
 numbers, hex addresses and paths are abstracted.
 
@@ -19,59 +20,26 @@ Example:
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, Literal, get_args
 
 from jaxdbg._source import SourceLocation
+from jaxdbg._tracebacks import without_tracebacks
 
-KINDS = ("exception", "crash", "timeout", "nonfinite", "mismatch")
+Kind = Literal["exception", "crash", "timeout", "nonfinite", "mismatch"]
+KINDS: tuple[Kind, ...] = get_args(Kind)
+_NONFINITE = "jitted function produced "  # + NaN or Inf
+# What the AssertionError of a written reproducer says (repro.program writes the check that raises it).
+REPRO_NONFINITE = "jax.jit(f) produced {what}"
+REPRO_MISMATCH = "jit and op-by-op (jax.disable_jit) disagree"
 
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
 _PATH = re.compile(r"(?:[A-Za-z]:)?(?:[\w.~-]*/)+[\w.-]+|[\w.-]+\.py\b")
 _NUMBER = re.compile(r"(?<![A-Za-z_])[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 _SPACE = re.compile(r"\s+")
-# A Python traceback embedded in a message (XLA wraps an exception raised inside a host callback this way):
-# its frames are whoever happened to call the computation (jaxdbg's runner, runpy, the user's driver), so only
-# the exception it ends with says what failed.
-_EMBEDDED_TRACEBACK = re.compile(r"Traceback \(most recent call last\):\s*\n(?:[ \t]+.*\n)*")
 # Messages can carry a whole traceback or a long listing; the head says what failed.
 MESSAGE_CHARS = 400
-
-
-# XLA (jax >= 0.11) appends the C++ source locations of a failed status to its message: not the error's words.
-_XLA_SOURCE_TRACE = re.compile(r"\s*=== Source Location Trace: ===.*\Z", re.S)
-
-
-def without_tracebacks(message: str | None) -> str:
-    """The message with each embedded Python traceback cut to the exception it ends with, and without the
-    C++ source-location trace XLA appends to a failed status.
-
-    Example:
-        >>> without_tracebacks("INTERNAL: boom\\n\\n=== Source Location Trace: ===\\nxla/pjrt/a.cc:12")
-        'INTERNAL: boom'
-    """
-    return _XLA_SOURCE_TRACE.sub("", _EMBEDDED_TRACEBACK.sub("", message or ""))
-
-
-_EMBEDDED_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)', re.M)
-
-
-def embedded_raise(message: str | None) -> SourceLocation | None:
-    """Where the exception embedded in a message (a host callback's, as XLA passes it on) was raised: the
-    innermost frame of the user's code in its traceback (never jaxdbg's, jax's or runpy's).
-
-    Example:
-        >>> embedded_raise('CpuCallback error: Traceback (most recent call last):\\n'
-        ...                '  File "/usr/lib/python3.11/runpy.py", line 88, in _run_code\\n'
-        ...                '  File "/home/me/train.py", line 24, in __call__\\nKeyError: "accuracy"')
-        SourceLocation(file='/home/me/train.py', line=24, function='__call__')
-    """
-    from jaxdbg._source import is_user_file
-
-    blocks = list(_EMBEDDED_TRACEBACK.finditer(message or ""))
-    if not blocks:
-        return None
-    frames = [m for m in _EMBEDDED_FRAME.finditer(blocks[-1].group(0)) if is_user_file(m.group(1))]
-    return SourceLocation(frames[-1].group(1), int(frames[-1].group(2)), frames[-1].group(3)) if frames else None
 
 
 def normalise_message(message: str | None) -> str:
@@ -84,22 +52,96 @@ def normalise_message(message: str | None) -> str:
 
 
 @dataclass(frozen=True)
-class FailureSignature:
-    """The contract's signature, plus where it happened (not part of equality: code moves as it shrinks)."""
+class Criterion:
+    """What "fails the same way" means, decided here and nowhere else: the contract's signature less where it
+    happened. ``type`` and ``message`` are an exception's type name and normalised message (for a NaN/Inf or
+    a mismatch, jaxdbg's words for it; for a process that exited, its status), ``signal`` a crash's.
 
-    kind: str
+    The original run, every candidate, a cut checked in its child and a reproducer verified alone are all
+    compared with one criterion; it travels as its JSON too (a report's ``signature`` reads back as one).
+
+    Example:
+        >>> criterion = Criterion.exception("TypeError", "got (128,) and (64,) in /tmp/x/model.py")
+        >>> criterion.same_exception("TypeError", "got (8,) and (4,) in /home/me/model.py")
+        True
+        >>> Criterion.from_json(criterion.to_json()) == criterion
+        True
+        >>> nan = Criterion.nonfinite("NaN")
+        >>> nan.what, nan.reproduced_by("AssertionError", "jax.jit(f) produced NaN: [nan]")
+        ('NaN', True)
+    """
+
+    kind: Kind
     type: str | None = None
     message: str | None = None
     signal: str | None = None
-    function: str | None = None  # the jitted function of a nonfinite/mismatch failure, or where it raised
-    location: SourceLocation | None = None
 
-    def key(self) -> tuple:
+    @classmethod
+    def exception(cls, type_name: str | None, message: str | None) -> Criterion:
+        """An exception of ``type_name`` saying ``message`` (as raised: normalised here)."""
+        return cls("exception", type_name, normalise_message(message))
+
+    @classmethod
+    def nonfinite(cls, what: str) -> Criterion:
+        """A jitted call produced ``what``: 'NaN' or 'Inf'."""
+        return cls("nonfinite", None, _NONFINITE + what)
+
+    @classmethod
+    def mismatch(cls, reference: str = "op-by-op") -> Criterion:
+        """A jitted call disagrees with ``reference``: 'op-by-op' or 'float64'."""
+        return cls("mismatch", None, f"jit and {reference} disagree")
+
+    @property
+    def what(self) -> str | None:
+        """What a nonfinite failure produced, 'NaN' or 'Inf' (None for the other kinds)."""
+        return (self.message or "").removeprefix(_NONFINITE) if self.kind == "nonfinite" else None
+
+    def key(self) -> tuple[str, str | None, str | None, str | None]:
         """What must stay equal between the original and a reduced program."""
         return (self.kind, self.type, self.message, self.signal)
 
-    def same_as(self, other: FailureSignature | None) -> bool:
+    def same_as(self, other: Criterion | None) -> bool:
         return other is not None and self.key() == other.key()
+
+    def same_exception(self, type_name: str, message: str) -> bool:
+        """Whether an exception ``type_name: message`` (as raised) fails this way."""
+        return self.kind == "exception" and type_name == self.type and normalise_message(message) == self.message
+
+    def assertion(self) -> str:
+        """The words of the AssertionError a written reproducer of a NaN/Inf or a mismatch raises."""
+        return REPRO_NONFINITE.format(what=self.what) if self.kind == "nonfinite" else REPRO_MISMATCH
+
+    def reproduced_by(self, type_name: str, message: str) -> bool:
+        """Whether a written reproducer that ended raising ``type_name: message`` fails this way: the same
+        exception, or for a NaN/Inf or a mismatch the AssertionError of its check."""
+        if self.kind in ("nonfinite", "mismatch"):
+            return type_name == "AssertionError" and self.assertion() in message
+        return self.same_exception(type_name, message)
+
+    def to_json(self) -> dict[str, str | None]:
+        """The contract's four keys (a signature's place is no part of its criterion)."""
+        return {"kind": self.kind, "type": self.type, "message": self.message, "signal": self.signal}
+
+    @staticmethod
+    def from_json(data: Mapping[str, Any]) -> Criterion:
+        """The criterion of its JSON, or of a report's ``signature`` (whose other keys say where, not how)."""
+        if data.get("kind") not in KINDS:
+            raise ValueError(f"a failure criterion's kind is one of {', '.join(KINDS)}, not {data.get('kind')!r}")
+        return Criterion(data["kind"], data.get("type"), data.get("message"), data.get("signal"))
+
+
+@dataclass(frozen=True)
+class FailureSignature(Criterion):
+    """The contract's signature: the criterion, plus where it happened (no part of the criterion: code moves
+    as it shrinks)."""
+
+    function: str | None = None  # the jitted function of a nonfinite/mismatch failure, or where it raised
+    location: SourceLocation | None = None
+
+    @classmethod
+    def of(cls, criterion: Criterion, function: str | None = None,
+           location: SourceLocation | None = None) -> FailureSignature:
+        return cls(criterion.kind, criterion.type, criterion.message, criterion.signal, function, location)
 
     def describe(self) -> str:
         if self.kind == "exception":
@@ -109,19 +151,6 @@ class FailureSignature:
         if self.kind == "timeout":
             return "timeout (hang)"
         return f"{self.kind} in {self.function}: {self.message}"
-
-
-def exception_signature(type_name: str, message: str, location: SourceLocation | None = None) -> FailureSignature:
-    return FailureSignature("exception", type_name, normalise_message(message), location=location)
-
-
-def nonfinite_signature(function: str, what: str) -> FailureSignature:
-    """``what`` is 'NaN' or 'Inf'."""
-    return FailureSignature("nonfinite", None, f"jitted function produced {what}", function=function)
-
-
-def mismatch_signature(function: str, reference: str) -> FailureSignature:
-    return FailureSignature("mismatch", None, f"jit and {reference} disagree", function=function)
 
 
 def matches_pattern(signature: FailureSignature, raw_text: str, pattern: str | None) -> bool:

@@ -35,6 +35,7 @@ from jaxdbg import _compat, jit_layer, multihost
 from jaxdbg._source import caller_user_frame
 from jaxdbg.jit_layer import JitCall, JitHook
 from jaxdbg.nonfinite import kind_of
+from jaxdbg.repro.frozen import record_call
 from jaxdbg.repro.messages import FailureSeen, JitCallSeen, LoweredText
 from jaxdbg.repro.purity import frozen_site
 
@@ -160,8 +161,6 @@ class JitWatch(JitHook):
                 again, _ = trace_flat(call.function.fun, call.function.options, call.args, call.kwargs)
                 frozen, where = frozen_site(closed, again)
                 if frozen is not None and where is not None:  # the user's function that computes it, called how
-                    from jaxdbg.repro.frozen import record_call  # (it writes programs: repro.operation's helpers)
-
                     with contextlib.suppress(Exception):  # without it, the parent still names the line
                         frozen_call = record_call(where, lambda: trace_flat(
                             call.function.fun, call.function.options, call.args, call.kwargs))
