@@ -89,12 +89,14 @@ class CallBatch(Message):
 @dataclass(frozen=True)
 class RunTotals(Message):
     """Running totals (the latest one is the whole truth): eager compile spans ``(stage, start, end, name)``,
-    transfers ``{kind: [count, seconds, bytes]}``, persistent-cache hits, time spent introspecting."""
+    transfers ``{kind: [count, seconds, bytes]}``, persistent-cache hits, time spent introspecting, and the
+    calls made of each function (id -> count; the calls that ran ahead unseen send no timing)."""
 
     eager_spans: list[tuple[str, float, float, str]]
     transfers: dict[str, list]
     cache_hits: int
     introspection_s: float
+    calls: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
