@@ -31,6 +31,9 @@ import textwrap
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_summary import record  # noqa: E402 - the scripts folder first
+
 HOT_OP = os.path.join(ROOT, "recipes", "hot_op", "train.py")
 
 WORKLOAD = textwrap.dedent('''
@@ -200,8 +203,9 @@ def bench_timing_claims(workdir: str) -> dict:
             "sampled_over_every": median[8] / median[1]}
 
 
-def bench_call_overhead(calls: int = 3000) -> tuple[float, float]:
-    """Seconds per call of a tiny jitted function, plainly and through jaxdbg's call tracking (in process)."""
+def bench_call_overhead(calls: int = 3000) -> tuple[float, float, float]:
+    """Seconds per call of a tiny jitted function: plainly, through jaxdbg's call tracking as a script is
+    profiled (``--sync-every 8``: one call in 8 timed, the others unseen), and timing every call (in process)."""
     import jax
     import jax.numpy as jnp
 
@@ -217,11 +221,13 @@ def bench_call_overhead(calls: int = 3000) -> tuple[float, float]:
         return (time.perf_counter() - started) / calls
 
     plain = min(loop() for _ in range(3))
-    with tempfile.TemporaryDirectory() as out:
-        recorder = Recorder(lambda message: None, out)
-        with compile_listener(recorder), tracking_jit(recorder):
-            tracked = min(loop() for _ in range(3))
-    return plain, tracked
+    tracked = []
+    for sync_every in (8, 1):
+        with tempfile.TemporaryDirectory() as out:
+            recorder = Recorder(lambda message: None, out, sync_every=sync_every)
+            with compile_listener(recorder), tracking_jit(recorder):
+                tracked.append(min(loop() for _ in range(3)))
+    return plain, tracked[0], tracked[1]
 
 
 def main() -> int:
@@ -234,7 +240,7 @@ def main() -> int:
         a = bench_disturbance_and_compile(options.pairs, options.steps, workdir)
         c = bench_op_table(workdir)
         d = bench_timing_claims(workdir)
-    plain_call, tracked_call = bench_call_overhead()
+    plain_call, sampled_call, tracked_call = bench_call_overhead()
     print(f"machine: {os.cpu_count()} cores, load average {load_before:.1f} before and {os.getloadavg()[0]:.1f} "
           "after (other work on the machine moves single timings)")
     print("per pair: plain step | profiled step (loop's own) | jaxdbg median call | plain backend compile | "
@@ -250,8 +256,10 @@ def main() -> int:
     print(f"(b) compile time jaxdbg reports / plain backend-compile event: {best_compile:.3f} best vs best "
           f"(target 0.9-1.1); median of pair ratios {med(a['compile_ratios']):.3f} "
           f"({', '.join(f'{r:.3f}' for r in a['compile_ratios'])}); same process: {med(a['same_process']):.3f}")
-    print(f"(a') per call of a tiny jitted function: plain {plain_call * 1e6:.1f} us, tracked {tracked_call * 1e6:.1f} us "
-          f"(+{(tracked_call - plain_call) * 1e6:.1f} us: the wrapper plus one block_until_ready)")
+    print(f"(a') per call of a tiny jitted function: plain {plain_call * 1e6:.1f} us, profiled (--sync-every 8) "
+          f"{sampled_call * 1e6:.1f} us (+{(sampled_call - plain_call) * 1e6:.1f} us), every call timed "
+          f"{tracked_call * 1e6:.1f} us (+{(tracked_call - plain_call) * 1e6:.1f} us: the hooks plus one "
+          "block_until_ready)")
     top = c["jaxdbg_top"]
     where = f"{os.path.basename(top['source']['file'])}:{top['source']['line']}" if top and top["source"] else "-"
     print(f"(c) command -> per-op table: jaxdbg {c['jaxdbg_s']:.2f} s, jax.profiler.trace + xprof get_top_hlo_ops "
@@ -260,6 +268,15 @@ def main() -> int:
           f"xprof {c['anchor_found']} ({c['anchor_rows']} rows)")
     print(f"(d) host_transfer recipe: transfers / execution {d['transfer_over_execute']:.2f} (the recipe's claim: > 1); "
           f"--sync-every 8 median / every-call median {d['sampled_over_every']:.2f} (target < 3)")
+    pairs = ", ".join(f"{r:.2f}" for r in a["step_ratios"])
+    record("profile", "(a) step time profiled / plain, best vs best", best_step, "<= 1.10", pairs)
+    record("profile", "(a') added per tiny call, --sync-every 8", (sampled_call - plain_call) * 1e6, "<= +3", unit="us")
+    record("profile", "(a') added per tiny call, every call timed", (tracked_call - plain_call) * 1e6, "<= +10",
+           unit="us")
+    record("profile", "(b) compile reported / backend-compile event", best_compile, "0.9-1.1")
+    record("profile", "(c) command -> per-op table / jax.profiler + xprof", c["jaxdbg_s"] / c["anchor_s"], "",
+           f"hot op found: {c['jaxdbg_found']}")
+    record("profile", "(d) --sync-every 8 median / every-call median", d["sampled_over_every"], "< 3")
     return 0
 
 
