@@ -114,6 +114,7 @@ PROGRAM = textwrap.dedent('''
                     per_call(plain, x), per_call(hooked, x)
                 found[config] = [(per_call(plain, x, f"{config}:plain".encode()),
                                   per_call(hooked, x, f"{config}:hooked".encode())) for _ in range(rounds)]
+        found["jaxdbg"] = jaxdbg.__file__
         print(json.dumps(found))
 
     main()
@@ -128,8 +129,14 @@ void cg_dump(const char *name) { CALLGRIND_DUMP_STATS_AT(name); CALLGRIND_STOP_I
 
 
 def run(root: str, configs: list[str], args: argparse.Namespace) -> dict:
-    argv = [sys.executable, "-c", PROGRAM, ",".join(configs), str(args.rounds), str(args.calls)]
     with tempfile.TemporaryDirectory() as work:
+        if os.environ.get("BENCH_LAYER_KEEP"):  # keep callgrind's files there (callgrind_annotate them)
+            work = os.environ["BENCH_LAYER_KEEP"] + ("-baseline" if root != ROOT else "")
+            os.makedirs(work, exist_ok=True)
+        program = os.path.join(work, "tiny_calls.py")  # a file: with -c the working folder's jaxdbg came first
+        with open(program, "w") as handle:
+            handle.write(PROGRAM)
+        argv = [sys.executable, program, ",".join(configs), str(args.rounds), str(args.calls)]
         if args.instructions:
             argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
                     f"--callgrind-out-file={work}/counts", *argv, _counter_library(work)]
@@ -198,6 +205,8 @@ def main() -> None:
     load = os.getloadavg()[0]
     print(f"per call of a tiny jitted function, {args.rounds} rounds of {args.calls} calls alternating with plain "
           f"jax.jit (load {load:.1f})")
+    for tree, found in results.items():
+        print(f"  {tree}: {found['jaxdbg']}")
     print(f"  {'configuration':16s} {'tree':9s} {'plain':>8s} {'+wall':>8s} {'+CPU':>8s}  CPU spread   target")
     for config in configs:
         for tree, found in results.items():
