@@ -19,6 +19,7 @@ from jaxdbg._errors import TargetFailedError as TargetFailedError
 from jaxdbg._errors import UsageError as UsageError
 from jaxdbg._source import SourceLocation as SourceLocation
 from jaxdbg._version import __version__ as __version__
+from jaxdbg.hang.watch import StallError as StallError
 from jaxdbg.live import NonFiniteError as NonFiniteError
 from jaxdbg.live import RecompileError as RecompileError
 from jaxdbg.live import watch as watch

@@ -178,6 +178,29 @@ def device_put_homes() -> list[tuple[Any, str]]:
     return [(jax, "device_put"), (api, "device_put")]
 
 
+def pmap_input_sharding(options: dict, shape: tuple) -> Any:
+    """The sharding ``jax.pmap(fun, **options)`` gives a numpy argument of ``shape`` mapped over its axis 0
+    (jax 0.10/0.11 build pmap as a jit of a shard_map over a one-axis mesh of the first local devices, named by
+    ``axis_name`` or jax's internal default), so that an argument put there first is not copied again inside the
+    call; None where pmap would choose otherwise (explicit devices, several processes, more rows than devices).
+
+    Example:
+        >>> pmap_input_sharding({"axis_name": "batch"}, (1, 3)).spec == jax.sharding.PartitionSpec("batch")
+        True
+    """
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    if options.get("devices") is not None or not shape or jax.process_count() > 1:
+        return None
+    devices = jax.local_devices(backend=options.get("backend"))
+    if not 0 < shape[0] <= len(devices):
+        return None
+    axis = options.get("axis_name")
+    axis = "_internal_pmap_axis_name" if axis is None else axis
+    return NamedSharding(Mesh(np.array(devices[:shape[0]]), (axis,)), PartitionSpec(axis))
+
+
 def compiled_cost(compiled: Any) -> dict[str, float] | None:
     """``Compiled.cost_analysis()`` as one flat dict (older jax returned a list of dicts; -1 means unknown)."""
     try:
@@ -191,8 +214,9 @@ def compiled_cost(compiled: Any) -> dict[str, float] | None:
     return {k: float(v) for k, v in cost.items() if isinstance(v, (int, float)) and v >= 0}
 
 
-def compiled_memory(compiled: Any) -> dict[str, int] | None:
-    """``Compiled.memory_analysis()`` as ``{argument_bytes, output_bytes, temp_bytes, code_bytes, alias_bytes}``."""
+def compiled_memory(compiled: Any, with_peak: bool = False) -> dict[str, int] | None:
+    """``Compiled.memory_analysis()`` as ``{argument_bytes, output_bytes, temp_bytes, code_bytes, alias_bytes}``
+    (with ``with_peak``, also ``peak_bytes``: its ``peak_memory_in_bytes``, which the CPU backend underreports)."""
     try:
         stats = compiled.memory_analysis()
     except Exception:  # noqa: BLE001 - not every backend implements it
@@ -202,6 +226,8 @@ def compiled_memory(compiled: Any) -> dict[str, int] | None:
     names = {"argument_bytes": "argument_size_in_bytes", "output_bytes": "output_size_in_bytes",
              "temp_bytes": "temp_size_in_bytes", "code_bytes": "generated_code_size_in_bytes",
              "alias_bytes": "alias_size_in_bytes"}
+    if with_peak:
+        names["peak_bytes"] = "peak_memory_in_bytes"
     return {k: int(getattr(stats, v)) for k, v in names.items() if getattr(stats, v, None) is not None}
 
 
@@ -349,6 +375,17 @@ def current_source_context() -> tuple[SourceLocation | None, str]:
 
     info = source_info_util.current()
     return next(source_frames(info), None), str(info.name_stack)
+
+
+# jax.pmap runs as a jit of this name around a shard_map of the user's function (jax 0.10 and 0.11): seen by the
+# eager hook, such a call is a pmap.
+PMAP_JIT_NAME = "_fun"
+
+
+def is_pmapped(value: Any) -> bool:
+    """Whether ``value`` is what ``jax.pmap(f)`` returned: a plain function defined in jax's pmap module."""
+    code = getattr(value, "__code__", None)
+    return code is not None and code.co_filename.replace("\\", "/").endswith("jax/_src/pmap.py")
 
 
 def shard_map_layout(params: dict) -> tuple[dict[str, int], tuple, tuple, tuple[str, ...]] | None:
@@ -534,3 +571,91 @@ def host_callback_call(tb: Any) -> dict | None:
             return {**found, "function": local["self"].callback_func, "args": tuple(local.get("args") or ()),
                     "kwargs": dict(local.get("kwargs") or {})}
     return None
+
+
+# ---- hang-hunt (issue 20): a program's devices, calls into host callbacks ---------------------------------
+
+
+def program_devices(compiled: Any) -> tuple:
+    """The devices of a compiled program in the order its HLO numbers them (a collective's
+    ``replica_groups`` with global device ids index this tuple); () where no sharding says.
+
+    Example:
+        >>> compiled = jax.jit(lambda x: x + 1).lower(jax.numpy.ones(2)).compile()
+        >>> program_devices(compiled) == (jax.devices()[0],)
+        True
+    """
+    shardings = [*jax.tree_util.tree_leaves(getattr(compiled, "input_shardings", None)),
+                 *jax.tree_util.tree_leaves(getattr(compiled, "output_shardings", None))]
+    for sharding in shardings:
+        devices = getattr(sharding, "_device_assignment", None)  # private: the order the partitioner used
+        if devices:
+            return tuple(devices)
+    return ()
+
+
+# The functions a compiled program calls back into Python through for each kind of host callback: the lowering
+# looks them up by name when the callback runs, so a wrapper put there sees every call (eager ones too).
+_CALLBACK_HOMES = (("jax._src.callback", "pure_callback_impl", "jax.pure_callback"),
+                   ("jax._src.callback", "io_callback_impl", "io_callback"),
+                   ("jax._src.debugging", "debug_callback_impl", "jax.debug.callback"))
+
+
+def callback_function(callback: Any) -> Any:
+    """The user's function behind the flattened callback jax hands its callback impls."""
+    inner = getattr(callback, "callback_func", None)  # pure_callback / io_callback: _FlatCallback
+    if inner is not None:
+        return inner
+    code = getattr(callback, "__code__", None)  # jax.debug.callback: a closure over the user's function
+    for name, cell in zip(getattr(code, "co_freevars", ()), getattr(callback, "__closure__", None) or ()):
+        if name == "callback":
+            with contextlib.suppress(ValueError):
+                return cell.cell_contents
+    return callback
+
+
+@contextlib.contextmanager
+def host_callback_hooks(enter: Any, leave: Any) -> Iterator[None]:
+    """While active, ``token = enter(kind, function)`` runs before each call into a host callback (on the
+    thread that runs it) and ``leave(token, error_or_None)`` after it; restored in ``finally``.
+
+    Example:
+        >>> seen = []
+        >>> with host_callback_hooks(lambda kind, fn: seen.append((kind, fn.__name__)), lambda token, err: None):
+        ...     def log(x):
+        ...         pass
+        ...     jax.jit(lambda x: jax.debug.callback(log, x))(1.0)
+        >>> seen
+        [('jax.debug.callback', 'log')]
+    """
+    import importlib
+
+    from jax._src import debugging
+
+    saved: list[tuple[Any, str, Any]] = []
+
+    def wrap(original: Any, kind: str) -> Any:
+        def recorded(*args: Any, callback: Any, **params: Any) -> Any:
+            token = enter(kind, callback_function(callback))
+            try:
+                out = original(*args, callback=callback, **params)
+            except BaseException as err:
+                leave(token, err)
+                raise
+            leave(token, None)
+            return out
+        return recorded
+
+    for module_name, name, kind in _CALLBACK_HOMES:
+        module = importlib.import_module(module_name)
+        original = getattr(module, name)
+        saved.append((module, name, original))
+        setattr(module, name, wrap(original, kind))
+    primitive = debugging.debug_callback_p  # jit's lowering of jax.debug.callback calls the primitive's impl
+    saved.append((primitive, "impl", primitive.impl))
+    primitive.impl = wrap(primitive.impl, "jax.debug.callback")  # type: ignore[method-assign]  # restored below
+    try:
+        yield
+    finally:
+        for owner, name, original in reversed(saved):
+            setattr(owner, name, original)

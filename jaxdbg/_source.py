@@ -64,6 +64,12 @@ def _is_user_path(path: str) -> bool:
     return is_user_file(path)
 
 
+def is_user_path(path: str) -> bool:
+    """:func:`is_user_file` remembered per path, for code that asks about the same few files many times (the
+    stack frames of every op of an HLO module: a 400-op training step asked 1,600 times, 0.7 s uncached)."""
+    return _is_user_path(path)
+
+
 def is_jaxdbg_file(path: str) -> bool:
     """True for a file of jaxdbg itself (this installation or any other copy of the package)."""
     return _inside_a_jaxdbg_copy(os.path.dirname(os.path.realpath(path)))

@@ -27,7 +27,7 @@ import dataclasses
 import inspect
 import re
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +76,43 @@ def tracing_context(fun: Any) -> Iterator[None]:
         return
     with sys.modules["flax.nnx.graphlib"].update_context(tag):
         yield
+
+
+def jit_kind(fun: Any) -> str:
+    """How the user jitted the function whose inner function jax.jit got: ``eqx.filter_jit``, ``nnx.jit`` or
+    ``jax.jit``.
+
+    Example:
+        >>> jit_kind(lambda x: x)
+        'jax.jit'
+    """
+    if _is_filter_jit_inner(fun):
+        return "eqx.filter_jit"
+    if type(fun).__module__.startswith("flax.nnx") or _is_jit_partial_inner(getattr(fun, "f", fun)):
+        return "nnx.jit"
+    return "jax.jit"
+
+
+def donation_option(kind: str, argnums: Sequence[int], kept: Sequence[str] = ()) -> str:
+    """How to donate the arguments at ``argnums`` with the wrapper ``kind`` (see :func:`jit_kind`); ``kept``:
+    array arguments the caller passes again, which must not be donated. ``filter_jit`` donates by groups of
+    arguments (``donate="all"`` or ``"all-except-first"``), not by position.
+
+    Example:
+        >>> donation_option("nnx.jit", [0, 1])
+        'nnx.jit(..., donate_argnums=(0, 1))'
+        >>> donation_option("eqx.filter_jit", [0, 1], kept=["x"])  # doctest: +NORMALIZE_WHITESPACE
+        'eqx.filter_jit(..., donate="all") (it donates every array argument: the loop passes x again, so take
+         it out of the arguments or pass a copy)'
+    """
+    numbers = ", ".join(str(n) for n in argnums) + ("," if len(argnums) == 1 else "")
+    if kind == "eqx.filter_jit":
+        caution = (f" (it donates every array argument: the loop passes {', '.join(kept)} again, so take "
+                   f"{'it' if len(kept) == 1 else 'them'} out of the arguments or pass a copy)") if kept else ""
+        return f'eqx.filter_jit(..., donate="all"){caution}'
+    if kind == "nnx.jit":
+        return f"nnx.jit(..., donate_argnums=({numbers}))"
+    return f"jax.jit(..., donate_argnums=({numbers}))"
 
 
 def _nnx_context_tag(fun: Any) -> Any:

@@ -1,4 +1,4 @@
-"""The one place that patches ``jax.jit``: the instrumentation layer that every command plugs into.
+"""The one place that patches ``jax.jit`` (and ``jax.pmap``): the instrumentation layer that every command plugs into.
 
 While at least one :class:`JitHook` is installed (:func:`installed`, a context manager that restores
 ``jax.jit`` in ``finally``), ``jax.jit(fun, **options)`` returns an :class:`InstrumentedJit`. It behaves like
@@ -19,6 +19,11 @@ another instrumented call or jaxdbg's own work) runs through the installed hooks
 A call that no hook sees stays on jax's C++ dispatch with its count kept (and, while some hook samples calls,
 its compile spans watched); the layer adds about a microsecond to it. Every call's compile spans (trace, lower,
 backend compile, persistent-cache hits, reported by ``jax.monitoring`` while it runs) are in ``call.spans``.
+
+``jax.pmap(fun, **options)`` is patched the same way and returns an :class:`InstrumentedPmap`, whose calls
+reach only the hooks that set ``sees_pmap`` (profile's): since jax 0.10 a pmap is a ``jax.jit`` of a
+``shard_map`` built inside jax, invisible to the ``jax.jit`` patch, and a hook that replays or checks a
+jitted function's outputs would take its per-device outputs for one device's.
 
 Hooks run in installation order, the first installed outermost. A hook that sets ``check_outputs`` gets
 the one non-finite check of :mod:`jaxdbg.nonfinite`: the call runs a companion compiled function that
@@ -77,11 +82,15 @@ class JitHook:
     """Base class of the hooks: every method is a no-op. Subclasses override what they need."""
 
     check_outputs: bool = False  # read when a function's plan is made (see replan)
+    sees_pmap: bool = False  # whether calls of pmap'd functions (InstrumentedPmap) run through this hook
 
     def watches(self, function: InstrumentedJit) -> bool | None:
         """Which calls of ``function`` this hook sees, asked once per function (again after :func:`replan`):
-        True every call, False none, None those :meth:`wants` accepts (asked per call). The default: every
-        call, or per call when the hook overrides :meth:`wants`."""
+        True every call, False none, None those :meth:`wants` accepts (asked per call). The default: none of a
+        pmap'd function unless the hook ``sees_pmap``; else every call, or per call when the hook overrides
+        :meth:`wants`."""
+        if function.is_pmap and not self.sees_pmap:
+            return False
         return None if type(self).wants is not JitHook.wants else True
 
     def wants(self, function: InstrumentedJit, index: int) -> bool:
@@ -92,6 +101,13 @@ class JitHook:
 
     def on_jit(self, function: InstrumentedJit) -> None:
         """``jax.jit`` was applied (once per application, before any call)."""
+
+    def compiler_options(self) -> dict[str, Any] | None:
+        """XLA options for the top-level calls of every function jitted while this hook is installed (``jax.jit``'s
+        ``compiler_options``; the user's own win on a clash), e.g. memory's per-function buffer-assignment dump.
+        Asked when ``jax.jit`` is applied, so they reach the user's functions alone, not eager operations; a call
+        nested in another function's trace runs without them (jax refuses them there)."""
+        return None
 
     def around(self, call: JitCall, run: Callable[[], Any]) -> Any:
         """Run one call; the default is ``before``, ``run()``, then ``after`` or ``on_exception``."""
@@ -175,7 +191,7 @@ class JitCall:
             if self.check:
                 out, self.magnitudes = function.checked()(*self.args, **self.kwargs)
                 return out
-            return function.jitted(*self.args, **self.kwargs)
+            return function.top_level(*self.args, **self.kwargs)
         finally:
             local.spans = None
             local.depth -= 1
@@ -186,13 +202,15 @@ class _Plan:
     with what a call needs at hand (read as slots: the function's own attributes go through its
     ``__getattr__`` hook, slower on a path that runs on every call)."""
 
-    __slots__ = ("active", "check", "epoch", "every", "jitted", "layer", "local", "nobody", "record", "sampled")
+    __slots__ = ("active", "check", "epoch", "every", "jitted", "layer", "local", "nobody", "record", "sampled",
+                 "top_level")
 
     def __init__(self, layer: _Layer, function: InstrumentedJit, epoch: int, every: tuple[JitHook, ...] = (),
                  sampled: tuple[JitHook, ...] = ()):
         self.layer = layer
         self.local = layer.local
-        self.jitted = function.jitted
+        self.jitted = function.jitted  # what a nested call runs
+        self.top_level = function.top_level  # what a top-level call runs (with the hooks' compiler options)
         self.record = function.record
         self.epoch = epoch
         self.active = bool(layer.hooks)
@@ -213,9 +231,14 @@ class _PerThread(threading.local):
 class InstrumentedJit:
     """What ``jax.jit(fun, **options)`` returns while hooks are installed; behaves like the jitted function."""
 
-    def __init__(self, layer: _Layer, jitted: Any, fun: Callable, options: dict, record: FunctionRecord):
+    is_pmap = False
+
+    def __init__(self, layer: _Layer, jitted: Any, fun: Callable, options: dict, record: FunctionRecord,
+                 top_level: Any = None):
         self._layer = layer
         self.jitted = jitted
+        # What a top-level call runs: ``jitted`` with the hooks' compiler options (JitHook.compiler_options).
+        self.top_level = jitted if top_level is None else top_level
         self.fun = fun
         self.options = options
         self.record = record
@@ -259,11 +282,11 @@ class InstrumentedJit:
         index = next(record.counter)
         record.calls = index + 1
         if plan.nobody:  # counted, and left on jax's C++ dispatch: nothing else runs
-            return plan.jitted(*args, **kwargs) if kwargs else plan.jitted(*args)
+            return plan.top_level(*args, **kwargs) if kwargs else plan.top_level(*args)
         return layer.call(self, plan, index, args, kwargs)
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("jitted", "_layer", "fun"):  # not set yet (half-built, or unpickling): no recursion
+        if name in ("jitted", "_layer", "fun", "top_level"):  # not set yet (half-built, or unpickling): no recursion
             raise AttributeError(name)
         return getattr(self.jitted, name)
 
@@ -272,6 +295,37 @@ class InstrumentedJit:
 
     def __repr__(self) -> str:
         return f"<jaxdbg-instrumented {self.jitted!r}>"
+
+
+class InstrumentedPmap(InstrumentedJit):
+    """What ``jax.pmap(fun, **options)`` returns while a hook that ``sees_pmap`` is installed: the pmap'd
+    function (``jitted``) behind the same call path as a jitted one, named after the user's ``fun``. Its static
+    arguments are pmap's ``static_broadcasted_argnums``.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> class Seen(JitHook):
+        ...     sees_pmap = True
+        ...     def after(self, call, out):
+        ...         print(call.function.name, call.function.is_pmap, out.shape)
+        >>> with installed(Seen()):
+        ...     def double(x):
+        ...         return 2 * x
+        ...     _ = jax.pmap(double)(jnp.ones((1, 3)))
+        double True (1, 3)
+    """
+
+    is_pmap = True
+
+    def __init__(self, layer: _Layer, mapped: Any, fun: Callable, options: dict, record: FunctionRecord):
+        super().__init__(layer, mapped, fun, options, record)
+        self.static_argnums = _as_tuple(options.get("static_broadcasted_argnums"))
+        self.static_argnames = ()
+        self.donates = bool(_as_tuple(options.get("donate_argnums")))
+
+    def checked(self) -> Any:
+        raise NotImplementedError("the fused non-finite check is not built for pmap'd functions: a hook with "
+                                  "check_outputs must not set sees_pmap")
 
 
 def main_thread_calls() -> tuple[str | None, int]:
@@ -296,8 +350,9 @@ def main_thread_calls() -> tuple[str | None, int]:
 class _Layer:
     """The installed hooks and the functions jitted while they were installed."""
 
-    def __init__(self, real_jit: Callable):
+    def __init__(self, real_jit: Callable, real_pmap: Callable):
         self.real_jit = real_jit
+        self.real_pmap = real_pmap
         self.hooks: list[JitHook] = []
         self.epoch = 0  # bumped when the hooks change: each function's plan is made again at its next call
         self.records: dict[tuple, FunctionRecord] = {}
@@ -312,17 +367,41 @@ class _Layer:
         jitted = self.real_jit(fun, *args, **options)
         if not self.hooks or not callable(jitted) or not hasattr(jitted, "lower"):
             return jitted
-        wrapped = InstrumentedJit(self, jitted, fun, options, self._record(fun))
+        wrapped = InstrumentedJit(self, jitted, fun, options, self._record(fun),
+                                  self.top_level_jit(fun, args, options, jitted))
         for hook in list(self.hooks):
             hook.on_jit(wrapped)
         return wrapped
 
-    def _record(self, fun: Callable) -> FunctionRecord:
+    def top_level_jit(self, fun: Callable, args: tuple, options: dict, jitted: Any) -> Any:
+        """What top-level calls run: ``jitted`` again with the hooks' compiler options merged under the user's
+        own (see JitHook.compiler_options), or ``jitted`` itself when no hook adds any."""
+        extra: dict[str, Any] = {}
+        for hook in self.hooks:
+            extra.update(hook.compiler_options() or {})
+        if not extra:
+            return jitted
+        merged = {**extra, **(options.get("compiler_options") or {})}
+        return self.real_jit(fun, *args, **{**options, "compiler_options": merged})
+
+    def pmap(self, fun: Callable, /, *args: Any, **options: Any) -> Any:
+        mapped = self.real_pmap(fun, *args, **options)
+        hooks = [h for h in self.hooks if h.sees_pmap]
+        if not hooks:
+            return mapped
+        if args:  # pmap(fun, axis_name): the one positional option
+            options = {"axis_name": args[0], **options}
+        wrapped = InstrumentedPmap(self, mapped, fun, options, self._record(fun, "pmap"))
+        for hook in hooks:
+            hook.on_jit(wrapped)
+        return wrapped
+
+    def _record(self, fun: Callable, kind: str = "jit") -> FunctionRecord:
         fun = frameworks.user_function(fun)  # the user's function, not a framework wrapper's inner one
         name, source = function_identity(fun)
         inner = unwrap_function(fun)
         code = getattr(inner, "__code__", None)
-        key = (name, code.co_filename, code.co_firstlineno) if code is not None else (name, id(inner))
+        key = (kind, name, code.co_filename, code.co_firstlineno) if code is not None else (kind, name, id(inner))
         with self.lock:
             record = self.records.get(key)
             if record is None:
@@ -385,7 +464,7 @@ class _Layer:
         local.spans = spans
         started = time.perf_counter()
         try:
-            out = plan.jitted(*args, **kwargs) if kwargs else plan.jitted(*args)
+            out = plan.top_level(*args, **kwargs) if kwargs else plan.top_level(*args)
         finally:
             local.spans = None
         self.ran_ahead = out
@@ -422,18 +501,19 @@ _install_lock = threading.Lock()
 
 @contextlib.contextmanager
 def installed(hook: JitHook) -> Iterator[JitHook]:
-    """Install ``hook``: functions jitted from now on are instrumented; ``jax.jit`` is restored when the last
-    hook leaves. Hooks nest (profile's and a program's own ``jaxdbg.watch`` at once)."""
+    """Install ``hook``: functions jitted (or pmap'd) from now on are instrumented; ``jax.jit`` and ``jax.pmap``
+    are restored when the last hook leaves. Hooks nest (profile's and a program's own ``jaxdbg.watch`` at once)."""
     import jax
     import jax.monitoring as monitoring
 
     global _layer
     with _install_lock:
         if _layer is None:
-            _layer = _Layer(jax.jit)
+            _layer = _Layer(jax.jit, jax.pmap)
             jax.jit = _layer.jit
             monitoring.register_event_time_span_listener(_layer.on_span)
             monitoring.register_event_listener(_layer.on_event)
+            jax.pmap = _layer.pmap  # type: ignore[assignment]  # forwards every argument to the real pmap
         layer = _layer
         layer.hooks = [*layer.hooks, hook]  # a new list: a call in flight keeps the hooks it started with
         layer.epoch += 1
@@ -447,6 +527,7 @@ def installed(hook: JitHook) -> Iterator[JitHook]:
                 jax.jit = layer.real_jit
                 monitoring.unregister_event_time_span_listener(layer.on_span)
                 monitoring.unregister_event_listener(layer.on_event)
+                jax.pmap = layer.real_pmap
                 _layer = None
 
 
@@ -540,7 +621,7 @@ def _twin(layer: _Layer, value: Any, user_fun: Any) -> InstrumentedJit | None:
     fun, options = rebuilt
     jitted = layer.real_jit(fun, **options)
     record = layer._record(user_fun if user_fun is not None else fun)
-    twin = InstrumentedJit(layer, jitted, fun, options, record)
+    twin = InstrumentedJit(layer, jitted, fun, options, record, layer.top_level_jit(fun, (), options, jitted))
     for hook in list(layer.hooks):
         hook.on_jit(twin)
     return twin

@@ -23,6 +23,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 
 from jaxdbg._errors import UsageError
@@ -124,15 +125,28 @@ def launch(argv: Sequence[str], processes: int, timeout: float | None = None) ->
             paths.append(path)
         codes = [proc.wait(timeout=timeout) for proc in procs]
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
+        stop(procs)
     for index, (code, log_path) in enumerate(zip(codes, paths)):
         if index and code not in (0, codes[0]) and log_path is not None:
             last = _last_line(log_path)
             sys.stderr.write(f"jaxdbg: process {index} of {processes} exited with {code}: {last} (log: {log_path})\n")
     failed = [code for code in codes[1:] if code != 0]
     return codes[0] if codes[0] != 0 or not failed else failed[0]
+
+
+def stop(procs: Sequence[subprocess.Popen], grace_s: float = 5.0) -> None:
+    """Stop processes still running: SIGTERM first, which a jaxdbg process turns into stopping the program it
+    contains (its own session: SIGKILL to jaxdbg alone would leave it running, an orphan), then SIGKILL."""
+    running = [proc for proc in procs if proc.poll() is None]
+    for proc in running:
+        proc.terminate()
+    deadline = time.monotonic() + grace_s
+    for proc in running:
+        try:
+            proc.wait(timeout=max(deadline - time.monotonic(), 0.01))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def _last_line(path: str) -> str:

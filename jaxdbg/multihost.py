@@ -118,8 +118,12 @@ def global_value(value: Any) -> Any:
     from jax.experimental import multihost_utils
 
     from jaxdbg import jit_layer
+    from jaxdbg.storable import is_key, key_name, restore
 
     with jit_layer.internal():  # the gather's own jitted function is jaxdbg's, not the program's
+        if is_key(value):  # typed PRNG keys travel as their key data
+            data = multihost_utils.process_allgather(jax.random.key_data(value), tiled=True)
+            return restore(np.asarray(data), key_name(value))
         return np.asarray(multihost_utils.process_allgather(value, tiled=True))
 
 
@@ -146,9 +150,9 @@ def publish_bytes(command: str, what: str, data: bytes) -> bool:
     return True
 
 
-def fetch_bytes(command: str, what: str, index: int, timeout_s: float) -> bytes | None:
+def fetch_bytes(command: str, what: str, index: int, timeout_s: float, remove: bool = True) -> bytes | None:
     """Process ``index``'s published bytes (waiting at most ``timeout_s`` for them to be announced), removed
-    from the store once read; None if they never came."""
+    from the store once read unless ``remove`` is False (bytes every process reads); None if they never came."""
     client = _compat.distributed_client()
     if client is None or index in _silent:
         return None
@@ -158,7 +162,7 @@ def fetch_bytes(command: str, what: str, index: int, timeout_s: float) -> bytes 
         parts = [client.blocking_key_value_get_bytes(f"{key}/{n}", 10_000) for n in range(size["chunks"])]
     except Exception:  # noqa: BLE001 - not published in time: dead, hung or busy
         return None
-    for n in range(size["chunks"]):
+    for n in range(size["chunks"] if remove else 0):
         with contextlib.suppress(Exception):
             client.key_value_delete(f"{key}/{n}")
     return b"".join(parts)
@@ -167,6 +171,12 @@ def fetch_bytes(command: str, what: str, index: int, timeout_s: float) -> bytes 
 # Processes that failed to answer a gather, or whose heartbeat stopped: not waited for again.
 _silent: set[int] = set()
 _lost_peers: set[int] = set()  # of those, the ones whose heartbeat stopped
+
+
+def mark_silent(index: int) -> None:
+    """Stop waiting for process ``index`` in gathers and fetches (another watcher found it lost)."""
+    _silent.add(index)
+    _lost_peers.add(index)
 
 
 def peek(command: str, what: str, index: int) -> Any:
@@ -411,11 +421,14 @@ _agreed: list[bool] = []
 
 
 def comparable_command(argv: list[str]) -> list[str]:
-    """The words of a jaxdbg command line that every process of a job must share.
+    """The words of a jaxdbg command line that every process of a job must share: not the per-process options,
+    and not the script's ``-- ARGS`` (a launch script often passes each process its id there).
 
     Example:
         >>> comparable_command(["profile", "train.py", "--out", "/tmp/h1", "-q", "--json=/tmp/a.json"])
         ['profile', 'train.py']
+        >>> comparable_command(["nan-hunt", "train.py", "--timeout", "60", "--", "--process-id", "1"])
+        ['nan-hunt', 'train.py', '--timeout', '60']
     """
     kept: list[str] = []
     skip = 0
@@ -423,6 +436,8 @@ def comparable_command(argv: list[str]) -> list[str]:
         if skip:
             skip -= 1
             continue
+        if word == "--":  # the script's own arguments: they may differ per process
+            break
         name = word.partition("=")[0]
         if name in PER_PROCESS_OPTIONS:
             skip = PER_PROCESS_OPTIONS[name] if "=" not in word else 0

@@ -124,6 +124,12 @@ def _device_flags_jaxdbg(x: jax.Array) -> jax.Array:
     return jnp.stack([jnp.any(jnp.isnan(x)), jnp.any(jnp.isinf(x))])
 
 
+@jax.jit
+def _device_flags_magnitude_jaxdbg(x: jax.Array) -> jax.Array:
+    finite = jnp.where(jnp.isfinite(x), jnp.abs(x), 0).astype(jnp.float32)
+    return jnp.stack([jnp.any(jnp.isnan(x)), jnp.any(jnp.isinf(x)), jnp.max(finite)]).astype(jnp.float32)
+
+
 def host_readable(value: Any) -> bool:
     """False for a global array of a multi-process job that spans other processes' devices: it cannot be
     copied to this host; reduce it on the devices instead (every process then runs the same reduction)."""
@@ -134,16 +140,46 @@ def host_readable(value: Any) -> bool:
 
 def nonfinite_flags(value: Any) -> tuple[bool, bool]:
     """``(has NaN, has Inf)``; ``(False, False)`` for integers, booleans and keys."""
-    if not is_inexact(value):
-        return False, False
-    size = int(np.prod(np.shape(value), dtype=np.int64))
-    if size == 0:
-        return False, False
-    if isinstance(value, jax.Array) and (size > HOST_CHECK_ELEMENTS or not host_readable(value)):
+    host = _host_or_none(value)
+    if host is None:
+        if not is_inexact(value) or _size(value) == 0:
+            return False, False
         flags = np.asarray(_device_flags_jaxdbg(value))
         return bool(flags[0]), bool(flags[1])
-    host = host_floats(value)
     return bool(np.isnan(host).any()), bool(np.isinf(host).any())
+
+
+def flags_and_magnitude(value: Any) -> tuple[bool, bool, float]:
+    """``(has NaN, has Inf, largest finite |x|)``, read in one go (the magnitude feeds growth); ``(False, False,
+    0.0)`` for integers, booleans and keys.
+
+    Example:
+        >>> flags_and_magnitude(np.array([1.0, -3.0, np.inf]))
+        (False, True, 3.0)
+    """
+    host = _host_or_none(value)
+    if host is None:
+        if not is_inexact(value) or _size(value) == 0:
+            return False, False, 0.0
+        flags = np.asarray(_device_flags_magnitude_jaxdbg(value))
+        return bool(flags[0]), bool(flags[1]), float(flags[2])
+    finite = np.abs(host[np.isfinite(host)])
+    return bool(np.isnan(host).any()), bool(np.isinf(host).any()), float(finite.max()) if finite.size else 0.0
+
+
+def _size(value: Any) -> int:
+    return int(np.prod(np.shape(value), dtype=np.int64))
+
+
+def _host_or_none(value: Any) -> np.ndarray | None:
+    """A host copy to look at (small, readable, floating), or None: not floating, empty, or to be reduced on
+    the device (large, or a global array spanning other processes' devices)."""
+    if not is_inexact(value):
+        return None
+    size = _size(value)
+    if size == 0 or (isinstance(value, jax.Array) and (size > HOST_CHECK_ELEMENTS or not host_readable(value))):
+        return None
+    return host_floats(value)
 
 
 def host_floats(value: Any) -> np.ndarray:

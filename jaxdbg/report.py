@@ -2,8 +2,9 @@
 
 Results are frozen dataclasses (a failed command's is ``{"error": ...}``); :func:`to_jsonable` derives their
 JSON, so nobody hand-builds dictionaries for the wire. A field whose JSON name is a Python keyword says so
-in its metadata (``field(metadata={"json": "pass"})``). Non-finite floats become the strings ``"nan"``,
-``"inf"``, ``"-inf"`` (JSON has no literal for them). Each command's result also says, in one line, what it
+in its metadata (``field(metadata={"json": "pass"})``); ``{"json": None}`` keeps a field out of the JSON (a
+traceback for ``-v``). Non-finite floats become the strings ``"nan"``, ``"inf"``, ``"-inf"`` (JSON has no
+literal for them). Each command's result also says, in one line, what it
 found (:class:`Result`), for ``-q`` and CI.
 
 Example:
@@ -43,7 +44,8 @@ class Result(Protocol):
 def to_jsonable(value: Any) -> Any:
     """Dataclasses, numpy values, paths, enums, tuples -> plain JSON-ready Python."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.metadata.get("json", f.name): to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {f.metadata.get("json", f.name): to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)
+                if f.metadata.get("json", f.name) is not None}  # metadata {"json": None}: kept out of the JSON
     if isinstance(value, dict):
         return {str(k): to_jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple, set, frozenset)):

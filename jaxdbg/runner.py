@@ -42,7 +42,8 @@ class Outcome:
     """What happened to a contained run.
 
     ``status`` is one of ``ok``, ``exception`` (the job raised), ``crash`` (killed by a fatal signal),
-    ``timeout`` (stopped after ``timeout`` seconds) or ``exit`` (nonzero exit with no exception reported).
+    ``timeout`` (stopped after ``timeout`` seconds), ``exit`` (nonzero exit with no exception reported) or
+    ``stopped`` (jaxdbg stopped it, or left it running, once the job sent what ``until`` waited for).
     """
 
     status: str
@@ -166,6 +167,8 @@ def run_contained(
     device_count: int | None = None,
     cwd: str | None = None,
     on_message: Callable[[Message], None] | None = None,
+    until: Callable[[Message], bool] | None = None,
+    keep_running: bool = False,
 ) -> Outcome:
     """Run ``job(payload, channel)`` in a fresh Python process and report what happened.
 
@@ -177,6 +180,8 @@ def run_contained(
         device_count: number of host-platform (CPU) devices the child's jax should see.
         cwd: working folder of the child (default: ours).
         on_message: hears each message while the child still runs (read every 0.2 s; live figures).
+        until: a message for which it returns True ends the run: the child (and its session) is stopped then
+            (hang-hunt's verdict on a program that will not end), or with ``keep_running`` left running.
     """
     with tempfile.TemporaryDirectory(prefix="jaxdbg-run-") as workdir:
         with open(os.path.join(workdir, "job.pkl"), "wb") as handle:
@@ -193,9 +198,9 @@ def run_contained(
                 command, stdout=out_file, stderr=err_file, stdin=subprocess.DEVNULL,
                 env=child_env(env, device_count), cwd=cwd, start_new_session=True,
             )
-        timed_out = False
+        timed_out = stopped = False
         try:
-            _wait(proc, timeout, os.path.join(workdir, "channel.bin"), on_message)
+            stopped = _wait(proc, timeout, os.path.join(workdir, "channel.bin"), on_message, until)
         except subprocess.TimeoutExpired:
             timed_out = True
             _stop_hung(proc)
@@ -203,37 +208,53 @@ def run_contained(
             _kill_group(proc)  # so nothing else would stop it (or what it started) from outliving jaxdbg
             raise
         elapsed = time.perf_counter() - started
-        _kill_group(proc)  # what the target left running in its session ends with it
+        if not (stopped and keep_running):
+            _kill_group(proc)  # what the target left running in its session ends with it
+            if stopped:
+                proc.wait()
         messages = read_channel(os.path.join(workdir, "channel.bin"))
         stdout, stderr = (_read_text(path) for path in (out_path, err_path))
-    outcome = outcome_of(proc.returncode, timed_out, messages, stdout, stderr, elapsed)
+    outcome = outcome_of(proc.returncode, timed_out, messages, stdout, stderr, elapsed, stopped)
     if outcome.exception is not None and outcome.exception.type == JobMismatchError.__name__:
         raise JobMismatchError(outcome.exception.message)  # the job's processes disagree: no run stands
     return outcome
 
 
-def _wait(proc: subprocess.Popen, timeout: float | None, channel: str,
-          on_message: Callable[[Message], None] | None) -> None:
-    """``proc.wait(timeout)``, passing the child's messages to ``on_message`` as they come when it is given."""
-    if on_message is None:
+def _wait(proc: subprocess.Popen, timeout: float | None, channel: str, on_message: Callable[[Message], None] | None,
+          until: Callable[[Message], bool] | None = None) -> bool:
+    """``proc.wait(timeout)``, passing the child's messages to ``on_message`` as they come when it is given;
+    True when a message satisfied ``until`` first (the child may still run)."""
+    if on_message is None and until is None:
         proc.wait(timeout=timeout)
-        return
+        return False
     tail, deadline = ChannelTail(channel), None if timeout is None else time.monotonic() + timeout
     while True:
         left = None if deadline is None else deadline - time.monotonic()
         try:
             proc.wait(timeout=0.2 if left is None else max(0.0, min(0.2, left)))
-            break
         except subprocess.TimeoutExpired:
+            if _pass_on(tail, on_message, until):
+                return True
             if left is not None and left <= 0.2:
                 raise
-        finally:
-            for message in tail.read_new():
-                on_message(message)
+            continue
+        _pass_on(tail, on_message, None)
+        return False
+
+
+def _pass_on(tail: ChannelTail, on_message: Callable[[Message], None] | None,
+             until: Callable[[Message], bool] | None) -> bool:
+    """Hand the new messages to ``on_message``; True once one satisfies ``until``."""
+    for message in tail.read_new():
+        if on_message is not None:
+            on_message(message)
+        if until is not None and until(message):
+            return True
+    return False
 
 
 def outcome_of(returncode: int | None, timed_out: bool, messages: list[Message], stdout: str, stderr: str,
-               elapsed: float) -> Outcome:
+               elapsed: float, stopped: bool = False) -> Outcome:
     """Classify an ended child (a fresh process here, or a fork of the repro fork server).
 
     ``returncode`` as :class:`subprocess.Popen` gives it: negative for a fatal signal. The child reports an
@@ -244,6 +265,8 @@ def outcome_of(returncode: int | None, timed_out: bool, messages: list[Message],
     kept = tuple(m for m in messages if not isinstance(m, ChildFailed))
     if timed_out:
         status, sig = "timeout", None
+    elif stopped:
+        status, sig = "stopped", None
     elif exception is not None:
         # Reported first, so it ended the run, even if a signal killed the child while leaving: a job's
         # runtime aborts the survivors of a lost peer (its heartbeat timeout) while they wait to leave together.

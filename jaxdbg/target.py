@@ -36,6 +36,7 @@ import numpy as np
 
 from jaxdbg._errors import TargetFailedError, UsageError
 from jaxdbg.protocol import Done
+from jaxdbg.storable import is_key, restore, storable
 
 
 @dataclass(frozen=True)
@@ -353,7 +354,7 @@ def flatten_inputs(inputs: Sequence[Any]) -> FlatInputs:
         >>> len(flat.leaves), flat.args[0], flat.args[2]
         (3, {'list': [{'tuple': [{'leaf': 0}, {'leaf': 1}]}]}, {'scalar': 0.5})
     """
-    leaves: list[np.ndarray] = []
+    leaves: list[Any] = []  # numpy arrays, and typed PRNG keys as they are
 
     def node(value: Any, where: str) -> Any:
         if value is None:
@@ -366,6 +367,9 @@ def flatten_inputs(inputs: Sequence[Any]) -> FlatInputs:
             return {"list": [node(v, f"{where}[{i}]") for i, v in enumerate(value)]}
         if isinstance(value, dict) and all(isinstance(k, (str, int)) for k in value):
             return {"dict": [[k, node(v, f"{where}[{k!r}]")] for k, v in value.items()]}
+        if is_key(value):  # a typed PRNG key: saved as its key data (jaxdbg.storable)
+            leaves.append(value)
+            return {"leaf": len(leaves) - 1}
         if hasattr(value, "shape") and hasattr(value, "dtype"):
             array = np.asarray(value)
             if array.dtype != object:
@@ -390,21 +394,6 @@ def _rebuild(node: Any, leaves: Sequence[Any]) -> Any:
     return node.get("scalar")  # {"none": None} too
 
 
-def storable(array: np.ndarray) -> tuple[np.ndarray, str | None]:
-    """``(array, None)`` for a dtype an npz keeps; else its bit pattern as unsigned integers and the dtype's name
-    (bfloat16 and the other ml_dtypes types are written by np.save as raw bytes and read back as void)."""
-    if array.dtype.kind in "biufc?":
-        return array, None
-    return array.view(np.dtype(f"u{array.dtype.itemsize}")), array.dtype.name
-
-
-def restored_dtype(name: str) -> np.dtype:
-    """The numpy dtype of a name :func:`storable` recorded (ml_dtypes, a jax dependency, defines bfloat16)."""
-    import ml_dtypes
-
-    return np.dtype(getattr(ml_dtypes, name))
-
-
 def save_npz_inputs(path: str, inputs: Sequence[Any] | FlatInputs) -> FlatInputs:
     """Write inputs as ``arg0, arg1, ...`` leaves; nesting and the dtypes npz cannot keep go into ``TREE_KEY``
     (JSON), so :func:`load_npz_inputs` gives back the same arguments. Never pickles."""
@@ -414,7 +403,7 @@ def save_npz_inputs(path: str, inputs: Sequence[Any] | FlatInputs) -> FlatInputs
     arrays: dict[str, Any] = {}  # (Any: np.savez's **kwargs are typed against its allow_pickle flag)
     dtypes = {}
     for i, leaf in enumerate(flat.leaves):
-        arrays[f"arg{i}"], special = storable(np.asarray(leaf))
+        arrays[f"arg{i}"], special = storable(leaf)
         if special:
             dtypes[f"arg{i}"] = special
     if not flat.flat or dtypes:
@@ -463,8 +452,7 @@ def _described(path: str, arrays: tuple[np.ndarray, ...], keys: list[str], text:
 
     try:
         tree = json.loads(text)
-        leaves = [a.view(restored_dtype(tree["dtypes"][k])) if k in tree["dtypes"] else a
-                  for k, a in zip(keys, arrays)]
+        leaves = [restore(a, tree["dtypes"].get(k)) for k, a in zip(keys, arrays)]
         return FlatInputs(tuple(leaves), tuple(tree["args"])).rebuild()
     except (ValueError, KeyError, TypeError, IndexError, AttributeError) as err:
         raise UsageError(f"--inputs '{path}': its {TREE_KEY} entry is unreadable ({err}); write it with "

@@ -12,9 +12,17 @@ Per case, the answer checked against the one written down here (found by hand; l
 - repro cases: `jaxdbg repro` at its default settings writes a reproducer that is verified, imports only
   jax/numpy, has at most 15 code lines, fails when run alone in an empty folder, and is done within 120 s
   (with the right failing op and user line where the failure is an exception).
+- input cases: `jaxdbg profile`'s input-pipeline verdict (highly / moderately / not input-bound) and, where a
+  marker names it, the sync at that line once per step; beside it, a plain timing of the loop's parts (building
+  batches, copying them, executing the step, each waited for) and the verdict that timing implies.
+- pmap cases: `jaxdbg profile` names the pmap'd function (kind pmap, its compiles, the main cause of its
+  recompiles, its calls and devices); beside it, the program run with `JAX_EXPLAIN_CACHE_MISSES=1` and its
+  backend compiles counted by a `jax.monitoring` listener: how many compiles jax made, and how many it explained.
 
     python scripts/bench_real_programs.py                       # every case (long: ~20-40 min on 2 cores)
     python scripts/bench_real_programs.py --cases vae_fori_nan,linen_lm_heads --kinds repro --json b.json
+    python scripts/bench_real_programs.py --matrix              # the compatibility matrix's NaN programs
+                                                                # (tests/compat/, 8 CPU devices; ~5-10 min)
 
 Prints one row per case and totals.
 """
@@ -50,10 +58,14 @@ class Case:
     function: str | None = None  # recompile: the jitted function
     cause: str | None = None  # recompile: the main cause's kind (shape, static, dtype, ...)
     argument: str | None = None  # recompile: an argument named in the recompiles (the user's name)
+    script: str | None = None  # the program, relative to the repository (default: the corpus's train.py)
+    devices: int | None = None  # CPU devices the program needs (XLA_FLAGS)
+    args: tuple[str, ...] = ()  # the program's own arguments
+    verdict: str | None = None  # input: the input-pipeline verdict expected
 
     @property
     def name(self) -> str:
-        return f"{self.kind}:{self.program}"
+        return f"{self.kind}:{self.program}" + (f" {' '.join(self.args)}" if self.args else "")
 
 
 CASES = [
@@ -67,6 +79,12 @@ CASES = [
     Case("eqx_rnn_poisson_nan", "nan", "div", "# forward-safe", "backward"),
     Case("vae_fori_nan", "nan", "mul", "# the NaN: 0 * log(0)", "forward"),
     Case("optax_multisteps_l2sp_nan", "nan", "mul", "# the NaN: d sqrt at 0", "backward"),
+    Case("nnx_dropout_focal_nan", "nan", "mul", "# the bug", "backward"),  # typed PRNG keys among the inputs
+    Case("optax_eager_sgd_growth", "nan", "add", "# the NaN: inf + (-inf)", "forward"),  # no jit: eager growth
+    Case("shmap_dp_normalise_nan", "nan", "div", "# the bug", "forward"),  # shard_map: device and shard
+    Case("pmap_poisson_nan", "nan", "log", "# the NaN", "forward"),  # pmap: device and mapped index
+    Case("f16_attention_overflow", "nan", "sub", "# the NaN", "forward"),  # root cause: an f16 matmul overflow
+    Case("f16_layernorm_overflow", "nan", "div", "# the NaN", "forward"),  # root cause: f16 x * x, through zeros
     Case("mnist_ragged_batch", "recompile", function="update", cause="shape", argument="batch[0]"),
     Case("linen_trainstate_padding", "recompile", function="train_step", cause="shape", argument="batch['tokens']"),
     Case("eqx_annealed_temperature", "recompile", function="make_step", cause="static", argument="temperature"),
@@ -80,7 +98,13 @@ CASES = [
     Case("optax_multisteps_l2sp_nan", "repro", "div"),
     Case("eqx_callback_logger", "repro", marker="# the bug"),  # a jax.debug.callback logger raising KeyError there
     Case("optax_frozen_dropout", "repro"),  # jit vs op-by-op: a np.random mask frozen at trace time
+    Case("linen_mnist_numpy_feed", "input", marker="# the host waits for every step here", function="train_step",
+         verdict="highly input-bound"),
+    Case("linen_mnist_numpy_feed", "input", function="train_steps_on_device", verdict="not input-bound",
+         args=("--feed", "device")),
+    Case("pmap_data_parallel", "pmap", function="update", cause="sharding", argument="params[0][0]"),
 ]
+PMAP_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
 
 
 @dataclass
@@ -95,7 +119,28 @@ class Row:
 
 
 def script_of(case: Case) -> str:
-    return os.path.join(CORPUS, case.program, "train.py")
+    return os.path.join(ROOT, case.script) if case.script else os.path.join(CORPUS, case.program, "train.py")
+
+
+def environment(case: Case, extra: dict | None = None) -> dict:
+    devices = {"XLA_FLAGS": f"--xla_force_host_platform_device_count={case.devices}"} if case.devices else {}
+    return {**os.environ, **devices, **(extra or {})}
+
+
+def matrix_cases() -> list[Case]:
+    """The compatibility matrix's rows (tests/compat/compat_matrix.py) as NaN cases: its nan-hunt column's
+    answers, side by side with JAX_DEBUG_NANS on the same programs."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("compat_matrix", os.path.join(ROOT, "tests", "compat",
+                                                                                "compat_matrix.py"))
+    assert spec is not None and spec.loader is not None
+    matrix = importlib.util.module_from_spec(spec)
+    sys.modules["compat_matrix"] = matrix
+    spec.loader.exec_module(matrix)
+    return [Case(row.name, "nan", row.origin.primitive, row.origin.marker, row.origin.pass_,
+                 script=os.path.join("tests", "compat", f"{row.name}.py"), devices=matrix.DEVICES)
+            for row in matrix.ROWS]
 
 
 def line_of(case: Case) -> int | None:
@@ -105,14 +150,15 @@ def line_of(case: Case) -> int | None:
         return next(i for i, text in enumerate(handle, start=1) if case.marker in text)
 
 
-def jaxdbg(command: str, case: Case, work: str, *extra: str, timeout: float = 900) -> tuple[dict, float]:
-    """`python -m jaxdbg COMMAND program --json ... --out ...`: its report and wall time."""
+def jaxdbg(command: str, case: Case, work: str, *extra: str, timeout: float = 900,
+           env: dict | None = None) -> tuple[dict, float]:
+    """`python -m jaxdbg COMMAND program --json ... --out ... -- ARGS`: its report and wall time."""
     report = os.path.join(work, f"{command}.json")
     argv = [sys.executable, "-m", "jaxdbg", command, script_of(case), "--json", report, "--out",
-            os.path.join(work, command), "-q", *extra]
+            os.path.join(work, command), "-q", *extra, *(("--", *case.args) if case.args else ())]
     started = time.perf_counter()
     subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                   env={**os.environ, "PYTHONPATH": ROOT})
+                   env=environment(case, {"PYTHONPATH": ROOT, **(env or {})}))
     wall = time.perf_counter() - started
     try:
         with open(report) as handle:
@@ -121,10 +167,14 @@ def jaxdbg(command: str, case: Case, work: str, *extra: str, timeout: float = 90
         return {}, wall
 
 
-def run_program(case: Case, env: dict, timeout: float = 600) -> subprocess.CompletedProcess:
-    """The program itself, as its user runs it, with ``env`` added."""
-    return subprocess.run([sys.executable, "train.py"], cwd=os.path.dirname(script_of(case)), capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, **env})
+def run_program(case: Case, env: dict, timeout: float = 600, python: tuple[str, ...] | None = None
+                ) -> subprocess.CompletedProcess:
+    """The program itself, as its user runs it, with ``env`` added (``python``: what follows the interpreter,
+    by default the program's own file)."""
+    script = script_of(case)
+    argv = python if python is not None else (os.path.basename(script),)
+    return subprocess.run([sys.executable, *argv, *case.args], cwd=os.path.dirname(script),
+                          capture_output=True, text=True, timeout=timeout, env=environment(case, env))
 
 
 # ---- NaN: nan-hunt vs JAX_DEBUG_NANS / JAX_DEBUG_INFS -------------------------------------------------------
@@ -236,20 +286,131 @@ def fails_alone(repro: str) -> bool:
     return run.returncode != 0
 
 
+# ---- input-bound: profile's verdict vs a plain timing of the loop's parts ----------------------------------
+
+# Times the parts of a corpus program's loop plainly, each waited for; prints {"host_s", "transfer_s", "execute_s"}.
+LOOP_PARTS = {"linen_mnist_numpy_feed": '''
+import json, runpy, sys, time
+import numpy as np
+import jax, jax.numpy as jnp
+program = runpy.run_path("train.py", run_name="bench")  # its functions; the training under __main__ does not run
+rng = np.random.default_rng(0)
+images, labels = program["synthetic_digits"](2048, rng)
+state = program["create_state"](jax.random.key(0))
+parts = {"host_s": 0.0, "transfer_s": 0.0, "execute_s": 0.0}
+clock = time.perf_counter
+if "--feed" in sys.argv and sys.argv[sys.argv.index("--feed") + 1] == "device":
+    step, calls = program["train_steps_on_device"], 13
+    images, labels = jax.device_put(images.astype(np.float32)), jax.device_put(labels)
+    starts = jnp.arange(program["STEPS_PER_CALL"]) * program["BATCH"]
+    for call in range(calls):
+        t0 = clock(); begin = jax.block_until_ready((starts + call * 128) % (2048 - 128)); t1 = clock()
+        state, loss = jax.block_until_ready(step(state, images, labels, begin)); t2 = clock()
+        if call:  # the first call compiles
+            parts["host_s"] += t1 - t0; parts["execute_s"] += t2 - t1
+else:
+    for call in range(13):
+        t0 = clock(); index = rng.integers(0, 2048, 128); batch = program["augment"](images[index], rng); t1 = clock()
+        batch, targets = jax.block_until_ready((jnp.asarray(batch), jnp.asarray(labels[index]))); t2 = clock()
+        state, loss = jax.block_until_ready(program["train_step"](state, batch, targets)); t3 = clock()
+        if call:
+            parts["host_s"] += t1 - t0; parts["transfer_s"] += t2 - t1; parts["execute_s"] += t3 - t2
+print(json.dumps(parts))
+'''}
+
+
+def verdict_of(idle_fraction: float) -> str:
+    return ("highly input-bound" if idle_fraction >= 0.2 else "moderately input-bound" if idle_fraction >= 0.05
+            else "not input-bound")
+
+
+def bench_input(case: Case, work: str) -> Row:
+    report, wall = jaxdbg("profile", case, work, "--trace-calls", "0")
+    result = report.get("result") or {}
+    pipeline = result.get("input_pipeline") or {}
+    got = (pipeline.get("function"), pipeline.get("verdict"))
+    right = got == (case.function, case.verdict)
+    calls = next((f["execute"]["calls"] for f in result.get("functions", []) if f["name"] == case.function), 0)
+    if case.marker:
+        line = line_of(case)
+        syncs = [s for s in result.get("syncs", []) if (s.get("source") or {}).get("line") == line]
+        right = right and len(syncs) == 1 and syncs[0]["count"] == calls
+    answer = (f"{got[1]} ({100 * pipeline.get('device_idle_fraction', 0):.0f}% idle; "
+              f"{(pipeline.get('fixes') or ['no fix'])[0].split(':')[0]})")
+    row = Row(case.name, right, answer, wall)
+    harness = os.path.join(work, "parts.py")
+    with open(harness, "w") as handle:
+        handle.write(LOOP_PARTS[case.program])
+    timed = run_program(case, {}, python=(harness,))
+    try:
+        parts = json.loads(timed.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        row.anchor = f"plain timing failed: {timed.stderr.strip().splitlines()[-1:]}"
+        return row
+    host = parts["host_s"] + parts["transfer_s"]  # each step waits for the last: the device idles meanwhile
+    share = host / max(host + parts["execute_s"], 1e-9)
+    row.anchor = (f"plain: batches {parts['host_s']:.2f} s, transfers {parts['transfer_s']:.2f} s, "
+                  f"executions {parts['execute_s']:.2f} s -> {verdict_of(share)}")
+    row.anchor_right = verdict_of(share) == case.verdict
+    row.details = {"expected": case.verdict, "pipeline": pipeline, "plain_parts": parts}
+    return row
+
+
+# ---- pmap: profile vs jax_explain_cache_misses and jax.monitoring's compile count -------------------------
+
+COUNT_COMPILES = '''
+import collections, runpy, sys
+import jax.monitoring
+compiles = collections.Counter()
+jax.monitoring.register_event_duration_secs_listener(
+    lambda event, secs, **kw: compiles.update([kw.get("fun_name")])
+    if event == "/jax/core/compile/backend_compile_duration" else None)
+runpy.run_path("train.py", run_name="__main__")
+print("COMPILES", dict(compiles), file=sys.stderr)
+'''
+
+
+def bench_pmap(case: Case, work: str) -> Row:
+    report, wall = jaxdbg("profile", case, work, "--trace-calls", "3", env=PMAP_DEVICES)
+    result = report.get("result") or {}
+    function = next((f for f in result.get("functions", []) if f.get("name") == case.function), {})
+    changes = {(c["argument"], c["kind"]) for r in function.get("recompiles") or [] for c in r.get("changes", [])}
+    right = function.get("kind") == "pmap" and (case.argument, case.cause) in changes
+    answer = (f"{function.get('kind')} {case.function}: {function.get('compiles')} compiles, "
+              f"{case.cause if right else '?'} ({case.argument}), {(function.get('execute') or {}).get('calls')} "
+              f"calls on {len(function.get('devices') or [])} devices")
+    row = Row(case.name, right, answer, wall)
+    harness = os.path.join(work, "count_compiles.py")
+    with open(harness, "w") as handle:
+        handle.write(COUNT_COMPILES)
+    logged = run_program(case, {"JAX_EXPLAIN_CACHE_MISSES": "1", **PMAP_DEVICES}, python=(harness,))
+    counted = re.search(r"COMPILES (\{.*\})", logged.stderr)
+    compiles = ast.literal_eval(counted.group(1)).get("jit(_fun)", 0) if counted else 0
+    explained = explain_cache_misses(logged.stderr, "_fun") + explain_cache_misses(logged.stderr, case.function or "")
+    row.anchor = f"{compiles} backend compiles of jit(_fun); {len(explained)} explained"
+    row.anchor_right = bool(explained) and any((case.argument or "").split("[")[0] in text for text in explained)
+    row.details = {"expected": f"{case.cause} ({case.argument})", "jax_explanations": explained}
+    return row
+
+
 # ---- the table --------------------------------------------------------------------------------------------
 
-BENCHES = {"nan": bench_nan, "recompile": bench_recompile, "repro": bench_repro}
+BENCHES = {"nan": bench_nan, "recompile": bench_recompile, "repro": bench_repro, "input": bench_input,
+           "pmap": bench_pmap}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", default="", help="comma-separated program names (default: all)")
-    parser.add_argument("--kinds", default="nan,recompile,repro", help="comma-separated: nan, recompile, repro")
+    parser.add_argument("--kinds", default="nan,recompile,repro,input,pmap",
+                        help="comma-separated: nan, recompile, repro, input, pmap")
     parser.add_argument("--json", default=None, help="also write the rows here")
+    parser.add_argument("--matrix", action="store_true", help="the compatibility matrix's programs instead")
     args = parser.parse_args()
     wanted = {c for c in args.cases.split(",") if c}
     kinds = {k for k in args.kinds.split(",") if k}
-    cases = [c for c in CASES if (not wanted or c.program in wanted) and c.kind in kinds]
+    cases = [c for c in (matrix_cases() if args.matrix else CASES) if (not wanted or c.program in wanted)
+             and c.kind in kinds]
     if not cases:
         print(f"no case matches --cases {args.cases!r} --kinds {args.kinds!r}", file=sys.stderr)
         return 2

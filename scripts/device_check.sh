@@ -4,8 +4,12 @@
 # CI has no accelerator, so these paths are covered here by hand when a machine is lent: xprof's hlo_stats
 # per-op table, the published-peak table and achieved rates, device memory in doctor and --monitor, the
 # profiler capture on the device, nan-hunt's recipes with the device as default backend, repro's jaxpr
-# cutting on the device, jaxdbg.watch's output check and the overheads (bench_watch, bench_profile), and real
-# pipeline mode (which falls back to CPU devices when the host has fewer accelerators than stages).
+# cutting on the device, jaxdbg.watch's output check and the overheads (bench_watch, bench_profile), profile's
+# host side where copies to the device are asynchronous (the input-pipeline verdict, syncs, a pmap), real
+# pipeline mode (which falls back to CPU devices when the host has fewer accelerators than stages), and
+# jaxdbg memory (the device's limit as the budget, its measured peak beside the estimate, a real out-of-memory
+# error under XLA_PYTHON_CLIENT_MEM_FRACTION, whether jax.checkpoint lowers the temporaries there),
+# and hang-hunt with asynchronous dispatch and host callbacks on the runtime's threads (bench_hang).
 #
 #   OUT=/tmp/device_out bash scripts/device_check.sh                   # env + benches: <= 8 min on an H200
 #   OUT=/tmp/device_out bash scripts/device_check.sh all               # every check (~20 min)
@@ -58,6 +62,28 @@ print("notes", result["notes"])
 PYEOF
 }
 
+memory_summary() {  # a memory report in brief: the device's own peak beside the estimate, misfits, the OOM
+  $PY - "$1" <<'PYEOF'
+import json, sys
+report = json.load(open(sys.argv[1]))
+result = report["result"]
+print("exit", report["exit_code"], "found", result.get("found"), "budget", result.get("budget"))
+print("peak", result.get("peak"))
+for d in result.get("devices", []):
+    print("  device", d["device"], "limit", d["limit_bytes"], "estimate", d["peak_bytes"], "live", d["peak_live_bytes"],
+          "measured", d["measured_peak_bytes"])
+for f in result.get("functions", []):
+    print("  function", f["name"], "peak", f["peak_bytes"], "temp", f["temp_bytes"], "xla_peak", f["xla_peak_bytes"],
+          "schedule_peak", f["schedule_peak_bytes"], "needs", f["needs_bytes"], "fits", f["fits"], "dump", bool(f["dump"]))
+oom = result.get("out_of_memory")
+if oom:
+    print("oom", oom["function"], oom["call_index"], oom["requested_bytes"], oom["at_compile"], oom["message"])
+for hint in result.get("hints", []):
+    print("  hint", hint["kind"], hint["saves_bytes"], hint["text"][:160])
+print("notes", result.get("notes"))
+PYEOF
+}
+
 benches() {  # every benchmark with a GPU path, one table of ratios at the end
   export JAXDBG_BENCH_SUMMARY="$OUT/ratios.jsonl"
   rm -f "$JAXDBG_BENCH_SUMMARY"
@@ -89,7 +115,8 @@ PYEOF
   cp "$JAXDBG_BENCH_SUMMARY" "$WORK/r/" 2>/dev/null
 }
 
-ALL="env doctor profile_script profile_function profile_monitor profile_recompile nan_hunt repro pipeline_real benches pytest"
+# (watch: bench_watch and bench_profile at length, by name only: benches runs both)
+ALL="env doctor profile_script profile_function profile_monitor profile_recompile profile_host nan_hunt repro pipeline_real memory hang benches pytest"
 CHECKS=${*:-env benches}
 [ "$CHECKS" = all ] && CHECKS=$ALL
 for check in $CHECKS; do
@@ -108,16 +135,74 @@ for check in $CHECKS; do
     done ;;
   profile_monitor) step profile_monitor 120 $PY -m jaxdbg profile recipes/host_transfer/train.py --monitor $(J profile_monitor) ;;
   profile_recompile) step profile_recompile 120 $PY -m jaxdbg profile recipes/recompile_storm/train.py $(J profile_recompile) ;;
+  profile_host)  # the input-pipeline verdict, syncs and transfers where device_put is asynchronous, and pmap
+    step profile_host_numpy 180 $PY -m jaxdbg profile tests/corpus/linen_mnist_numpy_feed/train.py \
+      --trace-calls 0 $(J profile_host_numpy)
+    step profile_host_device 180 $PY -m jaxdbg profile tests/corpus/linen_mnist_numpy_feed/train.py \
+      --trace-calls 0 $(J profile_host_device) -- --feed device
+    step profile_pmap 180 $PY -m jaxdbg profile tests/corpus/pmap_data_parallel/train.py --trace-calls 3 $(J profile_pmap)
+    step bench_profile_host 400 $PY scripts/bench_profile.py --pairs 3 --only e ;;
   nan_hunt) step nan_hunt_scan 120 $PY -m jaxdbg nan-hunt recipes/nan_scan/train.py $(J nan_scan) ;;
   repro) step repro_nan_graph 150 $PY -m jaxdbg repro recipes/repro_nan_graph/train.py $(J repro_nan_graph) ;;
   pipeline_real) step pipeline_real 150 env XLA_FLAGS=--xla_force_host_platform_device_count=4 \
     $PY -m jaxdbg pipeline-bench --mode real --stages 4 --microbatches 8 --seeds 2 --xprof $(J pipeline_real) ;;
   benches) benches ;;
+  watch)  # jaxdbg.watch and nan-hunt against a plain run on the tutorial loop; profile's overhead (owed)
+    step bench_watch 300 $PY scripts/bench_watch.py --model cnn --pairs 1 --steps 200
+    step bench_profile 300 $PY scripts/bench_profile.py --pairs 3 ;;
+  hang)  # hang-hunt on the device: async dispatch (a call returns before its results are ready: the ready check),
+    # a stuck host loop with calls in flight, a callback on an XLA thread (not the caller's, as on CPU); the
+    # recorder's overhead on a GPU step (tens of microseconds: where the fixed cost per call weighs most)
+    step hang_stuck 150 $PY -m jaxdbg hang-hunt tests/corpus/hang_stuck_read/train.py --stall 10 $(J hang_stuck)
+    step hang_lock 150 $PY -m jaxdbg hang-hunt tests/corpus/hang_callback_lock/train.py --stall 10 $(J hang_lock)
+    step bench_hang 300 $PY scripts/bench_hang.py --rounds 20 --stall 5 ;;
   pytest)  # suites whose code paths change with the backend, with the accelerator as jax's default backend
-    for suite in nan_recipes repro_cut jit_layer live_watch; do
+    for suite in nan_recipes repro_cut jit_layer live_watch hang_units; do
       step "pytest_$suite" 240 env JAX_PLATFORMS= $PY -m pytest -q -p no:cacheprovider \
         --junitxml "$WORK/r/junit_$suite.xml" "tests/test_$suite.py"
     done ;;
+  memory)  # jaxdbg memory on the device: its limit as the budget, its own peak beside the estimate, a real OOM
+    step memory_remat 180 $PY -m jaxdbg memory recipes/memory_remat/train.py $(J memory_remat)
+    memory_summary "$WORK/r/memory_remat.json" >>"$LOG" 2>&1
+    step memory_leak 180 $PY -m jaxdbg memory recipes/memory_leak/train.py $(J memory_leak)
+    memory_summary "$WORK/r/memory_leak.json" >>"$LOG" 2>&1
+    cat > "$WORK/oom.py" <<'PYEOF'
+import jax, jax.numpy as jnp
+
+@jax.jit
+def top_scores(q, k):
+    return jnp.sort(q @ k.T, axis=1)[:, -8:]  # [65536, 65536] f32 scores: 16 GiB of temporaries
+
+kept = [jnp.ones((4096, 4096)) * i for i in range(4)]  # 256 MiB live beside it
+q, k = jnp.ones((65536, 64)), jnp.ones((65536, 64))
+print(float(top_scores(q, k)[0, 0]))
+PYEOF
+    # A 5% share of the GPU (about 7 GiB on an H200): the step does not fit its limit, runs, and fails for real.
+    step memory_oom 180 env XLA_PYTHON_CLIENT_MEM_FRACTION=0.05 $PY -m jaxdbg memory "$WORK/oom.py" $(J memory_oom)
+    memory_summary "$WORK/r/memory_oom.json" >>"$LOG" 2>&1
+    # Does jax.checkpoint on groups of layers lower the temporaries on this backend? (XLA:CPU: no; the hint says so)
+    step memory_remat_gain 180 $PY - <<'PYEOF'
+import jax, jax.numpy as jnp
+DEPTH, WIDTH, BATCH = 12, 512, 2048
+def make(group):
+    def block(x, ws):
+        for w in ws:
+            x = jnp.tanh(x @ w)
+        return x
+    if group:
+        block = jax.checkpoint(block, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
+    def loss(params, x):
+        g = group or DEPTH
+        for i in range(0, DEPTH, g):
+            x = block(x, params[i:i + g])
+        return jnp.mean(x ** 2)
+    return jax.jit(lambda params, x: jax.grad(loss)(params, x))
+params, x = [jnp.ones((WIDTH, WIDTH))] * DEPTH, jnp.ones((BATCH, WIDTH))
+for group in (0, 1, 2, 3, 4, 6, 12):
+    stats = make(group).lower(params, x).compile().memory_analysis()
+    print("checkpoint groups of", group or "none", "temp MiB", stats.temp_size_in_bytes / 2**20)
+PYEOF
+    step bench_memory 300 $PY scripts/bench_memory.py --only interleaved ;;
   *) echo "unknown check '$check'" | tee -a "$LOG" ;;
   esac
 done

@@ -5,7 +5,7 @@ import pytest
 
 from jaxdbg.cli import COMMANDS, main
 
-TARGET_COMMANDS = [name.replace("_", "-") for name in COMMANDS if name in ("profile", "nan_hunt", "repro")]
+TARGET_COMMANDS = [name.replace("_", "-") for name in COMMANDS if name in ("profile", "nan_hunt", "repro", "memory")]
 
 
 @pytest.fixture

@@ -121,6 +121,66 @@ def test_log_of_softmax_suggests_log_softmax(hunted) -> None:
     assert got["growth"] == []  # Adam's moments growing from ~1e-6 to ~1e-2 are not divergence
 
 
+def test_a_loop_without_jit_shows_the_growth_of_the_array_it_updates(hunted) -> None:
+    """No jitted call at all: the parameters (one array) are rebound eagerly each step; their growth is seen at
+    the line that updates them, step by step (it was empty)."""
+    program = "optax_eager_sgd_growth"
+    got = hunted(program)
+    update = _line(program, "# the NaN: inf + (-inf)")
+    assert _where(got["first"])[:4] == ("nan", "add", "forward", update) and got["first"]["path"] == ["eager"]
+    [grew] = got["growth"]
+    assert (grew["name"], grew["source"]["line"], grew["function"]) == ("w", update, "<module>")
+    assert grew["ratio"] > 1e30 and grew["peak"] > 1e30 and grew["first_call"] < 10  # from the first steps on
+    assert "`w` grew" in got["explanation"] and "diverging" in got["explanation"]
+
+
+def test_inside_shard_map_the_origin_names_its_device_and_shard(hunted) -> None:
+    """The shard_map body calls jnp.linalg.norm (itself jitted); the replay descends into it per device (it
+    failed on the manual axes' types), and the origin names the device whose shard held the padding row."""
+    program = "shmap_dp_normalise_nan"
+    first = hunted(program)["first"]
+    assert _where(first)[:4] == ("nan", "div", "forward", _line(program, "# the bug"))
+    assert first["path"] == ["jit(train_step)", "shard_map"]
+    rows, features = 8, 16  # ROWS_PER_DEVICE, FEATURES: the padding row is row 2 of device 1's shard
+    assert (first["device"], first["shard"]) == ("cpu:1", [[rows, 2 * rows], [0, features]])
+
+
+def test_inside_pmap_the_origin_names_its_device_and_mapped_index(hunted) -> None:
+    program = "pmap_poisson_nan"
+    first = hunted(program)["first"]
+    assert _where(first)[:4] == ("nan", "log", "forward", _line(program, "# the NaN"))
+    assert first["path"] == ["pmap", "shard_map"] and first["function"] == "loss_fn"
+    assert (first["device"], first["shard"]) == ("cpu:2", [[2, 3]])  # the third device: index 2 of the pmap
+
+
+def test_a_float16_matmul_overflow_is_named_as_the_root_cause_with_fixes_that_fit(hunted) -> None:
+    """Unscaled f16 attention logits overflow 65504; softmax's inf - inf is the NaN. The report names the matmul
+    where the value left float16's range, and the fixes are float32 for that matmul and scaled inputs (not
+    clipping gradients at step 0, not an epsilon)."""
+    program = "f16_attention_overflow"
+    got = hunted(program)
+    assert _where(got["first"])[:4] == ("nan", "sub", "forward", _line(program, "# the NaN"))
+    overflow = got["overflow"]
+    assert _where(overflow["origin"])[:4] == ("inf", "dot_general", "forward", _line(program, "# the bug"))
+    assert (overflow["dtype"], overflow["max"]) == ("f16", 65504.0) and overflow["reach"] > 65504.0
+    assert "float16 overflow" in got["explanation"] and "max 65504" in got["explanation"]
+    assert "preferred_element_type=jnp.float32" in got["hints"][0] and "1/sqrt" in got["hints"][1]
+    assert not any(word in " ".join(got["hints"]) for word in ("epsilon", "clip gradients", "loss scaling"))
+
+
+def test_a_float16_overflow_that_turned_into_zeros_is_still_the_root_cause(hunted) -> None:
+    """x * x overflows in a hand-written layer norm; rsqrt(inf + eps) = 0 zeroes the embeddings and the L2
+    normalisation's 0 / 0 is the NaN, whose inputs hold no Inf (no chain). The overflow is found by data flow,
+    and the hint is float32 for x * x, not 'keep the denominator away from zero'."""
+    program = "f16_layernorm_overflow"
+    got = hunted(program)
+    assert _where(got["first"])[:4] == ("nan", "div", "forward", _line(program, "# the NaN")) and got["chain"] == []
+    assert _where(got["overflow"]["origin"])[:4] == ("inf", "mul", "forward", _line(program, "# the bug"))
+    assert "float16 overflow" in got["explanation"] and "`mul`" in got["explanation"]
+    assert "x.astype(jnp.float32) * x" in got["hints"][0]
+    assert not any("denominator away from zero" in h or "epsilon inside" in h for h in got["hints"])
+
+
 # -- item 1: NNX transforms, the NNX optimiser, Equinox filter_grad ------------------------------------------
 
 
@@ -222,6 +282,27 @@ def test_divergence_needs_a_large_magnitude_and_a_cause_growth_can_have() -> Non
     assert "starting to diverge" in text and CLIP in hints
     text, hints = explain(overflow, (), [large])
     assert "the run was diverging" in text and hints[0] == CLIP
+
+
+def test_a_matmul_that_overflows_is_explained_the_same_whichever_op_makes_the_nan() -> None:
+    """A matmul of huge finite values: on one CPU its own sums make the NaN (+inf meets -inf inside it), on
+    another it returns Inf and the log-softmax's `x - max(x)` makes the NaN. Both say it overflowed, and the
+    second is not a 'fully masked' row (that is a maximum of -inf, not +inf)."""
+    inf = float("inf")
+    nan_inside = Origin("nan", "dot_general", "forward", None, "step", 13, ("jit(step)",),
+                        (_stats(0, 2.1e35, shape=(128, 128)), _stats(-4.5e34, 6.6e34, shape=(128, 10))))
+    text, hints = explain(nan_inside)
+    assert "overflow f32" in text and "2.1e+35 and 6.6e+34" in text and hints == (CLIP,)
+    matmul = Origin("inf", "dot_general", "forward", None, "step", 13, ("jit(step)",),
+                    (_stats(0, 2.1e35, shape=(128, 128)), _stats(-4.5e34, 6.6e34, shape=(128, 10))))
+    in_softmax = Origin("nan", "sub", "forward", None, "step", 13, ("jit(step)",),
+                        (_stats(-inf, 3.0, inf, shape=(128, 10)), _stats(2.0, inf, shape=(128, 1))))
+    text, hints = explain(in_softmax, (matmul,))
+    assert "masked" not in text and "same sign" in text and "dot_general overflowed f32" in text
+    assert "products exceed" in text and CLIP in hints
+    masked = Origin("nan", "sub", "forward", None, "step", 0, ("jit(step)",),
+                    (_stats(-inf, -inf, 1.0, shape=(3, 3)), _stats(-inf, 1.0, shape=(3, 1))))
+    assert "fully masked" in explain(masked)[0]
 
 
 def test_comments_on_the_line_do_not_choose_the_hints(tmp_path) -> None:

@@ -194,3 +194,41 @@ def test_nnx_jit_partial_arguments_are_named_as_the_user_bound_and_passed_them(t
     assert _changes(step) == {2: {("x", "shape", "(4, 2)", "(3, 2)"), ("y", "shape", "(4, 3)", "(3, 3)")}}
     signature = step["compilations"][0]["signature"]
     assert signature.startswith("model.bias: f32[3], model.kernel: f32[2, 3], optimizer.opt_state[0].count: i32[]")
+
+
+@pytest.fixture(scope="module")
+def pmap_run(tmp_path_factory):
+    from jaxdbg.profile import ProfileOptions, profile
+    from jaxdbg.target import parse_target
+
+    program = os.path.join(CORPUS, "pmap_data_parallel/train.py")
+    run = profile(parse_target(program), ProfileOptions(trace_calls=3, calibrate=False),
+                  str(tmp_path_factory.mktemp("pmap")))
+    return program, run
+
+
+def test_pmap_is_profiled_as_a_function_compiled_twice_for_a_sharding_change(pmap_run):
+    # On jax 0.10 and 0.11 pmap is a jax.jit of a shard_map built inside jax: before, its compile was an
+    # eager jit(_fun), its calls went uncounted, and the hint blamed setup work outside jit.
+    program, run = pmap_run
+    update = next(f for f in run.result.functions if f.name == "update")
+    assert run.exit_code == 0 and update.kind == "pmap" and update.source.file == program
+    assert update.source.line in (_line_of(program, "@functools.partial(jax.pmap"), _line_of(program, "def update"))
+    assert update.compiles == 2 and update.execute.calls == 16 and update.execute.timed_calls >= 3
+    assert update.execute.median_s > 0
+    (recompile,) = update.recompiles
+    kinds = {(c.argument, c.kind) for c in recompile.changes}
+    assert recompile.call_index == 1 and ("params[0][0]", "sharding") in kinds  # replicated on one device first
+    hint = next(h for h in run.result.hints if h.startswith("update compiled"))
+    assert "sharding changes" in hint and "NamedSharding" in hint
+    assert not any("_fun" in entry["name"] for entry in run.result.eager_compile["top"])
+
+
+def test_pmap_executions_per_device_ops_and_transfers(pmap_run):
+    _, run = pmap_run
+    update = next(f for f in run.result.functions if f.name == "update")
+    assert [d.device for d in update.devices] == ["cpu:0", "cpu:1", "cpu:2", "cpu:3"]
+    assert all(d.executions == 3 and d.median_s > 0 for d in update.devices)  # the captured calls
+    assert any(op.category == "collective" for op in update.ops)  # lax.pmean's all-reduce
+    implicit = next(t for t in run.result.transfers if t.kind == "implicit_args")  # the numpy batches
+    assert implicit.count == 16 and implicit.bytes == 16 * 256 * (16 + 1) * 4

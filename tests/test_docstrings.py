@@ -20,6 +20,9 @@ import jaxdbg
 # Modules whose examples may be skipped, and where an equivalent call runs for real.
 SKIP_ALLOWED = {
     "jaxdbg.check": "run_suite() runs the checks' commands in children: tests/test_check.py",
+    "jaxdbg.memory": "memory() in a child: tests/test_docs_api.py (docs/api.md)",
+    "jaxdbg.memory.run": "memory() in a child: tests/test_docs_api.py (docs/api.md)",
+    "jaxdbg.hang.api": "hunt() in a child: tests/test_hang_single.py",
     "jaxdbg.nan": "hunt() in a child: tests/test_docs_api.py (docs/api.md)",
     "jaxdbg.nan.api": "hunt() in a child: tests/test_docs_api.py (docs/api.md)",
     "jaxdbg.nan.bundle": "writes files: tests/test_nan_cli.py::test_script_found_contract_json_and_bundle",

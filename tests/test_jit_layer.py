@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from jaxdbg import jit_layer
-from jaxdbg.jit_layer import InstrumentedJit, JitHook
+from jaxdbg.jit_layer import InstrumentedJit, InstrumentedPmap, JitHook
 from jaxdbg.nonfinite import kind_of, magnitudes
 
 
@@ -40,6 +40,30 @@ def test_jax_jit_is_restored_when_the_last_hook_leaves_even_on_error():
     assert jax.jit is real
 
 
+class SeesPmap(Log):
+    sees_pmap = True
+
+
+def test_pmap_reaches_only_the_hooks_that_see_it_and_is_restored():
+    real_pmap, events, seen = jax.pmap, [], []
+    with jit_layer.installed(Log("plain", events)):
+        assert not isinstance(jax.pmap(lambda x: x), InstrumentedPmap)  # no hook wants pmap'd functions
+        with jit_layer.installed(SeesPmap("pmap", seen)):
+            def double(x):
+                return 2.0 * jax.lax.psum(x, "i") / jax.lax.psum(1.0, "i")
+
+            mapped = jax.pmap(double, "i")
+            rows = jnp.arange(8.0).reshape(4, 2)
+            out = mapped(rows)
+            out = mapped(out)
+    assert jax.pmap is real_pmap
+    assert isinstance(mapped, InstrumentedPmap) and mapped.name == "double" and mapped.options["axis_name"] == "i"
+    np.testing.assert_allclose(out, np.tile(4 * rows.mean(axis=0), (4, 1)))  # the pmap's own result
+    assert seen == [("pmap", "jit", "double"), ("pmap", "before", "double", 0), ("pmap", "after", "double", 0, None),
+                    ("pmap", "before", "double", 1), ("pmap", "after", "double", 1, None)]
+    assert not any(event[2] == "double" for event in events)  # a hook without sees_pmap never sees it
+
+
 def test_hooks_nest_first_installed_outermost_and_see_the_same_call():
     events = []
     with jit_layer.installed(Log("outer", events)), jit_layer.installed(Log("inner", events, check=True)):
@@ -63,6 +87,23 @@ def test_only_top_level_calls_reach_the_hooks():
             inner(jnp.float32(0.0))  # jaxdbg's own work
     calls = [e for e in events if e[1] == "before"]
     assert calls == [("h", "before", "<lambda>", 0)] and inner.record.calls == 0
+
+
+def test_compiler_options_of_a_hook_reach_top_level_calls_only(tmp_path):
+    """jax refuses compiler_options on a jit called inside another's trace (optax's own jitted helpers are):
+    a hook's options go to the top-level calls, a nested call runs the user's own jit."""
+
+    class Dumps(JitHook):
+        def compiler_options(self):
+            return {"xla_dump_to": str(tmp_path), "xla_dump_hlo_as_text": True}
+
+    with jit_layer.installed(Dumps()):
+        inner = jax.jit(lambda v: v * 3.0)
+        outer = jax.jit(lambda v: inner(v) + 1.0)
+        assert float(outer(jnp.float32(1.0))) == 4.0 and float(inner(jnp.float32(2.0))) == 6.0
+    # outer (with inner inlined) and inner called on its own; no eager operation's module
+    dumped = [p.name.split(".")[1] for p in tmp_path.glob("module_*buffer-assignment.txt")]
+    assert dumped == ["jit__lambda", "jit__lambda"]
 
 
 def test_re_jitting_the_same_code_counts_calls_of_one_function():

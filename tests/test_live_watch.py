@@ -36,11 +36,17 @@ ORIGIN_LINE = next(i for i, text in enumerate((DATA / "live_nnx_loop.py").read_t
 def test_nnx_loop_that_spikes_late_raises_with_nan_hunts_origin_and_report(tmp_path):
     with pytest.raises(jaxdbg.NonFiniteError) as raised, jaxdbg.watch(out=str(tmp_path / "w")):
         live_nnx_loop.train(SPIKE_AT + 5, spike_at=SPIKE_AT)
-    first = raised.value.report["first"]
-    # The spike at step 12 blows the weights up; in call 13 (0-based) the output layer's matmul makes the NaN.
-    assert (first["primitive"], first["pass"], first["function"], first["call_index"]) == (
-        "dot_general", "forward", "train_step", SPIKE_AT + 1)
-    assert (Path(first["source"]["file"]).name, first["source"]["line"]) == ("live_nnx_loop.py", ORIGIN_LINE)
+    result = raised.value.report
+    first = result["first"]
+    # The spike at step 12 blows the weights up; in call 13 (0-based) the output layer's matmul overflows. Which
+    # operation then makes the NaN depends on the CPU's summation order (the matmul's own sums, +inf meeting
+    # -inf; or, where it returns only Inf, the log-softmax's x - max): the matmul is the origin or in its chain.
+    assert (first["kind"], first["pass"], first["function"], first["call_index"]) == (
+        "nan", "forward", "train_step", SPIKE_AT + 1)
+    matmul = [o for o in (first, *result["chain"]) if o["primitive"] == "dot_general"]
+    where = [(Path(o["source"]["file"]).name, o["source"]["line"]) for o in matmul]
+    assert where == [("live_nnx_loop.py", ORIGIN_LINE)]
+    assert "overflow" in result["explanation"] and "masked" not in result["explanation"]
     assert str(raised.value).startswith("jaxdbg.watch: ") and f"call {SPIKE_AT + 1}" in str(raised.value)
     report = json.loads(Path(raised.value.path).read_text())
     jsonschema.validate(report, schema())
@@ -77,6 +83,7 @@ def test_log_action_goes_on_and_metrics_are_served(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="jaxdbg"), guard:
         step = jax.jit(lambda x: (jnp.sqrt(x) + 1.0).sum())
         outs = [float(step(jnp.full((n,), v))) for n, v in ((2, 4.0), (2, -1.0), (2, 9.0), (3, -4.0))]
+        kept = jax.device_put(jnp.ones((256, 256)), jax.devices()[1])  # live on cpu:1 when scraped
         families = {f.name: f for f in text_string_to_metric_families(
             urllib.request.urlopen(guard.metrics_url, timeout=10).read().decode())}
     assert outs[0] == 6.0 and np.isnan(outs[1]) and outs[2] == 8.0 and np.isnan(outs[3])  # the run went on
@@ -97,6 +104,11 @@ def test_log_action_goes_on_and_metrics_are_served(tmp_path, caplog):
     assert value("jaxdbg_nonfinite", "jaxdbg_nonfinite_total") >= 1
     assert value("jaxdbg_step_seconds", "jaxdbg_step_seconds") > 0
     assert "jaxdbg_device_memory_bytes" in families or jax.default_backend() == "cpu"  # CPU devices keep no count
+    memory = {(s.name, s.labels["device"]): s.value for name in ("jaxdbg_device_memory_live_bytes",
+              "jaxdbg_device_memory_peak_bytes") for s in families[name].samples}  # live arrays: CPU too
+    device = f"{kept.devices().pop().platform}:{kept.devices().pop().id}"
+    assert memory[("jaxdbg_device_memory_live_bytes", device)] >= kept.nbytes
+    assert memory[("jaxdbg_device_memory_peak_bytes", device)] >= memory[("jaxdbg_device_memory_live_bytes", device)]
     with pytest.raises(OSError):
         urllib.request.urlopen(guard.metrics_url, timeout=5)  # the server stopped with the watch
 
@@ -106,6 +118,17 @@ def test_a_watch_that_saw_no_jitted_function_says_so(caplog):
     with caplog.at_level(logging.WARNING, logger="jaxdbg"), jaxdbg.watch():
         early(jnp.array(-1.0))  # jitted before the watch and held in a local variable: not reachable
     assert "no jitted function was watched" in caplog.text
+
+
+def test_a_watch_of_pmapped_functions_only_says_they_are_not_watched(tmp_path, monkeypatch, caplog):
+    (tmp_path / "pmapped_step.py").write_text("import jax\nimport jax.numpy as jnp\n\n"
+                                              "step = jax.pmap(lambda x: jnp.log(x))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import pmapped_step
+
+    with caplog.at_level(logging.WARNING, logger="jaxdbg"), jaxdbg.watch(out=str(tmp_path / "w")):
+        pmapped_step.step(-jnp.ones((1, 2)))
+    assert "jax.pmap'd functions (step) are not watched" in caplog.text and "nan-hunt" in caplog.text
 
 
 MODULE_LEVEL = """

@@ -123,7 +123,8 @@ def test_pipeline_bench_metrics_one_series_per_run_and_stage(exports) -> None:
     occupancy = {k: v for k, v in samples.items() if k[0] == "jaxdbg_stage_occupancy"}
     assert len(occupancy) == len(runs) * 3
     for row in runs:
-        key = {"schedule": row["schedule"], "policy": row["policy"], "hint": row["hint"] or "", "comm": row["comm"],
+        key = {"schedule": row["schedule"], "policy": row["policy"], "hint": row["hint"] or "",
+               "admission": row["admission"], "comm": row["comm"],
                "memory_cap": "" if row["memory_cap"] is None else f"{row['memory_cap']:g}",
                "variability": row["variability"], "seed": str(row["seed"]), "process": "0"}
         assert samples["jaxdbg_pipeline_makespan_seconds", frozenset(key.items())] == pytest.approx(row["makespan_s"])

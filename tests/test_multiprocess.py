@@ -107,6 +107,29 @@ def test_profile_runs_in_every_process_of_a_two_process_job(tmp_path):
     assert {name.split(" ")[0] for name in names} == {"process-0", "process-1"}
 
 
+def test_memory_in_every_process_of_a_two_process_job(tmp_path):
+    """Each process measures its own devices; process 0's report lists every process's peak (gathered through
+    the coordination service), and the step's program is the per-device one (a quarter of the batch)."""
+    out = tmp_path / "mem"
+    done = launch(["memory", os.path.join(CORPUS, "multihost_dp", "train.py"), "--out", str(out), "-q", "--no-plot",
+                   "--json", str(tmp_path / "job.json")], 2)
+    assert done.returncode == 0, done.stderr[-3000:]
+    job = json.loads((tmp_path / "job.json").read_text())
+    rows = job["result"]["processes"]
+    assert [(r["index"], r["note"], r["leaks"], r["out_of_memory"]) for r in rows] == [(0, None, 0, False),
+                                                                                         (1, None, 0, False)]
+    for index in (0, 1):
+        report = json.loads((out / f"process-{index}" / "report.json").read_text())
+        result = report["result"]
+        devices = [d["device"] for d in result["devices"]]
+        mine = [f"cpu:{d['id']}" for d in report["environment"]["devices"] if d["process_index"] == index]
+        assert devices == mine and len(devices) == 2  # its own two devices, not the job's four
+        assert rows[index]["peak_bytes"] == result["peak"]["bytes"] and rows[index]["peak_device"] in mine
+        step = result["functions"][0]
+        x = next(b for b in step["largest"] if b["argument"] == "x")
+        assert (x["shape"], x["bytes"]) == ("f32[4,8]", 4 * 8 * 4)  # 16 global rows over 4 devices
+
+
 @pytest.mark.parametrize("argv, says", [
     (["--processes"], "needs a number"),
     (["--processes", "0", "doctor"], "whole number"),
@@ -247,6 +270,24 @@ def test_processes_that_run_different_commands_stop_with_one_line(tmp_path):
     for proc, (_, err) in zip(procs, ends):
         assert proc.returncode == 2 and said in err, err[-2000:]
         assert len(err.strip().splitlines()) == 1, err[-2000:]
+
+
+def test_processes_whose_script_arguments_differ_run_as_one_job(tmp_path):
+    """A launch script that passes each process its id after `--` (one `jaxdbg` per process): the command and
+    target are the same, so the job runs (the contract lets `-- ARGS` differ) and process 0 speaks for both."""
+    from jaxdbg.launch import free_port, task_environment
+
+    program = os.path.join(CORPUS, "multihost_dp", "train.py")
+    port, base = free_port(), {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    procs = [subprocess.Popen([sys.executable, "-m", "jaxdbg", "nan-hunt", program, "--out", str(tmp_path / "o"),
+                               "-q", "--timeout", "120", "--json", str(tmp_path / "job.json"), "--", "--process-id",
+                               str(i)], env=task_environment(i, 2, port, base), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    ends = [proc.communicate(timeout=150) for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0], [err[-2000:] for _, err in ends]
+    job = json.loads((tmp_path / "job.json").read_text())
+    assert job["environment"]["process_count"] == 2 and [p["found"] for p in job["result"]["processes"]] == [False] * 2
 
 
 def _repro_job(tmp_path, program: str, devices: int) -> tuple[dict, dict, str]:

@@ -60,7 +60,8 @@ def test_no_lookahead_is_the_blind_readiness_rule(capsys, tmp_path):
     """ZB-H1 without variability: the look-ahead keeps ready on the fixed order's time; blind readiness lags."""
     speedup = {}
     for flag in ("--lookahead", "--no-lookahead"):
-        code, out, err = _bench(capsys, "--stages", "8", "--microbatches", "32", "--schedule", "zb-h1", flag, "--json", "-",
+        code, out, err = _bench(capsys, "--stages", "8", "--microbatches", "32", "--schedule", "zb-h1", "--hint", "1f1b",
+                                flag, "--json", "-",
                                 "--out", str(tmp_path / flag))  # not jaxdbg-out/ in the folder pytest runs from
         assert code == 0, err
         result = json.loads(out)["result"]
@@ -92,7 +93,8 @@ def test_real_mode_end_to_end_in_a_child(tmp_path):
     env_free = {k: v for k, v in __import__("os").environ.items() if k != "XLA_FLAGS"}
     result = subprocess.run(
         [sys.executable, "-m", "jaxdbg", "pipeline-bench", "--mode", "real", "--stages", "3", "--microbatches", "4",
-         "--task-ms", "1", "--variability", "multimodal:heavy=0.5,factor=3", "--memory-cap", "2", "--xprof",
+         "--task-ms", "1", "--variability", "multimodal:heavy=0.5,factor=3+seqlen:mean=512,cv=0.8", "--memory-cap",
+         "2", "--xprof",
          "--json", "-", "--out", str(tmp_path / "real")],
         capture_output=True, text=True, env=env_free, timeout=240,
     )
@@ -104,6 +106,9 @@ def test_real_mode_end_to_end_in_a_child(tmp_path):
     assert len(report["result"]["devices"]) == 3
     for row in report["result"]["runs"]:
         assert row["sim_makespan_s"] > 0 and row["makespan_s"] >= row["lower_bound_s"] * 0.999
+    auto = next(row for row in report["result"]["runs"] if row["hint"] == "auto")  # the default: planned, and why
+    assert auto["picked_hint"] and "dry run" in auto["pick_reason"]
+    assert report["result"]["config"]["message_auth"] == "full"
     replay = tmp_path / "real" / "durations.json"
     assert json.loads(replay.read_text())["forward"] and (tmp_path / "real" / "xprof").is_dir()
     # The measured durations replay in the simulator.

@@ -68,6 +68,11 @@ def test_stages_in_two_processes_match_the_reference_and_keep_the_timeline(tmp_p
         np.testing.assert_allclose(delay[sent & ~crossing], durations.comm[sent & ~crossing])
         assert np.all(delay[crossing] >= durations.comm[crossing] - 1e-9) and np.all(delay[~sent] == 0)
     assert parts[0]["runs"][1]["comm"] == "sync" and sum(parts[0]["runs"][1]["blocked"]) > 0
+    # A third run, where process 0's first note is altered in the coordination service (an earlier arrival,
+    # its HMAC left alone): process 1 refuses it and names it, process 0 hears why the run stopped.
+    refused = "refused a message from process 0 (run 2: process 0 -> 1 #0): its HMAC does not verify"
+    assert parts[1]["tampered"].startswith("MessageRefused: " + refused), parts[1]["tampered"]
+    assert refused in parts[0]["tampered"] and "MessageRefused" in parts[0]["tampered"], parts[0]["tampered"]
 
 
 def test_cli_real_mode_across_two_processes(tmp_path):
@@ -93,3 +98,4 @@ def test_cli_real_mode_across_two_processes(tmp_path):
     other = json.loads((out / "process-1" / "report.json").read_text())
     assert other["environment"]["process_index"] == 1 and other["result"]["runs"] == result["runs"]
     assert (out / "process-0" / "durations.json").is_file()
+

@@ -188,3 +188,58 @@ def test_readiness_gains_with_memory_headroom_under_variability():
         wins += ready.end.max() < fixed.end.max()
         assert ready.decisions > 0 and ready.decision_ns > 0
     assert wins >= 5
+
+
+def test_sequence_lengths_cost_linear_plus_quadratic_and_are_known(tmp_path):
+    """seqlen: every stage's work scales with the microbatch's tokens (attention quadratic); the runtime knows
+    it (expected), while jitter stays noise it does not know."""
+    shape = shape_for("1f1b", 4, 32, 1)
+    d = realise(parse_variability("seqlen:mean=1000,cv=0.8,batch=2,attention=0.3+jitter:cv=0.2", 4), shape, Costs(), 0)
+    r = d.lengths / 1000.0
+    factor = ((0.7 * r + 0.3 * r * r).mean(axis=1))
+    base = realise(parse_variability("none"), shape, Costs(), 0).task.reshape(2, 4, 32)
+    assert np.allclose(d.expected.reshape(2, 4, 32), base * factor[None, None, :])
+    assert not np.allclose(d.task, d.expected)  # the jitter is drawn on top, unknown beforehand
+    assert d.lengths.shape == (32, 2) and d.lengths.min() >= 1
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_text("100\n400, 400\n1600\n")
+    f = realise(parse_variability(f"seqlen:file={lengths},attention=0", 4), shape, Costs(), 1)
+    assert set(f.lengths.ravel()) <= {100.0, 400.0, 1600.0}
+    assert np.allclose(f.task.reshape(2, 4, 32), base * (f.lengths[:, 0] / 625.0)[None, None, :])
+
+
+def test_hetero_stages_and_a_slow_link():
+    shape = shape_for("1f1b", 4, 8, 1)
+    base = realise(parse_variability("none"), shape, Costs(), 0)
+    hetero = realise(parse_variability("hetero:costs=2/1/1/0.5", 4), shape, Costs(), 0)
+    ratio = (hetero.task / base.task).reshape(2, 4, 8)
+    assert np.allclose(ratio, np.array([2, 1, 1, 0.5])[None, :, None]) and np.array_equal(hetero.task, hetero.expected)
+    link = realise(parse_variability("link:stage=1,factor=10", 4), shape, Costs(), 0)
+    slow = (link.comm / np.where(base.comm > 0, base.comm, 1)).reshape(2, 4, 8)
+    # Stage 1 -> 2 carries the forwards of model stage 1 and stage 2 -> 1 the backwards of model stage 2.
+    assert np.allclose(slow[0, 1], 10) and np.allclose(slow[1, 2], 10)
+    assert np.allclose(slow[0, [0, 2]], 1) and np.allclose(slow[1, [1, 3]], 1)
+    assert np.array_equal(link.expected, base.task)  # a slow link is found by measuring, not known
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("seqlen:file=/no/such/lengths.txt", "no file"),
+    ("seqlen:mean=100,cv=0.5,min=50,max=10", "below min"),
+    ("hetero:costs=1/x", "'/'-separated numbers"),
+    ("hetero:costs=1/1/1", "3 stage costs for 4 model stages"),
+    ("link:stage=4", "stages are 0..3"),
+    ("seqlen:attention=2", "between 0.0 and 1.0"),
+])
+def test_bad_real_cause_specs_are_usage_errors(spec, message):
+    with pytest.raises(UsageError, match=message):
+        parse_variability(spec, 4, 4)
+
+
+def test_a_lengths_file_must_hold_lengths(tmp_path):
+    bad = tmp_path / "lengths.txt"
+    bad.write_text("length\n100\n")
+    with pytest.raises(UsageError, match="not a number"):
+        parse_variability(f"seqlen:file={bad}", 4)
+    bad.write_text("100 -3\n")
+    with pytest.raises(UsageError, match="positive number"):
+        parse_variability(f"seqlen:file={bad}", 4)

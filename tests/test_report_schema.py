@@ -43,6 +43,10 @@ CASES = {
                       "--memory-cap", "1,2"], 0),
     "pipeline-real": (["pipeline-bench", "--mode", "real", "--stages", "2", "--microbatches", "2"], 0),
     "check": (["check", "--config", "{check.toml}"], 1),
+    "memory-fits": (["memory", f"{RECIPES / 'memory_fit' / 'model.py'}::top_scores", "--args",
+                     "f32[256,64] f32[256,64]", "--device-memory", "64MiB", "--budget", "peak_bytes<=64MiB",
+                     "--no-plot"], 0),
+    "hang-hunt": (["hang-hunt", str(RECIPES / "nan_clean" / "train.py"), "--no-native"], 0),
     "usage-error": (["profile", str(RECIPES / "nan_forward" / "train.py"), "--args", "f32[3]"], 2),
 }
 
@@ -109,6 +113,10 @@ def test_the_runs_reached_the_interesting_shapes(reports: dict) -> None:
     assert reports["pipeline-real"]["result"]["correctness"]["ok"] is True
     assert "model" in reports["pipeline-real"]["result"]["config"]
     assert set(reports["usage-error"]["result"]) == {"error"}
+    fits = reports["memory-fits"]["result"]
+    assert fits["functions"][0]["fits"] is True and fits["budget"]["ok"] and fits["samples"] >= 1
+    hang = reports["hang-hunt"]["result"]
+    assert hang["kind"] == "finished" and hang["processes"][0]["last_calls"][0]["function"] == "train_step"
 
 
 def _parent(report: dict, path: list):
@@ -160,6 +168,8 @@ MUTATIONS = {
     "unknown command": ("doctor", _set(["command"], "lint"), "'lint'"),
     "check entry with extra key": ("check", _set(["result", "checks", 0, "extra"], 1), "extra"),
     "check passed with exit 1": ("check", _set(["result", "passed"], True), "0 was expected"),
+    "hang process without state": ("hang-hunt", _drop(["result", "processes", 0, "state"]), "state"),
+    "hang finished but exit 1": ("hang-hunt", _set(["exit_code"], 1), "0 was expected"),
 }
 
 

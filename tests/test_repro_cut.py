@@ -126,3 +126,22 @@ def test_a_nan_made_from_an_inf_is_cut_to_the_chain_from_finite_inputs():
     args = [w, w.copy(), np.ones((2, 4), np.float32)]
     graph, _, best = _cut(jax.grad(loss), args, Criterion("nonfinite", what="NaN"))
     assert [graph.nodes[i].name for i in best.nodes][:2] == ["div", "mul"] and len(best.nodes) <= 4
+
+
+def _dropout_log(key, x):
+    keep = jax.random.bernoulli(key, 0.5, x.shape)  # a typed PRNG key among the inputs (nnx.Rngs, Dropout)
+    return jnp.log(jnp.where(keep, x, -1.0)) + x  # dropped entries become log(-1)
+
+
+def test_a_typed_prng_key_among_the_inputs_is_cut_and_written_with_its_key_data(tmp_path):
+    """The key is recorded as a key (numpy has no form for it) and, when the cut keeps it, the reproducer loads
+    its key data and wraps it back (jax.random.wrap_key_data)."""
+    args = [jax.random.key(0), jnp.arange(1.0, 9.0)]
+    graph, cutter, best = _cut(_dropout_log, args, Criterion("nonfinite", what="NaN"))
+    assert [graph.nodes[i].name for i in best.nodes] == ["log"]
+    keep_key = cutter.make(range(len(graph.nodes) - 1), best.outvars)  # the log with the draw of its mask
+    program = build_program(graph, keep_key, Criterion("nonfinite", what="NaN"), "jit(f)", len(graph.nodes))
+    assert "jax.random.wrap_key_data(_inputs[" in program.source and "impl='threefry2x32'" in program.source
+    from jaxdbg.repro.cutting import write_program
+
+    assert program_fails(write_program(program, str(tmp_path))["repro"], Criterion("nonfinite", what="NaN"))

@@ -1,10 +1,11 @@
 """The ``[tool.jaxdbg.check]`` table of a pyproject.toml: one sub-table per check.
 
-Each check names a jaxdbg ``command`` (``profile`` or ``nan-hunt``), a ``target`` (as on the command line,
-``train.py -- --steps 50``), and optionally ``options`` (a list of extra command-line words) and a
-``budget`` (profile only). Anything else is refused with one line naming the key and the file, so a typo
-never turns a CI gate off; an unknown budget rule or option is refused by the command that reads it, and
-``jaxdbg check`` then exits 2 naming the check (:mod:`jaxdbg.check.runner`).
+Each check names a jaxdbg ``command`` (``profile``, ``nan-hunt``, ``memory`` or ``hang-hunt``), a ``target``
+(as on the command line, ``train.py -- --steps 50``), and optionally ``options`` (a list of extra command-line
+words) and a ``budget`` (profile and memory: ``--budget``'s rules, e.g. ``peak_bytes<=2GiB`` for memory). Anything
+else is refused with one line naming the key and the file, so a typo never turns a CI gate off; an unknown budget
+rule or option is refused by the command that reads it, and ``jaxdbg check`` then exits 2 naming the check
+(:mod:`jaxdbg.check.runner`).
 
 Example:
     >>> import pathlib, tempfile
@@ -27,7 +28,8 @@ from typing import Any
 
 from jaxdbg._errors import UsageError
 
-COMMANDS = ("profile", "nan-hunt")
+COMMANDS = ("profile", "nan-hunt", "memory", "hang-hunt")
+BUDGETED = ("profile", "memory")  # commands that take --budget
 _KEYS = {"command": str, "target": str, "options": list, "budget": str}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # the check's name is also its folder in --out
 
@@ -112,8 +114,9 @@ def _check(name: str, entry: Any, path: Path) -> CheckSpec:
             raise UsageError(f"{path}: 'options' in [{key}] sets {reserved}, which jaxdbg check sets itself"
                              + ("; use the budget key" if reserved == "--budget" else "; leave it out"))
     budget = entry.get("budget")
-    if budget is not None and command != "profile":
-        raise UsageError(f"{path}: 'budget' in [{key}] needs command = \"profile\" ({command} has no budget)")
+    if budget is not None and command not in BUDGETED:
+        raise UsageError(f"{path}: 'budget' in [{key}] needs command = \"profile\" or \"memory\" ({command} has no "
+                         "budget)")
     # The budget's rules and the options are read by the command itself (importing the profiler here would
     # cost every run a second); a check whose command refuses them makes jaxdbg check exit 2 naming the check.
     try:

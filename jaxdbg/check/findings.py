@@ -2,8 +2,9 @@
 
 nan-hunt points at the origin's source; profile at what broke the budget: the user's line of the first
 call that recompiled for ``recompiles``/``compiles`` (its cause joins the line), the function named in a
-``function.metric`` violation, else the first function that ran. The line is the command's own
-``essential_line()``, rebuilt from the JSON report.
+``function.metric`` violation, else the first function that ran; memory at the call that ran out of memory,
+the function that does not fit (or that a broken rule names), or the line that keeps a leak. The line is the
+command's own ``essential_line()``, rebuilt from the JSON report.
 
 Example:
     >>> report = {"command": "nan-hunt", "exit_code": 1, "result": {"found": True, "first": {
@@ -35,7 +36,52 @@ def finding(report: dict[str, Any]) -> tuple[str | None, SourceLocation | None]:
         return str(result["error"]), None
     if report.get("command") == "nan-hunt":
         return _nan_finding(result)
+    if report.get("command") == "memory":
+        return _memory_finding(result)
+    if report.get("command") == "hang-hunt":
+        return _hang_finding(result, report.get("exit_code"))
     return _profile_finding(result)
+
+
+def _memory_finding(result: dict) -> tuple[str | None, SourceLocation | None]:
+    """The out-of-memory call's line, else the function that does not fit (or a function a broken rule names),
+    else the line that keeps a leak."""
+    from jaxdbg.memory.result import finding_line
+
+    line = finding_line(result)
+    if line is None:
+        return None, None
+    oom = result.get("out_of_memory")
+    if oom and oom.get("source"):
+        return line, location(oom["source"])
+    functions = result.get("functions") or []
+    violations = (result.get("budget") or {}).get("violations") or []
+    named = next((f for f in functions if f.get("fits") is False), None) or next(
+        (f for f in functions for v in violations if v.startswith(f"{f['name']}.")), None)
+    if named is not None:
+        return line, location(named.get("source"))
+    leak = next(iter(result.get("leaks") or []), None)
+    if leak is not None:
+        return line, location(leak.get("kept_at") or leak.get("source"))
+    return line, location(result.get("error_source")) or (location(functions[0].get("source")) if functions else None)
+
+
+def _hang_finding(result: dict, exit_code: Any) -> tuple[str | None, SourceLocation | None]:
+    """The verdict, at the stuck process's line (or the first side of a divergence).
+
+        >>> _hang_finding({"verdict": "deadlock: ...", "stuck": [0], "divergence": None,
+        ...                "processes": [{"source": {"file": "t.py", "line": 3, "function": "f"}}]}, 1)
+        ('deadlock: ...', SourceLocation(file='t.py', line=3, function='f'))
+    """
+    if exit_code == 0:
+        return None, None
+    processes = result.get("processes") or []
+    stuck = [processes[i] for i in result.get("stuck") or () if i < len(processes)]
+    where = next((location(p.get("source")) for p in stuck if p.get("source")), None)
+    sides = (result.get("divergence") or {}).get("sides") or []
+    if where is None and sides:
+        where = location(sides[0].get("source"))
+    return result.get("verdict"), where
 
 
 def _nan_finding(result: dict) -> tuple[str | None, SourceLocation | None]:

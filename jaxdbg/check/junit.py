@@ -66,7 +66,7 @@ def _kind(check: CheckOutcome) -> str:
         return "regression"
     if check.exit_code != EXIT_FOUND:
         return "crash"
-    return "nonfinite" if check.command == "nan-hunt" else "budget"
+    return {"nan-hunt": "nonfinite", "hang-hunt": "hang"}.get(check.command, "budget")
 
 
 def write_junit(result: CheckSuiteResult, path: Path) -> None:

@@ -35,7 +35,7 @@ from jaxdbg._version import __version__
 from jaxdbg.launch import COMMAND_VARIABLE, launch, split_processes_option
 
 # Subcommand modules under jaxdbg.cli, in the order --help lists them.
-COMMANDS = ("doctor", "profile", "nan_hunt", "repro", "pipeline_bench", "check")
+COMMANDS = ("doctor", "profile", "nan_hunt", "repro", "pipeline_bench", "check", "hang_hunt", "memory")
 
 
 class JaxdbgGroup(TyperGroup):

@@ -11,7 +11,7 @@ import contextlib
 import os
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -171,6 +171,8 @@ def export_metrics(common: Common, report: Report) -> None:
         report.artifacts.setdefault("metrics", os.path.abspath(path))
     for line in failures:
         fail(common, line)
+    if failures and hasattr(report.result, "warned"):  # a result that keeps warnings (nan-hunt's) keeps these too
+        report.result = report.result.warned("metrics", failures)
 
 
 def report_folder(out_dir: Path | None, report: Report) -> Path | None:
@@ -251,6 +253,27 @@ def validate_destinations(common: Common) -> None:
             raise UsageError(f"--json '{common.json}': cannot write there ({err.strerror}); pick another path") from err
         if not existed:
             path.unlink(missing_ok=True)
+
+
+def render_advice(console: Console, report: Report, explanation: str, hints: Sequence[str],
+                  notes: Sequence[str], warnings: Sequence[str] = ()) -> None:
+    """The end of a command's human report: the explanation, what to try, notes, warnings (steps of jaxdbg's own
+    that failed), and the artifacts written."""
+    from rich.markup import escape
+
+    from jaxdbg.report import relative_or_absolute
+
+    console.print()
+    if explanation:
+        console.print(escape(explanation), soft_wrap=True)
+    for hint in hints:
+        console.print(f"  [cyan]try[/] {escape(hint)}", soft_wrap=True)
+    for note in notes:
+        console.print(f"  [dim]note: {escape(note)}[/]", soft_wrap=True)
+    for warning in warnings:
+        console.print(f"  [yellow]warning:[/] {escape(warning)}", soft_wrap=True)
+    for name, path in report.artifacts.items():
+        console.print(f"  [dim]{name}: {escape(relative_or_absolute(path))}[/]")
 
 
 def fail(common: Common, message: str, err: BaseException | None = None) -> None:

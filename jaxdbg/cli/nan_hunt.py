@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from typing import Annotated
 
 import typer
@@ -28,6 +29,7 @@ from jaxdbg.cli._common import (
     TimeoutOpt,
     VerboseOpt,
     execute,
+    render_advice,
 )
 from jaxdbg.nan.result import ValueStats
 from jaxdbg.report import Report, relative_or_absolute
@@ -74,6 +76,9 @@ def nan_hunt(
         with c.progress() as progress:
             progress.add_task(f"hunting in {spec.display_name}", total=None, status="")
             run = hunt(spec, options)
+        if c.verbose:  # a step after the origin that failed: its traceback (the report keeps the warning)
+            for warning in run.result.warnings:
+                sys.stderr.write(f"jaxdbg nan-hunt: {warning.line()}\n{warning.traceback}")
         return Report("nan-hunt", target, run.result, run.exit_code, dict(run.artifacts), run.environment)
 
     return execute(common, build, render)
@@ -111,7 +116,7 @@ def render(report: Report, console: Console) -> None:
         return
     first = result.first
     what = {"nan": "NaN", "inf": "Inf", "input": "non-finite input"}[first.kind]
-    eager = " (eager, outside jit)" if first.path[:1] == ("eager",) else ""
+    eager = {"eager": " (eager, outside jit)", "pmap": " (pmap)"}.get(first.path[0] if first.path else "", "")
     console.print(f"[bold red]{what}[/] first appeared in call {first.call_index} of "
                   f"[bold]{escape(first.function)}[/]{eager}", soft_wrap=True)
     if first.kind == "input":
@@ -120,9 +125,11 @@ def render(report: Report, console: Console) -> None:
         console.print(f"  operation [bold]{first.primitive}[/]  ({first.pass_} pass)")
         console.print(f"  source    {escape(_where(first.source))}", soft_wrap=True)
     console.print(f"  path      {escape(' > '.join(first.path))}", soft_wrap=True)
-    if first.device is not None and (result.processes or (first.shard and len(first.shard) and first.process)):
+    mapped = any(p.startswith(("shard_map", "pmap")) for p in first.path)
+    if first.device is not None and (result.processes or mapped or (first.shard and first.process)):
         rows = ", ".join(f"{a}:{b}" for a, b in first.shard or ())
-        console.print(f"  where     process {first.process}, device {first.device}, shard [{rows}]")
+        shard = f", shard [{rows}]" if first.shard else ""
+        console.print(f"  where     process {first.process}, device {first.device}{shard}")
     for row in result.processes:
         said = row.origin or ("no NaN/Inf" if not row.note else row.note)
         console.print(f"  process {row.index}: {escape(said)}", soft_wrap=True)
@@ -132,20 +139,19 @@ def render(report: Report, console: Console) -> None:
     for i, link in enumerate(result.chain):
         console.print(f"  chain {i + 1}: {link.kind} from [bold]{escape(str(link.primitive or link.argument))}[/] "
                       f"({link.pass_}) at {escape(_where(link.source))}", soft_wrap=True)
+    if result.overflow is not None:
+        cause = result.overflow
+        console.print(f"  overflow  [bold]{cause.origin.primitive}[/] ({cause.origin.pass_}) at "
+                      f"{escape(_where(cause.origin.source))}: beyond {cause.dtype}'s max {cause.max:.6g}",
+                      soft_wrap=True)
     _render_growth(result.growth, console)
     if result.precision is not None:
         console.print(f"  precision ({result.precision.dtype}): {escape(result.precision.detail)}", soft_wrap=True)
     if result.grad_norms:
         shown = ", ".join(f"{g.name}={_num(g.norm)}" for g in result.grad_norms[:8])
         console.print(f"  gradient norms: {escape(shown)}", soft_wrap=True)
-    console.print()
-    console.print(escape(result.explanation), soft_wrap=True)
-    for hint in result.hints:
-        console.print(f"  [cyan]try[/] {escape(hint)}", soft_wrap=True)
-    for note in result.notes:
-        console.print(f"  [dim]note: {escape(note)}[/]", soft_wrap=True)
-    for name, path in report.artifacts.items():
-        console.print(f"  [dim]{name}: {escape(relative_or_absolute(path))}[/]")
+    render_advice(console, report, result.explanation, result.hints, result.notes,
+                  [warning.line() for warning in result.warnings])
 
 
 def _render_values(title: str, stats: tuple[ValueStats, ...], console: Console) -> None:

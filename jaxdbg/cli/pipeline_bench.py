@@ -39,7 +39,14 @@ def pipeline_bench(
     schedule: str = typer.Option(
         "1f1b", "--schedule", help="gpipe, 1f1b, interleaved, zb-h1 (comma-separated for several)."),
     policy: str = typer.Option("fixed,ready", "--policy", help="fixed (strict order) and/or ready (readiness-first)."),
-    hint: str = typer.Option("1f1b", "--hint", help="Ranking for ready: 1f1b, bf, bfw, gpipe (comma-separated)."),
+    hint: str = typer.Option(
+        "auto", "--hint",
+        help="Ranking for ready: 1f1b, bf, bfw, gpipe, or auto (picks hint and admission order by dry runs on the "
+        "expected durations); comma-separated."),
+    admit: str = typer.Option(
+        "data", "--admit",
+        help="Admission orders of the named hints: data, grouped (by expected cost, light first and last), "
+        "light-first, heavy-first (comma-separated)."),
     comm: str = typer.Option("async", "--comm", help="async (buffered messages) and/or sync (paired blocking sends)."),
     memory_cap: str = typer.Option(
         "1", "--memory-cap", help="Ready's per-stage cap, multiples of 1F1B's in-flight microbatches, e.g. 1,2,4."),
@@ -50,7 +57,10 @@ def pipeline_bench(
         "microbatch is heavy, e.g. image+text, with probability heavy: it costs factor x on the first K model "
         "stages, the encoder, default a quarter, and rest x elsewhere; the others cost light x on the encoder "
         "stages; length: CV of a per-microbatch sequence-length factor on every stage; partition=balanced scales "
-        "each stage to the same expected load); comm:cv=0.5; replay:FILE. '+' combines.",
+        "each stage to the same expected load); comm:cv=0.5; replay:FILE; seqlen:mean=1024,cv=0.5[,min,max,"
+        "batch=1,attention=0.2] or seqlen:file=LENGTHS (sequence lengths per microbatch, attention quadratic); "
+        "hetero:encoder=K,factor=1.5 or hetero:costs=A/B/... (stage costs); link:stage=S,factor=10[,cv] (a slow "
+        "link). '+' combines.",
     ),
     seeds: int = typer.Option(
         1, "--seeds", min=1, help="Seeds per combination (paired: every policy meets the same draws)."),
@@ -74,6 +84,13 @@ def pipeline_bench(
         "127.0.0.1", "--transfer-bind", metavar="ADDRESS",
         help="Real mode across processes: the interface the jax.experimental.transfer server binds (the one port "
         "jaxdbg opens); give this host's address for a job across hosts."),
+    exact_bound: float = typer.Option(
+        1.0, "--exact-bound", metavar="SECONDS", min=0.0,
+        help="Time HiGHS may take for the exact memory-aware lower bound on pipelines of at most 32 tasks (0: off)."),
+    message_auth: str = typer.Option(
+        "full", "--message-auth",
+        help="Real mode across processes: full (HMAC over each note and a digest of its array's bytes), notes "
+        "(the note and the array's shape and dtype), off."),
     csv: str | None = typer.Option(
         None, "--csv", metavar="DIR", help="Write runs.csv (one row per run) and stages.csv (per run and stage)."),
     metrics_port: int | None = typer.Option(
@@ -91,7 +108,8 @@ def pipeline_bench(
 
         options = BenchOptions(
             mode=mode, stages=stages, microbatches=microbatches, virtual_stages=virtual_stages,
-            schedules=_names(schedule), policies=_names(policy), hints=_names(hint), comms=_names(comm),
+            schedules=_names(schedule), policies=_names(policy), hints=_names(hint), admissions=_names(admit),
+            comms=_names(comm), exact_bound_s=exact_bound, message_auth=message_auth.strip().lower(),
             memory_caps=_caps(memory_cap), variabilities=tuple(split_specs(variability)) or ("none",),
             seeds=seeds, seed=seed,
             costs=Costs(forward_s=task_ms / 1e3, backward_s=2 * task_ms / 1e3, comm_s=comm_ms / 1e3),
@@ -230,9 +248,12 @@ def render(report: Report, console: Console) -> None:
     if show_runs:
         for table in _stage_tables(result):
             console.print(table)
+    for line in _pick_reasons(result):
+        console.print(line)
     console.print(
         "[dim]speedup: fixed order's makespan / this run's (same schedule, comm, seed); /LB: makespan over the "
-        "lower bound; ns/pick: mean cost of one arbitration decision[/]"
+        "lower bound for any memory; /LBmem: over the lower bound at the run's memory cap (the fixed order's: what "
+        "it holds); ns/pick: mean cost of one arbitration decision[/]"
     )
     if result.correctness is not None:
         c = result.correctness
@@ -245,8 +266,25 @@ def render(report: Report, console: Console) -> None:
         console.print(f"[dim]{name}:[/] {relative_or_absolute(path)}")
 
 
+def _pick_reasons(result) -> list[str]:
+    """Why auto picked what it did: one line per schedule, cap, comm and variability (its first seed's run)."""
+    lines, seen = [], set()
+    for row in result.runs:
+        group = (row.schedule, row.memory_cap, row.comm, row.variability)
+        if row.hint == "auto" and row.pick_reason and group not in seen:
+            seen.add(group)
+            lines.append(f"[dim]auto, {row.schedule} {row.memory_cap:g}x {row.comm} | {row.variability} | seed "
+                         f"{row.seed}:[/] {row.pick_reason}")
+    return lines
+
+
 def _policy(row) -> str:
-    return "fixed" if row.hint is None else f"ready/{row.hint} {row.memory_cap:g}x"
+    """``fixed``, ``ready/bfw+grouped 2x``, ``ready/auto 1x`` (auto's pick is in the lines below the tables)."""
+    return "fixed" if row.hint is None else f"ready/{row.hint}{_order(row.admission)} {row.memory_cap:g}x"
+
+
+def _order(admission: str | None) -> str:
+    return "" if admission in (None, "data", "auto") else f"+{admission}"
 
 
 def _table(title: str, columns: tuple[str, ...], text_columns: int = 3) -> Table:
@@ -259,7 +297,8 @@ def _table(title: str, columns: tuple[str, ...], text_columns: int = 3) -> Table
 
 def _summary_table(result, variability: str) -> Table:
     real = result.config["mode"] == "real"
-    columns = ("schedule", "policy", "comm", "speedup", "/LB", "bubble", "ns/pick") + (("sim err",) if real else ())
+    columns = (("schedule", "policy", "comm", "speedup", "/LB", "/LBmem", "bubble", "ns/pick")
+               + (("sim err",) if real else ()))
     seeds = result.config["seeds"]
     table = _table(
         f"summary ({'median of ' + str(seeds) + ' seeds' if seeds > 1 else 'one seed'}) | {variability}", columns)
@@ -268,7 +307,8 @@ def _summary_table(result, variability: str) -> Table:
             continue
         cells = [
             s.schedule, _policy(s), s.comm, f"{s.median_speedup_vs_fixed:.3f}x",
-            f"{s.median_makespan_over_lower_bound:.3f}", f"{s.median_bubble_fraction:.1%}",
+            f"{s.median_makespan_over_lower_bound:.3f}", f"{s.median_makespan_over_memory_bound:.3f}",
+            f"{s.median_bubble_fraction:.1%}",
             f"{s.median_decision_ns:.0f}",
         ]
         if real:

@@ -283,8 +283,7 @@ def render(report: Report, console: Console) -> None:
         top = ", ".join(f"{e['name']} {_s(e['compile_s'])}" for e in eager.get("top", [])[:3])
         console.print(f"eager compiles (operations run outside jit): {eager['count']} in {_s(eager['total_s'])}, "
                       f"{_pct(eager['total_s'], t.compile_s)} of compile time" + (f"; most in {top}" if top else ""))
-    if result.transfers:
-        console.print("transfers: " + ", ".join(f"{x.kind} {x.count}x {_s(x.total_s)}" for x in result.transfers))
+    _render_host(console, result)
     if result.monitor is not None:
         summary = result.monitor.summary
         console.print(f"monitor: {summary['samples']} samples, "
@@ -308,6 +307,28 @@ def render(report: Report, console: Console) -> None:
     _render_budget(console, result.budget)
     if result.error and not console.quiet:  # quiet: execute() prints the essential line, which is this error
         Console(stderr=True, highlight=False).print(f"jaxdbg profile: {result.error}", soft_wrap=True, markup=False)
+
+
+def _render_host(console: Console, result: ProfileResult) -> None:
+    """Transfers and syncs at their user lines, and whether the device waits for the host between steps."""
+    if result.transfers:
+        console.print("transfers: " + ", ".join(
+            f"{x.kind} {x.count}x {_s(x.total_s)} {_rate(x.bytes, 'B')}"
+            + (f" ({', '.join(_loc(site.source) for site in x.sources[:3])})" if x.sources else "")
+            for x in result.transfers), soft_wrap=True)
+    if result.syncs:
+        console.print("syncs (the host waited for the device): " + ", ".join(
+            f"{x.kind} at {_loc(x.source)} {x.count}x, waited {_s(x.wait_s)}, device idle after {_s(x.device_idle_s)}"
+            for x in result.syncs[:5]) + (f" and {len(result.syncs) - 5} more" if len(result.syncs) > 5 else ""),
+            soft_wrap=True)
+    p = result.input_pipeline
+    if p is not None:
+        parts = [f"executions {_s(p.device_s)}", f"device idle {_s(p.device_idle_s)} "
+                 f"({_pct(p.device_idle_s, p.step_s)})", f"host work {_s(p.host_s)}", f"transfers {_s(p.transfer_s)}",
+                 f"waiting in syncs {_s(p.sync_wait_s)}", f"dispatching {_s(p.dispatch_s)}"]
+        colour = "red" if p.device_idle_fraction >= 0.2 else "yellow" if p.device_idle_fraction >= 0.05 else "green"
+        console.print(f"steps of {p.function}: {p.steps} steady, {_s(p.step_s)} each = " + ", ".join(parts)
+                      + f": [{colour}]{p.verdict}[/]", soft_wrap=True)
 
 
 def _render_capture(console: Console, result: ProfileResult) -> None:
@@ -393,7 +414,8 @@ def _functions_table(result: ProfileResult, width: int) -> Table:
     columns = [_Column("function", fold=True), _Column("compiles", drop=1), _Column("compile"),
                _Column("calls", drop=2), _Column("first", drop=4, minor=True), _Column("median", drop=3),
                _Column("p90", drop=5, minor=True), _Column("execute")]
-    rows = [[f.name + (f" @{f.host}" if f.host else ""), "-" if f.compiles is None else str(f.compiles),
+    rows = [[f.name + (" (pmap)" if f.kind == "pmap" else "") + (f" @{f.host}" if f.host else ""),
+             "-" if f.compiles is None else str(f.compiles),
              _s(f.compile.total_s if f.compile else None), str(f.execute.calls), _s(f.execute.first_s),
              _s(f.execute.median_s), _s(f.execute.p90_s), _s(f.execute.total_s)] for f in result.functions]
     return _fitted_table("jitted functions", columns, rows, width)
@@ -438,6 +460,9 @@ def _render_function_detail(console: Console, f: FunctionProfile) -> None:
     if f.memory:
         console.print(f"  {f.name} memory: " + ", ".join(f"{k} {_rate(v, 'B')}" for k, v in f.memory.items()),
                       soft_wrap=True)
+    if f.devices:
+        console.print(f"  {f.name} per device (captured calls): " + ", ".join(
+            f"{d.device} {d.executions}x median {_s(d.median_s)}" for d in f.devices), soft_wrap=True)
     _render_ops(console, f)
 
 

@@ -392,7 +392,10 @@ def _shard_map_rule(interp: Interpreter, site: Site, invals: list, in_tags: list
         interp.hooks.opaque(site, f"cannot split shard_map inputs per device ({err}); ran it as one operation")
         return None
     binder = _vmapped_binder(sizes, manual)
-    inner = interp.child(binder=binder, rules={})
+    # Calls inside the body (a jnp function that is itself jitted, custom_jvp, remat) are descended into: bound
+    # whole, their jaxprs' types name the manual axes, which only a shard_map trace accepts. Loops stay whole.
+    inner = interp.child(binder=binder, rules={k: rule for k, rule in (interp.rules or RULES).items()
+                                               if k in SHARD_MAP_DESCENDS})
     outs, tags = _inner(inner, site, site.eqn.params["jaxpr"], "shard_map", "shard_map", stacked, list(in_tags))
     return [_from_device_blocks(y, spec, sizes, manual) for y, spec in zip(outs, out_specs)], tags
 
@@ -404,7 +407,11 @@ def _spec_axes(entry: Any) -> tuple[str, ...]:
 
 
 def _to_device_blocks(x: Any, spec: Any, sizes: dict[str, int], manual: tuple[str, ...]) -> Any:
-    """Global array -> ``[*manual axis sizes, *block]``: device (i, j, ...) holds its own block."""
+    """Global array -> ``[*manual axis sizes, *block]``: device (i, j, ...) holds its own block. An array this
+    process holds whole is gathered first: a sharding on the mesh's explicit axes (the default of
+    ``jax.make_mesh``) would follow the blocks into the vmapped body, where jax refuses it."""
+    if isinstance(x, jax.Array) and x.is_fully_addressable and len(x.sharding.device_set) > 1:
+        x = jax.device_get(x)  # (a device_put keeps the sharding in the type)
     x = jnp.asarray(x)
     entries = list(spec) + [None] * (x.ndim - len(tuple(spec)))
     shape, split_axes = [], []
@@ -446,8 +453,20 @@ def _from_device_blocks(y: Any, spec: Any, sizes: dict[str, int], manual: tuple[
     return jnp.transpose(y, order).reshape(shape)
 
 
+# Collectives that only change a value's type (which manual axes it varies over), never its data: a
+# shard_map body that mixes replicated and per-device values holds ``pvary`` (check_vma), and so does its
+# gradient.
+# Bound under vmap outside a mesh they raise ("pvary should be called under jax.shard_map"); per-device
+# stacked values already vary, so they pass through (a literal is stacked, as every other value is).
+_TYPE_ONLY = frozenset({"pvary"})
+
+
 def _vmapped_binder(sizes: dict[str, int], manual: tuple[str, ...]) -> Callable[[Any, list], list]:
     def bind(eqn: Any, invals: list) -> list:
+        if eqn.primitive.name in _TYPE_ONLY:  # a literal (the same on every device) is stacked like the rest
+            lead = tuple(sizes[name] for name in manual)
+            return [jnp.broadcast_to(x, lead + jnp.shape(x)) if _compat.is_literal(a) else x
+                    for a, x in zip(eqn.invars, invals)]
         batched = [0 if not _compat.is_literal(a) else None for a in eqn.invars]
 
         def one(*xs: Any) -> list:
@@ -460,6 +479,9 @@ def _vmapped_binder(sizes: dict[str, int], manual: tuple[str, ...]) -> Callable[
 
     return bind
 
+
+SHARD_MAP_DESCENDS = ("jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
+                      "custom_vjp_call_jaxpr", "remat2", "checkpoint")  # whose rules work per device, vmapped
 
 RULES: dict[str, Rule] = {
     "jit": _call_rule("jaxpr", "jit"),

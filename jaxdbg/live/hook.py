@@ -27,20 +27,27 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from jaxdbg import jit_layer
 from jaxdbg._source import caller_user_frame
 from jaxdbg.jit_layer import InstrumentedJit, JitCall
+from jaxdbg.live.errors import WatchError
 from jaxdbg.live.figures import Figures
 from jaxdbg.nan.watch import EagerFinding, JitFinding, Watch
 from jaxdbg.profile.model import Recompile
 from jaxdbg.profile.signature import Signature, call_signature, explain, parameter_names
+from jaxdbg.runner import first_line
 
 _KEEP_SIGNATURES = 32
+log = logging.getLogger("jaxdbg")
+
+
 class _Compiles:
     """One function's compiles: how many, and the signatures and callables jax compiled for."""
 
@@ -71,36 +78,84 @@ class LiveHook(Watch):
         self.figures = figures if figures is not None else Figures()
         self.compiles: dict[int, _Compiles] = {}
         self.active = nans
+        self.stopped = False  # an internal failure stopped the watch (see stop)
 
     # -- one call ------------------------------------------------------------------------------------------
 
+    def watches(self, function: InstrumentedJit) -> bool | None:
+        return not self.stopped and super().watches(function)  # once stopped, calls go straight to jax
+
     def around(self, call: JitCall, run: Callable[[], Any]) -> Any:
-        """One watched call, written out on one path: it runs on every call of every watched function."""
-        function = call.function
+        """One watched call, written out on one path: it runs on every call of every watched function. jaxdbg's
+        own part is guarded (see :meth:`_failed`); the user's call raises what it raises, unchanged."""
+        if self.stopped:  # planned before the stop
+            return run()
         active = self.active
-        if active and function.donates:  # kept for the replay: device copies, before the call deletes them
-            call.notes["nan_copies"] = self.copy_tree((call.args, call.kwargs))
+        if active and call.function.donates:  # kept for the replay: device copies, before the call deletes them
+            try:
+                call.notes["nan_copies"] = self.copy_tree((call.args, call.kwargs))
+            except Exception as err:  # noqa: BLE001 - jaxdbg's own failure: see _failed
+                self._failed(err)
         try:
             out = run()
         except BaseException as err:
-            self.on_exception(call, err)
+            self._guarded(self.on_exception, call, err)
             raise
+        try:
+            self._finish(call, out, active)
+        except WatchError:
+            raise
+        except Exception as err:  # noqa: BLE001 - never the user's exception, never the end of the user's run
+            self._failed(err)
+        return out
+
+    def _finish(self, call: JitCall, out: Any, active: bool) -> None:
+        function = call.function
         row = self.figures.function(function.name)
         row.called(time.perf_counter())
         if call.spans:
             if self.active:  # the calls before it come first: a NaN they made is reported before a recompile
                 self.flush()
             self._compiled(call, [end - start for _, start, end in call.spans], row)
-        if call.magnitudes is None:  # nans=False: compiles only
-            return out
-        site = caller_user_frame(4)  # the caller of InstrumentedJit.__call__ when no other hook wraps this one
+        if call.magnitudes is None or self.stopped:  # nans=False: compiles only
+            return
+        site = caller_user_frame(5)  # the caller of InstrumentedJit.__call__ when no other hook wraps this one
         if active and self.active:
             self.keep_inputs(call)
             seen = self._watched.get(function.record.id)
             if seen is None or seen.leaf_names is None:
                 self.seen(function, out, site)  # at the first call: output names from its line
         self.defer(call, site)  # not its outputs: holding them too would keep one more copy of a model
-        return out
+
+    def flush(self) -> None:
+        self._guarded(super().flush)
+
+    def _guarded(self, work: Callable[..., None], *args: Any) -> None:
+        """Run jaxdbg's own part of a call. Its findings (NonFiniteError, RecompileError) reach the program; any
+        other failure is jaxdbg's: see :meth:`_failed`."""
+        if self.stopped:
+            return
+        try:
+            work(*args)
+        except WatchError:
+            raise
+        except Exception as err:  # noqa: BLE001 - never the user's exception, never the end of the user's run
+            self._failed(err)
+
+    def _failed(self, err: Exception) -> None:
+        """A failure of jaxdbg's own: one warning line, and the watch stops (the program goes on unwatched)."""
+        self.stop(f"{type(err).__name__}: {first_line(str(err))}")
+        log.debug("jaxdbg.watch stopped by this error", exc_info=err)
+
+    def stop(self, why: str) -> None:
+        """Stop watching for good after an internal failure: one warning line, nothing more is checked; calls go
+        straight to jax's dispatch from the next one on (the layer plans them again)."""
+        self.stopped, self.active = True, False
+        self._pending.clear()
+        self._kept_bytes = 0
+        jit_layer.replan()
+        log.warning("jaxdbg.watch: stopped watching after a failure of its own (%s); the program goes on unwatched "
+                    "(logger 'jaxdbg' at DEBUG level has the traceback)", why)
 
     def _check(self, call: JitCall) -> None:
         """Read one unread call's flags: counted even after the finding; the steady state is growth only."""

@@ -17,13 +17,14 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from jaxdbg.live.figures import Figures
-from jaxdbg.metrics.families import Families
+from jaxdbg.metrics.families import Families, device_memory
 
 
 class WatchCollector(Collector):
@@ -31,6 +32,7 @@ class WatchCollector(Collector):
 
     def __init__(self, figures: Figures):
         self.figures = figures
+        self._live_peaks: dict[str, int] = {}
 
     def collect(self) -> Iterable[Metric]:
         out = Families()
@@ -45,7 +47,34 @@ class WatchCollector(Collector):
             out.gauge("step_seconds", "Interval between the function's two latest calls.", labels, row.step_s)
         for device, used in _device_memory():
             out.gauge("device_memory_bytes", "Device memory in use.", {"device": device, "process": process}, used)
+        for device, live, peak in self.live_memory():
+            device_memory(out, device, process, live, peak)
         return out.all()
+
+    def live_memory(self) -> list[tuple[str, int, int]]:
+        """``(device, bytes of live arrays, peak)`` per device of this process, read at scrape time (all
+        backends, CPU included); the peak is the device's own where it keeps one, else the most seen so far."""
+        from jaxdbg import _compat
+
+        if not _compat.backend_started():
+            return []
+        import jax
+
+        from jaxdbg.memory.live import device_name, per_device
+
+        live: dict[str, int] = {device_name(d): 0 for d in jax.local_devices()}
+        for array in jax.live_arrays():
+            with contextlib.suppress(Exception):  # deleted meanwhile
+                for device, size in per_device(array)[0]:
+                    if device in live:
+                        live[device] += size
+        rows = []
+        for device in jax.local_devices():
+            name = device_name(device)
+            stats = _compat.device_memory_stats(device) or {}
+            seen = self._live_peaks[name] = max(self._live_peaks.get(name, 0), live[name])
+            rows.append((name, live[name], int(stats.get("peak_bytes_in_use", seen))))
+        return rows
 
 
 def _process_index() -> int:

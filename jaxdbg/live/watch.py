@@ -70,10 +70,14 @@ class watch(contextlib.ContextDecorator):
         max_compiles: more compiles than this of one function is a finding (None: only counted).
         action: ``"raise"`` the finding's error, or ``"log"`` one line (logger ``jaxdbg``) and go on.
         metrics_port: serve the live figures on http://127.0.0.1:PORT/metrics (Prometheus text format).
+        stall_after: no progress for this many seconds is a stall: hang-hunt's verdict is written, then
+            ``stall_action`` (``"raise"`` :class:`jaxdbg.StallError`, ``"exit"`` with status 75, ``"log"``);
+            see :mod:`jaxdbg.hang.watch`.
     """
 
     def __init__(self, out: str = "jaxdbg-out/watch", nans: bool = True, max_compiles: int | None = None,
-                 action: str = "raise", metrics_port: int | None = None):
+                 action: str = "raise", metrics_port: int | None = None, stall_after: float | None = None,
+                 stall_action: str = "raise"):
         if action not in ACTIONS:
             raise UsageError(f"jaxdbg.watch(action={action!r}): unknown action; use 'raise' or 'log'")
         if max_compiles is not None and (not isinstance(max_compiles, int) or max_compiles < 1):
@@ -85,6 +89,13 @@ class watch(contextlib.ContextDecorator):
         self.max_compiles = max_compiles
         self.action = action
         self.metrics_port = metrics_port
+        self.stall: Any = None
+        if stall_after is not None:  # hang-hunt's recorder and watchdog (checked here: bad values fail at once)
+            from jaxdbg.hang.watch import StallWatch
+
+            self.stall = lambda: StallWatch(stall_after, stall_action, lambda result, artifacts: self._write(
+                self._folder(), result, artifacts), out=self.out)
+            self.stall()
         self.reports: list[str] = []  # report.json paths written (the latest finding last)
         self.metrics_url: str | None = None
         self._states: list[_State] = []
@@ -99,6 +110,8 @@ class watch(contextlib.ContextDecorator):
         stack = contextlib.ExitStack()
         stack.enter_context(jit_layer.installed(hook))
         stack.enter_context(jit_layer.adopted())  # functions jitted before, at module level: watched too
+        if self.stall is not None:
+            stack.enter_context(self.stall())
         if self.metrics_port is not None:
             from jaxdbg.live.metrics import WatchCollector
             from jaxdbg.metrics.live import serve
@@ -117,9 +130,16 @@ class watch(contextlib.ContextDecorator):
             if kind is None:
                 state.hook.flush()  # the unread calls' flags: may raise NonFiniteError
                 if not any(row.calls for row in state.hook.figures.functions.values()):  # no watched call
-                    log.warning("jaxdbg.watch: no jitted function was watched, so nothing was checked: functions "
-                                "jitted before the watch began are watched only when bound to a global name of the "
-                                "program's modules (enter the watch first for the others)")
+                    pmapped = _pmapped_globals()
+                    if pmapped:
+                        log.warning("jaxdbg.watch: no jitted function was watched, so nothing was checked: "
+                                    "jax.pmap'd functions (%s) are not watched (only jax.jit, nnx.jit and "
+                                    "eqx.filter_jit ones); run the program under `jaxdbg nan-hunt` to check them",
+                                    ", ".join(pmapped))
+                    else:
+                        log.warning("jaxdbg.watch: no jitted function was watched, so nothing was checked: "
+                                    "functions jitted before the watch began are watched only when bound to a "
+                                    "global name of the program's modules (enter the watch first for the others)")
         finally:
             self._states.pop()
             state.stack.close()
@@ -133,12 +153,14 @@ class watch(contextlib.ContextDecorator):
 
         hook = self._states[-1].hook
         names = tuple(dict.fromkeys(f.name for f in hook.functions))
-        folder = self._folder()
-        with jit_layer.internal():
+        with jit_layer.internal():  # every step after the origin is guarded: a failed one is a warning in it
             result, artifacts = analyse_finding(finding, hook, HuntOptions(out_dir=self.out), names)
-        path = self._write(folder, result, artifacts)
+        for warning in result.warnings:
+            log.warning("jaxdbg.watch: %s", warning.line())
+        path = self._write_or_warn(result, artifacts)
         line = result.essential_line() or "a jitted call returned NaN/Inf"
-        self._act(NonFiniteError(f"jaxdbg.watch: {line} (report: {path})", _jsonable(result), path))
+        said = f" (report: {path})" if path else " (no report could be written)"
+        self._act(NonFiniteError(f"jaxdbg.watch: {line}{said}", _jsonable(result), path))
 
     def _compiled(self, function: Any, count: int, recompile: Any) -> None:
         if self.max_compiles is None or count <= self.max_compiles or recompile is None:
@@ -147,9 +169,9 @@ class watch(contextlib.ContextDecorator):
         seen = hook.compiles[function.record.id]
         result = RecompileResult(function.name, function.record.source, count, self.max_compiles,
                                  tuple(seen.recompiles))
-        path = self._write(self._folder(), result, {})
-        self._act(RecompileError(f"jaxdbg.watch: {result.essential_line()} (report: {path})", _jsonable(result),
-                                 path))
+        path = self._write_or_warn(result, {})
+        said = f" (report: {path})" if path else " (no report could be written)"
+        self._act(RecompileError(f"jaxdbg.watch: {result.essential_line()}{said}", _jsonable(result), path))
 
     def _act(self, error: Exception) -> None:
         if self.action == "raise":
@@ -162,6 +184,16 @@ class watch(contextlib.ContextDecorator):
         folder = multihost.process_folder(self.out)
         os.makedirs(folder, exist_ok=True)
         return folder
+
+    def _write_or_warn(self, result: Any, artifacts: dict) -> str | None:
+        """Write the finding's report; one that cannot be written (``out`` unwritable) is a warning line, and the
+        finding's error is still raised (it carries ``report``), without a path."""
+        try:
+            return self._write(self._folder(), result, artifacts)
+        except OSError as err:
+            log.warning("jaxdbg.watch: could not write the report into %r (%s: %s); the error raised carries it",
+                        self.out, type(err).__name__, err)
+            return None
 
     def _write(self, folder: str, result: Any, artifacts: dict) -> str:
         from jaxdbg.report import Report
@@ -187,3 +219,18 @@ def _program() -> str | None:
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
     return os.path.relpath(path) if path and not os.path.relpath(path).startswith("..") else path
+
+
+def _pmapped_globals() -> list[str]:
+    """The jax.pmap'd functions bound to global names of the program's own modules."""
+    import sys
+
+    from jaxdbg import _compat
+    from jaxdbg._source import is_user_file
+
+    found = []
+    for module in list(sys.modules.values()):
+        namespace = getattr(module, "__dict__", None)
+        if isinstance(namespace, dict) and is_user_file(getattr(module, "__file__", None)):
+            found += [name for name, value in list(namespace.items()) if _compat.is_pmapped(value)]
+    return found

@@ -25,7 +25,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 PREFIX = "jaxdbg_"
 
 # The labels that name one pipeline-bench run (every combination of options is a run).
-RUN_LABELS = ("schedule", "policy", "hint", "comm", "memory_cap", "variability", "seed")
+RUN_LABELS = ("schedule", "policy", "hint", "admission", "comm", "memory_cap", "variability", "seed")
 
 
 class Families:
@@ -118,16 +118,49 @@ def _profile(out: Families, result: dict, process: str) -> None:
         for op in fn.get("ops") or []:
             out.gauge("op_seconds", "Device time of one HLO op over the traced calls.",
                       {**labels, "op": op["name"]}, op.get("total_s"))
+        for device in fn.get("devices") or []:
+            out.gauge("device_execute_median_seconds", "Median execution of a function on one of its devices "
+                      "(a pmap or SPMD program, captured calls).",
+                      {**labels, "device": device["device"].rpartition(":")[2]},
+                      device.get("median_s"))
     totals = result.get("totals") or {}
     own = {"process": process}
     for part in ("wall", "compile", "execute", "transfer", "other"):
         out.gauge(f"run_{part}_seconds", f"The run's {part} time (profile totals).", own, totals.get(f"{part}_s"))
+    _input_pipeline(out, result, process)
     budget = result.get("budget") or {}
     if budget.get("checked"):
         out.gauge("budget_ok", "1 when every --budget rule held, else 0.", own, budget.get("ok"))
         out.gauge("budget_violations", "Broken --budget rules.", own, len(budget.get("violations") or []))
     _monitor(out, result.get("monitor"), process)
     _job_processes(out, result)
+
+
+# (family, help, key of result.input_pipeline): per step of the function called most.
+_INPUT_GAUGES = (
+    ("input_step_seconds", "Mean step time of the function called most (input-pipeline analysis).", "step_s"),
+    ("input_device_idle_fraction", "Share of the step the device waits for the host.", "device_idle_fraction"),
+    ("input_host_seconds", "Per step: the host's own work (building batches, Python).", "host_s"),
+    ("input_transfer_seconds", "Per step: host/device copies.", "transfer_s"),
+    ("input_sync_wait_seconds", "Per step: the host waiting for the device in syncs.", "sync_wait_s"),
+)
+
+
+def _input_pipeline(out: Families, result: dict, process: str) -> None:
+    """Whether the device waits for the host (per step), and the host's syncs by kind and user line."""
+    pipeline = result.get("input_pipeline")
+    if pipeline:
+        labels = {"function": pipeline["function"], "process": process}
+        for name, help_text, key in _INPUT_GAUGES:
+            out.gauge(name, help_text, labels, pipeline.get(key))
+    for sync in result.get("syncs") or []:
+        source = sync.get("source") or {}
+        labels = {"kind": sync["kind"], "source": f"{source.get('file', '')}:{source.get('line', '')}",
+                  "process": process}
+        out.counter("syncs", "Forced synchronisations (the host waited for the device) at one user line.", labels,
+                    sync.get("count"))
+        out.counter("sync_device_idle_seconds", "Device idle time after the syncs at one user line.", labels,
+                    sync.get("device_idle_s"))
 
 
 def _monitor(out: Families, monitor: dict | None, process: str) -> None:
@@ -235,6 +268,8 @@ _RUN_GAUGES = (
     ("pipeline_speedup_vs_fixed", "pipeline-bench: fixed order's makespan over this run's.", "speedup_vs_fixed"),
     ("pipeline_makespan_over_lower_bound", "pipeline-bench: makespan over the run's lower bound.",
      "makespan_over_lower_bound"),
+    ("pipeline_makespan_over_memory_bound", "pipeline-bench: makespan over the lower bound at the run's memory cap.",
+     "makespan_over_memory_bound"),
 )
 
 
@@ -263,6 +298,54 @@ def _check(out: Families, result: dict, process: str) -> None:
         out.gauge("checks_passed", "jaxdbg check: 1 when every check passed.", {"process": process}, result["passed"])
 
 
+# ---- memory ------------------------------------------------------------------------------------------------
+
+
+def device_memory(out: Families, device: str, process: str, live: Any, peak: Any) -> None:
+    """A device's live and peak bytes: the same two families for a memory report and a live watch."""
+    labels = {"device": device, "process": process}
+    out.gauge("device_memory_live_bytes", "Bytes of live jax arrays on a device.", labels, live)
+    out.gauge("device_memory_peak_bytes", "A device's peak memory: its own peak_bytes_in_use where it keeps one "
+              "(GPU, TPU), else the most bytes of live arrays seen.", labels, peak)
+
+
+def _memory(out: Families, result: dict, process: str) -> None:
+    largest: dict[str, dict] = {}
+    for fn in result.get("functions") or []:  # a function's largest compile
+        if fn["name"] not in largest or fn["peak_bytes"] > largest[fn["name"]]["peak_bytes"]:
+            largest[fn["name"]] = fn
+    for name, fn in largest.items():
+        labels = {"function": name, "process": process}
+        out.gauge("memory_program_peak_bytes", "jaxdbg memory: what a call of the function holds at once (per "
+                  "device).", labels, fn.get("peak_bytes"))
+        out.gauge("memory_program_temp_bytes", "jaxdbg memory: the function's temporaries (per device).", labels,
+                  fn.get("temp_bytes"))
+        out.gauge("memory_program_needs_bytes", "jaxdbg memory: live bytes when called plus what the call adds.",
+                  labels, fn.get("needs_bytes"))
+        out.gauge("memory_program_fits", "jaxdbg memory: 1 when the function fits the device memory budget, else 0.",
+                  labels, fn.get("fits"))
+    for device in result.get("devices") or []:
+        measured = device.get("measured_peak_bytes")
+        device_memory(out, device["device"], process, device.get("final_live_bytes"),
+                      measured if measured is not None else device.get("peak_live_bytes"))
+    own = {"process": process}
+    peak = result.get("peak") or {}
+    out.gauge("memory_run_peak_bytes", "jaxdbg memory: the run's peak (live at a call's start + what it adds).",
+              own, peak.get("bytes"))
+    leaks = result.get("leaks") or []
+    out.gauge("memory_leaks", "jaxdbg memory: producers whose live arrays pile up call after call.", own, len(leaks))
+    out.gauge("memory_leaked_bytes", "jaxdbg memory: bytes the leaks hold.", own, sum(leak["bytes"] for leak in leaks))
+    out.gauge("memory_out_of_memory", "jaxdbg memory: 1 when the run ended in an out-of-memory error.", own,
+              result.get("out_of_memory") is not None)
+    budget = result.get("budget") or {}
+    out.gauge("memory_misfits", "jaxdbg memory: functions that do not fit the device memory budget.", own,
+              len(budget.get("misfits") or []))
+    if budget.get("checked"):
+        out.gauge("budget_ok", "1 when every --budget rule held, else 0.", own, budget.get("ok"))
+        out.gauge("budget_violations", "Broken --budget rules.", own, len(budget.get("violations") or []))
+
+
 _BUILDERS: dict[str, Callable[[Families, dict, str], None]] = {
     "profile": _profile, "nan-hunt": _nan_hunt, "pipeline-bench": _pipeline_bench, "check": _check,
+    "memory": _memory,
 }

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from jaxdbg._errors import TargetFailedError, UsageError
 from jaxdbg.nan.messages import HuntFinished, HuntJob, NonFiniteDetected, PeerNote
-from jaxdbg.nan.result import NanHuntResult, Origin
+from jaxdbg.nan.result import AnalysisWarning, NanHuntResult, Origin
 from jaxdbg.runner import first_line, run_contained, waited_to_join
 from jaxdbg.target import TargetSpec, parse_args_spec
 
@@ -73,7 +73,8 @@ def hunt(spec: TargetSpec, options: HuntOptions) -> HuntRun:
     stopped = f"{outcome.describe()}: {hung}" if hung and outcome.status == "timeout" else outcome.describe()
     detected = outcome.last(NonFiniteDetected)
     if detected is not None:  # found, but the analysis itself did not finish (a jaxdbg bug, or --timeout)
-        return HuntRun(_degraded(detected, stopped))
+        said = outcome.exception.traceback if outcome.status == "exception" and outcome.exception else ""
+        return HuntRun(_degraded(detected, stopped, said))
     if outcome.status == "exception" and outcome.exception is not None:
         outcome.reraise_expected()
         message = outcome.exception.message
@@ -90,12 +91,14 @@ def hunt(spec: TargetSpec, options: HuntOptions) -> HuntRun:
     raise TargetFailedError(f"the target {what} before any NaN/Inf was seen; nothing to localise ({remedy})")
 
 
-def _degraded(detected: NonFiniteDetected, why: str) -> NanHuntResult:
+def _degraded(detected: NonFiniteDetected, why: str, traceback: str = "") -> NanHuntResult:
+    """What the parent knows when the child found a NaN/Inf but sent no analysis: the call, and why."""
     first = Origin(detected.kind, None, "forward", detected.source, detected.function, detected.call_index,
                    (f"jit({detected.function})",))
     return NanHuntResult(True, first, explanation=(
         f"`{detected.function}` returned non-finite values in call {detected.call_index}, but the analysis "
-        f"did not finish ({why})."), strategy=None, notes=(f"analysis stopped: {why}",))
+        f"did not finish ({why})."), strategy=None, notes=(f"analysis stopped: {why}",),
+        warnings=(AnalysisWarning("analysis", why, traceback),))
 
 
 def _check_function_options(options: HuntOptions) -> None:

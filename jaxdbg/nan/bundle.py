@@ -4,7 +4,9 @@ Files written into the output folder:
 
 - ``nan_inputs.npz``: the call's flat inputs ``arg0, arg1, ...`` in the order of the jaxpr's inputs (when
   every argument is a plain array, that is also the function's positional order, usable as ``--inputs``);
-  bfloat16 arrays are stored as float32 (npz cannot name bfloat16) and listed in the manifest.
+  bfloat16 arrays are stored as float32 (npz cannot name bfloat16) and listed in the manifest; a typed PRNG
+  key array as its key data (uint32, one more dimension), its manifest dtype ``key<IMPL>``:
+  ``jax.random.wrap_key_data(data, impl=IMPL)`` gives it back, and ``--inputs nan_inputs.npz`` does so itself.
 - ``nan_jaxpr.txt``: the traced jaxpr of the failing function.
 - ``nan_function.stablehlo.mlir``: its StableHLO, as jit lowers it for these inputs.
 - ``nan_bundle.json``: the manifest: function, call index, input names/shapes/dtypes, the origin.
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
@@ -34,12 +36,20 @@ from jaxdbg.nan.placement import device_name, index_ranges
 from jaxdbg.nan.result import Origin
 from jaxdbg.nonfinite import host_readable
 from jaxdbg.report import to_jsonable
-from jaxdbg.target import short_dtype
+from jaxdbg.storable import is_key, key_impl, key_name, restore, storable
+from jaxdbg.target import TREE_KEY, short_dtype
+
+if TYPE_CHECKING:
+    from jaxdbg.nan.analyses import Findings
 
 
 def _storable(value: Any) -> tuple[np.ndarray, str]:
-    """The array as npz can hold it, and its real dtype name (bfloat16 is stored as float32)."""
-    host = np.asarray(value)
+    """The array as npz can hold it, and its dtype's name in the manifest: bfloat16 is stored as float32, a typed
+    PRNG key array as its key data, named ``key<IMPL>`` (:mod:`jaxdbg.storable`)."""
+    data, name = storable(value)
+    if key_impl(name) is not None:
+        return data, str(name)
+    host = restore(data, name)
     dtype = short_dtype(host.dtype)
     return (host.astype(np.float32) if dtype == "bf16" else host), dtype
 
@@ -54,10 +64,12 @@ def _store_shards(arrays: dict, key: str, value: Any) -> list[dict]:
     return pieces
 
 
-def save_bundle(out_dir: str, call: Call, closed: Any, first: Origin | None) -> dict[str, str]:
-    """Write the bundle files; returns ``{artifact name: path}`` for what could be written."""
+def save_bundle(out_dir: str, call: Call, closed: Any, first: Origin | None,
+                artifacts: dict[str, str] | None = None) -> dict[str, str]:
+    """Write the bundle files; returns ``artifacts`` (``{artifact name: path}``), filled as each file is written
+    (one that fails leaves those before it listed)."""
     os.makedirs(out_dir, exist_ok=True)
-    artifacts: dict[str, str] = {}
+    artifacts = {} if artifacts is None else artifacts
     leaves = call.leaves()
     names = call.leaf_names()
     arrays: dict[str, Any] = {}  # (Any: np.savez's **kwds would otherwise clash with its allow_pickle)
@@ -65,11 +77,14 @@ def save_bundle(out_dir: str, call: Call, closed: Any, first: Origin | None) -> 
     for i, leaf in enumerate(leaves):
         if not host_readable(leaf):
             shards[f"arg{i}"] = _store_shards(arrays, f"arg{i}", leaf)
-            dtypes.append(short_dtype(leaf.dtype))
+            dtypes.append(key_name(leaf) if is_key(leaf) else short_dtype(leaf.dtype))
             continue
         host, dtype = _storable(leaf)
         arrays[f"arg{i}"] = host
         dtypes.append(dtype)
+    keys = {f"arg{i}": d for i, d in enumerate(dtypes) if key_impl(d) is not None and f"arg{i}" in arrays}
+    if keys:  # `--inputs nan_inputs.npz` gives the keys back (jaxdbg.target.load_npz_inputs)
+        arrays[TREE_KEY] = np.array(json.dumps({"args": [{"leaf": i} for i in range(len(leaves))], "dtypes": keys}))
     inputs_path = os.path.join(out_dir, "nan_inputs.npz")
     np.savez(inputs_path, **arrays)
     artifacts["inputs"] = inputs_path
@@ -121,3 +136,13 @@ def _stablehlo(closed: Any, leaves: list) -> str | None:
         return jax.jit(replay).lower(*leaves).as_text()
     except Exception:  # noqa: BLE001 - the bundle is a courtesy: a function that will not lower is skipped
         return None
+
+
+def analyse(findings: Findings) -> None:
+    """The ``bundle`` analysis: a jitted finding's call saved under ``--out`` (this process's folder in a job)."""
+    from jaxdbg import multihost
+
+    out_dir = findings.options.out_dir
+    if out_dir and findings.call is not None:
+        closed = getattr(findings.localisation, "closed_jaxpr", None)
+        save_bundle(multihost.process_folder(out_dir), findings.call, closed, findings.first, findings.artifacts)

@@ -118,13 +118,24 @@ def _positional_params(fun: Callable) -> tuple[str, ...]:
 
 
 def output_leaf_names(out: Any, base_names: Sequence[str] | None, function: str) -> list[str]:
-    """Names for the leaves of a call's output: ``params['w']`` when the call was ``params, loss = f(...)``."""
+    """Names for the leaves of a call's output: ``params['w']`` when the call was ``params, loss = f(...)``
+    (a NamedTuple output unpacked the same way too).
+
+    Example:
+        >>> import collections
+        >>> Out = collections.namedtuple("Out", "params loss")
+        >>> output_leaf_names(Out({"w": 1.0}, 2.0), ["params", "loss"], "step")
+        ["params['w']", 'loss']
+    """
     leaves = tree_flatten_with_path(out)[0]
     names = []
     top_is_tuple = isinstance(out, (tuple, list))
     for path, _ in leaves:
         if base_names and top_is_tuple and len(base_names) == len(out) and path:
-            names.append(base_names[path[0].idx] + keystr(tuple(path[1:])))
+            position = getattr(path[0], "idx", None)  # a NamedTuple's entries are keyed by field name
+            if position is None:
+                position = out._fields.index(path[0].name) if hasattr(out, "_fields") else 0
+            names.append(base_names[position] + keystr(tuple(path[1:])))
         elif base_names and len(base_names) == 1:
             names.append(base_names[0] + keystr(tuple(path)))
         else:

@@ -20,11 +20,16 @@ from __future__ import annotations
 
 import io
 import linecache
+import re
 import tokenize
 from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from jaxdbg._source import SourceLocation
-from jaxdbg.nan.result import GrowthEntry, Origin, PrecisionCheck, ValueStats
+from jaxdbg.nan.result import GrowthEntry, Origin, Overflow, PrecisionCheck, ValueStats
+
+if TYPE_CHECKING:
+    from jaxdbg.nan.analyses import Findings
 
 # (origin, code of its line, code of the lines that computed its inputs) -> (sentence, hints) or None
 Pattern = Callable[[Origin, str, str], "tuple[str, list[str]] | None"]
@@ -43,6 +48,9 @@ LOG_SIGMOID = ("use `jax.nn.log_sigmoid(x)` (and `jax.nn.log_sigmoid(-x)` for lo
                "`optax.sigmoid_binary_cross_entropy(logits, labels)`")
 SQRT_EPSILON = ("add an epsilon inside: `jnp.sqrt(x + 1e-12)` (or take the square root only where x > 0, with the "
                 "double-where trick)")
+POW_BASE = ("keep the base of the power away from zero: `jnp.maximum(x, 1e-6) ** gamma` (a power below 1 has an "
+            "infinite derivative at 0)")
+EPSILONS = (EPSILON_LOG, EPSILON_DIV, SQRT_EPSILON, POW_BASE)  # left out where the line already adds an epsilon
 MASKED_MEAN = ("a fully masked batch or row (all padding) has nothing to average: divide by "
                "`jnp.maximum(mask.sum(), 1)` "
                "(its numerator is 0 too), and check the data pipeline for empty batches")
@@ -53,6 +61,20 @@ LOSS_SCALE = "with float16 gradients use loss scaling (scale the loss up, unscal
 EXP_LIMIT = {"f16": 11.09, "bf16": 88.72, "f32": 88.72, "f64": 709.78}
 DIVERGED = 1e6  # a value that grew to this magnitude was diverging; below, growth may be ordinary training
 OVERFLOW_AT = {"f16": 65504.0, "bf16": 3.39e38, "f32": 3.40e38, "f64": 1.8e308}
+DTYPE_NAMES = {"f16": "float16", "bf16": "bfloat16"}
+SCALE_INPUTS = ("scale the values into range before it: normalise the inputs (pixels / 255, standardised "
+                "features) and scale attention logits by 1/sqrt(head_dim) before the matmul")
+UPCAST_HOW = {
+    "dot_general": "`jnp.matmul(a, b, preferred_element_type=jnp.float32)` (or `a.astype(jnp.float32) @ b`)",
+    "conv_general_dilated": "`lax.conv_general_dilated(..., preferred_element_type=jnp.float32)`",
+    "mul": "`x.astype(jnp.float32) * x` (a norm's statistics are usually kept in float32)",
+    "integer_pow": "`x.astype(jnp.float32) ** 2` (a norm's statistics are usually kept in float32)",
+    "reduce_sum": "`jnp.sum(x, dtype=jnp.float32)`",
+    "exp": "`jnp.exp(x.astype(jnp.float32))`",
+}
+EPSILON_WRITTEN = re.compile(r"\beps(ilon)?\b|\d(\.\d*)?e-\d+")  # an epsilon already in the code
+
+SUMMING = ("dot_general", "conv_general_dilated", "reduce_sum", "cumsum", "add_any")  # sum many values inside
 
 
 def _code(source: SourceLocation | None) -> str:
@@ -99,7 +121,7 @@ def _masked_softmax(origin: Origin, line: str, feeders: str) -> tuple[str, list[
     second = _stat(origin, 1)
     if origin.primitive != "sub" or first is None or second is None or not (first.inf and second.inf):
         return None
-    if not ("softmax" in line or "max" in line or origin.constant_input or second.min == float("-inf")):
+    if second.min != float("-inf"):  # a row's maximum is -inf only when all of it is; +inf is an overflow
         return None
     return ("a row where every entry is -inf (fully masked) was normalised: its maximum is -inf, and "
             "x - max = -inf - (-inf) = NaN.",
@@ -159,7 +181,8 @@ def _singular_derivative(origin: Origin, line: str, feeders: str) -> tuple[str, 
     for name in ("sqrt", "norm", "pow", "**", "log", "arcsin", "arccos", "abs"):
         if name in line:
             what = {"norm": "a norm at the zero vector", "**": "a fractional power at 0"}.get(name, f"{name} at 0")
-            hints = [SQRT_EPSILON, DOUBLE_WHERE] if name in ("sqrt", "norm") else [EPSILON_DIV, DOUBLE_WHERE]
+            fix = {"sqrt": SQRT_EPSILON, "norm": SQRT_EPSILON, "pow": POW_BASE, "**": POW_BASE}.get(name, EPSILON_DIV)
+            hints = [fix, DOUBLE_WHERE]
             return (f"the derivative of {what} is infinite, so this backward-pass operation made "
                     f"{'a NaN' if origin.kind == 'nan' else 'an Inf'} although the forward value is finite.", hints)
     return None
@@ -192,9 +215,29 @@ def _inf_arithmetic(origin: Origin, line: str, feeders: str) -> tuple[str, list[
         what = "inf / inf is NaN: both values overflowed before"
     elif origin.primitive in ("mul", "dot_general"):
         what = "0 * inf is NaN: one input holds inf and the other holds zeros"
+    elif origin.primitive == "sub":
+        what = "inf - inf is NaN: both inputs hold an infinity of the same sign"
     else:
-        what = "inf - inf is NaN: the inputs hold infinities of opposite sign"
+        what = "inf + (-inf) is NaN: the inputs hold infinities of opposite sign"
     return what + " (see the chain for where the infinities came from).", _overflow_hints(origin, line)
+
+
+def _overflow_inside(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] | None:
+    """A matmul (or sum) of finite but huge values: its products or partial sums overflow, and +inf meeting
+    -inf (or 0) inside it makes NaN; whether it gives NaN or only Inf depends on the order of the sums."""
+    if origin.kind != "nan" or origin.primitive not in SUMMING or any(s.inf or s.nan for s in origin.inputs):
+        return None
+    dtype = _dtype(origin)
+    limit = OVERFLOW_AT.get(dtype, 3.4e38)
+    sizes = sorted((max(abs(s.min or 0.0), abs(s.max or 0.0)) for s in origin.inputs), reverse=True)
+    reach = sizes[0] * sizes[1] if origin.primitive in ("dot_general", "conv_general_dilated") and len(sizes) > 1 \
+        else sizes[0] if sizes else 0.0
+    if reach < limit / 1e3:  # not near the dtype's range: something else made it
+        return None
+    inputs = " and ".join(f"{v:.3g}" for v in sizes[:2])
+    return (f"its inputs reach {inputs}, so its products and sums overflow {dtype} (max {limit:.3g}): inside the "
+            "sum +inf meets -inf (or 0), which is NaN (on another CPU the same sum may give only Inf, and the NaN "
+            "appear one operation later).", [CLIP] + ([UPCAST, LOSS_SCALE] if dtype in ("f16", "bf16") else []))
 
 
 def _overflow_hints(origin: Origin, line: str) -> list[str]:
@@ -216,8 +259,12 @@ def _overflow(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] 
         return (f"converting to {dtype} overflowed: the value ({_biggest(origin):.3g}) is beyond {dtype}'s range "
                 f"(max {OVERFLOW_AT.get(dtype, 3.4e38):.3g}).", [UPCAST, LOSS_SCALE if dtype == "f16" else CLIP])
     if not any(s.inf for s in origin.inputs):
-        return (f"{origin.primitive} overflowed {dtype} (largest input {_biggest(origin):.3g}, limit "
-                f"{OVERFLOW_AT.get(dtype, 3.4e38):.3g}).",
+        biggest = sorted((max(abs(s.min or 0.0), abs(s.max or 0.0)) for s in origin.inputs), reverse=True)
+        what = (f"its inputs reach {biggest[0]:.3g} and {biggest[1]:.3g}, whose products" if
+                origin.primitive in ("dot_general", "conv_general_dilated", "mul") and len(biggest) > 1 else
+                f"its largest input is {_biggest(origin):.3g}, and the result")
+        return (f"{origin.primitive} overflowed {dtype}: {what} exceed {dtype}'s max "
+                f"{OVERFLOW_AT.get(dtype, 3.4e38):.3g}.",
                 [CLIP] + ([UPCAST, LOSS_SCALE] if dtype in ("f16", "bf16") else []))
     return None
 
@@ -232,7 +279,7 @@ def _domain(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] | 
 
 
 PATTERNS: tuple[Pattern, ...] = (_input_pattern, _masked_softmax, _masked_gradient, _log, _sqrt,
-                                 _singular_derivative, _division, _inf_arithmetic, _domain, _overflow)
+                                 _singular_derivative, _division, _inf_arithmetic, _overflow_inside, _domain, _overflow)
 
 
 def _match(origin: Origin, feeders: Sequence[SourceLocation]) -> tuple[Pattern | None, str, list[str]]:
@@ -296,6 +343,8 @@ def _where(origin: Origin) -> str:
     value = {"nan": "A NaN", "inf": "An Inf", "input": "A non-finite value"}[origin.kind]
     if origin.kind == "input":
         return f"{value} reached `{origin.function}` in call {origin.call_index}"
+    if origin.primitive is None:  # the replay did not say which operation (see the notes and warnings)
+        return f"{value} is in the outputs of `{origin.function}`, call {origin.call_index}{src}"
     pass_ = "backward pass (the gradient)" if origin.pass_ == "backward" else "forward pass"
     eager = " (run eagerly, outside jit)" if origin.path[:1] == ("eager",) else ""
     return (f"{value} was first made by `{origin.primitive}` in the {pass_} of `{origin.function}`, "
@@ -311,22 +360,57 @@ def _root_where(root: Origin, first: Origin) -> str:
     return f"The infinity came from `{root.primitive}` in the {pass_}{call}{inner}{line}"
 
 
+def _range_sentence(overflow: Overflow, first: Origin) -> str:
+    """The root cause, a bf16/f16 overflow before the origin: where the value left the dtype's range."""
+    o, name = overflow.origin, DTYPE_NAMES[overflow.dtype]
+    pass_ = "backward pass" if o.pass_ == "backward" else "forward pass"
+    call = ("" if (o.function, o.call_index) == (first.function, first.call_index)
+            else f" of `{o.function}`, call {o.call_index}")
+    line = f" at line {o.source.line}" if o.source else ""
+    reach = f"; products of its inputs reach {overflow.reach:.3g}" if overflow.reach else ""
+    return (f"The root cause is a {name} overflow: `{o.primitive}` in the {pass_}{call}{line} computed values beyond "
+            f"{name}'s range (max {overflow.max:.6g}{reach}) and made Inf, which later operations turned into "
+            f"this {'NaN' if first.kind == 'nan' else 'Inf'}; an epsilon does not help.")
+
+
+def _range_fixes(overflow: Overflow) -> list[str]:
+    """Fixes for a bf16/f16 overflow: that operation in float32, its inputs scaled, loss scaling for a gradient."""
+    o = overflow.origin
+    line = f" at line {o.source.line}" if o.source else ""
+    how = UPCAST_HOW.get(o.primitive or "", "cast its inputs with `.astype(jnp.float32)`")
+    fixes = [f"compute `{o.primitive}`{line} in float32: {how}, and cast the result back if needed", SCALE_INPUTS]
+    return [LOSS_SCALE, *fixes] if o.pass_ == "backward" else fixes
+
+
+def _has_epsilon(origin: Origin) -> bool:
+    """The origin's line already adds an epsilon (``+ eps``, ``1e-5``): another one is no fix."""
+    return EPSILON_WRITTEN.search(_code(origin.source)) is not None
+
+
 def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence[GrowthEntry] = (),
             precision: PrecisionCheck | None = None, strategy: str | None = None,
-            input_sources: Mapping[Origin, Sequence[SourceLocation]] | None = None) -> tuple[str, tuple[str, ...]]:
+            input_sources: Mapping[Origin, Sequence[SourceLocation]] | None = None,
+            overflow: Overflow | None = None) -> tuple[str, tuple[str, ...]]:
     """``(paragraph, hints)`` for a finding; an empty paragraph when nothing was found.
 
-    ``input_sources`` gives, per origin, the user lines that computed its inputs (from the replay).
+    ``input_sources`` gives, per origin, the user lines that computed its inputs (from the replay);
+    ``overflow``, a bf16/f16 overflow behind the origin (:mod:`jaxdbg.nan.overflow`): the root cause and its fix.
     """
     if first is None:
         return "", ()
     sources = input_sources or {}
     pattern, text, hints = _match(first, sources.get(first, ()))
     parts = [_where(first) + ":", text or (
-        f"`{first.primitive}` produced it from inputs that held no {'NaN' if first.kind == 'nan' else 'Inf'}.")]
+        f"`{first.primitive}` produced it from inputs that held no {'NaN' if first.kind == 'nan' else 'Inf'}."
+        if first.primitive is not None else "which operation made it inside the call is not known.")]
     root = _root(first, chain) if pattern in (_inf_arithmetic, None) else None
     root_pattern, root_text, root_hints = _match(root, sources.get(root, ())) if root is not None else (None, "", [])
-    if root is not None and root_pattern is not None:
+    if overflow is not None:  # where the value left its dtype's range: that is what to fix
+        if overflow.origin != first:
+            parts.append(_range_sentence(overflow, first))
+            root = overflow.origin
+        hints = _range_fixes(overflow)
+    elif root is not None and root_pattern is not None:
         parts.append(f"{_root_where(root, first)}: {root_text[0].lower()}{root_text[1:]}")
         hints = root_hints  # fix where the infinity is born; the arithmetic on it only passes it on
     else:
@@ -356,7 +440,7 @@ def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence
         parts.append(precision.detail[0].upper() + precision.detail[1:] + ".")
         if precision.f32_removes_origin:
             hints.insert(0, UPCAST)
-    elif first.kind != "input" and _dtype(first) in ("bf16", "f16"):
+    elif overflow is None and first.kind != "input" and _dtype(first) in ("bf16", "f16"):
         hints.append(UPCAST + " (run with --precision to test whether float32 fixes it)")
         if _dtype(first) == "f16":
             hints.append(LOSS_SCALE)
@@ -364,4 +448,13 @@ def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence
         parts.append("Replayed one operation at a time the values stay finite; only the compiled program (XLA "
                      "fuses and rewrites algebra, e.g. (y + c) - c becomes y) produces it, so jaxdbg bisected "
                      "over compiled prefixes of the computation.")
+    if _has_epsilon(first):
+        hints = [h for h in hints if h not in EPSILONS]
     return " ".join(parts), tuple(dict.fromkeys(hints))
+
+
+def analyse(findings: Findings) -> None:
+    """The ``explanation`` analysis: the paragraph and hints, from everything found before it."""
+    findings.explanation, findings.hints = explain(findings.first, findings.chain, findings.growth,
+                                                   findings.precision, findings.strategy, findings.sources,
+                                                   findings.overflow)

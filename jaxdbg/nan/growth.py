@@ -21,13 +21,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from jaxdbg._source import SourceLocation
 from jaxdbg.nan.result import GrowthEntry
 
+if TYPE_CHECKING:
+    from jaxdbg.nan.analyses import Findings
+
 NOTABLE = 1.0  # a peak below this is small whatever the ratio (values near 0 grow by large factors)
+EAGER_KEY = "eager:"  # series of values updated eagerly (jaxdbg.nan.eager_growth) start their key with this
 
 
 @dataclass
@@ -97,12 +102,46 @@ class GrowthTracker:
             series.sources = [find(i) for i in range(len(series.names))]
 
     def report(self) -> list[GrowthEntry]:
-        """Leaves that grew by at least ``factor`` to at least :data:`NOTABLE`, earliest first (then by ratio)."""
-        entries = []
-        for s in self.series.values():
+        """Leaves that grew by at least ``factor`` to at least :data:`NOTABLE`, earliest first (then by ratio). A
+        value also seen as the argument of a jitted call is reported as that (its calls are the jitted
+        function's), not again as the eager update that made it (``key`` of that series: ``eager:...``)."""
+        entries, seen = [], set()
+        for key, s in sorted(self.series.items(), key=lambda item: item[0].startswith(EAGER_KEY)):
             for i in np.nonzero((s.first_call >= 0) & (s.peak >= NOTABLE))[0]:
                 source = s.sources[i] if i < len(s.sources) and s.sources[i] is not None else s.source
-                ratio = float(s.peak[i] / s.baseline[i])
-                entries.append(GrowthEntry(s.names[i], source, int(s.first_call[i]), ratio, s.function,
-                                           float(s.baseline[i]), float(s.peak[i])))
+                if key.startswith(EAGER_KEY) and (s.names[i], source) in seen:
+                    continue
+                seen.add((s.names[i], source))
+                entries.append(GrowthEntry(s.names[i], source, int(s.first_call[i]), float(s.peak[i] / s.baseline[i]),
+                                           s.function, float(s.baseline[i]), float(s.peak[i])))
         return sorted(entries, key=lambda e: (e.first_call, -e.ratio))
+
+
+def analyse(findings: Findings) -> None:
+    """The ``growth`` analysis: what the watch saw grow before the finding, each output leaf of the failing
+    function named by the line that computes it (known once its jaxpr is traced)."""
+    watch = findings.watch
+    closed = getattr(findings.localisation, "closed_jaxpr", None)
+    if findings.call is not None and closed is not None:
+        watch.growth.set_sources(findings.call.name, _output_sources(closed))
+    findings.growth = tuple(watch.growth.report())
+
+
+def _output_sources(closed: Any) -> Callable[[int], SourceLocation | None]:
+    """Floating output ``i`` of a closed jaxpr -> the source line of the equation that computes it."""
+    from jaxdbg import _compat
+    from jaxdbg.nonfinite import is_inexact
+
+    jaxpr, _ = _compat.open_jaxpr(closed)
+    producer = {}
+    for eqn in jaxpr.eqns:
+        for var in eqn.outvars:
+            producer[var] = eqn
+    floats = [v for v in jaxpr.outvars if is_inexact(getattr(v, "aval", None))]
+
+    def find(i: int) -> SourceLocation | None:
+        if i >= len(floats) or _compat.is_literal(floats[i]) or floats[i] not in producer:
+            return None
+        return _compat.eqn_source(producer[floats[i]])
+
+    return find

@@ -31,7 +31,7 @@ from jaxdbg._source import SourceLocation
 from jaxdbg.jaxpr import Hooks, Interpreter, Scope, Site, Stop
 from jaxdbg.nan.calls import Call
 from jaxdbg.nan.passes import PassClassifier
-from jaxdbg.nan.placement import first_bad_shard
+from jaxdbg.nan.placement import Placement, first_bad_block, first_bad_shard
 from jaxdbg.nan.result import Origin
 from jaxdbg.nan.stats import nonfinite_flags, value_stats
 
@@ -78,6 +78,9 @@ class Localisation:
     # Per reported origin (first, then chain): the user lines that computed its inputs, for the explanation
     # (``log(probs)`` reads differently when ``probs`` came from a ``softmax`` line).
     input_sources: dict[Origin, tuple[SourceLocation, ...]] | None = None
+    # Every Inf made from finite inputs before the origin (records, with their sites): where a value may have
+    # left its dtype's range (jaxdbg.nan.overflow).
+    infs: tuple[Record, ...] = ()
 
 
 def _vmap_marked(path: tuple[str, ...], name_stack: str) -> tuple[str, ...]:
@@ -250,7 +253,7 @@ class NanHunter(Hooks):
         inputs = tuple(value_stats(_typed(atom, v)) for atom, v in zip(site.eqn.invars, invals))
         outputs = tuple(value_stats(v) for v in outvals)
         name_stack = site.name_stack
-        where = first_bad_shard(outvals)
+        where = _placement(site, outvals)
         origin = Origin(
             kind, site.primitive, self.passes.pass_of(site), site.source, self.function, self.call_index,
             _vmap_marked(site.path, name_stack), inputs, None, outputs, name_stack,
@@ -285,6 +288,21 @@ class NanHunter(Hooks):
             if origin.kind == kind and (not need_nan or origin.outputs[0].nan):
                 return i
         return None
+
+
+def _placement(site: Site, outvals: list) -> Placement | None:
+    """Where an origin's first non-finite value sits: the device (and its block of a global array) inside a
+    shard_map or pmap body, whose values hold every device's block; else the shard of a global array."""
+    mapped = next((s for s in reversed(site.enclosing()) if s.primitive == "shard_map"), None)
+    if mapped is None:
+        return first_bad_shard(outvals)
+    layout = _compat.shard_map_layout(mapped.eqn.params)
+    if layout is None:
+        return None
+    sizes, in_specs, out_specs, manual = layout
+    atoms = [*mapped.eqn.invars, *mapped.eqn.outvars]
+    operands = [(tuple(a.aval.shape), spec) for a, spec in zip(atoms, (*in_specs, *out_specs)) if hasattr(a, "aval")]
+    return first_bad_block(outvals, sizes, manual, getattr(mapped.eqn.params.get("mesh"), "devices", None), operands)
 
 
 def input_sources(site: Site) -> tuple[SourceLocation, ...]:
@@ -364,7 +382,7 @@ def localise_call(call: Call, nan_only: bool = False, closed: Any = None) -> Loc
     sources = {r.origin: input_sources(r.site) for r in (record, *chain) if r is not None and r.site is not None}
     return Localisation(
         record.origin if record else None, tuple(r.origin for r in chain), strategy, reproduced, record,
-        tuple(hunter.opaque_notes), closed, sources,
+        tuple(hunter.opaque_notes), closed, sources, tuple(r for r in hunter.records if r.origin.kind == "inf"),
     )
 
 

@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from jaxdbg.nonfinite import is_inexact, nonfinite_flags
 
 
@@ -25,7 +27,7 @@ class Placement:
     """A shard: its process, its device (``platform:id``) and its ``[start, stop)`` range per dimension."""
 
     process: int
-    device: str
+    device: str | None  # None: inside a shard_map whose mesh names no devices
     index: tuple[tuple[int, int], ...]
 
 
@@ -51,3 +53,63 @@ def index_ranges(index: tuple, shape: tuple[int, ...]) -> tuple[tuple[int, int],
     return tuple((part.indices(size)[0], part.indices(size)[1]) if isinstance(part, slice)
                  else (int(part), int(part) + 1)
                  for part, size in zip(index, shape))
+
+
+def first_bad_block(values: Sequence[Any], sizes: dict[str, int], manual: tuple[str, ...], devices: Any,
+                    operands: Sequence[tuple[tuple[int, ...], Any]]) -> Placement | None:
+    """Inside a shard_map (or pmap) body, where the first non-finite value sits: the device whose block holds
+    it, and the index range that block covers in a global array of the map (an input or output with the same
+    block shape, by its spec), else the device's position along each mesh axis of the map (``[(5, 6)]``: a
+    pmap's index 5 on the mapped axis). Body values are stacked ``[*manual axis sizes, *block]`` (see
+    :func:`jaxdbg.jaxpr.interpreter._to_device_blocks`); ``devices`` is the mesh's device array (or None),
+    ``operands`` the map's global ``(shape, spec)`` pairs.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from jax.sharding import PartitionSpec as P
+        >>> block = jnp.ones((4, 2, 3)).at[2, 1, 0].set(jnp.nan)   # 4 devices, blocks of (2, 3)
+        >>> where = first_bad_block([block], {"data": 4}, ("data",), None, [((8, 3), P("data"))])
+        >>> where.device, where.index
+        (None, ((4, 6), (0, 3)))
+    """
+    for value in values:
+        if not is_inexact(value) or np.ndim(value) < len(manual):
+            continue
+        import jax.numpy as jnp
+
+        finite = np.asarray(jnp.isfinite(value))
+        bad = ~finite.reshape(*finite.shape[:len(manual)], -1).all(axis=-1)
+        if not bad.any():
+            continue
+        coords = tuple(int(c) for c in np.argwhere(bad)[0])
+        where = dict(zip(manual, coords))
+        device = None
+        if devices is not None:
+            device = devices[tuple(where.get(axis, 0) for axis in sizes)]
+        block = tuple(finite.shape[len(manual):])
+        index = _block_range(block, where, sizes, operands) or tuple((i, i + 1) for i in coords)
+        return Placement(device.process_index if device is not None else 0,
+                         device_name(device) if device is not None else None, index)
+    return None
+
+
+def _block_range(block: tuple[int, ...], where: dict[str, int], sizes: dict[str, int],
+                 operands: Sequence[tuple[tuple[int, ...], Any]]) -> tuple[tuple[int, int], ...] | None:
+    """The ``[start, stop)`` ranges the block at mesh position ``where`` covers in the first global array of
+    ``operands`` whose blocks have this shape."""
+    for shape, spec in operands:
+        entries = list(spec) + [None] * (len(shape) - len(tuple(spec)))
+        ranges = []
+        for size, extent, entry in zip(shape, block, entries):
+            axes = [a for a in ((entry,) if isinstance(entry, str) else tuple(entry or ())) if a in where]
+            parts = int(np.prod([sizes[a] for a in axes], dtype=int)) if axes else 1
+            if len(shape) != len(block) or size != extent * parts:
+                break
+            position = 0
+            for axis in axes:  # row-major over the spec's axes
+                position = position * sizes[axis] + where[axis]
+            ranges.append((position * extent, (position + 1) * extent))
+        else:
+            if len(shape) == len(block):
+                return tuple(ranges)
+    return None

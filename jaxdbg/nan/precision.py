@@ -17,7 +17,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax.numpy as jnp
 import numpy as np
@@ -28,6 +28,9 @@ from jaxdbg.nan.calls import Call
 from jaxdbg.nan.localise import Localisation
 from jaxdbg.nan.result import PrecisionCheck
 from jaxdbg.nan.stats import nonfinite_flags
+
+if TYPE_CHECKING:
+    from jaxdbg.nan.analyses import Findings
 
 LOW = ("bf16", "f16")
 _DTYPE_PARAMS = ("new_dtype", "preferred_element_type", "dtype")
@@ -108,3 +111,9 @@ def check_precision(found: Localisation, call: Call) -> PrecisionCheck | None:
     if not outputs_finite and removes:
         detail += "; other outputs stay non-finite in float32"
     return PrecisionCheck(dtype, removes, outputs_finite, detail)
+
+
+def analyse(findings: Findings) -> None:
+    """The ``precision`` analysis (``--precision``): for a bf16/f16 origin found by replay, whether float32 cures it."""
+    if findings.options.precision and findings.strategy == "op-by-op replay" and findings.call is not None:
+        findings.precision = check_precision(findings.localisation, findings.call)

@@ -14,7 +14,7 @@ Example:
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from jaxdbg._source import SourceLocation
 
@@ -102,6 +102,17 @@ class PrecisionCheck:
 
 
 @dataclass(frozen=True)
+class Overflow:
+    """A float16/bfloat16 operation whose result left its dtype's range before the origin, and led to it: the root
+    cause to fix (compute it in float32, scale its inputs, or scale the loss for a gradient)."""
+
+    origin: Origin  # the operation that made the Inf (kind 'inf'): its line, pass and inputs
+    dtype: str  # 'f16' or 'bf16'
+    max: float  # the dtype's largest finite value
+    reach: float | None  # how large its result gets computed in float32, where the inputs say (None: unknown)
+
+
+@dataclass(frozen=True)
 class ProcessFinding:
     """One process of a multi-process job, in process 0's report: did it find the origin, which, and where."""
 
@@ -111,6 +122,20 @@ class ProcessFinding:
     process: int | None = None  # where that origin's non-finite value sits, as this process saw it
     device: str | None = None
     note: str = ""  # why it has no answer (it died or hung)
+
+
+@dataclass(frozen=True)
+class AnalysisWarning:
+    """A step of the analysis after the origin (see :mod:`jaxdbg.nan.analyses`) that failed: what it would have
+    added is missing, the rest of the answer stands. ``traceback`` is for ``-v`` (stderr), not the JSON."""
+
+    step: str  # "bundle", "chain", "growth", ...: an analysis' name
+    message: str  # the error in one line: "TypeError: ..."
+    traceback: str = field(default="", compare=False, metadata={"json": None})
+
+    def line(self) -> str:
+        """``the bundle step failed (OSError: ...); the rest of the report stands``."""
+        return f"the {self.step} step failed ({self.message}); the rest of the report stands"
 
 
 @dataclass(frozen=True)
@@ -130,6 +155,12 @@ class NanHuntResult:
     functions_watched: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default=())
     processes: tuple[ProcessFinding, ...] = ()  # process 0 of a multi-process job: what each process found
+    warnings: tuple[AnalysisWarning, ...] = ()  # steps after the origin that failed (their part is missing)
+    overflow: Overflow | None = None  # a float16/bfloat16 overflow behind the origin: the root cause
 
     def essential_line(self) -> str | None:
         return self.first.describe() if self.first is not None else None
+
+    def warned(self, step: str, messages: list[str]) -> NanHuntResult:
+        """This result with a warning per message of a step that failed after the analysis (``--metrics``)."""
+        return replace(self, warnings=(*self.warnings, *(AnalysisWarning(step, m) for m in messages)))

@@ -25,15 +25,13 @@ from jax.tree_util import keystr, tree_flatten_with_path
 from jaxdbg import _compat, frameworks, multihost
 from jaxdbg._errors import TargetFailedError, UsageError
 from jaxdbg.jit_layer import unwrap_function
+from jaxdbg.nan.analyses import Findings, guarded, run_analyses
 from jaxdbg.nan.api import HuntOptions
-from jaxdbg.nan.bundle import save_bundle
 from jaxdbg.nan.calls import Call
-from jaxdbg.nan.explain import explain
 from jaxdbg.nan.fidelity import bisect_compiled
-from jaxdbg.nan.localise import Localisation, localise_call, origins_of_outputs
+from jaxdbg.nan.localise import localise_call
 from jaxdbg.nan.messages import HuntFinished, HuntJob, NonFiniteDetected, PeerNote
-from jaxdbg.nan.precision import check_precision
-from jaxdbg.nan.result import GradNorm, NanHuntResult, Origin, ProcessFinding
+from jaxdbg.nan.result import AnalysisWarning, GradNorm, NanHuntResult, Origin, ProcessFinding
 from jaxdbg.nan.stats import is_inexact, nonfinite_flags
 from jaxdbg.nan.watch import EagerFinding, JitFinding, NonFiniteFound, Watch
 from jaxdbg.runner import first_line
@@ -50,7 +48,10 @@ def hunt_job(job: HuntJob, channel: Any) -> None:
     presence.start()
     try:
         result, artifacts = hunt_here(job.spec, job.options, channel)
-        result = share_with_the_job(result, job.options.timeout)
+        warnings: list[AnalysisWarning] = []
+        shared: list[NanHuntResult] = []
+        guarded(warnings, "job", lambda: shared.append(share_with_the_job(result, job.options.timeout)))
+        result = shared[0] if shared else dataclasses.replace(result, warnings=(*result.warnings, *warnings))
     finally:
         presence.stop()
     channel.send(HuntFinished(result, artifacts, environment_info()))
@@ -290,120 +291,48 @@ def _grad_norms(fn: Any, grads: Any, argnums: tuple[int, ...]) -> tuple[GradNorm
 
 def _analyse(finding: JitFinding | EagerFinding, watch: Watch, options: HuntOptions, channel: Any,
              names: tuple[str, ...], grad_norms: tuple = ()) -> tuple[NanHuntResult, dict[str, str]]:
-    first: Origin | None
+    """Localise a finding, then run the analyses after the origin (:mod:`jaxdbg.nan.analyses`), each guarded."""
     if isinstance(finding, EagerFinding):
-        first = finding.origin
-        earlier, sources, notes = _earlier_infs(finding, watch, options, any(s.inf for s in first.inputs))
-        growth = tuple(watch.growth.report())
-        text, hints = explain(first, earlier, growth, input_sources=sources)
-        return NanHuntResult(True, first, tuple(earlier), growth, text, hints, "eager check",
-                             calls_watched=watch.calls, functions_watched=names, notes=tuple(notes)), {}
+        findings = Findings(finding.origin, finding, watch, options, strategy="eager check",
+                            came_in=any(s.inf for s in finding.origin.inputs))
+        calls = watch.calls
+    else:
+        call = finding.call
+        if channel is not None:
+            channel.send(NonFiniteDetected(call.name, call.call_index, call.call_site, finding.kind))
+        findings = _localised(finding, watch, options)
+        calls = max(watch.calls, 1)
+    run_analyses(findings)
+    return findings.result(calls, names, grad_norms), findings.artifacts
+
+
+def _localised(finding: JitFinding, watch: Watch, options: HuntOptions) -> Findings:
+    """The origin of a jitted finding: op-by-op replay, else compiled-prefix bisection, else the call itself
+    (also when the localisation fails: a warning then says why)."""
     call = finding.call
-    if channel is not None:
-        channel.send(NonFiniteDetected(call.name, call.call_index, call.call_site, finding.kind))
-    found = localise_call(call, options.nan_only, finding.closed_jaxpr)
-    strategy, notes = found.strategy, list(found.notes)
-    first, chain = found.first, list(found.chain)
-    sources = dict(found.input_sources or {})
-    if first is None:
-        bisected = bisect_compiled(found.closed_jaxpr, call.leaves(), call.name, call.call_index, options.nan_only)
-        if bisected is not None:
-            first, strategy = bisected.origin, "compiled-prefix bisection"
-            notes.append(f"op-by-op replay stayed finite; {bisected.probes} compiled prefixes of "
-                         f"{bisected.equations} equations bisected")
-        else:
-            first = Origin(finding.kind, None, "forward", call.call_site, call.name, call.call_index,
-                           (f"jit({call.name})",))
-            notes.append("neither op-by-op replay nor compiled prefixes reproduced the non-finite outputs "
-                         "(nondeterministic, or dependent on state outside the call's arguments)")
-    came_in = [c.argument for c in chain if c.kind == "input" and any(s.inf for s in c.outputs)]
-    if came_in and finding.argument_feeds:  # only the Infs of the arguments that fed the NaN
-        finding = dataclasses.replace(finding, feeds=frozenset().union(
-            *(finding.argument_feeds.get(name or "", frozenset()) for name in came_in)) or finding.feeds)
-    earlier, earlier_sources, earlier_notes = _earlier_infs(finding, watch, options, bool(came_in))
-    chain, notes = earlier + chain, earlier_notes + notes
-    sources.update(earlier_sources)
-    precision = check_precision(found, call) if options.precision and strategy == "op-by-op replay" else None
-    _attach_growth_sources(watch, call, found)
-    growth = tuple(watch.growth.report())
-    text, hints = explain(first, chain, growth, precision, strategy, sources)
-    folder = multihost.process_folder(options.out_dir) if options.out_dir else None
-    artifacts = save_bundle(folder, call, found.closed_jaxpr, first) if folder else {}
-    result = NanHuntResult(
-        True, first, tuple(chain), growth, text, hints, strategy, precision,
-        grad_norms, max(watch.calls, 1), names, tuple(notes),
-    )
-    return result, artifacts
+    findings = Findings(None, finding, watch, options, call)
 
+    def localise() -> None:
+        found = localise_call(call, options.nan_only, finding.closed_jaxpr)
+        findings.localisation, findings.strategy, findings.first = found, found.strategy, found.first
+        findings.chain, findings.sources = list(found.chain), dict(found.input_sources or {})
+        findings.notes += found.notes
+        if found.first is None:
+            bisected = bisect_compiled(found.closed_jaxpr, call.leaves(), call.name, call.call_index, options.nan_only)
+            if bisected is not None:
+                findings.first, findings.strategy = bisected.origin, "compiled-prefix bisection"
+                findings.notes.append(f"op-by-op replay stayed finite; {bisected.probes} compiled prefixes of "
+                                      f"{bisected.equations} equations bisected")
+            else:
+                findings.notes.append("neither op-by-op replay nor compiled prefixes reproduced the non-finite "
+                                      "outputs (nondeterministic, or dependent on state outside the call's arguments)")
 
-def _earlier_infs(finding: JitFinding | EagerFinding, watch: Watch, options: HuntOptions,
-                  inf_came_in: bool) -> tuple[list[Origin], dict, list[str]]:
-    """For a NaN found after Infs: the origins of the Infs it was made from (each Inf's own chain first),
-    their input lines, and notes (an earlier Inf that did not feed it, or that no NaN followed an Inf).
-
-    ``inf_came_in``: the NaN's operation or call got an Inf from outside; when the watch could not follow
-    which (the array went through code it does not see), the first Inf is taken.
-    """
-    infs = watch.inf_findings
-    if not infs:
-        return [], {}, []
-    if finding is infs[0] or finding.kind == "inf":
-        return [], {}, [(f"no NaN followed this Inf: the program went on for {watch.calls_after_inf} more "
-                         "jitted call(s) and stayed free of NaN (an Inf alone is the answer then)")]
-    feeds: dict[int, set] = {}
-    for index, position in finding.feeds:
-        feeds.setdefault(index, set()).add(position)
-    if not feeds and inf_came_in:
-        feeds[0] = {None}
-    origins: list[Origin] = []
-    sources: dict = {}
-    for index in sorted(feeds):
-        chain, found_sources = _localise_inf(infs[index], options, feeds[index])
-        origins += [o for o in chain if o not in origins]
-        sources.update(found_sources)
-    notes = []
-    if 0 not in feeds:
-        unrelated = _localise_inf(infs[0], options, {None})[0][-1]
-        notes.append(f"an Inf appeared before this NaN and did not feed it: {unrelated.describe()}")
-    return origins, sources, notes
-
-
-def _localise_inf(finding: JitFinding | EagerFinding, options: HuntOptions,
-                  positions: set) -> tuple[list[Origin], dict]:
-    """An Inf finding as origins, earliest first, with their input lines: those behind the outputs at
-    ``positions`` when they are known (the outputs that carried the Inf on), else the call's first Inf and
-    its chain."""
-    if isinstance(finding, EagerFinding):
-        return [finding.origin], {}
-    call = finding.call
-    if None not in positions:
-        origins, sources = origins_of_outputs(call, sorted(positions), options.nan_only, finding.closed_jaxpr)
-        if origins:
-            return origins, sources
-    found = localise_call(call, options.nan_only, finding.closed_jaxpr)
-    if found.first is None:
-        return [Origin("inf", None, "forward", call.call_site, call.name, call.call_index, (f"jit({call.name})",))], {}
-    return [*found.chain, found.first], dict(found.input_sources or {})
-
-
-def _attach_growth_sources(watch: Watch, call: Call, found: Localisation) -> None:
-    """Give the failing function's output leaves the source line of the equation that computes each."""
-    closed = found.closed_jaxpr
-    if closed is None:
-        return
-    jaxpr, _ = _compat.open_jaxpr(closed)
-    producer = {}
-    for eqn in jaxpr.eqns:
-        for var in eqn.outvars:
-            producer[var] = eqn
-    floats = [v for v in jaxpr.outvars if is_inexact(getattr(v, "aval", None))]
-
-    def find(i: int) -> Any:
-        if i >= len(floats) or _compat.is_literal(floats[i]) or floats[i] not in producer:
-            return None
-        return _compat.eqn_source(producer[floats[i]])
-
-    watch.growth.set_sources(call.name, find)
+    if not guarded(findings.warnings, "localise", localise):
+        findings.strategy = None
+    if findings.first is None:
+        findings.first = Origin(finding.kind, None, "forward", call.call_site, call.name, call.call_index,
+                                (f"jit({call.name})",))
+    return findings
 
 
 def analyse_finding(finding: JitFinding | EagerFinding, watch: Watch, options: HuntOptions,

@@ -57,10 +57,11 @@ from jaxdbg import _compat, jit_layer
 from jaxdbg._source import SourceLocation, caller_user_frame, is_user_file
 from jaxdbg.jit_layer import InstrumentedJit, JitCall, JitHook
 from jaxdbg.nan.calls import Call, output_leaf_names
+from jaxdbg.nan.eager_growth import EagerUpdates
 from jaxdbg.nan.growth import GrowthTracker
 from jaxdbg.nan.result import Origin
 from jaxdbg.nan.stats import is_inexact, nonfinite_flags, value_stats
-from jaxdbg.nonfinite import device_magnitudes_jaxdbg, stacked_jaxdbg
+from jaxdbg.nonfinite import device_magnitudes_jaxdbg, flags_and_magnitude, stacked_jaxdbg
 
 # With ``read_late``, calls whose flags are not read yet. A finished call's flags are read at the next call;
 # the inputs of the others are held by jax's own queue anyway. Past this many (the program runs far ahead of
@@ -351,6 +352,7 @@ class Watch(JitHook):
         self._unread: int | None = None  # calls left unread at most (decided at the first call)
         self._copy_ahead = False
         self.growth = GrowthTracker(growth_factor)
+        self._eager_updates = EagerUpdates(self.growth)  # values a loop run without jit updates eagerly
         self.eager = eager
         self.after_inf = after_inf
         self.active = False
@@ -376,6 +378,9 @@ class Watch(JitHook):
         # Calls of the user functions that run eager operations: code -> (frame of its latest call, 0-based
         # index of that call). Holding the frame keeps the next call from reusing its identity.
         self._eager_calls: dict[Any, tuple[Any, int]] = {}
+        # Calls of pmap'd functions, by the user line making them: (code, line) -> how many ran. A pmap reaches
+        # the eager hook as one jitted operation; its call index is its count at that line (the training step).
+        self._pmap_calls: collections.Counter = collections.Counter()
         self._user_files: dict[str, bool] = {}
 
     # -- installation ---------------------------------------------------------------------------------------
@@ -406,6 +411,7 @@ class Watch(JitHook):
         self._pending.clear()
         self._kept_bytes = 0
         self._eager_calls.clear()
+        self._pmap_calls.clear()
         self._infs.clear()
         self._made_eagerly.clear()
         if self.finding is None and self.inf_findings:
@@ -844,9 +850,9 @@ class Watch(JitHook):
             return
         self._check_eager(name, args, outs, closed)
 
-    def _eager_call_index(self) -> tuple[int | None, SourceLocation | None]:
-        """Which call (0-based) of the user function running this eager operation is under way, and the user
-        line running it."""
+    def _eager_call_index(self) -> tuple[int | None, SourceLocation | None, types.FrameType | None]:
+        """Which call (0-based) of the user function running this eager operation is under way, the user line
+        running it, and that line's frame."""
         frame: types.FrameType | None = sys._getframe(2)
         while frame is not None:
             path = frame.f_code.co_filename
@@ -857,25 +863,33 @@ class Watch(JitHook):
                 break
             frame = frame.f_back
         if frame is None:
-            return None, None
+            return None, None, None
         latest = self._eager_calls.get(frame.f_code)
         index = 0 if latest is None else latest[1] + (latest[0] is not frame)
         self._eager_calls[frame.f_code] = (frame, index)
-        return index, SourceLocation(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+        return index, SourceLocation(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name), frame
 
     def _check_eager(self, name: str, args: Sequence[Any], outs: list, program: Any) -> None:
-        call_index, source = self._eager_call_index()
+        call_index, source, frame = self._eager_call_index()
+        if name == _compat.PMAP_JIT_NAME and frame is not None:  # a pmap: which call of it at this line
+            at = (frame.f_code, frame.f_lineno)
+            call_index = self._pmap_calls[at]
+            self._pmap_calls[at] += 1
         if not any(is_inexact(o) for o in outs):
             return
         self._remember_maker(outs, source)
         with self.internal():
             self.eager_ops += 1
-            flags = [nonfinite_flags(o) for o in outs]
-            out_nan = any(n for n, _ in flags)
-            out_inf = any(i for _, i in flags)
+            checked = [flags_and_magnitude(o) for o in outs]
+            out_nan = any(n for n, _, _ in checked)
+            out_inf = any(i for _, i, _ in checked)
             if not out_nan and (self.nan_only or not out_inf):
                 if self.inf_findings:
                     self._spend(eager=1)
+                targets = _assigned_names(source.file, source.line) if source is not None else None
+                if frame is not None and targets is not None and len(targets) == 1:  # `w = update(w, ...)`
+                    self._eager_updates.seen(frame, targets[0], args, [m for o, (_, _, m) in zip(outs, checked)
+                                                                       if is_inexact(o)])
                 return
             self.flush()  # unread jitted calls came first: one of them may be the finding (or the Inf fed here)
             leaves = tree_flatten(list(args))[0]
@@ -919,14 +933,21 @@ class Watch(JitHook):
             inner = localise_call(Call("eager", None, tuple(args), {}), self.nan_only, closed).first
         except Exception:  # noqa: BLE001 - naming the inner primitive is a refinement; the op itself is known
             inner = None
+        where: dict[str, Any] = {}
         if inner is not None and inner.kind != "input":
-            path = ("eager", *inner.path[1:]) if name in ("scan", "while", "cond") else ("eager",)
-            if name in ("scan", "while", "cond") and inner.source is not None:
-                source = inner.source  # a loop body traced just now: its own line is the better answer
+            # A loop body traced just now, or a pmap'd function (a jit of a shard_map of the user's function): its
+            # own line is the better answer, and a pmap's origin sits on one device.
+            inside = name in ("scan", "while", "cond") or "shard_map" in inner.path
+            root = "pmap" if name == _compat.PMAP_JIT_NAME and "shard_map" in inner.path else "eager"
+            path = (root, *inner.path[1:]) if inside else ("eager",)
+            if inside and inner.source is not None:
+                source = inner.source
+            if "shard_map" in inner.path:
+                where = {"process": inner.process, "device": inner.device, "shard": inner.shard}
             name, inputs = inner.primitive or name, inner.inputs
         return Origin(
             kind, name, "backward" if "transpose(" in name_stack else "forward", source,
             source.function if source else "<eager>", call_index if call_index is not None else self.eager_ops - 1,
             path, inputs, None,
-            tuple(value_stats(o) for o in outs), name_stack,
+            tuple(value_stats(o) for o in outs), name_stack, **where,
         )

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -27,15 +28,19 @@ from typing import Any
 import numpy as np
 
 from jaxdbg._errors import TargetFailedError, UsageError
+from jaxdbg.pipeline.admission import ORDERS, admission_order, microbatch_costs
 from jaxdbg.pipeline.arbiter import RunRecord
+from jaxdbg.pipeline.bounds import EXACT_SECONDS, EXACT_TASKS, Bound, memory_lower_bound
 from jaxdbg.pipeline.messages import RealJob, RealTimeline, StageDevices
 from jaxdbg.pipeline.metrics import RunMetrics, lower_bound, measure
+from jaxdbg.pipeline.planner import SAMPLES, Pick, choose
 from jaxdbg.pipeline.policies import HINTS, POLICIES, make_policies, memory_caps
 from jaxdbg.pipeline.real import ModelSpec
-from jaxdbg.pipeline.schedules import Schedule, build_schedule, shape_for
+from jaxdbg.pipeline.schedules import Schedule, build_schedule, shape_for, static_peak_inflight
 from jaxdbg.pipeline.simulate import COMMS, simulate
 from jaxdbg.pipeline.tasks import BACKWARD, FORWARD, WEIGHT, PipelineShape
-from jaxdbg.pipeline.variability import Costs, Durations, Variability, parse_variability, realise
+from jaxdbg.pipeline.transport import AUTH
+from jaxdbg.pipeline.variability import Costs, Durations, Variability, noise_samples, parse_variability, realise
 from jaxdbg.protocol import Environment
 
 MODES = ("sim", "real")
@@ -51,7 +56,7 @@ class BenchOptions:
     virtual_stages: int | None = None  # None: 2 for the interleaved schedule, else 1
     schedules: tuple[str, ...] = ("1f1b",)
     policies: tuple[str, ...] = POLICIES
-    hints: tuple[str, ...] = ("1f1b",)
+    hints: tuple[str, ...] = ("auto",)
     comms: tuple[str, ...] = ("async",)
     memory_caps: tuple[float, ...] = (1.0,)
     variabilities: tuple[str, ...] = ("none",)
@@ -64,15 +69,20 @@ class BenchOptions:
     xprof_dir: str | None = None
     timeout: float | None = None
     transfer_bind: str = "127.0.0.1"  # real mode across processes: the interface jax.experimental.transfer binds
+    admissions: tuple[str, ...] = ("data",)  # admission orders of the named hints (auto picks its own)
+    exact_bound_s: float = EXACT_SECONDS  # time for the exact memory-aware bound on small pipelines (0: off)
+    message_auth: str = "full"  # real mode across processes: what each message's HMAC covers (transport.AUTH)
 
 
 @dataclass(frozen=True)
 class RunGroup:
-    """What a summary row aggregates over seeds: schedule, policy (with hint and cap), comm, variability."""
+    """What a summary row aggregates over seeds: schedule, policy (with hint, admission order and cap), comm,
+    variability."""
 
     schedule: str
     policy: str
     hint: str | None  # None for the fixed policy
+    admission: str  # the order microbatches are admitted in (pipeline.admission); auto: the planner's pick
     comm: str
     memory_cap: float | None  # multiple of 1F1B's in-flight microbatches; None: fixed uses what its order holds
     variability: str
@@ -83,8 +93,14 @@ class RunKey(RunGroup):
     seed: int
 
     def label(self) -> str:
-        policy = self.policy if self.hint is None else f"ready/{self.hint} cap {self.memory_cap:g}x"
+        policy = (self.policy if self.hint is None
+                  else f"ready/{self.hint}{_order(self.admission)} cap {self.memory_cap:g}x")
         return f"{self.schedule} {policy} {self.comm} {self.variability} seed {self.seed}"
+
+
+def _order(admission: str) -> str:
+    """How a policy's label names its admission order (nothing for the data order, or auto's own pick)."""
+    return "" if admission in ("data", "auto") else f"+{admission}"
 
 
 @dataclass(frozen=True)
@@ -94,7 +110,13 @@ class RunRow(RunMetrics, RunKey):
     memory_cap_microbatches: list[int] | None
     lower_bound_s: float
     makespan_over_lower_bound: float
+    memory_lower_bound_s: float  # a bound at this run's memory cap (pipeline.bounds)
+    memory_bound_method: str  # which argument gave it: memory-free, slots, mip or exact
+    makespan_over_memory_bound: float
     speedup_vs_fixed: float
+    picked_hint: str | None = None  # auto: the hint the planner picked
+    picked_admission: str | None = None  # auto: the admission order it picked
+    pick_reason: str | None = None  # auto: why, from its dry runs on the expected durations
     sim_makespan_s: float | None = None  # real mode: the simulator's prediction from the same durations
     sim_error: float | None = None  # real mode: sim / real - 1
     replay_makespan_s: float | None = None  # real mode: simulated from the durations this run measured
@@ -109,9 +131,11 @@ class SummaryRow(RunGroup):
     runs: int
     median_speedup_vs_fixed: float
     median_makespan_over_lower_bound: float
+    median_makespan_over_memory_bound: float
     median_bubble_fraction: float
     median_decision_ns: float
     median_abs_sim_error: float | None = None
+    picked: str | None = None  # auto: its picks over the seeds, e.g. "1f1b+grouped x4, bfw+grouped x1"
 
 
 def _fields(value: Any, cls: type) -> dict[str, Any]:
@@ -157,11 +181,16 @@ class _Job:
     durations: Durations
     costs: Costs = Costs()  # what ready expects tasks to take before it has measured them
     lookahead: bool = True
+    hint: str | None = None  # the hint ready runs (auto: the planner's pick)
+    order: tuple[int, ...] | None = None  # the admission order (None: the data order)
+    pick: Pick | None = None  # auto: the planner's choice and its reasons
 
     def policies(self) -> list:
         key = self.key
+        policy = "fixed" if self.hint == "fixed" else key.policy  # auto may pick the schedule as written
         return make_policies(
-            key.policy, self.shape, self.schedule, key.hint, key.memory_cap or 1.0, self.costs, self.lookahead,
+            policy, self.shape, self.schedule, self.hint, key.memory_cap or 1.0, self.costs, self.lookahead,
+            known=self.durations.known(), order=self.order,
         )
 
 
@@ -169,7 +198,11 @@ def check_options(options: BenchOptions) -> dict[str, Variability]:
     """Check every option before any work (UsageError naming the option at fault)."""
     _one_of("--mode", (options.mode,), MODES)
     _one_of("--policy", options.policies, POLICIES)
-    _one_of("--hint", options.hints, HINTS)
+    _one_of("--hint", options.hints, (*HINTS, "auto"))
+    _one_of("--admit", options.admissions, ORDERS)
+    _one_of("--message-auth", (options.message_auth,), AUTH)
+    if options.exact_bound_s < 0:
+        raise UsageError(f"--exact-bound {options.exact_bound_s:g}: give seconds, 0 or more (0: no exact bound)")
     _one_of("--comm", options.comms, COMMS)
     if options.seeds < 1:
         raise UsageError(f"--seeds {options.seeds}: run at least one seed")
@@ -223,15 +256,35 @@ def plan_jobs(options: BenchOptions) -> list[_Job]:
             for seed in range(options.seed, options.seed + options.seeds):
                 durations = realise(variability, shape, options.costs, seed)
                 for comm in options.comms:
-                    key = RunKey(schedule_name, "fixed", None, comm, None, spec, seed)
+                    key = RunKey(schedule_name, "fixed", None, "data", comm, None, spec, seed)
                     jobs.append(_Job(key, shape, schedule, durations, options.costs, options.lookahead))
-                if not wanted_ready:
-                    continue
-                for hint in options.hints:
-                    for cap in options.memory_caps:
-                        for comm in options.comms:
-                            key = RunKey(schedule_name, "ready", hint, comm, cap, spec, seed)
-                            jobs.append(_Job(key, shape, schedule, durations, options.costs, options.lookahead))
+                if wanted_ready:
+                    jobs += _ready_jobs(options, shape, schedule, durations, variability, seed)
+    return jobs
+
+
+def _ready_jobs(options: BenchOptions, shape: PipelineShape, schedule: Schedule, durations: Durations,
+                variability: Variability, seed: int) -> list[_Job]:
+    """The ready runs of one draw: each named hint in each admission order, and auto with the planner's pick
+    (planned on the known durations and on other draws of the noise, never on this draw's)."""
+    known, spec = durations.known(), variability.spec
+    per_microbatch = microbatch_costs(shape, known)
+    samples = noise_samples(variability, durations, options.costs, seed, SAMPLES) if "auto" in options.hints else []
+    jobs = []
+    for hint in options.hints:
+        admissions = ("auto",) if hint == "auto" else options.admissions
+        for admission in admissions:
+            for cap in options.memory_caps:
+                for comm in options.comms:
+                    key = RunKey(schedule.name, "ready", hint, admission, comm, cap, spec, seed)
+                    if hint == "auto":
+                        pick = choose(shape, schedule, cap, known, options.costs, comm, options.lookahead, samples)
+                        jobs.append(_Job(key, shape, schedule, durations, options.costs, options.lookahead,
+                                         pick.hint, pick.order, pick))
+                    else:
+                        order = admission_order(admission, per_microbatch)
+                        jobs.append(_Job(key, shape, schedule, durations, options.costs, options.lookahead, hint,
+                                         order))
     return jobs
 
 
@@ -292,18 +345,21 @@ def _config(options: BenchOptions) -> dict:
         "schedules": list(options.schedules),
         "policies": list(options.policies),
         "hints": list(options.hints),
+        "admissions": list(options.admissions),
         "comms": list(options.comms),
         "memory_caps": list(options.memory_caps),
         "costs": options.costs,
         "lookahead": options.lookahead,
     }
     if options.mode == "real":
-        config.update(model=options.model, devices_per_stage=options.devices_per_stage)
+        config.update(model=options.model, devices_per_stage=options.devices_per_stage,
+                      message_auth=options.message_auth)
     return config
 
 
 def _rows(options: BenchOptions, jobs: list[_Job], records: dict, real: dict) -> list[RunRow]:
     bounds: dict[int, float] = {}
+    memory_bounds: dict[tuple, Bound] = {}
     fixed: dict[tuple, float] = {}
     metrics: dict[RunKey, RunMetrics] = {}
     for job in jobs:
@@ -317,8 +373,12 @@ def _rows(options: BenchOptions, jobs: list[_Job], records: dict, real: dict) ->
         if id(job.durations) not in bounds:  # one bound per realised draw, shared by every policy run on it
             bounds[id(job.durations)] = lower_bound(job.durations)
         bound = bounds[id(job.durations)]
-        baseline = fixed[key.schedule, key.comm, key.variability, key.seed]
         caps = memory_caps(job.shape, key.memory_cap) if key.memory_cap is not None else None
+        held = caps or static_peak_inflight(job.schedule)  # a fixed order holds what its order implies
+        if (id(job.durations), tuple(held)) not in memory_bounds:
+            memory_bounds[id(job.durations), tuple(held)] = _memory_bound(options, job, held, jobs, records)
+        capped = memory_bounds[id(job.durations), tuple(held)]
+        baseline = fixed[key.schedule, key.comm, key.variability, key.seed]
         extra: dict[str, Any] = {}
         if key in real:
             predicted = measure(simulate(job.shape, job.policies(), job.durations, key.comm)).makespan_s
@@ -327,12 +387,26 @@ def _rows(options: BenchOptions, jobs: list[_Job], records: dict, real: dict) ->
                 "sim_makespan_s": predicted, "sim_error": predicted / m.makespan_s - 1, "replay_makespan_s": replayed,
                 "max_abs_grad_diff": real[key].grad_diff,
             }
+        if job.pick is not None:
+            extra.update(picked_hint=job.pick.hint, picked_admission=job.pick.admission, pick_reason=job.pick.why())
         rows.append(RunRow(
             **_fields(key, RunKey), **_fields(m, RunMetrics), memory_cap_microbatches=caps, lower_bound_s=bound,
             makespan_over_lower_bound=m.makespan_s / bound if bound > 0 else float("nan"),
+            memory_lower_bound_s=capped.value, memory_bound_method=capped.method,
+            makespan_over_memory_bound=m.makespan_s / capped.value if capped.value > 0 else float("nan"),
             speedup_vs_fixed=baseline / m.makespan_s if m.makespan_s > 0 else float("nan"), **extra,
         ))
     return rows
+
+
+def _memory_bound(options: BenchOptions, job: _Job, caps: list[int], jobs: list[_Job], records: dict) -> Bound:
+    """The memory-aware bound of a draw at ``caps``; in simulation the runs on that draw that held no more than
+    ``caps`` give the exact program its upper bound (real runs did not keep to the drawn durations)."""
+    within = [records[other.key] for other in jobs if other.durations is job.durations
+              and all(held <= cap for held, cap in zip(records[other.key].peak_inflight, caps))]
+    upper = min((float(r.end.max() - r.start.min()) for r in within), default=None) if options.mode == "sim" else None
+    exact = EXACT_TASKS if options.exact_bound_s > 0 else 0
+    return memory_lower_bound(job.durations, caps, exact_tasks=exact, time_limit=options.exact_bound_s, upper=upper)
 
 
 def summarise(rows: list[RunRow]) -> list[SummaryRow]:
@@ -343,13 +417,16 @@ def summarise(rows: list[RunRow]) -> list[SummaryRow]:
     summary = []
     for group, members in groups.items():
         errors = [abs(r.sim_error) for r in members if r.sim_error is not None]
+        picks = Counter(f"{r.picked_hint}{_order(r.picked_admission or 'data')}" for r in members if r.picked_hint)
         summary.append(SummaryRow(
             **_fields(group, RunGroup), runs=len(members),
             median_speedup_vs_fixed=statistics.median(r.speedup_vs_fixed for r in members),
             median_makespan_over_lower_bound=statistics.median(r.makespan_over_lower_bound for r in members),
+            median_makespan_over_memory_bound=statistics.median(r.makespan_over_memory_bound for r in members),
             median_bubble_fraction=statistics.median(r.bubble_fraction for r in members),
             median_decision_ns=statistics.median(r.decision_ns_mean for r in members),
             median_abs_sim_error=statistics.median(errors) if errors else None,
+            picked=", ".join(f"{name} x{count}" for name, count in picks.most_common()) or None,
         ))
     return summary
 
@@ -370,8 +447,8 @@ def _run_real(options: BenchOptions, jobs: list[_Job], on_run: Callable[[int, in
             on_run(len(done), len(jobs), message.key, _record(shapes[message.key], message))
 
     payload = RealJob(options.model, options.devices_per_stage, options.xprof_dir, options.costs, options.lookahead,
-                      [(job.key, job.shape, job.schedule.name, job.durations) for job in jobs],
-                      options.transfer_bind, options.timeout)
+                      [(job.key, job.shape, job.schedule.name, job.durations, job.hint, job.order) for job in jobs],
+                      options.transfer_bind, options.timeout, options.message_auth)
     devices = options.stages * options.devices_per_stage
     outcome = run_contained("jaxdbg.pipeline.bench:real_job", payload, timeout=options.timeout, device_count=devices,
                             on_message=heard if on_run is not None else None)
@@ -428,7 +505,7 @@ def real_job(payload: RealJob, channel) -> None:
     from jaxdbg.pipeline.transport import join_job
 
     wait = payload.timeout or 300.0
-    transport = join_job(payload.transfer_bind, wait)  # before anything starts jax's backend
+    transport = join_job(payload.transfer_bind, wait, payload.message_auth)  # before anything starts jax's backend
 
     from jaxdbg.report import environment_info
 
@@ -452,12 +529,13 @@ def _real_runs(payload: RealJob, channel, transport, wait: float) -> None:
     folder = payload.xprof_dir and multihost.process_folder(payload.xprof_dir)
     capture = jax.profiler.trace(folder) if folder else contextlib.nullcontext()
     with capture:
-        for key, shape, schedule_name, durations in payload.jobs:
+        for key, shape, schedule_name, durations, hint, order in payload.jobs:
             if shape not in pipelines:
                 pipelines[shape] = RealPipeline(shape, payload.model, payload.devices_per_stage, transport=transport)
                 channel.send(StageDevices(tuple(str(d) for d in pipelines[shape].devices)))
             pipe = pipelines[shape]
-            job = _Job(key, shape, build_schedule(schedule_name, shape), durations, payload.costs, payload.lookahead)
+            job = _Job(key, shape, build_schedule(schedule_name, shape), durations, payload.costs, payload.lookahead,
+                       hint, order)
             annotate = key.label() if payload.xprof_dir else None
             run = pipe.run(job.policies(), durations, key.comm, annotate=annotate, timeout=wait)
             record = run.record

@@ -11,7 +11,11 @@ and each such delay makes readiness-first slower than the fixed order.
 if it is expected to be done by then (with blocking sends: done, its own send paired, and no neighbour's
 send left waiting). Expected durations are the configured costs (the durations without variability), each
 replaced by the running mean of the durations measured so far for that kind of task on that model stage;
-message delays likewise, per receiving stage. The simulator and the real executor feed it the same way.
+message delays likewise, per receiving stage. Where a runtime knows more of single microbatches before it
+runs them (their modality, their sequences' lengths: :meth:`~jaxdbg.pipeline.variability.Durations.known`),
+a task's expectation is its own known duration scaled by the ratio measured so far on its (kind, model
+stage): the known costs keep the spread between microbatches, the measurements correct the level. The
+simulator and the real executor feed it the same way.
 With blocking sends and the plan's own hint, a stage also holds for a neighbour whose send the plan's
 deadlines (:meth:`LookAhead.plan_deadlines`, computed when first needed) call critical while its own task
 has slack, as long as every duration and delay so far has been as expected (``on_plan``).
@@ -35,7 +39,7 @@ overrun as much again (a straggler that ran 1.5x its mean is taken for a 2x one)
 
 Example:
     >>> from jaxdbg.pipeline.tasks import PipelineShape
-    >>> look = LookAhead(PipelineShape(2, 2), "async", prior=[1.0] * 4, prior_comm=0.0)
+    >>> look = LookAhead(PipelineShape(2, 2), "async", prior=[1.0] * 8, prior_comm=0.0)
     >>> look.expect(0), look.free_at(0, now=5.0)   # a forward of model stage 0 takes 1 s
     (1.0, 6.0)
 """
@@ -63,8 +67,9 @@ _TOLERANCE = 1e-9  # relative: a task that ends exactly when the next one's inpu
 class LookAhead:
     """Expected durations and the progress of one run, and the fit test of an out-of-order task.
 
-    ``prior`` holds the expected seconds of a task per (kind, model stage) slot (``task // microbatches``),
-    ``prior_comm`` those of a message; ``inf`` where unknown until measured. The :class:`Arbiter` keeps
+    ``prior`` holds the expected seconds of every task before the run (None: unknown until measured; then
+    a task is expected to take its (kind, model stage) slot's mean), ``prior_comm`` those of a message.
+    Measurements rescale each slot (``scale``: measured over expected so far). The :class:`Arbiter` keeps
     ``began``, ``ended``, ``running`` and ``arrived`` current through :meth:`started`, :meth:`ended_at`
     and :meth:`delivered`; each write touches only the acting stage's slots, so stage threads need no lock.
     """
@@ -79,10 +84,12 @@ class LookAhead:
         self.remote = graph.remote
         self.pred_a, self.pred_b = _predecessors(shape)
         slots = shape.kinds * shape.model_stages
-        self.mean = list(prior) if prior is not None else [INF] * slots
-        self.prior, self.prior_comm = tuple(self.mean), prior_comm  # the plan's timing: see expected_durations
-        self.total = [0.0] * slots
-        self.count = [0] * slots
+        self.known = [float(x) for x in prior] if prior is not None else [1.0] * n
+        self.scale = [1.0 if prior is not None else INF] * slots  # measured over known, per slot
+        self.prior = tuple(prior) if prior is not None else None  # the plan's timing: see expected_durations
+        self.prior_comm = prior_comm
+        self.total = [0.0] * slots  # seconds measured, and known seconds of the same tasks, per slot
+        self.known_total = [0.0] * slots
         self.miss_total = [0.0] * p  # squared relative error of the duration expected for each ended task
         self.miss_count = [0] * p
         self.comm_mean = [prior_comm] * p
@@ -114,15 +121,16 @@ class LookAhead:
         self.ended[task] = now
         self.running[worker] = -1
         slot = task // self.m
-        took, expected = now - self.began[task], self.mean[slot]
+        took, expected = now - self.began[task], self.expect(task)
         if 0 < expected < INF:
             if abs(took - expected) > _ON_PLAN * expected:
                 self.on_plan = False
             self.miss_total[worker] += (took / expected - 1.0) ** 2
             self.miss_count[worker] += 1
         self.total[slot] += took
-        self.count[slot] += 1
-        self.mean[slot] = self.total[slot] / self.count[slot]
+        self.known_total[slot] += self.known[task]
+        if self.known_total[slot] > 0:
+            self.scale[slot] = self.total[slot] / self.known_total[slot]
 
     def delivered(self, task: int, delay: float | None) -> None:
         """The message ``task`` waited for arrived, ``delay`` seconds after it was sent."""
@@ -139,10 +147,10 @@ class LookAhead:
 
     def expect(self, task: int) -> float:
         """Expected seconds of ``task``."""
-        return self.mean[task // self.m]
+        return self.known[task] * self.scale[task // self.m]
 
     def end_of_running(self, task: int, now: float) -> float:
-        end = self.began[task] + self.mean[task // self.m]
+        end = self.began[task] + self.expect(task)
         return end if end >= now else 2 * now - end  # overrunning: as much again
 
     def busy_until(self, worker: int, now: float) -> float:
@@ -162,7 +170,7 @@ class LookAhead:
         ready = self.inputs_at(task, now, depth - 1)
         if ready == INF:
             return INF
-        return max(ready, self.busy_until(w, now)) + self.mean[task // self.m]
+        return max(ready, self.busy_until(w, now)) + self.expect(task)
 
     def inputs_at(self, task: int, now: float, depth: int, arrival: bool = True) -> float:
         """When every input of ``task`` is expected on its stage; with ``arrival=False`` a remote input counts
@@ -186,7 +194,7 @@ class LookAhead:
 
     def free_at(self, task: int, now: float) -> float:
         """When this stage is expected to be free again if it starts ``task`` now (incl. a blocking send)."""
-        end = now + self.mean[task // self.m]
+        end = now + self.expect(task)
         if self.sync:
             receiver_task = self.remote[task]
             if receiver_task >= 0:
@@ -212,7 +220,7 @@ class LookAhead:
         noisy estimate idles the stage for nothing."""
         if not self.sync:
             return -1.0
-        end = now + self.mean[task // self.m]
+        end = now + self.expect(task)
         for x in self.neighbours[worker]:
             sending = self.running[x]
             if sending >= 0 and self.remote[sending] >= 0 and self.worker[self.remote[sending]] == worker:
@@ -266,12 +274,13 @@ class LookAhead:
         would split the plan's simultaneous events."""
         from jaxdbg.pipeline.variability import Durations
 
-        if INF in self.prior:
+        if self.prior is None:
             return None
         shape, m = self.shape, self.m
         remote = np.asarray(shape.graph().remote)
         comm = np.where(remote >= 0, self.prior_comm, 0.0)
-        return Durations(shape, np.repeat(np.asarray(self.prior), m), comm, np.zeros(m, dtype=bool))
+        known = np.asarray(self.prior)
+        return Durations(shape, known, comm, np.zeros(m, dtype=bool), known)
 
     def plan_deadlines(self, plans: list[list[int]]) -> None:
         """Latest start and finish of every task that keeps the plan's makespan, with blocking sends.

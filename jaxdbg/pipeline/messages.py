@@ -28,6 +28,7 @@ class RealJob(Message):
     jobs: list[tuple]
     transfer_bind: str = "127.0.0.1"  # across processes: the interface jax.experimental.transfer's server binds
     timeout: float | None = None  # across processes: the longest wait for a peer (None: 300 s)
+    message_auth: str = "full"  # across processes: what each message's HMAC covers (transport.AUTH)
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from typing import Protocol
 import numpy as np
 
 from jaxdbg._errors import UsageError
+from jaxdbg.pipeline.admission import reorder_ranks, reorder_schedule
 from jaxdbg.pipeline.lookahead import LookAhead
 from jaxdbg.pipeline.schedules import Schedule, build_schedule, static_peak_inflight
 from jaxdbg.pipeline.tasks import PipelineShape
@@ -128,7 +129,7 @@ class ReadyFirst:
         self.position = 0
         self.headroom = headroom
         self.wants_lookahead = lookahead and bool(plan)
-        self.expected = expected  # prior durations per (kind, model stage) and per message, shared
+        self.expected = expected  # prior durations per task and per message, shared
         self.lookahead: LookAhead | None = None
         self.worker = -1
         self.fits_plan = fits_plan  # the plan's order stays within the cap (it can be followed)
@@ -242,25 +243,27 @@ def hint_ranks(hint: str, shape: PipelineShape) -> list[int]:
 
 
 @functools.lru_cache(maxsize=32)
-def rank_keys(hint: str, shape: PipelineShape) -> list[int]:
-    """Heap keys ``rank * num_tasks + task`` of a hint: one int compares rank and breaks ties by task id."""
+def rank_keys(hint: str, shape: PipelineShape, order: tuple[int, ...] | None = None) -> list[int]:
+    """Heap keys ``rank * num_tasks + task`` of a hint: one int compares rank and breaks ties by task id. With
+    an admission ``order`` (see :mod:`~jaxdbg.pipeline.admission`) the hint ranks microbatches in that order."""
     n = shape.num_tasks
-    return [rank * n + task for task, rank in enumerate(hint_ranks(hint, shape))]
+    ranks = hint_ranks(hint, shape)
+    if order is not None:
+        ranks = reorder_ranks(ranks, shape, order)
+    return [rank * n + task for task, rank in enumerate(ranks)]
 
 
 @functools.lru_cache(maxsize=32)
-def hint_orders(hint: str, shape: PipelineShape) -> tuple[list[int], ...]:
+def hint_orders(hint: str, shape: PipelineShape, order: tuple[int, ...] | None = None) -> tuple[list[int], ...]:
     """Per worker, its tasks best-ranked first under a hint (read-only, shared by every run)."""
-    by_rank = np.argsort(np.asarray(rank_keys(hint, shape)), kind="stable")
+    by_rank = np.argsort(np.asarray(rank_keys(hint, shape, order)), kind="stable")
     worker = np.asarray(shape.graph().worker)[by_rank]
     return tuple(by_rank[worker == w].tolist() for w in range(shape.stages))
 
 
-def expected_durations(shape: PipelineShape, costs: Costs) -> tuple[list[float], float]:
-    """Seconds of a task per (kind, model stage) slot and of a message, without variability."""
-    base = realise(parse_variability("none"), shape, costs, seed=0)
-    per_slot = base.task.reshape(shape.kinds * shape.model_stages, shape.microbatches)[:, 0]
-    return per_slot.tolist(), costs.comm_s
+def expected_durations(shape: PipelineShape, costs: Costs) -> list[float]:
+    """Seconds of every task without variability (what a runtime expects when it knows nothing more)."""
+    return realise(parse_variability("none"), shape, costs, seed=0).task.tolist()
 
 
 def _position_ranks(schedule: Schedule) -> list[int]:
@@ -293,25 +296,34 @@ def default_caps(shape: PipelineShape) -> tuple[int, ...]:
 def make_policies(
     policy: str, shape: PipelineShape, schedule: Schedule | None = None, hint: str | None = None,
     cap_multiple: float = 1.0, costs: Costs | None = None, lookahead: bool = True,
+    known: np.ndarray | None = None, order: tuple[int, ...] | None = None,
 ) -> list:
     """One policy object per worker: ``fixed`` runs ``schedule``; ``ready`` ranks by ``hint`` under a cap.
 
     With ``lookahead``, ``ready`` keeps the next task of ``schedule`` (without one, of the hint's own order)
-    on time, with ``costs`` as the expected durations until measured ones replace them (without ``costs``,
-    estimates start from the first measurements).
+    on time. It expects each task to take its ``known`` seconds (what the runtime knows of each microbatch
+    before running it; without them, ``costs`` without variability) until measurements rescale them
+    (without either, estimates start from the first measurements). An admission ``order`` (see
+    :mod:`~jaxdbg.pipeline.admission`) takes the microbatches in that order: the schedule's ``i``-th
+    microbatch is ``order[i]``, for ``fixed`` and for ``ready``'s plan and hint alike.
     """
+    if order is not None and schedule is not None:
+        schedule = reorder_schedule(schedule, order)
     if policy == "fixed":
         if schedule is None:
             raise UsageError("the fixed policy needs a schedule")
         ready = bytearray(shape.num_tasks)
-        return [FixedOrder(order, ready, shape) for order in schedule.orders]
+        return [FixedOrder(worker_order, ready, shape) for worker_order in schedule.orders]
     if policy == "ready":
-        keys = rank_keys(hint or "1f1b", shape)
+        keys = rank_keys(hint or "1f1b", shape, order)
         admits = shape.graph().admits
         # The plan is the schedule the run is compared with; without one, the hint's own order.
-        plans = [list(o) for o in schedule.orders] if schedule is not None else hint_orders(hint or "1f1b", shape)
+        plans = ([list(o) for o in schedule.orders] if schedule is not None
+                 else hint_orders(hint or "1f1b", shape, order))
         peaks = static_peak_inflight(schedule) if schedule is not None else default_caps(shape)
-        expected = expected_durations(shape, costs) if costs is not None else None
+        prior = [float(x) for x in known] if known is not None else (
+            expected_durations(shape, costs) if costs is not None else None)
+        expected = (prior, costs.comm_s if costs is not None else 0.0) if prior is not None else None
         return [
             ReadyFirst(keys, cap, admits, plans[w], cap > peaks[w], lookahead, expected, cap >= peaks[w])
             for w, cap in enumerate(memory_caps(shape, cap_multiple))

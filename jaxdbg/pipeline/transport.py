@@ -14,6 +14,8 @@ The executor (:mod:`jaxdbg.pipeline.real`) is the same in both cases; only its t
   messages (a blocking send's acknowledgement) are notes alone. The transfer server is a port jaxdbg opens:
   it binds ``127.0.0.1`` (processes on one host) unless the user names an interface (``--transfer-bind``).
   Each process keeps what it sent until the run ends (an offered array must live until it is pulled).
+  Every note, and with ``--message-auth full`` every array, carries an HMAC with the job's key, and a
+  receiver refuses what does not verify (:mod:`jaxdbg.pipeline.seal`: what is protected, what is not).
 
 Runs start together: the processes meet at a coordination-service barrier and process 0 publishes the run's
 start as wall-clock time, so every timeline shares one clock (exact on one host; across hosts as close as
@@ -31,7 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
+import os
 import queue
 import threading
 import time
@@ -39,6 +41,8 @@ from typing import Any
 
 from jaxdbg import _compat
 from jaxdbg._errors import TargetFailedError, UsageError
+from jaxdbg.pipeline.seal import AUTH as AUTH
+from jaxdbg.pipeline.seal import ENV_SECRET, Seal, agree
 
 _NOTE_WAIT_MS = 200  # a listener's longest wait for the next note before it looks at the abort flag again
 KEY = "jaxdbg/pipeline-bench"
@@ -93,13 +97,15 @@ class ProcessTransport(LocalTransport):
     """The stages split over the processes of a ``jax.distributed`` job; messages between processes carried
     by ``jax.experimental.transfer``, their notes by the coordination service."""
 
-    def __init__(self, bind: str = "127.0.0.1", timeout: float = 300.0):
+    def __init__(self, bind: str = "127.0.0.1", timeout: float = 300.0, auth: str = "full"):
         import jax
         from jax.experimental import transfer
 
         self.client = _compat.distributed_client()
         self.index, self.count = jax.process_index(), jax.process_count()
         self.timeout = timeout
+        self.seal: Seal = agree(self.client, f"{KEY}/auth", self.index, self.count, auth, self._wait_for,
+                                os.environ.get(ENV_SECRET))
         device = jax.local_devices()[0]
         self.server = transfer.start_transfer_server(device.client, f"{bind}:0", [f"{bind}:0"])
         self.client.key_value_set(f"{KEY}/transfer/{self.index}", self.server.address(), allow_overwrite=True)
@@ -166,6 +172,7 @@ class ProcessTransport(LocalTransport):
         if peer == self.index:
             return super().send(receiver, message)
         note: dict[str, Any] = {"kind": message[0], "to": receiver, "sender_task": sender_task}
+        array = None  # what the note's HMAC (with --message-auth full) also covers, by its digest
         if message[0] == "ack":
             note["arrival"] = message[1]
         else:
@@ -174,7 +181,7 @@ class ProcessTransport(LocalTransport):
             if not value.is_fully_replicated:  # (weights split over a stage's devices split its output too)
                 pipe = self.state.pipe
                 value = jax.device_put(value, pipe.activation[pipe.shape.decode(sender_task)[1]])
-            shard = value.addressable_shards[0].data  # replicated on the sending stage: one copy travels
+            shard = array = value.addressable_shards[0].data  # replicated on the sending stage: one copy travels
             uuid = next(self._ids) * self.count + self.index  # unique in the job
             with self._lock:
                 self.sent.append(shard)
@@ -187,7 +194,12 @@ class ProcessTransport(LocalTransport):
         with self._lock:
             seq = self.seq[peer]
             self.seq[peer] += 1
-        self.client.key_value_set(self._note_key(self.index, peer, seq), json.dumps(note))
+        text = self.seal.wrap(note, self._context(self.index, peer, seq), array)
+        self.client.key_value_set(self._note_key(self.index, peer, seq), text)
+
+    def _context(self, src: int, dst: int, seq: int) -> str:
+        """Where a note sits in the job, as its HMAC covers it (a note replayed elsewhere does not verify)."""
+        return f"run {self.run}: process {src} -> {dst} #{seq}"
 
     def _note_key(self, src: int, dst: int, seq: int) -> str:
         return f"{KEY}/note/{self.run}/{src}-{dst}/{seq}"
@@ -200,17 +212,18 @@ class ProcessTransport(LocalTransport):
                     if self._stop.is_set():
                         return
                     try:
-                        note = json.loads(self.client.blocking_key_value_get(key, _NOTE_WAIT_MS))
+                        text = self.client.blocking_key_value_get(key, _NOTE_WAIT_MS)
                         break
                     except Exception:  # noqa: BLE001 - not posted yet: the peer may have failed
                         self._check_peer()
                 self.client.key_value_delete(key)
-                self._receive(peer, note)
+                context = self._context(peer, self.index, seq)
+                self._receive(peer, self.seal.unwrap(text, context, f"process {peer}"), context)
         except BaseException as err:  # noqa: BLE001 - handed to the run, which stops and re-raises it
             self.state.error = self.state.error or err
             self.state.abort.set()
 
-    def _receive(self, peer: int, note: dict) -> None:
+    def _receive(self, peer: int, note: dict, context: str) -> None:
         import jax
         import numpy as np
         from jax.sharding import SingleDeviceSharding
@@ -224,7 +237,9 @@ class ProcessTransport(LocalTransport):
         first = sorted(sharding.device_set, key=lambda d: d.id)[0]
         wanted = jax.ShapeDtypeStruct(tuple(note["shape"]), np.dtype(note["dtype"]),
                                       sharding=SingleDeviceSharding(first))
-        value = jax.device_put(self.connections[peer].pull(note["uuid"], wanted), sharding)
+        pulled = self.connections[peer].pull(note["uuid"], wanted)
+        self.seal.check_array(note, pulled, f"process {peer}", context)
+        value = jax.device_put(pulled, sharding)
         if note["kind"] == "offer":
             self.inbox[receiver].put(("offer", note["task"], value, note["worker"], note["delay"]))
             return
@@ -240,8 +255,9 @@ class ProcessTransport(LocalTransport):
         for thread in self.listeners:
             thread.join(timeout)
         run = f"run-{self.run}"
-        multihost.publish("pipeline-bench", run, part)
-        parts = multihost.gather("pipeline-bench", run, timeout)
+        multihost.publish("pipeline-bench", run, self.seal.wrap(part, f"{run}: part of process {self.index}"))
+        parts = {i: self.seal.unwrap(text, f"{run}: part of process {i}", f"process {i}")
+                 for i, text in multihost.gather("pipeline-bench", run, timeout).items()}
         with self._lock:
             self.sent.clear()
         missing = sorted(set(range(self.count)) - set(parts))
@@ -266,7 +282,7 @@ class ProcessTransport(LocalTransport):
         raise TargetFailedError(f"the real run stopped: {why}")
 
 
-def join_job(bind: str, timeout: float) -> LocalTransport:
+def join_job(bind: str, timeout: float, auth: str = "full") -> LocalTransport:
     """The transport for this process: across processes when it was launched as one of several (``jaxdbg
     --processes N``, srun, mpirun), after joining the job with ``jax.distributed.initialize()``; else local."""
     import os
@@ -284,4 +300,4 @@ def join_job(bind: str, timeout: float) -> LocalTransport:
     multihost.agree_on_command(min(timeout, multihost.AGREE_WAIT_S))  # a launch-line typo stops every process
     if not bind:
         raise UsageError("--transfer-bind: give an interface address, e.g. 127.0.0.1")
-    return ProcessTransport(bind, timeout)
+    return ProcessTransport(bind, timeout, auth)

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxdbg.profile.host_bound import input_pipeline
 from jaxdbg.profile.messages import (
     CallBatch,
     CallTiming,
@@ -39,13 +40,18 @@ from jaxdbg.profile.model import (
     CompileTimes,
     ExecuteStats,
     FunctionProfile,
+    HostSync,
+    InputPipeline,
     Recompile,
     Totals,
     TraceFiles,
     Transfer,
+    TransferSite,
 )
 from jaxdbg.profile.spans import union_length
 from jaxdbg.protocol import Environment, Message
+
+MAX_SITES = 5  # user lines kept per kind of transfer
 
 
 @dataclass
@@ -120,8 +126,31 @@ class Gathered:
         return [d for i in ids for info in self.compiles.get(i, []) for d in info.dtypes]
 
     def transfers(self) -> list[Transfer]:
-        moved = self.totals.transfers if self.totals is not None else {}
-        return [Transfer(kind, int(c), float(s), int(b)) for kind, (c, s, b) in sorted(moved.items())]
+        """One row per kind of copy, with the user lines that made them (most time first)."""
+        by_kind: dict[str, list[TransferSite]] = defaultdict(list)
+        for kind, source, count, seconds, nbytes in (self.totals.transfers if self.totals is not None else []):
+            by_kind[kind].append(TransferSite(source, int(count), float(seconds), int(nbytes)))
+        rows = []
+        for kind, sites in sorted(by_kind.items()):
+            sites.sort(key=lambda site: -site.total_s)
+            rows.append(Transfer(kind, sum(s.count for s in sites), sum(s.total_s for s in sites),
+                                 sum(s.bytes for s in sites), tuple(s for s in sites[:MAX_SITES] if s.source)))
+        return rows
+
+    def syncs(self) -> list[HostSync]:
+        """The forced synchronisations by kind and user line, the one behind the most device idle time first."""
+        rows = [HostSync(kind, source, int(count), float(wait), float(idle), int(nbytes))
+                for kind, source, count, wait, idle, nbytes in (self.totals.syncs if self.totals is not None else [])]
+        return sorted(rows, key=lambda r: -(r.device_idle_s + r.wait_s))
+
+    def input_pipeline(self, syncs: list[HostSync]) -> InputPipeline | None:
+        """Whether the device waits for the host, for the function with the most steady steps."""
+        if self.totals is None:
+            return None
+        names = {ident: meta.name for ident, meta in self.names.items()}
+        made = self.totals.calls  # the calls that ran ahead unseen sent no timing
+        calls = {ident: max(len(rows), made.get(ident, 0)) for ident, rows in self.calls.items()}
+        return input_pipeline(self.totals.steps, names, syncs, calls)
 
     def eager_compile(self) -> dict[str, Any]:
         spans = self.totals.eager_spans if self.totals is not None else []
@@ -158,7 +187,7 @@ def function_profile(meta: FunctionDefined, infos: list[CompileRecord], calls: l
     with_hlo = [i for i in infos if i.hlo]
     latest = with_hlo[-1] if with_hlo else None
     return FunctionProfile(
-        name=meta.name, source=meta.source, compiles=len(infos), recompiles=recompiles, compile=times,
+        name=meta.name, source=meta.source, kind=meta.kind, compiles=len(infos), recompiles=recompiles, compile=times,
         execute=execute_stats(calls, mode, warmup, made), cost=normalize_cost(latest.cost if latest else None),
         memory=latest.memory if latest else None, compilations=compilations, module=latest.module if latest else "",
         hlo=dict(with_hlo[0].hlo) if with_hlo else {},

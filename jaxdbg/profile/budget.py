@@ -27,6 +27,7 @@ _OPS: dict[str, tuple[Callable[[float, float], bool], str]] = {
     "<=": (operator.le, ">"), "<": (operator.lt, ">="), ">=": (operator.ge, "<"), ">": (operator.gt, "<="),
     "==": (operator.eq, "!="),
 }
+OPERATORS = _OPS  # shared with jaxdbg.memory.budget: (holds, the operator that says it broke)
 _RULE = re.compile(r"^\s*(?:([A-Za-z_<>][\w.<>\-]*)\.)?([a-z_0-9]+)\s*(<=|>=|==|<|>)\s*([-+0-9.eE]+)\s*$")
 _UNITS = {"s": 1.0, "ms": 1e3, "us": 1e6}
 

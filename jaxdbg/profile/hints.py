@@ -11,7 +11,8 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from jaxdbg.profile.model import FunctionProfile, Totals, Transfer
+from jaxdbg.profile.host_bound import MODERATE
+from jaxdbg.profile.model import FunctionProfile, InputPipeline, Totals, Transfer
 from jaxdbg.profile.signature import main_cause
 
 _FIXES = {
@@ -24,6 +25,12 @@ _FIXES = {
     "structure": "the pytree structure of an argument changes between calls: keep the same keys/lengths",
     "type": "an argument switches between a Python scalar and an array: pass the same kind each call",
 }
+
+# A pmap's first call often gets arguments on one device (replicated with jnp.stack or broadcast_to) and every later
+# call its own outputs, split over the devices: two compiles of the same program.
+_PMAP_SHARDING_FIX = ("the first call's arguments sit on one device and later calls get the pmap's own outputs, "
+                      "split over its devices: put them there from the start, jax.device_put(x, NamedSharding("
+                      "Mesh(jax.local_devices()[:n], (axis_name,)), P(axis_name)))")
 
 
 def eager_matters(eager: Mapping[str, Any], totals: Totals) -> bool:
@@ -57,17 +64,50 @@ def _eager_hint(eager: Mapping[str, Any], totals: Totals) -> str | None:
             "jax.jit(model.init)) trades them for one larger compile")
 
 
+def input_hint(pipeline: InputPipeline | None) -> str | None:
+    """The input-pipeline verdict in words, with its fixes, when the device waits for the host 5% of a step or more.
+
+        >>> hint = input_hint(InputPipeline("step", 50, 0.04, 0.01, 0.028, 0.002, 0.0, 0.0001, 0.03, 0.75, 0.0,
+        ...                                 "highly input-bound", ("prefetch",)))
+        >>> hint.split(" (")[0]
+        'step is highly input-bound: the device waits for the host 75% of each step'
+        >>> hint.split("; ", 1)[1]
+        'host work 28 ms, transfers 2 ms, executions 10 ms). Fix: prefetch'
+    """
+    if pipeline is None or pipeline.device_idle_fraction < MODERATE:
+        return None
+    p = pipeline
+    parts = [f"host work {_ms(p.host_s)}", f"transfers {_ms(p.transfer_s)}"]
+    if p.sync_wait_s >= MODERATE * p.step_s:
+        parts.append(f"waiting in syncs {_ms(p.sync_wait_s)}")
+    if p.dispatch_s >= MODERATE * p.step_s and p.dispatch_s > p.device_s:
+        parts.append(f"dispatching {_ms(p.dispatch_s)}")
+    parts.append(f"executions {_ms(p.device_s)}")
+    return (f"{p.function} is {p.verdict}: the device waits for the host {100 * p.device_idle_fraction:.0f}% of each "
+            f"step ({_ms(p.device_idle_s)} of {_ms(p.step_s)} over {p.steps} steps; {', '.join(parts)})"
+            + (". Fix: " + "; then ".join(p.fixes[:2]) if p.fixes else ""))
+
+
+def _ms(seconds: float) -> str:
+    return f"{1e3 * seconds:.3g} ms"
+
+
 def hints_for(functions: list[FunctionProfile], totals: Totals, transfers: list[Transfer],
-              eager: Mapping[str, Any] | None = None) -> tuple[str, ...]:
+              eager: Mapping[str, Any] | None = None, pipeline: InputPipeline | None = None) -> tuple[str, ...]:
     """Hints in order of what to look at first; ``eager``: the eager compiles (ProfileResult.eager_compile),
-    already counted in ``totals.compile_s``."""
+    already counted in ``totals.compile_s``; ``pipeline``: whether the device waits for the host."""
     eager = eager or {}
     hints = []
+    waiting = input_hint(pipeline)
+    if waiting:
+        hints.append(waiting)
     for function in functions:
         if not function.recompiles:
             continue
         kind, count = main_cause(function.recompiles)
         fix = _FIXES.get(kind, "check jax's caches and config between calls")
+        if kind == "sharding" and function.kind == "pmap":
+            fix = _PMAP_SHARDING_FIX
         hints.append(f"{function.name} compiled {function.compiles} times ({function.compile_total_s:.2f} s); "
                      f"the main cause, on {count} of {len(function.recompiles)} recompiles: {kind} changes. "
                      f"Fix: {fix}")

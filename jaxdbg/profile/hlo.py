@@ -24,7 +24,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from jaxdbg._source import SourceLocation, is_user_file
+from jaxdbg._source import SourceLocation, is_user_path
 
 _MODULE = re.compile(r"^HloModule\s+([^\s,]+)")
 _COMPUTATION = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->.*\{\s*$")
@@ -286,7 +286,7 @@ def frame_stack(module: HloModule, frame_id: int | None) -> list[SourceLocation]
 def frame_source(module: HloModule, frame_id: int | None) -> SourceLocation | None:
     """The innermost user location of a stack frame: past the frames of jax, Flax, optax or jaxdbg's own
     wrappers, the user's line that called into them."""
-    return next((location for location in frame_stack(module, frame_id) if is_user_file(location.file)), None)
+    return next((location for location in frame_stack(module, frame_id) if is_user_path(location.file)), None)
 
 
 def instruction_source(module: HloModule, inst: Instruction) -> SourceLocation | None:
@@ -294,7 +294,7 @@ def instruction_source(module: HloModule, inst: Instruction) -> SourceLocation |
         found = frame_source(module, inst.frame_id)
         if found is not None:
             return found
-    if inst.source_file and inst.source_line and is_user_file(inst.source_file):
+    if inst.source_file and inst.source_line and is_user_path(inst.source_file):
         return SourceLocation(inst.source_file, inst.source_line, inst.op_name.rsplit("/", 1)[-1] or "?")
     return None
 

@@ -10,9 +10,12 @@ restores what it replaced in ``finally``:
   others are not seen at all (they stay on jax's C++ dispatch; the layer counts them), unless they compile.
 - :func:`compile_listener` receives ``jax.monitoring``'s compile spans outside the jitted calls (eager
   operations, jaxdbg's own introspection) and persistent-cache hits.
-- :func:`timed_transfers` times ``jax.device_put`` (also behind ``jnp.asarray``), ``jax.device_get`` and
-  reading an array on the host (``float(x)``, ``x.item()``, ``print``). Host (numpy) arguments of a
-  tracked call are copied to the device just before it, and that copy is timed as a transfer too.
+- :func:`jaxdbg.profile.transfers.timed_transfers` times copies between host and device (``jax.device_put``,
+  ``jnp.asarray``, reading an array on the host) and the forced synchronisations, at the user's line. Host (numpy)
+  arguments of a tracked call are copied to the device just before it, and that copy is timed as a transfer too.
+- :class:`~jaxdbg.profile.host_bound.StepClock` follows every call the profile sees, transfer and sync on the main
+  thread (the calls it let run unseen by their start, noted as they are made): whether the device waits for the host
+  between steps.
 
 Results leave as messages (:mod:`jaxdbg.profile.messages`) through ``send(message)`` as they happen (compiles at
 once, call timings in batches every half second from a background thread), so a script that raises, hangs or
@@ -28,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import threading
 import time
 from collections import defaultdict
@@ -39,10 +41,11 @@ from jaxdbg import _compat, jit_layer
 from jaxdbg._source import SourceLocation, caller_user_frame
 from jaxdbg.jit_layer import CACHE_HIT_EVENT, COMPILE_EVENTS, InstrumentedJit, JitCall, JitHook, unwrap_function
 from jaxdbg.profile.hlo import module_name, write_hlo
+from jaxdbg.profile.host_bound import StepClock, SyncSite
 from jaxdbg.profile.messages import CallBatch, CallTiming, CompileRecord, FunctionDefined, RunTotals
 from jaxdbg.profile.signature import Signature, call_signature, explain, parameter_names
 from jaxdbg.profile.spans import span_times
-from jaxdbg.protocol import Message
+from jaxdbg.protocol import Message, repeating
 
 FLUSH_EVERY_S = 0.5
 TIMED_FIRST = 3  # the first calls of a function are all timed (first call, and a steady median early)
@@ -69,6 +72,8 @@ class TrackedFunction:
 class Recorder(JitHook):
     """Collects tracked functions, their calls and compiles, eager compiles and transfers; sends them out."""
 
+    sees_pmap = True  # a pmap'd function is profiled as a function (jit_layer.InstrumentedPmap)
+
     def __init__(self, send: Callable[[Message], None], out_dir: str, *, hlo_limit: int = 3,
                  window: Any = None, convert_host_args: bool = True, sync_every: int = 1):
         self._send = send
@@ -83,7 +88,13 @@ class Recorder(JitHook):
         self._lock = threading.Lock()
         self.eager_spans: list[tuple[str, float, float, str]] = []
         self.introspection_spans: list[tuple[str, float, float]] = []
-        self.transfers: dict[str, list] = defaultdict(lambda: [0, 0.0, 0])
+        # Per (kind, user line): [count, seconds, bytes]; per (kind, user line) of a forced synchronisation.
+        self.transfers: dict[tuple[str, SourceLocation | None], list] = defaultdict(lambda: [0, 0.0, 0])
+        self.syncs: dict[tuple[str, SourceLocation | None], SyncSite] = {}
+        self.clock = StepClock()
+        self._pmap_shardings: dict[tuple, Any] = {}
+        self._main = threading.main_thread().ident
+        self.wait: Callable[[Any], Any] = _block_until_ready  # transfers.timed_transfers sets the unpatched one
         self.cache_hits = 0
         self.overhead_s = 0.0
         self.on_first_call: Callable[[], Any] | None = None  # once, before the first tracked call runs
@@ -97,7 +108,8 @@ class Recorder(JitHook):
             if record.id not in self.functions:
                 self.functions[record.id] = TrackedFunction(record.id, record.name, record.source, function.fun,
                                                             record)
-                self._send(FunctionDefined(record.id, record.name, record.source))
+                self._send(FunctionDefined(record.id, record.name, record.source,
+                                           "pmap" if function.is_pmap else "jit"))
 
     @property
     def current(self) -> tuple[str, int] | None:
@@ -106,14 +118,22 @@ class Recorder(JitHook):
         return None if latest is None else (latest.name, latest.record.calls - 1)
 
     def wants(self, function: InstrumentedJit, index: int) -> bool:
-        """The calls this profile sees: the timed ones (:meth:`timed_call`), those in the capture window, and
-        every call of a function given host arguments (their copy is timed). The others run ahead unseen
-        (a call among them that compiles is still filed: :meth:`on_unwanted_compile`). Asked on every call."""
+        """The calls this profile sees: the timed ones (:meth:`timed_call`), the one after each (not waited for:
+        its dispatch time, for the step clock), those in the capture window, and every call of a function given
+        host arguments (their copy is timed). The others run ahead unseen (a call among them that compiles is
+        still filed: :meth:`on_unwanted_compile`; the step clock notes their start). Asked on
+        every call."""
         self.latest = function
-        if index < TIMED_FIRST or index % self.sync_every == 0 or self.on_first_call is not None:
+        if index < TIMED_FIRST or index % self.sync_every < 2 or self.on_first_call is not None:
             return True
         window = self.window
-        return (window is not None and window.active) or self.functions[function.record.id].host_args
+        if (window is not None and window.active) or self.functions[function.record.id].host_args:
+            return True
+        if threading.get_ident() == self._main:  # its start, for the step clock (see StepClock.catch_up)
+            clock = self.clock
+            clock.unseen_functions.append(function.record.id)
+            clock.unseen_starts.append(time.perf_counter())
+        return False
 
     def around(self, call: JitCall, run: Callable[[], Any]) -> Any:
         if self.on_first_call is not None:
@@ -128,12 +148,11 @@ class Recorder(JitHook):
             self.in_call = False
 
     def _around(self, call: JitCall, record: TrackedFunction, run: Callable[[], Any]) -> Any:
-        import jax
-
+        started = time.perf_counter()
         index = call.index
         put_s = 0.0
         if self.convert_host_args:
-            call.args, put_s = self._put_host_args(call.args)
+            call.args, put_s = self._put_host_args(call.function, call.args)
             record.host_args = record.host_args or put_s > 0.0
         window = self.window
         annotation = window.annotation(record.name, index) if window is not None and window.active else None
@@ -145,12 +164,12 @@ class Recorder(JitHook):
             if annotation is not None:
                 with annotation:
                     out = run()
-                    jax.block_until_ready(out)
+                    self.wait(out)
             else:
                 out = run()
                 if timed or call.spans:  # a call that compiled is timed too: its compile/execute split
                     timed = True
-                    jax.block_until_ready(out)
+                    self.wait(out)
             t1 = time.perf_counter()
         except BaseException:
             if call.spans:
@@ -159,25 +178,39 @@ class Recorder(JitHook):
         compile_s = self._compiled(record, call, call.spans) if call.spans else 0.0
         wall = t1 - t0
         self._in_flight = None if timed else out
+        execute_s = max(wall - compile_s, 0.0)
         with self._lock:
-            record.pending.append(CallTiming(index, wall, max(wall - compile_s, 0.0), compile_s, put_s,
-                                             annotation is not None, timed))
+            record.pending.append(CallTiming(index, wall, execute_s, compile_s, put_s, annotation is not None, timed))
         if annotation is not None:
             self._timed(window.after_call)
+        self._clocked(record, index, started, put_s, compile_s, execute_s, timed, not call.spans,
+                      annotation is not None)
         return out
+
+    def _clocked(self, record: TrackedFunction, index: int, started: float, put_s: float, compile_s: float,
+                 execute_s: float, waited: bool, steady: bool, captured: bool = False) -> None:
+        """A call seen on the main thread, to the step clock."""
+        if threading.get_ident() != self._main:
+            return
+        self.clock.call(record.id, started, time.perf_counter(), put_s=put_s, compile_s=compile_s,
+                        execute_s=execute_s, waited=waited, steady=steady, captured=captured)
 
     def on_unwanted_compile(self, call: JitCall, out: Any) -> None:
         """A call that ran ahead unseen compiled: timed from its start to its outputs, like a seen call that
         compiles (the calls queued before it are in its execute time, as they are for a seen one)."""
-        import jax
-
         record = self.functions[call.function.record.id]
+        clock = self.clock
+        if threading.get_ident() == self._main and clock.unseen_starts:  # this call: clocked as seen, below
+            clock.unseen_functions.pop()
+            clock.unseen_starts.pop()
         with contextlib.suppress(Exception):  # e.g. outputs donated to a later call since
-            jax.block_until_ready(out)
+            self.wait(out)
         wall = time.perf_counter() - call.started
         compile_s = self._compiled(record, call, call.spans)
+        execute_s = max(wall - compile_s, 0.0)
         with self._lock:
-            record.pending.append(CallTiming(call.index, wall, max(wall - compile_s, 0.0), compile_s))
+            record.pending.append(CallTiming(call.index, wall, execute_s, compile_s))
+        self._clocked(record, call.index, call.started, 0.0, compile_s, execute_s, True, False)
 
     def timed_call(self, index: int) -> bool:
         """Whether call ``index`` waits for its outputs to be timed. Waiting on every call would take away
@@ -191,13 +224,12 @@ class Recorder(JitHook):
         pending = [out for out in (self._in_flight, jit_layer.take_ran_ahead()) if out is not None]
         self._in_flight = None
         if pending:
-            import jax
-
             with contextlib.suppress(Exception):  # e.g. outputs donated to a later call since
-                jax.block_until_ready(pending)
+                self.wait(pending)
 
-    def _put_host_args(self, args: tuple) -> tuple[tuple, float]:
-        """Copy numpy arguments (top level, or one level into a tuple/list/dict) to the device, timed."""
+    def _put_host_args(self, function: InstrumentedJit, args: tuple) -> tuple[tuple, float]:
+        """Copy numpy arguments (top level, or one level into a tuple/list/dict) to the device, timed. A pmap'd
+        function's go where pmap puts them (:meth:`_pmap_placements`), or are left to it."""
         import numpy as np
 
         found = False
@@ -212,36 +244,74 @@ class Recorder(JitHook):
         import jax
 
         nbytes = 0
+        places = self._pmap_placements(function, args) if function.is_pmap else None
+        if function.is_pmap and places is None:
+            return args, 0.0
 
-        def put(value: Any) -> Any:
+        copies: list[Any] = []
+
+        def put(value: Any, place: Any = None) -> Any:
             nonlocal nbytes
             if isinstance(value, np.ndarray):
                 nbytes += value.nbytes
-                return jax.device_put(value)
+                copies.append(jax.device_put(value, place))
+                return copies[-1]
             return value
 
         start = time.perf_counter()
         with self.no_transfer_timing():
-            moved = tuple(
-                put(v) if isinstance(v, np.ndarray) else
-                type(v)(put(x) for x in v) if isinstance(v, (tuple, list)) and type(v) in (tuple, list) else
-                {k: put(x) for k, x in v.items()} if type(v) is dict else v
-                for v in args
-            )
-            jax.block_until_ready(moved)
+            if places is not None:
+                moved = tuple(put(v, p) if p is not None else v for v, p in zip(args, places))
+            else:
+                moved = tuple(
+                    put(v) if isinstance(v, np.ndarray) else
+                    type(v)(put(x) for x in v) if isinstance(v, (tuple, list)) and type(v) in (tuple, list) else
+                    {k: put(x) for k, x in v.items()} if type(v) is dict else v
+                    for v in args
+                )
+            self.wait(copies)  # the copies alone: the other arguments may be a call's outputs still being computed
         seconds = time.perf_counter() - start
-        self.add_transfer("implicit_args", seconds, nbytes)
+        self.add_transfer("implicit_args", seconds, nbytes, caller_user_frame(1))
         return moved, seconds
+
+    def _pmap_placements(self, function: InstrumentedJit, args: tuple) -> list | None:
+        """Per argument of a pmap'd call, the sharding pmap gives a numpy array there (None: not a numpy array),
+        for top-level numpy arguments mapped over axis 0 (pmap's default); None for any other layout (pmap copies
+        those itself, inside the call)."""
+        import numpy as np
+
+        in_axes = function.options.get("in_axes", 0)
+        axes = [in_axes] * len(args) if isinstance(in_axes, int) else list(in_axes) if isinstance(
+            in_axes, (tuple, list)) and len(in_axes) == len(args) else None
+        if axes is None or any(isinstance(v, np.ndarray) and a != 0 for v, a in zip(args, axes)):
+            return None
+        shape = next((v.shape for v in args if isinstance(v, np.ndarray)), ())
+        key = (id(function), shape[:1])
+        sharding = self._pmap_shardings.get(key, False)
+        if sharding is False:  # a mesh built once per function and device count, not per call
+            sharding = self._pmap_shardings[key] = _compat.pmap_input_sharding(function.options, shape)
+        if sharding is None:
+            return None
+        return [sharding if isinstance(v, np.ndarray) else None for v in args]
 
     # ---- compiles ------------------------------------------------------------------------------------------
     def on_span(self, event: str, start: float, end: float, fun_name: str = "") -> None:
         stage = COMPILE_EVENTS.get(event)
         if stage is None:
             return
-        if getattr(self._local, "introspecting", False):
+        local = self._local
+        if getattr(local, "introspecting", False):
             self.introspection_spans.append((stage, start, end))
         elif not jit_layer.in_user_call():  # a jitted call's own spans: the layer files them in call.spans
             self.eager_spans.append((stage, start, end, str(fun_name)))
+            # compiling inside a transfer (jnp.asarray's first jit(stage)) is not copying
+            local.eager_compile_s = getattr(local, "eager_compile_s", 0.0) + end - start
+            if stage == "compile" and threading.get_ident() == self._main:
+                self.clock.eager_compile()
+
+    def eager_compile_s(self) -> float:
+        """Seconds of eager operations' compile spans (trace, lower, backend) on this thread so far."""
+        return getattr(self._local, "eager_compile_s", 0.0)
 
     def on_cache_hit(self) -> None:
         """The persistent compilation cache answered a backend compile."""
@@ -300,20 +370,50 @@ class Recorder(JitHook):
         return found
 
     # ---- transfers -------------------------------------------------------------------------------------------
-    def add_transfer(self, kind: str, seconds: float, nbytes: int) -> None:
-        entry = self.transfers[kind]
+    def add_transfer(self, kind: str, seconds: float, nbytes: int, source: SourceLocation | None = None, *,
+                     outside_call: bool = False) -> None:
+        """One copy; ``outside_call``: made between jitted calls (the step clock counts it as the host's)."""
+        entry = self.transfers[(kind, source)]
         entry[0] += 1
         entry[1] += seconds
         entry[2] += nbytes
+        if outside_call and threading.get_ident() == self._main:
+            self.clock.transferred(seconds)
+
+    def add_sync(self, kind: str, started: float, waited: float, ended: float, nbytes: int) -> None:
+        """A forced synchronisation at the user's line: it waited for the device until ``waited``, then copied
+        ``nbytes`` to the host until ``ended`` (a ``to_host`` transfer)."""
+        source = caller_user_frame(2)
+        site = self.syncs.get((kind, source))
+        if site is None:
+            site = self.syncs[(kind, source)] = SyncSite()
+        if threading.get_ident() == self._main:
+            self.clock.sync(site, started, waited, ended)
+        else:
+            site.count += 1
+            site.wait_s += waited - started
+        site.bytes += nbytes
+        if nbytes:
+            self.add_transfer("to_host", ended - waited, nbytes, source)
 
     @contextlib.contextmanager
     def no_transfer_timing(self) -> Iterator[None]:
-        previous = getattr(self._local, "in_transfer", False)
-        self._local.in_transfer = True
+        previous = self.enter_transfer()
         try:
             yield
         finally:
-            self._local.in_transfer = previous
+            self.leave_transfer(previous)
+
+    def enter_transfer(self) -> bool:
+        """Mark this thread as inside a timed transfer or sync (what it calls is not timed again); returns the
+        mark before, for :meth:`leave_transfer`. The per-sync path's spelling of :meth:`no_transfer_timing`."""
+        local = self._local
+        previous = getattr(local, "in_transfer", False)
+        local.in_transfer = True
+        return previous
+
+    def leave_transfer(self, previous: bool) -> None:
+        self._local.in_transfer = previous
 
     def timing_transfers(self) -> bool:
         return not getattr(self._local, "in_transfer", False)
@@ -330,19 +430,10 @@ class Recorder(JitHook):
     def flushing(self) -> Iterator[None]:
         """Flush every FLUSH_EVERY_S from a daemon thread (so a run killed while it hangs keeps its calls),
         and once more at the end."""
-        stop = threading.Event()
-
-        def loop() -> None:
-            while not stop.wait(FLUSH_EVERY_S):
-                self.flush()
-
-        thread = threading.Thread(target=loop, name="jaxdbg-flush", daemon=True)
-        thread.start()
         try:
-            yield
+            with repeating(self.flush, FLUSH_EVERY_S, "jaxdbg-flush"):
+                yield
         finally:
-            stop.set()
-            thread.join(timeout=5)
             self.flush()
 
     def flush(self) -> None:
@@ -354,10 +445,21 @@ class Recorder(JitHook):
                     batch[record.id], record.pending = record.pending, []
         if batch:
             self._send(CallBatch(batch))
+        if threading.get_ident() == self._main and self.clock.unseen_starts:  # the calls since its last event
+            self.clock.catch_up()
         self._send(RunTotals(
-            list(self.eager_spans), {k: list(v) for k, v in self.transfers.items()}, self.cache_hits,
-            span_times([(k, s, e) for k, s, e in self.introspection_spans])["total_s"],
-            {ident: f.record.calls for ident, f in list(self.functions.items()) if f.record is not None}))
+            list(self.eager_spans), [(kind, source, *entry) for (kind, source), entry in list(self.transfers.items())],
+            self.cache_hits, span_times([(k, s, e) for k, s, e in self.introspection_spans])["total_s"],
+            syncs=[(kind, source, site.count, site.wait_s, site.idle_s, site.bytes)
+                   for (kind, source), site in list(self.syncs.items())],
+            steps={ident: list(sums) for ident, sums in list(self.clock.steps.items())},
+            calls={ident: f.record.calls for ident, f in list(self.functions.items()) if f.record is not None}))
+
+
+def _block_until_ready(x: Any) -> Any:
+    import jax
+
+    return jax.block_until_ready(x)
 
 
 def _other(text: str) -> Any:
@@ -395,58 +497,3 @@ def tracking_jit(recorder: Recorder) -> Iterator[None]:
     """Track every function jitted inside the block (``recorder`` as a hook of the jit layer)."""
     with jit_layer.installed(recorder):
         yield
-
-
-@contextlib.contextmanager
-def timed_transfers(recorder: Recorder) -> Iterator[None]:
-    """Time explicit host<->device copies: device_put (and jnp.asarray), device_get, host reads of arrays."""
-    import jax
-    import numpy as np
-
-    homes = _compat.device_put_homes()
-    original_put = homes[0][0].__dict__[homes[0][1]]
-    original_get = jax.device_get
-    array_cls = _compat.array_class()
-    original_value = array_cls.__dict__["_value"]
-
-    def timed(kind: str, call: Callable[[], Any], nbytes: Callable[[], int]) -> Any:
-        if not recorder.timing_transfers():
-            return call()
-        started = time.perf_counter()
-        with recorder.no_transfer_timing():
-            result = call()
-        recorder.add_transfer(kind, time.perf_counter() - started, nbytes())
-        return result
-
-    @functools.wraps(original_put)
-    def device_put(x: Any, *args: Any, **kwargs: Any) -> Any:
-        return timed("device_put", lambda: original_put(x, *args, **kwargs),
-                     lambda: sum(v.nbytes for v in jax.tree_util.tree_leaves(x) if isinstance(v, np.ndarray)))
-
-    @functools.wraps(original_get)
-    def device_get(x: Any) -> Any:
-        with recorder.no_transfer_timing():
-            jax.block_until_ready(x)  # as for host reads: finishing the computation is not the copy
-        result = timed("device_get", lambda: original_get(x), lambda: 0)
-        return result
-
-    def value(self: Any) -> Any:
-        if not _compat.host_copy_pending(self):
-            return original_value.__get__(self)
-        # An untimed call may still be running: waiting for it is execution, not the copy.
-        with recorder.no_transfer_timing():
-            self.block_until_ready()
-        return timed("to_host", lambda: original_value.__get__(self), lambda: int(getattr(self, "nbytes", 0)))
-
-    saved = [(module, attr, module.__dict__[attr]) for module, attr in homes]
-    for module, attr, _ in saved:
-        setattr(module, attr, device_put)
-    jax.device_get = device_get
-    array_cls._value = property(value)
-    try:
-        yield
-    finally:
-        array_cls._value = original_value
-        jax.device_get = original_get
-        for module, attr, previous in saved:
-            setattr(module, attr, previous)

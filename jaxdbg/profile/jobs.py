@@ -139,7 +139,7 @@ class BackendStart:
 
 def send_capture_ops(send: Send, window: Any, backend: str) -> None:
     """Per-op totals from the capture: xprof's hlo_stats off CPU, the XLA:CPU thunk events otherwise."""
-    from jaxdbg.profile.ops import thunk_events, xprof_hlo_stats
+    from jaxdbg.profile.ops import read_xplane, xprof_hlo_stats
 
     trace = getattr(window, "files", None)
     if trace is None or trace.xplane is None:
@@ -148,7 +148,8 @@ def send_capture_ops(send: Send, window: Any, backend: str) -> None:
         # xprof's per-op tools are empty on CPU (checked), so it is asked only off CPU; the raw events are
         # always read, as the fallback for a function xprof's table does not name.
         by_prefix = xprof_hlo_stats(trace.xplane) if backend != "cpu" else {}
-        send(CaptureOps(by_prefix, thunk_events(trace.xplane)))
+        events = read_xplane(trace.xplane)
+        send(CaptureOps(by_prefix, events.ops, events.per_device))
     except Exception as err:  # noqa: BLE001 - the profile stands without its op table
         send(ProfileNote(f"reading the capture failed: {type(err).__name__}: {err}"))
 
@@ -174,8 +175,9 @@ def _window(job: ProfileJob, send: Send) -> Any:
 
 def script_job(job: ProfileJob, channel: Any) -> None:
     """Run a script TARGET under instrumentation."""
-    from jaxdbg.profile.instrument import Recorder, compile_listener, timed_transfers, tracking_jit
+    from jaxdbg.profile.instrument import Recorder, compile_listener, tracking_jit
     from jaxdbg.profile.monitor import Sampler
+    from jaxdbg.profile.transfers import timed_transfers
     from jaxdbg.target import run_script
 
     log = MessageLog()

@@ -49,11 +49,13 @@ class DeviceInfo(Message):
 
 @dataclass(frozen=True)
 class FunctionDefined(Message):
-    """A jitted function (``id`` is the jit layer's record: one per name and definition site)."""
+    """A jitted function (``id`` is the jit layer's record: one per name and definition site); ``kind``: ``jit``, or
+    ``pmap`` for a function given to ``jax.pmap``."""
 
     id: int
     name: str
     source: SourceLocation | None
+    kind: str = "jit"
 
 
 @dataclass(frozen=True)
@@ -89,13 +91,17 @@ class CallBatch(Message):
 @dataclass(frozen=True)
 class RunTotals(Message):
     """Running totals (the latest one is the whole truth): eager compile spans ``(stage, start, end, name)``,
-    transfers ``{kind: [count, seconds, bytes]}``, persistent-cache hits, time spent introspecting, and the
-    calls made of each function (id -> count; the calls that ran ahead unseen send no timing)."""
+    transfers ``(kind, source, count, seconds, bytes)`` per kind and user line, persistent-cache hits, time spent
+    introspecting, forced synchronisations ``(kind, source, count, wait_s, idle_s, bytes)`` per kind and user line,
+    per function id its steady steps' sums (:data:`jaxdbg.profile.host_bound.STEP_FIELDS`), and the calls made of
+    each function (id -> count; the calls that ran ahead unseen send no timing)."""
 
     eager_spans: list[tuple[str, float, float, str]]
-    transfers: dict[str, list]
+    transfers: list[tuple]
     cache_hits: int
     introspection_s: float
+    syncs: list[tuple] = field(default_factory=list)
+    steps: dict[int, list[float]] = field(default_factory=dict)
     calls: dict[int, int] = field(default_factory=dict)
 
 
@@ -110,10 +116,12 @@ class RunFinished(Message):
 
 @dataclass(frozen=True)
 class CaptureOps(Message):
-    """Per-op totals read from the capture: xprof's hlo_stats by name prefix (off CPU), thunk events by module."""
+    """Per-op totals read from the capture: xprof's hlo_stats by name prefix (off CPU), thunk events by module;
+    ``per_device``: ``{module: {device ordinal: [seconds per execution]}}`` for programs run on several devices."""
 
     by_prefix: dict
     by_module: dict
+    per_device: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

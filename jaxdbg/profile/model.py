@@ -116,6 +116,17 @@ class OpRow:
 
 
 @dataclass(frozen=True)
+class DeviceExecutions:
+    """One device's executions of a function run on several (a pmap, an SPMD program), from the capture window:
+    ``device`` is ``backend:ordinal``; seconds from its first op to its last, per execution."""
+
+    device: str
+    executions: int
+    median_s: float
+    total_s: float
+
+
+@dataclass(frozen=True)
 class Rates:
     """Achieved rates of a function at its median time, against the device peak where one is known."""
 
@@ -150,6 +161,8 @@ class FunctionProfile:
     hlo: dict[str, str] = field(default_factory=dict)  # 'stablehlo' / 'optimized_hlo' -> file path
     ops_source: str = ""  # where the op table came from: 'xprof hlo_stats', 'xplane op events', ''
     host: str | None = None  # a capture: the process it ran in (its xplane file's name); None in a profiled run
+    devices: tuple[DeviceExecutions, ...] = ()  # run on several devices: each one's executions in the capture
+    kind: str = "jit"  # 'pmap' for a function given to jax.pmap
 
     @property
     def compile_total_s(self) -> float:
@@ -170,13 +183,65 @@ class Totals:
 
 
 @dataclass(frozen=True)
+class TransferSite:
+    """The copies of one kind made at one user line."""
+
+    source: SourceLocation | None
+    count: int
+    total_s: float
+    bytes: int
+
+
+@dataclass(frozen=True)
 class Transfer:
-    """Host<->device copies of one kind: device_put, device_get, to_host (reading an array), implicit_args."""
+    """Host<->device copies of one kind: device_put, jnp.asarray (a numpy array made a jax array),
+    implicit_args (numpy arguments of a jitted call), device_get, to_host (reading an array); ``sources``:
+    the user lines that made them, most time first."""
 
     kind: str
     count: int
     total_s: float
     bytes: int
+    sources: tuple[TransferSite, ...] = ()
+
+
+@dataclass(frozen=True)
+class HostSync:
+    """A forced synchronisation at one user line: the host waited there for the device's results (``float(x)``,
+    ``np.asarray(x)``, ``.item()``, ``print``, ``block_until_ready``, ``jax.device_get``). ``wait_s``: time it
+    waited; ``device_idle_s``: time the device then sat with nothing queued, until the program's next jitted call
+    (jaxdbg's own waits for timing taken out of both)."""
+
+    kind: str
+    source: SourceLocation | None
+    count: int
+    wait_s: float
+    device_idle_s: float
+    bytes: int
+
+
+@dataclass(frozen=True)
+class InputPipeline:
+    """Whether the device waits for the host, per step of the function called most (seconds are per-step means
+    over its steady steps, from one call to the next): the device's executions and idle time, the host's own
+    work (building batches, Python: outside jitted calls, transfers and syncs), its transfers, its waits in
+    syncs and its time dispatching the jitted calls; ``sync_idle_s``: the part of the idle time that followed a
+    sync. ``verdict``: xprof's words, 'highly' / 'moderately' / 'not' input-bound when the device waits 20% / 5%
+    of the step or more; ``fixes``: largest gain first."""
+
+    function: str
+    steps: int
+    step_s: float
+    device_s: float
+    host_s: float
+    transfer_s: float
+    sync_wait_s: float
+    dispatch_s: float
+    device_idle_s: float
+    device_idle_fraction: float
+    sync_idle_s: float
+    verdict: str
+    fixes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -282,6 +347,8 @@ class ProfileResult:
     notes: tuple[str, ...] = ()
     hints: tuple[str, ...] = ()
     transfers: tuple[Transfer, ...] = ()
+    syncs: tuple[HostSync, ...] = ()
+    input_pipeline: InputPipeline | None = None
     eager_compile: dict[str, Any] = field(default_factory=dict)
     trace: TraceFiles | None = None
     monitor: MonitorSeries | None = None

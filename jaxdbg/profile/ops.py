@@ -24,7 +24,7 @@ import re
 import sys
 from collections import Counter, defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from jaxdbg._source import SourceLocation, is_user_file
 from jaxdbg.profile.collectives import sharding_cause
@@ -55,13 +55,15 @@ class XplaneEvents:
     ``executions``: ``{module: [(start_ns, end_ns)]}``, one per execution (the op events of one ``run_id``);
     ``steps``: ``{name: [(step_num, start_ns, end_ns)]}`` from ``jax.profiler.StepTraceAnnotation``;
     ``programs``: ``{module: program_id}`` (xprof names a module's HLO ``module(program_id)``);
-    ``devices``: the device planes' names (``/device:GPU:0``), empty on CPU."""
+    ``devices``: the device planes' names (``/device:GPU:0``), empty on CPU; ``per_device``: ``{module: {device
+    ordinal: [seconds of each execution on that device]}}`` (an SPMD program, a pmap, runs on several)."""
 
     ops: dict[str, dict[str, OpTotal]]
     executions: dict[str, list[tuple[float, float]]]
     steps: dict[str, list[tuple[int, float, float]]]
     programs: dict[str, int]
     devices: tuple[str, ...]
+    per_device: dict[str, dict[int, list[float]]] = field(default_factory=dict)
 
 
 def read_xplane(xplane_path: str) -> XplaneEvents:
@@ -75,9 +77,11 @@ def read_xplane(xplane_path: str) -> XplaneEvents:
     steps: dict[str, list[tuple[int, float, float]]] = defaultdict(list)
     programs: dict[str, int] = {}
     devices = []
+    on_device: dict[tuple[str, int, int], list[float]] = {}  # (module, run, device) -> [start, end]
     for plane in data.planes:
         if plane.name.startswith("/device:"):
             devices.append(plane.name)
+        plane_device = _plane_ordinal(plane.name)
         for line in plane.lines:
             events = []
             for event in line.events:
@@ -92,6 +96,11 @@ def read_xplane(xplane_path: str) -> XplaneEvents:
                         continue
                     span = runs.setdefault((str(module), int(stats["run_id"])), [start, start + duration])
                     span[0], span[1] = min(span[0], start), max(span[1], start + duration)
+                    device = stats.get("device_ordinal", plane_device)
+                    if device is not None:
+                        key = (str(module), int(stats["run_id"]), int(device))
+                        mine = on_device.setdefault(key, [start, start + duration])
+                        mine[0], mine[1] = min(mine[0], start), max(mine[1], start + duration)
                 elif "step_num" in stats and not module:
                     steps[str(event.name)].append((int(stats["step_num"]), start, start + duration))
             for module, op, self_ns in _self_times(events):
@@ -105,8 +114,17 @@ def read_xplane(xplane_path: str) -> XplaneEvents:
         if module not in executions:
             calls = min(t.count for t in totals[module].values())
             executions[module] = split_at_gaps(spans, calls)
+    per_device: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for (module, _, device), (start, end) in sorted(on_device.items(), key=lambda kv: kv[1][0]):
+        per_device[module][device].append((end - start) * 1e-9)
     return XplaneEvents({m: dict(ops) for m, ops in totals.items()}, dict(executions), dict(steps), programs,
-                        tuple(devices))
+                        tuple(devices), {m: dict(d) for m, d in per_device.items() if len(d) > 1})
+
+
+def _plane_ordinal(name: str) -> int | None:
+    """The device index of a device plane (``/device:GPU:3`` -> 3); None for the host's."""
+    tail = name.rpartition(":")[2]
+    return int(tail) if name.startswith("/device:") and tail.isdigit() else None
 
 
 def split_at_gaps(spans: list[tuple[float, float]], parts: int) -> list[tuple[float, float]]:

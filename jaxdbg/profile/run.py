@@ -15,9 +15,11 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from jaxdbg._errors import EXIT_FOUND, EXIT_OK, EXIT_TARGET_FAILED, EXIT_USAGE, UsageError
 from jaxdbg._source import SourceLocation, is_jaxdbg_file
@@ -26,7 +28,7 @@ from jaxdbg.profile.budget import check_budget, parse_budget
 from jaxdbg.profile.compare import compare, load_baseline, other_target_note
 from jaxdbg.profile.hints import hints_for, notes_for
 from jaxdbg.profile.messages import CaptureOps, JobCapture, ProfileJob
-from jaxdbg.profile.model import FunctionProfile, ProfileResult, Rates
+from jaxdbg.profile.model import DeviceExecutions, FunctionProfile, ProfileResult, Rates
 from jaxdbg.profile.monitor import monitor_hints, series
 from jaxdbg.profile.peaks import Peak, achieved_rates, dtype_class, table_peak
 from jaxdbg.profile.processes import find_stragglers, step_skew_s
@@ -91,7 +93,7 @@ def profile(spec: TargetSpec, options: ProfileOptions, out_dir: str) -> ProfileR
     if trace is not None:
         trace = write_perfetto(trace)
     if gathered.ops:
-        functions = attach_ops(functions, gathered.ops, options.top)
+        functions = attach_ops(functions, gathered.ops, options.top, str(gathered.device.get("backend", "")))
     peak = _peak(gathered)
     functions = [dataclasses.replace(f, rates=_rates(f, peak or _table(gathered, f))) for f in functions]
     totals = gathered.totals_for(functions, outcome.elapsed_s, mode)
@@ -103,11 +105,15 @@ def profile(spec: TargetSpec, options: ProfileOptions, out_dir: str) -> ProfileR
     eager = gathered.eager_compile()
     monitor = series(gathered.monitor, options.monitor_interval)
     notes = notes_for(mode, functions, gathered, error, command_buffers_off, stopped_in_jitted_call(outcome))
+    syncs = gathered.syncs()
+    pipeline = gathered.input_pipeline(syncs) if mode == "script" else None
     result = ProfileResult(
         mode=mode, functions=tuple(functions), totals=totals, budget=budget, error=error, error_source=error_source,
         notes=notes + other_target,
-        hints=hints_for(functions, totals, gathered.transfers(), eager) + straggler_hints + monitor_hints(monitor),
-        transfers=tuple(gathered.transfers()), eager_compile=eager, trace=trace,
+        hints=hints_for(functions, totals, gathered.transfers(), eager, pipeline) + straggler_hints
+        + monitor_hints(monitor),
+        transfers=tuple(gathered.transfers()), syncs=tuple(syncs), input_pipeline=pipeline, eager_compile=eager,
+        trace=trace,
         monitor=monitor,
         comparison=compare(baseline, tuple(functions), totals) if baseline is not None else None,
         device=gathered.device, processes=gathered.job, stragglers=stragglers,
@@ -140,7 +146,17 @@ def child_xla_flags(flags: str, options: ProfileOptions, dump: str | None) -> tu
     return flags.strip(), off
 
 
-def _check_inputs(spec: TargetSpec, options: ProfileOptions) -> None:
+class TargetInputs(Protocol):
+    """The options every command with a function target has (profile's and memory's share these checks)."""
+
+    @property
+    def args(self) -> str | None: ...
+
+    @property
+    def inputs(self) -> str | None: ...
+
+
+def _check_inputs(spec: TargetSpec, options: TargetInputs) -> None:
     """Fail fast (exit 2) on inputs that cannot work, without running user code."""
     if spec.is_script:
         if options.args or options.inputs:
@@ -168,7 +184,7 @@ def _raise_usage_from_child(outcome: Outcome) -> None:
         exc.reraise()
 
 
-def _raise_internal_failure(outcome: Outcome, spec: TargetSpec, options: ProfileOptions) -> None:
+def _raise_internal_failure(outcome: Outcome, spec: TargetSpec, options: TargetInputs) -> None:
     """An exception whose traceback never passed through the user's files is a jaxdbg bug, not the target's."""
     exc = outcome.exception
     if exc is None:
@@ -244,8 +260,10 @@ def _table(gathered: Gathered, function: FunctionProfile) -> Peak | None:
                       dtype_class(gathered.dtypes(function.name)))
 
 
-def attach_ops(functions: list[FunctionProfile], captured: CaptureOps, top: int) -> list[FunctionProfile]:
-    """Per-op tables for each function from the per-op totals the child read from the capture.
+def attach_ops(functions: list[FunctionProfile], captured: CaptureOps, top: int,
+               backend: str = "") -> list[FunctionProfile]:
+    """Per-op tables for each function from the per-op totals the child read from the capture, and for a function
+    run on several devices each device's executions.
 
     ``captured.by_prefix``: xprof's hlo_stats keyed by framework-op prefix (``jit(train_step)``), used
     first; ``captured.by_module``: the capture's own op events keyed by HLO module (``jit_train_step``)."""
@@ -266,8 +284,20 @@ def attach_ops(functions: list[FunctionProfile], captured: CaptureOps, top: int)
                 read_specs(module, function.hlo["shardings"])
         name = function.module or (module.name if module else f"jit_{function.name}")
         rows, source = function_ops(function.name, name, module, captured.by_prefix, captured.by_module, top)
-        updated.append(dataclasses.replace(function, ops=rows, ops_source=source))
+        devices = device_executions(captured.per_device.get(name, {}), backend)
+        updated.append(dataclasses.replace(function, ops=rows, ops_source=source, devices=devices))
     return updated
+
+
+def device_executions(per_device: dict[int, list[float]], backend: str) -> tuple[DeviceExecutions, ...]:
+    """Each device's executions of one program, in device order.
+
+        >>> device_executions({1: [0.002, 0.004], 0: [0.001, 0.001]}, "cpu")[1]
+        DeviceExecutions(device='cpu:1', executions=2, median_s=0.003, total_s=0.006)
+    """
+    return tuple(DeviceExecutions(f"{backend or 'device'}:{ordinal}", len(runs), float(statistics.median(runs)),
+                                  float(sum(runs)))
+                 for ordinal, runs in sorted(per_device.items()) if runs)
 
 
 def _artifacts(result: ProfileResult, outcome: Outcome, out_dir: str) -> dict[str, str]:

@@ -31,9 +31,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxdbg import _compat
 from jaxdbg.repro.graph import Graph, Lit, Var, as_function, backward_slice, free_inputs
 from jaxdbg.repro.signature import normalise_message
+from jaxdbg.storable import is_key
 
 # Elementwise primitives: their parameters do not hold shapes, so they re-run on any (equal) shapes.
 ELEMENTWISE = frozenset(
@@ -63,7 +63,7 @@ class Criterion:
 
     def failing_index(self, fn: Callable, args: Sequence[Any]) -> tuple | None:
         """None if the candidate does not fail; else the index of a failing element of its first output."""
-        if self.kind == "nonfinite" and any(self.rejects_input(np.asarray(a)) for a in args):
+        if self.kind == "nonfinite" and any(self.rejects_input(np.asarray(a)) for a in args if not is_key(a)):
             return None
         try:
             outs = jax.jit(fn)(*args)
@@ -172,7 +172,7 @@ class Cutter:
         cand = Candidate(keep, tuple(outvars), {})
         for var in cand.inputs(self.graph):
             source = values if values is not None and var in values else self.recorded
-            if var not in source or _compat.is_extended_dtype(np.asarray(source[var]).dtype):
+            if var not in source:
                 return None
             cand.values[var] = source[var]
         return cand
@@ -230,7 +230,7 @@ class Cutter:
             return None
         for i in cand.nodes:
             node = self.graph.nodes[i]
-            if any(self.criterion.rejects_input(np.asarray(self._value(a))) for a in node.invars):
+            if any(self._rejected(a) for a in node.invars):
                 continue
             for out in node.outvars:
                 if out in self.recorded and not _finite(self.recorded[out]):
@@ -251,7 +251,7 @@ class Cutter:
             chain, frontier = {i}, [i]
             for _ in range(depth):
                 bad = [a for k in frontier for a in self.graph.nodes[k].invars
-                       if isinstance(a, Var) and self.criterion.rejects_input(np.asarray(self._value(a)))]
+                       if isinstance(a, Var) and self._rejected(a)]
                 if not bad:
                     break
                 if any(a not in made for a in bad):
@@ -313,7 +313,7 @@ class Cutter:
                       for v in inputs}
             cand = self.test(replace(cand, values=values)) or cand
         for var in inputs:
-            if var in fixed:
+            if var in fixed or is_key(cand.values[var]):  # a PRNG key is cut whole
                 continue
             for axis in range(np.ndim(cand.values[var])):
                 value = np.asarray(cand.values[var])
@@ -327,6 +327,8 @@ class Cutter:
     def simplify(self, cand: Candidate) -> Candidate:
         """Plainer input values: all zeros, all ones, ±1, the failing element everywhere, rounded."""
         for var in cand.inputs(self.graph):
+            if is_key(cand.values[var]):
+                continue
             value = np.asarray(cand.values[var])
             if not inexact(value.dtype) or value.size == 0:
                 continue
@@ -347,6 +349,11 @@ class Cutter:
 
     def _value(self, atom: Any) -> Any:
         return atom.val if isinstance(atom, Lit) else self.recorded.get(atom, np.zeros(()))
+
+    def _rejected(self, atom: Any) -> bool:
+        """The criterion rejects this input's recorded value (a PRNG key never: its bits are no number)."""
+        value = self._value(atom)
+        return not is_key(value) and self.criterion.rejects_input(np.asarray(value))
 
     def _output_shape(self, cand: Candidate) -> tuple:
         out = cand.outvars[0]
@@ -369,6 +376,8 @@ def _holds_program(param: Any) -> bool:
 
 
 def _holds(value: Any, what: str) -> bool:
+    if is_key(value):
+        return False
     value = np.asarray(value)
     if not inexact(value.dtype):
         return False
@@ -376,6 +385,8 @@ def _holds(value: Any, what: str) -> bool:
 
 
 def _finite(value: Any) -> bool:
+    if is_key(value):
+        return True
     value = np.asarray(value)
     return not inexact(value.dtype) or bool(np.isfinite(value).all())
 

@@ -52,7 +52,7 @@ def cut_captured(captured: Any, request: Any, deadline: float) -> CutFinished:
         function = captured.frozen_call.function.__name__
         return replace(written, reason=f"{reason}. {REPRO_FILE}: `{function}` alone, jitted and op by op")
     if criterion.kind == "nonfinite":
-        finite_inputs = all(not inexact(np.asarray(a).dtype) or np.isfinite(a).all() for a in captured.args
+        finite_inputs = all(not inexact(a.dtype) or np.isfinite(a).all() for a in captured.args
                             if hasattr(a, "dtype"))
         criterion = Criterion("nonfinite", what=criterion.what, allow_nonfinite_inputs=not finite_inputs)
     graph, consts = flatten(captured.closed_jaxpr)

@@ -24,6 +24,7 @@ import numpy as np
 
 from jaxdbg import _compat
 from jaxdbg._source import SourceLocation
+from jaxdbg.storable import is_key
 
 
 class Var:
@@ -147,7 +148,8 @@ def record(graph: Graph, args: Sequence[Any], const_values: Mapping[Var, Any]) -
     env.update(const_values)
     with contextlib.suppress(Exception):  # values up to the failing node are still useful cut points
         evaluate(graph.nodes, env)
-    return {var: np.asarray(value) for var, value in env.items() if not _compat.is_extended_dtype(_dtype(value))}
+    return {var: value if is_key(value) else np.asarray(value) for var, value in env.items()
+            if is_key(value) or not _compat.is_extended_dtype(_dtype(value))}  # PRNG keys are kept as jax arrays
 
 
 def _dtype(value: Any) -> Any:

@@ -54,7 +54,7 @@ from jaxdbg.repro.failures import _jax_roots
 from jaxdbg.repro.graph import Var
 from jaxdbg.repro.messages import CutFinished
 from jaxdbg.repro.program import INPUTS_FILE, REPRO_FILE, count_lines, program_fails
-from jaxdbg.target import storable
+from jaxdbg.storable import restore_source, storable
 
 # Concrete inputs up to this many elements are written inline when their values are needed.
 INLINE_ELEMENTS = 64
@@ -239,7 +239,7 @@ def write_inputs(names: Sequence[str], avals: list, values: list, recorded: bool
                 continue
             bits, special = storable(value)
             arrays[name] = bits
-            loads.append(f"{name} = _inputs[{name!r}]" + (f".view(jnp.{special})" if special else ""))
+            loads.append(f"{name} = " + restore_source(f"_inputs[{name!r}]", special))
             continue
         assign.append(f"{name} = np.zeros({shape!r}, dtype={dtype_expr(dtype)})")
     if loads:

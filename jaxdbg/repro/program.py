@@ -36,7 +36,7 @@ import numpy as np
 from jaxdbg.jaxpr.emit import HEADER, PRIMS_IMPORT, EmitError, EmittedFunction, array_expr, emit_function
 from jaxdbg.repro.cut import Candidate, Criterion
 from jaxdbg.repro.graph import Graph
-from jaxdbg.target import storable
+from jaxdbg.storable import is_key, restore_source, storable
 
 INPUTS_FILE = "inputs.npz"
 REPRO_FILE = "repro.py"
@@ -107,12 +107,14 @@ def build_program(graph: Graph, cand: Candidate, criterion: Criterion, origin: s
     inputs = cand.inputs(graph)
     assign, arrays = [], {}
     for name, var in zip(emitted.arg_names, inputs):
-        value = np.asarray(cand.values[var])
+        value = cand.values[var]
         try:
-            assign.append(f"{name} = {array_expr(value)}")
-        except EmitError:
-            arrays[name], special = storable(value)  # bfloat16 travels as its bits (npz keeps no ml_dtypes)
-            assign.append(f"{name} = _inputs[{name!r}]" + (f".view(jnp.{special})" if special else ""))
+            if is_key(value):
+                raise EmitError("a PRNG key has no literal: its key data goes into the npz")
+            assign.append(f"{name} = {array_expr(np.asarray(value))}")
+        except EmitError:  # bfloat16 travels as its bits, a PRNG key as its key data (npz keeps neither)
+            arrays[name], special = storable(value)
+            assign.append(f"{name} = " + restore_source(f"_inputs[{name!r}]", special))
     if arrays:
         assign.insert(0, f'_inputs = np.load((__file__.rpartition("/")[0] or ".") + "/{INPUTS_FILE}")')
     args = ", ".join(emitted.arg_names)
@@ -123,7 +125,7 @@ def build_program(graph: Graph, cand: Candidate, criterion: Criterion, origin: s
              if sources else "")
     doc = (f'"""jaxdbg repro: {what} (cut from {original_equations} equations of {origin} to {len(cand.nodes)}).\n'
            f'{where}\n`python {REPRO_FILE}` fails with {_expected(criterion)} while the bug is present.\n"""\n')
-    wide = (any(np.asarray(cand.values[v]).dtype.itemsize == 8 for v in inputs)
+    wide = (any(storable(cand.values[v])[0].dtype.itemsize == 8 for v in inputs)
             or re.search(r"\b(float|int|uint|complex)(64|128)\b", emitted.source) is not None)  # not a 64 in a shape
     lines = [doc + HEADER + (PRIMS_IMPORT if emitted.uses_prims else "")]
     if wide:

@@ -28,6 +28,7 @@ from jaxdbg.repro.jobs import CHILD_ENV, INPUTS_JOB, RunRequest
 from jaxdbg.repro.messages import InputsBuilt
 from jaxdbg.repro.program import INPUTS_FILE, count_lines
 from jaxdbg.runner import run_contained
+from jaxdbg.storable import key_impl, restore_source, storable
 from jaxdbg.target import (
     FlatInputs,
     TargetSpec,
@@ -36,7 +37,6 @@ from jaxdbg.target import (
     parse_args_spec,
     random_inputs,
     save_npz_inputs,
-    storable,
 )
 
 
@@ -123,9 +123,9 @@ def driver_source(function: str, flat: FlatInputs) -> str:
              "_inputs = _np.load((__file__.rpartition('/')[0] or '.') + '/inputs.npz')",
              f"_x = [_inputs[f'arg{{i}}'] for i in range({len(flat.leaves)})]"]
     for i, leaf in enumerate(flat.leaves):
-        special = storable(np.asarray(leaf))[1]
+        special = storable(leaf)[1]
         if special:
-            lines.append(f"_x[{i}] = _x[{i}].view(_jax.numpy.{special})")
+            lines.append(f"_x[{i}] = " + restore_source(f"_x[{i}]", special, "_jax.numpy", "_jax"))
     lines.append(f"_jax.jit({function})({_call_args(flat, lambda i: f'_x[{i}]')})")
     return "\n".join(lines) + "\n"
 
@@ -134,8 +134,11 @@ def ones_driver_source(function: str, flat: FlatInputs) -> str:
     """The same call with ``np.ones`` inputs of the same shapes and dtypes: when data does not matter, the
     reproducer needs no ``inputs.npz`` and the reducer can shrink the shapes written in it."""
     def ones(i: int) -> str:
+        data, special = storable(flat.leaves[i])
+        if key_impl(special) is not None:  # keys of all-ones key data
+            return restore_source(f"_np.ones({tuple(data.shape)!r}, _np.uint32)", special, "_jax.numpy", "_jax")
         leaf = np.asarray(flat.leaves[i])
-        dtype = f"_jax.numpy.{leaf.dtype.name}" if storable(leaf)[1] else repr(leaf.dtype.name)
+        dtype = f"_jax.numpy.{leaf.dtype.name}" if special else repr(leaf.dtype.name)
         return f"_np.ones({tuple(leaf.shape)!r}, {dtype})"
 
     return ("\n\n# jaxdbg: the call `jaxdbg repro` made, with all-ones inputs\n"

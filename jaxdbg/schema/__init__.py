@@ -3,11 +3,11 @@
 ``report.schema.json`` sits next to this module and is read through :mod:`importlib.resources`, so it is
 found in an installed wheel as well as in a source checkout. It describes the envelope and one ``result``
 per command (``$defs``: ``doctor_result``, ``profile_result``, ``nan_hunt_result``, ``repro_result``,
-``pipeline_bench_result``, ``check_result``, ``watch_recompiles_result`` for ``jaxdbg.watch``'s recompile
-finding, and ``error_result`` for a command that stopped with an error); every object lists its required
-keys and allows no others, so a renamed or missing field fails validation. The fields are explained in
-``docs/report.md``. Validating needs a JSON Schema library such as ``jsonschema``, which jaxdbg itself does
-not depend on.
+``pipeline_bench_result``, ``check_result``, ``memory_result``, ``hang_hunt_result`` (also ``jaxdbg.watch``'s
+stall report), ``watch_recompiles_result`` for ``jaxdbg.watch``'s recompile finding, and ``error_result`` for a
+command that stopped with an error); every object lists its required keys and allows no others, so a renamed or
+missing field fails validation. The fields are explained in ``docs/report.md``. Validating needs a JSON Schema
+library such as ``jsonschema``, which jaxdbg itself does not depend on.
 
 Example:
     >>> report_schema = schema()
@@ -16,8 +16,8 @@ Example:
     >>> report_schema["required"]
     ['tool', 'version', 'command', 'target', 'environment', 'result', 'artifacts', 'exit_code']
     >>> sorted(name for name in report_schema["$defs"] if name.endswith("_result"))   # doctest: +NORMALIZE_WHITESPACE
-    ['check_result', 'doctor_result', 'error_result', 'nan_hunt_result', 'pipeline_bench_result',
-     'profile_result', 'repro_result', 'watch_recompiles_result']
+    ['check_result', 'doctor_result', 'error_result', 'hang_hunt_result', 'memory_result', 'nan_hunt_result',
+     'pipeline_bench_result', 'profile_result', 'repro_result', 'watch_recompiles_result']
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ class MLP(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         hidden = self.hidden(x)
-        return self.out(nnx.relu(hidden))  # <- origin: blown-up weights meet (Inf * 0, Inf - Inf)
+        return self.out(nnx.relu(hidden))  # <- origin: blown-up weights overflow this matmul (its NaN or its Inf)
 
 
 def loss_fn(model: MLP, x: jax.Array, labels: jax.Array) -> jax.Array:

@@ -1,0 +1,39 @@
+"""What a hang-hunt job is asked and sends back (typed: see :mod:`jaxdbg.protocol`).
+
+Example:
+    >>> HangVerdict({"count": 1}, None, stopping=True).stopping
+    True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from jaxdbg.protocol import Message
+
+
+@dataclass(frozen=True)
+class HangJob(Message):
+    """The request: the TARGET and the command's ``HangOptions``."""
+
+    spec: Any
+    options: Any
+
+
+@dataclass(frozen=True)
+class ChildStarted(Message):
+    """The child's pid, first: the parent forwards SIGUSR1 to it."""
+
+    pid: int
+
+
+@dataclass(frozen=True)
+class HangVerdict(Message):
+    """The job's facts (:func:`jaxdbg.hang.job.facts_json`), this process's jax environment (None where the
+    program never started jax's backend), and whether the program is stopped now (a stall, a signal, the
+    deadline) rather than ended on its own."""
+
+    facts: dict
+    environment: dict | None
+    stopping: bool

@@ -1,0 +1,132 @@
+"""What ``hang-hunt`` reports: frozen dataclasses, serialised by :func:`jaxdbg.report.to_jsonable`.
+
+Example:
+    >>> result = HangResult(stalled=False, verdict="the program finished; no process diverged", kind="finished")
+    >>> result.essential_line() is None, result.exit_code
+    (True, 0)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jaxdbg._errors import EXIT_FOUND, EXIT_OK, EXIT_TARGET_FAILED
+from jaxdbg._source import SourceLocation
+
+# What each kind of verdict means for the exit code: found (1), nothing wrong (0), failed otherwise (3).
+FOUND_KINDS = ("stall", "deadlock", "divergence", "dead")
+
+
+@dataclass(frozen=True)
+class ThreadReport:
+    """One thread of a process at the snapshot: the user line it stands at, what it waits in below Python,
+    what it waits for (a lock and who holds it), and its stack (innermost first)."""
+
+    name: str
+    main: bool
+    source: SourceLocation | None
+    state: str  # running (a jitted call), callback (a host callback), host (the program's own code)
+    waiting_in: str = ""
+    waits_for: str | None = None
+    holds: tuple[str, ...] = ()
+    stack: tuple[SourceLocation, ...] = ()
+
+
+@dataclass(frozen=True)
+class CallRow:
+    """One entry of a process's flight record (times in seconds before the snapshot; None: not yet)."""
+
+    seq: int
+    kind: str  # call | callback
+    function: str
+    call_index: int | None  # None: unknown (a process looked at with --pid)
+    source: SourceLocation | None
+    step: int | None
+    program: str | None
+    started_s_ago: float
+    returned_s_ago: float | None
+    ready_s_ago: float | None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ProcessState:
+    """One process of the job: its state (``running`` a jitted call, ``callback``, ``host``, ``dead``,
+    ``finished``, ``failed``, ``unknown``), the user line it stands at, the call it is in or waits for (or last
+    made, for ``host``), the collective of that call, and how long nothing moved."""
+
+    index: int
+    state: str
+    detail: str
+    source: SourceLocation | None = None
+    function: str | None = None
+    call_index: int | None = None
+    step: int | None = None
+    collective: str | None = None
+    waiting_in: str = ""
+    idle_s: float | None = None
+    exit_code: int | None = None
+    signal: str | None = None
+    threads: tuple[ThreadReport, ...] = ()
+    last_calls: tuple[CallRow, ...] = ()
+    steps: int | None = None  # global calls made (the job's steps)
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class DivergenceSide:
+    """What some processes ran at the step where the job diverged."""
+
+    processes: tuple[int, ...]
+    function: str | None
+    call_index: int | None
+    source: SourceLocation | None
+    program: str | None
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """The first step (0-based index among the calls of programs spanning several processes) at which the
+    processes ran different programs, each side's function, call index and line."""
+
+    step: int
+    sides: tuple[DivergenceSide, ...]
+    hung: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class Deadlock:
+    """Threads of one process that wait for each other, in a cycle."""
+
+    process: int
+    cycle: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class HangResult:
+    """``result`` of hang-hunt (and of a watch's stall report)."""
+
+    stalled: bool
+    verdict: str
+    kind: str  # stall, deadlock, divergence, dead, finished, failed, running
+    trigger: str | None = None  # stall, signal, timeout, or None (the program ended)
+    stall_s: float | None = None
+    still_s: float | None = None
+    stuck: tuple[int, ...] = ()
+    processes: tuple[ProcessState, ...] = ()
+    divergence: Divergence | None = None
+    deadlock: Deadlock | None = None
+    explanation: str = ""
+    hints: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    error: str | None = None  # the target's own failure, when it failed
+
+    @property
+    def exit_code(self) -> int:
+        if self.kind in FOUND_KINDS or self.divergence is not None:
+            return EXIT_FOUND
+        return EXIT_OK if self.kind == "finished" else EXIT_TARGET_FAILED
+
+    def essential_line(self) -> str | None:
+        return self.verdict if self.exit_code != EXIT_OK else None

@@ -1,0 +1,250 @@
+"""What one process was doing at its snapshot, from its record (:mod:`jaxdbg.hang.record`): the state, the
+call it is in or waits for, the user line, and threads that wait for each other in a cycle (a deadlock).
+
+Pure functions of records (JSON), so a record read back from a file or from another process gives the same
+answer.
+
+Example:
+    >>> record = {"index": 0, "idle_s": 12.0, "steps": 1, "programs": {"0": {"key": "step(..)", "function": "step",
+    ...           "processes": [0, 1], "collectives": [{"text": "all-reduce (sum) over processes 0, 1"}]}},
+    ...           "calls": [{"kind": "call", "seq": 1, "function": "step", "index": 1, "program": 0, "step": None,
+    ...                      "site": {"file": "train.py", "line": 40, "function": "<module>"}, "start": 0.0,
+    ...                      "returned": None, "ready": None}],
+    ...           "threads": [{"name": "MainThread", "main": True, "call": 1, "in_jax": True, "callback": None,
+    ...                        "user": {"file": "train.py", "line": 40, "function": "<module>"}, "frames": [],
+    ...                        "waiting_in": "a socket receive", "waits_for": None, "holds": []}]}
+    >>> state = process_state(record, taken=20.0)
+    >>> state.state, state.function, state.call_index, state.step, state.collective
+    ('running', 'step', 1, 1, 'all-reduce (sum) over processes 0, 1')
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from jaxdbg._source import SourceLocation
+from jaxdbg.hang.result import CallRow, Deadlock, ProcessState, ThreadReport
+
+SHOWN_CALLS = 12  # the last calls each process's report lists (the timeline has them all)
+
+
+def location(value: dict | None) -> SourceLocation | None:
+    if not value:
+        return None
+    return SourceLocation(str(value.get("file")), int(value.get("line") or 0), str(value.get("function") or ""))
+
+
+def short(value: dict | SourceLocation | None) -> str:
+    """``train.py:12 (read_batch)``."""
+    loc = location(value) if isinstance(value, dict) else value
+    return f"{os.path.basename(loc.file)}:{loc.line} ({loc.function})" if loc else "an unknown line"
+
+
+def program_of(record: dict, call: dict | None) -> dict | None:
+    if not call or call.get("program") is None:
+        return None
+    return (record.get("programs") or {}).get(str(call["program"]))
+
+
+def is_global(program: dict | None) -> bool:
+    return program is not None and len(program.get("processes") or ()) > 1
+
+
+def step_of(record: dict, call: dict) -> int | None:
+    """The step of a call: its place among the process's calls of global programs (a call in flight, which
+    has none yet, is the next one)."""
+    if call.get("step") is not None:
+        return int(call["step"])
+    if call.get("kind") == "call" and call.get("returned") is None and is_global(program_of(record, call)):
+        return int(record.get("steps") or 0)
+    return None
+
+
+def collective_text(program: dict | None) -> str | None:
+    """The collectives of a program in words (the first, and how many more)."""
+    found = (program or {}).get("collectives") or []
+    if not found:
+        return None
+    more = f" (+{len(found) - 1} more collectives)" if len(found) > 1 else ""
+    return str(found[0].get("text") or found[0].get("op")) + more
+
+
+def _main(record: dict) -> dict:
+    return next((t for t in record.get("threads") or () if t.get("main")), {})
+
+
+def _call(record: dict, seq: int | None) -> dict | None:
+    if seq is None:
+        return None
+    return next((c for c in reversed(record.get("calls") or ()) if c.get("kind") == "call" and c.get("seq") == seq),
+                None)
+
+
+def pending_call(record: dict) -> dict | None:
+    """The oldest call that returned to Python but whose results were not ready (the device still ran it)."""
+    return next((c for c in record.get("calls") or () if c.get("kind") == "call" and c.get("returned") is not None
+                 and c.get("ready") is None and not c.get("error")), None)
+
+
+def last_call(record: dict) -> dict | None:
+    return next((c for c in reversed(record.get("calls") or ()) if c.get("kind") == "call"), None)
+
+
+def process_state(record: dict, taken: float | None = None) -> ProcessState:
+    """The :class:`ProcessState` of one process's snapshot record."""
+    main = _main(record)
+    callback_thread = next((t for t in record.get("threads") or () if t.get("callback")), None)
+    current = _call(record, main.get("call"))
+    pending = pending_call(record) if current is None and main.get("in_jax") else None
+    call = current or pending or (_call(record, callback_thread["callback"]["seq"]) if callback_thread else None)
+    if callback_thread is not None:
+        state = "callback"
+    elif call is not None:
+        state = "running"
+    else:
+        state = "host"
+    shown = call or last_call(record)
+    program = program_of(record, shown)
+    source = location(main.get("user"))
+    threads = tuple(_thread_report(t) for t in record.get("threads") or ())
+    taken = taken if taken is not None else float(record.get("taken") or 0.0)
+    return ProcessState(
+        index=int(record.get("index", 0)), state=state, detail=describe(record, state, shown, callback_thread),
+        source=source, function=shown.get("function") if shown else None,
+        call_index=shown.get("index") if shown else None, step=step_of(record, shown) if shown else None,
+        collective=collective_text(program) if state != "host" else None,
+        waiting_in=str(main.get("waiting_in") or ""), idle_s=record.get("idle_s"), threads=threads,
+        last_calls=tuple(call_rows(record, taken)[-SHOWN_CALLS:]), steps=record.get("steps"))
+
+
+def describe(record: dict, state: str, call: dict | None, callback_thread: dict | None) -> str:
+    """One line for a process: where it stands and in what."""
+    main = _main(record)
+    at = short(main.get("user"))
+    below = str(main.get("waiting_in") or "")
+    waiting = f", {below}" if below.startswith("running") else f", waiting in {below}" if below else ""
+    still = f" for {record['idle_s']:.0f} s" if record.get("idle_s") else ""
+    named = call_name(call) if call else None
+    if state == "callback" and callback_thread is not None:
+        callback = callback_thread["callback"]
+        thread_at = short(callback_thread.get("user"))
+        waits = callback_thread.get("waits_for")
+        what = f", waiting for {waits['kind']} `{waits['name']}`" if waits else ""
+        return (f"in the host callback {callback['function']} ({callback.get('kind') or 'callback'}) of "
+                f"{named or 'a jitted call'} at {thread_at}{what}{still}")
+    if state == "running" and call is not None:
+        collective = collective_text(program_of(record, call))
+        over = f" ({collective})" if collective else ""
+        where = f"inside {named}{over}" if call.get("returned") is None else f"in {named}{over}, its results not ready"
+        return f"{where}, called at {short(call.get('site'))}{waiting}{still}"
+    after = f", after {named}" if named else ", before its first jitted call"
+    return f"outside JAX at {at}{waiting}{still}{after}"
+
+
+def call_name(call: dict) -> str:
+    """``step call 3``; ``a call of step`` where the index is unknown (a process looked at with --pid)."""
+    if call.get("index") is None:
+        return f"a call of {call['function']}"
+    return f"{call['function']} call {call['index']}"
+
+
+def _thread_report(thread: dict) -> ThreadReport:
+    state = "callback" if thread.get("callback") else ("running" if thread.get("call") is not None or
+                                                        thread.get("in_jax") else "host")
+    waits = thread.get("waits_for")
+    waits_text = f"{waits['kind']} `{waits['name']}` at {short(waits.get('at'))}" if waits else None
+    holds = tuple(f"lock `{h['name']}` since {short(h.get('since'))}" for h in thread.get("holds") or ())
+    stack = tuple(loc for loc in (location(f) for f in thread.get("frames") or ()) if loc is not None)
+    return ThreadReport(str(thread.get("name")), bool(thread.get("main")), location(thread.get("user")), state,
+                        str(thread.get("waiting_in") or ""), waits_text, holds, stack)
+
+
+def call_rows(record: dict, taken: float) -> list[CallRow]:
+    rows = []
+    for call in record.get("calls") or ():
+        program = program_of(record, call)
+
+        def ago(key: str, call: dict = call) -> float | None:
+            return round(taken - call[key], 3) if call.get(key) is not None else None
+
+        rows.append(CallRow(int(call.get("seq", -1)), str(call.get("kind")), str(call.get("function")),
+                            call.get("index"), location(call.get("site")), step_of(record, call),
+                            program.get("key") if program else None, ago("start") or 0.0, ago("returned"),
+                            ago("ready"), call.get("error")))
+    return rows
+
+
+def find_deadlock(record: dict) -> Deadlock | None:
+    """Threads of the process that wait for each other in a cycle: a thread waiting for a lock waits for the
+    threads that hold it; a thread joining another waits for it; a thread inside a jitted call (or waiting for
+    its results) waits for the threads running that call's host callbacks. A thread waiting for a lock it holds
+    itself (a host callback run inline, on the thread whose ``with lock:`` made the call) is a cycle of one."""
+    threads = list(record.get("threads") or ())
+    edges: dict[int, list[tuple[int, str]]] = {}
+    holders: dict[int, list[dict]] = {}
+    for thread in threads:
+        for held in thread.get("holds") or ():
+            holders.setdefault(held["object"], []).append({**held, "thread": thread})
+    callbacks = [t for t in threads if t.get("callback")]
+    for thread in threads:
+        ident, waits = thread.get("ident"), thread.get("waits_for")
+        found = edges.setdefault(ident, [])
+        if waits and waits.get("kind") == "lock":
+            owner = waits.get("owner")
+            for held in holders.get(waits["object"], ()):
+                found.append((held["thread"]["ident"], _lock_words(thread, waits, held)))
+            if owner is not None and not holders.get(waits["object"]):
+                found.append((owner, f"{thread['name']} waits for lock `{waits['name']}` at {short(waits.get('at'))}"))
+        elif waits and waits.get("kind") == "thread" and waits.get("thread") is not None:
+            joined = f"{thread['name']} joins thread `{waits['name']}` at {short(waits.get('at'))}"
+            found.append((waits["thread"], joined))
+        if thread.get("call") is not None or thread.get("in_jax"):
+            for runner in callbacks:
+                if runner.get("ident") != ident:
+                    callback = runner["callback"]
+                    found.append((runner["ident"], f"{thread['name']} waits inside a jitted call for its host callback "
+                                                   f"{callback['function']}, run by {runner['name']}"))
+    cycle = _cycle(edges)
+    return Deadlock(int(record.get("index", 0)), tuple(cycle)) if cycle else None
+
+
+def _lock_words(thread: dict, waits: dict, held: dict) -> str:
+    holder = held["thread"]
+    who = "itself" if holder.get("ident") == thread.get("ident") else holder["name"]
+    inside = ""
+    if thread.get("callback"):
+        inside = f" (in the host callback {thread['callback']['function']})"
+    return (f"{thread['name']} waits for lock `{waits['name']}` at {short(waits.get('at'))}{inside}, which {who} "
+            f"holds since {short(held.get('since'))}")
+
+
+def _cycle(edges: dict[Any, list[tuple[Any, str]]]) -> list[str]:
+    """The words of the first cycle in a wait-for graph ([] when it has none).
+
+        >>> _cycle({1: [(2, "a waits for b")], 2: [(1, "b waits for a")], 3: [(1, "c waits for a")]})
+        ['a waits for b', 'b waits for a']
+        >>> _cycle({1: [(1, "a waits for itself")]}), _cycle({1: [(2, "a waits for b")]})
+        (['a waits for itself'], [])
+    """
+    done: set[Any] = set()
+
+    def visit(node: Any, path: list[tuple[Any, str]]) -> list[str]:
+        for target, words in edges.get(node, ()):
+            step = [*path, (node, words)]
+            starts = [i for i, (n, _) in enumerate(step) if n == target]
+            if starts:
+                return [w for _, w in step[starts[0]:]]
+            if target not in done:
+                found = visit(target, step)
+                if found:
+                    return found
+        done.add(node)
+        return []
+
+    for start in list(edges):
+        if start not in done:
+            found = visit(start, [])
+            if found:
+                return found
+    return []

@@ -1,0 +1,360 @@
+"""The verdict: from every process's record, which process the job stopped on, where, and why.
+
+:func:`judge` is a pure function of :class:`JobFacts` (records as JSON, what is known of the processes
+that sent none, what made the snapshot), so process 0 of a job, a parent process reading files, and a
+test all reach the same verdict from the same facts.
+
+Kinds, in the order they explain a stop: ``dead`` (a process died: the others fail or wait for it),
+``deadlock`` (threads of one process wait for each other), ``divergence`` with the job hung (processes wait
+in different programs), ``stall`` (no progress: the processes outside JAX are the ones the others wait for),
+``divergence`` (the job went on, with wrong values), ``running`` (asked at a signal or --timeout, and it was
+still making progress: not a stall), ``failed`` (the program raised or crashed on its own), ``finished``.
+
+Example:
+    >>> main = {"name": "MainThread", "main": True, "call": None, "in_jax": False, "callback": None,
+    ...         "user": {"file": "train.py", "line": 31, "function": "read_batch"}, "frames": [],
+    ...         "waiting_in": "a sleep (clock_nanosleep)", "waits_for": None, "holds": []}
+    >>> result = judge(JobFacts(count=1, trigger="stall", stall_s=5.0,
+    ...                         records={0: {"index": 0, "idle_s": 6.0, "calls": [], "threads": [main]}}))
+    >>> result.kind, result.stuck
+    ('stall', (0,))
+    >>> result.verdict.partition(", waiting")[0]
+    'the process is stuck outside JAX at train.py:31 (read_batch)'
+
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from jaxdbg.hang.result import Divergence, DivergenceSide, HangResult, ProcessState
+from jaxdbg.hang.states import call_name, find_deadlock, location, process_state, program_of, short, step_of
+
+IDLE_ON_REQUEST_S = 2.0  # at a signal or --timeout, processes idle this long count as stalled
+_IDLE_FOR = re.compile(r" for \d+ s\b")
+
+
+@dataclass
+class JobFacts:
+    """What the verdict is drawn from. ``outcomes``: per process, how its program ended where it did
+    (``status`` finished / raised / dead, ``error``, ``exit_code``, ``signal``); ``silent``: per process that
+    sent no record, a line saying where it was last seen; ``divergence``: found while the job ran
+    (``{"step", "rows": {index: {"key", "function", "index", "site"}}}``)."""
+
+    count: int
+    trigger: str | None
+    stall_s: float
+    records: dict[int, dict] = field(default_factory=dict)
+    outcomes: dict[int, dict] = field(default_factory=dict)
+    silent: dict[int, dict] = field(default_factory=dict)
+    divergence: dict | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def facts_json(facts: JobFacts) -> dict:
+    """JobFacts as JSON (process indices as text keys)."""
+    return {"count": facts.count, "trigger": facts.trigger, "stall_s": facts.stall_s,
+            "records": {str(i): r for i, r in facts.records.items()},
+            "outcomes": {str(i): o for i, o in facts.outcomes.items()},
+            "silent": {str(i): s for i, s in facts.silent.items()}, "divergence": facts.divergence,
+            "notes": list(facts.notes)}
+
+
+def facts_from_json(data: dict) -> JobFacts:
+    """The JobFacts of :func:`facts_json`."""
+    return JobFacts(int(data["count"]), data.get("trigger"), float(data["stall_s"]),
+                    {int(i): r for i, r in (data.get("records") or {}).items()},
+                    {int(i): o for i, o in (data.get("outcomes") or {}).items()},
+                    {int(i): s for i, s in (data.get("silent") or {}).items()}, data.get("divergence"),
+                    list(data.get("notes") or ()))
+
+
+def judge(facts: JobFacts) -> HangResult:
+    """The :class:`HangResult` of a job (or of one process: ``count`` 1)."""
+    states = {index: _state(facts, index) for index in range(facts.count)}
+    divergence = _divergence(facts, states)
+    deadlocks = [d for d in (find_deadlock(r) for r in facts.records.values()) if d is not None]
+    dead = [i for i, s in states.items() if s.state == "dead"]
+    idle = [i for i, s in states.items() if s.state in ("running", "host", "callback")]
+    still = max((states[i].idle_s or 0.0 for i in idle), default=None)
+    stalled = bool(idle) and (facts.trigger == "stall" or (
+        facts.trigger in ("signal", "timeout") and all((states[i].idle_s or 0.0) >= IDLE_ON_REQUEST_S for i in idle)))
+    ordered = tuple(states[i] for i in range(facts.count))
+    said = {f"process {i}: {note}" if facts.count > 1 else note: None
+            for i, record in sorted(facts.records.items()) for note in record.get("notes") or ()}
+    notes = [*facts.notes, *(note for note in said if note not in facts.notes)]
+    common: dict[str, Any] = {"stall_s": facts.stall_s, "trigger": facts.trigger, "still_s": still,
+                              "processes": ordered, "divergence": divergence, "notes": tuple(notes)}
+    if dead and facts.count > 1:
+        return _dead(states, dead, common)
+    if deadlocks and (stalled or facts.trigger):
+        return _deadlock(states, deadlocks[0], common)
+    if divergence is not None and stalled and divergence.hung:
+        return HangResult(True, f"the processes diverged at step {divergence.step}: {divergence.detail}", "divergence",
+                          stuck=tuple(sorted({p for side in divergence.sides for p in side.processes})),
+                          explanation=_DIVERGED_HUNG, hints=(_DIVERGENCE_HINT,), **common)
+    if stalled:
+        return _stall(states, idle, facts, common)
+    if divergence is not None:
+        return HangResult(False, f"the processes diverged at step {divergence.step}: {divergence.detail}; the job did "
+                          "not hang: collectives paired up across different programs, so values from that step on "
+                          "are wrong", "divergence", explanation=_DIVERGED, hints=(_DIVERGENCE_HINT,), **common)
+    return _ended(states, facts, common)
+
+
+def _state(facts: JobFacts, index: int) -> ProcessState:
+    outcome = facts.outcomes.get(index) or {}
+    record = facts.records.get(index)
+    if outcome.get("status") == "dead" or (record is None and index in facts.silent):
+        return _dead_state(index, record, outcome, facts.silent.get(index) or {})
+    if record is None:
+        return ProcessState(index, "unknown", "sent no record", note="its record never came")
+    state = process_state(record)
+    status = outcome.get("status")
+    if status in ("finished", "raised"):
+        error = brief_error(outcome.get("error"))
+        detail = "finished" if status == "finished" else f"failed: {error}"
+        if status == "raised" and state.function is not None:
+            detail += f" (in or after {state.function} call {state.call_index})"
+        return ProcessState(index, "finished" if status == "finished" else "failed", detail, source=state.source,
+                            function=state.function, call_index=state.call_index, step=state.step,
+                            last_calls=state.last_calls, steps=state.steps, note=error or "")
+    return state
+
+
+def brief_error(text: str | None, limit: int = 240) -> str | None:
+    """An error message without XLA's repeated prefixes, cut to ``limit`` characters.
+
+        >>> brief_error("JaxRuntimeError: INTERNAL: Error dispatching computation: Error dispatching computation: "
+        ...             "Gloo all-reduce failed: Connection closed by peer")
+        'JaxRuntimeError: INTERNAL: Gloo all-reduce failed: Connection closed by peer'
+    """
+    if not text:
+        return text
+    text = text.replace("Error dispatching computation: ", "")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _dead_state(index: int, record: dict | None, outcome: dict, seen: dict) -> ProcessState:
+    """A process that died (its parent saw the exit) or stopped answering (its heartbeat stopped)."""
+    how = (f"died ({outcome['signal']})" if outcome.get("signal") else
+           f"died (exit status {outcome['exit_code']})" if outcome.get("exit_code") is not None else
+           "stopped answering (it died, or froze with its Python threads blocked)")
+    last = _latest(seen.get("last"), ((record or {}).get("calls") or [None])[-1])
+    where = outcome.get("user") or seen.get("user") or (record or {}).get("user")
+    at = f" at {short(where)}" if where else ""
+    after = f"; last seen after {last['function']} call {last['index']}" if last.get("function") else ""
+    detail = f"{how}{at}{after}"
+    state = process_state(record) if record else None
+    return ProcessState(index, "dead", detail, source=location(where), function=last.get("function"),
+                        call_index=last.get("index"), step=last.get("step"), exit_code=outcome.get("exit_code"),
+                        signal=outcome.get("signal"), last_calls=state.last_calls if state else (),
+                        steps=(record or {}).get("steps"), note=outcome.get("error") or "")
+
+
+def _latest(*calls: dict | None) -> dict:
+    """The latest of the calls known of a process (its last heartbeat's, its flight-record file's)."""
+    known = [c for c in calls if c and c.get("function")]
+    return max(known, key=lambda c: c.get("seq") or 0) if known else {}
+
+
+def _dead(states: dict[int, ProcessState], dead: list[int], common: dict[str, Any]) -> HangResult:
+    lines = [f"process {i} {states[i].detail}" for i in dead]
+    others = _group_others(states, set(dead), waits="waits")
+    verdict = "; ".join(lines + others)
+    return HangResult(True, verdict, "dead", stuck=tuple(dead), explanation=(
+        "A process of the job died: every collective needs all of them, so the others failed in (or wait forever "
+        "in) the next collective that needed it. Its exit status and its last calls say where it stopped."),
+        hints=("look at the dead process's own log (its exit status: a signal such as SIGKILL is often the "
+               "out-of-memory killer, SIGABRT a runtime check) and make the job restart from a checkpoint",),
+        **common)
+
+
+def _deadlock(states: dict[int, ProcessState], deadlock: object, common: dict[str, Any]) -> HangResult:
+    from jaxdbg.hang.result import Deadlock
+
+    assert isinstance(deadlock, Deadlock)
+    prefix = f"deadlock in process {deadlock.process}: " if len(states) > 1 else "deadlock: "
+    state = states[deadlock.process]
+    verdict = prefix + "; ".join(deadlock.cycle)
+    if state.function is not None:
+        named = call_name({"function": state.function, "index": state.call_index})
+        verdict += f" ({'in' if state.state != 'host' else 'after'} {named})"
+    return HangResult(True, verdict, "deadlock", stuck=(deadlock.process,), deadlock=deadlock, explanation=(
+        "Threads of one process wait for each other: nothing can move. A host callback runs while the jitted call "
+        "that made it waits for it (on CPU on the calling thread itself), so a callback that takes a lock the "
+        "caller holds around the call can never get it."),
+        hints=("release the lock before calling the jitted function (or take it only inside the callback); a "
+               "callback must never wait for the thread that called the function it runs in",), **common)
+
+
+def _stall(states: dict[int, ProcessState], idle: list[int], facts: JobFacts, common: dict[str, Any]) -> HangResult:
+    host = [i for i in idle if states[i].state == "host"]
+    callback = [i for i in idle if states[i].state == "callback"]
+    running = [i for i in idle if states[i].state == "running"]
+    if facts.count == 1:
+        state = states[0]
+        stuck_words = {"host": "is stuck", "callback": "is stuck", "running": "is stuck"}[state.state]
+        verdict = f"the process {stuck_words} {state.detail}"
+        return HangResult(True, verdict, "stall", stuck=(0,), explanation=_single_explanation(state),
+                          hints=_single_hints(state), **common)
+    if host or callback:
+        stuck = callback + [i for i in host if i not in callback] if (host and running) or callback else host
+    else:
+        steps = {i: -1 if states[i].step is None else int(states[i].step or 0) for i in running}
+        lowest = min(steps.values())
+        stuck = [i for i in running if steps[i] == lowest]
+        if len(stuck) == len(running):
+            verdict = (f"every process waits inside {_call_words(states[running[0]])}: no process is missing from "
+                       "the collective, yet it did not complete (a runtime or network hang, or a computation "
+                       f"longer than --stall {facts.stall_s:g} s)")
+            return HangResult(True, verdict, "stall", stuck=tuple(running), explanation=_ALL_INSIDE, **common)
+    lines = [f"process {i} is stuck {states[i].detail}" for i in stuck]
+    verdict = "; ".join(lines + _group_others(states, set(stuck), waits="waits"))
+    inside = all(states[i].state != "host" for i in stuck)
+    return HangResult(True, verdict, "stall", stuck=tuple(stuck), explanation=(
+        _STUCK_INSIDE if inside else _STUCK_OUTSIDE), hints=tuple(_stuck_hints(states, stuck)), **common)
+
+
+def _ended(states: dict[int, ProcessState], facts: JobFacts, common: dict[str, Any]) -> HangResult:
+    failed = [i for i, s in states.items() if s.state == "failed"]
+    if failed:
+        first = states[failed[0]]
+        who = "the program" if facts.count == 1 else f"process {failed[0]}"
+        return HangResult(False, f"{who} {first.detail}", "failed", error=first.note or first.detail,
+                          explanation="The program failed on its own; it did not stall.", **common)
+    if facts.trigger in ("signal", "timeout"):
+        busy = [f"process {i} {s.detail}" if facts.count > 1 else s.detail for i, s in states.items()
+                if s.state in ("running", "host", "callback")]
+        asked = "at SIGUSR1" if facts.trigger == "signal" else "at --timeout"
+        return HangResult(False, f"not stalled {asked}: the program was still making progress ({'; '.join(busy)})",
+                          "running", explanation=(
+                              "When it was asked, the program had moved (a call, a result, or its host code using the "
+                              "CPU) within the last seconds: it is slow, not stuck."), **common)
+    if any(s.state == "unknown" for s in states.values()):
+        missing = [f"process {i}" for i, s in states.items() if s.state == "unknown"]
+        return HangResult(False, f"the job ended, but {', '.join(missing)} sent no record", "failed", **common)
+    steps = max((s.steps or 0) for s in states.values())
+    calls = sum(len(s.last_calls) for s in states.values())
+    said = f", {steps} steps across {facts.count} processes" if facts.count > 1 else ""
+    return HangResult(False, f"the program finished{said}; no stall, no divergence", "finished",
+                      explanation=f"Every process finished; the flight record holds their last {calls} calls.",
+                      **common)
+
+
+def _call_words(state: ProcessState) -> str:
+    over = f" ({state.collective})" if state.collective else ""
+    return f"{call_name({'function': state.function, 'index': state.call_index})}{over}"
+
+
+def _group_others(states: dict[int, ProcessState], excluded: set[int], waits: str) -> list[str]:
+    """'processes 0, 2 wait inside step call 1 (...)' for the processes not named, grouped by what they do."""
+    groups: dict[str, list[int]] = {}
+    for index, state in states.items():
+        if index in excluded:
+            continue
+        verb = {"running": waits, "callback": waits, "host": "is"}.get(state.state)
+        detail = _IDLE_FOR.sub("", state.detail)  # the table says how long each was idle: the words group them
+        key = f"{verb} {detail}" if verb else detail
+        groups.setdefault(key, []).append(index)
+    lines = []
+    for text, members in groups.items():
+        who = f"process {members[0]}" if len(members) == 1 else f"processes {', '.join(map(str, members))}"
+        if len(members) > 1:
+            text = text.replace("waits ", "wait ", 1).replace("is ", "are ", 1)
+        lines.append(f"{who} {text}")
+    return lines
+
+
+def _stuck_hints(states: dict[int, ProcessState], stuck: Iterable[int]) -> list[str]:
+    hints = []
+    for index in stuck:
+        state = states[index]
+        if state.state == "host":
+            hints.append(f"process {index} never reached the next collective: see what {short(state.source)} waits "
+                         f"for ({state.waiting_in or 'its stack below'}); every other process waits for it")
+        elif state.state == "callback":
+            hints.append(f"process {index}'s host callback does not return: see its thread's stack below")
+    return hints
+
+
+def _single_explanation(state: ProcessState) -> str:
+    if state.state == "host":
+        return ("The program's main thread stands in its own code, outside any JAX call, and nothing has moved "
+                "since: no call started or finished, and the process used almost no CPU.")
+    if state.state == "callback":
+        return "A host callback does not return, so the jitted call that made it cannot finish."
+    return ("The program waits inside a jitted call (or for its results) and nothing has moved: no other call, "
+            "and almost no CPU. On CPU a computation uses the CPU, so this is a wait, not work.")
+
+
+def _single_hints(state: ProcessState) -> tuple[str, ...]:
+    if state.state == "host" and state.waiting_in:
+        return (f"see what {short(state.source)} waits for: {state.waiting_in}",)
+    return ()
+
+
+def _divergence(facts: JobFacts, states: dict[int, ProcessState]) -> Divergence | None:
+    """The first step at which the processes ran different programs: found while the job ran, or in the
+    records' flight records (calls of global programs, compared step by step)."""
+    if facts.count < 2:
+        return None
+    rows = _rows_online(facts.divergence) if facts.divergence else _rows_from_records(facts.records)
+    if rows is None:
+        return None
+    step, by_process = rows
+    sides: dict[str, list[int]] = {}
+    for index, row in sorted(by_process.items()):
+        sides.setdefault(row["key"], []).append(index)
+    made = []
+    for members in sides.values():
+        row = by_process[members[0]]
+        made.append(DivergenceSide(tuple(members), row.get("function"), row.get("index"), location(row.get("site")),
+                                   row.get("key")))
+    words = [f"{_who(side.processes)} called {side.function} #{side.call_index} at {short(side.source)}"
+             for side in made]
+    hung = any(states[i].state in ("running", "callback") and states[i].step == step for i in states)
+    return Divergence(step, tuple(made), hung, " while ".join(words))
+
+
+def _who(processes: tuple[int, ...]) -> str:
+    return f"process {processes[0]}" if len(processes) == 1 else f"processes {', '.join(map(str, processes))}"
+
+
+def _rows_online(found: dict) -> tuple[int, dict[int, dict]] | None:
+    rows = {int(i): row for i, row in (found.get("rows") or {}).items()}
+    return (int(found["step"]), rows) if len(rows) > 1 else None
+
+
+def _rows_from_records(records: dict[int, dict]) -> tuple[int, dict[int, dict]] | None:
+    by_step: dict[int, dict[int, dict]] = {}
+    for index, record in records.items():
+        for call in record.get("calls") or ():
+            step = step_of(record, call) if call.get("kind") == "call" else None
+            program = program_of(record, call)
+            if step is None or program is None:
+                continue
+            by_step.setdefault(step, {})[index] = {"key": program["key"], "function": call["function"],
+                                                   "index": call["index"], "site": call.get("site")}
+    for step in sorted(by_step):
+        rows = by_step[step]
+        if len(rows) > 1 and len({row["key"] for row in rows.values()}) > 1:
+            return step, rows
+    return None
+
+
+_DIVERGED = ("At the same step (the same count of calls of programs that span several processes) the processes "
+             "ran different programs. Their collectives paired up anyway (same devices, compatible shapes), so the "
+             "job went on with values mixed across programs: wrong from that step on, silently.")
+_DIVERGED_HUNG = ("At the same step the processes entered different programs, whose collectives do not match: "
+                  "each waits for a peer that is in another program.")
+_DIVERGENCE_HINT = ("make every process call the same jitted functions in the same order: a branch on "
+                    "jax.process_index(), on per-process data or on a per-process counter diverges")
+_STUCK_OUTSIDE = ("A collective needs every process of the job. The processes named as stuck stand outside JAX, "
+                  "in their own code, and never entered it; the others wait for them inside the collective.")
+_STUCK_INSIDE = "The processes named as stuck have not finished their part; the others wait for them."
+_ALL_INSIDE = ("Every process is inside the same program at the same step: none is missing, yet the collective "
+               "never completed.")

@@ -1,0 +1,184 @@
+"""Read XLA's buffer assignment of one compiled module, as its dump writes it (``--xla_dump_to`` with
+``--xla_dump_hlo_as_text``; jaxdbg asks for it per jitted function through ``compiler_options``).
+
+Two files of the dump are read:
+
+- ``*-buffer-assignment.txt``: the allocations (size; parameter N, output, maybe-live-out, thread-local,
+  constant, preallocated-temp) and the values placed in each (HLO instruction, size, offset, shape);
+- ``*-live-range.txt``: the schedule's live ranges and, under ``Live ranges at N (peak):``, the values live at
+  the program's peak with their sizes: XLA's own answer to "what fills memory at the peak".
+
+Each value is tied to its HLO instruction in the optimised module (:func:`jaxdbg.profile.hlo.parse_hlo`), which
+gives the operation, the user's line (its stack-frame metadata) and, for an entry parameter, the user's
+argument path (``params['w1']``).
+
+Example:
+    >>> text = ("allocation 0: size 1024, parameter 0, shape |f32[256]| at ShapeIndex {}:\\n"
+    ...         " value: <3 x.1 @0> (size=1024,offset=0): f32[256]{0}\\n"
+    ...         "allocation 1: size 2048, preallocated-temp:\\n"
+    ...         " value: <5 fusion.2 @0> (size=2048,offset=0): f32[512]{0}\\n")
+    >>> live = "Live ranges at 4 (peak):\\n  fusion.2{}: 2048 bytes (cumulative: 2048 bytes)\\n"
+    >>> assignment = parse_assignment(text, live)
+    >>> [(v.name, v.kind, v.shape) for v in assignment.values.values()]
+    [('x.1', 'argument', 'f32[256]'), ('fusion.2', 'temp', 'f32[512]')]
+    >>> assignment.peak_values, assignment.peak_bytes
+    (('fusion.2',), 2048)
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from dataclasses import dataclass, field
+
+_ALLOCATION = re.compile(r"^allocation (\d+): size (\d+)(.*):\s*$")
+_VALUE = re.compile(r"^\s*value: <(\d+) ([^\s{>]+)(\{[\d,]*\})? @\d+> \(size=(\d+),offset=(\d+)\): (.*)$")
+_PARAMETER = re.compile(r"\bparameter (\d+)")
+_PEAK_HEADER = re.compile(r"^\s*Live ranges at (\d+) \(peak\):\s*$")
+_PEAK_VALUE = re.compile(r"^\s*([^\s{]+)(\{[\d,]*\})?: (\d+) bytes")
+_LAYOUT = re.compile(r"\{[^{}]*\}$")
+_LISTED = ("argument", "output", "temp")  # constants and thread-local scalars are not what fills memory
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """One block XLA allocates for the program: its index, size and what it holds."""
+
+    index: int
+    size: int
+    kind: str  # argument, output, temp, constant, thread-local
+    parameter: int | None = None
+    live_out: bool = False
+
+
+@dataclass(frozen=True)
+class Value:
+    """One HLO value placed in an allocation (an instruction's result, or one element of a tuple result)."""
+
+    name: str
+    index: str  # the shape index inside a tuple, '' for the whole result
+    size: int
+    offset: int
+    shape: str  # e.g. f32[1024,256] (layout dropped)
+    allocation: int
+    kind: str  # the allocation's kind
+
+
+@dataclass
+class Assignment:
+    """A module's buffer assignment: allocations, values by name, and the values live at the peak."""
+
+    allocations: dict[int, Allocation] = field(default_factory=dict)
+    values: dict[str, Value] = field(default_factory=dict)
+    peak_values: tuple[str, ...] = ()  # names live at the peak of the schedule, largest first
+    peak_bytes: int | None = None  # their sum (XLA's sequential peak), when the live-range file was there
+
+    def largest(self, limit: int) -> list[Value]:
+        """The values live at the peak, largest first; without a live-range file, the largest values of the
+        program (values sharing a temp allocation at different times are then all listed)."""
+        names = self.peak_values or tuple(self.values)
+        chosen = [self.values[n] for n in names if n in self.values and self.values[n].kind in _LISTED]
+        return sorted(chosen, key=lambda v: -v.size)[:limit]
+
+
+def parse_assignment(assignment_text: str, live_range_text: str = "") -> Assignment:
+    """Parse the buffer-assignment dump (and the live-range dump, when there is one)."""
+    found = Assignment()
+    current: Allocation | None = None
+    for line in assignment_text.splitlines():
+        header = _ALLOCATION.match(line)
+        if header:
+            current = _allocation(int(header.group(1)), int(header.group(2)), header.group(3))
+            found.allocations[current.index] = current
+            continue
+        value = _VALUE.match(line)
+        if value and current is not None:
+            name = value.group(2)
+            if name in found.values and found.values[name].kind == "argument":
+                continue  # a donated parameter also placed in the output: it stays an argument
+            shape = _LAYOUT.sub("", value.group(6).strip())
+            found.values[name] = Value(name, (value.group(3) or "").strip("{}"), int(value.group(4)),
+                                       int(value.group(5)), shape, current.index, current.kind)
+        elif not line.startswith(" "):
+            current = None  # past the allocations (summaries that follow them)
+    found.peak_values, found.peak_bytes = _peak(live_range_text)
+    return found
+
+
+def _allocation(index: int, size: int, rest: str) -> Allocation:
+    parameter = _PARAMETER.search(rest)
+    live_out = "maybe-live-out" in rest
+    if parameter:
+        kind = "argument"
+    elif "preallocated-temp" in rest:
+        kind = "temp"
+    elif "thread-local" in rest:
+        kind = "thread-local"
+    elif "constant" in rest:
+        kind = "constant"
+    elif live_out or "output shape" in rest:
+        kind = "output"
+    else:
+        kind = "temp"
+    return Allocation(index, size, kind, int(parameter.group(1)) if parameter else None, live_out)
+
+
+def _peak(text: str) -> tuple[tuple[str, ...], int | None]:
+    """The values under ``Live ranges at N (peak):``, largest first, and their sum."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if _PEAK_HEADER.match(line)), None)
+    if start is None:
+        return (), None
+    sizes: dict[str, int] = {}
+    for line in lines[start + 1:]:
+        match = _PEAK_VALUE.match(line)
+        if not match:
+            break
+        sizes[match.group(1)] = sizes.get(match.group(1), 0) + int(match.group(3))
+    ordered = sorted(sizes, key=lambda name: -sizes[name])
+    return tuple(ordered), sum(sizes.values())
+
+
+@dataclass(frozen=True)
+class DumpFiles:
+    """The dump files of one compiled module."""
+
+    assignment: str
+    live_range: str | None
+    hlo: str | None
+
+    def read(self) -> Assignment:
+        with open(self.assignment) as handle:
+            assignment = handle.read()
+        live = ""
+        if self.live_range and os.path.exists(self.live_range):
+            with open(self.live_range) as handle:
+                live = handle.read()
+        return parse_assignment(assignment, live)
+
+
+_MODULE_FILE = re.compile(r"^module_(\d+)\.(.+)\.(\w+)_after_optimizations-buffer-assignment\.txt$")
+
+
+def find_dump(folder: str, module: str, newer_than: int = -1) -> tuple[int, DumpFiles] | None:
+    """The newest module called ``module`` (e.g. ``jit_train_step``) dumped in ``folder`` with a number above
+    ``newer_than``: ``(its number, its files)``, or None. XLA numbers modules in the order it compiles them.
+
+    Example:
+        >>> find_dump("/nonexistent", "jit_f") is None
+        True
+    """
+    best: tuple[int, str] | None = None
+    for path in glob.glob(os.path.join(glob.escape(folder), "module_*buffer-assignment.txt")):
+        match = _MODULE_FILE.match(os.path.basename(path))
+        number = int(match.group(1)) if match and match.group(2) == module else -1
+        if number > newer_than and (best is None or number > best[0]):
+            best = (number, path)
+    if best is None:
+        return None
+    number, path = best
+    stem = path[: -len("-buffer-assignment.txt")]
+    hlo = stem + ".txt"
+    live = f"{stem}-live-range.txt"
+    return number, DumpFiles(path, live if os.path.exists(live) else None, hlo if os.path.exists(hlo) else None)

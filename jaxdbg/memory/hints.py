@@ -1,0 +1,169 @@
+"""Hints that fit what ``jaxdbg memory`` found, each with the bytes it saves per device where that can be
+computed: donation (an argument the loop replaces by the function's output), rematerialisation (forward
+activations kept for the backward pass), a smaller dtype or sharding for the largest arrays (when something
+does not fit), and leaks moved out of the loop. For donation and rematerialisation the saving is an upper
+bound: measured on CPU, donating a two-matrix parameter pytree saved one matrix (XLA kept a copy of the other).
+
+Example:
+    >>> from jaxdbg.memory.result import Held, ProgramMemory
+    >>> step = ProgramMemory("train_step", None, 0, 0, "", 2**30, 2**30, 0, 0, 0, 2**31,
+    ...                      held=(Held("params", 0, 2**30, 8, threaded=True),))
+    >>> print(donation_hints([step])[0].text)  # doctest: +NORMALIZE_WHITESPACE
+    train_step: donating params would save up to 1.0 GiB per call: the loop passes its outputs back in that place,
+    so XLA can write them over the arguments (less any copy it must keep); jax.jit(..., donate_argnums=(0,))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from jaxdbg.frameworks import donation_option
+from jaxdbg.memory.result import Buffer, Hint, Leak, OutOfMemory, ProgramMemory
+from jaxdbg.memory.units import format_bytes
+from jaxdbg.report import relative_or_absolute
+
+REMAT_MIN_SHARE = 0.25  # forward activations must be at least this share of the program's peak to hint
+_NARROW = {"f64": ("f32", 2), "f32": ("bf16", 2), "c128": ("c64", 2)}
+
+
+def hints_for(programs: Sequence[ProgramMemory], leaks: Sequence[Leak], oom: OutOfMemory | None,
+              devices: int, backend: str = "") -> tuple[Hint, ...]:
+    """Every hint, largest saving first."""
+    latest = latest_programs(programs)
+    found = [*donation_hints(latest), *remat_hints(latest, backend), *leak_hints(leaks)]
+    tight = [p for p in latest if p.fits is False]
+    if oom is not None and oom.program is not None:
+        tight.append(oom.program)
+    for program in _unique(tight):
+        found.extend(tightening_hints(program, devices))
+    return tuple(sorted(found, key=lambda h: -(h.saves_bytes or 0)))
+
+
+def latest_programs(programs: Sequence[ProgramMemory]) -> list[ProgramMemory]:
+    """The latest analysed compile of each function."""
+    by_name: dict[str, ProgramMemory] = {}
+    for program in programs:
+        by_name[program.name] = program
+    return list(by_name.values())
+
+
+def _unique(programs: list[ProgramMemory]) -> list[ProgramMemory]:
+    seen, kept = set(), []
+    for program in programs:
+        if (program.name, program.compile_index) not in seen:
+            seen.add((program.name, program.compile_index))
+            kept.append(program)
+    return kept
+
+
+def donation_hints(programs: Sequence[ProgramMemory]) -> list[Hint]:
+    """Arguments the loop replaces by the function's own outputs: donating them lets XLA reuse their buffers."""
+    found = []
+    for program in programs:
+        threaded = [h for h in program.held if h.threaded]
+        if not threaded:
+            continue
+        saves = sum(h.bytes for h in threaded)
+        how = donation_option(program.jit, [h.argnum for h in threaded if h.argnum is not None],
+                              program.passed_again)
+        names = ", ".join(h.argument for h in threaded)
+        found.append(Hint("donate", f"{program.name}: donating {names} would save up to {format_bytes(saves)} per "
+                          "call: the loop passes its outputs back in that place, so XLA can write them over the "
+                          f"arguments (less any copy it must keep); {how}", saves, program.name, program.source))
+    return found
+
+
+def remat_hints(programs: Sequence[ProgramMemory], backend: str = "") -> list[Hint]:
+    """Forward activations held at the peak of a gradient program: checkpointing recomputes them instead.
+
+    The saving is an upper bound: it is realised where the compiler schedules the recomputation late, next to
+    its use in the backward pass. XLA:GPU and XLA:TPU schedule for memory; XLA:CPU does not (measured: a
+    12-layer tanh MLP kept 52 MiB of temporaries with or without ``jax.checkpoint`` on groups of layers)."""
+    found = []
+    caveat = ("; XLA:CPU does not schedule for memory, so measure the gain on the GPU/TPU" if backend == "cpu"
+              else "; rerun jaxdbg memory to measure it")
+    for program in programs:
+        kept = program.forward_kept_bytes
+        peak = program.schedule_peak_bytes or program.peak_bytes
+        if kept <= 0 or kept < REMAT_MIN_SHARE * peak:
+            continue
+        forward = [b for b in program.largest if b.pass_ == "forward" and b.kind == "temp"]
+        largest = max((b.bytes for b in forward), default=0)
+        lines = _lines(forward)
+        saves = max(kept - largest, 0)
+        found.append(Hint(
+            "remat", f"{program.name} keeps {format_bytes(kept)} of forward-pass activations{lines} alive for the "
+            f"backward pass ({kept / max(peak, 1):.0%} of its peak): jax.checkpoint around groups of layers (e.g. "
+            "policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable) recomputes them in the backward pass "
+            f"instead, at most {format_bytes(saves)} to gain{caveat}", saves or None, program.name,
+            forward[0].source if forward else program.source))
+    return found
+
+
+def _lines(buffers: Sequence[Buffer], before: str = " (made at ", after: str = ")") -> str:
+    """Where the buffers were made, the first three user lines: `` (made at train.py:11)``, or ''."""
+    places = []
+    for buffer in buffers:
+        if buffer.source is not None:
+            where = f"{relative_or_absolute(buffer.source.file)}:{buffer.source.line}"
+            if where not in places:
+                places.append(where)
+    return f"{before}{', '.join(places[:3])}{after}" if places else ""
+
+
+def tightening_hints(program: ProgramMemory, devices: int) -> list[Hint]:
+    """For a program that does not fit: a smaller dtype for its largest buffer, sharding its largest argument."""
+    found = []
+    narrowest = _narrowable(program.largest)
+    if narrowest:
+        dtype = narrowest[0].shape.split("[", 1)[0]
+        narrow, factor = _NARROW[dtype]
+        size = sum(b.bytes for b in narrowest)
+        saves = size - size // factor
+        first = narrowest[0]
+        makers = ", ".join(sorted({b.argument or b.op or b.kind for b in narrowest}))
+        what = (first.argument or f"the {first.op or 'value'} result") if len(narrowest) == 1 else (
+            f"{len(narrowest)} {first.shape} buffers ({makers})")
+        shape = f"{first.shape}, " if len(narrowest) == 1 else ""
+        them = "it" if len(narrowest) == 1 else "them"
+        found.append(Hint("dtype", f"{program.name}: at its peak it holds {what} ({shape}{format_bytes(size)}"
+                          f"{_lines(narrowest, ', made at ', '')}); holding {them} in {narrow} saves "
+                          f"{format_bytes(saves)}", saves, program.name, first.source))
+    arguments = [b for b in program.largest if b.kind == "argument"]
+    biggest = max(arguments, key=lambda b: b.bytes, default=None)
+    if biggest is not None and devices > 1 and program.devices == 1:
+        saves = biggest.bytes - biggest.bytes // devices
+        found.append(Hint("shard", f"{program.name} runs on one device: sharding {biggest.argument or biggest.name} "
+                          f"({biggest.shape}, {format_bytes(biggest.bytes)}) over the {devices} devices (e.g. "
+                          "jax.device_put(x, NamedSharding(mesh, P('data')))) holds "
+                          f"{format_bytes(biggest.bytes // devices)} on each, saving {format_bytes(saves)} per device",
+                          saves, program.name, program.source))
+    if program.over_bytes:
+        found.append(Hint("fit", f"{program.name} needs {format_bytes(program.needs_bytes)} "
+                          f"({format_bytes(program.live_before_bytes)} live when it was called, "
+                          f"{format_bytes(program.temp_bytes)} of temporaries): cut "
+                          f"{format_bytes(program.over_bytes)}, e.g. a smaller batch", program.over_bytes,
+                          program.name, program.source))
+    return found
+
+
+def _narrowable(buffers: Sequence[Buffer]) -> list[Buffer]:
+    """The buffers of one shape and dtype that together hold the most bytes, among the dtypes a smaller one can
+    replace (f64, f32, c128)."""
+    by_shape: dict[str, list[Buffer]] = {}
+    for buffer in buffers:
+        if buffer.shape.split("[", 1)[0] in _NARROW:
+            by_shape.setdefault(buffer.shape, []).append(buffer)
+    return max(by_shape.values(), key=lambda group: sum(b.bytes for b in group), default=[])
+
+
+def leak_hints(leaks: Sequence[Leak]) -> list[Hint]:
+    found = []
+    for leak in leaks:
+        where = (f" at {relative_or_absolute(leak.kept_at.file)}:{leak.kept_at.line}" if leak.kept_at else "")
+        keeper = leak.kept_by or "something"
+        found.append(Hint("leak", f"{keeper}{where} keeps the outputs of every {leak.producer} call "
+                          f"({format_bytes(leak.per_call_bytes)} each, {format_bytes(leak.bytes)} now): keep a host "
+                          "copy (float(x), np.asarray(x)) or only the latest, or move it out of the loop",
+                          leak.bytes, leak.producer, leak.kept_at or leak.source))
+    return found

@@ -1,0 +1,110 @@
+"""What a memory job is asked and sends back, message by message (typed: see :mod:`jaxdbg.protocol`).
+
+Example:
+    >>> row = SampleRow(0.5, "train_step", 3, {"cpu:0": 4096}, {"cpu:0": 8192})
+    >>> row.estimate["cpu:0"] - row.live["cpu:0"]
+    4096
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from jaxdbg.protocol import Message
+
+
+@dataclass(frozen=True)
+class MemoryJob(Message):
+    """The request: the target, the command's options (``MemoryOptions``), and where the dumps go."""
+
+    spec: Any
+    options: Any
+    out_dir: str
+    dump_folder: str
+
+
+@dataclass(frozen=True)
+class Devices(Message):
+    """This process's devices and the limits they report (none on CPU)."""
+
+    devices: tuple[str, ...]
+    limits: dict[str, int]
+    backend: str
+
+
+@dataclass(frozen=True)
+class ProgramAnalysed(Message):
+    """One compile of a jitted function analysed (a memory.result.ProgramMemory); ``ahead``: before it ran."""
+
+    program: Any
+    ahead: bool = True
+
+
+@dataclass(frozen=True)
+class SampleRow:
+    """Live bytes per device at the start of a call (``function``/``call_index``; None at the end of the run),
+    and the estimate of what the device holds during that call (live + what the call adds)."""
+
+    t: float
+    function: str | None
+    call_index: int | None
+    live: dict[str, int]
+    estimate: dict[str, int]
+    in_use: dict[str, int] = field(default_factory=dict)
+    peak_in_use: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ThreadedArguments(Message):
+    """Positions where a function got its own previous outputs back (a loop's state: donation candidates), and
+    positions passed the same arrays again (kept by the caller: not candidates)."""
+
+    function: str
+    argnums: tuple[int, ...]
+    reused: tuple[int, ...] = ()
+    names: tuple[str, ...] = ()  # the user's parameter names by position (a framework's view when it has one)
+
+
+@dataclass(frozen=True)
+class Samples(Message):
+    """Samples taken since the last batch, and the run's peak so far (a RunPeak with its live groups) if it moved."""
+
+    rows: tuple[SampleRow, ...]
+    peak: Any = None
+    live_at_peak: tuple = ()
+
+
+@dataclass(frozen=True)
+class LeaksFound(Message):
+    """Leaks found at the end of the run (or at an out-of-memory error): memory.result.Leak entries."""
+
+    leaks: tuple
+
+
+@dataclass(frozen=True)
+class OutOfMemoryFound(Message):
+    """An out-of-memory error, explained (a memory.result.OutOfMemory)."""
+
+    oom: Any
+
+
+@dataclass(frozen=True)
+class FinalLive(Message):
+    """Live arrays when the run ended, by producer (memory.result.LiveGroup)."""
+
+    groups: tuple
+
+
+@dataclass(frozen=True)
+class MemoryNote(Message):
+    """Something that went wrong on the side, or worth knowing: shown as a note."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class JobMemory(Message):
+    """Process 0 of a multi-process job: every process's summary (memory.result.ProcessMemory)."""
+
+    rows: tuple

@@ -1,0 +1,220 @@
+"""One compiled program's memory: ``Compiled.memory_analysis()``, XLA's buffer assignment and live ranges
+(:mod:`jaxdbg.memory.buffers`), and the arguments a call holds although an output could have reused them.
+
+The peak is what a call holds at once: its arguments, its outputs (less those aliased to donated arguments),
+its temporaries and its code. XLA:CPU and XLA:GPU allocate the temporaries as one block for the whole call, so
+this is what the runtime asks for; ``memory_analysis().peak_memory_in_bytes`` is kept as reported, but on CPU
+it leaves the temporaries out (a 512 MiB sort buffer was missing from it). XLA's sequential peak from the live
+ranges (``schedule_peak_bytes``) is the sum of the values live at the busiest point of the schedule; the
+buffers listed are those values, largest first, each with its operation and user line.
+
+Example:
+    >>> import jax, jax.numpy as jnp, tempfile
+    >>> folder = tempfile.mkdtemp()
+    >>> step = jax.jit(lambda x: jnp.sort(x * 2.0, axis=1),
+    ...                compiler_options={"xla_dump_to": folder, "xla_dump_hlo_as_text": True})
+    >>> compiled = step.lower(jnp.ones((256, 256))).compile()
+    >>> program = analyse(compiled, ProgramInfo("sort_rows", None, 0, 0, "f32[256,256]"), folder)
+    >>> program.argument_bytes, program.output_bytes, program.peak_bytes >= 2 * 256 * 256 * 4
+    (262144, 262144, True)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from jaxdbg import _compat
+from jaxdbg._source import SourceLocation
+from jaxdbg.memory.buffers import Assignment, Value, find_dump
+from jaxdbg.memory.result import Buffer, Held, ProgramMemory
+from jaxdbg.profile.hlo import HloModule, instruction_source, module_name, parse_hlo
+
+TOP_BUFFERS = 10
+
+
+@dataclass(frozen=True)
+class ProgramInfo:
+    """What the caller knows of the compile: the function, the call that compiled it, its arguments."""
+
+    name: str
+    source: SourceLocation | None
+    call_index: int
+    compile_index: int
+    signature: str
+    parameter_names: tuple[str, ...] = ()
+    static_argnums: tuple[int, ...] = ()
+    positional: int = 0  # positional arguments of the call (static ones included)
+    threaded: frozenset[int] = frozenset()  # argnums the run fed with this function's previous outputs
+    jit: str = "jax.jit"  # how the user jitted it (frameworks.jit_kind)
+
+
+def analyse(compiled: Any, info: ProgramInfo, dump_folder: str | None, after_module: int = -1,
+            top: int = TOP_BUFFERS) -> ProgramMemory:
+    """The memory of one compiled program; the dump folder's newest module of its name is its assignment."""
+    sizes = _compat.compiled_memory(compiled, with_peak=True) or {}
+    arguments, outputs = sizes.get("argument_bytes", 0), sizes.get("output_bytes", 0)
+    alias, temp, code = sizes.get("alias_bytes", 0), sizes.get("temp_bytes", 0), sizes.get("code_bytes", 0)
+    text = compiled.as_text()
+    found = find_dump(dump_folder, module_name(text), after_module) if dump_folder else None
+    assignment, note = None, None
+    if found is not None:
+        try:
+            assignment = found[1].read()
+        except OSError as err:
+            note = f"the buffer assignment could not be read: {err}"
+    elif dump_folder:
+        note = "XLA wrote no buffer assignment for this program; its buffers are not listed"
+    module = parse_hlo(text) if assignment else None  # the buffers' ops and lines (a large module: 0.1-1 s)
+    largest = tuple(_buffer(v, module) for v in assignment.largest(top)) if assignment and module else ()
+    return ProgramMemory(
+        name=info.name, source=info.source, call_index=info.call_index, compile_index=info.compile_index,
+        signature=info.signature, argument_bytes=arguments, output_bytes=outputs, alias_bytes=alias,
+        temp_bytes=temp, code_bytes=code, peak_bytes=arguments + outputs - alias + temp + code,
+        schedule_peak_bytes=assignment.peak_bytes if assignment else None, xla_peak_bytes=sizes.get("peak_bytes"),
+        devices=_device_count(compiled), largest=largest, held=held_arguments(compiled, info),
+        forward_kept_bytes=forward_kept(assignment, module) if assignment and module else 0,
+        dump=found[1].assignment if found else None, note=note, jit=info.jit,
+    )
+
+
+def dump_number(dump_folder: str | None, compiled: Any, after: int = -1) -> int:
+    """The dump number of ``compiled``'s module (to look only at newer ones next time), or ``after``."""
+    if not dump_folder:
+        return after
+    found = find_dump(dump_folder, module_name(compiled.as_text()), after)
+    return found[0] if found else after
+
+
+def _buffer(value: Value, module: HloModule) -> Buffer:
+    inst = module.instructions.get(value.name)
+    op = module.ops.get(value.name)
+    op_name = (op.op_name if op else "") or (inst.op_name if inst else "")
+    source = op.source if op else (instruction_source(module, inst) if inst else None)
+    argument = module.arguments.get(value.name) if value.kind == "argument" else None
+    primitive = op_name.rsplit("/", 1)[-1] if op_name and value.kind != "argument" else None
+    return Buffer(value.name, value.kind, value.size, value.shape, primitive, op_name, source, argument,
+                  pass_of(op_name))
+
+
+def pass_of(op_name: str) -> str | None:
+    """'backward' for an operation of a transposed (cotangent) computation, 'forward' for one of the primal
+    computation under differentiation, None outside any gradient.
+
+    Example:
+        >>> pass_of("jit(step)/jvp()/tanh"), pass_of("jit(step)/transpose(jvp())/dot_general"), pass_of("jit(f)/add")
+        ('forward', 'backward', None)
+    """
+    if "transpose(" in op_name:
+        return "backward"
+    if "jvp(" in op_name:
+        return "forward"
+    return None
+
+
+def forward_kept(assignment: Assignment, module: HloModule) -> int:
+    """Bytes of forward-pass values live at the peak of a program that also runs the backward pass: the
+    activations kept for it (what rematerialisation trades for recomputation)."""
+    if not any("transpose(" in inst.op_name for inst in module.instructions.values()):
+        return 0
+    total = 0
+    for name in assignment.peak_values:
+        value = assignment.values.get(name)
+        if value is None or value.kind != "temp":
+            continue
+        op = module.ops.get(name)
+        if pass_of(op.op_name if op else "") == "forward":
+            total += value.size
+    return total
+
+
+def held_arguments(compiled: Any, info: ProgramInfo) -> tuple[Held, ...]:
+    """Arguments not donated that an output of the same shape and dtype could have reused (first come, after
+    the donated ones took theirs), grouped by top-level argument, with their per-device bytes."""
+    import jax
+
+    try:
+        args_info, out_info, shardings = compiled.args_info, compiled.out_info, compiled.input_shardings
+    except Exception:  # noqa: BLE001 - an old jax or an odd executable: nothing to say about donation
+        return ()
+    free = Counter((tuple(o.shape), str(o.dtype)) for o in jax.tree_util.tree_leaves(out_info)
+                   if hasattr(o, "shape"))
+    flat = jax.tree_util.tree_flatten_with_path(args_info)[0]
+    flat_shardings = jax.tree_util.tree_leaves(shardings)
+    rows: list[tuple[Any, Any, Any]] = []
+    for i, (path, arg) in enumerate(flat):
+        key = (tuple(arg.shape), str(arg.dtype))
+        sharding = flat_shardings[i] if len(flat_shardings) == len(flat) else None
+        if arg.donated:
+            free[key] -= 1 if free[key] > 0 else 0
+        else:
+            rows.append((path, arg, sharding))
+    held: dict[Any, list[int]] = {}
+    for path, arg, sharding in rows:
+        key = (tuple(arg.shape), str(arg.dtype))
+        if free[key] <= 0:
+            continue
+        free[key] -= 1
+        place = _top_level(path)
+        entry = held.setdefault(place, [0, 0])
+        entry[0] += _device_bytes(arg, sharding)
+        entry[1] += 1
+    return tuple(_held(place, size, count, info) for place, (size, count) in held.items() if size > 0)
+
+
+def _top_level(path: tuple) -> Any:
+    """(positional index) or (keyword name) of a leaf of ``(args, kwargs)``."""
+    first, second = path[0], path[1] if len(path) > 1 else None
+    kwargs = getattr(first, "idx", 0) == 1
+    return ("kw", getattr(second, "key", "?")) if kwargs else ("pos", getattr(second, "idx", 0))
+
+
+def _held(place: Any, size: int, count: int, info: ProgramInfo) -> Held:
+    kind, which = place
+    if kind == "kw":
+        return Held(str(which), None, size, count, False)
+    argnum = _argnum(int(which), info.static_argnums, info.positional)
+    names = info.parameter_names
+    name = names[argnum] if argnum < len(names) else f"argument {argnum}"
+    return Held(name, argnum, size, count, argnum in info.threaded)
+
+
+def _argnum(dynamic_index: int, static: tuple[int, ...], positional: int) -> int:
+    """The call's position of the ``dynamic_index``-th non-static positional argument.
+
+        >>> _argnum(1, (1,), 3)
+        2
+    """
+    static_set = {s % positional if positional else s for s in static}
+    seen = -1
+    for position in range(max(positional, dynamic_index + len(static_set) + 1)):
+        if position in static_set:
+            continue
+        seen += 1
+        if seen == dynamic_index:
+            return position
+    return dynamic_index
+
+
+def _device_bytes(arg: Any, sharding: Any) -> int:
+    import numpy as np
+
+    shape = tuple(arg.shape)
+    if sharding is not None:
+        with contextlib.suppress(Exception):  # a sharding that cannot say: count the whole array
+            shape = tuple(sharding.shard_shape(shape))
+    return int(np.prod(shape, dtype=np.int64)) * np.dtype(arg.dtype).itemsize
+
+
+def _device_count(compiled: Any) -> int:
+    try:
+        shardings = compiled.input_shardings[0] or compiled.output_shardings
+        import jax
+
+        for sharding in jax.tree_util.tree_leaves(shardings):
+            return len(sharding.device_set)
+    except Exception:  # noqa: BLE001 - the count is informative only
+        pass
+    return 1

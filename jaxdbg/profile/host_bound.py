@@ -1,0 +1,218 @@
+"""Does the device wait for the host? The profiled run's timeline as a plain run would have gone, and a verdict
+drawn from it in the spirit of xprof's input-pipeline analysis (input-bound when the device waits for input 5% /
+20% of the step or more: "moderately" / "highly").
+
+In the child, :class:`StepClock` follows the main thread: every jitted call (when its execution could start, how
+long it runs), every copy between host and device, and every forced synchronisation (``float(x)``,
+``np.asarray(x)``, ``.item()``, ``print``, ``block_until_ready``, ``jax.device_get``). Executions queue on the
+device one after another; the device is idle whenever nothing is queued. The profile itself waits for some calls
+to time them (``--sync-every``): those waits are taken out (``shift``), so that a loop whose host work overlaps the
+device's in a plain run is not called input-bound because jaxdbg made it wait. Between two calls of a function
+(a step) the clock sums the device's work and idle time, and the host's time in transfers, syncs, jitted calls'
+dispatch and everything else (its own work: building batches, Python, logging).
+
+In the parent, :func:`input_pipeline` takes the function with the most steps, and says how input-bound it is and
+what to do: prefetch (double-buffer) the input pipeline, keep data on the device, read values every N steps.
+
+Example:
+    >>> clock, site = StepClock(), SyncSite()
+    >>> for step in range(4):                               # 10 ms of device work, then 30 ms of host work
+    ...     t = step * 0.040
+    ...     clock.call(0, t, t + 0.010, put_s=0.0, compile_s=0.0, execute_s=0.010, waited=True, steady=True)
+    ...     clock.sync(site, t + 0.010, t + 0.010, t + 0.010)  # np.asarray(loss): nothing left to wait for
+    >>> figures = input_pipeline({0: clock.steps[0]}, {0: "step"}, [])
+    >>> figures.verdict, round(figures.device_idle_fraction, 2)
+    ('highly input-bound', 0.75)
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from jaxdbg._source import SourceLocation
+from jaxdbg.profile.model import HostSync, InputPipeline
+
+MODERATE = 0.05  # xprof's thresholds on the share of the step the device waits for input
+HIGH = 0.20
+MIN_STEPS = 3
+EVERY_STEP = 0.5  # a sync site that runs at least this often per step is "every step" (logging each step)
+
+# Per function: [steps, step_s, device_s, calls_s, transfer_s, sync_wait_s, idle_s, sync_idle_s] summed over its
+# steady steps (from one call to the next: neither compiled nor ran in the capture window, and no operation outside
+# jit compiled in between).
+STEP_FIELDS = ("steps", "step_s", "device_s", "calls_s", "transfer_s", "sync_wait_s", "idle_s", "sync_idle_s")
+
+
+@dataclass
+class SyncSite:
+    """One forced synchronisation site (kind and user line) in the child: how often, how long it waited for the
+    device, how long the device then sat idle until the next jitted call, and the bytes it copied."""
+
+    count: int = 0
+    wait_s: float = 0.0
+    idle_s: float = 0.0
+    bytes: int = 0
+
+
+class StepClock:
+    """The main thread's run in plain-run time (jaxdbg's own waits and work taken out), with the device's queue.
+
+    Times given are ``time.perf_counter()`` values of the profiled run; every method is a few float operations
+    (one call of :meth:`call` per jitted call)."""
+
+    def __init__(self) -> None:
+        self.shift = 0.0  # real time minus plain-run time: what jaxdbg waited for or did itself so far
+        self.device_free = 0.0  # plain-run time when the device has run everything queued (estimate)
+        self.distorted = False  # jaxdbg waited for the device since the last sync: its real wait is not a plain run's
+        self.started = False
+        self.device = self.calls = self.transfer = self.sync_wait = self.idle = self.sync_idle = 0.0
+        self.eager_compiles = 0  # an operation outside jit compiled: a step holding one is not steady
+        self.pending: SyncSite | None = None  # the latest sync until the next call: the idle after it is its doing
+        self.pending_end = 0.0
+        self.dispatch: dict[int, float] = {}  # per function: the latest un-waited call's wall (its dispatch)
+        self.execute: dict[int, float] = {}  # per function: the latest waited call's execution
+        self.previous: dict[int, tuple[float, ...] | None] = {}
+        self.steps: dict[int, list[float]] = {}
+        # Calls the profile let run unseen (on jax's own dispatch): their function and start, appended by the
+        # profile as each is made, put on the clock at its next event (in order: nothing else happened between).
+        self.unseen_functions = array("q")
+        self.unseen_starts = array("d")
+
+    def call(self, function: int, start: float, end: float, *, put_s: float, compile_s: float, execute_s: float,
+             waited: bool, steady: bool, captured: bool = False) -> None:
+        """One jitted call: ``start``/``end`` bound the profile's whole handling of it (copying its numpy arguments,
+        ``put_s``, included); ``waited``: the profile waited for its outputs, and ``execute_s`` is its execution;
+        ``steady``: it did not compile; ``captured``: it ran in the profiler's capture window."""
+        if self.unseen_starts:
+            self.catch_up()
+        if waited:
+            host = compile_s + self.dispatch.get(function, 0.0)  # a plain run returns once it is dispatched
+            self.execute[function] = execute_s
+            self.distorted = True
+        else:
+            host = max(end - start - put_s, 0.0)
+            self.dispatch[function] = host
+            execute_s = self.execute.get(function, 0.0)
+        begins = start - self.shift + put_s + compile_s  # its execution can start as its dispatch does
+        if self.started and begins > self.device_free:
+            gap = begins - self.device_free
+            self.idle += gap
+            if self.pending is not None:
+                credit = min(gap, max(begins - self.pending_end, 0.0))
+                self.pending.idle_s += credit
+                self.sync_idle += credit
+        self.pending = None
+        self.transfer += put_s
+        self.calls += host
+        now = (begins, self.device, self.calls, self.transfer, self.sync_wait, self.idle, self.sync_idle,
+               self.eager_compiles)
+        before = self.previous.get(function)
+        if before is not None and steady and not captured and now[-1] == before[-1]:
+            sums = self.steps.setdefault(function, [0.0] * len(STEP_FIELDS))
+            sums[0] += 1
+            for i in range(len(STEP_FIELDS) - 1):
+                sums[i + 1] += now[i] - before[i]
+        self.previous[function] = None if captured else now
+        self.device_free = max(begins, self.device_free) + execute_s
+        self.device += execute_s
+        self.started = True
+        self.shift += end - start - put_s - host
+
+    def sync(self, site: SyncSite, start: float, waited: float, end: float) -> None:
+        """A forced synchronisation: waited for the device from ``start`` to ``waited``, then copied until ``end``."""
+        if self.unseen_starts:
+            self.catch_up()
+        real = waited - start
+        at = start - self.shift
+        if self.distorted:  # the device's queue as a plain run would have it: the estimate, not what happened
+            wait = max(self.device_free - at, 0.0)
+            self.shift += real - wait
+        else:
+            wait = real
+            self.device_free = at + real if real > 1e-5 else min(self.device_free, at)
+        self.distorted = False
+        self.sync_wait += wait
+        self.transfer += end - waited
+        site.count += 1
+        site.wait_s += wait
+        self.pending = site
+        self.pending_end = end - self.shift
+
+    def catch_up(self) -> None:
+        """Put the calls that ran unseen since the clock's last event on it: each dispatched in its function's
+        latest measured dispatch time (an un-waited call seen), running its latest measured execution."""
+        functions, starts = self.unseen_functions, self.unseen_starts
+        self.unseen_functions, self.unseen_starts = array("q"), array("d")
+        for function, start in zip(functions, starts):
+            self.call(function, start, start + self.dispatch.get(function, 0.0), put_s=0.0, compile_s=0.0,
+                      execute_s=0.0, waited=False, steady=True)
+
+    def eager_compile(self) -> None:
+        """An operation run outside jit compiled (its first run): the step it falls in is not a steady one."""
+        if self.unseen_starts:
+            self.catch_up()
+        self.eager_compiles += 1
+
+    def transferred(self, seconds: float) -> None:
+        """A copy between host and device made outside a jitted call (``device_put``, ``jnp.asarray``)."""
+        if self.unseen_starts:
+            self.catch_up()
+        self.transfer += seconds
+
+
+def input_pipeline(steps: Mapping[int, Sequence[float]], names: Mapping[int, str],
+                   syncs: Sequence[HostSync], calls: Mapping[int, int] | None = None) -> InputPipeline | None:
+    """The verdict for the function with the most steady steps (None under MIN_STEPS): per step, the device's work
+    and idle time, the host's work, transfers and syncs, and the fixes that fit, largest gain first.
+    ``calls``: each function's calls (to tell a sync made every step)."""
+    found = [(sums, ident) for ident, sums in steps.items() if sums and sums[0] >= MIN_STEPS and ident in names]
+    if not found:
+        return None
+    sums, ident = max(found, key=lambda pair: pair[0][0])
+    count = int(sums[0])
+    per = {name: sums[i] / count for i, name in enumerate(STEP_FIELDS) if i}
+    step = per["step_s"]
+    if step <= 0:
+        return None
+    host = max(step - per["calls_s"] - per["transfer_s"] - per["sync_wait_s"], 0.0)
+    idle = min(per["idle_s"], step)
+    fraction = idle / step
+    verdict = ("highly input-bound" if fraction >= HIGH else "moderately input-bound" if fraction >= MODERATE
+               else "not input-bound")
+    every_step = [s for s in syncs if calls and s.count >= EVERY_STEP * calls.get(ident, 0) > 0]
+    fixes = (_fixes(step, per["device_s"], host, per["transfer_s"], per["calls_s"],
+                    min(per["sync_idle_s"], per["device_s"]), every_step) if fraction >= MODERATE else ())
+    return InputPipeline(names[ident], count, step, per["device_s"], host, per["transfer_s"], per["sync_wait_s"],
+                         per["calls_s"], idle, fraction, per["sync_idle_s"], verdict, fixes)
+
+
+def _fixes(step: float, device: float, host: float, transfer: float, dispatch: float, overlap: float,
+           every_step: Sequence[HostSync]) -> tuple[str, ...]:
+    """What to change, largest gain first (a gain under MODERATE of the step is left out): the host's own work
+    moved off the step's path (prefetch), the transfers (data kept on the device), the jitted calls' dispatch
+    (fewer calls), and for a sync made every step the device's work the host could overlap with its own without it
+    (``overlap``)."""
+    found: list[tuple[float, str]] = []
+    if every_step and overlap >= MODERATE * step:
+        site = max(every_step, key=lambda s: s.device_idle_s)
+        found.append((overlap, f"log every N steps: {site.kind} at {_at(site.source)} waits for every step "
+                               f"({site.count}x) and leaves the device idle until the next one is queued; read values "
+                               "every N steps (or keep running sums on the device)"))
+    if host >= MODERATE * step:
+        found.append((host, "prefetch: build the next batches while the device runs (double-buffer the input "
+                            "pipeline: a background thread or a loader with prefetch, jax.device_put one step "
+                            "ahead), or move the preprocessing into the jitted step"))
+    if transfer >= MODERATE * step:
+        found.append((transfer, "keep data on the device: put the dataset (or large chunks) on the device once and "
+                                "slice batches inside the jitted step"))
+    if dispatch >= MODERATE * step and dispatch > device:
+        found.append((dispatch - device, "dispatch fewer, larger calls: the host takes longer to dispatch each step "
+                                         "than the device to run it (run several steps per call with lax.scan; a "
+                                         "pmap's wrapper costs more per call than jax.jit with shardings)"))
+    return tuple(text for _, text in sorted(found, key=lambda pair: -pair[0]))
+
+
+def _at(source: SourceLocation | None) -> str:
+    return f"{source.file}:{source.line}" if source is not None else "an unknown line"

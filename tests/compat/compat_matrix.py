@@ -1,0 +1,139 @@
+"""The compatibility matrix: JAX features (rows) against jaxdbg's commands (columns).
+
+Each row is one small program in this folder, written the way a user of JAX, Flax, Equinox or Optax
+writes that feature, with a bug that makes a NaN at a line marked ``# NaN`` (and, where a chain of
+Inf values leads to it, the lines those come from, by their own markers). Every command runs the same
+program, and each cell is that command's expected answer:
+
+- ``nan-hunt``: the origin (kind, operation, pass, line, call, the path through the feature);
+- ``profile``: the row's jitted functions found, with their compiles and calls (and recompile causes);
+- ``repro``: a verified reproducer of the NaN, cut from the jitted computation (run on a few rows only);
+- ``watch``: ``jaxdbg.watch`` raises ``NonFiniteError`` with the same origin;
+- ``check``: the row as a ``[tool.jaxdbg.check]`` nan-hunt check fails, at the origin's line.
+
+A cell that does not work carries a :class:`Known`: a bug, being fixed (its test is ``xfail(strict=True)``,
+so it fails loudly once the fix lands and the entry must go). ``tests/test_compat_matrix.py``
+runs the cells; ``scripts/compat_page.py`` writes ``docs/compat.md`` from this file.
+
+A new row: a program ``tests/compat/<name>.py`` with a ``main()`` that runs a few steps (every command runs
+it: as a script, and imported by ``profile_all.py`` and ``watch_all.py``, so no global state that another
+row could see, e.g. ``jax.enable_x64`` as a context, not a config update), one ``# NaN`` marker, a
+:class:`Row` here, then ``python scripts/compat_page.py``. Build the bug so that only one operation can make
+the NaN on any CPU (0 / 0, log or sqrt of a negative value, inf - inf): never pin which op of an overflowing
+chain goes first. Each row costs about 6 s of CPU for its check, 2.5 s under the watch and 1 s in profile.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+COLUMNS = ("nan-hunt", "profile", "repro", "watch", "check")
+
+
+@dataclass(frozen=True)
+class Op:
+    """An operation the answer must name: ``kind`` (nan/inf), primitive, pass, and the marker of its line."""
+
+    kind: str
+    primitive: str
+    pass_: str
+    marker: str = "# NaN"
+
+
+@dataclass(frozen=True)
+class Function:
+    """A jitted function profile must find in the row's program (by name and file)."""
+
+    name: str
+    compiles: int
+    calls: int
+    recompile: str | None = None  # words of the recompile cause, when it compiles twice
+
+
+@dataclass(frozen=True)
+class Known:
+    """A cell, or one ``aspect`` of it, that does not work: a bug (``owner`` is the branch fixing it, or
+    None when this matrix found it and nobody is on it yet)."""
+
+    reason: str
+    owner: str | None = None
+    jax: str | None = None  # "0.10" or "0.11": only on that jax version
+    aspect: str | None = None  # e.g. "device": the rest of the cell works
+
+    def applies(self, jax_version: str) -> bool:
+        return self.jax is None or jax_version.startswith(self.jax + ".") or jax_version == self.jax
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str  # the program: tests/compat/<name>.py
+    feature: str
+    origin: Op
+    call: int  # the origin's call index
+    functions: tuple[Function, ...]
+    path: str | None = None  # an element the origin's path must hold, e.g. "scan[iteration=3]"
+    chain: tuple[Op, ...] = ()
+    dtype: str | None = None  # the dtype of the origin's first input
+    device: str | None = None  # the device holding the first non-finite value
+    explanation: tuple[str, ...] = ()  # words the explanation must hold
+    hint: str | None = None  # words the first hint must hold
+    repro: bool = False
+    known: dict[str, tuple[Known, ...]] = field(default_factory=dict)  # column -> what does not work there
+
+    def known_in(self, column: str, jax_version: str, aspect: str | None = None) -> Known | None:
+        """The entry that makes this cell (or its ``aspect``) not work on this jax version, if any."""
+        return next((k for k in self.known.get(column, ()) if k.aspect == aspect and k.applies(jax_version)), None)
+
+
+def _train(calls: int = 4, compiles: int = 1, recompile: str | None = None) -> tuple[Function, ...]:
+    return (Function("train_step", compiles, calls, recompile),)
+
+
+ROWS: tuple[Row, ...] = (
+    Row("jit_options", "jit: nested jit, static and donated arguments", Op("nan", "div", "forward"), 2, _train(),
+        path="jit(layer_norm)"),
+    Row("pmap_step", "jax.pmap with lax.pmean", Op("nan", "log", "forward"), 2,
+        _train(compiles=2, recompile="sharding"), path="pmap", device="cpu:7",
+        known={"watch": (Known("not supported yet: jaxdbg.watch does not check jax.pmap'd functions (only jit, "
+                               "nnx.jit, eqx.filter_jit); its warning names them and points to nan-hunt"),)}),
+    Row("shard_map_manual", "shard_map, every mesh axis manual (pmean; jnp.linalg.norm in the body)",
+        Op("nan", "div", "forward"), 2, _train(compiles=2, recompile="sharding changed"), path="shard_map",
+        device="cpu:7"),
+    Row("shard_map_auto", "shard_map, manual over one axis and auto over another (axis_names)",
+        Op("nan", "log", "forward"), 2, _train(), path="shard_map"),
+    Row("vmap_per_example", "vmap (per-example gradients)", Op("nan", "div", "forward"), 2, _train(), path="vmap"),
+    Row("scan_rnn", "lax.scan", Op("nan", "log", "forward"), 1, _train(calls=3), path="scan[iteration=3]"),
+    Row("while_power", "lax.while_loop / fori_loop (traced bound)", Op("nan", "div", "forward"), 1,
+        (Function("normalise", 1, 3),), path="while[iteration=2]"),
+    Row("cond_switch", "lax.cond / lax.switch", Op("nan", "log", "forward"), 2, _train(), path="cond[branch=2]"),
+    Row("remat_policy", "jax.checkpoint with a save_only_these_names policy", Op("nan", "mul", "backward"), 2,
+        _train(), path="checkpoint", chain=(Op("inf", "div", "backward"),)),
+    Row("custom_vjp_norm", "jax.custom_vjp (NaN in the backward rule)", Op("nan", "div", "backward"), 1, _train(),
+        path="custom_vjp_bwd(row_norm_bwd)"),
+    Row("custom_jvp_softplus", "jax.custom_jvp (NaN in the derivative rule)", Op("nan", "div", "backward"), 2,
+        _train(), chain=(Op("inf", "exp", "backward"),)),
+    Row("callbacks", "pure_callback, io_callback, debug.callback", Op("nan", "pure_callback", "forward"), 2,
+        _train()),
+    Row("keys_typed", "typed PRNG keys (jax.random.key)", Op("nan", "sqrt", "forward"), 2, _train()),
+    Row("keys_raw", "raw uint32 PRNG keys (jax.random.PRNGKey)", Op("nan", "div", "backward"), 2, _train(),
+        chain=(Op("inf", "div", "forward"),)),
+    Row("dtype_bf16", "bfloat16", Op("nan", "sub", "forward"), 2, _train(), dtype="bf16",
+        chain=(Op("inf", "convert_element_type", "forward", "# padding: -inf"),)),
+    Row("dtype_f16", "float16 (overflow)", Op("nan", "sub", "forward"), 2, _train(), dtype="f16",
+        chain=(Op("inf", "dot_general", "forward", "# the root cause"),), explanation=("float16 overflow",),
+        hint="float32"),
+    Row("dtype_f64", "float64 (jax.enable_x64)", Op("nan", "sqrt", "forward"), 1,
+        (Function("neg_log_likelihood", 1, 3),), dtype="f64"),
+    Row("dtype_int", "integer arrays (int32 tokens)", Op("nan", "div", "forward"), 2, _train()),
+    Row("dtype_complex", "complex64 (jnp.fft)", Op("nan", "div", "forward"), 1, (Function("phase_correlation", 1, 3),),
+        dtype="complex64"),
+    Row("flax_struct_state", "Flax struct dataclasses (Linen TrainState)", Op("nan", "log", "forward"), 2, _train()),
+    Row("eqx_module", "Equinox Modules (eqx.filter_jit)", Op("nan", "log", "forward"), 2,
+        _train(calls=5, compiles=2, recompile="weak type")),
+    Row("nnx_graph_state", "Flax NNX graph state (nnx.jit, BatchNorm, nnx.Optimizer)", Op("nan", "div", "forward"),
+        2, _train()),
+    Row("sharded_dp", "arrays sharded over 8 CPU devices (NamedSharding)", Op("nan", "div", "forward"), 2, _train(),
+        device="cpu:7", repro=True),
+)
+
+DEVICES = 8  # every program runs with this many CPU devices

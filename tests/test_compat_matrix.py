@@ -1,0 +1,290 @@
+"""The compatibility matrix (tests/compat/compat_matrix.py): each JAX feature's program against nan-hunt,
+profile, repro, jaxdbg.watch and check, one test per cell; and docs/compat.md, generated from the same
+definition, up to date.
+
+Cost is shared: the first cell asked for starts every process of the matrix at once, with 8 CPU devices:
+- one `jaxdbg check --jobs 2` of a generated pyproject: a nan-hunt check per row (the check column; each
+  check's own report is also the nan-hunt cell) and one profile check running every row in one process
+  (`tests/compat/profile_all.py`: the profile column);
+- `jaxdbg repro` of the rows marked for it, one after another, with a bounded --max-time and no source pass;
+- then one process running every row inside `jaxdbg.watch` (`tests/compat/watch_all.py`: the watch column).
+Each test then reads its cell. A cell the definition marks as a known bug is xfail(strict=True): it fails
+loudly once the fix lands, and its entry in the definition must go (the page changes with it).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPAT = ROOT / "tests" / "compat"
+sys.path.insert(0, str(COMPAT))
+
+import compat_matrix as M  # noqa: E402 - the definition lives beside its programs
+
+JAX = importlib.metadata.version("jax")
+WAIT_S = 1200  # the longest any process of the matrix may take on a loaded 2-core machine
+REPRO_OPTIONS = ["--max-time", "120", "--source-time", "0", "--runs", "1", "--jobs", "1"]
+PROFILE_CHECK = "profile-all"
+
+
+def _environment() -> dict[str, str]:
+    flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", os.environ.get("XLA_FLAGS", ""))
+    return {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu",
+            "XLA_FLAGS": f"{flags} --xla_force_host_platform_device_count={M.DEVICES}".strip()}
+
+
+def _recompiles() -> int:
+    return sum(f.compiles - 1 for row in M.ROWS for f in row.functions if not row.known_in("profile", JAX))
+
+
+def _pyproject(folder: Path, errors: Path) -> Path:
+    """Every row as a nan-hunt check, and one profile check of every row in one process."""
+    rows = " ".join(row.name for row in M.ROWS)
+    tables = [f'[tool.jaxdbg.check.{PROFILE_CHECK}]\ncommand = "profile"\n'  # the longest: first, beside the others
+              f'target = "{COMPAT / "profile_all.py"} -- {errors} {rows}"\n'
+              f'budget = "recompiles<={_recompiles()}"\noptions = ["--trace-calls", "0"]\n']
+    tables += [f'[tool.jaxdbg.check.{row.name}]\ncommand = "nan-hunt"\ntarget = "{COMPAT / row.name}.py"\n'
+               for row in M.ROWS]
+    path = folder / "pyproject.toml"
+    path.write_text("[project]\nname = 'compat-matrix'\n\n" + "\n".join(tables))
+    return path
+
+
+class MatrixRun:
+    """The matrix's processes, started together; each accessor waits for the one it reads."""
+
+    def __init__(self, folder: Path):
+        self.folder, self.env = folder, _environment()
+        self.errors = folder / "profile-errors.json"
+        config = _pyproject(folder, self.errors)
+        self.check = self._start("check", [sys.executable, "-m", "jaxdbg", "check", "--jobs", "2", "--config",
+                                           str(config), "--json", str(folder / "check.json"), "--out",
+                                           str(folder / "check"), "--timeout", str(WAIT_S)])
+        self.repros: dict[str, tuple[int, dict | None]] = {}
+        self.watch_process: subprocess.Popen | None = None
+        self.then_watch = threading.Thread(target=self._repro_then_watch, daemon=True)
+        self.then_watch.start()
+
+    def _start(self, name: str, argv: list[str]) -> subprocess.Popen:
+        log = open(self.folder / f"{name}.log", "w")  # noqa: SIM115 - closed with the process in stop()
+        return subprocess.Popen(argv, cwd=self.folder, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+    def _repro_then_watch(self) -> None:
+        """The repro rows first (their reduction is bounded by wall time, so they go while only the check runs
+        beside them), then the watch process (three processes at a time on two cores at most)."""
+        for row in (r for r in M.ROWS if r.repro):
+            out, report = self.folder / f"repro-{row.name}", self.folder / f"repro-{row.name}.json"
+            process = self._start(f"repro-{row.name}", [sys.executable, "-m", "jaxdbg", "repro",
+                                                        f"{COMPAT / row.name}.py", *REPRO_OPTIONS, "--out",
+                                                        str(out), "--json", str(report), "-q"])
+            code = self._wait(process)
+            self.repros[row.name] = (code, json.loads(report.read_text()) if report.exists() else None)
+        (self.folder / "watch").mkdir()
+        self.watch_process = self._start("watch", [sys.executable, str(COMPAT / "watch_all.py"),
+                                                   str(self.folder / "watch"), *(row.name for row in M.ROWS)])
+        self._wait(self.watch_process)
+
+    def _wait(self, process: subprocess.Popen) -> int:
+        try:
+            return process.wait(timeout=WAIT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            return process.wait()
+
+    def log(self, name: str) -> str:
+        return (self.folder / f"{name}.log").read_text()[-3000:]
+
+    def checks(self) -> dict[str, dict]:
+        self._wait(self.check)
+        path = self.folder / "check.json"
+        assert path.exists(), f"jaxdbg check wrote no report:\n{self.log('check')}"
+        return {c["name"]: c for c in json.loads(path.read_text())["result"]["checks"]}
+
+    def report(self, check: str) -> dict:
+        return json.loads(Path(self.checks()[check]["report"]).read_text())
+
+    def profile_errors(self) -> dict[str, str]:
+        self.checks()
+        return json.loads(self.errors.read_text()) if self.errors.exists() else {}
+
+    def watch(self, row: str) -> dict:
+        self.then_watch.join(timeout=WAIT_S * 2)
+        path = self.folder / "watch" / "watch.json"
+        assert path.exists(), f"the watch process wrote nothing:\n{self.log('watch')}"
+        return json.loads(path.read_text())[row]
+
+    def repro(self, row: str) -> tuple[int, dict | None]:
+        self.then_watch.join(timeout=WAIT_S * 2)
+        return self.repros[row]
+
+    def stop(self) -> None:
+        for process in (self.check, self.watch_process):
+            if process is not None and process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory):
+    run = MatrixRun(tmp_path_factory.mktemp("compat"))
+    yield run
+    run.stop()
+
+
+def _cells(column: str, aspect: str | None = None, where=lambda row: True) -> list:
+    """One param per row, xfail(strict) where the definition knows the cell (or this aspect of it) fails."""
+    params = []
+    for row in M.ROWS:
+        if not where(row):
+            continue
+        known = row.known_in(column, JAX) or (row.known_in(column, JAX, aspect) if aspect else None)
+        marks = [pytest.mark.xfail(strict=True, reason=f"issue 19: {known.reason}")] if known else []
+        params.append(pytest.param(row, id=row.name, marks=marks))
+    return params
+
+
+def _line(row: M.Row, marker: str) -> int:
+    lines = [i for i, text in enumerate((COMPAT / f"{row.name}.py").read_text().splitlines(), start=1)
+             if marker in text]
+    assert len(lines) == 1, f"{row.name}.py: the marker {marker!r} must be on exactly one line"
+    return lines[0]
+
+
+def _op(found: dict, row: M.Row) -> tuple:
+    source = found["source"] or {}
+    return (found["kind"], found["primitive"], found["pass"], os.path.basename(source.get("file", "")),
+            source.get("line"))
+
+
+def _expected(op: M.Op, row: M.Row) -> tuple:
+    return op.kind, op.primitive, op.pass_, f"{row.name}.py", _line(row, op.marker)
+
+
+def assert_origin(result: dict, row: M.Row) -> None:
+    """The answer of nan-hunt and of the watch: origin, call, path, dtype, chain, explanation."""
+    first = result["first"]
+    assert first is not None and result["found"], result.get("notes")
+    assert (*_op(first, row), first["call_index"]) == (*_expected(row.origin, row), row.call), result.get("notes")
+    if row.path:
+        assert row.path in first["path"]
+    if row.dtype:
+        assert first["inputs"][0]["dtype"] == row.dtype
+    for op in row.chain:
+        assert _expected(op, row) in [_op(link, row) for link in result["chain"]]
+    for words in row.explanation:
+        assert words in result["explanation"]
+
+
+# -- nan-hunt (each row's report from its check) -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("row", _cells("nan-hunt"))
+def test_nan_hunt(matrix, row) -> None:
+    report = matrix.report(row.name)
+    assert report["exit_code"] == 1, report["result"]
+    assert_origin(report["result"], row)
+
+
+@pytest.mark.parametrize("row", _cells("nan-hunt", "device", lambda row: row.device))
+def test_nan_hunt_names_the_device(matrix, row) -> None:
+    assert matrix.report(row.name)["result"]["first"]["device"] == row.device
+
+
+@pytest.mark.parametrize("row", _cells("nan-hunt", "hint", lambda row: row.hint))
+def test_nan_hunt_first_hint_fits(matrix, row) -> None:
+    first_hint = matrix.report(row.name)["result"]["hints"][0]
+    assert row.hint in first_hint, first_hint
+
+
+# -- profile (every row in one profiled process) -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("row", _cells("profile"))
+def test_profile(matrix, row) -> None:
+    assert row.name not in matrix.profile_errors(), matrix.profile_errors()[row.name]
+    functions = [f for f in matrix.report(PROFILE_CHECK)["result"]["functions"]
+                 if os.path.basename((f["source"] or {}).get("file", "")) == f"{row.name}.py"]
+    for expected in row.functions:
+        found = [f for f in functions if f["name"] == expected.name]
+        assert len(found) == 1, [f["name"] for f in functions]
+        assert (found[0]["compiles"], found[0]["execute"]["calls"]) == (expected.compiles, expected.calls)
+        reasons = " ".join(r["reason"] for r in found[0]["recompiles"])
+        assert (expected.recompile or "") in reasons and bool(reasons) == bool(expected.recompile), reasons
+
+
+# -- jaxdbg.watch (every row in one process) -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("row", _cells("watch"))
+def test_watch(matrix, row) -> None:
+    got = matrix.watch(row.name)
+    assert got["raised"] == "NonFiniteError", got
+    assert_origin(got["report"], row)
+    assert json.loads(Path(got["path"]).read_text())["command"] == "watch"
+
+
+@pytest.mark.parametrize("row", _cells("watch", "device", lambda row: row.device))
+def test_watch_names_the_device(matrix, row) -> None:
+    assert matrix.watch(row.name)["report"]["first"]["device"] == row.device
+
+
+# -- check (one jaxdbg check run) ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("row", _cells("check"))
+def test_check(matrix, row) -> None:
+    check = matrix.checks()[row.name]
+    assert (check["passed"], check["exit_code"]) == (False, 1), check
+    location = check["location"]
+    assert (os.path.basename(location["file"]), location["line"]) == (f"{row.name}.py", _line(row, "# NaN"))
+    assert f"made by {row.origin.primitive}" in check["finding"], check["finding"]
+
+
+def test_check_of_every_row_in_one_profile_run_holds_its_budget(matrix) -> None:
+    check = matrix.checks()[PROFILE_CHECK]
+    assert (check["passed"], check["exit_code"]) == (True, 0), (check, matrix.log("check"))
+
+
+# -- repro (the rows marked for it) --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("row", _cells("repro", where=lambda row: row.repro))
+def test_repro(matrix, row) -> None:
+    code, report = matrix.repro(row.name)
+    assert report is not None and code == 0, matrix.log(f"repro-{row.name}")
+    result = report["result"]
+    assert (result["verified"], result["strategy"], result["signature"]["kind"]) == (True, "computation", "nonfinite")
+    assert result["minimized"]["equations"] < result["original"]["equations"]
+    assert "assert not np.isnan(out).any()" in Path(report["artifacts"]["repro"]).read_text()
+
+
+# -- the definition and its page -----------------------------------------------------------------------------
+
+
+def test_every_program_is_a_row_and_every_marker_is_on_one_line() -> None:
+    programs = {p.stem for p in COMPAT.glob("*.py")} - {"compat_matrix", "profile_all", "watch_all"}
+    assert programs == {row.name for row in M.ROWS}
+    for row in M.ROWS:
+        for op in (row.origin, *row.chain):
+            _line(row, op.marker)
+
+
+def test_page_is_up_to_date() -> None:
+    spec = importlib.util.spec_from_file_location("compat_page", ROOT / "scripts" / "compat_page.py")
+    assert spec is not None and spec.loader is not None
+    page = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(page)
+    assert (ROOT / "docs" / "compat.md").read_text() == page.render(M), "run: python scripts/compat_page.py"

@@ -1,0 +1,115 @@
+"""hang-hunt's pieces in this process (no child, about a second each): the recorder on a sharded program of 4
+CPU devices (its collectives and their devices), host callbacks and ready times in the flight record, a
+lock-order deadlock between two real threads read from their stacks, and verdicts drawn from records."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jaxdbg import jit_layer
+from jaxdbg.hang.record import take_record
+from jaxdbg.hang.recorder import Recorder
+from jaxdbg.hang.states import find_deadlock
+from jaxdbg.hang.verdict import JobFacts, judge
+
+
+def _line(marker: str) -> int:
+    return next(i for i, text in enumerate(open(__file__), start=1) if marker in text)
+
+
+def test_the_recorder_names_a_programs_collectives_with_their_devices_and_line():
+    mesh = Mesh(np.array(jax.devices("cpu")[:4]), ("data",))  # tests/conftest.py gives 4 CPU devices
+    x = jax.device_put(jnp.arange(32.0).reshape(8, 4), NamedSharding(mesh, P("data")))
+    recorder = Recorder()
+    with jit_layer.installed(recorder), recorder.listening():
+        total = jax.jit(lambda x: jnp.sum(x, axis=0))  # the reduction over the sharded rows
+        out = total(x)
+        out.block_until_ready()
+    (entry,) = recorder.entries()
+    program = recorder.programs[entry.program]
+    (collective,) = program.collectives
+    assert (collective.op, collective.reduce) == ("all-reduce", "sum")
+    assert sorted(i for group in collective.groups for i in group) == sorted(d.id for d in jax.devices("cpu")[:4])
+    assert collective.source is not None and collective.source.line == _line("the reduction over the sharded rows")
+    assert program.processes == (0,) and not program.is_global  # one process: no step to compare with others
+    assert program.key == "<lambda>(x: f32[8, 4]) [all-reduce:sum]"
+    assert entry.site.line == _line("out = total(x)") and recorder.check_ready() == 1 and entry.ready is not None
+
+
+def test_host_callbacks_are_entries_of_the_call_that_ran_them():
+    seen = []
+    recorder = Recorder()
+    with jit_layer.installed(recorder), recorder.listening():
+        step = jax.jit(lambda x: (jax.debug.callback(seen.append, x), x * 2)[1])
+        for i in range(3):
+            step(jnp.float32(i)).block_until_ready()
+    calls = [(e.kind, e.function, e.index, e.seq) for e in recorder.entries()]
+    assert calls == [("call", "<lambda>", 0, 0), ("callback", "list.append", 0, 0), ("call", "<lambda>", 1, 1),
+                     ("callback", "list.append", 1, 1), ("call", "<lambda>", 2, 2), ("callback", "list.append", 2, 2)]
+    assert recorder.progress() == (3, 3, 3, 3) and len(seen) == 3
+
+
+def test_a_lock_order_deadlock_between_two_threads_is_a_cycle():
+    first, second = threading.Lock(), threading.Lock()
+    both_hold = threading.Barrier(2)
+
+    def one():
+        with first:  # one holds first
+            both_hold.wait()
+            second.acquire(timeout=20)  # one waits for second
+
+    def two():
+        with second:  # two holds second
+            both_hold.wait()
+            first.acquire(timeout=20)  # two waits for first
+
+    threads = [threading.Thread(target=f, name=f.__name__, daemon=True) for f in (one, two)]
+    for thread in threads:
+        thread.start()
+    time.sleep(1.0)
+    record = take_record(Recorder(), "signal", idle_s=1.0, native=False)
+    deadlock = find_deadlock(record)
+    assert deadlock is not None and len(deadlock.cycle) == 2
+    said = " | ".join(deadlock.cycle)
+    assert f"one waits for lock `second` at test_hang_units.py:{_line('one waits for second')} (one)" in said
+    assert f"which two holds since test_hang_units.py:{_line('two holds second')} (two)" in said
+    assert f"two waits for lock `first` at test_hang_units.py:{_line('two waits for first')} (two)" in said
+    result = judge(JobFacts(1, "signal", 30.0, {0: record}))
+    assert result.kind == "deadlock" and result.exit_code == 1
+
+
+def _record(index: int, function: str, key: str, step_line: int, returned: float | None) -> dict:
+    """A process inside (or after) its call of ``function`` at step 5 of a global program."""
+    main = {"name": "MainThread", "main": True, "call": None if returned else 9, "in_jax": True, "callback": None,
+            "frames": [], "user": {"file": "train.py", "line": step_line, "function": "<module>"},
+            "waiting_in": "", "waits_for": None, "holds": []}
+    call = {"kind": "call", "seq": 9, "function": function, "index": 5 if function == "train_step" else 0,
+            "program": 0, "step": 5 if returned else None, "start": 0.0, "returned": returned, "ready": None,
+            "site": {"file": "train.py", "line": step_line, "function": "<module>"}}
+    return {"index": index, "idle_s": 40.0, "steps": 5, "calls": [call], "threads": [main],
+            "programs": {"0": {"key": key, "function": function, "processes": [0, 1], "collectives": []}}}
+
+
+def test_processes_stuck_in_different_programs_at_one_step_are_a_hung_divergence():
+    records = {0: _record(0, "train_step", "train_step(x: f32[4]) [all-reduce:sum]", 40, None),
+               1: _record(1, "eval_step", "eval_step(x: f32[4]) [all-gather]", 42, None)}
+    result = judge(JobFacts(2, "stall", 30.0, records))
+    assert (result.kind, result.stalled, result.exit_code) == ("divergence", True, 1)
+    assert result.divergence.step == 5 and result.divergence.hung
+    assert result.verdict == ("the processes diverged at step 5: process 0 called train_step #5 at train.py:40 "
+                              "(<module>) while process 1 called eval_step #0 at train.py:42 (<module>)")
+
+
+def test_a_signal_on_a_working_program_is_not_a_stall():
+    record = _record(0, "train_step", "train_step(x: f32[4])", 40, None)
+    record["idle_s"] = 0.2  # it moved a moment ago
+    result = judge(JobFacts(1, "signal", 30.0, {0: record}))
+    assert (result.kind, result.stalled, result.exit_code) == ("running", False, 3)
+    assert result.verdict.startswith("not stalled at SIGUSR1: the program was still making progress")

@@ -1,0 +1,273 @@
+"""``jaxdbg memory`` on programs whose answers are known: a leak through a Python list, a missing donation,
+activations kept for the backward pass of a deep model, a step that does not fit a given --device-memory, a
+function target that is not run because it would not fit, a real RESOURCE_EXHAUSTED on CPU, and an Equinox
+step over arrays sharded on 4 devices.
+
+Every run is made once (module fixture, in this process through ``jaxdbg.cli.main``; each target runs in its
+own child) and checked by several tests.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from jaxdbg.cli import main
+from jaxdbg.schema import schema
+
+ROOT = Path(__file__).resolve().parent.parent
+RECIPES = ROOT / "recipes"
+CORPUS = Path(__file__).resolve().parent / "corpus"
+KIB, MIB = 1 << 10, 1 << 20
+
+RUNS = {
+    "leak": ["recipes/memory_leak/train.py"],
+    "remat": ["recipes/memory_remat/train.py", "--device-memory", "8MiB", "--budget",
+              "train_step.temp_bytes<=4MiB,live_bytes<=1GiB", "--no-plot"],
+    "oom": ["recipes/memory_oom/train.py", "--no-plot"],
+    "misfit": ["recipes/memory_fit/model.py::top_scores", "--args", "f32[2048,64] f32[2048,64]", "--device-memory",
+               "8MiB", "--no-plot"],
+    "sharded": [str(CORPUS / "eqx_sharded_donation" / "train.py"), "--no-plot"],
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, tuple[int, dict, Path]]:
+    """name -> (exit code, report, --out folder); run from the repository's root, as the recipes' READMEs do."""
+    folder = tmp_path_factory.mktemp("memory")
+    found = {}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(ROOT)
+        for name, argv in RUNS.items():
+            out = folder / name
+            code = main(["memory", *argv, "--out", str(out), "--json", str(folder / f"{name}.json"), "-q"])
+            found[name] = (code, json.loads((folder / f"{name}.json").read_text()), out)
+    return found
+
+
+def _marker(path: Path, text: str) -> int:
+    """The line of ``path`` that carries the marker comment ``# <- text``."""
+    return _line(path, f"# <- {text}")
+
+
+def _line(path: Path, text: str) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)
+
+
+def test_every_report_is_valid_and_exits_as_it_found(runs) -> None:
+    validator = jsonschema.Draft202012Validator(schema())
+    for name, (code, report, _) in runs.items():
+        errors = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(report)]
+        assert not errors, (name, errors)
+        assert report["command"] == "memory" and code == report["exit_code"]
+    assert {name: runs[name][0] for name in runs} == {"leak": 1, "remat": 1, "oom": 1, "misfit": 1, "sharded": 0}
+
+
+def test_a_leak_through_a_list_names_the_list_and_the_line_that_fills_it(runs) -> None:
+    code, report, _ = runs["leak"]
+    script = RECIPES / "memory_leak" / "train.py"
+    (leak,) = report["result"]["leaks"]
+    activation = 512 * 256 * 4  # one step's f32[512,256] activations
+    assert leak["producer"] == "train_step" and leak["source"]["line"] == _marker(script, "call")
+    assert leak["kept_by"] == "list 'activations'" and leak["kept_at"]["line"] == _marker(script, "keeps")
+    # 24 steps: every step's activations but the latest call's (its outputs are the loop's state) are the leak
+    assert (leak["arrays"], leak["bytes"], leak["per_call_bytes"]) == (23, 23 * activation, activation)
+    hint = next(h for h in report["result"]["hints"] if h["kind"] == "leak")
+    assert hint["saves_bytes"] == 23 * activation and "list 'activations'" in hint["text"]
+    assert code == 1 and report["result"]["found"] and not report["result"]["budget"]["misfits"]
+
+
+def test_a_missing_donation_is_held_and_hinted_with_its_bytes(runs) -> None:
+    _, report, _ = runs["leak"]
+    (program,) = report["result"]["functions"]
+    params = 2 * 256 * 256 * 4
+    assert [(h["argument"], h["argnum"], h["bytes"], h["threaded"]) for h in program["held"]] == [
+        ("params", 0, params, True)]  # x is passed again unchanged: not a candidate
+    assert program["passed_again"] == ["x"]
+    (hint,) = [h for h in report["result"]["hints"] if h["kind"] == "donate"]
+    assert hint["saves_bytes"] == params and "jax.jit(..., donate_argnums=(0,))" in hint["text"]
+
+
+def test_the_peak_and_what_was_live_at_it(runs) -> None:
+    _, report, _ = runs["leak"]
+    result = report["result"]
+    peak, (program,) = result["peak"], result["functions"]
+    # The leak grows to the end: the peak is in the last call, on top of every kept activation.
+    assert (peak["function"], peak["call_index"], peak["device"]) == ("train_step", 23, "cpu:0")
+    assert peak["program_bytes"] == program["peak_bytes"] - program["argument_bytes"]
+    assert peak["bytes"] == peak["live_bytes"] + peak["program_bytes"]
+    top = result["live_at_peak"][0]
+    assert (top["producer"], top["calls"]) == ("train_step", 23) and top["bytes"] >= 22 * 512 * 256 * 4
+
+
+def test_the_leak_run_writes_csv_and_pictures(runs) -> None:
+    _, report, _ = runs["leak"]
+    artifacts = report["artifacts"]
+    with open(artifacts["samples_csv"]) as handle:
+        rows = list(csv.DictReader(line for line in handle if not line.startswith("#")))
+    assert len(rows) == report["result"]["samples"] * 4  # one row per sample and device (4 CPU devices)
+    assert max(int(r["estimate_bytes"]) for r in rows) == report["result"]["peak"]["bytes"]
+    assert Path(artifacts["plot"]).read_bytes()[:4] == b"\x89PNG"
+    page = Path(artifacts["html"]).read_text()
+    assert "<svg" in page and "peak" in page and "train_step" in page
+    assert Path(artifacts["buffers_csv"]).read_text().count("train_step") >= 5
+
+
+def test_activations_kept_for_the_backward_pass_get_a_remat_hint(runs) -> None:
+    _, report, _ = runs["remat"]
+    (program,) = report["result"]["functions"]
+    line = _marker(RECIPES / "memory_remat" / "train.py", "activation")
+    activation = 1024 * 256 * 4
+    forward = [b for b in program["largest"] if b["pass"] == "forward"]
+    assert forward and all(b["op"] == "tanh" and b["source"]["line"] == line for b in forward)
+    # 8 layers: at the start of the backward pass the forward activations are all held (at least 6 of them)
+    assert program["forward_kept_bytes"] >= 6 * activation
+    (hint,) = [h for h in report["result"]["hints"] if h["kind"] == "remat"]
+    assert 0 < hint["saves_bytes"] < program["forward_kept_bytes"] and f"train.py:{line}" in hint["text"]
+
+
+def test_a_step_that_does_not_fit_the_given_device_memory(runs) -> None:
+    _, report, _ = runs["remat"]
+    result = report["result"]
+    (program,) = result["functions"]
+    budget = 8 * MIB
+    assert (result["budget"]["device_memory_bytes"], result["budget"]["origin"]) == (budget, "--device-memory")
+    assert program["fits"] is False and program["over_bytes"] == program["needs_bytes"] - budget > 0
+    assert program["needs_bytes"] == program["live_before_bytes"] + program["peak_bytes"] - program["argument_bytes"]
+    assert result["budget"]["misfits"] == ["train_step"]
+    # --budget: the temporaries rule broke, the run's live bytes rule held
+    (violation,) = result["budget"]["violations"]
+    assert violation.startswith("train_step.temp_bytes ") and not result["budget"]["ok"]
+    assert {h["kind"] for h in result["hints"]} >= {"fit", "dtype", "remat", "donate", "shard"}
+    shard = next(h for h in result["hints"] if h["kind"] == "shard")  # x, 1 MiB, over the 4 CPU devices
+    assert shard["saves_bytes"] == 1024 * 256 * 4 * 3 // 4
+
+
+def test_a_function_target_that_would_not_fit_is_not_run(runs) -> None:
+    _, report, _ = runs["misfit"]
+    result = report["result"]
+    (program,) = result["functions"]
+    line = _marker(RECIPES / "memory_fit" / "model.py", "[n, n] scores")
+    sort = program["largest"][0]
+    assert (sort["kind"], sort["shape"], sort["bytes"]) == ("temp", "f32[2048,2048]", 2048 * 2048 * 4)
+    assert sort["source"]["line"] in (line, line + 1)  # the matmul fused into the sort that follows it
+    assert program["fits"] is False and any("not run" in note for note in result["notes"])
+    dtype = next(h for h in result["hints"] if h["kind"] == "dtype")
+    assert dtype["saves_bytes"] == 2048 * 2048 * 2
+
+
+def test_a_real_out_of_memory_error_on_cpu_is_explained(runs) -> None:
+    _, report, _ = runs["oom"]
+    oom = report["result"]["out_of_memory"]
+    script = RECIPES / "memory_oom" / "train.py"
+    assert (oom["function"], oom["call_index"], oom["source"]["line"]) == ("expand", 0, _marker(script, "the call"))
+    assert oom["requested_bytes"] == 1 << 57 and "Out of memory" in oom["message"]
+    largest = oom["program"]["largest"][0]
+    assert (largest["bytes"], largest["kind"], largest["source"]["line"]) == (1 << 57, "output",
+                                                                             _marker(script, "128 PiB"))
+    (outside,) = [g for g in oom["live"] if g["producer"] == "outside jitted calls"]
+    assert outside["bytes"] >= 4 * 256 * 256 * 4  # the four weight matrices live when it failed
+    assert report["result"]["error"] is None and report["result"]["found"]
+
+
+def test_an_equinox_step_on_sharded_arrays_is_measured_per_device(runs) -> None:
+    code, report, _ = runs["sharded"]
+    result = report["result"]
+    # The first call's model is on one device, its outputs replicated over the mesh: one recompile, same program.
+    program = result["functions"][-1]
+    assert program["jit"] == "eqx.filter_jit" and program["devices"] == 4
+    batch = 1024 * 64 * 4 // 4  # the f32[1024,64] batch, a quarter on each device
+    assert batch in {b["bytes"] for b in program["largest"] if b["kind"] == "argument"}
+    devices = {d["device"]: d for d in result["devices"]}
+    assert set(devices) == {"cpu:0", "cpu:1", "cpu:2", "cpu:3"}
+    peaks = [d["peak_live_bytes"] for d in devices.values()]
+    assert max(peaks) - min(peaks) <= 16 and min(peaks) >= batch * 2  # each its part (a scalar loss on one only)
+    (held,) = program["held"]
+    assert held["argument"] == "model, opt_state" and held["threaded"]
+    donate = next(h for h in result["hints"] if h["kind"] == "donate")
+    assert 'eqx.filter_jit(..., donate="all")' in donate["text"] and "x, y" in donate["text"]
+    assert code == 0 and not result["found"]
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["recipes/memory_leak/train.py", "--device-memory", "12XB"], "is not a byte count"),
+    (["recipes/memory_leak/train.py", "--device-memory", "0"], "positive amount"),
+    (["recipes/memory_leak/train.py", "--budget", "peak<=1GiB"], "unknown metric 'peak'"),
+    (["recipes/memory_leak/train.py", "--budget", "f.live_bytes<=1GiB"], "whole run only"),
+    (["recipes/memory_leak/train.py", "--args", "f32[3]"], "function target"),
+])
+def test_bad_input_is_one_line_and_exit_2(argv, says, capsys, tmp_path) -> None:
+    assert main(["memory", *argv, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0], err
+
+
+def test_check_reads_a_memory_report_back(runs) -> None:
+    from jaxdbg.check.findings import finding
+
+    _, report, _ = runs["remat"]
+    line, where = finding(report)
+    assert line is not None and line.startswith("train_step needs ") and "budget broken" in line
+    decorated = _line(RECIPES / "memory_remat" / "train.py", "@jax.jit")  # a function's first line: its decorator
+    assert where is not None and (where.function, where.line) == ("train_step", decorated)
+    _, leak, _ = runs["leak"]
+    line, where = finding(leak)
+    assert re.match(r"leak: train_step outputs kept \(list 'activations'\)", line or "")
+    assert where is not None and where.line == _marker(RECIPES / "memory_leak" / "train.py", "keeps")
+
+
+def test_metrics_of_a_memory_report(runs) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from jaxdbg.metrics.export import text_of
+
+    _, report, _ = runs["leak"]
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(text_of(report)) for s in family.samples}
+    assert samples[("jaxdbg_memory_leaks", (("process", "0"),))] == 1
+    assert samples[("jaxdbg_memory_leaked_bytes", (("process", "0"),))] == 23 * 512 * 256 * 4
+    assert samples[("jaxdbg_memory_run_peak_bytes", (("process", "0"),))] == report["result"]["peak"]["bytes"]
+    key = ("jaxdbg_device_memory_peak_bytes", (("device", "cpu:0"), ("process", "0")))
+    assert samples[key] == next(d["peak_live_bytes"] for d in report["result"]["devices"] if d["device"] == "cpu:0")
+
+
+def test_a_memory_budget_gates_a_check_suite(tmp_path, capsys) -> None:
+    """`jaxdbg check` runs a memory check with a peak_bytes budget: its verdict, finding and user line."""
+    model = RECIPES / "memory_fit" / "model.py"
+    config = tmp_path / "pyproject.toml"
+    config.write_text(f'[tool.jaxdbg.check.fits]\ncommand = "memory"\ntarget = "{model}::top_scores"\n'
+                      'budget = "top_scores.peak_bytes<=64KiB"\n'
+                      'options = ["--args", "f32[256,64] f32[256,64]", "--no-plot"]\n')
+    code = main(["check", "--config", str(config), "--out", str(tmp_path / "out"), "--json", str(tmp_path / "c.json")])
+    (check,) = json.loads((tmp_path / "c.json").read_text())["result"]["checks"]
+    assert code == 1 and (check["command"], check["passed"]) == ("memory", False)
+    finding = check["finding"]
+    assert finding.startswith("budget broken: top_scores.peak_bytes ") and "> 65536 (64.0 KiB)" in finding
+    assert (check["location"]["function"], check["location"]["line"]) == ("top_scores", _line(model, "def top_scores"))
+
+
+def test_a_failure_of_the_recorder_is_a_note_and_the_run_goes_on(tmp_path, monkeypatch) -> None:
+    import jax
+    import jax.numpy as jnp
+
+    from jaxdbg import jit_layer
+    from jaxdbg.memory import recorder
+    from jaxdbg.memory.messages import MemoryNote, ProgramAnalysed
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("snapshot broke")
+
+    monkeypatch.setattr(recorder, "take_snapshot", broken)
+    sent: list = []
+    hook = recorder.MemoryRecorder(sent.append, str(tmp_path))
+    with recorder.compile_spans(hook), jit_layer.installed(hook):
+        double = jax.jit(lambda x: x * 2.0)
+        assert [float(double(jnp.float32(v))) for v in (1.0, 2.0)] == [2.0, 4.0]  # the program's answers stand
+    (note,) = [m.text for m in sent if isinstance(m, MemoryNote)]
+    assert "stopped following live memory (sampling live memory failed: RuntimeError: snapshot broke)" in note
+    assert [m.program.name for m in sent if isinstance(m, ProgramAnalysed)] == ["<lambda>"]  # analysed all the same

@@ -1,0 +1,221 @@
+"""Does the device wait for the host? Transfers and forced synchronisations found at the user's line, and the
+input-pipeline verdict, on real jitted loops: two run in this process under profile's own instrumentation (one
+whose host sleeps through most of each step, one that keeps the device busy), and the corpus's Flax MNIST loop
+fed from NumPy run by ``jaxdbg profile``. What is asserted is structural: the verdict's class with a wide margin,
+and each sync and transfer at its line with its count; never a time."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxdbg.profile import ProfileOptions, profile, write_profile_csv
+from jaxdbg.profile.host_bound import StepClock, SyncSite, input_pipeline
+from jaxdbg.profile.instrument import Recorder, compile_listener, tracking_jit
+from jaxdbg.profile.transfers import timed_transfers
+from jaxdbg.target import parse_target
+
+HERE = os.path.abspath(__file__)
+CORPUS = os.path.join(os.path.dirname(HERE), "corpus")
+STEPS = 15
+
+
+def line_of(marker: str, path: str = HERE) -> int:
+    with open(path) as handle:
+        return next(i for i, text in enumerate(handle, start=1) if marker in text and "line_of(" not in text)
+
+
+def host_bound_loop(steps: int) -> None:
+    """The host sleeps through most of each step (as if building a batch), then copies it, runs a tiny step and
+    reads the loss back: every kind of sync once or more."""
+
+    @jax.jit
+    def step(w, x):
+        return w - 0.01 * x.T @ jnp.tanh(x @ w), jnp.mean(x @ w)
+
+    w = jax.device_put(np.zeros((64, 64), np.float32))  # mark: device_put
+    losses = []
+    for i in range(steps):
+        time.sleep(0.08)  # the host builds the next batch
+        x = jnp.asarray(np.full((32, 64), i, np.float32))  # mark: jnp.asarray
+        w, loss = step(w, x)
+        losses.append(np.asarray(loss))  # mark: np.asarray every step
+        if i % 5 == 4:
+            print(f"step {i}: loss {float(loss):.3f}")  # mark: float every 5 steps
+    print(w[0, 0])  # mark: print
+    assert loss.item() == losses[-1]  # mark: item
+    jax.block_until_ready(w)  # mark: jax.block_until_ready
+    w.block_until_ready()  # mark: method block_until_ready
+    jax.device_get(w)  # mark: device_get
+    jnp.array(np.arange(8), dtype=jnp.float32)  # mark: jnp.array with a dtype (converted, not staged, by jax)
+
+
+def device_bound_loop(steps: int) -> None:
+    """Each step is a chain of 512x512 matmuls the host only dispatches; nothing read back until the end."""
+
+    @jax.jit
+    def step(w):
+        for _ in range(4):
+            w = jnp.tanh(w @ w)
+        return w
+
+    w = jnp.full((512, 512), 0.01)
+    for _ in range(steps):
+        w = step(w)
+    float(w[0, 0])
+
+
+def recorded(loop) -> Recorder:
+    recorder = Recorder(lambda message: None, tempfile.mkdtemp(prefix="jaxdbg-host-"), sync_every=8)
+    with compile_listener(recorder), tracking_jit(recorder), timed_transfers(recorder):
+        loop(STEPS)
+    return recorder
+
+
+def verdict(recorder: Recorder):
+    syncs = [_sync_row(kind, source, site) for (kind, source), site in recorder.syncs.items()]
+    names = {ident: f.name for ident, f in recorder.functions.items()}
+    return input_pipeline(recorder.clock.steps, names, syncs, {ident: STEPS for ident in names})
+
+
+def _sync_row(kind, source, site):
+    from jaxdbg.profile.model import HostSync
+
+    return HostSync(kind, source, site.count, site.wait_s, site.idle_s, site.bytes)
+
+
+@pytest.fixture(scope="module")
+def host_bound() -> Recorder:
+    return recorded(host_bound_loop)
+
+
+@pytest.fixture(scope="module")
+def device_bound() -> Recorder:
+    return recorded(device_bound_loop)
+
+
+def test_each_sync_is_found_at_its_line_with_its_count(host_bound):
+    found = {(kind, source.line): site.count for (kind, source), site in host_bound.syncs.items()
+             if source is not None and source.file == HERE}
+    assert found == {
+        ("np.asarray", line_of("# mark: np.asarray every step")): STEPS,
+        ("float()", line_of("# mark: float every 5 steps")): STEPS // 5,
+        ("print/format", line_of("# mark: print")): 1,
+        (".item()", line_of("# mark: item")): 1,
+        ("block_until_ready", line_of("# mark: jax.block_until_ready")): 1,
+        ("block_until_ready", line_of("# mark: method block_until_ready")): 1,
+        ("device_get", line_of("# mark: device_get")): 1,
+    }
+
+
+def test_transfers_are_counted_and_sized_at_their_lines(host_bound):
+    moved = {(kind, source.line): entry for (kind, source), entry in host_bound.transfers.items()
+             if source is not None and source.file == HERE}
+    count, seconds, nbytes = moved["jnp.asarray", line_of("# mark: jnp.asarray")]
+    assert count == STEPS and nbytes == STEPS * 32 * 64 * 4 and seconds > 0
+    assert moved["device_put", line_of("# mark: device_put")][::2] == [1, 64 * 64 * 4]
+    assert moved["jnp.asarray", line_of("# mark: jnp.array with a dtype")][::2] == [1, 8 * 8]  # int64 numpy
+    reads = moved["to_host", line_of("# mark: np.asarray every step")]
+    assert reads[0] == STEPS and reads[2] == STEPS * 4  # one f32 loss a step
+
+
+def test_a_host_that_sleeps_through_the_step_is_highly_input_bound(host_bound):
+    figures = verdict(host_bound)
+    # The host sleeps 80 ms a step; the device's step is a 32x64 @ 64x64 matmul (microseconds, a few ms on a
+    # loaded machine): the device waits 20% of the step or more however the machine's load moves the figures.
+    assert figures.function == "step" and figures.steps >= STEPS - 5
+    assert figures.verdict == "highly input-bound"
+    assert figures.fixes[0].startswith("prefetch")
+
+
+def test_a_device_that_is_never_starved_is_not_input_bound(device_bound):
+    figures = verdict(device_bound)
+    # Each step is ~1 GFLOP of matmuls; the host only dispatches it. jaxdbg's own waits to time one call in 8
+    # are taken out: a plain run of this loop queues every step behind the previous one.
+    assert figures.function == "step" and figures.verdict == "not input-bound"
+    assert figures.device_idle_fraction < 0.05 and figures.fixes == ()
+    assert [kind for kind, _ in device_bound.syncs] == ["float()"]  # the one read, after the loop
+
+
+def test_the_clock_takes_profiles_own_waits_out():
+    # 10 ms of device work a step and 6 ms of host work, overlapped in a plain run (the host runs ahead). The
+    # profile waited for calls 0-2 and 8 to time them: without taking that out, those steps would show the
+    # host's 6 ms as device idle time.
+    clock, t = StepClock(), 0.0
+    for index in range(16):
+        waited = index < 3 or index == 8
+        end = t + (0.0101 if waited else 0.0001)
+        clock.call(0, t, end, put_s=0.0, compile_s=0.0, execute_s=0.010, waited=waited, steady=index > 0)
+        t = end + 0.006
+    figures = input_pipeline(clock.steps, {0: "step"}, [])
+    assert figures.verdict == "not input-bound" and figures.device_idle_s == 0.0
+
+
+def test_the_idle_time_after_a_sync_is_charged_to_it():
+    # Each step: 2 ms on the device while the host waits to read the loss, then 8 ms of host work. The first call
+    # is timed by the profile (it waits for it), so its sync finds nothing left to wait for in this run.
+    clock, site = StepClock(), SyncSite()
+    clock.call(0, 0.0, 0.002, put_s=0.0, compile_s=0.0, execute_s=0.002, waited=True, steady=True)
+    clock.sync(site, 0.002, 0.002, 0.002)
+    for index in range(1, 6):
+        t = index * 0.010
+        clock.call(0, t, t, put_s=0.0, compile_s=0.0, execute_s=0.0, waited=False, steady=True)
+        clock.sync(site, t, t + 0.002, t + 0.002)
+    figures = input_pipeline(clock.steps, {0: "step"}, [])
+    assert site.count == 6 and site.wait_s == pytest.approx(0.012) and site.idle_s == pytest.approx(0.040)
+    assert figures.device_idle_fraction == pytest.approx(0.8) and figures.sync_idle_s == pytest.approx(0.008)
+
+
+# ---- the corpus's Flax MNIST loop fed from NumPy, under `jaxdbg profile` --------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mnist_numpy_feed(tmp_path_factory):
+    pytest.importorskip("flax")
+    out = tmp_path_factory.mktemp("mnist-numpy-feed")
+    program = os.path.join(CORPUS, "linen_mnist_numpy_feed", "train.py")
+    run = profile(parse_target(program), ProfileOptions(trace_calls=0, calibrate=False), str(out))
+    return program, run, out
+
+
+def test_mnist_fed_from_numpy_is_input_bound_with_its_sync_and_transfer_lines(mnist_numpy_feed):
+    program, run, _ = mnist_numpy_feed
+    result = run.result
+    assert run.exit_code == 0 and result.input_pipeline.function == "train_step"
+    assert result.input_pipeline.verdict == "highly input-bound"
+    syncs = {(s.kind, s.source.line): s for s in result.syncs if s.source}
+    every_step = syncs["np.asarray", line_of("# the host waits for every step here", program)]
+    assert every_step.count == 12 and every_step.bytes == 12 * 4
+    copies = next(t for t in result.transfers if t.kind == "jnp.asarray")
+    site = next(s for s in copies.sources if s.source.line == line_of("# copied to the device", program))
+    assert site.count == 24 and site.bytes == 12 * (128 * 28 * 28 * 4 + 128 * 8)  # f32 images, int64 labels
+    assert result.hints[0].startswith("train_step is highly input-bound") and "prefetch" in result.hints[0]
+
+
+def test_mnist_fed_from_numpy_text_and_csv(mnist_numpy_feed):
+    import csv
+
+    from rich.console import Console
+
+    from jaxdbg.cli.profile import render
+    from jaxdbg.report import Report
+
+    program, run, out = mnist_numpy_feed
+    console = Console(record=True, width=120)
+    render(Report("profile", program, run.result, run.exit_code, run.artifacts), console)
+    text = console.export_text()
+    line = line_of("# the host waits for every step here", program)
+    assert f"syncs (the host waited for the device): np.asarray at train.py:{line} 12x" in text
+    assert "steps of train_step:" in text and text.count("highly input-bound") >= 2  # the steps line and the hint
+    paths = write_profile_csv(run.result, str(out / "csv"))
+    with open(paths["syncs"]) as handle:
+        rows = list(csv.DictReader(handle))
+    assert any(r["kind"] == "np.asarray" and r["line"] == str(line) and r["count"] == "12" for r in rows)
+    with open(paths["transfers"]) as handle:
+        assert any(r["kind"] == "jnp.asarray" for r in csv.DictReader(handle))
