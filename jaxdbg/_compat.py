@@ -99,7 +99,27 @@ def is_extended_dtype(dtype: Any) -> bool:
 
 def under_transformation() -> bool:
     """True while any jax trace is active (inside jit tracing, grad, vmap): calls there are not executions."""
-    return not _jax_core.trace_state_clean()  # asked on every instrumented call: core imported once, at the top
+    return not _jax_core.trace_state_clean()
+
+
+_TRACE = _jax_core.trace_state_strong_ref  # the trace in effect on this thread (jax's config value)
+_AXIS_ENV = _jax_core.axis_env_state
+_EVAL_TRACE, _TOP_AXIS_ENV = _jax_core.eval_trace, _jax_core.top_axis_env
+_NO_TRACE_IS_CLEAN = hasattr(_jax_core.TracingContext, "is_empty")  # jax 0.11: an unset trace counts as clean
+
+
+def trace_state_clean() -> bool:
+    """``jax._src.core.trace_state_clean()``, asked on every instrumented call: the same two config values read
+    directly (jax's own goes through two properties, ~1.2 us a call against ~0.3 us).
+
+    Example:
+        >>> trace_state_clean() == _jax_core.trace_state_clean()
+        True
+    """
+    trace = _TRACE.value
+    if trace is None:
+        return _NO_TRACE_IS_CLEAN
+    return trace is _EVAL_TRACE and _AXIS_ENV.value is _TOP_AXIS_ENV
 
 
 def backend_started() -> bool:

@@ -97,7 +97,10 @@ def innermost_user_frame(tb: types.TracebackType | None) -> SourceLocation | Non
 
 
 def caller_user_frame(skip: int = 1) -> SourceLocation | None:
-    """The innermost user frame on the current Python stack (for hooks that run inside jax calls)."""
+    """The innermost user frame on the current Python stack (for hooks that run inside jax calls), walked up from
+    ``sys._getframe(skip)`` (1: the caller of this function). Each frame walked is built as an object on the way
+    (``sys._getframe(skip)`` builds only the one it lands on): a hook called on every call starts as close below
+    the user frame as it can."""
     frame: types.FrameType | None = sys._getframe(skip)
     known = _KNOWN_CODE
     while frame is not None:
@@ -109,14 +112,15 @@ def caller_user_frame(skip: int = 1) -> SourceLocation | None:
             entry = known[id(code)] = (code, _is_user_path(code.co_filename), {})
         if entry[1]:
             sites = entry[2]
-            site = sites.get(frame.f_lineno)
-            if site is None:  # a watched loop asks for the same line on every call: one object per line
-                site = sites[frame.f_lineno] = SourceLocation(code.co_filename, frame.f_lineno, code.co_name)
+            site = sites.get(frame.f_lasti)  # the call's instruction: its line costs a scan of the line table
+            if site is None:  # a watched loop asks for the same line on every call: one object per call site
+                site = sites[frame.f_lasti] = SourceLocation(code.co_filename, frame.f_lineno, code.co_name)
             return site
         frame = frame.f_back
     return None
 
 
 # Asked on every watched call, so remembered per code object, by id (hashing a code object hashes its whole
-# bytecode): (the code object itself, to tell a reused id, whether it is user code, its lines' locations).
+# bytecode): (the code object itself, to tell a reused id, whether it is user code, its call sites' locations
+# by instruction offset).
 _KNOWN_CODE: dict[int, tuple[types.CodeType, bool, dict[int, SourceLocation]]] = {}

@@ -7,10 +7,18 @@ as a method), and each *top-level* call of it (concrete arguments, not inside an
 another instrumented call or jaxdbg's own work) runs through the installed hooks:
 
 - ``on_jit(function)`` when ``jax.jit`` is applied;
-- ``wants(function, index)``: whether the hook runs for this call at all (default True);
+- ``watches(function)``: which calls of it the hook sees, decided once per function (again after
+  :func:`replan`): every call (the default), none, or those ``wants(function, index)`` accepts, asked per call
+  (a hook that overrides ``wants`` is asked per call);
 - ``around(call, run)``: by default ``before(call)``, then ``run()``, then ``after(call, out)`` or
   ``on_exception(call, err)``. ``before`` may replace ``call.args``/``call.kwargs``; a hook that must wrap
-  the execution itself (a profiler annotation) overrides ``around``.
+  the execution itself (a profiler annotation) overrides ``around``;
+- ``on_unwanted_compile(call, out)``: a call the hook's ``wants`` declined compiled after all (its stages in
+  ``call.spans``).
+
+A call that no hook sees stays on jax's C++ dispatch with its count kept (and, while some hook samples calls,
+its compile spans watched); the layer adds about a microsecond to it. Every call's compile spans (trace, lower,
+backend compile, persistent-cache hits, reported by ``jax.monitoring`` while it runs) are in ``call.spans``.
 
 ``jax.pmap(fun, **options)`` is patched the same way and returns an :class:`InstrumentedPmap`, whose calls
 reach only the hooks that set ``sees_pmap`` (profile's): since jax 0.10 a pmap is a ``jax.jit`` of a
@@ -43,8 +51,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import sys
 import threading
+import time
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -58,20 +68,36 @@ from jaxdbg.nonfinite import with_magnitudes
 # Names the companion functions that also return the output magnitudes. It ends in "_jaxdbg", as every program
 # of jaxdbg's own does (nan-hunt's eager check passes those by).
 CHECKED_SUFFIX = "__checked_jaxdbg"
+# jax.monitoring's compile spans, by the stage they time; a persistent-cache hit is filed as ("cache_hit", 0, 0).
+COMPILE_EVENTS = {
+    "/jax/core/compile/jaxpr_trace_duration": "trace",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",
+    "/jax/core/compile/backend_compile_duration": "compile",
+}
+CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
+_trace_state_clean = _compat.trace_state_clean
 
 
 class JitHook:
     """Base class of the hooks: every method is a no-op. Subclasses override what they need."""
 
-    check_outputs: bool = False
+    check_outputs: bool = False  # read when a function's plan is made (see replan)
     sees_pmap: bool = False  # whether calls of pmap'd functions (InstrumentedPmap) run through this hook
 
+    def watches(self, function: InstrumentedJit) -> bool | None:
+        """Which calls of ``function`` this hook sees, asked once per function (again after :func:`replan`):
+        True every call, False none, None those :meth:`wants` accepts (asked per call). The default: none of a
+        pmap'd function unless the hook ``sees_pmap``; else every call, or per call when the hook overrides
+        :meth:`wants`."""
+        if function.is_pmap and not self.sees_pmap:
+            return False
+        return None if type(self).wants is not JitHook.wants else True
+
     def wants(self, function: InstrumentedJit, index: int) -> bool:
-        """Whether this hook runs for call ``index`` of ``function`` (default: every call of a jitted function,
-        and of a pmap'd one if the hook ``sees_pmap``). A call no hook wants goes straight to jax's C++
-        dispatch (its index still counts): a profiler that times one call in N, or a check that samples,
-        costs nothing on the others."""
-        return self.sees_pmap or not function.is_pmap
+        """Whether this hook runs for call ``index`` of ``function`` (asked per call when :meth:`watches` says
+        None). A call no hook wants goes straight to jax's C++ dispatch (its index still counts): a profiler
+        that times one call in N costs nothing on the others."""
+        return True
 
     def on_jit(self, function: InstrumentedJit) -> None:
         """``jax.jit`` was applied (once per application, before any call)."""
@@ -103,6 +129,10 @@ class JitHook:
     def on_exception(self, call: JitCall, err: BaseException) -> None:
         """The call raised ``err`` (re-raised afterwards)."""
 
+    def on_unwanted_compile(self, call: JitCall, out: Any) -> None:
+        """A call that :meth:`wants` declined compiled: told once it returned ``out``, with its stages in
+        ``call.spans`` and its start in ``call.started`` (``time.perf_counter()``)."""
+
 
 class FunctionRecord:
     """What is known of one jitted function across its ``jax.jit`` applications (same name and definition
@@ -112,7 +142,8 @@ class FunctionRecord:
         self.id = ident
         self.name = name
         self.source = source  # where it is defined, or where it was jitted for code outside user files
-        self.calls = 0
+        self.calls = 0  # top-level calls so far (read by other threads; the index comes from the counter)
+        self.counter = itertools.count()
 
 
 class JitCall:
@@ -121,17 +152,26 @@ class JitCall:
     ``index`` is the 0-based count of calls of this function (its record, across re-jits); ``notes`` is a
     place for hooks to keep what they need from ``before`` to ``after``. ``args``/``kwargs`` are emptied when
     the call returns: a hook that keeps the call longer (a check read late) keeps what it needs in ``notes``.
+    ``spans``: the compile stages jax reported while the call ran, as ``(stage, start, end)`` with stage
+    'trace', 'lower', 'compile' or 'cache_hit' (empty: it compiled nothing); ``check``: whether it runs the
+    companion that also returns the output magnitudes.
     """
 
-    __slots__ = ("_host", "args", "function", "index", "kwargs", "magnitudes", "notes")
+    __slots__ = ("_host", "_local", "args", "check", "function", "index", "kwargs", "magnitudes", "notes", "spans",
+                 "started")
 
-    def __init__(self, function: InstrumentedJit, args: tuple, kwargs: dict, index: int):
+    def __init__(self, function: InstrumentedJit, args: tuple, kwargs: dict, index: int, check: bool = False,
+                 local: Any = None):
+        self._local = local if local is not None else function._layer.local
         self.function = function
         self.args = args
         self.kwargs = kwargs
         self.index = index
+        self.check = check
         self.magnitudes: Any = None  # device vector, when a hook asked for the check
         self.notes: dict[str, Any] = {}
+        self.spans: list[tuple[str, float, float]] = []
+        self.started = 0.0
         self._host: np.ndarray | None = None
 
     def host_magnitudes(self) -> np.ndarray:
@@ -139,6 +179,53 @@ class JitCall:
         if self._host is None:
             self._host = np.zeros((0,), np.float32) if self.magnitudes is None else np.asarray(self.magnitudes)
         return self._host
+
+    def run(self) -> Any:
+        """Run the jitted function on ``args``/``kwargs`` (the innermost ``run`` the hooks are given)."""
+        function = self.function
+        local = self._local
+        local.depth += 1  # as internal(), without a generator per call
+        local.spans = self.spans  # the layer's listener files compile spans here; also marks the user's call
+        self.started = time.perf_counter()
+        try:
+            if self.check:
+                out, self.magnitudes = function.checked()(*self.args, **self.kwargs)
+                return out
+            return function.top_level(*self.args, **self.kwargs)
+        finally:
+            local.spans = None
+            local.depth -= 1
+
+
+class _Plan:
+    """Which installed hooks see which calls of one function, made once per layer epoch (see :func:`replan`),
+    with what a call needs at hand (read as slots: the function's own attributes go through its
+    ``__getattr__`` hook, slower on a path that runs on every call)."""
+
+    __slots__ = ("active", "check", "epoch", "every", "jitted", "layer", "local", "nobody", "record", "sampled",
+                 "top_level")
+
+    def __init__(self, layer: _Layer, function: InstrumentedJit, epoch: int, every: tuple[JitHook, ...] = (),
+                 sampled: tuple[JitHook, ...] = ()):
+        self.layer = layer
+        self.local = layer.local
+        self.jitted = function.jitted  # what a nested call runs
+        self.top_level = function.top_level  # what a top-level call runs (with the hooks' compiler options)
+        self.record = function.record
+        self.epoch = epoch
+        self.active = bool(layer.hooks)
+        self.every = every  # hooks that see every call
+        self.sampled = sampled  # hooks asked per call (wants)
+        self.nobody = not every and not sampled
+        self.check = any(h.check_outputs for h in every)
+
+
+class _PerThread(threading.local):
+    """The layer's state on one thread (class attributes: a thread that never set them reads these, without
+    the AttributeError a bare ``threading.local`` raises and ``getattr`` catches, per call)."""
+
+    depth = 0  # inside an instrumented call or jaxdbg's own work
+    spans: list | None = None  # the compile spans of the user's jitted call running now (None: none is)
 
 
 class InstrumentedJit:
@@ -159,6 +246,7 @@ class InstrumentedJit:
         self.static_argnums = _as_tuple(options.get("static_argnums"))
         self.static_argnames = _as_tuple(options.get("static_argnames"))
         self._checked: Any = None
+        self._plan = _Plan(layer, self, -1)
         # Whether a call may donate (delete) its argument buffers: asked on every watched call.
         self.donates = options.get("donate_argnums") is not None or options.get("donate_argnames") is not None
         for attr in ("__name__", "__qualname__", "__module__", "__doc__"):
@@ -182,7 +270,20 @@ class InstrumentedJit:
         return self._checked
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._layer.call(self, args, kwargs)
+        plan = self._plan
+        layer = plan.layer
+        if plan.epoch != layer.epoch:
+            plan = layer.plan(self)
+        if not plan.active or plan.local.depth or not _trace_state_clean():
+            return plan.jitted(*args, **kwargs)  # traced inside another function, nested, or jaxdbg's own
+        if not layer.job_checked:
+            layer.check_job()
+        record = plan.record
+        index = next(record.counter)
+        record.calls = index + 1
+        if plan.nobody:  # counted, and left on jax's C++ dispatch: nothing else runs
+            return plan.top_level(*args, **kwargs) if kwargs else plan.top_level(*args)
+        return layer.call(self, plan, index, args, kwargs)
 
     def __getattr__(self, name: str) -> Any:
         if name in ("jitted", "_layer", "fun", "top_level"):  # not set yet (half-built, or unpickling): no recursion
@@ -253,10 +354,12 @@ class _Layer:
         self.real_jit = real_jit
         self.real_pmap = real_pmap
         self.hooks: list[JitHook] = []
+        self.epoch = 0  # bumped when the hooks change: each function's plan is made again at its next call
         self.records: dict[tuple, FunctionRecord] = {}
-        self.local = threading.local()
+        self.local = _PerThread()
         self.lock = threading.Lock()
         self.job_checked = False
+        self.ran_ahead: Any = None  # the outputs of the latest call that no hook saw (see take_ran_ahead)
 
     def jit(self, fun: Callable | None = None, /, *args: Any, **options: Any) -> Any:
         if fun is None:  # @jax.jit(static_argnames=...) used as a decorator factory
@@ -306,50 +409,86 @@ class _Layer:
             return record
 
     def busy(self) -> bool:
-        return getattr(self.local, "depth", 0) > 0
+        return self.local.depth > 0
 
-    def call(self, function: InstrumentedJit, args: tuple, kwargs: dict) -> Any:
-        hooks = self.hooks
-        if not hooks or self.busy() or _compat.under_transformation():
-            return function.jitted(*args, **kwargs)  # traced inside another function, nested, or jaxdbg's own
-        if not self.job_checked:  # the first top-level call: the program has joined its job, if it has one
-            self.job_checked = True
-            multihost.agree_on_command()
-        record = function.record
-        with self.lock:
-            index = record.calls
-            record.calls += 1
-        hooks = [h for h in hooks if h.wants(function, index)]
-        if not hooks:  # counted, and left on jax's C++ dispatch: nothing else runs
-            return function.top_level(*args, **kwargs)
-        call = JitCall(function, args, kwargs, index)
-        check = any(h.check_outputs for h in hooks)
-        local = self.local
+    def plan(self, function: InstrumentedJit) -> _Plan:
+        epoch = self.epoch
+        every, sampled = [], []
+        for hook in self.hooks:
+            sees = hook.watches(function)
+            if sees is None:
+                sampled.append(hook)
+            elif sees:
+                every.append(hook)
+        plan = function._plan = _Plan(self, function, epoch, tuple(every), tuple(sampled))
+        return plan
 
-        def execute() -> Any:
-            local.depth = getattr(local, "depth", 0) + 1  # as internal(), without a generator per call
-            try:
-                local.user_call = True  # its new cache entries keep jax's C++ dispatch (see nan.watch)
-                if check:
-                    out, call.magnitudes = function.checked()(*call.args, **call.kwargs)
-                    return out
-                return function.top_level(*call.args, **call.kwargs)
-            finally:
-                local.user_call = False
-                local.depth -= 1
+    def check_job(self) -> None:
+        """The first top-level call: the program has joined its job, if it has one."""
+        self.job_checked = True
+        multihost.agree_on_command()
 
-        run = execute
-        for hook in reversed(hooks):
-            run = functools.partial(hook.around, call, run)
+    def call(self, function: InstrumentedJit, plan: _Plan, index: int, args: tuple, kwargs: dict) -> Any:
+        hooks, check = plan.every, plan.check
+        declined: tuple[JitHook, ...] = ()
+        for hook in plan.sampled:  # (a loop, not generators: this runs on every call)
+            if hook.wants(function, index):
+                hooks += (hook,)
+                check = check or hook.check_outputs
+            else:
+                declined += (hook,)
+        if not hooks:  # only sampling hooks, none of which wants it: watched for a compile, nothing else
+            return self.unseen(function, plan, index, args, kwargs, declined)
+        call = JitCall(function, args, kwargs, index, check, plan.local)
         try:
-            return run()
+            if len(hooks) == 1:
+                out = hooks[0].around(call, call.run)
+            else:
+                run = call.run
+                for hook in reversed(hooks[1:]):
+                    run = functools.partial(hook.around, call, run)
+                out = hooks[0].around(call, run)
+            if declined and call.spans:
+                for hook in declined:
+                    hook.on_unwanted_compile(call, out)
+            return out
         finally:  # a hook that keeps the call past its end keeps what it needs of them in its notes
             call.args, call.kwargs = (), {}
+
+    def unseen(self, function: InstrumentedJit, plan: _Plan, index: int, args: tuple, kwargs: dict,
+               declined: tuple) -> Any:
+        """A call that every hook declined: run as is, its compile spans gathered in case it compiles (then
+        the hooks are told), its outputs kept until the next such call (:func:`take_ran_ahead`)."""
+        local = plan.local
+        spans: list[tuple[str, float, float]] = []
+        local.spans = spans
+        started = time.perf_counter()
+        try:
+            out = plan.top_level(*args, **kwargs) if kwargs else plan.top_level(*args)
+        finally:
+            local.spans = None
+        self.ran_ahead = out
+        if spans:
+            call = JitCall(function, args, kwargs, index, local=local)
+            call.spans, call.started = spans, started
+            for hook in declined:
+                hook.on_unwanted_compile(call, out)
+        return out
+
+    def on_span(self, event: str, start_time: float, end_time: float, **kwargs: str | int) -> None:
+        spans = self.local.spans
+        if spans is not None and event in COMPILE_EVENTS:
+            spans.append((COMPILE_EVENTS[event], start_time, end_time))
+
+    def on_event(self, event: str, **kwargs: str | int) -> None:
+        spans = self.local.spans
+        if spans is not None and event == CACHE_HIT_EVENT:
+            spans.append(("cache_hit", 0.0, 0.0))
 
     @contextlib.contextmanager
     def internal(self) -> Iterator[None]:
         local = self.local
-        local.depth = getattr(local, "depth", 0) + 1
+        local.depth += 1
         try:
             yield
         finally:
@@ -365,24 +504,40 @@ def installed(hook: JitHook) -> Iterator[JitHook]:
     """Install ``hook``: functions jitted (or pmap'd) from now on are instrumented; ``jax.jit`` and ``jax.pmap``
     are restored when the last hook leaves. Hooks nest (profile's and a program's own ``jaxdbg.watch`` at once)."""
     import jax
+    import jax.monitoring as monitoring
 
     global _layer
     with _install_lock:
         if _layer is None:
             _layer = _Layer(jax.jit, jax.pmap)
             jax.jit = _layer.jit
+            monitoring.register_event_time_span_listener(_layer.on_span)
+            monitoring.register_event_listener(_layer.on_event)
             jax.pmap = _layer.pmap  # type: ignore[assignment]  # forwards every argument to the real pmap
         layer = _layer
         layer.hooks = [*layer.hooks, hook]  # a new list: a call in flight keeps the hooks it started with
+        layer.epoch += 1
     try:
         yield hook
     finally:
         with _install_lock:
             layer.hooks = [h for h in layer.hooks if h is not hook]
+            layer.epoch += 1
             if not layer.hooks and _layer is layer:
                 jax.jit = layer.real_jit
+                monitoring.unregister_event_time_span_listener(layer.on_span)
+                monitoring.unregister_event_listener(layer.on_event)
                 jax.pmap = layer.real_pmap
                 _layer = None
+
+
+def replan() -> None:
+    """Ask every hook's :meth:`JitHook.watches` again at each function's next call (a hook whose answer, or
+    whose ``check_outputs``, changed while installed calls this)."""
+    layer = _layer
+    if layer is not None:
+        with _install_lock:
+            layer.epoch += 1
 
 
 # Framework wrappers that hold their inner ``jax.jit`` as an attribute: Flax's ``nnx.jit`` (``jitted_fn``; the
@@ -484,10 +639,21 @@ def internal() -> Iterator[None]:
         yield
 
 
+def take_ran_ahead() -> Any:
+    """The outputs of the latest call that sampling hooks let run ahead unseen (None if there is none since the
+    last time this was asked): waiting for them waits for every call queued before. A hook that times a call
+    waits for them first, so that its timing is the call's alone."""
+    layer = _layer
+    if layer is None:
+        return None
+    out, layer.ran_ahead = layer.ran_ahead, None
+    return out
+
+
 def in_user_call() -> bool:
     """True while an instrumented call runs the user's jitted function itself (not jaxdbg's own work)."""
     layer = _layer
-    return layer is not None and getattr(layer.local, "user_call", False)
+    return layer is not None and layer.local.spans is not None
 
 
 def is_internal() -> bool:

@@ -25,6 +25,8 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_summary import record  # noqa: E402 - the scripts folder first
 CORPUS = os.path.join(ROOT, "tests", "corpus")
 
 
@@ -97,6 +99,10 @@ def overhead(folder: str, processes: int, devices: int, steps: int, pairs: int) 
               f"{best['plain']:.2f} s, profile {best['profile']:.2f} s ({best['profile'] / best['plain']:.2f}x), "
               f"nan-hunt {best['nan-hunt']:.2f} s ({best['nan-hunt'] / best['plain']:.2f}x)"
               + ("   target <= 1.15x" if label == "training loop" else "   (start-up, capture reading, calibration included)"))
+        if label == "training loop":
+            for command in ("profile", "nan-hunt"):
+                record("multihost", f"{processes} processes: {command} training loop / plain",
+                       best[command] / best["plain"], "<= 1.15", f"best of {pairs}")
 
 
 def answers(folder: str, processes: int, devices: int) -> None:
@@ -107,6 +113,7 @@ def answers(folder: str, processes: int, devices: int) -> None:
     result = json.load(open(report))["result"]
     hint = next((h for h in result["hints"] if "is the straggler" in h), "no straggler hint")
     print(f"  straggler: found {result['stragglers']} (expected [1]); {hint}")
+    record("multihost", f"{processes} processes: straggler found", None, "[1]", str(result["stragglers"]))
     out = os.path.join(folder, f"nan-{processes}")
     report = os.path.join(folder, f"nan-{processes}.json")
     run_jaxdbg(["nan-hunt", os.path.join(CORPUS, "multihost_nan", "train.py"), "--out", out, "-q", "--json", report],
@@ -114,6 +121,8 @@ def answers(folder: str, processes: int, devices: int) -> None:
     first = json.load(open(report))["result"]["first"]
     print(f"  NaN origin: {first['primitive']} line {first['source']['line']} call {first['call_index']}, process "
           f"{first['process']}, device {first['device']}, shard {first['shard']} (expected log, process 1)")
+    record("multihost", f"{processes} processes: NaN origin", None, "log, proc 1",
+           f"{first['primitive']}, process {first['process']}")
 
 
 def main() -> None:

@@ -25,6 +25,8 @@ import textwrap
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_summary import record  # noqa: E402 - the scripts folder first
 RECIPES = os.path.join(ROOT, "recipes")
 DEBUG_FLAGS = {"JAX_DEBUG_NANS": "1", "JAX_DEBUG_INFS": "1"}
 
@@ -216,6 +218,10 @@ def main() -> int:
               f"{min(overhead['watched_s']) * 1e3:.3f} ms, with debug flags {min(overhead['flags_s']) * 1e3:.3f} ms")
         print(f"  jaxdbg / plain = {overhead['watch_over_plain']:.2f}x (median pair {overhead['median_pair_ratio']:.2f}x;"
               f" target <= 1.30); debug flags / plain = {overhead['flags_over_plain']:.2f}x")
+        record("nan-hunt", "(b) watch step time / plain, best of pairs", overhead["watch_over_plain"], "<= 1.05",
+               f"median pair {overhead['median_pair_ratio']:.2f}")
+        record("nan-hunt", "(a) time to the answers / debug flags", ratio, "",
+               f"right op {sum(r['jaxdbg']['op'] for r in rows)}/{len(rows)}")
     return 0
 
 

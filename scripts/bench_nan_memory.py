@@ -1,10 +1,18 @@
-"""Peak memory of ``jaxdbg nan-hunt`` against the plain program, when the NaN is born at the end of the backward pass.
+"""Peak memory of ``jaxdbg nan-hunt`` against the plain program, for NaNs and Infs born deep in a training step.
 
 The program: a deep residual MLP trained with a jitted ``value_and_grad`` step. Its input layer divides by
-``1 + ||z||`` per row; from step 2 the batch carries all-zero padding rows, where the forward pass stays finite
-but the gradient of the norm at zero is NaN: born in the backward pass of the first layer, i.e. among the
-last equations of the step. ``nan-hunt`` must replay the whole step op by op to reach it, which is the worst
-case for what the replay holds in memory.
+``1 + ||z||`` per row; from step 2 the batch carries padding rows. Where the first non-finite value is born
+(``--origin``):
+  backward-end      all-zero padding rows: the forward pass stays finite but the gradient of the norm at zero is
+                    NaN, born in the backward pass of the first layer, among the last equations of the step.
+                    ``nan-hunt`` must replay the whole step op by op to reach it: the worst case for what the
+                    replay holds in memory.
+  inf-backward-end  padding rows of 1e-30: ``||z||^2`` underflows to 0, and the norm's gradient there is an Inf
+                    (not a NaN), born at the same place; a NaN follows from it later in the backward pass (the
+                    NaN's chain names the Inf).
+  forward-middle    all-zero padding rows, and the middle block normalises ``h`` by its norm: 0/0 in the forward
+                    pass, half way through it.
+``--depth``, ``--width`` and ``--origin`` take comma-separated lists: every combination is measured.
 
 Runs, side by side in one run, each in a fresh process:
 (a) the plain program;
@@ -15,7 +23,8 @@ command line in-process, so the wrapper's own peak is jaxdbg's parent and its ch
 contained child process that runs the program and replays the failing step (the one that matters).
 Target (issue 14): nan-hunt's child <= 1.3x the plain program.
 
-Usage: python scripts/bench_nan_memory.py [--depth 24] [--width 512] [--batch 1024] [--before DIR]
+Usage: python scripts/bench_nan_memory.py [--depth 24] [--width 512] [--batch 1024] [--origin backward-end]
+       [--before DIR]     (--depth 12,48 --width 256,1024 --origin backward-end,inf-backward-end: every combination)
 Example (before/after): git archive main jaxdbg | tar -x -C /tmp/before && \
     python scripts/bench_nan_memory.py --before /tmp/before
 """
@@ -31,7 +40,15 @@ import tempfile
 import textwrap
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_summary import record  # noqa: E402 - the scripts folder first
+
 TARGET = 1.3
+ORIGINS = ("backward-end", "inf-backward-end", "forward-middle")
+# What nan-hunt must find for each origin: (pass, call index, a kind the origin or its chain names or None). The Inf
+# turns into a NaN later in the same backward pass; the NaN's chain goes back to it.
+EXPECTED = {"backward-end": ("backward", 2, None), "inf-backward-end": ("backward", 2, "inf"),
+            "forward-middle": ("forward", 2, None)}
 
 MODEL = textwrap.dedent('''
     """A deep residual MLP; from step 2 the batch has zero padding rows and the input layer's gradient is NaN."""
@@ -39,6 +56,8 @@ MODEL = textwrap.dedent('''
     import jax, jax.numpy as jnp
 
     DEPTH, WIDTH, BATCH, STEPS = map(int, sys.argv[1:5])
+    ORIGIN = sys.argv[5] if len(sys.argv) > 5 else "backward-end"
+    PADDING = 1e-30 if ORIGIN == "inf-backward-end" else 0.0
 
 
     def init(key):
@@ -56,8 +75,10 @@ MODEL = textwrap.dedent('''
     def forward(params, x):
         z = x @ params["in"]
         h = z / (1.0 + jnp.linalg.norm(z, axis=-1, keepdims=True))  # <- origin: d||z|| at z = 0 is NaN
-        for block in params["blocks"]:
+        for i, block in enumerate(params["blocks"]):
             h = h + jnp.tanh(h @ block["w1"]) @ block["w2"]
+            if ORIGIN == "forward-middle" and i == DEPTH // 2:  # <- origin: 0/0 on the padding rows
+                h = h / jnp.sqrt(jnp.sum(h * h, axis=-1, keepdims=True))
         return h @ params["out"]
 
 
@@ -76,7 +97,7 @@ MODEL = textwrap.dedent('''
         kx, ky = jax.random.split(jax.random.key(step + 1))
         x = jax.random.normal(kx, (BATCH, WIDTH))
         if step >= 2:
-            x = x.at[-BATCH // 8:].set(0.0)  # padding rows
+            x = x.at[-BATCH // 8:].set(PADDING)  # padding rows
         y = jax.random.normal(ky, (BATCH, WIDTH))
         params, loss = train_step(params, x, y)
         print(f"step {step}: loss {float(loss):.4f}", flush=True)
@@ -102,7 +123,7 @@ WRAPPER = textwrap.dedent('''
 XLA_SIZES = textwrap.dedent('''
     import json, sys, runpy
     import jax
-    sys.argv = [sys.argv[1], *sys.argv[2:5], "0"]  # STEPS=0: define everything, train nothing
+    sys.argv = [sys.argv[1], *sys.argv[2:5], "0", *sys.argv[5:]]  # STEPS=0: define everything, train nothing
     names = runpy.run_path(sys.argv[0])
     params = names["params"]
     x = jax.numpy.zeros((int(sys.argv[3]), int(sys.argv[2])))
@@ -141,57 +162,86 @@ def measure(mode: str, root: str, workdir: str, label: str, model_argv: list[str
            "jaxdbg_parent_mib": got["own_kib"] / 1024 if mode != "plain" else None, "jaxdbg": got["jaxdbg"]}
     if mode != "plain":
         with open(found) as handle:
-            first = json.load(handle)["result"].get("first") or {}
+            result = json.load(handle)["result"]
+        first = result.get("first") or {}
         source = first.get("source") or {}
-        row["origin"] = f"{first.get('primitive')} ({first.get('pass')}) at line {source.get('line')}"
-        row["replayed"] = first.get("pass") == "backward" and first.get("call_index") == 2
+        row["origin"] = (f"{first.get('kind')} {first.get('primitive')} ({first.get('pass')}) at line "
+                         f"{source.get('line')}, call {first.get('call_index')}")
+        chain = [origin.get("kind") for origin in result.get("chain") or []]
+        expected = EXPECTED[model_argv[5] if len(model_argv) > 5 else "backward-end"]
+        row["replayed"] = (first.get("pass"), first.get("call_index")) == expected[:2] and (
+            expected[2] is None or expected[2] in chain or first.get("kind") == expected[2])
     return row
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--depth", type=int, default=24, help="residual blocks")
-    parser.add_argument("--width", type=int, default=512)
+    parser.add_argument("--depth", default="24", help="residual blocks (a comma-separated list: each is measured)")
+    parser.add_argument("--width", default="512", help="width (a comma-separated list: each is measured)")
     parser.add_argument("--batch", type=int, default=1024)
-    parser.add_argument("--steps", type=int, default=3, help="training steps (the NaN appears in step 2)")
+    parser.add_argument("--origin", default="backward-end",
+                        help=f"where the first NaN/Inf is born, a comma-separated list of {', '.join(ORIGINS)}")
+    parser.add_argument("--steps", type=int, default=3, help="training steps (the padding starts at step 2)")
     parser.add_argument("--before", help="a folder holding an older jaxdbg package, run for comparison")
     parser.add_argument("--json", help="write the rows here too")
     args = parser.parse_args(argv)
+    origins = args.origin.split(",")
+    if any(origin not in ORIGINS for origin in origins):
+        parser.error(f"--origin: use some of {', '.join(ORIGINS)}")
+    cases = [(int(depth), int(width), origin) for depth in args.depth.split(",") for width in args.width.split(",")
+             for origin in origins]
+    found, verdict = [], True
+    for depth, width, origin in cases:
+        rows, sizes = measure_case(depth, width, origin, args)
+        plain = rows[0]["peak_mib"]
+        print(f"\n{'run':<18}{'peak MiB':>10}{'vs plain':>10}{'jaxdbg parent MiB':>19}  origin found / jaxdbg used")
+        for row in rows:
+            row["ratio"] = row["peak_mib"] / plain
+            parent = f"{row['jaxdbg_parent_mib']:.0f}" if row["jaxdbg_parent_mib"] is not None else "-"
+            detail = f"{row.get('origin', '')}  {os.path.dirname(os.path.dirname(row['jaxdbg'] or ''))}".strip()
+            print(f"{row['label']:<18}{row['peak_mib']:>10.0f}{row['ratio']:>9.2f}x{parent:>19}  {detail}")
+        for row in rows[1:]:
+            if not row["replayed"]:
+                print(f"{row['label']}: did not find the expected origin; its peak is no replay's")
+        met = rows[1]["ratio"] <= TARGET and all(row["replayed"] for row in rows[1:])
+        verdict = verdict and met
+        found.append({"depth": depth, "width": width, "origin": origin, "sizes": sizes, "rows": rows})
+    print(f"\nnan-hunt peak / plain peak (target <= {TARGET}x), batch {args.batch}:")
+    for case in found:
+        rows = case["rows"]
+        others = "  ".join(f"{row['label']} {row['ratio']:.2f}x" for row in rows[2:])
+        print(f"  depth {case['depth']:>3} width {case['width']:>5} {case['origin']:<17} plain "
+              f"{rows[0]['peak_mib']:6.0f} MiB  nan-hunt {rows[1]['ratio']:.2f}x"
+              f"{'' if rows[1]['replayed'] else ' (origin not found)'}  {others}")
+        record("nan-memory", f"peak / plain: depth {case['depth']} width {case['width']} {case['origin']}",
+               rows[1]["ratio"], f"<= {TARGET}", "" if rows[1]["replayed"] else "origin not found")
+    print(f"{'met' if verdict else 'NOT met'} in every case" if len(found) > 1 else
+          f"{'met' if verdict else 'NOT met'}")
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({"cases": found, "target": TARGET}, handle, indent=1)
+    return 0 if verdict else 1
 
+
+def measure_case(depth: int, width: int, origin: str, args: argparse.Namespace) -> tuple[list[dict], dict]:
+    """The plain run and nan-hunt's (and --before's) for one model and origin."""
     with tempfile.TemporaryDirectory(prefix="bench-nan-memory-") as workdir:
         script = os.path.join(workdir, "deep_train.py")
         with open(script, "w") as handle:
             handle.write(MODEL)
-        model_argv = [script, str(args.depth), str(args.width), str(args.batch), str(args.steps)]
+        model_argv = [script, str(depth), str(width), str(args.batch), str(args.steps), origin]
         sizes = json.loads(subprocess.run(
-            [sys.executable, "-c", XLA_SIZES, *model_argv[:4]], env=_env(), cwd=workdir, capture_output=True,
-            text=True, check=True, timeout=1200).stdout.strip().splitlines()[-1])
-        activation_mib = args.batch * args.width * 4 / 2**20
-        print(f"model: {args.depth} residual blocks, width {args.width}, batch {args.batch}: parameters "
+            [sys.executable, "-c", XLA_SIZES, *model_argv[:4], origin], env=_env(), cwd=workdir,
+            capture_output=True, text=True, check=True, timeout=1200).stdout.strip().splitlines()[-1])
+        activation_mib = args.batch * width * 4 / 2**20
+        print(f"\nmodel: {depth} residual blocks, width {width}, batch {args.batch}: parameters "
               f"{sizes['params_mib']:.0f} MiB, one activation {activation_mib:.0f} MiB, XLA temp per step "
-              f"{sizes['xla_temp_mib']:.0f} MiB; NaN born at the end of the backward pass of step 2")
+              f"{sizes['xla_temp_mib']:.0f} MiB; origin {origin} (padding from step 2)", flush=True)
         rows = [measure("plain", ROOT, workdir, "plain", model_argv)]
         rows.append(measure("nan-hunt", ROOT, workdir, "nan-hunt", model_argv))
         if args.before:
             rows.append(measure("nan-hunt", os.path.abspath(args.before), workdir, "nan-hunt-before", model_argv))
-
-    plain = rows[0]["peak_mib"]
-    print(f"\n{'run':<18}{'peak MiB':>10}{'vs plain':>10}{'jaxdbg parent MiB':>19}  origin found / jaxdbg used")
-    for row in rows:
-        row["ratio"] = row["peak_mib"] / plain
-        parent = f"{row['jaxdbg_parent_mib']:.0f}" if row["jaxdbg_parent_mib"] is not None else "-"
-        detail = f"{row.get('origin', '')}  {os.path.dirname(os.path.dirname(row['jaxdbg'] or ''))}".strip()
-        print(f"{row['label']:<18}{row['peak_mib']:>10.0f}{row['ratio']:>9.2f}x{parent:>19}  {detail}")
-    for row in rows[1:]:
-        if not row["replayed"]:
-            print(f"{row['label']}: did not find the NaN in the backward pass of step 2; its peak is no replay's")
-    verdict = rows[1]["ratio"] <= TARGET and all(row["replayed"] for row in rows[1:])
-    print(f"\nnan-hunt peak / plain peak = {rows[1]['ratio']:.2f}x (target <= {TARGET}x): "
-          f"{'met' if verdict else 'NOT met'}")
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump({"sizes": sizes, "rows": rows, "target": TARGET}, handle, indent=1)
-    return 0 if verdict else 1
+    return rows, sizes
 
 
 if __name__ == "__main__":

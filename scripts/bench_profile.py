@@ -38,6 +38,9 @@ import time
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_summary import record  # noqa: E402 - the scripts folder first
+
 HOT_OP = os.path.join(ROOT, "recipes", "hot_op", "train.py")
 
 WORKLOAD = textwrap.dedent('''
@@ -274,8 +277,9 @@ def bench_timing_claims(workdir: str) -> dict:
             "sampled_over_every": median[8] / median[1]}
 
 
-def bench_call_overhead(calls: int = 3000) -> tuple[float, float]:
-    """Seconds per call of a tiny jitted function, plainly and through jaxdbg's call tracking (in process)."""
+def bench_call_overhead(calls: int = 3000) -> tuple[float, float, float]:
+    """Seconds per call of a tiny jitted function: plainly, through jaxdbg's call tracking as a script is
+    profiled (``--sync-every 8``: one call in 8 timed, the others unseen), and timing every call (in process)."""
     import jax
     import jax.numpy as jnp
 
@@ -291,11 +295,13 @@ def bench_call_overhead(calls: int = 3000) -> tuple[float, float]:
         return (time.perf_counter() - started) / calls
 
     plain = min(loop() for _ in range(3))
-    with tempfile.TemporaryDirectory() as out:
-        recorder = Recorder(lambda message: None, out)
-        with compile_listener(recorder), tracking_jit(recorder):
-            tracked = min(loop() for _ in range(3))
-    return plain, tracked
+    tracked = []
+    for sync_every in (8, 1):
+        with tempfile.TemporaryDirectory() as out:
+            recorder = Recorder(lambda message: None, out, sync_every=sync_every)
+            with compile_listener(recorder), tracking_jit(recorder):
+                tracked.append(min(loop() for _ in range(3)))
+    return plain, tracked[0], tracked[1]
 
 
 def bench_sync_overhead(reps: int = 2000) -> dict[str, tuple[float, float]]:
@@ -346,14 +352,19 @@ def main() -> int:
         c = bench_op_table(workdir) if "c" in only else None
         d = bench_timing_claims(workdir) if "d" in only else None
         e = bench_host_side(options.pairs, options.steps, workdir, baseline) if "e" in only else None
-    plain_call, tracked_call = bench_call_overhead()
+    plain_call, sampled_call, tracked_call = bench_call_overhead()
     syncs = bench_sync_overhead()
     print(f"machine: {os.cpu_count()} cores, load average {load_before:.1f} before and {os.getloadavg()[0]:.1f} "
           "after (other work on the machine moves single timings)")
     if a is not None:
         _print_a(a)
-    print(f"(a') per call of a tiny jitted function: plain {plain_call * 1e6:.1f} us, tracked {tracked_call * 1e6:.1f} us "
-          f"(+{(tracked_call - plain_call) * 1e6:.1f} us: the wrapper plus one block_until_ready)")
+    print(f"(a') per call of a tiny jitted function: plain {plain_call * 1e6:.1f} us, profiled (--sync-every 8) "
+          f"{sampled_call * 1e6:.1f} us (+{(sampled_call - plain_call) * 1e6:.1f} us), every call timed "
+          f"{tracked_call * 1e6:.1f} us (+{(tracked_call - plain_call) * 1e6:.1f} us: the hooks plus one "
+          "block_until_ready)")
+    record("profile", "(a') added per tiny call, --sync-every 8", (sampled_call - plain_call) * 1e6, "<= +3", unit="us")
+    record("profile", "(a') added per tiny call, every call timed", (tracked_call - plain_call) * 1e6, "<= +10",
+           unit="us")
     if c is not None:
         top = c["jaxdbg_top"]
         where = f"{os.path.basename(top['source']['file'])}:{top['source']['line']}" if top and top["source"] else "-"
@@ -361,9 +372,12 @@ def main() -> int:
               f"{c['anchor_s']:.2f} s, ratio {c['jaxdbg_s'] / c['anchor_s']:.2f}; hot op found: jaxdbg "
               f"{c['jaxdbg_found']} ({top['name'] if top else '-'} at {where}, {100 * top['fraction']:.0f}% of step), "
               f"xprof {c['anchor_found']} ({c['anchor_rows']} rows)")
+        record("profile", "(c) command -> per-op table / jax.profiler + xprof", c["jaxdbg_s"] / c["anchor_s"], "",
+               f"hot op found: {c['jaxdbg_found']}")
     if d is not None:
         print(f"(d) host_transfer recipe: transfers / execution {d['transfer_over_execute']:.2f} (the recipe's claim: "
               f"> 1); --sync-every 8 median / every-call median {d['sampled_over_every']:.2f} (target < 3)")
+        record("profile", "(d) --sync-every 8 median / every-call median", d["sampled_over_every"], "< 3")
     if e is not None:
         _print_e(e)
     print("(e') per host read or copy, plain / under the transfer and sync tracking: " + "; ".join(
@@ -392,6 +406,9 @@ def _print_a(a: dict) -> None:
     print(f"(b) compile time jaxdbg reports / plain backend-compile event: {best_compile:.3f} best vs best "
           f"(target 0.9-1.1); median of pair ratios {med(a['compile_ratios']):.3f} "
           f"({', '.join(f'{r:.3f}' for r in a['compile_ratios'])}); same process: {med(a['same_process']):.3f}")
+    pairs = ", ".join(f"{r:.2f}" for r in a["step_ratios"])
+    record("profile", "(a) step time profiled / plain, best vs best", best_step, "<= 1.10", pairs)
+    record("profile", "(b) compile reported / backend-compile event", best_compile, "0.9-1.1")
 
 
 def _print_e(e: dict) -> None:

@@ -39,6 +39,9 @@ import textwrap
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_summary import record  # noqa: E402 - the scripts folder first
+
 DEBUG_FLAGS = {"JAX_DEBUG_NANS": "1", "JAX_DEBUG_INFS": "1"}
 BASELINE = " [baseline]"
 
@@ -293,6 +296,10 @@ def overhead_and_answer(program: str, names: dict, args: argparse.Namespace, wor
     for name in names:
         print(f"  {name:24s} median {best[name] * 1e3:8.3f} ms/step {best[name] / best['plain']:5.2f}x plain   "
               f"fastest chunk {fastest[name] * 1e3:8.3f} ms/step {fastest[name] / fastest['plain']:5.2f}x plain")
+        if name in ("watch", "nan-hunt"):
+            record("watch", f"(a) {args.kind} loop: {name} / plain, own processes", best[name] / best["plain"],
+                   "<= 1.05" if name == "watch" else "<= 1.10",
+                   f"fastest chunk {fastest[name] / fastest['plain']:.2f}")
     print("\n(b) from the bad step's call to the answer (learning-rate spike 5 steps before the end)")
     for name, mode, env in (("jaxdbg.watch", "spike-watch", None), ("debug_nans", "spike-plain", DEBUG_FLAGS)):
         out = os.path.join(workdir, f"{mode}.json")
@@ -325,6 +332,11 @@ def interleaved(program: str, args: argparse.Namespace, workdir: str) -> None:
         plain_ms = _median([p[0] for p, _ in rows]) * 1e3
         print(f"  {label:24s} wall {_median_ratio(rows, 0):5.2f}x plain   CPU (process) "
               f"{_median_ratio(rows, 1):5.2f}x plain   (plain {plain_ms:.3f} ms/step)")
+        if root == ROOT:
+            ratios = sorted(watched[0] / plain[0] for plain, watched in rows)
+            record("watch", f"(d) {args.kind} loop, one process: watch / plain", _median_ratio(rows, 0), "<= 1.05",
+                   f"{ratios[len(ratios) // 10]:.2f}..{ratios[-1 - len(ratios) // 10]:.2f}, CPU "
+                   f"{_median_ratio(rows, 1):.2f}")
 
 
 def tiny_calls(args: argparse.Namespace, workdir: str) -> None:
@@ -336,6 +348,7 @@ def tiny_calls(args: argparse.Namespace, workdir: str) -> None:
     plain_us, watch_us = (float(v) for v in done.stdout.split())
     print(f"\n(c) per call of a tiny jitted function (best of {5 * args.pairs} rounds of 2000 calls)")
     print(f"  plain {plain_us:7.1f} us/call   jaxdbg.watch {watch_us:7.1f} us/call  (+{watch_us - plain_us:.1f})")
+    record("watch", "(c) added per tiny call", watch_us - plain_us, "<= +10", f"plain {plain_us:.1f} us", unit="us")
 
 
 def _sizes(args: argparse.Namespace) -> list[str]:

@@ -11,8 +11,16 @@
 # error under XLA_PYTHON_CLIENT_MEM_FRACTION, whether jax.checkpoint lowers the temporaries there),
 # and hang-hunt with asynchronous dispatch and host callbacks on the runtime's threads (bench_hang).
 #
-#   OUT=/tmp/device_out bash scripts/device_check.sh                   # every check; PY=python3 by default
+#   OUT=/tmp/device_out bash scripts/device_check.sh                   # env + benches: <= 8 min on an H200
+#   OUT=/tmp/device_out bash scripts/device_check.sh all               # every check (~20 min)
 #   OUT=/tmp/device_out bash scripts/device_check.sh profile_function  # only the checks named
+#
+# `benches` runs every benchmark that has a GPU path, each under its own time limit (the sum stays under
+# 8 minutes), and prints one table of ratios (scripts/bench_summary.py; also $OUT/ratios.txt): the jit layer's
+# cost per call (bench_layer), profile (bench_profile), jaxdbg.watch on the MLP and CNN loops in one process
+# (bench_watch --only-interleaved), nan-hunt's answers and watch overhead (bench_nan_hunt), the memory command's
+# benchmark when it exists (bench_memory), nan-hunt on sharded arrays (4 host devices: a mesh cannot mix the
+# GPU with them) and a 2-process job (bench_multihost on host devices, then one job with the GPU visible).
 #
 # Writes $OUT/log.txt (everything, step by step with exit codes) and $OUT/reports.tar.gz (every JSON report,
 # pytest's junit files). xprof is installed from .whl/ when that folder holds its wheel (a machine with no
@@ -76,7 +84,41 @@ print("notes", result.get("notes"))
 PYEOF
 }
 
-CHECKS=${*:-env doctor profile_script profile_function profile_monitor profile_recompile profile_host nan_hunt repro pipeline_real watch memory hang pytest}
+benches() {  # every benchmark with a GPU path, one table of ratios at the end
+  export JAXDBG_BENCH_SUMMARY="$OUT/ratios.jsonl"
+  rm -f "$JAXDBG_BENCH_SUMMARY"
+  local host=(env JAX_PLATFORMS=cpu XLA_FLAGS=--xla_force_host_platform_device_count=4)
+  step bench_layer 60 $PY scripts/bench_layer.py --rounds 5 --calls 2000
+  step bench_profile 150 $PY scripts/bench_profile.py --pairs 2 --steps 200
+  step bench_watch 100 $PY scripts/bench_watch.py --model both --only-interleaved --steps 100
+  step bench_nan_hunt 70 $PY scripts/bench_nan_hunt.py --pairs 1 --steps 100 --recipes nan_scan,nan_backward
+  [ -f scripts/bench_memory.py ] && step bench_memory 40 $PY scripts/bench_memory.py
+  step nan_hunt_sharded 30 "${host[@]}" $PY -m jaxdbg --processes 2 nan-hunt tests/corpus/multihost_nan/train.py \
+    $(J nan_sharded)
+  step bench_multihost 60 "${host[@]}" $PY scripts/bench_multihost.py --processes 2 --pairs 1 --steps 100
+  step job_on_gpu 30 $PY -m jaxdbg --processes 2 profile tests/corpus/multihost_dp/train.py $(J job_on_gpu)
+  $PY - "$WORK/r" >>"$JAXDBG_BENCH_SUMMARY" <<'PYEOF'
+import json, os, sys
+for name, figure in (("nan_sharded", "2 processes x 4 host devices: NaN origin"),
+                     ("job_on_gpu", "2 processes on the GPU: profile")):
+    try:
+        report = json.load(open(os.path.join(sys.argv[1], f"{name}.json")))
+        result, code = report["result"], report.get("exit_code")
+        first = result.get("first") or {}
+        found = f"{first.get('primitive')} process {first.get('process')}" if first else result.get("error", "")
+    except (OSError, ValueError, KeyError) as err:
+        code, found = None, f"no report ({type(err).__name__})"
+    print(json.dumps({"bench": "jobs", "figure": figure, "value": None, "unit": "x", "target": "",
+                      "spread": f"exit {code}: {found}"[:60], "load": round(os.getloadavg()[0], 1), "time": ""}))
+PYEOF
+  $PY scripts/bench_summary.py "$JAXDBG_BENCH_SUMMARY" | tee "$OUT/ratios.txt" | tee -a "$LOG"
+  cp "$JAXDBG_BENCH_SUMMARY" "$WORK/r/" 2>/dev/null
+}
+
+# (watch: bench_watch and bench_profile at length, by name only: benches runs both)
+ALL="env doctor profile_script profile_function profile_monitor profile_recompile profile_host nan_hunt repro pipeline_real memory hang benches pytest"
+CHECKS=${*:-env benches}
+[ "$CHECKS" = all ] && CHECKS=$ALL
 for check in $CHECKS; do
   case $check in
   env) step env 60 bash -c "nvidia-smi -L; $PY -c 'import jax, jaxlib, sys; print(sys.version); print(jax.__version__, jaxlib.__version__, jax.devices(), jax.default_backend())'; $PY -c 'import xprof, os; print(\"xprof\", os.path.dirname(xprof.__file__))'" ;;
@@ -104,6 +146,7 @@ for check in $CHECKS; do
   repro) step repro_nan_graph 150 $PY -m jaxdbg repro recipes/repro_nan_graph/train.py $(J repro_nan_graph) ;;
   pipeline_real) step pipeline_real 150 env XLA_FLAGS=--xla_force_host_platform_device_count=4 \
     $PY -m jaxdbg pipeline-bench --mode real --stages 4 --microbatches 8 --seeds 2 --xprof $(J pipeline_real) ;;
+  benches) benches ;;
   watch)  # jaxdbg.watch and nan-hunt against a plain run on the tutorial loop; profile's overhead (owed)
     step bench_watch 300 $PY scripts/bench_watch.py --model cnn --pairs 1 --steps 200
     step bench_profile 300 $PY scripts/bench_profile.py --pairs 3 ;;

@@ -197,6 +197,54 @@ def test_a_call_no_hook_wants_keeps_jax_dispatch_and_its_index():
     assert f.record.calls == 7
 
 
+def test_a_declined_call_that_compiles_is_told_with_its_spans_and_plans_follow_the_hooks():
+    """A sampling hook sees only the calls it wants; a declined call that compiles is still told (with the stages
+    jax reported while it ran); a hook that watches nothing is never called; replan() asks again."""
+    events, told = [], []
+
+    class Sampler(Log):
+        def wants(self, function, index):
+            return index == 0
+
+        def on_unwanted_compile(self, call, out):
+            told.append((call.index, sorted({stage for stage, _, _ in call.spans}), float(out.sum())))
+
+    class Blind(Log):
+        seeing = False
+
+        def watches(self, function):
+            return self.seeing
+
+    blind_events = []
+    blind = Blind("blind", blind_events)
+    with jit_layer.installed(Sampler("s", events)), jit_layer.installed(blind):
+        f = jax.jit(lambda x: x * 2.0)
+        for n in (2, 2, 3, 3):  # call 2 is declined and compiles (a new shape); call 3 compiles nothing
+            f(jnp.ones(n))
+        assert [e[3] for e in events if e[1] == "after"] == [0] and blind_events == [("blind", "jit", "<lambda>")]
+        assert told == [(2, ["compile", "lower", "trace"], 6.0)]
+        blind.seeing = True
+        f(jnp.ones(3))
+        assert len(blind_events) == 1  # the plan was made before: the hook is asked again only after replan()
+        jit_layer.replan()
+        f(jnp.ones(3))
+    assert [e[1:] for e in blind_events[1:]] == [("before", "<lambda>", 5), ("after", "<lambda>", 5, None)]
+    assert f.record.calls == 6
+
+
+def test_every_call_carries_its_compile_spans():
+    spans = []
+
+    class Spans(JitHook):
+        def after(self, call, out):
+            spans.append(sorted({stage for stage, _, _ in call.spans}))
+
+    with jit_layer.installed(Spans()):
+        f = jax.jit(lambda x: x + 1.0)
+        f(jnp.ones(2)), f(jnp.ones(2)), f(jnp.ones(4))
+    assert spans == [["compile", "lower", "trace"], [], ["compile", "lower", "trace"]]
+
+
 def test_a_nan_in_a_large_array_is_found_on_the_device():
     # XLA:CPU's fused max(|x|) drops NaN on large arrays (YNNPACK): the check must not rely on it.
     x = jnp.ones((512, 512)).at[3, 5].set(jnp.nan)

@@ -21,6 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import jaxdbg
+import jaxdbg.nan.watch
 from jaxdbg.schema import schema
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -267,6 +268,36 @@ def test_unread_calls_keep_their_arrays_but_not_a_fresh_structure_per_call(tmp_p
     assert max(unread) >= 1, unread  # calls were kept unread (a matmul of 1200x1200 outlasts its dispatch)
     first = raised.value.report["first"]
     assert (first["primitive"], first["call_index"]) == ("log", 3)
+
+
+class _CountingTag(_Tag):
+    compares: list = []
+
+    def __eq__(self, other: object) -> bool:
+        _CountingTag.compares.append(1)
+        return super().__eq__(other)
+
+    __hash__ = _Tag.__hash__
+
+
+def test_the_watch_compares_no_structure_of_a_call_jax_did_not_trace(tmp_path, monkeypatch):
+    """A framework's structure compares its own (slow) way; jax's dispatch compares it once per call. Kept for the
+    replay, the watch shares it with the previous call's without comparing again when jax traced nothing."""
+    monkeypatch.setattr(jaxdbg.nan.watch, "READ_EVERY_S", float("inf"))  # the 5 calls stay unread (< a batch)
+
+    def compares(step):
+        _CountingTag.compares = []
+        for shift in range(5):
+            step(_Tagged(jnp.ones(3), _CountingTag("state")), float(shift))
+        return len(_CountingTag.compares)
+
+    plain = compares(jax.jit(lambda tagged, shift: tagged.value + shift))
+    with jaxdbg.watch(out=str(tmp_path)) as watcher:
+        watched = compares(jax.jit(lambda tagged, shift: tagged.value + shift))
+        hook = watcher._states[-1].hook
+        kept = [call.notes["nan_inputs"].treedef for call in hook._pending]
+    assert watched == plain, (watched, plain)
+    assert len(kept) == 5 and all(treedef is kept[0] for treedef in kept)  # one structure, shared
 
 
 def test_bad_options_are_one_clear_usage_error():

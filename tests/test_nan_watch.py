@@ -169,3 +169,51 @@ def test_read_late_keeps_program_order_and_the_exact_replay() -> None:
         first = localise_call(finding.call, closed=finding.closed_jaxpr).first  # inputs kept despite donation
         assert (first.primitive, first.call_index) == ("log", 2)
         assert watch.calls == 3 and not watch._pending
+
+
+def test_the_replay_does_not_keep_the_ended_scripts_arrays(tmp_path, monkeypatch) -> None:
+    """What the script held when it ended (its latest parameters) is no input of the replay: dropped before it,
+    so that nan-hunt's peak is not one model copy higher than the program's. The failing call's own inputs stay."""
+    import textwrap
+
+    import jaxdbg.nan.session as session
+    from jaxdbg.nan.api import HuntOptions
+    from jaxdbg.target import parse_target
+
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""\
+        import jax, jax.numpy as jnp
+        step = jax.jit(lambda w, x: (w * 2.0, jnp.log(x).sum()))
+        w, unused = jnp.ones((123, 7)), {"kept": [jnp.zeros((5, 3))]}
+        for x in (1.0, 2.0, -1.0, 3.0):
+            w, loss = step(w, jnp.full((4,), x))
+    """))
+    seen = {}
+    original = session._analyse
+
+    def analyse(finding, *args, **kwargs):
+        shapes = [a.shape for a in jax.live_arrays()]
+        seen["held"] = (shapes.count((123, 7)), shapes.count((5, 3)))
+        return original(finding, *args, **kwargs)
+
+    monkeypatch.setattr(session, "_analyse", analyse)
+    result, _ = session.hunt_here(parse_target(str(script)), HuntOptions())
+    assert (result.first.primitive, result.first.call_index) == ("log", 2)
+    assert seen["held"] == (1, 0)  # the failing call's input w; not the script's latest w, nor its other arrays
+
+
+def test_unread_calls_keep_inputs_of_bounded_size(monkeypatch) -> None:
+    """Unread calls each keep their inputs for an exact replay: past MAX_KEPT_BYTES kept by the calls before the
+    latest, the oldest is read (and its inputs let go), so a large model is not kept once per unread step."""
+    import jaxdbg.nan.watch as watch_module
+
+    monkeypatch.setattr(watch_module, "READ_EVERY_S", 1e9)  # no read by the clock: only the bounds read
+    monkeypatch.setattr(watch_module, "MAX_KEPT_BYTES", 6000)  # one call's 4000 bytes fit, two do not
+    most = 0
+    with Watch(read_late=True) as watch:
+        step = jax.jit(lambda w: w * 0.5)
+        w = jnp.ones(1000, jnp.float32)
+        for _ in range(12):
+            w = step(w)
+            most = max(most, len(watch._pending))
+    assert most == 2 and watch.calls == 12 and not watch._pending

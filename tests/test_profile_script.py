@@ -320,8 +320,8 @@ SAMPLED = textwrap.dedent("""
         return jnp.tanh(x @ x) * 0.5
 
     x = jnp.ones((256, 256))
-    for _ in range(40):
-        x = step(x)
+    for i in range(40):
+        x = step(x if i != 30 else x[:128, :128])  # call 30 (not one --sync-every 8 times) compiles again
     print(float(x.sum()))
 """)
 
@@ -334,9 +334,13 @@ def test_after_the_first_calls_only_one_in_sync_every_is_waited_for(tmp_path):
     runs = {n: profile(parse_target(str(script)), ProfileOptions(sync_every=n, trace_calls=0), str(tmp_path / f"o{n}"))
             for n in (1, 8)}
     every, sampled = (by_name(runs[n], "step").execute for n in (1, 8))
-    assert every.calls == sampled.calls == 40
-    assert every.timed_calls == 40 and sampled.timed_calls == 7  # calls 0, 1, 2, 8, 16, 24, 32
-    # (how the 33 untimed calls are estimated is tested on given call records in test_profile_units; that
+    assert every.calls == sampled.calls == 40  # the untimed calls were not seen, but counted
+    assert every.timed_calls == 40 and sampled.timed_calls == 8  # calls 0, 1, 2, 8, 16, 24, 32, and 30: it compiled
+    # (how the 32 untimed calls are estimated is tested on given call records in test_profile_units; that
     # a timed call is not inflated by those queued before it is measured by scripts/bench_profile.py)
-    assert any("calls timed (step 7 of 40)" in n for n in runs[8].result.notes)
+    assert any("calls timed (step 8 of 40)" in n for n in runs[8].result.notes)
     assert not any("calls timed" in n for n in runs[1].result.notes)
+    for run in runs.values():  # the recompile of an unseen call is filed with its cause all the same
+        step = by_name(run, "step")
+        assert step.compiles == 2 and [r.call_index for r in step.recompiles] == [30]
+        assert "shape changed (256, 256) -> (128, 128)" in step.recompiles[0].reason

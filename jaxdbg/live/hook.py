@@ -9,8 +9,8 @@ of days, plus a compile counter that names each recompile's cause as profile doe
   replay enters NNX's update context, :func:`jaxdbg.frameworks.tracing_context`); the error is raised from
   a later call (or when the watch ends). Eager operations are not checked (nan-hunt's eager check sends
   every eager jitted call through Python dispatch) and arguments are not measured for growth: outputs are.
-- Compiles: ``jax.monitoring`` reports trace / lower / compile spans on the thread that compiles; a watched
-  call that saw one compiled. Its signature is diffed against the function's earlier compiles by
+- Compiles: a watched call during which ``jax.monitoring`` reported trace / lower / compile spans (the jit
+  layer files them in ``call.spans``) compiled. Its signature is diffed against the function's earlier compiles by
   :mod:`jaxdbg.profile.signature`, the same words as profile's ``recompiles``.
 
 Example:
@@ -18,7 +18,7 @@ Example:
     >>> from jaxdbg import jit_layer
     >>> seen = []
     >>> hook = LiveHook(nans=False, on_compile=lambda fn, count, why: seen.append((count, why and why.reason)))
-    >>> with compile_spans(hook), jit_layer.installed(hook):
+    >>> with jit_layer.installed(hook):
     ...     f = jax.jit(lambda batch: batch * 2)
     ...     _ = f(jnp.ones(3)); _ = f(jnp.ones(3)); _ = f(jnp.ones(4))
     >>> seen
@@ -27,21 +27,19 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from jaxdbg import jit_layer
 from jaxdbg._source import caller_user_frame
 from jaxdbg.jit_layer import InstrumentedJit, JitCall
 from jaxdbg.live.errors import WatchError
 from jaxdbg.live.figures import Figures
 from jaxdbg.nan.watch import EagerFinding, JitFinding, Watch
-from jaxdbg.profile.instrument import COMPILE_EVENTS
 from jaxdbg.profile.model import Recompile
 from jaxdbg.profile.signature import Signature, call_signature, explain, parameter_names
 from jaxdbg.runner import first_line
@@ -79,72 +77,85 @@ class LiveHook(Watch):
         self.on_compile = on_compile
         self.figures = figures if figures is not None else Figures()
         self.compiles: dict[int, _Compiles] = {}
-        self._local = threading.local()
         self.active = nans
         self.stopped = False  # an internal failure stopped the watch (see stop)
 
     # -- one call ------------------------------------------------------------------------------------------
 
-    def wants(self, function: InstrumentedJit, index: int) -> bool:
-        return not self.stopped  # once stopped, calls go straight to jax
+    def watches(self, function: InstrumentedJit) -> bool | None:
+        return not self.stopped and super().watches(function)  # once stopped, calls go straight to jax
 
     def around(self, call: JitCall, run: Callable[[], Any]) -> Any:
-        local = self._local
-        self._guarded(self.before, call)
-        spans = local.spans = []
+        """One watched call, written out on one path: it runs on every call of every watched function. jaxdbg's
+        own part is guarded (see :meth:`_failed`); the user's call raises what it raises, unchanged."""
+        if self.stopped:  # planned before the stop
+            return run()
+        active = self.active
+        if active and call.function.donates:  # kept for the replay: device copies, before the call deletes them
+            try:
+                call.notes["nan_copies"] = self.copy_tree((call.args, call.kwargs))
+            except Exception as err:  # noqa: BLE001 - jaxdbg's own failure: see _failed
+                self._failed(err)
         try:
-            out = run()  # the user's call: whatever it raises is theirs, and goes to them unchanged
-        finally:
-            local.spans = None
-        self._guarded(self._finish, call, spans, out)
+            out = run()
+        except BaseException as err:
+            self._guarded(self.on_exception, call, err)
+            raise
+        try:
+            self._finish(call, out, active)
+        except WatchError:
+            raise
+        except Exception as err:  # noqa: BLE001 - never the user's exception, never the end of the user's run
+            self._failed(err)
         return out
 
-    def _finish(self, call: JitCall, spans: list[float], out: Any) -> None:
-        row = self.figures.function(call.function.name)
+    def _finish(self, call: JitCall, out: Any, active: bool) -> None:
+        function = call.function
+        row = self.figures.function(function.name)
         row.called(time.perf_counter())
-        if spans:
-            self._compiled(call, spans, row)
-        self.after(call, out)
+        if call.spans:
+            if self.active:  # the calls before it come first: a NaN they made is reported before a recompile
+                self.flush()
+            self._compiled(call, [end - start for _, start, end in call.spans], row)
+        if call.magnitudes is None or self.stopped:  # nans=False: compiles only
+            return
+        site = caller_user_frame(5)  # the caller of InstrumentedJit.__call__ when no other hook wraps this one
+        if active and self.active:
+            self.keep_inputs(call)
+            seen = self._watched.get(function.record.id)
+            if seen is None or seen.leaf_names is None:
+                self.seen(function, out, site)  # at the first call: output names from its line
+        self.defer(call, site)  # not its outputs: holding them too would keep one more copy of a model
 
     def flush(self) -> None:
         self._guarded(super().flush)
 
     def _guarded(self, work: Callable[..., None], *args: Any) -> None:
         """Run jaxdbg's own part of a call. Its findings (NonFiniteError, RecompileError) reach the program; any
-        other failure is jaxdbg's: one warning line, and the watch stops (the program goes on unwatched)."""
+        other failure is jaxdbg's: see :meth:`_failed`."""
         if self.stopped:
             return
         try:
             work(*args)
         except WatchError:
             raise
-        except Exception as err:  # never the user's exception, never the end of the user's run
-            self.stop(f"{type(err).__name__}: {first_line(str(err))}")
-            log.debug("jaxdbg.watch stopped by this error", exc_info=True)
+        except Exception as err:  # noqa: BLE001 - never the user's exception, never the end of the user's run
+            self._failed(err)
+
+    def _failed(self, err: Exception) -> None:
+        """A failure of jaxdbg's own: one warning line, and the watch stops (the program goes on unwatched)."""
+        self.stop(f"{type(err).__name__}: {first_line(str(err))}")
+        log.debug("jaxdbg.watch stopped by this error", exc_info=err)
 
     def stop(self, why: str) -> None:
-        """Stop watching for good after an internal failure: one warning line, nothing more is checked."""
+        """Stop watching for good after an internal failure: one warning line, nothing more is checked; calls go
+        straight to jax's dispatch from the next one on (the layer plans them again)."""
         self.stopped, self.active = True, False
         self._pending.clear()
+        self._kept_bytes = 0
+        jit_layer.replan()
         log.warning("jaxdbg.watch: stopped watching after a failure of its own (%s); the program goes on unwatched "
                     "(logger 'jaxdbg' at DEBUG level has the traceback)", why)
-
-    def on_span(self, event: str, start: float, end: float) -> None:
-        spans = getattr(self._local, "spans", None)
-        if spans is not None and event in COMPILE_EVENTS:
-            spans.append(end - start)
-
-    def before(self, call: JitCall) -> None:
-        if self.active:
-            super().before(call)
-
-    def after(self, call: JitCall, out: Any) -> None:
-        if call.magnitudes is None:
-            return
-        site = caller_user_frame(2)
-        if self.active:
-            self.seen(call.function, out, site)  # at the first call: output names from its line
-        self.defer(call, site)  # not its outputs: holding them too would keep one more copy of a model
 
     def _check(self, call: JitCall) -> None:
         """Read one unread call's flags: counted even after the finding; the steady state is growth only."""
@@ -161,7 +172,7 @@ class LiveHook(Watch):
             return
         self.read(call, None, call.notes.get("site"))  # nan-hunt's reading (growth, the finding and its replay)
 
-    def _measure_fresh_arguments(self, call: JitCall) -> None:
+    def _measure_fresh_arguments(self, call: JitCall, leaves: list | None = None) -> None:
         return None  # an extra reduction per call: left to nan-hunt
 
     def found(self, finding: JitFinding | EagerFinding, final: bool = False) -> int:
@@ -201,18 +212,3 @@ class LiveHook(Watch):
         row.compile_s += sum(spans)
         if self.on_compile is not None:
             self.on_compile(function, seen.count, recompile)
-
-
-@contextlib.contextmanager
-def compile_spans(hook: LiveHook) -> Iterator[None]:
-    """Route ``jax.monitoring``'s compile spans to ``hook`` while the block runs."""
-    import jax.monitoring as monitoring
-
-    def on_span(event: str, start_time: float, end_time: float, **kwargs: Any) -> None:
-        hook.on_span(event, start_time, end_time)
-
-    monitoring.register_event_time_span_listener(on_span)
-    try:
-        yield
-    finally:
-        monitoring.unregister_event_time_span_listener(on_span)

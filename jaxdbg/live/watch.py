@@ -104,11 +104,10 @@ class watch(contextlib.ContextDecorator):
 
     def __enter__(self) -> watch:
         from jaxdbg import jit_layer
-        from jaxdbg.live.hook import LiveHook, compile_spans
+        from jaxdbg.live.hook import LiveHook
 
         hook = LiveHook(self.nans, on_nonfinite=self._nonfinite, on_compile=self._compiled)
         stack = contextlib.ExitStack()
-        stack.enter_context(compile_spans(hook))
         stack.enter_context(jit_layer.installed(hook))
         stack.enter_context(jit_layer.adopted())  # functions jitted before, at module level: watched too
         if self.stall is not None:

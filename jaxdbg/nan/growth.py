@@ -88,6 +88,13 @@ class GrowthTracker:
         creeping = series.peak * (1.0 + 2.0 ** -6)
         series.threshold = np.where(series.first_call < 0, np.fmin(creeping, self.factor * series.baseline), creeping)
 
+    def quiet(self, key: str, rows: np.ndarray) -> bool:
+        """Whether :meth:`update` with each row of ``rows`` (one call's magnitudes each) would change nothing:
+        the series exists with that many leaves and no row passes its threshold (one vectorised check for many
+        calls)."""
+        series = self.series.get(key)
+        return series is not None and len(series.names) == rows.shape[1] and not (rows > series.threshold).any()
+
     def set_sources(self, function: str, find: Callable[[int], SourceLocation | None]) -> None:
         """Give each leaf of ``function`` its own source line (known once its jaxpr has been traced)."""
         series = self.series.get(function)

@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any
 
@@ -21,8 +22,9 @@ import jax
 import numpy as np
 from jax.tree_util import keystr, tree_flatten_with_path
 
-from jaxdbg import _compat, multihost
+from jaxdbg import _compat, frameworks, multihost
 from jaxdbg._errors import TargetFailedError, UsageError
+from jaxdbg.jit_layer import unwrap_function
 from jaxdbg.nan.analyses import Findings, guarded, run_analyses
 from jaxdbg.nan.api import HuntOptions
 from jaxdbg.nan.calls import Call
@@ -142,7 +144,60 @@ def _hunt_script(spec: TargetSpec, options: HuntOptions, channel: Any) -> tuple[
         return NanHuntResult(False, growth=tuple(watch.growth.report()), calls_watched=watch.calls,
                              functions_watched=names,
                              explanation=_clean_text(watch.calls, watch.eager_ops, names)), {}
+    if _self_contained(watch):
+        for namespace in _script_globals(watch, spec.path):
+            _release_arrays(namespace)
+    _return_freed_memory()
     return _analyse(watch.finding, watch, options, channel, names)
+
+
+def _return_freed_memory() -> None:
+    """Give the memory the ended run freed back to the system before the replay. XLA:CPU ran the program on its
+    own threads, whose malloc arenas keep what they freed; the replay allocates from the main thread's, so
+    without this its peak stacked on the run's (48-block MLP, 392 MiB of parameters: +700 MiB of resident
+    memory for a replay holding 600 MiB more arrays). glibc only; elsewhere nothing happens."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(name).malloc_trim(0)
+
+
+def _script_globals(watch: Watch, path: str | None) -> list[dict]:
+    """The globals of the ended script, as its watched functions hold them (runpy hands back a copy)."""
+    found: dict[int, dict] = {}
+    for function in watch.functions:
+        inner = unwrap_function(frameworks.user_function(function.fun))
+        code = getattr(inner, "__code__", None)
+        if code is not None and code.co_filename == path and isinstance(getattr(inner, "__globals__", None), dict):
+            found[id(inner.__globals__)] = inner.__globals__
+    return list(found.values())
+
+
+def _self_contained(watch: Watch) -> bool:
+    """Whether the analysis needs nothing of the script but what the watch kept: every call it will replay
+    was traced while under way (no trace later, which would read the script's globals)."""
+    findings = [watch.finding, *watch.inf_findings]
+    return all(isinstance(f, EagerFinding) or (f is not None and f.closed_jaxpr is not None) for f in findings)
+
+
+def _release_arrays(namespace: dict) -> None:
+    """Drop the ended script's global names that hold jax arrays (a training loop's latest parameters and
+    optimiser state, kept alive through its functions' globals): the replay that follows holds the failing
+    call's own inputs and would otherwise peak with one more copy of the model. Measured on a 48-block
+    residual MLP of width 1024 (392 MiB of parameters): nan-hunt's peak 1.55x the plain run's before."""
+    for name, value in list(namespace.items()):
+        if name.startswith("__") or isinstance(value, type) or callable(value):
+            continue
+        try:
+            holds = any(isinstance(leaf, jax.Array) for leaf in jax.tree_util.tree_leaves(value))
+        except Exception:  # noqa: BLE001 - a value jax cannot flatten holds no array it would see
+            holds = False
+        if holds:
+            del namespace[name]
 
 
 def _clean_text(calls: int, eager: int, names: tuple[str, ...]) -> str:

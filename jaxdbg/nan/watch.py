@@ -39,8 +39,10 @@ import ast
 import collections
 import contextlib
 import functools
+import itertools
 import linecache
 import sys
+import time
 import types
 import weakref
 from collections.abc import Sequence
@@ -59,13 +61,23 @@ from jaxdbg.nan.eager_growth import EagerUpdates
 from jaxdbg.nan.growth import GrowthTracker
 from jaxdbg.nan.result import Origin
 from jaxdbg.nan.stats import is_inexact, nonfinite_flags, value_stats
-from jaxdbg.nonfinite import device_magnitudes_jaxdbg, flags_and_magnitude
+from jaxdbg.nonfinite import device_magnitudes_jaxdbg, flags_and_magnitude, stacked_jaxdbg
 
 # With ``read_late``, calls whose flags are not read yet. A finished call's flags are read at the next call;
 # the inputs of the others are held by jax's own queue anyway. Past this many (the program runs far ahead of
 # the device) the oldest is waited for. Calls that donate keep device copies of their inputs: at most this many.
 MAX_PENDING = 64
 MAX_PENDING_COPIES = 2
+# Unread calls are read this many at a time once the last of them has finished: one vectorised check of their
+# flags and growth instead of a read per call (a tiny function's call costs microseconds; so did each read).
+# Finished calls wait no longer than READ_EVERY_S for it: slow steps are read at each call, as before.
+READ_BATCH = 16
+READ_EVERY_S = 0.05
+# Unread calls keep their inputs (a copy of the model each, for a training step): beyond this many bytes kept by
+# the calls before the latest, the oldest is read (waiting for it). A large model's step is long, so the wait
+# costs it little, and the run's peak stays at one model copy above the program's (a 48-block MLP of 392 MiB
+# of parameters, 3 unread steps: 1.30x the plain run's peak before nan-hunt's replay even began).
+MAX_KEPT_BYTES = 256 * 2**20
 EAGER_OPS_PER_CALL = 64  # after an Inf, eager operations are budgeted at this many per jitted call
 MAX_INF_FINDINGS = 8  # distinct Inf births kept while waiting for a NaN (each keeps its call's inputs alive)
 MADE_EAGERLY = 4096  # eager outputs remembered with their line (for the growth of an eagerly updated argument)
@@ -185,49 +197,119 @@ def _finished(magnitudes: Any) -> bool:
         return True
 
 
+class Structures:
+    """The distinct input structures (pytree definitions) one function's checked companion has been called
+    with, so that a call's kept inputs share an equal structure instead of keeping their own.
+
+    Comparing two structures runs a framework's own ``==`` (Flax NNX's GraphDef: ~80 us a step, as much again as
+    jax's dispatch spends on the same compare). The companion's caches are its own (it is a function made for
+    this instrumented function), so a call during which jax traced nothing was called with a structure an
+    earlier, watched call of it had: while only one structure has ever been seen, that is the one, and no compare
+    is needed. A call that raised after jax traced for it leaves a structure unseen: from then on every call
+    compares.
+
+    Example:
+        >>> seen = Structures()
+        >>> first = jax.tree_util.tree_structure(({"w": 1.0},))
+        >>> seen.share(first, traced=True) is first, seen.share(jax.tree_util.tree_structure(({"w": 2.0},)),
+        ...                                                     traced=False) is first
+        (True, True)
+    """
+
+    KEEP = 8  # distinct structures remembered (a function called with more compares with the latest)
+
+    def __init__(self) -> None:
+        self.seen: list[Any] = []
+        self.only_one = True  # every structure the companion was traced for is in seen, and there is one
+        self.nbytes: int | None = None  # the latest traced call's input bytes (calls with no trace: the same)
+
+    def input_bytes(self, leaves: Sequence[Any], traced: bool) -> int:
+        """The bytes of a call's array inputs (remembered from the latest call jax traced for)."""
+        if traced or self.nbytes is None:
+            self.nbytes = sum(leaf.nbytes for leaf in leaves if isinstance(getattr(leaf, "nbytes", None), int))
+        return self.nbytes
+
+    def share(self, treedef: Any, traced: bool) -> Any:
+        """``treedef``, or an equal one seen before (``traced``: jax traced during this call)."""
+        seen = self.seen
+        if not traced and self.only_one and seen:
+            return seen[0]
+        for known in reversed(seen):
+            try:
+                if known == treedef:  # a framework's aux data compares its own way; any failure: keep ours
+                    return known
+            except Exception:  # noqa: BLE001
+                break
+        seen.append(treedef)
+        if len(seen) > 1:
+            self.only_one = False
+            del seen[:-self.KEEP]
+        return treedef
+
+    def unsure(self) -> None:
+        """A call raised after jax traced for it: its structure was never seen here."""
+        self.only_one = False
+
+
+_ARRAY_TYPE = _compat.array_class()  # jax's concrete array class: tested by identity on every call (no ABC check)
+
+
 class KeptInputs:
     """A call's inputs kept for its replay: their leaves, and their tree structure, shared with the function's
-    previous call when jax's own cache would call it the same (``==``).
+    earlier calls when jax's own cache would call it the same (:class:`Structures`).
 
     A framework builds its call's structure anew each step (Flax NNX: a GraphDef of ~300 Python objects); kept
     with every unread call, those objects set off Python's cyclic GC every two steps or so (measured ~70 gen-0
     and 6 gen-1 collections per 200 steps of a CNN loop, and a 70-100 ms full collection now and then); plain,
-    none. Shared, the new structure is freed at once, as it is without the watch.
+    none. Shared, the new structure is freed at once, as it is without the watch. Arguments that are all arrays
+    are kept as they are (nothing to share, nothing to flatten).
 
     Example:
-        >>> kept = KeptInputs.of(({"w": 1.0}, [2.0]), {"scale": 3.0}, None)
+        >>> seen = Structures()
+        >>> kept = KeptInputs.of(({"w": 1.0}, [2.0]), {"scale": 3.0}, seen)
         >>> kept.unpack()
         (({'w': 1.0}, [2.0]), {'scale': 3.0})
-        >>> again = KeptInputs.of(({"w": 4.0}, [5.0]), {"scale": 6.0}, kept.treedef)
+        >>> again = KeptInputs.of(({"w": 4.0}, [5.0]), {"scale": 6.0}, seen)
         >>> again.treedef is kept.treedef, again.leaves
         (True, [4.0, 5.0, 6.0])
     """
 
-    __slots__ = ("leaves", "treedef")
+    __slots__ = ("leaves", "nbytes", "treedef")
 
-    def __init__(self, leaves: list, treedef: Any):
+    def __init__(self, leaves: list, treedef: Any, nbytes: int = 0):
         self.leaves = leaves
         self.treedef = treedef
+        self.nbytes = nbytes  # of the arrays kept (see MAX_KEPT_BYTES)
 
     @classmethod
-    def of(cls, args: tuple, kwargs: dict, previous: Any) -> KeptInputs:
-        """``args``/``kwargs`` kept; ``previous``: the structure kept for the function's previous call, if any."""
+    def of(cls, args: tuple, kwargs: dict, structures: Structures | None, traced: bool = True,
+           flat: tuple[list, Any] | None = None) -> KeptInputs:
+        """``args``/``kwargs`` kept; ``structures``: the function's (None: none shared); ``traced``: jax traced
+        during this call (or whether it did is unknown); ``flat``: ``tree_flatten((args, kwargs))`` if already
+        made."""
+        if not kwargs:
+            for arg in args:
+                if type(arg) is not _ARRAY_TYPE:
+                    break
+            else:  # only arrays: nothing to share, nothing to flatten
+                return cls([(args, kwargs)], None, structures.input_bytes(args, traced) if structures else 0)
         try:
-            leaves, treedef = tree_flatten((tuple(args), dict(kwargs)))
+            leaves, treedef = flat if flat is not None else tree_flatten((tuple(args), dict(kwargs)))
         except Exception:  # noqa: BLE001 - a pytree that will not flatten: jax's own call reports it; kept whole
             return cls([(args, kwargs)], None)
-        if previous is not None:
-            try:
-                if previous == treedef:  # a framework's aux data compares its own way; any failure: keep ours
-                    treedef = previous
-            except Exception:  # noqa: BLE001
-                pass
-        return cls(leaves, treedef)
+        if structures is None:
+            return cls(leaves, treedef)
+        return cls(leaves, structures.share(treedef, traced), structures.input_bytes(leaves, traced))
 
     def unpack(self) -> tuple[tuple, dict]:
         args, kwargs = self.leaves[0] if self.treedef is None else jax.tree_util.tree_unflatten(
             self.treedef, self.leaves)
         return args, kwargs
+
+
+def _kept_bytes(call: JitCall) -> int:
+    kept = call.notes.get("nan_inputs")
+    return kept.nbytes if kept is not None else 0
 
 
 def _same(ref: Any, value: Any) -> bool:
@@ -264,6 +346,9 @@ class Watch(JitHook):
         self.read_late = read_late
         self._pending: collections.deque[JitCall] = collections.deque()  # read_late: flags not read yet
         self._copies = 0  # pending calls that donate: their inputs are device copies kept for the replay
+        self._kept_bytes = 0  # of the inputs the pending calls keep
+        self._read_at = 0.0  # when finished calls were last read short of a batch (time.perf_counter())
+        self._stacking = True  # unread calls' magnitudes are stacked on the device to be read (see _rows)
         self._unread: int | None = None  # calls left unread at most (decided at the first call)
         self._copy_ahead = False
         self.growth = GrowthTracker(growth_factor)
@@ -285,7 +370,7 @@ class Watch(JitHook):
         self._made_eagerly: collections.OrderedDict[int, tuple[weakref.ref, SourceLocation]] = (
             collections.OrderedDict())
         self._argument_names: dict[tuple[int, int], list[str]] = {}
-        self._structures: dict[int, Any] = {}  # function -> the tree structure of its latest call's inputs
+        self._structures: dict[InstrumentedJit, Structures] = {}  # the input structures of each function's calls
         # id(argument) -> its max(|x|): the same batch or constant passed again is not reduced again
         self._fresh_measured: dict[int, tuple[weakref.ref, float]] = {}
         self._fresh_before: dict[int, tuple] = {}  # function -> its latest call's fresh positions and magnitudes
@@ -324,6 +409,7 @@ class Watch(JitHook):
     def _close(self) -> None:
         stack, self._stack = self._stack, None
         self._pending.clear()
+        self._kept_bytes = 0
         self._eager_calls.clear()
         self._pmap_calls.clear()
         self._infs.clear()
@@ -341,26 +427,47 @@ class Watch(JitHook):
     def before(self, call: JitCall) -> None:
         if not self.active:
             return
-        # The inputs are kept to replay the call; a call that may donate them gets device copies.
-        args, kwargs = call.args, call.kwargs
-        if call.function.donates:
-            args, kwargs = self.copy_tree((args, kwargs))
-        function = call.function.record.id
-        kept = call.notes["nan_inputs"] = KeptInputs.of(args, kwargs, self._structures.get(function))
-        self._structures[function] = kept.treedef
-        call.notes["nan_fresh"] = self._measure_fresh_arguments(call)  # before a donating call deletes them
+        function, notes = call.function, call.notes
+        flat = None
+        if function.donates:  # the inputs are kept to replay the call: device copies, before it deletes them
+            notes["nan_copies"] = self.copy_tree((call.args, call.kwargs))
+        elif not function.static_argnums and not function.static_argnames:  # flattened once, for both uses
+            with contextlib.suppress(Exception):  # arguments jit itself would reject: measured and kept whole
+                flat = notes["nan_flat"] = tree_flatten((tuple(call.args), dict(call.kwargs)))
+        notes["nan_fresh"] = self._measure_fresh_arguments(call, flat[0] if flat is not None else None)
+
+    def keep_inputs(self, call: JitCall) -> None:
+        """Keep a call's inputs for its replay (once it ran: whether jax traced for it tells whether its input
+        structure needs comparing, see :class:`Structures`)."""
+        notes = call.notes
+        copies = flat = None
+        if notes:  # jaxdbg.watch's calls have none here: asked on every call, so read only if there
+            copies, flat = notes.pop("nan_copies", None), notes.pop("nan_flat", None)
+        args, kwargs = copies if copies is not None else (call.args, call.kwargs)
+        function = call.function
+        structures = self._structures.get(function)
+        if structures is None:
+            structures = self._structures[function] = Structures()
+        notes["nan_inputs"] = KeptInputs.of(args, kwargs, structures, bool(call.spans) or not call.check, flat)
+
+    def on_exception(self, call: JitCall, err: BaseException) -> None:
+        structures = self._structures.get(call.function)
+        if structures is not None and call.spans:
+            structures.unsure()
 
     def after(self, call: JitCall, out: Any) -> None:
-        if not self.active or "nan_inputs" not in call.notes:
+        if not self.active or "nan_fresh" not in call.notes:
             return
+        self.keep_inputs(call)
         site = caller_user_frame(2)
         seen = self.seen(call.function, out, site)
-        seen.returned = {id(leaf): ref for leaf in tree_leaves(out) if (ref := _weak(leaf)) is not None}
+        outs = tree_leaves(out)
+        seen.returned = {id(leaf): ref for leaf in outs if (ref := _weak(leaf)) is not None}
         if not self.read_late or self.inf_findings:  # after an Inf: at once, in order with eager operations
             self.flush()
             self.read(call, out, site)
             return
-        call.notes["out"] = tree_leaves(out)  # followed if an Inf turns up among the unread calls (by leaf)
+        call.notes["out"] = outs  # followed if an Inf turns up among the unread calls (by leaf)
         self.defer(call, site)
 
     # -- reading late -----------------------------------------------------------------------------------------
@@ -372,38 +479,113 @@ class Watch(JitHook):
             # In a job, every process must read (and analyse: the analysis gathers sharded inputs) at the same
             # call whatever its timing: there the flags of call k are read at call k+1, waiting if need be.
             self._unread = 1 if jax.process_count() > 1 else MAX_PENDING
-            self._copy_ahead = jax.default_backend() != "cpu"
-        if self._copy_ahead:  # start the small device->host copy now; on CPU there is nothing to copy
+            # Read at the next call: start each small device->host copy now. Read in batches, they are stacked on
+            # the device first and copied as one; on CPU there is nothing to copy.
+            self._copy_ahead = self._unread == 1 and jax.default_backend() != "cpu"
+        if self._copy_ahead:
             with contextlib.suppress(AttributeError):
                 call.magnitudes.copy_to_host_async()
-        call.notes["site"] = site
-        self._pending.append(call)
+        notes = call.notes
+        notes["site"] = site
+        kept = notes.get("nan_inputs")
+        if kept is not None:
+            self._kept_bytes += kept.nbytes
+        pending = self._pending
+        pending.append(call)
         if call.function.donates:
             self._copies += 1
-        self.read_ready()
+        if (len(pending) >= READ_BATCH or self._copies > MAX_PENDING_COPIES or self._unread == 1
+                or self._kept_bytes > MAX_KEPT_BYTES
+                or time.perf_counter() - self._read_at >= READ_EVERY_S):  # else read_ready() would read nothing
+            self.read_ready()
 
     def read_ready(self) -> None:
-        """Read the flags of the unread calls that have finished, oldest first; wait for the oldest only past
-        :data:`MAX_PENDING` (or :data:`MAX_PENDING_COPIES`). Reading a finished call's flags costs ~1 us;
-        waiting for a running one is a host-device sync per step (~15% on a CPU training loop)."""
+        """Read the flags of the unread calls that have finished, oldest first, :data:`READ_BATCH` at a time;
+        wait for the oldest only past :data:`MAX_PENDING` (or :data:`MAX_PENDING_COPIES`). Waiting for a running
+        call is a host-device sync per step (~15% on a CPU training loop). In a multi-process job, call k is read
+        at call k+1."""
         pending = self._pending
-        while pending:
-            call = pending[0]
-            if (len(pending) <= (self._unread or MAX_PENDING) and self._copies <= MAX_PENDING_COPIES
-                    and (self._unread == 1 or not _finished(call.magnitudes))):
-                return
+        while len(pending) > (self._unread or MAX_PENDING) or self._copies > MAX_PENDING_COPIES:
             self._read_oldest()
+        while len(pending) > 1 and self._kept_bytes - _kept_bytes(pending[-1]) > MAX_KEPT_BYTES:
+            self._read_oldest()
+        if self._unread == 1 or not pending:
+            return
+        if len(pending) < READ_BATCH:
+            now = time.perf_counter()
+            if now - self._read_at < READ_EVERY_S:
+                return
+            self._read_at = now
+        while pending:
+            count = min(READ_BATCH, len(pending))
+            if not _finished(pending[count - 1].magnitudes):
+                count = sum(1 for _ in itertools.takewhile(lambda c: _finished(c.magnitudes), pending))
+                if count:
+                    self._read_batch(count)
+                return
+            self._read_batch(count)
 
     def flush(self) -> None:
         """Read the flags of every unread call, oldest first (waits for them)."""
         while self._pending:
+            self._read_batch(min(READ_BATCH, len(self._pending)))
+
+    def _read_batch(self, count: int) -> None:
+        """Read the ``count`` oldest unread calls: when their flags are all finite and no magnitude passes its
+        growth threshold (the steady state), with one vectorised check; else one by one."""
+        pending = self._pending
+        calls = [pending[i] for i in range(count)]
+        if self._quiet(calls):
+            for _ in range(count):
+                self._pop()
+            self.calls += count
+            return
+        for _ in range(count):
             self._read_oldest()
 
+    def _quiet(self, calls: list[JitCall]) -> bool:
+        """Whether reading these calls one by one would change nothing but the count: their flags are finite,
+        no magnitude passes its growth threshold, and nothing else waits on them."""
+        if self.inf_findings or not self.active:
+            return False
+        groups: dict[tuple[str, int], list[JitCall]] = {}
+        for call in calls:
+            seen = self._watched.get(call.function.record.id)
+            if seen is None or seen.leaf_names is None or call.notes.get("nan_fresh") is not None:
+                return False
+            groups.setdefault((call.function.name, len(seen.leaf_names)), []).append(call)
+        for (name, _), members in groups.items():
+            rows = self._rows(members)
+            if rows is None or not np.isfinite(rows).all() or not self.growth.quiet(name, rows):
+                return False
+        return True
+
+    def _rows(self, calls: list[JitCall]) -> np.ndarray | None:
+        """The calls' magnitudes as rows of one host array: stacked on the device first (one copy to the host for
+        the lot; padded to :data:`READ_BATCH` rows with the first call's, so one program serves every batch)."""
+        if len(calls) > 1 and self._stacking:
+            vectors = [call.magnitudes for call in calls]
+            vectors += [vectors[0]] * (READ_BATCH - len(vectors))
+            try:
+                with self.internal():
+                    return np.asarray(stacked_jaxdbg(vectors))[:len(calls)]
+            except Exception:  # noqa: BLE001 - e.g. vectors on different devices: one copy each from now on
+                self._stacking = False
+        try:
+            return np.stack([call.host_magnitudes() for call in calls])
+        except ValueError:  # vectors of different lengths (the outputs changed): read one by one
+            return None
+
     def _read_oldest(self) -> None:
+        self._check(self._pop())
+
+    def _pop(self) -> JitCall:
+        """The oldest unread call, taken off the queue (and off what the queue keeps)."""
         call = self._pending.popleft()
         if call.function.donates:
             self._copies -= 1
-        self._check(call)
+        self._kept_bytes -= _kept_bytes(call)
+        return call
 
     def _check(self, call: JitCall) -> None:
         """Read one unread call's flags."""
@@ -438,19 +620,23 @@ class Watch(JitHook):
 
     # -- arguments made outside the watched calls (growth) ----------------------------------------------------
 
-    def _measure_fresh_arguments(self, call: JitCall) -> tuple | None:
+    def _measure_fresh_arguments(self, call: JitCall, leaves: list | None = None) -> tuple | None:
         """Start ``max(|x|)`` of the floating arguments that no watched call returned (one reduction on
-        the device, read after the call); the others were measured as outputs already."""
+        the device, read after the call); the others were measured as outputs already. ``leaves``: the call's
+        flat dynamic arguments, if already made."""
         function = call.function
         replay = Call(function.name, function.fun, call.args, call.kwargs, function.static_argnums,
                       function.static_argnames)
-        try:
-            leaves = replay.leaves()
-        except Exception:  # noqa: BLE001 - arguments jit itself would reject: nothing to measure
-            return None
-        returned: dict[int, weakref.ref] = {}
-        for seen in self._watched.values():
-            returned.update(seen.returned)
+        if leaves is None:
+            try:
+                leaves = replay.leaves()
+            except Exception:  # noqa: BLE001 - arguments jit itself would reject: nothing to measure
+                return None
+        returns = [seen.returned for seen in self._watched.values()]
+        returned: dict[int, weakref.ref] = returns[0] if len(returns) == 1 else {}
+        if len(returns) > 1:
+            for each in returns:
+                returned.update(each)
         fresh, on_device, on_host = [], [], []
         for i, leaf in enumerate(leaves):
             if not is_inexact(leaf) or _same(returned.get(id(leaf)), leaf):
@@ -564,7 +750,9 @@ class Watch(JitHook):
     def seen(self, function: InstrumentedJit, out: Any, site: SourceLocation | None) -> _Watched:
         """What the watch keeps of ``function``; at its first call, its output leaf names (by the assignment
         at ``site``, the call's line: ``params, loss = step(...)``)."""
-        seen = self._watched.setdefault(function.record.id, _Watched())
+        seen = self._watched.get(function.record.id)
+        if seen is None:
+            seen = self._watched[function.record.id] = _Watched()
         if seen.leaf_names is None:
             seen.call_site = site
             seen.leaf_names = self._float_leaf_names(out, function.name, site)

@@ -27,6 +27,7 @@ Example:
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -74,12 +75,18 @@ class StepClock:
         self.execute: dict[int, float] = {}  # per function: the latest waited call's execution
         self.previous: dict[int, tuple[float, ...] | None] = {}
         self.steps: dict[int, list[float]] = {}
+        # Calls the profile let run unseen (on jax's own dispatch): their function and start, appended by the
+        # profile as each is made, put on the clock at its next event (in order: nothing else happened between).
+        self.unseen_functions = array("q")
+        self.unseen_starts = array("d")
 
     def call(self, function: int, start: float, end: float, *, put_s: float, compile_s: float, execute_s: float,
              waited: bool, steady: bool, captured: bool = False) -> None:
         """One jitted call: ``start``/``end`` bound the profile's whole handling of it (copying its numpy arguments,
         ``put_s``, included); ``waited``: the profile waited for its outputs, and ``execute_s`` is its execution;
         ``steady``: it did not compile; ``captured``: it ran in the profiler's capture window."""
+        if self.unseen_starts:
+            self.catch_up()
         if waited:
             host = compile_s + self.dispatch.get(function, 0.0)  # a plain run returns once it is dispatched
             self.execute[function] = execute_s
@@ -115,6 +122,8 @@ class StepClock:
 
     def sync(self, site: SyncSite, start: float, waited: float, end: float) -> None:
         """A forced synchronisation: waited for the device from ``start`` to ``waited``, then copied until ``end``."""
+        if self.unseen_starts:
+            self.catch_up()
         real = waited - start
         at = start - self.shift
         if self.distorted:  # the device's queue as a plain run would have it: the estimate, not what happened
@@ -131,12 +140,25 @@ class StepClock:
         self.pending = site
         self.pending_end = end - self.shift
 
+    def catch_up(self) -> None:
+        """Put the calls that ran unseen since the clock's last event on it: each dispatched in its function's
+        latest measured dispatch time (an un-waited call seen), running its latest measured execution."""
+        functions, starts = self.unseen_functions, self.unseen_starts
+        self.unseen_functions, self.unseen_starts = array("q"), array("d")
+        for function, start in zip(functions, starts):
+            self.call(function, start, start + self.dispatch.get(function, 0.0), put_s=0.0, compile_s=0.0,
+                      execute_s=0.0, waited=False, steady=True)
+
     def eager_compile(self) -> None:
         """An operation run outside jit compiled (its first run): the step it falls in is not a steady one."""
+        if self.unseen_starts:
+            self.catch_up()
         self.eager_compiles += 1
 
     def transferred(self, seconds: float) -> None:
         """A copy between host and device made outside a jitted call (``device_put``, ``jnp.asarray``)."""
+        if self.unseen_starts:
+            self.catch_up()
         self.transfer += seconds
 
 

@@ -5,15 +5,17 @@ restores what it replaced in ``finally``:
 
 - :func:`tracking_jit` installs the :class:`Recorder` as a hook of :mod:`jaxdbg.jit_layer` (the one place
   that patches ``jax.jit``). A timed call is measured from dispatch until its outputs are ready
-  (``block_until_ready``) and split into compile and execute with the compile spans jax reports while the
-  call runs; see :meth:`Recorder.timed_call` for which calls are timed.
-- :func:`compile_listener` receives ``jax.monitoring``'s trace / lower / backend-compile time spans and
-  files them under the call running on that thread (or under eager ops when none is).
+  (``block_until_ready``) and split into compile and execute with the compile spans jax reported while the
+  call ran (the layer's ``call.spans``); see :meth:`Recorder.timed_call` for which calls are timed. The
+  others are not seen at all (they stay on jax's C++ dispatch; the layer counts them), unless they compile.
+- :func:`compile_listener` receives ``jax.monitoring``'s compile spans outside the jitted calls (eager
+  operations, jaxdbg's own introspection) and persistent-cache hits.
 - :func:`jaxdbg.profile.transfers.timed_transfers` times copies between host and device (``jax.device_put``,
   ``jnp.asarray``, reading an array on the host) and the forced synchronisations, at the user's line. Host (numpy)
   arguments of a tracked call are copied to the device just before it, and that copy is timed as a transfer too.
-- :class:`~jaxdbg.profile.host_bound.StepClock` follows every call, transfer and sync on the main thread: whether
-  the device waits for the host between steps.
+- :class:`~jaxdbg.profile.host_bound.StepClock` follows every call the profile sees, transfer and sync on the main
+  thread (the calls it let run unseen by their start, noted as they are made): whether the device waits for the host
+  between steps.
 
 Results leave as messages (:mod:`jaxdbg.profile.messages`) through ``send(message)`` as they happen (compiles at
 once, call timings in batches every half second from a background thread), so a script that raises, hangs or
@@ -37,7 +39,7 @@ from typing import Any
 
 from jaxdbg import _compat, jit_layer
 from jaxdbg._source import SourceLocation, caller_user_frame
-from jaxdbg.jit_layer import InstrumentedJit, JitCall, JitHook, unwrap_function
+from jaxdbg.jit_layer import CACHE_HIT_EVENT, COMPILE_EVENTS, InstrumentedJit, JitCall, JitHook, unwrap_function
 from jaxdbg.profile.hlo import module_name
 from jaxdbg.profile.hlo_files import write_hlo
 from jaxdbg.profile.host_bound import StepClock, SyncSite
@@ -48,19 +50,13 @@ from jaxdbg.protocol import Message, repeating
 
 FLUSH_EVERY_S = 0.5
 TIMED_FIRST = 3  # the first calls of a function are all timed (first call, and a steady median early)
-COMPILE_EVENTS = {
-    "/jax/core/compile/jaxpr_trace_duration": "trace",
-    "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",
-    "/jax/core/compile/backend_compile_duration": "compile",
-}
-CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
 _KEEP_SIGNATURES = 32
 
 
 class TrackedFunction:
     """What the profile knows about one jitted function (one name + definition site, across re-jits)."""
 
-    def __init__(self, ident: int, name: str, source: SourceLocation | None, fun: Any):
+    def __init__(self, ident: int, name: str, source: SourceLocation | None, fun: Any, record: Any = None):
         self.id = ident
         self.name = name
         self.source = source
@@ -70,6 +66,8 @@ class TrackedFunction:
         self.signatures: list[Signature] = []
         self.callables: list[Any] = []  # strong refs: an id() could be reused by a later lambda
         self.introspect = True
+        self.record = record  # the jit layer's: its count includes the calls that ran ahead unseen
+        self.host_args = False  # it was given host (numpy) arguments: every call is seen, its copy timed
 
 
 class Recorder(JitHook):
@@ -101,7 +99,7 @@ class Recorder(JitHook):
         self.cache_hits = 0
         self.overhead_s = 0.0
         self.on_first_call: Callable[[], Any] | None = None  # once, before the first tracked call runs
-        self.current: tuple[str, int] | None = None  # the latest tracked call: (function, call index)
+        self.latest: InstrumentedJit | None = None  # the function called last (its record counts the calls)
         self.in_call = False  # the main thread is inside a tracked call (a multi-process job's heartbeat says so)
 
     # ---- functions (hooks of the jit layer) ----------------------------------------------------------------
@@ -109,17 +107,41 @@ class Recorder(JitHook):
         record = function.record
         with self._lock:
             if record.id not in self.functions:
-                self.functions[record.id] = TrackedFunction(record.id, record.name, record.source, function.fun)
+                self.functions[record.id] = TrackedFunction(record.id, record.name, record.source, function.fun,
+                                                            record)
                 self._send(FunctionDefined(record.id, record.name, record.source,
                                            "pmap" if function.is_pmap else "jit"))
+
+    @property
+    def current(self) -> tuple[str, int] | None:
+        """The latest call: (function, call index)."""
+        latest = self.latest
+        return None if latest is None else (latest.name, latest.record.calls - 1)
+
+    def wants(self, function: InstrumentedJit, index: int) -> bool:
+        """The calls this profile sees: the timed ones (:meth:`timed_call`), the one after each (not waited for:
+        its dispatch time, for the step clock), those in the capture window, and every call of a function given
+        host arguments (their copy is timed). The others run ahead unseen (a call among them that compiles is
+        still filed: :meth:`on_unwanted_compile`; the step clock notes their start). Asked on
+        every call."""
+        self.latest = function
+        if index < TIMED_FIRST or index % self.sync_every < 2 or self.on_first_call is not None:
+            return True
+        window = self.window
+        if (window is not None and window.active) or self.functions[function.record.id].host_args:
+            return True
+        if threading.get_ident() == self._main:  # its start, for the step clock (see StepClock.catch_up)
+            clock = self.clock
+            clock.unseen_functions.append(function.record.id)
+            clock.unseen_starts.append(time.perf_counter())
+        return False
 
     def around(self, call: JitCall, run: Callable[[], Any]) -> Any:
         if self.on_first_call is not None:
             first, self.on_first_call = self.on_first_call, None
             first()
         record = self.functions[call.function.record.id]
-        index = call.index
-        self.current = (record.name, index)
+        self.latest = call.function
         self.in_call = True
         try:
             return self._around(call, record, run)
@@ -132,8 +154,7 @@ class Recorder(JitHook):
         put_s = 0.0
         if self.convert_host_args:
             call.args, put_s = self._put_host_args(call.function, call.args)
-        local = self._local
-        spans = local.spans = []
+            record.host_args = record.host_args or put_s > 0.0
         window = self.window
         annotation = window.annotation(record.name, index) if window is not None and window.active else None
         timed = self.timed_call(index) or annotation is not None
@@ -147,17 +168,15 @@ class Recorder(JitHook):
                     self.wait(out)
             else:
                 out = run()
-                if timed or spans:  # a call that compiled is timed too: its compile/execute split
+                if timed or call.spans:  # a call that compiled is timed too: its compile/execute split
                     timed = True
                     self.wait(out)
             t1 = time.perf_counter()
         except BaseException:
-            local.spans = None
-            if spans:
-                self._compiled(record, call, spans, failed=True)
+            if call.spans:
+                self._compiled(record, call, call.spans, failed=True)
             raise
-        local.spans = None
-        compile_s = self._compiled(record, call, spans) if spans else 0.0
+        compile_s = self._compiled(record, call, call.spans) if call.spans else 0.0
         wall = t1 - t0
         self._in_flight = None if timed else out
         execute_s = max(wall - compile_s, 0.0)
@@ -165,10 +184,34 @@ class Recorder(JitHook):
             record.pending.append(CallTiming(index, wall, execute_s, compile_s, put_s, annotation is not None, timed))
         if annotation is not None:
             self._timed(window.after_call)
-        if threading.get_ident() == self._main:
-            self.clock.call(record.id, started, time.perf_counter(), put_s=put_s, compile_s=compile_s,
-                            execute_s=execute_s, waited=timed, steady=not spans, captured=annotation is not None)
+        self._clocked(record, index, started, put_s, compile_s, execute_s, timed, not call.spans,
+                      annotation is not None)
         return out
+
+    def _clocked(self, record: TrackedFunction, index: int, started: float, put_s: float, compile_s: float,
+                 execute_s: float, waited: bool, steady: bool, captured: bool = False) -> None:
+        """A call seen on the main thread, to the step clock."""
+        if threading.get_ident() != self._main:
+            return
+        self.clock.call(record.id, started, time.perf_counter(), put_s=put_s, compile_s=compile_s,
+                        execute_s=execute_s, waited=waited, steady=steady, captured=captured)
+
+    def on_unwanted_compile(self, call: JitCall, out: Any) -> None:
+        """A call that ran ahead unseen compiled: timed from its start to its outputs, like a seen call that
+        compiles (the calls queued before it are in its execute time, as they are for a seen one)."""
+        record = self.functions[call.function.record.id]
+        clock = self.clock
+        if threading.get_ident() == self._main and clock.unseen_starts:  # this call: clocked as seen, below
+            clock.unseen_functions.pop()
+            clock.unseen_starts.pop()
+        with contextlib.suppress(Exception):  # e.g. outputs donated to a later call since
+            self.wait(out)
+        wall = time.perf_counter() - call.started
+        compile_s = self._compiled(record, call, call.spans)
+        execute_s = max(wall - compile_s, 0.0)
+        with self._lock:
+            record.pending.append(CallTiming(call.index, wall, execute_s, compile_s))
+        self._clocked(record, call.index, call.started, 0.0, compile_s, execute_s, True, False)
 
     def timed_call(self, index: int) -> bool:
         """Whether call ``index`` waits for its outputs to be timed. Waiting on every call would take away
@@ -179,8 +222,9 @@ class Recorder(JitHook):
 
     def _drain(self) -> None:
         """Wait (untimed: it is the user's computation) for the outputs of calls that ran ahead."""
-        pending, self._in_flight = self._in_flight, None
-        if pending is not None:
+        pending = [out for out in (self._in_flight, jit_layer.take_ran_ahead()) if out is not None]
+        self._in_flight = None
+        if pending:
             with contextlib.suppress(Exception):  # e.g. outputs donated to a later call since
                 self.wait(pending)
 
@@ -259,9 +303,7 @@ class Recorder(JitHook):
         local = self._local
         if getattr(local, "introspecting", False):
             self.introspection_spans.append((stage, start, end))
-        elif getattr(local, "spans", None) is not None:
-            local.spans.append((stage, start, end))
-        else:
+        elif not jit_layer.in_user_call():  # a jitted call's own spans: the layer files them in call.spans
             self.eager_spans.append((stage, start, end, str(fun_name)))
             # compiling inside a transfer (jnp.asarray's first jit(stage)) is not copying
             local.eager_compile_s = getattr(local, "eager_compile_s", 0.0) + end - start
@@ -275,9 +317,6 @@ class Recorder(JitHook):
     def on_cache_hit(self) -> None:
         """The persistent compilation cache answered a backend compile."""
         self.cache_hits += 1
-        spans = getattr(self._local, "spans", None)
-        if spans is not None:
-            spans.append(("cache_hit", 0.0, 0.0))
 
     def _compiled(self, record: TrackedFunction, call: JitCall, spans: list, failed: bool = False) -> float:
         """File one compile: its stage times, why it happened, and (first few) its HLO, cost and memory."""
@@ -407,12 +446,15 @@ class Recorder(JitHook):
                     batch[record.id], record.pending = record.pending, []
         if batch:
             self._send(CallBatch(batch))
+        if threading.get_ident() == self._main and self.clock.unseen_starts:  # the calls since its last event
+            self.clock.catch_up()
         self._send(RunTotals(
             list(self.eager_spans), [(kind, source, *entry) for (kind, source), entry in list(self.transfers.items())],
             self.cache_hits, span_times([(k, s, e) for k, s, e in self.introspection_spans])["total_s"],
-            [(kind, source, site.count, site.wait_s, site.idle_s, site.bytes)
-             for (kind, source), site in list(self.syncs.items())],
-            {ident: list(sums) for ident, sums in list(self.clock.steps.items())}))
+            syncs=[(kind, source, site.count, site.wait_s, site.idle_s, site.bytes)
+                   for (kind, source), site in list(self.syncs.items())],
+            steps={ident: list(sums) for ident, sums in list(self.clock.steps.items())},
+            calls={ident: f.record.calls for ident, f in list(self.functions.items()) if f.record is not None}))
 
 
 def _block_until_ready(x: Any) -> Any:

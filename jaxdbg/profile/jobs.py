@@ -125,7 +125,12 @@ class BackendStart:
 
     def where(self) -> dict:
         """Where this process stands, for the job's other processes should it stop answering or hang."""
-        current, inside = self.recorder.current, self.recorder.in_call
+        from jaxdbg import jit_layer
+
+        # The latest call is known from the sampling question asked of every call; whether the main thread is
+        # inside one, from its stack (a call that runs ahead unseen sets nothing).
+        current = self.recorder.current
+        inside = self.recorder.in_call or jit_layer.main_thread_calls()[0] is not None
         at = (f"{'in' if inside else 'after'} {current[0]} call {current[1]}" if current
               else "before its first jitted call")
         return {"text": f"{at}, {time.perf_counter() - self.started:.1f} s into the run", "progress": current,

@@ -93,7 +93,8 @@ class RunTotals(Message):
     """Running totals (the latest one is the whole truth): eager compile spans ``(stage, start, end, name)``,
     transfers ``(kind, source, count, seconds, bytes)`` per kind and user line, persistent-cache hits, time spent
     introspecting, forced synchronisations ``(kind, source, count, wait_s, idle_s, bytes)`` per kind and user line,
-    and per function id its steady steps' sums (:data:`jaxdbg.profile.host_bound.STEP_FIELDS`)."""
+    per function id its steady steps' sums (:data:`jaxdbg.profile.host_bound.STEP_FIELDS`), and the calls made of
+    each function (id -> count; the calls that ran ahead unseen send no timing)."""
 
     eager_spans: list[tuple[str, float, float, str]]
     transfers: list[tuple]
@@ -101,6 +102,7 @@ class RunTotals(Message):
     introspection_s: float
     syncs: list[tuple] = field(default_factory=list)
     steps: dict[int, list[float]] = field(default_factory=dict)
+    calls: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
