@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import jax
+from jax._src import config as _jax_config  # internal: the x64 state as a value, without the Config lookup
 from jax._src import core as _jax_core  # internal: trace_state_clean has no public spelling in jax 0.10/0.11
 
 from jaxdbg._source import SourceLocation, is_user_file
@@ -380,6 +381,11 @@ def current_source_context() -> tuple[SourceLocation | None, str]:
 # jax.pmap runs as a jit of this name around a shard_map of the user's function (jax 0.10 and 0.11): seen by the
 # eager hook, such a call is a pmap.
 PMAP_JIT_NAME = "_fun"
+
+
+def x64_enabled() -> bool:
+    """Whether ``jax_enable_x64`` is on here and now (a ``jax.enable_x64`` block included): ~0.1 us."""
+    return bool(_jax_config.enable_x64.value)
 
 
 def is_pmapped(value: Any) -> bool:

@@ -133,14 +133,19 @@ def _keeps_fast_path(executable_name: str) -> bool:
     return jit_layer.in_user_call() or executable_name.endswith(("_jaxdbg", "_jaxdbg)"))
 
 
-def _trace_now(call: Call) -> Any:
+def _trace_now(call: Call, x64: bool | None = None) -> Any:
     """The call's jaxpr, traced while the call is still under way. Framework wrappers (``nnx.jit``) jit an
     inner function that only runs inside the context their own ``__call__`` sets up; traced later, outside
-    it, that function raises. None if tracing fails here too (the analysis then says why)."""
+    it, that function raises. ``x64``: whether the call ran with ``jax_enable_x64`` (a call read late may be
+    traced after the program's ``jax.enable_x64`` block ended: traced without it, its float64 became float32).
+    None if tracing fails here too (the analysis then says why)."""
     from jaxdbg.nan.localise import trace_for_replay  # the watch itself needs no interpreter
 
     try:
         with jit_layer.internal():
+            if x64 is not None and x64 != _compat.x64_enabled():
+                with jax.enable_x64(x64):
+                    return trace_for_replay(call)
             return trace_for_replay(call)
     except Exception:  # noqa: BLE001 - the later analysis traces again and reports the failure
         return None
@@ -449,6 +454,7 @@ class Watch(JitHook):
         if structures is None:
             structures = self._structures[function] = Structures()
         notes["nan_inputs"] = KeptInputs.of(args, kwargs, structures, bool(call.spans) or not call.check, flat)
+        notes["nan_x64"] = _compat.x64_enabled()  # ~0.1 us: the call's replay is traced as the call ran
 
     def on_exception(self, call: JitCall, err: BaseException) -> None:
         structures = self._structures.get(call.function)
@@ -610,7 +616,8 @@ class Watch(JitHook):
                           function.static_argnames, call.index, site, list(names))
             feeds = self._infs_in(tree_leaves((args, kwargs))) if nan.any() else frozenset()
             finding = JitFinding(replay, [n for n, b in zip(names, bad) if b], "nan" if nan.any() else "inf",
-                                 _trace_now(replay), feeds, self._argument_infs(replay) if feeds else {})
+                                 _trace_now(replay, call.notes.get("nan_x64")), feeds,
+                                 self._argument_infs(replay) if feeds else {})
             index = self.found(finding)  # an Inf, while after_inf lets the run go on
             if out is not None:
                 self._hold_infs(function.record.id, out, host, frozenset(), index)
@@ -782,7 +789,8 @@ class Watch(JitHook):
         before = {self._births[key][0] for key in ((function.record.id, i) for i in leaves) if key in self._births}
         same = next((f.closed_jaxpr for f in self.inf_findings if isinstance(f, JitFinding)
                      and f.closed_jaxpr is not None and _same_signature(f.call, replay)), None)
-        finding = JitFinding(replay, [], "inf", same if same is not None else _trace_now(replay))
+        finding = JitFinding(replay, [], "inf",
+                             same if same is not None else _trace_now(replay, call.notes.get("nan_x64")))
         if len(before) == 1 and (slot := before.pop()) != 0 and slot not in self._read:
             self.inf_findings[slot] = finding
             return slot
