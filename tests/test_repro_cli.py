@@ -219,14 +219,15 @@ def hang_repro(tmp_path_factory):
     """`jaxdbg repro` of HANG in a process of its own, started by the first test that uses this fixture and
     collected by test_hang_in_host_callback. Its runs mostly wait (a hung run sleeps in gate.wait() for the
     whole --timeout), so the tests marked to run meanwhile (single contained runs and bad input: one core)
-    overlap its 45 s instead of adding to them."""
+    overlap its 80 s instead of adding to them."""
     folder = tmp_path_factory.mktemp("hang")
     (folder / "hang.py").write_text(HANG)
     # Every run that hangs takes the whole --timeout, and a fresh process (detection, verification) must reach
-    # the hang within it, jax imported, on a loaded machine too: 8 s. --max-time leaves room for one round
-    # of candidates between detection and verification (each about --timeout).
-    proc = subprocess.Popen([sys.executable, "-m", "jaxdbg", "repro", str(folder / "hang.py"), "--timeout", "8",
-                             "--max-time", "45", "--out", str(folder / "o"), "--json", str(folder / "r.json"), "-q"],
+    # the hang within it, jax imported, on a loaded machine too: 15 s (8 s was too short at load 4: "fails
+    # before doing any JAX work"). --max-time leaves room for one round of candidates between detection and
+    # verification (each about --timeout).
+    proc = subprocess.Popen([sys.executable, "-m", "jaxdbg", "repro", str(folder / "hang.py"), "--timeout", "15",
+                             "--max-time", "80", "--out", str(folder / "o"), "--json", str(folder / "r.json"), "-q"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def finished():
