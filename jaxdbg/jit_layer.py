@@ -545,6 +545,12 @@ def replan() -> None:
 _INNER_JIT_ATTRIBUTES = ("jitted_fn", "_cached")
 
 
+def user_namespaces() -> list[dict]:
+    """The global namespaces of the program's own modules (not jax's, not jaxdbg's, not site-packages')."""
+    return [module.__dict__ for module in list(sys.modules.values())
+            if is_user_file(getattr(module, "__file__", None)) and isinstance(getattr(module, "__dict__", None), dict)]
+
+
 @contextlib.contextmanager
 def adopted() -> Iterator[list[str]]:
     """While hooks are installed, also instrument functions jitted *before* (``@jax.jit``, ``nnx.jit`` and
@@ -573,11 +579,10 @@ def adopted() -> Iterator[list[str]]:
     undo: list[tuple[Any, str, Any]] = []
     names: list[str] = []
     if layer is not None:
-        for module in list(sys.modules.values()):
-            if is_user_file(getattr(module, "__file__", None)) and isinstance(getattr(module, "__dict__", None), dict):
-                for name, restore in _adopt_in(module.__dict__, layer):
-                    undo.append(restore)
-                    names.append(name)
+        for namespace in user_namespaces():
+            for name, restore in _adopt_in(namespace, layer):
+                undo.append(restore)
+                names.append(name)
     try:
         yield names
     finally:

@@ -223,14 +223,7 @@ def _program() -> str | None:
 
 def _pmapped_globals() -> list[str]:
     """The jax.pmap'd functions bound to global names of the program's own modules."""
-    import sys
+    from jaxdbg import _compat, jit_layer
 
-    from jaxdbg import _compat
-    from jaxdbg._source import is_user_file
-
-    found = []
-    for module in list(sys.modules.values()):
-        namespace = getattr(module, "__dict__", None)
-        if isinstance(namespace, dict) and is_user_file(getattr(module, "__file__", None)):
-            found += [name for name, value in list(namespace.items()) if _compat.is_pmapped(value)]
-    return found
+    return [name for namespace in jit_layer.user_namespaces() for name, value in list(namespace.items())
+            if _compat.is_pmapped(value)]
