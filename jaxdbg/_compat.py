@@ -23,6 +23,8 @@ from jax._src import core as _jax_core  # internal: trace_state_clean has no pub
 
 from jaxdbg._source import SourceLocation, is_user_file
 
+JAX_VERSION: tuple[int, ...] = tuple(jax.__version_info__[:2])
+
 
 def open_jaxpr(closed: Any) -> tuple[Any, list]:
     """``(jaxpr, consts)`` of a closed jaxpr on any supported jax version (an open jaxpr gets no consts)."""
@@ -405,6 +407,30 @@ def shard_map_layout(params: dict) -> tuple[dict[str, int], tuple, tuple, tuple[
     if params.get("auto"):
         manual = frozenset(sizes) - frozenset(params["auto"])
     return sizes, tuple(in_specs), tuple(out_specs), tuple(a for a in sizes if a in manual)
+
+
+def pallas_whole_kernel(params: dict) -> Any | None:
+    """A ``pallas_call``'s kernel as a pure closed jaxpr, ``(*inputs, *outputs) -> (*inputs, *outputs)`` (the
+    values its refs hold after it ran), when one program sees every array whole: no grid (or a grid of one),
+    every block the whole array, no scalar-prefetch or scratch operands, no aliasing. Otherwise None."""
+    from jax._src.state.discharge import discharge_state  # internal: refs -> values has no public spelling
+
+    mapping, kernel = params.get("grid_mapping"), params.get("jaxpr")
+    if mapping is None or kernel is None or params.get("input_output_aliases"):
+        return None
+    if any(int(n) != 1 for n in mapping.grid) or mapping.num_index_operands or mapping.num_scratch_operands:
+        return None
+    for block in mapping.block_mappings:
+        shape = tuple(getattr(d, "block_size", d) for d in block.block_shape)
+        if shape != tuple(block.array_aval.shape) or tuple(block.transforms):
+            return None
+    from jax.extend.core import ClosedJaxpr
+
+    opened, consts = open_jaxpr(kernel)
+    if JAX_VERSION < (0, 11):  # jax 0.10 discharges a closed jaxpr, jax 0.11 an open one
+        return discharge_state(ClosedJaxpr(opened, consts))
+    discharged: Any = discharge_state(opened)  # an open jaxpr on jax 0.11 (typed closed after jax 0.10)
+    return ClosedJaxpr(discharged, consts)
 
 
 def jaxpr_function_name(closed: Any) -> str | None:

@@ -165,6 +165,33 @@ def test_origin_inside_the_second_of_two_loops() -> None:
     assert found.first.path[-1] == "scan[iteration=3]" and found.first.primitive == "log"
 
 
+def _masked_softmax_kernel(x_ref, o_ref):
+    x = x_ref[...]
+    shifted = x - jnp.max(x, axis=-1, keepdims=True)  # kernel sub line
+    o_ref[...] = jnp.exp(shifted) / jnp.sum(jnp.exp(shifted), axis=-1, keepdims=True)
+
+
+def _log_kernel(x_ref, o_ref):
+    o_ref[...] = jnp.log(x_ref[...])
+
+
+def test_a_pallas_kernel_that_sees_its_arrays_whole_is_replayed_inside_and_one_over_a_grid_is_not() -> None:
+    from jax.experimental import pallas as pl
+
+    scores = jnp.ones((4, 8)).at[2].set(-jnp.inf)  # a fully masked row
+    whole = jax.jit(lambda x: pl.pallas_call(_masked_softmax_kernel, jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                             interpret=True)(x))
+    found = hunt(whole, scores)
+    assert (found.first.kind, found.first.primitive) == ("nan", "sub")
+    assert found.first.source.line == _line_of(_masked_softmax_kernel, "# kernel sub line")
+    assert found.first.path[-1] == "pallas(_masked_softmax_kernel)" and not found.notes
+    block = pl.BlockSpec((2, 8), lambda i: (i, 0))
+    grid = jax.jit(lambda x: pl.pallas_call(_log_kernel, jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(2,),
+                                            in_specs=[block], out_specs=block, interpret=True)(x))
+    found = hunt(grid, -jnp.ones((4, 8)))
+    assert found.first.primitive == "pallas_call" and "Pallas kernel with a grid" in " ".join(found.notes)
+
+
 # -- fidelity ----------------------------------------------------------------------------------------------
 
 

@@ -16,6 +16,8 @@ primitive                              what the rule does (the path element it a
 ``while``                              cond then body per iteration (``while[iteration=k]``)
 ``cond``                               the branch the index selects (``cond[branch=b]``)
 ``shard_map``                          the body per device, all devices in lockstep (``shard_map``)
+``pallas_call``                        a kernel without a grid: its refs discharged to values, the
+                                       kernel's own lines op by op (``pallas(kernel)``)
 =====================================  ==============================================================
 
 Every other primitive is *bound* (run as one operation). A higher-order primitive without a rule is also
@@ -400,6 +402,24 @@ def _shard_map_rule(interp: Interpreter, site: Site, invals: list, in_tags: list
     return [_from_device_blocks(y, spec, sizes, manual) for y, spec in zip(outs, out_specs)], tags
 
 
+def _pallas_rule(interp: Interpreter, site: Site, invals: list, in_tags: list) -> tuple[list, list] | None:
+    """A Pallas kernel that sees its arrays whole (no grid) runs op by op: its refs, discharged, are values;
+    the outputs start as zeros (what they hold before the kernel writes them is undefined anyway)."""
+    try:
+        kernel = _compat.pallas_whole_kernel(site.eqn.params)
+    except Exception:  # noqa: BLE001 - a kernel this jax cannot discharge runs whole, as before
+        kernel = None
+    if kernel is None:
+        interp.hooks.opaque(site, "a Pallas kernel with a grid, scratch or aliased operands ran as one operation "
+                                  "(its lines are replayed only when one program sees every array whole)")
+        return None
+    outputs = [jnp.zeros(v.aval.shape, v.aval.dtype) for v in site.eqn.outvars]
+    name = site.eqn.params.get("name") or _compat.jaxpr_function_name(site.eqn.params["jaxpr"]) or "kernel"
+    values, tags = _inner(interp, site, kernel, f"pallas({name})", "call", [*invals, *outputs],
+                          [*in_tags, *([None] * len(outputs))])
+    return values[len(invals):], tags[len(invals):]
+
+
 def _spec_axes(entry: Any) -> tuple[str, ...]:
     if entry is None:
         return ()
@@ -497,5 +517,6 @@ RULES: dict[str, Rule] = {
     "while": _while_rule,
     "cond": _cond_rule,
     "shard_map": _shard_map_rule,
+    "pallas_call": _pallas_rule,
 }
 """The default rule table: primitive name -> rule. Copy and extend it to change what is descended into."""
