@@ -571,8 +571,8 @@ def adopted() -> Iterator[list[str]]:
         >>> with installed(Count()), adopted() as names:
         ...     _ = program.step(jnp.ones(2))
         watched call 0
-        >>> names, isinstance(program.step, InstrumentedJit)     # put back on exit
-        (['step'], False)
+        >>> "step" in names, isinstance(program.step, InstrumentedJit)     # put back on exit
+        (True, False)
         >>> del sys.modules["program"]
     """
     layer = _layer

@@ -257,6 +257,56 @@ def test_explanations_fit_the_pattern() -> None:
     text, hints = explain(hunt(overflow, jnp.float32(100.0)).first, hunt(overflow, jnp.float32(100.0)).chain)
     assert "inf - inf" in text and "exp" in text
     assert explain(None) == ("", ())
+    # the gradient of eigh at repeated eigenvalues: 1 / (λi - λj) with λi = λj, not an overflow
+    degenerate = hunt(jax.jit(jax.grad(lambda m: jnp.linalg.eigh(m)[0][1] + 0.0 * jnp.sum(jnp.linalg.eigh(m)[1]))),
+                      jnp.ones((4, 4)) - 4 * jnp.eye(4))
+    text, hints = explain(degenerate.first, degenerate.chain)
+    assert "derivative of `eigh`" in text and "degenerate" in text and "overflow" not in text, text
+    assert "eigvalsh" in " ".join(hints) and not any("clip gradients" in h for h in hints)
+    text, hints = explain(hunt(lambda x: x ** -2, jnp.array([0.0, 1.0])).first)
+    assert "negative power of 0" in text and "overflow" not in text
+
+
+def _gp_like(x, log_scale):
+    scale = jnp.exp(log_scale)  # exp line
+    return x / scale ** 2
+
+
+def _masked_mean(loss, tokens):
+    mask = (tokens != 0).astype(jnp.float32)  # mask line
+    return jnp.sum(loss * mask) / jnp.sum(mask)
+
+
+def test_the_zero_a_division_by_zero_divided_by_is_traced_to_where_it_was_made() -> None:
+    from jaxdbg.nan import zero_source
+    from jaxdbg.nan.analyses import Findings
+
+    def traced(fn, *args):
+        call = Call(fn.__name__, jax.jit(fn), args, {})
+        found = localise_call(call)
+        findings = Findings(found.first, call=call, localisation=found)
+        zero_source.analyse(findings)
+        return findings.zero_source, explain(found.first, zero=findings.zero_source)
+
+    # a parameter sent far negative: exp underflows, the denominator is 0, 0 / 0 is NaN
+    zero, (text, hints) = traced(_gp_like, jnp.zeros(3), jnp.float32(-377.0))
+    assert (zero.primitive, zero.how, zero.arguments) == ("exp", "underflow", ("log_scale",))
+    assert zero.source.line == _line_of(_gp_like, "# exp line") and zero.inputs[0].max == -377.0
+    assert f"made by `exp` at line {zero.source.line}" in text and "underflow" in hints[0]
+    # a batch of padding only: the mask's comparison made the zeros; no underflow hint
+    zero, (text, hints) = traced(_masked_mean, jnp.ones(4), jnp.zeros(4, jnp.int32))
+    assert (zero.primitive, zero.how, zero.arguments) == ("ne", "made", ("tokens",))
+    assert zero.source.line == _line_of(_masked_mean, "# mask line") and "underflow" not in " ".join(hints)
+    # x - x: a cancellation; and a zero that comes in as an argument
+    zero, _ = traced(lambda x, y: jnp.log(x - y), jnp.float32(2.0), jnp.float32(2.0))
+    assert (zero.primitive, zero.how) == ("sub", "cancellation")
+    zero, (text, _) = traced(lambda x, d: x / d, jnp.float32(0.0), jnp.float32(0.0))
+    assert (zero.primitive, zero.how, zero.arguments) == (None, "argument", ("d",))
+    assert "came in with the argument d" in text
+    # a denominator made outside the inner function the division is in
+    zero, (text, _) = traced(lambda x, s: jax.jit(lambda a, b: a / b)(x, jnp.exp(s)), jnp.float32(0.0),
+                             jnp.float32(-377.0))
+    assert (zero.how, zero.arguments) == ("outside", ("s",)) and "computed before `jit(<lambda>)` began" in text
 
 
 def test_growth_tracker_waits_for_a_nonzero_baseline() -> None:

@@ -145,6 +145,19 @@ def test_output_names_come_from_the_assignment() -> None:
     assert "params['b']" not in names
 
 
+def test_one_bad_update_shows_as_the_growth_of_the_failing_calls_argument() -> None:
+    """A step that sends a parameter from 0.5 to -739 and fails on the next call: the parameter's growth is
+    seen on its way into the failing call (its only earlier value was an argument made outside)."""
+    with pytest.raises(NonFiniteFound):
+        with Watch() as watch:
+            step = jax.jit(lambda w, x: (w - 1479.0 * x, jnp.log(w + 800.0) * x))
+            w = jnp.float32(0.5)
+            for _ in range(3):
+                w, _ = step(w, jnp.float32(1.0))
+    grown = [(g.name, g.first_call, g.function) for g in watch.growth.report()]
+    assert grown == [("w", 1, "<lambda>")], grown
+
+
 def test_read_late_keeps_program_order_and_the_exact_replay() -> None:
     """With ``read_late`` (nan-hunt on scripts, jaxdbg.watch) a call's flags are read after it returned: the
     first bad call is still the finding when the block ends (here: the script fails first), when an eager

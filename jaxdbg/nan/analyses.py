@@ -2,8 +2,9 @@
 
 The origin is the answer; the analyses after it add to it: where its infinities came from (``chain``), what
 grew before it (``growth``), whether float32 cures it (``precision``), a float16/bfloat16 overflow behind it
-(``overflow``), the paragraph and hints (``explanation``), the failing call saved to disk (``bundle``). Each
-is a function ``analyse(findings)`` in a module of its own that reads and fills one shared :class:`Findings`;
+(``overflow``), where a zero it divided by was made (``zero``), the paragraph and hints (``explanation``),
+the failing call saved to disk (``bundle``). Each is a function ``analyse(findings)`` in a module of its own
+that reads and fills one shared :class:`Findings`;
 :data:`ANALYSES` lists them in the order they run. One that raises loses only what it would have added: the
 guard turns the failure into an :class:`~jaxdbg.nan.result.AnalysisWarning` (the step, the error in one
 line, its traceback for ``-v``), the next one runs, and the command still reports what was found, with its
@@ -28,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from jaxdbg.nan import bundle, chain, explain, growth, overflow, precision
+from jaxdbg.nan import bundle, chain, explain, growth, overflow, precision, zero_source
 from jaxdbg.nan.result import AnalysisWarning, GrowthEntry, NanHuntResult, Origin, Overflow, PrecisionCheck
 from jaxdbg.runner import first_line
 
@@ -56,6 +57,7 @@ class Findings:
     growth: tuple[GrowthEntry, ...] = ()
     precision: PrecisionCheck | None = None
     overflow: Overflow | None = None
+    zero_source: zero_source.ZeroSource | None = None  # where the zero the origin divided by was made
     explanation: str = ""
     hints: tuple[str, ...] = ()
     artifacts: dict[str, str] = field(default_factory=dict)
@@ -105,6 +107,7 @@ ANALYSES: tuple[Analysis, ...] = (
     Analysis("growth", growth.analyse),
     Analysis("precision", precision.analyse),
     Analysis("overflow", overflow.analyse),
+    Analysis("zero", zero_source.analyse),
     Analysis("explanation", explain.analyse),
     Analysis("bundle", bundle.analyse),
 )

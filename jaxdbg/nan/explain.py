@@ -30,6 +30,7 @@ from jaxdbg.nan.result import GrowthEntry, Origin, Overflow, PrecisionCheck, Val
 
 if TYPE_CHECKING:
     from jaxdbg.nan.analyses import Findings
+    from jaxdbg.nan.zero_source import ZeroSource
 
 # (origin, code of its line, code of the lines that computed its inputs) -> (sentence, hints) or None
 Pattern = Callable[[Origin, str, str], "tuple[str, list[str]] | None"]
@@ -51,6 +52,14 @@ SQRT_EPSILON = ("add an epsilon inside: `jnp.sqrt(x + 1e-12)` (or take the squar
 POW_BASE = ("keep the base of the power away from zero: `jnp.maximum(x, 1e-6) ** gamma` (a power below 1 has an "
             "infinite derivative at 0)")
 EPSILONS = (EPSILON_LOG, EPSILON_DIV, SQRT_EPSILON, POW_BASE)  # left out where the line already adds an epsilon
+DEGENERATE = ("break the tie: add a tiny, fixed perturbation that makes the eigenvalues distinct (e.g. "
+              "`m + 1e-5 * jnp.diag(jnp.arange(n))`), or differentiate a quantity that does not depend on the "
+              "eigenvectors of repeated eigenvalues (a sum of eigenvalues, `jnp.trace`, a matrix function)")
+DEGENERATE_BASIS = ("if the eigenvectors are not needed, take `jnp.linalg.eigvalsh` (its gradient is finite at "
+                    "distinct eigenvalues) or `jax.lax.stop_gradient` them")
+UNDERFLOW = ("keep the value that underflows away from 0: bound its input (e.g. `jnp.exp(jnp.maximum(x, -80.0))`) or "
+             "use a form that cannot reach 0 (`jax.nn.softplus(x) + 1e-6` for a positive parameter); if its input "
+             "is a parameter, find why it moved so far (a smaller learning rate, clipped gradients)")
 MASKED_MEAN = ("a fully masked batch or row (all padding) has nothing to average: divide by "
                "`jnp.maximum(mask.sum(), 1)` "
                "(its numerator is 0 too), and check the data pipeline for empty batches")
@@ -188,6 +197,26 @@ def _singular_derivative(origin: Origin, line: str, feeders: str) -> tuple[str, 
     return None
 
 
+def _degenerate_spectrum(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] | None:
+    """The gradient of eigh/svd divides by differences of eigenvalues (singular values): equal ones, as in any
+    symmetric graph or an identity-like matrix, make it infinite."""
+    inside = next((p[4:-1] for p in origin.path if p in ("jit(eigh)", "jit(svd)", "jit(eig)")), None)
+    if inside is None or origin.pass_ != "backward" or any(s.inf or s.nan for s in origin.inputs) \
+            or not any(s.zero for s in origin.inputs):
+        return None
+    what = "eigenvalues" if inside != "svd" else "singular values"
+    return (f"the derivative of `{inside}` divides by differences of {what} (1 / (λi - λj)); two equal (degenerate) "
+            f"{what} make it infinite, though the forward values are fine.", [DEGENERATE, DEGENERATE_BASIS])
+
+
+def _negative_power_of_zero(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] | None:
+    s = _stat(origin, 0)
+    if origin.kind != "inf" or origin.primitive not in ("integer_pow", "pow") or s is None or not s.zero \
+            or not s.finite:
+        return None
+    return "a negative power of 0 is infinite (`x ** -k`, or a reciprocal written as one, at x = 0).", [EPSILON_DIV]
+
+
 def _division(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] | None:
     if origin.primitive not in ("div", "rem"):
         return None
@@ -279,7 +308,8 @@ def _domain(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] | 
 
 
 PATTERNS: tuple[Pattern, ...] = (_input_pattern, _masked_softmax, _masked_gradient, _log, _sqrt,
-                                 _singular_derivative, _division, _inf_arithmetic, _overflow_inside, _domain, _overflow)
+                                 _degenerate_spectrum, _singular_derivative, _division, _inf_arithmetic,
+                                 _overflow_inside, _domain, _negative_power_of_zero, _overflow)
 
 
 def _match(origin: Origin, feeders: Sequence[SourceLocation]) -> tuple[Pattern | None, str, list[str]]:
@@ -373,6 +403,27 @@ def _range_sentence(overflow: Overflow, first: Origin) -> str:
             f"this {'NaN' if first.kind == 'nan' else 'Inf'}; an epsilon does not help.")
 
 
+def _zero_sentence(zero: ZeroSource, first: Origin) -> str:
+    """Where the zero the origin divided by (or took the log of) was made (:mod:`jaxdbg.nan.zero_source`)."""
+    what = "The zero denominator" if first.primitive in ("div", "rem") else "The zero"
+    args = ", ".join(zero.arguments[:3]) + (", ..." if len(zero.arguments) > 3 else "")
+    if zero.how == "outside":
+        return f"{what} was computed before `{first.path[-1]}` began" + (f", from {args}." if args else ".")
+    if zero.primitive is None:
+        return f"{what} came in with the argument {args}." if args else f"{what} came in from outside this computation."
+    line = f" at line {zero.source.line}" if zero.source else ""
+    ranges = ", ".join(_range_of(s) for s in zero.inputs)
+    how = {"underflow": f": its result underflowed to 0 from finite, non-zero inputs ({ranges})",
+           "cancellation": f": it cancelled to 0 from inputs that hold no zero ({ranges})"}.get(zero.how, "")
+    return f"{what} was made by `{zero.primitive}`{line}{how}" + (f"; it is computed from {args}." if args else ".")
+
+
+def _range_of(stats: ValueStats) -> str:
+    if stats.min is None or stats.max is None:
+        return stats.dtype
+    return f"{stats.min:.4g}" if stats.min == stats.max else f"{stats.min:.4g} to {stats.max:.4g}"
+
+
 def _range_fixes(overflow: Overflow) -> list[str]:
     """Fixes for a bf16/f16 overflow: that operation in float32, its inputs scaled, loss scaling for a gradient."""
     o = overflow.origin
@@ -390,11 +441,12 @@ def _has_epsilon(origin: Origin) -> bool:
 def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence[GrowthEntry] = (),
             precision: PrecisionCheck | None = None, strategy: str | None = None,
             input_sources: Mapping[Origin, Sequence[SourceLocation]] | None = None,
-            overflow: Overflow | None = None) -> tuple[str, tuple[str, ...]]:
+            overflow: Overflow | None = None, zero: ZeroSource | None = None) -> tuple[str, tuple[str, ...]]:
     """``(paragraph, hints)`` for a finding; an empty paragraph when nothing was found.
 
     ``input_sources`` gives, per origin, the user lines that computed its inputs (from the replay);
-    ``overflow``, a bf16/f16 overflow behind the origin (:mod:`jaxdbg.nan.overflow`): the root cause and its fix.
+    ``overflow``, a bf16/f16 overflow behind the origin (:mod:`jaxdbg.nan.overflow`): the root cause and its fix;
+    ``zero``, where the zero the origin divided by was made (:mod:`jaxdbg.nan.zero_source`).
     """
     if first is None:
         return "", ()
@@ -415,6 +467,10 @@ def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence
         hints = root_hints  # fix where the infinity is born; the arithmetic on it only passes it on
     else:
         root = None
+    if zero is not None:
+        parts.append(_zero_sentence(zero, first))
+        if zero.how == "underflow":
+            hints = [UNDERFLOW, *hints]
     if "custom_vjp_bwd(" in " ".join(first.path):
         rule = next(p for p in first.path if p.startswith("custom_vjp_bwd("))[15:-1]
         parts.append(f"This happens inside your own custom_vjp backward rule `{rule}` (the line shown is in it).")
@@ -457,4 +513,4 @@ def analyse(findings: Findings) -> None:
     """The ``explanation`` analysis: the paragraph and hints, from everything found before it."""
     findings.explanation, findings.hints = explain(findings.first, findings.chain, findings.growth,
                                                    findings.precision, findings.strategy, findings.sources,
-                                                   findings.overflow)
+                                                   findings.overflow, findings.zero_source)

@@ -618,6 +618,8 @@ class Watch(JitHook):
             finding = JitFinding(replay, [n for n, b in zip(names, bad) if b], "nan" if nan.any() else "inf",
                                  _trace_now(replay, call.notes.get("nan_x64")), feeds,
                                  self._argument_infs(replay) if feeds else {})
+            if not self.growth.report():  # nothing grew call after call: perhaps one update jumped
+                self._record_failing_arguments(replay, function.record.id, call.index, seen.call_site)
             index = self.found(finding)  # an Inf, while after_inf lets the run go on
             if out is not None:
                 self._hold_infs(function.record.id, out, host, frozenset(), index)
@@ -696,6 +698,23 @@ class Watch(JitHook):
             mags[i] = value
         self.growth.update(call.function.name, self._argument_names[key], mags, call.index, seen.call_site,
                            key=f"{call.function.record.id}:arguments", sources=sources)
+
+    def _record_failing_arguments(self, replay: Call, record_id: int, index: int,
+                                  site: SourceLocation | None) -> None:
+        """Every argument of the failing call joins its arguments' growth, also those a watched call returned
+        (measured only as outputs so far): one bad update that sent a parameter from 0.5 to -739 in the call
+        before shows as that parameter's growth into this call (``first_call`` this call), named as the
+        argument it is. Only when nothing else grew: a value is reported once."""
+        with self.internal(), contextlib.suppress(Exception):  # growth is extra: the finding goes on without it
+            leaves = replay.leaves()
+            mags = np.full(len(leaves), np.nan)
+            for i, leaf in enumerate(leaves):
+                if is_inexact(leaf):
+                    host = np.abs(np.asarray(leaf, dtype=np.float64))
+                    finite = host[np.isfinite(host)]
+                    mags[i] = float(finite.max()) if finite.size else np.nan
+            names = self._argument_names.get((record_id, len(leaves))) or replay.leaf_names()
+            self.growth.update(replay.name, names, mags, index, site, key=f"{record_id}:arguments")
 
     def _maker(self, value: Any) -> SourceLocation | None:
         entry = self._made_eagerly.get(id(value))
