@@ -32,7 +32,7 @@ from jaxdbg.jaxpr import Hooks, Interpreter, Scope, Site, Stop
 from jaxdbg.nan.calls import Call
 from jaxdbg.nan.passes import PassClassifier
 from jaxdbg.nan.placement import Placement, first_bad_block, first_bad_shard
-from jaxdbg.nan.result import Origin
+from jaxdbg.nan.result import Origin, OriginKind
 from jaxdbg.nan.stats import nonfinite_flags, value_stats
 
 LOOPS = ("scan", "while")
@@ -249,7 +249,8 @@ class NanHunter(Hooks):
             return True
         return out_inf and not in_nan and not in_inf
 
-    def _record(self, kind: str, site: Site, invals: list, outvals: list, in_tags: list, fed: frozenset[int]) -> int:
+    def _record(self, kind: OriginKind, site: Site, invals: list, outvals: list, in_tags: list,
+                fed: frozenset[int]) -> int:
         inputs = tuple(value_stats(_typed(atom, v)) for atom, v in zip(site.eqn.invars, invals))
         outputs = tuple(value_stats(v) for v in outvals)
         name_stack = site.name_stack
