@@ -32,7 +32,7 @@ from jaxdbg.jaxpr import Hooks, Interpreter, Scope, Site, Stop
 from jaxdbg.nan.calls import Call
 from jaxdbg.nan.passes import PassClassifier
 from jaxdbg.nan.placement import Placement, first_bad_block, first_bad_shard
-from jaxdbg.nan.result import Origin, OriginKind
+from jaxdbg.nan.result import Origin, OriginKind, Strategy
 from jaxdbg.nan.stats import nonfinite_flags, value_stats
 
 LOOPS = ("scan", "while")
@@ -70,7 +70,7 @@ class Localisation:
 
     first: Origin | None
     chain: tuple[Origin, ...]
-    strategy: str | None
+    strategy: Strategy | None
     reproduced: bool  # the replay's outputs were non-finite too
     record: Record | None = None
     notes: tuple[str, ...] = ()
@@ -377,7 +377,7 @@ def localise_call(call: Call, nan_only: bool = False, closed: Any = None) -> Loc
         nan or (inf and not nan_only) for nan, inf in (nonfinite_flags(v) for v in outs))
     if record is not None and not reproduced and record.origin.kind != "input":
         record, chain = None, ()  # only masked-away origins: not what made the outputs non-finite
-    strategy = None
+    strategy: Strategy | None = None
     if record is not None:
         strategy = "input check" if record.origin.kind == "input" else "op-by-op replay"
     sources = {r.origin: input_sources(r.site) for r in (record, *chain) if r is not None and r.site is not None}

@@ -40,6 +40,8 @@ class ValueStats:
 
 OriginKind = Literal["nan", "inf", "input"]  # input: came in through an argument
 Pass = Literal["forward", "backward"]
+# compiled-prefix bisection: only the compiled code went non-finite; eager check: outside jit.
+Strategy = Literal["op-by-op replay", "compiled-prefix bisection", "input check", "eager check"]
 
 
 @dataclass(frozen=True)
@@ -153,7 +155,7 @@ class NanHuntResult:
     growth: tuple[GrowthEntry, ...] = ()
     explanation: str = ""
     hints: tuple[str, ...] = ()
-    strategy: str | None = None  # how the origin was found: op-by-op replay, compiled-prefix bisection, ...
+    strategy: Strategy | None = None  # how the origin was found
     precision: PrecisionCheck | None = None
     grad_norms: tuple[GradNorm, ...] = ()
     calls_watched: int = 0
