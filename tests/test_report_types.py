@@ -70,7 +70,7 @@ def _schema_alternatives(node: dict, root: dict) -> list[dict]:
     """The alternatives a schema node allows (anyOf, type lists and enums with null split up), $refs resolved."""
     node = _deref(node, root)
     if "anyOf" in node or "oneOf" in node:
-        return [alt for part in node.get("anyOf", node.get("oneOf")) for alt in _schema_alternatives(part, root)]
+        return [alt for part in node.get("anyOf") or node["oneOf"] for alt in _schema_alternatives(part, root)]
     if "const" in node:
         node = {**node, "enum": [node["const"]]}
     if "enum" in node and None in node["enum"]:
@@ -157,7 +157,7 @@ class Walk:
     def compare_kind(self, kind: str, tp: Any, node: dict, path: str) -> None:
         if kind == "array":
             self.compare_array(tp, node, path)
-        elif kind == "object" and dataclasses.is_dataclass(tp):
+        elif kind == "object" and isinstance(tp, type) and dataclasses.is_dataclass(tp):
             self.compare_dataclass(tp, node, path)
         elif kind == "object":
             self.compare_mapping(tp, node, path)
