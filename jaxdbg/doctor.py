@@ -19,7 +19,7 @@ import platform
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from jaxdbg._compat import device_memory_stats
 from jaxdbg.protocol import Message
@@ -63,12 +63,15 @@ KNOWN_XLA_FLAGS = {
 }
 
 
+CheckStatus = Literal["ok", "info", "warn", "fail"]
+
+
 @dataclass(frozen=True)
 class Check:
     """One finding: status is 'ok', 'info', 'warn' or 'fail' (only 'fail' makes doctor exit 1)."""
 
     name: str
-    status: str
+    status: CheckStatus
     detail: str
 
 

@@ -29,7 +29,7 @@ import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 _FRAMES_UP = 24  # how far above jax.jit to look for filter_jit's frame (a few frames in equinox 0.13)
 
@@ -78,7 +78,7 @@ def tracing_context(fun: Any) -> Iterator[None]:
         yield
 
 
-def jit_kind(fun: Any) -> str:
+def jit_kind(fun: Any) -> Literal["jax.jit", "nnx.jit", "eqx.filter_jit"]:
     """How the user jitted the function whose inner function jax.jit got: ``eqx.filter_jit``, ``nnx.jit`` or
     ``jax.jit``.
 

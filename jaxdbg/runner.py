@@ -24,7 +24,7 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from jaxdbg._errors import EXIT_TARGET_FAILED, JobMismatchError
 from jaxdbg._source import SourceLocation, is_user_file
@@ -38,6 +38,9 @@ M = TypeVar("M", bound=Message)
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+OutcomeStatus = Literal["ok", "exception", "crash", "timeout", "exit", "stopped"]
+
+
 @dataclass(frozen=True)
 class Outcome:
     """What happened to a contained run.
@@ -47,7 +50,7 @@ class Outcome:
     ``stopped`` (jaxdbg stopped it, or left it running, once the job sent what ``until`` waited for).
     """
 
-    status: str
+    status: OutcomeStatus
     returncode: int | None
     signal: str | None
     exception: ExceptionInfo | None
@@ -263,6 +266,7 @@ def outcome_of(returncode: int | None, timed_out: bool, messages: list[Message],
     """
     exception = next((m.info for m in messages if isinstance(m, ChildFailed)), None)
     kept = tuple(m for m in messages if not isinstance(m, ChildFailed))
+    status: OutcomeStatus
     if timed_out:
         status, sig = "timeout", None
     elif stopped:

@@ -30,7 +30,7 @@ import sys
 import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -41,9 +41,9 @@ from jaxdbg.storable import is_key, restore, storable
 
 @dataclass(frozen=True)
 class TargetSpec:
-    """A parsed TARGET. ``kind`` is ``'script'`` or ``'function'``; paths are absolute."""
+    """A parsed TARGET: a script, or a function (by path or module); paths are absolute."""
 
-    kind: str
+    kind: Literal["script", "function"]
     text: str
     path: str | None = None
     module: str | None = None

@@ -24,11 +24,13 @@ import shlex
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
+from jaxdbg._choices import choice
 from jaxdbg._errors import UsageError
 
-COMMANDS = ("profile", "nan-hunt", "memory", "hang-hunt")
+Command = Literal["profile", "nan-hunt", "memory", "hang-hunt"]
+COMMANDS: tuple[Command, ...] = get_args(Command)
 BUDGETED = ("profile", "memory")  # commands that take --budget
 _KEYS = {"command": str, "target": str, "options": list, "budget": str}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # the check's name is also its folder in --out
@@ -39,7 +41,7 @@ class CheckSpec:
     """One check of the table; ``config`` is the file it came from, whose folder is where the check runs."""
 
     name: str
-    command: str
+    command: Command
     target: str
     config: Path
     options: tuple[str, ...] = ()
@@ -101,9 +103,9 @@ def _check(name: str, entry: Any, path: Path) -> CheckSpec:
     for field in ("command", "target"):
         if not entry.get(field, "").strip():
             raise UsageError(f"{path}: [{key}] has no '{field}'; add e.g. command = \"profile\", target = \"train.py\"")
-    command = entry["command"]
-    if command not in COMMANDS:
-        raise UsageError(f"{path}: command '{command}' in [{key}] is not one jaxdbg check runs; use "
+    command = choice(entry["command"], COMMANDS)
+    if command is None:
+        raise UsageError(f"{path}: command '{entry['command']}' in [{key}] is not one jaxdbg check runs; use "
                          f"{' or '.join(COMMANDS)}")
     options = entry.get("options", [])
     if not all(isinstance(o, str) for o in options):

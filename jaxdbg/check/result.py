@@ -11,8 +11,10 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from jaxdbg._source import SourceLocation
+from jaxdbg.check.config import Command
 
 
 @dataclass(frozen=True)
@@ -26,7 +28,7 @@ class Regression:
     """
 
     function: str
-    metric: str  # 'execute_median_s' or 'compile_s'
+    metric: Literal["execute_median_s", "compile_s"]
     baseline_s: float
     current_s: float
     ratio: float
@@ -51,7 +53,7 @@ class CheckOutcome:
     duration_s, report, location, regressions)."""
 
     name: str
-    command: str
+    command: Command
     target: str
     passed: bool
     exit_code: int

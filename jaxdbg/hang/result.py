@@ -9,9 +9,17 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from jaxdbg._errors import EXIT_FOUND, EXIT_OK, EXIT_TARGET_FAILED
 from jaxdbg._source import SourceLocation
+
+ThreadState = Literal["running", "callback", "host"]
+# A process: a thread's states, or it ended (dead, finished, failed) or sent no record (unknown).
+ProcessStateName = Literal["running", "callback", "host", "dead", "finished", "failed", "unknown"]
+HangKind = Literal["stall", "deadlock", "divergence", "dead", "finished", "failed", "running"]
+Trigger = Literal["stall", "signal", "timeout"]  # what asked for the verdict
+CallKind = Literal["call", "callback"]  # a jitted call, or a call into a host callback
 
 # What each kind of verdict means for the exit code: found (1), nothing wrong (0), failed otherwise (3).
 FOUND_KINDS = ("stall", "deadlock", "divergence", "dead")
@@ -25,7 +33,7 @@ class ThreadReport:
     name: str
     main: bool
     source: SourceLocation | None
-    state: str  # running (a jitted call), callback (a host callback), host (the program's own code)
+    state: ThreadState  # running: a jitted call, callback: a host callback, host: the program's own code
     waiting_in: str = ""
     waits_for: str | None = None
     holds: tuple[str, ...] = ()
@@ -37,7 +45,7 @@ class CallRow:
     """One entry of a process's flight record (times in seconds before the snapshot; None: not yet)."""
 
     seq: int
-    kind: str  # call | callback
+    kind: CallKind
     function: str
     call_index: int | None  # None: unknown (a process looked at with --pid)
     source: SourceLocation | None
@@ -56,7 +64,7 @@ class ProcessState:
     made, for ``host``), the collective of that call, and how long nothing moved."""
 
     index: int
-    state: str
+    state: ProcessStateName
     detail: str
     source: SourceLocation | None = None
     function: str | None = None
@@ -109,8 +117,8 @@ class HangResult:
 
     stalled: bool
     verdict: str
-    kind: str  # stall, deadlock, divergence, dead, finished, failed, running
-    trigger: str | None = None  # stall, signal, timeout, or None (the program ended)
+    kind: HangKind
+    trigger: Trigger | None = None  # None: the program ended
     stall_s: float | None = None
     still_s: float | None = None
     stuck: tuple[int, ...] = ()

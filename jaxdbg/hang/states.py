@@ -21,10 +21,13 @@ Example:
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, get_args
 
+from jaxdbg._choices import choice
 from jaxdbg._source import SourceLocation
-from jaxdbg.hang.result import CallRow, Deadlock, ProcessState, ThreadReport
+from jaxdbg.hang.result import CallKind, CallRow, Deadlock, ProcessState, ThreadReport, ThreadState
+
+CALL_KINDS: tuple[CallKind, ...] = get_args(CallKind)
 
 SHOWN_CALLS = 12  # the last calls each process's report lists (the timeline has them all)
 
@@ -98,6 +101,7 @@ def process_state(record: dict, taken: float | None = None) -> ProcessState:
     current = _call(record, main.get("call"))
     pending = pending_call(record) if current is None and main.get("in_jax") else None
     call = current or pending or (_call(record, callback_thread["callback"]["seq"]) if callback_thread else None)
+    state: ThreadState
     if callback_thread is not None:
         state = "callback"
     elif call is not None:
@@ -150,7 +154,7 @@ def call_name(call: dict) -> str:
 
 
 def _thread_report(thread: dict) -> ThreadReport:
-    state = "callback" if thread.get("callback") else ("running" if thread.get("call") is not None or
+    state: ThreadState = "callback" if thread.get("callback") else ("running" if thread.get("call") is not None or
                                                         thread.get("in_jax") else "host")
     waits = thread.get("waits_for")
     waits_text = f"{waits['kind']} `{waits['name']}` at {short(waits.get('at'))}" if waits else None
@@ -168,7 +172,8 @@ def call_rows(record: dict, taken: float) -> list[CallRow]:
         def ago(key: str, call: dict = call) -> float | None:
             return round(taken - call[key], 3) if call.get(key) is not None else None
 
-        rows.append(CallRow(int(call.get("seq", -1)), str(call.get("kind")), str(call.get("function")),
+        kind = choice(call.get("kind"), CALL_KINDS) or "call"
+        rows.append(CallRow(int(call.get("seq", -1)), kind, str(call.get("function")),
                             call.get("index"), location(call.get("site")), step_of(record, call),
                             program.get("key") if program else None, ago("start") or 0.0, ago("returned"),
                             ago("ready"), call.get("error")))

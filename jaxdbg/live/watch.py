@@ -28,9 +28,10 @@ import logging
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from jaxdbg._errors import UsageError
+from jaxdbg._source import SourceLocation
 from jaxdbg.live.errors import NonFiniteError, RecompileError
 
 log = logging.getLogger("jaxdbg")
@@ -42,11 +43,11 @@ class RecompileResult:
     """``result`` of a watch report for a function that compiled more than ``max_compiles`` times."""
 
     function: str
-    source: Any  # SourceLocation | None: where the function is defined
+    source: SourceLocation | None  # where the function is defined
     compiles: int
     max_compiles: int
     recompiles: tuple = ()  # profile's entries: {call_index, reason, changes}
-    kind: str = "recompiles"
+    kind: Literal["recompiles"] = "recompiles"
 
     def essential_line(self) -> str | None:
         last = self.recompiles[-1]

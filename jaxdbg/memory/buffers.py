@@ -31,6 +31,9 @@ import glob
 import os
 import re
 from dataclasses import dataclass, field
+from typing import get_args
+
+from jaxdbg.memory.result import BufferKind
 
 _ALLOCATION = re.compile(r"^allocation (\d+): size (\d+)(.*):\s*$")
 _VALUE = re.compile(r"^\s*value: <(\d+) ([^\s{>]+)(\{[\d,]*\})? @\d+> \(size=(\d+),offset=(\d+)\): (.*)$")
@@ -38,7 +41,7 @@ _PARAMETER = re.compile(r"\bparameter (\d+)")
 _PEAK_HEADER = re.compile(r"^\s*Live ranges at (\d+) \(peak\):\s*$")
 _PEAK_VALUE = re.compile(r"^\s*([^\s{]+)(\{[\d,]*\})?: (\d+) bytes")
 _LAYOUT = re.compile(r"\{[^{}]*\}$")
-_LISTED = ("argument", "output", "temp")  # constants and thread-local scalars are not what fills memory
+LISTED: tuple[BufferKind, ...] = get_args(BufferKind)  # what Assignment.largest lists
 
 
 @dataclass(frozen=True)
@@ -78,7 +81,7 @@ class Assignment:
         """The values live at the peak, largest first; without a live-range file, the largest values of the
         program (values sharing a temp allocation at different times are then all listed)."""
         names = self.peak_values or tuple(self.values)
-        chosen = [self.values[n] for n in names if n in self.values and self.values[n].kind in _LISTED]
+        chosen = [self.values[n] for n in names if n in self.values and self.values[n].kind in LISTED]
         return sorted(chosen, key=lambda v: -v.size)[:limit]
 
 

@@ -24,12 +24,13 @@ from __future__ import annotations
 import contextlib
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from jaxdbg import _compat
+from jaxdbg._choices import choice
 from jaxdbg._source import SourceLocation
-from jaxdbg.memory.buffers import Assignment, Value, find_dump
-from jaxdbg.memory.result import Buffer, Held, ProgramMemory
+from jaxdbg.memory.buffers import LISTED, Assignment, Value, find_dump
+from jaxdbg.memory.result import Buffer, Held, JitKind, ProgramMemory
 from jaxdbg.profile.hlo import HloModule, instruction_source, module_name, parse_hlo
 
 TOP_BUFFERS = 10
@@ -48,7 +49,7 @@ class ProgramInfo:
     static_argnums: tuple[int, ...] = ()
     positional: int = 0  # positional arguments of the call (static ones included)
     threaded: frozenset[int] = frozenset()  # argnums the run fed with this function's previous outputs
-    jit: str = "jax.jit"  # how the user jitted it (frameworks.jit_kind)
+    jit: JitKind = "jax.jit"  # how the user jitted it (frameworks.jit_kind)
 
 
 def analyse(compiled: Any, info: ProgramInfo, dump_folder: str | None, after_module: int = -1,
@@ -95,11 +96,13 @@ def _buffer(value: Value, module: HloModule) -> Buffer:
     source = op.source if op else (instruction_source(module, inst) if inst else None)
     argument = module.arguments.get(value.name) if value.kind == "argument" else None
     primitive = op_name.rsplit("/", 1)[-1] if op_name and value.kind != "argument" else None
-    return Buffer(value.name, value.kind, value.size, value.shape, primitive, op_name, source, argument,
+    kind = choice(value.kind, LISTED)
+    assert kind is not None, value.kind  # Assignment.largest lists no other
+    return Buffer(value.name, kind, value.size, value.shape, primitive, op_name, source, argument,
                   pass_of(op_name))
 
 
-def pass_of(op_name: str) -> str | None:
+def pass_of(op_name: str) -> Literal["forward", "backward"] | None:
     """'backward' for an operation of a transposed (cotangent) computation, 'forward' for one of the primal
     computation under differentiation, None outside any gradient.
 

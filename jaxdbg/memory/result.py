@@ -13,9 +13,16 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from jaxdbg._source import SourceLocation
 from jaxdbg.memory.units import format_bytes
+
+# What a buffer listed holds (constants and thread-local scalars are not what fills memory).
+BufferKind = Literal["argument", "output", "temp"]
+JitKind = Literal["jax.jit", "nnx.jit", "eqx.filter_jit"]  # frameworks.jit_kind
+HintKind = Literal["donate", "remat", "dtype", "shard", "leak", "fit"]
+BudgetOrigin = Literal["--device-memory", "device limit", "none"]
 
 
 @dataclass(frozen=True)
@@ -23,14 +30,14 @@ class Buffer:
     """One buffer of a compiled program (live at its peak, or among its largest): what made it and where."""
 
     name: str  # the HLO value, e.g. 'wrapped_tanh.3'
-    kind: str  # argument, output, temp
+    kind: BufferKind
     bytes: int
     shape: str  # e.g. 'f32[1024,256]'
     op: str | None = None  # the operation that made it ('tanh', 'dot_general'), None for an argument
     op_name: str = ""  # jax's name stack, e.g. 'jit(step)/jvp()/tanh'
     source: SourceLocation | None = None  # the user's line that made it
     argument: str | None = None  # for an argument: its path as the user passed it, e.g. "params['w1']"
-    pass_: str | None = field(default=None, metadata={"json": "pass"})  # forward / backward in a gradient program
+    pass_: Literal["forward", "backward"] | None = field(default=None, metadata={"json": "pass"})  # gradient programs
 
 
 @dataclass(frozen=True)
@@ -71,7 +78,7 @@ class ProgramMemory:
     over_bytes: int | None = None
     dump: str | None = None  # the buffer-assignment file read
     note: str | None = None
-    jit: str = "jax.jit"  # how it was jitted: jax.jit, nnx.jit, eqx.filter_jit
+    jit: JitKind = "jax.jit"  # how it was jitted
     passed_again: tuple[str, ...] = ()  # array arguments the loop passed again as they were (not donatable)
 
 
@@ -147,7 +154,7 @@ class OutOfMemory:
 class Hint:
     """A change to try, with the bytes it saves per device when that can be computed."""
 
-    kind: str  # donate, remat, dtype, shard, leak, fit
+    kind: HintKind
     text: str
     saves_bytes: int | None = None
     function: str | None = None
@@ -159,7 +166,7 @@ class Budget:
     """The device memory budget and ``--budget`` rules."""
 
     device_memory_bytes: int | None
-    origin: str  # '--device-memory', 'device limit', 'none'
+    origin: BudgetOrigin
     misfits: tuple[str, ...] = ()  # functions that would not fit
     ok: bool = True
     violations: tuple[str, ...] = ()

@@ -36,7 +36,7 @@ from jaxdbg.memory.messages import (
     ThreadedArguments,
 )
 from jaxdbg.memory.output import write_html, write_png, write_samples_csv, write_tables
-from jaxdbg.memory.result import Budget, DeviceMemory, Held, MemoryResult, ProgramMemory
+from jaxdbg.memory.result import Budget, BudgetOrigin, DeviceMemory, Held, MemoryResult, ProgramMemory
 from jaxdbg.memory.units import format_bytes
 from jaxdbg.protocol import Environment
 from jaxdbg.report import process_folder
@@ -184,7 +184,7 @@ def _devices(rows: list[SampleRow], devices: Devices | None) -> list[DeviceMemor
     return found
 
 
-def _budget(options: MemoryOptions, devices: Devices | None) -> tuple[int | None, str]:
+def _budget(options: MemoryOptions, devices: Devices | None) -> tuple[int | None, BudgetOrigin]:
     if options.device_memory is not None:
         return options.device_memory, "--device-memory"
     limits = list(devices.limits.values()) if devices else []

@@ -30,7 +30,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jaxdbg.nan import bundle, chain, explain, growth, overflow, precision, zero_source
-from jaxdbg.nan.result import AnalysisWarning, GrowthEntry, NanHuntResult, Origin, Overflow, PrecisionCheck
+from jaxdbg.nan.result import (
+    AnalysisWarning,
+    GrowthEntry,
+    NanHuntResult,
+    Origin,
+    Overflow,
+    PrecisionCheck,
+    Strategy,
+)
 from jaxdbg.runner import first_line
 
 
@@ -49,7 +57,7 @@ class Findings:
     options: Any = None
     call: Any = None
     localisation: Any = None
-    strategy: str | None = None
+    strategy: Strategy | None = None
     chain: list[Origin] = field(default_factory=list)
     sources: dict = field(default_factory=dict)  # origin -> the user lines that computed its inputs
     notes: list[str] = field(default_factory=list)

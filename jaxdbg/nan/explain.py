@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from jaxdbg._source import SourceLocation
-from jaxdbg.nan.result import GrowthEntry, Origin, Overflow, PrecisionCheck, ValueStats
+from jaxdbg.nan.result import GrowthEntry, Origin, Overflow, PrecisionCheck, Strategy, ValueStats
 
 if TYPE_CHECKING:
     from jaxdbg.nan.analyses import Findings
@@ -439,7 +439,7 @@ def _has_epsilon(origin: Origin) -> bool:
 
 
 def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence[GrowthEntry] = (),
-            precision: PrecisionCheck | None = None, strategy: str | None = None,
+            precision: PrecisionCheck | None = None, strategy: Strategy | None = None,
             input_sources: Mapping[Origin, Sequence[SourceLocation]] | None = None,
             overflow: Overflow | None = None, zero: ZeroSource | None = None) -> tuple[str, tuple[str, ...]]:
     """``(paragraph, hints)`` for a finding; an empty paragraph when nothing was found.

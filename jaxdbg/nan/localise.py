@@ -32,7 +32,7 @@ from jaxdbg.jaxpr import Hooks, Interpreter, Scope, Site, Stop
 from jaxdbg.nan.calls import Call
 from jaxdbg.nan.passes import PassClassifier
 from jaxdbg.nan.placement import Placement, first_bad_block, first_bad_shard
-from jaxdbg.nan.result import Origin
+from jaxdbg.nan.result import Origin, OriginKind, Strategy
 from jaxdbg.nan.stats import nonfinite_flags, value_stats
 
 LOOPS = ("scan", "while")
@@ -70,7 +70,7 @@ class Localisation:
 
     first: Origin | None
     chain: tuple[Origin, ...]
-    strategy: str | None
+    strategy: Strategy | None
     reproduced: bool  # the replay's outputs were non-finite too
     record: Record | None = None
     notes: tuple[str, ...] = ()
@@ -249,7 +249,8 @@ class NanHunter(Hooks):
             return True
         return out_inf and not in_nan and not in_inf
 
-    def _record(self, kind: str, site: Site, invals: list, outvals: list, in_tags: list, fed: frozenset[int]) -> int:
+    def _record(self, kind: OriginKind, site: Site, invals: list, outvals: list, in_tags: list,
+                fed: frozenset[int]) -> int:
         inputs = tuple(value_stats(_typed(atom, v)) for atom, v in zip(site.eqn.invars, invals))
         outputs = tuple(value_stats(v) for v in outvals)
         name_stack = site.name_stack
@@ -376,7 +377,7 @@ def localise_call(call: Call, nan_only: bool = False, closed: Any = None) -> Loc
         nan or (inf and not nan_only) for nan, inf in (nonfinite_flags(v) for v in outs))
     if record is not None and not reproduced and record.origin.kind != "input":
         record, chain = None, ()  # only masked-away origins: not what made the outputs non-finite
-    strategy = None
+    strategy: Strategy | None = None
     if record is not None:
         strategy = "input check" if record.origin.kind == "input" else "op-by-op replay"
     sources = {r.origin: input_sources(r.site) for r in (record, *chain) if r is not None and r.site is not None}

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jaxdbg._source import SourceLocation
+from jaxdbg.nan.result import OriginKind
 from jaxdbg.protocol import Message
 
 
@@ -30,7 +31,7 @@ class NonFiniteDetected(Message):
     function: str
     call_index: int
     source: SourceLocation | None
-    kind: str
+    kind: OriginKind
 
 
 @dataclass(frozen=True)

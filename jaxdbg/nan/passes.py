@@ -24,6 +24,7 @@ from typing import Any
 
 from jaxdbg import _compat
 from jaxdbg.jaxpr import Site
+from jaxdbg.nan.result import Pass
 
 
 def _is_transposed(eqn: Any) -> bool:
@@ -105,7 +106,7 @@ class PassClassifier:
         backward, _ = self._analysis(site)
         return site.index in backward
 
-    def pass_of(self, site: Site) -> str:
+    def pass_of(self, site: Site) -> Pass:
         return "backward" if self.is_backward(site) else "forward"
 
     def _analysis(self, site: Site) -> tuple[set[int], dict[int, frozenset[int]]]:

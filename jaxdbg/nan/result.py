@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from jaxdbg._source import SourceLocation
 
@@ -37,13 +38,19 @@ class ValueStats:
         return self.nan == 0 and self.inf == 0
 
 
+OriginKind = Literal["nan", "inf", "input"]  # input: came in through an argument
+Pass = Literal["forward", "backward"]
+# compiled-prefix bisection: only the compiled code went non-finite; eager check: outside jit.
+Strategy = Literal["op-by-op replay", "compiled-prefix bisection", "input check", "eager check"]
+
+
 @dataclass(frozen=True)
 class Origin:
     """Where a non-finite value was born (or came in). ``kind`` is ``nan``, ``inf`` or ``input``."""
 
-    kind: str
+    kind: OriginKind
     primitive: str | None
-    pass_: str = field(metadata={"json": "pass"})
+    pass_: Pass = field(metadata={"json": "pass"})
     source: SourceLocation | None = None
     function: str = ""
     call_index: int = 0
@@ -148,7 +155,7 @@ class NanHuntResult:
     growth: tuple[GrowthEntry, ...] = ()
     explanation: str = ""
     hints: tuple[str, ...] = ()
-    strategy: str | None = None  # how the origin was found: op-by-op replay, compiled-prefix bisection, ...
+    strategy: Strategy | None = None  # how the origin was found
     precision: PrecisionCheck | None = None
     grad_norms: tuple[GradNorm, ...] = ()
     calls_watched: int = 0

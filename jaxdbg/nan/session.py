@@ -31,7 +31,7 @@ from jaxdbg.nan.calls import Call
 from jaxdbg.nan.fidelity import bisect_compiled
 from jaxdbg.nan.localise import localise_call
 from jaxdbg.nan.messages import HuntFinished, HuntJob, NonFiniteDetected, PeerNote
-from jaxdbg.nan.result import AnalysisWarning, GradNorm, NanHuntResult, Origin, ProcessFinding
+from jaxdbg.nan.result import AnalysisWarning, GradNorm, NanHuntResult, Origin, OriginKind, ProcessFinding
 from jaxdbg.nan.stats import is_inexact, nonfinite_flags
 from jaxdbg.nan.watch import EagerFinding, JitFinding, NonFiniteFound, Watch
 from jaxdbg.runner import first_line
@@ -240,7 +240,7 @@ def _hunt_function(spec: TargetSpec, options: HuntOptions, channel: Any) -> tupl
         target = fn.__wrapped__  # replay the jitted target's own Python function: one jit(...) in the path, not two
     call = Call(name, target, tuple(inputs), {}, static_argnums=static, call_index=0)
     watch = Watch(options.nan_only, options.growth_factor)
-    kind = "nan" if any(n for n, _ in flags) else "inf"
+    kind: OriginKind = "nan" if any(n for n, _ in flags) else "inf"
     return _analyse(JitFinding(call, [], kind), watch, options, channel, (name,), grad_norms)
 
 

@@ -59,7 +59,7 @@ from jaxdbg.jit_layer import InstrumentedJit, JitCall, JitHook
 from jaxdbg.nan.calls import Call, output_leaf_names
 from jaxdbg.nan.eager_growth import EagerUpdates
 from jaxdbg.nan.growth import GrowthTracker
-from jaxdbg.nan.result import Origin
+from jaxdbg.nan.result import Origin, OriginKind
 from jaxdbg.nan.stats import is_inexact, nonfinite_flags, value_stats
 from jaxdbg.nonfinite import device_magnitudes_jaxdbg, flags_and_magnitude, stacked_jaxdbg
 
@@ -95,7 +95,7 @@ class JitFinding:
 
     call: Call
     nonfinite_outputs: list[str]
-    kind: str = "nan"
+    kind: OriginKind = "nan"
     closed_jaxpr: Any = None  # traced while the call was under way (None: trace it again later)
     feeds: frozenset[tuple[int, int | None]] = field(default_factory=frozenset)
     argument_feeds: dict[str, frozenset[tuple[int, int | None]]] = field(default_factory=dict)
@@ -109,7 +109,7 @@ class EagerFinding:
     feeds: frozenset[tuple[int, int | None]] = field(default_factory=frozenset)
 
     @property
-    def kind(self) -> str:
+    def kind(self) -> OriginKind:
         return self.origin.kind
 
 
@@ -929,7 +929,7 @@ class Watch(JitHook):
                     self._hold(outs, self._infs_in(leaves))
                     self._spend(eager=1)
                 return
-            kind = "nan" if out_nan and not in_nan else "inf"
+            kind: OriginKind = "nan" if out_nan and not in_nan else "inf"
             if kind == "inf" and self.inf_findings:  # another Inf birth while waiting for a NaN
                 self._spend(eager=1)
                 birth = (source, name)
@@ -944,7 +944,7 @@ class Watch(JitHook):
         self._births[(source, name)] = (index, None)
         self._hold(outs, frozenset({(index, None)}))
 
-    def _eager_origin(self, name: str, args: list, program: Any, outs: list, kind: str,
+    def _eager_origin(self, name: str, args: list, program: Any, outs: list, kind: OriginKind,
                       call_index: int | None) -> Origin:
         """The eager operation as an origin. ``program`` (a closed jaxpr, or a function to trace) is replayed
         to name the primitive inside (``jnp.sqrt`` is a jitted function around ``sqrt``). The source is the

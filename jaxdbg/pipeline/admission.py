@@ -27,6 +27,7 @@ Example:
 from __future__ import annotations
 
 import functools
+from typing import Literal, get_args
 
 import numpy as np
 
@@ -34,7 +35,8 @@ from jaxdbg._errors import UsageError
 from jaxdbg.pipeline.schedules import Schedule
 from jaxdbg.pipeline.tasks import PipelineShape
 
-ORDERS = ("data", "grouped", "light-first", "heavy-first")
+Order = Literal["data", "grouped", "light-first", "heavy-first"]
+ORDERS: tuple[Order, ...] = get_args(Order)
 _SAME = 1e-9  # relative: microbatch costs closer than this are equal (no order to choose)
 
 

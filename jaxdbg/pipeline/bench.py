@@ -23,27 +23,29 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 
 from jaxdbg._errors import TargetFailedError, UsageError
-from jaxdbg.pipeline.admission import ORDERS, admission_order, microbatch_costs
+from jaxdbg.pipeline.admission import ORDERS, Order, admission_order, microbatch_costs
 from jaxdbg.pipeline.arbiter import RunRecord
-from jaxdbg.pipeline.bounds import EXACT_SECONDS, EXACT_TASKS, Bound, memory_lower_bound
+from jaxdbg.pipeline.bounds import EXACT_SECONDS, EXACT_TASKS, Bound, BoundMethod, memory_lower_bound
 from jaxdbg.pipeline.messages import RealJob, RealTimeline, StageDevices
 from jaxdbg.pipeline.metrics import RunMetrics, lower_bound, measure
 from jaxdbg.pipeline.planner import SAMPLES, Pick, choose
-from jaxdbg.pipeline.policies import HINTS, POLICIES, make_policies, memory_caps
+from jaxdbg.pipeline.policies import HINTS, POLICIES, Hint, PolicyName, make_policies, memory_caps
 from jaxdbg.pipeline.real import ModelSpec
-from jaxdbg.pipeline.schedules import Schedule, build_schedule, shape_for, static_peak_inflight
-from jaxdbg.pipeline.simulate import COMMS, simulate
+from jaxdbg.pipeline.schedules import Schedule, ScheduleName, build_schedule, shape_for, static_peak_inflight
+from jaxdbg.pipeline.simulate import COMMS, Comm, simulate
 from jaxdbg.pipeline.tasks import BACKWARD, FORWARD, WEIGHT, PipelineShape
 from jaxdbg.pipeline.transport import AUTH
 from jaxdbg.pipeline.variability import Costs, Durations, Variability, noise_samples, parse_variability, realise
 from jaxdbg.protocol import Environment
 
 MODES = ("sim", "real")
+C = TypeVar("C", bound=str)
+HINT_CHOICES: tuple[Hint | Literal["auto"], ...] = (*HINTS, "auto")  # auto: the planner picks
 
 
 @dataclass(frozen=True)
@@ -79,11 +81,11 @@ class RunGroup:
     """What a summary row aggregates over seeds: schedule, policy (with hint, admission order and cap), comm,
     variability."""
 
-    schedule: str
-    policy: str
-    hint: str | None  # None for the fixed policy
-    admission: str  # the order microbatches are admitted in (pipeline.admission); auto: the planner's pick
-    comm: str
+    schedule: ScheduleName
+    policy: PolicyName
+    hint: Hint | Literal["auto"] | None  # None for the fixed policy
+    admission: Order | Literal["auto"]  # the order microbatches are admitted in; auto: the planner's pick
+    comm: Comm
     memory_cap: float | None  # multiple of 1F1B's in-flight microbatches; None: fixed uses what its order holds
     variability: str
 
@@ -111,11 +113,11 @@ class RunRow(RunMetrics, RunKey):
     lower_bound_s: float
     makespan_over_lower_bound: float
     memory_lower_bound_s: float  # a bound at this run's memory cap (pipeline.bounds)
-    memory_bound_method: str  # which argument gave it: memory-free, slots, mip or exact
+    memory_bound_method: BoundMethod  # which argument gave it
     makespan_over_memory_bound: float
     speedup_vs_fixed: float
-    picked_hint: str | None = None  # auto: the hint the planner picked
-    picked_admission: str | None = None  # auto: the admission order it picked
+    picked_hint: Hint | Literal["fixed"] | None = None  # auto: the hint the planner picked
+    picked_admission: Order | None = None  # auto: the admission order it picked
     pick_reason: str | None = None  # auto: why, from its dry runs on the expected durations
     sim_makespan_s: float | None = None  # real mode: the simulator's prediction from the same durations
     sim_error: float | None = None  # real mode: sim / real - 1
@@ -198,7 +200,7 @@ def check_options(options: BenchOptions) -> dict[str, Variability]:
     """Check every option before any work (UsageError naming the option at fault)."""
     _one_of("--mode", (options.mode,), MODES)
     _one_of("--policy", options.policies, POLICIES)
-    _one_of("--hint", options.hints, (*HINTS, "auto"))
+    _one_of("--hint", options.hints, HINT_CHOICES)
     _one_of("--admit", options.admissions, ORDERS)
     _one_of("--message-auth", (options.message_auth,), AUTH)
     if options.exact_bound_s < 0:
@@ -230,6 +232,11 @@ def check_options(options: BenchOptions) -> dict[str, Variability]:
     }
 
 
+def _chosen(values: tuple[str, ...], allowed: tuple[C, ...]) -> tuple[C, ...]:
+    """Option values (already checked by :func:`check_options`) typed as the closed set they come from."""
+    return tuple(known for value in values for known in allowed if known == value)
+
+
 def _one_of(option: str, values: tuple[str, ...], allowed: tuple[str, ...]) -> None:
     if not values:
         raise UsageError(f"{option}: give at least one of {', '.join(allowed)}")
@@ -255,8 +262,8 @@ def plan_jobs(options: BenchOptions) -> list[_Job]:
         for spec, variability in variabilities.items():
             for seed in range(options.seed, options.seed + options.seeds):
                 durations = realise(variability, shape, options.costs, seed)
-                for comm in options.comms:
-                    key = RunKey(schedule_name, "fixed", None, "data", comm, None, spec, seed)
+                for comm in _chosen(options.comms, COMMS):
+                    key = RunKey(schedule.name, "fixed", None, "data", comm, None, spec, seed)
                     jobs.append(_Job(key, shape, schedule, durations, options.costs, options.lookahead))
                 if wanted_ready:
                     jobs += _ready_jobs(options, shape, schedule, durations, variability, seed)
@@ -271,11 +278,12 @@ def _ready_jobs(options: BenchOptions, shape: PipelineShape, schedule: Schedule,
     per_microbatch = microbatch_costs(shape, known)
     samples = noise_samples(variability, durations, options.costs, seed, SAMPLES) if "auto" in options.hints else []
     jobs = []
-    for hint in options.hints:
-        admissions = ("auto",) if hint == "auto" else options.admissions
+    for hint in _chosen(options.hints, HINT_CHOICES):
+        admissions: tuple[Order | Literal["auto"], ...] = (
+            ("auto",) if hint == "auto" else _chosen(options.admissions, ORDERS))
         for admission in admissions:
             for cap in options.memory_caps:
-                for comm in options.comms:
+                for comm in _chosen(options.comms, COMMS):
                     key = RunKey(schedule.name, "ready", hint, admission, comm, cap, spec, seed)
                     if hint == "auto":
                         pick = choose(shape, schedule, cap, known, options.costs, comm, options.lookahead, samples)

@@ -39,6 +39,7 @@ from __future__ import annotations
 import functools
 import itertools
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -51,12 +52,15 @@ EXACT_SECONDS = 1.0  # HiGHS's time limit for one bound; its dual bound holds wh
 _SAFETY = 1e-7  # relative: what is taken off a solver's bound for its feasibility tolerances
 
 
+BoundMethod = Literal["memory-free", "slots", "mip", "exact"]
+
+
 @dataclass(frozen=True)
 class Bound:
     """A lower bound on the makespan at a memory cap, and which argument gave it."""
 
     value: float
-    method: str  # memory-free | slots | mip | exact
+    method: BoundMethod
 
 
 def memory_lower_bound(durations: Durations, caps: list[int], exact_tasks: int = EXACT_TASKS,

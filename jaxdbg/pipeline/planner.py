@@ -34,12 +34,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
-from jaxdbg.pipeline.admission import ORDERS, admission_order, costs_differ, microbatch_costs
+from jaxdbg.pipeline.admission import ORDERS, Order, admission_order, costs_differ, microbatch_costs
 from jaxdbg.pipeline.lookahead import remembered
-from jaxdbg.pipeline.policies import HINTS, make_policies
+from jaxdbg.pipeline.policies import HINTS, Hint, make_policies
 from jaxdbg.pipeline.schedules import Schedule
 from jaxdbg.pipeline.simulate import simulate
 from jaxdbg.pipeline.tasks import PipelineShape
@@ -48,9 +49,10 @@ from jaxdbg.pipeline.variability import Costs, Durations
 MARGIN = 0.01  # share of the schedule's own makespan another candidate must save to be picked
 SAMPLES = 4  # draws of the noise the finalists are run on
 FINALISTS = 3  # candidates, besides the schedule and its own hint, run on them
-DEFAULT = ("fixed", "data")  # the schedule as written: the candidate that needs no reason
-OWN_HINT = ("1f1b", "data")
-CANDIDATE_HINTS = (*HINTS, "fixed")
+Candidate = Hint | Literal["fixed"]  # fixed: the schedule's own order
+DEFAULT: tuple[Candidate, Order] = ("fixed", "data")  # the schedule as written: the candidate that needs no reason
+OWN_HINT: tuple[Candidate, Order] = ("1f1b", "data")
+CANDIDATE_HINTS: tuple[Candidate, ...] = (*HINTS, "fixed")
 _PICKS: dict = {}
 
 
@@ -59,8 +61,8 @@ class Pick:
     """What ``auto`` runs and why: the chosen hint (``fixed``: the schedule's order) and admission order, and
     every candidate's dry run on the expected durations."""
 
-    hint: str
-    admission: str
+    hint: Candidate
+    admission: Order
     order: tuple[int, ...]
     expected_s: float  # the pick's makespan in the dry run on the expected durations
     fixed_s: float  # the schedule's (data order) in the same dry run
@@ -105,10 +107,10 @@ def choose(shape: PipelineShape, schedule: Schedule, cap: float, known: np.ndarr
 def _choose(shape: PipelineShape, schedule: Schedule, cap: float, known: np.ndarray, costs: Costs, comm: str,
             lookahead: bool, samples: Sequence[Durations]) -> Pick:
     per_microbatch = microbatch_costs(shape, known)
-    names = ORDERS if costs_differ(per_microbatch) else ("data",)
+    names: tuple[Order, ...] = ORDERS if costs_differ(per_microbatch) else ("data",)
     orders = {name: admission_order(name, per_microbatch) for name in names}
 
-    def makespan(hint: str, admission: str, durations: Durations) -> float:
+    def makespan(hint: Candidate, admission: Order, durations: Durations) -> float:
         order = orders[admission]
         if hint == "fixed":
             policies = make_policies("fixed", shape, schedule, order=order)
@@ -120,7 +122,7 @@ def _choose(shape: PipelineShape, schedule: Schedule, cap: float, known: np.ndar
     tried = sorted(((hint, name, makespan(hint, name, expected)) for name in orders for hint in CANDIDATE_HINTS),
                    key=lambda c: c[2])  # stable: among equals the data order, then CANDIDATE_HINTS' order
     scores = {(h, a): s for h, a, s in tried}
-    noisy: tuple[tuple[str, str, float], ...] = ()
+    noisy: tuple[tuple[Candidate, Order, float], ...] = ()
     if samples:
         finalists = list(dict.fromkeys([(h, a) for h, a, _ in tried[:FINALISTS]] + [DEFAULT, OWN_HINT]))
         noisy = tuple(sorted(((h, a, float(np.mean([makespan(h, a, d) for d in samples]))) for h, a in finalists),

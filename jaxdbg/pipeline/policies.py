@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import functools
 import heapq
-from typing import Protocol
+from typing import Literal, Protocol, get_args
 
 import numpy as np
 
@@ -42,8 +42,10 @@ from jaxdbg.pipeline.schedules import Schedule, build_schedule, static_peak_infl
 from jaxdbg.pipeline.tasks import PipelineShape
 from jaxdbg.pipeline.variability import Costs, parse_variability, realise
 
-HINTS = ("1f1b", "bf", "bfw", "gpipe")
-POLICIES = ("fixed", "ready")
+Hint = Literal["1f1b", "bf", "bfw", "gpipe"]
+HINTS: tuple[Hint, ...] = get_args(Hint)
+PolicyName = Literal["fixed", "ready"]
+POLICIES: tuple[PolicyName, ...] = get_args(PolicyName)
 NO_TASK = -1
 
 

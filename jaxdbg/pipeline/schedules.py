@@ -18,18 +18,21 @@ from __future__ import annotations
 import functools
 from collections import deque
 from dataclasses import dataclass
+from typing import Literal, get_args
 
+from jaxdbg._choices import choice
 from jaxdbg._errors import UsageError
 from jaxdbg.pipeline.tasks import BACKWARD, FORWARD, WEIGHT, PipelineShape
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
+ScheduleName = Literal["gpipe", "1f1b", "interleaved", "zb-h1"]
+SCHEDULES: tuple[ScheduleName, ...] = get_args(ScheduleName)
 
 
 @dataclass(frozen=True)
 class Schedule:
     """Per-worker task orders of one schedule."""
 
-    name: str
+    name: ScheduleName
     shape: PipelineShape
     orders: tuple[tuple[int, ...], ...]
 
@@ -67,10 +70,11 @@ def shape_for(schedule: str, stages: int, microbatches: int, virtual: int) -> Pi
 def build_schedule(name: str, shape: PipelineShape) -> Schedule:
     """The named schedule's orders for ``shape`` (any shape for gpipe/1f1b; see :func:`shape_for`)."""
     builders = {"gpipe": _gpipe, "1f1b": _one_f_one_b, "interleaved": _interleaved, "zb-h1": _zb_h1}
-    if name not in builders:
+    known = choice(name, SCHEDULES)
+    if known is None:
         raise UsageError(f"unknown schedule '{name}'; use one of {', '.join(SCHEDULES)}")
-    orders = tuple(tuple(builders[name](shape, w)) for w in range(shape.stages))
-    return Schedule(name, shape, orders)
+    orders = tuple(tuple(builders[known](shape, w)) for w in range(shape.stages))
+    return Schedule(known, shape, orders)
 
 
 def _backward(shape: PipelineShape, model_stage: int, mb: int) -> list[int]:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import heapq
 from math import inf
+from typing import Literal, get_args
 
 import numpy as np
 
@@ -39,7 +40,8 @@ from jaxdbg.pipeline.arbiter import Arbiter, PipelineDeadlock, RunRecord
 from jaxdbg.pipeline.tasks import PipelineShape
 from jaxdbg.pipeline.variability import Durations
 
-COMMS = ("async", "sync")
+Comm = Literal["async", "sync"]
+COMMS: tuple[Comm, ...] = get_args(Comm)
 
 
 def simulate(shape: PipelineShape, policies: list, durations: Durations, comm: str = "async") -> RunRecord:

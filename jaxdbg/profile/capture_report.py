@@ -32,6 +32,7 @@ from jaxdbg.profile.hlo import HloModule, parse_hlo
 from jaxdbg.profile.model import (
     CaptureHost,
     CaptureInfo,
+    CaptureSource,
     ExecuteStats,
     FunctionProfile,
     ProfileResult,
@@ -70,7 +71,7 @@ def profile_capture(out_dir: str, *, attach_to: str | None = None, from_capture:
     return ProfileRun(result, EXIT_OK if result.budget.ok else EXIT_FOUND, artifacts)
 
 
-def capture_result(run: str, source: str, top: int, rules: tuple[BudgetRule, ...] = (),
+def capture_result(run: str, source: CaptureSource, top: int, rules: tuple[BudgetRule, ...] = (),
                    duration_s: float | None = None) -> ProfileResult:
     """Analyse every xplane file of the run folder ``run`` (a copy jaxdbg owns: xprof writes cache files there)."""
     paths = sorted(glob.glob(os.path.join(run, "*.xplane.pb")))

@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from jaxdbg._source import SourceLocation
-from jaxdbg.profile.model import HostSync, InputPipeline
+from jaxdbg.profile.model import HostSync, InputPipeline, InputVerdict
 
 MODERATE = 0.05  # xprof's thresholds on the share of the step the device waits for input
 HIGH = 0.20
@@ -179,8 +179,8 @@ def input_pipeline(steps: Mapping[int, Sequence[float]], names: Mapping[int, str
     host = max(step - per["calls_s"] - per["transfer_s"] - per["sync_wait_s"], 0.0)
     idle = min(per["idle_s"], step)
     fraction = idle / step
-    verdict = ("highly input-bound" if fraction >= HIGH else "moderately input-bound" if fraction >= MODERATE
-               else "not input-bound")
+    verdict: InputVerdict = ("highly input-bound" if fraction >= HIGH
+                             else "moderately input-bound" if fraction >= MODERATE else "not input-bound")
     every_step = [s for s in syncs if calls and s.count >= EVERY_STEP * calls.get(ident, 0) > 0]
     fixes = (_fixes(step, per["device_s"], host, per["transfer_s"], per["calls_s"],
                     min(per["sync_idle_s"], per["device_s"]), every_step) if fraction >= MODERATE else ())

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jaxdbg._source import SourceLocation
+from jaxdbg.profile.model import FunctionKind
 from jaxdbg.protocol import Message
 
 
@@ -55,7 +56,7 @@ class FunctionDefined(Message):
     id: int
     name: str
     source: SourceLocation | None
-    kind: str = "jit"
+    kind: FunctionKind = "jit"
 
 
 @dataclass(frozen=True)

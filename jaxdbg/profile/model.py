@@ -11,10 +11,18 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from jaxdbg._source import SourceLocation
 from jaxdbg.profile.processes import ProcessFigures
+
+# What made a recompile: what jax keys its cache on (profile.signature's comparison of two calls).
+ChangeKind = Literal["shape", "dtype", "weak_type", "static", "sharding", "structure", "type", "callable"]
+ProfileMode = Literal["script", "function", "capture"]  # capture: --attach / --from-capture
+FunctionKind = Literal["jit", "pmap"]  # pmap: a function given to jax.pmap
+Bound = Literal["compute", "memory"]  # by the roofline
+InputVerdict = Literal["highly input-bound", "moderately input-bound", "not input-bound"]
+CaptureSource = Literal["attach", "capture"]
 
 
 @dataclass(frozen=True)
@@ -52,7 +60,7 @@ class ArgChange:
     sharding, structure, type, or callable."""
 
     argument: str
-    kind: str
+    kind: ChangeKind
     before: str
     after: str
 
@@ -138,7 +146,7 @@ class Rates:
     flops_fraction: float | None
     bytes_fraction: float | None
     peak_source: str  # 'table: NVIDIA H100 (bf16)', 'calibrated on this CPU', or 'unknown'
-    bound: str | None = None  # 'compute' or 'memory' by the roofline ridge point, when peaks are known
+    bound: Bound | None = None  # 'compute' or 'memory' by the roofline ridge point, when peaks are known
     note: str | None = None
 
 
@@ -162,7 +170,7 @@ class FunctionProfile:
     ops_source: str = ""  # where the op table came from: 'xprof hlo_stats', 'xplane op events', ''
     host: str | None = None  # a capture: the process it ran in (its xplane file's name); None in a profiled run
     devices: tuple[DeviceExecutions, ...] = ()  # run on several devices: each one's executions in the capture
-    kind: str = "jit"  # 'pmap' for a function given to jax.pmap
+    kind: FunctionKind = "jit"  # 'pmap' for a function given to jax.pmap
 
     @property
     def compile_total_s(self) -> float:
@@ -240,7 +248,7 @@ class InputPipeline:
     device_idle_s: float
     device_idle_fraction: float
     sync_idle_s: float
-    verdict: str
+    verdict: InputVerdict
     fixes: tuple[str, ...] = ()
 
 
@@ -280,7 +288,7 @@ class FunctionDelta:
     """A function's change against an earlier report (``--compare``): metric -> {old, new, delta, ratio}."""
 
     name: str
-    status: str  # 'changed', 'new', 'gone'
+    status: Literal["changed", "new", "gone"]
     metrics: dict[str, dict[str, float | None]] = field(default_factory=dict)
 
 
@@ -327,7 +335,7 @@ class CaptureInfo:
     """Where a capture's figures came from: ``attach`` (jaxdbg took it from the live job) or ``capture``
     (read from a folder); ``steps``: the first process's step count."""
 
-    source: str
+    source: CaptureSource
     hosts: tuple[CaptureHost, ...]
     duration_s: float
     steps: int | None
@@ -338,7 +346,7 @@ class CaptureInfo:
 class ProfileResult:
     """The profile ``result`` of the contract, plus detail."""
 
-    mode: str  # 'script', 'function', or 'capture' (--attach / --from-capture)
+    mode: ProfileMode
     functions: tuple[FunctionProfile, ...]
     totals: Totals
     budget: BudgetResult

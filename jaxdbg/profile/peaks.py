@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from jaxdbg.profile.model import Rates
+from jaxdbg.profile.model import Bound, Rates
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ def achieved_rates(cost: dict | None, median_s: float | None, peak: Peak | None)
     intensity = flops / nbytes if flops and nbytes else None
     peak_flops = peak.flops_per_s if peak else None
     peak_bytes = peak.bytes_per_s if peak else None
-    bound = None
+    bound: Bound | None = None
     if intensity and peak_flops and peak_bytes:
         bound = "compute" if intensity >= peak_flops / peak_bytes else "memory"
     return Rates(

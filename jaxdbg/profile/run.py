@@ -28,7 +28,7 @@ from jaxdbg.profile.budget import check_budget, parse_budget
 from jaxdbg.profile.compare import compare, load_baseline, other_target_note
 from jaxdbg.profile.hints import hints_for, notes_for
 from jaxdbg.profile.messages import CaptureOps, JobCapture, ProfileJob
-from jaxdbg.profile.model import DeviceExecutions, FunctionProfile, ProfileResult, Rates
+from jaxdbg.profile.model import DeviceExecutions, FunctionProfile, ProfileMode, ProfileResult, Rates
 from jaxdbg.profile.monitor import monitor_hints, series
 from jaxdbg.profile.peaks import Peak, achieved_rates, dtype_class, table_peak
 from jaxdbg.profile.processes import find_stragglers, step_skew_s
@@ -86,7 +86,7 @@ def profile(spec: TargetSpec, options: ProfileOptions, out_dir: str) -> ProfileR
     outcome = run_contained(job, ProfileJob(spec, options, out_dir), timeout=options.timeout, env=env)
     _raise_usage_from_child(outcome)
     _raise_internal_failure(outcome, spec, options)
-    mode = "script" if spec.is_script else "function"
+    mode: ProfileMode = "script" if spec.is_script else "function"
     gathered = Gathered.from_messages(outcome.messages)
     functions = gathered.functions(mode)
     trace = gathered.trace

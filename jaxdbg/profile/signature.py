@@ -275,6 +275,6 @@ def main_cause(recompiles: Sequence[Recompile]) -> tuple[str, int]:
         >>> main_cause([Recompile(1, "", (shape,)), Recompile(2, "", (shape,)), Recompile(3, "", dtypes)])
         ('shape', 2)
     """
-    counts = Counter(kind for r in recompiles for kind in dict.fromkeys(c.kind for c in r.changes))
+    counts: Counter[str] = Counter(kind for r in recompiles for kind in dict.fromkeys(c.kind for c in r.changes))
     counts.update("unknown" for r in recompiles if not r.changes)
     return max(counts.items(), key=lambda item: item[1]) if counts else ("unknown", 0)

@@ -11,6 +11,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from jaxdbg.repro.signature import FailureSignature
 
@@ -31,7 +32,7 @@ class ReproResult:
     checks: int
     elapsed_s: float
     verified: bool
-    strategy: str  # "computation" (cut jaxpr) or "source" (reduced script)
+    strategy: Literal["computation", "source"]  # cut jaxpr, or reduced script
     flaky: bool = False
     runs: list[str] = field(default_factory=list)
     timed_out: bool = False
