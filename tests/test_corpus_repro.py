@@ -362,8 +362,10 @@ def logger_crash(tmp_path_factory):
     """repro on the corpus' Equinox step whose jax.debug.callback logger raises KeyError at step 5 (run once)."""
     pytest.importorskip("equinox")
     tmp_path = tmp_path_factory.mktemp("eqx_callback_logger")
+    # --timeout 240: each run replays its jitted steps op by op (the mismatch check: a compile per operation), which
+    # at load 7-11 on 2 cores outlasted the 60 s default, so the failure kept was a timeout (3 runs of 3).
     code, report, out = repro(tmp_path, os.path.join(CORPUS, "eqx_callback_logger", "train.py"), "--max-time", "15",
-                              "--source-time", "0")
+                              "--source-time", "0", "--timeout", "240")
     return code, report["result"], out, tmp_path
 
 
