@@ -28,6 +28,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from pathlib import Path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -149,7 +150,7 @@ def overhead(args: argparse.Namespace, workdir: str) -> None:
         handle.write(LOOP)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
     subprocess.run([sys.executable, program, str(args.rounds), str(args.chunk), out], env=env, check=True)
-    found = json.load(open(out))
+    found = json.loads(Path(out).read_text())
     wall = sorted(r[1][0] / r[0][0] for r in found["rows"])
     cpu = sorted(r[1][1] / r[0][1] for r in found["rows"])
     plain_ms = statistics.median(r[0][0] for r in found["rows"]) * 1e3
@@ -177,9 +178,9 @@ def to_verdict(args: argparse.Namespace, workdir: str, processes: int) -> None:
                            str(args.stall), "--out", folder, "-q", "--", stamp], env=env, capture_output=True,
                           text=True, timeout=600)
     ended = time.time()
-    stuck_at = float(open(stamp).read())
+    stuck_at = float(Path(stamp).read_text())
     report = os.path.join(folder, "process-0" if processes > 1 else "", "report.json")
-    result = json.load(open(report))["result"]
+    result = json.loads(Path(report).read_text())["result"]
     written = os.path.getmtime(report)
     print(f"(b) {processes} process(es), --stall {args.stall:g}: stuck -> report written {written - stuck_at:.1f} s, "
           f"-> command exited {ended - stuck_at:.1f} s (exit {done.returncode}; {result['kind']}, stuck "

@@ -182,7 +182,9 @@ def overhead(folder: str, pairs: int, steps: int) -> None:
             if variant == "memory":
                 with open(os.path.join(folder, f"o{i}", "target.stdout.txt")) as handle:
                     out = handle.read()
-            loop = float(re.search(r"LOOP_S ([0-9.]+)", out).group(1))
+            found = re.search(r"LOOP_S ([0-9.]+)", out)
+            assert found, f"no LOOP_S line in the {variant} run's output: {out[-2000:]}"
+            loop = float(found.group(1))
             rows[variant].append((loop, wall, cpu))
             print(f"  pair {i} {variant:>6}: loop {loop:.3f} s  wall {wall:.2f} s  cpu {cpu:.2f} s", flush=True)
     print(f"(a) overhead on an Optax MLP loop of {steps} steps, {pairs} pairs (median of per-pair ratios, [min, max]):")

@@ -23,17 +23,19 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_summary import record  # noqa: E402 - the scripts folder first
+
 CORPUS = os.path.join(ROOT, "tests", "corpus")
 
 
 def job_script(folder: str, steps: int) -> str:
     """The data-parallel corpus program with more steps, timing its training loop into $BENCH_LOOP_FILE.N
     (the plain job and jaxdbg run exactly this)."""
-    source = open(os.path.join(CORPUS, "multihost_dp", "train.py")).read().replace("range(5)", f"range({steps})")
+    source = Path(CORPUS, "multihost_dp", "train.py").read_text().replace("range(5)", f"range({steps})")
     source = source.replace("for i in range(", "import os, time\nstarted = time.perf_counter()\nfor i in range(", 1)
     source += ("\nwith open(f\"{os.environ['BENCH_LOOP_FILE']}.{jax.process_index()}\", 'w') as f:\n"
                "    f.write(str(time.perf_counter() - started))\n")
@@ -98,7 +100,8 @@ def overhead(folder: str, processes: int, devices: int, steps: int, pairs: int) 
         print(f"{processes} processes x {devices} device(s), {steps} steps, {label}, best of {pairs}: plain "
               f"{best['plain']:.2f} s, profile {best['profile']:.2f} s ({best['profile'] / best['plain']:.2f}x), "
               f"nan-hunt {best['nan-hunt']:.2f} s ({best['nan-hunt'] / best['plain']:.2f}x)"
-              + ("   target <= 1.15x" if label == "training loop" else "   (start-up, capture reading, calibration included)"))
+              + ("   target <= 1.15x" if label == "training loop"
+                 else "   (start-up, capture reading, calibration included)"))
         if label == "training loop":
             for command in ("profile", "nan-hunt"):
                 record("multihost", f"{processes} processes: {command} training loop / plain",
@@ -110,7 +113,7 @@ def answers(folder: str, processes: int, devices: int) -> None:
     report = os.path.join(folder, f"straggler-{processes}.json")
     run_jaxdbg(["profile", os.path.join(CORPUS, "multihost_straggler", "train.py"), "--out", out, "-q",
                 "--json", report], processes, devices)
-    result = json.load(open(report))["result"]
+    result = json.loads(Path(report).read_text())["result"]
     hint = next((h for h in result["hints"] if "is the straggler" in h), "no straggler hint")
     print(f"  straggler: found {result['stragglers']} (expected [1]); {hint}")
     record("multihost", f"{processes} processes: straggler found", None, "[1]", str(result["stragglers"]))
@@ -118,7 +121,7 @@ def answers(folder: str, processes: int, devices: int) -> None:
     report = os.path.join(folder, f"nan-{processes}.json")
     run_jaxdbg(["nan-hunt", os.path.join(CORPUS, "multihost_nan", "train.py"), "--out", out, "-q", "--json", report],
                processes, devices)
-    first = json.load(open(report))["result"]["first"]
+    first = json.loads(Path(report).read_text())["result"]["first"]
     print(f"  NaN origin: {first['primitive']} line {first['source']['line']} call {first['call_index']}, process "
           f"{first['process']}, device {first['device']}, shard {first['shard']} (expected log, process 1)")
     record("multihost", f"{processes} processes: NaN origin", None, "log, proc 1",

@@ -23,10 +23,12 @@ import sys
 import tempfile
 import textwrap
 import time
+from pathlib import Path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_summary import record  # noqa: E402 - the scripts folder first
+
 RECIPES = os.path.join(ROOT, "recipes")
 DEBUG_FLAGS = {"JAX_DEBUG_NANS": "1", "JAX_DEBUG_INFS": "1"}
 
@@ -75,7 +77,8 @@ LOOP = textwrap.dedent('''
 ''')
 
 
-def _run(argv: list[str], env: dict | None = None, cwd: str | None = None, timeout: float = 600) -> tuple[float, subprocess.CompletedProcess]:
+def _run(argv: list[str], env: dict | None = None, cwd: str | None = None,
+         timeout: float = 600) -> tuple[float, subprocess.CompletedProcess]:
     started = time.perf_counter()
     done = subprocess.run(argv, capture_output=True, text=True, cwd=cwd, timeout=timeout,
                           env={**os.environ, "JAX_PLATFORMS": "cpu", **(env or {})})
@@ -118,7 +121,7 @@ def run_jaxdbg(name: str, workdir: str) -> dict:
     extra = ["--precision"] if expected.get("options", {}).get("precision") else []
     wall, done = _run(_jaxdbg(os.path.join(RECIPES, name, "train.py"), "--json", report_path, "-q",
                               "--out", os.path.join(workdir, name), *extra))
-    result = json.load(open(report_path))["result"] if os.path.exists(report_path) else {"found": None}
+    result = json.loads(Path(report_path).read_text())["result"] if os.path.exists(report_path) else {"found": None}
     first = result.get("first") or {}
     source = first.get("source")
     where = (os.path.basename(source["file"]), source["line"]) if source else None
@@ -180,14 +183,14 @@ def bench_overhead(pairs: int, steps: int, workdir: str) -> dict:
     for i in range(pairs):
         out = os.path.join(workdir, f"plain{i}.json")
         _run([sys.executable, script, str(steps), out])
-        plain.append(json.load(open(out))["median_step_s"])
+        plain.append(json.loads(Path(out).read_text())["median_step_s"])
         out = os.path.join(workdir, f"watched{i}.json")
         _, done = _run(_jaxdbg(script, "-q", "--out", os.path.join(workdir, f"w{i}"), "--", str(steps), out))
         assert done.returncode == 0, done.stderr[-2000:]
-        watched.append(json.load(open(out))["median_step_s"])
+        watched.append(json.loads(Path(out).read_text())["median_step_s"])
     out = os.path.join(workdir, "flags.json")
     _run([sys.executable, script, str(steps), out], env=DEBUG_FLAGS)
-    flags.append(json.load(open(out))["median_step_s"])
+    flags.append(json.loads(Path(out).read_text())["median_step_s"])
     return {"plain_s": plain, "watched_s": watched, "flags_s": flags,
             "watch_over_plain": min(watched) / min(plain),
             "median_pair_ratio": statistics.median(w / p for w, p in zip(watched, plain)),
@@ -201,7 +204,8 @@ def main() -> int:
     parser.add_argument("--recipes", default="", help="comma-separated recipe folders (default: all nan_*)")
     args = parser.parse_args()
     names = [n for n in args.recipes.split(",") if n] or sorted(
-        d for d in os.listdir(RECIPES) if d.startswith("nan_") and os.path.exists(os.path.join(RECIPES, d, "expected.json")))
+        d for d in os.listdir(RECIPES)
+        if d.startswith("nan_") and os.path.exists(os.path.join(RECIPES, d, "expected.json")))
     with tempfile.TemporaryDirectory(prefix="bench-nan-") as workdir:
         print("(a) where is the first NaN/Inf born?  (answer per tool; 'op/line/pass' right?; wall time)")
         rows = bench_recipes(names, workdir)
@@ -216,8 +220,9 @@ def main() -> int:
         overhead = bench_overhead(args.pairs, args.steps, workdir)
         print(f"  step time plain {min(overhead['plain_s']) * 1e3:.3f} ms, under jaxdbg "
               f"{min(overhead['watched_s']) * 1e3:.3f} ms, with debug flags {min(overhead['flags_s']) * 1e3:.3f} ms")
-        print(f"  jaxdbg / plain = {overhead['watch_over_plain']:.2f}x (median pair {overhead['median_pair_ratio']:.2f}x;"
-              f" target <= 1.30); debug flags / plain = {overhead['flags_over_plain']:.2f}x")
+        print(f"  jaxdbg / plain = {overhead['watch_over_plain']:.2f}x "
+              f"(median pair {overhead['median_pair_ratio']:.2f}x; target <= 1.30); "
+              f"debug flags / plain = {overhead['flags_over_plain']:.2f}x")
         record("nan-hunt", "(b) watch step time / plain, best of pairs", overhead["watch_over_plain"], "<= 1.05",
                f"median pair {overhead['median_pair_ratio']:.2f}")
         record("nan-hunt", "(a) time to the answers / debug flags", ratio, "",

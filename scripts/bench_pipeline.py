@@ -184,7 +184,7 @@ def arbitration_cost(p: int, m: int) -> tuple[float, float, float, float]:
         began = time.perf_counter()
         record = simulate(shape, policies, durations)
         out += [record.decision_ns / record.decisions, time.perf_counter() - began]
-    return tuple(out)
+    return out[0], out[1], out[2], out[3]
 
 
 def guarantee_sweep(sizes: list[tuple[int, int]]) -> dict:

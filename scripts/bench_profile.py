@@ -157,7 +157,8 @@ def bench_disturbance_and_compile(pairs: int, steps: int, workdir: str, baseline
             if side == "plain":
                 got[side] = run_plain(script, steps)
             else:
-                got[side] = run_profiled(script, steps, workdir, f"{side}{i}", baseline if side == "baseline" else ROOT)
+                root = baseline if side == "baseline" and baseline else ROOT
+                got[side] = run_profiled(script, steps, workdir, f"{side}{i}", root)
         plain, (report, own) = got["plain"], got["profiled"]
         step = next(f for f in report["result"]["functions"] if f["name"] == "train_step")
         reported = step["compile"]["compile_s"]
@@ -271,8 +272,8 @@ def bench_timing_claims(workdir: str) -> dict:
     script = os.path.join(workdir, "sampled.py")
     with open(script, "w") as handle:
         handle.write(SAMPLED)
-    median = {n: _profile_json(workdir, f"sync{n}", script, "--sync-every", str(n))["functions"][0]["execute"]["median_s"]
-              for n in (1, 8)}
+    runs = {n: _profile_json(workdir, f"sync{n}", script, "--sync-every", str(n)) for n in (1, 8)}
+    median = {n: run["functions"][0]["execute"]["median_s"] for n, run in runs.items()}
     return {"transfer_over_execute": totals["transfer_s"] / totals["execute_s"],
             "sampled_over_every": median[8] / median[1]}
 

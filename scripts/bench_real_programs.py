@@ -211,7 +211,7 @@ def debug_flags_blame(stderr: str, script: str) -> tuple[str | None, int | None]
 def bench_recompile(case: Case, work: str) -> Row:
     report, wall = jaxdbg("profile", case, work, "--trace-calls", "0")
     result = report.get("result") or {}
-    function = next((f for f in result.get("functions", []) if f.get("name") == case.function), {})
+    function: dict = next((f for f in result.get("functions", []) if f.get("name") == case.function), {})
     hint = next((h for h in result.get("hints", []) if h.startswith(f"{case.function} compiled")), "")
     cause = re.search(r"recompiles: (\w+) changes", hint)
     arguments = {c["argument"] for r in function.get("recompiles", []) for c in r.get("changes", [])}
@@ -373,7 +373,7 @@ print("COMPILES", dict(compiles), file=sys.stderr)
 def bench_pmap(case: Case, work: str) -> Row:
     report, wall = jaxdbg("profile", case, work, "--trace-calls", "3", env=PMAP_DEVICES)
     result = report.get("result") or {}
-    function = next((f for f in result.get("functions", []) if f.get("name") == case.function), {})
+    function: dict = next((f for f in result.get("functions", []) if f.get("name") == case.function), {})
     changes = {(c["argument"], c["kind"]) for r in function.get("recompiles") or [] for c in r.get("changes", [])}
     right = function.get("kind") == "pmap" and (case.argument, case.cause) in changes
     answer = (f"{function.get('kind')} {case.function}: {function.get('compiles')} compiles, "

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import json
 import os
 import shutil
@@ -30,6 +31,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, replace
 from multiprocessing.connection import Listener
+from pathlib import Path
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
@@ -81,9 +83,13 @@ class Interestingness:
         self.env = reduction_env(os.path.join(work, "jax-cache"))
         self.server = ForkServer(self.env)
         outcome = run_contained(JOB, replace(self.request, script=path), timeout=self.timeout, env=self.env)
-        self.target = choose(observe(outcome), None, None)
+        target = choose(observe(outcome), None, None)
+        if target is None:
+            raise SystemExit(f"{path} does not fail: nothing to reproduce")
+        self.target = target
         self.jit_sensitive = self._jit_sensitive()
-        self.checks, self.deadline, self._lock = 0, None, threading.Lock()
+        self.checks, self._lock = 0, threading.Lock()
+        self.deadline: float | None = None
 
     def _jit_sensitive(self) -> bool:
         if self.target.signature.kind != "exception":
@@ -147,7 +153,7 @@ def run_jaxdbg(recipe: str, path: str, test: Interestingness, budget: float, wor
     timeout = HANG_TIMEOUT if "hang" in recipe else None
     result, artifacts = reproduce(parse_target(path), ReproOptions(max_time=budget, timeout=timeout), out)
     wall = time.perf_counter() - started
-    text = open(artifacts["repro"]).read()
+    text = Path(artifacts["repro"]).read_text()
     if result.strategy == "computation":  # an emitted program: its own assertion is the check
         fresh, degenerate = result.verified, ""
     else:
@@ -157,11 +163,11 @@ def run_jaxdbg(recipe: str, path: str, test: Interestingness, budget: float, wor
 
 
 def run_pysource_minimize(recipe: str, path: str, test: Interestingness, budget: float, work: str) -> Row:
-    try:
-        from pysource_minimize import minimize
+    try:  # (by name: an optional anchor, not a dependency, so mypy looks for no stubs of it)
+        minimize = importlib.import_module("pysource_minimize").minimize
     except ImportError:
         return Row(recipe, "pysource-minimize", note="not installed (pip install pysource-minimize)")
-    source = open(path).read()
+    source = Path(path).read_text()
     test.start(budget, source)
     started, note = time.perf_counter(), ""
     try:
@@ -172,7 +178,8 @@ def run_pysource_minimize(recipe: str, path: str, test: Interestingness, budget:
         return Row(recipe, "pysource-minimize", checks=test.checks, note=f"failed: {type(err).__name__}: {err}")
     wall = time.perf_counter() - started
     fresh, degenerate = test.judge(text, os.path.join(work, os.path.basename(path)))
-    return Row(recipe, "pysource-minimize", count_lines(text), None, test.checks, round(wall, 1), fresh, degenerate, note)
+    return Row(recipe, "pysource-minimize", count_lines(text), None, test.checks, round(wall, 1), fresh, degenerate,
+               note)
 
 
 def run_cvise(recipe: str, path: str, test: Interestingness, budget: float, work: str) -> Row:
@@ -211,7 +218,7 @@ def run_cvise(recipe: str, path: str, test: Interestingness, budget: float, work
     with open(script, "w") as handle:
         handle.write(f"#!/bin/sh\nexec {sys.executable} -c \"{client}\" {address} {os.path.basename(path)}\n")
     os.chmod(script, 0o755)
-    test.start(budget, open(path).read())
+    test.start(budget, Path(path).read_text())
     started = time.perf_counter()
     note = ""
     proc = subprocess.Popen([cvise, "--n", "2", "--timeout", str(int(test.timeout) + 30), "--not-c", "--tidy", script,
@@ -232,7 +239,7 @@ def run_cvise(recipe: str, path: str, test: Interestingness, budget: float, work
     wall = time.perf_counter() - started
     stop.set()
     listener.close()
-    text = open(candidate).read()
+    text = Path(candidate).read_text()
     fresh, degenerate = test.judge(text, os.path.join(work, os.path.basename(path)))
     return Row(recipe, "C-Vise", count_lines(text), None, test.checks, round(wall, 1), fresh, degenerate, note)
 
@@ -253,7 +260,7 @@ def main() -> int:
         path = os.path.join(root, recipe, RECIPES[recipe])
         with tempfile.TemporaryDirectory(prefix="bench-repro-") as work:
             test = Interestingness(path, work)
-            original = count_lines(open(path).read())
+            original = count_lines(Path(path).read_text())
             print(f"\n{recipe}: {original} lines; target {test.target.signature.describe()}"
                   + ("; needs jit" if test.jit_sensitive else ""), flush=True)
             try:

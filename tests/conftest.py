@@ -16,3 +16,9 @@ RECIPES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def recipes_dir() -> str:
     """Absolute path of the bundled recipes folder."""
     return RECIPES
+
+
+def line_of(path: str, marker: str) -> int:
+    """The number of the first line of `path` that contains `marker`."""
+    with open(path) as handle:
+        return next(i for i, text in enumerate(handle, start=1) if marker in text)

@@ -52,7 +52,8 @@ def test_bad_out_parent_and_json_folder(tmp_path, capsys):
     assert main(["doctor", "--no-profiler", "--out", str(tmp_path / "missing" / "out")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "does not exist" in err
-    assert main(["doctor", "--no-profiler", "--out", str(tmp_path / "o"), "--json", str(tmp_path / "nope" / "r.json")]) == 2
+    json_in_no_folder = str(tmp_path / "nope" / "r.json")
+    assert main(["doctor", "--no-profiler", "--out", str(tmp_path / "o"), "--json", json_in_no_folder]) == 2
     assert "does not exist" in capsys.readouterr().err
 
 

@@ -72,8 +72,9 @@ def test_documented_options_are_the_commands_options(name: str) -> None:
     own = _table(SECTIONS[f"jaxdbg {name}"])
     documented = set(own) | set(COMMON)
     actual = set(_options(command))
-    assert not actual - documented, f"options of 'jaxdbg {name}' missing from docs/cli.md: {sorted(actual - documented)}"
-    assert not documented - actual, f"docs/cli.md documents options 'jaxdbg {name}' does not take: {sorted(documented - actual)}"
+    missing, extra = sorted(actual - documented), sorted(documented - actual)
+    assert not missing, f"options of 'jaxdbg {name}' missing from docs/cli.md: {missing}"
+    assert not extra, f"docs/cli.md documents options 'jaxdbg {name}' does not take: {extra}"
     assert not set(own) & set(COMMON), "an option is documented both as common and as the command's own"
 
 

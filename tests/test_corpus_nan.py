@@ -47,7 +47,8 @@ def hunted(tmp_path_factory):
     def run(program: str) -> dict:
         if program not in results:
             out = tmp_path_factory.mktemp(program)
-            result, _ = hunt_here(parse_target(os.path.join(CORPUS, program, "train.py")), HuntOptions(out_dir=str(out)))
+            result, _ = hunt_here(parse_target(os.path.join(CORPUS, program, "train.py")),
+                                  HuntOptions(out_dir=str(out)))
             results[program] = to_jsonable(result)
         return results[program]
 
@@ -340,11 +341,10 @@ def test_after_an_inf_the_nan_it_turns_into_is_the_answer(tmp_path) -> None:
 
 
 def test_an_inf_without_a_nan_ends_the_run_when_the_budget_is_spent() -> None:
-    with pytest.raises(NonFiniteFound) as stop:
-        with Watch(after_inf=3) as watch:
-            step = jax.jit(lambda x: x * 1e30)
-            x = jnp.float32(1e10)
-            for _ in range(100):
-                x = step(x)
+    with pytest.raises(NonFiniteFound) as stop, Watch(after_inf=3) as watch:
+        step = jax.jit(lambda x: x * 1e30)
+        x = jnp.float32(1e10)
+        for _ in range(100):
+            x = step(x)
     assert stop.value.finding is watch.inf_findings[0] and stop.value.finding.call.call_index == 0
     assert watch.calls == 4  # the Inf's call and three more

@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +22,8 @@ from jaxdbg.cli import main
 from jaxdbg.repro.program import count_lines
 from jaxdbg.repro.signature import Criterion, normalise_message
 from jaxdbg.target import flatten_inputs, load_npz_inputs, save_npz_inputs
+
+from conftest import line_of
 
 CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
 
@@ -33,7 +36,7 @@ def repro(tmp_path, *argv):
 
 
 def imports_of(path) -> set[str]:
-    tree = ast.parse(open(path).read())
+    tree = ast.parse(Path(path).read_text())
     names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     return names | {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
 
@@ -59,11 +62,6 @@ def raised(run) -> tuple[str, str]:
     return "", run.stderr[-300:]
 
 
-def line_of(path: str, marker: str) -> int:
-    with open(path) as handle:
-        return next(i for i, text in enumerate(handle, start=1) if marker in text)
-
-
 # ----------------------------------------------------------------------------------------------------------
 # The corpus: framework programs whose shape error is cut to the one JAX operation
 # ----------------------------------------------------------------------------------------------------------
@@ -75,7 +73,8 @@ SHAPE_ERRORS = [
     # Equinox GRU under lax.scan, vmap, filter_value_and_grad and filter_jit: 3 features into a 2-input cell.
     ("eqx_gru_shape", "train.py", "# one GRU step per time step", "float32[48,2], float32[3]"),
     # Flax NNX CNN in a sibling module (models.py): 32x32 images into a layer sized for 28x28.
-    ("nnx_cnn_sibling", "models.py", "x = nnx.relu(self.dropout2(self.linear1(x)", "float32[32,4096], float32[3136,256]"),
+    ("nnx_cnn_sibling", "models.py", "x = nnx.relu(self.dropout2(self.linear1(x)",
+     "float32[32,4096], float32[3136,256]"),
 ]
 
 
@@ -83,7 +82,7 @@ SHAPE_ERRORS = [
 def shape_error(request, tmp_path_factory):
     pytest.importorskip("flax")
     pytest.importorskip("equinox")
-    program, culprit, marker, avals = request.param
+    program = request.param[0]
     tmp_path = tmp_path_factory.mktemp(program)
     # --max-time bounds the second file (repro_source.py) only (the cut is found before): it leaves that file's
     # reduction some time after a slow detection on a loaded machine. --source-time 8: what is checked of
@@ -114,7 +113,7 @@ def test_a_framework_shape_error_becomes_its_one_operation_which_fails_alone(sha
 
 def test_the_program_reduced_at_the_users_level_points_at_the_users_line(shape_error):
     """repro_source.py: the user's program (sibling modules pasted in), failing at the user's line, alone."""
-    (program, culprit, marker, _), code, report, out, tmp_path = shape_error
+    (program, culprit, marker, _), _, report, out, tmp_path = shape_error
     source = (out / "repro_source.py").read_text()
     assert report["artifacts"]["source"] == str(out / "repro_source.py")
     assert "import models" not in source and "from models" not in source
@@ -290,7 +289,8 @@ def test_sibling_modules_are_pasted_once_with_the_lines_they_came_from(tmp_path)
     assert combined.text.splitlines()[row - 1] == "    return act(x @ w)"
     namespace: dict = {}
     exec(combined.text, namespace)
-    assert float(namespace["loss"](np.ones((3, 3), np.float32), np.ones((2, 3), np.float32))) == pytest.approx(11.9407, 1e-4)
+    loss = namespace["loss"](np.ones((3, 3), np.float32), np.ones((2, 3), np.float32))
+    assert float(loss) == pytest.approx(11.9407, 1e-4)
     (tmp_path / "model.py").write_text("import layers\n\n\ndef act(x):\n    return x\n\n\nlayers.dense(1.0, 2.0)\n")
     clashing = inline_local_modules(str(tmp_path / "model.py"))  # helpers.act and model's act: helpers stays imported
     assert clashing.modules == ("layers",) and "import helpers as h" in clashing.text
@@ -309,8 +309,8 @@ def test_a_sibling_module_is_pasted_into_the_reproducer(tmp_path):
 def test_a_reproducer_that_needs_the_users_folder_is_never_verified(tmp_path):
     """models.py cannot be pasted (train.py binds `scale` too): the reduced script still imports it, runs only
     beside it, and so is no reproducer (it was reported 'verified: fresh run' when runs could see the folder)."""
-    code, report, out = repro(tmp_path, str(_project(tmp_path, "def scale():\n    return 0.5\n\n\n")),
-                              "--max-time", "40")
+    code, report, _ = repro(tmp_path, str(_project(tmp_path, "def scale():\n    return 0.5\n\n\n")),
+                            "--max-time", "40")
     result = report["result"]
     assert code == 3 and not result["verified"] and report["exit_code"] == 3
     assert "No module named 'models'" in result["verification"]
@@ -362,13 +362,15 @@ def logger_crash(tmp_path_factory):
     """repro on the corpus' Equinox step whose jax.debug.callback logger raises KeyError at step 5 (run once)."""
     pytest.importorskip("equinox")
     tmp_path = tmp_path_factory.mktemp("eqx_callback_logger")
+    # --timeout 240: each run replays its jitted steps op by op (the mismatch check: a compile per operation), which
+    # at load 7-11 on 2 cores outlasted the 60 s default, so the failure kept was a timeout (3 runs of 3).
     code, report, out = repro(tmp_path, os.path.join(CORPUS, "eqx_callback_logger", "train.py"), "--max-time", "15",
-                              "--source-time", "0")
+                              "--source-time", "0", "--timeout", "240")
     return code, report["result"], out, tmp_path
 
 
 def test_a_framework_callback_crash_is_signed_by_the_loggers_own_exception(logger_crash):
-    code, result, out, tmp_path = logger_crash
+    code, result, _, _ = logger_crash
     signature = result["signature"]
     assert code == 0 and result["verified"] and signature["kind"] == "exception"
     assert signature["message"].endswith("KeyError: 'accuracy'")  # raised in the user's logger, not jax's words
@@ -382,7 +384,7 @@ def test_a_framework_callback_crash_is_signed_by_the_loggers_own_exception(logge
 def test_a_framework_callback_crash_becomes_a_jax_numpy_reproducer(logger_crash):
     """Cut to the callback: the user's logger written alone (reduced), called through jax.debug.callback from a
     tiny jitted function with step 5's values; no Equinox, no Optax, no training loop."""
-    code, result, out, tmp_path = logger_crash
+    _, result, out, tmp_path = logger_crash
     text = (out / "repro.py").read_text()
     assert result["strategy"] == "computation" and result["failing_primitives"] == ["jax.debug.callback"]
     assert count_lines(text) <= 15 and imports_of(out / "repro.py") <= {"jax", "numpy"}
@@ -425,7 +427,7 @@ def test_a_host_callback_is_cut_to_its_function_never_to_a_raise_of_constants(tm
     from jaxdbg.repro.callback import cut_callback, recorded_callbacks
 
     def recorded(step):
-        with recorded_callbacks() as recorder, pytest.raises(Exception) as caught:  # noqa: B017, PT011
+        with recorded_callbacks() as recorder, pytest.raises(Exception) as caught:
             jax.jit(step)(jnp.ones(3))
         assert recorder.failure is not None and recorder.failure.explains(caught.value)
         assert recorder.failure.raised_at.file == __file__
@@ -551,8 +553,8 @@ def test_bf16_args_of_a_function_target(model, tmp_path):
 
 
 def test_pytree_bf16_inputs_from_make_inputs(model, tmp_path):
-    code, report, out = repro(tmp_path, f"{model}::mlp", "--inputs", f"{model}::make_inputs", "--max-time", "40",
-                              "--source-time", "0")
+    code, report, _ = repro(tmp_path, f"{model}::mlp", "--inputs", f"{model}::make_inputs", "--max-time", "40",
+                            "--source-time", "0")
     result = report["result"]
     assert code == 0 and result["verified"] and result["failing_primitives"] == ["log"]
 

@@ -26,7 +26,8 @@ SKIP_ALLOWED = {
     "jaxdbg.nan": "hunt() in a child: tests/test_docs_api.py (docs/api.md)",
     "jaxdbg.nan.api": "hunt() in a child: tests/test_docs_api.py (docs/api.md)",
     "jaxdbg.nan.bundle": "writes files: tests/test_nan_cli.py::test_script_found_contract_json_and_bundle",
-    "jaxdbg.nan.session": "hunt_here() runs a script: tests/test_nan_cli.py::test_function_mode_grad_of_a_loss_with_aux",
+    "jaxdbg.nan.session":
+        "hunt_here() runs a script: tests/test_nan_cli.py::test_function_mode_grad_of_a_loss_with_aux",
     "jaxdbg.nan.watch": "Watch raising inside jit: tests/test_nan_watch.py",
     "jaxdbg.pipeline.output": "writes files: tests/test_pipeline_cli.py::test_trace_and_plots_are_written",
     "jaxdbg.pipeline.real": "threads over several devices: tests/test_pipeline_real.py",
@@ -100,5 +101,6 @@ def test_skips_only_where_a_real_test_covers_the_call() -> None:
 
 def test_the_walk_sees_the_whole_package() -> None:
     """A test over no modules could not fail: the walk must find the command modules and the subpackages."""
-    assert {"jaxdbg.cli.profile", "jaxdbg.nan.localise", "jaxdbg.repro.cut", "jaxdbg.schema", "jaxdbg.report"} <= set(MODULES)
+    walked = {"jaxdbg.cli.profile", "jaxdbg.nan.localise", "jaxdbg.repro.cut", "jaxdbg.schema", "jaxdbg.report"}
+    assert walked <= set(MODULES)
     assert sum(len(t.examples) for name in MODULES for t in _tests(name)) > 100

@@ -32,11 +32,9 @@ class Log(JitHook):
 
 def test_jax_jit_is_restored_when_the_last_hook_leaves_even_on_error():
     real = jax.jit
-    with pytest.raises(ZeroDivisionError):
-        with jit_layer.installed(Log("a", [])):
-            with jit_layer.installed(Log("b", [])):
-                assert jax.jit is not real
-                1 / 0  # noqa: B018 - raises on purpose
+    with pytest.raises(ZeroDivisionError), jit_layer.installed(Log("a", [])), jit_layer.installed(Log("b", [])):
+        assert jax.jit is not real
+        1 / 0  # noqa: B018 - raises on purpose
     assert jax.jit is real
 
 

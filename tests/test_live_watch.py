@@ -12,6 +12,7 @@ import sys
 import urllib.request
 import weakref
 from pathlib import Path
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -271,7 +272,7 @@ def test_unread_calls_keep_their_arrays_but_not_a_fresh_structure_per_call(tmp_p
 
 
 class _CountingTag(_Tag):
-    compares: list = []
+    compares: ClassVar[list] = []
 
     def __eq__(self, other: object) -> bool:
         _CountingTag.compares.append(1)

@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from conftest import line_of
+
 CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
 
 
@@ -49,8 +51,8 @@ def waiting_jobs(tmp_path_factory):
     lone = task_environment(0, 2, free_port(), {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"})
     procs = {
         "dies": start(["profile", os.path.join(CORPUS, "multihost_dies", "train.py"), "--out",
-                       str(folders["dies"] / "p"), "-q", "--json", str(folders["dies"] / "job.json"), "--timeout", "200"],
-                      2, devices=1),
+                       str(folders["dies"] / "p"), "-q", "--json", str(folders["dies"] / "job.json"),
+                       "--timeout", "200"], 2, devices=1),
         "hangs": start(["profile", HANGS, "--out", str(folders["hangs"] / "p"), "-q", "--json",
                         str(folders["hangs"] / "job.json"), "--timeout", "24", "--trace-calls", "0"], 2, devices=1),
         "nan_hangs": start(["nan-hunt", HANGS, "--out", str(folders["nan_hangs"] / "n"), "-q", "--timeout", "24"], 2,
@@ -184,11 +186,13 @@ def test_nan_hunt_names_the_process_device_and_shard_of_the_origin(tmp_path):
     assert done.returncode == 1, done.stderr[-3000:]
     result = json.loads((tmp_path / "job.json").read_text())["result"]
     first = result["first"]
-    line = next(i for i, text in enumerate(open(program), start=1) if "log-scaled first feature" in text)
-    assert (first["primitive"], first["pass"], first["source"]["line"], first["call_index"]) == ("log", "forward", line, 2)
+    line = line_of(program, "log-scaled first feature")
+    where = (first["primitive"], first["pass"], first["source"]["line"], first["call_index"])
+    assert where == ("log", "forward", line, 2)
     # Process 1's local row 5 is global row 13: on its second device, whose shard holds rows 12-15.
     assert first["process"] == 1 and first["shard"] == [[12, 16], [0, 1]]
-    assert first["device"] == f"cpu:{json.loads((tmp_path / 'n' / 'process-1' / 'report.json').read_text())['environment']['devices'][3]['id']}"
+    process_1 = json.loads((tmp_path / "n" / "process-1" / "report.json").read_text())
+    assert first["device"] == f"cpu:{process_1['environment']['devices'][3]['id']}"
     assert [(p["index"], p["found"]) for p in result["processes"]] == [(0, True), (1, True)]
     assert (tmp_path / "n" / "process-1" / "nan_bundle.json").exists()
 
@@ -201,13 +205,15 @@ def test_nan_hunt_in_four_processes_names_the_process_and_device_of_the_bad_shar
     assert done.returncode == 1, done.stderr[-3000:]
     result = json.loads((tmp_path / "job.json").read_text())["result"]
     first, devices = result["first"], json.loads((tmp_path / "job.json").read_text())["environment"]["devices"]
-    assert (first["primitive"], first["call_index"], first["process"], first["shard"]) == ("log", 2, 1, [[4, 8], [0, 1]])
+    where = (first["primitive"], first["call_index"], first["process"], first["shard"])
+    assert where == ("log", 2, 1, [[4, 8], [0, 1]])
     assert first["device"] == f"cpu:{next(d['id'] for d in devices if d['process_index'] == 1)}"
     assert [(p["index"], p["found"]) for p in result["processes"]] == [(i, True) for i in range(4)]
 
 
 def test_doctor_reports_the_job_and_compares_versions(tmp_path):
-    done = launch(["doctor", "--no-profiler", "--out", str(tmp_path / "d"), "-q", "--json", str(tmp_path / "d.json")], 2)
+    done = launch(["doctor", "--no-profiler", "--out", str(tmp_path / "d"), "-q", "--json", str(tmp_path / "d.json")],
+                  2)
     assert done.returncode == 0, done.stderr[-3000:]
     job = json.loads((tmp_path / "d.json").read_text())["result"]["distributed"]
     assert (job["cluster"], job["process_index"], job["process_count"], job["local_devices"], job["devices"]) == (
@@ -241,7 +247,7 @@ def test_a_process_that_hangs_is_named_with_where_it_stands(waiting_jobs):
     """Process 1 sleeps forever in host code at step 1 (its heartbeat thread alive), process 0 waits for it in
     the all-reduce: --timeout ends the job (exit 3), and process 0's error line names process 1 and the line
     its main thread stands at, read by its heartbeat."""
-    line = next(i for i, text in enumerate(open(HANGS), start=1) if "the stuck read" in text)
+    line = line_of(HANGS, "the stuck read")
     done, tmp_path = waiting_jobs["hangs"]()
     report = json.loads((tmp_path / "job.json").read_text())
     assert done.returncode == 3 and report["exit_code"] == 3, done.stderr[-3000:]
@@ -266,7 +272,8 @@ def test_processes_that_run_different_commands_stop_with_one_line(tmp_path):
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i, command in enumerate(["profile", "nan-hunt"])]
     ends = [proc.communicate(timeout=150) for proc in procs]
-    said = f"process 0 runs 'jaxdbg profile {program} --timeout 120', process 1 runs 'jaxdbg nan-hunt {program} --timeout"
+    said = (f"process 0 runs 'jaxdbg profile {program} --timeout 120', "
+            f"process 1 runs 'jaxdbg nan-hunt {program} --timeout")
     for proc, (_, err) in zip(procs, ends):
         assert proc.returncode == 2 and said in err, err[-2000:]
         assert len(err.strip().splitlines()) == 1, err[-2000:]
@@ -308,7 +315,8 @@ def test_repro_of_a_shape_error_in_a_sharded_step_is_one_process_with_the_global
     operation alone, on those global shapes, fails the same way in one process, with no jax.distributed."""
     job, _, text = _repro_job(tmp_path, "multihost_shape", 2)
     result = job["result"]
-    assert result["verified"] and result["strategy"] == "computation" and result["failing_primitives"] == ["dot_general"]
+    assert result["verified"] and result["strategy"] == "computation"
+    assert result["failing_primitives"] == ["dot_general"]
     assert "np.zeros((16, 8)" in text and "distributed" not in text
     assert any(note.startswith("reproduced in one process") for note in result["notes"])
 
@@ -351,7 +359,7 @@ def test_repro_of_a_lost_peer_is_the_job_program_with_its_launch_line(tmp_path):
 def test_nan_hunt_names_the_process_a_job_hangs_on(waiting_jobs):
     """The same hung job under nan-hunt: its watch has no hook at the program's jax.distributed.initialize(),
     so a heartbeat starts once the program has joined; --timeout's line (exit 3) names process 1 and its line."""
-    line = next(i for i, text in enumerate(open(HANGS), start=1) if "the stuck read" in text)
+    line = line_of(HANGS, "the stuck read")
     done, _ = waiting_jobs["nan_hangs"]()
     assert done.returncode == 3, done.stderr[-3000:]
     first = done.stderr.strip().splitlines()[0]

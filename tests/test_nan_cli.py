@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -43,8 +44,8 @@ def test_script_found_contract_json_and_bundle(tmp_path, capsys) -> None:
     assert "sqrt" in err  # the human report went to stderr because stdout carries the JSON
     with np.load(report["artifacts"]["inputs"]) as inputs:
         assert float(inputs["arg0"]) == 3.5  # the failing call's own input
-    assert "scan" in open(report["artifacts"]["jaxpr"]).read()
-    bundle = json.load(open(report["artifacts"]["bundle"]))
+    assert "scan" in Path(report["artifacts"]["jaxpr"]).read_text()
+    bundle = json.loads(Path(report["artifacts"]["bundle"]).read_text())
     assert bundle["function"] == "rollout" and bundle["call_index"] == 1
     assert os.path.exists(out / "report.json")
 
@@ -174,7 +175,7 @@ def test_as_a_subprocess(tmp_path) -> None:
     done = subprocess.run([sys.executable, "-m", "jaxdbg", "nan-hunt", os.path.join(RECIPES, "nan_data", "train.py"),
                            "--out", str(tmp_path / "sub"), "-q"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 1, done.stderr
-    report = json.load(open(tmp_path / "sub" / "report.json"))
+    report = json.loads((tmp_path / "sub" / "report.json").read_text())
     assert report["result"]["first"]["kind"] == "input" and report["result"]["first"]["argument"] == "batch['x']"
 
 

@@ -78,7 +78,8 @@ def overflow(x):
 def test_nan_from_infinities_has_a_chain() -> None:
     found = hunt(overflow, jnp.float32(100.0))
     assert (found.first.kind, found.first.primitive) == ("nan", "sub")
-    assert [(c.kind, c.primitive, c.source.line) for c in found.chain] == [("inf", "exp", _line_of(overflow, "# exp line"))]
+    chain = [(c.kind, c.primitive, c.source.line) for c in found.chain]
+    assert chain == [("inf", "exp", _line_of(overflow, "# exp line"))]
 
 
 def test_nan_only_skips_inf_but_still_finds_nan() -> None:

@@ -23,23 +23,20 @@ def _eval_process_primitive():
 
 def test_hooks_are_removed_afterwards_even_on_error() -> None:
     real_jit, real_eval = jax.jit, _eval_process_primitive()
-    with pytest.raises(NonFiniteFound):
-        with Watch():
-            assert jax.jit is not real_jit and _eval_process_primitive() is not real_eval
-            jax.jit(jnp.log)(jnp.array(-1.0))
+    with pytest.raises(NonFiniteFound), Watch():
+        assert jax.jit is not real_jit and _eval_process_primitive() is not real_eval
+        jax.jit(jnp.log)(jnp.array(-1.0))
     assert jax.jit is real_jit and _eval_process_primitive() is real_eval
-    with pytest.raises(ZeroDivisionError):
-        with Watch():
-            1 / 0  # noqa: B018 - raises on purpose
+    with pytest.raises(ZeroDivisionError), Watch():
+        1 / 0  # noqa: B018 - raises on purpose
     assert jax.jit is real_jit and _eval_process_primitive() is real_eval
 
 
 def test_first_failing_call_and_its_index() -> None:
-    with pytest.raises(NonFiniteFound) as stop:
-        with Watch() as watch:
-            step = jax.jit(lambda x: jnp.sqrt(2.0 - x))
-            for k in range(5):
-                step(jnp.float32(k + 0.5))
+    with pytest.raises(NonFiniteFound) as stop, Watch() as watch:
+        step = jax.jit(lambda x: jnp.sqrt(2.0 - x))
+        for k in range(5):
+            step(jnp.float32(k + 0.5))
     finding = stop.value.finding
     assert isinstance(finding, JitFinding) and watch.finding is finding
     assert finding.call.call_index == 2 and watch.calls == 3
@@ -52,12 +49,11 @@ def test_nan_only_ignores_inf() -> None:
 
 
 def test_donated_inputs_are_kept_for_an_exact_replay() -> None:
-    with pytest.raises(NonFiniteFound) as stop:
-        with Watch():
-            update = jax.jit(lambda w, g: w - 10.0 * g * w, donate_argnums=0)
-            w = jnp.array([1.0, 2.0])
-            for _ in range(100):
-                w = update(w, jnp.float32(3.0))
+    with pytest.raises(NonFiniteFound) as stop, Watch():
+        update = jax.jit(lambda w, g: w - 10.0 * g * w, donate_argnums=0)
+        w = jnp.array([1.0, 2.0])
+        for _ in range(100):
+            w = update(w, jnp.float32(3.0))
     call = stop.value.finding.call
     assert not call.args[0].is_deleted()
     found = localise_call(call)
@@ -97,11 +93,10 @@ def test_lowering_goes_to_the_real_jit() -> None:
 
 
 def test_eager_operation_that_creates_a_nan() -> None:
-    with pytest.raises(NonFiniteFound) as stop:
-        with Watch():
-            x = jnp.array([1.0, -4.0])
-            y = x * 2.0
-            jnp.sqrt(y)  # the eager origin
+    with pytest.raises(NonFiniteFound) as stop, Watch():
+        x = jnp.array([1.0, -4.0])
+        y = x * 2.0
+        jnp.sqrt(y)  # the eager origin
     finding = stop.value.finding
     assert isinstance(finding, EagerFinding)
     origin = finding.origin
@@ -118,10 +113,9 @@ def test_eager_origin_counts_calls_of_the_function_that_ran_it() -> None:
         y = x - 3.0
         return jnp.log(y)  # log(0) on the third call
 
-    with pytest.raises(NonFiniteFound) as stop:
-        with Watch():
-            for value in (5.0, 4.0, 3.0, 2.0):
-                step(jnp.float32(value))
+    with pytest.raises(NonFiniteFound) as stop, Watch():
+        for value in (5.0, 4.0, 3.0, 2.0):
+            step(jnp.float32(value))
     origin = stop.value.finding.origin
     assert (origin.primitive, origin.function.split(".")[-1], origin.call_index) == ("log", "step", 2)
 
@@ -134,12 +128,11 @@ def test_eager_operation_on_bad_data_is_not_an_origin() -> None:
 
 
 def test_output_names_come_from_the_assignment() -> None:
-    with pytest.raises(NonFiniteFound):
-        with Watch(growth_factor=10.0) as watch:
-            step = jax.jit(lambda p: ({"w": p["w"] * 100.0, "b": p["b"]}, jnp.sum(p["w"])))
-            params = {"w": jnp.ones(2), "b": jnp.ones(1)}
-            for _ in range(30):
-                params, total = step(params)  # noqa: RUF059 - growth is reported by these names
+    with pytest.raises(NonFiniteFound), Watch(growth_factor=10.0) as watch:
+        step = jax.jit(lambda p: ({"w": p["w"] * 100.0, "b": p["b"]}, jnp.sum(p["w"])))
+        params = {"w": jnp.ones(2), "b": jnp.ones(1)}
+        for _ in range(30):
+            params, total = step(params)  # noqa: RUF059 - growth is reported by these names
     names = [g.name for g in watch.growth.report()]
     assert set(names[:2]) == {"params['w']", "total"}  # both grow 100x per call: either may be first
     assert "params['b']" not in names
@@ -174,9 +167,8 @@ def test_read_late_keeps_program_order_and_the_exact_replay() -> None:
         raise ValueError("the script's own failure, after the NaN")
 
     for ending in (fail, lambda: jnp.log(jnp.float32(-1.0)), lambda: None):
-        with pytest.raises(NonFiniteFound) as stop:
-            with Watch(read_late=True) as watch:
-                unread_nan_then(ending)
+        with pytest.raises(NonFiniteFound) as stop, Watch(read_late=True) as watch:
+            unread_nan_then(ending)
         finding = stop.value.finding
         assert isinstance(finding, JitFinding) and finding.call.call_index == 2, ending
         first = localise_call(finding.call, closed=finding.closed_jaxpr).first  # inputs kept despite donation

@@ -45,9 +45,9 @@ def optimum(durations, caps) -> float:
             start = max([free[w]] + [end[u] + (comm[u] if graph.worker[u] != w else 0.0) for u in preds[t]])
             done[t], end[t] = True, start + task[t]
             left[w] -= task[t]
-            search(free[:w] + (end[t],) + free[w + 1:],
-                   inflight[:w] + (inflight[w] + graph.admits[t] - graph.releases[t],) + inflight[w + 1:],
-                   orders[:w] + (orders[w] + (t,),) + orders[w + 1:], count + 1)
+            search((*free[:w], end[t], *free[w + 1:]),
+                   (*inflight[:w], inflight[w] + graph.admits[t] - graph.releases[t], *inflight[w + 1:]),
+                   (*orders[:w], (*orders[w], t), *orders[w + 1:]), count + 1)
             left[w] += task[t]
             done[t] = False
 
@@ -98,7 +98,7 @@ def test_the_bound_knows_the_memory_cap(solved):
     per stage (cap 0.5x of 1F1B's) the slot bound alone already reaches the optimum."""
     above = [case for case, (best, bound, free, _) in zip(CASES, solved) if bound.value > free * 1.01]
     assert len(above) >= 4, above
-    best, bound, free, slots = solved[2]  # caps [1, 1]: every stage runs each microbatch's round trip alone
+    best, _, free, slots = solved[2]  # caps [1, 1]: every stage runs each microbatch's round trip alone
     assert slots == pytest.approx(best, rel=1e-9) and best > 1.5 * free
 
 

@@ -30,7 +30,8 @@ def test_sim_json_has_the_contract_shape(capsys, tmp_path):
     assert len(result["runs"]) == 2 * 2 * (2 + 8)
     row = next(r for r in result["runs"] if r["policy"] == "ready")
     for key in ("schedule", "policy", "hint", "comm", "memory_cap", "variability", "seed", "makespan_s",
-                "throughput_mb_s", "bubble_fraction", "stage_busy", "peak_inflight", "lower_bound_s", "speedup_vs_fixed"):
+                "throughput_mb_s", "bubble_fraction", "stage_busy", "peak_inflight", "lower_bound_s",
+                "speedup_vs_fixed"):
         assert key in row
     assert len(row["stage_busy"]) == 4 and row["makespan_s"] >= row["lower_bound_s"]
     fixed = [r for r in result["runs"] if r["policy"] == "fixed"]
@@ -60,8 +61,8 @@ def test_no_lookahead_is_the_blind_readiness_rule(capsys, tmp_path):
     """ZB-H1 without variability: the look-ahead keeps ready on the fixed order's time; blind readiness lags."""
     speedup = {}
     for flag in ("--lookahead", "--no-lookahead"):
-        code, out, err = _bench(capsys, "--stages", "8", "--microbatches", "32", "--schedule", "zb-h1", "--hint", "1f1b",
-                                flag, "--json", "-",
+        code, out, err = _bench(capsys, "--stages", "8", "--microbatches", "32", "--schedule", "zb-h1",
+                                "--hint", "1f1b", flag, "--json", "-",
                                 "--out", str(tmp_path / flag))  # not jaxdbg-out/ in the folder pytest runs from
         assert code == 0, err
         result = json.loads(out)["result"]

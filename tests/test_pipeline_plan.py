@@ -26,7 +26,8 @@ def _fixed_and_auto(name, p, m, spec, seed, cap=1.0, comm="async"):
     samples = noise_samples(variability, durations, Costs(), seed, 4)
     pick = choose(shape, schedule, cap, durations.known(), Costs(), comm, samples=samples)
     policy = "fixed" if pick.hint == "fixed" else "ready"
-    policies = make_policies(policy, shape, schedule, pick.hint, cap, Costs(), known=durations.known(), order=pick.order)
+    policies = make_policies(policy, shape, schedule, pick.hint, cap, Costs(), known=durations.known(),
+                             order=pick.order)
     ready = simulate(shape, policies, durations, comm)
     fixed = simulate(shape, make_policies("fixed", shape, schedule), durations, comm)
     assert timeline_problems(ready, durations, caps=memory_caps(shape, cap)) == []

@@ -37,7 +37,8 @@ def test_an_altered_replayed_or_foreign_note_is_refused(mode):
     text = seal.wrap(NOTE, WHERE, np.zeros(3))
     sealed = json.loads(text)
     forged = json.dumps({**sealed, "note": sealed["note"].replace('"task": 9', '"task": 10')})
-    with pytest.raises(MessageRefused, match=r"refused a message from process 0 \(run 0: process 0 -> 1 #3\): its HMAC"):
+    refused = r"refused a message from process 0 \(run 0: process 0 -> 1 #3\): its HMAC"
+    with pytest.raises(MessageRefused, match=refused):
         seal.unwrap(forged, WHERE, "process 0")
     with pytest.raises(MessageRefused, match="does not verify"):  # the same note replayed at another place
         seal.unwrap(text, "run 1: process 0 -> 1 #3", "process 0")

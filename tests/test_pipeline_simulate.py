@@ -93,7 +93,8 @@ def test_variability_draws_are_paired_and_seeded():
 
 def test_straggler_and_multimodal_hit_the_stages_they_name():
     shape = shape_for("1f1b", 4, 64, 1)
-    slow = realise(parse_variability("straggler:stage=2,factor=5,prob=0.5", 4), shape, Costs(), 0).task.reshape(2, 4, 64)
+    slow = realise(parse_variability("straggler:stage=2,factor=5,prob=0.5", 4), shape, Costs(), 0).task
+    slow = slow.reshape(2, 4, 64)
     assert np.all(slow[:, [0, 1, 3]] == np.array([Costs().forward_s, Costs().backward_s])[:, None, None])
     assert np.isclose(slow[0, 2].max(), 5 * Costs().forward_s) and np.isclose(slow[0, 2].min(), Costs().forward_s)
     mm = realise(parse_variability("multimodal:heavy=0.5,factor=3,encoder=2,partition=layers", 4), shape, Costs(), 0)
@@ -135,7 +136,8 @@ def test_multimodal_partition_balances_each_stages_expected_load_by_default():
         encoders = params["encoder"] or 1
         assert np.allclose(heavy[:, :encoders] / light[:, :encoders], params["factor"] / params["light"])
     # partition=layers keeps the units: the encoder stages carry 0.5 x 3 + 0.5 x 1 = 2x the others' mean load.
-    layers = realise(parse_variability("multimodal:heavy=0.5,factor=3,encoder=2,partition=layers", 4), shape, Costs(), 0)
+    layers = realise(parse_variability("multimodal:heavy=0.5,factor=3,encoder=2,partition=layers", 4), shape,
+                     Costs(), 0)
     balanced = realise(parse_variability("multimodal:heavy=0.5,factor=3,encoder=2", 4), shape, Costs(), 0)
     assert np.array_equal(layers.heavy, balanced.heavy)
     assert np.allclose(layers.task.reshape(2, 4, 64)[0, :2][:, layers.heavy], 3 * F)

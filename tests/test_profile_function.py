@@ -5,6 +5,7 @@ import json
 import os
 import textwrap
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -55,8 +56,8 @@ def test_function_mode_cost_memory_and_rates(heavy):
 def test_function_mode_hlo_and_per_op_table(heavy):
     report = heavy[1]
     fn = report["result"]["functions"][0]
-    assert open(fn["hlo"]["stablehlo"]).read().startswith("module @jit_power_iterations")
-    assert "while" in open(fn["hlo"]["optimized_hlo"]).read()
+    assert Path(fn["hlo"]["stablehlo"]).read_text().startswith("module @jit_power_iterations")
+    assert "while" in Path(fn["hlo"]["optimized_hlo"]).read_text()
     fractions = [op["fraction"] for op in fn["ops"]]
     assert fractions == sorted(fractions, reverse=True)  # which op is slowest is measured (bench_profile.py)
     matmul = next(op for op in fn["ops"] if op["category"] == "matmul")

@@ -81,7 +81,7 @@ def recorded(loop) -> Recorder:
 def verdict(recorder: Recorder):
     syncs = [_sync_row(kind, source, site) for (kind, source), site in recorder.syncs.items()]
     names = {ident: f.name for ident, f in recorder.functions.items()}
-    return input_pipeline(recorder.clock.steps, names, syncs, {ident: STEPS for ident in names})
+    return input_pipeline(recorder.clock.steps, names, syncs, dict.fromkeys(names, STEPS))
 
 
 def _sync_row(kind, source, site):

@@ -4,6 +4,7 @@ import gzip
 import json
 import os
 import textwrap
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -102,8 +103,8 @@ def test_capture_files_and_one_step_annotation_per_call(hot):
         perfetto = json.load(handle)
     assert "metadata" not in perfetto and perfetto["traceEvents"]
     hlo = by_name(run, "step").hlo
-    assert open(hlo["stablehlo"]).read().startswith("module @jit_step")
-    assert open(hlo["optimized_hlo"]).read().startswith("HloModule jit_step")
+    assert Path(hlo["stablehlo"]).read_text().startswith("module @jit_step")
+    assert Path(hlo["optimized_hlo"]).read_text().startswith("HloModule jit_step")
     assert all(path.startswith(str(out)) for path in run.artifacts.values())
 
 
@@ -199,8 +200,8 @@ def scripts(tmp_path_factory):
 
 
 def test_script_that_raises_keeps_partial_profile_and_exits_3(scripts, tmp_path, capsys):
-    code = main(["profile", str(scripts / "raises.py"), "--out", str(tmp_path / "o"), "--json", str(tmp_path / "r.json"),
-                 "-q"])
+    code = main(["profile", str(scripts / "raises.py"), "--out", str(tmp_path / "o"), "--json",
+                 str(tmp_path / "r.json"), "-q"])
     assert code == 3
     err = capsys.readouterr().err
     assert "raised ValueError: data loader exhausted" in err and "raises.py:10" in err and "Traceback" not in err
@@ -224,7 +225,7 @@ def test_script_args_after_double_dash(scripts, tmp_path):
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["result"]["functions"][0]["execute"]["calls"] == 7
-    assert "argv ['7']" in open(report["artifacts"]["target_stdout"]).read()
+    assert "argv ['7']" in Path(report["artifacts"]["target_stdout"]).read_text()
 
 
 def test_script_with_its_own_capture_and_a_persistent_cache(scripts, tmp_path):
@@ -259,7 +260,8 @@ def hung_runs(scripts, tmp_path_factory):
     (scripts / "spins.py").write_text(SPINS)
     options = ProfileOptions(timeout=20, trace_calls=0, calibrate=False)
     with ThreadPoolExecutor(2) as pool:
-        runs = {name: pool.submit(profile, parse_target(str(scripts / name)), options, str(tmp_path_factory.mktemp(name)))
+        runs = {name: pool.submit(profile, parse_target(str(scripts / name)), options,
+                                  str(tmp_path_factory.mktemp(name)))
                 for name in ("hangs.py", "spins.py")}
         return {name: run.result() for name, run in runs.items()}
 

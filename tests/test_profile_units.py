@@ -21,6 +21,8 @@ from jaxdbg.profile.peaks import Peak, achieved_rates, calibrate_cpu, table_peak
 from jaxdbg.profile.signature import call_signature, explain
 from jaxdbg.profile.spans import span_times
 
+from conftest import line_of
+
 
 def _sig(fun, *args, static=(), **kwargs):
     return call_signature(fun, args, kwargs, static)
@@ -34,7 +36,8 @@ def test_recompile_reasons_name_the_argument_and_the_change():
     params = {"w": jnp.ones((4, 2)), "b": jnp.zeros(2)}
     base = _sig(step, params, jnp.ones((8, 32)), 3, static=(2,))
     cases = {
-        "shape": (_sig(step, params, jnp.ones((9, 32)), 3, static=(2,)), "argument 'batch' shape changed (8, 32) -> (9, 32)"),
+        "shape": (_sig(step, params, jnp.ones((9, 32)), 3, static=(2,)),
+                  "argument 'batch' shape changed (8, 32) -> (9, 32)"),
         "dtype": (_sig(step, params, jnp.ones((8, 32), jnp.bfloat16), 3, static=(2,)), "dtype changed f32 -> bf16"),
         "static": (_sig(step, params, jnp.ones((8, 32)), 4, static=(2,)), "static argument 'n' changed 3 -> 4"),
         "structure": (_sig(step, {**params, "c": jnp.ones(1)}, jnp.ones((8, 32)), 3, static=(2,)), "params['c']"),
@@ -53,7 +56,8 @@ def test_weak_type_and_python_scalar_changes():
     assert why.changes[0].kind == "weak_type" and "weakly typed f32 -> strongly typed f32" in why.reason
     scalar = _sig(lambda lr: lr, 0.1)  # to jax a weakly typed f32[]: only the weak type differs
     why = explain([scalar], strong, same_callable=True)
-    assert why.changes[0].kind == "weak_type" and "a Python float (weakly typed f32) -> strongly typed f32" in why.reason
+    assert why.changes[0].kind == "weak_type"
+    assert "a Python float (weakly typed f32) -> strongly typed f32" in why.reason
 
 
 def test_new_callable_and_unexplained_recompiles():
@@ -92,7 +96,8 @@ def test_budget_rules_and_violations(text, violations):
 
 
 @pytest.mark.parametrize("text, fragment", [
-    ("compile<=2", "unknown metric 'compile'"), ("compile_s<=", "cannot read"), ("compile_s<1,,recompiles<0", "empty rule"),
+    ("compile<=2", "unknown metric 'compile'"), ("compile_s<=", "cannot read"),
+    ("compile_s<1,,recompiles<0", "empty rule"),
     ("f.wall_s<1", "whole run only"), ("compile_s<=2x", "cannot read"), ("execute_median_min<1", "unknown metric"),
 ])
 def test_unparsable_budgets_are_usage_errors(text, fragment):
@@ -113,7 +118,7 @@ def test_hlo_ops_get_categories_and_user_lines():
     q = jnp.ones((64, 32))
     module = parse_hlo(_compiled_text(scores, q, q))
     assert module.name == "jit_scores" == module_name(_compiled_text(scores, q, q))
-    line = next(i for i, text in enumerate(open(__file__), 1) if "marker: matmul line" in text)
+    line = line_of(__file__, "marker: matmul line")
     matmuls = [op for op in module.ops.values() if op.category == "matmul"]
     assert matmuls and all(op.source is not None and op.source.line == line and op.source.function == "scores"
                            for op in matmuls)
@@ -150,8 +155,9 @@ def test_op_table_ranks_and_shares():
 
 def test_compare_reports_per_function_deltas(tmp_path):
     old = {"command": "profile", "result": {
-        "functions": [{"name": "f", "compile": {"total_s": 2.0, "compile_s": 1.5}, "execute": {"median_s": 0.01, "calls": 5},
-                       "compiles": 1}, {"name": "gone_fn", "compile": {}, "execute": {}}],
+        "functions": [{"name": "f", "compile": {"total_s": 2.0, "compile_s": 1.5},
+                       "execute": {"median_s": 0.01, "calls": 5}, "compiles": 1},
+                      {"name": "gone_fn", "compile": {}, "execute": {}}],
         "totals": {"wall_s": 4.0, "compile_s": 2.0}}}
     path = tmp_path / "old.json"
     path.write_text(json.dumps(old))

@@ -5,14 +5,14 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from jaxdbg.cli import main
-from jaxdbg.repro.program import count_lines
 from jaxdbg.repro.jobs import CHILD_ENV, JOB, RunRequest
-from jaxdbg.repro.signature import Criterion
 from jaxdbg.repro.program import count_lines
+from jaxdbg.repro.signature import Criterion
 from jaxdbg.runner import run_contained
 
 RECIPES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recipes")
@@ -31,7 +31,7 @@ def repro(tmp_path_factory, *argv):
 
 
 def imports_of(path):
-    tree = ast.parse(open(path).read())
+    tree = ast.parse(Path(path).read_text())
     names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     return names | {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
 
@@ -117,8 +117,8 @@ def test_an_unverified_reproducer_under_quiet_says_why_and_exits_3(tmp_path, cap
     common = Common("repro", json=str(tmp_path / "r.json"), out=str(tmp_path / "o"), quiet=True, target="hang.py")
     code = execute(common, lambda c: Report("repro", "hang.py", result, 3, environment={}), render)
     assert code == 3 and json.loads((tmp_path / "r.json").read_text())["exit_code"] == 3
-    assert capsys.readouterr().err == "jaxdbg repro: reproducer NOT verified: fresh run of repro.py timeout after 2.0s " \
-                                      "at hang.py:2\n"
+    assert capsys.readouterr().err == ("jaxdbg repro: reproducer NOT verified: fresh run of repro.py timeout after "
+                                       "2.0s at hang.py:2\n")
 
 
 def test_function_target_with_random_args(tmp_path_factory):
@@ -151,8 +151,8 @@ def test_flaky_failure_is_reported_as_such(tmp_path_factory):
     script.write_text("import os, sys\nimport jax.numpy as jnp\nmarker = sys.argv[1]\nx = jnp.ones(3)\n"
                       "if not os.path.exists(marker):\n    open(marker, 'w').close()\n"
                       "    raise ValueError(f'bad batch: {float(x.sum())}')\n")
-    code, report, out = repro(tmp_path_factory, str(script), "--jobs", "1", "--max-time", "8", "--",
-                              str(folder / "marker"))
+    code, report, _ = repro(tmp_path_factory, str(script), "--jobs", "1", "--max-time", "8", "--",
+                            str(folder / "marker"))
     result = report["result"]
     assert code == 0 and result["flaky"] and not result["verified"]
     assert any("flaky" in note for note in result["notes"])

@@ -117,7 +117,8 @@ def test_reducer_keeps_the_raising_statement_and_its_guard():
 def mismatch_checker():
     """A Checker for the jit-mismatch recipe's own assertion (the case a generic reducer gets wrong)."""
     request = RunRequest(sys_path=(os.path.dirname(MISMATCH),), watch=WatchConfig(nonfinite=False))
-    original = run_contained(JOB, RunRequest(script=MISMATCH, watch=WatchConfig(nonfinite=False)), timeout=60, env=CHILD_ENV)
+    original = run_contained(JOB, RunRequest(script=MISMATCH, watch=WatchConfig(nonfinite=False)), timeout=60,
+                             env=CHILD_ENV)
     target = choose(observe(original), "exception", None)
     assert target is not None and target.signature.message == "jit and op-by-op disagree"
     with tempfile.TemporaryDirectory() as work:
@@ -196,7 +197,8 @@ def test_reducer_collapses_a_call_chain_around_the_kept_statement():
 
 
 def test_inlining_renames_callee_locals_that_would_collide():
-    source = "def f(a):\n    x = a + 1\n    return x * 2\nx = 10\ny = f(3)\nassert (x, y) == (10, 8)\nraise ValueError('bad')\n"
+    source = ("def f(a):\n    x = a + 1\n    return x * 2\nx = 10\ny = f(3)\nassert (x, y) == (10, 8)\n"
+              "raise ValueError('bad')\n")
     reducer = SourceReducer(source, protected_line=7, test=_value_error_test)
     [inlined] = [s for s in _apply_all(reducer, reducer.inline_calls) if "def f" not in s.text]
     assert "x1 = 3 + 1" in inlined.text and _value_error_test([inlined]) == [True]
@@ -210,7 +212,8 @@ def test_calls_evaluated_lazily_or_recursive_functions_are_not_inlined():
 
 
 def test_constant_lookups_fold_and_unneeded_defaults_go():
-    source = "CFG = dict(n=4, name='a')\ndef f(x, k=2):\n    return x * k\ny = f(CFG['n'], 3)\nraise ValueError('bad' * y)\n"
+    source = ("CFG = dict(n=4, name='a')\ndef f(x, k=2):\n    return x * k\ny = f(CFG['n'], 3)\n"
+              "raise ValueError('bad' * y)\n")
     reducer = SourceReducer(source, protected_line=5, test=_value_error_test)
     [folded] = _apply_all(reducer, reducer.fold_constant_lookups)
     assert "f(4, 3)" in folded.text

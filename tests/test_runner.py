@@ -103,8 +103,8 @@ def test_sigterm_to_jaxdbg_stops_the_contained_target(tmp_path):
     pid_file = tmp_path / "pid"
     script = tmp_path / "sleeper.py"
     script.write_text(f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(120)\n")
-    jaxdbg = subprocess.Popen([sys.executable, "-m", "jaxdbg", "profile", str(script), "-q", "--out", str(tmp_path / "o")],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    jaxdbg = subprocess.Popen([sys.executable, "-m", "jaxdbg", "profile", str(script), "-q", "--out",
+                               str(tmp_path / "o")], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 60
         while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
