@@ -141,12 +141,11 @@ def test_output_names_come_from_the_assignment() -> None:
 def test_one_bad_update_shows_as_the_growth_of_the_failing_calls_argument() -> None:
     """A step that sends a parameter from 0.5 to -739 and fails on the next call: the parameter's growth is
     seen on its way into the failing call (its only earlier value was an argument made outside)."""
-    with pytest.raises(NonFiniteFound):
-        with Watch() as watch:
-            step = jax.jit(lambda w, x: (w - 1479.0 * x, jnp.log(w + 800.0) * x))
-            w = jnp.float32(0.5)
-            for _ in range(3):
-                w, _ = step(w, jnp.float32(1.0))
+    with pytest.raises(NonFiniteFound), Watch() as watch:
+        step = jax.jit(lambda w, x: (w - 1479.0 * x, jnp.log(w + 800.0) * x))
+        w = jnp.float32(0.5)
+        for _ in range(3):
+            w, _ = step(w, jnp.float32(1.0))
     grown = [(g.name, g.first_call, g.function) for g in watch.growth.report()]
     assert grown == [("w", 1, "<lambda>")], grown
 
