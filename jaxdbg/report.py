@@ -194,26 +194,27 @@ def _read_key(kind: Any, key: str, where: str) -> Any:
 
 
 @cache
-def _fields_of(kind: type) -> tuple[tuple[str, str, Any, bool], ...]:
-    """(JSON name, field name, annotation, written to JSON) per init field of a dataclass."""
+def _fields_of(kind: type) -> tuple[tuple[str | None, str, Any, bool], ...]:
+    """(JSON name or None when kept out of the JSON, field name, annotation, an __init__ argument) per field."""
     hints = typing.get_type_hints(kind)
-    return tuple((f.metadata.get("json", f.name), f.name, hints[f.name], f.metadata.get("json", f.name) is not None)
-                 for f in dataclasses.fields(kind) if f.init)
+    return tuple((f.metadata.get("json", f.name), f.name, hints[f.name], f.init) for f in dataclasses.fields(kind))
 
 
 def _read_dataclass(kind: type, value: Any, where: str) -> Any:
     data = _expect(dict, value, where)
     fields = _fields_of(kind)
-    written = {json_name for json_name, _, _, shown in fields if shown}
+    written = {json_name for json_name, _, _, _ in fields if json_name is not None}
     unknown = [key for key in data if key not in written]
     values = {}
-    for json_name, name, annotation, shown in fields:
-        if not shown:
+    for json_name, name, annotation, init in fields:
+        if json_name is None:
             continue  # kept out of the JSON (a traceback for -v): its default
         if json_name not in data:
             instead = f" (found {', '.join(map(repr, unknown))} instead)" if unknown else ""
             raise ReportReadError(f"{where}: missing field {json_name!r}{instead}")
-        values[name] = _read(annotation, data[json_name], f"{where}.{json_name}")
+        read = _read(annotation, data[json_name], f"{where}.{json_name}")  # a field set in __post_init__: checked
+        if init:
+            values[name] = read
     if unknown:
         raise ReportReadError(f"{where}: unknown field {unknown[0]!r} (not in {kind.__name__})")
     return kind(**values)
