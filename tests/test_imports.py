@@ -28,7 +28,8 @@ KNOWN_CYCLES = {
 PLAIN_IMPORTS = ("jaxdbg.repro",)
 # The core: what every command builds on. It imports no command (the command packages, cli, doctor).
 CORE_PACKAGES = ("jaxdbg.jaxpr", "jaxdbg.schema")
-NOT_CORE = ("jaxdbg", "jaxdbg.__main__", "jaxdbg.doctor", "jaxdbg.pytest_plugin")
+# jaxdbg.results maps each command to its result type (the typed report reader's table): it knows every command.
+NOT_CORE = ("jaxdbg", "jaxdbg.__main__", "jaxdbg.doctor", "jaxdbg.pytest_plugin", "jaxdbg.results")
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import jaxdbg
 import jaxdbg.nan.watch
+from jaxdbg.results import read_report
 from jaxdbg.schema import schema
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -93,6 +94,10 @@ def test_log_action_goes_on_and_metrics_are_served(tmp_path, caplog):
     assert "shape changed (2,) -> (3,)" in lines[1]
     assert [Path(p).name for p in guard.reports] == ["report.json", "report-2.json"]  # one report per finding
     assert json.loads(Path(guard.reports[1]).read_text())["result"]["kind"] == "recompiles"
+    # the typed reader reads both findings' reports back (a watch report holds one of three result types)
+    read = [read_report(json.loads(Path(path).read_text())).result for path in guard.reports]
+    assert (type(read[0]).__name__, read[0].first.primitive) == ("NanHuntResult", "sqrt")
+    assert (type(read[1]).__name__, read[1].compiles) == ("RecompileResult", 2)
     assert guard.metrics_url.startswith("http://127.0.0.1:")
 
     def value(name, sample_name):

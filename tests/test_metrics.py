@@ -4,6 +4,7 @@ table and alerting rules against the names jaxdbg really exports."""
 
 from __future__ import annotations
 
+import copy
 import gzip
 import http.server
 import json
@@ -13,14 +14,19 @@ import socket
 import subprocess
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import ClassVar
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from jaxdbg.check.result import CheckOutcome, CheckSuiteResult, Regression
 from jaxdbg.cli import main
-from jaxdbg.metrics import families
+from jaxdbg.metrics import export, families
+from jaxdbg.metrics.table import RUN_LABELS, TABLE
+from jaxdbg.profile.processes import ProcessFigures
+from jaxdbg.report import Report, ReportReadError, to_jsonable
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = ROOT / "recipes"
@@ -133,15 +139,16 @@ def test_pipeline_bench_metrics_one_series_per_run_and_stage(exports) -> None:
             assert value == pytest.approx(busy / row["makespan_s"]) and 0 < value <= 1
 
 
+def _check_report(*checks: CheckOutcome) -> dict:
+    result = CheckSuiteResult(all(c.passed for c in checks), checks)
+    return Report("check", "pyproject.toml", result, 0 if result.passed else 1, {}, {"process_index": 0}).to_dict()
+
+
 def test_check_exporter_from_a_check_report() -> None:
-    """`jaxdbg check`'s result shape (HELPERS.md); the check command itself is built on another branch."""
-    report = {"command": "check", "environment": {"process_index": 0}, "result": {"passed": False, "checks": [
-        {"name": "no-nan", "command": "nan-hunt", "target": "train.py", "passed": False, "exit_code": 1,
-         "finding": "nan first made by log", "duration_s": 3.5, "report": "a.json", "location": None,
-         "regressions": []},
-        {"name": "step-budget", "command": "profile", "target": "train.py", "passed": True, "exit_code": 0,
-         "finding": None, "duration_s": 1.25, "report": "b.json", "location": None,
-         "regressions": [{"metric": "execute_median_s"}]}]}}
+    regression = Regression("matmul", "execute_median_s", 0.001, 0.004, 4.0, "permutation", 0.0005, (3.9, 4.1), 1.3)
+    report = _check_report(
+        CheckOutcome("no-nan", "nan-hunt", "train.py", False, 1, "nan first made by log", 3.5, "a.json"),
+        CheckOutcome("step-budget", "profile", "train.py", True, 0, None, 1.25, "b.json", None, (regression,)))
     samples = {(f.name, s.labels["check"]): s.value for f in families(report) for s in f.samples if "check" in s.labels}
     assert samples == {
         ("jaxdbg_check_passed", "no-nan"): 0.0, ("jaxdbg_check_passed", "step-budget"): 1.0,
@@ -150,14 +157,24 @@ def test_check_exporter_from_a_check_report() -> None:
     }
 
 
-def test_process_zero_exports_every_process_under_its_own_label() -> None:
-    row = {"wall_s": 2.0, "compile_s": 0.3, "execute_s": 1.0, "transfer_s": 0.0, "host_s": 0.1, "collective_s": 0.5,
-           "steps": 10, "step_median_s": 0.1, "note": ""}
-    report = {"command": "profile", "environment": {"process_index": 0, "process_count": 3}, "result": {
-        "functions": [], "totals": {}, "budget": {}, "stragglers": [1],
-        "processes": [{**row, "index": 0}, {**row, "index": 1, "collective_s": 0.01}, {**row, "index": 2,
-                                                                                       "note": "died"}]}}
-    by_name = {f.name: {s.labels["process"]: s.value for s in f.samples} for f in families(report)}
+def test_a_report_whose_result_does_not_read_exports_nothing_and_says_which_field(tmp_path) -> None:
+    """A renamed field is an error naming it (it used to drop the series silently); the report is unaffected."""
+    report = _check_report(CheckOutcome("no-nan", "nan-hunt", "train.py", True, 0, None, 3.5, "a.json"))
+    report["result"]["checks"][0]["seconds"] = report["result"]["checks"][0].pop("duration_s")
+    with pytest.raises(ReportReadError, match=r"result\.checks\[0\]: missing field 'duration_s' \(found 'seconds'"):
+        families(report)
+    written, failures = export(report, str(tmp_path / "m.prom"), None)
+    assert written == [] and len(failures) == 1 and "missing field 'duration_s'" in failures[0]
+
+
+def test_process_zero_exports_every_process_under_its_own_label(exports) -> None:
+    _, report, _ = exports["profile"]
+    row = ProcessFigures(0, 2.0, 0.3, 1.0, 0.0, 0.1, 0.5, 10, 0.1)
+    job = copy.deepcopy(report)
+    job["result"]["stragglers"] = [1]
+    job["result"]["processes"] = to_jsonable((row, replace(row, index=1, collective_s=0.01),
+                                              replace(row, index=2, note="died")))
+    by_name = {f.name: {s.labels["process"]: s.value for s in f.samples} for f in families(job)}
     assert by_name["jaxdbg_process_collective_seconds"] == {"0": 0.5, "1": 0.01}  # process 2 died: no figures
     assert by_name["jaxdbg_process_straggler"] == {"0": 0.0, "1": 1.0}
 
@@ -214,8 +231,7 @@ def _exported_names(exports) -> set[str]:
     names = set()
     for _, _, text in exports.values():
         names |= {s.name for family in text_string_to_metric_families(text) for s in family.samples}
-    check = {"command": "check", "result": {"passed": True, "checks": [
-        {"name": "a", "passed": True, "duration_s": 1.0, "regressions": []}]}}
+    check = _check_report(CheckOutcome("a", "nan-hunt", "t.py", True, 0, None, 1.0, "r.json"))
     names |= {s.name for f in families(check) for s in f.samples}
     return names
 
@@ -258,3 +274,16 @@ def test_each_process_of_a_job_exports_its_own_and_process_zero_the_jobs(tmp_pat
              if name == "jaxdbg_process_wall_seconds"}
     assert walls == pytest.approx({str(r["index"]): r["wall_s"] for r in rows}) and set(walls) == {"0", "1"}
     assert not any(name.startswith("jaxdbg_process_") for name, _ in own[1])
+
+
+def test_docs_metrics_md_lists_the_table_with_its_types_and_labels() -> None:
+    """docs/metrics.md's table and jaxdbg.metrics.table are the same families, types and label names (the export,
+    pipeline-bench's live endpoint and jaxdbg.watch all serve the table's)."""
+    documented = {}
+    for name, kind, labels in re.findall(r"^\| `jaxdbg_(\w+)` \| (\w+) \| ([^|]+) \|", METRICS_MD.read_text(),
+                                         flags=re.MULTILINE):
+        names = [label.strip() for label in labels.split(",")]
+        expanded = [part for label in names for part in (RUN_LABELS if label == "run labels" else (label,))]
+        documented[name.removesuffix("_total") if kind == "counter" else name] = (kind, frozenset(expanded))
+    table = {family.name: (family.type, frozenset(family.labels)) for family in TABLE}
+    assert documented == table

@@ -1,5 +1,6 @@
 """Every command's real report validates against jaxdbg/schema/report.schema.json, and the schema rejects a
-report with a field missing, renamed, of the wrong type, or an exit code that contradicts its result.
+report with a field missing, renamed, of the wrong type, or an exit code that contradicts its result; the typed
+reader (jaxdbg.results.read_report) gives back the very result each command wrote.
 
 Each command runs once, in process through typer's CliRunner, on the smallest recipe and options that
 exercise its result (about 20 s on two cores).
@@ -8,6 +9,7 @@ exercise its result (about 20 s on two cores).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from pathlib import Path
 
@@ -16,8 +18,12 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+import jaxdbg.cli._common
 import jaxdbg.schema
 from jaxdbg.cli import app
+from jaxdbg.pipeline.bench import BenchResult
+from jaxdbg.report import Report, ReportReadError, to_jsonable
+from jaxdbg.results import read_report
 from jaxdbg.schema import schema
 
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
@@ -52,12 +58,21 @@ CASES = {
 
 
 @pytest.fixture(scope="module")
-def reports(tmp_path_factory) -> dict[str, dict]:
+def runs(tmp_path_factory) -> tuple[dict[str, dict], dict[str, object]]:
+    """Each case's JSON report, and the result object the command wrote it from."""
     folder = tmp_path_factory.mktemp("reports")
     (folder / "shape_bug.py").write_text(SHAPE_BUG)
     (folder / "nan_bug.py").write_text(NAN_BUG)
     (folder / "check.toml").write_text('[tool.jaxdbg.check.no-nan]\ncommand = "nan-hunt"\ntarget = "nan_bug.py"\n')
     found: dict[str, dict] = {}
+    results: dict[str, object] = {}
+    written: list[Report] = []
+    write_json = jaxdbg.cli._common.write_json
+
+    def keep(report: Report, destination: str) -> None:
+        written.append(report)
+        write_json(report, destination)
+
     runner = CliRunner()
     for case, (argv, code) in CASES.items():
         paths = {"{shape_bug.py}": str(folder / "shape_bug.py"), "{nan_bug.py}": str(folder / "nan_bug.py"),
@@ -65,12 +80,21 @@ def reports(tmp_path_factory) -> dict[str, dict]:
         argv = [paths.get(arg, arg) for arg in argv]
         destination = folder / f"{case}.json"
         out = folder / f"{case}-out"
-        result = runner.invoke(app, [*argv, "--json", str(destination), "--out", str(out), "-q"])
+        written.clear()
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(jaxdbg.cli._common, "write_json", keep)
+            result = runner.invoke(app, [*argv, "--json", str(destination), "--out", str(out), "-q"])
         assert result.exit_code == code, (case, result.output)
         report = json.loads(destination.read_text())
         assert json.loads((out / "report.json").read_text()) == report, case  # --out's copy is the same report
         found[case] = report
-    return found
+        results[case] = written[-1].result
+    return found, results
+
+
+@pytest.fixture(scope="module")
+def reports(runs) -> dict[str, dict]:
+    return runs[0]
 
 
 @pytest.fixture(scope="module")
@@ -190,3 +214,29 @@ def test_schema_rejects_a_broken_report(name: str, reports: dict, validator) -> 
     errors = list(validator.iter_errors(report))
     assert errors, f"{name}: the schema accepted it"
     assert named in _messages(errors), _messages(errors)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_reader_gives_back_the_result_the_command_wrote(case: str, runs) -> None:
+    """read(to_jsonable(result)) == result for every command's real result: typed, nested, tuples, None."""
+    reports, results = runs
+    read = read_report(reports[case])
+    wrote = results[case]
+    if isinstance(wrote, BenchResult):  # its config is a bare dict: a Costs in it comes back as its JSON
+        assert to_jsonable(read.result.config) == to_jsonable(wrote.config)
+        wrote = dataclasses.replace(wrote, config=read.result.config)
+    # repr, not ==: a NaN's stats hold NaN (unequal to itself); repr also tells a tuple from a list, 3 from 3.0
+    assert repr(read.result) == repr(wrote)
+    assert to_jsonable(read.result) == reports[case]["result"]
+    assert (read.command, read.exit_code) == (reports[case]["command"], reports[case]["exit_code"])
+
+
+@pytest.mark.parametrize("name", sorted(n for n, (case, _, named) in MUTATIONS.items()
+                                        if case != "usage-error" and "was expected" not in named))
+def test_the_reader_names_a_broken_field(name: str, reports: dict) -> None:
+    """What the schema refuses in a result, the reader refuses too, naming the field (never a silent None)."""
+    case, change, named = MUTATIONS[name]
+    report = copy.deepcopy(reports[case])
+    change(report)
+    with pytest.raises(ReportReadError, match=named.strip("'")):
+        read_report(report)

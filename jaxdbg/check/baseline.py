@@ -27,7 +27,7 @@ import math
 import platform
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -35,6 +35,11 @@ from jaxdbg._errors import UsageError
 from jaxdbg._version import __version__
 from jaxdbg.check.result import Regression
 from jaxdbg.check.stats import median_ratio_test, run_level_test
+from jaxdbg.results import is_error
+
+if TYPE_CHECKING:
+    from jaxdbg.profile.model import ProfileResult
+    from jaxdbg.report import Report
 
 FORMAT = 1  # bump when the file's layout changes; an older file is refused, not misread
 MIN_SAMPLES = 3  # fewer on either side and the permutation test cannot reach a small p-value
@@ -61,18 +66,21 @@ def fingerprint(environment: dict[str, Any]) -> dict[str, str]:
             "device_kind": str(devices[0].get("kind")), "device_count": str(len(devices)), "cpu": cpu_model()}
 
 
-def samples_of(reports: list[dict[str, Any]]) -> Samples:
-    """Each function's execute samples (all runs), per-run execute medians and per-run compile times."""
+def samples_of(reports: list[Report]) -> Samples:
+    """Each function's execute samples (all runs), per-run execute medians and per-run compile times, from a
+    profile check's reports (read back typed; an error report has none)."""
     found: Samples = {}
     for report in reports:
-        for function in (report.get("result") or {}).get("functions") or []:
-            series = found.setdefault(function["name"], {name: [] for name in SERIES})
-            execute = function.get("execute") or {}
-            taken = [float(v) for v in execute.get("samples_s") or [] if isinstance(v, (int, float)) and v > 0]
+        if is_error(report.result):
+            continue
+        profile: ProfileResult = report.result
+        for function in profile.functions:
+            series = found.setdefault(function.name, {name: [] for name in SERIES})
+            taken = [v for v in function.execute.samples_s if v > 0]  # a NaN sample is no sample either
             series["execute_samples_s"].extend(taken)
             if taken:
                 series["execute_run_medians_s"].append(float(np.median(taken)))
-            series["compile_samples_s"].append(float((function.get("compile") or {}).get("total_s") or 0.0))
+            series["compile_samples_s"].append(function.compile_total_s)
     return found
 
 

@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 from jaxdbg._errors import EXIT_FOUND, EXIT_TARGET_FAILED, EXIT_USAGE, UsageError
-from jaxdbg._source import SourceLocation
 from jaxdbg.check.baseline import (
     Samples,
     compare_check,
@@ -48,9 +47,10 @@ from jaxdbg.check.baseline import (
 )
 from jaxdbg.check.calibrate import calibrate_in_child
 from jaxdbg.check.config import CheckSpec
-from jaxdbg.check.findings import finding, location
+from jaxdbg.check.findings import finding, function_source
 from jaxdbg.check.result import CheckOutcome, CheckSuiteResult, Regression
-from jaxdbg.report import to_jsonable
+from jaxdbg.report import Report, ReportReadError, to_jsonable
+from jaxdbg.results import read_report
 
 STOP_GRACE_S = 5.0  # a stopped check's command gets this long to stop its target before it is killed
 
@@ -78,10 +78,11 @@ class Settings:
 
 @dataclass(frozen=True)
 class Ran:
-    """One check's command runs: their reports (first run first), exit codes, wall time, stderr's last line."""
+    """One check's command runs: their reports (first run first, read back typed), exit codes, wall time, and
+    stderr's last line (or why a report could not be read)."""
 
     spec: CheckSpec
-    reports: list[dict[str, Any]]
+    reports: list[Report]
     exit_code: int
     duration_s: float
     report_path: Path
@@ -159,7 +160,7 @@ def run_suite(specs: tuple[CheckSpec, ...], settings: Settings) -> SuiteRun:
         raise UsageError(f"[tool.jaxdbg.check.{refused.spec.name}] in {refused.spec.config}: "
                          f"{refused.stderr_line or 'its command refused its input (exit 2)'}; fix the check")
     samples = {r.spec.name: samples_of(r.reports) for r in ran if r.spec.command == "profile" and r.reports}
-    environment = next((r.reports[0].get("environment") for r in ran if r.reports), None)
+    environment = next((r.reports[0].environment for r in ran if r.reports), None)
     here = fingerprint(environment or {})
     compared: dict[str, tuple[Regression, ...]] = {}
     artifacts: dict[str, str] = {}
@@ -201,9 +202,10 @@ def _run_check(spec: CheckSpec, settings: Settings, running: _Running) -> Ran:
         out = folder if k == 0 else folder / f"repeat-{k}"
         code, last = _run_command(spec, out, settings.timeout, running)
         codes.append(code)
-        report = _read_report(out / "report.json")
+        report, unread = _read_report(out / "report.json")
         if report is not None:
             reports.append(report)
+        last = unread or last
         if code not in (0, EXIT_FOUND):
             break  # a crash or a refusal repeats itself: no more samples to gain
     failing = next((c for c in codes if c != 0), 0)
@@ -233,31 +235,30 @@ def _run_command(spec: CheckSpec, out: Path, timeout: float | None, running: _Ru
     return process.returncode, lines[-1] if lines else ""
 
 
-def _read_report(path: Path) -> dict[str, Any] | None:
+def _read_report(path: Path) -> tuple[Report | None, str]:
+    """The command's report read back typed, or None and why not: none written (a crash) is no reason of ours;
+    one that does not read as its command's result (a jaxdbg bug) says which field."""
     try:
-        return json.loads(path.read_text())
+        document = json.loads(path.read_text())
     except (OSError, ValueError):
-        return None
+        return None, ""
+    try:
+        return read_report(document), ""
+    except ReportReadError as err:
+        return None, f"jaxdbg check could not read its report {path}: {err}"
 
 
 def _outcome(ran: Ran, regressed: tuple[Regression, ...]) -> CheckOutcome:
     spec = ran.spec
     report = ran.reports[0] if ran.reports else None
     line, where = finding(report) if report is not None else (None, None)
-    if ran.exit_code not in (0, EXIT_FOUND) and line is None:
+    if ran.exit_code != 0 and line is None:
         line = ran.stderr_line or f"jaxdbg {spec.command} exited with code {ran.exit_code} and wrote no report"
     if regressed:
         described = "; ".join(r.describe() for r in regressed)
         line = f"{line}; regression: {described}" if line else f"regression: {described}"
-        where = where or _function_source(report, regressed[0].function)
+        where = where or function_source(report, regressed[0].function)
     failed = ran.exit_code != 0 or bool(regressed)
     code = ran.exit_code if ran.exit_code != 0 else (EXIT_FOUND if regressed else 0)
     return CheckOutcome(spec.name, spec.command, spec.target, not failed, code, line if failed else None,
                         round(ran.duration_s, 3), str(ran.report_path), where if failed else None, regressed)
-
-
-def _function_source(report: dict[str, Any] | None, name: str) -> SourceLocation | None:
-    for function in ((report or {}).get("result") or {}).get("functions") or []:
-        if function.get("name") == name:
-            return location(function.get("source"))
-    return None

@@ -24,7 +24,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from jaxdbg.live.figures import Figures
-from jaxdbg.metrics.families import Families, device_memory
+from jaxdbg.metrics.table import Families, device_memory
 
 
 class WatchCollector(Collector):
@@ -39,14 +39,14 @@ class WatchCollector(Collector):
         process = str(_process_index())
         for row in list(self.figures.functions.values()):
             labels = {"function": row.name, "process": process}
-            out.counter("calls", "Top-level calls of a jitted function.", labels, row.calls)
-            out.counter("compiles", "Compiles of a jitted function (the first one included).", labels, row.compiles)
-            out.counter("recompiles", "Compiles after the first.", labels, max(row.compiles - 1, 0))
-            out.counter("compile_seconds", "Time spent compiling (trace, lower, backend).", labels, row.compile_s)
-            out.counter("nonfinite", "Calls whose outputs held NaN/Inf.", labels, row.nonfinite)
-            out.gauge("step_seconds", "Interval between the function's two latest calls.", labels, row.step_s)
+            out.add("calls", labels, row.calls)
+            out.add("compiles", labels, row.compiles)
+            out.add("recompiles", labels, max(row.compiles - 1, 0))
+            out.add("compile_seconds", labels, row.compile_s)
+            out.add("nonfinite", labels, row.nonfinite)
+            out.add("step_seconds", labels, row.step_s)  # the interval between its two latest calls
         for device, used in _device_memory():
-            out.gauge("device_memory_bytes", "Device memory in use.", {"device": device, "process": process}, used)
+            out.add("device_memory_bytes", {"device": device, "process": process}, used)
         for device, live, peak in self.live_memory():
             device_memory(out, device, process, live, peak)
         return out.all()

@@ -13,8 +13,11 @@ Pushgateway refuses series whose labels contradict their group's.
 
 Example:
     >>> import tempfile, os
-    >>> report = {"command": "check", "environment": {"process_index": 0},
-    ...           "result": {"passed": True, "checks": [{"name": "smoke", "passed": True, "duration_s": 1.0}]}}
+    >>> from jaxdbg.check.result import CheckOutcome, CheckSuiteResult
+    >>> from jaxdbg.report import Report
+    >>> smoke = CheckOutcome("smoke", "nan-hunt", "train.py", True, 0, None, 1.0, "out/smoke/report.json")
+    >>> report = Report("check", "pyproject.toml", CheckSuiteResult(True, (smoke,)), 0, {}, {"process_index": 0})
+    >>> report = report.to_dict()
     >>> path = os.path.join(tempfile.mkdtemp(), "m.prom")
     >>> export(report, path, None) == ([path], [])
     True

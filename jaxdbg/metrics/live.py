@@ -2,7 +2,7 @@
 progress, served at ``http://127.0.0.1:N/metrics`` while the bench runs (loopback only).
 
 The figures come from :func:`jaxdbg.pipeline.metrics.measure` (the same computation as the report's), and
-their families from :func:`jaxdbg.metrics.families.pipeline_run` (the same names and labels as the export).
+their families from :func:`jaxdbg.metrics.pipeline.pipeline_run` (the same names and labels as the export).
 
 Example:
     >>> import urllib.request
@@ -18,17 +18,21 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import threading
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from jaxdbg._errors import UsageError
-from jaxdbg.metrics.families import Families, pipeline_run
+from jaxdbg.metrics.pipeline import pipeline_run
+from jaxdbg.metrics.table import Families
+
+if TYPE_CHECKING:
+    from jaxdbg.pipeline.bench import RunKey
+    from jaxdbg.pipeline.metrics import RunMetrics
 
 HOST = "127.0.0.1"
 
@@ -41,24 +45,24 @@ class LiveBench(Collector):
         self._lock = threading.Lock()
         self._done = 0
         self._total = 0
-        self._latest: dict[str, Any] | None = None
+        self._latest: tuple[RunKey, RunMetrics] | None = None
 
-    def update(self, done: int, total: int, key: Any, record: Any) -> None:
-        from jaxdbg.pipeline.metrics import measure
+    def update(self, done: int, total: int, key: RunKey, record: Any) -> None:
+        from jaxdbg.pipeline.metrics import measure  # the pipeline package imports jax
 
-        row = {**dataclasses.asdict(key), **dataclasses.asdict(measure(record))}
+        latest = (key, measure(record))
         with self._lock:
-            self._done, self._total, self._latest = done, total, row
+            self._done, self._total, self._latest = done, total, latest
 
     def collect(self) -> Iterable[Metric]:
         with self._lock:
             done, total, latest = self._done, self._total, self._latest
         out = Families()
         own = {"process": self.process}
-        out.gauge("pipeline_runs_done", "pipeline-bench: runs finished so far.", own, done)
-        out.gauge("pipeline_runs_total", "pipeline-bench: runs this bench will make.", own, total)
+        out.add("pipeline_runs_done", own, done)
+        out.add("pipeline_runs_total", own, total)
         if latest is not None:
-            pipeline_run(out, latest, self.process)
+            pipeline_run(out, *latest, self.process)
         return out.all()
 
 
