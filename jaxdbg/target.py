@@ -459,17 +459,51 @@ def _described(path: str, arrays: tuple[np.ndarray, ...], keys: list[str], text:
                          "jaxdbg.target.save_npz_inputs or save plain arrays arg0, arg1, ...") from None
 
 
-def load_inputs(inputs: str | None, args: str | None, seed: int = 0) -> tuple[Any, ...]:
-    """The positional inputs of a function target from ``--inputs`` or ``--args`` (one of them required)."""
+def check_inputs(spec: TargetSpec, inputs: str | None, args: str | None) -> None:
+    """Fail fast (exit 2) on a target's ``--inputs``/``--args`` that cannot work, without running user code: the
+    one place every command validates them (a script takes neither; a function exactly one, well formed).
+
+    Example:
+        >>> step = TargetSpec("function", "model.py::step", "/abs/model.py", function="step")
+        >>> check_inputs(step, None, "f32[8] i32[]")   # well formed: nothing to say
+        >>> check_inputs(step, None, None)
+        Traceback (most recent call last):
+        ...
+        jaxdbg._errors.UsageError: a function target needs inputs: pass --args "f32[8,128] ..." or --inputs ...
+    """
+    if spec.is_script:
+        if args or inputs:
+            raise UsageError("--args/--inputs are for a function target (file.py::func); a script makes its own "
+                             "inputs")
+        return
+    check_one_input_source(inputs, args)
+    if args:
+        parse_args_spec(args)
+    elif inputs and "::" in inputs:
+        parse_target(inputs)
+    elif inputs and inputs.endswith(".npz"):
+        load_npz_inputs(inputs)
+    else:
+        raise UsageError(f"--inputs '{inputs}': expected file.py::make_inputs or a .npz file")
+
+
+def check_one_input_source(inputs: str | None, args: str | None) -> None:
+    """A function target's inputs come from exactly one of ``--inputs`` and ``--args``."""
     if inputs and args:
         raise UsageError("give either --args or --inputs, not both")
-    if args:
-        return random_inputs(parse_args_spec(args), seed)
-    if not inputs:
+    if not inputs and not args:
         raise UsageError(
             "a function target needs inputs: pass --args \"f32[8,128] ...\" or --inputs file.py::make_inputs "
             "or data.npz"
         )
+
+
+def load_inputs(inputs: str | None, args: str | None, seed: int = 0) -> tuple[Any, ...]:
+    """The positional inputs of a function target from ``--inputs`` or ``--args`` (one of them required)."""
+    check_one_input_source(inputs, args)
+    if args:
+        return random_inputs(parse_args_spec(args), seed)
+    assert inputs is not None  # one of the two, checked above
     if "::" in inputs:
         maker = load_function(parse_target(inputs))
         try:

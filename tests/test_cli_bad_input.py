@@ -5,7 +5,8 @@ import pytest
 
 from jaxdbg.cli import COMMANDS, main
 
-TARGET_COMMANDS = [name.replace("_", "-") for name in COMMANDS if name in ("profile", "nan_hunt", "repro", "memory")]
+TARGET_COMMANDS = [name.replace("_", "-") for name in COMMANDS
+                   if name in ("profile", "nan_hunt", "repro", "memory", "hang_hunt")]
 
 
 @pytest.fixture
@@ -26,6 +27,10 @@ CASES = [
     (["model.py::f", "--args", "q8[2]"], "unknown dtype"),
     (["model.py::f", "--inputs", "junk.npz"], "not a readable npz"),
     (["model.py::f", "--inputs", "objects.npz"], "Python objects"),
+    (["model.py", "--args", "f32[2]"], "a script makes its own inputs"),
+    (["model.py::f"], "needs inputs"),
+    (["model.py::f", "--args", "f32[2]", "--inputs", "junk.npz"], "not both"),
+    (["model.py::f", "--inputs", "data.csv"], "expected file.py::make_inputs or a .npz file"),
     (["model.py::f", "--args", "f32[2]", "--out", "no/such/parent/out"], "does not exist"),
     (["model.py::f", "--args", "f32[2]", "--no-such-option"], "No such option"),
     (["model.py::f", "--args", "f32[2]", "--json", "."], "is a folder"),

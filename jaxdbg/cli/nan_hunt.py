@@ -65,9 +65,8 @@ def nan_hunt(
         from jaxdbg.target import parse_target
 
         spec = parse_target(target, script_args or [])
-        if spec.is_script and (grad or args or inputs):
-            raise UsageError("--grad, --args and --inputs apply to a function target (file.py::fn); "
-                             "a script runs as written")
+        if spec.is_script and grad:  # (--args/--inputs: jaxdbg.target.check_inputs, for every command)
+            raise UsageError("--grad applies to a function target (file.py::fn); a script runs as written")
         if argnums is not None and not grad:
             raise UsageError(f"--argnums {argnums} only applies with --grad (which arguments to differentiate); "
                              "add --grad or drop --argnums")

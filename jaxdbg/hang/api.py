@@ -33,7 +33,7 @@ from jaxdbg.hang.watchdog import DEFAULT_STALL_S, RECORD_FILE
 from jaxdbg.launch import launched_place
 from jaxdbg.protocol import Message
 from jaxdbg.runner import Outcome, run_contained
-from jaxdbg.target import TargetSpec, parse_args_spec
+from jaxdbg.target import TargetSpec, check_inputs
 
 GRACE_S = 60.0  # past --timeout, how long the verdict may take before the child is stopped without one
 PEER_FILES_WAIT_S = 15.0  # how long process 0 waits for a dead peer's exit.json in a shared --out
@@ -108,14 +108,7 @@ def check_options(spec: TargetSpec, options: HangOptions) -> None:
     """Fail fast (exit 2) on options that cannot work, before anything runs."""
     if options.stall <= 0:
         raise UsageError(f"--stall {options.stall:g}: give a number of seconds above 0, e.g. --stall 30")
-    if spec.is_script and (options.args or options.inputs):
-        raise UsageError("--args/--inputs are for a function target (file.py::func); a script makes its own inputs")
-    if not spec.is_script:
-        if not options.args and not options.inputs:
-            raise UsageError("a function target needs inputs: pass --args \"f32[8,128] ...\" or --inputs "
-                             "file.py::make_inputs or data.npz")
-        if options.args:
-            parse_args_spec(options.args)
+    check_inputs(spec, options.inputs, options.args)
 
 
 @contextlib.contextmanager

@@ -70,10 +70,11 @@ class MemoryRun:
 
 def memory(spec: TargetSpec, options: MemoryOptions, out_dir: str) -> MemoryRun:
     """Measure what fills device memory in a script or function TARGET; bad options raise UsageError first."""
-    from jaxdbg.profile.run import _check_inputs, _raise_internal_failure, _raise_usage_from_child
+    from jaxdbg.profile.run import _raise_internal_failure, _raise_usage_from_child
+    from jaxdbg.target import check_inputs
 
     rules = memory_budget.parse_budget(options.budget)
-    _check_inputs(spec, options)
+    check_inputs(spec, options.inputs, options.args)
     check_target(spec)  # a syntax error or a missing function is bad input (exit 2), found without a child
     out_dir = os.path.abspath(out_dir)
     dump = os.path.join(out_dir, "xla_dump")

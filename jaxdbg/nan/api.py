@@ -12,14 +12,13 @@ Example:
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
-from jaxdbg._errors import TargetFailedError, UsageError
+from jaxdbg._errors import TargetFailedError
 from jaxdbg.nan.messages import HuntFinished, HuntJob, NonFiniteDetected, PeerNote
 from jaxdbg.nan.result import AnalysisWarning, NanHuntResult, Origin
 from jaxdbg.runner import first_line, run_contained, waited_to_join
-from jaxdbg.target import TargetSpec, parse_args_spec
+from jaxdbg.target import TargetSpec, check_inputs
 
 
 @dataclass(frozen=True)
@@ -62,8 +61,7 @@ def hunt(spec: TargetSpec, options: HuntOptions) -> HuntRun:
     Raises :class:`UsageError` for bad input and :class:`TargetFailedError` when the target failed before
     any NaN/Inf was seen (raised, crashed, timed out).
     """
-    if not spec.is_script:
-        _check_function_options(options)
+    check_inputs(spec, options.inputs, options.args)
     outcome = run_contained("jaxdbg.nan.session:hunt_job", HuntJob(spec, options), timeout=options.timeout)
     got = outcome.last(HuntFinished)
     if got is not None:
@@ -99,15 +97,5 @@ def _degraded(detected: NonFiniteDetected, why: str, traceback: str = "") -> Nan
         f"`{detected.function}` returned non-finite values in call {detected.call_index}, but the analysis "
         f"did not finish ({why})."), strategy=None, notes=(f"analysis stopped: {why}",),
         warnings=(AnalysisWarning("analysis", why, traceback),))
-
-
-def _check_function_options(options: HuntOptions) -> None:
-    if options.args:
-        parse_args_spec(options.args)
-    if options.inputs and options.inputs.endswith(".npz") and not os.path.exists(options.inputs):
-        raise UsageError(f"--inputs '{options.inputs}': no such file; check the path")
-    if not options.args and not options.inputs:
-        raise UsageError("a function target needs inputs: pass --args \"f32[8,128] ...\" or --inputs "
-                         "file.py::make_inputs or data.npz")
 
 

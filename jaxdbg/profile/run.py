@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from jaxdbg._errors import EXIT_FOUND, EXIT_OK, EXIT_TARGET_FAILED, EXIT_USAGE, UsageError
+from jaxdbg._errors import EXIT_FOUND, EXIT_OK, EXIT_TARGET_FAILED, EXIT_USAGE
 from jaxdbg._source import SourceLocation, is_jaxdbg_file
 from jaxdbg.profile.assemble import Gathered
 from jaxdbg.profile.budget import check_budget, parse_budget
@@ -35,7 +35,7 @@ from jaxdbg.profile.processes import find_stragglers, step_skew_s
 from jaxdbg.profile.trace import write_perfetto
 from jaxdbg.report import process_folder
 from jaxdbg.runner import Outcome, first_line, run_contained
-from jaxdbg.target import TargetSpec, load_npz_inputs, parse_args_spec, parse_target
+from jaxdbg.target import TargetSpec, check_inputs
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ def profile(spec: TargetSpec, options: ProfileOptions, out_dir: str) -> ProfileR
     """Profile a script or function TARGET; bad options raise UsageError before anything runs."""
     rules = parse_budget(options.budget)
     baseline = load_baseline(options.compare) if options.compare else None
-    _check_inputs(spec, options)
+    check_inputs(spec, options.inputs, options.args)
     out_dir = os.path.abspath(out_dir)
     artifacts: dict[str, str] = {}
     dump = os.path.join(out_dir, "xla_dump") if options.xla_dump else None
@@ -154,27 +154,6 @@ class TargetInputs(Protocol):
 
     @property
     def inputs(self) -> str | None: ...
-
-
-def _check_inputs(spec: TargetSpec, options: TargetInputs) -> None:
-    """Fail fast (exit 2) on inputs that cannot work, without running user code."""
-    if spec.is_script:
-        if options.args or options.inputs:
-            raise UsageError("--args/--inputs are for a function target (file.py::func); a script makes its own inputs")
-        return
-    if options.args and options.inputs:
-        raise UsageError("give either --args or --inputs, not both")
-    if not options.args and not options.inputs:
-        raise UsageError("a function target needs inputs: pass --args \"f32[8,128] ...\" or "
-                         "--inputs file.py::make_inputs or data.npz")
-    if options.args:
-        parse_args_spec(options.args)
-    elif options.inputs and "::" in options.inputs:
-        parse_target(options.inputs)
-    elif options.inputs and options.inputs.endswith(".npz"):
-        load_npz_inputs(options.inputs)
-    else:
-        raise UsageError(f"--inputs '{options.inputs}': expected file.py::make_inputs or a .npz file")
 
 
 def _raise_usage_from_child(outcome: Outcome) -> None:

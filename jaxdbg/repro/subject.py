@@ -32,6 +32,7 @@ from jaxdbg.storable import key_impl, restore_source, storable
 from jaxdbg.target import (
     FlatInputs,
     TargetSpec,
+    check_inputs,
     flatten_inputs,
     load_npz_inputs,
     parse_args_spec,
@@ -68,6 +69,7 @@ class Subject:
 def prepare_subject(spec: TargetSpec, inputs: str | None, args: str | None, seed: int, work_dir: str,
                     timeout: float | None = None) -> Subject:
     """The subject for a TARGET; function targets get a synthesized script and ``inputs.npz``."""
+    check_inputs(spec, inputs, args)
     if spec.is_script:
         assert spec.path is not None  # every script target has its file
         with open(spec.path) as handle:
@@ -175,15 +177,10 @@ def _module_file(spec: TargetSpec) -> str:
 def _function_inputs(spec: TargetSpec, inputs: str | None, args: str | None, seed: int,
                      timeout: float | None) -> FlatInputs:
     """Inputs as array leaves and nesting; ``--inputs file.py::make_inputs`` runs contained (it is user code)."""
-    if inputs and args:
-        raise UsageError("give either --args or --inputs, not both")
-    if args:
+    if args:  # one of the two, well formed: check_inputs
         return flatten_inputs(random_inputs(parse_args_spec(args), seed))
     if inputs and inputs.endswith(".npz"):
         return flatten_inputs(load_npz_inputs(inputs))
-    if not inputs:
-        raise UsageError('a function target needs inputs: pass --args "f32[8,128] ..." or --inputs '
-                         'file.py::make_inputs or data.npz')
     outcome = run_contained(INPUTS_JOB, RunRequest(inputs=inputs, seed=seed), timeout=timeout or 120, env=CHILD_ENV)
     built = outcome.last(InputsBuilt)
     if built is None:
