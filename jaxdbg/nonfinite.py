@@ -4,7 +4,8 @@ Every part of jaxdbg that asks "did this produce a NaN or an Inf?" asks here, so
 are the same everywhere: a device array is reduced where it lives and only a few numbers cross to the host.
 
 - :func:`magnitudes` reduces a whole output tree to one small vector, ``max(|x|)`` per floating leaf
-  (NaN and Inf propagate into it); :func:`with_magnitudes` compiles it into a jitted function's own program.
+  (NaN and Inf propagate into it); :func:`with_magnitudes` compiles it into a jitted function's own program,
+  :func:`magnitudes_after` runs it behind a call whose program jax builds itself (a pmap'd function's).
 - :func:`nonfinite_flags` answers ``(has NaN, has Inf)`` for one value (small host values are looked at
   directly, larger ones reduced on the device by one compiled reduction per shape and dtype).
 - :func:`kind_of` reads a host copy of :func:`magnitudes`: ``'nan'``, ``'inf'`` or None.
@@ -79,6 +80,20 @@ def device_magnitudes_jaxdbg(leaves: list) -> jax.Array:
     """:func:`magnitudes` of a list of arrays (arguments made outside the watched calls), compiled once per
     list signature; a program of jaxdbg's own (its name ends in ``_jaxdbg``)."""
     return magnitudes(leaves)
+
+
+def magnitudes_after(out: Any) -> jax.Array:
+    """:func:`magnitudes` of outputs a call has already made, in a program of its own dispatched behind it (the
+    unfused check, for calls whose program jax builds itself: ``jax.pmap``). A sharded output is reduced where it
+    lives, each device over its own block, and only the small vector is combined across devices: nothing is
+    gathered. Compiled once per output signature.
+
+    Example:
+        >>> out = jax.pmap(lambda x: (jnp.log(x), x.astype(jnp.int32)))(jnp.array([[1.0, -1.0]]))
+        >>> np.asarray(magnitudes_after(out)).tolist()
+        [nan]
+    """
+    return device_magnitudes_jaxdbg([x for x in jax.tree_util.tree_leaves(out) if is_inexact(x)])
 
 
 @jax.jit

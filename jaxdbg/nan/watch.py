@@ -186,6 +186,17 @@ def _signature(call: Call) -> tuple:
                   for x in call.leaves()), tuple(id(call.args[i]) for i in statics))
 
 
+def _replay_of(call: JitCall, site: SourceLocation | None, output_names: list[str] | None = None) -> Call:
+    """A watched call as nan-hunt replays it, from the inputs it kept: a jitted function's Python function, or a
+    pmap'd function as jax built it (traced, pmap's jit of a shard_map of the user's function over the devices,
+    so that the replay runs each device's block and names the device that made the first NaN)."""
+    function = call.function
+    args, kwargs = call.notes["nan_inputs"].unpack()
+    fun = function.jitted if function.is_pmap else function.fun
+    return Call(function.name, fun, tuple(args), dict(kwargs), function.static_argnums, function.static_argnames,
+                call.index, site, output_names, pmap=function.is_pmap)
+
+
 def _same_signature(a: Call, b: Call) -> bool:
     """Whether one jaxpr serves both calls: the same function, argument types and static arguments."""
     try:
@@ -611,10 +622,8 @@ class Watch(JitHook):
         nan = np.isnan(host)
         bad = nan if (self.nan_only or self.inf_findings) else ~np.isfinite(host)
         if bad.any():
-            args, kwargs = call.notes["nan_inputs"].unpack()
-            replay = Call(function.name, function.fun, tuple(args), dict(kwargs), function.static_argnums,
-                          function.static_argnames, call.index, site, list(names))
-            feeds = self._infs_in(tree_leaves((args, kwargs))) if nan.any() else frozenset()
+            replay = _replay_of(call, site, list(names))
+            feeds = self._infs_in(tree_leaves((replay.args, replay.kwargs))) if nan.any() else frozenset()
             finding = JitFinding(replay, [n for n, b in zip(names, bad) if b], "nan" if nan.any() else "inf",
                                  _trace_now(replay, call.notes.get("nan_x64")), feeds,
                                  self._argument_infs(replay) if feeds else {})
@@ -783,9 +792,7 @@ class Watch(JitHook):
         leaves whose Infs nothing has read since is reused (the first Inf's slot is kept for the report), and
         its jaxpr too when the signature is the same: no new trace, which would clear jax's caches."""
         function = call.function
-        args, kwargs = call.notes["nan_inputs"].unpack()
-        replay = Call(function.name, function.fun, tuple(args), dict(kwargs), function.static_argnums,
-                      function.static_argnames, call.index, site)
+        replay = _replay_of(call, site)
         before = {self._births[key][0] for key in ((function.record.id, i) for i in leaves) if key in self._births}
         same = next((f.closed_jaxpr for f in self.inf_findings if isinstance(f, JitFinding)
                      and f.closed_jaxpr is not None and _same_signature(f.call, replay)), None)
