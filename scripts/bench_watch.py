@@ -20,7 +20,7 @@ the least work per step, so the watch's fixed cost per call weighs most). ``--mo
 (c) Per call: a tiny jitted function (x * 2 + 1 on 16 floats) called in a loop, plain (jax's C++ dispatch) and
     jitted inside ``jaxdbg.watch()``, in one process, alternating; the difference is the watch's cost per call.
 
-(e) pmap'd functions, in one process with 4 CPU devices, alternating: a tiny pmap'd function (x * 2 + 1) per call,
+(e) pmap'd functions, in one process with 4 CPU devices, alternating: a tiny pmap'd function (x * 0.5 + 1) per call,
     and a data-parallel MLP step (``lax.pmean`` of the gradients) per step, plain vs pmap'd inside
     ``jaxdbg.watch()`` (whose check of a pmap'd call is a small program of its own run behind the call).
     ``--only-pmap`` runs (e) alone.
@@ -246,7 +246,7 @@ PMAP = textwrap.dedent('''
         return (time.perf_counter() - t) / n
 
     def tiny(x):
-        return x * 2.0 + 1.0, x
+        return x * 0.5 + 1.0, x  # fed back each call: settles at 2
 
     def step(params, x, y):
         def loss(p):
