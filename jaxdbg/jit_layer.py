@@ -30,7 +30,7 @@ Hooks run in installation order, the first installed outermost. A hook that sets
 the one non-finite check of :mod:`jaxdbg.nonfinite`: the call runs a companion compiled function that
 returns the outputs plus ``max(|x|)`` of each floating output leaf, in the same program (its name ends in
 :data:`CHECKED_SUFFIX`), and ``call.host_magnitudes()`` copies just that vector. A pmap'd call gets the same
-vector from the same check run right behind it, each device over its own block
+vector from the same check run right behind it, a row per device over its own blocks
 (:meth:`InstrumentedPmap.run_then_check`).
 
 profile (timing and the compile split), nan-hunt and the in-process watch (non-finite outputs), and repro
@@ -66,7 +66,7 @@ import numpy as np
 
 from jaxdbg import _compat, frameworks, multihost
 from jaxdbg._source import SourceLocation, caller_user_frame, is_user_file
-from jaxdbg.nonfinite import magnitudes_after, with_magnitudes
+from jaxdbg.nonfinite import magnitudes_after, over_devices, with_magnitudes
 
 # Names the companion functions that also return the output magnitudes. It ends in "_jaxdbg", as every program
 # of jaxdbg's own does (nan-hunt's eager check passes those by).
@@ -184,7 +184,8 @@ class JitCall:
         if self.check_error is not None:
             raise self.check_error
         if self._host is None:
-            self._host = np.zeros((0,), np.float32) if self.magnitudes is None else np.asarray(self.magnitudes)
+            host = np.zeros((0,), np.float32) if self.magnitudes is None else np.asarray(self.magnitudes)
+            self._host = over_devices(host) if host.ndim == 2 else host  # a pmap'd call's: a row per device
         return self._host
 
     def run(self) -> Any:
@@ -337,7 +338,8 @@ class InstrumentedPmap(InstrumentedJit):
 
     def run_then_check(self, call: JitCall) -> Any:
         """Run the call, then the unfused non-finite check of its outputs (:func:`jaxdbg.nonfinite.magnitudes_after`:
-        each device reduces its own block, only the small vector is combined), dispatched right behind it.
+        each device reduces its own blocks into its own row, no data crosses devices), dispatched right behind it;
+        :meth:`JitCall.host_magnitudes` reduces the rows over the devices on the host.
 
         Not fused as a jitted call's is: pmap builds its program itself (a jit of a shard_map, with its own
         handling of ``in_axes``/``out_axes``, devices and host-local arrays in a job), and a companion with one more

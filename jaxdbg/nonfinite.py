@@ -84,16 +84,41 @@ def device_magnitudes_jaxdbg(leaves: list) -> jax.Array:
 
 def magnitudes_after(out: Any) -> jax.Array:
     """:func:`magnitudes` of outputs a call has already made, in a program of its own dispatched behind it (the
-    unfused check, for calls whose program jax builds itself: ``jax.pmap``). A sharded output is reduced where it
-    lives, each device over its own block, and only the small vector is combined across devices: nothing is
-    gathered. Compiled once per output signature.
+    unfused check, for calls whose program jax builds itself: ``jax.pmap``). Outputs laid out on one mesh (a
+    pmap's) are reduced where they live, each device over its own block, into one row per device: no data
+    crosses between devices and the program holds no collective (an all-gather in a check queued among the
+    program's own calls stalled XLA:CPU's rendezvous under load). :func:`over_devices` reduces the rows on the host.
 
     Example:
         >>> out = jax.pmap(lambda x: (jnp.log(x), x.astype(jnp.int32)))(jnp.array([[1.0, -1.0]]))
-        >>> np.asarray(magnitudes_after(out)).tolist()
+        >>> over_devices(np.asarray(magnitudes_after(out))).tolist()
         [nan]
     """
-    return device_magnitudes_jaxdbg([x for x in jax.tree_util.tree_leaves(out) if is_inexact(x)])
+    leaves = [x for x in jax.tree_util.tree_leaves(out) if is_inexact(x)]
+    shardings = [x.sharding for x in leaves if isinstance(getattr(x, "sharding", None), jax.sharding.NamedSharding)]
+    mesh = shardings[0].mesh if shardings else None
+    if mesh is None or len(shardings) < len(leaves) or any(s.mesh != mesh for s in shardings):
+        return device_magnitudes_jaxdbg(leaves)
+    return per_device_magnitudes_jaxdbg(leaves, mesh, tuple(s.spec for s in shardings))
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def per_device_magnitudes_jaxdbg(leaves: list, mesh: Any, specs: tuple) -> jax.Array:
+    """One row of :func:`magnitudes` per device of ``mesh``, each over that device's blocks of ``leaves``."""
+    rows = jax.shard_map(lambda *blocks: magnitudes(list(blocks))[None], mesh=mesh, in_specs=specs,
+                         out_specs=jax.sharding.PartitionSpec(tuple(mesh.axis_names)), check_vma=False)
+    return rows(*leaves)
+
+
+def over_devices(rows: np.ndarray) -> np.ndarray:
+    """Host copies of :func:`magnitudes_after`'s per-device rows (devices, leaves), or of several calls' (calls,
+    devices, leaves), reduced over the devices: one magnitude per leaf, NaN and Inf kept.
+
+    Example:
+        >>> over_devices(np.array([[1.0, 2.0], [np.nan, 5.0]])).tolist()
+        [nan, 5.0]
+    """
+    return rows.max(axis=-2)
 
 
 @jax.jit

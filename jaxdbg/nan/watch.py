@@ -61,7 +61,7 @@ from jaxdbg.nan.eager_growth import EagerUpdates
 from jaxdbg.nan.growth import GrowthTracker
 from jaxdbg.nan.result import Origin
 from jaxdbg.nan.stats import is_inexact, nonfinite_flags, value_stats
-from jaxdbg.nonfinite import device_magnitudes_jaxdbg, flags_and_magnitude, stacked_jaxdbg
+from jaxdbg.nonfinite import device_magnitudes_jaxdbg, flags_and_magnitude, over_devices, stacked_jaxdbg
 
 # With ``read_late``, calls whose flags are not read yet. A finished call's flags are read at the next call;
 # the inputs of the others are held by jax's own queue anyway. Past this many (the program runs far ahead of
@@ -585,7 +585,8 @@ class Watch(JitHook):
             vectors += [vectors[0]] * (READ_BATCH - len(vectors))
             try:
                 with self.internal():
-                    return np.asarray(stacked_jaxdbg(vectors))[:len(calls)]
+                    rows = np.asarray(stacked_jaxdbg(vectors))[:len(calls)]
+                return over_devices(rows) if rows.ndim == 3 else rows  # pmap'd calls': a row per device each
             except Exception:  # noqa: BLE001 - e.g. vectors on different devices: one copy each from now on
                 self._stacking = False
         try:
