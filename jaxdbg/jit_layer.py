@@ -30,8 +30,8 @@ Hooks run in installation order, the first installed outermost. A hook that sets
 the one non-finite check of :mod:`jaxdbg.nonfinite`: the call runs a companion compiled function that
 returns the outputs plus ``max(|x|)`` of each floating output leaf, in the same program (its name ends in
 :data:`CHECKED_SUFFIX`), and ``call.host_magnitudes()`` copies just that vector. A pmap'd call gets the same
-vector from the same check run right behind it, a row per device over its own blocks
-(:meth:`InstrumentedPmap.run_then_check`).
+vector: its companion is a pmap of the same function that also returns a row of magnitudes per device, each over
+its own blocks (:meth:`InstrumentedPmap.checked`), reduced over the devices on the host.
 
 profile (timing and the compile split), nan-hunt and the in-process watch (non-finite outputs), and repro
 (failures and captures) are hooks; none of them touches ``jax.jit`` itself.
@@ -66,7 +66,7 @@ import numpy as np
 
 from jaxdbg import _compat, frameworks, multihost
 from jaxdbg._source import SourceLocation, caller_user_frame, is_user_file
-from jaxdbg.nonfinite import magnitudes_after, over_devices, with_magnitudes
+from jaxdbg.nonfinite import over_devices, with_magnitudes
 
 # Names the companion functions that also return the output magnitudes. It ends in "_jaxdbg", as every program
 # of jaxdbg's own does (nan-hunt's eager check passes those by).
@@ -160,8 +160,8 @@ class JitCall:
     companion that also returns the output magnitudes.
     """
 
-    __slots__ = ("_host", "_local", "args", "check", "check_error", "function", "index", "kwargs", "magnitudes",
-                 "notes", "spans", "started")
+    __slots__ = ("_host", "_local", "args", "check", "function", "index", "kwargs", "magnitudes", "notes", "spans",
+                 "started")
 
     def __init__(self, function: InstrumentedJit, args: tuple, kwargs: dict, index: int, check: bool = False,
                  local: Any = None):
@@ -172,17 +172,13 @@ class JitCall:
         self.index = index
         self.check = check
         self.magnitudes: Any = None  # device vector, when a hook asked for the check
-        self.check_error: Exception | None = None  # the check itself failed (a pmap'd call's, run after it)
         self.notes: dict[str, Any] = {}
         self.spans: list[tuple[str, float, float]] = []
         self.started = 0.0
         self._host: np.ndarray | None = None
 
     def host_magnitudes(self) -> np.ndarray:
-        """``max(|x|)`` per floating output leaf, on the host (the only copy the check makes; waits for it). Raises
-        :attr:`check_error` if the check itself failed (a failure of jaxdbg's own, not of the call)."""
-        if self.check_error is not None:
-            raise self.check_error
+        """``max(|x|)`` per floating output leaf, on the host (the only copy the check makes; waits for it)."""
         if self._host is None:
             host = np.zeros((0,), np.float32) if self.magnitudes is None else np.asarray(self.magnitudes)
             self._host = over_devices(host) if host.ndim == 2 else host  # a pmap'd call's: a row per device
@@ -197,8 +193,6 @@ class JitCall:
         self.started = time.perf_counter()
         try:
             if self.check:
-                if function.is_pmap:
-                    return function.run_then_check(self)
                 out, self.magnitudes = function.checked()(*self.args, **self.kwargs)
                 return out
             return function.top_level(*self.args, **self.kwargs)
@@ -310,7 +304,7 @@ class InstrumentedJit:
 class InstrumentedPmap(InstrumentedJit):
     """What ``jax.pmap(fun, **options)`` returns while a hook that ``sees_pmap`` is installed: the pmap'd
     function (``jitted``) behind the same call path as a jitted one, named after the user's ``fun``. Its static
-    arguments are pmap's ``static_broadcasted_argnums``; a checked call runs :meth:`run_then_check`.
+    arguments are pmap's ``static_broadcasted_argnums``; its checked companion is a pmap too (:meth:`checked`).
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -334,24 +328,13 @@ class InstrumentedPmap(InstrumentedJit):
         self.donates = bool(_as_tuple(options.get("donate_argnums")))
 
     def checked(self) -> Any:
-        raise NotImplementedError("a pmap'd call is checked after it ran (run_then_check), not by a companion")
-
-    def run_then_check(self, call: JitCall) -> Any:
-        """Run the call, then the unfused non-finite check of its outputs (:func:`jaxdbg.nonfinite.magnitudes_after`:
-        each device reduces its own blocks into its own row, no data crosses devices), dispatched right behind it;
-        :meth:`JitCall.host_magnitudes` reduces the rows over the devices on the host.
-
-        Not fused as a jitted call's is: pmap builds its program itself (a jit of a shard_map, with its own
-        handling of ``in_axes``/``out_axes``, devices and host-local arrays in a job), and a companion with one more
-        output would be a second pmap of the user's function to keep in step with it. A failure of the check is
-        jaxdbg's own: kept in ``call.check_error`` for the hook, never raised as the call's."""
-        out = self.top_level(*call.args, **call.kwargs)
-        self._layer.local.spans = None  # what the check compiles is jaxdbg's, not the user's function's
-        try:
-            call.magnitudes = magnitudes_after(out)
-        except Exception as err:  # noqa: BLE001 - the call's outputs are the user's whatever the check does
-            call.check_error = err
-        return out
+        """The companion: pmap of the user's function returning its outputs plus :func:`jaxdbg.nonfinite.magnitudes`
+        of its outputs, each device over its own blocks (``out_axes`` ``(theirs, 0)``: a row per device, reduced over
+        the devices on the host by :meth:`JitCall.host_magnitudes`), in the same program, with the same options."""
+        if self._checked is None:
+            options = {**self.options, "out_axes": (self.options.get("out_axes", 0), 0)}
+            self._checked = self._layer.real_pmap(with_magnitudes(self.fun, self.name + CHECKED_SUFFIX), **options)
+        return self._checked
 
 
 def main_thread_calls() -> tuple[str | None, int]:

@@ -4,8 +4,8 @@ Every part of jaxdbg that asks "did this produce a NaN or an Inf?" asks here, so
 are the same everywhere: a device array is reduced where it lives and only a few numbers cross to the host.
 
 - :func:`magnitudes` reduces a whole output tree to one small vector, ``max(|x|)`` per floating leaf
-  (NaN and Inf propagate into it); :func:`with_magnitudes` compiles it into a jitted function's own program,
-  :func:`magnitudes_after` runs it behind a call whose program jax builds itself (a pmap'd function's).
+  (NaN and Inf propagate into it); :func:`with_magnitudes` compiles it into a jitted (or pmap'd) function's own
+  program; a pmap'd function's gives a row per device, :func:`over_devices` reduces them on the host.
 - :func:`nonfinite_flags` answers ``(has NaN, has Inf)`` for one value (small host values are looked at
   directly, larger ones reduced on the device by one compiled reduction per shape and dtype).
 - :func:`kind_of` reads a host copy of :func:`magnitudes`: ``'nan'``, ``'inf'`` or None.
@@ -82,39 +82,15 @@ def device_magnitudes_jaxdbg(leaves: list) -> jax.Array:
     return magnitudes(leaves)
 
 
-def magnitudes_after(out: Any) -> jax.Array:
-    """:func:`magnitudes` of outputs a call has already made, in a program of its own dispatched behind it (the
-    unfused check, for calls whose program jax builds itself: ``jax.pmap``). Outputs laid out on one mesh (a
-    pmap's) are reduced where they live, each device over its own block, into one row per device: no data
-    crosses between devices and the program holds no collective (an all-gather in a check queued among the
-    program's own calls stalled XLA:CPU's rendezvous under load). :func:`over_devices` reduces the rows on the host.
-
-    Example:
-        >>> out = jax.pmap(lambda x: (jnp.log(x), x.astype(jnp.int32)))(jnp.array([[1.0, -1.0]]))
-        >>> over_devices(np.asarray(magnitudes_after(out))).tolist()
-        [nan]
-    """
-    leaves = [x for x in jax.tree_util.tree_leaves(out) if is_inexact(x)]
-    shardings = [x.sharding for x in leaves if isinstance(getattr(x, "sharding", None), jax.sharding.NamedSharding)]
-    mesh = shardings[0].mesh if shardings else None
-    if mesh is None or len(shardings) < len(leaves) or any(s.mesh != mesh for s in shardings):
-        return device_magnitudes_jaxdbg(leaves)
-    return per_device_magnitudes_jaxdbg(leaves, mesh, tuple(s.spec for s in shardings))
-
-
-@functools.partial(jax.jit, static_argnums=(1, 2))
-def per_device_magnitudes_jaxdbg(leaves: list, mesh: Any, specs: tuple) -> jax.Array:
-    """One row of :func:`magnitudes` per device of ``mesh``, each over that device's blocks of ``leaves``."""
-    rows = jax.shard_map(lambda *blocks: magnitudes(list(blocks))[None], mesh=mesh, in_specs=specs,
-                         out_specs=jax.sharding.PartitionSpec(tuple(mesh.axis_names)), check_vma=False)
-    return rows(*leaves)
-
-
 def over_devices(rows: np.ndarray) -> np.ndarray:
-    """Host copies of :func:`magnitudes_after`'s per-device rows (devices, leaves), or of several calls' (calls,
-    devices, leaves), reduced over the devices: one magnitude per leaf, NaN and Inf kept.
+    """Host copies of a pmap'd call's magnitudes, a row per device (devices, leaves: :func:`with_magnitudes` under
+    ``jax.pmap``), or of several calls' (calls, devices, leaves), reduced over the devices: one magnitude per leaf,
+    NaN and Inf kept.
 
     Example:
+        >>> out, rows = jax.pmap(with_magnitudes(lambda x: (jnp.log(x), 2 * x), "f"))(jnp.array([[1.0, -3.0]]))
+        >>> np.asarray(rows).shape, over_devices(np.asarray(rows)).tolist()
+        ((1, 2), [nan, 6.0])
         >>> over_devices(np.array([[1.0, 2.0], [np.nan, 5.0]])).tolist()
         [nan, 5.0]
     """

@@ -22,7 +22,7 @@ the least work per step, so the watch's fixed cost per call weighs most). ``--mo
 
 (e) pmap'd functions, in one process with 4 CPU devices, alternating: a tiny pmap'd function (x * 0.5 + 1) per call,
     and a data-parallel MLP step (``lax.pmean`` of the gradients) per step, plain vs pmap'd inside
-    ``jaxdbg.watch()`` (whose check of a pmap'd call is a small program of its own run behind the call).
+    ``jaxdbg.watch()`` (whose check of a pmap'd call is compiled into the pmap's program, a row per device).
     ``--only-pmap`` runs (e) alone.
 
 ``--baseline DIR`` also runs the watch and nan-hunt variants with another jaxdbg source tree (e.g. main, from

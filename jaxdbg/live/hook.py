@@ -64,8 +64,8 @@ class LiveHook(Watch):
 
     ``on_nonfinite(finding)`` is called at the first non-finite call (then the NaN check stops; later bad
     calls are only counted); ``on_compile(function, count, recompile_or_None)`` after each compile. Calls of
-    pmap'd functions are watched too (``sees_pmap``): their outputs are checked right after the call, per device
-    (see :meth:`jaxdbg.jit_layer.InstrumentedPmap.run_then_check`), and a finding is replayed as nan-hunt replays a
+    pmap'd functions are watched too (``sees_pmap``): their outputs are checked in the same program, per device
+    (see :meth:`jaxdbg.jit_layer.InstrumentedPmap.checked`), and a finding is replayed as nan-hunt replays a
     pmap, naming the device.
     """
 
@@ -122,8 +122,6 @@ class LiveHook(Watch):
             if self.active:  # the calls before it come first: a NaN they made is reported before a recompile
                 self.flush()
             self._compiled(call, [end - start for _, start, end in call.spans], row)
-        if call.check_error is not None:  # a pmap'd call's check, run after it, failed: jaxdbg's own failure
-            raise call.check_error
         if call.magnitudes is None or self.stopped:  # nans=False: compiles only
             return
         site = caller_user_frame(5)  # the caller of InstrumentedJit.__call__ when no other hook wraps this one
