@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -391,9 +392,65 @@ def x64_enabled() -> bool:
 
 
 def is_pmapped(value: Any) -> bool:
-    """Whether ``value`` is what ``jax.pmap(f)`` returned: a plain function defined in jax's pmap module."""
-    code = getattr(value, "__code__", None)
+    """Whether ``value`` is what ``jax.pmap(f)`` returned: a plain function defined in jax's pmap module (not
+    jaxdbg's instrumented twin of one, which passes its attributes through)."""
+    if not isinstance(value, types.FunctionType):
+        return False
+    code = value.__code__
     return code is not None and code.co_filename.replace("\\", "/").endswith("jax/_src/pmap.py")
+
+
+def pmap_options(pmapped: Any) -> tuple[Any, dict] | None:
+    """``(fun, options)`` that rebuild what ``jax.pmap(fun, **options)`` returned earlier (read from the closure
+    of jax's pmap wrapper, jax 0.10/0.11), or None when it is no such function, or its options cannot be carried
+    over (donated and static arguments at once: jax keeps the donated positions renumbered). Used to watch
+    functions pmap'd before a ``jaxdbg.watch`` began.
+
+    Example:
+        >>> fun, options = pmap_options(jax.pmap(lambda x, n: x * n, "batch", static_broadcasted_argnums=1))
+        >>> options["axis_name"], options["static_broadcasted_argnums"], options["in_axes"]
+        ('batch', (1,), 0)
+    """
+    fun = getattr(pmapped, "__wrapped__", None)
+    infer = _closure_values(pmapped).get("infer_params") if is_pmapped(pmapped) else None
+    cells = _closure_values(infer) if infer is not None else {}
+    needed = ("axis_name", "static_broadcasted_tuple", "donate_tuple", "in_axes", "out_axes_flat", "out_axes_tree",
+              "devices", "backend", "axis_size")
+    if fun is None or any(name not in cells for name in needed):
+        return None
+    statics, donated = tuple(cells["static_broadcasted_tuple"]), tuple(cells["donate_tuple"])
+    if statics and donated:
+        return None
+    axis_name = cells["axis_name"]
+    return fun, {"axis_name": None if axis_name == "_internal_pmap_axis_name" else axis_name,
+                 "in_axes": cells["in_axes"],
+                 "out_axes": jax.tree_util.tree_unflatten(cells["out_axes_tree"], cells["out_axes_flat"]),
+                 "static_broadcasted_argnums": statics, "devices": cells["devices"], "backend": cells["backend"],
+                 "axis_size": cells["axis_size"], "donate_argnums": donated}
+
+
+def _closure_values(function: Any) -> dict[str, Any]:
+    code, closure = getattr(function, "__code__", None), getattr(function, "__closure__", None) or ()
+    values = {}
+    for name, cell in zip(code.co_freevars if code is not None else (), closure):
+        with contextlib.suppress(ValueError):  # a cell not filled yet
+            values[name] = cell.cell_contents
+    return values
+
+
+def pmap_body(closed: Any) -> Any:
+    """The jaxpr of a traced call of a pmap'd function, without pmap's own jit around it: the body of that jit
+    (a shard_map of the user's function, as the eager hook sees a pmap), or ``closed`` itself when it is not a
+    lone call of that jit on the call's own inputs and outputs."""
+    jaxpr, _ = open_jaxpr(closed)
+    if len(jaxpr.eqns) != 1:
+        return closed
+    eqn = jaxpr.eqns[0]
+    body = eqn.params.get("jaxpr")
+    if (eqn.primitive.name not in ("jit", "pjit") or eqn.params.get("name") != PMAP_JIT_NAME or body is None
+            or list(eqn.invars) != list(jaxpr.invars) or list(eqn.outvars) != list(jaxpr.outvars)):
+        return closed
+    return body
 
 
 def shard_map_layout(params: dict) -> tuple[dict[str, int], tuple, tuple, tuple[str, ...]] | None:

@@ -21,14 +21,17 @@ its compile spans watched); the layer adds about a microsecond to it. Every call
 backend compile, persistent-cache hits, reported by ``jax.monitoring`` while it runs) are in ``call.spans``.
 
 ``jax.pmap(fun, **options)`` is patched the same way and returns an :class:`InstrumentedPmap`, whose calls
-reach only the hooks that set ``sees_pmap`` (profile's): since jax 0.10 a pmap is a ``jax.jit`` of a
-``shard_map`` built inside jax, invisible to the ``jax.jit`` patch, and a hook that replays or checks a
-jitted function's outputs would take its per-device outputs for one device's.
+reach only the hooks that set ``sees_pmap`` (profile's and ``jaxdbg.watch``'s): since jax 0.10 a pmap is a
+``jax.jit`` of a ``shard_map`` built inside jax, invisible to the ``jax.jit`` patch, and a hook that replays
+or checks a jitted function's outputs must know that its outputs hold every device's block (its replay
+traces the pmap'd function as jax built it).
 
 Hooks run in installation order, the first installed outermost. A hook that sets ``check_outputs`` gets
 the one non-finite check of :mod:`jaxdbg.nonfinite`: the call runs a companion compiled function that
 returns the outputs plus ``max(|x|)`` of each floating output leaf, in the same program (its name ends in
-:data:`CHECKED_SUFFIX`), and ``call.host_magnitudes()`` copies just that vector.
+:data:`CHECKED_SUFFIX`), and ``call.host_magnitudes()`` copies just that vector. A pmap'd call gets the same
+vector: its companion is a pmap of the same function that also returns a row of magnitudes per device, each over
+its own blocks (:meth:`InstrumentedPmap.checked`), reduced over the devices on the host.
 
 profile (timing and the compile split), nan-hunt and the in-process watch (non-finite outputs), and repro
 (failures and captures) are hooks; none of them touches ``jax.jit`` itself.
@@ -63,7 +66,7 @@ import numpy as np
 
 from jaxdbg import _compat, frameworks, multihost
 from jaxdbg._source import SourceLocation, caller_user_frame, is_user_file
-from jaxdbg.nonfinite import with_magnitudes
+from jaxdbg.nonfinite import over_devices, with_magnitudes
 
 # Names the companion functions that also return the output magnitudes. It ends in "_jaxdbg", as every program
 # of jaxdbg's own does (nan-hunt's eager check passes those by).
@@ -177,7 +180,8 @@ class JitCall:
     def host_magnitudes(self) -> np.ndarray:
         """``max(|x|)`` per floating output leaf, on the host (the only copy the check makes; waits for it)."""
         if self._host is None:
-            self._host = np.zeros((0,), np.float32) if self.magnitudes is None else np.asarray(self.magnitudes)
+            host = np.zeros((0,), np.float32) if self.magnitudes is None else np.asarray(self.magnitudes)
+            self._host = over_devices(host) if host.ndim == 2 else host  # a pmap'd call's: a row per device
         return self._host
 
     def run(self) -> Any:
@@ -300,7 +304,7 @@ class InstrumentedJit:
 class InstrumentedPmap(InstrumentedJit):
     """What ``jax.pmap(fun, **options)`` returns while a hook that ``sees_pmap`` is installed: the pmap'd
     function (``jitted``) behind the same call path as a jitted one, named after the user's ``fun``. Its static
-    arguments are pmap's ``static_broadcasted_argnums``.
+    arguments are pmap's ``static_broadcasted_argnums``; its checked companion is a pmap too (:meth:`checked`).
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -324,8 +328,13 @@ class InstrumentedPmap(InstrumentedJit):
         self.donates = bool(_as_tuple(options.get("donate_argnums")))
 
     def checked(self) -> Any:
-        raise NotImplementedError("the fused non-finite check is not built for pmap'd functions: a hook with "
-                                  "check_outputs must not set sees_pmap")
+        """The companion: pmap of the user's function returning its outputs plus :func:`jaxdbg.nonfinite.magnitudes`
+        of its outputs, each device over its own blocks (``out_axes`` ``(theirs, 0)``: a row per device, reduced over
+        the devices on the host by :meth:`JitCall.host_magnitudes`), in the same program, with the same options."""
+        if self._checked is None:
+            options = {**self.options, "out_axes": (self.options.get("out_axes", 0), 0)}
+            self._checked = self._layer.real_pmap(with_magnitudes(self.fun, self.name + CHECKED_SUFFIX), **options)
+        return self._checked
 
 
 def main_thread_calls() -> tuple[str | None, int]:
@@ -386,11 +395,16 @@ class _Layer:
 
     def pmap(self, fun: Callable, /, *args: Any, **options: Any) -> Any:
         mapped = self.real_pmap(fun, *args, **options)
-        hooks = [h for h in self.hooks if h.sees_pmap]
-        if not hooks:
-            return mapped
         if args:  # pmap(fun, axis_name): the one positional option
             options = {"axis_name": args[0], **options}
+        return self.instrumented_pmap(mapped, fun, options) or mapped
+
+    def instrumented_pmap(self, mapped: Any, fun: Callable, options: dict) -> InstrumentedPmap | None:
+        """``mapped`` (what the real ``jax.pmap(fun, **options)`` returned) behind the hooks that see pmap'd
+        functions, or None when none of the installed hooks does."""
+        hooks = [h for h in self.hooks if h.sees_pmap]
+        if not hooks:
+            return None
         wrapped = InstrumentedPmap(self, mapped, fun, options, self._record(fun, "pmap"))
         for hook in hooks:
             hook.on_jit(wrapped)
@@ -554,10 +568,11 @@ def user_namespaces() -> list[dict]:
 @contextlib.contextmanager
 def adopted() -> Iterator[list[str]]:
     """While hooks are installed, also instrument functions jitted *before* (``@jax.jit``, ``nnx.jit`` and
-    ``eqx.filter_jit`` at module level, the usual way): each one bound to a global name of one of the program's
-    own modules is swapped for an instrumented twin built with the same options (for a framework wrapper, its
-    inner ``jax.jit`` is), and everything is put back on exit. Yields the names adopted. A function held only
-    in a local variable or another object cannot be reached (enter the watch before ``jax.jit`` for those).
+    ``eqx.filter_jit`` at module level, the usual way; ``jax.pmap`` too while a hook sees pmap'd functions): each
+    one bound to a global name of one of the program's own modules is swapped for an instrumented twin built with
+    the same options (for a framework wrapper, its inner ``jax.jit`` is), and everything is put back on exit.
+    Yields the names adopted. A function held only in a local variable or another object cannot be reached (enter
+    the watch before ``jax.jit`` for those), nor one pmap'd with both static and donated arguments.
 
     Example:
         >>> import jax, jax.numpy as jnp, os, sys, tempfile, types
@@ -618,11 +633,13 @@ def _adopt_in(namespace: dict, layer: _Layer) -> list[tuple[str, tuple[Any, str,
 
 
 def _twin(layer: _Layer, value: Any, user_fun: Any) -> InstrumentedJit | None:
-    """An instrumented ``jax.jit`` of the same function with the same options, or None (not a jax.jit object,
-    or options that cannot be carried over)."""
+    """An instrumented ``jax.jit`` (or ``jax.pmap``) of the same function with the same options, or None (not a
+    jax.jit object nor a pmap'd function a hook sees, or options that cannot be carried over)."""
     rebuilt = _compat.jit_options(value)
     if rebuilt is None:
-        return None
+        seen = user_fun is None and any(hook.sees_pmap for hook in layer.hooks)
+        rebuilt = _compat.pmap_options(value) if seen else None
+        return layer.instrumented_pmap(layer.real_pmap(rebuilt[0], **rebuilt[1]), *rebuilt) if rebuilt else None
     fun, options = rebuilt
     jitted = layer.real_jit(fun, **options)
     record = layer._record(user_fun if user_fun is not None else fun)

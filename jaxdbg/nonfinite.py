@@ -4,7 +4,8 @@ Every part of jaxdbg that asks "did this produce a NaN or an Inf?" asks here, so
 are the same everywhere: a device array is reduced where it lives and only a few numbers cross to the host.
 
 - :func:`magnitudes` reduces a whole output tree to one small vector, ``max(|x|)`` per floating leaf
-  (NaN and Inf propagate into it); :func:`with_magnitudes` compiles it into a jitted function's own program.
+  (NaN and Inf propagate into it); :func:`with_magnitudes` compiles it into a jitted (or pmap'd) function's own
+  program; a pmap'd function's gives a row per device, :func:`over_devices` reduces them on the host.
 - :func:`nonfinite_flags` answers ``(has NaN, has Inf)`` for one value (small host values are looked at
   directly, larger ones reduced on the device by one compiled reduction per shape and dtype).
 - :func:`kind_of` reads a host copy of :func:`magnitudes`: ``'nan'``, ``'inf'`` or None.
@@ -79,6 +80,21 @@ def device_magnitudes_jaxdbg(leaves: list) -> jax.Array:
     """:func:`magnitudes` of a list of arrays (arguments made outside the watched calls), compiled once per
     list signature; a program of jaxdbg's own (its name ends in ``_jaxdbg``)."""
     return magnitudes(leaves)
+
+
+def over_devices(rows: np.ndarray) -> np.ndarray:
+    """Host copies of a pmap'd call's magnitudes, a row per device (devices, leaves: :func:`with_magnitudes` under
+    ``jax.pmap``), or of several calls' (calls, devices, leaves), reduced over the devices: one magnitude per leaf,
+    NaN and Inf kept.
+
+    Example:
+        >>> out, rows = jax.pmap(with_magnitudes(lambda x: (jnp.log(x), 2 * x), "f"))(jnp.array([[1.0, -3.0]]))
+        >>> np.asarray(rows).shape, over_devices(np.asarray(rows)).tolist()
+        ((1, 2), [nan, 6.0])
+        >>> over_devices(np.array([[1.0, 2.0], [np.nan, 5.0]])).tolist()
+        [nan, 5.0]
+    """
+    return rows.max(axis=-2)
 
 
 @jax.jit

@@ -20,11 +20,16 @@ the least work per step, so the watch's fixed cost per call weighs most). ``--mo
 (c) Per call: a tiny jitted function (x * 2 + 1 on 16 floats) called in a loop, plain (jax's C++ dispatch) and
     jitted inside ``jaxdbg.watch()``, in one process, alternating; the difference is the watch's cost per call.
 
+(e) pmap'd functions, in one process with 4 CPU devices, alternating: a tiny pmap'd function (x * 0.5 + 1) per call,
+    and a data-parallel MLP step (``lax.pmean`` of the gradients) per step, plain vs pmap'd inside
+    ``jaxdbg.watch()`` (whose check of a pmap'd call is compiled into the pmap's program, a row per device).
+    ``--only-pmap`` runs (e) alone.
+
 ``--baseline DIR`` also runs the watch and nan-hunt variants with another jaxdbg source tree (e.g. main, from
 ``git archive``) first on PYTHONPATH, in the same alternation: before/after figures from one run.
 
 Usage: python scripts/bench_watch.py [--model both|cnn|mlp] [--pairs 3] [--steps 200] [--width 256] [--batch N]
-       [--baseline DIR] [--only-interleaved]
+       [--baseline DIR] [--only-interleaved] [--only-pmap]
 """
 
 from __future__ import annotations
@@ -225,6 +230,52 @@ TINY = textwrap.dedent('''
 ''')
 
 
+PMAP = textwrap.dedent('''
+    import json, sys, time, jax, jax.numpy as jnp, numpy as np, jaxdbg
+
+    def timed(f, state, rest, n, flush=None):
+        """Seconds per call over n calls, each call's first output fed to the next (a training loop)."""
+        state = f(state, *rest)[0]
+        jax.block_until_ready(state)
+        t = time.perf_counter()
+        for _ in range(n):
+            state = f(state, *rest)[0]
+        jax.block_until_ready(state)
+        if flush is not None:
+            flush()
+        return (time.perf_counter() - t) / n
+
+    def tiny(x):
+        return x * 0.5 + 1.0, x  # fed back each call: settles at 2
+
+    def step(params, x, y):
+        def loss(p):
+            return jnp.mean((jnp.tanh(x @ p[0]) @ p[1] - y) ** 2)
+        value, grads = jax.value_and_grad(loss)(params)
+        grads = jax.lax.pmean(grads, "d")
+        return [w - 0.01 * g for w, g in zip(params, grads)], jax.lax.pmean(value, "d")
+
+    def main():  # the plain functions in locals: ones bound to global names of __main__ would be watched too
+        rounds, width = int(sys.argv[2]), int(sys.argv[3])
+        n, rng = jax.local_device_count(), np.random.default_rng(0)
+        x = jnp.asarray(rng.normal(size=(n, 128, width)), jnp.float32)
+        y = jnp.asarray(rng.normal(size=(n, 128, 1)), jnp.float32)
+        params = [jnp.asarray(rng.normal(size=(n, width, width)) / width, jnp.float32),
+                  jnp.asarray(rng.normal(size=(n, width, 1)) / width, jnp.float32)]
+        small = jnp.ones((n, 16))
+        plain_tiny, plain_step = jax.pmap(tiny), jax.pmap(step, axis_name="d")
+        with jaxdbg.watch(out=sys.argv[1]) as watcher:
+            watched_tiny, watched_step = jax.pmap(tiny), jax.pmap(step, axis_name="d")
+            flush = watcher._states[-1].hook.flush
+            rows = [((timed(plain_tiny, small, (), 500), timed(watched_tiny, small, (), 500, flush)),
+                     (timed(plain_step, params, (x, y), 40), timed(watched_step, params, (x, y), 40, flush)))
+                    for _ in range(rounds)]
+        print(json.dumps(rows))
+
+    main()
+''')
+
+
 def _run(argv: list[str], env: dict | None = None, timeout: float = 900,
          root: str = ROOT) -> subprocess.CompletedProcess:
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
@@ -260,8 +311,12 @@ def main() -> None:
     parser.add_argument("--model", choices=("both", "cnn", "mlp"), default="both")
     parser.add_argument("--baseline", help="another jaxdbg source tree: its watch and nan-hunt run too")
     parser.add_argument("--only-interleaved", action="store_true", help="run (d) alone")
+    parser.add_argument("--only-pmap", action="store_true", help="run (e) alone")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as workdir:
+        if args.only_pmap:
+            pmapped(args, workdir)
+            return
         program = os.path.join(workdir, "nnx_loop.py")
         with open(program, "w") as handle:
             handle.write(PROGRAM)
@@ -278,6 +333,7 @@ def main() -> None:
             interleaved(program, args, workdir)
         if not args.only_interleaved:
             tiny_calls(args, workdir)
+            pmapped(args, workdir)
 
 
 def overhead_and_answer(program: str, names: dict, args: argparse.Namespace, workdir: str) -> None:
@@ -349,6 +405,33 @@ def tiny_calls(args: argparse.Namespace, workdir: str) -> None:
     print(f"\n(c) per call of a tiny jitted function (best of {5 * args.pairs} rounds of 2000 calls)")
     print(f"  plain {plain_us:7.1f} us/call   jaxdbg.watch {watch_us:7.1f} us/call  (+{watch_us - plain_us:.1f})")
     record("watch", "(c) added per tiny call", watch_us - plain_us, "<= +10", f"plain {plain_us:.1f} us", unit="us")
+
+
+def pmapped(args: argparse.Namespace, workdir: str) -> None:
+    """(e): pmap'd functions, plain vs watched, in one process with 4 CPU devices."""
+    program = os.path.join(workdir, "pmapped.py")
+    with open(program, "w") as handle:
+        handle.write(PMAP)
+    rounds = 5 * args.pairs
+    flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
+    done = _run([sys.executable, program, os.path.join(workdir, "pmapped.d"), str(rounds), str(args.width)],
+                {"XLA_FLAGS": flags.strip(), "JAX_PLATFORMS": "cpu"})
+    if done.returncode != 0:
+        print(f"\n(e) pmap'd functions: failed\n{done.stderr[-3000:]}")
+        return
+    rows = json.loads(done.stdout.splitlines()[-1])
+    plain_us, watch_us = min(t[0] for t, _ in rows) * 1e6, min(t[1] for t, _ in rows) * 1e6
+    ratios = sorted(s[1] / s[0] for _, s in rows)
+    plain_ms = _median([s[0] for _, s in rows]) * 1e3
+    print(f"\n(e) pmap'd functions on 4 CPU devices, one process, alternating ({rounds} rounds)")
+    print(f"  tiny pmap'd function: plain {plain_us:7.1f} us/call   jaxdbg.watch {watch_us:7.1f} us/call  "
+          f"(+{watch_us - plain_us:.1f}, best of each)")
+    print(f"  data-parallel MLP step (width {args.width}): jaxdbg.watch {_median(ratios):5.2f}x plain (median; "
+          f"{ratios[0]:.2f}..{ratios[-1]:.2f}; plain {plain_ms:.3f} ms/step)")
+    record("watch", "(e) added per tiny pmap'd call", watch_us - plain_us, "<= +10", f"plain {plain_us:.1f} us",
+           unit="us")
+    record("watch", "(e) pmap'd MLP step: watch / plain", _median(ratios), "<= 1.05",
+           f"{ratios[0]:.2f}..{ratios[-1]:.2f}")
 
 
 def _sizes(args: argparse.Namespace) -> list[str]:

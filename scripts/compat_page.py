@@ -88,7 +88,8 @@ def render(matrix: ModuleType) -> str:
         program = f"[{row.name}.py](../tests/compat/{row.name}.py)"
         cells = [_cell(row, column, notes) for column in matrix.COLUMNS]
         lines.append("| " + " | ".join([row.feature, program, *cells]) + " |")
-    lines += ["", "Notes:", ""] + [f"{i}. {text[0].upper()}{text[1:]}." for i, text in enumerate(notes, start=1)]
+    if notes:  # every cell works: no notes
+        lines += ["", "Notes:", ""] + [f"{i}. {text[0].upper()}{text[1:]}." for i, text in enumerate(notes, start=1)]
     return "\n".join(lines) + "\n"
 
 

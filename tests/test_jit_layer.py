@@ -62,6 +62,22 @@ def test_pmap_reaches_only_the_hooks_that_see_it_and_is_restored():
     assert not any(event[2] == "double" for event in events)  # a hook without sees_pmap never sees it
 
 
+def test_a_pmapped_function_that_no_hook_left_sees_is_counted_and_dispatched():
+    """A pmap'd function made while a hook that sees pmap was installed, called after that hook left: the hook
+    still installed (without sees_pmap, though it checks outputs) sees none of its calls; they are counted and go
+    straight to jax's dispatch."""
+    events, seen = [], []
+    with jit_layer.installed(Log("plain", events, check=True)):
+        with jit_layer.installed(SeesPmap("pmap", seen)):
+            mapped = jax.pmap(lambda x: 2.0 * x)
+            out = mapped(jnp.ones((4, 2)))
+        out = mapped(mapped(out))
+    np.testing.assert_allclose(out, np.full((4, 2), 8.0))
+    assert [event[1:] for event in seen] == [("jit", "<lambda>"), ("before", "<lambda>", 0),
+                                             ("after", "<lambda>", 0, None)]
+    assert events == [] and mapped.record.calls == 3 and mapped._plan.nobody
+
+
 def test_hooks_nest_first_installed_outermost_and_see_the_same_call():
     events = []
     with jit_layer.installed(Log("outer", events)), jit_layer.installed(Log("inner", events, check=True)):

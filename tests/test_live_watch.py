@@ -126,15 +126,45 @@ def test_a_watch_that_saw_no_jitted_function_says_so(caplog):
     assert "no jitted function was watched" in caplog.text
 
 
-def test_a_watch_of_pmapped_functions_only_says_they_are_not_watched(tmp_path, monkeypatch, caplog):
-    (tmp_path / "pmapped_step.py").write_text("import jax\nimport jax.numpy as jnp\n\n"
-                                              "step = jax.pmap(lambda x: jnp.log(x))\n")
+PMAPPED = """
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+
+
+@partial(jax.pmap, axis_name="d", in_axes=(0, None), static_broadcasted_argnums=2)
+def step(x, scale, mode):
+    y = jnp.log(x * scale) if mode == "log" else x  # <- origin
+    return {"y": y, "mean": jax.lax.pmean(y, "d")}
+
+
+stuck = jax.pmap(lambda x, n: x * n, static_broadcasted_argnums=1, donate_argnums=0)
+"""
+
+
+def test_pmapped_functions_are_checked_per_device_and_replayed_to_the_device(tmp_path, monkeypatch, caplog):
+    """A function pmap'd at module level (with a broadcast argument and a static one) is watched: its outputs are
+    checked after each call, and the finding is replayed as jax built the pmap, naming the device whose block
+    made the first NaN. One pmap'd with both static and donated arguments cannot be rebuilt: a warning names it."""
+    (tmp_path / "pmapped_step.py").write_text(PMAPPED)
     monkeypatch.syspath_prepend(str(tmp_path))
     import pmapped_step
 
-    with caplog.at_level(logging.WARNING, logger="jaxdbg"), jaxdbg.watch(out=str(tmp_path / "w")):
-        pmapped_step.step(-jnp.ones((1, 2)))
-    assert "jax.pmap'd functions (step) are not watched" in caplog.text and "nan-hunt" in caplog.text
+    original, x = pmapped_step.step, jnp.ones((jax.local_device_count(), 3))
+    with pytest.raises(jaxdbg.NonFiniteError) as raised, jaxdbg.watch(out=str(tmp_path / "w")):
+        clean = pmapped_step.step(x, 2.0, "log")
+        pmapped_step.step(x.at[2, 1].set(-1.0), 2.0, "log")  # device 2's block: log of a negative
+    np.testing.assert_allclose(clean["y"], np.log(2.0))  # the pmap's own result
+    assert pmapped_step.step is original
+    first = raised.value.report["first"]
+    origin = next(i for i, text in enumerate(PMAPPED.splitlines(), 1) if "<- origin" in text)
+    assert (first["primitive"], first["function"], first["call_index"], first["path"], first["device"]) == (
+        "log", "step", 1, ["pmap", "shard_map"], "cpu:2")
+    assert (Path(first["source"]["file"]).name, first["source"]["line"]) == ("pmapped_step.py", origin)
+    with caplog.at_level(logging.WARNING, logger="jaxdbg"), jaxdbg.watch(out=str(tmp_path / "w2")):
+        pmapped_step.stuck(jnp.ones((1, 2)), 3)
+    assert "jax.pmap'd functions (stuck) made before the watch began" in caplog.text and "nan-hunt" in caplog.text
 
 
 MODULE_LEVEL = """

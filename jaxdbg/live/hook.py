@@ -63,8 +63,13 @@ class LiveHook(Watch):
     """A :class:`Watch` without eager checks, with a one-call-late host read, and a compile counter.
 
     ``on_nonfinite(finding)`` is called at the first non-finite call (then the NaN check stops; later bad
-    calls are only counted); ``on_compile(function, count, recompile_or_None)`` after each compile.
+    calls are only counted); ``on_compile(function, count, recompile_or_None)`` after each compile. Calls of
+    pmap'd functions are watched too (``sees_pmap``): their outputs are checked in the same program, per device
+    (see :meth:`jaxdbg.jit_layer.InstrumentedPmap.checked`), and a finding is replayed as nan-hunt replays a
+    pmap, naming the device.
     """
+
+    sees_pmap = True
 
     def __init__(self, nans: bool = True,
                  on_nonfinite: Callable[[JitFinding | EagerFinding], None] | None = None,

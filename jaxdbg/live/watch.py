@@ -1,10 +1,11 @@
 """``jaxdbg.watch``: a context manager and decorator that watches a running program's jitted functions.
 
-While active, every function jitted meanwhile has its outputs checked for NaN/Inf (compiled into its program,
-read late: see :mod:`jaxdbg.live.hook`) and its compiles counted. At the first non-finite
-output the origin is localised in this process by nan-hunt's own analysis and written, with nan-hunt's
-``result``, to ``out/report.json`` (``"command": "watch"``; later findings of an ``action="log"`` run
-to ``report-2.json``, ...); then :class:`NonFiniteError` is raised
+While active, every function jitted or pmap'd meanwhile (or before, at module level: see
+:func:`jaxdbg.jit_layer.adopted`) has its outputs checked for NaN/Inf (compiled into its program, or for a pmap'd
+function run right behind it on each device; read late: see :mod:`jaxdbg.live.hook`) and its compiles
+counted. At the first non-finite output the origin is localised in this process by nan-hunt's own analysis
+and written, with nan-hunt's ``result``, to ``out/report.json`` (``"command": "watch"``; later findings of an
+``action="log"`` run to ``report-2.json``, ...); then :class:`NonFiniteError` is raised
 (``action="raise"``) or one line is logged and the run goes on (``action="log"``). With ``max_compiles=N``
 a function compiled more than N times raises :class:`RecompileError` (or logs), naming each recompile's cause
 as profile's ``recompiles`` do. ``metrics_port=N`` serves the live figures at http://127.0.0.1:N/metrics.
@@ -134,9 +135,9 @@ class watch(contextlib.ContextDecorator):
                     pmapped = _pmapped_globals()
                     if pmapped:
                         log.warning("jaxdbg.watch: no jitted function was watched, so nothing was checked: "
-                                    "jax.pmap'd functions (%s) are not watched (only jax.jit, nnx.jit and "
-                                    "eqx.filter_jit ones); run the program under `jaxdbg nan-hunt` to check them",
-                                    ", ".join(pmapped))
+                                    "jax.pmap'd functions (%s) made before the watch began with both static and "
+                                    "donated arguments cannot be rebuilt to be watched; apply jax.pmap inside the "
+                                    "watch, or run the program under `jaxdbg nan-hunt`", ", ".join(pmapped))
                     else:
                         log.warning("jaxdbg.watch: no jitted function was watched, so nothing was checked: "
                                     "functions jitted before the watch began are watched only when bound to a "
@@ -223,7 +224,7 @@ def _program() -> str | None:
 
 
 def _pmapped_globals() -> list[str]:
-    """The jax.pmap'd functions bound to global names of the program's own modules."""
+    """The jax.pmap'd functions bound to global names of the program's own modules that the watch did not adopt."""
     from jaxdbg import _compat, jit_layer
 
     return [name for namespace in jit_layer.user_namespaces() for name, value in list(namespace.items())

@@ -22,7 +22,7 @@ from typing import Any
 import jax
 from jax.tree_util import keystr, tree_flatten, tree_flatten_with_path
 
-from jaxdbg import frameworks
+from jaxdbg import _compat, frameworks
 
 
 @dataclass
@@ -38,6 +38,12 @@ class Call:
     call_index: int = 0
     call_site: Any = None
     output_names: list[str] | None = field(default=None)
+    pmap: bool = False  # ``fun`` is a ``jax.pmap``'d function: its jaxpr is jax's own jit of a shard_map
+
+    @property
+    def root(self) -> str:
+        """The first element of every path inside the call: ``jit(name)``, or ``pmap``."""
+        return "pmap" if self.pmap else f"jit({self.name})"
 
     def _static_sets(self) -> tuple[set[int], set[str]]:
         nums = {i % len(self.args) if self.args else i
@@ -102,10 +108,12 @@ class Call:
 
     def trace(self) -> Any:
         """The call's closed jaxpr (traced afresh from the Python function, in the context a framework's inner
-        function needs: see :func:`jaxdbg.frameworks.tracing_context`)."""
+        function needs: see :func:`jaxdbg.frameworks.tracing_context`). A pmap'd call's is the body of pmap's own
+        jit (a shard_map of the user's function), as nan-hunt's eager check sees a pmap."""
         fn, dyn_args, dyn_kwargs = self.dynamic()
         with frameworks.tracing_context(self.fun):
-            return jax.make_jaxpr(fn)(*dyn_args, **dyn_kwargs)
+            closed = jax.make_jaxpr(fn)(*dyn_args, **dyn_kwargs)
+        return _compat.pmap_body(closed) if self.pmap else closed
 
 
 @functools.lru_cache(maxsize=1024)  # asked on every watched call: inspect.signature is slow

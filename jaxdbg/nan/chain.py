@@ -87,5 +87,5 @@ def _localise_inf(finding: JitFinding | EagerFinding, nan_only: bool, positions:
             return origins, sources
     found = localise_call(call, nan_only, finding.closed_jaxpr)
     if found.first is None:
-        return [Origin("inf", None, "forward", call.call_site, call.name, call.call_index, (f"jit({call.name})",))], {}
+        return [Origin("inf", None, "forward", call.call_site, call.name, call.call_index, (call.root,))], {}
     return [*found.chain, found.first], dict(found.input_sources or {})

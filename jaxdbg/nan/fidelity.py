@@ -106,9 +106,10 @@ class _Prefixes:
 
 
 def bisect_compiled(closed: Any, leaves: Sequence[Any], function: str, call_index: int = 0,
-                    nan_only: bool = False) -> BisectResult | None:
-    """The first equation whose *compiled* output is non-finite, or None if compiled prefixes stay finite."""
-    root = f"jit({function})"
+                    nan_only: bool = False, root: str | None = None) -> BisectResult | None:
+    """The first equation whose *compiled* output is non-finite, or None if compiled prefixes stay finite (``root``:
+    the path's first element, ``jit(function)`` unless given)."""
+    root = root or f"jit({function})"
     flat, paths = flatten(closed, leaves, root)
     prefixes = _Prefixes(flat, leaves)
     n = len(prefixes.eqns)

@@ -101,10 +101,13 @@ class NanHunter(Hooks):
         call_index: which call of it this is.
         nan_only: ignore Inf (only a NaN counts as non-finite).
         stop_at_first_nan: end the replay at the first NaN origin (nothing later can come first).
+        root: the path's first element (``jit(function)`` unless given: ``pmap`` for a pmap'd call).
     """
 
-    def __init__(self, function: str, call_index: int = 0, nan_only: bool = False, stop_at_first_nan: bool = True):
+    def __init__(self, function: str, call_index: int = 0, nan_only: bool = False, stop_at_first_nan: bool = True,
+                 root: str | None = None):
         self.function = function
+        self.root = root or f"jit({function})"
         self.call_index = call_index
         self.nan_only = nan_only
         self.stop_at_first_nan = stop_at_first_nan
@@ -127,7 +130,7 @@ class NanHunter(Hooks):
 
     def _input_origin(self, value: Any, name: str, nan: bool, inf: bool) -> Provenance:
         stats = value_stats(value)
-        origin = Origin("input", None, "forward", None, self.function, self.call_index, (f"jit({self.function})",),
+        origin = Origin("input", None, "forward", None, self.function, self.call_index, (self.root,),
                         (stats,), argument=name, outputs=(stats,))
         self.records.append(Record(origin, ()))
         return Provenance(nan, inf, frozenset({len(self.records) - 1}))
@@ -358,12 +361,12 @@ def replay(call: Call, nan_only: bool = False, closed: Any = None) -> tuple[NanH
     """
     if closed is None:
         closed = trace_for_replay(call)
-    hunter = NanHunter(call.name, call.call_index, nan_only)
+    hunter = NanHunter(call.name, call.call_index, nan_only, root=call.root)
     leaves = call.leaves()
     tags = hunter.input_tags(leaves, call.leaf_names())
     interp = Interpreter(hunter)
     try:
-        outs, out_tags = interp.run(closed, leaves, root=f"jit({call.name})", tags=tags)
+        outs, out_tags = interp.run(closed, leaves, root=call.root, tags=tags)
     except Stop:
         outs, out_tags = [], []
     return hunter, outs, out_tags, closed

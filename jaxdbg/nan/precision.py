@@ -91,7 +91,7 @@ def check_precision(found: Localisation, call: Call) -> PrecisionCheck | None:
         return None
     hooks = _Promoted(found.record.site)
     try:
-        outs, _ = Interpreter(hooks).run(found.closed_jaxpr, call.leaves(), root=f"jit({call.name})")
+        outs, _ = Interpreter(hooks).run(found.closed_jaxpr, call.leaves(), root=call.root)
     except Exception as err:  # noqa: BLE001 - a primitive that refuses float32 operands: say so, do not fail
         return PrecisionCheck(dtype, False, False, f"could not replay in float32 ({type(err).__name__}: {err})")
     outputs_finite = not any(n or i for n, i in (nonfinite_flags(v) for v in outs))

@@ -318,7 +318,8 @@ def _localised(finding: JitFinding, watch: Watch, options: HuntOptions) -> Findi
         findings.chain, findings.sources = list(found.chain), dict(found.input_sources or {})
         findings.notes += found.notes
         if found.first is None:
-            bisected = bisect_compiled(found.closed_jaxpr, call.leaves(), call.name, call.call_index, options.nan_only)
+            bisected = bisect_compiled(found.closed_jaxpr, call.leaves(), call.name, call.call_index, options.nan_only,
+                                       call.root)
             if bisected is not None:
                 findings.first, findings.strategy = bisected.origin, "compiled-prefix bisection"
                 findings.notes.append(f"op-by-op replay stayed finite; {bisected.probes} compiled prefixes of "
@@ -331,7 +332,7 @@ def _localised(finding: JitFinding, watch: Watch, options: HuntOptions) -> Findi
         findings.strategy = None
     if findings.first is None:
         findings.first = Origin(finding.kind, None, "forward", call.call_site, call.name, call.call_index,
-                                (f"jit({call.name})",))
+                                (call.root,))
     return findings
 
 

@@ -61,7 +61,7 @@ from jaxdbg.nan.eager_growth import EagerUpdates
 from jaxdbg.nan.growth import GrowthTracker
 from jaxdbg.nan.result import Origin, OriginKind
 from jaxdbg.nan.stats import is_inexact, nonfinite_flags, value_stats
-from jaxdbg.nonfinite import device_magnitudes_jaxdbg, flags_and_magnitude, stacked_jaxdbg
+from jaxdbg.nonfinite import device_magnitudes_jaxdbg, flags_and_magnitude, over_devices, stacked_jaxdbg
 
 # With ``read_late``, calls whose flags are not read yet. A finished call's flags are read at the next call;
 # the inputs of the others are held by jax's own queue anyway. Past this many (the program runs far ahead of
@@ -184,6 +184,17 @@ def _signature(call: Call) -> tuple:
     statics = sorted(call._static_sets()[0])
     return (tuple((np.shape(x), str(getattr(x, "dtype", type(x))), getattr(x, "weak_type", False))
                   for x in call.leaves()), tuple(id(call.args[i]) for i in statics))
+
+
+def _replay_of(call: JitCall, site: SourceLocation | None, output_names: list[str] | None = None) -> Call:
+    """A watched call as nan-hunt replays it, from the inputs it kept: a jitted function's Python function, or a
+    pmap'd function as jax built it (traced, pmap's jit of a shard_map of the user's function over the devices,
+    so that the replay runs each device's block and names the device that made the first NaN)."""
+    function = call.function
+    args, kwargs = call.notes["nan_inputs"].unpack()
+    fun = function.jitted if function.is_pmap else function.fun
+    return Call(function.name, fun, tuple(args), dict(kwargs), function.static_argnums, function.static_argnames,
+                call.index, site, output_names, pmap=function.is_pmap)
 
 
 def _same_signature(a: Call, b: Call) -> bool:
@@ -574,7 +585,8 @@ class Watch(JitHook):
             vectors += [vectors[0]] * (READ_BATCH - len(vectors))
             try:
                 with self.internal():
-                    return np.asarray(stacked_jaxdbg(vectors))[:len(calls)]
+                    rows = np.asarray(stacked_jaxdbg(vectors))[:len(calls)]
+                return over_devices(rows) if rows.ndim == 3 else rows  # pmap'd calls': a row per device each
             except Exception:  # noqa: BLE001 - e.g. vectors on different devices: one copy each from now on
                 self._stacking = False
         try:
@@ -611,10 +623,8 @@ class Watch(JitHook):
         nan = np.isnan(host)
         bad = nan if (self.nan_only or self.inf_findings) else ~np.isfinite(host)
         if bad.any():
-            args, kwargs = call.notes["nan_inputs"].unpack()
-            replay = Call(function.name, function.fun, tuple(args), dict(kwargs), function.static_argnums,
-                          function.static_argnames, call.index, site, list(names))
-            feeds = self._infs_in(tree_leaves((args, kwargs))) if nan.any() else frozenset()
+            replay = _replay_of(call, site, list(names))
+            feeds = self._infs_in(tree_leaves((replay.args, replay.kwargs))) if nan.any() else frozenset()
             finding = JitFinding(replay, [n for n, b in zip(names, bad) if b], "nan" if nan.any() else "inf",
                                  _trace_now(replay, call.notes.get("nan_x64")), feeds,
                                  self._argument_infs(replay) if feeds else {})
@@ -802,9 +812,7 @@ class Watch(JitHook):
         leaves whose Infs nothing has read since is reused (the first Inf's slot is kept for the report), and
         its jaxpr too when the signature is the same: no new trace, which would clear jax's caches."""
         function = call.function
-        args, kwargs = call.notes["nan_inputs"].unpack()
-        replay = Call(function.name, function.fun, tuple(args), dict(kwargs), function.static_argnums,
-                      function.static_argnames, call.index, site)
+        replay = _replay_of(call, site)
         before = {self._births[key][0] for key in ((function.record.id, i) for i in leaves) if key in self._births}
         same = next((f.closed_jaxpr for f in self.inf_findings if isinstance(f, JitFinding)
                      and f.closed_jaxpr is not None and _same_signature(f.call, replay)), None)

@@ -93,9 +93,7 @@ ROWS: tuple[Row, ...] = (
     Row("jit_options", "jit: nested jit, static and donated arguments", Op("nan", "div", "forward"), 2, _train(),
         path="jit(layer_norm)"),
     Row("pmap_step", "jax.pmap with lax.pmean", Op("nan", "log", "forward"), 2,
-        _train(compiles=2, recompile="sharding"), path="pmap", device="cpu:7",
-        known={"watch": (Known("not supported yet: jaxdbg.watch does not check jax.pmap'd functions (only jit, "
-                               "nnx.jit, eqx.filter_jit); its warning names them and points to nan-hunt"),)}),
+        _train(compiles=2, recompile="sharding"), path="pmap", device="cpu:7"),
     Row("shard_map_manual", "shard_map, every mesh axis manual (pmean; jnp.linalg.norm in the body)",
         Op("nan", "div", "forward"), 2, _train(compiles=2, recompile="sharding changed"), path="shard_map",
         device="cpu:7"),
