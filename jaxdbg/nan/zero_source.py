@@ -77,7 +77,7 @@ def trace_zero(call: Any, closed: Any, origin: Site, operand: int) -> ZeroSource
     needed = _slice(jaxpr, origin.eqn.invars[operand], producers)
     seen = _Recorder(origin, operand, needed)
     with contextlib.suppress(Stop):  # the replay ends at the origin
-        Interpreter(seen).run(closed, call.leaves(), root=f"jit({call.name})")
+        Interpreter(seen).run(closed, call.leaves(), root=call.root)
     if not seen.reached:
         return None
     names = call.leaf_names()
