@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxdbg._compat import device_memory_stats
-from jaxdbg.protocol import Message
+from jaxdbg.protocol import Message, Request, handles
 from jaxdbg.runner import run_contained
 
 
@@ -173,8 +173,17 @@ def accelerator_hints() -> list[str]:
     return hints
 
 
-def profiler_job(trace_dir: str, channel: Any) -> None:
-    """Contained job: capture a real jax.profiler trace of a small jitted matmul into ``trace_dir``."""
+@dataclass(frozen=True)
+class ProfilerCapture(Request):
+    """Ask :func:`profiler_job` for a real jax.profiler trace in ``trace_dir``."""
+
+    trace_dir: str
+
+
+@handles(ProfilerCapture)
+def profiler_job(request: ProfilerCapture, channel: Any) -> None:
+    """Contained job: capture a real jax.profiler trace of a small jitted matmul into ``request.trace_dir``."""
+    trace_dir = request.trace_dir
     import jax
     import jax.numpy as jnp
 
@@ -190,7 +199,7 @@ def profiler_job(trace_dir: str, channel: Any) -> None:
 def profiler_check(trace_dir: str | None, timeout: float = 120) -> dict[str, Any]:
     if trace_dir is None:
         return {"ok": None, "detail": "skipped"}
-    outcome = run_contained("jaxdbg.doctor:profiler_job", trace_dir, timeout=timeout)
+    outcome = run_contained(ProfilerCapture(trace_dir), timeout=timeout)
     sent = outcome.last(CaptureFiles)
     files = list(sent.files) if sent else []
     ok = outcome.ok and any(f.endswith(".xplane.pb") for f in files)

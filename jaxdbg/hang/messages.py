@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from jaxdbg.protocol import Message
+from jaxdbg.protocol import Message, Request
 
 
 @dataclass(frozen=True)
-class HangJob(Message):
+class HangJob(Request, handler_module="jaxdbg.hang.session"):
     """The request: the TARGET and the command's ``HangOptions``."""
 
     spec: Any

@@ -22,7 +22,7 @@ from jaxdbg import multihost
 from jaxdbg.launch import launched_place
 from jaxdbg.memory.messages import Devices, JobMemory, MemoryJob, MemoryNote
 from jaxdbg.memory.recorder import DoesNotFit, MemoryRecorder, compile_spans
-from jaxdbg.protocol import Done, Environment
+from jaxdbg.protocol import Done, Environment, handles
 
 GATHER_WAIT_S = 60.0
 
@@ -62,6 +62,12 @@ class BackendStart:
         limits = device_limits()
         self.recorder.limits = limits
         self.send(Devices(tuple(device_name(d) for d in jax.local_devices()), limits, jax.default_backend()))
+
+
+@handles(MemoryJob)
+def memory_job(job: MemoryJob, channel: Any) -> None:
+    """The contained job: a script TARGET runs under instrumentation, a function TARGET ahead of time."""
+    (script_job if job.spec.is_script else function_job)(job, channel)
 
 
 def script_job(job: MemoryJob, channel: Any) -> None:

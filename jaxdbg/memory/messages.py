@@ -11,11 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from jaxdbg.protocol import Message
+from jaxdbg.protocol import Message, Request
 
 
 @dataclass(frozen=True)
-class MemoryJob(Message):
+class MemoryJob(Request, handler_module="jaxdbg.memory.jobs"):
     """The request: the target, the command's options (``MemoryOptions``), and where the dumps go."""
 
     spec: Any

@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jaxdbg._source import SourceLocation
-from jaxdbg.protocol import Message
+from jaxdbg.protocol import Message, Request
 
 
 @dataclass(frozen=True)
-class HuntJob(Message):
+class HuntJob(Request, handler_module="jaxdbg.nan.session"):
     """The request: the TARGET and the command's ``HuntOptions``."""
 
     spec: Any

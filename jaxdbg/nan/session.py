@@ -34,10 +34,12 @@ from jaxdbg.nan.messages import HuntFinished, HuntJob, NonFiniteDetected, PeerNo
 from jaxdbg.nan.result import AnalysisWarning, GradNorm, NanHuntResult, Origin, ProcessFinding
 from jaxdbg.nan.stats import is_inexact, nonfinite_flags
 from jaxdbg.nan.watch import EagerFinding, JitFinding, NonFiniteFound, Watch
+from jaxdbg.protocol import handles
 from jaxdbg.runner import first_line
 from jaxdbg.target import TargetSpec, check_arity, load_function, load_inputs, run_script
 
 
+@handles(HuntJob)
 def hunt_job(job: HuntJob, channel: Any) -> None:
     """Contained-run job: :func:`hunt_here` in the child; sends :class:`HuntFinished`."""
     from jaxdbg.report import environment_info

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxdbg._errors import TargetFailedError, UsageError
+from jaxdbg._errors import UsageError
 from jaxdbg.pipeline.admission import ORDERS, admission_order, microbatch_costs
 from jaxdbg.pipeline.arbiter import RunRecord
 from jaxdbg.pipeline.bounds import EXACT_SECONDS, EXACT_TASKS, Bound, memory_lower_bound
@@ -41,7 +41,7 @@ from jaxdbg.pipeline.simulate import COMMS, simulate
 from jaxdbg.pipeline.tasks import BACKWARD, FORWARD, WEIGHT, PipelineShape
 from jaxdbg.pipeline.transport import AUTH
 from jaxdbg.pipeline.variability import Costs, Durations, Variability, noise_samples, parse_variability, realise
-from jaxdbg.protocol import Environment
+from jaxdbg.protocol import Environment, handles
 
 MODES = ("sim", "real")
 
@@ -450,11 +450,10 @@ def _run_real(options: BenchOptions, jobs: list[_Job], on_run: Callable[[int, in
                       [(job.key, job.shape, job.schedule.name, job.durations, job.hint, job.order) for job in jobs],
                       options.transfer_bind, options.timeout, options.message_auth)
     devices = options.stages * options.devices_per_stage
-    outcome = run_contained("jaxdbg.pipeline.bench:real_job", payload, timeout=options.timeout, device_count=devices,
+    outcome = run_contained(payload, timeout=options.timeout, device_count=devices,
                             on_message=heard if on_run is not None else None)
     if not outcome.ok:
-        outcome.reraise_expected()
-        raise TargetFailedError(
+        raise outcome.failure(
             f"the real pipeline run {outcome.describe()}; try fewer stages or microbatches, or a longer --timeout")
     results = {timeline.key: timeline for timeline in outcome.all(RealTimeline)}
     records = {key: _record(job.shape, results[key]) for job in jobs for key in [job.key]}
@@ -498,7 +497,8 @@ def replay_file(shape: PipelineShape, value: RealTimeline) -> dict:
     return data
 
 
-def real_job(payload: RealJob, channel) -> None:
+@handles(RealJob)
+def real_job(payload: RealJob, channel: Any) -> None:
     """Child side of real mode: build each shape's pipeline once, run every job, send back timelines. A
     process launched as one of several joins the job first and runs its own stages (pipeline.transport)."""
 

@@ -12,11 +12,11 @@ from typing import Any
 
 import numpy as np
 
-from jaxdbg.protocol import Message
+from jaxdbg.protocol import Message, Request
 
 
 @dataclass(frozen=True)
-class RealJob(Message):
+class RealJob(Request, handler_module="jaxdbg.pipeline.bench"):
     """The request: the model, devices per stage, an optional xprof folder, and the runs
     ``(key, shape, schedule name, durations)`` to make."""
 

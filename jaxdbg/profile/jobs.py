@@ -34,7 +34,7 @@ from jaxdbg.profile.messages import (
     ProfileNote,
     RunFinished,
 )
-from jaxdbg.protocol import Done, Environment, Message
+from jaxdbg.protocol import Done, Environment, Message, handles
 from jaxdbg.target import check_arity
 
 Send = Callable[[Message], None]
@@ -171,6 +171,12 @@ def _window(job: ProfileJob, send: Send) -> Any:
     if job.options.trace_calls <= 0:
         return None
     return TraceWindow(os.path.join(job.out_dir, "trace"), job.options.trace_calls, send, job.options.python_tracer)
+
+
+@handles(ProfileJob)
+def profile_job(job: ProfileJob, channel: Any) -> None:
+    """The contained job: a script TARGET runs under instrumentation, a function TARGET ahead of time."""
+    (script_job if job.spec.is_script else function_job)(job, channel)
 
 
 def script_job(job: ProfileJob, channel: Any) -> None:

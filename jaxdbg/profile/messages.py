@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jaxdbg._source import SourceLocation
-from jaxdbg.protocol import Message
+from jaxdbg.protocol import Message, Request
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class CallTiming:
 
 
 @dataclass(frozen=True)
-class ProfileJob(Message):
+class ProfileJob(Request, handler_module="jaxdbg.profile.jobs"):
     """The request: what to profile and how (``options`` is the command's ``ProfileOptions``, as given)."""
 
     spec: Any
