@@ -264,9 +264,10 @@ def distributed_report(versions: dict[str, str], join: bool | None, timeout: flo
                             "cannot run; set JAX_CPU_COLLECTIVES_IMPLEMENTATION=gloo"))
     multihost.agree_on_command(min(timeout, multihost.AGREE_WAIT_S))
     mine = {name: versions.get(name, "not installed") for name in SHARED_VERSIONS}
-    multihost.publish("doctor", "versions", mine)
+    shared = multihost.Topic("doctor", "versions", dict)
+    multihost.publish(shared, mine)
     if info["process_index"] == 0:
-        got = multihost.gather("doctor", "versions", timeout)
+        got = multihost.gather(shared, timeout)
         info["versions_by_process"] = {str(i): got.get(i) for i in range(info["process_count"])}
         checks += _version_checks(got, info["process_count"])
     return info, checks

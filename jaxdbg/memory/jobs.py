@@ -161,16 +161,15 @@ def share_with_the_job(send: Any, recorder: MemoryRecorder, timeout: float | Non
         return
     peak = recorder.peak
     misfits = sum(1 for s in recorder.functions.values() if s.program is not None and s.program.fits is False)
-    mine = {"index": place.index, "peak_bytes": peak.bytes if peak else None,
-            "peak_device": peak.device if peak else None, "leaks": len(recorder.leaks()),
-            "out_of_memory": recorder.oom is not None, "misfits": misfits}
-    multihost.publish("memory", "summary", mine)
+    summaries = multihost.Topic("memory", "summary", ProcessMemory)
+    multihost.publish(summaries, ProcessMemory(place.index, peak.bytes if peak else None, peak.device if peak else None,
+                                               len(recorder.leaks()), recorder.oom is not None, misfits))
     if place.index != 0:
         return
     spent = time.perf_counter() - recorder.started
     wait = GATHER_WAIT_S if timeout is None else max(min(GATHER_WAIT_S, timeout - spent - 10), 1.0)
-    got = multihost.gather("memory", "summary", wait)
-    rows = tuple(ProcessMemory(**got[i]) if i in got else
+    got = multihost.gather(summaries, wait)
+    rows = tuple(got[i] if i in got else
                  ProcessMemory(i, None, None, 0, False, 0, multihost.missing_line("memory", i, place.count, wait))
                  for i in range(place.count))
     send(JobMemory(rows))

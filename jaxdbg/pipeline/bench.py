@@ -31,7 +31,7 @@ from jaxdbg._errors import UsageError
 from jaxdbg.pipeline.admission import ORDERS, admission_order, microbatch_costs
 from jaxdbg.pipeline.arbiter import RunRecord
 from jaxdbg.pipeline.bounds import EXACT_SECONDS, EXACT_TASKS, Bound, memory_lower_bound
-from jaxdbg.pipeline.messages import RealJob, RealTimeline, StageDevices
+from jaxdbg.pipeline.messages import RealJob, RealRun, RealTimeline, StageDevices
 from jaxdbg.pipeline.metrics import RunMetrics, lower_bound, measure
 from jaxdbg.pipeline.planner import SAMPLES, Pick, choose
 from jaxdbg.pipeline.policies import HINTS, POLICIES, make_policies, memory_caps
@@ -447,7 +447,8 @@ def _run_real(options: BenchOptions, jobs: list[_Job], on_run: Callable[[int, in
             on_run(len(done), len(jobs), message.key, _record(shapes[message.key], message))
 
     payload = RealJob(options.model, options.devices_per_stage, options.xprof_dir, options.costs, options.lookahead,
-                      [(job.key, job.shape, job.schedule.name, job.durations, job.hint, job.order) for job in jobs],
+                      tuple(RealRun(job.key, job.shape, job.schedule.name, job.durations, job.hint, job.order)
+                            for job in jobs),
                       options.transfer_bind, options.timeout, options.message_auth)
     devices = options.stages * options.devices_per_stage
     outcome = run_contained(payload, timeout=options.timeout, device_count=devices,
@@ -529,13 +530,14 @@ def _real_runs(payload: RealJob, channel, transport, wait: float) -> None:
     folder = payload.xprof_dir and multihost.process_folder(payload.xprof_dir)
     capture = jax.profiler.trace(folder) if folder else contextlib.nullcontext()
     with capture:
-        for key, shape, schedule_name, durations, hint, order in payload.jobs:
+        for planned in payload.jobs:
+            key, shape, durations = planned.key, planned.shape, planned.durations
             if shape not in pipelines:
                 pipelines[shape] = RealPipeline(shape, payload.model, payload.devices_per_stage, transport=transport)
                 channel.send(StageDevices(tuple(str(d) for d in pipelines[shape].devices)))
             pipe = pipelines[shape]
-            job = _Job(key, shape, build_schedule(schedule_name, shape), durations, payload.costs, payload.lookahead,
-                       hint, order)
+            job = _Job(key, shape, build_schedule(planned.schedule, shape), durations, payload.costs, payload.lookahead,
+                       planned.hint, planned.order)
             annotate = key.label() if payload.xprof_dir else None
             run = pipe.run(job.policies(), durations, key.comm, annotate=annotate, timeout=wait)
             record = run.record

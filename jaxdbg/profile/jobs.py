@@ -240,12 +240,13 @@ def share_with_the_job(send: Send, log: MessageLog, timeout: float | None, start
             else max(min(GATHER_WAIT_S, timeout - (time.perf_counter() - started) - 10), 1.0))
     if place.index != 0:  # the capture first: once process 0 has the figures, the capture is there too
         share_capture(send, xplane, out_dir, wait)
-    multihost.publish("profile", "figures", figures_of(place.index, functions, totals).as_message())
+    figures = multihost.Topic("profile", "figures", ProcessFigures)
+    multihost.publish(figures, figures_of(place.index, functions, totals))
     if place.index != 0:
         return
-    got = multihost.gather("profile", "figures", wait)
+    got = multihost.gather(figures, wait)
     send(JobFigures(tuple(
-        ProcessFigures(**got[i]) if i in got else
+        got[i] if i in got else
         ProcessFigures.missing(i, multihost.missing_line("profile", i, place.count, wait))
         for i in range(place.count))))
     share_capture(send, xplane, out_dir, 5.0)

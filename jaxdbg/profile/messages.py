@@ -9,10 +9,17 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from jaxdbg._source import SourceLocation
 from jaxdbg.protocol import Message, Request
+
+if TYPE_CHECKING:  # types only: a messages module stays light and out of import cycles
+    from jaxdbg.profile.model import Recompile, TraceFiles
+    from jaxdbg.profile.peaks import Peak
+    from jaxdbg.profile.processes import ProcessFigures
+    from jaxdbg.profile.run import ProfileOptions
+    from jaxdbg.target import TargetSpec
 
 
 @dataclass(frozen=True)
@@ -33,8 +40,8 @@ class CallTiming:
 class ProfileJob(Request, handler_module="jaxdbg.profile.jobs"):
     """The request: what to profile and how (``options`` is the command's ``ProfileOptions``, as given)."""
 
-    spec: Any
-    options: Any
+    spec: TargetSpec
+    options: ProfileOptions
     out_dir: str
 
 
@@ -72,7 +79,7 @@ class CompileRecord(Message):
     cache_hit: bool = False
     signature: str = ""
     dtypes: tuple[str, ...] = ()
-    recompile: Any = None  # a profile.model.Recompile for every compile after the first
+    recompile: Recompile | None = None  # for every compile after the first
     hlo: dict[str, str] = field(default_factory=dict)
     module: str = ""
     cost: dict | None = None
@@ -97,10 +104,10 @@ class RunTotals(Message):
     each function (id -> count; the calls that ran ahead unseen send no timing)."""
 
     eager_spans: list[tuple[str, float, float, str]]
-    transfers: list[tuple]
+    transfers: list[tuple[str, SourceLocation | None, int, float, int]]
     cache_hits: int
     introspection_s: float
-    syncs: list[tuple] = field(default_factory=list)
+    syncs: list[tuple[str, SourceLocation | None, int, float, float, int]] = field(default_factory=list)
     steps: dict[int, list[float]] = field(default_factory=dict)
     calls: dict[int, int] = field(default_factory=dict)
 
@@ -128,7 +135,7 @@ class CaptureOps(Message):
 class TraceCaptured(Message):
     """The profiler capture's files (a profile.model.TraceFiles)."""
 
-    files: Any
+    files: TraceFiles
 
 
 @dataclass(frozen=True)
@@ -142,14 +149,14 @@ class MonitorSamples(Message):
 class PeakMeasured(Message):
     """The device's calibrated peak (CPU): a profile.peaks.Peak."""
 
-    peak: Any
+    peak: Peak
 
 
 @dataclass(frozen=True)
 class JobFigures(Message):
     """Process 0 of a multi-process job: every process's figures (profile.processes.ProcessFigures)."""
 
-    rows: tuple
+    rows: tuple[ProcessFigures, ...]
 
 
 @dataclass(frozen=True)
@@ -159,7 +166,7 @@ class JobCapture(Message):
 
     logdir: str
     run: str
-    processes: tuple
+    processes: tuple[int, ...]
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ from jaxdbg.repro.signature import Criterion
 from jaxdbg.repro.watch import JitWatch, StopRun, WatchConfig
 from jaxdbg.target import TargetSpec, flatten_inputs, load_function, load_inputs, run_script
 
+CUT_DONE = multihost.Topic("repro", "cut", bool)  # process 0 has cut the job's computation: the others may leave
 # Full tracebacks (with JAX's frames) tell whether an exception came from inside JAX.
 CHILD_ENV = {"JAX_TRACEBACK_FILTERING": "off"}
 
@@ -62,7 +63,7 @@ class RunRequest(Request):
     script: str | None = None
     argv: tuple[str, ...] = ()
     sys_path: tuple[str, ...] = ()
-    function: Any = None  # TargetSpec of a function target: run as jax.jit(func)(*inputs)
+    function: TargetSpec | None = None  # a function target: run as jax.jit(func)(*inputs)
     inputs: str | None = None
     args: str | None = None
     seed: int = 0
@@ -148,13 +149,13 @@ def cut_job(request: CutRequest, channel: Any) -> None:
         # no collective left), while this one stays in the job until it is done (a process that leaves early
         # is reported lost by the job's runtime, which then stops the others).
         channel.send(CutFinished(False, reason=f"process 0 cuts the job's computation (this is process {place.index})"))
-        multihost.wait_for("repro", "cut", 0, max(deadline - time.perf_counter(), 1.0) + 60)
+        multihost.wait_for(CUT_DONE, 0, max(deadline - time.perf_counter(), 1.0) + 60)
         return
     try:
         channel.send(cut_captured(watch.captured, request, deadline))
     finally:
         if place is not None:
-            multihost.publish("repro", "cut", True)
+            multihost.publish(CUT_DONE, True)
 
 
 def _run(request: RunRequest, channel: Any) -> None:
@@ -166,6 +167,7 @@ def _run(request: RunRequest, channel: Any) -> None:
         spec = TargetSpec("script", request.script, path=os.path.abspath(request.script), script_args=request.argv)
         run_script(spec)
         return
+    assert request.function is not None, "a RunRequest names a script or a function"
     func = load_function(request.function)
     inputs = load_inputs(request.inputs, request.args, request.seed)
     jax.jit(func)(*inputs)
