@@ -1,6 +1,7 @@
 """The child side of a contained run (see :mod:`jaxdbg.runner`): ``python -m jaxdbg._child WORKDIR``.
 
-Reads ``WORKDIR/job.pkl`` = (job "module:function", payload), calls ``job(payload, channel)``, and reports
+Reads ``WORKDIR/job.pkl`` (a :class:`~jaxdbg.protocol.Request`), calls the handler its type picks,
+``handler(request, channel)``, and reports
 an escaping exception over the channel. Fatal signals and hangs are seen by the parent; faulthandler
 prints the Python stack of a crash, and of a hang when the parent sends SIGUSR1 before killing.
 """
@@ -9,14 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
-import importlib
 import os
 import pickle
 import signal
 import sys
 import traceback
 
-from jaxdbg.protocol import Channel, ChildFailed, describe_exception
+from jaxdbg.protocol import Channel, ChildFailed, describe_exception, handler_for
 
 _current: Channel | None = None
 
@@ -32,12 +32,11 @@ def main(workdir: str) -> int:
     if hasattr(signal, "SIGUSR1"):
         faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     with open(os.path.join(workdir, "job.pkl"), "rb") as handle:
-        job, payload = pickle.load(handle)
-    module_name, _, func_name = job.partition(":")
-    func = getattr(importlib.import_module(module_name), func_name)
+        request = pickle.load(handle)
+    handler = handler_for(type(request))
     channel = _current = Channel(os.path.join(workdir, "channel.bin"))
     try:
-        func(payload, channel)
+        handler(request, channel)
     except SystemExit as done:
         # A deliberate exit is not an exception: the parent sees status 'exit' and the code.
         if done.code in (None, 0):

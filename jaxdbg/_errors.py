@@ -7,6 +7,9 @@ Example:
     >>> err = UsageError("--args 'f33[2]': unknown dtype 'f33'; use one of f32, bf16, i32, ...")
     >>> err.exit_code, err.message == str(err), TargetFailedError("the target timed out").exit_code
     (2, True, 3)
+    >>> import pickle; copy = pickle.loads(pickle.dumps(err))   # crosses a process boundary as itself
+    >>> type(copy).__name__, copy.message == err.message
+    ('UsageError', True)
     >>> raise err
     Traceback (most recent call last):
     ...
@@ -14,6 +17,8 @@ Example:
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 # Exit codes of the command-line contract.
 EXIT_OK = 0
@@ -35,6 +40,18 @@ class JaxdbgError(Exception):
     @property
     def message(self) -> str:
         return str(self.args[0])
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled as itself whatever a subclass's __init__ takes: it crosses from a contained child to the
+        # parent (jaxdbg.protocol.ExceptionInfo.error) and is raised there again.
+        return _restore, (type(self), self.args, dict(self.__dict__))
+
+
+def _restore(cls: type[JaxdbgError], args: tuple[Any, ...], state: dict[str, Any]) -> JaxdbgError:
+    err = cls.__new__(cls, *args)
+    err.args = args
+    err.__dict__.update(state)
+    return err
 
 
 class UsageError(JaxdbgError):

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from jaxdbg._compat import device_memory_stats
-from jaxdbg.protocol import Message
+from jaxdbg.protocol import Message, Request, handles
 from jaxdbg.runner import run_contained
 
 
@@ -176,8 +176,17 @@ def accelerator_hints() -> list[str]:
     return hints
 
 
-def profiler_job(trace_dir: str, channel: Any) -> None:
-    """Contained job: capture a real jax.profiler trace of a small jitted matmul into ``trace_dir``."""
+@dataclass(frozen=True)
+class ProfilerCapture(Request):
+    """Ask :func:`profiler_job` for a real jax.profiler trace in ``trace_dir``."""
+
+    trace_dir: str
+
+
+@handles(ProfilerCapture)
+def profiler_job(request: ProfilerCapture, channel: Any) -> None:
+    """Contained job: capture a real jax.profiler trace of a small jitted matmul into ``request.trace_dir``."""
+    trace_dir = request.trace_dir
     import jax
     import jax.numpy as jnp
 
@@ -193,7 +202,7 @@ def profiler_job(trace_dir: str, channel: Any) -> None:
 def profiler_check(trace_dir: str | None, timeout: float = 120) -> dict[str, Any]:
     if trace_dir is None:
         return {"ok": None, "detail": "skipped"}
-    outcome = run_contained("jaxdbg.doctor:profiler_job", trace_dir, timeout=timeout)
+    outcome = run_contained(ProfilerCapture(trace_dir), timeout=timeout)
     sent = outcome.last(CaptureFiles)
     files = list(sent.files) if sent else []
     ok = outcome.ok and any(f.endswith(".xplane.pb") for f in files)
@@ -258,9 +267,10 @@ def distributed_report(versions: dict[str, str], join: bool | None, timeout: flo
                             "cannot run; set JAX_CPU_COLLECTIVES_IMPLEMENTATION=gloo"))
     multihost.agree_on_command(min(timeout, multihost.AGREE_WAIT_S))
     mine = {name: versions.get(name, "not installed") for name in SHARED_VERSIONS}
-    multihost.publish("doctor", "versions", mine)
+    shared = multihost.Topic("doctor", "versions", dict)
+    multihost.publish(shared, mine)
     if info["process_index"] == 0:
-        got = multihost.gather("doctor", "versions", timeout)
+        got = multihost.gather(shared, timeout)
         info["versions_by_process"] = {str(i): got.get(i) for i in range(info["process_count"])}
         checks += _version_checks(got, info["process_count"])
     return info, checks

@@ -2,9 +2,10 @@
 
 Every process runs the same jaxdbg command; process 0's report speaks for the job. Each process publishes
 small JSON summaries under ``jaxdbg/<command>/<what>/<process index>`` in the coordination service's
-key-value store (the job's own runtime: no port or shared filesystem of jaxdbg's), and process 0 gathers
-them with a deadline, so a process that died or hangs is named, with where it last stood, instead of waited
-for. A :class:`Heartbeat` keeps each process's "where I stand" fresh while the program runs.
+key-value store (the job's own runtime: no port or shared filesystem of jaxdbg's), each under a typed
+:class:`Topic` that says what travels, and process 0 gathers them with a deadline, so a process that died or
+hangs is named, with where it last stood, instead of waited for. A :class:`Heartbeat` keeps each process's
+"where I stand" fresh while the program runs.
 
 Nothing here starts JAX's backend: call it once the program has joined the job (``jax.distributed``).
 
@@ -16,13 +17,14 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar, cast
 
 from jaxdbg import _compat
 from jaxdbg._errors import JobMismatchError
@@ -62,32 +64,73 @@ def _key(command: str, what: str, index: int) -> str:
     return f"jaxdbg/{command}/{what}/{index}"
 
 
-def publish(command: str, what: str, value: Any) -> bool:
-    """Publish this process's ``value`` (JSON-able); False when the job's runtime is gone."""
+V = TypeVar("V")
+
+
+@dataclass(frozen=True)
+class Topic(Generic[V]):
+    """What the processes of a job share under one name, and its type: :func:`publish` takes a ``V``;
+    :func:`gather`, :func:`peek` and :func:`wait_for` give ``V`` s back. A dataclass (of JSON-able fields)
+    travels as the JSON object of its fields and is built again on the other side (JSON arrays as tuples, as
+    frozen dataclasses hold sequences); anything else as JSON.
+
+    Example:
+        >>> @dataclass(frozen=True)
+        ... class Summary:
+        ...     found: bool
+        ...     origin: str | None = None
+        >>> topic = Topic("nan-hunt", "finding", Summary)
+        >>> topic.key(1), topic.decode(topic.encode(Summary(True, "log at a.py:3")))
+        ('jaxdbg/nan-hunt/finding/1', Summary(found=True, origin='log at a.py:3'))
+    """
+
+    command: str
+    what: str
+    kind: type[V]
+
+    def key(self, index: int) -> str:
+        return _key(self.command, self.what, index)
+
+    def encode(self, value: V) -> str:
+        fields = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value  # type: ignore[arg-type]
+        return json.dumps(fields)
+
+    def decode(self, text: str) -> V:
+        data = json.loads(text)
+        if dataclasses.is_dataclass(self.kind):
+            return cast(V, self.kind(**{name: _tuples(value) for name, value in data.items()}))
+        return cast(V, data)
+
+
+def _tuples(value: Any) -> Any:
+    return tuple(_tuples(item) for item in value) if isinstance(value, list) else value
+
+
+def publish(topic: Topic[V], value: V) -> bool:
+    """Publish this process's ``value`` under ``topic``; False when the job's runtime is gone."""
     client, place = _compat.distributed_client(), job()
     if client is None or place is None:
         return False
     try:
-        client.key_value_set(_key(command, what, place.index), json.dumps(value), allow_overwrite=True)
+        client.key_value_set(topic.key(place.index), topic.encode(value), allow_overwrite=True)
     except Exception:  # noqa: BLE001 - the coordination service went away (the job is ending)
         return False
     return True
 
 
-def gather(command: str, what: str, timeout_s: float) -> dict[int, Any]:
-    """On process 0: every process's ``what``, waiting at most ``timeout_s`` in all; a process that did not
+def gather(topic: Topic[V], timeout_s: float) -> dict[int, V]:
+    """On process 0: every process's value of ``topic``, waiting at most ``timeout_s`` in all; a process that did not
     publish in time is missing from the answer."""
     client, place = _compat.distributed_client(), job()
     if client is None or place is None:
         return {}
     deadline = time.monotonic() + timeout_s
-    found: dict[int, Any] = {}
+    found: dict[int, V] = {}
     for index in range(place.count):
         while index not in _silent:  # in slices, so a peer the heartbeat finds lost is not waited for to the end
             left_ms = int((deadline - time.monotonic()) * 1000)
             try:
-                found[index] = json.loads(client.blocking_key_value_get(_key(command, what, index),
-                                                                        max(min(left_ms, 1000), 1)))
+                found[index] = topic.decode(client.blocking_key_value_get(topic.key(index), max(min(left_ms, 1000), 1)))
                 break
             except Exception:  # noqa: BLE001 - not published yet: dead, hung or still busy
                 if left_ms <= 1000:
@@ -95,13 +138,13 @@ def gather(command: str, what: str, timeout_s: float) -> dict[int, Any]:
     return found
 
 
-def wait_for(command: str, what: str, index: int, timeout_s: float) -> Any:
-    """Process ``index``'s ``what``, waiting at most ``timeout_s`` for it (None if it never came)."""
+def wait_for(topic: Topic[V], index: int, timeout_s: float) -> V | None:
+    """Process ``index``'s value of ``topic``, waiting at most ``timeout_s`` for it (None if it never came)."""
     client = _compat.distributed_client()
     if client is None:
         return None
     try:
-        return json.loads(client.blocking_key_value_get(_key(command, what, index), max(int(timeout_s * 1000), 1)))
+        return topic.decode(client.blocking_key_value_get(topic.key(index), max(int(timeout_s * 1000), 1)))
     except Exception:  # noqa: BLE001 - not published in time
         return None
 
@@ -179,13 +222,13 @@ def mark_silent(index: int) -> None:
     _lost_peers.add(index)
 
 
-def peek(command: str, what: str, index: int) -> Any:
-    """Another process's latest ``what`` without waiting (None if it never published one)."""
+def peek(topic: Topic[V], index: int) -> V | None:
+    """Another process's latest value of ``topic`` without waiting (None if it never published one)."""
     client = _compat.distributed_client()
     if client is None:
         return None
     try:
-        return json.loads(client.key_value_try_get(_key(command, what, index)))
+        return topic.decode(client.key_value_try_get(topic.key(index)))
     except Exception:  # noqa: BLE001 - not there
         return None
 
@@ -222,7 +265,7 @@ class Heartbeat:
         frame = main_thread_frame()
         if frame:
             state = {**state, "frame": frame, "text": f"{state.get('text', '')}, at {frame}".lstrip(", ")}
-        publish(self.command, "where", {**state, "beat": self._beats})
+        publish(where_topic(self.command), {**state, "beat": self._beats})
 
     def _run(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):
@@ -235,11 +278,12 @@ class Heartbeat:
         if place is None:
             return
         now = time.monotonic()
-        states = {place.index: peek(self.command, "where", place.index)}
+        topic = where_topic(self.command)
+        states: dict[int, Any] = {place.index: peek(topic, place.index)}
         for peer in range(place.count):
             if peer == place.index or peer in self._lost:
                 continue
-            where = states[peer] = peek(self.command, "where", peer)
+            where = states[peer] = peek(topic, peer)
             beat = where.get("beat") if isinstance(where, dict) else None
             last = self._seen.get(peer)
             if last is None or last[0] != beat:
@@ -384,6 +428,15 @@ def hung_line(peer: int, where: dict, still_s: float, me: int, mine: dict) -> st
             f"it stands {where.get('text') or 'at an unknown place'}{waits}")
 
 
+DONE = Topic("job", "done", bool)  # a process is done and leaves the job (leave_job)
+
+
+def where_topic(command: str) -> Topic[dict]:
+    """Where a process of ``command`` stands, as its heartbeat says (a JSON object: ``text``, ``progress``,
+    ``beat``, and what else the command's ``state()`` adds)."""
+    return Topic(command, "where", dict)
+
+
 def leave_job(wait_s: float = 10.0) -> None:
     """Leave the job together: every process says it is done and waits (bounded) for the others, then all
     shut the distributed runtime down as jax's own exit handler would. A process that exits alone while
@@ -393,10 +446,10 @@ def leave_job(wait_s: float = 10.0) -> None:
     place = job()
     if place is None:
         return
-    publish("job", "done", True)
+    publish(DONE, True)
     if _silent:
         return
-    if len(gather("job", "done", wait_s)) == place.count:
+    if len(gather(DONE, wait_s)) == place.count:
         import jax
 
         with contextlib.suppress(Exception):  # leaving is best effort: the process exits right after
@@ -406,7 +459,7 @@ def leave_job(wait_s: float = 10.0) -> None:
 def missing_line(command: str, index: int, count: int, waited_s: float) -> str:
     """One line about a process that did not report (it died, hangs, or is still busy), and where it last
     stood. (The coordination service's own liveness query can block for its heartbeat timeout: not used.)"""
-    where = peek(command, "where", index)
+    where = peek(where_topic(command), index)
     stood = f"; last seen {where['text']}" if isinstance(where, dict) and where.get("text") else ""
     lost = index in _lost_peers
     why = ("it stopped answering: it died or froze" if lost
@@ -446,6 +499,17 @@ def comparable_command(argv: list[str]) -> list[str]:
     return kept
 
 
+@dataclass(frozen=True)
+class CommandLine:
+    """What a process of the job runs: its jaxdbg version and the words of its command every process shares."""
+
+    version: str
+    command: tuple[str, ...]
+
+
+COMMAND_LINE = Topic("job", "command", CommandLine)
+
+
 def agree_on_command(wait_s: float = AGREE_WAIT_S) -> None:
     """Once, when this process has joined a job: publish the jaxdbg command it runs and compare it with every
     other process's (each waited for at most ``wait_s``). Different commands, targets, options or jaxdbg
@@ -459,39 +523,34 @@ def agree_on_command(wait_s: float = AGREE_WAIT_S) -> None:
     _agreed.append(True)
     from jaxdbg._version import __version__
 
-    mine = {"version": __version__, "command": comparable_command(json.loads(line))}
-    client = _compat.distributed_client()
-    try:
-        client.key_value_set(_key("job", "command", place.index), json.dumps(mine), allow_overwrite=True)
-    except Exception:  # noqa: BLE001 - the runtime is gone: nothing to compare with
-        return
+    mine = CommandLine(__version__, tuple(comparable_command(json.loads(line))))
+    if not publish(COMMAND_LINE, mine):
+        return  # the runtime is gone: nothing to compare with
     deadline = time.monotonic() + wait_s
     for peer in range(place.count):
         if peer == place.index:
             continue
-        try:
-            left_ms = max(int((deadline - time.monotonic()) * 1000), 1)
-            theirs = json.loads(client.blocking_key_value_get(_key("job", "command", peer), left_ms))
-        except Exception:  # noqa: BLE001 - not there in time: the heartbeat and the gathers report a silent peer
+        theirs = wait_for(COMMAND_LINE, peer, max(deadline - time.monotonic(), 0.001))
+        if theirs is None:  # not there in time: the heartbeat and the gathers report a silent peer
             continue
         if theirs != mine:
             first, second = sorted([(place.index, mine), (peer, theirs)], key=lambda pair: pair[0])
             raise JobMismatchError(mismatch_line(first, second))
 
 
-def mismatch_line(first: tuple[int, dict], second: tuple[int, dict]) -> str:
+def mismatch_line(first: tuple[int, CommandLine], second: tuple[int, CommandLine]) -> str:
     """One line naming how two processes' commands differ.
 
     Example:
-        >>> line = mismatch_line((0, {"version": "1", "command": ["profile", "a.py"]}),
-        ...                      (1, {"version": "1", "command": ["nan-hunt", "a.py"]}))
+        >>> line = mismatch_line((0, CommandLine("1", ("profile", "a.py"))),
+        ...                      (1, CommandLine("1", ("nan-hunt", "a.py"))))
         >>> line.partition(": ")[2].partition(";")[0]
         "process 0 runs 'jaxdbg profile a.py', process 1 runs 'jaxdbg nan-hunt a.py'"
     """
     (a, mine), (b, theirs) = first, second
-    if mine["version"] != theirs["version"]:
-        return (f"the job's processes run different jaxdbg versions: process {a} runs jaxdbg {mine['version']}, "
-                f"process {b} runs jaxdbg {theirs['version']}; install the same version on every host")
-    said = [f"process {i} runs 'jaxdbg {' '.join(c['command'])}'" for i, c in ((a, mine), (b, theirs))]
+    if mine.version != theirs.version:
+        return (f"the job's processes run different jaxdbg versions: process {a} runs jaxdbg {mine.version}, "
+                f"process {b} runs jaxdbg {theirs.version}; install the same version on every host")
+    said = [f"process {i} runs 'jaxdbg {' '.join(c.command)}'" for i, c in ((a, mine), (b, theirs))]
     return (f"the job's processes run different jaxdbg commands: {said[0]}, {said[1]}; every process must run "
             "the same command on the same target (check the launch line)")

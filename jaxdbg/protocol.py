@@ -1,5 +1,10 @@
 """The typed protocol between a contained child (:mod:`jaxdbg._child`) and jaxdbg (:mod:`jaxdbg.runner`).
 
+What a child runs is a :class:`Request`: a picklable value whose type picks its handler. A command defines
+its request type (next to its messages) and registers one handler for it with :func:`handles`; the child
+unpickles the request and dispatches on its type (:func:`handler_for`), importing the module the request
+type names as its handler's home when the handler is not registered yet (the parent need not import it).
+
 A child sends :class:`Message` s, frozen dataclasses, over a :class:`Channel`: an append-only file of
 length-prefixed pickles, flushed per message, so what was sent before a crash or a kill is still read.
 Each command defines its own messages next to its code (``jaxdbg.profile.messages``, ``jaxdbg.nan.messages``,
@@ -7,8 +12,8 @@ Each command defines its own messages next to its code (``jaxdbg.profile.message
 (``outcome.all(CallBatch)``), so a field is named once, where the message is defined.
 
 An exception that escapes the job arrives as :class:`ChildFailed`; one of jaxdbg's own errors (a
-:class:`~jaxdbg._errors.JaxdbgError`) carries its exit code, and :meth:`ExceptionInfo.reraise` raises it
-again in the parent as the same kind of error.
+:class:`~jaxdbg._errors.JaxdbgError`) crosses as itself (``ExceptionInfo.error``, with its exit code), and
+:meth:`ExceptionInfo.reraise` raises it again in the parent.
 
 Example:
     >>> import os, tempfile
@@ -17,11 +22,14 @@ Example:
     >>> channel.send(Echo({"say": "hi"})); channel.close()
     >>> read_channel(path)
     [Echo(value={'say': 'hi'})]
+    >>> handler_for(EchoRequest).__name__   # registered in jaxdbg.runner, imported on demand
+    'echo_job'
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import pickle
 import struct
@@ -29,7 +37,7 @@ import threading
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 from jaxdbg._errors import JaxdbgError, error_for_exit_code
 from jaxdbg._source import SourceLocation, innermost_user_frame
@@ -40,10 +48,68 @@ class Message:
     """Base class of everything a child sends."""
 
 
+class Request:
+    """Base class of what a contained run executes; its type picks the handler (:func:`handles`).
+
+    A subclass names the module that registers its handler, ``class HuntJob(Request,
+    handler_module="jaxdbg.nan.session")``, so the parent can build a request without importing the
+    handler's (heavy) module; the default is the request type's own module.
+    """
+
+    handler_module: ClassVar[str]
+
+    def __init_subclass__(cls, handler_module: str | None = None, **kwargs: Any):
+        super().__init_subclass__(**kwargs)
+        cls.handler_module = handler_module or cls.__module__
+
+
+R = TypeVar("R", bound=Request)
+_HANDLERS: dict[type[Request], Callable[[Any, Any], None]] = {}
+
+
+def handles(kind: type[R]) -> Callable[[Callable[[R, Channel], None]], Callable[[R, Channel], None]]:
+    """Register the decorated function as the handler of requests of type ``kind`` (exactly that type).
+
+    Example:
+        >>> @dataclass(frozen=True)
+        ... class Ping(Request):
+        ...     text: str
+        >>> @handles(Ping)
+        ... def ping_job(request: Ping, channel: Channel) -> None:
+        ...     channel.send(Echo(request.text))
+        >>> handler_for(Ping) is ping_job
+        True
+    """
+
+    def register(handler: Callable[[R, Channel], None]) -> Callable[[R, Channel], None]:
+        known = _HANDLERS.get(kind)
+        if known is not None and _name(known) != _name(handler):
+            raise TypeError(f"{kind.__qualname__} already has a handler, {_name(known)}; one type, one handler")
+        _HANDLERS[kind] = handler
+        return handler
+
+    return register
+
+
+def handler_for(kind: type[Request]) -> Callable[[Any, Channel], None]:
+    """The handler registered for requests of type ``kind``, importing its home module first if need be."""
+    if kind not in _HANDLERS:
+        importlib.import_module(kind.handler_module)
+    handler = _HANDLERS.get(kind)
+    if handler is None:
+        raise TypeError(f"{kind.handler_module} registers no handler for {kind.__qualname__} "
+                        f"(decorate one with @handles({kind.__name__}))")
+    return handler
+
+
+def _name(function: Callable[..., Any]) -> str:
+    return f"{function.__module__}:{function.__qualname__}"
+
+
 @dataclass(frozen=True)
 class ExceptionInfo:
     """An exception raised in the child: its type, message, where in user code it was raised, and, for
-    jaxdbg's own errors, the exit code it maps to (None for anything else)."""
+    jaxdbg's own errors, the exit code it maps to and the error itself (None for anything else)."""
 
     type: str
     qualname: str
@@ -51,11 +117,20 @@ class ExceptionInfo:
     traceback: str
     user_frame: SourceLocation | None
     exit_code: int | None = None
+    error: JaxdbgError | None = None  # jaxdbg's own error, as raised (its class and fields intact)
+
+    def own_error(self) -> JaxdbgError | None:
+        """jaxdbg's own error, as raised in the child (one that could not be pickled: the same kind, the same
+        message); None for any other exception."""
+        if self.error is not None or self.exit_code is None:
+            return self.error
+        return error_for_exit_code(self.exit_code)(self.message, exit_code=self.exit_code)
 
     def reraise(self) -> None:
-        """Raise jaxdbg's own error again in this process (same kind, same message); else do nothing."""
-        if self.exit_code is not None:
-            raise error_for_exit_code(self.exit_code)(self.message, exit_code=self.exit_code) from None
+        """Raise jaxdbg's own error again in this process; else do nothing."""
+        own = self.own_error()
+        if own is not None:
+            raise own from None
 
 
 @dataclass(frozen=True)
@@ -70,6 +145,13 @@ class Echo(Message):
     """Sent back by :func:`jaxdbg.runner.echo_job` (tests, doctor)."""
 
     value: Any
+
+
+@dataclass(frozen=True)
+class EchoRequest(Request, handler_module="jaxdbg.runner"):
+    """Ask :func:`jaxdbg.runner.echo_job` to send ``value`` back as an :class:`Echo` (tests, doctor)."""
+
+    value: Any = None
 
 
 @dataclass(frozen=True)
@@ -182,4 +264,14 @@ def describe_exception(err: BaseException) -> ExceptionInfo:
         traceback="".join(traceback.format_exception(cls, err, err.__traceback__)),
         user_frame=innermost_user_frame(err.__traceback__),
         exit_code=err.exit_code if isinstance(err, JaxdbgError) else None,
+        error=_portable(err) if isinstance(err, JaxdbgError) else None,
     )
+
+
+def _portable(err: JaxdbgError) -> JaxdbgError | None:
+    """``err`` when it survives a pickle round trip (a field of a subclass may not), else None."""
+    try:
+        pickle.loads(pickle.dumps(err, protocol=pickle.HIGHEST_PROTOCOL))
+    except Exception:  # noqa: BLE001 - then it crosses as its kind and message only
+        return None
+    return err

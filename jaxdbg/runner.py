@@ -1,13 +1,14 @@
 """Contained runs: execute a job in a child process with a timeout and get a structured outcome back.
 
 jaxdbg must survive whatever a target does (raise, segfault, abort, hang, exit), so every command runs
-user code through :func:`run_contained`. The job is a ``"module:function"`` taking ``(payload, channel)``;
-it sends typed messages back with ``channel.send(message)`` (see :mod:`jaxdbg.protocol`), and what it
+user code through :func:`run_contained`. What the child runs is a :class:`~jaxdbg.protocol.Request`, whose
+type picks its handler (``handler(request, channel)``, registered with :func:`~jaxdbg.protocol.handles`); the
+handler sends typed messages back with ``channel.send(message)`` (see :mod:`jaxdbg.protocol`), and what it
 sent before a crash or a timeout is still returned.
 
 Example:
-    >>> outcome = run_contained("jaxdbg.runner:echo_job", {"say": "hi"}, timeout=60)  # doctest: +SKIP
-    >>> outcome.status, outcome.last(Echo).value                                     # doctest: +SKIP
+    >>> outcome = run_contained(EchoRequest({"say": "hi"}), timeout=60)   # doctest: +SKIP
+    >>> outcome.status, outcome.last(Echo).value                         # doctest: +SKIP
     ('ok', {'say': 'hi'})
 """
 
@@ -24,13 +25,23 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Literal, TypeVar, overload
 
-from jaxdbg._errors import EXIT_TARGET_FAILED, JobMismatchError
+from jaxdbg._errors import EXIT_TARGET_FAILED, JaxdbgError, JobMismatchError, TargetFailedError
 from jaxdbg._source import SourceLocation, is_user_file
 from jaxdbg._tracebacks import without_tracebacks
 from jaxdbg.protocol import Channel as Channel
-from jaxdbg.protocol import ChannelTail, ChildFailed, Echo, ExceptionInfo, Message, read_channel
+from jaxdbg.protocol import (
+    ChannelTail,
+    ChildFailed,
+    Echo,
+    EchoRequest,
+    ExceptionInfo,
+    Message,
+    Request,
+    handles,
+    read_channel,
+)
 from jaxdbg.protocol import describe_exception as describe_exception
 
 M = TypeVar("M", bound=Message)
@@ -68,16 +79,46 @@ class Outcome:
         """Every message of class ``kind`` the child sent, in order."""
         return [m for m in self.messages if isinstance(m, kind)]
 
-    def last(self, kind: type[M], default: Any = None) -> Any:
+    @overload
+    def last(self, kind: type[M]) -> M | None: ...
+
+    @overload
+    def last(self, kind: type[M], default: M) -> M: ...
+
+    def last(self, kind: type[M], default: M | None = None) -> M | None:
         """The latest message of class ``kind``, or ``default``."""
         found = self.all(kind)
         return found[-1] if found else default
 
+    @property
+    def error(self) -> JaxdbgError | None:
+        """The error jaxdbg raised on purpose in the child (bad input found while loading the target, a target
+        that failed before any JAX work), as itself; None when the run did not end in one."""
+        return self.exception.own_error() if self.status == "exception" and self.exception is not None else None
+
     def reraise_expected(self) -> None:
-        """Raise again, as the same kind, an error jaxdbg raised on purpose in the child (bad input found
-        while loading the target, a target that failed before any JAX work)."""
+        """Raise again the error jaxdbg raised on purpose in the child, if the run ended in one."""
         if self.status == "exception" and self.exception is not None:
             self.exception.reraise()
+
+    def failure(self, message: str, bug: str | None = None) -> Exception:
+        """The error the user sees for this failed run (the one way every command turns a failed contained run
+        into an error): jaxdbg's own error raised in the child, as itself; with ``bug``, an exception of
+        anything else as a bug of jaxdbg's (a RuntimeError naming it, with the child's traceback: the command
+        line's internal error), for a job whose child catches the target's own exceptions; else a
+        :class:`~jaxdbg._errors.TargetFailedError` saying ``message``.
+
+        Example:
+            >>> ran = outcome_of(None, True, [], "", "", 5.0)
+            >>> ran.failure(f"the target {ran.describe()}; raise --timeout")
+            TargetFailedError('the target timed out after 5.0s; raise --timeout')
+        """
+        own, exc = self.error, self.exception if self.status == "exception" else None
+        if own is not None:
+            return own
+        if exc is not None and bug is not None:
+            return RuntimeError(f"{bug}: {exc.type}: {first_line(exc.message)}\n{exc.traceback}")
+        return TargetFailedError(message)
 
     def describe(self) -> str:
         """One line for a human: 'raised ValueError: ... at train.py:12', 'crashed with SIGSEGV', ..."""
@@ -162,8 +203,7 @@ def child_env(extra: Mapping[str, str] | None = None, device_count: int | None =
 
 
 def run_contained(
-    job: str,
-    payload: Any = None,
+    request: Request,
     *,
     timeout: float | None = None,
     env: Mapping[str, str] | None = None,
@@ -173,11 +213,11 @@ def run_contained(
     until: Callable[[Message], bool] | None = None,
     keep_running: bool = False,
 ) -> Outcome:
-    """Run ``job(payload, channel)`` in a fresh Python process and report what happened.
+    """Run ``request``'s handler, ``handler(request, channel)``, in a fresh Python process and report what happened.
 
     Args:
-        job: ``"module:function"``, importable in the child (jaxdbg's own jobs, or the user's).
-        payload: picklable argument for the job.
+        request: what to run; its type picks the handler (:func:`~jaxdbg.protocol.handles`), which the child
+            imports from ``type(request).handler_module``; picklable.
         timeout: seconds before the child (and everything it started) is stopped; None waits forever.
         env: extra environment variables for the child.
         device_count: number of host-platform (CPU) devices the child's jax should see.
@@ -186,9 +226,11 @@ def run_contained(
         until: a message for which it returns True ends the run: the child (and its session) is stopped then
             (hang-hunt's verdict on a program that will not end), or with ``keep_running`` left running.
     """
+    if not isinstance(request, Request):
+        raise TypeError(f"run_contained runs a jaxdbg.protocol.Request, not {type(request).__qualname__}")
     with tempfile.TemporaryDirectory(prefix="jaxdbg-run-") as workdir:
         with open(os.path.join(workdir, "job.pkl"), "wb") as handle:
-            pickle.dump((job, payload), handle)
+            pickle.dump(request, handle)
         # -P: no current folder on sys.path, so the child imports the same jaxdbg as this process even
         # when run from a source checkout (targets get their own folder on sys.path from target.py).
         command = [sys.executable, "-P", "-X", "faulthandler", "-m", "jaxdbg._child", workdir]
@@ -218,8 +260,9 @@ def run_contained(
         messages = read_channel(os.path.join(workdir, "channel.bin"))
         stdout, stderr = (_read_text(path) for path in (out_path, err_path))
     outcome = outcome_of(proc.returncode, timed_out, messages, stdout, stderr, elapsed, stopped)
-    if outcome.exception is not None and outcome.exception.type == JobMismatchError.__name__:
-        raise JobMismatchError(outcome.exception.message)  # the job's processes disagree: no run stands
+    mismatch = outcome.exception.own_error() if outcome.exception is not None else None
+    if isinstance(mismatch, JobMismatchError):
+        raise mismatch  # the job's processes disagree: no run stands, whatever the command
     return outcome
 
 
@@ -314,6 +357,7 @@ def signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def echo_job(payload: Any, channel: Channel) -> None:
-    """A trivial job (used by tests and ``doctor``): sends its payload back as an :class:`~jaxdbg.protocol.Echo`."""
-    channel.send(Echo(payload))
+@handles(EchoRequest)
+def echo_job(request: EchoRequest, channel: Channel) -> None:
+    """A trivial job (used by tests and ``doctor``): sends its value back as an :class:`~jaxdbg.protocol.Echo`."""
+    channel.send(Echo(request.value))

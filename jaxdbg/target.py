@@ -35,7 +35,7 @@ from typing import Any, Literal
 import numpy as np
 
 from jaxdbg._errors import TargetFailedError, UsageError
-from jaxdbg.protocol import Done
+from jaxdbg.protocol import Done, Request, handles
 from jaxdbg.storable import is_key, restore, storable
 
 
@@ -516,9 +516,17 @@ def load_inputs(inputs: str | None, args: str | None, seed: int = 0) -> tuple[An
     raise UsageError(f"--inputs '{inputs}': expected file.py::make_inputs or a .npz file")
 
 
-def script_job(spec: TargetSpec, channel: Any) -> None:
-    """Contained-run job that runs a script TARGET plainly (``run_contained("jaxdbg.target:script_job", spec)``)."""
-    run_script(spec)
+@dataclass(frozen=True)
+class ScriptRun(Request):
+    """A contained run of a script TARGET, plainly (``run_contained(ScriptRun(parse_target("train.py")))``)."""
+
+    spec: TargetSpec
+
+
+@handles(ScriptRun)
+def script_job(request: ScriptRun, channel: Any) -> None:
+    """Run the script TARGET as ``__main__``; :class:`~jaxdbg.protocol.Done` when it ends."""
+    run_script(request.spec)
     channel.send(Done())
 
 

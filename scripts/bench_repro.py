@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 from jaxdbg.repro import ReproOptions, reproduce  # noqa: E402
 from jaxdbg.repro.failures import choose, observe, raises_constants  # noqa: E402
 from jaxdbg.repro.forkserver import ForkServer  # noqa: E402
-from jaxdbg.repro.jobs import CHILD_ENV, JOB, RunRequest, reduction_env  # noqa: E402
+from jaxdbg.repro.jobs import CHILD_ENV, RunRequest, reduction_env  # noqa: E402
 from jaxdbg.repro.program import count_lines  # noqa: E402
 from jaxdbg.repro.watch import WatchConfig  # noqa: E402
 from jaxdbg.runner import run_contained  # noqa: E402
@@ -82,7 +82,7 @@ class Interestingness:
         self.request = RunRequest(sys_path=(os.path.dirname(path),), watch=WatchConfig(nonfinite=True))
         self.env = reduction_env(os.path.join(work, "jax-cache"))
         self.server = ForkServer(self.env)
-        outcome = run_contained(JOB, replace(self.request, script=path), timeout=self.timeout, env=self.env)
+        outcome = run_contained(replace(self.request, script=path), timeout=self.timeout, env=self.env)
         target = choose(observe(outcome), None, None)
         if target is None:
             raise SystemExit(f"{path} does not fail: nothing to reproduce")
@@ -94,7 +94,7 @@ class Interestingness:
     def _jit_sensitive(self) -> bool:
         if self.target.signature.kind != "exception":
             return False
-        outcome = run_contained(JOB, replace(self.request, script=self.path, disable_jit=True), timeout=self.timeout,
+        outcome = run_contained(replace(self.request, script=self.path, disable_jit=True), timeout=self.timeout,
                                 env=self.env)
         return not any(f.signature.same_as(self.target.signature) for f in observe(outcome))
 
@@ -111,7 +111,7 @@ class Interestingness:
         path = os.path.join(folder, self.name)
         with open(path, "w") as handle:
             handle.write(text)
-        verdict = self.same(self.server.run(JOB, replace(self.request, script=path), timeout=self.timeout))
+        verdict = self.same(self.server.run(replace(self.request, script=path), timeout=self.timeout))
         with self._lock:
             if verdict and count_lines(text) < count_lines(self.best):
                 self.best = text
@@ -126,7 +126,7 @@ class Interestingness:
         """(fails the same way in a fresh process, degenerate reason or '')."""
         with open(path, "w") as handle:
             handle.write(text)
-        outcome = run_contained(JOB, replace(self.request, script=path), timeout=self.timeout, env=CHILD_ENV)
+        outcome = run_contained(replace(self.request, script=path), timeout=self.timeout, env=CHILD_ENV)
         failures = [f for f in observe(outcome) if f.signature.same_as(self.target.signature)]
         if not failures:
             return False, ""
@@ -136,7 +136,7 @@ class Interestingness:
         if self.target.jax_work and not failure.jax_work:
             return True, "no JAX work"
         if self.jit_sensitive:
-            plain = run_contained(JOB, replace(self.request, script=path, disable_jit=True), timeout=self.timeout,
+            plain = run_contained(replace(self.request, script=path, disable_jit=True), timeout=self.timeout,
                                   env=CHILD_ENV)
             if self.same(plain):
                 return True, "fails without jit too"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from jaxdbg.cli import main
-from jaxdbg.repro.jobs import CHILD_ENV, JOB, RunRequest
+from jaxdbg.repro.jobs import CHILD_ENV, RunRequest
 from jaxdbg.repro.program import count_lines
 from jaxdbg.repro.signature import Criterion
 from jaxdbg.runner import run_contained
@@ -187,7 +187,7 @@ def test_kind_that_does_not_occur_is_reported(tmp_path, capsys):
 @pytest.mark.usefixtures("hang_repro")
 def test_recipes_fail_as_described(script, status):
     # Only the hang needs a short limit; the others get room for a loaded machine.
-    outcome = run_contained(JOB, RunRequest(script=recipe(*script)), timeout=4 if status == "timeout" else 60,
+    outcome = run_contained(RunRequest(script=recipe(*script)), timeout=4 if status == "timeout" else 60,
                             env=CHILD_ENV)
     assert outcome.status == status
     if script[0] == "repro_nan_graph":

@@ -8,7 +8,7 @@ import pytest
 
 from jaxdbg._source import SourceLocation
 from jaxdbg.repro.failures import Checker, choose, observe, raises_constants
-from jaxdbg.repro.jobs import CHILD_ENV, JOB, RunRequest
+from jaxdbg.repro.jobs import CHILD_ENV, RunRequest
 from jaxdbg.repro.signature import Criterion, FailureSignature, normalise_message
 from jaxdbg.repro.source import SourceReducer, is_constant_raise, undefined_names
 from jaxdbg.repro.watch import WatchConfig
@@ -117,7 +117,7 @@ def test_reducer_keeps_the_raising_statement_and_its_guard():
 def mismatch_checker():
     """A Checker for the jit-mismatch recipe's own assertion (the case a generic reducer gets wrong)."""
     request = RunRequest(sys_path=(os.path.dirname(MISMATCH),), watch=WatchConfig(nonfinite=False))
-    original = run_contained(JOB, RunRequest(script=MISMATCH, watch=WatchConfig(nonfinite=False)), timeout=60,
+    original = run_contained(RunRequest(script=MISMATCH, watch=WatchConfig(nonfinite=False)), timeout=60,
                              env=CHILD_ENV)
     target = choose(observe(original), "exception", None)
     assert target is not None and target.signature.message == "jit and op-by-op disagree"

@@ -2,9 +2,9 @@
 
 import pytest
 
-from jaxdbg.protocol import Echo
+from jaxdbg.protocol import Echo, EchoRequest
 from jaxdbg.runner import faulthandler_user_frame, run_contained
-from jaxdbg.target import parse_target
+from jaxdbg.target import ScriptRun, parse_target
 
 
 def _script(tmp_path, body: str) -> str:
@@ -14,11 +14,11 @@ def _script(tmp_path, body: str) -> str:
 
 
 def _run(tmp_path, body, timeout=60, **kwargs):
-    return run_contained("jaxdbg.target:script_job", parse_target(_script(tmp_path, body)), timeout=timeout, **kwargs)
+    return run_contained(ScriptRun(parse_target(_script(tmp_path, body))), timeout=timeout, **kwargs)
 
 
 def test_ok_run_returns_messages_and_output():
-    outcome = run_contained("jaxdbg.runner:echo_job", {"x": [1, 2]}, timeout=60)
+    outcome = run_contained(EchoRequest({"x": [1, 2]}), timeout=60)
     assert outcome.ok and outcome.last(Echo).value == {"x": [1, 2]} and outcome.returncode == 0
 
 
@@ -159,3 +159,77 @@ def test_an_exception_reported_before_a_fatal_signal_is_the_outcome():
     outcome = outcome_of(-6, False, [ChildFailed(info)], "", "", 1.0)
     assert (outcome.status, outcome.exception.type) == ("exception", "RuntimeError")
     assert outcome_of(-6, False, [], "", "", 1.0).status == "crash"
+
+
+def _request_types():
+    """Every Request type jaxdbg defines (its modules found in the source, so nothing is missed by an import)."""
+    import importlib
+    import inspect
+    import pathlib
+
+    import jaxdbg
+    from jaxdbg.protocol import Request
+
+    root = pathlib.Path(jaxdbg.__file__).parent
+    for path in root.rglob("*.py"):
+        if "(Request" in path.read_text():
+            importlib.import_module(".".join(("jaxdbg", *path.relative_to(root).with_suffix("").parts)))
+    found, todo = [], list(Request.__subclasses__())
+    while todo:
+        kind = todo.pop()
+        todo.extend(kind.__subclasses__())
+        if kind.__module__.startswith("jaxdbg.") and not inspect.isabstract(kind):
+            found.append(kind)
+    return found
+
+
+def test_every_request_type_has_one_handler_that_takes_it():
+    import inspect
+    import typing
+
+    from jaxdbg.protocol import handler_for
+
+    kinds = _request_types()
+    assert len(kinds) >= 10  # echo, script, profiler capture, nan, profile, memory, hang, pipeline, repro x3
+    for kind in kinds:
+        handler = handler_for(kind)
+        first = next(iter(inspect.signature(handler).parameters))
+        assert typing.get_type_hints(handler)[first] is kind, f"{handler.__qualname__} does not take {kind.__name__}"
+
+
+def test_a_request_without_a_handler_or_with_two_is_refused(tmp_path):
+    from dataclasses import dataclass
+
+    from jaxdbg.protocol import Request, handler_for, handles
+
+    @dataclass(frozen=True)
+    class Orphan(Request):
+        value: int = 0
+
+    with pytest.raises(TypeError, match=r"registers no handler for .*Orphan"):
+        handler_for(Orphan)
+    handles(Orphan)(lambda request, channel: None)
+    with pytest.raises(TypeError, match="already has a handler"):
+        handles(Orphan)(print)
+    with pytest.raises(TypeError, match=r"runs a jaxdbg\.protocol\.Request, not dict"):
+        run_contained({"not": "a request"})
+
+
+def test_jaxdbgs_own_error_crosses_as_itself_and_is_the_error_the_user_sees(tmp_path):
+    """A subclass with fields of its own (the watch's NonFiniteError) arrives as that class, fields intact."""
+    from jaxdbg._errors import TargetFailedError
+    from jaxdbg.live.errors import NonFiniteError
+
+    outcome = _run(tmp_path, "from jaxdbg.live.errors import NonFiniteError\n"
+                             "raise NonFiniteError('loss became nan', {'found': True}, '/tmp/x')\n")
+    error = outcome.error
+    assert type(error) is NonFiniteError
+    assert (error.report, error.path, error.exit_code) == ({"found": True}, "/tmp/x", 1)
+    assert outcome.failure("unused") is error
+    with pytest.raises(NonFiniteError, match="loss became nan"):
+        outcome.reraise_expected()
+    plain = _run(tmp_path, "raise KeyError('step')\n")
+    assert plain.error is None
+    assert type(plain.failure("the target failed")) is TargetFailedError
+    bug = plain.failure("unused", bug="the job failed in its child")
+    assert type(bug) is RuntimeError and str(bug).startswith("the job failed in its child: KeyError: 'step'\nTraceback")

@@ -78,7 +78,7 @@ def hunt(spec: TargetSpec, options: HangOptions) -> HangRun:
 
     with forwarding_sigusr1(pid):
         outcome = run_contained(
-            "jaxdbg.hang.session:hang_job", HangJob(spec, options), on_message=heard,
+            HangJob(spec, options), on_message=heard,
             timeout=None if options.timeout is None else options.timeout + GRACE_S,
             until=lambda m: isinstance(m, HangVerdict) and m.stopping, keep_running=options.keep_running)
     outcome.reraise_expected()

@@ -35,6 +35,13 @@ from jaxdbg import multihost
 from jaxdbg.hang.verdict import facts_from_json, facts_json
 
 COMMAND = "hang-hunt"
+# What the processes tell each other (JSON objects with the fields named beside each).
+WHERE = multihost.where_topic(COMMAND)  # each beat: {beat, time, idle_s, busy, finished, asked, user, ..., text}
+DETAIL_REQUEST = multihost.Topic(COMMAND, "detail-request", dict)  # the merger asks for steps {id, lo, hi}
+DETAIL = multihost.Topic(COMMAND, "detail", dict)  # a member's answer {id, rows}
+COLLECT = multihost.Topic(COMMAND, "collect", dict)  # the merger collects every record {id, reason}
+VERDICT = multihost.Topic(COMMAND, "verdict", dict)  # the job's facts are published {id}
+ACK = multihost.Topic(COMMAND, "ack", bool)  # a member took the verdict
 BEAT_S = 1.0
 CHECKPOINT = 16
 ACK_WAIT_S = 20.0  # the merger keeps the coordination service up until every process has the verdict
@@ -167,7 +174,7 @@ class JobLink:
         self.beats += 1
         recorder, activity = self.watchdog.recorder, self.watchdog.activity
         last = recorder._latest_call()
-        multihost.publish(COMMAND, "where", {
+        multihost.publish(WHERE, {
             "beat": self.beats, "time": now, "idle_s": activity.idle_s(now), "busy": activity.busy,
             "finished": self.finished, "asked": self.asked, "user": main_thread_user_frame(),
             "in_call": bool(recorder.inflight), "steps": self.sequence.count,
@@ -184,7 +191,7 @@ class JobLink:
         for peer in range(self.count):
             if peer == self.index or peer in self.lost:
                 continue
-            where = multihost.peek(COMMAND, "where", peer)
+            where = multihost.peek(WHERE, peer)
             beat = where.get("beat") if isinstance(where, dict) else None
             last = self.seen.get(peer)
             if last is None or last[0] != beat:
@@ -229,12 +236,12 @@ class JobLink:
         self.requests += 1
         hi = min(hi, lo + 255)
         request = {"id": f"{self.index}-{self.requests}", "lo": lo, "hi": hi}
-        multihost.publish(COMMAND, "detail-request", request)
+        multihost.publish(DETAIL_REQUEST, request)
         details = {self.index: self.sequence.detail(lo, hi)}
         deadline = time.time() + 10.0
         for peer in range(self.count):
             while peer != self.index and peer not in self.lost and time.time() < deadline:
-                answer = multihost.peek(COMMAND, "detail", peer)
+                answer = multihost.peek(DETAIL, peer)
                 if isinstance(answer, dict) and answer.get("id") == request["id"]:
                     details[peer] = answer["rows"]
                     break
@@ -247,7 +254,7 @@ class JobLink:
 
         self.collecting = True
         cid = f"{self.index}-{time.time():.6f}"
-        multihost.publish(COMMAND, "collect", {"id": cid, "reason": reason})
+        multihost.publish(COLLECT, {"id": cid, "reason": reason})
         if reason == "end" and self.divergence is None:
             self._evaluate_end()
         records = {self.index: self._own_record(reason)}
@@ -263,11 +270,11 @@ class JobLink:
         facts = JobFacts(self.count, None if reason == "end" else reason, self.watchdog.settings.stall_s, records,
                          outcomes, silent, self.divergence, list(self.watchdog._notes))
         multihost.publish_bytes(COMMAND, "facts", json.dumps(facts_json(facts)).encode())
-        multihost.publish(COMMAND, "verdict", {"id": cid})
+        multihost.publish(VERDICT, {"id": cid})
         deadline = time.time() + ACK_WAIT_S
         for peer in records:
             if peer != self.index:
-                multihost.wait_for(COMMAND, "ack", peer, max(deadline - time.time(), 0.05))
+                multihost.wait_for(ACK, peer, max(deadline - time.time(), 0.05))
         self.watchdog.deliver(facts)
 
     def _evaluate_end(self) -> None:
@@ -286,12 +293,11 @@ class JobLink:
 
     def _answer(self, now: float) -> None:
         merger = self.merger()
-        request = multihost.peek(COMMAND, "detail-request", merger)
+        request = multihost.peek(DETAIL_REQUEST, merger)
         if isinstance(request, dict) and self.handled.get("detail") != request.get("id"):
             self.handled["detail"] = request["id"]
-            multihost.publish(COMMAND, "detail", {"id": request["id"],
-                                                  "rows": self.sequence.detail(request["lo"], request["hi"])})
-        collect = multihost.peek(COMMAND, "collect", merger)
+            multihost.publish(DETAIL, {"id": request["id"], "rows": self.sequence.detail(request["lo"], request["hi"])})
+        collect = multihost.peek(COLLECT, merger)
         if isinstance(collect, dict) and self.handled.get("collect") != collect.get("id"):
             self.handled["collect"] = collect["id"]
             record = self._own_record(collect.get("reason") or "stall")
@@ -305,7 +311,7 @@ class JobLink:
 
         assert self.waiting is not None
         cid, since, record = self.waiting
-        verdict = multihost.peek(COMMAND, "verdict", merger)
+        verdict = multihost.peek(VERDICT, merger)
         timed_out = now - since > self.watchdog.settings.collect_s + 30.0
         if not (isinstance(verdict, dict) and verdict.get("id") == cid) and not timed_out:
             return
@@ -319,6 +325,6 @@ class JobLink:
             facts = JobFacts(self.count, record.get("reason") if record.get("reason") != "end" else None,
                              self.watchdog.settings.stall_s, {self.index: record},
                              {self.index: record["outcome"]} if record.get("outcome") else {}, notes=[note])
-        multihost.publish(COMMAND, "ack", True)
+        multihost.publish(ACK, True)
         self.waiting = None
         self.watchdog.deliver(facts)

@@ -8,17 +8,21 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
-from jaxdbg.protocol import Message
+from jaxdbg.protocol import Message, Request
+
+if TYPE_CHECKING:  # types only: a messages module stays light and out of import cycles
+    from jaxdbg.hang.api import HangOptions
+    from jaxdbg.target import TargetSpec
 
 
 @dataclass(frozen=True)
-class HangJob(Message):
+class HangJob(Request, handler_module="jaxdbg.hang.session"):
     """The request: the TARGET and the command's ``HangOptions``."""
 
-    spec: Any
-    options: Any
+    spec: TargetSpec
+    options: HangOptions
 
 
 @dataclass(frozen=True)

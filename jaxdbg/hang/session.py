@@ -14,8 +14,10 @@ import threading
 from typing import Any
 
 from jaxdbg.hang.messages import ChildStarted, HangJob, HangVerdict
+from jaxdbg.protocol import handles
 
 
+@handles(HangJob)
 def hang_job(job: HangJob, channel: Any) -> None:
     """Contained-run job: run the target under the recorder and watchdog; send the verdict's facts."""
     from jaxdbg import jit_layer

@@ -22,7 +22,7 @@ from jaxdbg import multihost
 from jaxdbg.launch import launched_place
 from jaxdbg.memory.messages import Devices, JobMemory, MemoryJob, MemoryNote
 from jaxdbg.memory.recorder import DoesNotFit, MemoryRecorder, compile_spans
-from jaxdbg.protocol import Done, Environment
+from jaxdbg.protocol import Done, Environment, handles
 
 GATHER_WAIT_S = 60.0
 
@@ -62,6 +62,12 @@ class BackendStart:
         limits = device_limits()
         self.recorder.limits = limits
         self.send(Devices(tuple(device_name(d) for d in jax.local_devices()), limits, jax.default_backend()))
+
+
+@handles(MemoryJob)
+def memory_job(job: MemoryJob, channel: Any) -> None:
+    """The contained job: a script TARGET runs under instrumentation, a function TARGET ahead of time."""
+    (script_job if job.spec.is_script else function_job)(job, channel)
 
 
 def script_job(job: MemoryJob, channel: Any) -> None:
@@ -155,16 +161,15 @@ def share_with_the_job(send: Any, recorder: MemoryRecorder, timeout: float | Non
         return
     peak = recorder.peak
     misfits = sum(1 for s in recorder.functions.values() if s.program is not None and s.program.fits is False)
-    mine = {"index": place.index, "peak_bytes": peak.bytes if peak else None,
-            "peak_device": peak.device if peak else None, "leaks": len(recorder.leaks()),
-            "out_of_memory": recorder.oom is not None, "misfits": misfits}
-    multihost.publish("memory", "summary", mine)
+    summaries = multihost.Topic("memory", "summary", ProcessMemory)
+    multihost.publish(summaries, ProcessMemory(place.index, peak.bytes if peak else None, peak.device if peak else None,
+                                               len(recorder.leaks()), recorder.oom is not None, misfits))
     if place.index != 0:
         return
     spent = time.perf_counter() - recorder.started
     wait = GATHER_WAIT_S if timeout is None else max(min(GATHER_WAIT_S, timeout - spent - 10), 1.0)
-    got = multihost.gather("memory", "summary", wait)
-    rows = tuple(ProcessMemory(**got[i]) if i in got else
+    got = multihost.gather(summaries, wait)
+    rows = tuple(got[i] if i in got else
                  ProcessMemory(i, None, None, 0, False, 0, multihost.missing_line("memory", i, place.count, wait))
                  for i in range(place.count))
     send(JobMemory(rows))

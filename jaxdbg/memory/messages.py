@@ -9,17 +9,22 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
-from jaxdbg.protocol import Message
+from jaxdbg.protocol import Message, Request
+
+if TYPE_CHECKING:  # types only: a messages module stays light and out of import cycles
+    from jaxdbg.memory.result import Leak, LiveGroup, OutOfMemory, ProcessMemory, ProgramMemory, RunPeak
+    from jaxdbg.memory.run import MemoryOptions
+    from jaxdbg.target import TargetSpec
 
 
 @dataclass(frozen=True)
-class MemoryJob(Message):
+class MemoryJob(Request, handler_module="jaxdbg.memory.jobs"):
     """The request: the target, the command's options (``MemoryOptions``), and where the dumps go."""
 
-    spec: Any
-    options: Any
+    spec: TargetSpec
+    options: MemoryOptions
     out_dir: str
     dump_folder: str
 
@@ -37,7 +42,7 @@ class Devices(Message):
 class ProgramAnalysed(Message):
     """One compile of a jitted function analysed (a memory.result.ProgramMemory); ``ahead``: before it ran."""
 
-    program: Any
+    program: ProgramMemory
     ahead: bool = True
 
 
@@ -71,29 +76,29 @@ class Samples(Message):
     """Samples taken since the last batch, and the run's peak so far (a RunPeak with its live groups) if it moved."""
 
     rows: tuple[SampleRow, ...]
-    peak: Any = None
-    live_at_peak: tuple = ()
+    peak: RunPeak | None = None
+    live_at_peak: tuple[LiveGroup, ...] = ()
 
 
 @dataclass(frozen=True)
 class LeaksFound(Message):
     """Leaks found at the end of the run (or at an out-of-memory error): memory.result.Leak entries."""
 
-    leaks: tuple
+    leaks: tuple[Leak, ...]
 
 
 @dataclass(frozen=True)
 class OutOfMemoryFound(Message):
     """An out-of-memory error, explained (a memory.result.OutOfMemory)."""
 
-    oom: Any
+    oom: OutOfMemory
 
 
 @dataclass(frozen=True)
 class FinalLive(Message):
     """Live arrays when the run ended, by producer (memory.result.LiveGroup)."""
 
-    groups: tuple
+    groups: tuple[LiveGroup, ...]
 
 
 @dataclass(frozen=True)
@@ -107,4 +112,4 @@ class MemoryNote(Message):
 class JobMemory(Message):
     """Process 0 of a multi-process job: every process's summary (memory.result.ProcessMemory)."""
 
-    rows: tuple
+    rows: tuple[ProcessMemory, ...]

@@ -78,8 +78,7 @@ def memory(spec: TargetSpec, options: MemoryOptions, out_dir: str) -> MemoryRun:
     check_target(spec)  # a syntax error or a missing function is bad input (exit 2), found without a child
     out_dir = os.path.abspath(out_dir)
     dump = os.path.join(out_dir, "xla_dump")
-    job = "jaxdbg.memory.jobs:script_job" if spec.is_script else "jaxdbg.memory.jobs:function_job"
-    outcome = run_contained(job, MemoryJob(spec, options, out_dir, dump), timeout=options.timeout)
+    outcome = run_contained(MemoryJob(spec, options, out_dir, dump), timeout=options.timeout)
     _raise_usage_from_child(outcome)
     _raise_internal_failure(outcome, spec, options)
     result = assemble(outcome, options, rules)

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from jaxdbg._errors import TargetFailedError
 from jaxdbg.nan.messages import HuntFinished, HuntJob, NonFiniteDetected, PeerNote
 from jaxdbg.nan.result import AnalysisWarning, NanHuntResult, Origin
-from jaxdbg.runner import first_line, run_contained, waited_to_join
+from jaxdbg.runner import run_contained, waited_to_join
 from jaxdbg.target import TargetSpec, check_inputs
 
 
@@ -62,7 +61,7 @@ def hunt(spec: TargetSpec, options: HuntOptions) -> HuntRun:
     any NaN/Inf was seen (raised, crashed, timed out).
     """
     check_inputs(spec, options.inputs, options.args)
-    outcome = run_contained("jaxdbg.nan.session:hunt_job", HuntJob(spec, options), timeout=options.timeout)
+    outcome = run_contained(HuntJob(spec, options), timeout=options.timeout)
     got = outcome.last(HuntFinished)
     if got is not None:
         return HuntRun(got.result, got.artifacts, got.environment)
@@ -73,11 +72,8 @@ def hunt(spec: TargetSpec, options: HuntOptions) -> HuntRun:
     if detected is not None:  # found, but the analysis itself did not finish (a jaxdbg bug, or --timeout)
         said = outcome.exception.traceback if outcome.status == "exception" and outcome.exception else ""
         return HuntRun(_degraded(detected, stopped, said))
-    if outcome.status == "exception" and outcome.exception is not None:
-        outcome.reraise_expected()
-        message = outcome.exception.message
-        raise RuntimeError(f"nan-hunt failed in its child process: {outcome.exception.type}: {first_line(message)}\n"
-                           f"{outcome.exception.traceback}")
+    if outcome.status == "exception":  # the child catches the target's exceptions: this one is jaxdbg's
+        raise outcome.failure(outcome.describe(), bug="nan-hunt failed in its child process")
     what = {"timeout": f"ran past --timeout {options.timeout}s", "crash": outcome.describe(),
             "exit": outcome.describe()}.get(outcome.status, outcome.describe())
     remedy = "raise --timeout or shorten the run" if outcome.status == "timeout" else "fix that failure first"
@@ -86,7 +82,7 @@ def hunt(spec: TargetSpec, options: HuntOptions) -> HuntRun:
     elif outcome.status == "timeout" and waited_to_join(outcome.stderr):
         what, remedy = (f"{what} waiting in jax.distributed.initialize() for the job's other processes",
                         "one never started or cannot reach the coordinator: start every process of the job")
-    raise TargetFailedError(f"the target {what} before any NaN/Inf was seen; nothing to localise ({remedy})")
+    raise outcome.failure(f"the target {what} before any NaN/Inf was seen; nothing to localise ({remedy})")
 
 
 def _degraded(detected: NonFiniteDetected, why: str, traceback: str = "") -> NanHuntResult:

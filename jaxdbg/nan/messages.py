@@ -8,19 +8,24 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from jaxdbg._source import SourceLocation
 from jaxdbg.nan.result import OriginKind
-from jaxdbg.protocol import Message
+from jaxdbg.protocol import Message, Request
+
+if TYPE_CHECKING:  # types only: a messages module stays light and out of import cycles
+    from jaxdbg.nan.api import HuntOptions
+    from jaxdbg.nan.result import NanHuntResult
+    from jaxdbg.target import TargetSpec
 
 
 @dataclass(frozen=True)
-class HuntJob(Message):
+class HuntJob(Request, handler_module="jaxdbg.nan.session"):
     """The request: the TARGET and the command's ``HuntOptions``."""
 
-    spec: Any
-    options: Any
+    spec: TargetSpec
+    options: HuntOptions
 
 
 @dataclass(frozen=True)
@@ -35,10 +40,22 @@ class NonFiniteDetected(Message):
 
 
 @dataclass(frozen=True)
+class JobFinding:
+    """What one process of a job found, shared with process 0 (multihost): whether it found the origin, the
+    origin in a line, and the process, device and shard that hold the first non-finite value."""
+
+    found: bool
+    origin: str | None = None
+    process: int | None = None
+    device: str | None = None
+    shard: tuple[tuple[int, int], ...] | None = None
+
+
+@dataclass(frozen=True)
 class HuntFinished(Message):
     """The analysis: the result, the artifacts written, and the child's jax environment."""
 
-    result: Any  # a nan.result.NanHuntResult
+    result: NanHuntResult
     artifacts: dict[str, str] = field(default_factory=dict)
     environment: dict | None = None
 

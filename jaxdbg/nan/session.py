@@ -30,14 +30,16 @@ from jaxdbg.nan.api import HuntOptions
 from jaxdbg.nan.calls import Call
 from jaxdbg.nan.fidelity import bisect_compiled
 from jaxdbg.nan.localise import localise_call
-from jaxdbg.nan.messages import HuntFinished, HuntJob, NonFiniteDetected, PeerNote
+from jaxdbg.nan.messages import HuntFinished, HuntJob, JobFinding, NonFiniteDetected, PeerNote
 from jaxdbg.nan.result import AnalysisWarning, GradNorm, NanHuntResult, Origin, OriginKind, ProcessFinding
 from jaxdbg.nan.stats import is_inexact, nonfinite_flags
 from jaxdbg.nan.watch import EagerFinding, JitFinding, NonFiniteFound, Watch
+from jaxdbg.protocol import handles
 from jaxdbg.runner import first_line
 from jaxdbg.target import TargetSpec, check_arity, load_function, load_inputs, run_script
 
 
+@handles(HuntJob)
 def hunt_job(job: HuntJob, channel: Any) -> None:
     """Contained-run job: :func:`hunt_here` in the child; sends :class:`HuntFinished`."""
     from jaxdbg.report import environment_info
@@ -72,6 +74,7 @@ def where_this_process_stands() -> dict:
 
 
 GATHER_WAIT_S = 60.0  # how long process 0 waits for the other processes' answers
+FINDINGS = multihost.Topic("nan-hunt", "finding", JobFinding)
 
 
 def share_with_the_job(result: NanHuntResult, timeout: float | None) -> NanHuntResult:
@@ -82,23 +85,22 @@ def share_with_the_job(result: NanHuntResult, timeout: float | None) -> NanHuntR
     if place is None:
         return result
     first = result.first
-    mine = {"found": result.found, "origin": first.describe() if first else None,
-            "process": first.process if first else None, "device": first.device if first else None,
-            "shard": first.shard if first else None}
-    multihost.publish("nan-hunt", "finding", mine)
+    mine = JobFinding(result.found)
+    if first is not None:
+        mine = JobFinding(result.found, first.describe(), first.process, first.device, first.shard)
+    multihost.publish(FINDINGS, mine)
     if place.index != 0:
         return result
     wait = GATHER_WAIT_S if timeout is None else max(min(GATHER_WAIT_S, timeout / 2), 1.0)
-    got = multihost.gather("nan-hunt", "finding", wait)
+    got = multihost.gather(FINDINGS, wait)
     rows = tuple(
-        ProcessFinding(i, bool(got[i]["found"]), got[i]["origin"], got[i]["process"], got[i]["device"]) if i in got
+        ProcessFinding(i, bool(got[i].found), got[i].origin, got[i].process, got[i].device) if i in got
         else ProcessFinding(i, False, note=multihost.missing_line("nan-hunt", i, place.count, wait))
         for i in range(place.count))
-    holders = [got[i] for i in sorted(got) if got[i].get("device") is not None]
+    holders = [got[i] for i in sorted(got) if got[i].device is not None]
     if first is not None and holders:
         held = holders[0]
-        shard = tuple(tuple(r) for r in held["shard"]) if held.get("shard") else None
-        first = dataclasses.replace(first, process=held["process"], device=held["device"], shard=shard)
+        first = dataclasses.replace(first, process=held.process, device=held.device, shard=held.shard or None)
     return dataclasses.replace(result, first=first, processes=rows)
 
 

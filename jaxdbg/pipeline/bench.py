@@ -27,11 +27,11 @@ from typing import Any, Literal, TypeVar
 
 import numpy as np
 
-from jaxdbg._errors import TargetFailedError, UsageError
+from jaxdbg._errors import UsageError
 from jaxdbg.pipeline.admission import ORDERS, Order, admission_order, microbatch_costs
 from jaxdbg.pipeline.arbiter import RunRecord
 from jaxdbg.pipeline.bounds import EXACT_SECONDS, EXACT_TASKS, Bound, BoundMethod, memory_lower_bound
-from jaxdbg.pipeline.messages import RealJob, RealTimeline, StageDevices
+from jaxdbg.pipeline.messages import RealJob, RealRun, RealTimeline, StageDevices
 from jaxdbg.pipeline.metrics import RunMetrics, lower_bound, measure
 from jaxdbg.pipeline.planner import SAMPLES, Pick, choose
 from jaxdbg.pipeline.policies import HINTS, POLICIES, Hint, PolicyName, make_policies, memory_caps
@@ -41,7 +41,7 @@ from jaxdbg.pipeline.simulate import COMMS, Comm, simulate
 from jaxdbg.pipeline.tasks import BACKWARD, FORWARD, WEIGHT, PipelineShape
 from jaxdbg.pipeline.transport import AUTH
 from jaxdbg.pipeline.variability import Costs, Durations, Variability, noise_samples, parse_variability, realise
-from jaxdbg.protocol import Environment
+from jaxdbg.protocol import Environment, handles
 
 MODES = ("sim", "real")
 C = TypeVar("C", bound=str)
@@ -455,14 +455,14 @@ def _run_real(options: BenchOptions, jobs: list[_Job], on_run: Callable[[int, in
             on_run(len(done), len(jobs), message.key, _record(shapes[message.key], message))
 
     payload = RealJob(options.model, options.devices_per_stage, options.xprof_dir, options.costs, options.lookahead,
-                      [(job.key, job.shape, job.schedule.name, job.durations, job.hint, job.order) for job in jobs],
+                      tuple(RealRun(job.key, job.shape, job.schedule.name, job.durations, job.hint, job.order)
+                            for job in jobs),
                       options.transfer_bind, options.timeout, options.message_auth)
     devices = options.stages * options.devices_per_stage
-    outcome = run_contained("jaxdbg.pipeline.bench:real_job", payload, timeout=options.timeout, device_count=devices,
+    outcome = run_contained(payload, timeout=options.timeout, device_count=devices,
                             on_message=heard if on_run is not None else None)
     if not outcome.ok:
-        outcome.reraise_expected()
-        raise TargetFailedError(
+        raise outcome.failure(
             f"the real pipeline run {outcome.describe()}; try fewer stages or microbatches, or a longer --timeout")
     results = {timeline.key: timeline for timeline in outcome.all(RealTimeline)}
     records = {key: _record(job.shape, results[key]) for job in jobs for key in [job.key]}
@@ -506,7 +506,8 @@ def replay_file(shape: PipelineShape, value: RealTimeline) -> dict:
     return data
 
 
-def real_job(payload: RealJob, channel) -> None:
+@handles(RealJob)
+def real_job(payload: RealJob, channel: Any) -> None:
     """Child side of real mode: build each shape's pipeline once, run every job, send back timelines. A
     process launched as one of several joins the job first and runs its own stages (pipeline.transport)."""
 
@@ -537,13 +538,14 @@ def _real_runs(payload: RealJob, channel, transport, wait: float) -> None:
     folder = payload.xprof_dir and multihost.process_folder(payload.xprof_dir)
     capture = jax.profiler.trace(folder) if folder else contextlib.nullcontext()
     with capture:
-        for key, shape, schedule_name, durations, hint, order in payload.jobs:
+        for planned in payload.jobs:
+            key, shape, durations = planned.key, planned.shape, planned.durations
             if shape not in pipelines:
                 pipelines[shape] = RealPipeline(shape, payload.model, payload.devices_per_stage, transport=transport)
                 channel.send(StageDevices(tuple(str(d) for d in pipelines[shape].devices)))
             pipe = pipelines[shape]
-            job = _Job(key, shape, build_schedule(schedule_name, shape), durations, payload.costs, payload.lookahead,
-                       hint, order)
+            job = _Job(key, shape, build_schedule(planned.schedule, shape), durations, payload.costs, payload.lookahead,
+                       planned.hint, planned.order)
             annotate = key.label() if payload.xprof_dir else None
             run = pipe.run(job.policies(), durations, key.comm, annotate=annotate, timeout=wait)
             record = run.record

@@ -255,9 +255,10 @@ class ProcessTransport(LocalTransport):
         for thread in self.listeners:
             thread.join(timeout)
         run = f"run-{self.run}"
-        multihost.publish("pipeline-bench", run, self.seal.wrap(part, f"{run}: part of process {self.index}"))
+        parts_of_run = multihost.Topic("pipeline-bench", run, str)  # each sealed (pipeline.seal)
+        multihost.publish(parts_of_run, self.seal.wrap(part, f"{run}: part of process {self.index}"))
         parts = {i: self.seal.unwrap(text, f"{run}: part of process {i}", f"process {i}")
-                 for i, text in multihost.gather("pipeline-bench", run, timeout).items()}
+                 for i, text in multihost.gather(parts_of_run, timeout).items()}
         with self._lock:
             self.sent.clear()
         missing = sorted(set(range(self.count)) - set(parts))

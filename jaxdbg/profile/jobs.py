@@ -34,7 +34,7 @@ from jaxdbg.profile.messages import (
     ProfileNote,
     RunFinished,
 )
-from jaxdbg.protocol import Done, Environment, Message
+from jaxdbg.protocol import Done, Environment, Message, handles
 from jaxdbg.target import check_arity
 
 Send = Callable[[Message], None]
@@ -173,6 +173,12 @@ def _window(job: ProfileJob, send: Send) -> Any:
     return TraceWindow(os.path.join(job.out_dir, "trace"), job.options.trace_calls, send, job.options.python_tracer)
 
 
+@handles(ProfileJob)
+def profile_job(job: ProfileJob, channel: Any) -> None:
+    """The contained job: a script TARGET runs under instrumentation, a function TARGET ahead of time."""
+    (script_job if job.spec.is_script else function_job)(job, channel)
+
+
 def script_job(job: ProfileJob, channel: Any) -> None:
     """Run a script TARGET under instrumentation."""
     from jaxdbg.profile.instrument import Recorder, compile_listener, tracking_jit
@@ -234,12 +240,13 @@ def share_with_the_job(send: Send, log: MessageLog, timeout: float | None, start
             else max(min(GATHER_WAIT_S, timeout - (time.perf_counter() - started) - 10), 1.0))
     if place.index != 0:  # the capture first: once process 0 has the figures, the capture is there too
         share_capture(send, xplane, out_dir, wait)
-    multihost.publish("profile", "figures", figures_of(place.index, functions, totals).as_message())
+    figures = multihost.Topic("profile", "figures", ProcessFigures)
+    multihost.publish(figures, figures_of(place.index, functions, totals))
     if place.index != 0:
         return
-    got = multihost.gather("profile", "figures", wait)
+    got = multihost.gather(figures, wait)
     send(JobFigures(tuple(
-        ProcessFigures(**got[i]) if i in got else
+        got[i] if i in got else
         ProcessFigures.missing(i, multihost.missing_line("profile", i, place.count, wait))
         for i in range(place.count))))
     share_capture(send, xplane, out_dir, 5.0)

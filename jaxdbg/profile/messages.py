@@ -9,11 +9,18 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from jaxdbg._source import SourceLocation
 from jaxdbg.profile.model import FunctionKind
-from jaxdbg.protocol import Message
+from jaxdbg.protocol import Message, Request
+
+if TYPE_CHECKING:  # types only: a messages module stays light and out of import cycles
+    from jaxdbg.profile.model import Recompile, TraceFiles
+    from jaxdbg.profile.peaks import Peak
+    from jaxdbg.profile.processes import ProcessFigures
+    from jaxdbg.profile.run import ProfileOptions
+    from jaxdbg.target import TargetSpec
 
 
 @dataclass(frozen=True)
@@ -31,11 +38,11 @@ class CallTiming:
 
 
 @dataclass(frozen=True)
-class ProfileJob(Message):
+class ProfileJob(Request, handler_module="jaxdbg.profile.jobs"):
     """The request: what to profile and how (``options`` is the command's ``ProfileOptions``, as given)."""
 
-    spec: Any
-    options: Any
+    spec: TargetSpec
+    options: ProfileOptions
     out_dir: str
 
 
@@ -73,7 +80,7 @@ class CompileRecord(Message):
     cache_hit: bool = False
     signature: str = ""
     dtypes: tuple[str, ...] = ()
-    recompile: Any = None  # a profile.model.Recompile for every compile after the first
+    recompile: Recompile | None = None  # for every compile after the first
     hlo: dict[str, str] = field(default_factory=dict)
     module: str = ""
     cost: dict | None = None
@@ -98,10 +105,10 @@ class RunTotals(Message):
     each function (id -> count; the calls that ran ahead unseen send no timing)."""
 
     eager_spans: list[tuple[str, float, float, str]]
-    transfers: list[tuple]
+    transfers: list[tuple[str, SourceLocation | None, int, float, int]]
     cache_hits: int
     introspection_s: float
-    syncs: list[tuple] = field(default_factory=list)
+    syncs: list[tuple[str, SourceLocation | None, int, float, float, int]] = field(default_factory=list)
     steps: dict[int, list[float]] = field(default_factory=dict)
     calls: dict[int, int] = field(default_factory=dict)
 
@@ -129,7 +136,7 @@ class CaptureOps(Message):
 class TraceCaptured(Message):
     """The profiler capture's files (a profile.model.TraceFiles)."""
 
-    files: Any
+    files: TraceFiles
 
 
 @dataclass(frozen=True)
@@ -143,14 +150,14 @@ class MonitorSamples(Message):
 class PeakMeasured(Message):
     """The device's calibrated peak (CPU): a profile.peaks.Peak."""
 
-    peak: Any
+    peak: Peak
 
 
 @dataclass(frozen=True)
 class JobFigures(Message):
     """Process 0 of a multi-process job: every process's figures (profile.processes.ProcessFigures)."""
 
-    rows: tuple
+    rows: tuple[ProcessFigures, ...]
 
 
 @dataclass(frozen=True)
@@ -160,7 +167,7 @@ class JobCapture(Message):
 
     logdir: str
     run: str
-    processes: tuple
+    processes: tuple[int, ...]
 
 
 @dataclass(frozen=True)

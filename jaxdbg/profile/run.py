@@ -82,8 +82,7 @@ def profile(spec: TargetSpec, options: ProfileOptions, out_dir: str) -> ProfileR
     env = {"XLA_FLAGS": flags}
     if dump:
         artifacts["xla_dump"] = dump
-    job = "jaxdbg.profile.jobs:script_job" if spec.is_script else "jaxdbg.profile.jobs:function_job"
-    outcome = run_contained(job, ProfileJob(spec, options, out_dir), timeout=options.timeout, env=env)
+    outcome = run_contained(ProfileJob(spec, options, out_dir), timeout=options.timeout, env=env)
     _raise_usage_from_child(outcome)
     _raise_internal_failure(outcome, spec, options)
     mode: ProfileMode = "script" if spec.is_script else "function"
@@ -158,9 +157,8 @@ class TargetInputs(Protocol):
 
 def _raise_usage_from_child(outcome: Outcome) -> None:
     """A UsageError raised while the child loaded the target (no such function, ...) is the user's input."""
-    exc = outcome.exception
-    if exc is not None and exc.exit_code == EXIT_USAGE:
-        exc.reraise()
+    if outcome.error is not None and outcome.error.exit_code == EXIT_USAGE:
+        raise outcome.error
 
 
 def _raise_internal_failure(outcome: Outcome, spec: TargetSpec, options: TargetInputs) -> None:

@@ -41,7 +41,7 @@ from jaxdbg._source import SourceLocation
 from jaxdbg.launch import launched_place
 from jaxdbg.repro.failures import STILL_FAILS_WITHOUT_JIT, Checker, Failure, choose, observe, preloadable
 from jaxdbg.repro.job import run_in_job
-from jaxdbg.repro.jobs import CHILD_ENV, CUT_JOB, JOB, CutRequest, RunRequest, reduction_env
+from jaxdbg.repro.jobs import CHILD_ENV, CutRequest, RunRequest, reduction_env
 from jaxdbg.repro.messages import CutFinished, LoweredText
 from jaxdbg.repro.program import INPUTS_FILE, REPRO_FILE, STABLEHLO_FILE, count_lines
 from jaxdbg.repro.result import ReproResult, Size
@@ -187,7 +187,7 @@ class _Reproduction:
             return False
         request = replace(self.subject.request, script=self.subject.path, watch=WatchConfig(nonfinite=False),
                           disable_jit=True)
-        outcome = run_contained(JOB, request, timeout=check_timeout, env=self.env, cwd=self.cwd)
+        outcome = run_contained(request, timeout=check_timeout, env=self.env, cwd=self.cwd)
         self.checks += 1
         sensitive = not any(f.signature.same_as(target.signature) and f.location == target.location
                             for f in observe(outcome))
@@ -207,7 +207,7 @@ class _Reproduction:
         request = replace(self.subject.request, script=self.subject.path, watch=watch, operation_dir=operations)
         runs = max(1, self.options.runs) if self.place is None else 1  # a job runs once per process, in lockstep
         with ThreadPoolExecutor(max_workers=max(1, min(self.options.jobs, runs))) as pool:
-            outcomes = list(pool.map(lambda _: run_contained(JOB, request, timeout=self.detect_timeout, env=self.env,
+            outcomes = list(pool.map(lambda _: run_contained(request, timeout=self.detect_timeout, env=self.env,
                                                              cwd=self.cwd),
                                      range(runs)))
         self.checks += runs
@@ -270,7 +270,7 @@ class _Reproduction:
         request = CutRequest(replace(self.subject.request, script=self.subject.path, watch=watch), folder,
                              progress_path, budget, self.options.rtol, self.options.atol)
         outcome = self._with_progress("cut computation", progress_path, "equations",
-                                      lambda: run_contained(CUT_JOB, request, timeout=budget + self.detect_timeout + 30,
+                                      lambda: run_contained(request, timeout=budget + self.detect_timeout + 30,
                                                             env=self.env, cwd=self.cwd))
         summary = outcome.last(CutFinished)
         if summary is None or not summary.ok:
@@ -332,7 +332,7 @@ class _Reproduction:
     def verify_program(self, artifacts: dict[str, str], criterion: Criterion) -> tuple[bool, str]:
         """Run an emitted reproducer as ``python repro.py`` would, alone in an empty folder, in a fresh process."""
         with self._alone(artifacts["repro"], [p for k, p in artifacts.items() if k == "inputs"]) as path:
-            outcome = run_contained(JOB, RunRequest(script=path), timeout=self.detect_timeout, env=CHILD_ENV,
+            outcome = run_contained(RunRequest(script=path), timeout=self.detect_timeout, env=CHILD_ENV,
                                     cwd=os.path.dirname(path))
         self.checks += 1
         exc = outcome.exception
@@ -500,7 +500,7 @@ class _Reproduction:
             with contextlib.ExitStack() as stack:
                 alone = [stack.enter_context(self._alone(path, list(companions.values()))) for _ in range(fresh_runs)]
                 with ThreadPoolExecutor(max_workers=fresh_runs + checker.jit_sensitive) as pool:
-                    fresh = [pool.submit(run_contained, JOB, RunRequest(script=copy, argv=self.subject.request.argv,
+                    fresh = [pool.submit(run_contained, RunRequest(script=copy, argv=self.subject.request.argv,
                                                                         watch=watch),
                                          timeout=check_timeout, env=CHILD_ENV, cwd=os.path.dirname(copy))
                              for copy in alone]

@@ -7,7 +7,7 @@ fails with the same signature, from the protected statement, with the same evide
 ``raise``/``assert`` of constants.
 
 Example:
-    >>> failures = observe(run_contained(JOB, RunRequest(script="bug.py"), env=CHILD_ENV))   # doctest: +SKIP
+    >>> failures = observe(run_contained(RunRequest(script="bug.py"), env=CHILD_ENV))   # doctest: +SKIP
     >>> failures[0].signature.kind                                                           # doctest: +SKIP
     'exception'
 """
@@ -28,7 +28,7 @@ from jaxdbg._source import SourceLocation
 from jaxdbg._tracebacks import embedded_raise, without_tracebacks
 from jaxdbg.repro.forkserver import ForkServer
 from jaxdbg.repro.frames import in_jax
-from jaxdbg.repro.jobs import CHILD_ENV, JOB, RunRequest
+from jaxdbg.repro.jobs import CHILD_ENV, RunRequest
 from jaxdbg.repro.messages import FailureSeen, JaxWork, JitCallSeen, LastJit
 from jaxdbg.repro.signature import Criterion, FailureSignature, matches_pattern
 from jaxdbg.repro.source import State, find_statement, is_constant_raise, parse, statement_lines
@@ -152,10 +152,10 @@ class Checker:
         timeout = self._run_timeout()
         if self._server.alive:
             try:
-                return self._server.run(JOB, request, timeout=timeout, cwd=self.cwd)
+                return self._server.run(request, timeout=timeout, cwd=self.cwd)
             except RuntimeError:
                 pass  # the server is gone: fresh processes from here on
-        return run_contained(JOB, request, timeout=timeout, env=self.env, cwd=self.cwd)
+        return run_contained(request, timeout=timeout, env=self.env, cwd=self.cwd)
 
     def _run_timeout(self) -> float | None:
         """The run's limit: ``timeout``, cut at the deadline, except for a hang (stopped, it would look like one)."""

@@ -14,7 +14,7 @@ verification use :func:`run_contained` (a truly fresh process) instead.
 
 Example:
     >>> with ForkServer(env={}) as server:                                                  # doctest: +SKIP
-    ...     outcome = server.run("jaxdbg.runner:echo_job", {"say": "hi"}, timeout=30)
+    ...     outcome = server.run(EchoRequest({"say": "hi"}), timeout=30)
     >>> outcome.last(Echo).value                                                            # doctest: +SKIP
     {'say': 'hi'}
 """
@@ -39,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from jaxdbg._child import main as child_main
-from jaxdbg.protocol import read_channel
+from jaxdbg.protocol import Request, read_channel
 from jaxdbg.runner import Outcome, child_env, outcome_of
 
 PRELOAD = ("numpy", "jax", "jax.numpy", "jaxdbg._child", "jaxdbg.target", "jaxdbg.repro.jobs", "jaxdbg.repro.watch")
@@ -104,11 +104,11 @@ class ForkServer:
                 self._changed.wait(0.5 if left is None else min(left, 0.5))
             return table.pop(key)
 
-    def run(self, job: str, payload: Any = None, *, timeout: float | None = None, cwd: str | None = None) -> Outcome:
+    def run(self, request: Request, *, timeout: float | None = None, cwd: str | None = None) -> Outcome:
         """Like :func:`run_contained` (same Outcome), in a forked child of the warm server."""
         with tempfile.TemporaryDirectory(prefix="jaxdbg-fork-") as workdir:
             with open(os.path.join(workdir, "job.pkl"), "wb") as handle:
-                pickle.dump((job, payload), handle)
+                pickle.dump(request, handle)
             request_id = next(self._ids)
             started = time.perf_counter()
             with self._lock:

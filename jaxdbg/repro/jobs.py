@@ -10,7 +10,7 @@
 Messages: :mod:`jaxdbg.repro.messages`; ``progress`` is a file (not a message) so the parent can poll it.
 
 Example:
-    >>> outcome = run_contained("jaxdbg.repro.jobs:target_job", RunRequest(script="bug.py"))   # doctest: +SKIP
+    >>> outcome = run_contained(RunRequest(script="bug.py"))   # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import jax
 import jax.monitoring
 
 from jaxdbg import jit_layer, multihost
+from jaxdbg.protocol import Request, handles
 from jaxdbg.repro.callback import cut_callback, recorded_callbacks
 from jaxdbg.repro.cutting import cut_captured
 from jaxdbg.repro.messages import CutFinished, InputsBuilt, JaxWork, LastJit
@@ -36,9 +37,7 @@ from jaxdbg.repro.signature import Criterion
 from jaxdbg.repro.watch import JitWatch, StopRun, WatchConfig
 from jaxdbg.target import TargetSpec, flatten_inputs, load_function, load_inputs, run_script
 
-JOB = "jaxdbg.repro.jobs:target_job"
-CUT_JOB = "jaxdbg.repro.jobs:cut_job"
-INPUTS_JOB = "jaxdbg.repro.jobs:inputs_job"
+CUT_DONE = multihost.Topic("repro", "cut", bool)  # process 0 has cut the job's computation: the others may leave
 # Full tracebacks (with JAX's frames) tell whether an exception came from inside JAX.
 CHILD_ENV = {"JAX_TRACEBACK_FILTERING": "off"}
 
@@ -58,13 +57,13 @@ def reduction_env(cache_dir: str) -> dict[str, str]:
 
 
 @dataclass(frozen=True)
-class RunRequest:
+class RunRequest(Request):
     """What a contained run executes: a script (``script``, ``argv``) or a function target (``function``)."""
 
     script: str | None = None
     argv: tuple[str, ...] = ()
     sys_path: tuple[str, ...] = ()
-    function: Any = None  # TargetSpec of a function target: run as jax.jit(func)(*inputs)
+    function: TargetSpec | None = None  # a function target: run as jax.jit(func)(*inputs)
     inputs: str | None = None
     args: str | None = None
     seed: int = 0
@@ -74,7 +73,7 @@ class RunRequest:
 
 
 @dataclass(frozen=True)
-class CutRequest:
+class CutRequest(Request):
     """A cut: run ``run`` (its watch captures the failure), cut for ``budget_s``, write into ``work_dir``."""
 
     run: RunRequest
@@ -85,6 +84,16 @@ class CutRequest:
     atol: float = 1e-5
 
 
+@dataclass(frozen=True)
+class InputsRequest(Request):
+    """Build a function target's inputs (``--inputs file.py::make_inputs`` or ``--args``) in a child."""
+
+    inputs: str | None = None
+    args: str | None = None
+    seed: int = 0
+
+
+@handles(RunRequest)
 def target_job(request: RunRequest, channel: Any) -> None:
     """Run the target; exceptions propagate (the child reports them) after naming the last jitted call and,
     with ``operation_dir``, writing the JAX operation that raised alone (:mod:`jaxdbg.repro.operation`)."""
@@ -118,6 +127,7 @@ def _cut_operation(err: Exception, folder: str, last_jit: str | None, channel: A
         channel.send(CutFinished(False, reason=f"{type(failure).__name__}: {failure}"))
 
 
+@handles(CutRequest)
 def cut_job(request: CutRequest, channel: Any) -> None:
     """Capture the failing jitted call, cut it, and write repro.py (+ inputs.npz, repro.stablehlo.mlir)."""
     started = time.perf_counter()
@@ -139,13 +149,13 @@ def cut_job(request: CutRequest, channel: Any) -> None:
         # no collective left), while this one stays in the job until it is done (a process that leaves early
         # is reported lost by the job's runtime, which then stops the others).
         channel.send(CutFinished(False, reason=f"process 0 cuts the job's computation (this is process {place.index})"))
-        multihost.wait_for("repro", "cut", 0, max(deadline - time.perf_counter(), 1.0) + 60)
+        multihost.wait_for(CUT_DONE, 0, max(deadline - time.perf_counter(), 1.0) + 60)
         return
     try:
         channel.send(cut_captured(watch.captured, request, deadline))
     finally:
         if place is not None:
-            multihost.publish("repro", "cut", True)
+            multihost.publish(CUT_DONE, True)
 
 
 def _run(request: RunRequest, channel: Any) -> None:
@@ -157,6 +167,7 @@ def _run(request: RunRequest, channel: Any) -> None:
         spec = TargetSpec("script", request.script, path=os.path.abspath(request.script), script_args=request.argv)
         run_script(spec)
         return
+    assert request.function is not None, "a RunRequest names a script or a function"
     func = load_function(request.function)
     inputs = load_inputs(request.inputs, request.args, request.seed)
     jax.jit(func)(*inputs)
@@ -189,7 +200,8 @@ def _jax_work_listener(channel: Any) -> Iterator[None]:
             jax.monitoring.unregister_event_duration_listener(listener)
 
 
-def inputs_job(request: RunRequest, channel: Any) -> None:
+@handles(InputsRequest)
+def inputs_job(request: InputsRequest, channel: Any) -> None:
     """Build a function target's inputs (``--inputs file.py::make_inputs`` runs user code) and send them."""
     inputs = load_inputs(request.inputs, request.args, request.seed)
     channel.send(InputsBuilt(flatten_inputs(inputs)))

@@ -8,10 +8,14 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
+from jaxdbg._source import SourceLocation
 from jaxdbg.protocol import Message
 from jaxdbg.repro.signature import Criterion
+
+if TYPE_CHECKING:  # types only: a messages module stays light and out of import cycles
+    from jaxdbg.target import FlatInputs
 
 
 @dataclass(frozen=True)
@@ -53,7 +57,7 @@ class FailureSeen(Message):
     function: str
     call: int = 0
     message: str = ""
-    location: Any = None
+    location: SourceLocation | None = None
     what: str | None = None
     reference: str | None = None
     detail: dict | None = None
@@ -76,7 +80,7 @@ class CutFinished(Message):
     files: dict[str, str] = field(default_factory=dict)
     self_check: bool = False
     elapsed_s: float = 0.0
-    history: list = field(default_factory=list)
+    history: list[tuple[float, int]] = field(default_factory=list)
     criterion: Criterion | None = None  # how the written program fails (what its verification checks)
 
 
@@ -85,4 +89,4 @@ class InputsBuilt(Message):
     """A function target's inputs (``--inputs file.py::make_inputs`` runs user code, so it runs contained), as
     array leaves and their nesting (a :class:`~jaxdbg.target.FlatInputs`)."""
 
-    inputs: Any
+    inputs: FlatInputs

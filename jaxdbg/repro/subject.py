@@ -21,10 +21,10 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from jaxdbg._errors import TargetFailedError, UsageError
+from jaxdbg._errors import UsageError
 from jaxdbg._source import SourceLocation
 from jaxdbg.repro.inline import Combined, blank_main_blocks, inline_local_modules
-from jaxdbg.repro.jobs import CHILD_ENV, INPUTS_JOB, RunRequest
+from jaxdbg.repro.jobs import CHILD_ENV, InputsRequest, RunRequest
 from jaxdbg.repro.messages import InputsBuilt
 from jaxdbg.repro.program import INPUTS_FILE, count_lines
 from jaxdbg.runner import run_contained
@@ -181,9 +181,8 @@ def _function_inputs(spec: TargetSpec, inputs: str | None, args: str | None, see
         return flatten_inputs(random_inputs(parse_args_spec(args), seed))
     if inputs and inputs.endswith(".npz"):
         return flatten_inputs(load_npz_inputs(inputs))
-    outcome = run_contained(INPUTS_JOB, RunRequest(inputs=inputs, seed=seed), timeout=timeout or 120, env=CHILD_ENV)
+    outcome = run_contained(InputsRequest(inputs=inputs, seed=seed), timeout=timeout or 120, env=CHILD_ENV)
     built = outcome.last(InputsBuilt)
     if built is None:
-        outcome.reraise_expected()
-        raise TargetFailedError(f"--inputs '{inputs}' could not be built: {outcome.describe()}")
+        raise outcome.failure(f"--inputs '{inputs}' could not be built: {outcome.describe()}")
     return built.inputs
