@@ -135,7 +135,7 @@ def _masked_softmax(origin: Origin, line: str, feeders: str) -> tuple[str, list[
     return ("a row where every entry is -inf (fully masked) was normalised: its maximum is -inf, and "
             "x - max = -inf - (-inf) = NaN.",
             ["mask with a large finite negative value instead of -inf: `jnp.finfo(x.dtype).min`",
-             "or pass the mask to softmax (`jax.nn.softmax(x, where=mask)`) and zero the fully masked rows "
+             "pass the mask to softmax (`jax.nn.softmax(x, where=mask)`) and zero the fully masked rows "
              "afterwards: `jnp.where(mask.any(-1, keepdims=True), p, 0.0)`"])
 
 
