@@ -1,5 +1,7 @@
 """Contained runs: jaxdbg survives and describes whatever the target does."""
 
+import sys
+
 import pytest
 
 from jaxdbg.protocol import Echo, EchoRequest
@@ -178,7 +180,10 @@ def _request_types():
     while todo:
         kind = todo.pop()
         todo.extend(kind.__subclasses__())
-        if kind.__module__.startswith("jaxdbg.") and not inspect.isabstract(kind):
+        module = sys.modules.get(kind.__module__)
+        # a module's own class: not one a docstring example defines (its __module__ is the module's name too)
+        if kind.__module__.startswith("jaxdbg.") and getattr(module, kind.__qualname__, None) is kind \
+                and not inspect.isabstract(kind):
             found.append(kind)
     return found
 
