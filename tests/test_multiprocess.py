@@ -159,7 +159,9 @@ def test_profile_names_the_straggler_and_where_its_time_went(tmp_path):
     result = json.loads((tmp_path / "job.json").read_text())["result"]
     assert result["stragglers"] == [1]
     slow, other = result["processes"][1], result["processes"][0]
-    assert other["collective_s"] > slow["collective_s"] and slow["host_s"] > other["host_s"]
+    # the others wait in the all-reduce; the straggler's host time holds at least its 4 sleeps between steps
+    # (compared with a bound the program sets, not with the other process's time, which load can inflate too)
+    assert other["collective_s"] > slow["collective_s"] and slow["host_s"] >= 4 * 0.3
     hint = next(h for h in result["hints"] if h.startswith("process 1 is the straggler"))
     assert "host-side work between steps" in hint
 
