@@ -15,6 +15,8 @@ import sys
 import jsonschema
 import pytest
 
+from jaxdbg.hang.api import job_facts_of_process_0
+from jaxdbg.hang.verdict import judge
 from jaxdbg.launch import stop
 from jaxdbg.schema import schema
 
@@ -105,8 +107,11 @@ def test_a_process_stuck_outside_jax_is_named_with_its_line_and_what_the_others_
     assert result["verdict"].startswith(f"process 1 is stuck outside JAX at train.py:{stuck_line} (read_batch)")
     assert "; processes 0, 2, 3 wait in step call 1 (all-reduce (sum) over processes 0, 1, 2, 3" in result["verdict"]
     assert f"called at train.py:{step_line}" in result["verdict"]
-    # Every process's report holds the job's verdict; the Perfetto timeline has every process's calls.
+    # Every process's report holds the job's verdict, also one whose program gloo aborted before the verdict
+    # reached it (it reads process 0's facts from the shared --out); the Perfetto timeline has every process's calls.
     assert [r["result"]["verdict"] for r in reports] == [result["verdict"]] * 4
+    out = os.path.dirname(os.path.dirname(job["artifacts"]["facts"]))
+    assert judge(job_facts_of_process_0(out, since=0.0)).verdict == result["verdict"]
     with open(job["artifacts"]["timeline"]) as handle:
         timeline = json.load(handle)["traceEvents"]
     assert {e["pid"] for e in timeline if e["ph"] == "X" and e["name"].startswith("step #")} == {0, 1, 2, 3}

@@ -28,7 +28,7 @@ from typing import Any
 from jaxdbg._errors import UsageError
 from jaxdbg.hang.messages import ChildStarted, HangJob, HangVerdict
 from jaxdbg.hang.result import HangResult
-from jaxdbg.hang.verdict import JobFacts, judge
+from jaxdbg.hang.verdict import JobFacts, facts_from_json, judge
 from jaxdbg.hang.watchdog import DEFAULT_STALL_S, RECORD_FILE
 from jaxdbg.launch import launched_place
 from jaxdbg.protocol import Message
@@ -70,6 +70,7 @@ class HangRun:
 def hunt(spec: TargetSpec, options: HangOptions) -> HangRun:
     """Run the target contained under the recorder and watchdog; the verdict when it stalls or ends."""
     check_options(spec, options)
+    started = time.time()
     pid: list[int] = []
 
     def heard(message: Message) -> None:
@@ -88,14 +89,14 @@ def hunt(spec: TargetSpec, options: HangOptions) -> HangRun:
     if folder and place[1] > 1:
         folder = os.path.join(folder, f"process-{place[0]}")
     if verdict is not None:
-        from jaxdbg.hang.verdict import facts_from_json
-
         facts = facts_from_json(verdict.facts)
         if verdict.environment is not None:
             place = (verdict.environment.get("process_index", 0), verdict.environment.get("process_count", 1))
     else:
         facts = facts_without_verdict(outcome, place, options, folder)
         write_exit_file(folder, facts.outcomes.get(place[0]))
+        if place[0] != 0 and place[1] > 1 and options.out_dir:
+            facts = job_facts_of_process_0(options.out_dir, started) or facts
     if place[0] == 0 and facts.count > 1 and options.out_dir:
         add_peer_files(facts, options.out_dir)
     result = judge(facts)
@@ -189,6 +190,21 @@ def add_peer_files(facts: JobFacts, out_dir: str) -> None:
             facts.outcomes[index] = ended
         elif record is not None:
             facts.outcomes.setdefault(index, {"status": "dead"})
+
+
+def job_facts_of_process_0(out_dir: str, since: float) -> JobFacts | None:
+    """The job's facts as process 0 judged them, from its files in a shared ``--out``: a process whose program
+    ended before the job's verdict reached it (the coordination service goes down with process 0, and gloo
+    aborts its peers) still reports the job's verdict, not only its own end. None when process 0 wrote none
+    (since ``since``) within :data:`PEER_FILES_WAIT_S`."""
+    path = os.path.join(out_dir, "process-0", "hang-facts.json")
+    deadline = time.time() + PEER_FILES_WAIT_S
+    while time.time() < deadline:
+        with contextlib.suppress(OSError):
+            if os.path.getmtime(path) >= since and (found := _read_json(path)) is not None:
+                return facts_from_json(found)
+        time.sleep(0.2)
+    return None
 
 
 def _read_json(path: str) -> dict | None:

@@ -30,7 +30,7 @@ import numpy as np
 from jaxdbg._errors import UsageError
 from jaxdbg.pipeline.admission import ORDERS, Order, admission_order, microbatch_costs
 from jaxdbg.pipeline.arbiter import RunRecord
-from jaxdbg.pipeline.bounds import EXACT_SECONDS, EXACT_TASKS, Bound, BoundMethod, memory_lower_bound
+from jaxdbg.pipeline.bounds import EXACT_NODES, EXACT_SECONDS, EXACT_TASKS, Bound, BoundMethod, memory_lower_bound
 from jaxdbg.pipeline.messages import RealJob, RealRun, RealTimeline, StageDevices
 from jaxdbg.pipeline.metrics import RunMetrics, lower_bound, measure
 from jaxdbg.pipeline.planner import SAMPLES, Pick, choose
@@ -414,7 +414,10 @@ def _memory_bound(options: BenchOptions, job: _Job, caps: list[int], jobs: list[
               and all(held <= cap for held, cap in zip(records[other.key].peak_inflight, caps))]
     upper = min((float(r.end.max() - r.start.min()) for r in within), default=None) if options.mode == "sim" else None
     exact = EXACT_TASKS if options.exact_bound_s > 0 else 0
-    return memory_lower_bound(job.durations, caps, exact_tasks=exact, time_limit=options.exact_bound_s, upper=upper)
+    # real mode: each process of a job computes the rows itself, so the bound must not depend on its load
+    nodes = EXACT_NODES if options.mode == "real" else None
+    return memory_lower_bound(job.durations, caps, exact_tasks=exact, time_limit=options.exact_bound_s, upper=upper,
+                              node_limit=nodes)
 
 
 def summarise(rows: list[RunRow]) -> list[SummaryRow]:

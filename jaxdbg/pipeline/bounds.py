@@ -49,6 +49,10 @@ from jaxdbg.pipeline.variability import Durations
 
 EXACT_TASKS = 32  # pipelines with at most this many tasks get the mixed-integer program
 EXACT_SECONDS = 1.0  # HiGHS's time limit for one bound; its dual bound holds when it stops there
+# Where every process of a job computes the same bound (real mode), HiGHS stops at a node count, which gives
+# the same answer on a loaded machine as on an idle one; time then only as a safety.
+EXACT_NODES = 2000
+NODES_SAFETY_S = 60.0
 _SAFETY = 1e-7  # relative: what is taken off a solver's bound for its feasibility tolerances
 
 
@@ -64,18 +68,20 @@ class Bound:
 
 
 def memory_lower_bound(durations: Durations, caps: list[int], exact_tasks: int = EXACT_TASKS,
-                       time_limit: float = EXACT_SECONDS, upper: float | None = None) -> Bound:
+                       time_limit: float = EXACT_SECONDS, upper: float | None = None,
+                       node_limit: int | None = None) -> Bound:
     """The strongest bound of the module docstring for ``durations`` with ``caps`` microbatches per stage.
 
     ``upper`` is the makespan of a schedule known to keep the caps (it tightens the program; without it,
-    one is simulated)."""
+    one is simulated). ``node_limit``: stop HiGHS at that many nodes instead of at ``time_limit`` (the same
+    bound whatever the machine's load; the time limit then becomes :data:`NODES_SAFETY_S`)."""
     best = Bound(lower_bound(durations), "memory-free")
     slots = slot_bound(durations, caps)
     if slots > best.value * (1 + 1e-12):
         best = Bound(slots, "slots")
     if durations.shape.num_tasks <= exact_tasks:
         solved = mip_bound(durations, caps, upper if upper is not None else _feasible_makespan(durations, caps),
-                           time_limit, floor=best.value)
+                           time_limit, floor=best.value, node_limit=node_limit)
         if solved is not None and solved.method == "exact":  # the optimum (up to the solver's tolerance)
             best = Bound(max(solved.value, best.value), "exact")
         elif solved is not None and solved.value > best.value:
@@ -174,7 +180,7 @@ def _feasible_makespan(durations: Durations, caps: list[int]) -> float:
 
 
 def mip_bound(durations: Durations, caps: list[int], upper: float, time_limit: float = EXACT_SECONDS,
-              floor: float = 0.0) -> Bound | None:
+              floor: float = 0.0, node_limit: int | None = None) -> Bound | None:
     """The mixed-integer program of the module docstring solved by HiGHS: ``exact`` when solved, else its dual
     bound (``mip``); None when HiGHS gives no bound in time. ``floor``: a bound known already (it starts the
     search there)."""
@@ -183,7 +189,8 @@ def mip_bound(durations: Durations, caps: list[int], upper: float, time_limit: f
     program = _Program(durations, caps, upper, floor)
     result = milp(program.objective(), constraints=LinearConstraint(*program.rows()),
                   integrality=program.integrality(), bounds=Bounds(*program.box()),
-                  options={"time_limit": time_limit, "disp": False})
+                  options={"time_limit": time_limit, "disp": False} if node_limit is None else
+                  {"time_limit": max(time_limit, NODES_SAFETY_S), "node_limit": node_limit, "disp": False})
     dual = getattr(result, "mip_dual_bound", None)
     if dual is None or not np.isfinite(dual):
         return None
