@@ -718,11 +718,16 @@ class Watch(JitHook):
         with self.internal(), contextlib.suppress(Exception):  # growth is extra: the finding goes on without it
             leaves = replay.leaves()
             mags = np.full(len(leaves), np.nan)
+            # reduced where they live (a model's parameters are not copied to the host); an array another process
+            # holds part of is left out, as for the arguments made outside (its reduction would be a collective)
+            on_device = [(i, leaf) for i, leaf in enumerate(leaves) if is_inexact(leaf)
+                         and isinstance(leaf, jax.Array) and leaf.is_fully_addressable]
+            if on_device:
+                mags[[i for i, _ in on_device]] = np.asarray(device_magnitudes_jaxdbg([leaf for _, leaf in on_device]))
             for i, leaf in enumerate(leaves):
-                if is_inexact(leaf):
-                    host = np.abs(np.asarray(leaf, dtype=np.float64))
-                    finite = host[np.isfinite(host)]
-                    mags[i] = float(finite.max()) if finite.size else np.nan
+                if is_inexact(leaf) and not isinstance(leaf, jax.Array):
+                    host = np.abs(np.asarray(leaf))
+                    mags[i] = float(host.max()) if host.size else 0.0
             names = self._argument_names.get((record_id, len(leaves))) or replay.leaf_names()
             self.growth.update(replay.name, names, mags, index, site, key=f"{record_id}:arguments")
 
