@@ -16,6 +16,7 @@ import signal
 import sys
 import traceback
 
+from jaxdbg.launch import COMMAND_VARIABLE
 from jaxdbg.protocol import Channel, ChildFailed, describe_exception, handler_for
 
 _current: Channel | None = None
@@ -34,6 +35,7 @@ def main(workdir: str) -> int:
     with open(os.path.join(workdir, "job.pkl"), "rb") as handle:
         request = pickle.load(handle)
     handler = handler_for(type(request))
+    _install_job_agreement()
     channel = _current = Channel(os.path.join(workdir, "channel.bin"))
     try:
         handler(request, channel)
@@ -54,6 +56,17 @@ def main(workdir: str) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
     return 0
+
+
+def _install_job_agreement() -> None:
+    """A process of a jaxdbg command (the command line sets COMMAND_VARIABLE) compares its command with the other
+    processes' of its jax.distributed job at the program's first jitted call: processes running different
+    commands would each wait in the other's collectives (multihost.agree_on_command)."""
+    if os.environ.get(COMMAND_VARIABLE) is None:
+        return
+    from jaxdbg.multihost import agree_at_first_call  # it imports jax: only in the run of a jaxdbg command
+
+    agree_at_first_call()
 
 
 def _leave_job() -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import inspect
 import re
 import sys
@@ -281,10 +282,25 @@ def _filter_jit_target(inner: Any) -> Any:
     return None
 
 
+def unwrap_function(fun: Any) -> Any:
+    """The Python function behind a callable (partials and ``functools.wraps`` wrappers unwrapped).
+
+    Example:
+        >>> unwrap_function(functools.partial(functools.partial(len), "ab")) is len
+        True
+    """
+    for _ in range(8):
+        if isinstance(fun, functools.partial):
+            fun = fun.func
+        elif hasattr(fun, "__wrapped__"):
+            fun = fun.__wrapped__
+        else:
+            break
+    return fun
+
+
 def _names_of(fun: Any) -> tuple[str | None, str | None]:
     """A callable's (name, qualname) as equinox names its inner function (wrappers and partials unwrapped)."""
-    from jaxdbg.jit_layer import unwrap_function  # the layer imports this module
-
     fun = unwrap_function(fun)
     if hasattr(fun, "__name__"):
         return fun.__name__, getattr(fun, "__qualname__", None)

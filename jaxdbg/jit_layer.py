@@ -64,8 +64,9 @@ from typing import Any
 
 import numpy as np
 
-from jaxdbg import _compat, frameworks, multihost
+from jaxdbg import _compat, frameworks
 from jaxdbg._source import SourceLocation, caller_user_frame, is_user_file
+from jaxdbg.frameworks import unwrap_function as unwrap_function
 from jaxdbg.nonfinite import over_devices, with_magnitudes
 
 # Names the companion functions that also return the output magnitudes. It ends in "_jaxdbg", as every program
@@ -280,8 +281,8 @@ class InstrumentedJit:
             plan = layer.plan(self)
         if not plan.active or plan.local.depth or not _trace_state_clean():
             return plan.jitted(*args, **kwargs)  # traced inside another function, nested, or jaxdbg's own
-        if not layer.job_checked:
-            layer.check_job()
+        if not layer.first_call_seen:
+            layer.first_call()
         record = plan.record
         index = next(record.counter)
         record.calls = index + 1
@@ -367,7 +368,7 @@ class _Layer:
         self.records: dict[tuple, FunctionRecord] = {}
         self.local = _PerThread()
         self.lock = threading.Lock()
-        self.job_checked = False
+        self.first_call_seen = False
         self.ran_ahead: Any = None  # the outputs of the latest call that no hook saw (see take_ran_ahead)
 
     def jit(self, fun: Callable | None = None, /, *args: Any, **options: Any) -> Any:
@@ -437,10 +438,11 @@ class _Layer:
         plan = function._plan = _Plan(self, function, epoch, tuple(every), tuple(sampled))
         return plan
 
-    def check_job(self) -> None:
-        """The first top-level call: the program has joined its job, if it has one."""
-        self.job_checked = True
-        multihost.agree_on_command()
+    def first_call(self) -> None:
+        """The first top-level call: the program has joined its job, if it has one (see :func:`on_first_call`)."""
+        self.first_call_seen = True
+        for action in tuple(_first_call_actions):
+            action()
 
     def call(self, function: InstrumentedJit, plan: _Plan, index: int, args: tuple, kwargs: dict) -> Any:
         hooks, check = plan.every, plan.check
@@ -543,6 +545,18 @@ def installed(hook: JitHook) -> Iterator[JitHook]:
                 monitoring.unregister_event_listener(layer.on_event)
                 jax.pmap = layer.real_pmap
                 _layer = None
+
+
+# Run once per installed layer, at the program's first top-level jitted call: by then the program has joined its
+# jax.distributed job, if it has one. The job layer installs its command agreement here (multihost.agree_at_first_call).
+_first_call_actions: list[Callable[[], None]] = []
+
+
+def on_first_call(action: Callable[[], None]) -> None:
+    """Run ``action`` at the program's first top-level jitted call under an installed hook (once per installation;
+    an exception it raises comes out of that call). Installing the same action again changes nothing."""
+    if action not in _first_call_actions:
+        _first_call_actions.append(action)
 
 
 def replan() -> None:
@@ -682,18 +696,6 @@ def is_internal() -> bool:
     """True inside :func:`internal` or inside an instrumented call on this thread."""
     layer = _layer
     return layer is not None and layer.busy()
-
-
-def unwrap_function(fun: Any) -> Any:
-    """The Python function behind a callable (partials and ``functools.wraps`` wrappers unwrapped)."""
-    for _ in range(8):
-        if isinstance(fun, functools.partial):
-            fun = fun.func
-        elif hasattr(fun, "__wrapped__"):
-            fun = fun.__wrapped__
-        else:
-            break
-    return fun
 
 
 def function_identity(fun: Any) -> tuple[str, SourceLocation | None]:

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, cast
 
-from jaxdbg import _compat
+from jaxdbg import _compat, jit_layer
 from jaxdbg._errors import JobMismatchError
 from jaxdbg.launch import COMMAND_VARIABLE
 
@@ -160,7 +160,6 @@ def global_value(value: Any) -> Any:
         return value
     from jax.experimental import multihost_utils
 
-    from jaxdbg import jit_layer
     from jaxdbg.storable import is_key, key_name, restore
 
     with jit_layer.internal():  # the gather's own jitted function is jaxdbg's, not the program's
@@ -508,6 +507,12 @@ class CommandLine:
 
 
 COMMAND_LINE = Topic("job", "command", CommandLine)
+
+
+def agree_at_first_call() -> None:
+    """Install the job agreement (:func:`agree_on_command`) as the jit layer's first-call action: at the program's
+    first jitted call it has joined its job, if it has one (a contained child of a jaxdbg command does this)."""
+    jit_layer.on_first_call(agree_on_command)
 
 
 def agree_on_command(wait_s: float = AGREE_WAIT_S) -> None:

@@ -18,11 +18,7 @@ PACKAGE = os.path.dirname(os.path.abspath(jaxdbg.__file__))
 
 # Cycles known and left for later, each with who owns it; the test fails when one grows, a new one appears,
 # or one is gone (then its entry goes too).
-KNOWN_CYCLES = {
-    frozenset({"jaxdbg.jit_layer", "jaxdbg.frameworks", "jaxdbg.multihost"}):
-        "issue 23: the job agreement becomes a hook the job layer installs (left to the lead while "
-        "jit_layer.py is being edited)",
-}
+KNOWN_CYCLES: dict[frozenset[str], str] = {}
 # Packages held to plain imports: every import of a jaxdbg module at module level, no private name of another
 # module imported, and a function-level import (of a heavy dependency) says why in a comment.
 PLAIN_IMPORTS = ("jaxdbg.repro",)

@@ -295,3 +295,27 @@ def test_magnitudes_keep_huge_finite_values_finite_and_every_nonfinite_visible()
     assert kinds(jnp.ones((300, 300)).at[0, 0].set(jnp.inf).at[5, 5].set(jnp.nan)) == ["nan"] * 4
     half = np.asarray(jax.jit(magnitudes)([jnp.array([65504.0, -1.0], jnp.float16), jnp.zeros((0,), jnp.bfloat16)]))
     assert half.tolist() == [65504.0, 0.0]
+
+
+def test_a_first_call_action_runs_once_per_installation_at_the_first_top_level_call():
+    """The job layer's hook (multihost.agree_at_first_call): the layer itself knows nothing of jobs."""
+    seen = []
+
+    def action():
+        seen.append(len(seen))
+
+    jit_layer.on_first_call(action)
+    jit_layer.on_first_call(action)  # installed twice: still once per installation
+    try:
+        double = jax.jit(lambda x: 2 * x)
+        double(1.0)  # no hook installed: no first call of the layer's
+        assert seen == []
+        for _ in range(2):
+            with jit_layer.installed(Log("a", [])):
+                inner = jax.jit(lambda x: x + 1)
+                outer = jax.jit(lambda x: inner(x) * 3)
+                outer(1.0)
+                outer(2.0)
+        assert seen == [0, 1]
+    finally:
+        jit_layer._first_call_actions.remove(action)
