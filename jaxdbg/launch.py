@@ -55,6 +55,25 @@ def launched_place(env: Mapping[str, str]) -> tuple[int, int] | None:
     return None
 
 
+# What a heartbeat's line about a hung process says (multihost.hung_line); the parent finds it among the notes.
+HANG_MARK = " hangs: alive"
+
+
+def hang_named(notes: Sequence[str], status: str) -> str | None:
+    """The heartbeat's line naming the process a job hung on, for a run that ended because of that hang: stopped
+    at ``--timeout``, or crashed (the runtime of a process aborts it when another process, stopped at its own
+    timeout first, leaves the job); None otherwise.
+
+    Example:
+        >>> notes = ["process 1 hangs: alive (its heartbeat runs) but its program has not moved for 6 s"]
+        >>> hang_named(notes, "crash")[:17], hang_named(notes, "exception")
+        ('process 1 hangs: ', None)
+    """
+    if status not in ("timeout", "crash"):
+        return None
+    return next((note for note in notes if HANG_MARK in note), None)
+
+
 def free_port() -> int:
     """A free TCP port on the loopback interface (for the job's coordinator)."""
     with socket.socket() as sock:

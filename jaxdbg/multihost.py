@@ -28,7 +28,7 @@ from typing import Any, Generic, TypeVar, cast
 
 from jaxdbg import _compat, jit_layer
 from jaxdbg._errors import JobMismatchError
-from jaxdbg.launch import COMMAND_VARIABLE
+from jaxdbg.launch import COMMAND_VARIABLE, HANG_MARK
 
 HEARTBEAT_S = 1.0
 SILENT_S = 15.0  # a peer whose heartbeat has not moved for this long is reported as lost (dead or frozen)
@@ -423,7 +423,7 @@ def hung_line(peer: int, where: dict, still_s: float, me: int, mine: dict) -> st
         'it stands after step call 2, at train.py:30 (<module>)'
     """
     waits = f" (process {me} waits {mine['text']})" if mine.get("text") else ""
-    return (f"process {peer} hangs: alive (its heartbeat runs) but its program has not moved for {still_s:.0f} s; "
+    return (f"process {peer}{HANG_MARK} (its heartbeat runs) but its program has not moved for {still_s:.0f} s; "
             f"it stands {where.get('text') or 'at an unknown place'}{waits}")
 
 

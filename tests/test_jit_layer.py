@@ -310,12 +310,15 @@ def test_a_first_call_action_runs_once_per_installation_at_the_first_top_level_c
         double = jax.jit(lambda x: 2 * x)
         double(1.0)  # no hook installed: no first call of the layer's
         assert seen == []
-        for _ in range(2):
+        def installation():
             with jit_layer.installed(Log("a", [])):
                 inner = jax.jit(lambda x: x + 1)
                 outer = jax.jit(lambda x: inner(x) * 3)
                 outer(1.0)
                 outer(2.0)
+
+        installation()
+        installation()
         assert seen == [0, 1]
     finally:
         jit_layer._first_call_actions.remove(action)

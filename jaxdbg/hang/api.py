@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jaxdbg._errors import UsageError
-from jaxdbg.hang.messages import ChildStarted, HangJob, HangVerdict
+from jaxdbg.hang.messages import ACK_WAIT_S, ChildStarted, HangJob, HangVerdict
 from jaxdbg.hang.result import HangResult
 from jaxdbg.hang.verdict import JobFacts, facts_from_json, judge
 from jaxdbg.hang.watchdog import DEFAULT_STALL_S, RECORD_FILE
@@ -196,9 +196,9 @@ def job_facts_of_process_0(out_dir: str, since: float) -> JobFacts | None:
     """The job's facts as process 0 judged them, from its files in a shared ``--out``: a process whose program
     ended before the job's verdict reached it (the coordination service goes down with process 0, and gloo
     aborts its peers) still reports the job's verdict, not only its own end. None when process 0 wrote none
-    (since ``since``) within :data:`PEER_FILES_WAIT_S`."""
+    (since ``since``) in time: it may first wait :data:`ACK_WAIT_S` for this process to take the verdict."""
     path = os.path.join(out_dir, "process-0", "hang-facts.json")
-    deadline = time.time() + PEER_FILES_WAIT_S
+    deadline = time.time() + ACK_WAIT_S + PEER_FILES_WAIT_S
     while time.time() < deadline:
         with contextlib.suppress(OSError):
             if os.path.getmtime(path) >= since and (found := _read_json(path)) is not None:

@@ -29,22 +29,58 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from jaxdbg import multihost
+from jaxdbg.hang.messages import ACK_WAIT_S
 from jaxdbg.hang.verdict import facts_from_json, facts_json
 
 COMMAND = "hang-hunt"
-# What the processes tell each other (JSON objects with the fields named beside each).
-WHERE = multihost.where_topic(COMMAND)  # each beat: {beat, time, idle_s, busy, finished, asked, user, ..., text}
-DETAIL_REQUEST = multihost.Topic(COMMAND, "detail-request", dict)  # the merger asks for steps {id, lo, hi}
-DETAIL = multihost.Topic(COMMAND, "detail", dict)  # a member's answer {id, rows}
-COLLECT = multihost.Topic(COMMAND, "collect", dict)  # the merger collects every record {id, reason}
-VERDICT = multihost.Topic(COMMAND, "verdict", dict)  # the job's facts are published {id}
+
+
+@dataclass(frozen=True)
+class DetailRequest:
+    """The merger asks every process for its steps ``lo..hi`` (request ``id``)."""
+
+    id: str
+    lo: int
+    hi: int
+
+
+@dataclass(frozen=True)
+class Detail:
+    """A member's answer to request ``id``: its steps by number (:meth:`Sequence.detail`)."""
+
+    id: str
+    rows: dict[str, dict]
+
+
+@dataclass(frozen=True)
+class Collect:
+    """The merger collects every process's record (collection ``id``), for a stall, a request or the end."""
+
+    id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The job's facts of collection ``id`` are published (``multihost.fetch_bytes(COMMAND, "facts", ...)``)."""
+
+    id: str
+
+
+# What the processes tell each other. Each beat is a JSON object shared with the other commands' heartbeats
+# (multihost.where_topic): {beat, time, idle_s, busy, finished, asked, user, ..., text}.
+WHERE = multihost.where_topic(COMMAND)
+DETAIL_REQUEST = multihost.Topic(COMMAND, "detail-request", DetailRequest)
+DETAIL = multihost.Topic(COMMAND, "detail", Detail)
+COLLECT = multihost.Topic(COMMAND, "collect", Collect)
+VERDICT = multihost.Topic(COMMAND, "verdict", Verdict)
 ACK = multihost.Topic(COMMAND, "ack", bool)  # a member took the verdict
 BEAT_S = 1.0
 CHECKPOINT = 16
-ACK_WAIT_S = 20.0  # the merger keeps the coordination service up until every process has the verdict
 FIRST_BEAT_S = 60.0  # a process that joined but has not beaten yet (its backend still starting) is not lost sooner
 FACTS_FOR_ALL = 16  # in jobs up to this size every process reads the whole job's facts (larger: its own part)
 
@@ -235,15 +271,15 @@ class JobLink:
         """Ask every process for its steps ``lo..hi`` and find the first that differs."""
         self.requests += 1
         hi = min(hi, lo + 255)
-        request = {"id": f"{self.index}-{self.requests}", "lo": lo, "hi": hi}
+        request = DetailRequest(f"{self.index}-{self.requests}", lo, hi)
         multihost.publish(DETAIL_REQUEST, request)
         details = {self.index: self.sequence.detail(lo, hi)}
         deadline = time.time() + 10.0
         for peer in range(self.count):
             while peer != self.index and peer not in self.lost and time.time() < deadline:
                 answer = multihost.peek(DETAIL, peer)
-                if isinstance(answer, dict) and answer.get("id") == request["id"]:
-                    details[peer] = answer["rows"]
+                if answer is not None and answer.id == request.id:
+                    details[peer] = answer.rows
                     break
                 time.sleep(0.1)
         return first_different_step(details)
@@ -254,7 +290,7 @@ class JobLink:
 
         self.collecting = True
         cid = f"{self.index}-{time.time():.6f}"
-        multihost.publish(COLLECT, {"id": cid, "reason": reason})
+        multihost.publish(COLLECT, Collect(cid, reason))
         if reason == "end" and self.divergence is None:
             self._evaluate_end()
         records = {self.index: self._own_record(reason)}
@@ -270,7 +306,7 @@ class JobLink:
         facts = JobFacts(self.count, None if reason == "end" else reason, self.watchdog.settings.stall_s, records,
                          outcomes, silent, self.divergence, list(self.watchdog._notes))
         multihost.publish_bytes(COMMAND, "facts", json.dumps(facts_json(facts)).encode())
-        multihost.publish(VERDICT, {"id": cid})
+        multihost.publish(VERDICT, Verdict(cid))
         deadline = time.time() + ACK_WAIT_S
         for peer in records:
             if peer != self.index:
@@ -294,15 +330,15 @@ class JobLink:
     def _answer(self, now: float) -> None:
         merger = self.merger()
         request = multihost.peek(DETAIL_REQUEST, merger)
-        if isinstance(request, dict) and self.handled.get("detail") != request.get("id"):
-            self.handled["detail"] = request["id"]
-            multihost.publish(DETAIL, {"id": request["id"], "rows": self.sequence.detail(request["lo"], request["hi"])})
+        if request is not None and self.handled.get("detail") != request.id:
+            self.handled["detail"] = request.id
+            multihost.publish(DETAIL, Detail(request.id, self.sequence.detail(request.lo, request.hi)))
         collect = multihost.peek(COLLECT, merger)
-        if isinstance(collect, dict) and self.handled.get("collect") != collect.get("id"):
-            self.handled["collect"] = collect["id"]
-            record = self._own_record(collect.get("reason") or "stall")
-            multihost.publish_bytes(COMMAND, f"record-{collect['id']}", json.dumps(record).encode())
-            self.waiting = (collect["id"], now, record)
+        if collect is not None and self.handled.get("collect") != collect.id:
+            self.handled["collect"] = collect.id
+            record = self._own_record(collect.reason or "stall")
+            multihost.publish_bytes(COMMAND, f"record-{collect.id}", json.dumps(record).encode())
+            self.waiting = (collect.id, now, record)
         if self.waiting is not None:
             self._take_verdict(merger, now)
 
@@ -313,7 +349,7 @@ class JobLink:
         cid, since, record = self.waiting
         verdict = multihost.peek(VERDICT, merger)
         timed_out = now - since > self.watchdog.settings.collect_s + 30.0
-        if not (isinstance(verdict, dict) and verdict.get("id") == cid) and not timed_out:
+        if not (verdict is not None and verdict.id == cid) and not timed_out:
             return
         facts = None
         if not timed_out and self.count <= FACTS_FOR_ALL:

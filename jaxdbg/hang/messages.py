@@ -17,6 +17,9 @@ if TYPE_CHECKING:  # types only: a messages module stays light and out of import
     from jaxdbg.target import TargetSpec
 
 
+# The merger keeps the coordination service up until every process has the verdict, waiting at most this long.
+ACK_WAIT_S = 20.0
+
 @dataclass(frozen=True)
 class HangJob(Request, handler_module="jaxdbg.hang.session"):
     """The request: the TARGET and the command's ``HangOptions``."""

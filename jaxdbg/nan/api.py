@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from jaxdbg.launch import hang_named
 from jaxdbg.nan.messages import HuntFinished, HuntJob, NonFiniteDetected, PeerNote
 from jaxdbg.nan.result import AnalysisWarning, NanHuntResult, Origin
 from jaxdbg.runner import run_contained, waited_to_join
@@ -65,9 +66,9 @@ def hunt(spec: TargetSpec, options: HuntOptions) -> HuntRun:
     got = outcome.last(HuntFinished)
     if got is not None:
         return HuntRun(got.result, got.artifacts, got.environment)
-    # A job stopped at --timeout: the process it hung on, as this process's heartbeat named it.
-    hung = next((n.text for n in outcome.all(PeerNote) if " hangs: alive" in n.text), None)
-    stopped = f"{outcome.describe()}: {hung}" if hung and outcome.status == "timeout" else outcome.describe()
+    # A job that ended on a hang: the process it hung on, as this process's heartbeat named it.
+    hung = hang_named([note.text for note in outcome.all(PeerNote)], outcome.status)
+    stopped = f"{outcome.describe()}: {hung}" if hung else outcome.describe()
     detected = outcome.last(NonFiniteDetected)
     if detected is not None:  # found, but the analysis itself did not finish (a jaxdbg bug, or --timeout)
         said = outcome.exception.traceback if outcome.status == "exception" and outcome.exception else ""
@@ -77,7 +78,7 @@ def hunt(spec: TargetSpec, options: HuntOptions) -> HuntRun:
     what = {"timeout": f"ran past --timeout {options.timeout}s", "crash": outcome.describe(),
             "exit": outcome.describe()}.get(outcome.status, outcome.describe())
     remedy = "raise --timeout or shorten the run" if outcome.status == "timeout" else "fix that failure first"
-    if hung and outcome.status == "timeout":
+    if hung:
         what, remedy = f"{what} ({hung})", "see where that process stands"
     elif outcome.status == "timeout" and waited_to_join(outcome.stderr):
         what, remedy = (f"{what} waiting in jax.distributed.initialize() for the job's other processes",

@@ -23,6 +23,7 @@ from typing import Protocol
 
 from jaxdbg._errors import EXIT_FOUND, EXIT_OK, EXIT_TARGET_FAILED, EXIT_USAGE
 from jaxdbg._source import SourceLocation, is_jaxdbg_file
+from jaxdbg.launch import hang_named
 from jaxdbg.profile.assemble import Gathered
 from jaxdbg.profile.budget import check_budget, parse_budget
 from jaxdbg.profile.compare import compare, load_baseline, other_target_note
@@ -197,11 +198,11 @@ def stopped_in_jitted_call(outcome: Outcome) -> bool:
 
 
 def _error(outcome: Outcome, notes: Sequence[str] = ()) -> tuple[str | None, SourceLocation | None]:
-    """The failure in one line; a job stopped at --timeout names the process it hung on (its heartbeat's note)."""
+    """The failure in one line; a job that ended on a hang names the process it hung on (its heartbeat's note)."""
     if outcome.ok:
         return None, None
     text = f"the target {outcome.describe()}"
-    hung = next((note for note in notes if " hangs: alive" in note), None) if outcome.status == "timeout" else None
+    hung = hang_named(notes, outcome.status)
     if hung:
         text = f"{text}: {hung}"
     frame = outcome.exception.user_frame if outcome.exception else outcome.crash_frame
