@@ -1,7 +1,7 @@
 """``jaxdbg memory`` on programs whose answers are known: a leak through a Python list, a missing donation,
 activations kept for the backward pass of a deep model, a step that does not fit a given --device-memory, a
-function target that is not run because it would not fit, a real RESOURCE_EXHAUSTED on CPU, and an Equinox
-step over arrays sharded on 4 devices.
+function target that is not run because it would not fit, a real RESOURCE_EXHAUSTED on CPU, an Equinox
+step over arrays sharded on 4 devices, and a Flax NNX loop that keeps its logits.
 
 Every run is made once (module fixture, in this process through ``jaxdbg.cli.main``; each target runs in its
 own child) and checked by several tests.
@@ -33,6 +33,7 @@ RUNS = {
     "misfit": ["recipes/memory_fit/model.py::top_scores", "--args", "f32[2048,64] f32[2048,64]", "--device-memory",
                "8MiB", "--no-plot"],
     "sharded": [str(CORPUS / "eqx_sharded_donation" / "train.py"), "--no-plot"],
+    "nnx": [str(CORPUS / "nnx_memory_history" / "train.py"), "--no-plot"],
 }
 
 
@@ -65,7 +66,8 @@ def test_every_report_is_valid_and_exits_as_it_found(runs) -> None:
         errors = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(report)]
         assert not errors, (name, errors)
         assert report["command"] == "memory" and code == report["exit_code"]
-    assert {name: runs[name][0] for name in runs} == {"leak": 1, "remat": 1, "oom": 1, "misfit": 1, "sharded": 0}
+    assert {name: runs[name][0] for name in runs} == {"leak": 1, "remat": 1, "oom": 1, "misfit": 1, "sharded": 0,
+                                                          "nnx": 1}
 
 
 def test_a_leak_through_a_list_names_the_list_and_the_line_that_fills_it(runs) -> None:
@@ -192,6 +194,27 @@ def test_an_equinox_step_on_sharded_arrays_is_measured_per_device(runs) -> None:
     donate = next(h for h in result["hints"] if h["kind"] == "donate")
     assert 'eqx.filter_jit(..., donate="all")' in donate["text"] and "x, y" in donate["text"]
     assert code == 0 and not result["found"]
+
+
+def test_a_flax_nnx_loop_that_keeps_its_logits_is_named_in_nnx_terms(runs) -> None:
+    """nnx.jit threads the model and optimizer through every call (updated in place): the step is followed as
+    nnx.jit, the list of per-step logits is the leak, and the donation hint is spelled as nnx.jit takes it."""
+    code, report, _ = runs["nnx"]
+    script = CORPUS / "nnx_memory_history" / "train.py"
+    result = report["result"]
+    (program,) = result["functions"]
+    assert (program["name"], program["jit"]) == ("train_step", "nnx.jit")
+    assert [(h["argument"], h["argnum"], h["threaded"]) for h in program["held"]] == [
+        ("model", 0, True), ("optimizer", 1, True)]
+    (leak,) = result["leaks"]
+    logits = 256 * 512 * 4  # one step's f32[BATCH, CLASSES] logits
+    assert leak["kept_by"] == "list 'history'" and leak["kept_at"]["line"] == _marker(script, "keeps")
+    assert leak["producer"] == "train_step" and leak["source"]["line"] == _marker(script, "call")
+    assert (leak["arrays"], leak["per_call_bytes"]) == (11, logits)  # 12 steps: all but the latest call's
+    donate = next(h for h in result["hints"] if h["kind"] == "donate")
+    assert "nnx.jit(..., donate_argnums=(0, 1))" in donate["text"]
+    assert donate["saves_bytes"] == sum(h["bytes"] for h in program["held"])
+    assert code == 1 and result["found"]
 
 
 @pytest.mark.parametrize(("argv", "says"), [
