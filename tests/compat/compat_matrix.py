@@ -132,6 +132,18 @@ ROWS: tuple[Row, ...] = (
         2, _train()),
     Row("sharded_dp", "arrays sharded over 8 CPU devices (NamedSharding)", Op("nan", "div", "forward"), 2, _train(),
         device="cpu:7", repro=True),
+    Row("associative_scan_lru", "lax.associative_scan (a linear recurrent unit)", Op("nan", "sqrt", "forward"), 2,
+        _train()),
+    Row("linalg_gp", "jnp.linalg.cholesky / cho_solve (Gaussian-process regression)", Op("nan", "div", "forward"), 2,
+        (Function("fit_step", 1, 4),), explanation=("The zero denominator was made by `exp`", "underflowed to 0")),
+    Row("eigh_spectral", "jnp.linalg.eigh (a spectral loss; its gradient at repeated eigenvalues)",
+        Op("nan", "mul", "backward"), 2, _train(calls=3), path="jit(eigh)",
+        chain=(Op("inf", "integer_pow", "backward"),), explanation=("derivative of `eigh`", "degenerate")),
+    Row("ode_neural", "jax.experimental.ode.odeint (a neural ODE, adjoint backward)", Op("nan", "sqrt", "forward"), 2,
+        _train(calls=3), path="custom_vjp(_odeint)"),
+    Row("pallas_softmax", "Pallas kernel (pallas_call in interpret mode, no grid)", Op("nan", "sub", "forward"), 1,
+        (Function("attend", 1, 3),), path="pallas(softmax_kernel)",
+        chain=(Op("inf", "convert_element_type", "forward", "# mask: -inf"),)),
 )
 
 DEVICES = 8  # every program runs with this many CPU devices
