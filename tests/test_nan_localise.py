@@ -14,6 +14,7 @@ from jaxdbg.nan.growth import GrowthTracker
 from jaxdbg.nan.localise import localise_call
 from jaxdbg.nan.passes import classify
 from jaxdbg.nan.precision import check_precision
+from jaxdbg.nan.result import GrowthEntry
 from jaxdbg.nan.stats import nonfinite_flags, value_stats
 
 
@@ -278,6 +279,10 @@ def _masked_mean(loss, tokens):
     return jnp.sum(loss * mask) / jnp.sum(mask)
 
 
+def _spread(a, b, c, d, s):
+    return (a + b + c + d) / jnp.exp(s + a + b + c + d)
+
+
 def test_the_zero_a_division_by_zero_divided_by_is_traced_to_where_it_was_made() -> None:
     from jaxdbg.nan import zero_source
     from jaxdbg.nan.analyses import Findings
@@ -294,6 +299,12 @@ def test_the_zero_a_division_by_zero_divided_by_is_traced_to_where_it_was_made()
     assert (zero.primitive, zero.how, zero.arguments) == ("exp", "underflow", ("log_scale",))
     assert zero.source.line == _line_of(_gp_like, "# exp line") and zero.inputs[0].max == -377.0
     assert f"made by `exp` at line {zero.source.line}" in text and "underflow" in hints[0]
+    # of many arguments, the one that grew before the call is named first, not left among "and 2 more"
+    zero, (text, _) = traced(_spread, *[jnp.float32(0.0)] * 4, jnp.float32(-377.0))
+    assert zero.arguments == ("a", "b", "c", "d", "s") and "computed from a, b, c and 2 more." in text
+    first = localise_call(Call("_spread", jax.jit(_spread), (*[jnp.float32(0.0)] * 4, jnp.float32(-377.0)), {})).first
+    grew = GrowthEntry("s", None, 1, 400.0, "_spread", 1.0, 400.0)
+    assert "computed from s, a, b and 2 more." in explain(first, growth=[grew], zero=zero)[0]
     # a batch of padding only: the mask's comparison made the zeros; no underflow hint
     zero, (text, hints) = traced(_masked_mean, jnp.ones(4), jnp.zeros(4, jnp.int32))
     assert (zero.primitive, zero.how, zero.arguments) == ("ne", "made", ("tokens",))

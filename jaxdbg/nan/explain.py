@@ -403,10 +403,12 @@ def _range_sentence(overflow: Overflow, first: Origin) -> str:
             f"this {'NaN' if first.kind == 'nan' else 'Inf'}; an epsilon does not help.")
 
 
-def _zero_sentence(zero: ZeroSource, first: Origin) -> str:
-    """Where the zero the origin divided by (or took the log of) was made (:mod:`jaxdbg.nan.zero_source`)."""
+def _zero_sentence(zero: ZeroSource, first: Origin, grown: Sequence[str] = ()) -> str:
+    """Where the zero the origin divided by (or took the log of) was made (:mod:`jaxdbg.nan.zero_source`); of the
+    arguments it is computed from, those that grew before it (``grown``) are named first: the likelier cause."""
     what = "The zero denominator" if first.primitive in ("div", "rem") else "The zero"
-    args = ", ".join(zero.arguments[:3]) + (", ..." if len(zero.arguments) > 3 else "")
+    named = sorted(zero.arguments, key=lambda name: name not in grown)  # stable: the call's order otherwise
+    args = ", ".join(named[:3]) + (f" and {len(named) - 3} more" if len(named) > 3 else "")
     if zero.how == "outside":
         return f"{what} was computed before `{first.path[-1]}` began" + (f", from {args}." if args else ".")
     if zero.primitive is None:
@@ -468,7 +470,7 @@ def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence
     else:
         root = None
     if zero is not None:
-        parts.append(_zero_sentence(zero, first))
+        parts.append(_zero_sentence(zero, first, [entry.name for entry in growth]))
         if zero.how == "underflow":
             hints = [UNDERFLOW, *hints]
     if "custom_vjp_bwd(" in " ".join(first.path):
