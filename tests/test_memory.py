@@ -1,7 +1,7 @@
 """``jaxdbg memory`` on programs whose answers are known: a leak through a Python list, a missing donation,
 activations kept for the backward pass of a deep model, a step that does not fit a given --device-memory, a
 function target that is not run because it would not fit, a real RESOURCE_EXHAUSTED on CPU, and an Equinox
-step over arrays sharded on 4 devices.
+step over arrays sharded on 4 devices followed by a pmap'd evaluation.
 
 Every run is made once (module fixture, in this process through ``jaxdbg.cli.main``; each target runs in its
 own child) and checked by several tests.
@@ -179,7 +179,7 @@ def test_an_equinox_step_on_sharded_arrays_is_measured_per_device(runs) -> None:
     code, report, _ = runs["sharded"]
     result = report["result"]
     # The first call's model is on one device, its outputs replicated over the mesh: one recompile, same program.
-    program = result["functions"][-1]
+    program = [f for f in result["functions"] if f["name"] == "train_step"][-1]
     assert program["jit"] == "eqx.filter_jit" and program["devices"] == 4
     batch = 1024 * 64 * 4 // 4  # the f32[1024,64] batch, a quarter on each device
     assert batch in {b["bytes"] for b in program["largest"] if b["kind"] == "argument"}
@@ -192,6 +192,19 @@ def test_an_equinox_step_on_sharded_arrays_is_measured_per_device(runs) -> None:
     donate = next(h for h in result["hints"] if h["kind"] == "donate")
     assert 'eqx.filter_jit(..., donate="all")' in donate["text"] and "x, y" in donate["text"]
     assert code == 0 and not result["found"]
+
+
+def test_a_pmapped_function_is_followed_as_a_function_with_its_compiled_peak(runs) -> None:
+    """The same run's pmap'd evaluation (pmap is a jit jax builds itself, which takes no compiler options): its own
+    entry, per device, with the buffers of its own buffer-assignment dump."""
+    _, report, _ = runs["sharded"]
+    (program,) = [f for f in report["result"]["functions"] if f["name"] == "evaluate"]
+    block = 1024 * 64 * 4 // 4  # xs and ys: f32[4,256,64], one [256,64] block on each device
+    assert program["jit"] == "jax.pmap" and program["devices"] == 4
+    assert program["argument_bytes"] == 2 * block and program["peak_bytes"] >= 2 * block
+    assert [b["bytes"] for b in program["largest"] if b["kind"] == "argument"] == [block, block]
+    assert program["dump"] and program["source"]["line"] == _line(CORPUS / "eqx_sharded_donation" / "train.py",
+                                                                  "@functools.partial(jax.pmap")
 
 
 @pytest.mark.parametrize(("argv", "says"), [

@@ -182,7 +182,7 @@ def _notes(outcome: Outcome, programs: list[ProgramMemory], final: FinalLive | N
            devices: Devices | None) -> tuple[str, ...]:
     notes = []
     if devices is None and outcome.ok:
-        notes.append("no jitted function ran: nothing was measured (jaxdbg memory follows jax.jit calls)")
+        notes.append("no jitted function ran: nothing was measured (jaxdbg memory follows jax.jit and jax.pmap calls)")
     if devices is not None and devices.backend == "cpu" and not any(p.fits is not None for p in programs):
         notes.append("CPU devices report no memory limit: give --device-memory to check a GPU/TPU budget ahead")
     later = [p for p in programs if p.compile_index > 0]
