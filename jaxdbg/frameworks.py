@@ -95,8 +95,8 @@ def jit_kind(fun: Any) -> Literal["jax.jit", "nnx.jit", "eqx.filter_jit"]:
 
 
 def donation_option(kind: str, argnums: Sequence[int], kept: Sequence[str] = ()) -> str:
-    """How to donate the arguments at ``argnums`` with the wrapper ``kind`` (see :func:`jit_kind`); ``kept``:
-    array arguments the caller passes again, which must not be donated. ``filter_jit`` donates by groups of
+    """How to donate the arguments at ``argnums`` with the wrapper ``kind`` (see :func:`jit_kind`; or ``jax.pmap``);
+    ``kept``: array arguments the caller passes again, which must not be donated. ``filter_jit`` donates by groups of
     arguments (``donate="all"`` or ``"all-except-first"``), not by position.
 
     Example:
@@ -111,8 +111,8 @@ def donation_option(kind: str, argnums: Sequence[int], kept: Sequence[str] = ())
         caution = (f" (it donates every array argument: the loop passes {', '.join(kept)} again, so take "
                    f"{'it' if len(kept) == 1 else 'them'} out of the arguments or pass a copy)") if kept else ""
         return f'eqx.filter_jit(..., donate="all"){caution}'
-    if kind == "nnx.jit":
-        return f"nnx.jit(..., donate_argnums=({numbers}))"
+    if kind in ("nnx.jit", "jax.pmap"):
+        return f"{kind}(..., donate_argnums=({numbers}))"
     return f"jax.jit(..., donate_argnums=({numbers}))"
 
 

@@ -182,6 +182,30 @@ class Channel:
         self._handle.close()
 
 
+class MessageLog(list):
+    """The messages a job sent, kept while ``keeping`` (a multi-process job shares figures made from them)."""
+
+    keeping = True
+
+    def stop(self) -> None:
+        self.keeping = False
+        self.clear()
+
+
+def locked_sender(channel: Any, log: MessageLog | None = None) -> Callable[[Message], None]:
+    """``channel.send`` made safe for the monitor thread and the main thread at once; with ``log``, every
+    message is also kept there while the log keeps them."""
+    lock = threading.Lock()
+
+    def send(message: Message) -> None:
+        with lock:
+            channel.send(message)
+            if log is not None and log.keeping:
+                log.append(message)
+
+    return send
+
+
 def read_channel(path: str) -> list[Message]:
     """All complete messages of a channel file (a record cut short by a kill is dropped)."""
     return ChannelTail(path).read_new()

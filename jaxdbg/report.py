@@ -31,8 +31,6 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Literal, Protocol, TypeVar, Union, runtime_checkable
 
-import numpy as np
-
 from jaxdbg._errors import UsageError
 from jaxdbg._version import __version__
 
@@ -56,18 +54,19 @@ def to_jsonable(value: Any) -> Any:
         return [to_jsonable(v) for v in value]
     if isinstance(value, enum.Enum):
         return to_jsonable(value.value)
-    if isinstance(value, (np.bool_, bool)):
+    np = sys.modules.get("numpy")  # a numpy value exists only where numpy is imported: not imported for it here
+    if isinstance(value, bool) or (np is not None and isinstance(value, np.bool_)):
         return bool(value)
-    if isinstance(value, (np.integer, int)):
+    if isinstance(value, int) or (np is not None and isinstance(value, np.integer)):
         return int(value)
-    if isinstance(value, (np.floating, float)):
+    if isinstance(value, float) or (np is not None and isinstance(value, np.floating)):
         number = float(value)
         if math.isnan(number):
             return "nan"
         if math.isinf(number):
             return "inf" if number > 0 else "-inf"
         return number
-    if isinstance(value, np.ndarray):
+    if np is not None and isinstance(value, np.ndarray):
         return to_jsonable(value.tolist())
     if isinstance(value, Path):
         return str(value)

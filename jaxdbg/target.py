@@ -30,13 +30,13 @@ import sys
 import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Literal
 
 from jaxdbg._errors import TargetFailedError, UsageError
 from jaxdbg.protocol import Done, Request, handles
-from jaxdbg.storable import is_key, restore, storable
+
+if TYPE_CHECKING:  # annotations only: numpy is imported where arrays are made or read (a command's parent never)
+    import numpy as np
 
 
 @dataclass(frozen=True)
@@ -252,6 +252,8 @@ DTYPE_ALIASES = {
 
 def numpy_dtype(name: str) -> np.dtype:
     """numpy dtype for a canonical dtype name ('bf16' comes from ml_dtypes, a jax dependency)."""
+    import numpy as np  # heavy: only where arrays are made or read
+
     if name == "bf16":
         import ml_dtypes
 
@@ -267,6 +269,8 @@ _NUMPY_NAMES = {
 
 def short_dtype(dtype: Any) -> str:
     """'f32' for float32, 'bf16' for bfloat16, ...: the contract's dtype spelling."""
+    import numpy as np  # heavy: only where arrays are made or read
+
     name = np.dtype(dtype).name
     return {"bool": "bool", "bfloat16": "bf16"}.get(name) or (
         name.replace("float", "f").replace("uint", "u").replace("int", "i"))
@@ -300,6 +304,8 @@ def parse_args_spec(text: str) -> list[ArraySpec]:
 
 def random_inputs(specs: Sequence[ArraySpec], seed: int = 0) -> tuple[np.ndarray, ...]:
     """Seeded random numpy arrays for ArraySpecs: normal floats, small integers, fair booleans."""
+    import numpy as np  # heavy: only where arrays are made or read
+
     rng = np.random.default_rng(seed)
     out = []
     for spec in specs:
@@ -350,10 +356,15 @@ def flatten_inputs(inputs: Sequence[Any]) -> FlatInputs:
     """Describe positional inputs as leaves and nesting; UsageError for containers plain Python cannot rebuild.
 
     Example:
+        >>> import numpy as np
         >>> flat = flatten_inputs(([(np.ones(2), np.zeros(2))], np.float32(3.0), 0.5))
         >>> len(flat.leaves), flat.args[0], flat.args[2]
         (3, {'list': [{'tuple': [{'leaf': 0}, {'leaf': 1}]}]}, {'scalar': 0.5})
     """
+    import numpy as np  # heavy: only where arrays are made or read
+
+    from jaxdbg.storable import is_key  # imports numpy (heavy)
+
     leaves: list[Any] = []  # numpy arrays, and typed PRNG keys as they are
 
     def node(value: Any, where: str) -> Any:
@@ -399,6 +410,10 @@ def save_npz_inputs(path: str, inputs: Sequence[Any] | FlatInputs) -> FlatInputs
     (JSON), so :func:`load_npz_inputs` gives back the same arguments. Never pickles."""
     import json
 
+    import numpy as np  # heavy: only where arrays are made or read
+
+    from jaxdbg.storable import storable  # imports numpy (heavy)
+
     flat = inputs if isinstance(inputs, FlatInputs) else flatten_inputs(inputs)
     arrays: dict[str, Any] = {}  # (Any: np.savez's **kwargs are typed against its allow_pickle flag)
     dtypes = {}
@@ -415,6 +430,8 @@ def save_npz_inputs(path: str, inputs: Sequence[Any] | FlatInputs) -> FlatInputs
 def load_npz_inputs(path: str) -> tuple[Any, ...]:
     """Arrays ``arg0, arg1, ...`` (or numpy's default ``arr_0, ...``) of an npz, in positional order, no pickle;
     an npz written by :func:`save_npz_inputs` gives back its nesting and dtypes."""
+    import numpy as np  # heavy: only where arrays are made or read
+
     if not os.path.exists(path):
         raise UsageError(f"--inputs '{path}': no such file; check the path")
     if not zipfile.is_zipfile(path):  # np.load would otherwise try to read it as a pickle
@@ -449,6 +466,8 @@ def load_npz_inputs(path: str) -> tuple[Any, ...]:
 def _described(path: str, arrays: tuple[np.ndarray, ...], keys: list[str], text: str) -> tuple[Any, ...]:
     """Arguments rebuilt from the leaves and the ``TREE_KEY`` description :func:`save_npz_inputs` wrote."""
     import json
+
+    from jaxdbg.storable import restore  # imports numpy (heavy)
 
     try:
         tree = json.loads(text)

@@ -1,7 +1,7 @@
 """``jaxdbg memory`` on programs whose answers are known: a leak through a Python list, a missing donation,
 activations kept for the backward pass of a deep model, a step that does not fit a given --device-memory, a
 function target that is not run because it would not fit, a real RESOURCE_EXHAUSTED on CPU, an Equinox
-step over arrays sharded on 4 devices, and a Flax NNX loop that keeps its logits.
+step over arrays sharded on 4 devices followed by a pmap'd evaluation, and a Flax NNX loop that keeps its logits.
 
 Every run is made once (module fixture, in this process through ``jaxdbg.cli.main``; each target runs in its
 own child) and checked by several tests.
@@ -12,6 +12,8 @@ from __future__ import annotations
 import csv
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import jsonschema
@@ -181,7 +183,7 @@ def test_an_equinox_step_on_sharded_arrays_is_measured_per_device(runs) -> None:
     code, report, _ = runs["sharded"]
     result = report["result"]
     # The first call's model is on one device, its outputs replicated over the mesh: one recompile, same program.
-    program = result["functions"][-1]
+    program = [f for f in result["functions"] if f["name"] == "train_step"][-1]
     assert program["jit"] == "eqx.filter_jit" and program["devices"] == 4
     batch = 1024 * 64 * 4 // 4  # the f32[1024,64] batch, a quarter on each device
     assert batch in {b["bytes"] for b in program["largest"] if b["kind"] == "argument"}
@@ -215,6 +217,29 @@ def test_a_flax_nnx_loop_that_keeps_its_logits_is_named_in_nnx_terms(runs) -> No
     assert "nnx.jit(..., donate_argnums=(0, 1))" in donate["text"]
     assert donate["saves_bytes"] == sum(h["bytes"] for h in program["held"])
     assert code == 1 and result["found"]
+
+
+def test_a_pmapped_function_is_followed_as_a_function_with_its_compiled_peak(runs) -> None:
+    """The same run's pmap'd evaluation (pmap is a jit jax builds itself, which takes no compiler options): its own
+    entry, per device, with the buffers of its own buffer-assignment dump."""
+    _, report, _ = runs["sharded"]
+    (program,) = [f for f in report["result"]["functions"] if f["name"] == "evaluate"]
+    block = 1024 * 64 * 4 // 4  # xs and ys: f32[4,256,64], one [256,64] block on each device
+    assert program["jit"] == "jax.pmap" and program["devices"] == 4
+    assert program["argument_bytes"] == 2 * block and program["peak_bytes"] >= 2 * block
+    assert [b["bytes"] for b in program["largest"] if b["kind"] == "argument"] == [block, block]
+    assert program["dump"] and program["source"]["line"] == _line(CORPUS / "eqx_sharded_donation" / "train.py",
+                                                                  "@functools.partial(jax.pmap")
+
+
+def test_the_commands_parent_imports_neither_jax_nor_numpy(tmp_path) -> None:
+    """Only the child runs jax: the parent that assembles the report imports neither (1.1 s and 0.1 s of the
+    command's start otherwise; matplotlib brings numpy when pictures are drawn)."""
+    (tmp_path / "hello.py").write_text("print('hello')\n")
+    code = ("import sys\nfrom jaxdbg.cli import main\ncode = main(['memory', 'hello.py', '--no-plot', '-q'])\n"
+            "print(code, sorted({m.split('.')[0] for m in sys.modules} & {'jax', 'numpy', 'matplotlib'}))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip().splitlines()[-1] == "0 []", done.stdout + done.stderr
 
 
 @pytest.mark.parametrize(("argv", "says"), [

@@ -252,7 +252,8 @@ def test_an_exception_raised_inside_jaxdbg_is_not_blamed_on_the_target(tmp_path,
 
     import jaxdbg
     from jaxdbg._source import SourceLocation
-    from jaxdbg.profile.run import ProfileOptions, _raise_internal_failure
+    from jaxdbg.outcomes import raise_internal_failure
+    from jaxdbg.profile.run import ProfileOptions
     from jaxdbg.runner import ExceptionInfo, Outcome
     from jaxdbg.target import parse_target
 
@@ -266,9 +267,9 @@ def test_an_exception_raised_inside_jaxdbg_is_not_blamed_on_the_target(tmp_path,
                          SourceLocation(user, 5, "<module>"))
     outcome = Outcome("exception", 1, None, info, "", "", 1.0, (), None)
     with pytest.raises(RuntimeError, match="instrumentation failed"):
-        _raise_internal_failure(outcome, parse_target("train.py"), ProfileOptions())
+        raise_internal_failure(outcome, parse_target("train.py"), ProfileOptions())
     in_user_code = trace.replace(ours, user)  # the same error raised by the user's own line: the target's
-    _raise_internal_failure(Outcome("exception", 1, None, ExceptionInfo(
+    raise_internal_failure(Outcome("exception", 1, None, ExceptionInfo(
         "NameError", "NameError", "x", in_user_code, SourceLocation(user, 5, "<module>")), "", "", 1.0, (), None),
         parse_target("train.py"), ProfileOptions())
 

@@ -14,12 +14,21 @@ Example:
     [('train_step', 21474836480, False)]
 """
 
-from jaxdbg.memory.program import ProgramInfo as ProgramInfo
-from jaxdbg.memory.program import analyse as analyse
+from typing import Any
+
+from jaxdbg._lazy import attribute
+from jaxdbg.memory.messages import MemoryOptions as MemoryOptions
 from jaxdbg.memory.result import MemoryResult as MemoryResult
 from jaxdbg.memory.result import ProgramMemory as ProgramMemory
-from jaxdbg.memory.run import MemoryOptions as MemoryOptions
-from jaxdbg.memory.run import MemoryRun as MemoryRun
-from jaxdbg.memory.run import memory as memory
 from jaxdbg.memory.units import format_bytes as format_bytes
 from jaxdbg.memory.units import parse_bytes as parse_bytes
+
+_LAZY = {  # loaded on first use: the job's child needs neither (it unpickles MemoryOptions from messages), and
+    # they bring in the profile package's modules, the report's writers and the program's analysis
+    "memory": "jaxdbg.memory.run", "MemoryRun": "jaxdbg.memory.run",
+    "analyse": "jaxdbg.memory.program", "ProgramInfo": "jaxdbg.memory.program",
+}
+
+
+def __getattr__(name: str) -> Any:
+    return attribute(__name__, _LAZY, name)

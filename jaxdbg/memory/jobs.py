@@ -22,7 +22,7 @@ from jaxdbg import multihost
 from jaxdbg.launch import launched_place
 from jaxdbg.memory.messages import Devices, JobMemory, MemoryJob, MemoryNote
 from jaxdbg.memory.recorder import DoesNotFit, MemoryRecorder, compile_spans
-from jaxdbg.protocol import Done, Environment, handles
+from jaxdbg.protocol import Done, Environment, handles, locked_sender
 
 GATHER_WAIT_S = 60.0
 
@@ -73,7 +73,6 @@ def memory_job(job: MemoryJob, channel: Any) -> None:
 def script_job(job: MemoryJob, channel: Any) -> None:
     """Run a script TARGET with the memory recorder installed."""
     from jaxdbg import jit_layer
-    from jaxdbg.profile.jobs import locked_sender
     from jaxdbg.target import run_script
 
     send = locked_sender(channel)
@@ -104,7 +103,6 @@ def function_job(job: MemoryJob, channel: Any) -> None:
 
     from jaxdbg import jit_layer
     from jaxdbg.jit_layer import InstrumentedJit
-    from jaxdbg.profile.jobs import locked_sender
     from jaxdbg.target import check_arity, load_function, load_inputs
 
     send = locked_sender(channel)

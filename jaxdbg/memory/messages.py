@@ -15,8 +15,23 @@ from jaxdbg.protocol import Message, Request
 
 if TYPE_CHECKING:  # types only: a messages module stays light and out of import cycles
     from jaxdbg.memory.result import Leak, LiveGroup, OutOfMemory, ProcessMemory, ProgramMemory, RunPeak
-    from jaxdbg.memory.run import MemoryOptions
     from jaxdbg.target import TargetSpec
+
+
+@dataclass(frozen=True)
+class MemoryOptions:
+    """Everything ``jaxdbg memory`` can be asked, with the command line's defaults (here, beside the job that
+    carries them: the child unpickles them without the parent's modules)."""
+
+    device_memory: int | None = None  # bytes per device; None: each device's own limit, where it reports one
+    budget: str | None = None
+    top: int = 10
+    leak_bytes: int = 1 << 20
+    plot: bool = True
+    args: str | None = None
+    inputs: str | None = None
+    seed: int = 0
+    timeout: float | None = None
 
 
 @dataclass(frozen=True)

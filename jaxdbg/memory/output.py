@@ -13,9 +13,11 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import html
 import os
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -104,15 +106,36 @@ def _where(group: LiveGroup) -> str:
     return f"{os.path.basename(group.source.file)}:{group.source.line}" if group.source else ""
 
 
-def write_png(result: MemoryResult, rows: Sequence[SampleRow], path: str) -> str | None:
-    """memory.png: memory over the run per device (peak marked) and the breakdown at the peak; None without
-    matplotlib."""
+def load_matplotlib() -> threading.Thread:
+    """Import matplotlib for :func:`write_png` on a daemon thread, started while the run goes on: the parent only
+    waits for its child then, and the import (about half a second, as long as drawing) is off the command's path.
+    Join it before drawing (an import the main thread starts meanwhile waits for it anyway)."""
+    thread = threading.Thread(target=_import_matplotlib, name="jaxdbg-memory-matplotlib", daemon=True)
+    thread.start()
+    return thread
+
+
+def _import_matplotlib() -> Any:
+    """``matplotlib.pyplot`` on the Agg backend, or None without matplotlib."""
     try:
-        import matplotlib
+        import matplotlib  # the plot extra: lazily, and only where a picture is asked for
 
         matplotlib.use("Agg", force=False)
         import matplotlib.pyplot as plt
     except ImportError:
+        return None
+    with contextlib.suppress(Exception):  # the font cache, read at the first text drawn: read it now too
+        from matplotlib import font_manager
+
+        font_manager.findfont(font_manager.FontProperties())
+    return plt
+
+
+def write_png(result: MemoryResult, rows: Sequence[SampleRow], path: str) -> str | None:
+    """memory.png: memory over the run per device (peak marked) and the breakdown at the peak; None without
+    matplotlib."""
+    plt = _import_matplotlib()
+    if plt is None:
         return None
     figure, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [2, 1]})
     for device, (t, live, estimate) in series(rows).items():
@@ -141,6 +164,9 @@ def write_png(result: MemoryResult, rows: Sequence[SampleRow], path: str) -> str
     right.set_title(f"at the peak ({peak.device})" if peak else "no samples")
     right.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     figure.tight_layout()
+    # tight_layout leaves a placeholder layout engine, and savefig draws the whole figure once more for any engine
+    # (a third of the picture's time) before it draws it for good: laid out already, it needs none.
+    figure.set_layout_engine(None)
     figure.savefig(path, dpi=110)
     plt.close(figure)
     return path

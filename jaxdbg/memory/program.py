@@ -26,7 +26,6 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from jaxdbg import _compat
 from jaxdbg._choices import choice
 from jaxdbg._source import SourceLocation
 from jaxdbg.memory.buffers import LISTED, Assignment, Value, find_dump
@@ -55,6 +54,8 @@ class ProgramInfo:
 def analyse(compiled: Any, info: ProgramInfo, dump_folder: str | None, after_module: int = -1,
             top: int = TOP_BUFFERS) -> ProgramMemory:
     """The memory of one compiled program; the dump folder's newest module of its name is its assignment."""
+    from jaxdbg import _compat  # imports jax: the parent that assembles the report (this package) never does
+
     sizes = _compat.compiled_memory(compiled, with_peak=True) or {}
     arguments, outputs = sizes.get("argument_bytes", 0), sizes.get("output_bytes", 0)
     alias, temp, code = sizes.get("alias_bytes", 0), sizes.get("temp_bytes", 0), sizes.get("code_bytes", 0)

@@ -56,7 +56,7 @@ from jaxdbg.memory.messages import (
 )
 from jaxdbg.memory.oom import first_line, is_out_of_memory, requested_bytes
 from jaxdbg.memory.program import ProgramInfo, analyse, dump_number
-from jaxdbg.memory.result import Leak, LiveGroup, OutOfMemory, ProgramMemory, RunPeak
+from jaxdbg.memory.result import JitKind, Leak, LiveGroup, OutOfMemory, ProgramMemory, RunPeak
 from jaxdbg.protocol import repeating
 
 SAMPLE_SHARE = 0.03  # snapshots after a function's first calls may cost at most this share of the run
@@ -89,7 +89,7 @@ class FunctionState:
 
         self.name = function.name
         self.source = function.record.source
-        self.jit = frameworks.jit_kind(function.fun)
+        self.jit: JitKind = "jax.pmap" if function.is_pmap else frameworks.jit_kind(function.fun)
         self.parameters = tuple(parameter_names(unwrap_function(function.fun)) or ())
         self.calls = 0
         self.compiles = 0
@@ -106,6 +106,8 @@ class FunctionState:
 
 class MemoryRecorder(JitHook):
     """Collects compiled memory per function and live memory over the run; sends it as messages."""
+
+    sees_pmap = True  # a pmap'd function is followed as a function (jit_layer.InstrumentedPmap)
 
     def __init__(self, send: Send, dump_folder: str | None, *, top: int = 10, min_leak_bytes: int = 1 << 20,
                  device_memory: int | None = None, stop_before_misfit: bool = False):
@@ -221,7 +223,11 @@ class MemoryRecorder(JitHook):
             from jaxdbg import jit_layer
 
             with jit_layer.internal():
-                compiled = call.function.top_level.lower(*call.args, **call.kwargs).compile()
+                lowered = call.function.top_level.lower(*call.args, **call.kwargs)
+                # A pmap takes no compiler options (jax builds its jit): its analysis compiles once more, dumping
+                # its buffer assignment; a jitted function's has them and finds its executable in jax's cache.
+                pmapped = call.function.is_pmap and self.dump_folder and state.compiles < ANALYSED_COMPILES
+                compiled = lowered.compile(self.compiler_options()) if pmapped else lowered.compile()
         except Exception as err:  # noqa: BLE001 - the call itself will say what is wrong (or run anyway)
             if is_out_of_memory(err) and self.oom is None:
                 self._out_of_memory(err, call, state, caller_user_frame(1), at_compile=True)

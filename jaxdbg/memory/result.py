@@ -20,7 +20,7 @@ from jaxdbg.memory.units import format_bytes
 
 # What a buffer listed holds (constants and thread-local scalars are not what fills memory).
 BufferKind = Literal["argument", "output", "temp"]
-JitKind = Literal["jax.jit", "nnx.jit", "eqx.filter_jit"]  # frameworks.jit_kind
+JitKind = Literal["jax.jit", "nnx.jit", "eqx.filter_jit", "jax.pmap"]  # frameworks.jit_kind, or a pmap
 HintKind = Literal["donate", "remat", "dtype", "shard", "leak", "fit"]
 BudgetOrigin = Literal["--device-memory", "device limit", "none"]
 

@@ -29,34 +29,21 @@ from jaxdbg.memory.messages import (
     LeaksFound,
     MemoryJob,
     MemoryNote,
+    MemoryOptions,
     OutOfMemoryFound,
     ProgramAnalysed,
     SampleRow,
     Samples,
     ThreadedArguments,
 )
-from jaxdbg.memory.output import write_html, write_png, write_samples_csv, write_tables
+from jaxdbg.memory.output import load_matplotlib, write_html, write_png, write_samples_csv, write_tables
 from jaxdbg.memory.result import Budget, BudgetOrigin, DeviceMemory, Held, MemoryResult, ProgramMemory
 from jaxdbg.memory.units import format_bytes
+from jaxdbg.outcomes import failure_line, raise_internal_failure, raise_usage_from_child
 from jaxdbg.protocol import Environment
 from jaxdbg.report import process_folder
 from jaxdbg.runner import Outcome, run_contained
 from jaxdbg.target import TargetSpec, check_target
-
-
-@dataclass(frozen=True)
-class MemoryOptions:
-    """Everything ``jaxdbg memory`` can be asked, with the command line's defaults."""
-
-    device_memory: int | None = None  # bytes per device; None: each device's own limit, where it reports one
-    budget: str | None = None
-    top: int = 10
-    leak_bytes: int = 1 << 20
-    plot: bool = True
-    args: str | None = None
-    inputs: str | None = None
-    seed: int = 0
-    timeout: float | None = None
 
 
 @dataclass(frozen=True)
@@ -70,7 +57,6 @@ class MemoryRun:
 
 def memory(spec: TargetSpec, options: MemoryOptions, out_dir: str) -> MemoryRun:
     """Measure what fills device memory in a script or function TARGET; bad options raise UsageError first."""
-    from jaxdbg.profile.run import _raise_internal_failure, _raise_usage_from_child
     from jaxdbg.target import check_inputs
 
     rules = memory_budget.parse_budget(options.budget)
@@ -78,14 +64,17 @@ def memory(spec: TargetSpec, options: MemoryOptions, out_dir: str) -> MemoryRun:
     check_target(spec)  # a syntax error or a missing function is bad input (exit 2), found without a child
     out_dir = os.path.abspath(out_dir)
     dump = os.path.join(out_dir, "xla_dump")
+    loading = load_matplotlib() if options.plot else None  # meanwhile: the picture's import is off the path
     outcome = run_contained(MemoryJob(spec, options, out_dir, dump), timeout=options.timeout)
-    _raise_usage_from_child(outcome)
-    _raise_internal_failure(outcome, spec, options)
+    raise_usage_from_child(outcome)
+    raise_internal_failure(outcome, spec, options)
     result = assemble(outcome, options, rules)
     environment = outcome.last(Environment)
     env = environment.info if environment is not None else None
     folder = str(process_folder(Path(out_dir), env))
     os.makedirs(folder, exist_ok=True)
+    if loading is not None:
+        loading.join()
     artifacts, failed = write_artifacts(result, _rows(outcome), folder, spec.display_name, options.plot)
     if failed:
         result = dataclasses.replace(result, notes=result.notes + tuple(failed))
@@ -112,8 +101,6 @@ def _rows(outcome: Outcome) -> list[SampleRow]:
 
 def assemble(outcome: Outcome, options: MemoryOptions, rules: tuple) -> MemoryResult:
     """The result from the child's messages."""
-    from jaxdbg.profile.run import _error
-
     programs = _programs(outcome)
     rows = _rows(outcome)
     peaks = [batch for batch in outcome.all(Samples) if batch.peak is not None]
@@ -132,7 +119,7 @@ def assemble(outcome: Outcome, options: MemoryOptions, rules: tuple) -> MemoryRe
                    "leaked_bytes": sum(leak.bytes for leak in leaks)}
     violations = memory_budget.check_budget(rules, programs, run_figures)
     budget = Budget(budget_bytes, origin, misfits, not violations, violations, tuple(str(r) for r in rules))
-    error, error_source = (None, None) if oom is not None else _error(outcome)
+    error, error_source = (None, None) if oom is not None else failure_line(outcome)
     notes = tuple(n.text for n in outcome.all(MemoryNote)) + _notes(outcome, programs, final, devices_message)
     job = outcome.last(JobMemory)
     found = bool(oom or misfits or leaks or violations)
@@ -195,7 +182,7 @@ def _notes(outcome: Outcome, programs: list[ProgramMemory], final: FinalLive | N
            devices: Devices | None) -> tuple[str, ...]:
     notes = []
     if devices is None and outcome.ok:
-        notes.append("no jitted function ran: nothing was measured (jaxdbg memory follows jax.jit calls)")
+        notes.append("no jitted function ran: nothing was measured (jaxdbg memory follows jax.jit and jax.pmap calls)")
     if devices is not None and devices.backend == "cpu" and not any(p.fits is not None for p in programs):
         notes.append("CPU devices report no memory limit: give --device-memory to check a GPU/TPU budget ahead")
     later = [p for p in programs if p.compile_index > 0]

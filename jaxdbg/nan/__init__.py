@@ -14,6 +14,7 @@ Example:
 
 from typing import Any
 
+from jaxdbg._lazy import attribute
 from jaxdbg.nan.api import HuntOptions as HuntOptions
 from jaxdbg.nan.api import HuntRun as HuntRun
 from jaxdbg.nan.api import hunt as hunt
@@ -27,8 +28,4 @@ _LAZY = {  # these import jax: loaded on first use so the command line's parent 
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'jaxdbg.nan' has no attribute '{name}'")
+    return attribute(__name__, _LAZY, name)

@@ -15,14 +15,19 @@ Example:
     [('train_step', 1, 0.0021)]
 """
 
-from jaxdbg.profile.budget import check_budget as check_budget
-from jaxdbg.profile.budget import parse_budget as parse_budget
-from jaxdbg.profile.capture_report import profile_capture as profile_capture
-from jaxdbg.profile.compare import compare as compare
-from jaxdbg.profile.csv_export import write_profile_csv as write_profile_csv
-from jaxdbg.profile.model import FunctionProfile as FunctionProfile
-from jaxdbg.profile.model import ProfileResult as ProfileResult
-from jaxdbg.profile.run import ProfileOptions as ProfileOptions
-from jaxdbg.profile.run import ProfileRun as ProfileRun
-from jaxdbg.profile.run import profile as profile
-from jaxdbg.profile.serve import start_xprof as start_xprof
+from typing import Any
+
+from jaxdbg._lazy import attribute
+
+_LAZY = {  # loaded on first use: other commands import single modules of this package (``jaxdbg memory`` reads
+    # HLO with profile.hlo, in a child and a parent that never import what a profile needs)
+    "check_budget": "jaxdbg.profile.budget", "parse_budget": "jaxdbg.profile.budget",
+    "profile_capture": "jaxdbg.profile.capture_report", "compare": "jaxdbg.profile.compare",
+    "write_profile_csv": "jaxdbg.profile.csv_export", "FunctionProfile": "jaxdbg.profile.model",
+    "ProfileResult": "jaxdbg.profile.model", "ProfileOptions": "jaxdbg.profile.run", "ProfileRun": "jaxdbg.profile.run",
+    "profile": "jaxdbg.profile.run", "start_xprof": "jaxdbg.profile.serve",
+}
+
+
+def __getattr__(name: str) -> Any:
+    return attribute(__name__, _LAZY, name)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -34,35 +33,11 @@ from jaxdbg.profile.messages import (
     ProfileNote,
     RunFinished,
 )
-from jaxdbg.protocol import Done, Environment, Message, handles
+from jaxdbg.protocol import Done, Environment, Message, MessageLog, handles, locked_sender
 from jaxdbg.target import check_arity
 
 Send = Callable[[Message], None]
 GATHER_WAIT_S = 60.0  # how long process 0 waits for the other processes' figures at the end of the run
-
-
-class MessageLog(list):
-    """The messages a job sent, kept while ``keeping`` (a multi-process job shares figures made from them)."""
-
-    keeping = True
-
-    def stop(self) -> None:
-        self.keeping = False
-        self.clear()
-
-
-def locked_sender(channel: Any, log: MessageLog | None = None) -> Send:
-    """``channel.send`` made safe for the monitor thread and the main thread at once; with ``log``, every
-    message is also kept there while the log keeps them."""
-    lock = threading.Lock()
-
-    def send(message: Message) -> None:
-        with lock:
-            channel.send(message)
-            if log is not None and log.keeping:
-                log.append(message)
-
-    return send
 
 
 def start(channel: Any) -> tuple[Send, DeviceInfo]:

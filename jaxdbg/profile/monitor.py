@@ -25,7 +25,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from jaxdbg._compat import backend_started
 from jaxdbg.profile import host_io, tpu_runtime
 from jaxdbg.profile.messages import MonitorSamples
 from jaxdbg.profile.model import MonitorSeries
@@ -71,6 +70,14 @@ def system_cpu_ticks() -> tuple[int, int] | None:
         return None
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
     return sum(fields) - idle, sum(fields)
+
+
+def _backend_started() -> bool:
+    """_compat.backend_started, imported only once jax is: the profile package is also imported by parents that
+    never import jax (``jaxdbg memory`` assembles its report without it)."""
+    from jaxdbg._compat import backend_started  # imports jax (heavy): lazily
+
+    return backend_started()
 
 
 def device_bytes_in_use() -> tuple[int, ...] | None:
@@ -142,8 +149,8 @@ class Sampler:
         if system and self._system and system[1] > self._system[1]:
             busy = round(100.0 * (system[0] - self._system[0]) / (system[1] - self._system[1]), 1)
         self._system = system
-        try:  # not before the target started jax's backend (see _compat.backend_started)
-            devices = device_bytes_in_use() if backend_started() else None
+        try:  # not before the target started jax's backend (see _compat.backend_started); none without jax
+            devices = device_bytes_in_use() if "jax" in sys.modules and _backend_started() else None
         except Exception:  # noqa: BLE001
             devices = None
         row = (now - self._start, host_rss_bytes(), round(percent, 1), host_available_bytes(), devices, busy,

@@ -16,14 +16,12 @@ import dataclasses
 import os
 import re
 import statistics
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
-from jaxdbg._errors import EXIT_FOUND, EXIT_OK, EXIT_TARGET_FAILED, EXIT_USAGE
-from jaxdbg._source import SourceLocation, is_jaxdbg_file
-from jaxdbg.launch import hang_named
+from jaxdbg._errors import EXIT_FOUND, EXIT_OK, EXIT_TARGET_FAILED
+from jaxdbg._source import is_jaxdbg_file
+from jaxdbg.outcomes import failure_line, raise_internal_failure, raise_usage_from_child
 from jaxdbg.profile.assemble import Gathered
 from jaxdbg.profile.budget import check_budget, parse_budget
 from jaxdbg.profile.compare import compare, load_baseline, other_target_note
@@ -35,7 +33,7 @@ from jaxdbg.profile.peaks import Peak, achieved_rates, dtype_class, table_peak
 from jaxdbg.profile.processes import find_stragglers, step_skew_s
 from jaxdbg.profile.trace import write_perfetto
 from jaxdbg.report import process_folder
-from jaxdbg.runner import Outcome, first_line, run_contained
+from jaxdbg.runner import Outcome, run_contained
 from jaxdbg.target import TargetSpec, check_inputs
 
 
@@ -84,8 +82,8 @@ def profile(spec: TargetSpec, options: ProfileOptions, out_dir: str) -> ProfileR
     if dump:
         artifacts["xla_dump"] = dump
     outcome = run_contained(ProfileJob(spec, options, out_dir), timeout=options.timeout, env=env)
-    _raise_usage_from_child(outcome)
-    _raise_internal_failure(outcome, spec, options)
+    raise_usage_from_child(outcome)
+    raise_internal_failure(outcome, spec, options)
     mode: ProfileMode = "script" if spec.is_script else "function"
     gathered = Gathered.from_messages(outcome.messages)
     functions = gathered.functions(mode)
@@ -98,7 +96,7 @@ def profile(spec: TargetSpec, options: ProfileOptions, out_dir: str) -> ProfileR
     functions = [dataclasses.replace(f, rates=_rates(f, peak or _table(gathered, f))) for f in functions]
     totals = gathered.totals_for(functions, outcome.elapsed_s, mode)
     budget = check_budget(rules, tuple(functions), totals)
-    error, error_source = _error(outcome, gathered.trace_errors)
+    error, error_source = failure_line(outcome, gathered.trace_errors)
     stragglers, straggler_hints = find_stragglers(list(gathered.job))
     other = other_target_note(baseline, spec.text) if baseline is not None else None
     other_target = (other,) if other else ()
@@ -146,42 +144,6 @@ def child_xla_flags(flags: str, options: ProfileOptions, dump: str | None) -> tu
     return flags.strip(), off
 
 
-class TargetInputs(Protocol):
-    """The options every command with a function target has (profile's and memory's share these checks)."""
-
-    @property
-    def args(self) -> str | None: ...
-
-    @property
-    def inputs(self) -> str | None: ...
-
-
-def _raise_usage_from_child(outcome: Outcome) -> None:
-    """A UsageError raised while the child loaded the target (no such function, ...) is the user's input."""
-    if outcome.error is not None and outcome.error.exit_code == EXIT_USAGE:
-        raise outcome.error
-
-
-def _raise_internal_failure(outcome: Outcome, spec: TargetSpec, options: TargetInputs) -> None:
-    """An exception whose traceback never passed through the user's files is a jaxdbg bug, not the target's."""
-    exc = outcome.exception
-    if exc is None:
-        return
-    frames = re.findall(r'File "([^"]+)", line (\d+)', exc.traceback or "")
-    if frames and is_jaxdbg_file(frames[-1][0]) and exc.exit_code is None:
-        # raised by jaxdbg's own instrumentation (user frames above it only called into it)
-        raise RuntimeError(f"jaxdbg's instrumentation failed inside the target's run: {exc.type}: "
-                           f"{first_line(exc.message)} [{frames[-1][0]}:{frames[-1][1]}]")
-    if exc.user_frame is not None:
-        return
-    user_files = [p for p in (spec.path, (options.inputs or "").partition("::")[0]) if p]
-    if any(os.path.abspath(p) in exc.traceback for p in user_files):
-        return
-    last = exc.traceback.strip().splitlines()[-3:-1]
-    raise RuntimeError(f"the profiling job failed before the target ran: {exc.type}: {first_line(exc.message)} "
-                       f"[{' / '.join(line.strip() for line in last)}]")
-
-
 _STACK_FILE = re.compile(r'File "([^"]+)", line \d+')  # a traceback's and faulthandler's frames alike
 
 
@@ -195,18 +157,6 @@ def stopped_in_jitted_call(outcome: Outcome) -> bool:
     text = outcome.exception.traceback if outcome.exception is not None else outcome.stderr
     return any(os.path.basename(path) == "jit_layer.py" and is_jaxdbg_file(path)
                for path in _STACK_FILE.findall(text or ""))
-
-
-def _error(outcome: Outcome, notes: Sequence[str] = ()) -> tuple[str | None, SourceLocation | None]:
-    """The failure in one line; a job that ended on a hang names the process it hung on (its heartbeat's note)."""
-    if outcome.ok:
-        return None, None
-    text = f"the target {outcome.describe()}"
-    hung = hang_named(notes, outcome.status)
-    if hung:
-        text = f"{text}: {hung}"
-    frame = outcome.exception.user_frame if outcome.exception else outcome.crash_frame
-    return text, frame
 
 
 def _rates(function: FunctionProfile, peak: Peak | None) -> Rates | None:

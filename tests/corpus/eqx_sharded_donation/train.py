@@ -3,7 +3,11 @@ filter_jit and no donation: each step holds the old model and optimizer state be
 
 What memory must show: figures per device (the batch a quarter on each of 4 devices), the model and optimizer
 state held across the call (the loop passes the outputs back in) and the donation spelled for filter_jit,
-which donates by argument groups: x and y are passed again every step, so they must stay out of it."""
+which donates by argument groups: x and y are passed again every step, so they must stay out of it. Then a
+jax.pmap'd evaluation over the same batch, a block per device: memory follows it as a function of its own, with its
+compiled program's figures per device and its largest buffers."""
+import functools
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -29,4 +33,12 @@ x = jax.device_put(jnp.ones((1024, 64)), rows)
 y = jax.device_put(jnp.zeros((1024, 64)), rows)
 for step in range(5):
     model, opt_state, loss = train_step(model, opt_state, x, y)
-print(f"loss {float(loss):.4f}")
+
+
+@functools.partial(jax.pmap, axis_name="data")
+def evaluate(xs, ys):
+    return jax.lax.pmean(jnp.mean((xs - ys) ** 2), "data")
+
+
+errors = evaluate(x.reshape(len(jax.devices()), -1, 64), y.reshape(len(jax.devices()), -1, 64))
+print(f"loss {float(loss):.4f} eval {float(errors[0]):.4f}")
