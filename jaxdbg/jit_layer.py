@@ -710,7 +710,31 @@ def function_identity(fun: Any) -> tuple[str, SourceLocation | None]:
     code = getattr(inner, "__code__", None)
     if code is not None and is_user_file(code.co_filename):
         return name, SourceLocation(code.co_filename, code.co_firstlineno, name)
+    transformed = _transformed_user_function(inner)
+    if transformed is not None:  # jax.jit(checkify.checkify(step)): `checkify(step)`, at step's line
+        transform, user = transformed
+        user_name, source = function_identity(user)
+        return f"{transform}({user_name})", source
     return name, None
+
+
+def _transformed_user_function(inner: Any) -> tuple[str, Any] | None:
+    """``(transform, user function)`` when ``inner`` is the wrapper a jax transformation returns around a user's
+    function (``checkify.checkify(step)`` is jax's ``checkify.<locals>.checked_fun``, a name the user never
+    wrote and that two checkified functions would share), else None."""
+    code = getattr(inner, "__code__", None)
+    qualname = getattr(inner, "__qualname__", "")
+    if code is None or is_user_file(code.co_filename) or ".<locals>." not in qualname:
+        return None
+    for cell in getattr(inner, "__closure__", None) or ():
+        try:
+            held = unwrap_function(cell.cell_contents)
+        except ValueError:  # an empty cell
+            continue
+        held_code = getattr(held, "__code__", None)
+        if callable(held) and held_code is not None and is_user_file(held_code.co_filename):
+            return qualname.split(".<locals>.")[0].rsplit(".", 1)[-1], held
+    return None
 
 
 def _as_tuple(value: Any) -> tuple:

@@ -131,6 +131,25 @@ def test_re_jitting_the_same_code_counts_calls_of_one_function():
     assert f.record.calls == 3 and f.record.name == "step" and f.record.source.line > 0
 
 
+def test_a_checkified_function_is_named_after_the_users_function():
+    """jax.jit(checkify.checkify(step)) jits jax's own wrapper `checked_fun`: every report once named that, a
+    function the user never wrote (and two checkified functions shared one record)."""
+    from jax.experimental import checkify
+
+    def step(x):
+        checkify.check(x > 0, "x must be positive")
+        return jnp.log(x)
+
+    def other(x):
+        return x * 2.0
+
+    with jit_layer.installed(Log("h", [])):
+        f, g = jax.jit(checkify.checkify(step)), jax.jit(checkify.checkify(other))
+        f(jnp.float32(1.0)), g(jnp.float32(1.0)), f(jnp.float32(2.0))
+    assert (f.record.name, f.record.calls, g.record.name) == ("checkify(step)", 2, "checkify(other)")
+    assert f.record.source.line == step.__code__.co_firstlineno
+
+
 def test_behaves_like_the_jitted_function():
     class Scaler:
         factor = 2.0

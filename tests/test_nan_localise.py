@@ -333,3 +333,21 @@ def test_a_captured_array_with_nan_is_an_input() -> None:
     table = jnp.array([1.0, np.nan, 3.0])
     found = hunt(lambda i: table[i] * 2.0, 1)
     assert found.first.kind == "input" and found.first.argument.startswith("captured array")
+
+
+def test_a_sparse_argument_is_named_by_its_fields() -> None:
+    """A BCOO adjacency (a pytree class keyed by position) once read `adj[<flat index 0>]` in the report's
+    naming of the zero denominator; its leaves are its attributes: `adj.data`, `adj.indices`."""
+    from jax.experimental import sparse
+
+    from jaxdbg.nan.calls import output_leaf_names
+
+    adj = sparse.BCOO.fromdense(jnp.eye(3))
+
+    def layer(w, adj, batch):
+        return adj @ (batch["x"] * w)
+
+    call = Call("layer", layer, (jnp.ones(()), adj, {"x": jnp.ones((3,))}), {})
+    assert call.leaf_names() == ["w", "adj.data", "adj.indices", "batch['x']"]
+    assert output_leaf_names(({"adj": adj}, 1.0), ["state", "loss"], "step") == [
+        "state['adj'].data", "state['adj'].indices", "loss"]

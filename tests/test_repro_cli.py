@@ -121,6 +121,26 @@ def test_an_unverified_reproducer_under_quiet_says_why_and_exits_3(tmp_path, cap
                                        "2.0s at hang.py:2\n")
 
 
+def test_the_verification_quotes_the_failing_values_verbatim():
+    """The verification quotes the reproducer's assertion, whose message prints the array (`[[nan]]`): rich
+    once took `[nan]` for markup and printed `produced NaN: []` (a BCOO graph layer's 0 / 0)."""
+    from rich.console import Console
+
+    from jaxdbg.cli.repro import render
+    from jaxdbg.report import Report
+    from jaxdbg.repro.result import ReproResult, Size
+    from jaxdbg.repro.signature import FailureSignature
+
+    said = "fresh `python repro.py` alone in an empty folder raised AssertionError: jax.jit(f) produced NaN: [[nan]]"
+    result = ReproResult(FailureSignature("nonfinite", message="jitted function produced NaN"), Size(28, 27),
+                         Size(11, 1), checks=11, elapsed_s=35.8, verified=True, strategy="computation",
+                         verification=said, notes=["kept [the] note"])
+    console = Console(width=400, record=True, color_system=None)
+    render(Report("repro", "gcn[0].py", result, 0, environment={}), console)
+    text = console.export_text()
+    assert "produced NaN: [[nan]]" in text and "kept [the] note" in text and "gcn[0].py" in text
+
+
 def test_function_target_with_random_args(tmp_path_factory):
     module = tmp_path_factory.mktemp("fn") / "model.py"
     module.write_text("import jax.numpy as jnp\n\ndef loss(x, w):\n    h = jnp.tanh(x @ w)\n"

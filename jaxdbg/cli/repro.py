@@ -6,6 +6,7 @@ import os
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from jaxdbg._errors import EXIT_OK, EXIT_TARGET_FAILED
 from jaxdbg.cli._common import (
@@ -97,7 +98,9 @@ def _build(common: Common, target: str, script_args: list[str], options) -> Repo
 def render(report: Report, console: Console) -> None:
     r = report.result
     sig = r.signature
-    console.print(f"[bold]jaxdbg repro[/] {report.target}: {sig.describe()}"
+    # The target, the failure and the verification quote the user's values (an assertion's message reads
+    # `[[nan]]`): escaped, or rich takes `[nan]` for markup and prints `[]`.
+    console.print(f"[bold]jaxdbg repro[/] {escape(report.target or '')}: {escape(sig.describe())}"
                   + (" [yellow](flaky)[/]" if r.flaky else ""))
     before = f"{r.original.lines} lines" + (f", {r.original.equations} equations" if r.original.equations else "")
     after = f"{r.minimized.lines} lines" + (
@@ -109,10 +112,10 @@ def render(report: Report, console: Console) -> None:
     console.print(f"  {how}: {before} -> {after}; {r.checks} checks in {r.elapsed_s:.1f}s"
                   + (" [yellow](time limit reached)[/]" if r.timed_out else ""))
     if r.failing_primitives:
-        console.print(f"  failing equations: {', '.join(r.failing_primitives)}")
+        console.print(f"  failing equations: {escape(', '.join(r.failing_primitives))}")
     mark = "[green]verified[/]" if r.verified else "[bold red]NOT verified[/]"
-    console.print(f"  {mark}: {r.verification}")
+    console.print(f"  {mark}: {escape(r.verification)}")
     for note in r.notes:
-        console.print(f"  [dim]{note}[/]")
+        console.print(f"  [dim]{escape(note)}[/]")
     for name, path in report.artifacts.items():
-        console.print(f"  {name}: {relative_or_absolute(path)}")
+        console.print(f"  {name}: {escape(relative_or_absolute(path))}")

@@ -96,14 +96,15 @@ class Call:
         positions = [i for i in range(len(self.args)) if i not in nums]
         _, dyn_args, dyn_kwargs = self.dynamic()
         names = []
-        for path, _leaf in tree_flatten_with_path((dyn_args, dyn_kwargs))[0]:
+        tree = (dyn_args, dyn_kwargs)
+        for path, _leaf in tree_flatten_with_path(tree)[0]:
             group, key, rest = path[0].idx, path[1], path[2:]
             if group == 0:
                 original = positions[key.idx]
                 base = params[original] if original < len(params) else f"args[{original}]"
             else:
                 base = str(getattr(key, "key", key))
-            names.append(base + keystr(tuple(rest)))
+            names.append(base + readable_keystr(tree[group][key.idx if group == 0 else key.key], rest))
         return names
 
     def trace(self) -> Any:
@@ -143,9 +144,54 @@ def output_leaf_names(out: Any, base_names: Sequence[str] | None, function: str)
             position = getattr(path[0], "idx", None)  # a NamedTuple's entries are keyed by field name
             if position is None:
                 position = out._fields.index(path[0].name) if hasattr(out, "_fields") else 0
-            names.append(base_names[position] + keystr(tuple(path[1:])))
+            names.append(base_names[position] + readable_keystr(out[position], path[1:]))
         elif base_names and len(base_names) == 1:
-            names.append(base_names[0] + keystr(tuple(path)))
+            names.append(base_names[0] + readable_keystr(out, path))
         else:
-            names.append(f"{function}(...)" + keystr(tuple(path)))
+            names.append(f"{function}(...)" + readable_keystr(out, path))
     return names
+
+
+def readable_keystr(tree: Any, path: Sequence[Any]) -> str:
+    """``keystr(path)`` of a leaf inside ``tree``, with a class's positional children named by attribute.
+
+    A pytree class registered without keys (``register_pytree_node_class``: a sparse ``BCOO``, many user
+    classes) has its children keyed by position, which jax writes ``[<flat index 0>]``; when the child is one
+    of the object's attributes, its name says more: ``adj.data`` rather than ``adj[<flat index 0>]``.
+
+    Example:
+        >>> from jax.experimental import sparse
+        >>> import jax.numpy as jnp
+        >>> adj = sparse.BCOO.fromdense(jnp.eye(2))
+        >>> [readable_keystr(adj, path) for path, _ in tree_flatten_with_path(adj)[0]]
+        ['.data', '.indices']
+    """
+    parts, node = [], tree
+    for key in path:
+        child, name = _child(node, key)
+        parts.append(f".{name}" if name else keystr((key,)))
+        node = child
+    return "".join(parts)
+
+
+def _child(node: Any, key: Any) -> tuple[Any, str | None]:
+    """The child of ``node`` at ``key``, and the attribute holding it when jax keys it only by position."""
+    if not isinstance(key, jax.tree_util.FlattenedIndexKey):
+        try:
+            return key_child(node, key), None
+        except Exception:  # noqa: BLE001 - naming only: a node we cannot walk keeps jax's own spelling
+            return None, None
+    children = tree_flatten(node, is_leaf=lambda x: x is not node)[0]
+    child = children[key.key] if key.key < len(children) else None
+    attributes = getattr(node, "__dict__", None) or {}
+    name = next((a for a, value in attributes.items() if value is child and not a.startswith("_")), None)
+    return child, name
+
+
+def key_child(node: Any, key: Any) -> Any:
+    """The child of ``node`` a key path entry (``DictKey``, ``SequenceKey``, ``GetAttrKey``) names."""
+    if isinstance(key, jax.tree_util.DictKey):
+        return node[key.key]
+    if isinstance(key, jax.tree_util.SequenceKey):
+        return node[key.idx]
+    return getattr(node, key.name)

@@ -144,6 +144,14 @@ ROWS: tuple[Row, ...] = (
     Row("pallas_softmax", "Pallas kernel (pallas_call in interpret mode, no grid)", Op("nan", "sub", "forward"), 1,
         (Function("attend", 1, 3),), path="pallas(softmax_kernel)",
         chain=(Op("inf", "convert_element_type", "forward", "# mask: -inf"),)),
+    Row("sparse_gcn", "jax.experimental.sparse BCOO (sparse @ dense in a graph layer)", Op("nan", "div", "forward"),
+        2, _train(), explanation=("the argument adj.data",)),
+    Row("checkify_guard", "jax.experimental.checkify (jit of checkify with user checks)",
+        Op("nan", "log", "forward"), 2, (Function("checkify(step)", 1, 4),)),
+    Row("lax_map_chunks", "lax.map with batch_size (a scan over vmapped chunks), jax.checkpoint inside",
+        Op("nan", "sqrt", "forward"), 1, (Function("kernel_rows", 1, 3),), path="scan[iteration=2]"),
+    Row("vmap_cond_select", "lax.cond under vmap (a select of both branches), in_axes as dicts",
+        Op("nan", "log", "forward"), 2, _train(), path="vmap"),
 )
 
 DEVICES = 8  # every program runs with this many CPU devices
