@@ -351,3 +351,8 @@ def test_a_sparse_argument_is_named_by_its_fields() -> None:
     assert call.leaf_names() == ["w", "adj.data", "adj.indices", "batch['x']"]
     assert output_leaf_names(({"adj": adj}, 1.0), ["state", "loss"], "step") == [
         "state['adj'].data", "state['adj'].indices", "loss"]
+    # the gradient norms of --grad name the same leaves the same way
+    from jaxdbg.nan.session import _grad_norms
+
+    grads = sparse.BCOO((jnp.ones(3), adj.indices), shape=adj.shape)  # a BCOO's gradient is a BCOO: its data
+    assert [g.name for g in _grad_norms(lambda adj: None, (grads,), (0,))] == ["adj.data"]

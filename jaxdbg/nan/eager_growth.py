@@ -27,9 +27,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from jax.tree_util import keystr, tree_flatten_with_path
+from jax.tree_util import tree_flatten_with_path
 
 from jaxdbg._source import SourceLocation
+from jaxdbg.nan.calls import readable_keystr
 from jaxdbg.nan.growth import EAGER_KEY, GrowthTracker
 
 MAX_LEAVES = 4096  # a value with more leaves is not looked into (flattening it at every eager operation costs)
@@ -68,7 +69,8 @@ class EagerUpdates:
         ``current`` stays bound while its line runs, so the ids of its leaves stay its own."""
         if self._leaves is None:
             leaves, _ = tree_flatten_with_path(current)
-            self._leaves = {id(leaf): keystr(path) for path, leaf in leaves} if len(leaves) <= MAX_LEAVES else {}
+            self._leaves = ({id(leaf): readable_keystr(current, path) for path, leaf in leaves}
+                            if len(leaves) <= MAX_LEAVES else {})
         names = self._leaves
         for arg in args:
             if id(arg) in names:

@@ -20,14 +20,14 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.tree_util import keystr, tree_flatten_with_path
+from jax.tree_util import tree_flatten_with_path
 
 from jaxdbg import _compat, frameworks, multihost
 from jaxdbg._errors import TargetFailedError, UsageError
 from jaxdbg.jit_layer import unwrap_function
 from jaxdbg.nan.analyses import Findings, guarded, run_analyses
 from jaxdbg.nan.api import HuntOptions
-from jaxdbg.nan.calls import Call
+from jaxdbg.nan.calls import Call, readable_keystr
 from jaxdbg.nan.fidelity import bisect_compiled
 from jaxdbg.nan.localise import localise_call
 from jaxdbg.nan.messages import HuntFinished, HuntJob, JobFinding, NonFiniteDetected, PeerNote
@@ -282,7 +282,8 @@ def _grad_norms(fn: Any, grads: Any, argnums: tuple[int, ...]) -> tuple[GradNorm
                 continue
             finite = host[np.isfinite(host)]
             norm = float(np.sqrt(np.sum(host ** 2))) if finite.size == host.size else float("nan")
-            norms.append(GradNorm(base + keystr(path), norm, int(np.isnan(host).sum()), int(np.isinf(host).sum())))
+            norms.append(GradNorm(base + readable_keystr(tree, path), norm, int(np.isnan(host).sum()),
+                                  int(np.isinf(host).sum())))
     return tuple(norms)
 
 
