@@ -283,6 +283,19 @@ def _spread(a, b, c, d, s):
     return (a + b + c + d) / jnp.exp(s + a + b + c + d)
 
 
+def test_a_row_of_minus_inf_that_overflowed_is_not_called_masked() -> None:
+    """x - max(x) over a row that is all -inf is a fully masked row when a mask wrote the -inf, but an overflow
+    when an operation computed it from finite values (blown-up weights): the explanation names the overflow."""
+    def scores(a, b):
+        logits = -(a * b)  # every entry overflows to -inf
+        return logits - jnp.max(logits, axis=-1, keepdims=True)
+
+    found = hunt(scores, jnp.full((2, 3), 1e30, jnp.float32), jnp.full((2, 3), 1e30, jnp.float32))
+    text, _ = explain(found.first, found.chain)
+    assert found.first.primitive == "sub" and "fully masked" not in text
+    assert "The infinity came from `mul`" in text and "overflowed" in text
+
+
 def test_the_zero_a_division_by_zero_divided_by_is_traced_to_where_it_was_made() -> None:
     from jaxdbg.nan import zero_source
     from jaxdbg.nan.analyses import Findings

@@ -337,6 +337,12 @@ def _singular(origin: Origin) -> bool:
     return False
 
 
+def _overflowed(origin: Origin | None) -> bool:
+    """Whether ``origin`` made an infinity from finite inputs (an overflow, not a -inf written for a mask)."""
+    return (origin is not None and origin.kind == "inf" and bool(origin.inputs)
+            and not any(s.inf or s.nan for s in origin.inputs))
+
+
 def _root(first: Origin, chain: Sequence[Origin]) -> Origin | None:
     """For a NaN made of infinities: where the infinity it was made of was born (the chain's first computed
     origin). None when a constant written in the code (-inf for masking) is what fed it."""
@@ -454,6 +460,8 @@ def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence
         return "", ()
     sources = input_sources or {}
     pattern, text, hints = _match(first, sources.get(first, ()))
+    if pattern is _masked_softmax and _overflowed(_root(first, chain)):  # the -inf overflowed: no mask made it
+        pattern, (text, hints) = _inf_arithmetic, _inf_arithmetic(first, _code(first.source), "") or ("", [])
     parts = [_where(first) + ":", text or (
         f"`{first.primitive}` produced it from inputs that held no {'NaN' if first.kind == 'nan' else 'Inf'}."
         if first.primitive is not None else "which operation made it inside the call is not known.")]
