@@ -221,13 +221,16 @@ def test_a_flax_nnx_loop_that_keeps_its_logits_is_named_in_nnx_terms(runs) -> No
 
 def test_a_pmapped_function_is_followed_as_a_function_with_its_compiled_peak(runs) -> None:
     """The same run's pmap'd evaluation (pmap is a jit jax builds itself, which takes no compiler options): its own
-    entry, per device, with the buffers of its own buffer-assignment dump."""
+    entry, per device, with the buffers of its own buffer-assignment dump, its arguments named as the user's."""
     _, report, _ = runs["sharded"]
     (program,) = [f for f in report["result"]["functions"] if f["name"] == "evaluate"]
     block = 1024 * 64 * 4 // 4  # xs and ys: f32[4,256,64], one [256,64] block on each device
     assert program["jit"] == "jax.pmap" and program["devices"] == 4
     assert program["argument_bytes"] == 2 * block and program["peak_bytes"] >= 2 * block
     assert [b["bytes"] for b in program["largest"] if b["kind"] == "argument"] == [block, block]
+    # pmap's own jit calls its parameters flat_args[i]: they are named by the user's parameters, as a jit's are
+    arguments = [b for b in program["largest"] if b["kind"] == "argument"]
+    assert sorted((b["argument"], b["op_name"]) for b in arguments) == [("xs", "xs"), ("ys", "ys")]
     assert program["dump"] and program["source"]["line"] == _line(CORPUS / "eqx_sharded_donation" / "train.py",
                                                                   "@functools.partial(jax.pmap")
 

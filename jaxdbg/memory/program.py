@@ -22,6 +22,8 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import re
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -49,6 +51,8 @@ class ProgramInfo:
     positional: int = 0  # positional arguments of the call (static ones included)
     threaded: frozenset[int] = frozenset()  # argnums the run fed with this function's previous outputs
     jit: JitKind = "jax.jit"  # how the user jitted it (frameworks.jit_kind)
+    # The user's name of each flat argument, where the program's own names are jax's (a pmap: flat_args[i]).
+    argument_names: tuple[str, ...] = ()
 
 
 def analyse(compiled: Any, info: ProgramInfo, dump_folder: str | None, after_module: int = -1,
@@ -70,6 +74,8 @@ def analyse(compiled: Any, info: ProgramInfo, dump_folder: str | None, after_mod
     elif dump_folder:
         note = "XLA wrote no buffer assignment for this program; its buffers are not listed"
     module = parse_hlo(text) if assignment else None  # the buffers' ops and lines (a large module: 0.1-1 s)
+    if module is not None and info.argument_names:
+        name_arguments(module, info.argument_names)
     largest = tuple(_buffer(v, module) for v in assignment.largest(top)) if assignment and module else ()
     return ProgramMemory(
         name=info.name, source=info.source, call_index=info.call_index, compile_index=info.compile_index,
@@ -80,6 +86,32 @@ def analyse(compiled: Any, info: ProgramInfo, dump_folder: str | None, after_mod
         forward_kept_bytes=forward_kept(assignment, module) if assignment and module else 0,
         dump=found[1].assignment if found else None, note=note, jit=info.jit,
     )
+
+
+_FLAT_ARGUMENT = re.compile(r"flat_args\[(\d+)\]")
+
+
+def name_arguments(module: HloModule, names: tuple[str, ...]) -> None:
+    """Name the entry parameters jax called ``flat_args[i]`` by the user's arguments, as a jitted function's are
+    (jax writes a jit's argument paths in the parameters' metadata; pmap's own jit only their flat index).
+
+    Example:
+        >>> from jaxdbg.profile.hlo import Instruction
+        >>> module = HloModule("pmap_f", {"p.1": Instruction("p.1", "parameter", "main", op_name="flat_args[1]")},
+        ...                    arguments={"p.1": "flat_args[1]"})
+        >>> name_arguments(module, ("xs", "params['w']"))
+        >>> module.arguments, module.instructions["p.1"].op_name
+        ({'p.1': "params['w']"}, "params['w']")
+    """
+    for parameter, written in module.arguments.items():
+        flat = _FLAT_ARGUMENT.fullmatch(written)
+        if flat is None or int(flat.group(1)) >= len(names):
+            continue
+        name = names[int(flat.group(1))]
+        module.arguments[parameter] = name
+        inst = module.instructions.get(parameter)
+        if inst is not None:
+            module.instructions[parameter] = dataclasses.replace(inst, op_name=name)
 
 
 def dump_number(dump_folder: str | None, compiled: Any, after: int = -1) -> int:

@@ -274,7 +274,8 @@ class MemoryRecorder(JitHook):
         except Exception:  # noqa: BLE001 - an odd argument: no signature, the analysis stands
             signature = ""
         info = ProgramInfo(state.name, state.source, call.index, state.compiles, signature, state.parameters,
-                           tuple(call.function.static_argnums), len(call.args), frozenset(state.threaded), state.jit)
+                           tuple(call.function.static_argnums), len(call.args), frozenset(state.threaded), state.jit,
+                           _pmap_argument_names(call) if call.function.is_pmap else ())
         folder = self.dump_folder if state.compiles < ANALYSED_COMPILES else None
         from jaxdbg.profile.hlo import module_name
 
@@ -539,3 +540,15 @@ def compile_spans(recorder: MemoryRecorder) -> Iterator[None]:
         yield
     finally:
         monitoring.unregister_event_time_span_listener(on_span)
+
+
+def _pmap_argument_names(call: JitCall) -> tuple[str, ...]:
+    """The user's name of each of a pmap call's flat arguments (``xs``, ``params['w']``), which pmap's own jit
+    calls ``flat_args[i]``: the leaves of its dynamic arguments, in the order pmap flattens them."""
+    from jaxdbg.nan.calls import Call  # imports jax: the child's side only
+
+    try:
+        return tuple(Call(call.function.name, call.function.fun, tuple(call.args), dict(call.kwargs),
+                          call.function.static_argnums).leaf_names())
+    except Exception:  # noqa: BLE001 - naming only: the buffers keep jax's flat_args[i]
+        return ()
