@@ -1,13 +1,13 @@
 """Benchmark ``jaxdbg memory`` against a plain run, and its peak estimate against the measured peak, in one run.
 
 (a) Overhead: an Optax MLP training loop (``--steps`` steps, a step of a few milliseconds on a CPU), run plainly
-    (``python train.py``) and as ``jaxdbg memory train.py`` (with its pictures, as the command runs by default;
-    ``--no-plot`` passes ``--no-plot``), each in fresh processes, alternating (``--pairs``). Per run: the loop's
-    own time (the script times its steps after the first call: what the recorder adds per call), the whole
-    command's wall time and the CPU time of every process it started (on a machine shared with other work CPU
-    time moves less than wall time). Printed: per-pair ratios (median [min, max]) of the loop time, the
-    command's wall time and its CPU time, and the median seconds the command adds. Target: the whole command
-    <= 1.2x the plain run's wall time.
+    (``python train.py``) and as ``jaxdbg memory train.py`` (as the command runs by default: CSVs and
+    memory.html; ``--plot`` passes ``--plot``, memory.png too), each in fresh processes, alternating
+    (``--pairs``). Per run: the loop's own time (the script times its steps after the first call: what the
+    recorder adds per call), the whole command's wall time and the CPU time of every process it started (on a
+    machine shared with other work CPU time moves less than wall time). Printed: per-pair ratios (median
+    [min, max]) of the loop time, the command's wall time and its CPU time, and the median seconds the command
+    adds. Target: the whole command <= 1.2x the plain run's wall time.
 (b) Peak estimate vs measured peak (CPU): a program whose step sorts an [N, N] matrix of scores (a large
     temporary) on inputs it makes with a jitted function first. Run plainly, it compiles both ahead (from
     shapes) and starts the runtime's threads with a tiny call, resets the process's peak resident memory
@@ -21,7 +21,7 @@
     alternating for ``--rounds`` rounds; the median ratio of wall and of CPU time (XLA's threads included) per
     round: the recorder's cost per call (tagging outputs, snapshots within their share of the run).
 
-Usage: python scripts/bench_memory.py [--pairs 3] [--steps 300] [--no-plot] [--rounds 15] [--chunk 20] [--n 4096]
+Usage: python scripts/bench_memory.py [--pairs 3] [--steps 300] [--plot] [--rounds 15] [--chunk 20] [--n 4096]
        [--only overhead|interleaved|peak]
 """
 
@@ -171,7 +171,7 @@ def env() -> dict:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
 
 
-def overhead(folder: str, pairs: int, steps: int, plot: bool = True) -> None:
+def overhead(folder: str, pairs: int, steps: int, plot: bool = False) -> None:
     script = os.path.join(folder, "train.py")
     with open(script, "w") as handle:
         handle.write(LOOP)
@@ -180,7 +180,7 @@ def overhead(folder: str, pairs: int, steps: int, plot: bool = True) -> None:
         for variant in ("plain", "memory"):
             argv = [sys.executable, script, str(steps)] if variant == "plain" else [
                 sys.executable, "-m", "jaxdbg", "memory", script, "--out", os.path.join(folder, f"o{i}"), "-q",
-                "--plot" if plot else "--no-plot", "--", str(steps)]
+                *(["--plot"] if plot else []), "--", str(steps)]
             wall, cpu, out = run(argv, env())
             if variant == "memory":
                 with open(os.path.join(folder, f"o{i}", "target.stdout.txt")) as handle:
@@ -190,7 +190,7 @@ def overhead(folder: str, pairs: int, steps: int, plot: bool = True) -> None:
             loop = float(found.group(1))
             rows[variant].append((loop, wall, cpu))
             print(f"  pair {i} {variant:>6}: loop {loop:.3f} s  wall {wall:.2f} s  cpu {cpu:.2f} s", flush=True)
-    pictures = "with its pictures" if plot else "--no-plot"
+    pictures = "--plot: memory.png too" if plot else "as by default: CSVs and memory.html"
     print(f"(a) overhead of `jaxdbg memory train.py` ({pictures}) on an Optax MLP loop of {steps} steps, {pairs} pairs "
           "(median of per-pair ratios [min, max]; seconds added, median [min, max]):")
     for k, name in enumerate(("loop time", "command wall", "command CPU")):
@@ -236,8 +236,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--no-plot", dest="plot", action="store_false",
-                        help="run `jaxdbg memory --no-plot` (no memory.png / memory.html)")
+    parser.add_argument("--plot", action=argparse.BooleanOptionalAction, default=False,
+                        help="run `jaxdbg memory --plot` (memory.png too); --no-plot: as by default")
     parser.add_argument("--n", type=int, default=4096)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--chunk", type=int, default=20)

@@ -28,14 +28,14 @@ CORPUS = Path(__file__).resolve().parent / "corpus"
 KIB, MIB = 1 << 10, 1 << 20
 
 RUNS = {
-    "leak": ["recipes/memory_leak/train.py"],
+    "leak": ["recipes/memory_leak/train.py", "--plot"],
     "remat": ["recipes/memory_remat/train.py", "--device-memory", "8MiB", "--budget",
               "train_step.temp_bytes<=4MiB,live_bytes<=1GiB", "--no-plot"],
     "oom": ["recipes/memory_oom/train.py", "--no-plot"],
     "misfit": ["recipes/memory_fit/model.py::top_scores", "--args", "f32[2048,64] f32[2048,64]", "--device-memory",
                "8MiB", "--no-plot"],
     "sharded": [str(CORPUS / "eqx_sharded_donation" / "train.py"), "--no-plot"],
-    "nnx": [str(CORPUS / "nnx_memory_history" / "train.py"), "--no-plot"],
+    "nnx": [str(CORPUS / "nnx_memory_history" / "train.py")],  # the default: memory.html, no memory.png
 }
 
 
@@ -109,7 +109,7 @@ def test_the_peak_and_what_was_live_at_it(runs) -> None:
     assert (top["producer"], top["calls"]) == ("train_step", 23) and top["bytes"] >= 22 * 512 * 256 * 4
 
 
-def test_the_leak_run_writes_csv_and_pictures(runs) -> None:
+def test_the_leak_run_writes_csv_and_pictures_and_png_only_when_asked(runs) -> None:
     _, report, _ = runs["leak"]
     artifacts = report["artifacts"]
     with open(artifacts["samples_csv"]) as handle:
@@ -120,6 +120,9 @@ def test_the_leak_run_writes_csv_and_pictures(runs) -> None:
     page = Path(artifacts["html"]).read_text()
     assert "<svg" in page and "peak" in page and "train_step" in page
     assert Path(artifacts["buffers_csv"]).read_text().count("train_step") >= 5
+    default = runs["nnx"][1]["artifacts"]  # run without --plot: the page, not the PNG (matplotlib's second)
+    assert "<svg" in Path(default["html"]).read_text() and "plot" not in default
+    assert not (Path(default["html"]).parent / "memory.png").exists()
 
 
 def test_activations_kept_for_the_backward_pass_get_a_remat_hint(runs) -> None:
@@ -237,9 +240,9 @@ def test_a_pmapped_function_is_followed_as_a_function_with_its_compiled_peak(run
 
 def test_the_commands_parent_imports_neither_jax_nor_numpy(tmp_path) -> None:
     """Only the child runs jax: the parent that assembles the report imports neither (1.1 s and 0.1 s of the
-    command's start otherwise; matplotlib brings numpy when pictures are drawn)."""
+    command's start otherwise), nor matplotlib (and numpy with it) unless --plot asks for memory.png."""
     (tmp_path / "hello.py").write_text("print('hello')\n")
-    code = ("import sys\nfrom jaxdbg.cli import main\ncode = main(['memory', 'hello.py', '--no-plot', '-q'])\n"
+    code = ("import sys\nfrom jaxdbg.cli import main\ncode = main(['memory', 'hello.py', '-q'])\n"
             "print(code, sorted({m.split('.')[0] for m in sys.modules} & {'jax', 'numpy', 'matplotlib'}))")
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.stdout.strip().splitlines()[-1] == "0 []", done.stdout + done.stderr

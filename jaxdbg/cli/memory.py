@@ -44,7 +44,8 @@ BudgetOpt = Annotated[str | None, typer.Option(
 TopOpt = Annotated[int, typer.Option("--top", min=1, help="Buffers listed per function.")]
 LeakBytesOpt = Annotated[str, typer.Option(
     "--leak-bytes", metavar="BYTES", help="Growth below this is not called a leak.")]
-PlotOpt = Annotated[bool, typer.Option("--plot/--no-plot", help="Write memory.png (with matplotlib) and memory.html.")]
+PlotOpt = Annotated[bool, typer.Option(
+    "--plot/--no-plot", help="Also write memory.png (with matplotlib); memory.html is always written.")]
 
 
 def register(app: typer.Typer) -> None:
@@ -53,7 +54,7 @@ def register(app: typer.Typer) -> None:
 
 def memory(
     target: TargetArg, script_args: ScriptArgsArg = None, device_memory: DeviceMemoryOpt = None,
-    budget: BudgetOpt = None, top: TopOpt = 10, leak_bytes: LeakBytesOpt = "1MiB", plot: PlotOpt = True,
+    budget: BudgetOpt = None, top: TopOpt = 10, leak_bytes: LeakBytesOpt = "1MiB", plot: PlotOpt = False,
     args: ArgsOpt = None, inputs: InputsOpt = None, seed: SeedOpt = 0, json: JsonOpt = None, out: OutOpt = None,
     timeout: TimeoutOpt = None, quiet: QuietOpt = False, verbose: VerboseOpt = False,
     metrics: MetricsOpt = None, metrics_push: MetricsPushOpt = None,

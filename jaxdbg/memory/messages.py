@@ -27,7 +27,7 @@ class MemoryOptions:
     budget: str | None = None
     top: int = 10
     leak_bytes: int = 1 << 20
-    plot: bool = True
+    plot: bool = False  # memory.png too (matplotlib: about a second of CPU); memory.html is always written
     args: str | None = None
     inputs: str | None = None
     seed: int = 0

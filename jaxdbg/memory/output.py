@@ -1,6 +1,6 @@
 """The memory report's files: the raw data as CSV, and pictures of memory over the run per device with the
-peak marked and the breakdown at the peak: ``memory.png`` (matplotlib, when installed: the ``plot`` extra)
-and ``memory.html`` (always; an inline SVG, opens in any browser, nothing fetched).
+peak marked and the breakdown at the peak: ``memory.html`` (always; an inline SVG, opens in any browser,
+nothing fetched) and, with ``--plot``, ``memory.png`` (matplotlib, when installed: the ``plot`` extra).
 
 Example:
     >>> import tempfile
@@ -108,36 +108,40 @@ def _where(group: LiveGroup) -> str:
 
 def load_matplotlib() -> threading.Thread:
     """Import matplotlib for :func:`write_png` on a daemon thread, started while the run goes on: the parent only
-    waits for its child then, and the import (about half a second, as long as drawing) is off the command's path.
-    Join it before drawing (an import the main thread starts meanwhile waits for it anyway)."""
+    waits for its child then, and the import (about half a second, longer than drawing) is off the command's
+    path. Join it before drawing (an import the main thread starts meanwhile waits for it anyway)."""
     thread = threading.Thread(target=_import_matplotlib, name="jaxdbg-memory-matplotlib", daemon=True)
     thread.start()
     return thread
 
 
 def _import_matplotlib() -> Any:
-    """``matplotlib.pyplot`` on the Agg backend, or None without matplotlib."""
+    """matplotlib's ``Figure`` and Agg canvas (no pyplot: no global figure state, nothing to close), or None
+    without matplotlib."""
     try:
-        import matplotlib  # the plot extra: lazily, and only where a picture is asked for
-
-        matplotlib.use("Agg", force=False)
-        import matplotlib.pyplot as plt
+        from matplotlib.backends.backend_agg import FigureCanvasAgg  # the plot extra: lazily, only for a picture
+        from matplotlib.figure import Figure
     except ImportError:
         return None
-    with contextlib.suppress(Exception):  # the font cache, read at the first text drawn: read it now too
+    with contextlib.suppress(Exception):  # the font, read at the first text drawn: read it now too
         from matplotlib import font_manager
 
-        font_manager.findfont(font_manager.FontProperties())
-    return plt
+        font_manager.get_font(font_manager.findfont(font_manager.FontProperties()))
+    return Figure, FigureCanvasAgg
 
 
 def write_png(result: MemoryResult, rows: Sequence[SampleRow], path: str) -> str | None:
     """memory.png: memory over the run per device (peak marked) and the breakdown at the peak; None without
-    matplotlib."""
-    plt = _import_matplotlib()
-    if plt is None:
+    matplotlib. Laid out by hand (fixed margins, no tick labels on the breakdown, whose legend says each part's
+    size): text layout is most of a picture's time, and tight_layout measures every text twice."""
+    found = _import_matplotlib()
+    if found is None:
         return None
-    figure, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [2, 1]})
+    Figure, FigureCanvasAgg = found
+    figure = Figure(figsize=(12, 4.5), dpi=100)
+    FigureCanvasAgg(figure)
+    left = figure.add_axes((0.07, 0.11, 0.545, 0.8))  # room for 6-digit MiB ticks (80 GiB) and the label
+    right = figure.add_axes((0.65, 0.11, 0.05, 0.8))
     for device, (t, live, estimate) in series(rows).items():
         line = left.plot(t, [v / 2**20 for v in live], drawstyle="steps-post", label=f"{device} live arrays")[0]
         left.plot(t, [v / 2**20 for v in estimate], drawstyle="steps-post", linestyle="--", color=line.get_color(),
@@ -146,7 +150,7 @@ def write_png(result: MemoryResult, rows: Sequence[SampleRow], path: str) -> str
     if peak is not None:
         at = next((r.t for r in rows if r.function == peak.function and r.call_index == peak.call_index), None)
         if at is not None:
-            left.scatter([at], [peak.bytes / 2**20], color="red", zorder=5)
+            left.plot([at], [peak.bytes / 2**20], "o", color="red", zorder=5)
             left.annotate(f"peak {format_bytes(peak.bytes)}\n{peak.function} call {peak.call_index}",
                           (at, peak.bytes / 2**20), textcoords="offset points", xytext=(8, -24), color="red")
     if result.budget.device_memory_bytes:
@@ -159,16 +163,14 @@ def write_png(result: MemoryResult, rows: Sequence[SampleRow], path: str) -> str
     parts = breakdown(peak, result.live_at_peak)
     bottom = 0.0
     for label, size in parts:
-        right.bar(["peak"], [size / 2**20], bottom=bottom, label=f"{label}: {format_bytes(size)}")
+        right.bar([0], [size / 2**20], width=0.8, bottom=bottom, label=f"{label}: {format_bytes(size)}")
         bottom += size / 2**20
-    right.set_title(f"at the peak ({peak.device})" if peak else "no samples")
-    right.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    figure.tight_layout()
-    # tight_layout leaves a placeholder layout engine, and savefig draws the whole figure once more for any engine
-    # (a third of the picture's time) before it draws it for good: laid out already, it needs none.
-    figure.set_layout_engine(None)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    right.set(xticks=[], yticks=[], xlim=(-0.4, 0.4), ylim=(0, bottom or 1))
+    right.set_title(f"at the peak: {format_bytes(peak.bytes)} on {peak.device}" if peak else "no samples",
+                    loc="left", fontsize=10)
+    if parts:
+        right.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.1, 1.0), frameon=False)
+    figure.savefig(path, pil_kwargs={"compress_level": 1})  # zlib's fastest: flat colours compress well anyway
     return path
 
 
