@@ -12,6 +12,9 @@ import pytest
 from conftest import line_of
 
 CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
+# --timeout of the hung jobs: a quarter of it is the stillness that names the hung process, the rest is room for
+# both processes to start, join and compile on a loaded machine (24 s was too little beside a second test worker).
+HANG_TIMEOUT = "40"
 
 
 def launch(argv: list[str], processes: int, devices: int = 2, timeout: float = 240) -> subprocess.CompletedProcess:
@@ -43,7 +46,7 @@ HANGS = os.path.join(CORPUS, "multihost_hangs", "train.py")
 def waiting_jobs(tmp_path_factory):
     """The jobs that end only at a timeout (--timeout, or the 15 s a lost peer's heartbeat is waited for),
     started together: they mostly wait (a process asleep or dead, its peer blocked in the all-reduce or in
-    jax.distributed.initialize()), so side by side they cost one wait instead of four (about 25 s, not 90).
+    jax.distributed.initialize()), so side by side they cost one wait instead of four (about 45 s, not 150).
     Each test collects its own: (the finished run, its folder)."""
     from jaxdbg.launch import free_port, task_environment
 
@@ -54,9 +57,10 @@ def waiting_jobs(tmp_path_factory):
                        str(folders["dies"] / "p"), "-q", "--json", str(folders["dies"] / "job.json"),
                        "--timeout", "200"], 2, devices=1),
         "hangs": start(["profile", HANGS, "--out", str(folders["hangs"] / "p"), "-q", "--json",
-                        str(folders["hangs"] / "job.json"), "--timeout", "24", "--trace-calls", "0"], 2, devices=1),
-        "nan_hangs": start(["nan-hunt", HANGS, "--out", str(folders["nan_hangs"] / "n"), "-q", "--timeout", "24"], 2,
-                           devices=1),
+                        str(folders["hangs"] / "job.json"), "--timeout", HANG_TIMEOUT, "--trace-calls", "0"], 2,
+                       devices=1),
+        "nan_hangs": start(["nan-hunt", HANGS, "--out", str(folders["nan_hangs"] / "n"), "-q", "--timeout",
+                            HANG_TIMEOUT], 2, devices=1),
         # Process 0 of a 2-process job started alone: its peer never comes.
         "never_starts": start(["nan-hunt", os.path.join(CORPUS, "multihost_dp", "train.py"), "--out",
                                str(folders["never_starts"] / "o"), "-q", "--timeout", "20"], None, env=lone),
@@ -365,7 +369,8 @@ def test_nan_hunt_names_the_process_a_job_hangs_on(waiting_jobs):
     done, _ = waiting_jobs["nan_hangs"]()
     assert done.returncode == 3, done.stderr[-3000:]
     first = done.stderr.strip().splitlines()[0]
-    assert first.startswith("jaxdbg nan-hunt: the target ran past --timeout 24.0s (process 1 hangs: alive"), first
+    said = f"jaxdbg nan-hunt: the target ran past --timeout {float(HANG_TIMEOUT)}s (process 1 hangs: alive"
+    assert first.startswith(said), first
     assert f"train.py:{line} (read_batch)" in first and "(process 0 waits in a call of step" in first
 
 
