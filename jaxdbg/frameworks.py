@@ -139,6 +139,25 @@ def user_arguments(fun: Any, args: tuple, kwargs: dict) -> list[Argument] | None
     return None
 
 
+def user_leaf_names(fun: Any, args: tuple, kwargs: dict) -> dict[int, str]:
+    """The user's name (``model.layers[0].weight``, ``x``) of each array leaf of a call of a framework's inner
+    function, by the leaf's ``id``: the wrapper's own argument paths (filter_jit's
+    ``dynamic_nodonate['rest'][13]``) mean nothing to the user. Empty for any other function.
+
+    Example:
+        >>> user_leaf_names(lambda x: x, (1.0,), {})
+        {}
+    """
+    names: dict[int, str] = {}
+    for argument in user_arguments(fun, args, kwargs) or ():
+        # A module called as the function (filter_jit(model)(x)): its leaves by its class (MLP.layers[0].weight)
+        base = type(argument.value).__name__ if argument.name == "<function>" else argument.name
+        for path, leaf, attribute in named_leaves(argument.value):
+            if not attribute:
+                names.setdefault(id(leaf), f"{base}{path}")
+    return names
+
+
 def named_leaves(value: Any) -> Iterator[tuple[str, Any, bool]]:
     """``(path, leaf, attribute)`` for each leaf of ``value``, paths as the user writes them (``.layers[0]``,
     ``['x']``). ``attribute`` marks a module field that jax keys on by value (static) although it is no

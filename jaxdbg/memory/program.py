@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import re
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -51,8 +51,9 @@ class ProgramInfo:
     positional: int = 0  # positional arguments of the call (static ones included)
     threaded: frozenset[int] = frozenset()  # argnums the run fed with this function's previous outputs
     jit: JitKind = "jax.jit"  # how the user jitted it (frameworks.jit_kind)
-    # The user's name of each flat argument, where the program's own names are jax's (a pmap: flat_args[i]).
-    argument_names: tuple[str, ...] = ()
+    # (jax's name, the user's) of arguments whose program names are a wrapper's: a pmap's flat_args[i],
+    # filter_jit's dynamic_nodonate['rest'][13]
+    argument_names: tuple[tuple[str, str], ...] = ()
 
 
 def analyse(compiled: Any, info: ProgramInfo, dump_folder: str | None, after_module: int = -1,
@@ -75,7 +76,7 @@ def analyse(compiled: Any, info: ProgramInfo, dump_folder: str | None, after_mod
         note = "XLA wrote no buffer assignment for this program; its buffers are not listed"
     module = parse_hlo(text) if assignment else None  # the buffers' ops and lines (a large module: 0.1-1 s)
     if module is not None and info.argument_names:
-        name_arguments(module, info.argument_names)
+        name_arguments(module, dict(info.argument_names))
     largest = tuple(_buffer(v, module) for v in assignment.largest(top)) if assignment and module else ()
     return ProgramMemory(
         name=info.name, source=info.source, call_index=info.call_index, compile_index=info.compile_index,
@@ -88,26 +89,23 @@ def analyse(compiled: Any, info: ProgramInfo, dump_folder: str | None, after_mod
     )
 
 
-_FLAT_ARGUMENT = re.compile(r"flat_args\[(\d+)\]")
-
-
-def name_arguments(module: HloModule, names: tuple[str, ...]) -> None:
-    """Name the entry parameters jax called ``flat_args[i]`` by the user's arguments, as a jitted function's are
-    (jax writes a jit's argument paths in the parameters' metadata; pmap's own jit only their flat index).
+def name_arguments(module: HloModule, names: Mapping[str, str]) -> None:
+    """Name the entry parameters that jax named after a wrapper's arguments (pmap's own jit: ``flat_args[1]``;
+    filter_jit's inner function: ``dynamic_nodonate['rest'][13]``) by the user's (``names``: jax's -> user's),
+    as a plain jitted function's parameters are named by jax itself.
 
     Example:
         >>> from jaxdbg.profile.hlo import Instruction
         >>> module = HloModule("pmap_f", {"p.1": Instruction("p.1", "parameter", "main", op_name="flat_args[1]")},
         ...                    arguments={"p.1": "flat_args[1]"})
-        >>> name_arguments(module, ("xs", "params['w']"))
+        >>> name_arguments(module, {"flat_args[0]": "xs", "flat_args[1]": "params['w']"})
         >>> module.arguments, module.instructions["p.1"].op_name
         ({'p.1': "params['w']"}, "params['w']")
     """
     for parameter, written in module.arguments.items():
-        flat = _FLAT_ARGUMENT.fullmatch(written)
-        if flat is None or int(flat.group(1)) >= len(names):
+        name = names.get(written)
+        if name is None:
             continue
-        name = names[int(flat.group(1))]
         module.arguments[parameter] = name
         inst = module.instructions.get(parameter)
         if inst is not None:

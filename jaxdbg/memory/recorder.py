@@ -275,7 +275,7 @@ class MemoryRecorder(JitHook):
             signature = ""
         info = ProgramInfo(state.name, state.source, call.index, state.compiles, signature, state.parameters,
                            tuple(call.function.static_argnums), len(call.args), frozenset(state.threaded), state.jit,
-                           _pmap_argument_names(call) if call.function.is_pmap else ())
+                           _argument_names(call))
         folder = self.dump_folder if state.compiles < ANALYSED_COMPILES else None
         from jaxdbg.profile.hlo import module_name
 
@@ -542,13 +542,18 @@ def compile_spans(recorder: MemoryRecorder) -> Iterator[None]:
         monitoring.unregister_event_time_span_listener(on_span)
 
 
-def _pmap_argument_names(call: JitCall) -> tuple[str, ...]:
-    """The user's name of each of a pmap call's flat arguments (``xs``, ``params['w']``), which pmap's own jit
-    calls ``flat_args[i]``: the leaves of its dynamic arguments, in the order pmap flattens them."""
+def _argument_names(call: JitCall) -> tuple[tuple[str, str], ...]:
+    """(jax's name, the user's) of each argument jax names after a wrapper's: a pmap's flat arguments
+    (``flat_args[i]``: the leaves of its dynamic arguments in the order pmap flattens them), a framework inner
+    function's leaves (filter_jit's ``dynamic_nodonate['rest'][13]`` is ``model.layers[1].weight``)."""
     from jaxdbg.nan.calls import Call  # imports jax: the child's side only
 
+    function = call.function
     try:
-        return tuple(Call(call.function.name, call.function.fun, tuple(call.args), dict(call.kwargs),
-                          call.function.static_argnums).leaf_names())
-    except Exception:  # noqa: BLE001 - naming only: the buffers keep jax's flat_args[i]
+        replay = Call(function.name, function.fun, tuple(call.args), dict(call.kwargs), function.static_argnums)
+        users = replay.leaf_names()
+        if function.is_pmap:
+            return tuple((f"flat_args[{i}]", name) for i, name in enumerate(users))
+        return tuple((jax, user) for jax, user in zip(replay.jax_names(), users) if jax != user)
+    except Exception:  # noqa: BLE001 - naming only: the buffers keep jax's names
         return ()

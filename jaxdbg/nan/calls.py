@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -90,7 +91,26 @@ class Call:
         return tree_flatten((dyn_args, dyn_kwargs))[0]
 
     def leaf_names(self) -> list[str]:
-        """A readable name per leaf: the parameter name plus the pytree path inside it."""
+        """A readable name per leaf: the parameter name plus the pytree path inside it; a framework wrapper's
+        leaves by the user's own arguments (``model.layers[0].weight``, not filter_jit's
+        ``dynamic_nodonate['rest'][3]``)."""
+        names = self._names(readable_keystr)
+        users = frameworks.user_leaf_names(self.fun, self.args, self.kwargs) if self.fun is not None else {}
+        if users:
+            names = [users.get(id(leaf), name) for leaf, name in zip(self.leaves(), names)]
+        return names
+
+    def jax_names(self) -> list[str]:
+        """Each leaf's name as jax writes it in the compiled program's metadata (``dynamic_nodonate['rest'][3]``).
+
+        Example:
+            >>> Call("step", lambda params, x: x, ({"w": 1.0}, 2.0), {}).jax_names()
+            ["params['w']", 'x']
+        """
+        return self._names(lambda value, path: _FLAT_INDEX.sub(r"\1", keystr(path)))  # jax writes [0]
+
+    def _names(self, render: Callable[[Any, tuple], str]) -> list[str]:
+        """Parameter name (positional ones from the signature, keywords by key) + ``render(argument, path)``."""
         nums, _ = self._static_sets()
         params = self._positional_params()
         positions = [i for i in range(len(self.args)) if i not in nums]
@@ -104,7 +124,7 @@ class Call:
                 base = params[original] if original < len(params) else f"args[{original}]"
             else:
                 base = str(getattr(key, "key", key))
-            names.append(base + readable_keystr(tree[group][key.idx if group == 0 else key.key], rest))
+            names.append(base + render(tree[group][key.idx if group == 0 else key.key], rest))
         return names
 
     def trace(self) -> Any:
@@ -115,6 +135,9 @@ class Call:
         with frameworks.tracing_context(self.fun):
             closed = jax.make_jaxpr(fn)(*dyn_args, **dyn_kwargs)
         return _compat.pmap_body(closed) if self.pmap else closed
+
+
+_FLAT_INDEX = re.compile(r"<flat index ([^>]+)>")
 
 
 @functools.lru_cache(maxsize=1024)  # asked on every watched call: inspect.signature is slow

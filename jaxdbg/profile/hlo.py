@@ -135,7 +135,7 @@ def parse_hlo(text: str) -> HloModule:
             module.instructions[inst.name] = inst
             module.computations[current].append(inst.name)
             if current == entry and inst.opcode == "parameter" and inst.op_name:
-                module.arguments[inst.name] = inst.op_name.replace("\\'", "'")
+                module.arguments[inst.name] = inst.op_name
     users: dict[str, list[str]] = {}
     for inst in module.instructions.values():
         for operand in inst.operands:
@@ -179,13 +179,14 @@ def _parse_instruction(line: str, computation: str) -> Instruction | None:
     if not opcode:
         return None
     frame = _FRAME_ID.search(rest)
-    op_name = _OP_NAME.search(rest)
+    op_name = _OP_NAME.search(rest)  # HLO text escapes quotes: dynamic_nodonate[\'rest\'] is jax's ['rest']
     kind = _KIND.search(rest)
     src_file, src_line = _SOURCE_FILE.search(rest), _SOURCE_LINE.search(rest)
     return Instruction(
         name=name, opcode=opcode.group(1), computation=computation, operands=_operands(rest, opcode.end()),
         calls=tuple(_CALLS.findall(rest)), fusion_kind=kind.group(1) if kind else "",
-        op_name=op_name.group(1) if op_name else "", frame_id=int(frame.group(1)) if frame else None,
+        op_name=op_name.group(1).replace("\\'", "'") if op_name else "",
+        frame_id=int(frame.group(1)) if frame else None,
         source_file=src_file.group(1) if src_file else None,
         source_line=int(src_line.group(1)) if src_line else None,
         text=rest.split(", metadata=")[0][:200], sharding=_braced(rest, "sharding="),
