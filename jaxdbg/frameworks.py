@@ -139,17 +139,23 @@ def user_arguments(fun: Any, args: tuple, kwargs: dict) -> list[Argument] | None
     return None
 
 
-def user_leaf_names(fun: Any, args: tuple, kwargs: dict) -> dict[int, str]:
+def user_leaf_names(fun: Any, args: tuple, kwargs: dict, parameters: Sequence[str] = ()) -> dict[int, str]:
     """The user's name (``model.layers[0].weight``, ``x``) of each array leaf of a call of a framework's inner
     function, by the leaf's ``id``: the wrapper's own argument paths (filter_jit's
-    ``dynamic_nodonate['rest'][13]``) mean nothing to the user. Empty for any other function.
+    ``dynamic_nodonate['rest'][13]``, nnx.jit's ``model.states[0][3]``) mean nothing to the user. ``parameters``:
+    the inner function's positional parameter names (nnx.jit's are the user's). Empty for any other function.
 
     Example:
-        >>> user_leaf_names(lambda x: x, (1.0,), {})
+        >>> user_leaf_names(lambda x: x, (1.0,), {}, ["x"])
         {}
     """
+    arguments = user_arguments(fun, args, kwargs)
+    if arguments is None:  # nnx.jit: the user's arguments, a graph node's split into graph definition + states
+        split = _split_node_types()
+        arguments = [Argument(name, value) for name, value in zip(parameters, args)
+                     if split and isinstance(value, split)]
     names: dict[int, str] = {}
-    for argument in user_arguments(fun, args, kwargs) or ():
+    for argument in arguments:
         # A module called as the function (filter_jit(model)(x)): its leaves by its class (MLP.layers[0].weight)
         base = type(argument.value).__name__ if argument.name == "<function>" else argument.name
         for path, leaf, attribute in named_leaves(argument.value):

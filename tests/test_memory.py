@@ -215,6 +215,9 @@ def test_a_flax_nnx_loop_that_keeps_its_logits_is_named_in_nnx_terms(runs) -> No
     assert (program["name"], program["jit"]) == ("train_step", "nnx.jit")
     assert [(h["argument"], h["argnum"], h["threaded"]) for h in program["held"]] == [
         ("model", 0, True), ("optimizer", 1, True)]
+    # nnx.jit passes the model as states lists (model.states[0][3]): its buffers are named by the module's fields
+    arguments = {b["argument"] for b in program["largest"] if b["kind"] == "argument"}
+    assert "model.out.kernel" in arguments and "optimizer.opt_state[0].mu.out.kernel" in arguments, arguments
     (leak,) = result["leaks"]
     logits = 256 * 512 * 4  # one step's f32[BATCH, CLASSES] logits
     assert leak["kept_by"] == "list 'history'" and leak["kept_at"]["line"] == _marker(script, "keeps")

@@ -95,7 +95,8 @@ class Call:
         leaves by the user's own arguments (``model.layers[0].weight``, not filter_jit's
         ``dynamic_nodonate['rest'][3]``)."""
         names = self._names(readable_keystr)
-        users = frameworks.user_leaf_names(self.fun, self.args, self.kwargs) if self.fun is not None else {}
+        users = (frameworks.user_leaf_names(self.fun, self.args, self.kwargs, self._positional_params())
+                 if self.fun is not None else {})
         if users:
             names = [users.get(id(leaf), name) for leaf, name in zip(self.leaves(), names)]
         return names
