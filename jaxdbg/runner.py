@@ -154,7 +154,18 @@ _HELP_POINTER = re.compile(r"--help")
 
 
 def first_line(text: str, limit: int = 300) -> str:
-    line = (text or "").strip().splitlines()[0] if (text or "").strip() else ""
+    """The first line of a message, with a printed array that goes on over the next lines joined into it.
+
+    Example:
+        >>> first_line("produced NaN: [[nan 1.]\\n [2. 3.]]\\nTraceback ...")
+        'produced NaN: [[nan 1.] [2. 3.]]'
+    """
+    lines = (text or "").strip().splitlines()
+    line = lines[0] if lines else ""
+    for more in lines[1:]:  # numpy prints a 2-D array a row per line: "[[nan 1.]" alone misquotes it
+        if line.count("[") <= line.count("]") or len(line) > limit:
+            break
+        line = f"{line} {more.strip()}"
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 

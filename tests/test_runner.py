@@ -40,6 +40,16 @@ def test_exception_in_jitted_code_names_type_message_and_user_line(tmp_path):
     assert "raised TypeError" in outcome.describe()
 
 
+def test_an_assertion_that_prints_a_2d_array_is_quoted_whole(tmp_path):
+    """numpy prints a matrix a row per line: the one-line description keeps every row, not '[[nan 1.]'."""
+    outcome = _run(tmp_path, (
+        "import numpy as np\n"
+        "out = np.array([[np.nan, 1.0], [2.0, 3.0]], np.float32)\n"
+        "assert not np.isnan(out).any(), f'jax.jit(f) produced NaN: {out}'\n"
+    ))
+    assert outcome.describe().startswith("raised AssertionError: jax.jit(f) produced NaN: [[nan  1.] [ 2.  3.]] at ")
+
+
 def test_segfault_is_a_crash_with_its_line(tmp_path):
     outcome = _run(tmp_path, "import ctypes\nprint('start')\nctypes.string_at(0)\n")
     assert outcome.status == "crash" and outcome.signal == "SIGSEGV"
