@@ -32,6 +32,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+# The name filter_jit's callable gets among the arguments when it is not a plain function (a module, a partial)
+CALLABLE_ARGUMENT = "<function>"
 _FRAMES_UP = 24  # how far above jax.jit to look for filter_jit's frame (a few frames in equinox 0.13)
 
 
@@ -157,7 +159,7 @@ def user_leaf_names(fun: Any, args: tuple, kwargs: dict, parameters: Sequence[st
     names: dict[int, str] = {}
     for argument in arguments:
         # A module called as the function (filter_jit(model)(x)): its leaves by its class (MLP.layers[0].weight)
-        base = type(argument.value).__name__ if argument.name == "<function>" else argument.name
+        base = type(argument.value).__name__ if argument.name == CALLABLE_ARGUMENT else argument.name
         for path, leaf, attribute in named_leaves(argument.value):
             if not attribute:
                 names.setdefault(id(leaf), f"{base}{path}")
@@ -357,7 +359,7 @@ def _filter_jit_arguments(args: tuple, kwargs: dict) -> list[Argument] | None:
     if not inspect.isfunction(fun):
         # Callables other than plain functions share filter_jit's compiled function by name, so the callable
         # itself (a module, a partial) is part of what is compiled: show it.
-        out.insert(0, Argument("<function>", fun, filtered=True))
+        out.insert(0, Argument(CALLABLE_ARGUMENT, fun, filtered=True))
     return out
 
 
