@@ -30,7 +30,7 @@ in `tests/test_compat_matrix.py`, run by CI on jax 0.10.2 (Python 3.11) and jax 
 
 - nan-hunt: `jaxdbg nan-hunt program.py` names the origin's kind, operation, pass (forward/backward), line
   and call, the path through the feature (loop iteration, branch, vmap, shard_map), the chain of Inf values
-  behind it, and the device where that matters;
+  behind it, and the device and the names of the call's inputs (in its bundle) where that matters;
 - profile: `jaxdbg profile` of every program in one run finds each program's jitted functions, with their
   compiles, calls and recompile causes;
 - repro: `jaxdbg repro program.py` writes a reproducer cut from the jitted computation, verified alone (run

@@ -209,6 +209,13 @@ def test_nan_hunt_first_hint_fits(matrix, row) -> None:
     assert row.hint in first_hint, first_hint
 
 
+@pytest.mark.parametrize("row", _cells("nan-hunt", "leaves", lambda row: row.leaves))
+def test_nan_hunt_names_the_inputs_in_its_bundle(matrix, row) -> None:
+    bundle = json.loads(Path(matrix.report(row.name)["artifacts"]["bundle"]).read_text())
+    names = [entry["name"] for entry in bundle["inputs"]]
+    assert set(row.leaves) <= set(names), names
+
+
 # -- profile (every row in one profiled process) -------------------------------------------------------------
 
 

@@ -5,7 +5,8 @@ writes that feature, with a bug that makes a NaN at a line marked ``# NaN`` (and
 Inf values leads to it, the lines those come from, by their own markers). Every command runs the same
 program, and each cell is that command's expected answer:
 
-- ``nan-hunt``: the origin (kind, operation, pass, line, call, the path through the feature);
+- ``nan-hunt``: the origin (kind, operation, pass, line, call, the path through the feature; on some rows the
+  names its bundle gives the call's inputs);
 - ``profile``: the row's jitted functions found, with their compiles and calls (and recompile causes);
 - ``repro``: a verified reproducer of the NaN, cut from the jitted computation (run on a few rows only);
 - ``watch``: ``jaxdbg.watch`` raises ``NonFiniteError`` with the same origin;
@@ -76,6 +77,7 @@ class Row:
     dtype: str | None = None  # the dtype of the origin's first input
     device: str | None = None  # the device holding the first non-finite value
     explanation: tuple[str, ...] = ()  # words the explanation must hold
+    leaves: tuple[str, ...] = ()  # names nan-hunt's bundle must give inputs of the origin's call
     hint: str | None = None  # words the first hint must hold
     repro: bool = False
     known: dict[str, tuple[Known, ...]] = field(default_factory=dict)  # column -> what does not work there
@@ -128,6 +130,9 @@ ROWS: tuple[Row, ...] = (
     Row("flax_struct_state", "Flax struct dataclasses (Linen TrainState)", Op("nan", "log", "forward"), 2, _train()),
     Row("eqx_module", "Equinox Modules (eqx.filter_jit)", Op("nan", "log", "forward"), 2,
         _train(calls=5, compiles=2, recompile="weak type")),
+    Row("eqx_module_call", "Equinox module jitted and called directly (eqx.filter_jit(model)(x))",
+        Op("nan", "log", "forward"), 0, (Function("Head", 1, 3),), leaves=("x", "Head.mlp.layers[0].weight"),
+        repro=True),
     Row("nnx_graph_state", "Flax NNX graph state (nnx.jit, BatchNorm, nnx.Optimizer)", Op("nan", "div", "forward"),
         2, _train()),
     Row("sharded_dp", "arrays sharded over 8 CPU devices (NamedSharding)", Op("nan", "div", "forward"), 2, _train(),
