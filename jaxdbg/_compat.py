@@ -240,6 +240,20 @@ def compiled_memory(compiled: Any, with_peak: bool = False) -> dict[str, int] | 
 import contextlib  # noqa: E402 - kept with the nan-hunt helpers that need it
 
 
+def is_batched_cond_select(eqn: Any) -> bool:
+    """Whether a ``select_n`` equation is a ``lax.cond``/``lax.switch`` that vmap turned into a select (its
+    predicate differs between batch elements, so every branch is computed and one result kept per element).
+
+    Nothing in the equation says so but its traceback: jax's cond batching rule made it (checked on jax
+    0.10.2 and 0.11.2, where the rule is ``_cond_batching_rule`` in ``lax/control_flow/conditionals.py``).
+    """
+    if eqn.primitive.name != "select_n":
+        return False
+    frames = getattr(getattr(eqn.source_info, "traceback", None), "frames", None) or ()
+    return any(frame.function_name.startswith("_cond_batching_rule")
+               and frame.file_name.replace("\\", "/").endswith("control_flow/conditionals.py") for frame in frames)
+
+
 def bind_eqn(eqn: Any, invals: list, keep_source: bool = False) -> list:
     """Evaluate one equation on ``invals`` (concrete values, or tracers while retracing); always a list.
 

@@ -369,3 +369,52 @@ def test_a_sparse_argument_is_named_by_its_fields() -> None:
 
     grads = sparse.BCOO((jnp.ones(3), adj.indices), shape=adj.shape)  # a BCOO's gradient is a BCOO: its data
     assert [g.name for g in _grad_norms(lambda adj: None, (grads,), (0,))] == ["adj.data"]
+
+
+def _per_example(v, flag):
+    return jax.lax.cond(flag, lambda: jnp.log(v) ** 2, lambda: (v - 1.0) ** 2)  # branches line
+
+
+def test_a_cond_that_vmap_made_a_select_says_whether_it_kept_the_nan() -> None:
+    """Under vmap a cond with a per-element predicate computes both branches and selects: the explanation says
+    so, and whether the NaN is in a selected result (the branch's own) or only in a discarded one (then it is
+    not what made the outputs non-finite: jax drops it from the values and the gradient)."""
+    from jaxdbg.nan import cond_select
+    from jaxdbg.nan.analyses import Findings
+
+    def analysed(fn, *args):
+        call = Call("step", jax.jit(fn), args, {})
+        found = localise_call(call)
+        findings = Findings(found.first, call=call, localisation=found)
+        cond_select.analyse(findings)
+        return findings.cond_select, explain(found.first, cond_select=findings.cond_select)
+
+    def loss(x, flags):
+        return jax.grad(lambda x: jax.vmap(_per_example)(x, flags).sum())(x)
+
+    # the flagged element's own log of a negative value: a result the select kept
+    select, (text, hints) = analysed(loss, jnp.array([2.0, -3.0, 0.5]), jnp.array([True, True, False]))
+    assert (select.branches, select.branch, select.kept, select.discarded) == (2, 1, 1, 0)
+    assert select.source.line == _line_of(_per_example, "# branches line")
+    assert f"turned the `lax.cond` at line {select.source.line} into a select" in text
+    assert "computes both branches" in text and "in a result that was selected" in text
+    assert "clamp the input" in hints[0]
+    # an unflagged element's log, discarded, and a NaN made later that reached the outputs
+    select, (text, hints) = analysed(lambda x, flags: (loss(x, flags), jnp.sqrt(x - 5.0)),
+                                     jnp.array([2.0, -3.0]), jnp.array([True, False]))
+    assert (select.branch, select.kept, select.discarded) == (1, 0, 1)
+    assert "born in the branch whose result was not selected" in text
+    assert "not what made the outputs non-finite" in text and "double-where" in hints[0]
+    # the NaN made inside a jit in the branch (its path says no vmap) is followed out to the select
+    doubled_log = jax.jit(lambda v: jnp.log(v) * 2)
+    select, _ = analysed(jax.vmap(lambda v, flag: jax.lax.cond(flag, doubled_log, jnp.zeros_like, v)),
+                         jnp.array([-1.0, 2.0, -3.0]), jnp.array([False, True, True]))
+    assert (select.branch, select.kept, select.discarded) == (1, 1, 1)
+    # lax.switch: every branch computed
+    select, (text, _) = analysed(jax.vmap(lambda i, v: jax.lax.switch(i, [jnp.log, jnp.sqrt, jnp.exp], v)),
+                                 jnp.array([0, 1, 2]), jnp.array([-1.0, 4.0, 1.0]))
+    assert (select.branches, select.branch, select.kept) == (3, 0, 1) and "`lax.switch`" in text
+    assert "computes all 3 branches" in text
+    # a predicate vmap does not map stays a cond (path cond[branch=1]); a jnp.where is no cond
+    assert analysed(lambda x: jax.vmap(_per_example, in_axes=(0, None))(x, True), jnp.array([-1.0]))[0] is None
+    assert analysed(jax.vmap(lambda v: jnp.where(v > 0, v, jnp.log(v))), jnp.array([-1.0]))[0] is None

@@ -2,8 +2,9 @@
 
 The origin is the answer; the analyses after it add to it: where its infinities came from (``chain``), what
 grew before it (``growth``), whether float32 cures it (``precision``), a float16/bfloat16 overflow behind it
-(``overflow``), where a zero it divided by was made (``zero``), the paragraph and hints (``explanation``),
-the failing call saved to disk (``bundle``). Each is a function ``analyse(findings)`` in a module of its own
+(``overflow``), where a zero it divided by was made (``zero``), whether a cond that vmap turned into a select
+kept or discarded it (``cond_select``), the paragraph and hints (``explanation``), the failing call saved to
+disk (``bundle``). Each is a function ``analyse(findings)`` in a module of its own
 that reads and fills one shared :class:`Findings`;
 :data:`ANALYSES` lists them in the order they run. One that raises loses only what it would have added: the
 guard turns the failure into an :class:`~jaxdbg.nan.result.AnalysisWarning` (the step, the error in one
@@ -29,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from jaxdbg.nan import bundle, chain, explain, growth, overflow, precision, zero_source
+from jaxdbg.nan import bundle, chain, cond_select, explain, growth, overflow, precision, zero_source
 from jaxdbg.nan.result import (
     AnalysisWarning,
     GrowthEntry,
@@ -66,6 +67,7 @@ class Findings:
     precision: PrecisionCheck | None = None
     overflow: Overflow | None = None
     zero_source: zero_source.ZeroSource | None = None  # where the zero the origin divided by was made
+    cond_select: cond_select.CondSelect | None = None  # the select a cond became under vmap, the origin's NaN in it
     explanation: str = ""
     hints: tuple[str, ...] = ()
     artifacts: dict[str, str] = field(default_factory=dict)
@@ -116,6 +118,7 @@ ANALYSES: tuple[Analysis, ...] = (
     Analysis("precision", precision.analyse),
     Analysis("overflow", overflow.analyse),
     Analysis("zero", zero_source.analyse),
+    Analysis("cond_select", cond_select.analyse),
     Analysis("explanation", explain.analyse),
     Analysis("bundle", bundle.analyse),
 )

@@ -30,6 +30,7 @@ from jaxdbg.nan.result import GrowthEntry, Origin, Overflow, PrecisionCheck, Str
 
 if TYPE_CHECKING:
     from jaxdbg.nan.analyses import Findings
+    from jaxdbg.nan.cond_select import CondSelect
     from jaxdbg.nan.zero_source import ZeroSource
 
 # (origin, code of its line, code of the lines that computed its inputs) -> (sentence, hints) or None
@@ -57,6 +58,10 @@ DEGENERATE = ("break the tie: add a tiny, fixed perturbation that makes the eige
               "eigenvectors of repeated eigenvalues (a sum of eigenvalues, `jnp.trace`, a matrix function)")
 DEGENERATE_BASIS = ("if the eigenvectors are not needed, take `jnp.linalg.eigvalsh` (its gradient is finite at "
                     "distinct eigenvalues) or `jax.lax.stop_gradient` them")
+UNTAKEN_BRANCH = ("make the branch safe for the elements that do not take it (under vmap it runs on them too, and "
+                  "its discarded NaN hides the one that matters from nan-hunt and from jax_debug_nans): give its "
+                  "operation a harmless input there, with the cond's own predicate, e.g. "
+                  "`jnp.log(jnp.where(pred, x, 1.0))` (the double-where trick), then run nan-hunt again")
 UNDERFLOW = ("keep the value that underflows away from 0: bound its input (e.g. `jnp.exp(jnp.maximum(x, -80.0))`) or "
              "use a form that cannot reach 0 (`jax.nn.softplus(x) + 1e-6` for a positive parameter); if its input "
              "is a parameter, find why it moved so far (a smaller learning rate, clipped gradients)")
@@ -426,6 +431,24 @@ def _zero_sentence(zero: ZeroSource, first: Origin, grown: Sequence[str] = ()) -
     return f"{what} was made by `{zero.primitive}`{line}{how}" + (f"; it is computed from {args}." if args else ".")
 
 
+def _cond_select_sentence(select: CondSelect) -> str:
+    """Whether the select a cond became under vmap kept the origin's NaN (:mod:`jaxdbg.nan.cond_select`)."""
+    line = f" at line {select.source.line}" if select.source else ""
+    cond, every = ("`lax.cond`", "both branches") if select.branches == 2 else \
+        ("`lax.switch`", f"all {select.branches} branches")
+    turned = (f"Under vmap, jax turned the {cond}{line} into a select: it computes {every} for every batch element "
+              "and keeps one result per element.")
+    if select.kept:
+        also = f"; {select.discarded} more in results it discarded" if select.discarded else ""
+        return (f"{turned} This NaN is in a result that was selected ({select.kept} value(s){also}): the branch makes "
+                "it for an element that takes the branch, so it is the branch's own NaN, not the discarded result of "
+                "an element that takes another branch.")
+    return (f"{turned} This NaN is born in the branch whose result was not selected (its {select.discarded} NaN "
+            "value(s) sit where another branch was taken): the select throws it away, and jax keeps it out of the "
+            "gradient too, so it is not what made the outputs non-finite; it is only the first NaN made, and the "
+            "one that reached the outputs was made later.")
+
+
 def _range_of(stats: ValueStats) -> str:
     if stats.min is None or stats.max is None:
         return stats.dtype
@@ -449,12 +472,14 @@ def _has_epsilon(origin: Origin) -> bool:
 def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence[GrowthEntry] = (),
             precision: PrecisionCheck | None = None, strategy: Strategy | None = None,
             input_sources: Mapping[Origin, Sequence[SourceLocation]] | None = None,
-            overflow: Overflow | None = None, zero: ZeroSource | None = None) -> tuple[str, tuple[str, ...]]:
+            overflow: Overflow | None = None, zero: ZeroSource | None = None,
+            cond_select: CondSelect | None = None) -> tuple[str, tuple[str, ...]]:
     """``(paragraph, hints)`` for a finding; an empty paragraph when nothing was found.
 
     ``input_sources`` gives, per origin, the user lines that computed its inputs (from the replay);
     ``overflow``, a bf16/f16 overflow behind the origin (:mod:`jaxdbg.nan.overflow`): the root cause and its fix;
-    ``zero``, where the zero the origin divided by was made (:mod:`jaxdbg.nan.zero_source`).
+    ``zero``, where the zero the origin divided by was made (:mod:`jaxdbg.nan.zero_source`); ``cond_select``,
+    the select a cond became under vmap, which kept or discarded the origin's NaN (:mod:`jaxdbg.nan.cond_select`).
     """
     if first is None:
         return "", ()
@@ -486,7 +511,11 @@ def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence
         parts.append(f"This happens inside your own custom_vjp backward rule `{rule}` (the line shown is in it).")
         hints = [f"guard the operation in `{rule}`: e.g. `jnp.where(n > 0, g * x / n, 0.0)` with a safe "
                  "denominator, or divide by `jnp.maximum(n, eps)`"] + [h for h in hints if h != DOUBLE_WHERE]
-    if "vmap" in first.path:
+    if cond_select is not None:
+        parts.append(_cond_select_sentence(cond_select))
+        if not cond_select.kept:  # a NaN nobody sees: the fix that matters is to stop it hiding the real one
+            hints = [UNTAKEN_BRANCH] + [h for h in hints if h != DOUBLE_WHERE]
+    elif "vmap" in first.path:
         parts.append("It runs under vmap: only some batch elements are affected (see the input statistics).")
     for origin in chain:
         if origin.constant_input:
@@ -523,4 +552,4 @@ def analyse(findings: Findings) -> None:
     """The ``explanation`` analysis: the paragraph and hints, from everything found before it."""
     findings.explanation, findings.hints = explain(findings.first, findings.chain, findings.growth,
                                                    findings.precision, findings.strategy, findings.sources,
-                                                   findings.overflow, findings.zero_source)
+                                                   findings.overflow, findings.zero_source, findings.cond_select)

@@ -1,0 +1,137 @@
+"""The ``cond_select`` analysis: a NaN born in a branch of a ``lax.cond`` that vmap turned into a select.
+
+Under ``vmap``, a ``lax.cond`` (or ``lax.switch``) whose predicate differs between batch elements cannot run
+one branch: jax computes every branch for every element and keeps one result per element (``select_n``). A
+NaN born in a branch is then either in a result the select keeps (an element that takes the branch made it:
+a NaN of the branch itself) or in one it discards (the branch ran for an element that does not take it). A
+discarded NaN reaches no output: the select drops it, and jax drops it from the gradient too (the batched cond
+selects each branch's inputs, so no cotangent flows into a branch an element did not take; jax#1052). It is
+still the first NaN made, the one replaying op by op stops at (as ``jax_debug_nans`` does), while the NaN
+that reached the outputs was made later: the explanation says so.
+
+The origin's outputs are followed forward through its jaxpr (and out of the calls it sits in) to such a
+select; one more replay of the call, up to that select, counts the origin's NaNs it keeps and discards.
+
+Example:
+    >>> import jax, jax.numpy as jnp
+    >>> from jaxdbg.nan.analyses import Findings
+    >>> from jaxdbg.nan.calls import Call
+    >>> from jaxdbg.nan.localise import localise_call
+    >>> def roots(x):   # the bug: -5 < v < 0 takes the square root branch
+    ...     return jax.vmap(lambda v: jax.lax.cond(v > -5, jnp.sqrt, jnp.zeros_like, v))(x)
+    >>> call = Call("roots", roots, (jnp.array([4.0, -1.0, -9.0]),), {})
+    >>> found = localise_call(call)
+    >>> findings = Findings(found.first, call=call, localisation=found)
+    >>> analyse(findings)
+    >>> findings.cond_select.branch, findings.cond_select.kept, findings.cond_select.discarded
+    (1, 1, 1)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from jaxdbg import _compat
+from jaxdbg._source import SourceLocation
+from jaxdbg.jaxpr import Hooks, Interpreter, Stop
+from jaxdbg.nan.stats import host_floats, host_readable
+
+if TYPE_CHECKING:
+    from jaxdbg.jaxpr.interpreter import Scope, Site
+    from jaxdbg.nan.analyses import Findings
+
+
+@dataclass(frozen=True)
+class CondSelect:
+    """The select a cond became under vmap, reached from the origin: the cond's line (``source``), how many
+    branches it has, the branch the origin's NaN flows into (``branch``, as jax numbers them: for a
+    ``lax.cond``, 0 is the false branch and 1 the true one), and how many NaN values of that branch the
+    select ``kept`` (the element takes the branch) and ``discarded`` (it takes another)."""
+
+    source: SourceLocation | None
+    branches: int
+    branch: int
+    kept: int
+    discarded: int
+
+
+def analyse(findings: Findings) -> None:
+    """Set ``findings.cond_select`` when the origin flows into a cond that vmap turned into a select (the path
+    need not say vmap: a jit inside the branch has a name stack of its own)."""
+    first, found, call = findings.first, findings.localisation, findings.call
+    if first is None or first.kind != "nan" or found is None or call is None or call.fun is None \
+            or found.closed_jaxpr is None:
+        return
+    record = getattr(found, "record", None)
+    if record is None or record.site is None:
+        return
+    reached = find_select(record.site)
+    if reached is not None:
+        findings.cond_select = count_selected(call, found.closed_jaxpr, *reached)
+
+
+def find_select(origin: Site) -> tuple[Scope, int, int] | None:
+    """The first select made from a batched cond that a value computed from the origin's outputs enters as a
+    branch's result: ``(scope, index of the select in it, branch)``; None when none does (or the value enters
+    one as its predicate, which is no branch)."""
+    scope, start = origin.scope, origin.index + 1
+    tainted = {id(var) for var in origin.eqn.outvars}
+    while True:
+        jaxpr = scope.jaxpr
+        for index in range(start, len(jaxpr.eqns)):
+            eqn = jaxpr.eqns[index]
+            entered = [i for i, atom in enumerate(eqn.invars) if not _compat.is_literal(atom) and id(atom) in tainted]
+            if not entered:
+                continue
+            if _compat.is_batched_cond_select(eqn):
+                return (scope, index, entered[0] - 1) if 0 not in entered else None
+            tainted.update(id(var) for var in eqn.outvars)
+        parent = scope.parent  # an enclosing call's outputs are its equation's outputs in the caller
+        outputs = [i for i, var in enumerate(jaxpr.outvars) if id(var) in tainted]
+        if parent is None or scope.kind != "call" or not outputs:
+            return None
+        tainted = {id(parent.eqn.outvars[i]) for i in outputs if i < len(parent.eqn.outvars)}
+        scope, start = parent.scope, parent.index + 1
+
+
+def count_selected(call: Any, closed: Any, scope: Scope, index: int, branch: int) -> CondSelect | None:
+    """Replay ``call`` up to the select at ``index`` of ``scope`` and count the NaNs of ``branch`` it keeps and
+    discards; None when the replay does not reach it (or cannot read its values on this host)."""
+    seen = _AtSelect(scope, index, branch)
+    with contextlib.suppress(Stop):
+        Interpreter(seen).run(closed, call.leaves(), root=call.root)
+    if seen.counts is None:
+        return None
+    eqn = scope.jaxpr.eqns[index]
+    return CondSelect(_compat.eqn_source(eqn), len(eqn.invars) - 1, branch, *seen.counts)
+
+
+class _AtSelect(Hooks):
+    """Stops the replay at the select (in the origin's pass through its scope), counting the NaNs of one
+    branch where the predicate chose it (kept) and where it chose another (discarded)."""
+
+    def __init__(self, scope: Scope, index: int, branch: int):
+        self.scope, self.index, self.branch = scope, index, branch
+        self.counts: tuple[int, int] | None = None
+
+    def before(self, site: Site, invals: list, in_tags: list) -> list | None:
+        if site.index == self.index and site.scope.jaxpr is self.scope.jaxpr and site.path == self.scope.path:
+            which, values = invals[0], invals[self.branch + 1]
+            if host_readable(which) and host_readable(values):  # not a global array spanning other processes
+                nan = _nan_mask(values)
+                chosen = np.broadcast_to(np.asarray(which).astype(int) == self.branch, nan.shape)
+                self.counts = int((nan & chosen).sum()), int((nan & ~chosen).sum())
+            raise Stop()
+        return None
+
+
+def _nan_mask(value: Any) -> np.ndarray:
+    """Where ``value`` holds a NaN, in its own shape (16-bit floats widened; a complex NaN in either part)."""
+    host = np.asarray(value)
+    if host.dtype.kind != "c":
+        host = host_floats(host)
+    return np.isnan(host) if host.dtype.kind in "fc" else np.zeros(host.shape, bool)
