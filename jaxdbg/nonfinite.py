@@ -97,17 +97,6 @@ def over_devices(rows: np.ndarray) -> np.ndarray:
     return rows.max(axis=-2)
 
 
-@jax.jit
-def stacked_jaxdbg(vectors: list) -> jax.Array:
-    """Several calls' magnitude vectors (of one length) as rows of one array: read with one copy, not one each.
-
-    Example:
-        >>> np.asarray(stacked_jaxdbg([jnp.array([1.0, 2.0]), jnp.array([3.0, jnp.inf])])).tolist()
-        [[1.0, 2.0], [3.0, inf]]
-    """
-    return jnp.stack(vectors)
-
-
 def with_magnitudes(fun: Callable, name: str) -> Callable:
     """``fun`` returning ``(outputs, magnitudes(outputs))``; jitted, the check runs in the same program.
 

@@ -95,6 +95,13 @@ class LiveHook(Watch):
         own part is guarded (see :meth:`_failed`); the user's call raises what it raises, unchanged."""
         if self.stopped:  # planned before the stop
             return run()
+        if self._pending and self.active:  # the earlier calls that have finished, before this one allocates
+            try:
+                self.read_finished()
+            except WatchError:
+                raise
+            except Exception as err:  # noqa: BLE001 - jaxdbg's own failure: see _failed
+                self._failed(err)
         active = self.active
         if active and call.function.donates:  # kept for the replay: device copies, before the call deletes them
             try:

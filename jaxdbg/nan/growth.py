@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from jaxdbg.nan.analyses import Findings
 
 NOTABLE = 1.0  # a peak below this is small whatever the ratio (values near 0 grow by large factors)
+_SMALLEST = float(np.nextafter(0, 1))  # any measured magnitude above 0 is at least this
 EAGER_KEY = "eager:"  # series of values updated eagerly (jaxdbg.nan.eager_growth) start their key with this
 
 
@@ -44,11 +45,10 @@ class _Series:
     source: SourceLocation | None = None
     sources: list[SourceLocation | None] = field(default_factory=list)
     function: str = ""
-    # A call with no magnitude above these changes nothing that is reported: the peak (or, for a leaf that has
-    # not grown yet, the magnitude that would make it grow, if lower); 0 before a leaf's first measurement.
-    # A peak is only raised once it is exceeded by 1/64: a loss or bias creeping up every call of a long run is
-    # no update per call (the reported peak is then at most 1.6% low; growth is still found at the exact call).
-    threshold: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    # The magnitude at which each leaf's next event happens: its baseline is set (the smallest positive number
+    # before its first non-zero measurement), or it grows (``factor`` times its baseline); inf once it grew. A call
+    # below every one of these only raises the peaks (one in-place ufunc): the steady state of a long run.
+    events_at: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
 
 class GrowthTracker:
@@ -72,28 +72,32 @@ class GrowthTracker:
         if series is None or len(series.names) != len(magnitudes):
             n = len(magnitudes)
             series = _Series(list(names() if callable(names) else names), np.full(n, np.nan), np.zeros(n),
-                             np.full(n, -1, dtype=np.int64), source, [None] * n, function, np.zeros(n))
+                             np.full(n, -1, dtype=np.int64), source, [None] * n, function, np.full(n, _SMALLEST))
             self.series[key] = series
-        if not (magnitudes > series.threshold).any():
+        finite = np.isfinite(magnitudes)
+        mags = magnitudes if finite.all() else np.where(finite, magnitudes, np.nan)
+        np.fmax(series.peak, mags, out=series.peak)
+        if not (mags >= series.events_at).any():
             return  # the steady state (every call of a long run): nothing grew (NaN: not measured this call)
         if sources is not None:
             series.sources = [new or old for new, old in zip(sources, series.sources)]
-        mags = np.where(np.isfinite(magnitudes), magnitudes, np.nan)
         unset = np.isnan(series.baseline) & (mags > 0)
         series.baseline[unset] = mags[unset]
-        series.peak = np.fmax(series.peak, mags)
         with np.errstate(divide="ignore", invalid="ignore"):
             grew = (series.first_call < 0) & (mags >= self.factor * series.baseline)
         series.first_call[grew] = call_index
-        creeping = series.peak * (1.0 + 2.0 ** -6)
-        series.threshold = np.where(series.first_call < 0, np.fmin(creeping, self.factor * series.baseline), creeping)
+        series.events_at = np.where(series.first_call >= 0, np.inf,
+                                    np.where(np.isnan(series.baseline), _SMALLEST, self.factor * series.baseline))
 
-    def quiet(self, key: str, rows: np.ndarray) -> bool:
-        """Whether :meth:`update` with each row of ``rows`` (one call's magnitudes each) would change nothing:
-        the series exists with that many leaves and no row passes its threshold (one vectorised check for many
-        calls)."""
+    def absorb(self, key: str, rows: np.ndarray) -> bool:
+        """Record many calls' magnitudes (a row each) at once when that is all :meth:`update` would do with them:
+        the series exists with that many leaves, every row is finite and none reaches an event. Returns whether
+        it did; else nothing is recorded (update them one by one, in order)."""
         series = self.series.get(key)
-        return series is not None and len(series.names) == rows.shape[1] and not (rows > series.threshold).any()
+        if series is None or len(series.names) != rows.shape[1] or not (rows < series.events_at).all():
+            return False  # NaN and Inf are not below anything
+        np.fmax(series.peak, rows.max(axis=0), out=series.peak)
+        return True
 
     def set_sources(self, function: str, find: Callable[[int], SourceLocation | None]) -> None:
         """Give each leaf of ``function`` its own source line (known once its jaxpr has been traced)."""
