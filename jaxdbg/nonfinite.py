@@ -97,6 +97,18 @@ def over_devices(rows: np.ndarray) -> np.ndarray:
     return rows.max(axis=-2)
 
 
+@jax.jit
+def stacked_jaxdbg(vectors: list) -> jax.Array:
+    """Several pmap'd calls' magnitude rows (of one shape) stacked into one array: read with one copy, not one each
+    (a host copy of a pmap'd call's rows assembles one block per device: ~28 us, on 4 CPU devices).
+
+    Example:
+        >>> np.asarray(stacked_jaxdbg([jnp.array([1.0, 2.0]), jnp.array([3.0, jnp.inf])])).tolist()
+        [[1.0, 2.0], [3.0, inf]]
+    """
+    return jnp.stack(vectors)
+
+
 def with_magnitudes(fun: Callable, name: str) -> Callable:
     """``fun`` returning ``(outputs, magnitudes(outputs))``; jitted, the check runs in the same program.
 
