@@ -10,9 +10,19 @@ The program: a deep residual MLP trained with a jitted ``value_and_grad`` step. 
   inf-backward-end  padding rows of 1e-30: ``||z||^2`` underflows to 0, and the norm's gradient there is an Inf
                     (not a NaN), born at the same place; a NaN follows from it later in the backward pass (the
                     NaN's chain names the Inf).
+  forward-early     all-zero padding rows, and the input layer divides by ``||z||`` itself: 0/0 in the forward
+                    pass, at its first operations (the replay stops at once).
   forward-middle    all-zero padding rows, and the middle block normalises ``h`` by its norm: 0/0 in the forward
                     pass, half way through it.
-``--depth``, ``--width`` and ``--origin`` take comma-separated lists: every combination is measured.
+  forward-late      the same 0/0 in the last block: the whole forward pass is replayed, not the backward.
+  backward-middle   all-zero padding rows, and the middle block divides ``h`` by ``1 + ||h||``: the forward stays
+                    finite, the norm's gradient at zero is NaN half way through the backward pass.
+How the step is written (``--structure``):
+  flat              ``jax.jit(train_step)`` around ``value_and_grad(loss_fn)``: one jaxpr, forward and backward inline.
+  jit-loss          ``loss_fn`` jitted on its own as well (as a library's jitted model is): the step's jaxpr holds
+                    the forward pass as one inner jit and the backward pass as another, which takes every residual
+                    of the forward pass as an input.
+``--depth``, ``--width``, ``--origin`` and ``--structure`` take comma-separated lists: every combination is measured.
 
 Runs, side by side in one run, each in a fresh process:
 (a) the plain program;
@@ -24,7 +34,9 @@ contained child process that runs the program and replays the failing step (the 
 Target (issue 14): nan-hunt's child <= 1.3x the plain program.
 
 Usage: python scripts/bench_nan_memory.py [--depth 24] [--width 512] [--batch 1024] [--origin backward-end]
-       [--before DIR]     (--depth 12,48 --width 256,1024 --origin backward-end,inf-backward-end: every combination)
+       [--structure flat] [--before DIR]
+       (--depth 12,48 --width 256,1024 --origin backward-end,inf-backward-end --structure flat,jit-loss: every
+       combination)
 Example (before/after): git archive main jaxdbg | tar -x -C /tmp/before && \
     python scripts/bench_nan_memory.py --before /tmp/before
 """
@@ -44,11 +56,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_summary import record  # noqa: E402 - the scripts folder first
 
 TARGET = 1.3
-ORIGINS = ("backward-end", "inf-backward-end", "forward-middle")
+STRUCTURES = ("flat", "jit-loss")
+ORIGINS = ("backward-end", "inf-backward-end", "backward-middle", "forward-early", "forward-middle", "forward-late")
 # What nan-hunt must find for each origin: (pass, call index, a kind the origin or its chain names or None). The Inf
 # turns into a NaN later in the same backward pass; the NaN's chain goes back to it.
 EXPECTED = {"backward-end": ("backward", 2, None), "inf-backward-end": ("backward", 2, "inf"),
-            "forward-middle": ("forward", 2, None)}
+            "backward-middle": ("backward", 2, None), "forward-early": ("forward", 2, None),
+            "forward-middle": ("forward", 2, None), "forward-late": ("forward", 2, None)}
 
 MODEL = textwrap.dedent('''
     """A deep residual MLP; from step 2 the batch has zero padding rows and the input layer's gradient is NaN."""
@@ -57,6 +71,7 @@ MODEL = textwrap.dedent('''
 
     DEPTH, WIDTH, BATCH, STEPS = map(int, sys.argv[1:5])
     ORIGIN = sys.argv[5] if len(sys.argv) > 5 else "backward-end"
+    STRUCTURE = sys.argv[6] if len(sys.argv) > 6 else "flat"
     PADDING = 1e-30 if ORIGIN == "inf-backward-end" else 0.0
 
 
@@ -74,16 +89,25 @@ MODEL = textwrap.dedent('''
 
     def forward(params, x):
         z = x @ params["in"]
+        if ORIGIN == "forward-early":  # <- origin: 0/0 on the padding rows
+            z = z / jnp.sqrt(jnp.sum(z * z, axis=-1, keepdims=True))
         h = z / (1.0 + jnp.linalg.norm(z, axis=-1, keepdims=True))  # <- origin: d||z|| at z = 0 is NaN
         for i, block in enumerate(params["blocks"]):
             h = h + jnp.tanh(h @ block["w1"]) @ block["w2"]
-            if ORIGIN == "forward-middle" and i == DEPTH // 2:  # <- origin: 0/0 on the padding rows
-                h = h / jnp.sqrt(jnp.sum(h * h, axis=-1, keepdims=True))
+            if i == (DEPTH - 1 if ORIGIN == "forward-late" else DEPTH // 2):
+                if ORIGIN in ("forward-middle", "forward-late"):  # <- origin: 0/0 on the padding rows
+                    h = h / jnp.sqrt(jnp.sum(h * h, axis=-1, keepdims=True))
+                elif ORIGIN == "backward-middle":  # <- origin: d||h|| at h = 0 is NaN
+                    h = h / (1.0 + jnp.linalg.norm(h, axis=-1, keepdims=True))
         return h @ params["out"]
 
 
     def loss_fn(params, x, y):
         return jnp.mean((forward(params, x) - y) ** 2)
+
+
+    if STRUCTURE == "jit-loss":  # the backward pass becomes one inner jit taking every residual
+        loss_fn = jax.jit(loss_fn)
 
 
     @jax.jit
@@ -181,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=1024)
     parser.add_argument("--origin", default="backward-end",
                         help=f"where the first NaN/Inf is born, a comma-separated list of {', '.join(ORIGINS)}")
+    parser.add_argument("--structure", default="flat",
+                        help=f"how the step is written, a comma-separated list of {', '.join(STRUCTURES)}")
     parser.add_argument("--steps", type=int, default=3, help="training steps (the padding starts at step 2)")
     parser.add_argument("--before", help="a folder holding an older jaxdbg package, run for comparison")
     parser.add_argument("--json", help="write the rows here too")
@@ -188,11 +214,14 @@ def main(argv: list[str] | None = None) -> int:
     origins = args.origin.split(",")
     if any(origin not in ORIGINS for origin in origins):
         parser.error(f"--origin: use some of {', '.join(ORIGINS)}")
-    cases = [(int(depth), int(width), origin) for depth in args.depth.split(",") for width in args.width.split(",")
-             for origin in origins]
+    structures = args.structure.split(",")
+    if any(structure not in STRUCTURES for structure in structures):
+        parser.error(f"--structure: use some of {', '.join(STRUCTURES)}")
+    cases = [(int(depth), int(width), origin, structure) for depth in args.depth.split(",")
+             for width in args.width.split(",") for origin in origins for structure in structures]
     found, verdict = [], True
-    for depth, width, origin in cases:
-        rows, sizes = measure_case(depth, width, origin, args)
+    for depth, width, origin, structure in cases:
+        rows, sizes = measure_case(depth, width, origin, structure, args)
         plain = rows[0]["peak_mib"]
         print(f"\n{'run':<18}{'peak MiB':>10}{'vs plain':>10}{'jaxdbg parent MiB':>19}  origin found / jaxdbg used")
         for row in rows:
@@ -205,15 +234,17 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{row['label']}: did not find the expected origin; its peak is no replay's")
         met = rows[1]["ratio"] <= TARGET and all(row["replayed"] for row in rows[1:])
         verdict = verdict and met
-        found.append({"depth": depth, "width": width, "origin": origin, "sizes": sizes, "rows": rows})
+        found.append({"depth": depth, "width": width, "origin": origin, "structure": structure, "sizes": sizes,
+                      "rows": rows})
     print(f"\nnan-hunt peak / plain peak (target <= {TARGET}x), batch {args.batch}:")
     for case in found:
         rows = case["rows"]
         others = "  ".join(f"{row['label']} {row['ratio']:.2f}x" for row in rows[2:])
-        print(f"  depth {case['depth']:>3} width {case['width']:>5} {case['origin']:<17} plain "
+        print(f"  depth {case['depth']:>3} width {case['width']:>5} {case['origin']:<17} {case['structure']:<9} plain "
               f"{rows[0]['peak_mib']:6.0f} MiB  nan-hunt {rows[1]['ratio']:.2f}x"
               f"{'' if rows[1]['replayed'] else ' (origin not found)'}  {others}")
-        record("nan-memory", f"peak / plain: depth {case['depth']} width {case['width']} {case['origin']}",
+        record("nan-memory", f"peak / plain: depth {case['depth']} width {case['width']} {case['origin']} "
+               f"{case['structure']}",
                rows[1]["ratio"], f"<= {TARGET}", "" if rows[1]["replayed"] else "origin not found")
     print(f"{'met' if verdict else 'NOT met'} in every case" if len(found) > 1 else
           f"{'met' if verdict else 'NOT met'}")
@@ -223,20 +254,21 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if verdict else 1
 
 
-def measure_case(depth: int, width: int, origin: str, args: argparse.Namespace) -> tuple[list[dict], dict]:
+def measure_case(depth: int, width: int, origin: str, structure: str,
+                 args: argparse.Namespace) -> tuple[list[dict], dict]:
     """The plain run and nan-hunt's (and --before's) for one model and origin."""
     with tempfile.TemporaryDirectory(prefix="bench-nan-memory-") as workdir:
         script = os.path.join(workdir, "deep_train.py")
         with open(script, "w") as handle:
             handle.write(MODEL)
-        model_argv = [script, str(depth), str(width), str(args.batch), str(args.steps), origin]
+        model_argv = [script, str(depth), str(width), str(args.batch), str(args.steps), origin, structure]
         sizes = json.loads(subprocess.run(
-            [sys.executable, "-c", XLA_SIZES, *model_argv[:4], origin], env=_env(), cwd=workdir,
+            [sys.executable, "-c", XLA_SIZES, *model_argv[:4], origin, structure], env=_env(), cwd=workdir,
             capture_output=True, text=True, check=True, timeout=1200).stdout.strip().splitlines()[-1])
         activation_mib = args.batch * width * 4 / 2**20
         print(f"\nmodel: {depth} residual blocks, width {width}, batch {args.batch}: parameters "
               f"{sizes['params_mib']:.0f} MiB, one activation {activation_mib:.0f} MiB, XLA temp per step "
-              f"{sizes['xla_temp_mib']:.0f} MiB; origin {origin} (padding from step 2)", flush=True)
+              f"{sizes['xla_temp_mib']:.0f} MiB; origin {origin}, {structure} (padding from step 2)", flush=True)
         rows = [measure("plain", ROOT, workdir, "plain", model_argv)]
         rows.append(measure("nan-hunt", ROOT, workdir, "nan-hunt", model_argv))
         if args.before:

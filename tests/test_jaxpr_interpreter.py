@@ -244,3 +244,28 @@ def test_values_are_freed_after_their_last_use() -> None:
 def test_default_rule_table_covers_the_higher_order_primitives() -> None:
     for name in ("jit", "scan", "while", "cond", "custom_jvp_call", "custom_vjp_call", "remat2", "shard_map"):
         assert name in RULES
+
+
+class CallInputs(Hooks):
+    """The inputs ``after`` sees for each nested jit; ``keep`` asks for them."""
+
+    def __init__(self, keep: bool) -> None:
+        self.keep, self.seen = keep, []
+
+    def keeps_inputs(self, site):
+        return self.keep
+
+    def after(self, site, invals, outvals, in_tags, out_tags, descended):
+        if descended:
+            self.seen.append(len(invals))
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_nested_call_hands_its_inputs_over_unless_a_hook_keeps_them(keep) -> None:
+    """A nested jit's inputs go to its own jaxpr, which frees each after its last use inside; ``after`` then sees
+    none, unless the hook asked to keep them (and the call's inputs live until it is done)."""
+    x = jnp.linspace(0.5, 1.5, 8)
+    hooks = CallInputs(keep)
+    (out,) = interpret(jax.make_jaxpr(lambda v: jax.jit(lambda a, b: a * b)(v, v + 1.0))(x), [x], hooks=hooks)
+    np.testing.assert_allclose(out, x * (x + 1.0), rtol=1e-6)
+    assert hooks.seen == [2 if keep else 0]

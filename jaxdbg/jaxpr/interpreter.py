@@ -24,9 +24,13 @@ Every other primitive is *bound* (run as one operation). A higher-order primitiv
 bound, and reported to :meth:`Hooks.opaque` first: nothing is skipped silently.
 
 Values are freed as they die, as in jax's own ``eval_jaxpr``: a variable that is not an output of its jaxpr
-leaves the environment right after the last equation that reads it (in every jaxpr the rules descend into),
-so replaying a training step holds what the step holds, not every activation at once. A hook that wants a
-value later keeps its own reference (e.g. the ``invals`` it is given).
+leaves the environment as the last equation that reads it starts (in every jaxpr the rules descend into),
+so replaying a training step holds what the step holds, not every activation at once. That holds across
+calls too: the inputs of an equation a rule descends into (a nested jit, a checkpoint, a cond branch) are
+handed over to the inner jaxpr, which frees each after its own last use; a backward pass in a jit of its own
+drops each residual of the forward pass once it is used, not when the whole backward pass is done. A hook
+that wants a value later keeps its own reference (e.g. the ``invals`` it is given); ``after`` sees the inputs
+of such an equation only where :meth:`Hooks.keeps_inputs` asks for them.
 
 Each value may carry a *tag* (any object a hook chooses, e.g. where a NaN came from). Tags flow with the
 values into inner jaxprs and back out; :meth:`Hooks.after` sets the tags of an equation's outputs.
@@ -133,8 +137,17 @@ class Hooks:
 
     def after(self, site: Site, invals: list, outvals: list, in_tags: list, out_tags: list,
               descended: bool) -> list | None:
-        """Seen every equation's outputs; return new tags for them, or None to keep ``out_tags``."""
+        """Seen every equation's outputs; return new tags for them, or None to keep ``out_tags``.
+
+        For an equation a rule descended into, ``invals`` is empty unless :meth:`keeps_inputs` kept them.
+        """
         return None
+
+    def keeps_inputs(self, site: Site) -> bool:
+        """Whether :meth:`after` needs the inputs of this higher-order equation. By default (False) they go to
+        the inner jaxpr alone, which frees each after its last use inside; True holds them all until the
+        equation is done (the inputs of a backward pass in a jit of its own: every residual at once)."""
+        return False
 
     def opaque(self, site: Site, reason: str) -> None:
         """A higher-order equation is being run as one operation (no rule, or its rule gave up)."""
@@ -153,7 +166,8 @@ class Hooks:
 
 
 # A rule: (interpreter, site, input values, input tags) -> (output values, output tags), or None to run the
-# equation whole after all.
+# equation whole after all (then ``invals`` must be as given). A rule owns ``invals``: once it descends, it
+# empties the list (handing the values to the inner jaxpr), so that nothing holds them past their last use.
 Rule = Callable[["Interpreter", Site, list, list], "tuple[list, list] | None"]
 
 
@@ -189,7 +203,10 @@ class Interpreter:
 
     def eval_jaxpr(self, scope: Scope, consts: Sequence[Any], args: list,
                    tags: list | None = None) -> tuple[list, list]:
-        """Interpret ``scope.jaxpr`` with its constants and arguments; returns ``(outputs, output tags)``."""
+        """Interpret ``scope.jaxpr`` with its constants and arguments; returns ``(outputs, output tags)``.
+
+        ``args`` is emptied: each argument then lives as long as the jaxpr reads it (and the caller holds it).
+        """
         jaxpr = scope.jaxpr
         env: dict[Any, tuple[Any, Any]] = {}
         invars = list(jaxpr.invars)
@@ -203,26 +220,34 @@ class Interpreter:
             env[var] = (value, tag)
         for var, value, tag in zip(invars, args, tags if tags is not None else [None] * len(args)):
             env[var] = (value, tag)
+        args.clear()
 
         def read(atom: Any) -> tuple[Any, Any]:
             if _compat.is_literal(atom):
                 return atom.val, self.hooks.literal_tag(atom)
             return env[atom]
 
-        def step(site: Site) -> None:  # a function: its locals (inputs, outputs) die when it returns
-            ins = [read(a) for a in site.eqn.invars]
-            outs, out_tags = self.eval_eqn(site, [v for v, _ in ins], [t for _, t in ins])
+        def step(site: Site, dying: list) -> None:  # a function: its locals (inputs, outputs) die when it returns
+            invals, in_tags = [], []
+            for atom in site.eqn.invars:
+                value, tag = read(atom)
+                invals.append(value)
+                in_tags.append(tag)
+                del value
+            for var in dying:  # read for the last time: from now on the equation holds them (and may let go)
+                env.pop(var, None)
+            outs, out_tags = self.eval_eqn(site, invals, in_tags)
             for var, value, tag in zip(site.eqn.outvars, outs, out_tags):
                 if not _compat.is_drop_var(var):
                     env[var] = (value, tag)
+            for var in dying:  # outputs nothing reads
+                env.pop(var, None)
 
         dead = _dead_after(jaxpr)
         for var in dead[-1]:
             del env[var]
         for index, eqn in enumerate(jaxpr.eqns):
-            step(Site(eqn, index, scope))
-            for var in dead[index]:
-                del env[var]
+            step(Site(eqn, index, scope), dead[index])
         results = [read(a) for a in jaxpr.outvars]
         return [v for v, _ in results], [t for _, t in results]
 
@@ -236,7 +261,11 @@ class Interpreter:
         else:
             assert self.rules is not None  # set in __post_init__
             rule = self.rules.get(site.primitive)
-            result = rule(self, site, invals, in_tags) if rule is not None else None
+            result = None
+            if rule is not None:  # the rule owns what it is given (and empties it as it descends)
+                given = list(invals) if self.hooks.keeps_inputs(site) else invals
+                result = rule(self, site, given, list(in_tags))
+                del given
             if result is not None:
                 outs, out_tags = result
                 descended = True
@@ -326,6 +355,7 @@ def _scan_rule(interp: Interpreter, site: Site, invals: list, in_tags: list) -> 
     if length == 0:
         return None  # nothing to look at: run it whole
     consts, carry, xs = invals[:n_consts], invals[n_consts:n_consts + n_carry], invals[n_consts + n_carry:]
+    invals.clear()  # the initial carry dies with the first iteration that replaces it
     c_tags, carry_tags = in_tags[:n_consts], in_tags[n_consts:n_consts + n_carry]
     xs_tags = in_tags[n_consts + n_carry:]
     ys: list[list] = [[] for _ in range(len(site.eqn.outvars) - n_carry)]
@@ -356,6 +386,7 @@ MAX_WHILE_ITERATIONS = 1_000_000
 def _while_rule(interp: Interpreter, site: Site, invals: list, in_tags: list) -> tuple[list, list] | None:
     params = site.eqn.params
     nc, nb = params["cond_nconsts"], params["body_nconsts"]
+    # ``invals`` stays whole (the initial carry too): past MAX_WHILE_ITERATIONS the loop runs whole from the start
     cond_consts, body_consts, carry = invals[:nc], invals[nc:nc + nb], invals[nc + nb:]
     cc_tags, bc_tags, carry_tags = in_tags[:nc], in_tags[nc:nc + nb], in_tags[nc + nb:]
     for k in range(MAX_WHILE_ITERATIONS):
@@ -372,7 +403,9 @@ def _while_rule(interp: Interpreter, site: Site, invals: list, in_tags: list) ->
 def _cond_rule(interp: Interpreter, site: Site, invals: list, in_tags: list) -> tuple[list, list]:
     branches = site.eqn.params["branches"]
     index = int(np.clip(np.asarray(invals[0]).reshape(-1)[0], 0, len(branches) - 1))
-    return _inner(interp, site, branches[index], f"cond[branch={index}]", "cond", list(invals[1:]),
+    operands = invals[1:]
+    invals.clear()
+    return _inner(interp, site, branches[index], f"cond[branch={index}]", "cond", operands,
                   list(in_tags[1:]), iteration=index)
 
 
@@ -393,6 +426,7 @@ def _shard_map_rule(interp: Interpreter, site: Site, invals: list, in_tags: list
     except Exception as err:  # noqa: BLE001 - an unusual layout falls back to running the map whole
         interp.hooks.opaque(site, f"cannot split shard_map inputs per device ({err}); ran it as one operation")
         return None
+    invals.clear()
     binder = _vmapped_binder(sizes, manual)
     # Calls inside the body (a jnp function that is itself jitted, custom_jvp, remat) are descended into: bound
     # whole, their jaxprs' types name the manual axes, which only a shard_map trace accepts. Loops stay whole.
@@ -415,9 +449,12 @@ def _pallas_rule(interp: Interpreter, site: Site, invals: list, in_tags: list) -
         return None
     outputs = [jnp.zeros(v.aval.shape, v.aval.dtype) for v in site.eqn.outvars]
     name = site.eqn.params.get("name") or _compat.jaxpr_function_name(site.eqn.params["jaxpr"]) or "kernel"
-    values, tags = _inner(interp, site, kernel, f"pallas({name})", "call", [*invals, *outputs],
-                          [*in_tags, *([None] * len(outputs))])
-    return values[len(invals):], tags[len(invals):]
+    n_in, refs = len(invals), [*invals, *outputs]
+    invals.clear()
+    del outputs
+    tags = [*in_tags, *([None] * (len(refs) - n_in))]
+    values, tags = _inner(interp, site, kernel, f"pallas({name})", "call", refs, tags)
+    return values[n_in:], tags[n_in:]
 
 
 def _spec_axes(entry: Any) -> tuple[str, ...]:

@@ -179,6 +179,9 @@ class _Recorder(Hooks):
             raise Stop()
         return None
 
+    def keeps_inputs(self, site: Site) -> bool:
+        return site.index in self.needed and self._here(site)  # a nested jit in the slice: its inputs' statistics
+
     def after(self, site: Site, invals: list, outvals: list, in_tags: list, out_tags: list,
               descended: bool) -> list | None:
         if site.index in self.needed and self._here(site):
