@@ -17,6 +17,10 @@ the least work per step, so the watch's fixed cost per call weighs most). ``--mo
 (d) In one process (the least load-sensitive figure on a shared machine): the plain loop and the same loop
     jitted inside ``jaxdbg.watch()``, chunks of 40 steps alternating; median ratio per round, wall time and
     CPU time of the whole process (XLA's threads included).
+(f) The check alone, no jaxdbg in the loop: the same step as a pure function (``nnx.split``/``merge``), jitted plain
+    and with the output check compiled in (the watch's companion), alternating in one process: the part of (d)
+    that is XLA's work on the outputs (``max(|x|)`` of every floating output), which no host-side change removes.
+    Runs with (d).
 (c) Per call: a tiny jitted function (x * 2 + 1 on 16 floats) called in a loop, plain (jax's C++ dispatch) and
     jitted inside ``jaxdbg.watch()``, in one process, alternating; the difference is the watch's cost per call.
 
@@ -195,6 +199,37 @@ PROGRAM = textwrap.dedent('''
             hook = watcher._states[-1].hook
             found = {"rows": [(timed_chunk(plain), timed_chunk(watched, flush=hook.flush))
                               for _ in range(steps // 10)]}
+    elif mode == "check-floor":  # the check alone: the step as a pure function, jitted without and with it
+        from jaxdbg.nonfinite import with_magnitudes
+
+        model = (MLP if kind == "mlp" else CNN)(nnx.Rngs(0))
+        graph, state = nnx.split((model, nnx.Optimizer(model, optax.sgd(0.01), wrt=nnx.Param)))
+        k = jax.random.split(jax.random.key(0), 2)
+        shape = (batch, 256) if kind == "mlp" else (batch, 28, 28, 1)
+        x, labels = jax.random.normal(k[0], shape), jax.random.randint(k[1], (batch,), 0, 10)
+
+        def pure_step(state):
+            model, optimizer = nnx.merge(graph, state)
+            def loss_fn(model):
+                return optax.softmax_cross_entropy_with_integer_labels(model(x), labels).mean()
+            loss, grads = nnx.value_and_grad(loss_fn)(model)
+            optimizer.update(model, grads)
+            return nnx.state((model, optimizer)), loss
+
+        plain_step = jax.jit(pure_step)
+        checked_step = jax.jit(with_magnitudes(pure_step, "pure_step__checked_jaxdbg"))
+
+        held = [state]  # the training state, carried from loop to loop
+
+        def loop(checked, n=40):
+            t, c = time.perf_counter(), time.process_time()
+            for _ in range(n):
+                held[0], loss = checked_step(held[0])[0] if checked else plain_step(held[0])
+            loss.block_until_ready()
+            return (time.perf_counter() - t) / n, (time.process_time() - c) / n
+
+        loop(False, 10), loop(True, 10)
+        found = {"rows": [(loop(False), loop(True)) for _ in range(steps // 10)]}
     elif mode == "watch-full":
         with jaxdbg.watch(out=out + ".d", max_compiles=2, metrics_port=0):
             found = main()
@@ -331,6 +366,7 @@ def main() -> None:
             if not args.only_interleaved:
                 overhead_and_answer(program, names, args, workdir)
             interleaved(program, args, workdir)
+            check_floor(program, args, workdir)
         if not args.only_interleaved:
             tiny_calls(args, workdir)
             pmapped(args, workdir)
@@ -393,6 +429,24 @@ def interleaved(program: str, args: argparse.Namespace, workdir: str) -> None:
             record("watch", f"(d) {args.kind} loop, one process: watch / plain", _median_ratio(rows, 0), "<= 1.05",
                    f"{ratios[len(ratios) // 10]:.2f}..{ratios[-1 - len(ratios) // 10]:.2f}, CPU "
                    f"{_median_ratio(rows, 1):.2f}")
+
+
+def check_floor(program: str, args: argparse.Namespace, workdir: str) -> None:
+    """(f): what the check itself costs inside the program, with no jaxdbg in the loop: the same step as a pure
+    function, jitted plain and with the output check compiled in (jaxdbg.watch's companion), alternating. The part
+    of (d) that no host-side work can remove."""
+    out = os.path.join(workdir, "check-floor.json")
+    _run([sys.executable, program, "check-floor", *_sizes(args), out, args.kind])
+    if not os.path.exists(out):
+        print("  (f) failed")
+        return
+    with open(out) as handle:
+        rows = json.load(handle)["rows"]
+    print(f"(f) the check compiled into the {args.kind} step, no jaxdbg in the loop: wall "
+          f"{_median_ratio(rows, 0):5.2f}x plain   CPU (process) {_median_ratio(rows, 1):5.2f}x plain   "
+          f"(plain {_median([p[0] for p, _ in rows]) * 1e3:.3f} ms/step)")
+    record("watch", f"(f) {args.kind} step with the check compiled in / plain (no jaxdbg)", _median_ratio(rows, 0),
+           "", f"CPU {_median_ratio(rows, 1):.2f}")
 
 
 def tiny_calls(args: argparse.Namespace, workdir: str) -> None:
