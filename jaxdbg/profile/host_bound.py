@@ -74,7 +74,11 @@ class StepClock:
         self.dispatch: dict[int, float] = {}  # per function: the latest un-waited call's wall (its dispatch)
         self.execute: dict[int, float] = {}  # per function: the latest waited call's execution
         self.previous: dict[int, tuple[float, ...] | None] = {}
-        self.steps: dict[int, list[float]] = {}
+        # Per function: the sums of its closed runs of consecutive steady steps, and its open run (the snapshot
+        # before its first step, and how many steps). A run's sums telescope to (last snapshot - first), so a
+        # step costs a count, not a sum per field (see :attr:`steps`).
+        self._closed: dict[int, list[float]] = {}
+        self._runs: dict[int, list] = {}
         # Calls the profile let run unseen (on jax's own dispatch): their function and start, appended by the
         # profile as each is made, put on the clock at its next event (in order: nothing else happened between).
         self.unseen_functions = array("q")
@@ -109,16 +113,30 @@ class StepClock:
         now = (begins, self.device, self.calls, self.transfer, self.sync_wait, self.idle, self.sync_idle,
                self.eager_compiles)
         before = self.previous.get(function)
+        run = self._runs.get(function)
         if before is not None and steady and not captured and now[-1] == before[-1]:
-            sums = self.steps.setdefault(function, [0.0] * len(STEP_FIELDS))
-            sums[0] += 1
-            for i in range(len(STEP_FIELDS) - 1):
-                sums[i + 1] += now[i] - before[i]
+            if run is None:
+                self._runs[function] = [before, 1]
+            else:
+                run[1] += 1
+        elif run is not None:  # the run of steady steps ended with the previous call
+            del self._runs[function]
+            _fold(self._closed.setdefault(function, [0.0] * len(STEP_FIELDS)), run, before)
         self.previous[function] = None if captured else now
         self.device_free = max(begins, self.device_free) + execute_s
         self.device += execute_s
         self.started = True
         self.shift += end - start - put_s - host
+
+    @property
+    def steps(self) -> dict[int, list[float]]:
+        """Per function, ``[steps, step_s, device_s, ...]`` (:data:`STEP_FIELDS`) summed over its steady steps so
+        far (from one call to the next: neither compiled nor ran in the capture window, and no operation outside jit
+        compiled in between)."""
+        found = {function: list(sums) for function, sums in self._closed.items()}
+        for function, run in list(self._runs.items()):
+            _fold(found.setdefault(function, [0.0] * len(STEP_FIELDS)), run, self.previous.get(function))
+        return found
 
     def sync(self, site: SyncSite, start: float, waited: float, end: float) -> None:
         """A forced synchronisation: waited for the device from ``start`` to ``waited``, then copied until ``end``."""
@@ -160,6 +178,17 @@ class StepClock:
         if self.unseen_starts:
             self.catch_up()
         self.transfer += seconds
+
+
+def _fold(sums: list[float], run: list, last: tuple[float, ...] | None) -> None:
+    """Add a run of steady steps (``[snapshot before its first step, steps]``, ending at snapshot ``last``) to
+    ``sums``: each field's sum over the run's steps is its last value minus its first."""
+    first, count = run
+    if last is None:
+        return
+    sums[0] += count
+    for i in range(len(STEP_FIELDS) - 1):
+        sums[i + 1] += last[i] - first[i]
 
 
 def input_pipeline(steps: Mapping[int, Sequence[float]], names: Mapping[int, str],
