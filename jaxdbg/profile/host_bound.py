@@ -100,6 +100,14 @@ class StepClock:
             self.dispatch[function] = host
             execute_s = self.execute.get(function, 0.0)
         begins = start - self.shift + put_s + compile_s  # its execution can start as its dispatch does
+        self._step(function, begins, host, execute_s, put_s, steady and not captured, captured)
+        self.shift += end - start - put_s - host
+
+    def _step(self, function: int, begins: float, host: float, execute_s: float, put_s: float, steady: bool,
+              captured: bool) -> None:
+        """The clock's part of one call once its times are known: the device's idle time before ``begins`` (the
+        call's execution start, in plain-run time), the call's dispatch and transfer, the steady-step run of its
+        function (``steady``: neither compiled nor captured), and its execution on the device's queue."""
         if self.started and begins > self.device_free:
             gap = begins - self.device_free
             self.idle += gap
@@ -114,7 +122,7 @@ class StepClock:
                self.eager_compiles)
         before = self.previous.get(function)
         run = self._runs.get(function)
-        if before is not None and steady and not captured and now[-1] == before[-1]:
+        if before is not None and steady and now[-1] == before[-1]:
             if run is None:
                 self._runs[function] = [before, 1]
             else:
@@ -126,7 +134,6 @@ class StepClock:
         self.device_free = max(begins, self.device_free) + execute_s
         self.device += execute_s
         self.started = True
-        self.shift += end - start - put_s - host
 
     @property
     def steps(self) -> dict[int, list[float]]:
@@ -163,9 +170,10 @@ class StepClock:
         latest measured dispatch time (an un-waited call seen), running its latest measured execution."""
         functions, starts = self.unseen_functions, self.unseen_starts
         self.unseen_functions, self.unseen_starts = array("q"), array("d")
-        for function, start in zip(functions, starts):
-            self.call(function, start, start + self.dispatch.get(function, 0.0), put_s=0.0, compile_s=0.0,
-                      execute_s=0.0, waited=False, steady=True)
+        dispatch, execute = self.dispatch, self.execute
+        for function, start in zip(functions, starts):  # as call(), not waited: the shift does not move
+            self._step(function, start - self.shift, dispatch.get(function, 0.0), execute.get(function, 0.0), 0.0,
+                       True, False)
 
     def eager_compile(self) -> None:
         """An operation run outside jit compiled (its first run): the step it falls in is not a steady one."""
