@@ -221,3 +221,40 @@ def test_unread_calls_keep_inputs_of_bounded_size(monkeypatch) -> None:
             w = step(w)
             most = max(most, len(watch._pending))
     assert most == 2 and watch.calls == 12 and not watch._pending
+
+
+def test_nan_hunts_watch_trims_after_letting_go_of_kept_inputs(tmp_path, monkeypatch) -> None:
+    """nan-hunt's watch gives glibc's free memory back once the calls it read have let go of TRIM_AFTER_BYTES of
+    kept inputs (not at every read; never without ``trim``), and once more before the replay."""
+    import textwrap
+
+    import jaxdbg._malloc as malloc
+    import jaxdbg.nan.session as session
+    import jaxdbg.nan.watch as watch_module
+    from jaxdbg.nan.api import HuntOptions
+    from jaxdbg.target import parse_target
+
+    trims = []
+    monkeypatch.setattr(malloc, "trim", lambda: trims.append(len(trims)) or True)
+    monkeypatch.setattr(watch_module, "READ_EVERY_S", 1e9)  # no read by the clock: only the bounds read
+    monkeypatch.setattr(watch_module, "MAX_KEPT_BYTES", 6000)  # each call's 4000 bytes are read at the next
+    monkeypatch.setattr(watch_module, "TRIM_AFTER_BYTES", 10000)  # three calls' inputs
+    for trim in (False, True):
+        with Watch(read_late=True, trim=trim) as watch:
+            step = jax.jit(lambda w: w * 0.5)
+            w = jnp.ones(1000, jnp.float32)
+            for _ in range(12):
+                w = step(w)
+        assert watch.calls == 12 and len(trims) == (4 if trim else 0), trim  # 12 calls let go: every third
+
+    trims.clear()
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""\
+        import jax, jax.numpy as jnp
+        step = jax.jit(lambda w, x: (w * 2.0, jnp.log(x).sum()))
+        w = jnp.ones(1000)
+        for x in (1.0, 2.0, 3.0, 4.0, -1.0):
+            w, loss = step(w, jnp.full((4,), x))
+    """))
+    result, _ = session.hunt_here(parse_target(str(script)), HuntOptions())
+    assert result.first.primitive == "log" and len(trims) >= 2  # in the run, and before the replay

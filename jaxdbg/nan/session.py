@@ -14,7 +14,6 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from typing import Any
 
@@ -22,7 +21,7 @@ import jax
 import numpy as np
 from jax.tree_util import tree_flatten_with_path
 
-from jaxdbg import _compat, frameworks, multihost
+from jaxdbg import _compat, _malloc, frameworks, multihost
 from jaxdbg._errors import TargetFailedError, UsageError
 from jaxdbg.jit_layer import unwrap_function
 from jaxdbg.nan.analyses import Findings, guarded, run_analyses
@@ -122,7 +121,7 @@ AFTER_INF_CALLS = 64
 
 
 def _hunt_script(spec: TargetSpec, options: HuntOptions, channel: Any) -> tuple[NanHuntResult, dict[str, str]]:
-    watch = Watch(options.nan_only, options.growth_factor, after_inf=AFTER_INF_CALLS, read_late=True)
+    watch = Watch(options.nan_only, options.growth_factor, after_inf=AFTER_INF_CALLS, read_late=True, trim=True)
     failure: BaseException | None = None
     try:
         with watch:
@@ -158,14 +157,7 @@ def _return_freed_memory() -> None:
     own threads, whose malloc arenas keep what they freed; the replay allocates from the main thread's, so
     without this its peak stacked on the run's (48-block MLP, 392 MiB of parameters: +700 MiB of resident
     memory for a replay holding 600 MiB more arrays). glibc only; elsewhere nothing happens."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(name).malloc_trim(0)
+    _malloc.trim()
 
 
 def _script_globals(watch: Watch, path: str | None) -> list[dict]:

@@ -53,7 +53,7 @@ import jax
 import numpy as np
 from jax.tree_util import tree_flatten, tree_leaves
 
-from jaxdbg import _compat, jit_layer
+from jaxdbg import _compat, _malloc, jit_layer
 from jaxdbg._source import SourceLocation, caller_user_frame, is_user_file
 from jaxdbg.jit_layer import InstrumentedJit, JitCall, JitHook
 from jaxdbg.nan.calls import Call, output_leaf_names
@@ -85,6 +85,12 @@ MAX_KEPT_BYTES = 256 * 2**20
 EAGER_OPS_PER_CALL = 64  # after an Inf, eager operations are budgeted at this many per jitted call
 MAX_INF_FINDINGS = 8  # distinct Inf births kept while waiting for a NaN (each keeps its call's inputs alive)
 MADE_EAGERLY = 4096  # eager outputs remembered with their line (for the growth of an eagerly updated argument)
+# With ``trim``, once the read calls have let go of this many bytes of kept inputs, glibc's free memory is given
+# back (malloc_trim). A kept input outlives the program's own use of it, so it is freed late, between buffers
+# allocated since, and its pages stay resident as holes in the heap: the watched run's peak, not its arrays.
+# 48-block MLP (392 MiB of parameters, a trim every step): nan-hunt's peak 28-366 MiB lower in 12 of 12 runs
+# (1536-1759 MiB against 1657-2040), CPU of a 30-step loop unchanged within noise (median 32.3 s both ways).
+TRIM_AFTER_BYTES = 64 * 2**20
 
 
 
@@ -356,18 +362,22 @@ class Watch(JitHook):
             operation makes a NaN/Inf, or the watch ends), instead of waiting for it: no host-device sync per
             step. The inputs (and outputs) of the unread calls are kept. After the first Inf, calls are read
             at once again (the Infs are followed in program order).
+        trim: give glibc's free memory back to the system once the read calls have let go of
+            :data:`TRIM_AFTER_BYTES` of kept inputs (nan-hunt's child).
     """
 
     check_outputs = True  # the jit layer's max(|x|) of every floating output, in the function's own program
 
     def __init__(self, nan_only: bool = False, growth_factor: float = 100.0, eager: bool = True,
-                 after_inf: int = 0, read_late: bool = False):
+                 after_inf: int = 0, read_late: bool = False, trim: bool = False):
         self.nan_only = nan_only
         self.read_late = read_late
         self._pending: collections.deque[JitCall] = collections.deque()  # read_late: flags not read yet
         self._copies = 0  # pending calls that donate: their inputs are device copies kept for the replay
         self._stacking = True  # pmap'd calls' magnitude rows are stacked on the device to be read (see _rows)
         self._kept_bytes = 0  # of the inputs the pending calls keep
+        self._trim = trim
+        self._released = 0  # bytes of kept inputs let go since the last trim
         self._read_at = 0.0  # when finished calls were last read short of a batch (time.perf_counter())
         self._unread: int | None = None  # calls left unread at most (decided at the first call)
         self._copy_ahead = False
@@ -534,6 +544,7 @@ class Watch(JitHook):
             self._read_oldest()
         while len(pending) > 1 and self._kept_bytes - _kept_bytes(pending[-1]) > MAX_KEPT_BYTES:
             self._read_oldest()
+        self._trim_released()
 
     def read_finished(self) -> None:
         """Before a watched call runs: read the flags of the unread calls that have finished, oldest first,
@@ -558,13 +569,22 @@ class Watch(JitHook):
                 count = sum(1 for _ in itertools.takewhile(lambda c: _finished(c.magnitudes), pending))
                 if count:
                     self._read_batch(count)
-                return
+                break
             self._read_batch(count)
+        self._trim_released()
 
     def flush(self) -> None:
         """Read the flags of every unread call, oldest first (waits for them)."""
         while self._pending:
             self._read_batch(min(READ_BATCH, len(self._pending)))
+        self._trim_released()
+
+    def _trim_released(self) -> None:
+        """With ``trim``, after reading (the calls read are gone by now): give glibc's free memory back once
+        :data:`TRIM_AFTER_BYTES` of kept inputs were let go."""
+        if self._trim and self._released >= TRIM_AFTER_BYTES:
+            self._released = 0
+            _malloc.trim()
 
     def _read_batch(self, count: int) -> None:
         """Read the ``count`` oldest unread calls: when their flags are all finite and no magnitude reaches a
@@ -626,7 +646,9 @@ class Watch(JitHook):
         call = self._pending.popleft()
         if call.function.donates:
             self._copies -= 1
-        self._kept_bytes -= _kept_bytes(call)
+        released = _kept_bytes(call)
+        self._kept_bytes -= released
+        self._released += released
         return call
 
     def _check(self, call: JitCall) -> None:
