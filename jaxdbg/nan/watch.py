@@ -554,7 +554,7 @@ class Watch(JitHook):
         Before the call, not after it: a clean call's kept inputs (a training step's, the model before it) are let
         go before the next call allocates its outputs, so its memory is reused at once as in the plain run. Read
         after the next call, one more copy of the model was alive at each allocation: on a Flax NNX MLP loop
-        (1.2 ms steps, CPU), ~25 more page faults per step and a few percent of the step."""
+        (1.2 ms steps, CPU), ~25 more page faults per step (about 1% of the step)."""
         pending = self._pending
         if self._unread == 1 or not pending:
             return
