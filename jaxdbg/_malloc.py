@@ -1,11 +1,15 @@
-"""Give memory that glibc's malloc holds free back to the system (``malloc_trim``), where there is glibc.
+"""How much freed memory glibc's malloc keeps, where there is glibc (XLA:CPU's buffers come from it).
 
 A freed buffer stays resident while glibc keeps it for reuse: in the heap's middle (a hole that only a trim
 returns) or in the arena of the thread that freed it (XLA:CPU frees on its own threads). :func:`trim` releases
-the free pages of every arena. Elsewhere (macOS, musl) it does nothing and says so.
+the free pages of every arena. Free memory at a heap's top is given back on its own once it passes the trim
+threshold, and faulted in again at the next allocation: :func:`set_trim_threshold` moves that threshold.
+Elsewhere (macOS, musl) both do nothing and say so.
 
 Example:
     >>> trim() in (True, False)
+    True
+    >>> set_trim_threshold(GLIBC_TRIM_THRESHOLD) in (True, False)
     True
 """
 
@@ -17,22 +21,36 @@ import ctypes.util
 import functools
 from typing import Any
 
+GLIBC_TRIM_THRESHOLD = 128 * 1024  # glibc's default M_TRIM_THRESHOLD
+_M_TRIM_THRESHOLD = -1  # mallopt's parameter number (malloc.h)
 
-@functools.lru_cache(maxsize=1)
-def _function() -> Any:
+
+@functools.lru_cache(maxsize=2)
+def _function(symbol: str) -> Any:
     name = ctypes.util.find_library("c")
     if name is None:
         return None
     with contextlib.suppress(OSError, AttributeError):
-        return ctypes.CDLL(name).malloc_trim
+        return getattr(ctypes.CDLL(name), symbol)
     return None
+
+
+def _call(symbol: str, *args: int) -> bool:
+    function = _function(symbol)
+    if function is None:
+        return False
+    with contextlib.suppress(OSError, ctypes.ArgumentError):
+        function(*args)
+    return True
 
 
 def trim() -> bool:
     """``malloc_trim(0)``: whether there was one to call."""
-    function = _function()
-    if function is None:
-        return False
-    with contextlib.suppress(OSError, ctypes.ArgumentError):
-        function(0)
-    return True
+    return _call("malloc_trim", 0)
+
+
+def set_trim_threshold(nbytes: int) -> bool:
+    """``mallopt(M_TRIM_THRESHOLD, nbytes)``: free memory at a heap's top is kept up to ``nbytes`` instead of
+    being given back (and faulted in again); whether there was one to call. glibc then stops adapting its
+    thresholds to the program (its mmap threshold stays where it has grown to)."""
+    return _call("mallopt", _M_TRIM_THRESHOLD, int(nbytes))

@@ -16,7 +16,8 @@ the least work per step, so the watch's fixed cost per call weighs most). ``--mo
     Also whether each named the operation and the step.
 (d) In one process (the least load-sensitive figure on a shared machine): the plain loop and the same loop
     jitted inside ``jaxdbg.watch()``, chunks of 40 steps alternating; median ratio per round, wall time and
-    CPU time of the whole process (XLA's threads included).
+    CPU time of the whole process (XLA's threads included), and the median minor page faults per step (plain ->
+    watched).
 (f) The check alone, no jaxdbg in the loop: the same step as a pure function (``nnx.split``/``merge``), jitted plain
     and with the output check compiled in (the watch's companion), alternating in one process: the part of (d)
     that is XLA's work on the outputs (``max(|x|)`` of every floating output), which no host-side change removes.
@@ -57,7 +58,7 @@ BASELINE = " [baseline]"
 PROGRAM = textwrap.dedent('''
     """A Flax NNX training loop that times itself; MODE: plain | watch | watch-full | spike-watch | spike-plain |
     interleaved."""
-    import json, sys, time
+    import json, resource, sys, time
     from functools import partial
     import jax, jax.numpy as jnp, numpy as np, optax
     from flax import nnx
@@ -133,12 +134,13 @@ PROGRAM = textwrap.dedent('''
         return run_step, optimizer
 
     def timed_chunk(state, n=40, flush=None):
-        """Seconds per step (wall, and CPU of the whole process) over n steps of a loop that logs every 10.
+        """Seconds per step (wall, and CPU of the whole process), and minor page faults per step (whole process), over n
+        steps of a loop that logs every 10.
         ``flush`` (the watched loop's) reads the flags still unread, inside the timing: left unread, the inputs
         kept for them slowed the plain chunk that followed as much as the watched one (measured 7.2-7.3 ms/step
         plain before and after the watch, 8.0-8.3 within it), hiding the watch's cost."""
         run_step = state[0]
-        t, c = time.perf_counter(), time.process_time()
+        t, c, f = time.perf_counter(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         for step in range(n):
             loss = run_step(step)
             if step % 10 == 0:
@@ -146,7 +148,8 @@ PROGRAM = textwrap.dedent('''
         loss.block_until_ready()
         if flush is not None:
             flush()
-        return (time.perf_counter() - t) / n, (time.process_time() - c) / n
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f
+        return (time.perf_counter() - t) / n, (time.process_time() - c) / n, faults / n
 
     def main():
         run_step, optimizer = build()
@@ -422,8 +425,9 @@ def interleaved(program: str, args: argparse.Namespace, workdir: str) -> None:
         with open(out) as handle:
             rows = json.load(handle)["rows"]
         plain_ms = _median([p[0] for p, _ in rows]) * 1e3
+        faults = f"{_median([p[2] for p, _ in rows]):.0f} -> {_median([w[2] for _, w in rows]):.0f}"
         print(f"  {label:24s} wall {_median_ratio(rows, 0):5.2f}x plain   CPU (process) "
-              f"{_median_ratio(rows, 1):5.2f}x plain   (plain {plain_ms:.3f} ms/step)")
+              f"{_median_ratio(rows, 1):5.2f}x plain   (plain {plain_ms:.3f} ms/step; page faults per step {faults})")
         if root == ROOT:
             ratios = sorted(watched[0] / plain[0] for plain, watched in rows)
             record("watch", f"(d) {args.kind} loop, one process: watch / plain", _median_ratio(rows, 0), "<= 1.05",

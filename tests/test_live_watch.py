@@ -336,6 +336,27 @@ def test_the_watch_compares_no_structure_of_a_call_jax_did_not_trace(tmp_path, m
     assert len(kept) == 5 and all(treedef is kept[0] for treedef in kept)  # one structure, shared
 
 
+def test_the_watch_lets_glibc_keep_freed_memory_while_it_watches_on_cpu(tmp_path, monkeypatch):
+    """Kept inputs are freed a step late, at the heap's top, where glibc gave them back and the next step faulted
+    them in again: while jaxdbg.watch watches on CPU, glibc keeps up to HOLD_FREED_BYTES; its default is set back
+    when the watch ends. nan-hunt's watch (which trims on purpose) leaves the threshold alone."""
+    import jaxdbg._malloc as malloc
+    from jaxdbg.nan.watch import HOLD_FREED_BYTES, Watch
+
+    assert malloc.set_trim_threshold(malloc.GLIBC_TRIM_THRESHOLD) == (sys.platform == "linux")  # glibc here
+    thresholds = []
+    monkeypatch.setattr(malloc, "set_trim_threshold", lambda nbytes: thresholds.append(nbytes) or True)
+    with jaxdbg.watch(out=str(tmp_path)):
+        step = jax.jit(lambda w: w * 0.5)
+        w = step(jnp.ones(8))
+        assert thresholds == [HOLD_FREED_BYTES]  # from the first watched call on
+        w = step(w)
+    assert thresholds == [HOLD_FREED_BYTES, malloc.GLIBC_TRIM_THRESHOLD]
+    with Watch(read_late=True, trim=True):
+        jax.jit(lambda w: w + 1.0)(w)
+    assert len(thresholds) == 2
+
+
 def test_bad_options_are_one_clear_usage_error():
     with pytest.raises(jaxdbg.UsageError, match=r"action='stop'.*use 'raise' or 'log'"):
         jaxdbg.watch(action="stop")

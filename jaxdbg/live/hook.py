@@ -75,7 +75,7 @@ class LiveHook(Watch):
                  on_nonfinite: Callable[[JitFinding | EagerFinding], None] | None = None,
                  on_compile: Callable[[InstrumentedJit, int, Recompile | None], None] | None = None,
                  figures: Figures | None = None):
-        super().__init__(eager=False, after_inf=0, read_late=True)
+        super().__init__(eager=False, after_inf=0, read_late=True, hold_freed=True)
         self.check_outputs = nans
         self.nans = nans
         self.on_nonfinite = on_nonfinite

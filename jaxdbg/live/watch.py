@@ -110,6 +110,7 @@ class watch(contextlib.ContextDecorator):
 
         hook = LiveHook(self.nans, on_nonfinite=self._nonfinite, on_compile=self._compiled)
         stack = contextlib.ExitStack()
+        stack.callback(hook.stop_holding_freed)
         stack.enter_context(jit_layer.installed(hook))
         stack.enter_context(jit_layer.adopted())  # functions jitted before, at module level: watched too
         if self.stall is not None:
