@@ -675,6 +675,15 @@ def internal() -> Iterator[None]:
         yield
 
 
+def device_copies(tree: Any) -> Any:
+    """Device copies of the jax arrays in ``tree``, made as jaxdbg's own work: what a hook keeps of the inputs of a
+    call that donates them (the call deletes the originals)."""
+    import jax
+
+    with internal():
+        return jax.tree_util.tree_map(lambda x: x.copy() if isinstance(x, jax.Array) else x, tree)
+
+
 def take_ran_ahead() -> Any:
     """The outputs of the latest call that sampling hooks let run ahead unseen (None if there is none since the
     last time this was asked): waiting for them waits for every call queued before. A hook that times a call

@@ -296,6 +296,19 @@ def test_a_row_of_minus_inf_that_overflowed_is_not_called_masked() -> None:
     assert "The infinity came from `mul`" in text and "overflowed" in text
 
 
+def test_an_infinity_passed_in_as_an_argument_is_named_by_the_argument() -> None:
+    """inf * 0 where the infinity was an argument of the call: the explanation names that argument (it came in,
+    no operation of the call made it)."""
+    def scaled(x, scale):
+        return (x * scale) @ jnp.ones((3, 2))  # +inf and -inf rows summed: inf - inf
+
+    found = hunt(scaled, jnp.array([[1.0, -1.0, 2.0]]), jnp.float32(jnp.inf))
+    text, _ = explain(found.first, found.chain)
+    assert [link.kind for link in found.chain] == ["input"] and found.chain[0].argument == "scale"
+    assert "came in through the argument `scale` of `scaled`" in text and "None" not in text, text
+    assert "inf + (-inf) inside its sum" in text and "zeros" not in text, text  # the weights hold no zero
+
+
 def test_the_zero_a_division_by_zero_divided_by_is_traced_to_where_it_was_made() -> None:
     from jaxdbg.nan import zero_source
     from jaxdbg.nan.analyses import Findings

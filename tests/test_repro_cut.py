@@ -41,6 +41,45 @@ def nan_cut():
     return _cut(_deep_nan, args, NAN)
 
 
+def test_the_capture_keeps_every_array_argument_whatever_the_static_ones():
+    """A static argument passed by keyword right after the positional ones (``step(params, x, act=...)`` with
+    ``static_argnames=("act",)``: its position is len(args)), or given by a negative position: the capture traces
+    over every array argument, in order."""
+    from jaxdbg.repro.watch import trace_flat
+
+    def step(params, x, act):
+        return act(params["w"] * x)
+
+    params, x = {"w": jnp.full(3, 2.0)}, jnp.arange(3.0)
+    closed, flat = trace_flat(step, {"static_argnames": ("act",)}, (params, x), {"act": jnp.tanh})
+    assert [a.shape for a in closed.in_avals] == [(3,), (3,)] and np.allclose(flat[1], [0.0, 1.0, 2.0])
+    closed, flat = trace_flat(step, {"static_argnums": (-1,)}, (params, x, jnp.tanh), {})
+    assert len(flat) == 2 and np.allclose(flat[0], 2.0)
+
+
+def test_a_call_that_donates_its_inputs_is_captured_from_copies_made_before_it():
+    """The failing call deletes the parameters it donates: repro's capture (after the call) traces and keeps
+    copies made before it, so the cut starts from the inputs the call really had."""
+    from functools import partial
+
+    from jaxdbg.repro.watch import JitWatch, StopRun, WatchConfig
+
+    class Channel(list):
+        send = list.append
+
+    watch = JitWatch(WatchConfig(capture="nonfinite"), Channel())
+    with watch.installed(), pytest.raises(StopRun):
+        @partial(jax.jit, donate_argnums=(0,), static_argnames=("scale",))
+        def step(params, x, scale):
+            return {"w": params["w"] - scale * jnp.log(x)}
+
+        params = {"w": jnp.ones(4)}
+        for x in (2.0, 1.0, -1.0):
+            params = step(params, jnp.full(4, x), scale=0.5)
+    assert watch.capture_error is None and watch.captured.failure.call == 2
+    assert np.allclose(watch.captured.args[0], 1.0 - 0.5 * np.log(2.0)) and np.allclose(watch.captured.args[1], -1.0)
+
+
 def test_flatten_inlines_calls_and_keeps_primitives():
     graph, _ = flatten(jax.make_jaxpr(lambda x: jax.nn.relu(jax.jit(jnp.sin)(x)) * 2)(1.0))
     assert [n.name for n in graph.nodes] == ["sin", "max", "mul"]

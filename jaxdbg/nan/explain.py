@@ -240,14 +240,18 @@ def _division(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] 
 
 def _inf_arithmetic(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] | None:
     if origin.kind != "nan" or origin.primitive not in ("mul", "sub", "add", "add_any", "dot_general", "reduce_sum",
-                                                         "div", "rem"):
+                                                         "conv_general_dilated", "div", "rem"):
         return None
     infs = [s for s in origin.inputs if s.inf]
     if not infs:
         return None
     if origin.primitive in ("div", "rem"):
         what = "inf / inf is NaN: both values overflowed before"
-    elif origin.primitive in ("mul", "dot_general"):
+    elif origin.primitive in ("dot_general", "conv_general_dilated") and not any(
+            s.zero for s in origin.inputs if not s.inf):  # no 0 to multiply an inf by: the sum meets both signs
+        what = ("inf + (-inf) inside its sum is NaN: one input holds infinities, and their products with the other "
+                "input have both signs")
+    elif origin.primitive in ("mul", "dot_general", "conv_general_dilated"):
         what = "0 * inf is NaN: one input holds inf and the other holds zeros"
     elif origin.primitive == "sub":
         what = "inf - inf is NaN: both inputs hold an infinity of the same sign"
@@ -523,7 +527,10 @@ def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence
                          f"line {origin.source.line if origin.source else '?'}).")
             break
     else:
-        if chain and root is None:
+        if chain and root is None and chain[0].primitive is None:  # an argument held it when the call began
+            parts.append(f"Its infinite inputs came in through the argument `{chain[0].argument}` of "
+                         f"`{chain[0].function or first.function}`, already infinite when the call began.")
+        elif chain and root is None:
             src = chain[0].source
             parts.append(f"Its infinite inputs came from `{chain[0].primitive}`"
                          f"{f' at line {src.line}' if src else ''} (see chain).")

@@ -483,7 +483,7 @@ class Watch(JitHook):
         function, notes = call.function, call.notes
         flat = None
         if function.donates:  # the inputs are kept to replay the call: device copies, before it deletes them
-            notes["nan_copies"] = self.copy_tree((call.args, call.kwargs))
+            notes["nan_copies"] = jit_layer.device_copies((call.args, call.kwargs))
         elif not function.static_argnums and not function.static_argnames:  # flattened once, for both uses
             with contextlib.suppress(Exception):  # arguments jit itself would reject: measured and kept whole
                 flat = notes["nan_flat"] = tree_flatten((tuple(call.args), dict(call.kwargs)))
@@ -924,11 +924,6 @@ class Watch(JitHook):
     def internal() -> Any:
         """jaxdbg's own work: the eager hook ignores it."""
         return jit_layer.internal()
-
-    def copy_tree(self, tree: Any) -> Any:
-        """Device copies of the arrays in ``tree`` (kept when the call may donate its arguments)."""
-        with self.internal():
-            return jax.tree_util.tree_map(lambda x: x.copy() if isinstance(x, jax.Array) else x, tree)
 
     def found(self, finding: JitFinding | EagerFinding, final: bool = False) -> int:
         """End the run at ``finding`` (raises), or, for an Inf while ``after_inf`` allows, record it and go on;

@@ -97,6 +97,10 @@ class JitWatch(JitHook):
         self.last = function.name
         if call.index < ANNOUNCED_CALLS:
             self.channel.send(JitCallSeen(function.name, call.index))
+        if function.donates and (self.config.capture or call.index < self.config.mismatch_calls) and self._counts(
+                function.name):
+            # the call deletes what it donates: the capture and the reference run need the inputs after it
+            call.notes["inputs"] = jit_layer.device_copies((call.args, call.kwargs))
         if self.config.send_lowered and call.index == 0:
             with contextlib.suppress(Exception):
                 text = function.jitted.lower(*call.args, **call.kwargs).as_text()
@@ -133,7 +137,7 @@ class JitWatch(JitHook):
         return self.config.function is None or self.config.function == name
 
     def _mismatch(self, call: JitCall, out: Any) -> FailureSeen | None:
-        function, args, kwargs = call.function, call.args, call.kwargs
+        function, (args, kwargs) = call.function, _inputs(call)
         try:
             with jit_layer.internal():  # the reference run is ours: its jitted calls are not watched
                 if self.config.reference == "float64":
@@ -154,16 +158,17 @@ class JitWatch(JitHook):
                            reference=reference, detail=detail)
 
     def _capture(self, call: JitCall, failure: FailureSeen) -> None:
+        args, kwargs = _inputs(call)
         try:
-            closed, flat = trace_flat(call.function.fun, call.function.options, call.args, call.kwargs)
+            closed, flat = trace_flat(call.function.fun, call.function.options, args, kwargs)
             frozen, frozen_call = None, None
             if failure.kind == "mismatch":  # a trace-time side effect? (a second trace: no cut can show it)
-                again, _ = trace_flat(call.function.fun, call.function.options, call.args, call.kwargs)
+                again, _ = trace_flat(call.function.fun, call.function.options, args, kwargs)
                 frozen, where = frozen_site(closed, again)
                 if frozen is not None and where is not None:  # the user's function that computes it, called how
                     with contextlib.suppress(Exception):  # without it, the parent still names the line
                         frozen_call = record_call(where, lambda: trace_flat(
-                            call.function.fun, call.function.options, call.args, call.kwargs))
+                            call.function.fun, call.function.options, args, kwargs))
             self.captured = Captured(call.function.name, closed, flat, failure, frozen, frozen_call)
         except Exception as err:  # noqa: BLE001 - reported to the parent, which falls back to source reduction
             self.capture_error = f"{type(err).__name__}: {err}"
@@ -211,6 +216,11 @@ def _widen(leaf: Any) -> Any:
     return leaf
 
 
+def _inputs(call: JitCall) -> tuple[tuple, dict]:
+    """A call's ``(args, kwargs)``, as they were before it ran (copies, where it donates them)."""
+    return call.notes.get("inputs") or (call.args, call.kwargs)
+
+
 def trace_flat(fun: Callable, jit_kwargs: dict, args: tuple, kwargs: dict) -> tuple[Any, list]:
     """The closed jaxpr of ``fun`` over the flat non-static leaves of ``(args, kwargs)``, and those leaves."""
     static_nums = _as_tuple(jit_kwargs.get("static_argnums"))
@@ -219,7 +229,8 @@ def trace_flat(fun: Callable, jit_kwargs: dict, args: tuple, kwargs: dict) -> tu
         positional = list(inspect.signature(fun).parameters)
         static_nums += tuple(i for i, p in enumerate(positional) if p in static_names)
         static_names |= {positional[i] for i in static_nums if 0 <= i < len(positional)}
-    static_positions = {i % len(args) if args else i for i in static_nums}
+    # Negative positions count from the end; a static parameter passed by keyword sits at or past len(args).
+    static_positions = {i + len(args) if i < 0 else i for i in static_nums}
     dynamic_args = [a for i, a in enumerate(args) if i not in static_positions]
     dynamic_kwargs = {k: v for k, v in kwargs.items() if k not in static_names}
     leaves, tree = jax.tree_util.tree_flatten((dynamic_args, dynamic_kwargs))
@@ -227,7 +238,7 @@ def trace_flat(fun: Callable, jit_kwargs: dict, args: tuple, kwargs: dict) -> tu
     def flat_fun(*flat: Any) -> Any:
         dyn_args, dyn_kwargs = jax.tree_util.tree_unflatten(tree, flat)
         it = iter(dyn_args)
-        full = [args[i] if i in static_nums else next(it) for i in range(len(args))]
+        full = [args[i] if i in static_positions else next(it) for i in range(len(args))]
         return fun(*full, **{**kwargs, **dyn_kwargs})
 
     closed = jax.make_jaxpr(flat_fun)(*leaves)
