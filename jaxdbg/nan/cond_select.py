@@ -6,9 +6,9 @@ one branch: jax computes every branch for every element and keeps one result per
 NaN born in a branch is then either in a result the select keeps (an element that takes the branch made it:
 a NaN of the branch itself) or in one it discards (the branch ran for an element that does not take it). A
 discarded NaN reaches no output: the select drops it, and jax drops it from the gradient too (the batched cond
-selects each branch's inputs, so no cotangent flows into a branch an element did not take; jax#1052). Such a
-NaN is no origin: the replay goes on to the NaN that reaches the outputs (:mod:`jaxdbg.nan.localise` reports
-the discarded one beside it), although ``jax_debug_nans`` stops at it.
+selects each branch's inputs, so no cotangent flows into a branch an element did not take; jax#1052). It is
+still the origin when it is the first NaN made (``jax_debug_nans`` stops there too), and the replay goes on to
+the first NaN that does reach the outputs, which the explanation names (:mod:`jaxdbg.nan.localise`).
 
 A plain select (``jnp.where``) keeps no NaN out of a gradient: its backward pass sends a zero cotangent to the
 entries it discarded, where the masked operation's derivative is NaN (or infinite), and 0 * NaN is NaN. An origin

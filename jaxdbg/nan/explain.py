@@ -59,9 +59,10 @@ DEGENERATE = ("break the tie: add a tiny, fixed perturbation that makes the eige
               "eigenvectors of repeated eigenvalues (a sum of eigenvalues, `jnp.trace`, a matrix function)")
 DEGENERATE_BASIS = ("if the eigenvectors are not needed, take `jnp.linalg.eigvalsh` (its gradient is finite at "
                     "distinct eigenvalues) or `jax.lax.stop_gradient` them")
-UNTAKEN_BRANCH = ("to keep `jax_debug_nans` from stopping at the discarded NaN, make that branch safe for the elements "
-                  "that do not take it (under vmap it runs on them too): give its operation a harmless input there, "
-                  "with the cond's own predicate, e.g. `jnp.log(jnp.where(pred, x, 1.0))` (the double-where trick)")
+UNTAKEN_BRANCH = ("make the branch safe for the elements that do not take it (under vmap it runs on them too, and "
+                  "its discarded NaN hides the one that matters from nan-hunt and from jax_debug_nans): give its "
+                  "operation a harmless input there, with the cond's own predicate, e.g. "
+                  "`jnp.log(jnp.where(pred, x, 1.0))` (the double-where trick), then run nan-hunt again")
 UNDERFLOW = ("keep the value that underflows away from 0: bound its input (e.g. `jnp.exp(jnp.maximum(x, -80.0))`) or "
              "use a form that cannot reach 0 (`jax.nn.softplus(x) + 1e-6` for a positive parameter); if its input "
              "is a parameter, find why it moved so far (a smaller learning rate, clipped gradients)")
@@ -443,17 +444,21 @@ def _cond_select_sentence(select: CondSelect) -> str:
         return (f"{turned} This NaN is in a result that was selected ({select.kept} value(s){also}): the branch makes "
                 "it for an element that takes the branch, so it is the branch's own NaN, not the discarded result of "
                 "an element that takes another branch.")
-    return (f"{turned} The select discards this NaN there (its {select.discarded} NaN value(s) sit where another "
-            "branch was taken), but it reaches the outputs another way, not through the cond.")
+    return (f"{turned} This NaN is born in the branch whose result was not selected (its {select.discarded} NaN "
+            "value(s) sit where another branch was taken): the select throws it away, and jax keeps it out of the "
+            "gradient too, so it is not what made the outputs non-finite; it is only the first NaN made.")
 
 
-def _discarded_sentence(discarded: Sequence[Discarded]) -> str:
-    """The NaNs made before the origin that a select discarded: not the origin, though jax_debug_nans stops there."""
-    first = discarded[0]
-    made = f"`{first.origin.primitive}`" + (f" at line {first.origin.source.line}" if first.origin.source else "")
-    more = f" ({len(discarded) - 1} more such NaN(s): see the notes)" if len(discarded) > 1 else ""
-    return (f"Before it, {made} made a NaN {first.how()}{more}: it reaches no output, so it is not the origin, "
-            "although `jax_debug_nans` would stop there.")
+def _reaching_sentence(discarded: Sequence[Discarded], reaching: Origin | None, said: bool) -> str:
+    """The origin's NaN reaches no output (``said``: the cond's sentence said how already): the NaN that does."""
+    how = "" if said else f"This NaN reaches no output: it was made {discarded[0].how()}. "
+    more = (f" ({len(discarded) - 1} more NaN(s) made before it reach no output either)"
+            if len(discarded) > 1 else "")
+    if reaching is None:
+        return how.strip()
+    at = f" at line {reaching.source.line}" if reaching.source else ""
+    return (f"{how}The NaN in the outputs is made later, by `{reaching.primitive}`{at} in the {reaching.pass_} "
+            f"pass{more}: that is the one to fix.")
 
 
 def _masked_sentence(select: CondSelect) -> str:
@@ -488,16 +493,17 @@ def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence
             precision: PrecisionCheck | None = None, strategy: Strategy | None = None,
             input_sources: Mapping[Origin, Sequence[SourceLocation]] | None = None,
             overflow: Overflow | None = None, zero: ZeroSource | None = None,
-            cond_select: CondSelect | None = None,
-            discarded: Sequence[Discarded] = ()) -> tuple[str, tuple[str, ...]]:
+            cond_select: CondSelect | None = None, discarded: Sequence[Discarded] = (),
+            reaching: Origin | None = None) -> tuple[str, tuple[str, ...]]:
     """``(paragraph, hints)`` for a finding; an empty paragraph when nothing was found.
 
     ``input_sources`` gives, per origin, the user lines that computed its inputs (from the replay);
     ``overflow``, a bf16/f16 overflow behind the origin (:mod:`jaxdbg.nan.overflow`): the root cause and its fix;
     ``zero``, where the zero the origin divided by was made (:mod:`jaxdbg.nan.zero_source`); ``cond_select``,
     the select a cond became under vmap, which kept or discarded the origin's NaN, or a select that discarded it
-    from the values of a differentiated forward pass (:mod:`jaxdbg.nan.cond_select`); ``discarded``, NaNs made
-    before the origin that a select discarded (:class:`jaxdbg.nan.localise.Discarded`).
+    from the values of a differentiated forward pass (:mod:`jaxdbg.nan.cond_select`); ``discarded``, when the
+    origin's NaN reaches no output, it and the NaNs after it that reach none either
+    (:class:`jaxdbg.nan.localise.Discarded`), and ``reaching``, the first NaN that does.
     """
     if first is None:
         return "", ()
@@ -534,12 +540,13 @@ def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence
         hints = [DOUBLE_WHERE] + [h for h in hints if h != DOUBLE_WHERE]
     elif cond_select is not None:
         parts.append(_cond_select_sentence(cond_select))
+        if not cond_select.kept:  # a NaN nobody sees: the fix that matters is to stop it hiding the real one
+            hints = [UNTAKEN_BRANCH] + [h for h in hints if h != DOUBLE_WHERE]
     elif "vmap" in first.path:
         parts.append("It runs under vmap: only some batch elements are affected (see the input statistics).")
     if discarded:
-        parts.append(_discarded_sentence(discarded))
-        if any(d.cond for d in discarded):  # last: it quiets jax_debug_nans, it fixes nothing
-            hints = [*hints, UNTAKEN_BRANCH]
+        said = cond_select is not None and cond_select.cond and not cond_select.kept
+        parts.append(_reaching_sentence(discarded, reaching, said))
     for origin in chain:
         if origin.constant_input:
             parts.append(f"The infinity fed into it was written in the code as a constant (`{origin.primitive}` at "
@@ -576,4 +583,5 @@ def analyse(findings: Findings) -> None:
     findings.explanation, findings.hints = explain(findings.first, findings.chain, findings.growth,
                                                    findings.precision, findings.strategy, findings.sources,
                                                    findings.overflow, findings.zero_source, findings.cond_select,
-                                                   getattr(findings.localisation, "discarded", ()))
+                                                   getattr(findings.localisation, "discarded", ()),
+                                                   getattr(findings.localisation, "reaching", None))

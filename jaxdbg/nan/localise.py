@@ -9,12 +9,13 @@ Every non-finite value carries a :class:`Provenance` tag: which origins it desce
 uses it is where that value enters the program. Loops are first run whole (compiled); only a loop that
 would itself be an origin is replayed iteration by iteration, which keeps long clean loops cheap.
 
-Only a NaN that reaches the call's outputs can be the origin. A select keeps the tags of the cases whose
-non-finite elements it selects, so a NaN that exists only where a select discards it (the branch a batch
-element does not take when vmap turns a ``lax.cond`` into a select; the masked side of a ``jnp.where``) stops
-there, while the replay goes on to the NaN that does reach the outputs; the discarded one is reported as
-such (:class:`Discarded`). The replay ends early once the first NaN surely reaches the outputs
-(:mod:`jaxdbg.nan.reach`), which is at once for most NaNs.
+The origin is the contract's: the earliest NaN made, in execution order. A select keeps the tags of the cases
+whose non-finite elements it selects, so a NaN that exists only where a select discards it (the branch a
+batch element does not take when vmap turns a ``lax.cond`` into a select; the masked side of a ``jnp.where``)
+stops there. When the origin's NaN reaches no output that way, the replay goes on to the first NaN that does
+(``Localisation.reaching``), and the origin is said to be discarded (:class:`Discarded`): the NaN in the
+outputs is the later one, which ``jax_debug_nans`` never gets to. The replay ends early once the first NaN
+surely reaches the outputs (:mod:`jaxdbg.nan.reach`), which is at once for most NaNs.
 
 Example:
     >>> import jax.numpy as jnp
@@ -24,8 +25,8 @@ Example:
     ('log', 'nan')
     >>> masked = lambda x: jnp.where(x > 0, jnp.log(x), 0.0) + jnp.sqrt(x)   # the log's NaN is masked away
     >>> found = localise_call(Call("f", masked, (jnp.array([-1.0, 1.0]),), {}))
-    >>> found.first.primitive, [d.origin.primitive for d in found.discarded]
-    ('sqrt', ['log'])
+    >>> found.first.primitive, found.reaching.primitive, [d.origin.primitive for d in found.discarded]
+    ('log', 'sqrt', ['log'])
 """
 
 from __future__ import annotations
@@ -79,8 +80,8 @@ class Record:
 
 @dataclass(frozen=True)
 class Discarded:
-    """A NaN made before the origin that reached no output of the call: where it was made (``origin``, the
-    origin it would have been), and the select that discarded it (``select``, its line; ``cond``: a
+    """A NaN that reached no output of the call, made before the first one that did (the origin's, first): where
+    it was made (``origin``), and the select that discarded it (``select``, its line; ``cond``: a
     ``lax.cond``/``lax.switch`` that vmap turned into a select), or None for both when it was left behind
     another way (a slice, a comparison)."""
 
@@ -89,11 +90,12 @@ class Discarded:
     cond: bool = False
     dropped_at_select: bool = False
 
-    def note(self) -> str:
-        """One line for the report's notes."""
-        source = self.origin.source
-        made = f"`{self.origin.primitive}`" + (f" at {source.file.rsplit('/', 1)[-1]}:{source.line}" if source else "")
-        return f"a NaN was also made earlier by {made}, {self.how()}: it reaches no output, so it is not the origin"
+    def note(self, reaching: Origin | None) -> str:
+        """One line for the report's notes (``reaching``: the first NaN made that reaches the outputs)."""
+        later = ""
+        if reaching is not None:
+            later = f"; the NaN in the outputs is made later, by {_made_by(reaching)} ({reaching.pass_} pass)"
+        return f"the NaN made by {_made_by(self.origin)} reaches no output: it was made {self.how()}{later}"
 
     def how(self) -> str:
         """How it was left behind, in words."""
@@ -104,6 +106,11 @@ class Discarded:
         if self.dropped_at_select:
             return f"and the select{at} (e.g. a `jnp.where`) discarded it"
         return "and nothing computed later holds it"
+
+
+def _made_by(origin: Origin) -> str:
+    source = origin.source
+    return f"`{origin.primitive}`" + (f" at {source.file.rsplit('/', 1)[-1]}:{source.line}" if source else "")
 
 
 @dataclass
@@ -123,8 +130,10 @@ class Localisation:
     # Every Inf made from finite inputs before the origin (records, with their sites): where a value may have
     # left its dtype's range (jaxdbg.nan.overflow).
     infs: tuple[Record, ...] = ()
-    # NaNs made before the origin that reached no output (a select discarded them), earliest first.
+    # When the origin's NaN reaches no output (a select discarded it): that NaN and the others made before the
+    # first NaN that does, earliest first; and that first NaN, which made the outputs non-finite.
     discarded: tuple[Discarded, ...] = ()
+    reaching: Origin | None = None
 
 
 def _vmap_marked(path: tuple[str, ...], name_stack: str) -> tuple[str, ...]:
@@ -144,8 +153,8 @@ class NanHunter(Hooks):
         function: name of the function being replayed (for the report).
         call_index: which call of it this is.
         nan_only: ignore Inf (only a NaN counts as non-finite).
-        stop_at_first_nan: end the replay once the first NaN origin surely reaches the call's outputs (nothing
-            later can come first then).
+        stop_at_first_nan: end the replay once the first NaN origin surely reaches the call's outputs (else go
+            on to the first NaN that does).
         root: the path's first element (``jit(function)`` unless given: ``pmap`` for a pmap'd call).
     """
 
@@ -164,6 +173,7 @@ class NanHunter(Hooks):
         self.opaque_notes: list[str] = []
         self.reaching: frozenset[int] = frozenset()
         self.chosen: int | None = None
+        self.later: int | None = None  # the first NaN origin that reaches the outputs, when the chosen one does not
         self._literal_tags: dict[int, Provenance | None] = {}
         self._slices: dict[int, tuple[set, int]] = {}
 
@@ -247,7 +257,8 @@ class NanHunter(Hooks):
 
     def _vouch(self, site: Site, outvals: list, tags: Sequence[Any]) -> None:
         """Note (and stop, if asked) once a result holding the first NaN origin's NaN surely reaches the call's
-        outputs: no later origin can come first then."""
+        outputs: nothing later is needed then. While it may still be discarded, the replay goes on (to the end:
+        which later NaN reaches the outputs first is known only there)."""
         first = self.first_nan
         if first is None or first in self.confirmed:
             return
@@ -348,20 +359,20 @@ class NanHunter(Hooks):
     # -- the answer ----------------------------------------------------------------------------------------
 
     def conclude(self, out_tags: Sequence[Any]) -> tuple[Record | None, tuple[Record, ...]]:
-        """The origin by the contract's rules, among those that reach the outputs, and its chain (earliest
-        first)."""
+        """The origin by the contract's rules (the earliest NaN made, in execution order), and its chain (earliest
+        first); when its NaN reaches no output, the first NaN that does is noted (``later``)."""
         reaching = frozenset().union(*(t.origins for t in out_tags if t is not None), self.confirmed)
         self.reaching = reaching
-        chosen = self._first_of(reaching, "nan", need_nan=False)
+        chosen: int | None = self.first_nan
         if chosen is None:
             chosen = self._first_of(reaching, "input", need_nan=True)
         if chosen is None and not self.nan_only:
-            chosen = self._first_of(reaching, "inf", need_nan=False)
+            chosen = next((i for i, r in enumerate(self.records) if r.origin.kind == "inf"), None)
             if chosen is None:
                 chosen = self._first_of(reaching, "input", need_nan=False)
-            if chosen is None:  # no Inf reaches the outputs (then the replay did not reproduce them): the first made
-                chosen = next((i for i, r in enumerate(self.records) if r.origin.kind == "inf"), None)
         self.chosen = chosen
+        if chosen is not None and chosen not in reaching and self.records[chosen].origin.kind == "nan":
+            self.later = self._first_of(reaching, "nan", need_nan=False)
         if chosen is None:
             return None, ()
         record = self.records[chosen]
@@ -369,10 +380,14 @@ class NanHunter(Hooks):
         return record, chain
 
     def discarded(self) -> tuple[Discarded, ...]:
-        """The NaN origins made before the chosen one (after :meth:`conclude`) that reach no output."""
+        """When the chosen origin's NaN reaches no output (after :meth:`conclude`): it, and the NaN origins after it
+        that reach none either, up to the first that does."""
+        chosen = self.chosen
+        if chosen is None or chosen in self.reaching or self.records[chosen].origin.kind != "nan":
+            return ()
         found = []
-        for i, record in enumerate(self.records):
-            if self.chosen is not None and i >= self.chosen:
+        for i, record in enumerate(self.records[chosen:], start=chosen):
+            if self.later is not None and i >= self.later:
                 break
             if record.origin.kind == "nan" and i not in self.reaching:
                 select = self.dropped.get(i)
@@ -505,12 +520,12 @@ def localise_call(call: Call, nan_only: bool = False, closed: Any = None) -> Loc
     if record is not None:
         strategy = "input check" if record.origin.kind == "input" else "op-by-op replay"
     sources = {r.origin: input_sources(r.site) for r in (record, *chain) if r is not None and r.site is not None}
-    discarded = hunter.discarded()
-    infs = hunter.records[:hunter.chosen] if hunter.chosen is not None else hunter.records
+    discarded = hunter.discarded() if record is not None else ()
+    reaching = hunter.records[hunter.later].origin if discarded and hunter.later is not None else None
     return Localisation(
         record.origin if record else None, tuple(r.origin for r in chain), strategy, reproduced, record,
-        (*(d.note() for d in discarded), *hunter.opaque_notes), closed, sources,
-        tuple(r for r in infs if r.origin.kind == "inf"), discarded,
+        (*(d.note(reaching) for d in discarded[:1]), *hunter.opaque_notes), closed, sources,
+        tuple(r for r in hunter.records if r.origin.kind == "inf"), discarded, reaching,
     )
 
 

@@ -157,8 +157,7 @@ ROWS: tuple[Row, ...] = (
         Op("nan", "sqrt", "forward"), 1, (Function("kernel_rows", 1, 3),), path="scan[iteration=2]"),
     Row("vmap_cond_select", "lax.cond under vmap (a select of both branches), in_axes as dicts",
         Op("nan", "log", "forward"), 2, _train(), path="vmap",
-        explanation=("into a select", "computes both branches", "in a result that was selected",
-                     "Before it, `sqrt`", "not the origin")),
+        explanation=("into a select", "computes both branches", "in a result that was selected")),
 )
 
 DEVICES = 8  # every program runs with this many CPU devices
