@@ -107,10 +107,36 @@ def test_a_masked_inf_is_not_the_answer() -> None:
     assert found.first is None and not found.reproduced
 
 
-def test_the_earliest_nan_wins_even_if_masked_later() -> None:
-    # the contract's origin is the first NaN in execution order, masked or not
+def test_the_earliest_nan_is_the_origin_and_if_discarded_the_one_that_reaches_the_outputs_is_named() -> None:
+    """The contract's origin is the first NaN in execution order, masked or not; when a select discards it (it
+    reaches no output), the replay goes on to the first NaN that does, and names it."""
+    from jaxdbg.nan.localise import replay
+
+    # masked away by a where, then a NaN that reaches the outputs
     found = hunt(lambda x: (jnp.where(x > 0, jnp.log(x), 0.0), jnp.sqrt(x - 5.0)), jnp.array([-1.0, 2.0]))
-    assert found.first.primitive == "log"
+    assert (found.first.primitive, found.reaching.primitive) == ("log", "sqrt") and found.reproduced
+    (dropped,) = found.discarded
+    assert dropped.origin == found.first and dropped.dropped_at_select and not dropped.cond
+    assert "`log`" in found.notes[0] and "reaches no output" in found.notes[0]
+    assert "the NaN in the outputs is made later, by `sqrt`" in found.notes[0]
+    text, _ = explain(found.first, discarded=found.discarded, reaching=found.reaching)
+    assert "This NaN reaches no output" in text and "made later, by `sqrt`" in text
+    # one select, two NaNs: it keeps the sqrt's (x <= 0 takes it) and discards the log's, made first
+    found = hunt(lambda x: jnp.where(x > 0, jnp.log(x - 3.0), jnp.sqrt(x)), jnp.array([-1.0, 4.0]))
+    assert (found.first.primitive, found.reaching.primitive) == ("log", "sqrt")
+    # discarded in one lane, kept in another: it reaches the outputs
+    found = hunt(lambda x: jnp.where(x > -2, jnp.log(x), 0.0), jnp.array([-1.0, -3.0]))
+    assert found.first.primitive == "log" and not found.discarded and found.reaching is None
+    # discarded by the select, but it reaches the outputs another way
+    def both(x):
+        y = jnp.log(x)
+        return jnp.where(x > 0, y, 0.0), y.sum()
+
+    found = hunt(both, jnp.array([-1.0, 2.0]))
+    assert found.first.primitive == "log" and not found.discarded
+    # a NaN that surely reaches the outputs ends the replay at once; one a select may discard, not
+    assert replay(Call("f", lambda x: (jnp.log(x) * 2.0).sum(), (jnp.array([-1.0]),), {}))[1] == []
+    assert replay(Call("f", lambda x: jnp.where(x > 0, jnp.log(x), 0.0), (jnp.array([-1.0]),), {}))[1] != []
 
 
 @jax.custom_vjp
@@ -400,7 +426,8 @@ def test_a_cond_that_vmap_made_a_select_says_whether_it_kept_the_nan() -> None:
         found = localise_call(call)
         findings = Findings(found.first, call=call, localisation=found)
         cond_select.analyse(findings)
-        return findings.cond_select, explain(found.first, cond_select=findings.cond_select)
+        return findings.cond_select, explain(found.first, cond_select=findings.cond_select, discarded=found.discarded,
+                                             reaching=found.reaching)
 
     def loss(x, flags):
         return jax.grad(lambda x: jax.vmap(_per_example)(x, flags).sum())(x)
@@ -412,12 +439,16 @@ def test_a_cond_that_vmap_made_a_select_says_whether_it_kept_the_nan() -> None:
     assert f"turned the `lax.cond` at line {select.source.line} into a select" in text
     assert "computes both branches" in text and "in a result that was selected" in text
     assert "clamp the input" in hints[0]
-    # an unflagged element's log, discarded, and a NaN made later that reached the outputs
-    select, (text, hints) = analysed(lambda x, flags: (loss(x, flags), jnp.sqrt(x - 5.0)),
-                                     jnp.array([2.0, -3.0]), jnp.array([True, False]))
+    # an unflagged element's log, discarded, and a NaN made later that reached the outputs, which is named (jax
+    # keeps the discarded one out of the gradient: the gradient is finite)
+    flags = jnp.array([True, False])
+    assert np.isfinite(np.asarray(jax.jit(loss)(jnp.array([2.0, -3.0]), flags))).all()
+    select, (text, hints) = analysed(lambda x, flags: (loss(x, flags), jnp.sqrt(x - 5.0)), jnp.array([2.0, -3.0]),
+                                     flags)
     assert (select.branch, select.kept, select.discarded) == (1, 0, 1)
-    assert "born in the branch whose result was not selected" in text
-    assert "not what made the outputs non-finite" in text and "double-where" in hints[0]
+    assert "born in the branch whose result was not selected" in text and "double-where" in hints[0]
+    assert "not what made the outputs non-finite" in text and "This NaN reaches no output" not in text  # said once
+    assert "The NaN in the outputs is made later, by `sqrt`" in text
     # the NaN made inside a jit in the branch (its path says no vmap) is followed out to the select
     doubled_log = jax.jit(lambda v: jnp.log(v) * 2)
     select, _ = analysed(jax.vmap(lambda v, flag: jax.lax.cond(flag, doubled_log, jnp.zeros_like, v)),
@@ -431,3 +462,27 @@ def test_a_cond_that_vmap_made_a_select_says_whether_it_kept_the_nan() -> None:
     # a predicate vmap does not map stays a cond (path cond[branch=1]); a jnp.where is no cond
     assert analysed(lambda x: jax.vmap(_per_example, in_axes=(0, None))(x, True), jnp.array([-1.0]))[0] is None
     assert analysed(jax.vmap(lambda v: jnp.where(v > 0, v, jnp.log(v))), jnp.array([-1.0]))[0] is None
+
+
+def test_a_where_keeps_no_nan_out_of_a_gradient() -> None:
+    """Unlike the select vmap makes of a cond, a jnp.where sends the NaN it discards into the gradient (0 * NaN):
+    jax's gradient holds it, the origin is the forward operation, and the explanation says how it got there."""
+    from jaxdbg.nan import cond_select
+    from jaxdbg.nan.analyses import Findings
+
+    def step(x):  # where line
+        return jax.grad(lambda x: jnp.where(x > 0, jnp.sqrt(x), 0.0).sum())(x)
+
+    x = jnp.array([4.0, -1.0])
+    assert np.isnan(np.asarray(jax.jit(step)(x))[1])
+    call = Call("step", jax.jit(step), (x,), {})
+    found = localise_call(call)
+    assert (found.first.primitive, found.first.pass_, found.discarded) == ("sqrt", "forward", ())
+    findings = Findings(found.first, call=call, localisation=found)
+    cond_select.analyse(findings)
+    select = findings.cond_select
+    assert (select.cond, select.kept, select.discarded) == (False, 0, 1)
+    assert select.source.line == _line_of(step, "return jax.grad")
+    text, hints = explain(found.first, cond_select=select)
+    assert f"The select at line {select.source.line}" in text and "0 * NaN is NaN" in text
+    assert "double-where" in hints[0]

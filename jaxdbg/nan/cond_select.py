@@ -1,4 +1,5 @@
-"""The ``cond_select`` analysis: a NaN born in a branch of a ``lax.cond`` that vmap turned into a select.
+"""The ``cond_select`` analysis: a NaN born in a branch of a ``lax.cond`` that vmap turned into a select, or
+one a ``jnp.where`` discarded that still reached a gradient.
 
 Under ``vmap``, a ``lax.cond`` (or ``lax.switch``) whose predicate differs between batch elements cannot run
 one branch: jax computes every branch for every element and keeps one result per element (``select_n``). A
@@ -6,8 +7,13 @@ NaN born in a branch is then either in a result the select keeps (an element tha
 a NaN of the branch itself) or in one it discards (the branch ran for an element that does not take it). A
 discarded NaN reaches no output: the select drops it, and jax drops it from the gradient too (the batched cond
 selects each branch's inputs, so no cotangent flows into a branch an element did not take; jax#1052). It is
-still the first NaN made, the one replaying op by op stops at (as ``jax_debug_nans`` does), while the NaN
-that reached the outputs was made later: the explanation says so.
+still the origin when it is the first NaN made (``jax_debug_nans`` stops there too), and the replay goes on to
+the first NaN that does reach the outputs, which the explanation names (:mod:`jaxdbg.nan.localise`).
+
+A plain select (``jnp.where``) keeps no NaN out of a gradient: its backward pass sends a zero cotangent to the
+entries it discarded, where the masked operation's derivative is NaN (or infinite), and 0 * NaN is NaN. An origin
+in a differentiated forward pass whose NaN such a select discards entirely is reported with that select
+(``cond`` False): the NaN reached the outputs through the gradient.
 
 The origin's outputs are followed forward through its jaxpr (and out of the calls it sits in) to such a
 select; one more replay of the call, up to that select, counts the origin's NaNs it keeps and discards.
@@ -25,12 +31,19 @@ Example:
     >>> analyse(findings)
     >>> findings.cond_select.branch, findings.cond_select.kept, findings.cond_select.discarded
     (1, 1, 1)
+    >>> masked = jax.grad(lambda x: jnp.where(x > 0, jnp.sqrt(x), 0.0).sum())   # NaN gradient at x < 0
+    >>> call = Call("grad", masked, (jnp.array([4.0, -1.0]),), {})
+    >>> found = localise_call(call)
+    >>> findings = Findings(found.first, call=call, localisation=found)
+    >>> analyse(findings)
+    >>> findings.cond_select.cond, findings.cond_select.kept, findings.cond_select.discarded
+    (False, 0, 1)
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -38,6 +51,7 @@ import numpy as np
 from jaxdbg import _compat
 from jaxdbg._source import SourceLocation
 from jaxdbg.jaxpr import Hooks, Interpreter, Stop
+from jaxdbg.nan.reach import called_jaxpr
 from jaxdbg.nan.stats import host_floats, host_readable
 
 if TYPE_CHECKING:
@@ -50,13 +64,15 @@ class CondSelect:
     """The select a cond became under vmap, reached from the origin: the cond's line (``source``), how many
     branches it has, the branch the origin's NaN flows into (``branch``, as jax numbers them: for a
     ``lax.cond``, 0 is the false branch and 1 the true one), and how many NaN values of that branch the
-    select ``kept`` (the element takes the branch) and ``discarded`` (it takes another)."""
+    select ``kept`` (the element takes the branch) and ``discarded`` (it takes another). ``cond`` False: a
+    plain select (``jnp.where``) that discarded every NaN of the origin, which reached a gradient anyway."""
 
     source: SourceLocation | None
     branches: int
     branch: int
     kept: int
     discarded: int
+    cond: bool = True
 
 
 def analyse(findings: Findings) -> None:
@@ -71,55 +87,106 @@ def analyse(findings: Findings) -> None:
         return
     reached = find_select(record.site)
     if reached is not None:
-        findings.cond_select = count_selected(call, found.closed_jaxpr, *reached)
+        findings.cond_select = count_selected(call, found.closed_jaxpr, reached)
+    elif first.pass_ == "forward" and "jvp(" in first.name_stack:  # differentiated: a where may not keep it out
+        reached = find_select(record.site, any_select=True)
+        counted = count_selected(call, found.closed_jaxpr, reached) if reached is not None else None
+        if counted is not None and not counted.kept and counted.discarded:
+            findings.cond_select = replace(counted, cond=False)
 
 
-def find_select(origin: Site) -> tuple[Scope, int, int] | None:
-    """The first select made from a batched cond that a value computed from the origin's outputs enters as a
-    branch's result: ``(scope, index of the select in it, branch)``; None when none does (or the value enters
-    one as its predicate, which is no branch)."""
+@dataclass(frozen=True)
+class Target:
+    """A select to stop at: equation ``index`` of ``jaxpr``, reached from the origin's own ``scope`` (as the
+    replay runs it) through the call equations ``hops`` (outermost first); ``branch``: the case the origin's
+    value enters."""
+
+    scope: Scope
+    hops: tuple[tuple[Any, int], ...]
+    jaxpr: Any
+    index: int
+    branch: int
+
+    def at(self, site: Site) -> bool:
+        """Whether the replay is at this select now (in the origin's pass through its scope)."""
+        if site.index != self.index or site.scope.jaxpr is not self.jaxpr:
+            return False
+        scope = site.scope
+        for eqn, index in reversed(self.hops):
+            parent = scope.parent
+            if parent is None or parent.eqn is not eqn or parent.index != index:
+                return False
+            scope = parent.scope
+        return scope.jaxpr is self.scope.jaxpr and scope.path == self.scope.path
+
+
+_PREDICATE = object()  # the value enters a select as its predicate, which is no branch
+
+
+def find_select(origin: Site, any_select: bool = False) -> Target | None:
+    """The first select made from a batched cond (``any_select``: the first select of any kind) that a value
+    computed from the origin's outputs enters as a branch's result, looking into the calls it enters; None
+    when none does (or the value enters one as its predicate, which is no branch)."""
     scope, start = origin.scope, origin.index + 1
     tainted = {id(var) for var in origin.eqn.outvars}
     while True:
-        jaxpr = scope.jaxpr
-        for index in range(start, len(jaxpr.eqns)):
-            eqn = jaxpr.eqns[index]
-            entered = [i for i, atom in enumerate(eqn.invars) if not _compat.is_literal(atom) and id(atom) in tainted]
-            if not entered:
-                continue
-            if _compat.is_batched_cond_select(eqn):
-                return (scope, index, entered[0] - 1) if 0 not in entered else None
-            tainted.update(id(var) for var in eqn.outvars)
+        found = _search(scope.jaxpr, start, tainted, any_select, ())
+        if found is _PREDICATE:
+            return None
+        if found is not None:
+            return Target(scope, *found)
         parent = scope.parent  # an enclosing call's outputs are its equation's outputs in the caller
-        outputs = [i for i, var in enumerate(jaxpr.outvars) if id(var) in tainted]
+        outputs = [i for i, var in enumerate(scope.jaxpr.outvars) if id(var) in tainted]
         if parent is None or scope.kind != "call" or not outputs:
             return None
         tainted = {id(parent.eqn.outvars[i]) for i in outputs if i < len(parent.eqn.outvars)}
         scope, start = parent.scope, parent.index + 1
 
 
-def count_selected(call: Any, closed: Any, scope: Scope, index: int, branch: int) -> CondSelect | None:
-    """Replay ``call`` up to the select at ``index`` of ``scope`` and count the NaNs of ``branch`` it keeps and
-    discards; None when the replay does not reach it (or cannot read its values on this host)."""
-    seen = _AtSelect(scope, index, branch)
+def _search(jaxpr: Any, start: int, tainted: set[int], any_select: bool, hops: tuple) -> Any:
+    """``(hops, jaxpr, index, branch)`` of the first select the tainted values enter from equation ``start`` on
+    (``tainted`` grows with what they compute), ``_PREDICATE``, or None."""
+    for index in range(start, len(jaxpr.eqns)):
+        eqn = jaxpr.eqns[index]
+        entered = [i for i, atom in enumerate(eqn.invars) if not _compat.is_literal(atom) and id(atom) in tainted]
+        if not entered:
+            continue
+        if eqn.primitive.name == "select_n" and (any_select or _compat.is_batched_cond_select(eqn)):
+            return (hops, jaxpr, index, entered[0] - 1) if 0 not in entered else _PREDICATE
+        inner = called_jaxpr(eqn)
+        if inner is not None:  # a jnp.where is a call of its own
+            found = _search(inner, 0, {id(v) for i, v in enumerate(inner.invars) if i in entered}, any_select,
+                            (*hops, (eqn, index)))
+            if found is not None:
+                return found
+        tainted.update(id(var) for var in eqn.outvars)
+    return None
+
+
+def count_selected(call: Any, closed: Any, target: Target) -> CondSelect | None:
+    """Replay ``call`` up to the ``target`` select and count the NaNs of its branch it keeps and discards; None
+    when the replay does not reach it (or cannot read its values on this host)."""
+    seen = _AtSelect(target)
     with contextlib.suppress(Stop):
         Interpreter(seen).run(closed, call.leaves(), root=call.root)
     if seen.counts is None:
         return None
-    eqn = scope.jaxpr.eqns[index]
-    return CondSelect(_compat.eqn_source(eqn), len(eqn.invars) - 1, branch, *seen.counts)
+    eqn = target.jaxpr.eqns[target.index]
+    calls = (call_eqn for call_eqn, _ in reversed(target.hops))  # a jnp.where's select has the where's line
+    source = _compat.eqn_source(eqn) or next(filter(None, map(_compat.eqn_source, calls)), None)
+    return CondSelect(source, len(eqn.invars) - 1, target.branch, *seen.counts)
 
 
 class _AtSelect(Hooks):
-    """Stops the replay at the select (in the origin's pass through its scope), counting the NaNs of one
-    branch where the predicate chose it (kept) and where it chose another (discarded)."""
+    """Stops the replay at the select, counting the NaNs of one branch where the predicate chose it (kept) and
+    where it chose another (discarded)."""
 
-    def __init__(self, scope: Scope, index: int, branch: int):
-        self.scope, self.index, self.branch = scope, index, branch
+    def __init__(self, target: Target):
+        self.target, self.branch = target, target.branch
         self.counts: tuple[int, int] | None = None
 
     def before(self, site: Site, invals: list, in_tags: list) -> list | None:
-        if site.index == self.index and site.scope.jaxpr is self.scope.jaxpr and site.path == self.scope.path:
+        if self.target.at(site):
             which, values = invals[0], invals[self.branch + 1]
             if host_readable(which) and host_readable(values):  # not a global array spanning other processes
                 nan = _nan_mask(values)

@@ -31,6 +31,7 @@ from jaxdbg.nan.result import GrowthEntry, Origin, Overflow, PrecisionCheck, Str
 if TYPE_CHECKING:
     from jaxdbg.nan.analyses import Findings
     from jaxdbg.nan.cond_select import CondSelect
+    from jaxdbg.nan.localise import Discarded
     from jaxdbg.nan.zero_source import ZeroSource
 
 # (origin, code of its line, code of the lines that computed its inputs) -> (sentence, hints) or None
@@ -449,8 +450,27 @@ def _cond_select_sentence(select: CondSelect) -> str:
                 "an element that takes another branch.")
     return (f"{turned} This NaN is born in the branch whose result was not selected (its {select.discarded} NaN "
             "value(s) sit where another branch was taken): the select throws it away, and jax keeps it out of the "
-            "gradient too, so it is not what made the outputs non-finite; it is only the first NaN made, and the "
-            "one that reached the outputs was made later.")
+            "gradient too, so it is not what made the outputs non-finite; it is only the first NaN made.")
+
+
+def _reaching_sentence(discarded: Sequence[Discarded], reaching: Origin | None, said: bool) -> str:
+    """The origin's NaN reaches no output (``said``: the cond's sentence said how already): the NaN that does."""
+    how = "" if said else f"This NaN reaches no output: it was made {discarded[0].how()}. "
+    more = (f" ({len(discarded) - 1} more NaN(s) made before it reach no output either)"
+            if len(discarded) > 1 else "")
+    if reaching is None:
+        return how.strip()
+    at = f" at line {reaching.source.line}" if reaching.source else ""
+    return (f"{how}The NaN in the outputs is made later, by `{reaching.primitive}`{at} in the {reaching.pass_} "
+            f"pass{more}: that is the one to fix.")
+
+
+def _masked_sentence(select: CondSelect) -> str:
+    """The origin's NaN was discarded by a select (a ``jnp.where``) yet reaches the outputs: through its gradient."""
+    at = f" at line {select.source.line}" if select.source else ""
+    return (f"The select{at} (e.g. a `jnp.where`) discards this NaN from the forward values, yet it still reaches the "
+            "outputs: the gradient sends a zero cotangent to the discarded entries, the derivative of the operation "
+            "there is NaN or infinite, and 0 * NaN is NaN (a single where does not keep a NaN out of the gradient).")
 
 
 def _range_of(stats: ValueStats) -> str:
@@ -477,13 +497,17 @@ def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence
             precision: PrecisionCheck | None = None, strategy: Strategy | None = None,
             input_sources: Mapping[Origin, Sequence[SourceLocation]] | None = None,
             overflow: Overflow | None = None, zero: ZeroSource | None = None,
-            cond_select: CondSelect | None = None) -> tuple[str, tuple[str, ...]]:
+            cond_select: CondSelect | None = None, discarded: Sequence[Discarded] = (),
+            reaching: Origin | None = None) -> tuple[str, tuple[str, ...]]:
     """``(paragraph, hints)`` for a finding; an empty paragraph when nothing was found.
 
     ``input_sources`` gives, per origin, the user lines that computed its inputs (from the replay);
     ``overflow``, a bf16/f16 overflow behind the origin (:mod:`jaxdbg.nan.overflow`): the root cause and its fix;
     ``zero``, where the zero the origin divided by was made (:mod:`jaxdbg.nan.zero_source`); ``cond_select``,
-    the select a cond became under vmap, which kept or discarded the origin's NaN (:mod:`jaxdbg.nan.cond_select`).
+    the select a cond became under vmap, which kept or discarded the origin's NaN, or a select that discarded it
+    from the values of a differentiated forward pass (:mod:`jaxdbg.nan.cond_select`); ``discarded``, when the
+    origin's NaN reaches no output, it and the NaNs after it that reach none either
+    (:class:`jaxdbg.nan.localise.Discarded`), and ``reaching``, the first NaN that does.
     """
     if first is None:
         return "", ()
@@ -515,12 +539,18 @@ def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence
         parts.append(f"This happens inside your own custom_vjp backward rule `{rule}` (the line shown is in it).")
         hints = [f"guard the operation in `{rule}`: e.g. `jnp.where(n > 0, g * x / n, 0.0)` with a safe "
                  "denominator, or divide by `jnp.maximum(n, eps)`"] + [h for h in hints if h != DOUBLE_WHERE]
-    if cond_select is not None:
+    if cond_select is not None and not cond_select.cond:  # a jnp.where masked it, yet its gradient did not
+        parts.append(_masked_sentence(cond_select))
+        hints = [DOUBLE_WHERE] + [h for h in hints if h != DOUBLE_WHERE]
+    elif cond_select is not None:
         parts.append(_cond_select_sentence(cond_select))
         if not cond_select.kept:  # a NaN nobody sees: the fix that matters is to stop it hiding the real one
             hints = [UNTAKEN_BRANCH] + [h for h in hints if h != DOUBLE_WHERE]
     elif "vmap" in first.path:
         parts.append("It runs under vmap: only some batch elements are affected (see the input statistics).")
+    if discarded:
+        said = cond_select is not None and cond_select.cond and not cond_select.kept
+        parts.append(_reaching_sentence(discarded, reaching, said))
     for origin in chain:
         if origin.constant_input:
             parts.append(f"The infinity fed into it was written in the code as a constant (`{origin.primitive}` at "
@@ -559,4 +589,6 @@ def analyse(findings: Findings) -> None:
     """The ``explanation`` analysis: the paragraph and hints, from everything found before it."""
     findings.explanation, findings.hints = explain(findings.first, findings.chain, findings.growth,
                                                    findings.precision, findings.strategy, findings.sources,
-                                                   findings.overflow, findings.zero_source, findings.cond_select)
+                                                   findings.overflow, findings.zero_source, findings.cond_select,
+                                                   getattr(findings.localisation, "discarded", ()),
+                                                   getattr(findings.localisation, "reaching", None))

@@ -9,12 +9,24 @@ Every non-finite value carries a :class:`Provenance` tag: which origins it desce
 uses it is where that value enters the program. Loops are first run whole (compiled); only a loop that
 would itself be an origin is replayed iteration by iteration, which keeps long clean loops cheap.
 
+The origin is the contract's: the earliest NaN made, in execution order. A select keeps the tags of the cases
+whose non-finite elements it selects, so a NaN that exists only where a select discards it (the branch a
+batch element does not take when vmap turns a ``lax.cond`` into a select; the masked side of a ``jnp.where``)
+stops there. When the origin's NaN reaches no output that way, the replay goes on to the first NaN that does
+(``Localisation.reaching``), and the origin is said to be discarded (:class:`Discarded`): the NaN in the
+outputs is the later one, which ``jax_debug_nans`` never gets to. The replay ends early once the first NaN
+surely reaches the outputs (:mod:`jaxdbg.nan.reach`), which is at once for most NaNs.
+
 Example:
     >>> import jax.numpy as jnp
     >>> from jaxdbg.nan.calls import Call
     >>> found = localise_call(Call("f", lambda x: jnp.log(x) * 2, (jnp.array([-1.0, 1.0]),), {}))
     >>> found.first.primitive, found.first.kind
     ('log', 'nan')
+    >>> masked = lambda x: jnp.where(x > 0, jnp.log(x), 0.0) + jnp.sqrt(x)   # the log's NaN is masked away
+    >>> found = localise_call(Call("f", masked, (jnp.array([-1.0, 1.0]),), {}))
+    >>> found.first.primitive, found.reaching.primitive, [d.origin.primitive for d in found.discarded]
+    ('log', 'sqrt', ['log'])
 """
 
 from __future__ import annotations
@@ -24,6 +36,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxdbg import _compat
@@ -32,6 +45,7 @@ from jaxdbg.jaxpr import Hooks, Interpreter, Scope, Site, Stop
 from jaxdbg.nan.calls import Call
 from jaxdbg.nan.passes import PassClassifier
 from jaxdbg.nan.placement import Placement, first_bad_block, first_bad_shard
+from jaxdbg.nan.reach import reaches_outputs
 from jaxdbg.nan.result import Origin, OriginKind, Strategy
 from jaxdbg.nan.stats import nonfinite_flags, value_stats
 
@@ -64,6 +78,41 @@ class Record:
     site: Site | None = None
 
 
+@dataclass(frozen=True)
+class Discarded:
+    """A NaN that reached no output of the call, made before the first one that did (the origin's, first): where
+    it was made (``origin``), and the select that discarded it (``select``, its line; ``cond``: a
+    ``lax.cond``/``lax.switch`` that vmap turned into a select), or None for both when it was left behind
+    another way (a slice, a comparison)."""
+
+    origin: Origin
+    select: SourceLocation | None = None
+    cond: bool = False
+    dropped_at_select: bool = False
+
+    def note(self, reaching: Origin | None) -> str:
+        """One line for the report's notes (``reaching``: the first NaN made that reaches the outputs)."""
+        later = ""
+        if reaching is not None:
+            later = f"; the NaN in the outputs is made later, by {_made_by(reaching)} ({reaching.pass_} pass)"
+        return f"the NaN made by {_made_by(self.origin)} reaches no output: it was made {self.how()}{later}"
+
+    def how(self) -> str:
+        """How it was left behind, in words."""
+        at = f" at line {self.select.line}" if self.select else ""
+        if self.cond:
+            return (f"in a branch of the cond{at} that vmap computes for every batch element, and the select it "
+                    "became discarded it (those elements take another branch; jax keeps it out of the gradient too)")
+        if self.dropped_at_select:
+            return f"and the select{at} (e.g. a `jnp.where`) discarded it"
+        return "and nothing computed later holds it"
+
+
+def _made_by(origin: Origin) -> str:
+    source = origin.source
+    return f"`{origin.primitive}`" + (f" at {source.file.rsplit('/', 1)[-1]}:{source.line}" if source else "")
+
+
 @dataclass
 class Localisation:
     """What one replay found: the origin, its chain, and how it was found."""
@@ -81,6 +130,10 @@ class Localisation:
     # Every Inf made from finite inputs before the origin (records, with their sites): where a value may have
     # left its dtype's range (jaxdbg.nan.overflow).
     infs: tuple[Record, ...] = ()
+    # When the origin's NaN reaches no output (a select discarded it): that NaN and the others made before the
+    # first NaN that does, earliest first; and that first NaN, which made the outputs non-finite.
+    discarded: tuple[Discarded, ...] = ()
+    reaching: Origin | None = None
 
 
 def _vmap_marked(path: tuple[str, ...], name_stack: str) -> tuple[str, ...]:
@@ -100,7 +153,8 @@ class NanHunter(Hooks):
         function: name of the function being replayed (for the report).
         call_index: which call of it this is.
         nan_only: ignore Inf (only a NaN counts as non-finite).
-        stop_at_first_nan: end the replay at the first NaN origin (nothing later can come first).
+        stop_at_first_nan: end the replay once the first NaN origin surely reaches the call's outputs (else go
+            on to the first NaN that does).
         root: the path's first element (``jit(function)`` unless given: ``pmap`` for a pmap'd call).
     """
 
@@ -113,8 +167,13 @@ class NanHunter(Hooks):
         self.stop_at_first_nan = stop_at_first_nan
         self.records: list[Record] = []
         self.first_nan: int | None = None
+        self.confirmed: set[int] = set()  # NaN origins known to reach the call's outputs
+        self.dropped: dict[int, Site] = {}  # origin -> the select that discarded its non-finite values first
         self.passes = PassClassifier()
         self.opaque_notes: list[str] = []
+        self.reaching: frozenset[int] = frozenset()
+        self.chosen: int | None = None
+        self.later: int | None = None  # the first NaN origin that reaches the outputs, when the chosen one does not
         self._literal_tags: dict[int, Provenance | None] = {}
         self._slices: dict[int, tuple[set, int]] = {}
 
@@ -172,11 +231,15 @@ class NanHunter(Hooks):
     def after(self, site: Site, invals: list, outvals: list, in_tags: list, out_tags: list,
               descended: bool) -> list | None:
         if descended:
+            self._vouch(site, outvals, out_tags)
             return None
+        resolved = None
+        if site.primitive == "select_n" and any(t is not None for t in in_tags[1:]):  # what it discards, first
+            resolved = self._selected(site, invals, self._resolved(site, invals, in_tags))
         flags = [nonfinite_flags(v) for v in outvals]
         if not any(nan or inf for nan, inf in flags):
             return None
-        in_tags = self._resolved(site, invals, in_tags)
+        in_tags = resolved if resolved is not None else self._resolved(site, invals, in_tags)
         in_nan, in_inf = self._input_state(in_tags)
         out_nan = any(nan for nan, _ in flags)
         out_inf = any(inf for _, inf in flags)
@@ -189,9 +252,34 @@ class NanHunter(Hooks):
         tags = [Provenance(nan, inf, fed | frozenset(new)) if (nan or inf) else None for nan, inf in flags]
         if new and self.records[min(new)].origin.kind == "nan" and self.first_nan is None:
             self.first_nan = min(new)
+        self._vouch(site, outvals, tags)
+        return tags
+
+    def _vouch(self, site: Site, outvals: list, tags: Sequence[Any]) -> None:
+        """Note (and stop, if asked) once a result holding the first NaN origin's NaN surely reaches the call's
+        outputs: nothing later is needed then. While it may still be discarded, the replay goes on (to the end:
+        which later NaN reaches the outputs first is known only there)."""
+        first = self.first_nan
+        if first is None or first in self.confirmed:
+            return
+        positions = [p for p, (tag, value) in enumerate(zip(tags, outvals))
+                     if tag is not None and first in tag.origins and tag.nan and nonfinite_flags(value)[0]]
+        if positions and reaches_outputs(site, positions):
+            self.confirmed.add(first)
             if self.stop_at_first_nan:
                 raise Stop()
-        return tags
+
+    def _selected(self, site: Site, invals: list, in_tags: list) -> list:
+        """A select's input tags, those of cases whose non-finite elements it does not select left out: what it
+        discards reaches nothing through it (the branch a batch element does not take, a masked-away value)."""
+        which, resolved = invals[0], list(in_tags)
+        for case, (value, tag) in enumerate(zip(invals[1:], in_tags[1:]), start=1):
+            if tag is None or selected_nonfinite(which, value, case - 1):
+                continue
+            resolved[case] = None
+            for origin in tag.origins:
+                self.dropped.setdefault(origin, site)
+        return resolved
 
     def opaque(self, site: Site, reason: str) -> None:
         self.opaque_notes.append(f"{'/'.join(site.path)}: {reason}")
@@ -271,8 +359,10 @@ class NanHunter(Hooks):
     # -- the answer ----------------------------------------------------------------------------------------
 
     def conclude(self, out_tags: Sequence[Any]) -> tuple[Record | None, tuple[Record, ...]]:
-        """The origin by the contract's rules, and its chain (earliest first)."""
-        reaching = frozenset().union(*(t.origins for t in out_tags if t is not None))
+        """The origin by the contract's rules (the earliest NaN made, in execution order), and its chain (earliest
+        first); when its NaN reaches no output, the first NaN that does is noted (``later``)."""
+        reaching = frozenset().union(*(t.origins for t in out_tags if t is not None), self.confirmed)
+        self.reaching = reaching
         chosen: int | None = self.first_nan
         if chosen is None:
             chosen = self._first_of(reaching, "input", need_nan=True)
@@ -280,11 +370,31 @@ class NanHunter(Hooks):
             chosen = next((i for i, r in enumerate(self.records) if r.origin.kind == "inf"), None)
             if chosen is None:
                 chosen = self._first_of(reaching, "input", need_nan=False)
+        self.chosen = chosen
+        if chosen is not None and chosen not in reaching and self.records[chosen].origin.kind == "nan":
+            self.later = self._first_of(reaching, "nan", need_nan=False)
         if chosen is None:
             return None, ()
         record = self.records[chosen]
         chain = tuple(self.records[i] for i in record.fed_by if self.records[i].origin.kind in ("inf", "input"))
         return record, chain
+
+    def discarded(self) -> tuple[Discarded, ...]:
+        """When the chosen origin's NaN reaches no output (after :meth:`conclude`): it, and the NaN origins after it
+        that reach none either, up to the first that does."""
+        chosen = self.chosen
+        if chosen is None or chosen in self.reaching or self.records[chosen].origin.kind != "nan":
+            return ()
+        found = []
+        for i, record in enumerate(self.records[chosen:], start=chosen):
+            if self.later is not None and i >= self.later:
+                break
+            if record.origin.kind == "nan" and i not in self.reaching:
+                select = self.dropped.get(i)
+                found.append(Discarded(record.origin, select.source if select else None,
+                                       select is not None and _compat.is_batched_cond_select(select.eqn),
+                                       select is not None))
+        return tuple(found)
 
     def _first_of(self, ids: frozenset[int], kind: str, need_nan: bool) -> int | None:
         for i in sorted(ids):
@@ -292,6 +402,32 @@ class NanHunter(Hooks):
             if origin.kind == kind and (not need_nan or origin.outputs[0].nan):
                 return i
         return None
+
+
+@jax.jit
+def _selected_flags_jaxdbg(which: Any, case: Any, index: Any) -> Any:
+    chosen = jnp.broadcast_to(which.astype(jnp.int32) == index, case.shape)
+    return jnp.any((jnp.isnan(case) | jnp.isinf(case)) & chosen)
+
+
+def selected_nonfinite(which: Any, case: Any, index: int) -> bool:
+    """Whether a select with predicate ``which`` takes a NaN/Inf of ``case`` (its case number ``index``).
+
+    Example:
+        >>> which = np.array([True, False])   # select_n takes case 1 where it is True
+        >>> selected_nonfinite(which, np.array([np.nan, 1.0]), 1), selected_nonfinite(which, np.array([1.0, np.nan]), 1)
+        (True, False)
+    """
+    case = jnp.asarray(case)
+    if not jnp.issubdtype(case.dtype, jnp.inexact):
+        return False
+    which = jnp.asarray(which)
+    if which.ndim < case.ndim:  # a scalar predicate; or one value per device, stacked, in a shard_map replay
+        which = which.reshape(which.shape + (1,) * (case.ndim - which.ndim))
+    try:
+        return bool(_selected_flags_jaxdbg(which, case, index))
+    except (TypeError, ValueError):  # shapes this reading does not follow: the case counts as selected
+        return True
 
 
 def _placement(site: Site, outvals: list) -> Placement | None:
@@ -376,7 +512,7 @@ def localise_call(call: Call, nan_only: bool = False, closed: Any = None) -> Loc
     """Op-by-op replay of one call; see :mod:`jaxdbg.nan.fidelity` for when it does not reproduce."""
     hunter, outs, out_tags, closed = replay(call, nan_only, closed)
     record, chain = hunter.conclude(out_tags)
-    reproduced = hunter.first_nan is not None or any(
+    reproduced = bool(hunter.confirmed) or any(
         nan or (inf and not nan_only) for nan, inf in (nonfinite_flags(v) for v in outs))
     if record is not None and not reproduced and record.origin.kind != "input":
         record, chain = None, ()  # only masked-away origins: not what made the outputs non-finite
@@ -384,9 +520,12 @@ def localise_call(call: Call, nan_only: bool = False, closed: Any = None) -> Loc
     if record is not None:
         strategy = "input check" if record.origin.kind == "input" else "op-by-op replay"
     sources = {r.origin: input_sources(r.site) for r in (record, *chain) if r is not None and r.site is not None}
+    discarded = hunter.discarded() if record is not None else ()
+    reaching = hunter.records[hunter.later].origin if discarded and hunter.later is not None else None
     return Localisation(
         record.origin if record else None, tuple(r.origin for r in chain), strategy, reproduced, record,
-        tuple(hunter.opaque_notes), closed, sources, tuple(r for r in hunter.records if r.origin.kind == "inf"),
+        (*(d.note(reaching) for d in discarded[:1]), *hunter.opaque_notes), closed, sources,
+        tuple(r for r in hunter.records if r.origin.kind == "inf"), discarded, reaching,
     )
 
 
