@@ -20,10 +20,11 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxdbg._source import SourceLocation
 from jaxdbg.repro.cut import CutCheck, CutError, Cutter, inexact
 from jaxdbg.repro.frozen import cut_frozen
 from jaxdbg.repro.graph import equation_count, flatten, record
-from jaxdbg.repro.loops import enter_loops
+from jaxdbg.repro.loops import LOOPS, enter_loops
 from jaxdbg.repro.messages import CutFinished, FailureSeen
 from jaxdbg.repro.program import REPRO_FILE, STABLEHLO_FILE, build_program, can_emit, program_fails, write_program
 from jaxdbg.repro.signature import Criterion
@@ -85,6 +86,10 @@ def cut_captured(captured: Any, request: Any, deadline: float) -> CutFinished:
             graph, best, program, self_check = inside.graph, inside.best, body, True
             note = (f"{REPRO_FILE} is the loop's body at its first failing iteration ({where}), run once on that "
                     "iteration's inputs (the carry, and a scan's slice), not the whole loop")
+    loops = [graph.nodes[i] for i in best.nodes if graph.nodes[i].name in LOOPS]
+    if program is None and loops:
+        note = (f"{REPRO_FILE} keeps the whole loop{_at(loops[0].source)}: no single iteration of it fails alone "
+                "(e.g. a NaN from an Inf an earlier iteration made, a mismatch that grows over the iterations)")
     if program is None:  # no loop, or its body alone does not fail: the cut as it is, loops whole
         program = build_program(graph, best, check, origin, original)
         files = write_program(program, request.work_dir)
@@ -98,6 +103,10 @@ def cut_captured(captured: Any, request: Any, deadline: float) -> CutFinished:
         self_check=self_check, elapsed_s=time.perf_counter() - started, history=cutter.stats.history,
         criterion=check.criterion,
     )
+
+
+def _at(source: SourceLocation | None) -> str:
+    return f" at {os.path.basename(source.file)}:{source.line}" if source else ""
 
 
 def write_stablehlo(program: Any, graph: Any, best: Any, folder: str) -> str:
