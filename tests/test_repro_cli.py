@@ -63,6 +63,42 @@ def test_nan_in_a_big_graph_becomes_one_equation(nan_run):
     assert run.returncode != 0 and "AssertionError: jax.jit(f) produced NaN" in run.stderr
 
 
+LATE_LOOP_NAN = """import jax
+import jax.numpy as jnp
+
+
+def step(i, state):
+    h, total = state
+    h = h - 0.25                        # 7.5 - 0.25 (i + 1): negative from iteration 30 of 50
+    g = jnp.tanh(h) * 2.0 + jnp.cos(h)
+    return h, total + (jnp.log(h) + g).sum() * 0.01 + g.mean()
+
+
+@jax.jit
+def run(h0):
+    return jax.lax.fori_loop(0, 50, step, (h0, jnp.float32(0.0)))[1]
+
+
+print(run(jnp.full((4,), 7.5, jnp.float32)))
+"""
+
+
+def test_a_nan_born_late_in_a_loop_becomes_its_body_once_at_that_iteration(tmp_path_factory):
+    """Not the loop of 50 with its whole body: the body once, on the carry of iteration 30, cut to the log."""
+    script = tmp_path_factory.mktemp("loop") / "drain.py"
+    script.write_text(LATE_LOOP_NAN)
+    code, report, out = repro(tmp_path_factory, str(script), "--max-time", "120", "--source-time", "0")
+    result = report["result"]
+    assert code == 0 and result["verified"] and result["strategy"] == "computation"
+    assert result["failing_primitives"] == ["log"] and result["minimized"]["equations"] == 1
+    assert result["original"]["equations"] > 10  # the loop's body counts
+    assert any("iteration 30 of 50 of the loop at drain.py:14" in note for note in result["notes"])
+    text = (out / "repro.py").read_text()
+    assert "lax.scan(" not in text and "length=50" not in text and count_lines(text) <= 10
+    run = fresh_run(str(out / "repro.py"))
+    assert run.returncode != 0 and "AssertionError: jax.jit(f) produced NaN" in run.stderr
+
+
 def test_mismatch_from_algebraic_rewriting_is_cut_to_add_and_sub(tmp_path_factory):
     code, report, out = repro(tmp_path_factory, recipe("repro_jit_mismatch", "features.py"), "--kind", "mismatch",
                               "--max-time", "300", "--source-time", "0")

@@ -185,3 +185,86 @@ def test_a_typed_prng_key_among_the_inputs_is_cut_and_written_with_its_key_data(
     program = build_program(graph, keep_key, NAN, "jit(f)", len(graph.nodes))
     assert "jax.random.wrap_key_data(_inputs[" in program.source and "impl='threefry2x32'" in program.source
     assert program_fails(write_program(program, str(tmp_path))["repro"], NAN.criterion)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Inside loops: a failure born in a loop body is cut to that body, once, at its first failing iteration
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _drain(level, xs):
+    """h = 7.5 - 0.25 k (exact in float32): log(h) is -inf at k = 30 and NaN from k = 31 on, of 50."""
+    def body(h, x):
+        g = jnp.tanh(h) * 2.0 + jnp.cos(x).sum()
+        return h - 0.25, (jnp.log(h) + g, g * 0.5)
+    carry, (ys, gs) = jax.lax.scan(body, level, xs)
+    return ys.sum() + gs.mean() + carry
+
+
+def _shrink(x, n):
+    """A while loop (fori_loop with a traced bound): x = 4 - 0.5 k; sqrt(x) is NaN from iteration 9 on."""
+    def body(i, state):
+        x, total = state
+        return x - 0.5, total + jnp.sqrt(x).sum() * jnp.exp(-x * x).mean()
+    return jax.lax.fori_loop(0, n, body, (x, jnp.float32(0.0)))[1]
+
+
+def _enter(fn, args, check):
+    from jaxdbg.repro.loops import enter_loops
+
+    graph, cutter, best = _cut(fn, args, check)
+    inside = enter_loops(graph, cutter.recorded, best, check, emittable=can_emit)
+    assert inside is not None
+    return graph, best, inside
+
+
+@pytest.mark.parametrize("fn, args, loop, iteration, trips, primitive", [
+    (_drain, [np.float32(7.5), np.zeros((50, 3), np.float32)], "scan", 31, 50, "log"),
+    (_shrink, [np.full((4,), 4.0, np.float32), np.int32(40)], "while", 9, None, "sqrt"),
+], ids=["scan", "while"])
+def test_a_nan_born_late_in_a_loop_is_cut_to_its_body_once_at_the_first_failing_iteration(
+        fn, args, loop, iteration, trips, primitive, tmp_path):
+    """The cut alone keeps the loop whole (every equation of its body, every iteration); inside it, the body
+    runs once on that iteration's carry (and slice), cut to the one equation that makes the NaN."""
+    from jaxdbg.repro.graph import equation_count
+
+    graph, best, inside = _enter(fn, args, NAN)
+    assert [graph.nodes[i].name for i in best.nodes] == [loop]
+    (entered,) = inside.entered
+    assert (entered.primitive, entered.iteration, entered.trips) == (loop, iteration, trips)
+    assert [inside.graph.nodes[i].name for i in inside.best.nodes] == [primitive]
+    whole = equation_count(graph.nodes[i] for i in best.nodes)
+    assert whole > 5 and equation_count(inside.graph.nodes[i] for i in inside.best.nodes) == 1
+    program = build_program(inside.graph, inside.best, NAN, "jit(f)", equation_count(graph.nodes),
+                            context=f"The failure is born in {entered.describe()}.")
+    code = program.source[program.source.index("def f"):]
+    assert "lax.scan" not in code and "lax.while_loop" not in code
+    assert f"iteration {iteration}" in program.source and program.equations == 1
+    assert program_fails(write_program(program, str(tmp_path))["repro"], NAN.criterion)
+
+
+def test_jit_vs_op_by_op_mismatch_inside_a_scan_is_cut_to_the_bodys_folded_arithmetic(tmp_path):
+    """Op by op, a loop runs its body op by op (as lax.scan under jax.disable_jit does): the replayed scan
+    disagrees with the jitted one as the program did, and its body once is cut to the folded arithmetic."""
+    def features(ys):
+        return jax.lax.scan(lambda c, y: (c + 1.0, _snap(y + c)[0]), jnp.float32(0.0), ys)[1]
+
+    ys = np.linspace(-1, 1, 24, dtype=np.float32).reshape(4, 6)
+    graph, best, inside = _enter(features, [ys], MISMATCH)
+    assert [graph.nodes[i].name for i in best.nodes] == ["scan"]
+    assert [inside.graph.nodes[i].name for i in inside.best.nodes] == ["add", "sub"]
+    program = build_program(inside.graph, inside.best, MISMATCH, "jit(features)", len(graph.nodes))
+    assert program_fails(write_program(program, str(tmp_path))["repro"], MISMATCH.criterion)
+
+
+def test_a_loop_whose_iterations_never_fail_alone_is_left_whole():
+    """An Inf the loop makes in one iteration (1e10 ** 4 overflows) turns NaN in the next (inf - inf): no
+    iteration makes the NaN from finite inputs, so the loop stays whole (and still fails, as the cut found)."""
+    from jaxdbg.repro.loops import enter_loops
+
+    def blowup(h):
+        return jax.lax.scan(lambda c, _: (c * 1e10, c - c), h, None, length=6)[1]
+
+    graph, cutter, best = _cut(blowup, [np.float32(1.0)], NAN)
+    assert [graph.nodes[i].name for i in best.nodes] == ["scan"]
+    assert enter_loops(graph, cutter.recorded, best, NAN) is None

@@ -6,7 +6,8 @@ The steps, each bounded by ``--max-time`` (the smallest reproducer so far is kep
    (exception, crash, timeout, NaN/Inf from a jitted call, jit vs op-by-op mismatch); keep the one
    ``--kind``/``--match`` name, or the first by priority. Runs that disagree make the failure *flaky*.
 2. Reduce. A NaN/Inf or a mismatch lives in a jitted computation: capture its jaxpr and inputs, cut it down
-   (:mod:`jaxdbg.repro.cut`) and emit plain jax/lax code. An exception raised by one JAX operation's rules
+   (:mod:`jaxdbg.repro.cut`; a failure born in a loop body: that body once, at its first failing iteration,
+   :mod:`jaxdbg.repro.loops`) and emit plain jax/lax code. An exception raised by one JAX operation's rules
    (a shape or dtype error while tracing or lowering) is cut to that operation alone, on arrays of the
    recorded shapes and dtypes (:mod:`jaxdbg.repro.operation`). Otherwise (any other exception, crash,
    hang), shrink the script's source (:mod:`jaxdbg.repro.source`), each candidate checked in a contained run.

@@ -32,7 +32,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxdbg.repro.graph import Graph, Lit, Var, as_function, backward_slice, free_inputs
+from jaxdbg.repro.graph import Graph, Lit, Var, as_function, backward_slice, free_inputs, inner_jaxprs
 from jaxdbg.repro.signature import Criterion
 from jaxdbg.storable import is_key
 
@@ -297,7 +297,7 @@ class Cutter:
         primitive here would not notice what `lax.scan` in the written reproducer rejects."""
         inputs = cand.inputs(self.graph)
         fixed = {v for i in cand.nodes for v in self.graph.nodes[i].invars
-                 if any(_holds_program(p) for p in self.graph.nodes[i].params.values())}
+                 if inner_jaxprs(self.graph.nodes[i].params)}
         out_shape = self._output_shape(cand)
         if out_shape and all(self.graph.nodes[i].name in ELEMENTWISE for i in cand.nodes):
             idx = cand.index
@@ -359,12 +359,6 @@ class Cutter:
             return tuple(jax.eval_shape(fn, *[cand.values[v] for v in inputs])[0].shape)
         except Exception:  # noqa: BLE001 - shape unknown: no shape-based shrinking
             return ()
-
-
-def _holds_program(param: Any) -> bool:
-    """A primitive parameter that is (or lists) a jaxpr: the node runs an inner program."""
-    items = param if isinstance(param, (tuple, list)) else (param,)
-    return any(hasattr(item, "eqns") or hasattr(getattr(item, "jaxpr", None), "eqns") for item in items)
 
 
 def _holds(value: Any, what: str | None) -> bool:

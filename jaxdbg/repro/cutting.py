@@ -20,9 +20,11 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxdbg._source import SourceLocation
 from jaxdbg.repro.cut import CutCheck, CutError, Cutter, inexact
 from jaxdbg.repro.frozen import cut_frozen
-from jaxdbg.repro.graph import flatten, record
+from jaxdbg.repro.graph import equation_count, flatten, record
+from jaxdbg.repro.loops import LOOPS, enter_loops
 from jaxdbg.repro.messages import CutFinished, FailureSeen
 from jaxdbg.repro.program import REPRO_FILE, STABLEHLO_FILE, build_program, can_emit, program_fails, write_program
 from jaxdbg.repro.signature import Criterion
@@ -65,22 +67,46 @@ def cut_captured(captured: Any, request: Any, deadline: float) -> CutFinished:
 
     cutter = Cutter(graph, recorded, check, deadline=deadline, on_progress=progress,
                     emittable=lambda cand: can_emit(graph, cand))
+    original = equation_count(graph.nodes)
     try:
         best = cutter.run()
     except CutError as err:
-        return CutFinished(False, cutter.stats.checks, len(graph.nodes), reason=str(err))
+        return CutFinished(False, cutter.stats.checks, original, reason=str(err))
     origin = f"jit({captured.function})"
-    program = build_program(graph, best, check, origin, len(graph.nodes))
-    files = write_program(program, request.work_dir)
-    self_check = program_fails(files["repro"], check.criterion)
+    checks, note, program = cutter.stats.checks, None, None
+    inside = enter_loops(graph, recorded, best, check, deadline=deadline, on_progress=progress, emittable=can_emit)
+    if inside is not None:  # the loop's body once, at its first failing iteration, if that fails here alone
+        checks += inside.checks
+        where = "; in it, ".join(e.describe() for e in inside.entered)
+        body = build_program(inside.graph, inside.best, check, origin, original,
+                             context=f"The failure is born in {where}:\nthis is the loop's body run once, on "
+                                     "the inputs of that iteration.")
+        files = write_program(body, request.work_dir)
+        if program_fails(files["repro"], check.criterion):
+            graph, best, program, self_check = inside.graph, inside.best, body, True
+            note = (f"{REPRO_FILE} is the loop's body at its first failing iteration ({where}), run once on that "
+                    "iteration's inputs (the carry, and a scan's slice), not the whole loop")
+    loops = [graph.nodes[i] for i in best.nodes if graph.nodes[i].name in LOOPS]
+    if program is None and loops:
+        note = (f"{REPRO_FILE} keeps the whole loop{_at(loops[0].source)}: no single iteration of it fails alone "
+                "(e.g. a NaN from an Inf an earlier iteration made, a mismatch that grows over the iterations)")
+    if program is None:  # no loop, or its body alone does not fail: the cut as it is, loops whole
+        program = build_program(graph, best, check, origin, original)
+        files = write_program(program, request.work_dir)
+        self_check = program_fails(files["repro"], check.criterion)
     with contextlib.suppress(Exception):  # StableHLO is a bonus; the reproducer stands without it
         files["stablehlo"] = write_stablehlo(program, graph, best, request.work_dir)
     return CutFinished(
-        True, cutter.stats.checks, len(graph.nodes), function=captured.function, failure=captured.failure,
-        equations=len(best.nodes), primitives=[graph.nodes[i].name for i in best.nodes], lines=program.lines,
-        files=files, self_check=self_check, elapsed_s=time.perf_counter() - started, history=cutter.stats.history,
+        True, checks, original, reason=note, function=captured.function, failure=captured.failure,
+        equations=equation_count(graph.nodes[i] for i in best.nodes),
+        primitives=[graph.nodes[i].name for i in best.nodes], lines=program.lines, files=files,
+        self_check=self_check, elapsed_s=time.perf_counter() - started, history=cutter.stats.history,
         criterion=check.criterion,
     )
+
+
+def _at(source: SourceLocation | None) -> str:
+    return f" at {os.path.basename(source.file)}:{source.line}" if source else ""
 
 
 def write_stablehlo(program: Any, graph: Any, best: Any, folder: str) -> str:

@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxdbg import _compat
@@ -120,15 +122,54 @@ def read_value(env: Mapping[Var, Any], atom: Atom) -> Any:
 
 
 def evaluate(nodes: Iterable[Node], env: dict[Var, Any], on_node: Callable[[Node, list], None] | None = None) -> dict:
-    """Bind each node's primitive on the values in ``env`` (filled in place); op-by-op outside jit."""
+    """Bind each node's primitive on the values in ``env`` (filled in place); op-by-op outside jit. Under
+    ``jax.disable_jit`` a loop runs its body op by op, one iteration at a time, as ``lax.scan`` and
+    ``lax.while_loop`` do there (bound whole, a loop is compiled even outside jit: no op-by-op reference)."""
     for node in nodes:
         ins = [read_value(env, a) for a in node.invars]
-        outs = node.primitive.bind(*ins, **node.params)
-        outs = list(outs) if node.primitive.multiple_results else [outs]
+        if node.name in _LOOPS_BY_HAND and getattr(jax.config, "jax_disable_jit", False):  # (untyped flag)
+            outs = _LOOPS_BY_HAND[node.name](node, ins)
+        else:
+            outs = node.primitive.bind(*ins, **node.params)
+            outs = list(outs) if node.primitive.multiple_results else [outs]
         env.update(zip(node.outvars, outs))
         if on_node is not None:
             on_node(node, outs)
     return env
+
+
+def _call(closed: Any, args: Sequence[Any]) -> list:
+    inner, consts = flatten(closed)
+    env = evaluate(inner.nodes, {**dict(zip(inner.invars, args)), **consts})
+    return [read_value(env, o) for o in inner.outvars]
+
+
+def _scan_by_hand(node: Node, ins: list) -> list:
+    n_consts, n_carry = _compat.scan_split(node.params)
+    length, reverse = node.params["length"], node.params["reverse"]
+    consts, carry, xs = ins[:n_consts], ins[n_consts:n_consts + n_carry], ins[n_consts + n_carry:]
+    steps = []
+    for i in range(length):
+        at = length - 1 - i if reverse else i
+        outs = _call(node.params["jaxpr"], [*consts, *carry, *[x[at] for x in xs]])
+        carry = outs[:n_carry]
+        steps.append(outs[n_carry:])
+    steps = steps[::-1] if reverse else steps
+    ys = [jnp.stack([step[j] for step in steps]) if steps else jnp.zeros(v.aval.shape, v.aval.dtype)
+          for j, v in enumerate(node.outvars[n_carry:])]
+    return [*carry, *ys]
+
+
+def _while_by_hand(node: Node, ins: list) -> list:
+    p = node.params
+    nc, nb = p["cond_nconsts"], p["body_nconsts"]
+    cond_consts, body_consts, carry = ins[:nc], ins[nc:nc + nb], ins[nc + nb:]
+    while bool(_call(p["cond_jaxpr"], [*cond_consts, *carry])[0]):
+        carry = _call(p["body_jaxpr"], [*body_consts, *carry])
+    return carry
+
+
+_LOOPS_BY_HAND: dict[str, Callable[[Node, list], list]] = {"scan": _scan_by_hand, "while": _while_by_hand}
 
 
 def as_function(nodes: Sequence[Node], invars: Sequence[Var], outvars: Sequence[Atom]) -> Callable:
@@ -154,6 +195,30 @@ def record(graph: Graph, args: Sequence[Any], const_values: Mapping[Var, Any]) -
 
 def _dtype(value: Any) -> Any:
     return value.dtype if hasattr(value, "dtype") else np.asarray(value).dtype  # (a PRNG key has no numpy form)
+
+
+def inner_jaxprs(params: Mapping[str, Any]) -> list[Any]:
+    """The (open) jaxprs a primitive's parameters hold: a loop's body and condition, a cond's branches."""
+    found = []
+    for param in params.values():
+        for item in param if isinstance(param, (tuple, list)) else (param,):
+            inner = item if hasattr(item, "eqns") else getattr(item, "jaxpr", None)
+            if hasattr(inner, "eqns"):
+                found.append(inner)
+    return found
+
+
+def equation_count(nodes: Iterable[Any]) -> int:
+    """Equations, those inside loop and cond bodies included: a scan of a 14-equation body is 15 equations
+    to read, as written out. Takes graph nodes or jaxpr equations.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> jaxpr = jax.make_jaxpr(lambda h: jax.lax.scan(lambda c, _: (jnp.sin(c) * 2.0, None), h, None, 3))(1.0)
+        >>> len(jaxpr.eqns), equation_count(jaxpr.eqns)
+        (1, 3)
+    """
+    return sum(1 + sum(equation_count(inner.eqns) for inner in inner_jaxprs(node.params)) for node in nodes)
 
 
 def producers(nodes: Sequence[Node]) -> dict[Var, int]:

@@ -41,7 +41,7 @@ import numpy as np
 
 from jaxdbg.jaxpr.emit import HEADER, PRIMS_IMPORT, EmitError, EmittedFunction, array_expr, emit_function
 from jaxdbg.repro.cut import Candidate, CutCheck
-from jaxdbg.repro.graph import Graph
+from jaxdbg.repro.graph import Graph, equation_count
 from jaxdbg.repro.signature import Criterion
 from jaxdbg.repro.source import parse
 from jaxdbg.storable import is_key, restore_source, storable
@@ -101,9 +101,9 @@ def can_emit(graph: Graph, cand: Candidate) -> bool:
 
 
 def build_program(graph: Graph, cand: Candidate, check: CutCheck, origin: str,
-                  original_equations: int) -> ReproProgram:
+                  original_equations: int, context: str = "") -> ReproProgram:
     """Write the reproducer of ``cand``, ending with ``check`` (raises EmitError if some equation has no Python
-    spelling)."""
+    spelling); ``context`` is a sentence for its docstring (e.g. which loop iteration it is)."""
     emitted = emit_candidate(graph, cand)
     inputs = cand.inputs(graph)
     assign, arrays = [], {}
@@ -124,7 +124,10 @@ def build_program(graph: Graph, cand: Candidate, check: CutCheck, origin: str,
                                  for n in (graph.nodes[i] for i in cand.nodes) if n.source is not None))
     where = (f"\nThe equations come from {', '.join(sources[:4])}{' ...' if len(sources) > 4 else ''}.\n"
              if sources else "")
-    doc = (f'"""jaxdbg repro: {what} (cut from {original_equations} equations of {origin} to {len(cand.nodes)}).\n'
+    if context:
+        where = (where or "\n") + context + "\n"
+    kept = equation_count(graph.nodes[i] for i in cand.nodes)
+    doc = (f'"""jaxdbg repro: {what} (cut from {original_equations} equations of {origin} to {kept}).\n'
            f'{where}\n`python {REPRO_FILE}` fails with {_expected(check.criterion)} while the bug is present.\n"""\n')
     wide = (any(storable(cand.values[v])[0].dtype.itemsize == 8 for v in inputs)
             or re.search(r"\b(float|int|uint|complex)(64|128)\b", emitted.source) is not None)  # not a 64 in a shape
@@ -133,7 +136,7 @@ def build_program(graph: Graph, cand: Candidate, check: CutCheck, origin: str,
         lines.append('jax.config.update("jax_enable_x64", True)\n')
     lines += ["", emitted.source, *assign]
     lines += check_lines(check, args)
-    return ReproProgram("\n".join(lines) + "\n", arrays, len(cand.nodes), emitted)
+    return ReproProgram("\n".join(lines) + "\n", arrays, kept, emitted)
 
 
 def _failure_words(criterion: Criterion) -> str:
