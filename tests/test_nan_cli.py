@@ -212,3 +212,17 @@ def test_nan_from_values_that_overflowed_is_explained_as_such(tmp_path) -> None:
     assert result.found and result.first.primitive == "div" and result.first.pass_ == "backward"
     assert "inf / inf is NaN" in result.explanation and "derivative of" not in result.explanation
     assert not any("denominator away from zero" in h for h in result.hints)
+
+
+def test_the_device_is_shown_when_the_nan_sits_in_one_devices_part_of_an_array() -> None:
+    """A sharded jit's origin shows its device and shard (process 0 included); a value whole on one device does
+    not need the line."""
+    from jaxdbg.cli.nan_hunt import _a_part
+    from jaxdbg.nan.result import Origin, ValueStats
+
+    def origin(shard):
+        out = ValueStats(shape=(16, 8), dtype="f32", min=-1.0, max=1.0, nan=1, inf=0, zero=0, negative=1)
+        return Origin("nan", "log", "forward", outputs=(out,), process=0, device="cpu:3", shard=shard)
+
+    assert _a_part(origin(((12, 16), (0, 8)))) and not _a_part(origin(((0, 16), (0, 8))))
+    assert not _a_part(origin(None)) and not _a_part(origin(()))

@@ -31,7 +31,7 @@ from jaxdbg.cli._common import (
     execute,
     render_advice,
 )
-from jaxdbg.nan.result import ValueStats
+from jaxdbg.nan.result import Origin, ValueStats
 from jaxdbg.report import Report, relative_or_absolute
 
 GradOpt = Annotated[bool, typer.Option("--grad", help=(
@@ -99,6 +99,12 @@ def _where(source: SourceLocation | None) -> str:
     return f"{relative_or_absolute(source.file)}:{source.line} in {source.function}"
 
 
+def _a_part(origin: Origin) -> bool:
+    """Whether the origin's first non-finite value sits in one device's part of an array spread over several."""
+    bad = next((o for o in origin.outputs if (o.nan or o.inf) and len(o.shape) == len(origin.shard or ())), None)
+    return bad is not None and any(stop - start < size for (start, stop), size in zip(origin.shard or (), bad.shape))
+
+
 def _short_where(source: SourceLocation | None) -> str:
     return f"{os.path.basename(source.file)}:{source.line}" if source else ""
 
@@ -125,7 +131,7 @@ def render(report: Report, console: Console) -> None:
         console.print(f"  source    {escape(_where(first.source))}", soft_wrap=True)
     console.print(f"  path      {escape(' > '.join(first.path))}", soft_wrap=True)
     mapped = any(p.startswith(("shard_map", "pmap")) for p in first.path)
-    if first.device is not None and (result.processes or mapped or (first.shard and first.process)):
+    if first.device is not None and (result.processes or mapped or _a_part(first)):
         rows = ", ".join(f"{a}:{b}" for a, b in first.shard or ())
         shard = f", shard [{rows}]" if first.shard else ""
         console.print(f"  where     process {first.process}, device {first.device}{shard}")
