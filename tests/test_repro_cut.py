@@ -268,3 +268,25 @@ def test_a_loop_whose_iterations_never_fail_alone_is_left_whole():
     graph, cutter, best = _cut(blowup, [np.float32(1.0)], NAN)
     assert [graph.nodes[i].name for i in best.nodes] == ["scan"]
     assert enter_loops(graph, cutter.recorded, best, NAN) is None
+
+
+def test_a_vmapped_while_loop_with_a_condition_per_element_is_replayed_and_left_whole():
+    """vmap over a while loop whose condition differs between elements: jax loops while any element does, and an
+    element done keeps its carry. Op by op the replay does the same (it equals the jitted loop), and the loop is
+    kept whole (its body alone is no iteration)."""
+    from jaxdbg.repro.graph import as_function
+    from jaxdbg.repro.loops import enter_loops
+
+    def accumulate(c):  # halves c until it is below 1, a different number of steps per element; log(x - 2) < 0
+        return jax.lax.while_loop(lambda s: s[0] > 1.0, lambda s: (s[0] * 0.5, s[1] + jnp.log(s[0] - 2.0)),
+                                  (c, jnp.float32(0.0)))[1]
+
+    batched = jax.vmap(accumulate)
+    c = np.array([10.0, 3.0, 40.0], np.float32)
+    graph, consts = flatten(jax.make_jaxpr(batched)(c))
+    with jax.disable_jit():
+        replayed = as_function(graph.nodes, graph.invars, graph.outvars)(c, *consts.values())[0]
+    np.testing.assert_allclose(replayed, jax.jit(batched)(c), rtol=1e-6)
+    graph, cutter, best = _cut(batched, [c], NAN)
+    assert "while" in [graph.nodes[i].name for i in best.nodes]
+    assert enter_loops(graph, cutter.recorded, best, NAN) is None

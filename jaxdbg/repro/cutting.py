@@ -24,7 +24,7 @@ from jaxdbg._source import SourceLocation
 from jaxdbg.repro.cut import CutCheck, CutError, Cutter, inexact
 from jaxdbg.repro.frozen import cut_frozen
 from jaxdbg.repro.graph import equation_count, flatten, record
-from jaxdbg.repro.loops import LOOPS, enter_loops
+from jaxdbg.repro.loops import LOOPS, batched_while, enter_loops
 from jaxdbg.repro.messages import CutFinished, FailureSeen
 from jaxdbg.repro.program import REPRO_FILE, STABLEHLO_FILE, build_program, can_emit, program_fails, write_program
 from jaxdbg.repro.signature import Criterion
@@ -87,7 +87,10 @@ def cut_captured(captured: Any, request: Any, deadline: float) -> CutFinished:
             note = (f"{REPRO_FILE} is the loop's body at its first failing iteration ({where}), run once on that "
                     "iteration's inputs (the carry, and a scan's slice), not the whole loop")
     loops = [graph.nodes[i] for i in best.nodes if graph.nodes[i].name in LOOPS]
-    if program is None and loops:
+    if program is None and loops and batched_while(loops[0]):
+        note = (f"{REPRO_FILE} keeps the whole loop{_at(loops[0].source)}: vmap gave it a condition per batch "
+                "element, so one iteration is its body and a select of the elements still looping")
+    elif program is None and loops:
         note = (f"{REPRO_FILE} keeps the whole loop{_at(loops[0].source)}: no single iteration of it fails alone "
                 "(e.g. a NaN from an Inf an earlier iteration made, a mismatch that grows over the iterations)")
     if program is None:  # no loop, or its body alone does not fail: the cut as it is, loops whole

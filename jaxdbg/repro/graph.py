@@ -164,8 +164,15 @@ def _while_by_hand(node: Node, ins: list) -> list:
     p = node.params
     nc, nb = p["cond_nconsts"], p["body_nconsts"]
     cond_consts, body_consts, carry = ins[:nc], ins[nc:nc + nb], ins[nc + nb:]
-    while bool(_call(p["cond_jaxpr"], [*cond_consts, *carry])[0]):
-        carry = _call(p["body_jaxpr"], [*body_consts, *carry])
+    pred = _call(p["cond_jaxpr"], [*cond_consts, *carry])[0]
+    # A vmapped while whose predicate differs between batch elements keeps a predicate per element: it loops while
+    # any holds, and an element whose predicate is false keeps its carry (as jax's lowering selects it).
+    while bool(jnp.any(pred)):
+        new = _call(p["body_jaxpr"], [*body_consts, *carry])
+        carry = new if jnp.ndim(pred) == 0 else [
+            jnp.where(jnp.reshape(pred, jnp.shape(pred) + (1,) * (jnp.ndim(x) - jnp.ndim(pred))), n, x)
+            for n, x in zip(new, carry)]
+        pred = _call(p["cond_jaxpr"], [*cond_consts, *carry])[0]
     return carry
 
 

@@ -98,12 +98,20 @@ def enter_loops(graph: Graph, recorded: dict, best: Candidate, check: CutCheck, 
     return inside
 
 
+def batched_while(node: Node) -> bool:
+    """A while loop vmap gave a predicate per batch element: an iteration is its body *and* a select of the
+    elements still looping (jax's lowering adds it), so its body alone is no iteration (it is kept whole)."""
+    return node.name == "while" and node.params["cond_jaxpr"].out_avals[0].shape != ()
+
+
 def _enter_one(graph: Graph, recorded: dict, best: Candidate, check: CutCheck, deadline: float | None,
                on_progress: Callable[[int, int], None] | None, emittable: Callable[[Graph, Candidate], bool] | None
                ) -> tuple[LoopEntered, int, Graph, dict, Candidate] | None:
     for i in best.nodes:
         node = graph.nodes[i]
         if node.name not in LOOPS:
+            continue
+        if batched_while(node):
             continue
         # The loop's own recorded inputs (not the cut's simplified ones): the iteration is the program's.
         ins = [_value(a, recorded, best.values) for a in node.invars]
