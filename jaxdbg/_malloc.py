@@ -54,3 +54,24 @@ def set_trim_threshold(nbytes: int) -> bool:
     being given back (and faulted in again); whether there was one to call. glibc then stops adapting its
     thresholds to the program (its mmap threshold stays where it has grown to)."""
     return _call("mallopt", _M_TRIM_THRESHOLD, int(nbytes))
+
+
+_holders = 0  # watches holding freed memory now: nested ones share one setting
+
+
+def hold_freed(nbytes: int) -> bool:
+    """One more holder wants glibc to keep up to ``nbytes`` of free memory (the first sets the threshold);
+    whether there is glibc. Each holder calls :func:`release_freed` when done."""
+    global _holders
+    if _holders == 0 and not set_trim_threshold(nbytes):
+        return False
+    _holders += 1
+    return True
+
+
+def release_freed() -> None:
+    """A holder is done: the last one sets glibc's default trim threshold back."""
+    global _holders
+    _holders -= 1
+    if _holders == 0:
+        set_trim_threshold(GLIBC_TRIM_THRESHOLD)

@@ -350,6 +350,9 @@ def test_the_watch_lets_glibc_keep_freed_memory_while_it_watches_on_cpu(tmp_path
         step = jax.jit(lambda w: w * 0.5)
         w = step(jnp.ones(8))
         assert thresholds == [HOLD_FREED_BYTES]  # from the first watched call on
+        with jaxdbg.watch(out=str(tmp_path / "inner")):  # nested: the outer one's setting stays
+            w = jax.jit(lambda w: w * 0.5)(w)
+        assert thresholds == [HOLD_FREED_BYTES]
         w = step(w)
     assert thresholds == [HOLD_FREED_BYTES, malloc.GLIBC_TRIM_THRESHOLD]
     with Watch(read_late=True, trim=True):

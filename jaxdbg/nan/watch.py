@@ -463,10 +463,11 @@ class Watch(JitHook):
             stack.close()
 
     def stop_holding_freed(self) -> None:
-        """Set glibc's trim threshold back to its default, if ``hold_freed`` raised it (when the watch ends)."""
+        """Let glibc give free memory back again, if ``hold_freed`` held it (when the watch ends; the last of nested
+        watches sets glibc's default back)."""
         if self._holding:
             self._holding = False
-            _malloc.set_trim_threshold(_malloc.GLIBC_TRIM_THRESHOLD)
+            _malloc.release_freed()
 
     # -- hooks of the jit layer ------------------------------------------------------------------------------
 
@@ -539,7 +540,7 @@ class Watch(JitHook):
             # steps still running: see _rows). On CPU there is nothing to copy (starting one cost ~35 us a call).
             self._copy_ahead = jax.default_backend() != "cpu"
             if self._hold_freed and not self._copy_ahead:  # the kept inputs are host memory
-                self._holding = _malloc.set_trim_threshold(HOLD_FREED_BYTES)
+                self._holding = _malloc.hold_freed(HOLD_FREED_BYTES)
         if self._copy_ahead:
             with contextlib.suppress(AttributeError):
                 call.magnitudes.copy_to_host_async()
