@@ -486,3 +486,21 @@ def test_a_where_keeps_no_nan_out_of_a_gradient() -> None:
     text, hints = explain(found.first, cond_select=select)
     assert f"The select at line {select.source.line}" in text and "0 * NaN is NaN" in text
     assert "double-where" in hints[0]
+
+
+def test_a_nan_that_reaches_the_loss_is_not_said_to_be_masked_by_the_gradients_own_select() -> None:
+    """A fully masked row's softmax is NaN in the forward values (the loss): the select the gradient runs for the
+    mask's where (its transpose) discards NaN cotangents, but no select masked the NaN from the values."""
+    from jaxdbg.nan import cond_select
+    from jaxdbg.nan.analyses import Findings
+
+    def step(scores, mask):
+        return jax.value_and_grad(lambda s: jax.nn.softmax(jnp.where(mask, s, -jnp.inf), axis=-1).sum())(scores)
+
+    mask = jnp.array([[True, False, True], [False, False, False]])
+    call = Call("step", jax.jit(step), (jnp.ones((2, 3)), mask), {})
+    found = localise_call(call)
+    assert found.first.primitive == "sub" and found.first.pass_ == "forward"
+    findings = Findings(found.first, call=call, localisation=found)
+    cond_select.analyse(findings)
+    assert findings.cond_select is None

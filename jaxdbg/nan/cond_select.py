@@ -90,9 +90,24 @@ def analyse(findings: Findings) -> None:
         findings.cond_select = count_selected(call, found.closed_jaxpr, reached)
     elif first.pass_ == "forward" and "jvp(" in first.name_stack:  # differentiated: a where may not keep it out
         reached = find_select(record.site, any_select=True)
+        if reached is not None and _in_backward(reached):
+            reached = None  # the gradient's own select (a where's transpose): the NaN went forward, unmasked
         counted = count_selected(call, found.closed_jaxpr, reached) if reached is not None else None
         if counted is not None and not counted.kept and counted.discarded:
             findings.cond_select = replace(counted, cond=False)
+
+
+def _in_backward(target: Target) -> bool:
+    """Whether the select is not one of the differentiated forward pass (``jvp(...)`` in its name stack, as the
+    origin's): a select of the gradient computation, such as a where's transpose (its name stack reads
+    ``transpose(...)``, or nothing at all under Flax NNX's ``value_and_grad``)."""
+    stacks, parent = [], target.scope.parent  # the calls the select sits in, outermost first
+    while parent is not None:
+        stacks.insert(0, _compat.eqn_name_stack(parent.eqn))
+        parent = parent.scope.parent
+    stacks += [_compat.eqn_name_stack(eqn) for eqn, _ in target.hops]
+    stack = "/".join([*stacks, _compat.eqn_name_stack(target.jaxpr.eqns[target.index])])
+    return "jvp(" not in stack or "transpose(" in stack
 
 
 @dataclass(frozen=True)
