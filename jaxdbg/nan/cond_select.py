@@ -101,7 +101,8 @@ def _in_backward(target: Target) -> bool:
     """Whether the select is not one of the differentiated forward pass (``jvp(...)`` in its name stack, as the
     origin's): a select of the gradient computation, such as a where's transpose (its name stack reads
     ``transpose(...)``, or nothing at all under Flax NNX's ``value_and_grad``)."""
-    stacks, parent = [], target.scope.parent  # the calls the select sits in, outermost first
+    stacks: list[str] = []
+    parent = target.scope.parent  # the calls the select sits in, outermost first
     while parent is not None:
         stacks.insert(0, _compat.eqn_name_stack(parent.eqn))
         parent = parent.scope.parent
