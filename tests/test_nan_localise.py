@@ -504,3 +504,10 @@ def test_a_nan_that_reaches_the_loss_is_not_said_to_be_masked_by_the_gradients_o
     findings = Findings(found.first, call=call, localisation=found)
     cond_select.analyse(findings)
     assert findings.cond_select is None
+
+
+def test_a_cholesky_of_a_matrix_that_is_not_positive_definite_is_explained() -> None:
+    """jnp.linalg.cholesky returns NaN (it does not raise) for a matrix with a negative eigenvalue."""
+    found = hunt(lambda k: jnp.linalg.cholesky(k).sum(), jnp.array([[1.0, 2.0], [2.0, 1.0]]))
+    text, hints = explain(found.first, found.chain)
+    assert found.first.primitive == "cholesky" and "not positive definite" in text and "jitter" in hints[0]

@@ -63,6 +63,8 @@ UNTAKEN_BRANCH = ("make the branch safe for the elements that do not take it (un
                   "its discarded NaN hides the one that matters from nan-hunt and from jax_debug_nans): give its "
                   "operation a harmless input there, with the cond's own predicate, e.g. "
                   "`jnp.log(jnp.where(pred, x, 1.0))` (the double-where trick), then run nan-hunt again")
+CHOLESKY_JITTER = ("add a small jitter to the diagonal before factorising (`k + 1e-6 * jnp.eye(n)`, larger in "
+                   "float32) and symmetrise it (`(k + k.T) / 2`)")
 UNDERFLOW = ("keep the value that underflows away from 0: bound its input (e.g. `jnp.exp(jnp.maximum(x, -80.0))`) or "
              "use a form that cannot reach 0 (`jax.nn.softplus(x) + 1e-6` for a positive parameter); if its input "
              "is a parameter, find why it moved so far (a smaller learning rate, clipped gradients)")
@@ -215,6 +217,16 @@ def _degenerate_spectrum(origin: Origin, line: str, feeders: str) -> tuple[str, 
             f"{what} make it infinite, though the forward values are fine.", [DEGENERATE, DEGENERATE_BASIS])
 
 
+def _not_positive_definite(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] | None:
+    """``jnp.linalg.cholesky`` of a matrix that is not (numerically) positive definite: NaN, not an error."""
+    if origin.primitive != "cholesky" or origin.pass_ != "forward" or any(s.inf or s.nan for s in origin.inputs):
+        return None
+    return ("the Cholesky factorisation of a matrix that is not positive definite (numerically: a tiny or negative "
+            "eigenvalue, or a matrix not quite symmetric) is NaN in jax, which does not raise.",
+            [CHOLESKY_JITTER, "keep the parameters the matrix is built from in their valid range: fit an unconstrained "
+             "value and map it (`jnp.exp`, `jax.nn.softplus`) to a positive lengthscale, variance or noise"])
+
+
 def _negative_power_of_zero(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] | None:
     s = _stat(origin, 0)
     if origin.kind != "inf" or origin.primitive not in ("integer_pow", "pow") or s is None or not s.zero \
@@ -318,7 +330,8 @@ def _domain(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] | 
 
 
 PATTERNS: tuple[Pattern, ...] = (_input_pattern, _masked_softmax, _masked_gradient, _log, _sqrt,
-                                 _degenerate_spectrum, _singular_derivative, _division, _inf_arithmetic,
+                                 _degenerate_spectrum, _singular_derivative, _not_positive_definite, _division,
+                                 _inf_arithmetic,
                                  _overflow_inside, _domain, _negative_power_of_zero, _overflow)
 
 
