@@ -83,6 +83,9 @@ def test_a_lock_order_deadlock_between_two_threads_is_a_cycle():
     assert f"two waits for lock `first` at test_hang_units.py:{_line('two waits for first')} (two)" in said
     result = judge(JobFacts(1, "signal", 30.0, {0: record}))
     assert result.kind == "deadlock" and result.exit_code == 1
+    # no host callback takes part: the explanation and the hint speak of the locks' order, not of callbacks
+    assert "callback" not in result.explanation + " ".join(result.hints)
+    assert "one order" in result.hints[0]
 
 
 def _record(index: int, function: str, key: str, step_line: int, returned: float | None) -> dict:
@@ -113,3 +116,16 @@ def test_a_signal_on_a_working_program_is_not_a_stall():
     result = judge(JobFacts(1, "signal", 30.0, {0: record}))
     assert (result.kind, result.stalled, result.exit_code) == ("running", False, 3)
     assert result.verdict.startswith("not stalled at SIGUSR1: the program was still making progress")
+
+
+def test_a_process_that_finished_while_the_others_wait_in_a_collective_is_the_one_missing():
+    """Process 1 skipped one call of train_step (a condition on process_index) and ended; process 0 waits in its
+    last call, whose all-reduce needs process 1: not 'every process waits inside', but process 1 is missing."""
+    waiting = _record(0, "train_step", "train_step(x: f32[4]) [all-reduce:sum]", 40, None)
+    ended = _record(1, "train_step", "train_step(x: f32[4]) [all-reduce:sum]", 40, 1.0)
+    ended["calls"][0]["index"] = 4
+    result = judge(JobFacts(2, "stall", 30.0, {0: waiting, 1: ended}, outcomes={1: {"status": "finished"}}))
+    assert (result.kind, result.stalled, result.exit_code, result.stuck) == ("stall", True, 1, (1,))
+    assert result.verdict.startswith("process 1 finished after train_step call 4; process 0 waits inside "
+                                     "train_step call 5")
+    assert "process 1's last call was train_step call 4" in result.hints[0]

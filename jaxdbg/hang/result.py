@@ -8,7 +8,7 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from jaxdbg._errors import EXIT_FOUND, EXIT_OK, EXIT_TARGET_FAILED
@@ -109,6 +109,8 @@ class Deadlock:
 
     process: int
     cycle: tuple[str, ...]
+    # a host callback takes part (not only threads and locks of the program's own): the explanation differs
+    callback: bool = field(default=False, metadata={"json": None})
 
 
 @dataclass(frozen=True)

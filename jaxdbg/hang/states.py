@@ -192,6 +192,7 @@ def find_deadlock(record: dict) -> Deadlock | None:
         for held in thread.get("holds") or ():
             holders.setdefault(held["object"], []).append({**held, "thread": thread})
     callbacks = [t for t in threads if t.get("callback")]
+    through_callback: set[str] = set()  # the words of waits a host callback takes part in
     for thread in threads:
         ident, waits = thread.get("ident"), thread.get("waits_for")
         found = edges.setdefault(ident, [])
@@ -199,6 +200,8 @@ def find_deadlock(record: dict) -> Deadlock | None:
             owner = waits.get("owner")
             for held in holders.get(waits["object"], ()):
                 found.append((held["thread"]["ident"], _lock_words(thread, waits, held)))
+                if thread.get("callback"):
+                    through_callback.add(found[-1][1])
             if owner is not None and not holders.get(waits["object"]):
                 found.append((owner, f"{thread['name']} waits for lock `{waits['name']}` at {short(waits.get('at'))}"))
         elif waits and waits.get("kind") == "thread" and waits.get("thread") is not None:
@@ -210,8 +213,11 @@ def find_deadlock(record: dict) -> Deadlock | None:
                     callback = runner["callback"]
                     found.append((runner["ident"], f"{thread['name']} waits inside a jitted call for its host callback "
                                                    f"{callback['function']}, run by {runner['name']}"))
+                    through_callback.add(found[-1][1])
     cycle = _cycle(edges)
-    return Deadlock(int(record.get("index", 0)), tuple(cycle)) if cycle else None
+    if not cycle:
+        return None
+    return Deadlock(int(record.get("index", 0)), tuple(cycle), any(words in through_callback for words in cycle))
 
 
 def _lock_words(thread: dict, waits: dict, held: dict) -> str:
