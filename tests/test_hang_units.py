@@ -129,3 +129,16 @@ def test_a_process_that_finished_while_the_others_wait_in_a_collective_is_the_on
     assert result.verdict.startswith("process 1 finished after train_step call 4; process 0 waits inside "
                                      "train_step call 5")
     assert "process 1's last call was train_step call 4" in result.hints[0]
+
+
+def test_a_function_whose_traced_body_waits_is_stuck_in_its_own_code_not_on_the_device():
+    """Inside train_step call 5 with no frame of jax's inside the user's: jax traces it and its Python body
+    sleeps (a polling loop in the traced code). Not 'waits inside a jitted call' on the device."""
+    record = _record(0, "train_step", "train_step(x: f32[4])", 40, None)
+    record["threads"][0].update(in_jax=False, waiting_in="a sleep: clock_nanosleep")
+    result = judge(JobFacts(1, "stall", 30.0, {0: record}))
+    assert (result.kind, result.exit_code, result.processes[0].state) == ("stall", 1, "host")
+    assert result.verdict.startswith("the process is stuck in its own Python code at train.py:40 (<module>) "
+                                     "while jax traces train_step call 5")
+    assert result.explanation.startswith("jax is tracing the function")
+    assert result.hints[0].startswith("train.py:40 (<module>) sleeps: where a loop polls there")

@@ -79,6 +79,7 @@ class ProcessState:
     last_calls: tuple[CallRow, ...] = ()
     steps: int | None = None  # global calls made (the job's steps)
     note: str = ""
+    tracing: bool = field(default=False, metadata={"json": None})  # its Python code runs while jax traces a call
 
 
 @dataclass(frozen=True)

@@ -101,10 +101,13 @@ def process_state(record: dict, taken: float | None = None) -> ProcessState:
     current = _call(record, main.get("call"))
     pending = pending_call(record) if current is None and main.get("in_jax") else None
     call = current or pending or (_call(record, callback_thread["callback"]["seq"]) if callback_thread else None)
+    # inside a call yet no frame of jax's inside the user's: jax is tracing the function and its Python body is
+    # what waits (a queue, a lock, a sleep in the traced code), not the device
+    tracing = current is not None and not main.get("in_jax")
     state: ThreadState
     if callback_thread is not None:
         state = "callback"
-    elif call is not None:
+    elif call is not None and not tracing:
         state = "running"
     else:
         state = "host"
@@ -119,7 +122,8 @@ def process_state(record: dict, taken: float | None = None) -> ProcessState:
         call_index=shown.get("index") if shown else None, step=step_of(record, shown) if shown else None,
         collective=collective_text(program) if state != "host" else None,
         waiting_in=str(main.get("waiting_in") or ""), idle_s=record.get("idle_s"), threads=threads,
-        last_calls=tuple(call_rows(record, taken)[-SHOWN_CALLS:]), steps=record.get("steps"))
+        last_calls=tuple(call_rows(record, taken)[-SHOWN_CALLS:]), steps=record.get("steps"),
+        tracing=tracing and callback_thread is None)
 
 
 def describe(record: dict, state: str, call: dict | None, callback_thread: dict | None) -> str:
@@ -142,6 +146,8 @@ def describe(record: dict, state: str, call: dict | None, callback_thread: dict 
         over = f" ({collective})" if collective else ""
         where = f"inside {named}{over}" if call.get("returned") is None else f"in {named}{over}, its results not ready"
         return f"{where}, called at {short(call.get('site'))}{waiting}{still}"
+    if named and main.get("call") is not None and call is not None and call.get("seq") == main.get("call"):
+        return f"in its own Python code at {at} while jax traces {named}{waiting}{still}"
     after = f", after {named}" if named else ", before its first jitted call"
     return f"outside JAX at {at}{waiting}{still}{after}"
 
@@ -154,8 +160,7 @@ def call_name(call: dict) -> str:
 
 
 def _thread_report(thread: dict) -> ThreadReport:
-    state: ThreadState = "callback" if thread.get("callback") else ("running" if thread.get("call") is not None or
-                                                        thread.get("in_jax") else "host")
+    state: ThreadState = "callback" if thread.get("callback") else ("running" if thread.get("in_jax") else "host")
     waits = thread.get("waits_for")
     waits_text = f"{waits['kind']} `{waits['name']}` at {short(waits.get('at'))}" if waits else None
     holds = tuple(f"lock `{h['name']}` since {short(h.get('since'))}" for h in thread.get("holds") or ())

@@ -308,6 +308,10 @@ def _stuck_hints(states: dict[int, ProcessState], stuck: Iterable[int]) -> list[
 
 
 def _single_explanation(state: ProcessState) -> str:
+    if state.tracing:
+        return ("jax is tracing the function: its Python body runs once to build the computation, and it waits in "
+                "the user's own code there, not on the device; nothing has moved since and the process used almost "
+                "no CPU.")
     if state.state == "host":
         return ("The program's main thread stands in its own code, outside any JAX call, and nothing has moved "
                 "since: no call started or finished, and the process used almost no CPU.")
@@ -318,6 +322,9 @@ def _single_explanation(state: ProcessState) -> str:
 
 
 def _single_hints(state: ProcessState) -> tuple[str, ...]:
+    if state.state == "host" and state.waiting_in.startswith("a sleep"):  # a polling loop: its condition never held
+        return (f"{short(state.source)} sleeps: where a loop polls there, see what it waits to become true (a file, "
+                "a flag, another process) and why it never does, and give the loop a deadline",)
     if state.state == "host" and state.waiting_in:
         return (f"see what {short(state.source)} waits for: {state.waiting_in}",)
     return ()
