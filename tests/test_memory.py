@@ -36,6 +36,8 @@ RUNS = {
                "8MiB", "--no-plot"],
     "sharded": [str(CORPUS / "eqx_sharded_donation" / "train.py"), "--no-plot"],
     "nnx": [str(CORPUS / "nnx_memory_history" / "train.py")],  # the default: memory.html, no memory.png
+    "checkpointed": [str(CORPUS / "memory_checkpointed_scan" / "model.py") + "::stack_grad", "--args",
+                     "f32[128,256] f32[8,256,256]", "--no-plot"],
 }
 
 
@@ -69,7 +71,7 @@ def test_every_report_is_valid_and_exits_as_it_found(runs) -> None:
         assert not errors, (name, errors)
         assert report["command"] == "memory" and code == report["exit_code"]
     assert {name: runs[name][0] for name in runs} == {"leak": 1, "remat": 1, "oom": 1, "misfit": 1, "sharded": 0,
-                                                          "nnx": 1}
+                                                          "nnx": 1, "checkpointed": 0}
 
 
 def test_a_leak_through_a_list_names_the_list_and_the_line_that_fills_it(runs) -> None:
@@ -136,6 +138,16 @@ def test_activations_kept_for_the_backward_pass_get_a_remat_hint(runs) -> None:
     assert program["forward_kept_bytes"] >= 6 * activation
     (hint,) = [h for h in report["result"]["hints"] if h["kind"] == "remat"]
     assert 0 < hint["saves_bytes"] < program["forward_kept_bytes"] and f"train.py:{line}" in hint["text"]
+    assert not program["checkpointed"] and "jax.checkpoint around groups of layers" in hint["text"]
+
+
+def test_a_program_already_under_jax_checkpoint_is_not_told_to_use_it(runs) -> None:
+    _, report, _ = runs["checkpointed"]
+    (program,) = report["result"]["functions"]
+    assert program["checkpointed"] and program["forward_kept_bytes"] > 0
+    (hint,) = [h for h in report["result"]["hints"] if h["kind"] == "remat"]
+    assert "although it already uses jax.checkpoint" in hint["text"]
+    assert "jax.checkpoint around groups of layers" not in hint["text"]
 
 
 def test_a_step_that_does_not_fit_the_given_device_memory(runs) -> None:

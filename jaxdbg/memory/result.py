@@ -72,6 +72,7 @@ class ProgramMemory:
     largest: tuple[Buffer, ...] = ()
     held: tuple[Held, ...] = ()
     forward_kept_bytes: int = 0  # forward-pass values live at the peak of a gradient program (kept for backward)
+    checkpointed: bool = False  # it already rematerialises (jax.checkpoint / remat in its ops' names)
     needs_bytes: int | None = None  # live memory when it was called + what the call adds (its peak device)
     live_before_bytes: int | None = None
     fits: bool | None = None  # against the device memory budget (None: no budget known)
