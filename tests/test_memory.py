@@ -36,6 +36,7 @@ RUNS = {
                "8MiB", "--no-plot"],
     "sharded": [str(CORPUS / "eqx_sharded_donation" / "train.py"), "--no-plot"],
     "nnx": [str(CORPUS / "nnx_memory_history" / "train.py")],  # the default: memory.html, no memory.png
+    "leak_in_function": [str(CORPUS / "memory_leak_in_function" / "train.py"), "--no-plot"],
     "checkpointed": [str(CORPUS / "memory_checkpointed_scan" / "model.py") + "::stack_grad", "--args",
                      "f32[128,256] f32[8,256,256]", "--no-plot"],
 }
@@ -71,7 +72,8 @@ def test_every_report_is_valid_and_exits_as_it_found(runs) -> None:
         assert not errors, (name, errors)
         assert report["command"] == "memory" and code == report["exit_code"]
     assert {name: runs[name][0] for name in runs} == {"leak": 1, "remat": 1, "oom": 1, "misfit": 1, "sharded": 0,
-                                                          "nnx": 1, "checkpointed": 0}
+                                                          "nnx": 1, "checkpointed": 0,
+                                                          "leak_in_function": 1}
 
 
 def test_a_leak_through_a_list_names_the_list_and_the_line_that_fills_it(runs) -> None:
@@ -86,6 +88,14 @@ def test_a_leak_through_a_list_names_the_list_and_the_line_that_fills_it(runs) -
     hint = next(h for h in report["result"]["hints"] if h["kind"] == "leak")
     assert hint["saves_bytes"] == 23 * activation and "list 'activations'" in hint["text"]
     assert code == 1 and report["result"]["found"] and not report["result"]["budget"]["misfits"]
+
+
+def test_a_leak_freed_only_when_the_function_that_held_it_returned_is_still_a_leak(runs) -> None:
+    _, report, _ = runs["leak_in_function"]
+    path = CORPUS / "memory_leak_in_function" / "train.py"
+    (leak,) = report["result"]["leaks"]
+    assert leak["kept_by"] == "dict 'self.cache'" and leak["kept_at"]["line"] == _marker(path, "kept")
+    assert leak["per_call_bytes"] == 512 * 128 * 4 and leak["arrays"] >= 8
 
 
 def test_a_missing_donation_is_held_and_hinted_with_its_bytes(runs) -> None:
