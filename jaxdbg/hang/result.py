@@ -80,6 +80,7 @@ class ProcessState:
     steps: int | None = None  # global calls made (the job's steps)
     note: str = ""
     tracing: bool = field(default=False, metadata={"json": None})  # its Python code runs while jax traces a call
+    exiting: bool = field(default=False, metadata={"json": None})  # its main code returned; threads keep it alive
 
 
 @dataclass(frozen=True)

@@ -113,7 +113,8 @@ def process_state(record: dict, taken: float | None = None) -> ProcessState:
         state = "host"
     shown = call or last_call(record)
     program = program_of(record, shown)
-    source = location(main.get("user"))
+    holding = _holding_open(record) if state == "host" else []
+    source = location((holding[0] if holding else main).get("user"))
     threads = tuple(_thread_report(t) for t in record.get("threads") or ())
     taken = taken if taken is not None else float(record.get("taken") or 0.0)
     return ProcessState(
@@ -123,12 +124,26 @@ def process_state(record: dict, taken: float | None = None) -> ProcessState:
         collective=collective_text(program) if state != "host" else None,
         waiting_in=str(main.get("waiting_in") or ""), idle_s=record.get("idle_s"), threads=threads,
         last_calls=tuple(call_rows(record, taken)[-SHOWN_CALLS:]), steps=record.get("steps"),
-        tracing=tracing and callback_thread is None)
+        tracing=tracing and callback_thread is None, exiting=bool(holding))
+
+
+def _holding_open(record: dict) -> list[dict]:
+    """The non-daemon threads a process whose main code returned still waits for (Python joins them at exit)."""
+    if not record.get("exiting"):
+        return []
+    return [t for t in record.get("threads") or () if not t.get("main") and not t.get("daemon") and t.get("user")]
 
 
 def describe(record: dict, state: str, call: dict | None, callback_thread: dict | None) -> str:
     """One line for a process: where it stands and in what."""
     main = _main(record)
+    holding = _holding_open(record) if state == "host" else []
+    if holding:
+        still = f" for {record['idle_s']:.0f} s" if record.get("idle_s") else ""
+        threads = "; ".join(f"{t['name']}, stuck at {short(t.get('user'))}" + (
+            f" waiting for {t['waits_for']['kind']} `{t['waits_for']['name']}`" if t.get("waits_for") else
+            f" waiting in {t['waiting_in']}" if t.get("waiting_in") else "") for t in holding)
+        return f"at exit: its main code returned, but Python waits for its non-daemon thread {threads}{still}"
     at = short(main.get("user"))
     below = str(main.get("waiting_in") or "")
     waiting = f", {below}" if below.startswith("running") else f", waiting in {below}" if below else ""

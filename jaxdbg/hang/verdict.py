@@ -308,6 +308,9 @@ def _stuck_hints(states: dict[int, ProcessState], stuck: Iterable[int]) -> list[
 
 
 def _single_explanation(state: ProcessState) -> str:
+    if state.exiting:
+        return ("The program's main code returned, but Python exits only when every non-daemon thread has ended, "
+                "and one of its threads waits for something that never comes.")
     if state.tracing:
         return ("jax is tracing the function: its Python body runs once to build the computation, and it waits in "
                 "the user's own code there, not on the device; nothing has moved since and the process used almost "
@@ -322,6 +325,9 @@ def _single_explanation(state: ProcessState) -> str:
 
 
 def _single_hints(state: ProcessState) -> tuple[str, ...]:
+    if state.exiting:
+        return (f"end the thread at {short(state.source)} when the program is done (put a sentinel on its queue, set "
+                "the event it waits for) or make it a daemon thread (threading.Thread(..., daemon=True))",)
     if state.state == "host" and state.waiting_in.startswith("a sleep"):  # a polling loop: its condition never held
         return (f"{short(state.source)} sleeps: where a loop polls there, see what it waits to become true (a file, "
                 "a flag, another process) and why it never does, and give the loop a deadline",)
