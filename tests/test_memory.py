@@ -98,6 +98,21 @@ def test_a_leak_freed_only_when_the_function_that_held_it_returned_is_still_a_le
     assert leak["per_call_bytes"] == 512 * 128 * 4 and leak["arrays"] >= 8
 
 
+def test_process_0_speaks_for_a_job_whose_other_process_leaked() -> None:
+    """Process 0 found nothing itself, process 1 a leak: process 0's report (the job's) is found, exits 1 and
+    its line names process 1, not 'everything fits'."""
+    from jaxdbg.memory.messages import JobMemory
+    from jaxdbg.memory.result import ProcessMemory
+    from jaxdbg.memory.run import MemoryOptions, assemble, exit_code
+    from jaxdbg.runner import Outcome
+
+    rows = (ProcessMemory(0, 2 * MIB, "cpu:0", 0, False, 0), ProcessMemory(1, 8 * MIB, "cpu:1", 1, False, 0))
+    outcome = Outcome("ok", 0, None, None, "", "", 1.0, (JobMemory(rows),))
+    result = assemble(outcome, MemoryOptions(), ())
+    assert result.found and exit_code(result) == 1
+    assert result.essential_line() == "process 1: 1 leak(s) (its own report says where)"
+
+
 def test_a_missing_donation_is_held_and_hinted_with_its_bytes(runs) -> None:
     _, report, _ = runs["leak"]
     (program,) = report["result"]["functions"]
