@@ -142,3 +142,14 @@ def test_a_function_whose_traced_body_waits_is_stuck_in_its_own_code_not_on_the_
                                      "while jax traces train_step call 5")
     assert result.explanation.startswith("jax is tracing the function")
     assert result.hints[0].startswith("train.py:40 (<module>) sleeps: where a loop polls there")
+
+
+def test_a_process_that_raised_while_the_others_wait_in_a_collective_is_named_with_its_error():
+    waiting = _record(0, "train_step", "train_step(x: f32[4]) [all-reduce:sum]", 40, None)
+    failed = _record(1, "train_step", "train_step(x: f32[4]) [all-reduce:sum]", 40, 1.0)
+    outcomes = {1: {"status": "raised", "error": "ValueError: bad batch at train.py:38 (<module>)"}}
+    result = judge(JobFacts(2, "stall", 30.0, {0: waiting, 1: failed}, outcomes=outcomes))
+    assert (result.kind, result.stuck) == ("stall", (1,))
+    assert result.verdict.startswith("process 1 failed: ValueError: bad batch at train.py:38 (<module>)")
+    assert "process 0 waits inside train_step call 5" in result.verdict
+    assert result.explanation.startswith("A process raised an error") and "process 1 raised" in result.hints[0]

@@ -241,7 +241,11 @@ def _ended_early(states: dict[int, ProcessState], ended: list[int], waiting: lis
              f"{_call_words(states[waiting[0]])}: find the call process {i} skipped (a call under a condition "
              "that differs between processes: process_index, local data, an early break) and make every process "
              "run it" for i in ended if states[i].state == "finished" and states[i].function is not None]
-    return HangResult(True, verdict, "stall", stuck=tuple(ended), explanation=_ENDED_EARLY, hints=tuple(hints),
+    failed = [i for i in ended if states[i].state == "failed"]
+    hints += [f"process {i} raised: fix that error first (its message is above); the others only wait for it"
+              for i in failed]
+    explanation = (_FAILED_EARLY if failed else "") + _ENDED_EARLY
+    return HangResult(True, verdict, "stall", stuck=tuple(ended), explanation=explanation, hints=tuple(hints),
                       **common)
 
 
@@ -395,6 +399,7 @@ _DIVERGENCE_HINT = ("make every process call the same jitted functions in the sa
 _STUCK_OUTSIDE = ("A collective needs every process of the job. The processes named as stuck stand outside JAX, "
                   "in their own code, and never entered it; the others wait for them inside the collective.")
 _STUCK_INSIDE = "The processes named as stuck have not finished their part; the others wait for them."
+_FAILED_EARLY = "A process raised an error and left the job. "
 _ENDED_EARLY = ("A process ended while the others wait inside a collective that needs every process: it ran fewer "
                 "collective calls than they did (it skipped one, or left its loop earlier), so the collective they "
                 "wait in can never complete.")
