@@ -4,6 +4,7 @@ lock-order deadlock between two real threads read from their stacks, and verdict
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -153,3 +154,16 @@ def test_a_process_that_raised_while_the_others_wait_in_a_collective_is_named_wi
     assert result.verdict.startswith("process 1 failed: ValueError: bad batch at train.py:38 (<module>)")
     assert "process 0 waits inside train_step call 5" in result.verdict
     assert result.explanation.startswith("A process raised an error") and "process 1 raised" in result.hints[0]
+
+
+def test_a_process_read_with_pid_is_not_said_to_be_before_its_first_call(tmp_path):
+    """py-spy sees a process's stacks, not its past: no call known is not 'before its first jitted call'."""
+    from jaxdbg.hang.pids import to_record
+
+    program = tmp_path / "train.py"
+    program.write_text("import time\nwhile True:\n    time.sleep(1)\n")
+    main = {"thread_id": 1, "os_thread_id": None, "thread_name": "MainThread",
+            "frames": [{"filename": str(program), "line": 3, "name": "<module>"}]}
+    result = judge(JobFacts(1, "signal", 30.0, {0: to_record(0, os.getpid(), [main], idle_s=5.0, busy=0.0)}))
+    assert result.kind == "stall" and result.verdict.startswith("the process is stuck outside JAX at train.py:3")
+    assert "before its first jitted call" not in result.verdict

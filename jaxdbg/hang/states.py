@@ -163,7 +163,7 @@ def describe(record: dict, state: str, call: dict | None, callback_thread: dict 
         return f"{where}, called at {short(call.get('site'))}{waiting}{still}"
     if named and main.get("call") is not None and call is not None and call.get("seq") == main.get("call"):
         return f"in its own Python code at {at} while jax traces {named}{waiting}{still}"
-    after = f", after {named}" if named else ", before its first jitted call"
+    after = f", after {named}" if named else "" if record.get("foreign") else ", before its first jitted call"
     return f"outside JAX at {at}{waiting}{still}{after}"
 
 
