@@ -27,6 +27,7 @@ LOCK = os.path.join(CORPUS, "hang_callback_lock", "train.py")
 SLOW = os.path.join(CORPUS, "hang_slow", "train.py")
 READ = os.path.join(CORPUS, "hang_stuck_read", "train.py")
 WATCH = os.path.join(CORPUS, "hang_watch_exit", "train.py")
+EXIT = os.path.join(CORPUS, "hang_exit_thread", "train.py")
 ENV = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
 
 
@@ -67,9 +68,11 @@ def _wait_for(predicate, timeout: float = 240.0, every: float = 0.5) -> None:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    folders = {name: tmp_path_factory.mktemp(name) for name in ("lock", "slow", "signal", "timeout", "pid", "watch")}
+    folders = {name: tmp_path_factory.mktemp(name) for name in ("lock", "slow", "signal", "timeout", "pid", "watch",
+                                                               "exit")}
     procs = {
         "lock": _hang_hunt(folders["lock"], LOCK, "--stall", "2"),
+        "exit": _hang_hunt(folders["exit"], EXIT, "--stall", "2"),
         "slow": _hang_hunt(folders["slow"], SLOW, "--stall", "1.5", "--no-native", script_args=("--", "3")),
         "signal": _hang_hunt(folders["signal"], READ, "--stall", "600"),
         "timeout": _hang_hunt(folders["timeout"], READ, "--stall", "600", "--timeout", "45", "--keep-running"),
@@ -123,6 +126,17 @@ def test_a_callback_waiting_for_a_lock_its_caller_holds_is_a_deadlock(runs):
     assert [c["function"] for c in calls if c["kind"] == "callback"] == ["log_metrics"] * 4
     assert calls[-1]["kind"] == "callback" and calls[-1]["returned_s_ago"] is None  # the one that never returned
     _valid(report)
+
+
+def test_a_non_daemon_thread_that_never_ends_keeps_the_finished_program_from_exiting(runs):
+    code, _, _, report, _ = runs("exit")
+    _valid(report)
+    result = report["result"]
+    assert (code, result["kind"], result["stalled"]) == (1, "stall", True)
+    line = _line(EXIT, "# <- waits for the sentinel")
+    assert result["verdict"].startswith("the process is stuck at exit: its main code returned, but Python waits for "
+                                        f"its non-daemon thread ckpt-writer, stuck at train.py:{line} (writer)")
+    assert result["processes"][0]["source"]["line"] == line and "daemon=True" in result["hints"][0]
 
 
 def test_no_process_is_left_behind_after_the_verdict(runs):

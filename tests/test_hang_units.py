@@ -4,6 +4,7 @@ lock-order deadlock between two real threads read from their stacks, and verdict
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -83,6 +84,9 @@ def test_a_lock_order_deadlock_between_two_threads_is_a_cycle():
     assert f"two waits for lock `first` at test_hang_units.py:{_line('two waits for first')} (two)" in said
     result = judge(JobFacts(1, "signal", 30.0, {0: record}))
     assert result.kind == "deadlock" and result.exit_code == 1
+    # no host callback takes part: the explanation and the hint speak of the locks' order, not of callbacks
+    assert "callback" not in result.explanation + " ".join(result.hints)
+    assert "one order" in result.hints[0]
 
 
 def _record(index: int, function: str, key: str, step_line: int, returned: float | None) -> dict:
@@ -113,3 +117,53 @@ def test_a_signal_on_a_working_program_is_not_a_stall():
     result = judge(JobFacts(1, "signal", 30.0, {0: record}))
     assert (result.kind, result.stalled, result.exit_code) == ("running", False, 3)
     assert result.verdict.startswith("not stalled at SIGUSR1: the program was still making progress")
+
+
+def test_a_process_that_finished_while_the_others_wait_in_a_collective_is_the_one_missing():
+    """Process 1 skipped one call of train_step (a condition on process_index) and ended; process 0 waits in its
+    last call, whose all-reduce needs process 1: not 'every process waits inside', but process 1 is missing."""
+    waiting = _record(0, "train_step", "train_step(x: f32[4]) [all-reduce:sum]", 40, None)
+    ended = _record(1, "train_step", "train_step(x: f32[4]) [all-reduce:sum]", 40, 1.0)
+    ended["calls"][0]["index"] = 4
+    result = judge(JobFacts(2, "stall", 30.0, {0: waiting, 1: ended}, outcomes={1: {"status": "finished"}}))
+    assert (result.kind, result.stalled, result.exit_code, result.stuck) == ("stall", True, 1, (1,))
+    assert result.verdict.startswith("process 1 finished after train_step call 4; process 0 waits inside "
+                                     "train_step call 5")
+    assert "process 1's last call was train_step call 4" in result.hints[0]
+
+
+def test_a_function_whose_traced_body_waits_is_stuck_in_its_own_code_not_on_the_device():
+    """Inside train_step call 5 with no frame of jax's inside the user's: jax traces it and its Python body
+    sleeps (a polling loop in the traced code). Not 'waits inside a jitted call' on the device."""
+    record = _record(0, "train_step", "train_step(x: f32[4])", 40, None)
+    record["threads"][0].update(in_jax=False, waiting_in="a sleep: clock_nanosleep")
+    result = judge(JobFacts(1, "stall", 30.0, {0: record}))
+    assert (result.kind, result.exit_code, result.processes[0].state) == ("stall", 1, "host")
+    assert result.verdict.startswith("the process is stuck in its own Python code at train.py:40 (<module>) "
+                                     "while jax traces train_step call 5")
+    assert result.explanation.startswith("jax is tracing the function")
+    assert result.hints[0].startswith("train.py:40 (<module>) sleeps: where a loop polls there")
+
+
+def test_a_process_that_raised_while_the_others_wait_in_a_collective_is_named_with_its_error():
+    waiting = _record(0, "train_step", "train_step(x: f32[4]) [all-reduce:sum]", 40, None)
+    failed = _record(1, "train_step", "train_step(x: f32[4]) [all-reduce:sum]", 40, 1.0)
+    outcomes = {1: {"status": "raised", "error": "ValueError: bad batch at train.py:38 (<module>)"}}
+    result = judge(JobFacts(2, "stall", 30.0, {0: waiting, 1: failed}, outcomes=outcomes))
+    assert (result.kind, result.stuck) == ("stall", (1,))
+    assert result.verdict.startswith("process 1 failed: ValueError: bad batch at train.py:38 (<module>)")
+    assert "process 0 waits inside train_step call 5" in result.verdict
+    assert result.explanation.startswith("A process raised an error") and "process 1 raised" in result.hints[0]
+
+
+def test_a_process_read_with_pid_is_not_said_to_be_before_its_first_call(tmp_path):
+    """py-spy sees a process's stacks, not its past: no call known is not 'before its first jitted call'."""
+    from jaxdbg.hang.pids import to_record
+
+    program = tmp_path / "train.py"
+    program.write_text("import time\nwhile True:\n    time.sleep(1)\n")
+    main = {"thread_id": 1, "os_thread_id": None, "thread_name": "MainThread",
+            "frames": [{"filename": str(program), "line": 3, "name": "<module>"}]}
+    result = judge(JobFacts(1, "signal", 30.0, {0: to_record(0, os.getpid(), [main], idle_s=5.0, busy=0.0)}))
+    assert result.kind == "stall" and result.verdict.startswith("the process is stuck outside JAX at train.py:3")
+    assert "before its first jitted call" not in result.verdict

@@ -36,6 +36,9 @@ RUNS = {
                "8MiB", "--no-plot"],
     "sharded": [str(CORPUS / "eqx_sharded_donation" / "train.py"), "--no-plot"],
     "nnx": [str(CORPUS / "nnx_memory_history" / "train.py")],  # the default: memory.html, no memory.png
+    "leak_in_function": [str(CORPUS / "memory_leak_in_function" / "train.py"), "--no-plot"],
+    "checkpointed": [str(CORPUS / "memory_checkpointed_scan" / "model.py") + "::stack_grad", "--args",
+                     "f32[128,256] f32[8,256,256]", "--no-plot"],
 }
 
 
@@ -69,7 +72,8 @@ def test_every_report_is_valid_and_exits_as_it_found(runs) -> None:
         assert not errors, (name, errors)
         assert report["command"] == "memory" and code == report["exit_code"]
     assert {name: runs[name][0] for name in runs} == {"leak": 1, "remat": 1, "oom": 1, "misfit": 1, "sharded": 0,
-                                                          "nnx": 1}
+                                                          "nnx": 1, "checkpointed": 0,
+                                                          "leak_in_function": 1}
 
 
 def test_a_leak_through_a_list_names_the_list_and_the_line_that_fills_it(runs) -> None:
@@ -84,6 +88,29 @@ def test_a_leak_through_a_list_names_the_list_and_the_line_that_fills_it(runs) -
     hint = next(h for h in report["result"]["hints"] if h["kind"] == "leak")
     assert hint["saves_bytes"] == 23 * activation and "list 'activations'" in hint["text"]
     assert code == 1 and report["result"]["found"] and not report["result"]["budget"]["misfits"]
+
+
+def test_a_leak_freed_only_when_the_function_that_held_it_returned_is_still_a_leak(runs) -> None:
+    _, report, _ = runs["leak_in_function"]
+    path = CORPUS / "memory_leak_in_function" / "train.py"
+    (leak,) = report["result"]["leaks"]
+    assert leak["kept_by"] == "dict 'self.cache'" and leak["kept_at"]["line"] == _marker(path, "kept")
+    assert leak["per_call_bytes"] == 512 * 128 * 4 and leak["arrays"] >= 8
+
+
+def test_process_0_speaks_for_a_job_whose_other_process_leaked() -> None:
+    """Process 0 found nothing itself, process 1 a leak: process 0's report (the job's) is found, exits 1 and
+    its line names process 1, not 'everything fits'."""
+    from jaxdbg.memory.messages import JobMemory
+    from jaxdbg.memory.result import ProcessMemory
+    from jaxdbg.memory.run import MemoryOptions, assemble, exit_code
+    from jaxdbg.runner import Outcome
+
+    rows = (ProcessMemory(0, 2 * MIB, "cpu:0", 0, False, 0), ProcessMemory(1, 8 * MIB, "cpu:1", 1, False, 0))
+    outcome = Outcome("ok", 0, None, None, "", "", 1.0, (JobMemory(rows),))
+    result = assemble(outcome, MemoryOptions(), ())
+    assert result.found and exit_code(result) == 1
+    assert result.essential_line() == "process 1: 1 leak(s) (its own report says where)"
 
 
 def test_a_missing_donation_is_held_and_hinted_with_its_bytes(runs) -> None:
@@ -136,6 +163,16 @@ def test_activations_kept_for_the_backward_pass_get_a_remat_hint(runs) -> None:
     assert program["forward_kept_bytes"] >= 6 * activation
     (hint,) = [h for h in report["result"]["hints"] if h["kind"] == "remat"]
     assert 0 < hint["saves_bytes"] < program["forward_kept_bytes"] and f"train.py:{line}" in hint["text"]
+    assert not program["checkpointed"] and "jax.checkpoint around groups of layers" in hint["text"]
+
+
+def test_a_program_already_under_jax_checkpoint_is_not_told_to_use_it(runs) -> None:
+    _, report, _ = runs["checkpointed"]
+    (program,) = report["result"]["functions"]
+    assert program["checkpointed"] and program["forward_kept_bytes"] > 0
+    (hint,) = [h for h in report["result"]["hints"] if h["kind"] == "remat"]
+    assert "although it already uses jax.checkpoint" in hint["text"]
+    assert "jax.checkpoint around groups of layers" not in hint["text"]
 
 
 def test_a_step_that_does_not_fit_the_given_device_memory(runs) -> None:

@@ -137,7 +137,8 @@ def to_record(index: int, pid: int, threads: list[dict], idle_s: float, busy: fl
         found.append(row)
     found.sort(key=lambda t: not t["main"])
     return {"index": index, "pid": pid, "reason": "signal", "taken": time.time(), "idle_s": idle_s, "busy": busy,
-            "calls": calls, "programs": {}, "threads": found, "steps": 0}
+            "calls": calls, "programs": {}, "threads": found, "steps": 0,
+            "foreign": True}  # no flight recorder: its past calls are unknown, not absent
 
 
 def kernel_state_of(pid: int, tid: Any) -> str:

@@ -56,6 +56,7 @@ def take_record(recorder: Recorder, reason: str, idle_s: float, native: bool = T
         "taken": time.time(), "idle_s": round(idle_s, 3), "busy": round(busy, 3),
         "progress": dict(zip(("calls", "returned", "callbacks", "callbacks_done"), recorder.progress())),
         "steps": len(recorder.steps_program),
+        "exiting": recorder.exiting,
         "calls": calls,
         "programs": {str(i): _program_dict(recorder.programs[i]) for i in sorted(used) if i in recorder.programs},
         "threads": [_thread_dict(thread, frames.get(thread.ident), recorder, inflight) for thread in threads],

@@ -87,6 +87,7 @@ class Recorder(JitHook):
         self.callbacks_done = 0
         self.inflight: dict[int, Entry] = {}  # thread ident -> its jitted call in flight
         self.in_callback: dict[int, Entry] = {}  # thread ident -> the host callback it runs
+        self.exiting = False  # the program's main code returned; Python waits for its non-daemon threads
         self.programs: dict[int, Program] = {}
         self._by_function: dict[int, list[int]] = {}  # function record id -> its programs
         self._by_key: dict[tuple[int, str], int] = {}

@@ -8,7 +8,7 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from jaxdbg._errors import EXIT_FOUND, EXIT_OK, EXIT_TARGET_FAILED
@@ -79,6 +79,8 @@ class ProcessState:
     last_calls: tuple[CallRow, ...] = ()
     steps: int | None = None  # global calls made (the job's steps)
     note: str = ""
+    tracing: bool = field(default=False, metadata={"json": None})  # its Python code runs while jax traces a call
+    exiting: bool = field(default=False, metadata={"json": None})  # its main code returned; threads keep it alive
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,8 @@ class Deadlock:
 
     process: int
     cycle: tuple[str, ...]
+    # a host callback takes part (not only threads and locks of the program's own): the explanation differs
+    callback: bool = field(default=False, metadata={"json": None})
 
 
 @dataclass(frozen=True)

@@ -43,10 +43,24 @@ def hang_job(job: HangJob, channel: Any) -> None:
         with jit_layer.installed(recorder), recorder.listening():
             watchdog.start()
             outcome = run_target(job)
+            join_program_threads(recorder)
             watchdog.finish(outcome, wait_s=_finish_wait(options))
     finally:
         watchdog.stop()
         signals.remove()
+
+
+def join_program_threads(recorder: Any) -> None:
+    """Wait for the program's non-daemon threads, as Python does before it exits: a program whose main code
+    returned while such a thread waits forever (a writer on a queue nobody closes) never exits, and the
+    watchdog, still running, says so."""
+    recorder.exiting = True
+    current = threading.current_thread()
+    for thread in threading.enumerate():
+        target = getattr(thread, "_target", None)
+        pooled = getattr(target, "__module__", "") == "concurrent.futures.thread"  # Python tells those to stop first
+        if thread is not current and not thread.daemon and thread is not threading.main_thread() and not pooled:
+            thread.join()
 
 
 def _finish_wait(options: Any) -> float:

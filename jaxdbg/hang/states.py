@@ -101,16 +101,20 @@ def process_state(record: dict, taken: float | None = None) -> ProcessState:
     current = _call(record, main.get("call"))
     pending = pending_call(record) if current is None and main.get("in_jax") else None
     call = current or pending or (_call(record, callback_thread["callback"]["seq"]) if callback_thread else None)
+    # inside a call yet no frame of jax's inside the user's: jax is tracing the function and its Python body is
+    # what waits (a queue, a lock, a sleep in the traced code), not the device
+    tracing = current is not None and not main.get("in_jax")
     state: ThreadState
     if callback_thread is not None:
         state = "callback"
-    elif call is not None:
+    elif call is not None and not tracing:
         state = "running"
     else:
         state = "host"
     shown = call or last_call(record)
     program = program_of(record, shown)
-    source = location(main.get("user"))
+    holding = _holding_open(record) if state == "host" else []
+    source = location((holding[0] if holding else main).get("user"))
     threads = tuple(_thread_report(t) for t in record.get("threads") or ())
     taken = taken if taken is not None else float(record.get("taken") or 0.0)
     return ProcessState(
@@ -119,12 +123,27 @@ def process_state(record: dict, taken: float | None = None) -> ProcessState:
         call_index=shown.get("index") if shown else None, step=step_of(record, shown) if shown else None,
         collective=collective_text(program) if state != "host" else None,
         waiting_in=str(main.get("waiting_in") or ""), idle_s=record.get("idle_s"), threads=threads,
-        last_calls=tuple(call_rows(record, taken)[-SHOWN_CALLS:]), steps=record.get("steps"))
+        last_calls=tuple(call_rows(record, taken)[-SHOWN_CALLS:]), steps=record.get("steps"),
+        tracing=tracing and callback_thread is None, exiting=bool(holding))
+
+
+def _holding_open(record: dict) -> list[dict]:
+    """The non-daemon threads a process whose main code returned still waits for (Python joins them at exit)."""
+    if not record.get("exiting"):
+        return []
+    return [t for t in record.get("threads") or () if not t.get("main") and not t.get("daemon") and t.get("user")]
 
 
 def describe(record: dict, state: str, call: dict | None, callback_thread: dict | None) -> str:
     """One line for a process: where it stands and in what."""
     main = _main(record)
+    holding = _holding_open(record) if state == "host" else []
+    if holding:
+        still = f" for {record['idle_s']:.0f} s" if record.get("idle_s") else ""
+        threads = "; ".join(f"{t['name']}, stuck at {short(t.get('user'))}" + (
+            f" waiting for {t['waits_for']['kind']} `{t['waits_for']['name']}`" if t.get("waits_for") else
+            f" waiting in {t['waiting_in']}" if t.get("waiting_in") else "") for t in holding)
+        return f"at exit: its main code returned, but Python waits for its non-daemon thread {threads}{still}"
     at = short(main.get("user"))
     below = str(main.get("waiting_in") or "")
     waiting = f", {below}" if below.startswith("running") else f", waiting in {below}" if below else ""
@@ -142,7 +161,9 @@ def describe(record: dict, state: str, call: dict | None, callback_thread: dict 
         over = f" ({collective})" if collective else ""
         where = f"inside {named}{over}" if call.get("returned") is None else f"in {named}{over}, its results not ready"
         return f"{where}, called at {short(call.get('site'))}{waiting}{still}"
-    after = f", after {named}" if named else ", before its first jitted call"
+    if named and main.get("call") is not None and call is not None and call.get("seq") == main.get("call"):
+        return f"in its own Python code at {at} while jax traces {named}{waiting}{still}"
+    after = f", after {named}" if named else "" if record.get("foreign") else ", before its first jitted call"
     return f"outside JAX at {at}{waiting}{still}{after}"
 
 
@@ -154,8 +175,7 @@ def call_name(call: dict) -> str:
 
 
 def _thread_report(thread: dict) -> ThreadReport:
-    state: ThreadState = "callback" if thread.get("callback") else ("running" if thread.get("call") is not None or
-                                                        thread.get("in_jax") else "host")
+    state: ThreadState = "callback" if thread.get("callback") else ("running" if thread.get("in_jax") else "host")
     waits = thread.get("waits_for")
     waits_text = f"{waits['kind']} `{waits['name']}` at {short(waits.get('at'))}" if waits else None
     holds = tuple(f"lock `{h['name']}` since {short(h.get('since'))}" for h in thread.get("holds") or ())
@@ -192,6 +212,7 @@ def find_deadlock(record: dict) -> Deadlock | None:
         for held in thread.get("holds") or ():
             holders.setdefault(held["object"], []).append({**held, "thread": thread})
     callbacks = [t for t in threads if t.get("callback")]
+    through_callback: set[str] = set()  # the words of waits a host callback takes part in
     for thread in threads:
         ident, waits = thread.get("ident"), thread.get("waits_for")
         found = edges.setdefault(ident, [])
@@ -199,6 +220,8 @@ def find_deadlock(record: dict) -> Deadlock | None:
             owner = waits.get("owner")
             for held in holders.get(waits["object"], ()):
                 found.append((held["thread"]["ident"], _lock_words(thread, waits, held)))
+                if thread.get("callback"):
+                    through_callback.add(found[-1][1])
             if owner is not None and not holders.get(waits["object"]):
                 found.append((owner, f"{thread['name']} waits for lock `{waits['name']}` at {short(waits.get('at'))}"))
         elif waits and waits.get("kind") == "thread" and waits.get("thread") is not None:
@@ -210,8 +233,11 @@ def find_deadlock(record: dict) -> Deadlock | None:
                     callback = runner["callback"]
                     found.append((runner["ident"], f"{thread['name']} waits inside a jitted call for its host callback "
                                                    f"{callback['function']}, run by {runner['name']}"))
+                    through_callback.add(found[-1][1])
     cycle = _cycle(edges)
-    return Deadlock(int(record.get("index", 0)), tuple(cycle)) if cycle else None
+    if not cycle:
+        return None
+    return Deadlock(int(record.get("index", 0)), tuple(cycle), any(words in through_callback for words in cycle))
 
 
 def _lock_words(thread: dict, waits: dict, held: dict) -> str:

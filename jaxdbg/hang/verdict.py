@@ -183,6 +183,12 @@ def _deadlock(states: dict[int, ProcessState], deadlock: object, common: dict[st
     if state.function is not None:
         named = call_name({"function": state.function, "index": state.call_index})
         verdict += f" ({'in' if state.state != 'host' else 'after'} {named})"
+    if not deadlock.callback:  # threads of the program's own, each holding a lock the other needs
+        return HangResult(True, verdict, "deadlock", stuck=(deadlock.process,), deadlock=deadlock, explanation=(
+            "Threads of one process wait for each other: nothing can move. Each holds a lock (or waits for a "
+            "thread) that another of the cycle needs before it lets go of its own."),
+            hints=("take the locks in one order everywhere (or hold one at a time), and never join a thread while "
+                   "holding a lock it needs",), **common)
     return HangResult(True, verdict, "deadlock", stuck=(deadlock.process,), deadlock=deadlock, explanation=(
         "Threads of one process wait for each other: nothing can move. A host callback runs while the jitted call "
         "that made it waits for it (on CPU on the calling thread itself), so a callback that takes a lock the "
@@ -207,6 +213,9 @@ def _stall(states: dict[int, ProcessState], idle: list[int], facts: JobFacts, co
         steps = {i: -1 if states[i].step is None else int(states[i].step or 0) for i in running}
         lowest = min(steps.values())
         stuck = [i for i in running if steps[i] == lowest]
+        ended = [i for i, s in states.items() if s.state in ("finished", "failed")]
+        if len(stuck) == len(running) and ended:  # the ones that ended can never join: they are the missing ones
+            return _ended_early(states, ended, running, common)
         if len(stuck) == len(running):
             verdict = (f"every process waits inside {_call_words(states[running[0]])}: no process is missing from "
                        "the collective, yet it did not complete (a runtime or network hang, or a computation "
@@ -217,6 +226,27 @@ def _stall(states: dict[int, ProcessState], idle: list[int], facts: JobFacts, co
     inside = all(states[i].state != "host" for i in stuck)
     return HangResult(True, verdict, "stall", stuck=tuple(stuck), explanation=(
         _STUCK_INSIDE if inside else _STUCK_OUTSIDE), hints=tuple(_stuck_hints(states, stuck)), **common)
+
+
+def _ended_early(states: dict[int, ProcessState], ended: list[int], waiting: list[int],
+                 common: dict[str, Any]) -> HangResult:
+    """Some processes ended (finished or failed) while the others wait inside a collective that needs them."""
+    def last(state: ProcessState) -> str:
+        return f"after {_call_words(state)}" if state.function is not None else "before any jitted call"
+
+    lines = [f"process {i} {states[i].detail} {last(states[i])}" if states[i].state == "finished" else
+             f"process {i} {states[i].detail}" for i in ended]
+    verdict = "; ".join(lines + _group_others(states, set(ended), waits="waits"))
+    hints = [f"process {i}'s last call was {_call_words(states[i])} while process {waiting[0]} waits in "
+             f"{_call_words(states[waiting[0]])}: find the call process {i} skipped (a call under a condition "
+             "that differs between processes: process_index, local data, an early break) and make every process "
+             "run it" for i in ended if states[i].state == "finished" and states[i].function is not None]
+    failed = [i for i in ended if states[i].state == "failed"]
+    hints += [f"process {i} raised: fix that error first (its message is above); the others only wait for it"
+              for i in failed]
+    explanation = (_FAILED_EARLY if failed else "") + _ENDED_EARLY
+    return HangResult(True, verdict, "stall", stuck=tuple(ended), explanation=explanation, hints=tuple(hints),
+                      **common)
 
 
 def _ended(states: dict[int, ProcessState], facts: JobFacts, common: dict[str, Any]) -> HangResult:
@@ -282,6 +312,13 @@ def _stuck_hints(states: dict[int, ProcessState], stuck: Iterable[int]) -> list[
 
 
 def _single_explanation(state: ProcessState) -> str:
+    if state.exiting:
+        return ("The program's main code returned, but Python exits only when every non-daemon thread has ended, "
+                "and one of its threads waits for something that never comes.")
+    if state.tracing:
+        return ("jax is tracing the function: its Python body runs once to build the computation, and it waits in "
+                "the user's own code there, not on the device; nothing has moved since and the process used almost "
+                "no CPU.")
     if state.state == "host":
         return ("The program's main thread stands in its own code, outside any JAX call, and nothing has moved "
                 "since: no call started or finished, and the process used almost no CPU.")
@@ -292,6 +329,12 @@ def _single_explanation(state: ProcessState) -> str:
 
 
 def _single_hints(state: ProcessState) -> tuple[str, ...]:
+    if state.exiting:
+        return (f"end the thread at {short(state.source)} when the program is done (put a sentinel on its queue, set "
+                "the event it waits for) or make it a daemon thread (threading.Thread(..., daemon=True))",)
+    if state.state == "host" and state.waiting_in.startswith("a sleep"):  # a polling loop: its condition never held
+        return (f"{short(state.source)} sleeps: where a loop polls there, see what it waits to become true (a file, "
+                "a flag, another process) and why it never does, and give the loop a deadline",)
     if state.state == "host" and state.waiting_in:
         return (f"see what {short(state.source)} waits for: {state.waiting_in}",)
     return ()
@@ -356,5 +399,9 @@ _DIVERGENCE_HINT = ("make every process call the same jitted functions in the sa
 _STUCK_OUTSIDE = ("A collective needs every process of the job. The processes named as stuck stand outside JAX, "
                   "in their own code, and never entered it; the others wait for them inside the collective.")
 _STUCK_INSIDE = "The processes named as stuck have not finished their part; the others wait for them."
+_FAILED_EARLY = "A process raised an error and left the job. "
+_ENDED_EARLY = ("A process ended while the others wait inside a collective that needs every process: it ran fewer "
+                "collective calls than they did (it skipped one, or left its loop earlier), so the collective they "
+                "wait in can never complete.")
 _ALL_INSIDE = ("Every process is inside the same program at the same step: none is missing, yet the collective "
                "never completed.")

@@ -91,12 +91,20 @@ def remat_hints(programs: Sequence[ProgramMemory], backend: str = "") -> list[Hi
         largest = max((b.bytes for b in forward), default=0)
         lines = _lines(forward)
         saves = max(kept - largest, 0)
+        kept_words = (f"{program.name} keeps {format_bytes(kept)} of forward-pass activations{lines} alive for the "
+                      f"backward pass ({kept / max(peak, 1):.0%} of its peak)")
+        if program.checkpointed:  # advising the jax.checkpoint it already has would be no advice at all
+            advice = ("although it already uses jax.checkpoint: what stays is what its policy saves and the inputs "
+                      "of every checkpointed block (in a scan: the carry of each layer); a policy that saves less "
+                      "(jax.checkpoint_policies.nothing_saveable) or checkpointing groups of layers (a scan over "
+                      "groups) keeps less")
+        else:
+            advice = ("jax.checkpoint around groups of layers (e.g. "
+                      "policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable) recomputes them in the "
+                      "backward pass instead")
         found.append(Hint(
-            "remat", f"{program.name} keeps {format_bytes(kept)} of forward-pass activations{lines} alive for the "
-            f"backward pass ({kept / max(peak, 1):.0%} of its peak): jax.checkpoint around groups of layers (e.g. "
-            "policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable) recomputes them in the backward pass "
-            f"instead, at most {format_bytes(saves)} to gain{caveat}", saves or None, program.name,
-            forward[0].source if forward else program.source))
+            "remat", f"{kept_words}: {advice}, at most {format_bytes(saves)} to gain{caveat}", saves or None,
+            program.name, forward[0].source if forward else program.source))
     return found
 
 

@@ -129,7 +129,8 @@ def filling_line(path: str | None, name: str) -> SourceLocation | None:
     if not path or not name:
         return None
     methods = "append|extend|insert|add|appendleft|update|setdefault"
-    pattern = re.compile(rf"(?<![\w.]){re.escape(name)}\s*(\.\s*({methods})\s*\(|\[[^\]]*\]\s*=[^=]|\+=)")
+    # ``self.history.append(`` too: a keeper found as an attribute is named by the attribute
+    pattern = re.compile(rf"(?<![\w]){re.escape(name)}\s*(\.\s*({methods})\s*\(|\[[^\]]*\]\s*=[^=]|\+=)")
     try:
         with open(path) as handle:
             lines = handle.read().splitlines()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -85,6 +86,7 @@ def analyse(compiled: Any, info: ProgramInfo, dump_folder: str | None, after_mod
         schedule_peak_bytes=assignment.peak_bytes if assignment else None, xla_peak_bytes=sizes.get("peak_bytes"),
         devices=_device_count(compiled), largest=largest, held=held_arguments(compiled, info),
         forward_kept_bytes=forward_kept(assignment, module) if assignment and module else 0,
+        checkpointed=_CHECKPOINTED.search(text) is not None,
         dump=found[1].assignment if found else None, note=note, jit=info.jit,
     )
 
@@ -146,6 +148,10 @@ def pass_of(op_name: str) -> Literal["forward", "backward"] | None:
     if "jvp(" in op_name:
         return "forward"
     return None
+
+
+# jax names what jax.checkpoint (remat) wraps ``.../checkpoint/...`` (``remat`` in older versions) in op_name
+_CHECKPOINTED = re.compile(r'op_name="[^"]*/(?:checkpoint|remat|rematted_computation)[/("]')
 
 
 def forward_kept(assignment: Assignment, module: HloModule) -> int:

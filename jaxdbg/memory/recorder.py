@@ -132,6 +132,7 @@ class MemoryRecorder(JitHook):
         self.peak_moved = False
         self.series: dict[tuple, list[leak_rules.GroupPoint]] = {}
         self.keepers: dict[tuple, tuple[str | None, SourceLocation | None]] = {}
+        self.ended: int | None = None  # the sample taken after the program returned
         self.dumped: dict[str, int] = {}  # module name -> newest dump number read
         self.oom: OutOfMemory | None = None
         self.on_first_call: Callable[[], Any] | None = None
@@ -383,7 +384,7 @@ class MemoryRecorder(JitHook):
     def _name_keepers(self, snapshot: Snapshot, namespaces: list[dict]) -> None:
         """For each group that looks like a leak and has no keeper yet: who keeps its newest array."""
         for key, series in self.series.items():
-            if key in self.keepers or not leak_rules.is_leak(series, self.min_leak_bytes):
+            if key in self.keepers or not leak_rules.is_leak(self._judged(series), self.min_leak_bytes):
                 continue
             group = snapshot.groups.get(key)
             array = group.oldest() if group is not None and group.oldest is not None else None
@@ -398,7 +399,8 @@ class MemoryRecorder(JitHook):
 
     def leaks(self) -> tuple[Leak, ...]:
         found = []
-        for key, series in self.series.items():
+        for key, whole in self.series.items():
+            series = self._judged(whole)
             if not leak_rules.is_leak(series, self.min_leak_bytes):
                 continue
             last = next(p for p in reversed(series) if p.arrays)
@@ -408,6 +410,14 @@ class MemoryRecorder(JitHook):
             found.append(Leak(key[0], key[1], arrays, size, size / max(held, 1), last.first_call, last.last_call,
                               kept_by, kept_at, len(series)))
         return tuple(sorted(found, key=lambda leak: -leak.bytes))
+
+    def _judged(self, series: list[leak_rules.GroupPoint]) -> list[leak_rules.GroupPoint]:
+        """The points a leak is judged on: not a drop at the sample taken after the program returned. What a
+        function's locals (a trainer's history) held is freed when it returns: that ends the run, not the leak."""
+        if self.ended is not None and len(series) > 1 and series[-1].sample == self.ended and (
+                series[-1].bytes < series[-2].bytes):
+            return series[:-1]
+        return series
 
     # ---- out of memory -------------------------------------------------------------------------------------
     def _out_of_memory(self, err: BaseException, call: JitCall | None, state: FunctionState | None,
@@ -459,6 +469,7 @@ class MemoryRecorder(JitHook):
         """The last sample (what the run still holds), leaks with what keeps them, everything sent."""
         snapshot = self._snapshot(force=True)
         if snapshot is not None:
+            self.ended = self.samples + 1  # the number _record gives it
             self._record(snapshot, None, None, None)
             self._name_keepers(snapshot, namespaces + _stack_namespaces())
             self.send(FinalLive(live_groups(snapshot.groups.values(), None)))

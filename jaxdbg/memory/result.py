@@ -72,6 +72,7 @@ class ProgramMemory:
     largest: tuple[Buffer, ...] = ()
     held: tuple[Held, ...] = ()
     forward_kept_bytes: int = 0  # forward-pass values live at the peak of a gradient program (kept for backward)
+    checkpointed: bool = False  # it already rematerialises (jax.checkpoint / remat in its ops' names)
     needs_bytes: int | None = None  # live memory when it was called + what the call adds (its peak device)
     live_before_bytes: int | None = None
     fits: bool | None = None  # against the device memory budget (None: no budget known)
@@ -233,4 +234,9 @@ def finding_line(result: dict) -> str | None:
     budget = result.get("budget") or {}
     if not budget.get("ok", True):
         parts.append("budget broken: " + "; ".join(budget.get("violations") or []))
+    for row in result.get("processes") or []:  # process 0's own findings are the ones above
+        found = [f"{row[key]} {word}" for key, word in (("leaks", "leak(s)"), ("misfits", "misfit(s)")) if row.get(key)]
+        found += ["out of memory"] if row.get("out_of_memory") else []
+        if row.get("index") and found:
+            parts.append(f"process {row['index']}: {', '.join(found)} (its own report says where)")
     return "; ".join(parts) if parts else result.get("error")

@@ -122,7 +122,9 @@ def assemble(outcome: Outcome, options: MemoryOptions, rules: tuple) -> MemoryRe
     error, error_source = (None, None) if oom is not None else failure_line(outcome)
     notes = tuple(n.text for n in outcome.all(MemoryNote)) + _notes(outcome, programs, final, devices_message)
     job = outcome.last(JobMemory)
-    found = bool(oom or misfits or leaks or violations)
+    # process 0's report speaks for the job: what another process found is found (and exits 1) here too
+    elsewhere = any(row.leaks or row.out_of_memory or row.misfits for row in (job.rows if job else ()))
+    found = bool(oom or misfits or leaks or violations or elsewhere)
     return MemoryResult(
         found=found, functions=tuple(programs), devices=tuple(devices), peak=peak, live_at_peak=tuple(live_at_peak),
         leaks=leaks, out_of_memory=oom, budget=budget,
