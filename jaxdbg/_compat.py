@@ -135,6 +135,28 @@ def backend_started() -> bool:
     return bool(xla_bridge._backends)
 
 
+def add_xla_flags_at_backend_start(extra: str) -> None:
+    """Append ``extra`` XLA flags to ``XLA_FLAGS`` when jax starts its first backend (XLA reads the variable
+    then), leaving out any flag the program's own ``XLA_FLAGS`` already names. Setting them in the child's
+    environment up front would make a script's ``os.environ.setdefault("XLA_FLAGS", ...)`` (the usual way to
+    ask for several CPU devices) a no-op, and the program would run differently under jaxdbg."""
+    import os
+
+    from jax._src import xla_bridge  # internal: no public hook runs just before a backend starts
+
+    start = xla_bridge._init_backend
+
+    def init_backend(platform: str) -> Any:
+        own = os.environ.get("XLA_FLAGS", "")
+        named = {flag.split("=", 1)[0] for flag in own.split()}
+        added = [flag for flag in extra.split() if flag.split("=", 1)[0] not in named]
+        if added:
+            os.environ["XLA_FLAGS"] = " ".join([own, *added]).strip()
+        return start(platform)
+
+    xla_bridge._init_backend = init_backend
+
+
 def detected_cluster() -> str | None:
     """The cluster launcher whose environment this process runs in (``slurm``, ``ompi``), by environment
     variables alone: jax's detection of TPU and Kubernetes clusters asks metadata servers, which can hang."""

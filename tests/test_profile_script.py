@@ -173,6 +173,13 @@ SCRIPTS = {
         f(jnp.ones(3))  # compiles again: answered by the persistent cache
         print("done")
     """,
+    "own_xla_flags.py": """
+        import os
+        os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")  # as jax's docs show
+        import jax, jax.numpy as jnp
+        print("devices", jax.device_count())
+        jax.jit(lambda x: x + 1)(jnp.ones(4))
+    """,
     "crashes.py": """
         import ctypes, time, jax, jax.numpy as jnp
         f = jax.jit(lambda x: x + 1)
@@ -238,6 +245,15 @@ def test_script_with_its_own_capture_and_a_persistent_cache(scripts, tmp_path):
     assert f.compiles == 2 and f.execute.calls == 3
     assert "caches were cleared" in f.recompiles[0].reason and f.recompiles[0].call_index == 2
     assert [c.cache_hit for c in f.compilations] == [False, True]
+
+
+def test_script_setting_its_own_xla_flags_gets_them_with_jaxdbgs_added(scripts, tmp_path, monkeypatch):
+    # jaxdbg's own flags (command buffers off for the capture) once filled XLA_FLAGS before the script ran,
+    # so its setdefault did nothing: one device under jaxdbg, two in a plain run.
+    monkeypatch.delenv("XLA_FLAGS")
+    run = profile(parse_target(str(scripts / "own_xla_flags.py")), ProfileOptions(calibrate=False), str(tmp_path))
+    assert run.exit_code == 0, run.result.error
+    assert "devices 2" in run.outcome.stdout and len((run.environment or {})["devices"]) == 2
 
 
 def test_crash_is_contained_and_reported(scripts, tmp_path):
