@@ -48,6 +48,19 @@ def test_recompile_reasons_name_the_argument_and_the_change():
         assert {c.kind for c in why.changes} == {kind}
 
 
+def test_a_static_keyword_passed_or_left_to_its_default_is_a_static_change():
+    def update(buf, mode="add"):
+        return buf
+
+    default = call_signature(update, (jnp.ones(2),), {}, (), ("mode",))
+    passed = call_signature(update, (jnp.ones(2),), {"mode": "mul"}, (), ("mode",))
+    why = explain([default], passed, same_callable=True)
+    assert [c.kind for c in why.changes] == ["static"]  # once a "pytree structure" change, with its wrong fix
+    assert "static argument 'mode' changed its default (not passed) -> 'mul'" in why.reason
+    back = explain([passed], default, same_callable=True)
+    assert "static argument 'mode' changed 'mul' -> its default (not passed)" in back.reason
+
+
 def test_weak_type_and_python_scalar_changes():
     weak = _sig(lambda lr: lr, jnp.asarray(0.1))  # weakly typed (from a Python float)
     strong = _sig(lambda lr: lr, jnp.asarray(0.1, jnp.float32))

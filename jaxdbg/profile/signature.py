@@ -189,13 +189,26 @@ def diff(old: Signature, new: Signature) -> list[ArgChange]:
     for path, leaf in new.leaves:
         prev = before.get(path)
         if prev is None:
-            changes.append(ArgChange(path, "structure", "absent", leaf.describe()))
+            changes.append(_appeared(path, leaf, "absent", leaf.describe()))
         else:
             changes.extend(_leaf_changes(path, prev, leaf))
     for path, leaf in old.leaves:
         if path not in after:
-            changes.append(ArgChange(path, "structure", leaf.describe(), "absent"))
+            changes.append(_appeared(path, leaf, leaf.describe(), "absent"))
     return changes
+
+
+_DEFAULT = "its default (not passed)"
+
+
+def _appeared(path: str, leaf: LeafSig, before: str, after: str) -> ArgChange:
+    """A leaf in one signature only. A static keyword argument passed in one call and left to its default in
+    the other is a static value change to jit (its cache keys the keywords passed), not a pytree change."""
+    if leaf.kind != "static" or leaf.attribute:
+        return ArgChange(path, "structure", before, after)
+    if before == "absent":
+        return ArgChange(path, "static", _DEFAULT, str(leaf.value))
+    return ArgChange(path, "static", str(leaf.value), _DEFAULT)
 
 
 def _leaf_changes(path: str, prev: LeafSig, leaf: LeafSig) -> list[ArgChange]:
