@@ -180,6 +180,20 @@ SCRIPTS = {
         print("devices", jax.device_count())
         jax.jit(lambda x: x + 1)(jnp.ones(4))
     """,
+    "static_branch.py": """
+        from functools import partial
+        import jax, jax.numpy as jnp
+
+        @partial(jax.jit, static_argnames=("mode",))
+        def update(buf, delta, mode="add"):
+            if mode == "add":
+                return jnp.sin(buf + delta)  # add branch
+            return jnp.cos(buf * delta)  # mul branch
+
+        for _ in range(2):
+            update(jnp.ones(64), jnp.ones(64)).block_until_ready()
+            update(jnp.ones(64), jnp.ones(64), mode="mul").block_until_ready()
+    """,
     "crashes.py": """
         import ctypes, time, jax, jax.numpy as jnp
         f = jax.jit(lambda x: x + 1)
@@ -254,6 +268,17 @@ def test_script_setting_its_own_xla_flags_gets_them_with_jaxdbgs_added(scripts, 
     run = profile(parse_target(str(scripts / "own_xla_flags.py")), ProfileOptions(calibrate=False), str(tmp_path))
     assert run.exit_code == 0, run.result.error
     assert "devices 2" in run.outcome.stdout and len((run.environment or {})["devices"]) == 2
+
+
+def test_ops_of_a_later_compile_keep_their_source_line(scripts, tmp_path):
+    # The capture names both compiles' ops by one module (jit_update); only the first compile's HLO was read,
+    # so the mul branch's ops had no line.
+    path = str(scripts / "static_branch.py")
+    run = profile(parse_target(path), ProfileOptions(calibrate=False), str(tmp_path))
+    update = by_name(run, "update")
+    assert update.compiles == 2 and "static argument 'mode'" in update.recompiles[0].reason
+    lines = {op.source.line for op in update.ops if op.source is not None}
+    assert marked_line(path, "# mul branch") in lines and marked_line(path, "# add branch") in lines
 
 
 def test_crash_is_contained_and_reported(scripts, tmp_path):

@@ -199,6 +199,7 @@ def attach_ops(functions: list[FunctionProfile], captured: CaptureOps, top: int,
     first; ``captured.by_module``: the capture's own op events keyed by HLO module (``jit_train_step``)."""
     from jaxdbg.profile.collectives import read_specs
     from jaxdbg.profile.hlo import parse_hlo
+    from jaxdbg.profile.hlo_files import later_compiles
     from jaxdbg.profile.ops import function_ops
 
     if top <= 0:
@@ -212,6 +213,12 @@ def attach_ops(functions: list[FunctionProfile], captured: CaptureOps, top: int,
                 module = parse_hlo(handle.read())
             if function.hlo.get("shardings"):
                 read_specs(module, function.hlo["shardings"])
+            # The capture names every compile's ops by the one module name (jit_update): an op only a later
+            # compile has (a static argument's other branch) takes its category and line from that compile.
+            for later in later_compiles(path, function.compiles):
+                with open(later) as handle:
+                    for op_name, op in parse_hlo(handle.read()).ops.items():
+                        module.ops.setdefault(op_name, op)
         name = function.module or (module.name if module else f"jit_{function.name}")
         rows, source = function_ops(function.name, name, module, captured.by_prefix, captured.by_module, top)
         devices = device_executions(captured.per_device.get(name, {}), backend)
