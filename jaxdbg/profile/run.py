@@ -215,7 +215,7 @@ def attach_ops(functions: list[FunctionProfile], captured: CaptureOps, top: int,
                 read_specs(module, function.hlo["shardings"])
             # The capture names every compile's ops by the one module name (jit_update): an op only a later
             # compile has (a static argument's other branch) takes its category and line from that compile.
-            for later in later_compiles(path, function.compiles):
+            for later in later_compiles(path, function.compiles or 0):
                 with open(later) as handle:
                     for op_name, op in parse_hlo(handle.read()).ops.items():
                         module.ops.setdefault(op_name, op)
