@@ -604,6 +604,21 @@ def custom_jvp_rule_sources() -> Iterator[None]:
             custom_jvp_call_p.get_bind_params = own  # type: ignore[method-assign]  # restored
 
 
+def static_arguments(jitted: Any) -> tuple[tuple[int, ...], tuple[str, ...]] | None:
+    """``(static_argnums, static_argnames)`` of a ``jax.jit`` object as jax completed them (each derived from the
+    other through the function's signature), or None for another callable. A static argument given by number
+    and passed by keyword, or the other way round, is static to jax all the same.
+
+    Example:
+        >>> static_arguments(jax.jit(lambda x, mode="add": x, static_argnames="mode"))
+        ((1,), ('mode',))
+    """
+    info = getattr(jitted, "_jit_info", None)  # private: jax keeps the completed lists there
+    if info is None or not hasattr(info, "static_argnums") or not hasattr(info, "static_argnames"):
+        return None
+    return tuple(info.static_argnums), tuple(info.static_argnames)
+
+
 def jit_options(jitted: Any) -> tuple[Any, dict] | None:
     """``(fun, options)`` that rebuild a ``jax.jit`` object made earlier (read from its private ``_fun`` and
     ``_jit_info``), or None when it is no such object or uses options this cannot carry over (explicit
