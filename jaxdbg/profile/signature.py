@@ -91,7 +91,7 @@ def parameter_names(fun: Callable) -> list[str] | None:
     return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
 
-def _short_dtype(dtype: Any) -> str:
+def compiled_dtype(dtype: Any) -> str:
     """The dtype jax compiles for (float64 -> f32 without x64), in the contract's spelling."""
     import jax
 
@@ -109,13 +109,13 @@ def leaf_signature(value: Any) -> LeafSig:
     """The signature of one dynamic leaf (jax array, numpy array, Python number or other), as jax keys on it."""
     if type(value) in _SCALAR_KINDS:
         widest, weak = _SCALAR_KINDS[type(value)]
-        return LeafSig("scalar", (), _short_dtype(widest), weak, value=type(value).__name__)
+        return LeafSig("scalar", (), compiled_dtype(widest), weak, value=type(value).__name__)
     shape = getattr(value, "shape", None)
     dtype = getattr(value, "dtype", None)
     if shape is not None and dtype is not None:
         sharding = getattr(value, "sharding", None)
         return LeafSig(
-            "array", tuple(int(d) for d in shape), _short_dtype(dtype), bool(getattr(value, "weak_type", False)),
+            "array", tuple(int(d) for d in shape), compiled_dtype(dtype), bool(getattr(value, "weak_type", False)),
             _describe_sharding(sharding) if sharding is not None else None,
         )
     return LeafSig("other", value=type(value).__name__)
