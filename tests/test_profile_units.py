@@ -61,6 +61,14 @@ def test_a_static_keyword_passed_or_left_to_its_default_is_a_static_change():
     assert "static argument 'mode' changed 'mul' -> its default (not passed)" in back.reason
 
 
+def test_a_typed_key_after_a_raw_one_is_a_change_of_kind_not_of_shape():
+    typed = _sig(lambda key: key, jax.random.key(0))
+    raw = _sig(lambda key: key, jax.random.PRNGKey(0))
+    why = explain([typed], raw, same_callable=True)
+    assert [c.kind for c in why.changes] == ["type"]  # once "shape changed () -> (2,)", fixed by bucketing
+    assert "a typed PRNG key key<fry>[] -> a raw key array u32[2]" in why.reason
+
+
 def test_weak_type_and_python_scalar_changes():
     weak = _sig(lambda lr: lr, jnp.asarray(0.1))  # weakly typed (from a Python float)
     strong = _sig(lambda lr: lr, jnp.asarray(0.1, jnp.float32))

@@ -218,6 +218,10 @@ def _leaf_changes(path: str, prev: LeafSig, leaf: LeafSig) -> list[ArgChange]:
         if leaf.kind == "static":
             return [] if prev.token == leaf.token else [ArgChange(path, "static", str(prev.value), str(leaf.value))]
         return [] if prev.value == leaf.value else [ArgChange(path, "type", str(prev.value), str(leaf.value))]
+    if _is_key(prev) != _is_key(leaf):
+        # A typed key (jax.random.key) and a raw uint32 one (jax.random.PRNGKey) differ in shape and dtype
+        # alike; one change of kind says it, not a shape change whose fix (bucketing) does not apply.
+        return [ArgChange(path, "type", _key_text(prev), _key_text(leaf))]
     # An array and a Python number are alike to jax: a Python int and the weakly typed i32[] jax returns for
     # it share a compile, so only the abstract value is compared.
     out = []
@@ -230,6 +234,15 @@ def _leaf_changes(path: str, prev: LeafSig, leaf: LeafSig) -> list[ArgChange]:
     if prev.sharding != leaf.sharding and prev.sharding is not None and leaf.sharding is not None:
         out.append(ArgChange(path, "sharding", prev.sharding, leaf.sharding))
     return out
+
+
+def _is_key(leaf: LeafSig) -> bool:
+    return (leaf.dtype or "").startswith("key<")
+
+
+def _key_text(leaf: LeafSig) -> str:
+    kind = "a typed PRNG key" if _is_key(leaf) else "a raw key array" if leaf.dtype == "u32" else "an array"
+    return f"{kind} {leaf.describe()}"
 
 
 def _weak(leaf: LeafSig) -> str:
