@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 import types
 from collections.abc import Iterator
 from typing import Any
@@ -155,6 +156,35 @@ def add_xla_flags_at_backend_start(extra: str) -> None:
         return start(platform)
 
     xla_bridge._init_backend = init_backend
+
+
+def in_host_callback() -> bool:
+    """True inside a host callback that a running compiled computation made (``jax.pure_callback``,
+    ``io_callback``, ``jax.debug.print``/``callback``): jax enters each through a ``_wrapped_callback`` of its
+    ``callback.py`` (jax 0.10 and 0.11). The device waits for such code, not the other way round.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, numpy as np
+        >>> seen = []
+        >>> def host(x):
+        ...     seen.append(in_host_callback())
+        ...     return np.asarray(x)
+        >>> _ = jax.jit(lambda x: jax.pure_callback(host, jax.ShapeDtypeStruct((2,), x.dtype), x))(jnp.ones(2))
+        >>> seen, in_host_callback()
+        ([True], False)
+    """
+    import sys
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "_wrapped_callback" and code.co_filename.endswith(_CALLBACK_FILE):
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
+_CALLBACK_FILE = os.path.join("jax", "_src", "callback.py")
 
 
 def detected_cluster() -> str | None:

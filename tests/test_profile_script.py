@@ -194,6 +194,27 @@ SCRIPTS = {
             update(jnp.ones(64), jnp.ones(64)).block_until_ready()
             update(jnp.ones(64), jnp.ones(64), mode="mul").block_until_ready()
     """,
+    "callbacks.py": """
+        import jax, jax.numpy as jnp, numpy as np
+        from jax.experimental import io_callback
+
+        seen = []
+
+        def host_sin(x):
+            return np.sin(np.asarray(x)).astype(np.float32)  # in pure_callback
+
+        @jax.jit
+        def f(x):
+            y = jax.pure_callback(host_sin, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+            jax.debug.print("mean {m}", m=y.mean())
+            io_callback(lambda v: seen.append(float(v)), None, y.sum())  # in io_callback
+            return y * 2
+
+        x = jnp.arange(8.0)
+        for _ in range(4):
+            x = f(x)
+        print(float(x.sum()))  # the one sync of the program
+    """,
     "crashes.py": """
         import ctypes, time, jax, jax.numpy as jnp
         f = jax.jit(lambda x: x + 1)
@@ -279,6 +300,17 @@ def test_ops_of_a_later_compile_keep_their_source_line(scripts, tmp_path):
     assert update.compiles == 2 and "static argument 'mode'" in update.recompiles[0].reason
     lines = {op.source.line for op in update.ops if op.source is not None}
     assert marked_line(path, "# mul branch") in lines and marked_line(path, "# add branch") in lines
+
+
+def test_reads_inside_host_callbacks_are_not_the_programs_syncs(scripts, tmp_path):
+    # The computation waits for its callbacks; their np.asarray/float()/print once counted as the program
+    # waiting for the device, and jax's copies of their results as transfers at the calling line.
+    path = str(scripts / "callbacks.py")
+    run = profile(parse_target(path), ProfileOptions(calibrate=False, trace_calls=0), str(tmp_path))
+    assert run.exit_code == 0, run.result.error
+    assert [(s.kind, s.source.line, s.count) for s in run.result.syncs] == [
+        ("float()", marked_line(path, "the one sync"), 1)]
+    assert {t.kind for t in run.result.transfers} == {"to_host"}
 
 
 def test_crash_is_contained_and_reported(scripts, tmp_path):

@@ -77,7 +77,7 @@ def timed_transfers(recorder: Any) -> Iterator[None]:
         setattr(owner, name, replacement)
 
     def to_device(kind: str, call: Callable[[], Any], nbytes: Callable[[], int]) -> Any:
-        if not recorder.timing_transfers():
+        if not recorder.timing_transfers() or _compat.in_host_callback():
             return call()
         started, compiled = perf(), recorder.eager_compile_s()
         with recorder.no_transfer_timing():
@@ -90,7 +90,8 @@ def timed_transfers(recorder: Any) -> Iterator[None]:
     def synced(kind: str, arrays: Any, read: Callable[[], Any], nbytes: Callable[[Any], int]) -> Any:
         """Wait for ``arrays`` (untimed calls may still run: that wait is the sync's), then ``read()`` (the copy);
         ``nbytes(result)``: what it copied. Called on every read: no context manager, one array waited for directly."""
-        if not recorder.timing_transfers():
+        # Inside a host callback the running computation waits for the host: no sync of the program's.
+        if not recorder.timing_transfers() or _compat.in_host_callback():
             return read()
         previous = recorder.enter_transfer()
         try:
