@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import sys
 import time
 import types
@@ -38,12 +39,16 @@ from typing import Any
 
 from jaxdbg import _compat
 from jaxdbg._source import caller_user_frame
+from jaxdbg.profile.host_bound import EQX_WAIT
 
 # What the user wrote, by the function of jax's that reached ``ArrayImpl._value`` or ``numpy.asarray``.
 _READ_KINDS = {"__float__": "float()", "__int__": "int()", "__index__": "int()", "__complex__": "complex()",
                "__bool__": "bool()", "__format__": "print/format", "__str__": "print/format",
                "__repr__": "print/format", "tolist": "tolist()", "tobytes": "tobytes()", "_item": ".item()",
                "__array__": "np.asarray"}
+
+
+_EQX_JIT = os.path.join("equinox", "_jit.py")
 
 
 def read_kind(default: str) -> str:
@@ -163,7 +168,8 @@ def timed_transfers(recorder: Any) -> Iterator[None]:
     def block_method(self: Any) -> Any:
         if not recorder.timing_transfers():  # jax.block_until_ready's own call, or the profile's
             return original_method(self)
-        return synced("block_until_ready", self, lambda: self, nothing)
+        caller = sys._getframe(1).f_code.co_filename
+        return synced(EQX_WAIT if caller.endswith(_EQX_JIT) else "block_until_ready", self, lambda: self, nothing)
 
     def wait(x: Any) -> Any:
         previous = recorder.enter_transfer()
