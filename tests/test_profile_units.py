@@ -69,6 +69,27 @@ def test_a_typed_key_after_a_raw_one_is_a_change_of_kind_not_of_shape():
     assert "a typed PRNG key key<fry>[] -> a raw key array u32[2]" in why.reason
 
 
+class _Scaled:  # a static self: hashable by its field, printed as <... object> by default
+    def __init__(self, scale):
+        self.scale = scale
+
+    def __hash__(self):
+        return hash(self.scale)
+
+    def __eq__(self, other):
+        return isinstance(other, _Scaled) and other.scale == self.scale
+
+
+def test_static_objects_that_print_alike_name_the_field_that_differs():
+    def apply(self, x):
+        return x
+
+    one, two = (call_signature(apply, (_Scaled(s), jnp.ones(2)), {}, (0,)) for s in (1.0, 2.0))
+    why = explain([one], two, same_callable=True)
+    # Once "static argument 'self' changed <...object> -> <...object>": the same text on both sides.
+    assert why.reason == "static value 'self.scale' changed 1.0 -> 2.0"
+
+
 def test_weak_type_and_python_scalar_changes():
     weak = _sig(lambda lr: lr, jnp.asarray(0.1))  # weakly typed (from a Python float)
     strong = _sig(lambda lr: lr, jnp.asarray(0.1, jnp.float32))

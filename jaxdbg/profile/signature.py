@@ -216,7 +216,11 @@ def _leaf_changes(path: str, prev: LeafSig, leaf: LeafSig) -> list[ArgChange]:
         if prev.kind != leaf.kind:
             return [ArgChange(path, "type", prev.describe(), leaf.describe())]
         if leaf.kind == "static":
-            return [] if prev.token == leaf.token else [ArgChange(path, "static", str(prev.value), str(leaf.value))]
+            if prev.token == leaf.token:
+                return []
+            if prev.value == leaf.value:  # objects without a telling repr: say which of their fields differ
+                return _field_changes(path, prev, leaf)
+            return [ArgChange(path, "static", str(prev.value), str(leaf.value))]
         return [] if prev.value == leaf.value else [ArgChange(path, "type", str(prev.value), str(leaf.value))]
     if _is_key(prev) != _is_key(leaf):
         # A typed key (jax.random.key) and a raw uint32 one (jax.random.PRNGKey) differ in shape and dtype
@@ -234,6 +238,26 @@ def _leaf_changes(path: str, prev: LeafSig, leaf: LeafSig) -> list[ArgChange]:
     if prev.sharding != leaf.sharding and prev.sharding is not None and leaf.sharding is not None:
         out.append(ArgChange(path, "sharding", prev.sharding, leaf.sharding))
     return out
+
+
+def _field_changes(path: str, prev: LeafSig, leaf: LeafSig) -> list[ArgChange]:
+    """Two static objects that print alike (``<Model object>``) but compare unequal: the fields (``vars``) that
+    differ, e.g. ``self.scale 1.0 -> 2.0``; else the one change, said to be equal in print only."""
+    before, after = getattr(prev.token, "__dict__", None), getattr(leaf.token, "__dict__", None)
+    if isinstance(before, dict) and isinstance(after, dict) and type(prev.token) is type(leaf.token):
+        changed = [ArgChange(f"{path}.{name}", "static", frameworks.readable(before.get(name), _MAX_VALUE_TEXT),
+                             frameworks.readable(after.get(name), _MAX_VALUE_TEXT))
+                   for name in dict.fromkeys([*before, *after]) if not _same(before.get(name), after.get(name))]
+        if changed:
+            return changed
+    return [ArgChange(path, "static", str(prev.value), f"{leaf.value} (prints the same, compares unequal)")]
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return bool(a is b or a == b)
+    except Exception:  # noqa: BLE001 - arrays and odd __eq__: not provably equal
+        return False
 
 
 def _is_key(leaf: LeafSig) -> bool:
