@@ -16,7 +16,7 @@ import signal
 import sys
 import traceback
 
-from jaxdbg.launch import COMMAND_VARIABLE
+from jaxdbg.launch import COMMAND_VARIABLE, XLA_FLAGS_VARIABLE
 from jaxdbg.protocol import Channel, ChildFailed, describe_exception, handler_for
 
 _current: Channel | None = None
@@ -36,6 +36,10 @@ def main(workdir: str) -> int:
         request = pickle.load(handle)
     handler = handler_for(type(request))
     _install_job_agreement()
+    if os.environ.get(XLA_FLAGS_VARIABLE):
+        from jaxdbg._compat import add_xla_flags_at_backend_start  # it imports jax: only when flags are to add
+
+        add_xla_flags_at_backend_start(os.environ[XLA_FLAGS_VARIABLE])
     channel = _current = Channel(os.path.join(workdir, "channel.bin"))
     try:
         handler(request, channel)

@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 import types
 from collections.abc import Iterator
 from typing import Any
@@ -133,6 +134,57 @@ def backend_started() -> bool:
     from jax._src import xla_bridge  # internal: no public "is the backend up?" in jax 0.10/0.11
 
     return bool(xla_bridge._backends)
+
+
+def add_xla_flags_at_backend_start(extra: str) -> None:
+    """Append ``extra`` XLA flags to ``XLA_FLAGS`` when jax starts its first backend (XLA reads the variable
+    then), leaving out any flag the program's own ``XLA_FLAGS`` already names. Setting them in the child's
+    environment up front would make a script's ``os.environ.setdefault("XLA_FLAGS", ...)`` (the usual way to
+    ask for several CPU devices) a no-op, and the program would run differently under jaxdbg."""
+    import os
+
+    from jax._src import xla_bridge  # internal: no public hook runs just before a backend starts
+
+    start = xla_bridge._init_backend
+
+    def init_backend(platform: str) -> Any:
+        own = os.environ.get("XLA_FLAGS", "")
+        named = {flag.split("=", 1)[0] for flag in own.split()}
+        added = [flag for flag in extra.split() if flag.split("=", 1)[0] not in named]
+        if added:
+            os.environ["XLA_FLAGS"] = " ".join([own, *added]).strip()
+        return start(platform)
+
+    xla_bridge._init_backend = init_backend
+
+
+def in_host_callback() -> bool:
+    """True inside a host callback that a running compiled computation made (``jax.pure_callback``,
+    ``io_callback``, ``jax.debug.print``/``callback``): jax enters each through a ``_wrapped_callback`` of its
+    ``callback.py`` (jax 0.10 and 0.11). The device waits for such code, not the other way round.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, numpy as np
+        >>> seen = []
+        >>> def host(x):
+        ...     seen.append(in_host_callback())
+        ...     return np.asarray(x)
+        >>> _ = jax.jit(lambda x: jax.pure_callback(host, jax.ShapeDtypeStruct((2,), x.dtype), x))(jnp.ones(2))
+        >>> seen, in_host_callback()
+        ([True], False)
+    """
+    import sys
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "_wrapped_callback" and code.co_filename.endswith(_CALLBACK_FILE):
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
+_CALLBACK_FILE = os.path.join("jax", "_src", "callback.py")
 
 
 def detected_cluster() -> str | None:
@@ -580,6 +632,21 @@ def custom_jvp_rule_sources() -> Iterator[None]:
             del custom_jvp_call_p.get_bind_params
         else:
             custom_jvp_call_p.get_bind_params = own  # type: ignore[method-assign]  # restored
+
+
+def static_arguments(jitted: Any) -> tuple[tuple[int, ...], tuple[str, ...]] | None:
+    """``(static_argnums, static_argnames)`` of a ``jax.jit`` object as jax completed them (each derived from the
+    other through the function's signature), or None for another callable. A static argument given by number
+    and passed by keyword, or the other way round, is static to jax all the same.
+
+    Example:
+        >>> static_arguments(jax.jit(lambda x, mode="add": x, static_argnames="mode"))
+        ((1,), ('mode',))
+    """
+    info = getattr(jitted, "_jit_info", None)  # private: jax keeps the completed lists there
+    if info is None or not hasattr(info, "static_argnums") or not hasattr(info, "static_argnames"):
+        return None
+    return tuple(info.static_argnums), tuple(info.static_argnames)
 
 
 def jit_options(jitted: Any) -> tuple[Any, dict] | None:

@@ -248,8 +248,11 @@ class InstrumentedJit:
         self.options = options
         self.record = record
         self.name = record.name
-        self.static_argnums = _as_tuple(options.get("static_argnums"))
-        self.static_argnames = _as_tuple(options.get("static_argnames"))
+        # jax's own completed lists: a rebuilt twin (adopted) passes only the numbers, and a keyword argument
+        # named by number (or a positional one named by name) is static all the same.
+        statics = _compat.static_arguments(jitted)
+        self.static_argnums: tuple = statics[0] if statics else _as_tuple(options.get("static_argnums"))
+        self.static_argnames: tuple = statics[1] if statics else _as_tuple(options.get("static_argnames"))
         self._checked: Any = None
         self._plan = _Plan(layer, self, -1)
         # Whether a call may donate (delete) its argument buffers: asked on every watched call.

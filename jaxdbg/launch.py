@@ -32,6 +32,9 @@ WORKER_VARIABLE = "JAXDBG_LAUNCHED_PROCESS"  # set in each launched process: it 
 # Set by the command line (jaxdbg.cli.main): the jaxdbg command this process runs, which the processes of a
 # job compare (multihost.agree_on_command). Here, not in multihost, so the command line imports no jax.
 COMMAND_VARIABLE = "JAXDBG_COMMAND_LINE"
+# XLA flags a command adds for its contained run; the child appends them to XLA_FLAGS as the backend starts
+# (jaxdbg._compat.add_xla_flags_at_backend_start), after the program has set its own.
+XLA_FLAGS_VARIABLE = "JAXDBG_XLA_FLAGS"
 
 
 # (index, count) variables of the launchers whose place jax's cluster detection reads from the environment.

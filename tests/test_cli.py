@@ -22,6 +22,12 @@ def test_help_and_version():
     assert runner.invoke(app, []).exit_code == 0  # bare `jaxdbg` shows the help
 
 
+def test_help_keeps_bracketed_names():
+    # Rich markup took "[tool.jaxdbg.check]" for a style tag and printed "pyproject.toml's  (exit 1 ...".
+    result = runner.invoke(app, ["check", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0 and result.output.count("[tool.jaxdbg.check]") == 2, result.output
+
+
 @pytest.mark.parametrize("argv, fragment", [
     (["doctor", "--bogus"], "No such option: --bogus"),
     (["no-such-command"], "No such command"),

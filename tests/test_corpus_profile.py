@@ -83,6 +83,10 @@ def test_equinox_filter_jit_is_named_as_the_user_wrote_it(tmp_path, capsys):
     assert signature.startswith("model.layers[0].weight: f32[32, 16], model.layers[0].bias: f32[32]")
     assert "dynamic_nodonate" not in signature and "0x" not in signature
     assert "on 2 of 2 recompiles: static changes" in _main_cause_hint(result, "make_step")
+    # filter_jit's own wait on each call, at the calling line: once a "block_until_ready" the program never wrote.
+    syncs = {(s["kind"], s["source"]["line"]) for s in result["syncs"]}
+    assert ("eqx.filter_jit's own wait", _line_of(program, "= make_step(")) in syncs
+    assert not any(kind == "block_until_ready" for kind, _ in syncs)
 
 
 def test_nnx_module_fields_name_the_forgotten_train_mode(tmp_path, capsys):

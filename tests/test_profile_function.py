@@ -67,7 +67,8 @@ def test_function_mode_hlo_and_per_op_table(heavy):
 
 def test_function_inputs_from_make_inputs_and_per_function_budget(tmp_path, capsys):
     # A jitted step as users write it: a static argument (the compiled executable takes only the others) and a
-    # donated pytree of jax arrays from make_inputs (each run needs fresh buffers).
+    # donated pytree of jax arrays from make_inputs (each run needs fresh buffers), and a typed PRNG key (whose
+    # dtype, key<fry>, numpy cannot read: it once ended the run in an internal error).
     (tmp_path / "model.py").write_text(textwrap.dedent("""
         import functools
 
@@ -75,11 +76,12 @@ def test_function_inputs_from_make_inputs_and_per_function_budget(tmp_path, caps
         import jax.numpy as jnp
 
         @functools.partial(jax.jit, static_argnames=("power",), donate_argnums=(0,))
-        def loss(params, x, power):
+        def loss(params, x, power, key):
+            x = x + 1e-3 * jax.random.uniform(key, x.shape)
             return {"w": params["w"] * 0.5}, jnp.mean(jnp.tanh(x @ params["w"]) ** power)
 
         def make_inputs():
-            return {"w": jnp.ones((32, 8))}, jnp.ones((16, 32)), 2
+            return {"w": jnp.ones((32, 8))}, jnp.ones((16, 32)), 2, jax.random.key(0)
     """))
     code = main(["profile", f"{tmp_path}/model.py::loss", "--inputs", f"{tmp_path}/model.py::make_inputs",
                  "--runs", "2", "--trace-calls", "0", "--out", str(tmp_path / "o"), "--json", "-",

@@ -219,3 +219,14 @@ def test_mnist_fed_from_numpy_text_and_csv(mnist_numpy_feed):
     assert any(r["kind"] == "np.asarray" and r["line"] == str(line) and r["count"] == "12" for r in rows)
     with open(paths["transfers"]) as handle:
         assert any(r["kind"] == "jnp.asarray" for r in csv.DictReader(handle))
+
+
+def test_filter_jits_own_wait_gets_its_own_fix_not_read_less_often():
+    from jaxdbg._source import SourceLocation
+    from jaxdbg.profile.host_bound import EQX_WAIT, _fixes
+    from jaxdbg.profile.model import HostSync
+
+    wait = HostSync(EQX_WAIT, SourceLocation("train.py", 21, "main"), 15, 0.03, 0.01, 0)
+    fixes = _fixes(1.0, 0.5, 0.0, 0.0, 0.0, 0.5, [wait])
+    assert fixes[0].startswith("let steps queue: eqx.filter_jit waits for every call it makes (15x at train.py:21)")
+    assert "every N steps" not in fixes[0]  # the program has no read of its own to thin out

@@ -173,6 +173,48 @@ SCRIPTS = {
         f(jnp.ones(3))  # compiles again: answered by the persistent cache
         print("done")
     """,
+    "own_xla_flags.py": """
+        import os
+        os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")  # as jax's docs show
+        import jax, jax.numpy as jnp
+        print("devices", jax.device_count())
+        jax.jit(lambda x: x + 1)(jnp.ones(4))
+    """,
+    "static_branch.py": """
+        from functools import partial
+        import jax, jax.numpy as jnp
+
+        @partial(jax.jit, static_argnames=("mode",))
+        def update(buf, delta, mode="add"):
+            if mode == "add":
+                return jnp.sin(buf + delta)  # add branch
+            return jnp.cos(buf * delta)  # mul branch
+
+        for _ in range(2):
+            update(jnp.ones(64), jnp.ones(64)).block_until_ready()
+            update(jnp.ones(64), jnp.ones(64), mode="mul").block_until_ready()
+    """,
+    "callbacks.py": """
+        import jax, jax.numpy as jnp, numpy as np
+        from jax.experimental import io_callback
+
+        seen = []
+
+        def host_sin(x):
+            return np.sin(np.asarray(x)).astype(np.float32)  # in pure_callback
+
+        @jax.jit
+        def f(x):
+            y = jax.pure_callback(host_sin, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+            jax.debug.print("mean {m}", m=y.mean())
+            io_callback(lambda v: seen.append(float(v)), None, y.sum())  # in io_callback
+            return y * 2
+
+        x = jnp.arange(8.0)
+        for _ in range(4):
+            x = f(x)
+        print(float(x.sum()))  # the one sync of the program
+    """,
     "crashes.py": """
         import ctypes, time, jax, jax.numpy as jnp
         f = jax.jit(lambda x: x + 1)
@@ -238,6 +280,37 @@ def test_script_with_its_own_capture_and_a_persistent_cache(scripts, tmp_path):
     assert f.compiles == 2 and f.execute.calls == 3
     assert "caches were cleared" in f.recompiles[0].reason and f.recompiles[0].call_index == 2
     assert [c.cache_hit for c in f.compilations] == [False, True]
+
+
+def test_script_setting_its_own_xla_flags_gets_them_with_jaxdbgs_added(scripts, tmp_path, monkeypatch):
+    # jaxdbg's own flags (command buffers off for the capture) once filled XLA_FLAGS before the script ran,
+    # so its setdefault did nothing: one device under jaxdbg, two in a plain run.
+    monkeypatch.delenv("XLA_FLAGS")
+    run = profile(parse_target(str(scripts / "own_xla_flags.py")), ProfileOptions(calibrate=False), str(tmp_path))
+    assert run.exit_code == 0, run.result.error
+    assert "devices 2" in run.outcome.stdout and len((run.environment or {})["devices"]) == 2
+
+
+def test_ops_of_a_later_compile_keep_their_source_line(scripts, tmp_path):
+    # The capture names both compiles' ops by one module (jit_update); only the first compile's HLO was read,
+    # so the mul branch's ops had no line.
+    path = str(scripts / "static_branch.py")
+    run = profile(parse_target(path), ProfileOptions(calibrate=False), str(tmp_path))
+    update = by_name(run, "update")
+    assert update.compiles == 2 and "static argument 'mode'" in update.recompiles[0].reason
+    lines = {op.source.line for op in update.ops if op.source is not None}
+    assert marked_line(path, "# mul branch") in lines and marked_line(path, "# add branch") in lines
+
+
+def test_reads_inside_host_callbacks_are_not_the_programs_syncs(scripts, tmp_path):
+    # The computation waits for its callbacks; their np.asarray/float()/print once counted as the program
+    # waiting for the device, and jax's copies of their results as transfers at the calling line.
+    path = str(scripts / "callbacks.py")
+    run = profile(parse_target(path), ProfileOptions(calibrate=False, trace_calls=0), str(tmp_path))
+    assert run.exit_code == 0, run.result.error
+    assert [(s.kind, s.source.line, s.count) for s in run.result.syncs] == [
+        ("float()", marked_line(path, "the one sync"), 1)]
+    assert {t.kind for t in run.result.transfers} == {"to_host"}
 
 
 def test_crash_is_contained_and_reported(scripts, tmp_path):

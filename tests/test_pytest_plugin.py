@@ -16,9 +16,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 USER_TESTS = textwrap.dedent('''
+    from functools import partial
+
     import jax
     import jax.numpy as jnp
     import pytest
+
+
+    @partial(jax.jit, static_argnames=("mode",))  # jitted before the watch: adopted, rebuilt with its options
+    def update(buf, mode="add"):
+        return buf + 1 if mode == "add" else buf * 2
+
+
+    @pytest.mark.jaxdbg(max_compiles=1)
+    def test_static_keyword():
+        update(jnp.ones(3))
+        update(jnp.ones(3), mode="mul")
 
 
     @pytest.mark.jaxdbg
@@ -75,18 +88,20 @@ def test_marked_tests_fail_with_one_line_and_keep_their_report_under_xdist(tmp_p
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     out = done.stdout
     assert done.returncode == 1, out[-3000:] + done.stderr[-3000:]
-    assert "2 failed, 2 passed" in out, out[-3000:]
+    assert "3 failed, 2 passed" in out, out[-3000:]
     failed = {line.split("::")[-1].split(" ")[0] for line in out.splitlines() if line.startswith("FAILED ")}
-    assert failed == {"test_goes_nan", "test_ragged"}
+    assert failed == {"test_goes_nan", "test_ragged", "test_static_keyword"}
     messages = [line for line in out.splitlines() if line.startswith("jaxdbg.watch: ")]  # each test's failure
-    assert len(messages) == 2, out[-3000:]
+    assert len(messages) == 3, out[-3000:]
     nan_line = f"jaxdbg.watch: nan first made by sqrt (forward pass) at test_user.py:{ORIGIN_LINE} in <lambda>, call 3"
     assert any(m.startswith(nan_line + " (report: ") for m in messages)
     assert any("call 2: argument 'batch' shape changed (8, 2) -> (5, 2)" in m for m in messages)
+    # The adopted twin once knew only jax's static_argnums, so the keyword 'mode' read as a pytree change.
+    assert any("call 1: static argument 'mode' changed its default (not passed) -> 'mul'" in m for m in messages)
     assert "Traceback" not in out and "NonFiniteError" not in out  # the one line, not a traceback
     reports = {path.parent.parent.name: json.loads(path.read_text()) for path in basetemp.glob("*/*/jaxdbg/report.json")
                if not path.parent.parent.name.endswith("current")}  # pytest's "...current" links
-    assert {name.rstrip("0123456789") for name in reports} == {"test_goes_nan", "test_ragged"}
+    assert {name.rstrip("0123456789") for name in reports} == {"test_goes_nan", "test_ragged", "test_static_keyword"}
     nan = next(r for name, r in reports.items() if name.startswith("test_goes_nan"))
     assert (nan["command"], nan["result"]["first"]["source"]["line"], nan["result"]["first"]["call_index"]) == (
         "watch", ORIGIN_LINE, 3)

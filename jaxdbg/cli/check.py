@@ -27,8 +27,9 @@ from jaxdbg.cli._common import (
 )
 from jaxdbg.report import Report, environment_info, relative_or_absolute
 
+# "\\[": typer renders help as rich markup, which would drop "[tool.jaxdbg.check]" as an unknown style tag.
 ConfigOpt = Annotated[str | None, typer.Option(
-    "--config", metavar="PATH", help="The pyproject.toml holding [tool.jaxdbg.check] (default: the nearest one "
+    "--config", metavar="PATH", help="The pyproject.toml holding \\[tool.jaxdbg.check] (default: the nearest one "
     "from the current folder up).")]
 JobsOpt = Annotated[int | None, typer.Option(
     "--jobs", metavar="N", min=1, help="Checks run at once (default: the CPU count).")]
@@ -55,7 +56,7 @@ def check(
     json: JsonOpt = None, out: OutOpt = None, timeout: TimeoutOpt = None, quiet: QuietOpt = False,
     verbose: VerboseOpt = False, metrics: MetricsOpt = None, metrics_push: MetricsPushOpt = None,
 ) -> int:
-    """Run the CI checks of pyproject.toml's [tool.jaxdbg.check] (exit 1 if one fails)."""
+    """Run the CI checks of pyproject.toml's \\[tool.jaxdbg.check] (exit 1 if one fails)."""
     common = Common("check", json, out, timeout, quiet, verbose, metrics=metrics, metrics_push=metrics_push)
     return execute(common, lambda c: _build(c, config, jobs, junit, baseline, update_baseline, repeats, alpha),
                    render)

@@ -23,7 +23,8 @@ _FIXES = {
     "callable": "jax.jit is applied to a new function object each time: jit once, outside the loop",
     "sharding": "inputs arrive with different shardings: device_put them with one sharding",
     "structure": "the pytree structure of an argument changes between calls: keep the same keys/lengths",
-    "type": "an argument switches between a Python scalar and an array: pass the same kind each call",
+    "type": ("an argument switches kind (a Python scalar and an array; a typed PRNG key from jax.random.key and a "
+             "raw uint32 one from jax.random.PRNGKey): pass the same kind each call"),
 }
 
 # A pmap's first call often gets arguments on one device (replicated with jnp.stack or broadcast_to) and every later

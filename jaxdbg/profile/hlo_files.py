@@ -34,3 +34,17 @@ def write_hlo(out_dir: str, name: str, index: int, stablehlo: str, optimized: st
         paths["shardings"] = os.path.join(folder, f"{stem}.shardings.json")
         write_specs(paths["shardings"], specs)
     return paths
+
+
+def later_compiles(path: str, compiles: int) -> list[str]:
+    """The optimised HLO files of a function's later compiles, given its first one's (``write_hlo`` numbers them
+    ``<stem>.<n>``), those that exist.
+
+        >>> later_compiles("/nowhere/hlo/f.optimized.hlo.txt", 3)
+        []
+    """
+    suffix = ".optimized.hlo.txt"
+    if not path.endswith(suffix):
+        return []
+    stem = path[: -len(suffix)]
+    return [p for p in (f"{stem}.{n}{suffix}" for n in range(1, compiles)) if os.path.exists(p)]

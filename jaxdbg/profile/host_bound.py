@@ -34,6 +34,9 @@ from dataclasses import dataclass
 from jaxdbg._source import SourceLocation
 from jaxdbg.profile.model import HostSync, InputPipeline, InputVerdict
 
+# eqx.filter_jit waits for every call it makes (on its runtime-error marker): a sync the program did not write.
+EQX_WAIT = "eqx.filter_jit's own wait"
+
 MODERATE = 0.05  # xprof's thresholds on the share of the step the device waits for input
 HIGH = 0.20
 MIN_STEPS = 3
@@ -234,9 +237,15 @@ def _fixes(step: float, device: float, host: float, transfer: float, dispatch: f
     found: list[tuple[float, str]] = []
     if every_step and overlap >= MODERATE * step:
         site = max(every_step, key=lambda s: s.device_idle_s)
-        found.append((overlap, f"log every N steps: {site.kind} at {_at(site.source)} waits for every step "
-                               f"({site.count}x) and leaves the device idle until the next one is queued; read values "
-                               "every N steps (or keep running sums on the device)"))
+        if site.kind == EQX_WAIT:  # no read of the program's to thin out
+            found.append((overlap, f"let steps queue: eqx.filter_jit waits for every call it makes ({site.count}x at "
+                                   f"{_at(site.source)}) and leaves the device idle until the next one is queued; jit "
+                                   "the step with jax.jit instead (the model's arrays from eqx.partition as arguments, "
+                                   "eqx.combine inside)"))
+        else:
+            found.append((overlap, f"log every N steps: {site.kind} at {_at(site.source)} waits for every step "
+                                   f"({site.count}x) and leaves the device idle until the next one is queued; read "
+                                   "values every N steps (or keep running sums on the device)"))
     if host >= MODERATE * step:
         found.append((host, "prefetch: build the next batches while the device runs (double-buffer the input "
                             "pipeline: a background thread or a loader with prefetch, jax.device_put one step "

@@ -237,7 +237,8 @@ def function_job(job: ProfileJob, channel: Any) -> None:
     from jaxdbg.profile.hlo_files import write_hlo
     from jaxdbg.profile.instrument import Recorder, compile_listener
     from jaxdbg.profile.monitor import Sampler
-    from jaxdbg.target import load_function, load_inputs, short_dtype
+    from jaxdbg.profile.signature import compiled_dtype
+    from jaxdbg.target import load_function, load_inputs
 
     send, info = start(channel)
     options = job.options
@@ -272,7 +273,7 @@ def function_job(job: ProfileJob, channel: Any) -> None:
             send(CompileRecord(
                 0, 0, trace_s=t1 - t0, lower_s=t2 - t1, compile_s=t3 - t2, total_s=t3 - t0,
                 signature=_signature_text(args),
-                dtypes=tuple(short_dtype(a.dtype) for a in args if hasattr(a, "dtype")),
+                dtypes=tuple(compiled_dtype(a.dtype) for a in args if hasattr(a, "dtype")),  # PRNG keys too
                 hlo=write_hlo(job.out_dir, name, 0, lowered.as_text(), text, compiled), module=module_name(text),
                 cost=_compat.compiled_cost(compiled), memory=_compat.compiled_memory(compiled),
             ))

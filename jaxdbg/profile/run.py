@@ -21,6 +21,7 @@ from pathlib import Path
 
 from jaxdbg._errors import EXIT_FOUND, EXIT_OK, EXIT_TARGET_FAILED
 from jaxdbg._source import is_jaxdbg_file
+from jaxdbg.launch import XLA_FLAGS_VARIABLE
 from jaxdbg.outcomes import failure_line, raise_internal_failure, raise_usage_from_child
 from jaxdbg.profile.assemble import Gathered
 from jaxdbg.profile.budget import check_budget, parse_budget
@@ -78,7 +79,7 @@ def profile(spec: TargetSpec, options: ProfileOptions, out_dir: str) -> ProfileR
     artifacts: dict[str, str] = {}
     dump = os.path.join(out_dir, "xla_dump") if options.xla_dump else None
     flags, command_buffers_off = child_xla_flags(os.environ.get("XLA_FLAGS", ""), options, dump)
-    env = {"XLA_FLAGS": flags}
+    env = {XLA_FLAGS_VARIABLE: flags}
     if dump:
         artifacts["xla_dump"] = dump
     outcome = run_contained(ProfileJob(spec, options, out_dir), timeout=options.timeout, env=env)
@@ -126,22 +127,23 @@ def profile(spec: TargetSpec, options: ProfileOptions, out_dir: str) -> ProfileR
 
 
 def child_xla_flags(flags: str, options: ProfileOptions, dump: str | None) -> tuple[str, bool]:
-    """XLA_FLAGS for the profiled process, and whether jaxdbg turned XLA:GPU's command buffers off.
+    """The XLA flags jaxdbg adds for the profiled process, and whether it turned XLA:GPU's command buffers off.
 
     Kernels that XLA:GPU runs inside a command buffer (a CUDA graph; loop bodies and runs of fusions by default)
     reach the profiler without their HLO op, so xprof's per-op table loses them (openxla/xprof#3070): a
     while-loop of matmuls shows no matmul at all. With a capture to take, jaxdbg turns command buffers off
     unless the user set the flag or asked to keep them (``--command-buffers``). CPU ignores the flag.
 
+    The child appends them to the program's own XLA_FLAGS as its backend starts (launch.XLA_FLAGS_VARIABLE).
+
         >>> child_xla_flags("", ProfileOptions(), None)
         ('--xla_gpu_enable_command_buffer=', True)
     """
     off = options.trace_calls > 0 and not options.command_buffers and "xla_gpu_enable_command_buffer" not in flags
-    if off:
-        flags = f"{flags} --xla_gpu_enable_command_buffer="
+    added = "--xla_gpu_enable_command_buffer=" if off else ""
     if dump:
-        flags = f"{flags} --xla_dump_to={dump} --xla_dump_hlo_as_text"
-    return flags.strip(), off
+        added = f"{added} --xla_dump_to={dump} --xla_dump_hlo_as_text"
+    return added.strip(), off
 
 
 _STACK_FILE = re.compile(r'File "([^"]+)", line \d+')  # a traceback's and faulthandler's frames alike
@@ -197,6 +199,7 @@ def attach_ops(functions: list[FunctionProfile], captured: CaptureOps, top: int,
     first; ``captured.by_module``: the capture's own op events keyed by HLO module (``jit_train_step``)."""
     from jaxdbg.profile.collectives import read_specs
     from jaxdbg.profile.hlo import parse_hlo
+    from jaxdbg.profile.hlo_files import later_compiles
     from jaxdbg.profile.ops import function_ops
 
     if top <= 0:
@@ -210,6 +213,12 @@ def attach_ops(functions: list[FunctionProfile], captured: CaptureOps, top: int,
                 module = parse_hlo(handle.read())
             if function.hlo.get("shardings"):
                 read_specs(module, function.hlo["shardings"])
+            # The capture names every compile's ops by the one module name (jit_update): an op only a later
+            # compile has (a static argument's other branch) takes its category and line from that compile.
+            for later in later_compiles(path, function.compiles or 0):
+                with open(later) as handle:
+                    for op_name, op in parse_hlo(handle.read()).ops.items():
+                        module.ops.setdefault(op_name, op)
         name = function.module or (module.name if module else f"jit_{function.name}")
         rows, source = function_ops(function.name, name, module, captured.by_prefix, captured.by_module, top)
         devices = device_executions(captured.per_device.get(name, {}), backend)

@@ -91,7 +91,7 @@ def parameter_names(fun: Callable) -> list[str] | None:
     return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
 
-def _short_dtype(dtype: Any) -> str:
+def compiled_dtype(dtype: Any) -> str:
     """The dtype jax compiles for (float64 -> f32 without x64), in the contract's spelling."""
     import jax
 
@@ -109,13 +109,13 @@ def leaf_signature(value: Any) -> LeafSig:
     """The signature of one dynamic leaf (jax array, numpy array, Python number or other), as jax keys on it."""
     if type(value) in _SCALAR_KINDS:
         widest, weak = _SCALAR_KINDS[type(value)]
-        return LeafSig("scalar", (), _short_dtype(widest), weak, value=type(value).__name__)
+        return LeafSig("scalar", (), compiled_dtype(widest), weak, value=type(value).__name__)
     shape = getattr(value, "shape", None)
     dtype = getattr(value, "dtype", None)
     if shape is not None and dtype is not None:
         sharding = getattr(value, "sharding", None)
         return LeafSig(
-            "array", tuple(int(d) for d in shape), _short_dtype(dtype), bool(getattr(value, "weak_type", False)),
+            "array", tuple(int(d) for d in shape), compiled_dtype(dtype), bool(getattr(value, "weak_type", False)),
             _describe_sharding(sharding) if sharding is not None else None,
         )
     return LeafSig("other", value=type(value).__name__)
@@ -189,13 +189,26 @@ def diff(old: Signature, new: Signature) -> list[ArgChange]:
     for path, leaf in new.leaves:
         prev = before.get(path)
         if prev is None:
-            changes.append(ArgChange(path, "structure", "absent", leaf.describe()))
+            changes.append(_appeared(path, leaf, "absent", leaf.describe()))
         else:
             changes.extend(_leaf_changes(path, prev, leaf))
     for path, leaf in old.leaves:
         if path not in after:
-            changes.append(ArgChange(path, "structure", leaf.describe(), "absent"))
+            changes.append(_appeared(path, leaf, leaf.describe(), "absent"))
     return changes
+
+
+_DEFAULT = "its default (not passed)"
+
+
+def _appeared(path: str, leaf: LeafSig, before: str, after: str) -> ArgChange:
+    """A leaf in one signature only. A static keyword argument passed in one call and left to its default in
+    the other is a static value change to jit (its cache keys the keywords passed), not a pytree change."""
+    if leaf.kind != "static" or leaf.attribute:
+        return ArgChange(path, "structure", before, after)
+    if before == "absent":
+        return ArgChange(path, "static", _DEFAULT, str(leaf.value))
+    return ArgChange(path, "static", str(leaf.value), _DEFAULT)
 
 
 def _leaf_changes(path: str, prev: LeafSig, leaf: LeafSig) -> list[ArgChange]:
@@ -203,8 +216,16 @@ def _leaf_changes(path: str, prev: LeafSig, leaf: LeafSig) -> list[ArgChange]:
         if prev.kind != leaf.kind:
             return [ArgChange(path, "type", prev.describe(), leaf.describe())]
         if leaf.kind == "static":
-            return [] if prev.token == leaf.token else [ArgChange(path, "static", str(prev.value), str(leaf.value))]
+            if prev.token == leaf.token:
+                return []
+            if prev.value == leaf.value:  # objects without a telling repr: say which of their fields differ
+                return _field_changes(path, prev, leaf)
+            return [ArgChange(path, "static", str(prev.value), str(leaf.value))]
         return [] if prev.value == leaf.value else [ArgChange(path, "type", str(prev.value), str(leaf.value))]
+    if _is_key(prev) != _is_key(leaf):
+        # A typed key (jax.random.key) and a raw uint32 one (jax.random.PRNGKey) differ in shape and dtype
+        # alike; one change of kind says it, not a shape change whose fix (bucketing) does not apply.
+        return [ArgChange(path, "type", _key_text(prev), _key_text(leaf))]
     # An array and a Python number are alike to jax: a Python int and the weakly typed i32[] jax returns for
     # it share a compile, so only the abstract value is compared.
     out = []
@@ -217,6 +238,35 @@ def _leaf_changes(path: str, prev: LeafSig, leaf: LeafSig) -> list[ArgChange]:
     if prev.sharding != leaf.sharding and prev.sharding is not None and leaf.sharding is not None:
         out.append(ArgChange(path, "sharding", prev.sharding, leaf.sharding))
     return out
+
+
+def _field_changes(path: str, prev: LeafSig, leaf: LeafSig) -> list[ArgChange]:
+    """Two static objects that print alike (``<Model object>``) but compare unequal: the fields (``vars``) that
+    differ, e.g. ``self.scale 1.0 -> 2.0``; else the one change, said to be equal in print only."""
+    before, after = getattr(prev.token, "__dict__", None), getattr(leaf.token, "__dict__", None)
+    if isinstance(before, dict) and isinstance(after, dict) and type(prev.token) is type(leaf.token):
+        changed = [ArgChange(f"{path}.{name}", "static", frameworks.readable(before.get(name), _MAX_VALUE_TEXT),
+                             frameworks.readable(after.get(name), _MAX_VALUE_TEXT))
+                   for name in dict.fromkeys([*before, *after]) if not _same(before.get(name), after.get(name))]
+        if changed:
+            return changed
+    return [ArgChange(path, "static", str(prev.value), f"{leaf.value} (prints the same, compares unequal)")]
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return bool(a is b or a == b)
+    except Exception:  # noqa: BLE001 - arrays and odd __eq__: not provably equal
+        return False
+
+
+def _is_key(leaf: LeafSig) -> bool:
+    return (leaf.dtype or "").startswith("key<")
+
+
+def _key_text(leaf: LeafSig) -> str:
+    kind = "a typed PRNG key" if _is_key(leaf) else "a raw key array" if leaf.dtype == "u32" else "an array"
+    return f"{kind} {leaf.describe()}"
 
 
 def _weak(leaf: LeafSig) -> str:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import sys
 import time
 import types
@@ -38,12 +39,16 @@ from typing import Any
 
 from jaxdbg import _compat
 from jaxdbg._source import caller_user_frame
+from jaxdbg.profile.host_bound import EQX_WAIT
 
 # What the user wrote, by the function of jax's that reached ``ArrayImpl._value`` or ``numpy.asarray``.
 _READ_KINDS = {"__float__": "float()", "__int__": "int()", "__index__": "int()", "__complex__": "complex()",
                "__bool__": "bool()", "__format__": "print/format", "__str__": "print/format",
                "__repr__": "print/format", "tolist": "tolist()", "tobytes": "tobytes()", "_item": ".item()",
                "__array__": "np.asarray"}
+
+
+_EQX_JIT = os.path.join("equinox", "_jit.py")
 
 
 def read_kind(default: str) -> str:
@@ -77,7 +82,7 @@ def timed_transfers(recorder: Any) -> Iterator[None]:
         setattr(owner, name, replacement)
 
     def to_device(kind: str, call: Callable[[], Any], nbytes: Callable[[], int]) -> Any:
-        if not recorder.timing_transfers():
+        if not recorder.timing_transfers() or _compat.in_host_callback():
             return call()
         started, compiled = perf(), recorder.eager_compile_s()
         with recorder.no_transfer_timing():
@@ -90,7 +95,8 @@ def timed_transfers(recorder: Any) -> Iterator[None]:
     def synced(kind: str, arrays: Any, read: Callable[[], Any], nbytes: Callable[[Any], int]) -> Any:
         """Wait for ``arrays`` (untimed calls may still run: that wait is the sync's), then ``read()`` (the copy);
         ``nbytes(result)``: what it copied. Called on every read: no context manager, one array waited for directly."""
-        if not recorder.timing_transfers():
+        # Inside a host callback the running computation waits for the host: no sync of the program's.
+        if not recorder.timing_transfers() or _compat.in_host_callback():
             return read()
         previous = recorder.enter_transfer()
         try:
@@ -162,7 +168,8 @@ def timed_transfers(recorder: Any) -> Iterator[None]:
     def block_method(self: Any) -> Any:
         if not recorder.timing_transfers():  # jax.block_until_ready's own call, or the profile's
             return original_method(self)
-        return synced("block_until_ready", self, lambda: self, nothing)
+        caller = sys._getframe(1).f_code.co_filename
+        return synced(EQX_WAIT if caller.endswith(_EQX_JIT) else "block_until_ready", self, lambda: self, nothing)
 
     def wait(x: Any) -> Any:
         previous = recorder.enter_transfer()
