@@ -145,14 +145,20 @@ def add_xla_flags_at_backend_start(extra: str) -> None:
 
     from jax._src import xla_bridge  # internal: no public hook runs just before a backend starts
 
-    start = xla_bridge._init_backend
-
-    def init_backend(platform: str) -> Any:
+    def add() -> None:
         own = os.environ.get("XLA_FLAGS", "")
         named = {flag.split("=", 1)[0] for flag in own.split()}
         added = [flag for flag in extra.split() if flag.split("=", 1)[0] not in named]
         if added:
             os.environ["XLA_FLAGS"] = " ".join([own, *added]).strip()
+
+    start = getattr(xla_bridge, "_init_backend", None)
+    if start is None:  # a jax without that internal: the flags go in now (a program's setdefault then loses)
+        add()
+        return
+
+    def init_backend(platform: str) -> Any:
+        add()
         return start(platform)
 
     xla_bridge._init_backend = init_backend
