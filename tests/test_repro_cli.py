@@ -185,6 +185,9 @@ def test_function_target_with_random_args(tmp_path_factory):
                             "--source-time", "0")
     result = report["result"]
     assert code == 0 and result["verified"] and result["failing_primitives"] == ["log"]
+    # The place is said in the user's module, not in jaxdbg's copy of it (deleted once repro ends).
+    location = result["signature"]["location"]
+    assert location is None or location["file"] == str(module)
 
 
 def test_time_limit_keeps_the_smallest_verified_reproducer(tmp_path_factory):

@@ -99,8 +99,11 @@ def reproduce(spec: TargetSpec, options: ReproOptions, out_dir: str, on_progress
     work = tempfile.mkdtemp(prefix="jaxdbg-repro-")
     try:
         subject = prepare_subject(spec, options.inputs, options.args, options.seed, work, options.timeout)
-        return _Reproduction(spec, subject, options, out_dir, work, clock, progress,
-                             launched_place(os.environ)).run()
+        result, artifacts = _Reproduction(spec, subject, options, out_dir, work, clock, progress,
+                                          launched_place(os.environ)).run()
+        # The report outlives the work folder: its place is said in the user's files, not in a copy there.
+        place = subject.in_users_files(result.signature.location)
+        return replace(result, signature=replace(result.signature, location=place)), artifacts
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -56,6 +56,8 @@ class Subject:
     data_free_source: str | None = None  # function targets: the same call with np.ones inputs (no inputs.npz)
     combined: Combined | None = None  # how ``source`` maps back to the user's files, when modules were pasted
     reduce_path: str = ""  # a file holding ``source`` (``path`` itself when nothing was pasted)
+    # Function targets: the user's module and its line count (``path`` is a copy of it plus jaxdbg's driver).
+    module: tuple[str, int] | None = None
 
     def locate(self, location: SourceLocation | None) -> SourceLocation | None:
         """Where a place of the original program (``models.py:21``) is in ``source``, as a place in ``reduce_path``;
@@ -64,6 +66,23 @@ class Subject:
             return location
         line = self.combined.line_of(location.file, location.line)
         return location if line is None else SourceLocation(self.reduce_path, line, location.function)
+
+    def in_users_files(self, location: SourceLocation | None) -> SourceLocation | None:
+        """Where a place of ``path`` is in the user's files, for the report: the work folder holding ``path`` is
+        gone once repro ends. A line of a function target's module copy is that line of the module (main blocks
+        are blanked, lines stay); a line of the driver is the call jaxdbg wrote, which the user never saw: None.
+
+        Example:
+            >>> subject = Subject("/tmp/w/subject/m.py", "", "m.py", RunRequest(), module=("/home/me/m.py", 9))
+            >>> subject.in_users_files(SourceLocation("/tmp/w/subject/m.py", 4, "loss"))
+            SourceLocation(file='/home/me/m.py', line=4, function='loss')
+            >>> subject.in_users_files(SourceLocation("/tmp/w/subject/m.py", 12, "<module>")) is None
+            True
+        """
+        if location is None or self.module is None or os.path.realpath(location.file) != os.path.realpath(self.path):
+            return location
+        file, lines = self.module
+        return replace(location, file=file) if location.line <= lines else None
 
 
 def prepare_subject(spec: TargetSpec, inputs: str | None, args: str | None, seed: int, work_dir: str,
@@ -94,7 +113,8 @@ def prepare_subject(spec: TargetSpec, inputs: str | None, args: str | None, seed
         handle.write(source)
     request = RunRequest(sys_path=(os.path.dirname(module_path),))
     subject = Subject(path, source, os.path.basename(module_path), request, {INPUTS_FILE: npz},
-                      count_lines(module_source), body + ones_driver_source(spec.function, flat), reduce_path=path)
+                      count_lines(module_source), body + ones_driver_source(spec.function, flat), reduce_path=path,
+                      module=(os.path.abspath(module_path), len(body.splitlines())))
     return _with_modules_pasted(subject, os.path.dirname(module_path), work_dir)
 
 
