@@ -276,3 +276,15 @@ def test_a_value_read_once_later_in_its_block_is_written_there():
     assert not any("return k * 2\n" in t for t in texts) and any("v = k * 2" in t for t in texts)  # k changed
     assert not any("k = k * 2" in t for t in texts)  # read inside a loop
     assert _value_error_test([type("S", (), {"text": t}) for t in texts]) == [True] * len(texts)
+
+
+def test_a_cause_announced_on_the_next_line_is_quoted(tmp_path):
+    """JAX says a non-hashable static argument's cause on the line after 'The error was:'; repro's texts (the
+    detection, a source reproducer's verification) once stopped at the colon."""
+    script = tmp_path / "static.py"
+    script.write_text("from functools import partial\nimport jax\nimport jax.numpy as jnp\n\n"
+                      "@partial(jax.jit, static_argnums=(1,))\ndef f(x, rate):\n    return x * rate\n\n"
+                      "f(jnp.ones(3), jnp.float32(0.5))\n")
+    failure = choose(observe(run_contained(RunRequest(script=str(script)), timeout=60, env=CHILD_ENV)),
+                     "exception", None)
+    assert failure is not None and "unhashable type" in failure.describe()

@@ -65,6 +65,24 @@ def raised_inside_jax(traceback_text: str) -> bool:
     return bool(files) and in_jax(files[-1])
 
 
+def headline(message: str | None) -> str:
+    """The line that says what an exception is: its first line, with the next one joined in when the first
+    ends announcing it. JAX does so ("... The error was:" of a non-hashable static argument, "... but they
+    differ:" of a scan carry): the first line alone drops the cause, and repro's texts would quote it so.
+
+    Example:
+        >>> headline("Non-hashable static arguments are not supported. The error was:\\nTypeError: unhashable type")
+        'Non-hashable static arguments are not supported. The error was: TypeError: unhashable type'
+        >>> headline("index 9 out of bounds\\nsome detail")
+        'index 9 out of bounds'
+    """
+    text = without_tracebacks(message).strip()
+    line, lines = first_line(text), text.splitlines()
+    if line.endswith(":") and len(lines) > 1 and line == lines[0].strip():
+        return first_line(f"{line} {lines[1].strip()}")
+    return line
+
+
 def observe(outcome: Outcome) -> list[Failure]:
     """Every failure one contained run showed: the one that ended it first, then those the watch saw."""
     jax_work = bool(outcome.all(JaxWork))
@@ -78,7 +96,7 @@ def observe(outcome: Outcome) -> list[Failure]:
         # A host callback's exception comes back as text: it was raised where its own traceback says.
         where = embedded_raise(exc.message) or exc.user_frame
         sig = FailureSignature.of(Criterion.exception(exc.type, exc.message), location=where)
-        found.append(Failure(sig, f"{exc.type}: {first_line(without_tracebacks(exc.message))}", where,
+        found.append(Failure(sig, f"{exc.type}: {headline(exc.message)}", where,
                              raised_inside_jax(exc.traceback), **common))
     elif outcome.status == "crash":
         found.append(Failure(FailureSignature("crash", signal=outcome.signal), f"crash with {outcome.signal}",
