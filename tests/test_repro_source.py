@@ -24,6 +24,22 @@ def test_messages_are_normalised_for_shapes_addresses_and_paths():
     assert a == b and "<n>" in a
     assert normalise_message("<object at 0x7f3a2c1b90d0> from /tmp/x/y/model.py") == "<object at <addr>> from <path>"
     assert normalise_message("jit and op-by-op disagree") == "jit and op-by-op disagree"
+    # A dtype is a name, not a number: float32 and bfloat16 stay apart.
+    assert normalise_message("type float32[8] and bfloat16[8]") == "type float32[<n>] and bfloat16[<n>]"
+
+
+def test_stack_frames_quoted_in_a_message_are_no_part_of_it():
+    """Equinox's EquinoxRuntimeError quotes the stack inside jit: jaxdbg's own frames under its watch, other
+    user frames as the program shrinks. Once part of the criterion, no reproducer ever matched (NOT verified)."""
+    def equinox(frames):
+        return ("Above is the stack outside of JIT. Below is the stack inside of JIT:\n" + frames
+                + "\nequinox.EquinoxRuntimeError: integrator diverged\n\n----\n\nAn error occurred.")
+
+    watched = equinox('  File "/x/jaxdbg/jit.py", line 40, in __call__\n    out = hooks[0].around(call, call.run)\n'
+                      '          ^^^^^^^^^^^^^^^^^^^^^^^\n  File "run.py", line 19, in body\n    y = error_if(y, c)\n')
+    alone = equinox('  File "repro.py", line 7, in body\n    y = error_if(y, y > 1.0)\n        ^^^^^^^^\n')
+    assert normalise_message(watched) == normalise_message(alone)
+    assert "integrator diverged" in normalise_message(alone) and "File" not in normalise_message(alone)
 
 
 def test_one_criterion_decides_and_travels_as_json():

@@ -25,12 +25,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from jaxdbg._source import SourceLocation
-from jaxdbg._tracebacks import embedded_raise, without_tracebacks
+from jaxdbg._tracebacks import embedded_raise
 from jaxdbg.repro.forkserver import ForkServer
 from jaxdbg.repro.frames import in_jax
 from jaxdbg.repro.jobs import CHILD_ENV, RunRequest
 from jaxdbg.repro.messages import FailureSeen, JaxWork, JitCallSeen, LastJit
-from jaxdbg.repro.signature import Criterion, FailureSignature, matches_pattern
+from jaxdbg.repro.signature import Criterion, FailureSignature, matches_pattern, without_frames
 from jaxdbg.repro.source import State, find_statement, is_constant_raise, parse, statement_lines
 from jaxdbg.runner import Outcome, first_line, run_contained
 
@@ -76,10 +76,10 @@ def headline(message: str | None) -> str:
         >>> headline("index 9 out of bounds\\nsome detail")
         'index 9 out of bounds'
     """
-    text = without_tracebacks(message).strip()
-    line, lines = first_line(text), text.splitlines()
-    if line.endswith(":") and len(lines) > 1 and line == lines[0].strip():
-        return first_line(f"{line} {lines[1].strip()}")
+    text = without_frames(message).strip()
+    line, lines = first_line(text), [x.strip() for x in text.splitlines() if x.strip()]
+    if line.endswith(":") and len(lines) > 1 and line == lines[0]:
+        return first_line(f"{line} {lines[1]}")
     return line
 
 

@@ -10,8 +10,13 @@ numbers, hex addresses and paths are abstracted.
 Example:
     >>> normalise_message("dot_general requires contracting dimensions to have the same shape, got (128,) and (64,).")
     'dot_general requires contracting dimensions to have the same shape, got (<n>,) and (<n>,).'
+    >>> normalise_message("carry h has type float32[8] but the output has type bfloat16[8]")
+    'carry h has type float32[<n>] but the output has type bfloat16[<n>]'
     >>> normalise_message("object at 0x7f3a2c1b90d0 in /home/me/run/train.py")
     'object at <addr> in <path>'
+    >>> normalise_message('Below is the stack inside of JIT:\\n  File "run.py", line 3, in f\\n    y = g(x)\\n'
+    ...                   'EquinoxRuntimeError: too large')
+    'Below is the stack inside of JIT: EquinoxRuntimeError: too large'
     >>> normalise_message('CpuCallback error: Traceback (most recent call last):\\n  File "run.py", line 3, in main\\n'
     ...                   'ValueError: too large: 2.5')
     'CpuCallback error: ValueError: too large: <n>'
@@ -36,8 +41,13 @@ REPRO_MISMATCH = "jit and op-by-op (jax.disable_jit) disagree"
 
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
 _PATH = re.compile(r"(?:[A-Za-z]:)?(?:[\w.~-]*/)+[\w.-]+|[\w.-]+\.py\b")
-_NUMBER = re.compile(r"(?<![A-Za-z_])[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+# (not the digits of a name: "float32" stays, else a dtype mismatch reads "float3<n>" and float32 == float64)
+_NUMBER = re.compile(r"(?<![A-Za-z_\d])[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 _SPACE = re.compile(r"\s+")
+# A stack frame quoted in a message (its File line, then its indented source and ^^^ lines): Equinox's
+# EquinoxRuntimeError lists the stack inside jit, which under jaxdbg holds jaxdbg's own frames, other ones in
+# each kind of run; and the user's frames change as the program shrinks. What failed is said after them.
+_FRAME = re.compile(r'^[ \t]*File "[^"\n]*", line \d+, in [^\n]*\n?(?:[ \t]+(?!File ")[^\n]*\n?)*', re.M)
 # Messages can carry a whole traceback or a long listing; the head says what failed.
 MESSAGE_CHARS = 400
 
@@ -45,10 +55,22 @@ MESSAGE_CHARS = 400
 def normalise_message(message: str | None) -> str:
     """The message with embedded tracebacks cut to the exception they end with, addresses, paths and numbers
     abstracted, and whitespace collapsed (first 400 chars)."""
-    text = _ADDRESS.sub("<addr>", without_tracebacks(message))
+    text = _ADDRESS.sub("<addr>", without_frames(message))
     text = _PATH.sub("<path>", text)
     text = _NUMBER.sub("<n>", text)
     return _SPACE.sub(" ", text).strip()[:MESSAGE_CHARS]
+
+
+def without_frames(message: str | None) -> str:
+    """The message with embedded tracebacks cut to the exception they end with, and stack frames it quotes
+    without a traceback's header (Equinox's "Below is the stack inside of JIT:") left out.
+
+    Example:
+        >>> without_frames('stack inside of JIT:\\n  File "a.py", line 3, in f\\n    y = g(x)\\n        ^^^^\\n\\n'
+        ...                'EquinoxRuntimeError: diverged')
+        'stack inside of JIT:\\n\\nEquinoxRuntimeError: diverged'
+    """
+    return _FRAME.sub("", without_tracebacks(message))
 
 
 @dataclass(frozen=True)
