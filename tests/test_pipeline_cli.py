@@ -78,6 +78,10 @@ def test_no_lookahead_is_the_blind_readiness_rule(capsys, tmp_path):
     (["--hint", "lifo"], "--hint 'lifo'"),
     (["--memory-cap", "two"], "is not a number"),
     (["--memory-cap", "0"], "positive multiples"),
+    (["--memory-cap", "inf"], "positive multiples"),  # was an internal error (exit 4)
+    (["--task-ms", "nan"], "--task-ms must be"),  # nan and inf durations made the simulation run forever
+    (["--comm-ms", "inf"], "--comm-ms"),
+    (["--seed", "-1"], "--seed -1"),  # was an internal error (exit 4)
     (["--xprof"], "add --mode real"),
     (["--mode", "fast"], "--mode 'fast'"),
     (["--schedule", "interleaved", "--microbatches", "6"], "multiple of --stages"),
