@@ -7,6 +7,7 @@ import gc
 import json
 import logging
 import os
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -365,6 +366,12 @@ def test_bad_options_are_one_clear_usage_error():
         jaxdbg.watch(action="stop")
     with pytest.raises(jaxdbg.UsageError, match="max_compiles=0"):
         jaxdbg.watch(max_compiles=0)
+    with socket.socket() as taken:  # a port in use is named as the program gave it, not as a CLI option
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(jaxdbg.UsageError, match=rf"^jaxdbg\.watch\(metrics_port={port}\): cannot listen"):
+            jaxdbg.watch(metrics_port=port).__enter__()
 
 
 def test_each_process_of_a_job_watches_its_own_part(tmp_path):

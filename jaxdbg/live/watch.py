@@ -120,7 +120,8 @@ class watch(contextlib.ContextDecorator):
             from jaxdbg.metrics.live import serve
 
             try:
-                self.metrics_url = stack.enter_context(serve(WatchCollector(hook.figures), self.metrics_port))
+                self.metrics_url = stack.enter_context(serve(WatchCollector(hook.figures), self.metrics_port,
+                                                                 "jaxdbg.watch(metrics_port={port})"))
             except BaseException:
                 stack.close()
                 raise
