@@ -361,6 +361,18 @@ def test_the_watch_lets_glibc_keep_freed_memory_while_it_watches_on_cpu(tmp_path
     assert len(thresholds) == 2
 
 
+def test_a_decorated_generator_is_watched_while_it_is_iterated(tmp_path):
+    @jaxdbg.watch(out=str(tmp_path))
+    def losses():
+        step = jax.jit(lambda x: jnp.log(x))
+        for value in (1.0, 2.0, -1.0, 3.0):
+            yield step(jnp.float32(value))
+
+    with pytest.raises(jaxdbg.NonFiniteError) as raised:
+        list(losses())  # the watch once ended before the first value: nothing was checked
+    assert raised.value.report["first"]["call_index"] == 2 and raised.value.report["first"]["primitive"] == "log"
+
+
 def test_bad_options_are_one_clear_usage_error():
     with pytest.raises(jaxdbg.UsageError, match=r"action='stop'.*use 'raise' or 'log'"):
         jaxdbg.watch(action="stop")

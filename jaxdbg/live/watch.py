@@ -24,6 +24,8 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import json
 import logging
 import os
@@ -101,6 +103,20 @@ class watch(contextlib.ContextDecorator):
         self.reports: list[str] = []  # report.json paths written (the latest finding last)
         self.metrics_url: str | None = None
         self._states: list[_State] = []
+
+    def __call__(self, func: Any) -> Any:
+        """As a decorator. A generator function (a data pipeline, a training loop that yields its metrics) is
+        watched while it is iterated: ContextDecorator alone would end the watch as soon as the generator object
+        is made, before any of its code ran, and nothing would be checked."""
+        if not inspect.isgeneratorfunction(func):
+            return super().__call__(func)
+
+        @functools.wraps(func)
+        def watched(*args: Any, **kwargs: Any) -> Any:
+            with self._recreate_cm():
+                return (yield from func(*args, **kwargs))
+
+        return watched
 
     # -- the context ---------------------------------------------------------------------------------------
 
