@@ -10,6 +10,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import urllib.request
 import weakref
 from pathlib import Path
@@ -24,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import jaxdbg
 import jaxdbg.nan.watch
+from jaxdbg.nan.watch import MAX_PENDING
 from jaxdbg.results import read_report
 from jaxdbg.schema import schema
 
@@ -371,6 +373,41 @@ def test_a_decorated_generator_is_watched_while_it_is_iterated(tmp_path):
     with pytest.raises(jaxdbg.NonFiniteError) as raised:
         list(losses())  # the watch once ended before the first value: nothing was checked
     assert raised.value.report["first"]["call_index"] == 2 and raised.value.report["first"]["primitive"] == "log"
+
+
+def test_a_finding_is_raised_in_the_thread_whose_call_made_it(tmp_path):
+    bad_done, good_done = threading.Event(), threading.Event()
+    errors: dict[str, BaseException] = {}
+
+    def worker(name, work):
+        try:
+            work()
+        except Exception as err:  # noqa: BLE001 - which thread got it is the point
+            errors[name] = err
+
+    def bad():
+        step(jnp.full((4,), -1.0)).block_until_ready()
+        bad_done.set()
+        good_done.wait(60)
+        step(jnp.ones(4))  # its next call: the finding is raised here
+
+    def good():
+        bad_done.wait(60)
+        try:
+            for _ in range(2 * MAX_PENDING):  # enough calls to read the bad call's flags on this thread
+                step(jnp.ones(4)).block_until_ready()
+        finally:
+            good_done.set()
+
+    with jaxdbg.watch(out=str(tmp_path)):
+        step = jax.jit(lambda x: jnp.sqrt(x))
+        threads = [threading.Thread(target=worker, args=(name, work)) for name, work in (("bad", bad), ("good", good))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert list(errors) == ["bad"], errors  # it once stopped the healthy worker and left the bad one running
+    assert isinstance(errors["bad"], jaxdbg.NonFiniteError) and errors["bad"].report["first"]["call_index"] == 0
 
 
 def test_bad_options_are_one_clear_usage_error():

@@ -28,6 +28,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -84,6 +85,8 @@ class LiveHook(Watch):
         self.compiles: dict[int, _Compiles] = {}
         self.active = nans
         self.stopped = False  # an internal failure stopped the watch (see stop)
+        self.finding_thread: int | None = None  # the thread whose call made the finding being read
+        self.held: tuple[int, BaseException] | None = None  # (thread, error): raised at that thread's next call
 
     # -- one call ------------------------------------------------------------------------------------------
 
@@ -95,6 +98,9 @@ class LiveHook(Watch):
         own part is guarded (see :meth:`_failed`); the user's call raises what it raises, unchanged."""
         if self.stopped:  # planned before the stop
             return run()
+        if self.held is not None and self.held[0] == threading.get_ident():
+            held, self.held = self.held[1], None
+            raise held
         if self._pending and self.active:  # the earlier calls that have finished, before this one allocates
             try:
                 self.read_finished()
@@ -137,6 +143,7 @@ class LiveHook(Watch):
             seen = self._watched.get(function.record.id)
             if seen is None or seen.leaf_names is None:
                 self.seen(function, out, site)  # at the first call: output names from its line
+        call.notes["thread"] = threading.get_ident()  # the finding's error goes to this thread: see watch._act
         self.defer(call, site)  # not its outputs: holding them too would keep one more copy of a model
 
     def flush(self) -> None:
@@ -182,6 +189,7 @@ class LiveHook(Watch):
             self.calls += 1
             self.growth.update(call.function.name, seen.leaf_names, host, call.index, seen.call_site)
             return
+        self.finding_thread = call.notes.get("thread")
         self.read(call, None, call.notes.get("site"))  # nan-hunt's reading (growth, the finding and its replay)
 
     def _measure_fresh_arguments(self, call: JitCall, leaves: list | None = None) -> None:

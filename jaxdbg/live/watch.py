@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import sys
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -149,6 +150,9 @@ class watch(contextlib.ContextDecorator):
         try:
             if kind is None:
                 state.hook.flush()  # the unread calls' flags: may raise NonFiniteError
+                if state.hook.held is not None:  # another thread's finding that thread did not call again to get
+                    held, state.hook.held = state.hook.held[1], None
+                    raise held
                 if not any(row.calls for row in state.hook.figures.functions.values()):  # no watched call
                     pmapped = _pmapped_globals()
                     if pmapped:
@@ -180,7 +184,7 @@ class watch(contextlib.ContextDecorator):
         path = self._write_or_warn(result, artifacts)
         line = result.essential_line() or "a jitted call returned NaN/Inf"
         said = f" (report: {path})" if path else " (no report could be written)"
-        self._act(NonFiniteError(f"jaxdbg.watch: {line}{said}", _jsonable(result), path))
+        self._act(NonFiniteError(f"jaxdbg.watch: {line}{said}", _jsonable(result), path), hook.finding_thread)
 
     def _compiled(self, function: Any, count: int, recompile: Any) -> None:
         if self.max_compiles is None or count <= self.max_compiles or recompile is None:
@@ -193,8 +197,14 @@ class watch(contextlib.ContextDecorator):
         said = f" (report: {path})" if path else " (no report could be written)"
         self._act(RecompileError(f"jaxdbg.watch: {result.essential_line()}{said}", _jsonable(result), path))
 
-    def _act(self, error: Exception) -> None:
+    def _act(self, error: Exception, thread: int | None = None) -> None:
         if self.action == "raise":
+            if thread is not None and thread != threading.get_ident():
+                # Read late, another thread's call may read the finding: raised there, it would stop a healthy
+                # worker and leave the one that made the NaN running. It is raised at that thread's next watched
+                # call instead, or when the block ends.
+                self._states[-1].hook.held = (thread, error)
+                return
             raise error
         log.warning("%s", error)
 
