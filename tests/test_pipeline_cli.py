@@ -74,6 +74,7 @@ def test_no_lookahead_is_the_blind_readiness_rule(capsys, tmp_path):
 @pytest.mark.parametrize("args,message", [
     (["--variability", "jitter:cv=oops"], "is not a float"),
     (["--variability", "straggler:stage=7"], "stages are 0..3"),
+    (["--variability", "link:stage=0,factor=inf"], "factor=inf must be a finite number at least"),
     (["--schedule", "pipedream"], "unknown schedule"),
     (["--hint", "lifo"], "--hint 'lifo'"),
     (["--memory-cap", "two"], "is not a number"),
