@@ -410,6 +410,24 @@ def test_a_finding_is_raised_in_the_thread_whose_call_made_it(tmp_path):
     assert isinstance(errors["bad"], jaxdbg.NonFiniteError) and errors["bad"].report["first"]["call_index"] == 0
 
 
+def test_threads_calling_one_function_at_once_keep_the_watch_running(tmp_path, caplog):
+    def worker(offset):
+        for i in range(300):
+            step(jnp.full((8,), float(i + offset)))
+
+    with caplog.at_level(logging.WARNING, logger="jaxdbg"), jaxdbg.watch(out=str(tmp_path)) as guard:
+        step = jax.jit(lambda x: jnp.tanh(x) * 2)
+        threads = [threading.Thread(target=worker, args=(k,)) for k in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        hook = guard._states[-1].hook
+    # two threads once read the shared queue of unread calls at once (IndexError) and the watch stopped
+    assert not hook.stopped and not [r for r in caplog.records if "stopped watching" in r.getMessage()]
+    assert hook.figures.functions["<lambda>"].calls == 6 * 300
+
+
 def test_bad_options_are_one_clear_usage_error():
     with pytest.raises(jaxdbg.UsageError, match=r"action='stop'.*use 'raise' or 'log'"):
         jaxdbg.watch(action="stop")

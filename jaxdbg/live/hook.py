@@ -87,6 +87,9 @@ class LiveHook(Watch):
         self.stopped = False  # an internal failure stopped the watch (see stop)
         self.finding_thread: int | None = None  # the thread whose call made the finding being read
         self.held: tuple[int, BaseException] | None = None  # (thread, error): raised at that thread's next call
+        # The unread calls are one queue for every thread: two threads reading it at once popped the same entry
+        # (IndexError), and the watch stopped. Re-entrant: a compile's flush and a finding's analysis read it too.
+        self._lock = threading.RLock()
 
     # -- one call ------------------------------------------------------------------------------------------
 
@@ -103,7 +106,8 @@ class LiveHook(Watch):
             raise held
         if self._pending and self.active:  # the earlier calls that have finished, before this one allocates
             try:
-                self.read_finished()
+                with self._lock:
+                    self.read_finished()
             except WatchError:
                 raise
             except Exception as err:  # noqa: BLE001 - jaxdbg's own failure: see _failed
@@ -120,7 +124,8 @@ class LiveHook(Watch):
             self._guarded(self.on_exception, call, err)
             raise
         try:
-            self._finish(call, out, active)
+            with self._lock:
+                self._finish(call, out, active)
         except WatchError:
             raise
         except Exception as err:  # noqa: BLE001 - never the user's exception, never the end of the user's run
@@ -147,7 +152,8 @@ class LiveHook(Watch):
         self.defer(call, site)  # not its outputs: holding them too would keep one more copy of a model
 
     def flush(self) -> None:
-        self._guarded(super().flush)
+        with self._lock:
+            self._guarded(super().flush)
 
     def _guarded(self, work: Callable[..., None], *args: Any) -> None:
         """Run jaxdbg's own part of a call. Its findings (NonFiniteError, RecompileError) reach the program; any
@@ -169,6 +175,8 @@ class LiveHook(Watch):
     def stop(self, why: str) -> None:
         """Stop watching for good after an internal failure: one warning line, nothing more is checked; calls go
         straight to jax's dispatch from the next one on (the layer plans them again)."""
+        if self.stopped:  # another thread's call failed first: said once
+            return
         self.stopped, self.active = True, False
         self._pending.clear()
         self._kept_bytes = 0
