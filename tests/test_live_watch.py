@@ -24,6 +24,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import jaxdbg
+import jaxdbg.jit_layer
 import jaxdbg.nan.watch
 from jaxdbg.nan.watch import MAX_PENDING
 from jaxdbg.results import read_report
@@ -426,6 +427,20 @@ def test_threads_calling_one_function_at_once_keep_the_watch_running(tmp_path, c
     # two threads once read the shared queue of unread calls at once (IndexError) and the watch stopped
     assert not hook.stopped and not [r for r in caplog.records if "stopped watching" in r.getMessage()]
     assert hook.figures.functions["<lambda>"].calls == 6 * 300
+
+
+def test_an_equinox_step_that_donates_nothing_keeps_no_copies_and_is_replayed(tmp_path, monkeypatch):
+    import equinox as eqx
+
+    copied = []
+    real_copies = jaxdbg.jit_layer.device_copies
+    monkeypatch.setattr(jaxdbg.jit_layer, "device_copies", lambda tree: copied.append(1) or real_copies(tree))
+    with pytest.raises(jaxdbg.NonFiniteError) as raised, jaxdbg.watch(out=str(tmp_path)):
+        step = eqx.filter_jit(lambda w, x: jnp.log(w * x))  # jax.jit(donate_argnums=0) of an empty dict inside
+        for value in (1.0, 2.0, -1.0, 3.0):
+            step(jnp.ones(3), jnp.float32(value))
+    assert copied == []  # every input of every call was copied: 3x the step time of a small Equinox loop
+    assert raised.value.report["first"]["call_index"] == 2 and raised.value.report["first"]["primitive"] == "log"
 
 
 def test_bad_options_are_one_clear_usage_error():

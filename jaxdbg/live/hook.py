@@ -115,7 +115,9 @@ class LiveHook(Watch):
         active = self.active
         if active and call.function.donates:  # kept for the replay: device copies, before the call deletes them
             try:
-                call.notes["nan_copies"] = jit_layer.device_copies((call.args, call.kwargs))
+                if jit_layer.donates_arrays(call):
+                    call.notes["nan_copies"] = jit_layer.device_copies((call.args, call.kwargs))
+                    call.notes["copied"] = True
             except Exception as err:  # noqa: BLE001 - jaxdbg's own failure: see _failed
                 self._failed(err)
         try:
