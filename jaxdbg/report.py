@@ -292,7 +292,11 @@ def resolve_out_dir(out: str | None, command: str) -> Path:
     else:
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         path = Path("jaxdbg-out") / f"{command}-{stamp}"
-    path.mkdir(parents=out is None, exist_ok=True)
+    try:
+        path.mkdir(parents=out is None, exist_ok=True)
+    except OSError as err:  # a parent that is a file, a read-only or virtual file system: the user's to change
+        raise UsageError(f"--out '{path}': cannot create the folder ({err.strerror or err}); choose another "
+                         "--out") from err
     return path
 
 

@@ -32,6 +32,7 @@ CASES = [
     (["model.py::f", "--args", "f32[2]", "--inputs", "junk.npz"], "not both"),
     (["model.py::f", "--inputs", "data.csv"], "expected file.py::make_inputs or a .npz file"),
     (["model.py::f", "--args", "f32[2]", "--out", "no/such/parent/out"], "does not exist"),
+    (["model.py::f", "--args", "f32[2]", "--out", "model.py/out"], "cannot create the folder"),  # was exit 4
     (["model.py::f", "--args", "f32[2]", "--no-such-option"], "No such option"),
     (["model.py::f", "--args", "f32[2]", "--json", "."], "is a folder"),
     (["model.py::f", "--args", "f32[2]", "--json", "/proc/version"], "cannot write there"),

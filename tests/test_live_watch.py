@@ -7,8 +7,10 @@ import gc
 import json
 import logging
 import os
+import socket
 import subprocess
 import sys
+import threading
 import urllib.request
 import weakref
 from pathlib import Path
@@ -22,7 +24,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import jaxdbg
+import jaxdbg.jit_layer
 import jaxdbg.nan.watch
+from jaxdbg.nan.watch import MAX_PENDING
 from jaxdbg.results import read_report
 from jaxdbg.schema import schema
 
@@ -360,11 +364,96 @@ def test_the_watch_lets_glibc_keep_freed_memory_while_it_watches_on_cpu(tmp_path
     assert len(thresholds) == 2
 
 
+def test_a_decorated_generator_is_watched_while_it_is_iterated(tmp_path):
+    @jaxdbg.watch(out=str(tmp_path))
+    def losses():
+        step = jax.jit(lambda x: jnp.log(x))
+        for value in (1.0, 2.0, -1.0, 3.0):
+            yield step(jnp.float32(value))
+
+    with pytest.raises(jaxdbg.NonFiniteError) as raised:
+        list(losses())  # the watch once ended before the first value: nothing was checked
+    assert raised.value.report["first"]["call_index"] == 2 and raised.value.report["first"]["primitive"] == "log"
+
+
+def test_a_finding_is_raised_in_the_thread_whose_call_made_it(tmp_path):
+    bad_done, good_done = threading.Event(), threading.Event()
+    errors: dict[str, BaseException] = {}
+
+    def worker(name, work):
+        try:
+            work()
+        except Exception as err:  # noqa: BLE001 - which thread got it is the point
+            errors[name] = err
+
+    def bad():
+        step(jnp.full((4,), -1.0)).block_until_ready()
+        bad_done.set()
+        good_done.wait(60)
+        step(jnp.ones(4))  # its next call: the finding is raised here
+
+    def good():
+        bad_done.wait(60)
+        try:
+            for _ in range(2 * MAX_PENDING):  # enough calls to read the bad call's flags on this thread
+                step(jnp.ones(4)).block_until_ready()
+        finally:
+            good_done.set()
+
+    with jaxdbg.watch(out=str(tmp_path)):
+        step = jax.jit(lambda x: jnp.sqrt(x))
+        threads = [threading.Thread(target=worker, args=(name, work)) for name, work in (("bad", bad), ("good", good))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert list(errors) == ["bad"], errors  # it once stopped the healthy worker and left the bad one running
+    assert isinstance(errors["bad"], jaxdbg.NonFiniteError) and errors["bad"].report["first"]["call_index"] == 0
+
+
+def test_threads_calling_one_function_at_once_keep_the_watch_running(tmp_path, caplog):
+    def worker(offset):
+        for i in range(300):
+            step(jnp.full((8,), float(i + offset)))
+
+    with caplog.at_level(logging.WARNING, logger="jaxdbg"), jaxdbg.watch(out=str(tmp_path)) as guard:
+        step = jax.jit(lambda x: jnp.tanh(x) * 2)
+        threads = [threading.Thread(target=worker, args=(k,)) for k in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        hook = guard._states[-1].hook
+    # two threads once read the shared queue of unread calls at once (IndexError) and the watch stopped
+    assert not hook.stopped and not [r for r in caplog.records if "stopped watching" in r.getMessage()]
+    assert hook.figures.functions["<lambda>"].calls == 6 * 300
+
+
+def test_an_equinox_step_that_donates_nothing_keeps_no_copies_and_is_replayed(tmp_path, monkeypatch):
+    import equinox as eqx
+
+    copied = []
+    real_copies = jaxdbg.jit_layer.device_copies
+    monkeypatch.setattr(jaxdbg.jit_layer, "device_copies", lambda tree: copied.append(1) or real_copies(tree))
+    with pytest.raises(jaxdbg.NonFiniteError) as raised, jaxdbg.watch(out=str(tmp_path)):
+        step = eqx.filter_jit(lambda w, x: jnp.log(w * x))  # jax.jit(donate_argnums=0) of an empty dict inside
+        for value in (1.0, 2.0, -1.0, 3.0):
+            step(jnp.ones(3), jnp.float32(value))
+    assert copied == []  # every input of every call was copied: 3x the step time of a small Equinox loop
+    assert raised.value.report["first"]["call_index"] == 2 and raised.value.report["first"]["primitive"] == "log"
+
+
 def test_bad_options_are_one_clear_usage_error():
     with pytest.raises(jaxdbg.UsageError, match=r"action='stop'.*use 'raise' or 'log'"):
         jaxdbg.watch(action="stop")
     with pytest.raises(jaxdbg.UsageError, match="max_compiles=0"):
         jaxdbg.watch(max_compiles=0)
+    with socket.socket() as taken:  # a port in use is named as the program gave it, not as a CLI option
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(jaxdbg.UsageError, match=rf"^jaxdbg\.watch\(metrics_port={port}\): cannot listen"):
+            jaxdbg.watch(metrics_port=port).__enter__()
 
 
 def test_each_process_of_a_job_watches_its_own_part(tmp_path):

@@ -385,6 +385,7 @@ def test_a_captured_array_with_nan_is_an_input() -> None:
     table = jnp.array([1.0, np.nan, 3.0])
     found = hunt(lambda i: table[i] * 2.0, 1)
     assert found.first.kind == "input" and found.first.argument.startswith("captured array")
+    assert found.first.describe().startswith("nan came in with argument captured array")  # the one-line answer
 
 
 def test_a_sparse_argument_is_named_by_its_fields() -> None:

@@ -74,10 +74,15 @@ def test_no_lookahead_is_the_blind_readiness_rule(capsys, tmp_path):
 @pytest.mark.parametrize("args,message", [
     (["--variability", "jitter:cv=oops"], "is not a float"),
     (["--variability", "straggler:stage=7"], "stages are 0..3"),
+    (["--variability", "link:stage=0,factor=inf"], "factor=inf must be a finite number at least"),
     (["--schedule", "pipedream"], "unknown schedule"),
     (["--hint", "lifo"], "--hint 'lifo'"),
     (["--memory-cap", "two"], "is not a number"),
     (["--memory-cap", "0"], "positive multiples"),
+    (["--memory-cap", "inf"], "positive multiples"),  # was an internal error (exit 4)
+    (["--task-ms", "nan"], "--task-ms must be"),  # nan and inf durations made the simulation run forever
+    (["--comm-ms", "inf"], "--comm-ms"),
+    (["--seed", "-1"], "--seed -1"),  # was an internal error (exit 4)
     (["--xprof"], "add --mode real"),
     (["--mode", "fast"], "--mode 'fast'"),
     (["--schedule", "interleaved", "--microbatches", "6"], "multiple of --stages"),

@@ -28,6 +28,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -84,6 +85,11 @@ class LiveHook(Watch):
         self.compiles: dict[int, _Compiles] = {}
         self.active = nans
         self.stopped = False  # an internal failure stopped the watch (see stop)
+        self.finding_thread: int | None = None  # the thread whose call made the finding being read
+        self.held: tuple[int, BaseException] | None = None  # (thread, error): raised at that thread's next call
+        # The unread calls are one queue for every thread: two threads reading it at once popped the same entry
+        # (IndexError), and the watch stopped. Re-entrant: a compile's flush and a finding's analysis read it too.
+        self._lock = threading.RLock()
 
     # -- one call ------------------------------------------------------------------------------------------
 
@@ -95,9 +101,13 @@ class LiveHook(Watch):
         own part is guarded (see :meth:`_failed`); the user's call raises what it raises, unchanged."""
         if self.stopped:  # planned before the stop
             return run()
+        if self.held is not None and self.held[0] == threading.get_ident():
+            held, self.held = self.held[1], None
+            raise held
         if self._pending and self.active:  # the earlier calls that have finished, before this one allocates
             try:
-                self.read_finished()
+                with self._lock:
+                    self.read_finished()
             except WatchError:
                 raise
             except Exception as err:  # noqa: BLE001 - jaxdbg's own failure: see _failed
@@ -105,7 +115,9 @@ class LiveHook(Watch):
         active = self.active
         if active and call.function.donates:  # kept for the replay: device copies, before the call deletes them
             try:
-                call.notes["nan_copies"] = jit_layer.device_copies((call.args, call.kwargs))
+                if jit_layer.donates_arrays(call):
+                    call.notes["nan_copies"] = jit_layer.device_copies((call.args, call.kwargs))
+                    call.notes["copied"] = True
             except Exception as err:  # noqa: BLE001 - jaxdbg's own failure: see _failed
                 self._failed(err)
         try:
@@ -114,7 +126,8 @@ class LiveHook(Watch):
             self._guarded(self.on_exception, call, err)
             raise
         try:
-            self._finish(call, out, active)
+            with self._lock:
+                self._finish(call, out, active)
         except WatchError:
             raise
         except Exception as err:  # noqa: BLE001 - never the user's exception, never the end of the user's run
@@ -137,10 +150,12 @@ class LiveHook(Watch):
             seen = self._watched.get(function.record.id)
             if seen is None or seen.leaf_names is None:
                 self.seen(function, out, site)  # at the first call: output names from its line
+        call.notes["thread"] = threading.get_ident()  # the finding's error goes to this thread: see watch._act
         self.defer(call, site)  # not its outputs: holding them too would keep one more copy of a model
 
     def flush(self) -> None:
-        self._guarded(super().flush)
+        with self._lock:
+            self._guarded(super().flush)
 
     def _guarded(self, work: Callable[..., None], *args: Any) -> None:
         """Run jaxdbg's own part of a call. Its findings (NonFiniteError, RecompileError) reach the program; any
@@ -162,6 +177,8 @@ class LiveHook(Watch):
     def stop(self, why: str) -> None:
         """Stop watching for good after an internal failure: one warning line, nothing more is checked; calls go
         straight to jax's dispatch from the next one on (the layer plans them again)."""
+        if self.stopped:  # another thread's call failed first: said once
+            return
         self.stopped, self.active = True, False
         self._pending.clear()
         self._kept_bytes = 0
@@ -182,6 +199,7 @@ class LiveHook(Watch):
             self.calls += 1
             self.growth.update(call.function.name, seen.leaf_names, host, call.index, seen.call_site)
             return
+        self.finding_thread = call.notes.get("thread")
         self.read(call, None, call.notes.get("site"))  # nan-hunt's reading (growth, the finding and its replay)
 
     def _measure_fresh_arguments(self, call: JitCall, leaves: list | None = None) -> None:

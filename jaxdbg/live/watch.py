@@ -24,10 +24,13 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import json
 import logging
 import os
 import sys
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -102,6 +105,20 @@ class watch(contextlib.ContextDecorator):
         self.metrics_url: str | None = None
         self._states: list[_State] = []
 
+    def __call__(self, func: Any) -> Any:
+        """As a decorator. A generator function (a data pipeline, a training loop that yields its metrics) is
+        watched while it is iterated: ContextDecorator alone would end the watch as soon as the generator object
+        is made, before any of its code ran, and nothing would be checked."""
+        if not inspect.isgeneratorfunction(func):
+            return super().__call__(func)
+
+        @functools.wraps(func)
+        def watched(*args: Any, **kwargs: Any) -> Any:
+            with self._recreate_cm():
+                return (yield from func(*args, **kwargs))
+
+        return watched
+
     # -- the context ---------------------------------------------------------------------------------------
 
     def __enter__(self) -> watch:
@@ -120,7 +137,8 @@ class watch(contextlib.ContextDecorator):
             from jaxdbg.metrics.live import serve
 
             try:
-                self.metrics_url = stack.enter_context(serve(WatchCollector(hook.figures), self.metrics_port))
+                self.metrics_url = stack.enter_context(serve(WatchCollector(hook.figures), self.metrics_port,
+                                                                 "jaxdbg.watch(metrics_port={port})"))
             except BaseException:
                 stack.close()
                 raise
@@ -132,6 +150,9 @@ class watch(contextlib.ContextDecorator):
         try:
             if kind is None:
                 state.hook.flush()  # the unread calls' flags: may raise NonFiniteError
+                if state.hook.held is not None:  # another thread's finding that thread did not call again to get
+                    held, state.hook.held = state.hook.held[1], None
+                    raise held
                 if not any(row.calls for row in state.hook.figures.functions.values()):  # no watched call
                     pmapped = _pmapped_globals()
                     if pmapped:
@@ -163,7 +184,7 @@ class watch(contextlib.ContextDecorator):
         path = self._write_or_warn(result, artifacts)
         line = result.essential_line() or "a jitted call returned NaN/Inf"
         said = f" (report: {path})" if path else " (no report could be written)"
-        self._act(NonFiniteError(f"jaxdbg.watch: {line}{said}", _jsonable(result), path))
+        self._act(NonFiniteError(f"jaxdbg.watch: {line}{said}", _jsonable(result), path), hook.finding_thread)
 
     def _compiled(self, function: Any, count: int, recompile: Any) -> None:
         if self.max_compiles is None or count <= self.max_compiles or recompile is None:
@@ -176,8 +197,14 @@ class watch(contextlib.ContextDecorator):
         said = f" (report: {path})" if path else " (no report could be written)"
         self._act(RecompileError(f"jaxdbg.watch: {result.essential_line()}{said}", _jsonable(result), path))
 
-    def _act(self, error: Exception) -> None:
+    def _act(self, error: Exception, thread: int | None = None) -> None:
         if self.action == "raise":
+            if thread is not None and thread != threading.get_ident():
+                # Read late, another thread's call may read the finding: raised there, it would stop a healthy
+                # worker and leave the one that made the NaN running. It is raised at that thread's next watched
+                # call instead, or when the block ends.
+                self._states[-1].hook.held = (thread, error)
+                return
             raise error
         log.warning("%s", error)
 

@@ -67,14 +67,15 @@ class LiveBench(Collector):
 
 
 @contextlib.contextmanager
-def serve(collector: Collector, port: int) -> Iterator[str]:
-    """Serve ``collector`` on 127.0.0.1:``port`` (0: any free port) for the block; yields the URL."""
+def serve(collector: Collector, port: int, option: str = "--metrics-port {port}") -> Iterator[str]:
+    """Serve ``collector`` on 127.0.0.1:``port`` (0: any free port) for the block; yields the URL. ``option`` names
+    the port as the user gave it (a CLI option, or ``jaxdbg.watch(metrics_port=...)``) in a port-in-use error."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
     try:
         server, thread = start_http_server(port, addr=HOST, registry=registry)
     except OSError as err:
-        raise UsageError(f"--metrics-port {port}: cannot listen on {HOST}:{port} ({err.strerror or err}); "
+        raise UsageError(f"{option.format(port=port)}: cannot listen on {HOST}:{port} ({err.strerror or err}); "
                          "pick a free port") from None
     try:
         yield f"http://{HOST}:{server.server_port}/metrics"

@@ -69,6 +69,11 @@ class Origin:
     def describe(self) -> str:
         """``nan first made by log (forward pass) at train.py:12 in loss, call 3``."""
         at = f" at {os.path.basename(self.source.file)}:{self.source.line}" if self.source else ""
+        if self.kind == "input":  # not "input in the outputs of f": it came in with an argument, made by nothing inside
+            what = ("nan" if any(s.nan for s in self.inputs) else "inf" if any(s.inf for s in self.inputs)
+                    else "a non-finite value")
+            return (f"{what} came in with argument {self.argument or '?'} of {self.function}, call {self.call_index} "
+                    "(nothing inside made it)")
         if self.primitive is None:
             return f"{self.kind} in the outputs of {self.function}, call {self.call_index}{at}"
         return (f"{self.kind} first made by {self.primitive} ({self.pass_} pass){at} in {self.function}, "

@@ -483,8 +483,9 @@ class Watch(JitHook):
                 return
         function, notes = call.function, call.notes
         flat = None
-        if function.donates:  # the inputs are kept to replay the call: device copies, before it deletes them
+        if function.donates and jit_layer.donates_arrays(call):  # kept to replay the call: copies, before it deletes
             notes["nan_copies"] = jit_layer.device_copies((call.args, call.kwargs))
+            notes["copied"] = True
         elif not function.static_argnums and not function.static_argnames:  # flattened once, for both uses
             with contextlib.suppress(Exception):  # arguments jit itself would reject: measured and kept whole
                 flat = notes["nan_flat"] = tree_flatten((tuple(call.args), dict(call.kwargs)))
@@ -551,7 +552,7 @@ class Watch(JitHook):
             self._kept_bytes += kept.nbytes
         pending = self._pending
         pending.append(call)
-        if call.function.donates:
+        if call.notes.get("copied"):
             self._copies += 1
         if len(pending) > self._unread or self._copies > MAX_PENDING_COPIES or self._kept_bytes > MAX_KEPT_BYTES:
             self.read_due()
@@ -666,7 +667,7 @@ class Watch(JitHook):
     def _pop(self) -> JitCall:
         """The oldest unread call, taken off the queue (and off what the queue keeps)."""
         call = self._pending.popleft()
-        if call.function.donates:
+        if call.notes.get("copied"):
             self._copies -= 1
         released = _kept_bytes(call)
         self._kept_bytes -= released

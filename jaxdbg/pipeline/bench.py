@@ -18,6 +18,7 @@ Example:
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections import Counter
 from collections.abc import Callable
@@ -212,12 +213,15 @@ def check_options(options: BenchOptions) -> dict[str, Variability]:
         raise UsageError("--devices-per-stage must be at least 1")
     if options.xprof_dir and options.mode != "real":
         raise UsageError("--xprof captures real execution; add --mode real")
+    if options.seed < 0:  # numpy's generators take no negative seed: a usage error, not an internal one
+        raise UsageError(f"--seed {options.seed}: give a seed of 0 or more")
     for cap in options.memory_caps:
-        if not cap > 0:
+        if not 0 < cap < math.inf:  # nan and inf too: a cap of inf has no in-flight count to round
             raise UsageError(f"--memory-cap {cap:g}: use positive multiples of 1F1B's memory, e.g. 1,2,4")
     costs = options.costs
-    if min(costs.forward_s, costs.backward_s) <= 0 or costs.comm_s < 0:
-        raise UsageError("--task-ms must be positive and --comm-ms not negative")
+    # not `<= 0` alone: nan passes every comparison, and a nan or inf duration never ends the simulation
+    if not (0 < costs.forward_s < math.inf and 0 < costs.backward_s < math.inf and 0 <= costs.comm_s < math.inf):
+        raise UsageError("--task-ms must be a positive number and --comm-ms a number not negative")
     if options.virtual_stages not in (None, 1) and "interleaved" not in options.schedules:
         raise UsageError(f"--virtual-stages {options.virtual_stages} only applies to --schedule interleaved")
     model_stages = []

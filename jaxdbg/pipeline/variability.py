@@ -227,7 +227,8 @@ def _parse_value(spec: str, name: str, key: str, raw: str, rule: tuple) -> objec
     if (low is not None and value < low) or (high is not None and value > high) or (
             kind is float and not math.isfinite(value)):
         bounds = f"at least {low}" if high is None else f"between {low} and {high}"
-        raise UsageError(f"{where}={raw} must be {bounds}")
+        finite = "a finite number " if kind is float else ""  # "factor=inf must be at least 0.0" was a riddle
+        raise UsageError(f"{where}={raw} must be {finite}{bounds}")
     return value
 
 
