@@ -448,16 +448,21 @@ class _Layer:
             action()
 
     def call(self, function: InstrumentedJit, plan: _Plan, index: int, args: tuple, kwargs: dict) -> Any:
-        hooks, check = plan.every, plan.check
+        hooks, check, sampled = plan.every, plan.check, plan.sampled
         declined: tuple[JitHook, ...] = ()
-        for hook in plan.sampled:  # (a loop, not generators: this runs on every call)
-            if hook.wants(function, index):
-                hooks += (hook,)
-                check = check or hook.check_outputs
-            else:
-                declined += (hook,)
-        if not hooks:  # only sampling hooks, none of which wants it: watched for a compile, nothing else
-            return self.unseen(function, plan, index, args, kwargs, declined)
+        if not hooks and len(sampled) == 1:  # one sampling hook alone (profile's): asked once, no tuple built
+            if not sampled[0].wants(function, index):  # watched for a compile, nothing else
+                return self.unseen(function, plan, index, args, kwargs, sampled)
+            hooks, check = sampled, sampled[0].check_outputs
+        else:
+            for hook in sampled:  # (a loop, not generators: this runs on every call)
+                if hook.wants(function, index):
+                    hooks += (hook,)
+                    check = check or hook.check_outputs
+                else:
+                    declined += (hook,)
+            if not hooks:  # only sampling hooks, none of which wants it: watched for a compile, nothing else
+                return self.unseen(function, plan, index, args, kwargs, declined)
         call = JitCall(function, args, kwargs, index, check, plan.local)
         try:
             if len(hooks) == 1:

@@ -50,6 +50,10 @@ from jaxdbg.protocol import Message, repeating
 
 FLUSH_EVERY_S = 0.5
 TIMED_FIRST = 3  # the first calls of a function are all timed (first call, and a steady median early)
+# The call after a timed one is seen, not waited for, to measure its dispatch for the step clock; after the first
+# calls, only after one timed call in this many: a function's dispatch time barely moves between steps, and each
+# seen call costs ~6 us more than one run ahead unseen (bench_layer.py, profile).
+DISPATCH_EVERY = 4
 _KEEP_SIGNATURES = 32
 
 
@@ -120,12 +124,16 @@ class Recorder(JitHook):
 
     def wants(self, function: InstrumentedJit, index: int) -> bool:
         """The calls this profile sees: the timed ones (:meth:`timed_call`), the one after each (not waited for:
-        its dispatch time, for the step clock), those in the capture window, and every call of a function given
-        host arguments (their copy is timed). The others run ahead unseen (a call among them that compiles is
-        still filed: :meth:`on_unwanted_compile`; the step clock notes their start). Asked on
-        every call."""
+        its dispatch time, for the step clock; after one timed call in DISPATCH_EVERY), those in the capture
+        window, and every call of a function given host arguments (their copy is timed). The others run ahead
+        unseen (a call among them that compiles is still filed: :meth:`on_unwanted_compile`; the step clock notes
+        their start). Asked on every call."""
         self.latest = function
-        if index < TIMED_FIRST or index % self.sync_every < 2 or self.on_first_call is not None:
+        if index < TIMED_FIRST or self.on_first_call is not None:
+            return True
+        every = self.sync_every
+        phase = index % every
+        if phase == 0 or (phase == 1 and (index - 1) // every % DISPATCH_EVERY == 1):  # the first: the 2nd timed
             return True
         window = self.window
         if (window is not None and window.active) or self.functions[function.record.id].host_args:
