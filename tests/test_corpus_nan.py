@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from jaxdbg.nan import HuntOptions
-from jaxdbg.nan.explain import CLIP, explain
+from jaxdbg.nan.explain import BOUND, CLIP, explain
 from jaxdbg.nan.growth import GrowthTracker
 from jaxdbg.nan.result import GrowthEntry, Origin, ValueStats
 from jaxdbg.nan.watch import NonFiniteFound, Watch
@@ -283,6 +283,15 @@ def test_divergence_needs_a_large_magnitude_and_a_cause_growth_can_have() -> Non
     assert "starting to diverge" in text and CLIP in hints
     text, hints = explain(overflow, (), [large])
     assert "the run was diverging" in text and hints[0] == CLIP
+
+
+def test_a_call_that_computes_no_gradient_gets_no_gradient_advice() -> None:
+    """An ODE solve or a simulation that overflows: clipping gradients or lowering a learning rate means
+    nothing there; the hint says to bound what grows."""
+    overflow = Origin("inf", "mul", "forward", None, "solve", 0, ("jit(solve)",), (_stats(3e30, 1), _stats(2e9, 1)))
+    _, hints = explain(overflow, (), [_growth(1.0, 1e30)], trains=False)
+    assert BOUND in hints and not any("gradient" in h or "learning rate" in h for h in hints)
+    assert CLIP in explain(overflow, (), [_growth(1.0, 1e30)])[1]
 
 
 def test_a_matmul_that_overflows_is_explained_the_same_whichever_op_makes_the_nan() -> None:

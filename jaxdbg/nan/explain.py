@@ -23,9 +23,10 @@ import linecache
 import re
 import tokenize
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from jaxdbg._source import SourceLocation
+from jaxdbg.nan import passes
 from jaxdbg.nan.result import GrowthEntry, Origin, Overflow, PrecisionCheck, Strategy, ValueStats
 
 if TYPE_CHECKING:
@@ -73,6 +74,10 @@ MASKED_MEAN = ("a fully masked batch or row (all padding) has nothing to average
                "(its numerator is 0 too), and check the data pipeline for empty batches")
 SUBTRACT_MAX = "subtract the maximum before exponentiating (what `jax.nn.softmax`/`logsumexp` do)"
 CLIP = "clip gradients (e.g. `optax.clip_by_global_norm(1.0)`) and/or lower the learning rate (or add warmup)"
+# CLIP's place where the call computes no gradient (an ODE solve, a simulation, a forward-only model).
+BOUND = ("bound or rescale what grows without limit (an unstable iteration, an exploding ODE, a step too large): "
+         "smaller steps, a clamp, or float64 (`jax.config.update('jax_enable_x64', True)`) to see whether it only "
+         "needs more range")
 UPCAST = "compute this part in float32 (`x.astype(jnp.float32)`), and cast back afterwards"
 LOSS_SCALE = "with float16 gradients use loss scaling (scale the loss up, unscale the gradients, skip steps with Inf)"
 EXP_LIMIT = {"f16": 11.09, "bf16": 88.72, "f32": 88.72, "f64": 709.78}
@@ -511,7 +516,7 @@ def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence
             input_sources: Mapping[Origin, Sequence[SourceLocation]] | None = None,
             overflow: Overflow | None = None, zero: ZeroSource | None = None,
             cond_select: CondSelect | None = None, discarded: Sequence[Discarded] = (),
-            reaching: Origin | None = None) -> tuple[str, tuple[str, ...]]:
+            reaching: Origin | None = None, trains: bool = True) -> tuple[str, tuple[str, ...]]:
     """``(paragraph, hints)`` for a finding; an empty paragraph when nothing was found.
 
     ``input_sources`` gives, per origin, the user lines that computed its inputs (from the replay);
@@ -520,7 +525,8 @@ def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence
     the select a cond became under vmap, which kept or discarded the origin's NaN, or a select that discarded it
     from the values of a differentiated forward pass (:mod:`jaxdbg.nan.cond_select`); ``discarded``, when the
     origin's NaN reaches no output, it and the NaNs after it that reach none either
-    (:class:`jaxdbg.nan.localise.Discarded`), and ``reaching``, the first NaN that does.
+    (:class:`jaxdbg.nan.localise.Discarded`), and ``reaching``, the first NaN that does. ``trains``: the call
+    computes a gradient (otherwise no hint speaks of gradients or learning rates).
     """
     if first is None:
         return "", ()
@@ -595,6 +601,8 @@ def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence
                      "over compiled prefixes of the computation.")
     if _has_epsilon(first):
         hints = [h for h in hints if h not in EPSILONS]
+    if not trains:
+        hints = [BOUND if h == CLIP else h for h in hints if h != LOSS_SCALE]
     return " ".join(parts), tuple(dict.fromkeys(hints))
 
 
@@ -604,4 +612,11 @@ def analyse(findings: Findings) -> None:
                                                    findings.precision, findings.strategy, findings.sources,
                                                    findings.overflow, findings.zero_source, findings.cond_select,
                                                    getattr(findings.localisation, "discarded", ()),
-                                                   getattr(findings.localisation, "reaching", None))
+                                                   getattr(findings.localisation, "reaching", None),
+                                                   _trains(findings.localisation))
+
+
+def _trains(localisation: Any) -> bool:
+    """Whether the replayed call computes a gradient (unknown, as for an operation outside jit: assumed)."""
+    jaxpr = getattr(localisation, "closed_jaxpr", None)
+    return jaxpr is None or passes.differentiates(jaxpr)

@@ -35,6 +35,26 @@ def _is_jvp(eqn: Any) -> bool:
     return "jvp(" in _compat.eqn_name_stack(eqn)
 
 
+def differentiates(jaxpr: Any) -> bool:
+    """Whether a (closed or open) jaxpr computes a derivative anywhere, inside loops and calls too: a training
+    step does, an ODE solve or a forward-only model does not (then "clip gradients" is no advice).
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> differentiates(jax.make_jaxpr(jax.grad(jnp.sin))(1.0)), differentiates(jax.make_jaxpr(jnp.sin)(1.0))
+        (True, False)
+    """
+    from jaxdbg.repro.graph import inner_jaxprs
+
+    todo = [getattr(jaxpr, "jaxpr", jaxpr)]
+    while todo:
+        for eqn in todo.pop().eqns:
+            if _is_jvp(eqn) or _is_transposed(eqn):
+                return True
+            todo.extend(inner_jaxprs(eqn.params))
+    return False
+
+
 def backward_equations(jaxpr: Any, inherited: bool,
                        backward_outputs: frozenset[int]) -> tuple[set[int], dict[int, frozenset[int]]]:
     """Indices of the backward equations of ``jaxpr``, and per equation which of its outputs feed only them.
