@@ -3,8 +3,9 @@
 While at least one :class:`JitHook` is installed (:func:`installed`, a context manager that restores
 ``jax.jit`` in ``finally``), ``jax.jit(fun, **options)`` returns an :class:`InstrumentedJit`. It behaves like
 the jitted function (``.eval_shape`` and every other attribute pass through; ``.lower``/``.trace`` too, their
-``.compile()`` behind the hooks: :mod:`jaxdbg.jit_stages`; it binds as a method), and each *top-level* call of it (concrete arguments, not inside another trace, not inside
-another instrumented call or jaxdbg's own work) runs through the installed hooks:
+``.compile()`` behind the hooks: :mod:`jaxdbg.jit_stages`; it binds as a method), and each *top-level* call of it
+(concrete arguments, not inside another trace, not inside another instrumented call or jaxdbg's own work) runs
+through the installed hooks:
 
 - ``on_jit(function)`` when ``jax.jit`` is applied;
 - ``watches(function)``: which calls of it the hook sees, decided once per function (again after
