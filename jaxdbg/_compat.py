@@ -127,6 +127,28 @@ def trace_state_clean() -> bool:
     return trace is _EVAL_TRACE and _AXIS_ENV.value is _TOP_AXIS_ENV
 
 
+# jax's trace types, by what a user applied to get them (jax 0.10/0.11: grad and linearize trace with LinearizeTrace).
+_TRANSFORMS = {"LinearizeTrace": "jax.grad", "JVPTrace": "jax.jvp", "BatchTrace": "jax.vmap",
+               "DynamicJaxprTrace": "a function traced outside the watch (jax.jit, lax.scan, jax.eval_shape)"}
+
+
+def current_transform() -> str:
+    """What is tracing the code running now, in the user's words ('jax.grad', 'jax.vmap', ...): asked when a
+    jitted function is called inside a transformation that jaxdbg did not apply (the call itself never runs).
+
+    Example:
+        >>> jax.vmap(lambda x: [current_transform()] and x)(jax.numpy.ones(2)) is not None
+        True
+        >>> seen = []
+        >>> _ = jax.grad(lambda x: seen.append(current_transform()) or x * 2.0)(1.0)
+        >>> seen
+        ['jax.grad']
+    """
+    trace = _TRACE.value
+    name = type(trace).__name__
+    return _TRANSFORMS.get(name, f"a jax transformation ({name})")
+
+
 def backend_started() -> bool:
     """True once jax has started a backend (anything that asks for devices does). Until then jaxdbg must not
     start one itself: a multi-process program calls ``jax.distributed.initialize()`` first, and that call

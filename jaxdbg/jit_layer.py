@@ -2,9 +2,10 @@
 
 While at least one :class:`JitHook` is installed (:func:`installed`, a context manager that restores
 ``jax.jit`` in ``finally``), ``jax.jit(fun, **options)`` returns an :class:`InstrumentedJit`. It behaves like
-the jitted function (``.lower``, ``.trace``, ``.eval_shape`` and every other attribute pass through; it binds
-as a method), and each *top-level* call of it (concrete arguments, not inside another trace, not inside
-another instrumented call or jaxdbg's own work) runs through the installed hooks:
+the jitted function (``.eval_shape`` and every other attribute pass through; ``.lower``/``.trace`` too, their
+``.compile()`` behind the hooks: :mod:`jaxdbg.jit_stages`; it binds as a method), and each *top-level* call of it
+(concrete arguments, not inside another trace, not inside another instrumented call or jaxdbg's own work) runs
+through the installed hooks:
 
 - ``on_jit(function)`` when ``jax.jit`` is applied;
 - ``watches(function)``: which calls of it the hook sees, decided once per function (again after
@@ -137,6 +138,13 @@ class JitHook:
         """A call that :meth:`wants` declined compiled: told once it returned ``out``, with its stages in
         ``call.spans`` and its start in ``call.started`` (``time.perf_counter()``)."""
 
+    def on_compile_ahead(self, call: JitCall) -> None:
+        """``jax.jit(f).lower(...).compile()`` (or ``.trace(...).lower().compile()``) compiled ahead of time (see
+        :mod:`jaxdbg.jit_stages`): ``call.function`` is the jitted function, ``call.args``/``call.kwargs`` what it
+        was lowered for, ``call.index`` its next call's, ``call.spans`` the stages of ``.trace``, ``.lower`` and
+        ``.compile``, ``call.notes['lowered']``/``['compiled']`` jax's objects. Told as jaxdbg's own work. The
+        Compiled's calls then reach the hooks as the function's own calls (``call.function.is_compiled``)."""
+
 
 class FunctionRecord:
     """What is known of one jitted function across its ``jax.jit`` applications (same name and definition
@@ -147,6 +155,7 @@ class FunctionRecord:
         self.name = name
         self.source = source  # where it is defined, or where it was jitted for code outside user files
         self.calls = 0  # top-level calls so far (read by other threads; the index comes from the counter)
+        self.traced_by: str | None = None  # the latest transformation that traced it outside any top-level call
         self.counter = itertools.count()
 
 
@@ -237,7 +246,7 @@ class InstrumentedJit:
     """What ``jax.jit(fun, **options)`` returns while hooks are installed; behaves like the jitted function."""
 
     is_pmap = False
-
+    is_compiled = False  # a jaxdbg.jit_stages.InstrumentedCompiled: jax's Compiled of this function
     def __init__(self, layer: _Layer, jitted: Any, fun: Callable, options: dict, record: FunctionRecord,
                  top_level: Any = None):
         self._layer = layer
@@ -282,8 +291,11 @@ class InstrumentedJit:
         layer = plan.layer
         if plan.epoch != layer.epoch:
             plan = layer.plan(self)
-        if not plan.active or plan.local.depth or not _trace_state_clean():
-            return plan.jitted(*args, **kwargs)  # traced inside another function, nested, or jaxdbg's own
+        if not plan.active or plan.local.depth:
+            return plan.jitted(*args, **kwargs)  # nested in a watched call, or jaxdbg's own
+        if not _trace_state_clean():  # traced by a transformation applied outside any watched call
+            plan.record.traced_by = _compat.current_transform()  # (a watch that saw no call says so)
+            return plan.jitted(*args, **kwargs)
         if not layer.first_call_seen:
             layer.first_call()
         record = plan.record
@@ -292,6 +304,25 @@ class InstrumentedJit:
         if plan.nobody:  # counted, and left on jax's C++ dispatch: nothing else runs
             return plan.top_level(*args, **kwargs) if kwargs else plan.top_level(*args)
         return layer.call(self, plan, index, args, kwargs)
+
+    def lower(self, *args: Any, **kwargs: Any) -> Any:
+        """jax's ``lower``, its stages filed and its ``.compile()`` behind the hooks (:mod:`jaxdbg.jit_stages`)."""
+        return self._ahead("lower", args, kwargs)
+
+    def trace(self, *args: Any, **kwargs: Any) -> Any:
+        """jax's ``trace`` (where it has one), as :meth:`lower`."""
+        return self._ahead("trace", args, kwargs)
+
+    def _ahead(self, stage: str, args: tuple, kwargs: dict) -> Any:
+        layer = self._layer
+        if self.is_pmap or not layer.hooks or layer.local.depth or not _trace_state_clean():
+            return getattr(self.jitted, stage)(*args, **kwargs)  # jaxdbg's own, or inside a trace: jax's own
+        from jaxdbg.jit_stages import Staged, collecting
+
+        spans: list[tuple[str, float, float]] = []
+        with collecting(layer, spans):
+            staged = getattr(self.top_level, stage)(*args, **kwargs)  # with the hooks' compiler options
+        return Staged(self, staged, args, kwargs, spans)
 
     def __getattr__(self, name: str) -> Any:
         if name in ("jitted", "_layer", "fun", "top_level"):  # not set yet (half-built, or unpickling): no recursion
@@ -626,20 +657,31 @@ def adopted() -> Iterator[list[str]]:
         for owner, name, original in reversed(undo):
             if isinstance(owner, dict):
                 owner[name] = original
+            elif isinstance(owner, type):
+                setattr(owner, name, original)
             else:
                 object.__setattr__(owner, name, original)
 
 
-def _adopt_in(namespace: dict, layer: _Layer) -> list[tuple[str, tuple[Any, str, Any]]]:
-    """Swap the jitted functions bound in ``namespace`` for instrumented twins; ``(name, undo)`` for each."""
+def _adopt_in(namespace: dict, layer: _Layer, owner: type | None = None) -> list[tuple[str, tuple[Any, str, Any]]]:
+    """Swap the jitted functions bound in ``namespace`` (a module's globals, or with ``owner`` that class's
+    attributes) for instrumented twins; ``(name, undo)`` for each. The classes a module defines are searched too: a
+    ``jax.jit`` (or ``nnx.jit``, ``eqx.filter_jit``) applied to a method at class level is a class attribute, and
+    the twin binds as a method just as jax's own object does."""
     done = []
     for name, value in list(namespace.items()):
         if isinstance(value, InstrumentedJit):
             continue
+        if owner is None and isinstance(value, type) and value.__module__ == namespace.get("__name__"):
+            done += _adopt_in(dict(vars(value)), layer, value)
+            continue
         twin = _twin(layer, value, None)
         if twin is not None:
-            namespace[name] = twin
-            done.append((name, (namespace, name, value)))
+            if owner is None:
+                namespace[name] = twin
+            else:
+                setattr(owner, name, twin)
+            done.append((name, (namespace if owner is None else owner, name, value)))
             continue
         module = type(value).__module__ or ""
         if not module.startswith(("flax.", "equinox.")):

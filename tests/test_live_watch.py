@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 import weakref
 from pathlib import Path
@@ -123,11 +124,67 @@ def test_log_action_goes_on_and_metrics_are_served(tmp_path, caplog):
         urllib.request.urlopen(guard.metrics_url, timeout=5)  # the server stopped with the watch
 
 
-def test_a_watch_that_saw_no_jitted_function_says_so(caplog):
+def test_a_watch_that_saw_no_jitted_call_says_what_happened_instead(caplog, tmp_path, monkeypatch):
     early = jax.jit(lambda x: jnp.log(x))
     with caplog.at_level(logging.WARNING, logger="jaxdbg"), jaxdbg.watch():
         early(jnp.array(-1.0))  # jitted before the watch and held in a local variable: not reachable
-    assert "no jitted function was watched" in caplog.text
+    assert "no jitted call was watched" in caplog.text and "held in a local variable" in caplog.text
+    for transform in (jax.grad, jax.vmap):  # the jitted function is traced by a transformation applied outside jit
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="jaxdbg"), jaxdbg.watch():
+            def loss(x):
+                return jnp.log(x).sum()
+            transform(jax.jit(loss))(jnp.ones(2) if transform is jax.grad else jnp.ones((2, 2)))
+        name = f"jax.{transform.__name__}"
+        assert f"loss ran only inside {name} applied outside jit" in caplog.text
+        assert f"jax.jit({name}(loss))" in caplog.text and "jaxdbg nan-hunt" in caplog.text
+    (tmp_path / "compiled_early.py").write_text(
+        "import jax, jax.numpy as jnp\nstep = jax.jit(jnp.log).lower(jnp.ones(2)).compile()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import compiled_early
+
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="jaxdbg"), jaxdbg.watch():
+        compiled_early.step(-jnp.ones(2))  # jax's Compiled, made before the watch: it holds no Python function
+    assert "step: compiled ahead of time (jax.jit(f).lower(...).compile()) before the watch began" in caplog.text
+    del sys.modules["compiled_early"]  # its global is searched by every later watch that sees no call
+
+
+def test_calls_of_a_function_compiled_ahead_of_time_inside_the_watch_are_watched(tmp_path):
+    def step(w, x, k):
+        return jnp.sqrt(w - x).sum() * k  # <- origin
+
+    with pytest.raises(jaxdbg.NonFiniteError) as raised, jaxdbg.watch(out=str(tmp_path / "w")):
+        compiled = jax.jit(step, static_argnums=2).lower(jnp.ones(3), jnp.zeros(3), 2).compile()
+        staged = jax.jit(step, static_argnums=2).trace(jnp.ones(3), jnp.zeros(3), 2).lower().compile()
+        assert float(staged(jnp.ones(3), jnp.zeros(3))) == 6.0
+        for i in range(4):
+            compiled(jnp.ones(3), jnp.full(3, i / 2))
+    first = raised.value.report["first"]
+    assert (first["primitive"], first["function"], first["call_index"]) == ("sqrt", "step", 4)
+    assert first["source"]["line"] == step.__code__.co_firstlineno + 1
+    with pytest.raises(jaxdbg.RecompileError) as again, jaxdbg.watch(out=str(tmp_path / "r"), max_compiles=1):
+        jax.jit(step, static_argnums=2).lower(jnp.ones(3), jnp.zeros(3), 2).compile()
+        jax.jit(step, static_argnums=2).lower(jnp.ones(4), jnp.zeros(4), 2).compile()  # a compile all the same
+    assert "argument 'w' shape changed (3,) -> (4,)" in str(again.value)
+
+
+def test_nested_watches_each_report_what_ran_inside_them(tmp_path):
+    """The outer watch read the inner block's NaN first (its hook runs outermost) and raised its own error, with
+    its report, inside the inner block: the inner watch reported nothing. Each now reports it; the inner's error
+    comes out of the inner block, the outer's at its next call after it."""
+    with pytest.raises(jaxdbg.NonFiniteError) as outer_error, jaxdbg.watch(out=str(tmp_path / "outer")) as outer:
+        step = jax.jit(lambda w, x: jnp.sqrt(w - x).sum())
+        step(jnp.ones(3), jnp.zeros(3))
+        with pytest.raises(jaxdbg.NonFiniteError) as inner_error, jaxdbg.watch(out=str(tmp_path / "inner")) as inner:
+            for i in range(6):
+                step(jnp.ones(3), jnp.full(3, i / 2))
+                time.sleep(0.002)  # the earlier calls are read before the next one (the read's 1 ms batching)
+        assert inner.reports == [str(tmp_path / "inner" / "report.json")] and not outer.reports[1:]
+        step(jnp.ones(3), jnp.zeros(3))
+    assert inner_error.value.path == inner.reports[0] and outer_error.value.path == outer.reports[0]
+    assert outer.reports == [str(tmp_path / "outer" / "report.json")]
+    assert inner_error.value.report["first"]["call_index"] == outer_error.value.report["first"]["call_index"] == 4
 
 
 PMAPPED = """
@@ -216,6 +273,57 @@ def test_functions_jitted_at_module_level_before_the_watch_are_watched_and_put_b
     assert (Path(first["source"]["file"]).name, first["source"]["line"]) == ("module_level.py", origin)
     assert (module_level.scale, module_level.normalise._cached, module_level.apply.jitted_fn) == originals
     assert not guard.reports[1:]
+
+
+METHODS = """
+import functools
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+
+class Scaler:
+    def __init__(self, w):
+        self.w = w
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def apply(self, x):
+        return jnp.log(x * self.w)  # <- origin
+
+
+class Halve(eqx.Module):
+    w: jax.Array
+
+    @eqx.filter_jit
+    def __call__(self, x):
+        return x * self.w
+
+
+class Double(nnx.Module):
+    @nnx.jit
+    def __call__(self, x):
+        return 2 * x
+"""
+
+
+def test_methods_jitted_at_class_level_before_the_watch_are_watched_and_put_back(tmp_path, monkeypatch):
+    (tmp_path / "jitted_methods.py").write_text(METHODS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import jitted_methods as m
+
+    originals = (vars(m.Scaler)["apply"], m.Halve.__call__._cached, m.Double.__call__.jitted_fn)
+    scaler, halve, double = m.Scaler(2.0), m.Halve(jnp.full(2, 0.5)), m.Double()
+    with pytest.raises(jaxdbg.NonFiniteError) as raised, jaxdbg.watch(out=str(tmp_path / "w")):
+        watched = (vars(m.Scaler)["apply"], m.Halve.__call__._cached, m.Double.__call__.jitted_fn)
+        assert all(isinstance(f, jaxdbg.jit_layer.InstrumentedJit) for f in watched)
+        np.testing.assert_allclose(double(halve(jnp.ones(2))), 1.0)
+        scaler.apply(jnp.ones(2))
+        scaler.apply(-jnp.ones(2))
+    first = raised.value.report["first"]
+    assert (first["primitive"], first["function"], first["call_index"]) == ("log", "apply", 1)
+    assert (vars(m.Scaler)["apply"], m.Halve.__call__._cached, m.Double.__call__.jitted_fn) == originals
 
 
 def _nnx_run() -> tuple:

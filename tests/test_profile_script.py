@@ -138,6 +138,22 @@ def test_host_transfer_bottleneck(tmp_path):
 
 
 SCRIPTS = {
+    "ahead_of_time.py": """
+        import functools, jax, jax.numpy as jnp
+        def predict(w, x):
+            return jnp.tanh(x @ w).sum()
+        @functools.partial(jax.jit, static_argnums=1, donate_argnums=0)
+        def scale(x, n):
+            return x * n
+        w, x = jnp.ones((16, 16)), jnp.ones((8, 16))
+        compiled = jax.jit(predict).lower(w, x).compile()
+        for _ in range(5):
+            compiled(w, x).block_until_ready()
+        staged = jax.jit(predict).trace(w, jnp.ones((4, 16))).lower().compile()  # the new shape
+        staged(w, jnp.ones((4, 16)))
+        y = scale.lower(jnp.ones(4), 3).compile()(jnp.ones(4))  # static and donated arguments
+        print(float(y.sum()), float(compiled(w, x)))
+    """,
     "raises.py": """
         import jax, jax.numpy as jnp
         @jax.jit
@@ -239,6 +255,21 @@ def scripts(tmp_path_factory):
     for name, text in SCRIPTS.items():
         (folder / name).write_text(textwrap.dedent(text))
     return folder
+
+
+def test_calls_through_the_ahead_of_time_api_are_profiled_as_the_jitted_function(scripts, tmp_path):
+    # jax.jit(f).lower(x).compile() and .trace(x).lower().compile() once escaped the profile: no function, no calls.
+    path = str(scripts / "ahead_of_time.py")
+    run = profile(parse_target(path), ProfileOptions(calibrate=False, trace_calls=0), str(tmp_path))
+    assert run.exit_code == 0, run.result.error
+    assert "12.0 " in run.outcome.stdout  # the program's results are its own
+    predict, scale = by_name(run, "predict"), by_name(run, "scale")
+    assert (predict.compiles, predict.execute.calls, scale.compiles, scale.execute.calls) == (2, 7, 1, 1)
+    assert predict.compile.trace_s > 0 and predict.compile.lower_s > 0 and predict.compile.compile_s > 0
+    assert predict.cost is not None and predict.memory is not None  # read from the Compiled itself
+    why = predict.recompiles[0]
+    assert why.call_index == 5 and "shape changed (8, 16) -> (4, 16)" in why.reason
+    assert why.source.line == marked_line(path, "# the new shape")
 
 
 def test_script_that_raises_keeps_partial_profile_and_exits_3(scripts, tmp_path, capsys):

@@ -87,6 +87,7 @@ class LiveHook(Watch):
         self.stopped = False  # an internal failure stopped the watch (see stop)
         self.finding_thread: int | None = None  # the thread whose call made the finding being read
         self.held: tuple[int, BaseException] | None = None  # (thread, error): raised at that thread's next call
+        self.inner = 0  # watches entered inside this one and still open: this one's error waits for them to end
         # The unread calls are one queue for every thread: two threads reading it at once popped the same entry
         # (IndexError), and the watch stopped. Re-entrant: a compile's flush and a finding's analysis read it too.
         self._lock = threading.RLock()
@@ -101,7 +102,7 @@ class LiveHook(Watch):
         own part is guarded (see :meth:`_failed`); the user's call raises what it raises, unchanged."""
         if self.stopped:  # planned before the stop
             return run()
-        if self.held is not None and self.held[0] == threading.get_ident():
+        if self.held is not None and self.held[0] == threading.get_ident() and not self.inner:
             held, self.held = self.held[1], None
             raise held
         if self._pending and self.active:  # the earlier calls that have finished, before this one allocates
@@ -113,7 +114,8 @@ class LiveHook(Watch):
             except Exception as err:  # noqa: BLE001 - jaxdbg's own failure: see _failed
                 self._failed(err)
         active = self.active
-        if active and call.function.donates:  # kept for the replay: device copies, before the call deletes them
+        # Kept for the replay: device copies, before the call deletes them (made once: nested watches share them).
+        if active and call.function.donates and "nan_copies" not in call.notes:
             try:
                 if jit_layer.donates_arrays(call):
                     call.notes["nan_copies"] = jit_layer.device_copies((call.args, call.kwargs))
@@ -152,6 +154,18 @@ class LiveHook(Watch):
                 self.seen(function, out, site)  # at the first call: output names from its line
         call.notes["thread"] = threading.get_ident()  # the finding's error goes to this thread: see watch._act
         self.defer(call, site)  # not its outputs: holding them too would keep one more copy of a model
+
+    def on_compile_ahead(self, call: JitCall) -> None:
+        """``jax.jit(f).lower(...).compile()``: one more compile of ``f`` (``max_compiles`` counts it)."""
+        try:
+            with self._lock:
+                if not self.stopped:
+                    self._compiled(call, [end - start for _, start, end in call.spans],
+                                   self.figures.function(call.function.name))
+        except WatchError:
+            raise
+        except Exception as err:  # noqa: BLE001 - jaxdbg's own failure: see _failed
+            self._failed(err)
 
     def flush(self) -> None:
         with self._lock:

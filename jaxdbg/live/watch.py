@@ -125,7 +125,9 @@ class watch(contextlib.ContextDecorator):
         from jaxdbg import jit_layer
         from jaxdbg.live.hook import LiveHook
 
-        hook = LiveHook(self.nans, on_nonfinite=self._nonfinite, on_compile=self._compiled)
+        hook = LiveHook(self.nans)
+        hook.on_nonfinite = functools.partial(self._nonfinite, hook)
+        hook.on_compile = functools.partial(self._compiled, hook)
         stack = contextlib.ExitStack()
         stack.callback(hook.stop_holding_freed)
         stack.enter_context(jit_layer.installed(hook))
@@ -142,6 +144,10 @@ class watch(contextlib.ContextDecorator):
             except BaseException:
                 stack.close()
                 raise
+        for outer in _OPEN:
+            outer.inner += 1
+        _OPEN.append(hook)
+        stack.callback(_closed, hook)
         self._states.append(_State(hook, stack))
         return self
 
@@ -154,28 +160,19 @@ class watch(contextlib.ContextDecorator):
                     held, state.hook.held = state.hook.held[1], None
                     raise held
                 if not any(row.calls for row in state.hook.figures.functions.values()):  # no watched call
-                    pmapped = _pmapped_globals()
-                    if pmapped:
-                        log.warning("jaxdbg.watch: no jitted function was watched, so nothing was checked: "
-                                    "jax.pmap'd functions (%s) made before the watch began with both static and "
-                                    "donated arguments cannot be rebuilt to be watched; apply jax.pmap inside the "
-                                    "watch, or run the program under `jaxdbg nan-hunt`", ", ".join(pmapped))
-                    else:
-                        log.warning("jaxdbg.watch: no jitted function was watched, so nothing was checked: "
-                                    "functions jitted before the watch began are watched only when bound to a "
-                                    "global name of the program's modules (enter the watch first for the others)")
+                    log.warning("jaxdbg.watch: no jitted call was watched, so nothing was checked: %s",
+                                _why_nothing_was_watched(state.hook))
         finally:
             self._states.pop()
             state.stack.close()
 
     # -- findings ------------------------------------------------------------------------------------------
 
-    def _nonfinite(self, finding: Any) -> None:
+    def _nonfinite(self, hook: Any, finding: Any) -> None:
         from jaxdbg import jit_layer
         from jaxdbg.nan.api import HuntOptions
         from jaxdbg.nan.session import analyse_finding
 
-        hook = self._states[-1].hook
         names = tuple(dict.fromkeys(f.name for f in hook.functions))
         with jit_layer.internal():  # every step after the origin is guarded: a failed one is a warning in it
             result, artifacts = analyse_finding(finding, hook, HuntOptions(out_dir=self.out), names)
@@ -184,26 +181,31 @@ class watch(contextlib.ContextDecorator):
         path = self._write_or_warn(result, artifacts)
         line = result.essential_line() or "a jitted call returned NaN/Inf"
         said = f" (report: {path})" if path else " (no report could be written)"
-        self._act(NonFiniteError(f"jaxdbg.watch: {line}{said}", _jsonable(result), path), hook.finding_thread)
+        self._act(hook, NonFiniteError(f"jaxdbg.watch: {line}{said}", _jsonable(result), path), hook.finding_thread)
 
-    def _compiled(self, function: Any, count: int, recompile: Any) -> None:
+    def _compiled(self, hook: Any, function: Any, count: int, recompile: Any) -> None:
         if self.max_compiles is None or count <= self.max_compiles or recompile is None:
             return
-        hook = self._states[-1].hook
         seen = hook.compiles[function.record.id]
         result = RecompileResult(function.name, function.record.source, count, self.max_compiles,
                                  tuple(seen.recompiles))
         path = self._write_or_warn(result, {})
         said = f" (report: {path})" if path else " (no report could be written)"
-        self._act(RecompileError(f"jaxdbg.watch: {result.essential_line()}{said}", _jsonable(result), path))
+        self._act(hook, RecompileError(f"jaxdbg.watch: {result.essential_line()}{said}", _jsonable(result), path))
 
-    def _act(self, error: Exception, thread: int | None = None) -> None:
+    def _act(self, hook: Any, error: Exception, thread: int | None = None) -> None:
         if self.action == "raise":
             if thread is not None and thread != threading.get_ident():
                 # Read late, another thread's call may read the finding: raised there, it would stop a healthy
                 # worker and leave the one that made the NaN running. It is raised at that thread's next watched
                 # call instead, or when the block ends.
-                self._states[-1].hook.held = (thread, error)
+                hook.held = (thread, error)
+                return
+            if hook.inner:
+                # A watch entered inside this one is still open: it sees the same calls and raises its own error
+                # with its own report. This one's report is written; its error waits for its next call after the
+                # inner watch ended, or its own block's end (it goes if the inner error ends this block too).
+                hook.held = (threading.get_ident(), error)
                 return
             raise error
         log.warning("%s", error)
@@ -238,6 +240,17 @@ class watch(contextlib.ContextDecorator):
         return path
 
 
+# The hooks of the watches open now, the first entered first (a watch knows how many were entered inside it).
+_OPEN: list[Any] = []
+
+
+def _closed(hook: Any) -> None:
+    if hook in _OPEN:
+        for outer in _OPEN[:_OPEN.index(hook)]:
+            outer.inner -= 1
+        _OPEN.remove(hook)
+
+
 def _jsonable(result: Any) -> dict:
     from jaxdbg.report import to_jsonable
 
@@ -251,9 +264,40 @@ def _program() -> str | None:
     return os.path.relpath(path) if path and not os.path.relpath(path).startswith("..") else path
 
 
-def _pmapped_globals() -> list[str]:
-    """The jax.pmap'd functions bound to global names of the program's own modules that the watch did not adopt."""
+def _why_nothing_was_watched(hook: Any) -> str:
+    """What the program did instead of calling a watched function, and what to do (the warning of a watch that saw
+    no call)."""
+    import jax
+
     from jaxdbg import _compat, jit_layer
 
-    return [name for namespace in jit_layer.user_namespaces() for name, value in list(namespace.items())
-            if _compat.is_pmapped(value)]
+    traced = {f.name: f.record.traced_by for f in hook.functions if f.record.traced_by and not f.record.calls}
+    if traced:
+        name, how = next(iter(traced.items()))
+        names = ", ".join(traced)
+        example = f"jax.jit({how}({name}))" if how in ("jax.grad", "jax.vmap", "jax.jvp") else "jax.jit(outer)"
+        return (f"{names} ran only inside {how} applied outside jit, which traces it: its work ran as operations "
+                f"outside any jitted call, and those are not checked. Apply jax.jit to the transformed function inside "
+                f"the watch ({example}), or run the program under `jaxdbg nan-hunt`, which checks operations run "
+                f"outside jit too")
+    found: dict[str, list[str]] = {"compiled": [], "pmapped": []}
+    for namespace in jit_layer.user_namespaces():
+        for name, value in list(namespace.items()):
+            if isinstance(value, jax.stages.Compiled):
+                found["compiled"].append(name)
+            elif _compat.is_pmapped(value):
+                found["pmapped"].append(name)
+    reasons = []
+    if found["compiled"]:
+        reasons.append(f"{', '.join(found['compiled'])}: compiled ahead of time (jax.jit(f).lower(...).compile()) "
+                       "before the watch began, so its calls cannot be watched; compile inside the watch (its calls "
+                       "are then watched)")
+    if found["pmapped"]:
+        reasons.append(f"jax.pmap'd functions ({', '.join(found['pmapped'])}) made before the watch began with both "
+                       "static and donated arguments cannot be rebuilt to be watched; apply jax.pmap inside the watch")
+    if reasons:
+        return "; ".join(reasons) + ", or run the program under `jaxdbg nan-hunt`"
+    return ("functions jitted before the watch began are watched only when bound to a global name or a class "
+            "attribute of the program's modules (one held in a local variable or an instance attribute is not): "
+            "enter the watch before jax.jit is applied to the others (decorate main), or run the program under "
+            "`jaxdbg nan-hunt`")

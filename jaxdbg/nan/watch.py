@@ -497,7 +497,8 @@ class Watch(JitHook):
         notes = call.notes
         copies = flat = None
         if notes:  # jaxdbg.watch's calls have none here: asked on every call, so read only if there
-            copies, flat = notes.pop("nan_copies", None), notes.pop("nan_flat", None)
+            # read, not taken: a watch nested in another keeps the same call's inputs too (the notes are shared)
+            copies, flat = notes.get("nan_copies"), notes.get("nan_flat")
         args, kwargs = copies if copies is not None else (call.args, call.kwargs)
         function = call.function
         structures = self._structures.get(function)
