@@ -3,8 +3,9 @@
 Forms (see docs/cli.md, "TARGET"):
 - ``path/to/script.py`` with script arguments: run as ``__main__``, unmodified (:func:`run_script`).
 - ``path/to/file.py::func`` or ``package.module:func``: one function (:func:`load_function`), with inputs
-  from ``--args "f32[8,128] i32[8]"`` (:func:`parse_args_spec`, :func:`random_inputs`) or
-  ``--inputs file.py::make_inputs`` / ``--inputs data.npz`` (:func:`load_inputs`).
+  from ``--args "f32[8,128] i32[8] key"`` (:func:`parse_args_spec`, :func:`random_inputs`) or
+  ``--inputs file.py::make_inputs`` / ``--inputs data.npz`` (:func:`load_inputs`); none for a function
+  seen to take no arguments (:func:`takes_no_inputs`).
 
 Example:
     >>> spec = parse_target("numpy:tanh")              # package.module:func; file.py::func names a file
@@ -231,13 +232,24 @@ def run_script(spec: TargetSpec) -> dict:
 
 @dataclass(frozen=True)
 class ArraySpec:
-    """One entry of ``--args``: a dtype name (canonical, e.g. 'f32') and a shape."""
+    """One entry of ``--args``: a dtype name (canonical, e.g. 'f32') and a shape. For a PRNG key the dtype is
+    ``key`` (typed, ``jax.random.key``) or ``PRNGKey`` (raw uint32 key data, ``jax.random.PRNGKey``), with the
+    seed it is made from (None: ``--seed``); a shape holds that many keys split from it."""
 
     dtype: str
     shape: tuple[int, ...]
+    seed: int | None = None
+
+    @property
+    def is_key(self) -> bool:
+        return self.dtype in KEY_KINDS
 
     def __str__(self) -> str:
-        return f"{self.dtype}[{','.join(map(str, self.shape))}]"
+        seed = "" if self.seed is None else f":{self.seed}"
+        return f"{self.dtype}{seed}[{','.join(map(str, self.shape))}]"
+
+
+KEY_KINDS = ("key", "PRNGKey")  # --args spellings of a typed and of a raw PRNG key
 
 
 DTYPE_ALIASES = {
@@ -277,38 +289,60 @@ def short_dtype(dtype: Any) -> str:
 
 
 _ARRAY_SPEC = re.compile(r"^([A-Za-z0-9]+)\[([0-9,\s]*)\]$")
+_KEY_SPEC = re.compile(r"^(key|prngkey)(?::(\d+))?(?:\[([0-9,\s]*)\])?$", re.IGNORECASE)
+_ARGS_EXAMPLE = "\"f32[8,128] i32[] bf16[4] key\""
 
 
 def parse_args_spec(text: str) -> list[ArraySpec]:
-    """Parse ``--args "f32[8,128] i32[8] bf16[4] f32[]"`` into ArraySpecs; UsageError on anything else."""
+    """Parse ``--args "f32[8,128] i32[8] bf16[4] f32[] key:0 PRNGKey"`` into ArraySpecs; UsageError on anything
+    else. A key is ``key`` (``jax.random.key(--seed)``), ``key:N`` (``jax.random.key(N)``), ``key[4]`` (4 keys
+    split from it); ``PRNGKey`` likewise, as raw key data.
+
+    Example:
+        >>> [str(s) for s in parse_args_spec("f32[2,3] key:7 PRNGKey[4]")]
+        ['f32[2,3]', 'key:7[]', 'PRNGKey[4]']
+    """
     specs = []
     for token in re.findall(r"[^\s\[\]]+\[[^\]]*\]|\S+", text or ""):
+        key = _KEY_SPEC.match(token)
+        if key:
+            kind = "key" if key.group(1).lower() == "key" else "PRNGKey"  # (any case, as dtypes)
+            seed = int(key.group(2)) if key.group(2) is not None else None
+            specs.append(ArraySpec(kind, _dims(key.group(3) or ""), seed))
+            continue
         match = _ARRAY_SPEC.match(token)
         if not match:
             raise UsageError(
-                f"--args '{text}': cannot read '{token}'; write each argument as dtype[dims], "
-                "e.g. \"f32[8,128] i32[] bf16[4]\""
+                f"--args '{text}': cannot read '{token}'; write each argument as dtype[dims] (or key), "
+                f"e.g. {_ARGS_EXAMPLE}"
             )
         dtype = DTYPE_ALIASES.get(match.group(1).lower())
         if dtype is None:
             raise UsageError(
                 f"--args '{text}': unknown dtype '{match.group(1)}'; "
-                f"use one of {', '.join(sorted(set(DTYPE_ALIASES.values())))}"
+                f"use one of {', '.join(sorted(set(DTYPE_ALIASES.values())))}, or key / PRNGKey for a PRNG key"
             )
-        dims = [d.strip() for d in match.group(2).split(",") if d.strip()]
-        specs.append(ArraySpec(dtype, tuple(int(d) for d in dims)))
+        specs.append(ArraySpec(dtype, _dims(match.group(2))))
     if not specs:
-        raise UsageError("--args is empty; give one dtype[dims] per argument, e.g. \"f32[8,128] i32[8]\"")
+        raise UsageError(f"--args is empty; give one dtype[dims] per argument, e.g. {_ARGS_EXAMPLE}")
     return specs
 
 
-def random_inputs(specs: Sequence[ArraySpec], seed: int = 0) -> tuple[np.ndarray, ...]:
-    """Seeded random numpy arrays for ArraySpecs: normal floats, small integers, fair booleans."""
+def _dims(text: str) -> tuple[int, ...]:
+    return tuple(int(d.strip()) for d in text.split(",") if d.strip())
+
+
+def random_inputs(specs: Sequence[ArraySpec], seed: int = 0) -> tuple[Any, ...]:
+    """Seeded random numpy arrays for ArraySpecs: normal floats, small integers, fair booleans; PRNG keys
+    (made with jax: this starts its backend) from their own seed, or ``seed``."""
     import numpy as np  # heavy: only where arrays are made or read
 
     rng = np.random.default_rng(seed)
-    out = []
+    out: list[Any] = []
     for spec in specs:
+        if spec.is_key:
+            out.append(_keys(spec, seed))
+            continue
         dtype = numpy_dtype(spec.dtype)
         value: np.ndarray
         if spec.dtype == "bool":
@@ -321,6 +355,20 @@ def random_inputs(specs: Sequence[ArraySpec], seed: int = 0) -> tuple[np.ndarray
             value = rng.standard_normal(spec.shape)
         out.append(np.asarray(value).astype(dtype))
     return tuple(out)
+
+
+def _keys(spec: ArraySpec, seed: int) -> Any:
+    """``jax.random.key(seed)``, or ``math.prod(shape)`` keys split from it in that shape; raw key data (numpy,
+    as ``jax.random.PRNGKey`` gives it) for ``PRNGKey``."""
+    import math
+
+    import jax
+    import numpy as np
+
+    key = jax.random.key(spec.seed if spec.seed is not None else seed)
+    if spec.shape:
+        key = jax.random.split(key, math.prod(spec.shape)).reshape(spec.shape)
+    return np.asarray(jax.random.key_data(key)) if spec.dtype == "PRNGKey" else key
 
 
 _NPZ_KEY = re.compile(r"^(?:arg|arr_)(\d+)$")
@@ -495,6 +543,8 @@ def check_inputs(spec: TargetSpec, inputs: str | None, args: str | None) -> None
             raise UsageError("--args/--inputs are for a function target (file.py::func); a script makes its own "
                              "inputs")
         return
+    if not inputs and not args and takes_no_inputs(spec):
+        return  # def f(): called with nothing
     check_one_input_source(inputs, args)
     if args:
         parse_args_spec(args)
@@ -513,12 +563,51 @@ def check_one_input_source(inputs: str | None, args: str | None) -> None:
     if not inputs and not args:
         raise UsageError(
             "a function target needs inputs: pass --args \"f32[8,128] ...\" or --inputs file.py::make_inputs "
-            "or data.npz"
+            "or data.npz (only a function whose def takes no arguments needs none)"
         )
 
 
+def takes_no_inputs(spec: TargetSpec) -> bool:
+    """Whether the function of a function target is seen, without running user code, to take no arguments: its
+    file (``file.py::f``, or ``module:f``'s source found on ``sys.path``) defines it at top level with a
+    ``def`` that has no required parameter.
+
+    Example:
+        >>> takes_no_inputs(parse_target("getpass:getuser")), takes_no_inputs(parse_target("json:dumps"))
+        (True, False)
+    """
+    path = spec.path or (_module_source(spec.module) if spec.module else None)
+    if path is None or spec.function is None or "." in spec.function:
+        return False  # (a method, or a module not found without importing it: inputs are asked for)
+    try:
+        with open(path, "rb") as handle:
+            tree = ast.parse(handle.read(), path)
+    except (OSError, SyntaxError, ValueError):
+        return False
+    defs = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == spec.function]
+    if not defs:
+        return False
+    params = defs[-1].args  # (the last definition is the one the module ends with)
+    return (len(params.posonlyargs) + len(params.args) == len(params.defaults)
+            and all(default is not None for default in params.kw_defaults))
+
+
+def _module_source(module: str) -> str | None:
+    """The file of ``module`` on ``sys.path`` (and the current folder), found without importing anything."""
+    parts = module.split(".")
+    for folder in [os.getcwd(), *sys.path]:
+        base = os.path.join(folder or os.getcwd(), *parts)
+        for path in (base + ".py", os.path.join(base, "__init__.py")):
+            if os.path.isfile(path):
+                return path
+    return None
+
+
 def load_inputs(inputs: str | None, args: str | None, seed: int = 0) -> tuple[Any, ...]:
-    """The positional inputs of a function target from ``--inputs`` or ``--args`` (one of them required)."""
+    """The positional inputs of a function target from ``--inputs`` or ``--args``; none when neither is given
+    (a function that takes none: :func:`check_inputs` lets only such a target through without them)."""
+    if not inputs and not args:
+        return ()
     check_one_input_source(inputs, args)
     if args:
         return random_inputs(parse_args_spec(args), seed)

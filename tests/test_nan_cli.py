@@ -102,6 +102,32 @@ def test_function_mode_clean_with_random_args(tmp_path, capsys) -> None:
     assert [g["name"] for g in report["result"]["grad_norms"]] == ["w"]
 
 
+NULLARY_AND_KEYED = """import jax
+import jax.numpy as jnp
+
+
+def f():
+    x = jnp.linspace(-1.0, 1.0, 5)
+    return jnp.log(x)
+
+
+def keyed(key, scale):
+    return jnp.sqrt(jax.random.normal(key, (4,)) * scale - 10.0)
+"""
+
+
+def test_function_mode_without_arguments_and_with_a_prng_key(tmp_path, capsys) -> None:
+    """`def f():` needs no --args; --args spells a PRNG key as key:SEED (jax.random.key)."""
+    target = tmp_path / "nullary.py"
+    target.write_text(NULLARY_AND_KEYED)
+    code, report, _ = _run(["nan-hunt", f"{target}::f", "--json", "-", "--out", str(tmp_path / "f")], capsys)
+    assert code == 1 and report["result"]["first"]["primitive"] == "log"
+    code, report, _ = _run(["nan-hunt", f"{target}::keyed", "--args", "key:3 f32[]", "--json", "-",
+                            "--out", str(tmp_path / "k")], capsys)
+    assert code == 1 and report["result"]["first"]["primitive"] == "sqrt"
+    assert report["result"]["first"]["source"]["line"] == 11
+
+
 AUX_TARGET = GRAD_TARGET.replace("return jnp.mean(dist)", "return jnp.mean(dist), {\"dist\": dist}")
 
 

@@ -93,6 +93,14 @@ def test_function_inputs_from_make_inputs_and_per_function_budget(tmp_path, caps
     assert report["result"]["functions"][0]["execute"]["calls"] == 2
 
 
+def test_function_without_arguments_needs_no_inputs(tmp_path, capsys):
+    (tmp_path / "nullary.py").write_text("import jax.numpy as jnp\n\ndef f():\n    return jnp.arange(4.0).sum()\n")
+    assert main(["profile", f"{tmp_path}/nullary.py::f", "--runs", "1", "--trace-calls", "0",
+                 "--out", str(tmp_path / "o"), "--json", "-"]) == 0
+    functions = json.loads(capsys.readouterr().out)["result"]["functions"]
+    assert functions[0]["name"] == "f" and functions[0]["execute"]["calls"] == 1
+
+
 @pytest.mark.parametrize("target_suffix, extra, fragment", [
     ("::missing", ["--args", "f32[2]"], "no function 'missing'"),
     ("::power_iterations", [], "needs inputs"),

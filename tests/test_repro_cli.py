@@ -13,7 +13,9 @@ from jaxdbg.cli import main
 from jaxdbg.repro.jobs import CHILD_ENV, RunRequest
 from jaxdbg.repro.program import count_lines
 from jaxdbg.repro.signature import Criterion
+from jaxdbg.repro.subject import prepare_subject
 from jaxdbg.runner import run_contained
+from jaxdbg.target import parse_target
 
 RECIPES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recipes")
 
@@ -188,6 +190,49 @@ def test_function_target_with_random_args(tmp_path_factory):
     # The place is said in the user's module, not in jaxdbg's copy of it (deleted once repro ends).
     location = result["signature"]["location"]
     assert location is None or location["file"] == str(module)
+
+
+HOST_NAN = """import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def host_log(x):
+    return np.log(x).astype(np.float32)
+
+
+def step(key):
+    noise = jax.random.uniform(key, (4,))
+    return jax.pure_callback(host_log, jax.ShapeDtypeStruct((4,), jnp.float32), noise - 2.0)
+"""
+
+
+def test_a_nan_reduced_at_the_source_level_ends_in_an_assertion(tmp_path_factory):
+    """No cut: the NaN comes from a host callback (no equation of it can be written as Python). The source-level
+    reproducer ends in a check of the jitted call's values, so `python repro.py` raises an AssertionError naming
+    the NaN, and that is what `verified` checked. The function takes a PRNG key: --args key:0."""
+    module = tmp_path_factory.mktemp("host") / "host.py"
+    module.write_text(HOST_NAN)
+    code, report, out = repro(tmp_path_factory, f"{module}::step", "--args", "key:0", "--max-time", "120")
+    result = report["result"]
+    assert code == 0 and result["verified"] and result["strategy"] == "source", result
+    assert any("computation reduction not possible" in note for note in result["notes"])
+    assert "AssertionError: jax.jit(step) produced NaN" in result["verification"]
+    text = (out / "repro.py").read_text()
+    assert "check_no_nan(_jax.jit(step)(" in text and imports_of(out / "repro.py") <= {"jax", "numpy"}
+    run = fresh_run(str(out / "repro.py"))
+    assert run.returncode != 0 and "AssertionError: jax.jit(step) produced NaN" in run.stderr
+
+
+def test_a_function_without_arguments_is_called_with_nothing(tmp_path):
+    """No inputs: the script jaxdbg reduces calls `jax.jit(f)()` and reads no inputs.npz."""
+    module = tmp_path / "nullary.py"
+    module.write_text("import jax.numpy as jnp\n\ndef f():\n    return jnp.log(jnp.zeros(2) - 1.0)\n")
+    subject = prepare_subject(parse_target(f"{module}::f"), None, None, 0, str(tmp_path / "work"))
+    assert subject.companions == {} and subject.data_free_source is None
+    assert subject.source.endswith("_jax.jit(f)()\n") and "inputs.npz" not in subject.source
+    run = subprocess.run([sys.executable, subject.path], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
 
 
 def test_time_limit_keeps_the_smallest_verified_reproducer(tmp_path_factory):

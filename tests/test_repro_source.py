@@ -2,6 +2,7 @@
 
 import ast
 import os
+import runpy
 import tempfile
 
 import pytest
@@ -11,6 +12,7 @@ from jaxdbg.repro.failures import Checker, choose, observe, raises_constants
 from jaxdbg.repro.jobs import CHILD_ENV, RunRequest
 from jaxdbg.repro.signature import Criterion, FailureSignature, normalise_message
 from jaxdbg.repro.source import SourceReducer, is_constant_raise, undefined_names
+from jaxdbg.repro.source_check import with_checks
 from jaxdbg.repro.watch import WatchConfig
 from jaxdbg.runner import run_contained
 
@@ -57,8 +59,12 @@ def test_one_criterion_decides_and_travels_as_json():
     assert not criteria[0].same_exception("ValueError", "got (8,) at 0x1 in /home/me/m.py")
     assert criteria[4].reproduced_by("AssertionError", "jax.jit(f) produced Inf: [inf]")
     assert not criteria[4].reproduced_by("AssertionError", "jax.jit(f) produced NaN: [nan]")
-    assert criteria[5].reproduced_by("AssertionError", "\nNot equal to tolerance\njit and op-by-op (jax.disable_jit) "
-                                                       "disagree")
+    assert Criterion.mismatch().reproduced_by("AssertionError", "\nNot equal to tolerance\njit and op-by-op "
+                                                                "(jax.disable_jit) disagree")
+    assert criteria[5].reproduced_by("AssertionError", "jit and float64 (jax.enable_x64) disagree: [0.] jitted")
+    assert not criteria[5].reproduced_by("AssertionError", "jit and op-by-op (jax.disable_jit) disagree")
+    # A source-level reproducer names the user's jitted function, not f.
+    assert Criterion.nonfinite("NaN").reproduced_by("AssertionError", "jax.jit(train_step) produced NaN: [nan]")
     with pytest.raises(ValueError, match="kind"):
         Criterion.from_json({"kind": "segfault"})
 
@@ -164,6 +170,68 @@ def test_the_real_jit_failure_is_accepted(mismatch_checker):
             "x = np.ones(3, np.float32)\njit_out = jax.jit(features)(x)\neager_out = features(x)\n"
             "assert np.allclose(jit_out, eager_out, atol=1e-3), 'jit and op-by-op disagree'\n")
     assert mismatch_checker.check_text(text, (9, 9)), mismatch_checker.last_rejections
+
+
+# A NaN and a mismatch raise nothing: a source-level reproducer of either ends in jaxdbg's check of the call.
+CHECKED = """import jax
+import jax.numpy as jnp
+import numpy as np
+
+calls = [0]
+
+
+@jax.jit
+def step(x):
+    return jnp.log(x - 1.0), {"n": jnp.int32(0)}
+
+
+def scaled(x):
+    calls[0] += 1  # read while tracing: jit keeps the first value, op by op it grows
+    return x * calls[0]
+
+
+fwd = jax.jit(scaled)
+wide = jax.jit(lambda x: (x * 1e8 + 1.0) - x * 1e8)
+x = jnp.arange(3.0)
+for i in range(2):
+    y = print(np.asarray(step(x + i)[0]))
+z = fwd(x)
+w = wide(x)
+"""
+
+
+@pytest.mark.parametrize("criterion, function, line, call, message", [
+    (Criterion.nonfinite("NaN"), "step", 22, "step(x + i)", "jax.jit(step) produced NaN: "),
+    (Criterion.mismatch(), "scaled", 23, "fwd(x)", "jit and op-by-op (jax.disable_jit) disagree: [1. 2.] jitted, "
+                                                   "[2. 4.] op by op"),
+    (Criterion.mismatch("float64"), "<lambda>", 24, "wide(x)", "jit and float64 (jax.enable_x64) disagree"),
+])
+def test_a_nan_or_mismatch_ends_in_a_check_on_the_computed_values(tmp_path, criterion, function, line, call, message):
+    """The call of the jitted function is wrapped (not print's, not np.asarray's); run, the program raises the
+    AssertionError the verification looks for, at the first failing call."""
+    checked = with_checks(CHECKED, (line, line), criterion, function)
+    assert checked and checked[0].call == call
+    path = tmp_path / "repro.py"
+    path.write_text(checked[0].text)
+    assert checked[0].text.splitlines()[checked[0].lines[0] - 1].lstrip().startswith(("y = print(", "z = ", "w = "))
+    with pytest.raises(AssertionError) as raised:
+        runpy.run_path(str(path), run_name="__main__")
+    assert criterion.reproduced_by("AssertionError", str(raised.value)) and message in str(raised.value)
+    assert imports_only_jax_and_numpy(checked[0].text)
+
+
+def test_no_check_without_a_call_and_an_alias_before_any_other_call():
+    assert with_checks("import jax\nx = 1\n", (2, 2), Criterion.nonfinite("NaN"), "step") == []
+    text = "import jax\nimport numpy as np\nf = jax.jit(step)\ny = helper(np.exp(f(2.0)))\n"
+    assert [c.call for c in with_checks(text, (4, 4), Criterion.nonfinite("NaN"), "step")] == ["f(2.0)",
+                                                                                              "helper(np.exp(f(2.0)))"]
+
+
+def imports_only_jax_and_numpy(text):
+    tree = ast.parse(text)
+    names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    return names | {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} <= {"jax",
+                                                                                                          "numpy"}
 
 
 CHAIN = '''

@@ -8,6 +8,7 @@ import pytest
 
 from jaxdbg._errors import TargetFailedError, UsageError
 from jaxdbg.target import (
+    check_inputs,
     load_function,
     load_inputs,
     load_npz_inputs,
@@ -106,6 +107,22 @@ def test_args_spec_all_dtypes_and_scalars():
     assert (arrays[5] >= 0).all()
 
 
+def test_args_spell_prng_keys():
+    import jax
+
+    specs = parse_args_spec("key key:7 key[3] KEY:7[2,2] PRNGKey prngkey:7[4] f32[2]")
+    assert [str(s) for s in specs] == ["key[]", "key:7[]", "key[3]", "key:7[2,2]", "PRNGKey[]", "PRNGKey:7[4]",
+                                       "f32[2]"]
+    keys = random_inputs(specs, seed=5)
+    same = jax.random.key_data
+    assert keys[0].dtype == jax.random.key(0).dtype and keys[0].shape == () and keys[2].shape == (3,)
+    np.testing.assert_array_equal(same(keys[0]), same(jax.random.key(5)))  # a bare key comes from --seed
+    np.testing.assert_array_equal(same(keys[1]), same(jax.random.key(7)))
+    np.testing.assert_array_equal(same(keys[3]).reshape(4, -1), same(jax.random.split(jax.random.key(7), 4)))
+    np.testing.assert_array_equal(keys[4], jax.random.PRNGKey(5))  # raw: uint32 key data, as PRNGKey gives
+    assert isinstance(keys[5], np.ndarray) and keys[5].shape == (4, 2) and keys[6].shape == (2,)
+
+
 def test_args_are_seeded():
     spec = parse_args_spec("f32[4,4]")
     np.testing.assert_array_equal(random_inputs(spec, seed=3)[0], random_inputs(spec, seed=3)[0])
@@ -117,6 +134,8 @@ def test_args_are_seeded():
     ("f32[2", "cannot read"),
     ("f32[a,b]", "cannot read"),
     ("", "--args is empty"),
+    ("key:x", "cannot read"),
+    ("key:-1", "cannot read"),
 ])
 def test_bad_args_spec(text, fragment):
     with pytest.raises(UsageError, match=fragment):
@@ -158,8 +177,24 @@ def test_load_inputs_from_maker(model_file):
     assert len(load_inputs(f"{model_file}::make_one", None)) == 1  # a lone value becomes a 1-tuple
     with pytest.raises(UsageError, match="either --args or --inputs"):
         load_inputs(f"{model_file}::make_inputs", "f32[2]")
-    with pytest.raises(UsageError, match="needs inputs"):
-        load_inputs(None, None)
+    assert load_inputs(None, None) == ()  # a function that takes none (check_inputs lets only those through)
+
+
+def test_a_function_that_takes_nothing_needs_no_inputs(tmp_path):
+    module = tmp_path / "nullary.py"
+    module.write_text("import jax\n\n@jax.jit\ndef f(scale=2.0, *, shift=0.0):\n    return scale + shift\n\n"
+                      "def g(x, y=1):\n    return x\n\ndef h(*, x):\n    return x\n")
+    check_inputs(parse_target(f"{module}::f"), None, None)  # no --args: nothing to say
+    for name in ("g", "h"):  # a required parameter, positional or keyword-only
+        with pytest.raises(UsageError, match="needs inputs"):
+            check_inputs(parse_target(f"{module}::{name}"), None, None)
+    sys.path.insert(0, str(tmp_path))  # module:function, found on sys.path without importing it
+    try:
+        check_inputs(parse_target("nullary:f"), None, None)
+        with pytest.raises(UsageError, match="needs inputs"):
+            check_inputs(parse_target("nullary:g"), None, None)
+    finally:
+        sys.path.remove(str(tmp_path))
 
 
 def test_run_script_as_main_restores_state(tmp_path):

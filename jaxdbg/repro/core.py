@@ -48,6 +48,7 @@ from jaxdbg.repro.program import INPUTS_FILE, REPRO_FILE, STABLEHLO_FILE, count_
 from jaxdbg.repro.result import ReproResult, Size
 from jaxdbg.repro.signature import KINDS, Criterion, FailureSignature
 from jaxdbg.repro.source import SourceReducer, State, parse, statement_lines
+from jaxdbg.repro.source_check import with_checks
 from jaxdbg.repro.subject import Subject, prepare_subject
 from jaxdbg.repro.watch import WatchConfig
 from jaxdbg.runner import Outcome, run_contained
@@ -455,9 +456,11 @@ class _Reproduction:
             artifacts = {**artifacts, "source": source_artifacts["repro"],
                          **{k: v for k, v in source_artifacts.items() if k not in ("repro", "stablehlo")}}
             stopped = f" (stopped after {budget:.0f}s)" if source_result.timed_out else ""
+            check = " with jaxdbg's check of the failing call" if target.signature.kind in ("nonfinite",
+                                                                                           "mismatch") else ""
             self.notes.append(
                 f"{SOURCE_FILE}: the program itself{where}, reduced from {source_result.original.lines} to "
-                f"{source_result.minimized.lines} lines{stopped}; it too fails alone in an empty folder")
+                f"{source_result.minimized.lines} lines{check}{stopped}; it too fails alone in an empty folder")
         else:
             for path in source_artifacts.values():
                 if path not in artifacts.values():
@@ -478,58 +481,48 @@ class _Reproduction:
     def _finish_source(self, target: Failure, flaky: bool, runs: list[str], candidates: list[State],
                        checker: Checker, timed_out: bool, check_timeout: float,
                        file_name: str = REPRO_FILE) -> tuple[ReproResult, dict[str, str]]:
-        """Write the smallest candidate that verifies alone in an empty folder (falling back to larger ones)."""
+        """Write the smallest candidate that verifies alone in an empty folder (falling back to larger ones).
+
+        A NaN or a mismatch raises nothing by itself: such a candidate is written with a check of the failing
+        call (:mod:`jaxdbg.repro.source_check`), and verifies when `python repro.py` raises its AssertionError.
+        """
         artifacts: dict[str, str] = {}
         verified, verification, text = False, "not verified", candidates[-1].text
         path = os.path.join(self.out_dir, file_name)
-        for state in candidates:
-            text = self._with_header(state.text, target)
-            lines = statement_lines(state) if state.tree is not None else _original_lines(target)
-            shift = text.count("\n") - state.text.count("\n")
-            lines = (lines[0] + shift, lines[1] + shift) if lines else None
-            if lines:
-                text = _marked(text, lines[0],
-                               "<- jaxdbg: fails here" + self._originally(target, " ({} in the original)"))
-            with open(path, "w") as handle:
-                handle.write(text)
-            companions = {name: source for name, source in self.subject.companions.items() if name in text}
-            for name, source in companions.items():  # e.g. inputs.npz, read by the driver of a function target
-                artifacts["inputs" if name == INPUTS_FILE else name] = os.path.join(self.out_dir, name)
-                shutil.copyfile(source, os.path.join(self.out_dir, name))
-            watch = replace(self._check_watch(target), send_lowered=True, stop_on=None)
-            self.progress("verify", self.checks, f"{count_lines(text)} lines")
-            # Every run the verdict needs, at once: twice alone in a fresh process (as every candidate failed
-            # twice), and op by op where the failure needs jit.
-            fresh_runs = 1 if flaky or target.signature.kind == "timeout" else 2
-            with contextlib.ExitStack() as stack:
-                alone = [stack.enter_context(self._alone(path, list(companions.values()))) for _ in range(fresh_runs)]
-                with ThreadPoolExecutor(max_workers=fresh_runs + checker.jit_sensitive) as pool:
-                    fresh = [pool.submit(run_contained, RunRequest(script=copy, argv=self.subject.request.argv,
-                                                                        watch=watch),
-                                         timeout=check_timeout, env=CHILD_ENV, cwd=os.path.dirname(copy))
-                             for copy in alone]
-                    without_jit = pool.submit(checker.needs_jit, path, text, lines) if checker.jit_sensitive else None
-                    outcomes = [future.result() for future in fresh]
-                    needs_jit = without_jit.result() if without_jit is not None else True
-                verified = all(checker.accepts(o, copy, text, lines) for o, copy in zip(outcomes, alone))
-            self.checks += fresh_runs + (without_jit is not None)
-            outcome = outcomes[0]
-            if verified and not needs_jit:
-                verified = False
-                checker.last_rejections = [STILL_FAILS_WITHOUT_JIT]
-            said = _in_out_dir(_plain_end(outcome, observe(outcome)), alone[0], path)
-            verification = f"fresh run of {file_name} alone in an empty folder {said}"
-            if verified:
-                lowered = [m for m in outcome.all(LoweredText) if m.function == target.last_jit]
-                if lowered and file_name == REPRO_FILE:
-                    artifacts["stablehlo"] = os.path.join(self.out_dir, STABLEHLO_FILE)
-                    with open(artifacts["stablehlo"], "w") as handle:
-                        handle.write(lowered[-1].text)
-                break
-            why = "; ".join(checker.last_rejections)
-            self.notes.append(f"a {count_lines(text)}-line candidate did not verify alone ({why}); trying a larger one")
-        if target.signature.kind in ("nonfinite", "mismatch"):
-            self.notes.append(f"{file_name} shows the failure only under jaxdbg's detector (no assertion)")
+        fresh_runs = 1 if flaky or target.signature.kind == "timeout" else 2  # (as every candidate failed twice)
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            for state in candidates:
+                lines = statement_lines(state) if state.tree is not None else _original_lines(target)
+                evidence = None  # a NaN/mismatch: does the candidate without its check fail so alone?
+                for version, version_lines, call in self._versions(state.text, lines, target):
+                    checked = call is not None
+                    text, marked = self._headed(version, version_lines, target)
+                    companions = self._write(path, text, artifacts)
+                    self.progress("verify", self.checks, f"{count_lines(text)} lines")
+                    if checked and evidence is None:  # (at the same time as the check's runs)
+                        evidence = pool.submit(self._verify_unchecked, state.text, lines, companions, target, checker,
+                                               check_timeout, file_name)
+                    verified, outcome, said = self._verify_alone(path, text, marked, companions, target, checker,
+                                                                 check_timeout, fresh_runs, checked)
+                    if evidence is not None and not evidence.result()[0]:
+                        verified, outcome, said = evidence.result()  # no check of this candidate can verify
+                    verification = f"fresh run of {file_name} alone in an empty folder {said}"
+                    if verified or (evidence is not None and not evidence.result()[0]):
+                        break
+                if verified:
+                    if call:
+                        self.notes.append(f"{file_name} ends in a check jaxdbg wrote around `{call}`: it raises "
+                                          f"AssertionError while the bug is present")
+                    lowered = evidence.result()[1] if evidence is not None else outcome  # (the detector's run)
+                    functions = [m for m in lowered.all(LoweredText) if m.function == target.last_jit]
+                    if functions and file_name == REPRO_FILE:
+                        artifacts["stablehlo"] = os.path.join(self.out_dir, STABLEHLO_FILE)
+                        with open(artifacts["stablehlo"], "w") as handle:
+                            handle.write(functions[-1].text)
+                    break
+                why = "; ".join(checker.last_rejections)
+                self.notes.append(f"a {count_lines(text)}-line candidate did not verify alone ({why}); trying a "
+                                  "larger one")
         artifacts["repro"] = path
         result = ReproResult(
             signature=target.signature, original=Size(self.subject.original_lines),
@@ -537,6 +530,91 @@ class _Reproduction:
             verified=verified, strategy="source", flaky=flaky, runs=runs, timed_out=timed_out,
             verification=verification, notes=self.notes)
         return result, artifacts
+
+    def _versions(self, text: str, lines: tuple[int, int] | None,
+                  target: Failure) -> list[tuple[str, tuple[int, int] | None, str | None]]:
+        """The programs to write for candidate ``text``, each with its failing statement's lines and the call it
+        checks: for a NaN/mismatch, the call checked (one version per call that may be it, best first; "": no
+        call to check, and as it is nothing raises); for other failures (None), the candidate as it is."""
+        signature = target.signature
+        if signature.kind not in ("nonfinite", "mismatch"):
+            return [(text, lines, None)]
+        function = target.last_jit or signature.function or "f"
+        versions = with_checks(text, lines, signature, function, self.options.rtol, self.options.atol) if lines else []
+        return [(v.text, v.lines, v.call) for v in versions] or [(text, lines, "")]
+
+    def _write(self, path: str, text: str, artifacts: dict[str, str]) -> dict[str, str]:
+        """Write ``text`` at ``path`` with the companion files it reads (e.g. the inputs.npz a function target's
+        driver loads) next to it; returns those companions (name -> the subject's copy)."""
+        with open(path, "w") as handle:
+            handle.write(text)
+        companions = {name: source for name, source in self.subject.companions.items() if name in text}
+        for name, source in companions.items():
+            artifacts["inputs" if name == INPUTS_FILE else name] = os.path.join(self.out_dir, name)
+            shutil.copyfile(source, os.path.join(self.out_dir, name))
+        return companions
+
+    def _verify_unchecked(self, text: str, lines: tuple[int, int] | None, companions: dict[str, str],
+                          target: Failure, checker: Checker, check_timeout: float,
+                          file_name: str) -> tuple[bool, Outcome, str]:
+        """A NaN/mismatch candidate without its check, alone under the detector: the evidence that its check
+        asserts the original failure (the same jitted function, from the failing statement)."""
+        text, lines = self._headed(text, lines, target)
+        path = os.path.join(self.work, "unchecked", file_name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as handle:
+            handle.write(text)
+        return self._verify_alone(path, text, lines, companions, target, checker, check_timeout, 1)
+
+    def _verify_alone(self, path: str, text: str, lines: tuple[int, int] | None, companions: dict[str, str],
+                      target: Failure, checker: Checker, check_timeout: float, runs: int,
+                      checked: bool = False) -> tuple[bool, Outcome, str]:
+        """Run ``path`` alone in an empty folder, in ``runs`` fresh processes at once; returns (verified, the first
+        run's outcome, what it did). Under the detector it must fail as the candidates did (and where the failure
+        needs jit, op by op it must not). ``checked`` (a NaN/mismatch with its check): run as `python repro.py`,
+        it must raise the AssertionError that names the failure."""
+        watch = None if checked else replace(self._check_watch(target), send_lowered=True, stop_on=None)
+        jit_run = checker.jit_sensitive and not checked
+        with contextlib.ExitStack() as stack:
+            alone = [stack.enter_context(self._alone(path, list(companions.values()))) for _ in range(runs)]
+            with ThreadPoolExecutor(max_workers=runs + jit_run) as pool:
+                fresh = [pool.submit(run_contained, RunRequest(script=copy, argv=self.subject.request.argv,
+                                                               watch=watch),
+                                     timeout=check_timeout, env=CHILD_ENV, cwd=os.path.dirname(copy))
+                         for copy in alone]
+                without_jit = pool.submit(checker.needs_jit, path, text, lines) if jit_run else None
+                outcomes = [future.result() for future in fresh]
+                needs_jit = without_jit.result() if without_jit is not None else True
+            if checked:
+                verified = all(self._raises_check(o, target, checker) for o in outcomes)
+            else:
+                verified = all(checker.accepts(o, copy, text, lines) for o, copy in zip(outcomes, alone))
+            said = _in_out_dir(_plain_end(outcomes[0], observe(outcomes[0])), alone[0], path)
+        self.checks += runs + (without_jit is not None)
+        if verified and not needs_jit:
+            verified = False
+            checker.last_rejections = [STILL_FAILS_WITHOUT_JIT]
+        return verified, outcomes[0], said
+
+    @staticmethod
+    def _raises_check(outcome: Outcome, target: Failure, checker: Checker) -> bool:
+        """Whether a run of a checked reproducer ended in the AssertionError of its check (else says why not)."""
+        exc = outcome.exception
+        if outcome.status == "exception" and exc is not None and target.signature.reproduced_by(exc.type, exc.message):
+            return True
+        expected = target.signature.assertion(target.last_jit or target.signature.function or "f")
+        checker.last_rejections = [f"it {outcome.describe()}, not AssertionError: {expected}"]
+        return False
+
+    def _headed(self, text: str, lines: tuple[int, int] | None, target: Failure) -> tuple[str, tuple[int, int] | None]:
+        """``text`` with the header, the failing statement marked, and that statement's lines in it."""
+        headed = self._with_header(text, target)
+        shift = headed.count("\n") - text.count("\n")
+        lines = (lines[0] + shift, lines[1] + shift) if lines else None
+        if lines:
+            where = self._originally(target, " ({} in the original)")
+            headed = _marked(headed, lines[0], "<- jaxdbg: fails here" + where)
+        return headed, lines
 
     def _with_header(self, text: str, target: Failure) -> str:
         """The signature, and where the original program failed (the user's own file and line)."""

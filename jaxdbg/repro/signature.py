@@ -35,9 +35,10 @@ from jaxdbg._tracebacks import without_tracebacks
 Kind = Literal["exception", "crash", "timeout", "nonfinite", "mismatch"]
 KINDS: tuple[Kind, ...] = get_args(Kind)
 _NONFINITE = "jitted function produced "  # + NaN or Inf
-# What the AssertionError of a written reproducer says (repro.program writes the check that raises it).
-REPRO_NONFINITE = "jax.jit(f) produced {what}"
+# What the AssertionError of a written reproducer says (repro.program and repro.source_check write the check).
+REPRO_NONFINITE = "jax.jit({function}) produced {what}"
 REPRO_MISMATCH = "jit and op-by-op (jax.disable_jit) disagree"
+REPRO_MISMATCH_FLOAT64 = "jit and float64 (jax.enable_x64) disagree"
 
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
 _PATH = re.compile(r"(?:[A-Za-z]:)?(?:[\w.~-]*/)+[\w.-]+|[\w.-]+\.py\b")
@@ -91,6 +92,8 @@ class Criterion:
         >>> nan = Criterion.nonfinite("NaN")
         >>> nan.what, nan.reproduced_by("AssertionError", "jax.jit(f) produced NaN: [nan]")
         ('NaN', True)
+        >>> nan.assertion("step"), nan.reproduced_by("AssertionError", "jax.jit(step) produced NaN: [nan]")
+        ('jax.jit(step) produced NaN', True)
     """
 
     kind: Kind
@@ -118,6 +121,13 @@ class Criterion:
         """What a nonfinite failure produced, 'NaN' or 'Inf' (None for the other kinds)."""
         return (self.message or "").removeprefix(_NONFINITE) if self.kind == "nonfinite" else None
 
+    @property
+    def reference(self) -> str | None:
+        """What a mismatch compared the jitted call with, 'op-by-op' or 'float64' (None for the other kinds)."""
+        if self.kind != "mismatch":
+            return None
+        return (self.message or "").removeprefix("jit and ").removesuffix(" disagree")
+
     def key(self) -> tuple[str, str | None, str | None, str | None]:
         """What must stay equal between the original and a reduced program."""
         return (self.kind, self.type, self.message, self.signal)
@@ -129,14 +139,21 @@ class Criterion:
         """Whether an exception ``type_name: message`` (as raised) fails this way."""
         return self.kind == "exception" and type_name == self.type and normalise_message(message) == self.message
 
-    def assertion(self) -> str:
-        """The words of the AssertionError a written reproducer of a NaN/Inf or a mismatch raises."""
-        return REPRO_NONFINITE.format(what=self.what) if self.kind == "nonfinite" else REPRO_MISMATCH
+    def assertion(self, function: str = "f") -> str:
+        """The words of the AssertionError a written reproducer of a NaN/Inf or a mismatch raises (``function``:
+        the jitted function's name in it, ``f`` in a cut)."""
+        if self.kind == "nonfinite":
+            return REPRO_NONFINITE.format(function=function, what=self.what)
+        return REPRO_MISMATCH_FLOAT64 if self.reference == "float64" else REPRO_MISMATCH
 
     def reproduced_by(self, type_name: str, message: str) -> bool:
         """Whether a written reproducer that ended raising ``type_name: message`` fails this way: the same
         exception, or for a NaN/Inf or a mismatch the AssertionError of its check."""
-        if self.kind in ("nonfinite", "mismatch"):
+        if self.kind == "nonfinite":  # whatever the function is called
+            before, _, after = REPRO_NONFINITE.partition("{function}")
+            said = re.escape(before) + r"[^\n]+?" + re.escape(after.format(what=self.what)) + r"\b"
+            return type_name == "AssertionError" and re.search(said, message) is not None
+        if self.kind == "mismatch":
             return type_name == "AssertionError" and self.assertion() in message
         return self.same_exception(type_name, message)
 

@@ -104,16 +104,19 @@ def prepare_subject(spec: TargetSpec, inputs: str | None, args: str | None, seed
     flat = _function_inputs(spec, inputs, args, seed, timeout)
     folder = os.path.join(work_dir, "subject")
     os.makedirs(folder, exist_ok=True)
-    npz = os.path.join(folder, INPUTS_FILE)
-    save_npz_inputs(npz, flat)
+    companions = {}
+    if flat.leaves:  # (a function that takes no arguments, or only scalars, reads no file)
+        companions[INPUTS_FILE] = os.path.join(folder, INPUTS_FILE)
+        save_npz_inputs(companions[INPUTS_FILE], flat)
     body = blank_main_blocks(module_source)
     source = body + driver_source(spec.function, flat)
     path = os.path.join(folder, os.path.basename(module_path))
     with open(path, "w") as handle:
         handle.write(source)
     request = RunRequest(sys_path=(os.path.dirname(module_path),))
-    subject = Subject(path, source, os.path.basename(module_path), request, {INPUTS_FILE: npz},
-                      count_lines(module_source), body + ones_driver_source(spec.function, flat), reduce_path=path,
+    data_free = body + ones_driver_source(spec.function, flat) if flat.leaves else None
+    subject = Subject(path, source, os.path.basename(module_path), request, companions,
+                      count_lines(module_source), data_free, reduce_path=path,
                       module=(os.path.abspath(module_path), len(body.splitlines())))
     return _with_modules_pasted(subject, os.path.dirname(module_path), work_dir)
 
@@ -140,6 +143,9 @@ def _with_modules_pasted(subject: Subject, folder: str, work_dir: str) -> Subjec
 def driver_source(function: str, flat: FlatInputs) -> str:
     """Lines that call the function target as jaxdbg does: ``jax.jit(f)(*inputs)``, the inputs rebuilt (nesting,
     bfloat16) from the ``inputs.npz`` that :func:`~jaxdbg.target.save_npz_inputs` wrote, with numpy alone."""
+    if not flat.leaves:  # no arrays: nothing to load
+        call = f"_jax.jit({function})({_call_args(flat, str)})"
+        return f"\n\n# jaxdbg: the call `jaxdbg repro` made\nimport jax as _jax\n{call}\n"
     lines = ["\n\n# jaxdbg: the call `jaxdbg repro` made (inputs saved next to this file)",
              "import jax as _jax", "import numpy as _np",
              "_inputs = _np.load((__file__.rpartition('/')[0] or '.') + '/inputs.npz')",
@@ -196,13 +202,18 @@ def _module_file(spec: TargetSpec) -> str:
 
 def _function_inputs(spec: TargetSpec, inputs: str | None, args: str | None, seed: int,
                      timeout: float | None) -> FlatInputs:
-    """Inputs as array leaves and nesting; ``--inputs file.py::make_inputs`` runs contained (it is user code)."""
-    if args:  # one of the two, well formed: check_inputs
+    """Inputs as array leaves and nesting; ``--inputs file.py::make_inputs`` runs contained (it is user code), and
+    so do ``--args`` with a PRNG key (made by jax: its backend starts in the child, not here)."""
+    if not args and not inputs:  # a function that takes none (check_inputs)
+        return flatten_inputs(())
+    if args and not any(spec.is_key for spec in parse_args_spec(args)):  # well formed: check_inputs
         return flatten_inputs(random_inputs(parse_args_spec(args), seed))
     if inputs and inputs.endswith(".npz"):
         return flatten_inputs(load_npz_inputs(inputs))
-    outcome = run_contained(InputsRequest(inputs=inputs, seed=seed), timeout=timeout or 120, env=CHILD_ENV)
+    outcome = run_contained(InputsRequest(inputs=inputs, args=args, seed=seed), timeout=timeout or 120,
+                            env=CHILD_ENV)
     built = outcome.last(InputsBuilt)
     if built is None:
-        raise outcome.failure(f"--inputs '{inputs}' could not be built: {outcome.describe()}")
+        given = f"--inputs '{inputs}'" if inputs else f"--args '{args}'"
+        raise outcome.failure(f"{given} could not be built: {outcome.describe()}")
     return built.inputs
