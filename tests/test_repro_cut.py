@@ -290,3 +290,34 @@ def test_a_vmapped_while_loop_with_a_condition_per_element_is_replayed_and_left_
     graph, cutter, best = _cut(batched, [c], NAN)
     assert "while" in [graph.nodes[i].name for i in best.nodes]
     assert enter_loops(graph, cutter.recorded, best, NAN) is None
+
+
+def test_plainer_values_never_replace_what_sets_a_while_loops_trip_count():
+    """An adaptive solver's tolerance made 0 (a 'plainer value') keeps its while_loop running for ever: one
+    candidate would run past the deadline and the cut found so far be lost with it (an odeint program)."""
+    def newton(a, tol, shift):
+        def cond(c):
+            return (jnp.abs(c[0] * c[0] - a).max() > tol) & (c[1] < 40)
+        y, _ = jax.lax.while_loop(cond, lambda c: (0.5 * (c[0] + a / c[0]), c[1] + 1), (a, 0))
+        return jnp.log(y - shift).sum()  # sqrt(a) < shift: NaN
+
+    class Recording(CutCheck):
+        def failing_index(self, fn, args):
+            tried.append([np.asarray(v) for v in args])
+            return super().failing_index(fn, args)
+
+    tried: list = []
+    args = [np.full((3,), 4.0, np.float32), np.float32(1e-3), np.float32(10.0)]
+    graph, consts = flatten(jax.make_jaxpr(newton)(*args))
+    cutter = Cutter(graph, record(graph, args, consts), Recording(NAN.criterion), emittable=lambda c: True)
+    whole = cutter.test(cutter.make(range(len(graph.nodes)), graph.outvars))
+    loop = next(i for i in whole.nodes if graph.nodes[i].name == "while")
+    feeding = [v for v in graph.nodes[loop].invars if v in whole.values]
+    tried.clear()
+    cutter.simplify(whole)
+    assert tried, "simplify tried no plainer value at all"
+    order = whole.inputs(graph)
+    for values in tried:
+        for var in feeding:
+            if var in order:
+                assert np.array_equal(values[order.index(var)], whole.values[var])

@@ -317,9 +317,14 @@ class Cutter:
         return cand
 
     def simplify(self, cand: Candidate) -> Candidate:
-        """Plainer input values: all zeros, all ones, ±1, the failing element everywhere, rounded."""
+        """Plainer input values: all zeros, all ones, ±1, the failing element everywhere, rounded.
+
+        Not the inputs of a node that runs a ``while_loop`` (an adaptive ODE solver's, a Newton iteration's): its
+        trip count depends on them, and a plainer value (a zero tolerance, a zero step) can make one candidate
+        run for ever, past the deadline, with the cut found so far lost with it."""
+        looping = {v for i in cand.nodes for v in self.graph.nodes[i].invars if _runs_a_while(self.graph.nodes[i])}
         for var in cand.inputs(self.graph):
-            if is_key(cand.values[var]):
+            if var in looping or is_key(cand.values[var]):
                 continue
             value = np.asarray(cand.values[var])
             if not inexact(value.dtype) or value.size == 0:
@@ -380,3 +385,16 @@ def _finite(value: Any) -> bool:
 def _size(cand: Candidate) -> tuple[int, int]:
     """Smaller is better: fewer equations, then fewer input elements."""
     return len(cand.nodes), sum(int(np.size(v)) for v in cand.values.values())
+
+
+def _runs_a_while(node: Any) -> bool:
+    """Whether a node is a ``while`` or holds one at any depth (a scan of whiles, a custom_vjp around them)."""
+    if node.name == "while":
+        return True
+    todo = list(inner_jaxprs(node.params))
+    while todo:
+        for eqn in todo.pop().eqns:
+            if eqn.primitive.name == "while":
+                return True
+            todo.extend(inner_jaxprs(eqn.params))
+    return False
