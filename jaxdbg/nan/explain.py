@@ -411,6 +411,8 @@ def _where(origin: Origin) -> str:
         return f"{value} is in the outputs of `{origin.function}`, call {origin.call_index}{src}"
     pass_ = "backward pass (the gradient)" if origin.pass_ == "backward" else "forward pass"
     eager = " (run eagerly, outside jit)" if origin.path[:1] == ("eager",) else ""
+    if origin.transformed_by:  # its path's head names the transformation; "inside" names what is inside it
+        eager = f" (through `{origin.transformed_by}`, applied outside jit)"
     return (f"{value} was first made by `{origin.primitive}` in the {pass_} of `{origin.function}`, "
             f"call {origin.call_index}{eager}{place}{src}")
 
