@@ -434,7 +434,13 @@ def eager_hooks(on_primitive: Any, on_jit: Any, keep_fast: Any) -> Iterator[None
             out = original_primitive(self, primitive, args, params)
         finally:
             depth.level = level
-        on_primitive(primitive, args, params, out, level > 0)
+        if level > 0:
+            on_primitive(primitive, args, params, out, True)
+            return out
+        # jax 0.11 runs process_primitive with no current trace (0.10: the eval trace); the hook replays the
+        # operation (binds), which needs this trace current again.
+        with core.set_current_trace(self):
+            on_primitive(primitive, args, params, out, False)
         return out
 
     def call_impl_python(*args: Any, **params: Any) -> Any:

@@ -157,6 +157,44 @@ class FunctionRecord:
         self.calls = 0  # top-level calls so far (read by other threads; the index comes from the counter)
         self.traced_by: str | None = None  # the latest transformation that traced it outside any top-level call
         self.counter = itertools.count()
+        # Calls made through a transformation applied outside jit (``jax.grad(loss)(w)`` with ``loss`` jitted), per
+        # transformation ('jax.grad', 'jax.vmap'), and the latest as (order among all such calls, transformation,
+        # 0-based index among that transformation's calls): jax then runs ``loss``'s transformed program eagerly,
+        # and nan-hunt's eager check names the call it belongs to by these.
+        self.transformed_calls: dict[str, int] = {}
+        self.latest_transformed: tuple[int, str, int] | None = None
+        # Its output leaves, counted once at a call through jax.grad: the eager forward program jax.grad runs
+        # returns these first, then the residuals only the backward pass reads.
+        self.output_leaves: int | None = None
+
+
+def _output_leaves(jitted: Any, args: tuple, kwargs: dict) -> int | None:
+    """How many leaves ``jitted(*args, **kwargs)`` returns (abstractly: traced, not run), or None if that fails."""
+    import jax
+
+    try:
+        return len(jax.tree_util.tree_leaves(jax.eval_shape(jitted, *args, **kwargs)))
+    except Exception:  # noqa: BLE001 - the count refines the forward/backward split only
+        return None
+
+
+_transformed_order = itertools.count()  # orders the transformed calls of all functions (FunctionRecord)
+
+
+def note_transformed_call(record: FunctionRecord, transform: str) -> None:
+    """File a call of ``record``'s function traced by ``transform`` outside any top-level call (see
+    :attr:`FunctionRecord.transformed_calls`).
+
+    Example:
+        >>> record = FunctionRecord(0, "loss", None)
+        >>> note_transformed_call(record, "jax.grad"); note_transformed_call(record, "jax.grad")
+        >>> record.transformed_calls, record.latest_transformed[1:]
+        ({'jax.grad': 2}, ('jax.grad', 1))
+    """
+    record.traced_by = transform
+    index = record.transformed_calls.get(transform, 0)
+    record.transformed_calls[transform] = index + 1
+    record.latest_transformed = (next(_transformed_order), transform, index)
 
 
 class JitCall:
@@ -294,7 +332,10 @@ class InstrumentedJit:
         if not plan.active or plan.local.depth:
             return plan.jitted(*args, **kwargs)  # nested in a watched call, or jaxdbg's own
         if not _trace_state_clean():  # traced by a transformation applied outside any watched call
-            plan.record.traced_by = _compat.current_transform()  # (a watch that saw no call says so)
+            transform = _compat.current_transform()
+            note_transformed_call(plan.record, transform)  # (a watch that saw no call says so)
+            if transform == "jax.grad" and plan.record.output_leaves is None:
+                plan.record.output_leaves = _output_leaves(plan.jitted, args, kwargs)
             return plan.jitted(*args, **kwargs)
         if not layer.first_call_seen:
             layer.first_call()

@@ -295,6 +295,27 @@ def test_explanations_fit_the_pattern() -> None:
     assert "negative power of 0" in text and "overflow" not in text
 
 
+def test_explanations_of_poles_signed_logsumexp_singular_solves_and_inverse_softplus() -> None:
+    from jax.scipy.special import gammaln
+
+    pole = hunt(jax.jit(lambda a: jnp.sum(gammaln(jax.nn.relu(a)))), jnp.array([1.0, -0.5]))
+    text, hints = explain(pole.first)
+    assert (pole.first.kind, pole.first.primitive) == ("inf", "lgamma")
+    assert "poles at 0" in text and "overflow" not in text and "softplus" in hints[0]
+    signed = hunt(jax.jit(lambda a, w: jax.nn.logsumexp(a, b=w)), jnp.array([1.0, 2.0]), jnp.array([1.0, -1.0]))
+    text, hints = explain(signed.first)
+    assert "sum(b * exp(a)) is negative" in text and "return_sign=True" in hints[0]
+    singular = hunt(jax.jit(jax.grad(lambda s: jnp.linalg.slogdet(jnp.diag(s))[1])), jnp.array([1.0, 2.0, 0.0]))
+    text, hints = explain(singular.first)
+    assert singular.first.pass_ == "backward" and "singular matrix" in text and "gradient of `slogdet`" in text
+    inverse = hunt(jax.jit(lambda y: jnp.log(jnp.expm1(y))), jnp.array([0.5, -0.01]))
+    text, hints = explain(inverse.first)
+    assert "inverse softplus" in text and "expm1(-y)" in hints[0] and not any("logsumexp" in h for h in hints)
+    angle = hunt(jax.jit(jax.grad(lambda p: jnp.sum(jnp.arctan2(p[:, 1], p[:, 0])))), jnp.array([[1.0, 1.0], [0, 0]]))
+    text, hints = explain(angle.first)
+    assert angle.first.pass_ == "backward" and "derivative of arctan2" in text and "origin" in hints[0]
+
+
 def _gp_like(x, log_scale):
     scale = jnp.exp(log_scale)  # exp line
     return x / scale ** 2

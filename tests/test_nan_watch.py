@@ -120,6 +120,67 @@ def test_eager_origin_counts_calls_of_the_function_that_ran_it() -> None:
     assert (origin.primitive, origin.function.split(".")[-1], origin.call_index) == ("log", "step", 2)
 
 
+def _loss_sqrt(w, x):
+    return jnp.sum(jnp.sqrt(w - x))  # NaN once w - x goes negative
+
+
+def _hunt_gradient_descent(transform, through_a_function: bool = False):
+    """A jitted loss driven by ``transform`` applied outside jit (``jax.grad(loss)``), w going negative at step 4."""
+
+    def update(w, x):
+        return w - 0.1 * transform(loss)(w, x)
+
+    step = update if through_a_function else None
+    w, x = jnp.array([1.0, 2.0, 0.35]), jnp.zeros(3)
+    with pytest.raises(NonFiniteFound) as stop, Watch():
+        loss = jax.jit(_loss_sqrt)  # jitted while watched, as in a script under nan-hunt
+        grad = transform(loss)
+        for _ in range(6):
+            w = step(w, x) if step is not None else w - 0.1 * grad(w, x)
+    return stop.value.finding.origin
+
+
+@pytest.mark.parametrize("through_a_function", [False, True])
+def test_grad_applied_outside_jit_names_the_op_in_the_jitted_function_and_its_call(through_a_function) -> None:
+    origin = _hunt_gradient_descent(jax.grad, through_a_function)
+    # The op's own line in the jitted loss, not the line calling grad; the 5th call of loss through jax.grad.
+    assert (origin.kind, origin.primitive, origin.pass_) == ("nan", "sqrt", "forward")
+    assert origin.source.function == "_loss_sqrt" and "NaN once" in _source_line(origin)
+    assert (origin.function, origin.call_index, origin.path) == ("_loss_sqrt", 4, ("jax.grad(_loss_sqrt)",))
+    assert origin.transformed_by == "jax.grad"
+    assert "call 4 (through `jax.grad`, applied outside jit)" in explain(origin)[0]
+
+
+def test_vmap_applied_outside_jit_counts_the_calls_through_it() -> None:
+    with pytest.raises(NonFiniteFound) as stop, Watch():
+        loss = jax.jit(lambda w, x: jnp.sum(jnp.log(w - x)))  # log of a negative entry at the 4th call
+        loss(jnp.ones(2), jnp.zeros(2))  # a plain call: not one of those through jax.vmap
+        for i in range(5):
+            jax.vmap(loss, in_axes=(0, None))(jnp.array([[1.0, 2.0], [3.0, 0.5 - 0.2 * i]]), jnp.zeros(2))
+    origin = stop.value.finding.origin
+    assert (origin.primitive, origin.pass_, origin.function, origin.call_index) == ("log", "forward", "<lambda>", 3)
+    assert origin.path == ("jax.vmap(<lambda>)",) and origin.source.function.endswith("<lambda>")
+
+
+def test_a_residual_computed_eagerly_for_jax_grad_is_in_the_backward_pass() -> None:
+    def loss(w):
+        return jnp.sum(jnp.sqrt(w))  # d/dw sqrt(0) = 0.5 / sqrt(0) = inf, computed with the forward pass
+
+    with Watch(after_inf=4) as watch:
+        loss = jax.jit(loss)
+        jax.value_and_grad(loss)(jnp.ones(2))  # counted: the next call is call 1
+        jax.value_and_grad(loss)(jnp.array([0.0, 1.0]))
+    origin = watch.finding.origin
+    assert (origin.kind, origin.primitive, origin.pass_, origin.call_index) == ("inf", "div", "backward", 1)
+    assert origin.source.function.endswith("loss")
+
+
+def _source_line(origin) -> str:
+    import linecache
+
+    return linecache.getline(origin.source.file, origin.source.line)
+
+
 def test_eager_operation_on_bad_data_is_not_an_origin() -> None:
     with Watch() as watch:
         data = jnp.asarray(np.array([1.0, np.nan], np.float32))

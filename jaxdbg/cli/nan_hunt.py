@@ -122,6 +122,8 @@ def render(report: Report, console: Console) -> None:
     first = result.first
     what = {"nan": "NaN", "inf": "Inf", "input": "non-finite input"}[first.kind]
     eager = {"eager": " (eager, outside jit)", "pmap": " (pmap)"}.get(first.path[0] if first.path else "", "")
+    if first.transformed_by:
+        eager = f" (through {first.transformed_by}, outside jit)"
     console.print(f"[bold red]{what}[/] first appeared in call {first.call_index} of "
                   f"[bold]{escape(first.function)}[/]{eager}", soft_wrap=True)
     if first.kind == "input":

@@ -40,6 +40,9 @@ class Call:
     call_site: Any = None
     output_names: list[str] | None = field(default=None)
     pmap: bool = False  # ``fun`` is a ``jax.pmap``'d function: its jaxpr is jax's own jit of a shard_map
+    # Positions of the flat outputs that only a later backward pass reads: the residuals of a forward program that
+    # jax.grad, applied outside jit, runs eagerly (what computes only them is backward: jaxdbg.nan.passes).
+    backward_outputs: frozenset[int] = frozenset()
 
     @property
     def root(self) -> str:

@@ -96,6 +96,14 @@ UPCAST_HOW = {
 }
 EPSILON_WRITTEN = re.compile(r"\beps(ilon)?\b|\d(\.\d*)?e-\d+")  # an epsilon already in the code
 
+POSITIVE_PARAMETER = ("keep the argument positive: map an unconstrained parameter with "
+                      "`jax.nn.softplus(raw) + 1e-6` or `jnp.exp(raw)` (a ReLU or a clip reaches exactly 0)")
+INVERSE_SOFTPLUS = ("clamp y first (`y = jnp.maximum(y, 1e-6)`: the inverse softplus exists only for y > 0) and "
+                    "compute it stably as `y + jnp.log(-jnp.expm1(-y))`; or fit the unconstrained value directly")
+SIGNED_LOGSUMEXP = ("pass `return_sign=True` (`out, sign = jax.nn.logsumexp(a, b=w, return_sign=True)`: log|sum| and "
+                    "its sign), or keep the weights non-negative")
+INVERTIBLE = ("keep the matrix invertible: parameterise its scales with `jnp.exp`/`jax.nn.softplus` (not a ReLU or a "
+              "clip), or add a small `eps * jnp.eye(n)`")
 SUMMING = ("dot_general", "conv_general_dilated", "reduce_sum", "cumsum", "add_any")  # sum many values inside
 
 
@@ -179,6 +187,9 @@ def _log(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] | Non
     if "sigmoid" in code:
         return what + "; its input is a sigmoid, which rounds to exactly 0 (or 1) for large |x|.", \
             [LOG_SIGMOID, EPSILON_LOG]
+    if "expm1" in code and s is not None and (s.negative or s.zero):  # log(expm1(y)): an inverse softplus
+        return (what + "; its input is expm1(y), so y <= 0: log(expm1(y)), the inverse softplus, is undefined "
+                "there.", [INVERSE_SOFTPLUS])
     return what + ".", ([LOG_SUM_EXP] if "sum" in line or "exp" in code else []) + [EPSILON_LOG]
 
 
@@ -208,6 +219,50 @@ def _singular_derivative(origin: Origin, line: str, feeders: str) -> tuple[str, 
             return (f"the derivative of {what} is infinite, so this backward-pass operation made "
                     f"{'a NaN' if origin.kind == 'nan' else 'an Inf'} although the forward value is finite.", hints)
     return None
+
+
+POLES = {"lgamma": "gammaln", "digamma": "digamma", "polygamma": "polygamma", "igamma": "gammainc",
+         "lbeta": "betaln"}
+
+
+def _pole(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] | None:
+    """``gammaln``/``digamma`` at 0 or a negative integer (a pole): inf or NaN from a finite input, not an overflow."""
+    s = _stat(origin, 0)
+    if origin.primitive not in POLES or s is None or any(t.inf or t.nan for t in origin.inputs) \
+            or not (s.zero or s.negative):
+        return None
+    name = POLES[origin.primitive]
+    where = "in the gradient, " if origin.pass_ == "backward" else ""
+    return (f"{where}{origin.primitive} (`jax.scipy.special.{name}`) has poles at 0 and the negative integers, where "
+            f"it is {'NaN' if origin.kind == 'nan' else 'infinite'}: its input reached {s.min:.3g} "
+            f"({s.zero} zero(s), {s.negative} negative).", [POSITIVE_PARAMETER])
+
+
+def _nan_constant(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] | None:
+    """A NaN written as a constant (jnp.nan) and selected: the code, or the library function called on the line
+    (``jax.nn.logsumexp`` with signed weights), returns NaN on purpose."""
+    if origin.kind != "nan" or not origin.constant_input or not any(s.nan for s in origin.inputs):
+        return None  # (a -inf constant written for a mask is explained by what it met)
+    if "logsumexp" in line:
+        return ("`jax.nn.logsumexp(a, b=...)` returns NaN where sum(b * exp(a)) is negative (the log of a negative "
+                "number): some weights `b` are negative and outweigh the positive ones there.", [SIGNED_LOGSUMEXP])
+    return ("a NaN written as a constant (`jnp.nan`, in this line's code or inside the library function it calls) was "
+            "selected into the result: the code returns NaN on purpose for these inputs.",
+            ["check which condition selects the NaN (the function's documentation says when it returns NaN), and "
+             "keep the inputs out of it"])
+
+
+def _singular_matrix(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] | None:
+    """A linear solve (a gradient of slogdet/det/inv, or solve itself) on a singular matrix: NaN from finite
+    inputs, as a zero pivot divides by 0."""
+    solves = ("custom_linear_solve", "triangular_solve", "lu", "lu_pivots_to_permutation")
+    if origin.primitive not in solves or origin.kind != "nan" or any(s.inf or s.nan for s in origin.inputs):
+        return None
+    det = next((w for w in ("slogdet", "logdet", "det", "inv") if w in line), None)
+    why = (f"; the gradient of `{det}` is the inverse of the matrix, which a singular matrix does not have "
+           f"(its log-determinant is -inf)" if origin.pass_ == "backward" and det in ("slogdet", "logdet", "det")
+           else "")
+    return (f"a linear solve with a singular matrix (a zero pivot) divides by 0{why}.", [INVERTIBLE])
 
 
 def _degenerate_spectrum(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] | None:
@@ -249,6 +304,11 @@ def _division(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] 
         where = "in the gradient, " if origin.pass_ == "backward" else ""
         what = (f"{where}a division by zero ({den.zero} zero denominator(s))"
                 f"{': 0 / 0 is NaN' if both else ' gives inf'}")
+        if both and origin.pass_ == "backward" and "arctan2" in line:
+            return (what + "; the derivative of arctan2(y, x) divides by x² + y², which is 0 at the origin: the angle "
+                    "of the zero vector has no gradient.",
+                    ["keep the points off the origin (e.g. add a tiny offset to x, or mask them out with the "
+                     "double-where trick: `safe = jnp.where(r > 0, x, 1.0)`)"])
         if both and "mask" in line + "\n" + feeders:
             return (what + "; the denominator counts a mask, so nothing was unmasked there (e.g. a batch or row "
                     "of padding only).", [MASKED_MEAN, EPSILON_DIV])
@@ -334,10 +394,10 @@ def _domain(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] | 
             ["clip the input to the valid range, e.g. `jnp.clip(x, -1 + 1e-7, 1 - 1e-7)`"])
 
 
-PATTERNS: tuple[Pattern, ...] = (_input_pattern, _masked_softmax, _masked_gradient, _log, _sqrt,
-                                 _degenerate_spectrum, _singular_derivative, _not_positive_definite, _division,
-                                 _inf_arithmetic,
-                                 _overflow_inside, _domain, _negative_power_of_zero, _overflow)
+PATTERNS: tuple[Pattern, ...] = (
+    _input_pattern, _nan_constant, _masked_softmax, _masked_gradient, _log, _sqrt, _pole, _singular_matrix,
+    _degenerate_spectrum, _singular_derivative, _not_positive_definite, _division, _inf_arithmetic, _overflow_inside,
+    _domain, _negative_power_of_zero, _overflow)
 
 
 def _match(origin: Origin, feeders: Sequence[SourceLocation]) -> tuple[Pattern | None, str, list[str]]:
@@ -355,7 +415,7 @@ def _singular(origin: Origin) -> bool:
     of other values is no explanation for it."""
     if origin.kind == "input" or any(s.inf for s in origin.inputs):
         return False
-    if origin.primitive in ("acos", "asin", "atanh", "acosh"):
+    if origin.primitive in ("acos", "asin", "atanh", "acosh", *POLES, "custom_linear_solve", "triangular_solve"):
         return True
     first, second = _stat(origin, 0), _stat(origin, 1)
     if origin.primitive in ("div", "rem"):
@@ -411,6 +471,8 @@ def _where(origin: Origin) -> str:
         return f"{value} is in the outputs of `{origin.function}`, call {origin.call_index}{src}"
     pass_ = "backward pass (the gradient)" if origin.pass_ == "backward" else "forward pass"
     eager = " (run eagerly, outside jit)" if origin.path[:1] == ("eager",) else ""
+    if origin.transformed_by:  # its path's head names the transformation; "inside" names what is inside it
+        eager = f" (through `{origin.transformed_by}`, applied outside jit)"
     return (f"{value} was first made by `{origin.primitive}` in the {pass_} of `{origin.function}`, "
             f"call {origin.call_index}{eager}{place}{src}")
 

@@ -156,10 +156,11 @@ class NanHunter(Hooks):
         stop_at_first_nan: end the replay once the first NaN origin surely reaches the call's outputs (else go
             on to the first NaN that does).
         root: the path's first element (``jit(function)`` unless given: ``pmap`` for a pmap'd call).
+        backward_outputs: positions of the outputs only a later backward pass reads (see :class:`PassClassifier`).
     """
 
     def __init__(self, function: str, call_index: int = 0, nan_only: bool = False, stop_at_first_nan: bool = True,
-                 root: str | None = None):
+                 root: str | None = None, backward_outputs: frozenset[int] = frozenset()):
         self.function = function
         self.root = root or f"jit({function})"
         self.call_index = call_index
@@ -169,7 +170,7 @@ class NanHunter(Hooks):
         self.first_nan: int | None = None
         self.confirmed: set[int] = set()  # NaN origins known to reach the call's outputs
         self.dropped: dict[int, Site] = {}  # origin -> the select that discarded its non-finite values first
-        self.passes = PassClassifier()
+        self.passes = PassClassifier(backward_outputs)
         self.opaque_notes: list[str] = []
         self.reaching: frozenset[int] = frozenset()
         self.chosen: int | None = None
@@ -497,7 +498,7 @@ def replay(call: Call, nan_only: bool = False, closed: Any = None) -> tuple[NanH
     """
     if closed is None:
         closed = trace_for_replay(call)
-    hunter = NanHunter(call.name, call.call_index, nan_only, root=call.root)
+    hunter = NanHunter(call.name, call.call_index, nan_only, root=call.root, backward_outputs=call.backward_outputs)
     leaves = call.leaves()
     tags = hunter.input_tags(leaves, call.leaf_names())
     interp = Interpreter(hunter)

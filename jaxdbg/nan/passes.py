@@ -119,8 +119,11 @@ def backward_equations(jaxpr: Any, inherited: bool,
 class PassClassifier:
     """Answers "is this site in the backward pass?" for sites of one interpretation (cached per jaxpr)."""
 
-    def __init__(self) -> None:
+    def __init__(self, backward_outputs: frozenset[int] = frozenset()) -> None:
+        """``backward_outputs``: the positions of the top-level jaxpr's outputs that only a backward pass run
+        later uses (the residuals of a forward program that ``jax.grad`` runs eagerly, outside jit)."""
         self._cache: dict[tuple, tuple[set[int], dict[int, frozenset[int]]]] = {}
+        self._top_outputs = backward_outputs
 
     def is_backward(self, site: Site) -> bool:
         backward, _ = self._analysis(site)
@@ -133,7 +136,7 @@ class PassClassifier:
         scope = site.scope
         parent = scope.parent
         inherited = parent is not None and self.is_backward(parent)
-        outs: frozenset[int] = frozenset()
+        outs: frozenset[int] = self._top_outputs if parent is None else frozenset()
         if parent is not None and not inherited and scope.kind != "while_cond":
             outs = self._analysis(parent)[1].get(parent.index, frozenset())
         key = (id(scope.jaxpr), inherited, outs)

@@ -66,6 +66,22 @@ class Origin:
     device: str | None = None
     shard: tuple[tuple[int, int], ...] | None = None
 
+    @property
+    def transformed_by(self) -> str | None:
+        """The transformation applied outside jit that ran this origin's jitted function, e.g. 'jax.grad' for
+        ``jax.grad(loss)(w)`` with ``loss`` jitted (its path then starts ``jax.grad(loss)``); else None.
+
+        Example:
+            >>> Origin("nan", "log", "forward", path=("jax.vmap(loss)",)).transformed_by
+            'jax.vmap'
+            >>> Origin("nan", "log", "forward", path=("jit(loss)",)).transformed_by is None
+            True
+        """
+        head = self.path[0] if self.path else ""
+        if not head.startswith("jax.") or not head.endswith(")") or "(" not in head:
+            return None
+        return head.split("(", 1)[0]
+
     def describe(self) -> str:
         """``nan first made by log (forward pass) at train.py:12 in loss, call 3``."""
         at = f" at {os.path.basename(self.source.file)}:{self.source.line}" if self.source else ""
@@ -76,8 +92,9 @@ class Origin:
                     "(nothing inside made it)")
         if self.primitive is None:
             return f"{self.kind} in the outputs of {self.function}, call {self.call_index}{at}"
+        via = f" through {self.transformed_by}" if self.transformed_by else ""
         return (f"{self.kind} first made by {self.primitive} ({self.pass_} pass){at} in {self.function}, "
-                f"call {self.call_index}")
+                f"call {self.call_index}{via}")
 
 
 @dataclass(frozen=True)

@@ -130,6 +130,30 @@ class EagerFinding:
         return self.origin.kind
 
 
+@dataclass(frozen=True)
+class Transformed:
+    """A watched jitted function's call through a transformation applied outside jit (``jax.grad(loss)(w)``):
+    the function's name, the transformation ('jax.grad'), the call's 0-based index among that function's calls
+    through it, and how many output leaves the function returns (None: not counted)."""
+
+    function: str
+    transform: str
+    index: int
+    output_leaves: int | None = None
+
+    def residuals(self, outputs: int) -> frozenset[int]:
+        """Of the ``outputs`` of the forward program jax.grad runs eagerly (the function's outputs, then the
+        residuals for the backward pass), the residuals' positions.
+
+        Example:
+            >>> Transformed("loss", "jax.grad", 0, 1).residuals(3)
+            frozenset({1, 2})
+        """
+        if self.transform != "jax.grad" or self.output_leaves is None:
+            return frozenset()
+        return frozenset(range(self.output_leaves, outputs))
+
+
 class NonFiniteFound(BaseException):
     """Ends the watched program at the first non-finite call (caught by jaxdbg, not by the program)."""
 
@@ -947,7 +971,20 @@ class Watch(JitHook):
         if nested or not self.active or self.busy:
             return
         outs = out if primitive.multiple_results else [out]
-        self._check_eager(primitive.name, args, outs, lambda *xs: primitive.bind(*xs, **params))
+        transformed = self._transformed_call(params) if primitive.name in ("jit", "pjit") else None
+        self._check_eager(primitive.name, args, outs, lambda *xs: primitive.bind(*xs, **params), transformed)
+
+    def _transformed_call(self, params: dict) -> Transformed | None:
+        """For a jitted program run eagerly: the watched function's call it belongs to, if that function was
+        transformed outside jit (``jax.grad(loss)(w)`` runs ``loss``'s forward and, later, its transposed program
+        as eager ``jit`` operations named ``loss``); else None (jax's own jitted functions, ``jnp.sqrt``)."""
+        name = params.get("name")
+        calls = [(latest, f.record.output_leaves) for f in self.functions
+                 if f.name == name and (latest := f.record.latest_transformed) is not None]
+        if not calls:
+            return None
+        (_, transform, index), outputs = max(calls, key=lambda c: c[0][0])
+        return Transformed(str(name), transform, index, outputs)
 
     def _on_eager_jit(self, name: str, closed: Any, args: Sequence[Any], outs: list, nested: bool) -> None:
         """A jitted function run eagerly through Python dispatch: jax's own (``jnp.sqrt``), not a watched one."""
@@ -974,7 +1011,8 @@ class Watch(JitHook):
         self._eager_calls[frame.f_code] = (frame, index)
         return index, SourceLocation(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name), frame
 
-    def _check_eager(self, name: str, args: Sequence[Any], outs: list, program: Any) -> None:
+    def _check_eager(self, name: str, args: Sequence[Any], outs: list, program: Any,
+                     transformed: Transformed | None = None) -> None:
         call_index, source, frame = self._eager_call_index()
         if name == _compat.PMAP_JIT_NAME and frame is not None:  # a pmap: which call of it at this line
             at = (frame.f_code, frame.f_lineno)
@@ -1016,26 +1054,33 @@ class Watch(JitHook):
                 if birth in self._births:
                     self._hold(outs, frozenset({self._births[birth]}))
                     return
-            origin = self._eager_origin(name, list(args), program, outs, kind, call_index)
+            origin = self._eager_origin(name, list(args), program, outs, kind, call_index, transformed)
             feeds = self._infs_in(leaves) if kind == "nan" and in_inf else frozenset()
         index = self.found(EagerFinding(origin, feeds))
         self._births[(source, name)] = (index, None)
         self._hold(outs, frozenset({(index, None)}))
 
     def _eager_origin(self, name: str, args: list, program: Any, outs: list, kind: OriginKind,
-                      call_index: int | None) -> Origin:
+                      call_index: int | None, transformed: Transformed | None = None) -> Origin:
         """The eager operation as an origin. ``program`` (a closed jaxpr, or a function to trace) is replayed
         to name the primitive inside (``jnp.sqrt`` is a jitted function around ``sqrt``). The source is the
-        user's line running it now."""
+        user's line running it now; for a watched function transformed outside jit (``transformed``, see
+        :meth:`_transformed_call`), the line of the operation inside it, and the origin is that function's call
+        through the transformation (path ``jax.grad(loss)``)."""
         from jaxdbg.nan.localise import localise_call  # the watch itself needs no interpreter
 
         source, name_stack = _compat.current_source_context()
         source = source or caller_user_frame(3)
         inputs = tuple(value_stats(a) for a in args)
         path: tuple[str, ...] = ("eager",)
+        owner: str | None = None
         try:
             closed = program if not callable(program) else jax.make_jaxpr(program)(*args)
-            inner = localise_call(Call("eager", None, tuple(args), {}), self.nan_only, closed).first
+            residuals: frozenset[int] = frozenset()
+            if transformed is not None and "jvp(" in name_stack and "transpose(" not in name_stack:
+                residuals = transformed.residuals(len(closed.jaxpr.outvars))
+            inner = localise_call(Call("eager", None, tuple(args), {}, backward_outputs=residuals), self.nan_only,
+                                  closed).first
         except Exception:  # noqa: BLE001 - naming the inner primitive is a refinement; the op itself is known
             inner = None
         where: dict[str, Any] = {}
@@ -1045,14 +1090,19 @@ class Watch(JitHook):
             inside = name in ("scan", "while", "cond") or "shard_map" in inner.path
             root = "pmap" if name == _compat.PMAP_JIT_NAME and "shard_map" in inner.path else "eager"
             path = (root, *inner.path[1:]) if inside else ("eager",)
+            if transformed is not None:  # inner.path: ('jit(eager)', 'jit(loss)', inside loss...)
+                owner, call_index = transformed.function, transformed.index
+                inside, path = True, (f"{transformed.transform}({owner})", *inner.path[2:])
             if inside and inner.source is not None:
                 source = inner.source
             if "shard_map" in inner.path:
                 where = {"process": inner.process, "device": inner.device, "shard": inner.shard}
             name, inputs = inner.primitive or name, inner.inputs
+        backward = "transpose(" in name_stack or (owner is not None and inner is not None and inner.pass_ == "backward")
         return Origin(
-            kind, name, "backward" if "transpose(" in name_stack else "forward", source,
-            source.function if source else "<eager>", call_index if call_index is not None else self.eager_ops - 1,
+            kind, name, "backward" if backward else "forward", source,
+            owner or (source.function if source else "<eager>"),
+            call_index if call_index is not None else self.eager_ops - 1,
             path, inputs, None,
             tuple(value_stats(o) for o in outs), name_stack, **where,
         )
