@@ -255,6 +255,7 @@ def run_contained(
                 env=child_env(env, device_count), cwd=cwd, start_new_session=True,
             )
         timed_out = stopped = False
+        _RUNNING.add(proc)
         try:
             stopped = _wait(proc, timeout, os.path.join(workdir, "channel.bin"), on_message, until)
         except subprocess.TimeoutExpired:
@@ -263,6 +264,8 @@ def run_contained(
         except BaseException:  # Ctrl-C, or SIGTERM turned into SystemExit: the child has its own session,
             _kill_group(proc)  # so nothing else would stop it (or what it started) from outliving jaxdbg
             raise
+        finally:
+            _RUNNING.discard(proc)
         elapsed = time.perf_counter() - started
         if not (stopped and keep_running):
             _kill_group(proc)  # what the target left running in its session ends with it
@@ -354,6 +357,17 @@ def _stop_hung(proc: subprocess.Popen) -> None:
 def _read_text(path: str) -> str:
     with open(path, "rb") as handle:
         return handle.read().decode(errors="replace")
+
+
+# The contained children being waited for now, on any thread: a command run in a daemon thread (repro's progress
+# display) is not unwound when the main thread exits, and its child, in a session of its own, would outlive jaxdbg.
+_RUNNING: set[subprocess.Popen] = set()
+
+
+def stop_contained() -> None:
+    """Stop every contained child still being waited for (jaxdbg is exiting: Ctrl-C, SIGTERM)."""
+    for proc in list(_RUNNING):
+        _kill_group(proc)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

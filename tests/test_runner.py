@@ -105,7 +105,18 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_sigterm_to_jaxdbg_stops_the_contained_target(tmp_path):
+# profile waits for its target on the main thread; repro waits for its cut on a thread of its own (its progress
+# display), which jaxdbg's exit does not unwind: the target's third run (the cut's) sleeps before its NaN.
+SLEEPERS = {
+    "profile": ("import os, time\nopen({pid!r}, 'a').write(f'{{os.getpid()}}\\n')\ntime.sleep(120)\n", 1),
+    "repro": ("import os, time\nimport jax, jax.numpy as jnp\nopen({pid!r}, 'a').write(f'{{os.getpid()}}\\n')\n"
+              "if len(open({pid!r}).read().split()) >= 3:\n    time.sleep(120)\n"
+              "print(jax.jit(jnp.log)(-1.0))\n", 3),
+}
+
+
+@pytest.mark.parametrize("command", sorted(SLEEPERS))
+def test_sigterm_to_jaxdbg_stops_the_contained_target(tmp_path, command):
     """A CI timeout kills jaxdbg with SIGTERM: the target, in its own session, must not outlive it."""
     import signal
     import subprocess
@@ -113,15 +124,19 @@ def test_sigterm_to_jaxdbg_stops_the_contained_target(tmp_path):
     import time
 
     pid_file = tmp_path / "pid"
+    text, runs = SLEEPERS[command]
     script = tmp_path / "sleeper.py"
-    script.write_text(f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(120)\n")
-    jaxdbg = subprocess.Popen([sys.executable, "-m", "jaxdbg", "profile", str(script), "-q", "--out",
+    script.write_text(text.format(pid=str(pid_file)))
+    extra = ["--kind", "nonfinite"] if command == "repro" else []
+    jaxdbg = subprocess.Popen([sys.executable, "-m", "jaxdbg", command, str(script), "-q", *extra, "--out",
                                str(tmp_path / "o")], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 60
-        while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (
+                pid_file.exists() and len(pid_file.read_text().split()) >= runs):
             time.sleep(0.1)
-        target = int(pid_file.read_text())
+        target = int(pid_file.read_text().split()[-1])
+        time.sleep(0.5)
         jaxdbg.send_signal(signal.SIGTERM)
         assert jaxdbg.wait(timeout=30) == 128 + signal.SIGTERM
         deadline = time.monotonic() + 10

@@ -30,6 +30,7 @@ try:  # typer >= 0.22 vendors click as typer._click; older releases depend on cl
 except ImportError:  # pragma: no cover - depends on the installed typer
     click_errors = importlib.import_module("click.exceptions")
 
+from jaxdbg import runner
 from jaxdbg._errors import EXIT_USAGE, UsageError
 from jaxdbg._version import __version__
 from jaxdbg.launch import COMMAND_VARIABLE, launch, split_processes_option
@@ -115,6 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if on_main_thread:
             signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+        runner.stop_contained()  # only a child waited for on another thread can be left by now
     return 0
 
 
