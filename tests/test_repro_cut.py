@@ -1,5 +1,8 @@
 """Computation reduction: a failing jaxpr cut down with recorded values, emitted, and the emitted code fails."""
 
+import contextlib
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -321,3 +324,49 @@ def test_plainer_values_never_replace_what_sets_a_while_loops_trip_count():
         for var in feeding:
             if var in order:
                 assert np.array_equal(values[order.index(var)], whole.values[var])
+
+
+def test_a_candidate_still_running_past_the_deadline_leaves_the_best_cut_so_far_written(tmp_path):
+    """One candidate is one XLA execution and cannot be stopped: past the deadline the guard writes the best cut
+    found by then, checks that it fails, and sends it; the parent would otherwise kill the child and lose it."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from jaxdbg.repro.cut import CutError
+    from jaxdbg.repro.cutting import OverrunGuard, best_so_far
+    from jaxdbg.repro.graph import equation_count
+    from jaxdbg.repro.messages import CutFinished
+
+    release, calls = threading.Event(), []
+
+    class Stuck(CutCheck):  # from the 4th candidate on, a check runs until the guard is done (a long execution)
+        def failing_index(self, fn, args):
+            calls.append(1)
+            if len(calls) > 3:
+                release.wait(60)
+            return super().failing_index(fn, args)
+
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal((4, 8)).astype(np.float32), (rng.standard_normal((8, 8)) * 0.3).astype(np.float32)]
+    graph, consts = flatten(jax.make_jaxpr(_deep_nan)(*args))
+    cutter = Cutter(graph, record(graph, args, consts), Stuck(NAN.criterion), deadline=time.perf_counter() + 60,
+                    emittable=lambda c: can_emit(graph, c))
+    sent, ended = [], []
+
+    def end(code):  # in the child: os._exit; here the stuck check is let go and the cut stopped
+        ended.append(code)
+        cutter.deadline = 0.0
+        release.set()
+
+    guard = OverrunGuard(time.perf_counter() + 2.0, sent.append, end=end)
+    original = equation_count(graph.nodes)
+    guard.arm(lambda: best_so_far(cutter, SimpleNamespace(function="_deep_nan", failure=None), "jit(_deep_nan)",
+                                  original, str(tmp_path), time.perf_counter()))
+    with contextlib.suppress(CutError):
+        cutter.run()
+    guard.deliver(CutFinished(True, reason="the cut's own summary"))  # too late: the guard has sent
+    assert ended == [0] and len(sent) == 1
+    late = sent[0]
+    assert late.ok and late.self_check and "deadline" in late.reason and 0 < late.equations <= original
+    assert os.path.exists(late.files["repro"])

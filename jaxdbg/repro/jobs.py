@@ -30,7 +30,7 @@ import jax.monitoring
 from jaxdbg import jit_layer, multihost
 from jaxdbg.protocol import Request, handles
 from jaxdbg.repro.callback import cut_callback, recorded_callbacks
-from jaxdbg.repro.cutting import cut_captured
+from jaxdbg.repro.cutting import OVERRUN_S, OverrunGuard, cut_captured
 from jaxdbg.repro.messages import CutFinished, InputsBuilt, JaxWork, LastJit
 from jaxdbg.repro.operation import cut_operation
 from jaxdbg.repro.signature import Criterion
@@ -151,8 +151,13 @@ def cut_job(request: CutRequest, channel: Any) -> None:
         channel.send(CutFinished(False, reason=f"process 0 cuts the job's computation (this is process {place.index})"))
         multihost.wait_for(CUT_DONE, 0, max(deadline - time.perf_counter(), 1.0) + 60)
         return
+    guard = OverrunGuard(deadline + OVERRUN_S, channel.send) if place is None else None
     try:
-        channel.send(cut_captured(watch.captured, request, deadline))
+        summary = cut_captured(watch.captured, request, deadline, guard)
+        if guard is None:
+            channel.send(summary)
+        else:
+            guard.deliver(summary)
     finally:
         if place is not None:
             multihost.publish(CUT_DONE, True)
