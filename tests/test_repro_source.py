@@ -67,6 +67,9 @@ def test_one_criterion_decides_and_travels_as_json():
     assert Criterion.nonfinite("NaN").reproduced_by("AssertionError", "jax.jit(train_step) produced NaN: [nan]")
     with pytest.raises(ValueError, match="kind"):
         Criterion.from_json({"kind": "segfault"})
+    # A process that exited on its own (os._exit(3) in a callback) has no signal: the headline says its status.
+    assert FailureSignature.of(criteria[2]).describe() == "crash: exit status 3"
+    assert FailureSignature.of(criteria[1]).describe() == "crash with SIGSEGV"
 
 
 @pytest.mark.parametrize("code, degenerate", [
