@@ -67,6 +67,9 @@ def test_one_criterion_decides_and_travels_as_json():
     assert Criterion.nonfinite("NaN").reproduced_by("AssertionError", "jax.jit(train_step) produced NaN: [nan]")
     with pytest.raises(ValueError, match="kind"):
         Criterion.from_json({"kind": "segfault"})
+    # A process that exited on its own (os._exit(3) in a callback) has no signal: the headline says its status.
+    assert FailureSignature.of(criteria[2]).describe() == "crash: exit status 3"
+    assert FailureSignature.of(criteria[1]).describe() == "crash with SIGSEGV"
 
 
 @pytest.mark.parametrize("code, degenerate", [
@@ -286,6 +289,40 @@ def test_inlining_renames_callee_locals_that_would_collide():
     reducer = SourceReducer(source, protected_line=7, test=_value_error_test)
     [inlined] = [s for s in _apply_all(reducer, reducer.inline_calls) if "def f" not in s.text]
     assert "x1 = 3 + 1" in inlined.text and _value_error_test([inlined]) == [True]
+
+
+MODULE = '''
+import equinox as eqx
+
+class Block(eqx.Module):
+    scale: float
+    norm: int
+    width: int
+
+    def __init__(self, width):
+        self.scale = 2.0
+        self.norm = width + 1
+        if width > 1:
+            self.width = width
+
+    def __call__(self, x):
+        raise ValueError("bad " + str(x * self.scale))
+
+Block(4)(3)
+'''
+
+
+def test_a_declared_field_goes_with_its_assignments():
+    """An eqx.Module (a dataclass, a flax struct) must set every declared field: deleting `norm: int` or
+    `self.norm = ...` alone breaks it, so only the pair goes; a field the failing statement reads stays."""
+    pytest.importorskip("equinox")
+    reducer = SourceReducer(MODULE, protected_line=16, test=_value_error_test)
+    candidates = _apply_all(reducer, reducer.drop_fields)
+    assert len(candidates) == 3 and _value_error_test(candidates) == [False, True, True]  # scale is read
+    assert "norm" not in candidates[1].text and "width > 1" in candidates[1].text
+    assert "self.width" not in candidates[2].text and "if width > 1:" in candidates[2].text
+    text = SourceReducer(MODULE, protected_line=16, test=_value_error_test).run()
+    assert "norm" not in text and "width" not in text and "scale: float" in text, text
 
 
 def test_calls_evaluated_lazily_or_recursive_functions_are_not_inlined():

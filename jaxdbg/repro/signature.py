@@ -185,8 +185,8 @@ class FailureSignature(Criterion):
     def describe(self) -> str:
         if self.kind == "exception":
             return f"{self.type}: {self.message}"
-        if self.kind == "crash":
-            return f"crash with {self.signal}"
+        if self.kind == "crash":  # a fatal signal, or a process that exited on its own (os._exit(3))
+            return f"crash with {self.signal}" if self.signal else f"crash: {self.message}"
         if self.kind == "timeout":
             return "timeout (hang)"
         return f"{self.kind} in {self.function}: {self.message}"

@@ -1,12 +1,13 @@
 """AST-aware delta debugging of a Python script: delete and simplify while the failure holds.
 
 The reducer knows Python's structure, so every candidate parses: it deletes chunks of statements (halving
-the chunk size, ddmin style), drops dead code in one step, evaluates comprehensions for their first item
-only, inlines calls of user functions (so call chains collapse), unwraps ``with``/``try``/``if``/``for``
-blocks (a loop runs once), inlines constants, single-use values and constant dict lookups, drops
-unused parameters and defaults, and simplifies expressions (a call by one of its arguments, ``a + b`` by
-``a``, big integers by 1 or 2, a subscript by its value). Candidates are tested in batches of ``jobs`` in
-parallel (C-Vise style speculation: the first interesting one in order wins) and their verdicts are cached by text.
+the chunk size, ddmin style), drops dead code in one step and a class's declared field with its
+``self.x = ...`` assignments in another, evaluates comprehensions for their first item only, inlines calls of
+user functions (so call chains collapse), unwraps ``with``/``try``/``if``/``for`` blocks (a loop runs once),
+inlines constants, single-use values and constant dict lookups, drops unused parameters and defaults, and
+simplifies expressions (a call by one of its arguments, ``a + b`` by ``a``, big integers by 1 or 2, a subscript
+by its value). Candidates are tested in batches of ``jobs`` in parallel (C-Vise style speculation: the first
+interesting one in order wins) and their verdicts are cached by text.
 
 What makes it safe for reproducers: the *protected* statement (the one that raises, crashes or hangs) is
 never deleted or edited, nor are the conditions of the blocks around it; only what feeds it may shrink.
@@ -154,8 +155,8 @@ class SourceReducer:
         """Apply the passes until none makes progress (or time is up); returns the smallest text found."""
         # The structural passes (few candidates, big steps) reach their fixpoint before each round of the
         # expression pass (many candidates, small steps): the big wins come first.
-        structural = (self.delete_dead_code, self.delete_statements, self.single_iterations, self.inline_calls,
-                      self.unwrap_blocks, self.inline_constants,
+        structural = (self.delete_dead_code, self.delete_statements, self.drop_fields, self.single_iterations,
+                      self.inline_calls, self.unwrap_blocks, self.inline_constants,
                       self.fold_constant_lookups, self.drop_unused_parameters, self.drop_defaults)
         progress = True
         while progress and not self.out_of_time():
@@ -270,6 +271,24 @@ class SourceReducer:
                     chunk //= 2
         edits.sort(key=lambda sized: -sized[0])  # across all blocks: the biggest chunks first (stable)
         return [edit for _, edit in edits]
+
+    def drop_fields(self, state: State) -> list[Edit]:
+        """A declared field (``norm: eqx.nn.LayerNorm`` in an ``eqx.Module``, a dataclass or a flax struct) goes
+        with every ``self.norm = ...`` of the class's methods: one without the other leaves the class broken
+        (a field never set), so statement deletion alone keeps both."""
+        ancestors, _ = self._guarded(state)
+        keep = ancestors | ({id(state.protected)} if state.protected is not None else set())
+        edits: list[Edit] = []
+        for index, node in enumerate(ast.walk(state.tree)):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            for stmt in node.body:
+                if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)) or id(stmt) in keep:
+                    continue
+                sets = _field_sets(node, stmt.target.id)
+                if sets and not any(id(s) in keep for s in sets):
+                    edits.append(_drop_field(index, stmt.target.id))
+        return edits
 
     def unwrap_blocks(self, state: State) -> list[Edit]:
         """Replace a ``with``/``try``/``if``/``for`` statement by its body (not the ifs/loops around the protected
@@ -477,6 +496,32 @@ def _drop_parameter(function: int, name: str, k: int) -> Edit:
                     return False
                 del node.args[k]
         return True
+    return edit
+
+
+def _field_sets(cls: ast.ClassDef, field: str) -> list[ast.stmt]:
+    """The statements of ``cls``'s methods that set ``self.<field>`` (and nothing else)."""
+    def sets(node: ast.AST) -> bool:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, ast.AnnAssign) else []
+        return len(targets) == 1 and isinstance(targets[0], ast.Attribute) and targets[0].attr == field and \
+            isinstance(targets[0].value, ast.Name) and targets[0].value.id == "self"
+    return [n for method in cls.body if isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef))
+            for n in ast.walk(method) if isinstance(n, ast.stmt) and sets(n)]
+
+
+def _drop_field(cls: int, field: str) -> Edit:
+    def edit(nodes: list) -> bool:
+        owner = nodes[cls]
+        doomed = {id(s) for s in _field_sets(owner, field)}
+        owner.body = [s for s in owner.body if not (
+            isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name) and s.target.id == field)]
+        for node in ast.walk(owner):
+            for name in ("body", "orelse", "finalbody"):
+                block = getattr(node, name, None)
+                if isinstance(block, list):
+                    block[:] = [s for s in block if id(s) not in doomed]
+        return bool(doomed)
     return edit
 
 
