@@ -28,14 +28,17 @@ from typing import Any
 from jaxdbg._source import SourceLocation, is_user_file
 from jaxdbg.hang import locks
 from jaxdbg.hang.recorder import Recorder
+from jaxdbg.hang.spin import Spin
 from jaxdbg.hang.stacks import ThreadStack, snapshot
 
 RECORD_CALLS = 64  # calls of the flight record that travel in a record
 
 
 def take_record(recorder: Recorder, reason: str, idle_s: float, native: bool = True, index: int = 0,
-                count: int = 1, busy: float = 0.0, extra: dict | None = None) -> dict:
-    """This process's record now (see the module docstring); ``reason``: stall, signal, timeout or end."""
+                count: int = 1, busy: float = 0.0, extra: dict | None = None,
+                spinning: dict[int, Spin] | None = None) -> dict:
+    """This process's record now (see the module docstring); ``reason``: stall, signal, timeout or end;
+    ``spinning``: the threads the watchdog saw going round a busy-wait loop (by thread ident)."""
     frames = sys._current_frames()
     threads = snapshot(native=native, frames=frames)
     entries = recorder.entries()[-RECORD_CALLS:]
@@ -59,7 +62,8 @@ def take_record(recorder: Recorder, reason: str, idle_s: float, native: bool = T
         "exiting": recorder.exiting,
         "calls": calls,
         "programs": {str(i): _program_dict(recorder.programs[i]) for i in sorted(used) if i in recorder.programs},
-        "threads": [_thread_dict(thread, frames.get(thread.ident), recorder, inflight) for thread in threads],
+        "threads": [_thread_dict(thread, frames.get(thread.ident), recorder, inflight, (spinning or {}).get(
+            thread.ident)) for thread in threads],
         **(extra or {}),
     }
 
@@ -72,8 +76,12 @@ def _program_dict(program: Any) -> dict:
                              "text": c.describe()} for c in program.collectives]}
 
 
-def _thread_dict(thread: ThreadStack, frame: Any, recorder: Recorder, inflight: dict) -> dict:
+def _thread_dict(thread: ThreadStack, frame: Any, recorder: Recorder, inflight: dict, spin: Spin | None) -> dict:
     found = thread.as_dict()
+    if spin is not None:  # what it "waits in" is its own loop: say so, and stand at the loop's first line
+        found["waiting_in"] = spin.words()
+        found["spinning"] = {"lines": list(spin.lines), "since": spin.since}
+        found["user"] = SourceLocation(spin.location.file, spin.lines[0], spin.location.function).as_dict()
     entry = inflight.get(thread.ident)
     found["call"] = entry.seq if entry is not None else None
     callback = recorder.in_callback.get(thread.ident)

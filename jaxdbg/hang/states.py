@@ -164,7 +164,17 @@ def describe(record: dict, state: str, call: dict | None, callback_thread: dict 
     if named and main.get("call") is not None and call is not None and call.get("seq") == main.get("call"):
         return f"in its own Python code at {at} while jax traces {named}{waiting}{still}"
     after = f", after {named}" if named else "" if record.get("foreign") else ", before its first jitted call"
-    return f"outside JAX at {at}{waiting}{still}{after}"
+    others = "".join(f"; its thread `{t['name']}` spins in a busy-wait loop at {short(t.get('user'))}"
+                     for t in record.get("threads") or () if t.get("spinning") and not t.get("main"))
+    if main.get("spinning"):
+        return f"spinning in a busy-wait loop at {at} ({_lines(main['spinning'])}){still}{after}{others}"
+    return f"outside JAX at {at}{waiting}{still}{after}{others}"
+
+
+def _lines(spinning: dict) -> str:
+    """``lines 29-30`` of a spinning thread's loop."""
+    lines = spinning.get("lines") or [0]
+    return f"line {lines[0]}" if lines[0] == lines[-1] else f"lines {lines[0]}-{lines[-1]}"
 
 
 def call_name(call: dict) -> str:
