@@ -369,3 +369,22 @@ def test_a_failure_of_the_recorder_is_a_note_and_the_run_goes_on(tmp_path, monke
     (note,) = [m.text for m in sent if isinstance(m, MemoryNote)]
     assert "stopped following live memory (sampling live memory failed: RuntimeError: snapshot broke)" in note
     assert [m.program.name for m in sent if isinstance(m, ProgramAnalysed)] == ["<lambda>"]  # analysed all the same
+
+
+def test_donation_is_hinted_only_where_it_saves_a_share_of_the_peak_worth_saying() -> None:
+    """A training step's params (48 MiB of a 208 MiB peak) are hinted; a metrics tuple threaded through the same
+    loop (8 B) is not. The peak is weighed without what leaked: a leak's bytes do not drown the donation."""
+    from jaxdbg.memory.hints import hints_for
+    from jaxdbg.memory.result import Held, Leak, ProgramMemory
+
+    def program(name: str, held: int, peak: int) -> ProgramMemory:
+        return ProgramMemory(name, None, 0, 0, "", held, held, 0, 0, 0, peak,
+                             held=(Held("state", 0, held, 2, threaded=True),))
+
+    step, metrics = program("train_step", 48 * MIB, 160 * MIB), program("update_metrics", 8, 36)
+    hints = hints_for([step, metrics], (), None, 1, "cpu", peak_bytes=208 * MIB)
+    assert [(h.kind, h.function) for h in hints if h.kind == "donate"] == [("donate", "train_step")]
+    small = program("train_step", 512 * KIB, 3 * MIB)
+    leak = Leak("train_step", None, 23, 11 * MIB + 512 * KIB, 512 * KIB, 1, 23)
+    assert [h.kind for h in hints_for([small], (leak,), None, 1, "cpu", peak_bytes=15 * MIB)] == ["leak", "donate"]
+    assert not [h for h in hints_for([small], (), None, 1, "cpu", peak_bytes=15 * MIB) if h.kind == "donate"]
