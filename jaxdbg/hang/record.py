@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
@@ -112,6 +113,9 @@ def _waits_for(frame: Any) -> dict | None:
         said["owner"] = locks.rlock_owner(obj)
     if kind == "thread":
         said["thread"] = getattr(obj, "ident", None)
+    if kind == "queue" and isinstance(getattr(obj, "maxsize", None), int) and hasattr(obj, "queue"):
+        with contextlib.suppress(Exception):  # queue.Queue's own fields, read without its lock (a snapshot)
+            said["size"], said["maxsize"] = len(obj.queue), obj.maxsize
     return said
 
 

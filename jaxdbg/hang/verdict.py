@@ -32,7 +32,16 @@ from typing import Any
 
 from jaxdbg.hang.result import Divergence, DivergenceSide, HangResult, ProcessState
 from jaxdbg.hang.spin import SPIN_WORDS
-from jaxdbg.hang.states import call_name, find_deadlock, location, process_state, program_of, short, step_of
+from jaxdbg.hang.states import (
+    call_name,
+    find_deadlock,
+    location,
+    process_state,
+    program_of,
+    short,
+    step_of,
+    wait_hint,
+)
 
 IDLE_ON_REQUEST_S = 2.0  # at a signal or --timeout, processes idle this long count as stalled
 _IDLE_FOR = re.compile(r" for \d+ s\b")
@@ -206,8 +215,10 @@ def _stall(states: dict[int, ProcessState], idle: list[int], facts: JobFacts, co
         state = states[0]
         stuck_words = {"host": "is stuck", "callback": "is stuck", "running": "is stuck"}[state.state]
         verdict = f"the process {stuck_words} {state.detail}"
+        queue_hint = wait_hint(facts.records.get(0) or {})
+        hints = (queue_hint,) if queue_hint else _single_hints(state)
         return HangResult(True, verdict, "stall", stuck=(0,), explanation=_single_explanation(state),
-                          hints=_single_hints(state), **common)
+                          hints=hints, **common)
     if host or callback:
         stuck = callback + [i for i in host if i not in callback] if (host and running) or callback else host
     else:
