@@ -388,3 +388,18 @@ def test_donation_is_hinted_only_where_it_saves_a_share_of_the_peak_worth_saying
     leak = Leak("train_step", None, 23, 11 * MIB + 512 * KIB, 512 * KIB, 1, 23)
     assert [h.kind for h in hints_for([small], (leak,), None, 1, "cpu", peak_bytes=15 * MIB)] == ["leak", "donate"]
     assert not [h for h in hints_for([small], (), None, 1, "cpu", peak_bytes=15 * MIB) if h.kind == "donate"]
+
+
+def test_a_growing_state_is_no_leak_and_does_not_make_a_list_of_scalars_one() -> None:
+    """A KV cache grown by concatenation: the latest call's outputs (the cache) grow 16 KiB a call while a list
+    keeps each call's 4-byte token. Only older calls' outputs can leak: 4 B a call is far under the threshold
+    (before, the cache's growth was charged to the list: 'leak ... 316 B', exit 1)."""
+    from jaxdbg.memory.leaks import GroupPoint, is_leak
+
+    def point(i: int, latest: int) -> GroupPoint:
+        cache = (i + 1) * 16 * KIB
+        return GroupPoint(i, arrays=i + 2, bytes=cache + 4 * i, calls=i + 1, latest_arrays=2, latest_bytes=latest)
+
+    kv = [point(i, (i + 1) * 16 * KIB) for i in range(80)]
+    assert not is_leak(kv, min_bytes=MIB)
+    assert is_leak([point(i, 0) for i in range(80)], min_bytes=MIB)  # the same bytes, all from older calls: a leak

@@ -3,9 +3,9 @@
 At every sample each producer group (a jitted function called from one line, or arrays made outside jitted
 calls) has a count of live arrays, their bytes and the distinct calls they come from. A loop that carries its
 state holds the outputs of one or two calls at a time; one that appends each step's outputs to a list holds
-an ever growing number of calls. A group is a leak when, over at least :data:`MIN_SAMPLES` samples, its bytes
-grew in nearly every step (:data:`MONOTONE`), by at least the threshold, and it holds outputs of
-:data:`MIN_CALLS` or more calls.
+an ever growing number of calls. A group is a leak when, over at least :data:`MIN_SAMPLES` samples, the bytes
+of its calls before the latest (:func:`piled`) grew in nearly every step (:data:`MONOTONE`), by at least the
+threshold, and it holds outputs of :data:`MIN_CALLS` or more calls.
 
 What keeps them is found from one of the arrays: its referrers (``gc.get_referrers``), up through tuples
 and dicts, to a list, dict, deque or set that has a name in the program's globals (or an attribute of one of
@@ -56,14 +56,26 @@ def is_leak(series: list[GroupPoint], min_bytes: int = DEFAULT_MIN_BYTES) -> boo
     if len(series) < MIN_SAMPLES:
         return False
     first, last = series[0], series[-1]
-    if last.bytes - first.bytes < min_bytes or last.bytes < min_bytes:
+    if piled(last) - piled(first) < min_bytes or piled(last) < min_bytes:
         return False
     steps = list(itertools.pairwise(series))
-    steady = sum(1 for a, b in steps if b.bytes >= a.bytes)
+    steady = sum(1 for a, b in steps if piled(b) >= piled(a))
     if steady < MONOTONE * len(steps):
         return False
     held = last.calls if last.calls else last.arrays
     return held >= MIN_CALLS
+
+
+def piled(point: GroupPoint) -> int:
+    """The bytes of a group's older calls: the latest call's outputs are the loop's state, which may grow (a KV
+    cache built by concatenation) without anything keeping old outputs; it is no leak, and must not make the
+    few bytes something does keep (a list of scalars) look like one.
+
+    Example:
+        >>> piled(GroupPoint(9, arrays=11, bytes=1 << 20, calls=10, latest_arrays=2, latest_bytes=(1 << 20) - 36))
+        36
+    """
+    return point.bytes - point.latest_bytes
 
 
 _CONTAINERS = (list, dict, set, deque)
