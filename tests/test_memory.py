@@ -394,12 +394,16 @@ def test_a_growing_state_is_no_leak_and_does_not_make_a_list_of_scalars_one() ->
     """A KV cache grown by concatenation: the latest call's outputs (the cache) grow 16 KiB a call while a list
     keeps each call's 4-byte token. Only older calls' outputs can leak: 4 B a call is far under the threshold
     (before, the cache's growth was charged to the list: 'leak ... 316 B', exit 1)."""
-    from jaxdbg.memory.leaks import GroupPoint, is_leak
+    from jaxdbg.memory.leaks import GroupPoint, growing_state, is_leak
 
     def point(i: int, latest: int) -> GroupPoint:
         cache = (i + 1) * 16 * KIB
-        return GroupPoint(i, arrays=i + 2, bytes=cache + 4 * i, calls=i + 1, latest_arrays=2, latest_bytes=latest)
+        return GroupPoint(i, arrays=i + 2, bytes=cache + 4 * i, calls=i + 1, first_call=0, last_call=i,
+                          latest_arrays=2, latest_bytes=latest)
 
     kv = [point(i, (i + 1) * 16 * KIB) for i in range(80)]
     assert not is_leak(kv, min_bytes=MIB)
     assert is_leak([point(i, 0) for i in range(80)], min_bytes=MIB)  # the same bytes, all from older calls: a leak
+    # the growth itself is said (a note: memory that grows without bound, a recompile per shape), with its rate
+    assert growing_state(kv, min_bytes=MIB) == (16 * KIB, 80 * 16 * KIB, 16 * KIB)
+    assert growing_state([point(i, 64 * KIB) for i in range(80)], min_bytes=MIB) is None  # a steady state

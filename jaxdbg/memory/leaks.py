@@ -78,6 +78,28 @@ def piled(point: GroupPoint) -> int:
     return point.bytes - point.latest_bytes
 
 
+def growing_state(series: list[GroupPoint], min_bytes: int = DEFAULT_MIN_BYTES) -> tuple[int, int, float] | None:
+    """``(first, last, bytes per call)`` of a group whose latest call's outputs (the loop's state) grew in
+    nearly every sample by ``min_bytes`` or more over the run (a cache built by concatenation), else None.
+
+    Example:
+        >>> kv = [GroupPoint(i, 2, (i + 1) << 18, i + 1, i, i, 2, (i + 1) << 18) for i in range(8)]
+        >>> growing_state(kv)
+        (262144, 2097152, 262144.0)
+    """
+    points = [p for p in series if p.latest_bytes > 0]
+    if len(points) < MIN_SAMPLES:
+        return None
+    first, last = points[0], points[-1]
+    if last.latest_bytes - first.latest_bytes < min_bytes:
+        return None
+    steps = list(itertools.pairwise(points))
+    if sum(1 for a, b in steps if b.latest_bytes > a.latest_bytes) < MONOTONE * len(steps):
+        return None
+    calls = (last.last_call or 0) - (first.last_call or 0)
+    return first.latest_bytes, last.latest_bytes, (last.latest_bytes - first.latest_bytes) / max(calls, 1)
+
+
 _CONTAINERS = (list, dict, set, deque)
 
 
