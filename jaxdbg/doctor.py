@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from jaxdbg._compat import device_memory_stats
+from jaxdbg._errors import UsageError
 from jaxdbg.protocol import Message, Request, handles
 from jaxdbg.runner import run_contained
 
@@ -241,19 +242,86 @@ SHARED_VERSIONS = ("python", "jax", "jaxlib", "libtpu")  # what every process of
 def distributed_report(versions: dict[str, str], join: bool | None, timeout: float) -> tuple[dict | None, list[Check]]:
     """Join the job (when asked, or when the environment says this is one of a job's processes), then its
     setup: coordinator, processes, devices per process, CPU collectives, and, on process 0, whether every
-    process runs the same python/jax/jaxlib/libtpu (gathered through the job's coordination service)."""
-    import jax
+    process runs the same python/jax/jaxlib/libtpu (gathered through the job's coordination service).
 
-    from jaxdbg import _compat, multihost
+    The joining runs in a contained child: when a process of the job never comes, JAX's runtime aborts the
+    process that waited for it (SIGABRT after ``initialization_timeout``), which must not take the report with
+    it. A job jax cannot even describe (``--distributed`` with no launcher and no ``JAX_COORDINATOR_ADDRESS``)
+    is bad usage (exit 2); one that is described but cannot be joined is a failed check (exit 1)."""
+    from jaxdbg import _compat
 
     cluster = _compat.detected_cluster()
     if join is False or (join is None and cluster is None and not os.environ.get("JAX_COORDINATOR_ADDRESS")):
         return None, []
+    outcome = run_contained(JoinJob(versions, timeout), timeout=2 * timeout + JOIN_MARGIN_S)
+    sent = outcome.last(JobSetup)
+    if sent is not None and sent.info.get("joined"):
+        return sent.info, list(sent.checks)
+    if outcome.error is not None:  # jaxdbg's own (the processes run different jaxdbg commands): as itself
+        raise outcome.error
+    where = cluster or os.environ.get("JAX_COORDINATOR_ADDRESS") or "no launcher found"
+    if sent is not None and sent.info.get("undescribed") and join:
+        raise UsageError(f"--distributed: JAX cannot tell which job to join ({sent.info['error']}); run doctor "
+                         "under the job's launcher (srun, mpirun, ...) or set JAX_COORDINATOR_ADDRESS, "
+                         "JAX_NUM_PROCESSES and JAX_PROCESS_ID")
+    error = sent.info["error"] if sent is not None else join_failure(outcome, timeout)
+    detail = f"could not join the jax.distributed job ({where}): {error}"
+    return {"cluster": cluster, "joined": False, "error": error}, [Check("distributed", "fail", detail)]
+
+
+JOIN_MARGIN_S = 30.0  # a child's start and jax's import, beyond the join's and the gather's own waits
+
+
+def join_failure(outcome: Any, timeout: float) -> str:
+    """Why a contained join ended without a report, in words (JAX's runtime aborts the process it fails in).
+
+    Example:
+        >>> from jaxdbg.runner import outcome_of
+        >>> ran = outcome_of(-6, False, [], "", "F client.h:80] ... DEADLINE_EXCEEDED ... RegisterTask", 9.0)
+        >>> join_failure(ran, 8)[:52]
+        'not every process of the job reached the coordinator'
+    """
+    if "RegisterTask" in outcome.stderr and "DEADLINE_EXCEEDED" in outcome.stderr:
+        return (f"not every process of the job reached the coordinator within {timeout:g} s (--timeout): one did "
+                "not start, started late, or cannot reach the coordinator's address; start every process, "
+                "check the address and firewall, or raise --timeout")
+    lines = [line for line in outcome.stderr.splitlines() if line.strip() and not line.startswith("    @")]
+    said = next((line for line in reversed(lines) if "Status:" in line or "Error" in line), None)
+    return f"the joining process {outcome.describe()}" + (f" ({said.strip()[:300]})" if said else "")
+
+
+@dataclass(frozen=True)
+class JoinJob(Request):
+    """Ask :func:`join_job` to join the job this process's environment describes and report its setup."""
+
+    versions: dict[str, str]
+    timeout: float
+
+
+@dataclass(frozen=True)
+class JobSetup(Message):
+    """The job :func:`join_job` joined (``info`` as in the report's ``distributed``) and its checks."""
+
+    info: dict[str, Any]
+    checks: tuple[Check, ...]
+
+
+@handles(JoinJob)
+def join_job(request: JoinJob, channel: Any) -> None:
+    """Contained job: join the ``jax.distributed`` job, then gather its setup (see :func:`distributed_report`)."""
+    import jax
+
+    from jaxdbg import _compat, multihost
+
+    cluster, timeout = _compat.detected_cluster(), request.timeout
     try:
         jax.distributed.initialize(initialization_timeout=max(int(timeout), 1))
+    except ValueError as err:  # jax's own words: no coordinator address, no process count, ...
+        channel.send(JobSetup({"cluster": cluster, "joined": False, "error": str(err), "undescribed": True}, ()))
+        return
     except Exception as err:  # noqa: BLE001 - a job this process cannot join is the finding
-        detail = f"could not join the jax.distributed job ({cluster or 'JAX_COORDINATOR_ADDRESS'}): {err}"
-        return {"cluster": cluster, "joined": False, "error": str(err)}, [Check("distributed", "fail", detail)]
+        channel.send(JobSetup({"cluster": cluster, "joined": False, "error": str(err)}, ()))
+        return
     info: dict[str, Any] = {
         "cluster": cluster, "joined": True, "coordinator": _compat.coordinator_address(),
         "process_index": jax.process_index(), "process_count": jax.process_count(),
@@ -266,14 +334,14 @@ def distributed_report(versions: dict[str, str], join: bool | None, timeout: flo
         checks.append(Check("cpu_collectives", "fail", "CPU collectives are off: a computation across processes "
                             "cannot run; set JAX_CPU_COLLECTIVES_IMPLEMENTATION=gloo"))
     multihost.agree_on_command(min(timeout, multihost.AGREE_WAIT_S))
-    mine = {name: versions.get(name, "not installed") for name in SHARED_VERSIONS}
+    mine = {name: request.versions.get(name, "not installed") for name in SHARED_VERSIONS}
     shared = multihost.Topic("doctor", "versions", dict)
     multihost.publish(shared, mine)
     if info["process_index"] == 0:
         got = multihost.gather(shared, timeout)
         info["versions_by_process"] = {str(i): got.get(i) for i in range(info["process_count"])}
         checks += _version_checks(got, info["process_count"])
-    return info, checks
+    channel.send(JobSetup(info, tuple(checks)))
 
 
 def _version_checks(got: dict[int, dict], count: int) -> list[Check]:

@@ -28,6 +28,7 @@ SLOW = os.path.join(CORPUS, "hang_slow", "train.py")
 READ = os.path.join(CORPUS, "hang_stuck_read", "train.py")
 WATCH = os.path.join(CORPUS, "hang_watch_exit", "train.py")
 EXIT = os.path.join(CORPUS, "hang_exit_thread", "train.py")
+SPIN = os.path.join(CORPUS, "hang_busy_wait", "train.py")
 ENV = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
 
 
@@ -69,10 +70,11 @@ def _wait_for(predicate, timeout: float = 240.0, every: float = 0.5) -> None:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     folders = {name: tmp_path_factory.mktemp(name) for name in ("lock", "slow", "signal", "timeout", "pid", "watch",
-                                                               "exit")}
+                                                               "exit", "spin")}
     procs = {
         "lock": _hang_hunt(folders["lock"], LOCK, "--stall", "2"),
         "exit": _hang_hunt(folders["exit"], EXIT, "--stall", "2"),
+        "spin": _hang_hunt(folders["spin"], SPIN, "--stall", "2", "--timeout", "120"),
         "slow": _hang_hunt(folders["slow"], SLOW, "--stall", "1.5", "--no-native", script_args=("--", "3")),
         "signal": _hang_hunt(folders["signal"], READ, "--stall", "600"),
         "timeout": _hang_hunt(folders["timeout"], READ, "--stall", "600", "--timeout", "45", "--keep-running"),
@@ -137,6 +139,20 @@ def test_a_non_daemon_thread_that_never_ends_keeps_the_finished_program_from_exi
     assert result["verdict"].startswith("the process is stuck at exit: its main code returned, but Python waits for "
                                         f"its non-daemon thread ckpt-writer, stuck at train.py:{line} (writer)")
     assert result["processes"][0]["source"]["line"] == line and "daemon=True" in result["hints"][0]
+
+
+def test_a_busy_wait_loop_is_a_stall_spinning_at_its_line_not_progress(runs):
+    """The process uses a CPU, but only going round `while not done: pass` with nothing changing: a stall."""
+    code, _, err, report, _ = runs("spin")
+    _valid(report)
+    result = report["result"]
+    assert (code, result["kind"], result["stalled"], result["trigger"]) == (1, "stall", True, "stall"), err[-3000:]
+    line = _line(SPIN, "# <- spins")
+    assert result["verdict"].startswith(f"the process is stuck spinning in a busy-wait loop at train.py:{line} "
+                                        "(<module>)"), result["verdict"]
+    process = result["processes"][0]
+    assert process["source"]["line"] == line and process["waiting_in"].startswith("a busy-wait loop")
+    assert "busy, but stuck" in result["explanation"] and f"train.py:{line}" in result["hints"][0]
 
 
 def test_no_process_is_left_behind_after_the_verdict(runs):

@@ -167,3 +167,76 @@ def test_a_process_read_with_pid_is_not_said_to_be_before_its_first_call(tmp_pat
     result = judge(JobFacts(1, "signal", 30.0, {0: to_record(0, os.getpid(), [main], idle_s=5.0, busy=0.0)}))
     assert result.kind == "stall" and result.verdict.startswith("the process is stuck outside JAX at train.py:3")
     assert "before its first jitted call" not in result.verdict
+
+
+def test_spin_watch_names_the_busy_wait_not_the_counting_loop_or_the_sleeper():
+    """Three threads for 1.5 s: one spins on a flag, one counts (its variable moves), one sleeps: only the
+    first spins, at its loop's line."""
+    import threading
+    import time
+
+    from jaxdbg.hang.spin import SpinWatch
+
+    stop = threading.Event()
+    flags = {"done": False}
+
+    def spin():
+        while not flags["done"]:  # <- the spin
+            if stop.is_set():
+                return
+
+    def count():
+        total = 0
+        while not stop.is_set():
+            total += 1
+
+    def sleep():
+        while not stop.is_set():
+            time.sleep(0.05)
+
+    threads = [threading.Thread(target=f, daemon=True) for f in (spin, count, sleep)]
+    for thread in threads:
+        thread.start()
+    watch = SpinWatch(confirm_s=0.8)
+    try:
+        for _ in range(15):
+            time.sleep(0.1)
+            watch.update(time.monotonic())
+        found = watch.spinning()
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    assert set(found) == {threads[0].ident}
+    assert found[threads[0].ident].location.function == "spin"
+    from pathlib import Path
+
+    line = next(i for i, text in enumerate(Path(__file__).read_text().splitlines(), 1) if "# <- the spin" in text)
+    assert found[threads[0].ident].lines[0] == line
+
+
+def test_joining_a_producer_stuck_on_a_full_queue_names_the_queue_and_says_how_to_stop_it():
+    """A loader blocked putting into a full bounded queue (the trainer stopped taking) while the main thread
+    joins it: the verdict follows the join to the queue, and the hint says to stop the loader first."""
+    import queue
+
+    full: queue.Queue = queue.Queue(maxsize=2)
+    full.put(1)
+    full.put(2)
+    loader = threading.Thread(target=lambda: full.put(3, timeout=5), name="loader", daemon=True)  # <- put
+    loader.start()
+    time.sleep(0.5)
+    record = take_record(Recorder(), "stall", idle_s=6.0, native=False)
+    put = next(t for t in record["threads"] if t["name"] == "loader")
+    assert (put["waits_for"]["kind"], put["waits_for"]["size"], put["waits_for"]["maxsize"]) == ("queue", 2, 2)
+    main = next(t for t in record["threads"] if t["main"])
+    main.update(waits_for={"kind": "thread", "name": "loader", "thread": loader.ident, "at": main["user"]},
+                call=None, in_jax=False)
+    result = judge(JobFacts(1, "stall", 5.0, {0: record}))
+    line = _line("# <- put")
+    chain = f", which waits for queue `full` (full: 2 of 2) at test_hang_units.py:{line}"
+    assert result.kind == "stall" and chain in result.verdict, result.verdict
+    assert result.hints[0].startswith(f"thread `loader` waits at test_hang_units.py:{line} (<lambda>) to put into "
+                                      "the full queue `full`")
+    full.get()  # room: the loader's put ends
+    loader.join()

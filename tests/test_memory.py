@@ -369,3 +369,41 @@ def test_a_failure_of_the_recorder_is_a_note_and_the_run_goes_on(tmp_path, monke
     (note,) = [m.text for m in sent if isinstance(m, MemoryNote)]
     assert "stopped following live memory (sampling live memory failed: RuntimeError: snapshot broke)" in note
     assert [m.program.name for m in sent if isinstance(m, ProgramAnalysed)] == ["<lambda>"]  # analysed all the same
+
+
+def test_donation_is_hinted_only_where_it_saves_a_share_of_the_peak_worth_saying() -> None:
+    """A training step's params (48 MiB of a 208 MiB peak) are hinted; a metrics tuple threaded through the same
+    loop (8 B) is not. The peak is weighed without what leaked: a leak's bytes do not drown the donation."""
+    from jaxdbg.memory.hints import hints_for
+    from jaxdbg.memory.result import Held, Leak, ProgramMemory
+
+    def program(name: str, held: int, peak: int) -> ProgramMemory:
+        return ProgramMemory(name, None, 0, 0, "", held, held, 0, 0, 0, peak,
+                             held=(Held("state", 0, held, 2, threaded=True),))
+
+    step, metrics = program("train_step", 48 * MIB, 160 * MIB), program("update_metrics", 8, 36)
+    hints = hints_for([step, metrics], (), None, 1, "cpu", peak_bytes=208 * MIB)
+    assert [(h.kind, h.function) for h in hints if h.kind == "donate"] == [("donate", "train_step")]
+    small = program("train_step", 512 * KIB, 3 * MIB)
+    leak = Leak("train_step", None, 23, 11 * MIB + 512 * KIB, 512 * KIB, 1, 23)
+    assert [h.kind for h in hints_for([small], (leak,), None, 1, "cpu", peak_bytes=15 * MIB)] == ["leak", "donate"]
+    assert not [h for h in hints_for([small], (), None, 1, "cpu", peak_bytes=15 * MIB) if h.kind == "donate"]
+
+
+def test_a_growing_state_is_no_leak_and_does_not_make_a_list_of_scalars_one() -> None:
+    """A KV cache grown by concatenation: the latest call's outputs (the cache) grow 16 KiB a call while a list
+    keeps each call's 4-byte token. Only older calls' outputs can leak: 4 B a call is far under the threshold
+    (before, the cache's growth was charged to the list: 'leak ... 316 B', exit 1)."""
+    from jaxdbg.memory.leaks import GroupPoint, growing_state, is_leak
+
+    def point(i: int, latest: int) -> GroupPoint:
+        cache = (i + 1) * 16 * KIB
+        return GroupPoint(i, arrays=i + 2, bytes=cache + 4 * i, calls=i + 1, first_call=0, last_call=i,
+                          latest_arrays=2, latest_bytes=latest)
+
+    kv = [point(i, (i + 1) * 16 * KIB) for i in range(80)]
+    assert not is_leak(kv, min_bytes=MIB)
+    assert is_leak([point(i, 0) for i in range(80)], min_bytes=MIB)  # the same bytes, all from older calls: a leak
+    # the growth itself is said (a note: memory that grows without bound, a recompile per shape), with its rate
+    assert growing_state(kv, min_bytes=MIB) == (16 * KIB, 80 * 16 * KIB, 16 * KIB)
+    assert growing_state([point(i, 64 * KIB) for i in range(80)], min_bytes=MIB) is None  # a steady state

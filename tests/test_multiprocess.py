@@ -227,6 +227,26 @@ def test_doctor_reports_the_job_and_compares_versions(tmp_path):
     assert set(job["versions_by_process"]) == {"0", "1"}
 
 
+def test_doctor_distributed_exit_codes_nothing_to_join_missing_process(tmp_path):
+    """--distributed with nothing describing a job is bad usage (2); a job whose other process never comes is a
+    failed check (1) with the report written, not JAX's SIGABRT (134) taking the answer with it."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "JAX_COORDINATOR"))}
+    alone = subprocess.run([sys.executable, "-m", "jaxdbg", "doctor", "--distributed", "--no-profiler", "-q",
+                            "--out", str(tmp_path / "a")], env=clean, capture_output=True, text=True, timeout=120)
+    assert alone.returncode == 2 and "cannot tell which job to join" in alone.stderr, alone.stderr[-2000:]
+    from jaxdbg.launch import free_port, task_environment
+
+    env = task_environment(0, 2, free_port(), clean)  # process 0 of 2; process 1 is never started
+    env.pop("JAXDBG_LAUNCHED_PROCESS")
+    lone = subprocess.run([sys.executable, "-m", "jaxdbg", "doctor", "--no-profiler", "-q", "--timeout", "3",
+                           "--out", str(tmp_path / "b"), "--json", str(tmp_path / "b.json")],
+                          env=env, capture_output=True, text=True, timeout=180)
+    assert lone.returncode == 1, lone.stderr[-2000:]
+    assert "not every process of the job reached the coordinator within 3 s" in lone.stderr
+    job = json.loads((tmp_path / "b.json").read_text())["result"]["distributed"]
+    assert (job["cluster"], job["joined"]) == ("slurm", False)
+
+
 def test_version_mismatch_and_silent_processes_fail_the_check():
     from jaxdbg.doctor import _version_checks
 

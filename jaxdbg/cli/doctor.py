@@ -36,7 +36,11 @@ def _build(common: Common, no_profiler: bool, distributed: bool | None) -> Repor
     trace_dir = None if no_profiler else str(common.out_dir() / "profiler-check")
     result = diagnose(trace_dir, distributed, common.timeout or 60)
     artifacts = {"profiler_trace": trace_dir} if trace_dir is not None and result.profiler.get("ok") else {}
-    return Report("doctor", None, result, 0 if result.ok else 1, artifacts, environment_info())
+    environment = environment_info()
+    job = result.distributed or {}
+    if job.get("joined"):  # joined in a contained child (doctor.distributed_report): its place is this process's
+        environment.update(process_index=job["process_index"], process_count=job["process_count"])
+    return Report("doctor", None, result, 0 if result.ok else 1, artifacts, environment)
 
 
 def render(report: Report, console: Console) -> None:

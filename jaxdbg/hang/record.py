@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
@@ -28,14 +29,17 @@ from typing import Any
 from jaxdbg._source import SourceLocation, is_user_file
 from jaxdbg.hang import locks
 from jaxdbg.hang.recorder import Recorder
+from jaxdbg.hang.spin import Spin
 from jaxdbg.hang.stacks import ThreadStack, snapshot
 
 RECORD_CALLS = 64  # calls of the flight record that travel in a record
 
 
 def take_record(recorder: Recorder, reason: str, idle_s: float, native: bool = True, index: int = 0,
-                count: int = 1, busy: float = 0.0, extra: dict | None = None) -> dict:
-    """This process's record now (see the module docstring); ``reason``: stall, signal, timeout or end."""
+                count: int = 1, busy: float = 0.0, extra: dict | None = None,
+                spinning: dict[int, Spin] | None = None) -> dict:
+    """This process's record now (see the module docstring); ``reason``: stall, signal, timeout or end;
+    ``spinning``: the threads the watchdog saw going round a busy-wait loop (by thread ident)."""
     frames = sys._current_frames()
     threads = snapshot(native=native, frames=frames)
     entries = recorder.entries()[-RECORD_CALLS:]
@@ -59,7 +63,8 @@ def take_record(recorder: Recorder, reason: str, idle_s: float, native: bool = T
         "exiting": recorder.exiting,
         "calls": calls,
         "programs": {str(i): _program_dict(recorder.programs[i]) for i in sorted(used) if i in recorder.programs},
-        "threads": [_thread_dict(thread, frames.get(thread.ident), recorder, inflight) for thread in threads],
+        "threads": [_thread_dict(thread, frames.get(thread.ident), recorder, inflight, (spinning or {}).get(
+            thread.ident)) for thread in threads],
         **(extra or {}),
     }
 
@@ -72,8 +77,12 @@ def _program_dict(program: Any) -> dict:
                              "text": c.describe()} for c in program.collectives]}
 
 
-def _thread_dict(thread: ThreadStack, frame: Any, recorder: Recorder, inflight: dict) -> dict:
+def _thread_dict(thread: ThreadStack, frame: Any, recorder: Recorder, inflight: dict, spin: Spin | None) -> dict:
     found = thread.as_dict()
+    if spin is not None:  # what it "waits in" is its own loop: say so, and stand at the loop's first line
+        found["waiting_in"] = spin.words()
+        found["spinning"] = {"lines": list(spin.lines), "since": spin.since}
+        found["user"] = SourceLocation(spin.location.file, spin.lines[0], spin.location.function).as_dict()
     entry = inflight.get(thread.ident)
     found["call"] = entry.seq if entry is not None else None
     callback = recorder.in_callback.get(thread.ident)
@@ -104,6 +113,9 @@ def _waits_for(frame: Any) -> dict | None:
         said["owner"] = locks.rlock_owner(obj)
     if kind == "thread":
         said["thread"] = getattr(obj, "ident", None)
+    if kind == "queue" and isinstance(getattr(obj, "maxsize", None), int) and hasattr(obj, "queue"):
+        with contextlib.suppress(Exception):  # queue.Queue's own fields, read without its lock (a snapshot)
+            said["size"], said["maxsize"] = len(obj.queue), obj.maxsize
     return said
 
 

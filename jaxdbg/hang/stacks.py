@@ -179,16 +179,17 @@ def kernel_state(native_id: int | None) -> str:
     return parts[0] + (" " + ", ".join(parts[1:]) if len(parts) > 1 else "")
 
 
-def runnable_threads(exclude: int | None = None) -> int:
-    """How many threads of this process are running or waiting for a CPU (``R``), ``exclude`` (an OS thread
-    id: the asker's own) left out: a process starved of CPU by others is working, not stuck."""
+def runnable_threads(exclude: int | set[int] | None = None) -> int:
+    """How many threads of this process are running or waiting for a CPU (``R``), ``exclude`` (OS thread ids:
+    the asker's own, spinning ones) left out: a process starved of CPU by others is working, not stuck."""
     count = 0
+    left_out = {str(e) for e in ({exclude} if isinstance(exclude, int) else exclude or ())}
     try:
         tasks = os.listdir("/proc/self/task")
     except OSError:
         return 0
     for tid in tasks:
-        if exclude is not None and tid == str(exclude):
+        if tid in left_out:
             continue
         with contextlib.suppress(OSError, IndexError), open(f"/proc/self/task/{tid}/stat") as handle:
             count += handle.read().rsplit(")", 1)[1].split()[0] == "R"

@@ -147,6 +147,8 @@ def describe(record: dict, state: str, call: dict | None, callback_thread: dict 
     at = short(main.get("user"))
     below = str(main.get("waiting_in") or "")
     waiting = f", {below}" if below.startswith("running") else f", waiting in {below}" if below else ""
+    if state == "host" and main.get("waits_for"):  # the object it waits for says more than the kernel's futex
+        waiting = f", waiting for {wait_chain(record, main)}"
     still = f" for {record['idle_s']:.0f} s" if record.get("idle_s") else ""
     named = call_name(call) if call else None
     if state == "callback" and callback_thread is not None:
@@ -164,7 +166,75 @@ def describe(record: dict, state: str, call: dict | None, callback_thread: dict 
     if named and main.get("call") is not None and call is not None and call.get("seq") == main.get("call"):
         return f"in its own Python code at {at} while jax traces {named}{waiting}{still}"
     after = f", after {named}" if named else "" if record.get("foreign") else ", before its first jitted call"
-    return f"outside JAX at {at}{waiting}{still}{after}"
+    others = "".join(f"; its thread `{t['name']}` spins in a busy-wait loop at {short(t.get('user'))}"
+                     for t in record.get("threads") or () if t.get("spinning") and not t.get("main"))
+    if main.get("spinning"):
+        return f"spinning in a busy-wait loop at {at} ({_lines(main['spinning'])}){still}{after}{others}"
+    return f"outside JAX at {at}{waiting}{still}{after}{others}"
+
+
+def wait_words(waits: dict) -> str:
+    """``queue `q` (full: 2 of 2) at train.py:17 (loader)``: what a thread waits for, in words."""
+    fill = ""
+    if waits.get("maxsize") is not None and waits.get("size") is not None:
+        full = waits["maxsize"] > 0 and waits["size"] >= waits["maxsize"]
+        fill = (f" (full: {waits['size']} of {waits['maxsize']})" if full else " (empty)" if waits["size"] == 0
+                else f" ({waits['size']} of {waits['maxsize'] or 'unbounded'})")
+    return f"{waits['kind']} `{waits['name']}`{fill} at {short(waits.get('at'))}"
+
+
+def wait_chain(record: dict, thread: dict, hops: int = 3) -> str:
+    """What a thread waits for, followed through the threads it joins: ``thread `t` at train.py:32 (<module>),
+    which waits for queue `q` (full: 2 of 2) at train.py:17 (loader)``.
+
+    Example:
+        >>> loader = {"ident": 2, "name": "loader", "waits_for": {"kind": "queue", "name": "q", "size": 2,
+        ...           "maxsize": 2, "at": {"file": "t.py", "line": 17, "function": "loader"}}}
+        >>> main = {"ident": 1, "waits_for": {"kind": "thread", "name": "t", "thread": 2,
+        ...         "at": {"file": "t.py", "line": 32, "function": "<module>"}}}
+        >>> wait_chain({"threads": [main, loader]}, main)
+        'thread `t` at t.py:32 (<module>), which waits for queue `q` (full: 2 of 2) at t.py:17 (loader)'
+    """
+    waits = thread["waits_for"]
+    words = wait_words(waits)
+    joined = next((t for t in record.get("threads") or () if waits.get("kind") == "thread"
+                   and t.get("ident") is not None and t.get("ident") == waits.get("thread")), None)
+    if joined is not None and hops > 1:
+        if joined.get("waits_for"):
+            return f"{words}, which waits for {wait_chain(record, joined, hops - 1)}"
+        if joined.get("spinning"):
+            return f"{words}, which spins in a busy-wait loop at {short(joined.get('user'))}"
+    return words
+
+
+def wait_hint(record: dict) -> str | None:
+    """A hint for a main thread that joins a thread stuck on a full (or empty) queue: the classic end of a
+    producer/consumer pipeline whose consumer stopped taking."""
+    main = _main(record)
+    waits = main.get("waits_for") or {}
+    if waits.get("kind") != "thread":
+        return None
+    joined: dict = next((t for t in record.get("threads") or () if t.get("ident") == waits.get("thread")), {})
+    inner = joined.get("waits_for") or {}
+    if inner.get("kind") != "queue" or inner.get("size") is None:
+        return None
+    at = short(inner.get("at"))
+    if inner.get("maxsize") and inner["size"] >= inner["maxsize"]:
+        return (f"thread `{joined.get('name')}` waits at {at} to put into the full queue `{inner['name']}`, which "
+                f"nothing takes from any more, while {short(main.get('user'))} joins it: before joining, tell it to "
+                "stop (a threading.Event it checks, with q.put(item, timeout=...) in a loop), or drain the queue, "
+                "or make it a daemon thread")
+    if inner["size"] == 0:
+        return (f"thread `{joined.get('name')}` waits at {at} to take from the empty queue `{inner['name']}`, which "
+                f"nothing fills any more, while {short(main.get('user'))} joins it: put a sentinel (None) on the "
+                "queue for it to stop at, or use q.get(timeout=...)")
+    return None
+
+
+def _lines(spinning: dict) -> str:
+    """``lines 29-30`` of a spinning thread's loop."""
+    lines = spinning.get("lines") or [0]
+    return f"line {lines[0]}" if lines[0] == lines[-1] else f"lines {lines[0]}-{lines[-1]}"
 
 
 def call_name(call: dict) -> str:
@@ -177,7 +247,7 @@ def call_name(call: dict) -> str:
 def _thread_report(thread: dict) -> ThreadReport:
     state: ThreadState = "callback" if thread.get("callback") else ("running" if thread.get("in_jax") else "host")
     waits = thread.get("waits_for")
-    waits_text = f"{waits['kind']} `{waits['name']}` at {short(waits.get('at'))}" if waits else None
+    waits_text = wait_words(waits) if waits else None
     holds = tuple(f"lock `{h['name']}` since {short(h.get('since'))}" for h in thread.get("holds") or ())
     stack = tuple(loc for loc in (location(f) for f in thread.get("frames") or ()) if loc is not None)
     return ThreadReport(str(thread.get("name")), bool(thread.get("main")), location(thread.get("user")), state,

@@ -31,7 +31,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jaxdbg.hang.result import Divergence, DivergenceSide, HangResult, ProcessState
-from jaxdbg.hang.states import call_name, find_deadlock, location, process_state, program_of, short, step_of
+from jaxdbg.hang.spin import SPIN_WORDS
+from jaxdbg.hang.states import (
+    call_name,
+    find_deadlock,
+    location,
+    process_state,
+    program_of,
+    short,
+    step_of,
+    wait_hint,
+)
 
 IDLE_ON_REQUEST_S = 2.0  # at a signal or --timeout, processes idle this long count as stalled
 _IDLE_FOR = re.compile(r" for \d+ s\b")
@@ -205,8 +215,10 @@ def _stall(states: dict[int, ProcessState], idle: list[int], facts: JobFacts, co
         state = states[0]
         stuck_words = {"host": "is stuck", "callback": "is stuck", "running": "is stuck"}[state.state]
         verdict = f"the process {stuck_words} {state.detail}"
+        queue_hint = wait_hint(facts.records.get(0) or {})
+        hints = (queue_hint,) if queue_hint else _single_hints(state)
         return HangResult(True, verdict, "stall", stuck=(0,), explanation=_single_explanation(state),
-                          hints=_single_hints(state), **common)
+                          hints=hints, **common)
     if host or callback:
         stuck = callback + [i for i in host if i not in callback] if (host and running) or callback else host
     else:
@@ -319,6 +331,11 @@ def _single_explanation(state: ProcessState) -> str:
         return ("jax is tracing the function: its Python body runs once to build the computation, and it waits in "
                 "the user's own code there, not on the device; nothing has moved since and the process used almost "
                 "no CPU.")
+    if state.state == "host" and state.waiting_in.startswith(SPIN_WORDS):
+        return ("The program's main thread goes round the same loop in its own code at full speed, and nothing in "
+                "it changes: its variables and the globals it reads keep their values, and no JAX call starts or "
+                "finishes. It waits for something (a flag, a file, another thread) that does not come, using a CPU "
+                "while it waits: busy, but stuck.")
     if state.state == "host":
         return ("The program's main thread stands in its own code, outside any JAX call, and nothing has moved "
                 "since: no call started or finished, and the process used almost no CPU.")
@@ -332,6 +349,10 @@ def _single_hints(state: ProcessState) -> tuple[str, ...]:
     if state.exiting:
         return (f"end the thread at {short(state.source)} when the program is done (put a sentinel on its queue, set "
                 "the event it waits for) or make it a daemon thread (threading.Thread(..., daemon=True))",)
+    if state.state == "host" and state.waiting_in.startswith(SPIN_WORDS):
+        return (f"the loop at {short(state.source)} never ends: see what its condition waits for (a flag another "
+                "thread should set, a file another job should write) and why it never comes; wait on a "
+                "threading.Event or queue.get(timeout=...) with a deadline instead of spinning",)
     if state.state == "host" and state.waiting_in.startswith("a sleep"):  # a polling loop: its condition never held
         return (f"{short(state.source)} sleeps: where a loop polls there, see what it waits to become true (a file, "
                 "a flag, another process) and why it never does, and give the loop a deadline",)

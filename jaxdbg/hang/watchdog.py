@@ -3,10 +3,11 @@
 Every :data:`TICK_S` it asks the recorder which calls' results became ready (a cheap ``is_ready()``), and
 measures progress: calls started or finished, results ready, host callbacks entered or left. A process that
 uses the CPU (``time.process_time``: at least :data:`BUSY_FRACTION` of a core) is working even when no call
-moves (a long computation on CPU devices, slow host code), so it is not idle. A stall is ``stall_s`` seconds
-idle: no progress and no work. (On GPU/TPU a single computation longer than ``stall_s`` leaves the host idle
-too; give ``--stall`` above the longest step.) ``SIGUSR1`` and the deadline (``--timeout``) ask for the
-verdict at once.
+moves (a long computation on CPU devices, slow host code), so it is not idle, unless that CPU goes to a thread
+spinning in a busy-wait loop (:mod:`jaxdbg.hang.spin`: the same frame going round with nothing changing).
+A stall is ``stall_s`` seconds idle: no progress and no work. (On GPU/TPU a single computation longer than
+``stall_s`` leaves the host idle too; give ``--stall`` above the longest step.) ``SIGUSR1`` and the deadline
+(``--timeout``) ask for the verdict at once.
 
 In a job of several processes the watchdog also speaks for its process (:mod:`jaxdbg.hang.job`): it
 publishes where it stands every second, and the lowest process still answering (process 0, normally) calls
@@ -36,6 +37,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from jaxdbg.hang.spin import SpinWatch
 
 if TYPE_CHECKING:
     from jaxdbg.hang.recorder import Recorder
@@ -151,6 +154,8 @@ class Watchdog:
         self._written_at = 0.0
         self._written_mark: tuple | None = None
         self._ready_total = 0
+        self._last_mark: tuple | None = None
+        self.spins = SpinWatch()
         self._notes: list[str] = []
         self._thread = threading.Thread(target=self._run, name="jaxdbg-hang-watchdog", daemon=True)
 
@@ -176,7 +181,12 @@ class Watchdog:
         ready = self.recorder.check_ready()
         self._ready_total += ready
         mark = (*self.recorder.progress(), self._ready_total)
-        self.activity.update(mark, now, time.process_time(), self._runnable)
+        if mark != self._last_mark:
+            self.spins.clear()
+        else:  # nothing moved: a thread going round a loop that changes nothing is no work (hang.spin)
+            self.spins.update(time.monotonic())
+        self._last_mark = mark
+        self.activity.update(mark, now, time.process_time() - self.spins.cpu_s(), self._runnable)
         self._write_record_file(now, mark)
         reason = self._asked(now)
         if self.job is None:
@@ -207,7 +217,7 @@ class Watchdog:
     def _runnable(self) -> int:
         from jaxdbg.hang.stacks import runnable_threads
 
-        return runnable_threads(exclude=threading.get_native_id())
+        return runnable_threads(exclude={threading.get_native_id(), *self.spins.native_ids()})
 
     def _asked(self, now: float) -> str | None:
         if self.signals is not None and self.signals.poll():
@@ -236,7 +246,7 @@ class Watchdog:
         now = time.time()
         return take_record(self.recorder, reason, self.activity.idle_s(now),
                            self.settings.native if native is None else native, index, count,
-                           self.activity.busy, extra)
+                           self.activity.busy, extra, self.spins.spinning())
 
     def deliver_single(self, reason: str, outcome: dict | None = None) -> None:
         from jaxdbg.hang.verdict import JobFacts

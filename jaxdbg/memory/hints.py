@@ -23,14 +23,21 @@ from jaxdbg.memory.units import format_bytes
 from jaxdbg.report import relative_or_absolute
 
 REMAT_MIN_SHARE = 0.25  # forward activations must be at least this share of the program's peak to hint
+# A donation must save at least this share of the run's peak (per device) to be worth a hint: a metrics tuple
+# or a step counter threaded through the loop saves bytes nobody needs (and donating them costs a line of code).
+DONATE_MIN_SHARE = 0.05
 _NARROW = {"f64": ("f32", 2), "f32": ("bf16", 2), "c128": ("c64", 2)}
 
 
 def hints_for(programs: Sequence[ProgramMemory], leaks: Sequence[Leak], oom: OutOfMemory | None,
-              devices: int, backend: str = "") -> tuple[Hint, ...]:
-    """Every hint, largest saving first."""
+              devices: int, backend: str = "", peak_bytes: int | None = None) -> tuple[Hint, ...]:
+    """Every hint, largest saving first; ``peak_bytes``: the run's peak per device. A donation's saving is
+    weighed against that peak less what leaked (the run's own need once the leak is fixed), or the largest
+    program's own peak where that is higher."""
     latest = latest_programs(programs)
-    found = [*donation_hints(latest), *remat_hints(latest, backend), *leak_hints(leaks)]
+    needed = (peak_bytes or 0) - sum(leak.bytes for leak in leaks)
+    reference = max([needed, *(p.peak_bytes for p in latest)])
+    found = [*donation_hints(latest, reference), *remat_hints(latest, backend), *leak_hints(leaks)]
     tight = [p for p in latest if p.fits is False]
     if oom is not None and oom.program is not None:
         tight.append(oom.program)
@@ -56,14 +63,23 @@ def _unique(programs: list[ProgramMemory]) -> list[ProgramMemory]:
     return kept
 
 
-def donation_hints(programs: Sequence[ProgramMemory]) -> list[Hint]:
-    """Arguments the loop replaces by the function's own outputs: donating them lets XLA reuse their buffers."""
+def donation_hints(programs: Sequence[ProgramMemory], reference: int = 0) -> list[Hint]:
+    """Arguments the loop replaces by the function's own outputs: donating them lets XLA reuse their buffers.
+    Only where it matters: a saving under :data:`DONATE_MIN_SHARE` of ``reference`` (the run's peak) is left out.
+
+    Example:
+        >>> from jaxdbg.memory.result import Held, ProgramMemory
+        >>> metrics = ProgramMemory("update_metrics", None, 0, 0, "", 8, 8, 0, 0, 0, 16,
+        ...                         held=(Held("metrics", 0, 8, 2, threaded=True),))
+        >>> donation_hints([metrics], reference=2**30), len(donation_hints([metrics], reference=16))
+        ([], 1)
+    """
     found = []
     for program in programs:
         threaded = [h for h in program.held if h.threaded]
-        if not threaded:
-            continue
         saves = sum(h.bytes for h in threaded)
+        if not threaded or saves < DONATE_MIN_SHARE * reference:
+            continue
         how = donation_option(program.jit, [h.argnum for h in threaded if h.argnum is not None],
                               program.passed_again)
         names = ", ".join(h.argument for h in threaded)

@@ -3,9 +3,9 @@
 At every sample each producer group (a jitted function called from one line, or arrays made outside jitted
 calls) has a count of live arrays, their bytes and the distinct calls they come from. A loop that carries its
 state holds the outputs of one or two calls at a time; one that appends each step's outputs to a list holds
-an ever growing number of calls. A group is a leak when, over at least :data:`MIN_SAMPLES` samples, its bytes
-grew in nearly every step (:data:`MONOTONE`), by at least the threshold, and it holds outputs of
-:data:`MIN_CALLS` or more calls.
+an ever growing number of calls. A group is a leak when, over at least :data:`MIN_SAMPLES` samples, the bytes
+of its calls before the latest (:func:`piled`) grew in nearly every step (:data:`MONOTONE`), by at least the
+threshold, and it holds outputs of :data:`MIN_CALLS` or more calls.
 
 What keeps them is found from one of the arrays: its referrers (``gc.get_referrers``), up through tuples
 and dicts, to a list, dict, deque or set that has a name in the program's globals (or an attribute of one of
@@ -56,14 +56,48 @@ def is_leak(series: list[GroupPoint], min_bytes: int = DEFAULT_MIN_BYTES) -> boo
     if len(series) < MIN_SAMPLES:
         return False
     first, last = series[0], series[-1]
-    if last.bytes - first.bytes < min_bytes or last.bytes < min_bytes:
+    if piled(last) - piled(first) < min_bytes or piled(last) < min_bytes:
         return False
     steps = list(itertools.pairwise(series))
-    steady = sum(1 for a, b in steps if b.bytes >= a.bytes)
+    steady = sum(1 for a, b in steps if piled(b) >= piled(a))
     if steady < MONOTONE * len(steps):
         return False
     held = last.calls if last.calls else last.arrays
     return held >= MIN_CALLS
+
+
+def piled(point: GroupPoint) -> int:
+    """The bytes of a group's older calls: the latest call's outputs are the loop's state, which may grow (a KV
+    cache built by concatenation) without anything keeping old outputs; it is no leak, and must not make the
+    few bytes something does keep (a list of scalars) look like one.
+
+    Example:
+        >>> piled(GroupPoint(9, arrays=11, bytes=1 << 20, calls=10, latest_arrays=2, latest_bytes=(1 << 20) - 36))
+        36
+    """
+    return point.bytes - point.latest_bytes
+
+
+def growing_state(series: list[GroupPoint], min_bytes: int = DEFAULT_MIN_BYTES) -> tuple[int, int, float] | None:
+    """``(first, last, bytes per call)`` of a group whose latest call's outputs (the loop's state) grew in
+    nearly every sample by ``min_bytes`` or more over the run (a cache built by concatenation), else None.
+
+    Example:
+        >>> kv = [GroupPoint(i, 2, (i + 1) << 18, i + 1, i, i, 2, (i + 1) << 18) for i in range(8)]
+        >>> growing_state(kv)
+        (262144, 2097152, 262144.0)
+    """
+    points = [p for p in series if p.latest_bytes > 0]
+    if len(points) < MIN_SAMPLES:
+        return None
+    first, last = points[0], points[-1]
+    if last.latest_bytes - first.latest_bytes < min_bytes:
+        return None
+    steps = list(itertools.pairwise(points))
+    if sum(1 for a, b in steps if b.latest_bytes > a.latest_bytes) < MONOTONE * len(steps):
+        return None
+    calls = (last.last_call or 0) - (first.last_call or 0)
+    return first.latest_bytes, last.latest_bytes, (last.latest_bytes - first.latest_bytes) / max(calls, 1)
 
 
 _CONTAINERS = (list, dict, set, deque)

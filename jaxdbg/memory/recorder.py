@@ -57,7 +57,9 @@ from jaxdbg.memory.messages import (
 from jaxdbg.memory.oom import first_line, is_out_of_memory, requested_bytes
 from jaxdbg.memory.program import ProgramInfo, analyse, dump_number
 from jaxdbg.memory.result import JitKind, Leak, LiveGroup, OutOfMemory, ProgramMemory, RunPeak
+from jaxdbg.memory.units import format_bytes
 from jaxdbg.protocol import repeating
+from jaxdbg.report import relative_or_absolute
 
 SAMPLE_SHARE = 0.03  # snapshots after a function's first calls may cost at most this share of the run
 ALWAYS_SAMPLED = 3  # the first calls of every function are always sampled
@@ -411,6 +413,23 @@ class MemoryRecorder(JitHook):
                               kept_by, kept_at, len(series)))
         return tuple(sorted(found, key=lambda leak: -leak.bytes))
 
+    def growing_states(self) -> list[str]:
+        """A line for each producer whose latest outputs (the loop's state) grew call after call: no leak (the
+        old ones are freed), but memory that grows without bound, and a new shape (a recompile) every call."""
+        lines = []
+        for (name, source), series in self.series.items():
+            grew = leak_rules.growing_state(series, self.min_leak_bytes)
+            if grew is None:
+                continue
+            first, last, per_call = grew
+            at = f" (called at {relative_or_absolute(source.file)}:{source.line})" if source else ""
+            lines.append(f"{name}{at}: its latest outputs, the state the loop carries, grew in nearly every call, "
+                         f"from {format_bytes(first)} to {format_bytes(last)} ({format_bytes(int(per_call))} a call): "
+                         "a state that grows each step (a cache built with jnp.concatenate) grows without bound and "
+                         "compiles again for every new shape; allocate it at its largest size once and write into it "
+                         "(x.at[i].set(...), lax.dynamic_update_slice)")
+        return lines
+
     def _judged(self, series: list[leak_rules.GroupPoint]) -> list[leak_rules.GroupPoint]:
         """The points a leak is judged on: not a drop at the sample taken after the program returned. What a
         function's locals (a trainer's history) held is freed when it returns: that ends the run, not the leak."""
@@ -475,6 +494,8 @@ class MemoryRecorder(JitHook):
             self.send(FinalLive(live_groups(snapshot.groups.values(), None)))
         if self.oom is None:
             self.send(LeaksFound(self.leaks()))
+        for line in self.growing_states():
+            self.send(MemoryNote(line))
         for state in self.functions.values():
             if state.unanalysed:
                 self.send(MemoryNote(f"{state.name} compiled {state.unanalysed} more time(s) after its first "

@@ -129,7 +129,7 @@ def assemble(outcome: Outcome, options: MemoryOptions, rules: tuple) -> MemoryRe
         found=found, functions=tuple(programs), devices=tuple(devices), peak=peak, live_at_peak=tuple(live_at_peak),
         leaks=leaks, out_of_memory=oom, budget=budget,
         hints=hints_for(programs, leaks, oom, len(devices_message.devices) if devices_message else 1,
-                        devices_message.backend if devices_message else ""),
+                        devices_message.backend if devices_message else "", peak.bytes if peak else None),
         notes=notes, samples=len(rows), processes=job.rows if job else (), error=error, error_source=error_source)
 
 
