@@ -64,12 +64,12 @@ def test_a_lock_order_deadlock_between_two_threads_is_a_cycle():
     def one():
         with first:  # one holds first
             both_hold.wait()
-            second.acquire(timeout=20)  # one waits for second
+            second.acquire(timeout=6)  # one waits for second
 
     def two():
         with second:  # two holds second
             both_hold.wait()
-            first.acquire(timeout=20)  # two waits for first
+            first.acquire(timeout=6)  # two waits for first
 
     threads = [threading.Thread(target=f, name=f.__name__, daemon=True) for f in (one, two)]
     for thread in threads:
@@ -87,6 +87,8 @@ def test_a_lock_order_deadlock_between_two_threads_is_a_cycle():
     # no host callback takes part: the explanation and the hint speak of the locks' order, not of callbacks
     assert "callback" not in result.explanation + " ".join(result.hints)
     assert "one order" in result.hints[0]
+    for thread in threads:  # gone before the next test: a later stack read (hang.watch's example) would see them
+        thread.join()
 
 
 def _record(index: int, function: str, key: str, step_line: int, returned: float | None) -> dict:
