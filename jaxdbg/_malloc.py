@@ -75,3 +75,30 @@ def release_freed() -> None:
     _holders -= 1
     if _holders == 0:
         set_trim_threshold(GLIBC_TRIM_THRESHOLD)
+
+
+class TrimAfter:
+    """:func:`trim` each time another ``nbytes`` of arrays were made: for work that frees about as much as it makes,
+    array by array, such as an op-by-op replay. The heap keeps the pages of the arrays it freed, and the arrays made
+    since do not all reuse them: replaying a 48-block MLP's training step (4 MiB arrays), the main heap grew by
+    230 MiB during the backward pass while the live arrays fell by 170 MiB (1570 MiB resident for 820 MiB of
+    arrays). Trimmed every 64 MiB made, that replay's peak fell from 1665-1698 MiB to 1302-1305 MiB.
+
+    Example:
+        >>> every = TrimAfter(1024)
+        >>> every.made(1024), every.made(512)  # the second is below another 1024
+        (True, False)
+    """
+
+    def __init__(self, nbytes: int):
+        self.nbytes = nbytes
+        self._made = 0
+
+    def made(self, nbytes: int) -> bool:
+        """Another ``nbytes`` of arrays were made; whether this trimmed."""
+        self._made += nbytes
+        if self._made < self.nbytes:
+            return False
+        self._made = 0
+        trim()
+        return True

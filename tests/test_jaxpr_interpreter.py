@@ -269,3 +269,27 @@ def test_a_nested_call_hands_its_inputs_over_unless_a_hook_keeps_them(keep) -> N
     (out,) = interpret(jax.make_jaxpr(lambda v: jax.jit(lambda a, b: a * b)(v, v + 1.0))(x), [x], hooks=hooks)
     np.testing.assert_allclose(out, x * (x + 1.0), rtol=1e-6)
     assert hooks.seen == [2 if keep else 0]
+
+
+def test_glibcs_free_memory_is_given_back_after_every_so_many_bytes_made(monkeypatch) -> None:
+    """A trim per TRIM_AFTER_BYTES of arrays the equations made (inner jaxprs' equations counted, the call
+    around them not twice); a retrace on tracers makes no arrays and never trims."""
+    import jaxdbg._malloc as malloc
+    import jaxdbg.jaxpr.interpreter as interpreter
+
+    trims: list[int] = []
+    monkeypatch.setattr(malloc, "trim", lambda: trims.append(1) or True)
+    monkeypatch.setattr(interpreter, "TRIM_AFTER_BYTES", 3 * 4000)
+
+    def f(x):  # six equations each making 4000 bytes, two of them inside a nested jit
+        y = jax.jit(lambda v: jnp.sin(v) * 2.0)(x + 1.0)
+        return jnp.exp(y) - x, y * 3.0
+
+    x = jnp.ones(1000, jnp.float32)
+    closed = jax.make_jaxpr(f)(x)
+    outs = interpret(closed, [x])
+    np.testing.assert_allclose(outs[0], f(x)[0], rtol=1e-6)
+    assert len(trims) == 2
+    trims.clear()
+    jax.make_jaxpr(lambda v: interpret(closed, [v]))(x)
+    assert trims == []

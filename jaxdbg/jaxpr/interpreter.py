@@ -30,7 +30,9 @@ calls too: the inputs of an equation a rule descends into (a nested jit, a check
 handed over to the inner jaxpr, which frees each after its own last use; a backward pass in a jit of its own
 drops each residual of the forward pass once it is used, not when the whole backward pass is done. A hook
 that wants a value later keeps its own reference (e.g. the ``invals`` it is given); ``after`` sees the inputs
-of such an equation only where :meth:`Hooks.keeps_inputs` asks for them.
+of such an equation only where :meth:`Hooks.keeps_inputs` asks for them. Where malloc is glibc's, the memory
+freed that way is given back to the system after every :data:`TRIM_AFTER_BYTES` of values made
+(:class:`jaxdbg._malloc.TrimAfter`): the heap otherwise kept it, and a replay peaked well above what it held.
 
 Each value may carry a *tag* (any object a hook chooses, e.g. where a NaN came from). Tags flow with the
 values into inner jaxprs and back out; :meth:`Hooks.after` sets the tags of an equation's outputs.
@@ -60,8 +62,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdbg import _compat
+from jaxdbg import _compat, _malloc
 from jaxdbg._source import SourceLocation
+
+# The values an interpreter makes between two trims of glibc's free memory (see the module docstring). Replaying a
+# 48-block MLP's step (10 s, 48 trims), the trims took 0.4-0.7 s in all (8-15 ms each, the longest 180 ms); a
+# small program's replay, which makes less than this, never trims.
+TRIM_AFTER_BYTES = 64 * 2**20
 
 
 class Stop(Exception):
@@ -181,12 +188,14 @@ class Interpreter:
         keep_source: re-bind each equation under its own traceback/name stack (use when retracing, so the
             new jaxpr keeps the user's lines).
         binder: how a leaf equation is evaluated; default :func:`jaxdbg._compat.bind_eqn`.
+        trimmer: gives glibc's free memory back as values are made; None: never.
     """
 
     hooks: Hooks = field(default_factory=Hooks)
     rules: dict[str, Rule] | None = None
     keep_source: bool = False
     binder: Callable[[Any, list], list] | None = None
+    trimmer: _malloc.TrimAfter | None = field(default_factory=lambda: _malloc.TrimAfter(TRIM_AFTER_BYTES))
 
     def __post_init__(self) -> None:
         if self.rules is None:
@@ -273,6 +282,8 @@ class Interpreter:
                 if rule is None and _compat.has_inner_jaxprs(site.eqn):
                     self.hooks.opaque(site, f"no rule looks inside '{site.primitive}'; it ran as one operation")
                 outs, out_tags = self.bind(site, invals), [None] * n_out
+        if not descended and self.trimmer is not None:
+            self.trimmer.made(_array_bytes(outs))
         new_tags = self.hooks.after(site, invals, outs, in_tags, out_tags, descended)
         return outs, list(new_tags) if new_tags is not None else out_tags
 
@@ -285,7 +296,7 @@ class Interpreter:
     def child(self, **changes: Any) -> Interpreter:
         """A copy with some fields changed (same hooks), e.g. another binder inside shard_map."""
         fields: dict[str, Any] = {"hooks": self.hooks, "rules": self.rules, "keep_source": self.keep_source,
-                                  "binder": self.binder}
+                                  "binder": self.binder, "trimmer": self.trimmer}
         fields.update(changes)
         return Interpreter(**fields)
 
@@ -296,6 +307,12 @@ def interpret(closed: Any, args: Sequence[Any], *, hooks: Hooks | None = None, r
     """Interpret a closed jaxpr on flat ``args`` and return its outputs (see :class:`Interpreter`)."""
     interp = Interpreter(hooks or Hooks(), rules, keep_source)
     return interp.run(closed, args, root=root, tags=tags)[0]
+
+
+def _array_bytes(values: Sequence[Any]) -> int:
+    """Bytes of the concrete arrays among ``values`` (a tracer holds none)."""
+    return sum(v.nbytes for v in values
+               if isinstance(v, (jax.Array, np.ndarray)) and not isinstance(v, jax.core.Tracer))
 
 
 _DEAD_AFTER: weakref.WeakKeyDictionary[Any, dict[int, list]] = weakref.WeakKeyDictionary()
