@@ -598,6 +598,20 @@ def jaxpr_function_name(closed: Any) -> str | None:
     return name if name and not name.startswith("<") else None
 
 
+def jaxpr_from_jax(closed: Any) -> bool:
+    """Whether a jaxpr was traced from one of jax's own functions (e.g. ``jnp.linalg.solve``), read from
+    ``debug_info.func_src_info`` (``'solve at .../jax/_src/numpy/linalg.py:1379'``); False when not recorded."""
+    inner = getattr(closed, "jaxpr", closed)
+    where = getattr(getattr(inner, "debug_info", None), "func_src_info", None)
+    if not where or " at " not in where:
+        return False
+    real = os.path.realpath(where.rsplit(" at ", 1)[1].rsplit(":", 1)[0])
+    return real.startswith(_JAX_ROOT)
+
+
+_JAX_ROOT = os.path.realpath(os.path.dirname(jax.__file__)) + os.sep
+
+
 # ---- profile (issue 3), continued ------------------------------------------------------------------------
 
 

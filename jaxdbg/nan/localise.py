@@ -136,14 +136,30 @@ class Localisation:
     reaching: Origin | None = None
 
 
-def _vmap_marked(path: tuple[str, ...], name_stack: str) -> tuple[str, ...]:
+def _vmap_marked(site: Site) -> tuple[str, ...]:
+    """The site's path, with the custom_vjp backward rule it runs in and ``vmap`` when the user's vmap maps it."""
     extra = []
+    name_stack = site.name_stack
     if "custom_vjp_bwd(" in name_stack:
         start = name_stack.index("custom_vjp_bwd(")
         extra.append(name_stack[start:name_stack.index(")", start) + 1])
-    if "vmap(" in name_stack:
+    if _under_users_vmap(site):
         extra.append("vmap")
-    return path + tuple(extra)
+    return site.path + tuple(extra)
+
+
+def _under_users_vmap(site: Site) -> bool:
+    """Whether a ``jax.vmap`` of the user's maps the site: a name stack reads ``vmap(`` in a jaxpr not traced from
+    one of jax's own functions, at the site or at an equation enclosing it. A name stack is relative to its jaxpr:
+    the vmap jax's own functions apply inside their jits (``jnp.linalg.solve`` vmaps its ``custom_linear_solve``)
+    shows only there, and a user's vmap around a call of a jit shows only outside it. (jax's un-jitted helpers that
+    vmap, such as ``jax.jacrev``, leave their vmap in the user's jaxpr: still marked.)"""
+    at: Site | None = site
+    while at is not None:
+        if "vmap(" in at.name_stack and not _compat.jaxpr_from_jax(at.scope.jaxpr):
+            return True
+        at = at.scope.parent
+    return False
 
 
 class NanHunter(Hooks):
@@ -349,7 +365,7 @@ class NanHunter(Hooks):
         where = _placement(site, outvals)
         origin = Origin(
             kind, site.primitive, self.passes.pass_of(site), site.source, self.function, self.call_index,
-            _vmap_marked(site.path, name_stack), inputs, None, outputs, name_stack,
+            _vmap_marked(site), inputs, None, outputs, name_stack,
             constant_input=any(t is not None and t.constant for t in in_tags),
             process=where.process if where else None, device=where.device if where else None,
             shard=where.index if where else None,
