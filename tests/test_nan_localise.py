@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from jaxdbg.nan.calls import Call
-from jaxdbg.nan.explain import explain
+from jaxdbg.nan.explain import constant_nan_note, explain
 from jaxdbg.nan.fidelity import bisect_compiled
 from jaxdbg.nan.growth import GrowthTracker
 from jaxdbg.nan.localise import localise_call
@@ -305,6 +305,8 @@ def test_explanations_of_poles_signed_logsumexp_singular_solves_and_inverse_soft
     signed = hunt(jax.jit(lambda a, w: jax.nn.logsumexp(a, b=w)), jnp.array([1.0, 2.0]), jnp.array([1.0, -1.0]))
     text, hints = explain(signed.first)
     assert "sum(b * exp(a)) is negative" in text and "return_sign=True" in hints[0]
+    # the operation is jax's select of its own NaN constant: the header says the user's logsumexp returned it
+    assert "`jax.nn.logsumexp` at line" in constant_nan_note(signed.first) and constant_nan_note(pole.first) == ""
     singular = hunt(jax.jit(jax.grad(lambda s: jnp.linalg.slogdet(jnp.diag(s))[1])), jnp.array([1.0, 2.0, 0.0]))
     text, hints = explain(singular.first)
     assert singular.first.pass_ == "backward" and "singular matrix" in text and "gradient of `slogdet`" in text

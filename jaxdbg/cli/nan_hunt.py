@@ -31,6 +31,7 @@ from jaxdbg.cli._common import (
     execute,
     render_advice,
 )
+from jaxdbg.nan.explain import constant_nan_note
 from jaxdbg.nan.result import Origin, ValueStats
 from jaxdbg.report import Report, relative_or_absolute
 
@@ -129,7 +130,9 @@ def render(report: Report, console: Console) -> None:
     if first.kind == "input":
         console.print(f"  argument  [bold]{escape(str(first.argument))}[/] (it came in with the data)")
     else:
-        console.print(f"  operation [bold]{first.primitive}[/]  ({first.pass_} pass)")
+        note = constant_nan_note(first)  # jax's select of its own NaN constant: say who returned it
+        console.print(f"  operation [bold]{first.primitive}[/]  ({first.pass_} pass)"
+                      f"{escape(': ' + note) if note else ''}", soft_wrap=True)
         console.print(f"  source    {escape(_where(first.source))}", soft_wrap=True)
     console.print(f"  path      {escape(' > '.join(first.path))}", soft_wrap=True)
     mapped = any(p.startswith(("shard_map", "pmap")) for p in first.path)

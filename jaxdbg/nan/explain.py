@@ -252,6 +252,23 @@ def _nan_constant(origin: Origin, line: str, feeders: str) -> tuple[str, list[st
              "keep the inputs out of it"])
 
 
+def constant_nan_note(origin: Origin) -> str:
+    """What the header adds to an operation that only passed on a NaN written as a constant (the operation is
+    jax's ``select_n`` inside ``jnp.where``, not the user's): who returned it; ``''`` for any other origin.
+
+    Example:
+        >>> nan = ValueStats((), "f32", float("nan"), float("nan"), 1, 0, 0, 0)
+        >>> constant_nan_note(Origin("nan", "select_n", "forward", inputs=(nan,), constant_input=True))
+        'passed on a NaN constant (`jnp.nan`) that the code returns on purpose'
+    """
+    if origin.kind != "nan" or not origin.constant_input or not any(s.nan for s in origin.inputs):
+        return ""
+    if "logsumexp" in _code(origin.source):
+        at = f" at line {origin.source.line}" if origin.source else ""
+        return f"`jax.nn.logsumexp`{at} returned its NaN constant (a negative weighted sum)"
+    return "passed on a NaN constant (`jnp.nan`) that the code returns on purpose"
+
+
 def _singular_matrix(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] | None:
     """A linear solve (a gradient of slogdet/det/inv, or solve itself) on a singular matrix: NaN from finite
     inputs, as a zero pivot divides by 0."""
