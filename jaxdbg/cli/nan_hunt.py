@@ -31,7 +31,6 @@ from jaxdbg.cli._common import (
     execute,
     render_advice,
 )
-from jaxdbg.nan.explain import constant_nan_note
 from jaxdbg.nan.result import Origin, ValueStats
 from jaxdbg.report import Report, relative_or_absolute
 
@@ -130,6 +129,8 @@ def render(report: Report, console: Console) -> None:
     if first.kind == "input":
         console.print(f"  argument  [bold]{escape(str(first.argument))}[/] (it came in with the data)")
     else:
+        from jaxdbg.nan.explain import constant_nan_note  # (imports jax: only when a report is shown)
+
         note = constant_nan_note(first)  # jax's select of its own NaN constant: say who returned it
         console.print(f"  operation [bold]{first.primitive}[/]  ({first.pass_} pass)"
                       f"{escape(': ' + note) if note else ''}", soft_wrap=True)
