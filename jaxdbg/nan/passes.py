@@ -44,15 +44,9 @@ def differentiates(jaxpr: Any) -> bool:
         >>> differentiates(jax.make_jaxpr(jax.grad(jnp.sin))(1.0)), differentiates(jax.make_jaxpr(jnp.sin)(1.0))
         (True, False)
     """
-    from jaxdbg.repro.graph import inner_jaxprs
+    from jaxdbg.repro.graph import nested_equations
 
-    todo = [getattr(jaxpr, "jaxpr", jaxpr)]
-    while todo:
-        for eqn in todo.pop().eqns:
-            if _is_jvp(eqn) or _is_transposed(eqn):
-                return True
-            todo.extend(inner_jaxprs(eqn.params))
-    return False
+    return any(_is_jvp(eqn) or _is_transposed(eqn) for eqn in nested_equations(getattr(jaxpr, "jaxpr", jaxpr).eqns))
 
 
 def backward_equations(jaxpr: Any, inherited: bool,

@@ -32,7 +32,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxdbg.repro.graph import Graph, Lit, Var, as_function, backward_slice, free_inputs, inner_jaxprs
+from jaxdbg.repro.graph import Graph, Lit, Var, as_function, backward_slice, free_inputs, inner_jaxprs, nested_equations
 from jaxdbg.repro.signature import Criterion
 from jaxdbg.storable import is_key
 
@@ -387,14 +387,7 @@ def _size(cand: Candidate) -> tuple[int, int]:
     return len(cand.nodes), sum(int(np.size(v)) for v in cand.values.values())
 
 
+
 def _runs_a_while(node: Any) -> bool:
     """Whether a node is a ``while`` or holds one at any depth (a scan of whiles, a custom_vjp around them)."""
-    if node.name == "while":
-        return True
-    todo = list(inner_jaxprs(node.params))
-    while todo:
-        for eqn in todo.pop().eqns:
-            if eqn.primitive.name == "while":
-                return True
-            todo.extend(inner_jaxprs(eqn.params))
-    return False
+    return any(eqn.primitive.name == "while" for eqn in nested_equations([node]))

@@ -16,7 +16,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -215,6 +215,22 @@ def inner_jaxprs(params: Mapping[str, Any]) -> list[Any]:
     return found
 
 
+def nested_equations(nodes: Iterable[Any]) -> Iterator[Any]:
+    """The equations (or graph nodes) given and, depth first, every equation inside their loop, cond and call
+    bodies.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> jaxpr = jax.make_jaxpr(lambda h: jax.lax.scan(lambda c, _: (jnp.sin(c), None), h, None, 3))(1.0)
+        >>> [e.primitive.name for e in nested_equations(jaxpr.eqns)]
+        ['scan', 'sin']
+    """
+    for node in nodes:
+        yield node
+        for inner in inner_jaxprs(node.params):
+            yield from nested_equations(inner.eqns)
+
+
 def equation_count(nodes: Iterable[Any]) -> int:
     """Equations, those inside loop and cond bodies included: a scan of a 14-equation body is 15 equations
     to read, as written out. Takes graph nodes or jaxpr equations.
@@ -225,7 +241,7 @@ def equation_count(nodes: Iterable[Any]) -> int:
         >>> len(jaxpr.eqns), equation_count(jaxpr.eqns)
         (1, 3)
     """
-    return sum(1 + sum(equation_count(inner.eqns) for inner in inner_jaxprs(node.params)) for node in nodes)
+    return sum(1 for _ in nested_equations(nodes))
 
 
 def producers(nodes: Sequence[Node]) -> dict[Var, int]:
