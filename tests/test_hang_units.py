@@ -134,6 +134,27 @@ def test_a_process_that_finished_while_the_others_wait_in_a_collective_is_the_on
     assert "process 1's last call was train_step call 4" in result.hints[0]
 
 
+def test_processes_waiting_in_one_collective_are_one_group_whatever_native_frame_each_was_read_in():
+    """Processes 0, 2, 3 wait in the same call; the native frame each was sampled in differs (a futex for one, the
+    runtime's wait for the others): the verdict groups them, the frame they share said, the one they don't left out."""
+    records = {i: _record(i, "train_step", "train_step(x: f32[4]) [all-reduce:sum]", 40, None) for i in (0, 2, 3)}
+    records[0]["threads"][0]["waiting_in"] = "a lock, condition or event (futex): BlockUntilReady"
+    for i in (2, 3):
+        records[i]["threads"][0]["waiting_in"] = "a lock, condition or event (futex)"
+    ended = _record(1, "train_step", "train_step(x: f32[4]) [all-reduce:sum]", 40, 1.0)
+    ended["calls"][0]["index"] = 4
+    records[1] = ended
+    result = judge(JobFacts(4, "stall", 30.0, records, outcomes={1: {"status": "finished"}}))
+    assert result.stuck == (1,)
+    assert "; processes 0, 2, 3 wait inside train_step call 5, called at train.py:40 (<module>)" in result.verdict
+    assert "BlockUntilReady" not in result.verdict
+    for i in (2, 3):
+        records[i]["threads"][0]["waiting_in"] = records[0]["threads"][0]["waiting_in"]
+    result = judge(JobFacts(4, "stall", 30.0, records, outcomes={1: {"status": "finished"}}))
+    assert "processes 0, 2, 3 wait inside train_step call 5, called at train.py:40 (<module>), waiting in a lock, " \
+           "condition or event (futex): BlockUntilReady" in result.verdict
+
+
 def test_a_function_whose_traced_body_waits_is_stuck_in_its_own_code_not_on_the_device():
     """Inside train_step call 5 with no frame of jax's inside the user's: jax traces it and its Python body
     sleeps (a polling loop in the traced code). Not 'waits inside a jitted call' on the device."""

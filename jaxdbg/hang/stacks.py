@@ -19,6 +19,7 @@ import contextlib
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -63,7 +64,7 @@ class ThreadStack:
         # The outermost telling native frame (nearest Python) says what was asked: tsl::BlockUntilReady, a gloo
         # receive; the innermost ones are the same futex or poll for every wait.
         native = next((f for f in reversed(self.native) if not f.startswith("0x") and not _is_plumbing(f)), "")
-        native = "::".join(native.split("::")[-2:])
+        native = "::".join(_without_templates(native).split("::")[-2:])
         state, _, calls = self.kernel.partition(" ")
         syscall = calls.rsplit(", ", 1)[-1] if calls else ""
         if state == "R":
@@ -79,6 +80,22 @@ class ThreadStack:
                 "daemon": self.daemon, "frames": [f.as_dict() for f in self.frames],
                 "user": self.user.as_dict() if self.user else None, "kernel": self.kernel,
                 "native": list(self.native), "in_jax": self.in_jax, "waiting_in": self.waiting_in(), **self.extra}
+
+
+_TEMPLATE_ARGUMENTS = re.compile(r"<[^<>]*>")
+
+
+def _without_templates(name: str) -> str:
+    """A C++ frame's name without its template arguments, which hold ``::`` of their own.
+
+    Example:
+        >>> _without_templates("xla::Wrapper<absl::StatusOr<int> (xla::PyArray)>::operator()")
+        'xla::Wrapper::operator()'
+    """
+    previous = None
+    while previous != name:
+        previous, name = name, _TEMPLATE_ARGUMENTS.sub("", name)
+    return name
 
 
 def _is_plumbing(name: str) -> bool:

@@ -294,21 +294,33 @@ def _call_words(state: ProcessState) -> str:
 
 def _group_others(states: dict[int, ProcessState], excluded: set[int], waits: str) -> list[str]:
     """'processes 0, 2 wait inside step call 1 (...)' for the processes not named, grouped by what they do."""
-    groups: dict[str, list[int]] = {}
+    groups: dict[tuple[str, str], list[ProcessState]] = {}
     for index, state in states.items():
         if index in excluded:
             continue
-        verb = {"running": waits, "callback": waits, "host": "is"}.get(state.state)
-        detail = _IDLE_FOR.sub("", state.detail)  # the table says how long each was idle: the words group them
-        key = f"{verb} {detail}" if verb else detail
-        groups.setdefault(key, []).append(index)
+        verb = {"running": waits, "callback": waits, "host": "is"}.get(state.state, "")
+        # The table says how long each was idle, and the native frame a waiter was sampled in differs between
+        # processes waiting in the same collective: neither splits a group.
+        groups.setdefault((verb, _without_native_wait(state)), []).append(state)
     lines = []
-    for text, members in groups.items():
-        who = f"process {members[0]}" if len(members) == 1 else f"processes {', '.join(map(str, members))}"
+    for (verb, detail), members in groups.items():
+        details = {_IDLE_FOR.sub("", m.detail) for m in members}
+        text = f"{verb} {details.pop() if len(details) == 1 else detail}".strip()
         if len(members) > 1:
             text = text.replace("waits ", "wait ", 1).replace("is ", "are ", 1)
-        lines.append(f"{who} {text}")
+        indices = ", ".join(str(m.index) for m in members)
+        lines.append(f"{'process' if len(members) == 1 else 'processes'} {indices} {text}")
     return lines
+
+
+def _without_native_wait(state: ProcessState) -> str:
+    """A process's line without its idle time and, for one inside a call, without the native frame it waits in."""
+    detail = _IDLE_FOR.sub("", state.detail)
+    if state.state in ("running", "callback") and state.waiting_in:
+        for said in (f", waiting in {state.waiting_in}", f", {state.waiting_in}"):
+            if said in detail:
+                return detail.replace(said, "", 1)
+    return detail
 
 
 def _stuck_hints(states: dict[int, ProcessState], stuck: Iterable[int]) -> list[str]:
