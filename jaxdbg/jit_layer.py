@@ -202,10 +202,14 @@ class JitCall:
         local.spans = self.spans  # the layer's listener files compile spans here; also marks the user's call
         self.started = time.perf_counter()
         try:
+            run = function.top_level
             if self.check:
-                out, self.magnitudes = function.checked()(*self.args, **self.kwargs)
+                run = function._checked  # as checked(), without a method call per call once it is built
+                if run is None:
+                    run = function.checked()
+                out, self.magnitudes = run(*self.args, **self.kwargs) if self.kwargs else run(*self.args)
                 return out
-            return function.top_level(*self.args, **self.kwargs)
+            return run(*self.args, **self.kwargs) if self.kwargs else run(*self.args)
         finally:
             local.spans = None
             local.depth -= 1

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -138,8 +137,8 @@ class LiveHook(Watch):
 
     def _finish(self, call: JitCall, out: Any, active: bool) -> None:
         function = call.function
-        row = self.figures.function(function.name)
-        row.called(time.perf_counter())
+        row = self.figures.functions.get(function.name) or self.figures.function(function.name)
+        row.called(call.started)  # its start: the interval between two calls' starts is the step
         if call.spans:
             if self.active:  # the calls before it come first: a NaN they made is reported before a recompile
                 self.flush()

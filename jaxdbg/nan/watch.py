@@ -657,6 +657,12 @@ class Watch(JitHook):
                     return over_devices(np.asarray(stacked_jaxdbg(vectors))[:len(calls)])
             except Exception:  # noqa: BLE001 - e.g. rows on different devices: one copy each from now on
                 self._stacking = False
+        if not self._copy_ahead:  # on CPU: every call's vector through the buffer protocol, joined in one copy
+            with contextlib.suppress(AttributeError, BufferError, TypeError, ValueError):  # else one copy each
+                vectors = [call.magnitudes for call in calls]
+                shape = vectors[0].aval.shape
+                if len(shape) == 1 and all(vector.aval.shape == shape for vector in vectors):
+                    return np.frombuffer(b"".join(vectors), np.float32).reshape(len(calls), shape[0])
         try:
             return np.stack([call.host_magnitudes() for call in calls])
         except ValueError:  # vectors of different lengths (the outputs changed): read one by one
