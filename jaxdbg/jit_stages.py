@@ -116,11 +116,12 @@ class InstrumentedCompiled(InstrumentedJit):
 
             def run(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
                 out = compiled(*args, **kwargs)
-                spans, local.spans = local.spans, None  # the reduction's own compile is not the user's
+                state = local.state
+                spans, state.spans = state.spans, None  # the reduction's own compile is not the user's
                 try:
                     return out, device_magnitudes_jaxdbg(tree_leaves(out))
                 finally:
-                    local.spans = spans
+                    state.spans = spans
 
             self._checked = run
         return self._checked
@@ -135,15 +136,15 @@ class InstrumentedCompiled(InstrumentedJit):
 @contextlib.contextmanager
 def collecting(layer: _Layer, spans: list) -> Iterator[None]:
     """File the compile spans jax reports while the block runs into ``spans`` (as a call's, not as eager work)."""
-    local = layer.local
-    before = local.spans
-    local.spans = spans
-    local.depth += 1
+    state = layer.local.state
+    before = state.spans
+    state.spans = spans
+    state.depth += 1
     try:
         yield
     finally:
-        local.depth -= 1
-        local.spans = before
+        state.depth -= 1
+        state.spans = before
 
 
 def _with_statics(fun: Any, static_args: list[tuple[int, Any]], static_kwargs: dict) -> Any:
