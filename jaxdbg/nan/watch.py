@@ -625,8 +625,7 @@ class Watch(JitHook):
         pending = self._pending
         calls = [pending[i] for i in range(count)]
         if self._absorbed(calls):
-            for _ in range(count):
-                self._pop()
+            self._drop(count)
             self.calls += count
             return
         for _ in range(count):
@@ -638,13 +637,19 @@ class Watch(JitHook):
         (recording a function's calls twice changes nothing: then they are read one by one)."""
         if self.inf_findings or not self.active:
             return False
-        groups: dict[tuple[str, int], list[JitCall]] = {}
+        groups: dict[int, tuple[str, list[JitCall]]] = {}  # by function (its name keys its growth series)
         for call in calls:
-            seen = self._watched.get(call.function.record.id)
-            if seen is None or seen.leaf_names is None or call.notes.get("nan_fresh") is not None:
+            function = call.function
+            group = groups.get(function.record.id)
+            if group is None:
+                seen = self._watched.get(function.record.id)
+                if seen is None or seen.leaf_names is None:
+                    return False
+                group = groups[function.record.id] = (function.name, [])
+            if call.notes.get("nan_fresh") is not None:
                 return False
-            groups.setdefault((call.function.name, len(seen.leaf_names)), []).append(call)
-        for (name, _), members in groups.items():
+            group[1].append(call)
+        for name, members in groups.values():
             rows = self._rows(members)
             if rows is None or not self.growth.absorb(name, rows):
                 return False
@@ -682,13 +687,24 @@ class Watch(JitHook):
 
     def _pop(self) -> JitCall:
         """The oldest unread call, taken off the queue (and off what the queue keeps)."""
-        call = self._pending.popleft()
-        if call.notes.get("copied"):
-            self._copies -= 1
-        released = _kept_bytes(call)
+        call = self._pending[0]
+        self._drop(1)
+        return call
+
+    def _drop(self, count: int) -> None:
+        """Take the ``count`` oldest unread calls off the queue (and off what the queue keeps)."""
+        pending = self._pending
+        copies = released = 0
+        for _ in range(count):
+            notes = pending.popleft().notes
+            if notes.get("copied"):
+                copies += 1
+            kept = notes.get("nan_inputs")
+            if kept is not None:
+                released += kept.nbytes
+        self._copies -= copies
         self._kept_bytes -= released
         self._released += released
-        return call
 
     def _check(self, call: JitCall) -> None:
         """Read one unread call's flags."""
