@@ -208,12 +208,12 @@ class JitCall:
     companion that also returns the output magnitudes.
     """
 
-    __slots__ = ("_host", "_local", "args", "check", "function", "index", "kwargs", "magnitudes", "notes", "spans",
+    __slots__ = ("_host", "_state", "args", "check", "function", "index", "kwargs", "magnitudes", "notes", "spans",
                  "started")
 
     def __init__(self, function: InstrumentedJit, args: tuple, kwargs: dict, index: int, check: bool = False,
-                 local: Any = None):
-        self._local = local if local is not None else function._layer.local
+                 state: _ThreadState | None = None):
+        self._state = state if state is not None else function._layer.local.state  # the calling thread's
         self.function = function
         self.args = args
         self.kwargs = kwargs
@@ -235,18 +235,22 @@ class JitCall:
     def run(self) -> Any:
         """Run the jitted function on ``args``/``kwargs`` (the innermost ``run`` the hooks are given)."""
         function = self.function
-        local = self._local
-        local.depth += 1  # as internal(), without a generator per call
-        local.spans = self.spans  # the layer's listener files compile spans here; also marks the user's call
+        state = self._state
+        state.depth += 1  # as internal(), without a generator per call
+        state.spans = self.spans  # the layer's listener files compile spans here; also marks the user's call
         self.started = time.perf_counter()
         try:
+            run = function.top_level
             if self.check:
-                out, self.magnitudes = function.checked()(*self.args, **self.kwargs)
+                run = function._checked  # as checked(), without a method call per call once it is built
+                if run is None:
+                    run = function.checked()
+                out, self.magnitudes = run(*self.args, **self.kwargs) if self.kwargs else run(*self.args)
                 return out
-            return function.top_level(*self.args, **self.kwargs)
+            return run(*self.args, **self.kwargs) if self.kwargs else run(*self.args)
         finally:
-            local.spans = None
-            local.depth -= 1
+            state.spans = None
+            state.depth -= 1
 
 
 class _Plan:
@@ -272,12 +276,23 @@ class _Plan:
         self.check = any(h.check_outputs for h in every)
 
 
-class _PerThread(threading.local):
-    """The layer's state on one thread (class attributes: a thread that never set them reads these, without
-    the AttributeError a bare ``threading.local`` raises and ``getattr`` catches, per call)."""
+class _ThreadState:
+    """The layer's state on one thread: a plain object, reached once per call (``_PerThread().state``). An
+    attribute of a ``threading.local`` costs ~4x one of this (the thread's own dict is found first), and a
+    watched call read or wrote seven of them."""
 
-    depth = 0  # inside an instrumented call or jaxdbg's own work
-    spans: list | None = None  # the compile spans of the user's jitted call running now (None: none is)
+    __slots__ = ("depth", "spans")
+
+    def __init__(self) -> None:
+        self.depth = 0  # inside an instrumented call or jaxdbg's own work
+        self.spans: list | None = None  # the compile spans of the user's jitted call running now (None: none is)
+
+
+class _PerThread(threading.local):
+    """Each thread's :class:`_ThreadState`, as ``state`` (made at the thread's first use of it)."""
+
+    def __init__(self) -> None:
+        self.state = _ThreadState()
 
 
 class InstrumentedJit:
@@ -329,7 +344,7 @@ class InstrumentedJit:
         layer = plan.layer
         if plan.epoch != layer.epoch:
             plan = layer.plan(self)
-        if not plan.active or plan.local.depth:
+        if not plan.active or (state := plan.local.state).depth:
             return plan.jitted(*args, **kwargs)  # nested in a watched call, or jaxdbg's own
         if not _trace_state_clean():  # traced by a transformation applied outside any watched call
             transform = _compat.current_transform()
@@ -344,7 +359,7 @@ class InstrumentedJit:
         record.calls = index + 1
         if plan.nobody:  # counted, and left on jax's C++ dispatch: nothing else runs
             return plan.top_level(*args, **kwargs) if kwargs else plan.top_level(*args)
-        return layer.call(self, plan, index, args, kwargs)
+        return layer.call(self, plan, index, args, kwargs, state)
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
         """jax's ``lower``, its stages filed and its ``.compile()`` behind the hooks (the ahead-of-time path below)."""
@@ -356,7 +371,7 @@ class InstrumentedJit:
 
     def _ahead(self, stage: str, args: tuple, kwargs: dict) -> Any:
         layer = self._layer
-        if self.is_pmap or not layer.hooks or layer.local.depth or not _trace_state_clean():
+        if self.is_pmap or not layer.hooks or layer.local.state.depth or not _trace_state_clean():
             return getattr(self.jitted, stage)(*args, **kwargs)  # jaxdbg's own, or inside a trace: jax's own
 
         spans: list[tuple[str, float, float]] = []
@@ -498,7 +513,7 @@ class _Layer:
             return record
 
     def busy(self) -> bool:
-        return self.local.depth > 0
+        return self.local.state.depth > 0
 
     def plan(self, function: InstrumentedJit) -> _Plan:
         epoch = self.epoch
@@ -518,12 +533,13 @@ class _Layer:
         for action in tuple(_first_call_actions):
             action()
 
-    def call(self, function: InstrumentedJit, plan: _Plan, index: int, args: tuple, kwargs: dict) -> Any:
+    def call(self, function: InstrumentedJit, plan: _Plan, index: int, args: tuple, kwargs: dict,
+             state: _ThreadState) -> Any:
         hooks, check, sampled = plan.every, plan.check, plan.sampled
         declined: tuple[JitHook, ...] = ()
         if not hooks and len(sampled) == 1:  # one sampling hook alone (profile's): asked once, no tuple built
             if not sampled[0].wants(function, index):  # watched for a compile, nothing else
-                return self.unseen(function, plan, index, args, kwargs, sampled)
+                return self.unseen(function, plan, index, args, kwargs, sampled, state)
             hooks, check = sampled, sampled[0].check_outputs
         else:
             for hook in sampled:  # (a loop, not generators: this runs on every call)
@@ -533,8 +549,8 @@ class _Layer:
                 else:
                     declined += (hook,)
             if not hooks:  # only sampling hooks, none of which wants it: watched for a compile, nothing else
-                return self.unseen(function, plan, index, args, kwargs, declined)
-        call = JitCall(function, args, kwargs, index, check, plan.local)
+                return self.unseen(function, plan, index, args, kwargs, declined, state)
+        call = JitCall(function, args, kwargs, index, check, state)
         try:
             if len(hooks) == 1:
                 out = hooks[0].around(call, call.run)
@@ -551,43 +567,42 @@ class _Layer:
             call.args, call.kwargs = (), {}
 
     def unseen(self, function: InstrumentedJit, plan: _Plan, index: int, args: tuple, kwargs: dict,
-               declined: tuple) -> Any:
+               declined: tuple, state: _ThreadState) -> Any:
         """A call that every hook declined: run as is, its compile spans gathered in case it compiles (then
         the hooks are told), its outputs kept until the next such call (:func:`take_ran_ahead`)."""
-        local = plan.local
         spans: list[tuple[str, float, float]] = []
-        local.spans = spans
+        state.spans = spans
         started = time.perf_counter()
         try:
             out = plan.top_level(*args, **kwargs) if kwargs else plan.top_level(*args)
         finally:
-            local.spans = None
+            state.spans = None
         self.ran_ahead = out
         if spans:
-            call = JitCall(function, args, kwargs, index, local=local)
+            call = JitCall(function, args, kwargs, index, state=state)
             call.spans, call.started = spans, started
             for hook in declined:
                 hook.on_unwanted_compile(call, out)
         return out
 
     def on_span(self, event: str, start_time: float, end_time: float, **kwargs: str | int) -> None:
-        spans = self.local.spans
+        spans = self.local.state.spans
         if spans is not None and event in COMPILE_EVENTS:
             spans.append((COMPILE_EVENTS[event], start_time, end_time))
 
     def on_event(self, event: str, **kwargs: str | int) -> None:
-        spans = self.local.spans
+        spans = self.local.state.spans
         if spans is not None and event == CACHE_HIT_EVENT:
             spans.append(("cache_hit", 0.0, 0.0))
 
     @contextlib.contextmanager
     def internal(self) -> Iterator[None]:
-        local = self.local
-        local.depth += 1
+        state = self.local.state
+        state.depth += 1
         try:
             yield
         finally:
-            local.depth -= 1
+            state.depth -= 1
 
 
 _layer: _Layer | None = None
@@ -804,7 +819,7 @@ def take_ran_ahead() -> Any:
 def in_user_call() -> bool:
     """True while an instrumented call runs the user's jitted function itself (not jaxdbg's own work)."""
     layer = _layer
-    return layer is not None and layer.local.spans is not None
+    return layer is not None and layer.local.state.spans is not None
 
 
 def is_internal() -> bool:
@@ -969,11 +984,12 @@ class InstrumentedCompiled(InstrumentedJit):
 
             def run(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
                 out = compiled(*args, **kwargs)
-                spans, local.spans = local.spans, None  # the reduction's own compile is not the user's
+                state = local.state
+                spans, state.spans = state.spans, None  # the reduction's own compile is not the user's
                 try:
                     return out, device_magnitudes_jaxdbg(tree_leaves(out))
                 finally:
-                    local.spans = spans
+                    state.spans = spans
 
             self._checked = run
         return self._checked
@@ -988,15 +1004,15 @@ class InstrumentedCompiled(InstrumentedJit):
 @contextlib.contextmanager
 def collecting(layer: _Layer, spans: list) -> Iterator[None]:
     """File the compile spans jax reports while the block runs into ``spans`` (as a call's, not as eager work)."""
-    local = layer.local
-    before = local.spans
-    local.spans = spans
-    local.depth += 1
+    state = layer.local.state
+    before = state.spans
+    state.spans = spans
+    state.depth += 1
     try:
         yield
     finally:
-        local.depth -= 1
-        local.spans = before
+        state.depth -= 1
+        state.spans = before
 
 
 def _with_statics(fun: Any, static_args: list[tuple[int, Any]], static_kwargs: dict) -> Any:

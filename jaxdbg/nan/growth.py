@@ -94,9 +94,12 @@ class GrowthTracker:
         the series exists with that many leaves, every row is finite and none reaches an event. Returns whether
         it did; else nothing is recorded (update them one by one, in order)."""
         series = self.series.get(key)
-        if series is None or len(series.names) != rows.shape[1] or not (rows < series.events_at).all():
+        if series is None or len(series.names) != rows.shape[1]:
+            return False
+        top = rows.max(axis=0)  # NaN carried: each leaf's largest, or NaN
+        if not (top < series.events_at).all():
             return False  # NaN and Inf are not below anything
-        np.fmax(series.peak, rows.max(axis=0), out=series.peak)
+        np.fmax(series.peak, top, out=series.peak)
         return True
 
     def set_sources(self, function: str, find: Callable[[int], SourceLocation | None]) -> None:

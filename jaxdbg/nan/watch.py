@@ -603,14 +603,23 @@ class Watch(JitHook):
         go before the next call allocates its outputs, so its memory is reused at once as in the plain run. Read
         after the next call, one more copy of the model was alive at each allocation: on a Flax NNX MLP loop
         (1.2 ms steps, CPU), ~25 more page faults per step (about 1% of the step)."""
+        if self._reads_due():
+            self._read_finished()
+
+    def _reads_due(self) -> bool:
+        """Whether :meth:`read_finished` reads now (asked before every call; most often, it does not)."""
         pending = self._pending
         if self._unread == 1 or not pending:
-            return
+            return False
         if len(pending) < READ_BATCH:
             now = time.perf_counter()
             if now - self._read_at < (READ_PMAP_EVERY_S if pending[0].function.is_pmap else READ_EVERY_S):
-                return
+                return False
             self._read_at = now
+        return True
+
+    def _read_finished(self) -> None:
+        pending = self._pending
         while pending:
             count = min(READ_BATCH, len(pending))
             if not _finished(pending[count - 1].magnitudes):
@@ -640,8 +649,7 @@ class Watch(JitHook):
         pending = self._pending
         calls = [pending[i] for i in range(count)]
         if self._absorbed(calls):
-            for _ in range(count):
-                self._pop()
+            self._drop(count)
             self.calls += count
             return
         for _ in range(count):
@@ -653,13 +661,19 @@ class Watch(JitHook):
         (recording a function's calls twice changes nothing: then they are read one by one)."""
         if self.inf_findings or not self.active:
             return False
-        groups: dict[tuple[str, int], list[JitCall]] = {}
+        groups: dict[int, tuple[str, list[JitCall]]] = {}  # by function (its name keys its growth series)
         for call in calls:
-            seen = self._watched.get(call.function.record.id)
-            if seen is None or seen.leaf_names is None or call.notes.get("nan_fresh") is not None:
+            function = call.function
+            group = groups.get(function.record.id)
+            if group is None:
+                seen = self._watched.get(function.record.id)
+                if seen is None or seen.leaf_names is None:
+                    return False
+                group = groups[function.record.id] = (function.name, [])
+            if call.notes.get("nan_fresh") is not None:
                 return False
-            groups.setdefault((call.function.name, len(seen.leaf_names)), []).append(call)
-        for (name, _), members in groups.items():
+            group[1].append(call)
+        for name, members in groups.values():
             rows = self._rows(members)
             if rows is None or not self.growth.absorb(name, rows):
                 return False
@@ -681,6 +695,12 @@ class Watch(JitHook):
                     return over_devices(np.asarray(stacked_jaxdbg(vectors))[:len(calls)])
             except Exception:  # noqa: BLE001 - e.g. rows on different devices: one copy each from now on
                 self._stacking = False
+        if not self._copy_ahead:  # on CPU: every call's vector through the buffer protocol, joined in one copy
+            with contextlib.suppress(AttributeError, BufferError, TypeError, ValueError):  # else one copy each
+                vectors = [call.magnitudes for call in calls]
+                shape = vectors[0].aval.shape
+                if len(shape) == 1 and all(vector.aval.shape == shape for vector in vectors):
+                    return np.frombuffer(b"".join(vectors), np.float32).reshape(len(calls), shape[0])
         try:
             return np.stack([call.host_magnitudes() for call in calls])
         except ValueError:  # vectors of different lengths (the outputs changed): read one by one
@@ -691,13 +711,24 @@ class Watch(JitHook):
 
     def _pop(self) -> JitCall:
         """The oldest unread call, taken off the queue (and off what the queue keeps)."""
-        call = self._pending.popleft()
-        if call.notes.get("copied"):
-            self._copies -= 1
-        released = _kept_bytes(call)
+        call = self._pending[0]
+        self._drop(1)
+        return call
+
+    def _drop(self, count: int) -> None:
+        """Take the ``count`` oldest unread calls off the queue (and off what the queue keeps)."""
+        pending = self._pending
+        copies = released = 0
+        for _ in range(count):
+            notes = pending.popleft().notes
+            if notes.get("copied"):
+                copies += 1
+            kept = notes.get("nan_inputs")
+            if kept is not None:
+                released += kept.nbytes
+        self._copies -= copies
         self._kept_bytes -= released
         self._released += released
-        return call
 
     def _check(self, call: JitCall) -> None:
         """Read one unread call's flags."""

@@ -111,13 +111,16 @@ class StepClock:
         """The clock's part of one call once its times are known: the device's idle time before ``begins`` (the
         call's execution start, in plain-run time), the call's dispatch and transfer, the steady-step run of its
         function (``steady``: neither compiled nor captured), and its execution on the device's queue."""
-        if self.started and begins > self.device_free:
-            gap = begins - self.device_free
-            self.idle += gap
-            if self.pending is not None:
-                credit = min(gap, max(begins - self.pending_end, 0.0))
-                self.pending.idle_s += credit
-                self.sync_idle += credit
+        free = self.device_free
+        if begins > free:
+            if self.started:
+                gap = begins - free
+                self.idle += gap
+                if self.pending is not None:
+                    credit = min(gap, max(begins - self.pending_end, 0.0))
+                    self.pending.idle_s += credit
+                    self.sync_idle += credit
+            free = begins
         self.pending = None
         self.transfer += put_s
         self.calls += host
@@ -134,7 +137,7 @@ class StepClock:
             del self._runs[function]
             _fold(self._closed.setdefault(function, [0.0] * len(STEP_FIELDS)), run, before)
         self.previous[function] = None if captured else now
-        self.device_free = max(begins, self.device_free) + execute_s
+        self.device_free = free + execute_s  # max(begins, device_free), without a call of max() per call
         self.device += execute_s
         self.started = True
 
@@ -173,10 +176,10 @@ class StepClock:
         latest measured dispatch time (an un-waited call seen), running its latest measured execution."""
         functions, starts = self.unseen_functions, self.unseen_starts
         self.unseen_functions, self.unseen_starts = array("q"), array("d")
-        dispatch, execute = self.dispatch, self.execute
+        dispatch, execute, shift = self.dispatch, self.execute, self.shift
         for function, start in zip(functions, starts):  # as call(), not waited: the shift does not move
-            self._step(function, start - self.shift, dispatch.get(function, 0.0), execute.get(function, 0.0), 0.0,
-                       True, False)
+            self._step(function, start - shift, dispatch.get(function, 0.0), execute.get(function, 0.0), 0.0, True,
+                       False)
 
     def eager_compile(self) -> None:
         """An operation run outside jit compiled (its first run): the step it falls in is not a steady one."""

@@ -37,6 +37,9 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import jax
+import numpy as np
+
 from jaxdbg import _compat, jit_layer
 from jaxdbg._source import SourceLocation, caller_user_frame
 from jaxdbg.jit_layer import CACHE_HIT_EVENT, COMPILE_EVENTS, InstrumentedJit, JitCall, JitHook, unwrap_function
@@ -136,11 +139,12 @@ class Recorder(JitHook):
         if phase == 0 or (phase == 1 and (index - 1) // every % DISPATCH_EVERY == 1):  # the first: the 2nd timed
             return True
         window = self.window
-        if (window is not None and window.active) or self.functions[function.record.id].host_args:
+        ident = function.record.id
+        if (window is not None and window.active) or self.functions[ident].host_args:
             return True
         if threading.get_ident() == self._main:  # its start, for the step clock (see StepClock.catch_up)
             clock = self.clock
-            clock.unseen_functions.append(function.record.id)
+            clock.unseen_functions.append(ident)
             clock.unseen_starts.append(time.perf_counter())
         return False
 
@@ -248,8 +252,6 @@ class Recorder(JitHook):
     def _put_host_args(self, function: InstrumentedJit, args: tuple) -> tuple[tuple, float]:
         """Copy numpy arguments (top level, or one level into a tuple/list/dict) to the device, timed. A pmap'd
         function's go where pmap puts them (:meth:`_pmap_placements`), or are left to it."""
-        import numpy as np
-
         found = False
         for value in args:
             if isinstance(value, np.ndarray) or (
@@ -259,8 +261,6 @@ class Recorder(JitHook):
                 break
         if not found:
             return args, 0.0
-        import jax
-
         nbytes = 0
         places = self._pmap_placements(function, args) if function.is_pmap else None
         if function.is_pmap and places is None:
@@ -296,8 +296,6 @@ class Recorder(JitHook):
         """Per argument of a pmap'd call, the sharding pmap gives a numpy array there (None: not a numpy array),
         for top-level numpy arguments mapped over axis 0 (pmap's default); None for any other layout (pmap copies
         those itself, inside the call)."""
-        import numpy as np
-
         in_axes = function.options.get("in_axes", 0)
         axes = [in_axes] * len(args) if isinstance(in_axes, int) else list(in_axes) if isinstance(
             in_axes, (tuple, list)) and len(in_axes) == len(args) else None
@@ -479,8 +477,6 @@ class Recorder(JitHook):
 
 
 def _block_until_ready(x: Any) -> Any:
-    import jax
-
     return jax.block_until_ready(x)
 
 
