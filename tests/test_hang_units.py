@@ -151,8 +151,9 @@ def test_processes_waiting_in_one_collective_are_one_group_whatever_native_frame
     for i in (2, 3):
         records[i]["threads"][0]["waiting_in"] = records[0]["threads"][0]["waiting_in"]
     result = judge(JobFacts(4, "stall", 30.0, records, outcomes={1: {"status": "finished"}}))
-    assert "processes 0, 2, 3 wait inside train_step call 5, called at train.py:40 (<module>), waiting in a lock, " \
-           "condition or event (futex): BlockUntilReady" in result.verdict
+    shared = ("processes 0, 2, 3 wait inside train_step call 5, called at train.py:40 (<module>), waiting in a lock, "
+              "condition or event (futex): BlockUntilReady")
+    assert shared in result.verdict
 
 
 def test_a_function_whose_traced_body_waits_is_stuck_in_its_own_code_not_on_the_device():
