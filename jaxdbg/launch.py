@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -148,10 +149,14 @@ def launch(argv: Sequence[str], processes: int, timeout: float | None = None) ->
         codes = [proc.wait(timeout=timeout) for proc in procs]
     finally:
         stop(procs)
+    reported = False
     for index, (code, log_path) in enumerate(zip(codes, paths)):
         if index and code not in (0, codes[0]) and log_path is not None:
             last = _last_line(log_path)
             sys.stderr.write(f"jaxdbg: process {index} of {processes} exited with {code}: {last} (log: {log_path})\n")
+            reported = True
+    if not reported:  # the logs are kept only where a message above points at one
+        shutil.rmtree(logs, ignore_errors=True)
     failed = [code for code in codes[1:] if code != 0]
     return codes[0] if codes[0] != 0 or not failed else failed[0]
 

@@ -116,10 +116,14 @@ def test_profile_runs_in_every_process_of_a_two_process_job(tmp_path):
 def test_memory_in_every_process_of_a_two_process_job(tmp_path):
     """Each process measures its own devices; process 0's report lists every process's peak (gathered through
     the coordination service), and the step's program is the per-device one (a quarter of the batch)."""
-    out = tmp_path / "mem"
-    done = launch(["memory", os.path.join(CORPUS, "multihost_dp", "train.py"), "--out", str(out), "-q", "--no-plot",
-                   "--json", str(tmp_path / "job.json")], 2)
+    out, temporary = tmp_path / "mem", tmp_path / "tmp"
+    temporary.mkdir()
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "TMPDIR": str(temporary)}
+    done = finish(start(["memory", os.path.join(CORPUS, "multihost_dp", "train.py"), "--out", str(out), "-q",
+                         "--no-plot", "--json", str(tmp_path / "job.json")], 2, env=env))
     assert done.returncode == 0, done.stderr[-3000:]
+    # Nothing of jaxdbg's is left outside --out: the launcher's logs of processes 1.. went with a job that succeeded.
+    assert [name for name in os.listdir(temporary) if name.startswith("jaxdbg-")] == []
     job = json.loads((tmp_path / "job.json").read_text())
     rows = job["result"]["processes"]
     assert [(r["index"], r["note"], r["leaks"], r["out_of_memory"]) for r in rows] == [(0, None, 0, False),

@@ -7,7 +7,6 @@ and each sync and transfer at its line with its count; never a time."""
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 
 import jax
@@ -71,8 +70,8 @@ def device_bound_loop(steps: int) -> None:
     float(w[0, 0])
 
 
-def recorded(loop) -> Recorder:
-    recorder = Recorder(lambda message: None, tempfile.mkdtemp(prefix="jaxdbg-host-"), sync_every=8)
+def recorded(loop, folder) -> Recorder:
+    recorder = Recorder(lambda message: None, str(folder), sync_every=8)
     with compile_listener(recorder), tracking_jit(recorder), timed_transfers(recorder):
         loop(STEPS)
     return recorder
@@ -91,13 +90,13 @@ def _sync_row(kind, source, site):
 
 
 @pytest.fixture(scope="module")
-def host_bound() -> Recorder:
-    return recorded(host_bound_loop)
+def host_bound(tmp_path_factory) -> Recorder:
+    return recorded(host_bound_loop, tmp_path_factory.mktemp("host_bound"))
 
 
 @pytest.fixture(scope="module")
-def device_bound() -> Recorder:
-    return recorded(device_bound_loop)
+def device_bound(tmp_path_factory) -> Recorder:
+    return recorded(device_bound_loop, tmp_path_factory.mktemp("device_bound"))
 
 
 def test_each_sync_is_found_at_its_line_with_its_count(host_bound):
