@@ -390,6 +390,24 @@ def test_donation_is_hinted_only_where_it_saves_a_share_of_the_peak_worth_saying
     assert not [h for h in hints_for([small], (), None, 1, "cpu", peak_bytes=15 * MIB) if h.kind == "donate"]
 
 
+def test_the_held_line_lists_what_weighs_and_sums_up_the_scalars() -> None:
+    """params (48 MiB of a 160 MiB peak) get their line; a step counter and a learning rate held across the same
+    call are summed up in one dim line, not listed one by one."""
+    from rich.console import Console
+
+    from jaxdbg.cli.memory import _render_buffers
+    from jaxdbg.memory.result import Held, ProgramMemory
+
+    held = (Held("params", 0, 48 * MIB, 6, threaded=True), Held("step", 1, 4, 1, threaded=True),
+            Held("lr", 2, 4, 1, threaded=False))
+    console = Console(record=True, width=200)
+    _render_buffers(ProgramMemory("train_step", None, 0, 0, "", 48 * MIB, 48 * MIB, 0, 0, 0, 160 * MIB, held=held),
+                    console)
+    text = console.export_text()
+    assert "held across the call: params, 48.0 MiB in 6 array(s)" in text
+    assert "held across the call: step" not in text and "and 2 smaller argument(s) held across the call, 8 B" in text
+
+
 def test_a_growing_state_is_no_leak_and_does_not_make_a_list_of_scalars_one() -> None:
     """A KV cache grown by concatenation: the latest call's outputs (the cache) grow 16 KiB a call while a list
     keeps each call's 4-byte token. Only older calls' outputs can leak: 4 B a call is far under the threshold

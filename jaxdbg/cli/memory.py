@@ -163,6 +163,11 @@ def _render_functions(programs: tuple[ProgramMemory, ...], console: Console) -> 
     console.print(table)
 
 
+
+# A held argument under this share of its program's peak is summed up, not listed (the JSON has every one).
+HELD_MIN_SHARE = 0.01
+
+
 def _fits(program: ProgramMemory) -> str:
     if program.fits is None:
         return ""
@@ -177,10 +182,16 @@ def _render_buffers(program: ProgramMemory, console: Console) -> None:
             side = f" ({b.pass_})" if b.pass_ else ""
             console.print(f"  {_size(b.bytes):>10}  {escape(b.shape):<20} {b.kind:<8} {escape(what)}{side}  "
                           f"{escape(_where(b.source))}", soft_wrap=True)
-    for held in program.held:
+    # Only what weighs: a step counter or a learning rate held across the call is not worth a line each.
+    shown = [h for h in program.held if h.bytes >= HELD_MIN_SHARE * program.peak_bytes]
+    for held in shown:
         why = " (the loop passes the outputs back in)" if held.threaded else ""
         console.print(f"  held across the call: {escape(held.argument)}, {_size(held.bytes)} in {held.leaves} "
                       f"array(s), not donated although an output has its shape{why}", soft_wrap=True)
+    rest = [h for h in program.held if h not in shown]
+    if rest and shown:
+        console.print(f"  [dim]and {len(rest)} smaller argument(s) held across the call, "
+                      f"{_size(sum(h.bytes for h in rest))} in all[/]", soft_wrap=True)
     if program.note:
         console.print(f"  [dim]{escape(program.note)}[/]", soft_wrap=True)
 
