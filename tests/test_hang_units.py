@@ -194,8 +194,8 @@ def test_a_process_read_with_pid_is_not_said_to_be_before_its_first_call(tmp_pat
 
 
 def test_spin_watch_names_the_busy_wait_not_the_counting_loop_or_the_sleeper():
-    """Three threads for 1.5 s: one spins on a flag, one counts (its variable moves), one sleeps: only the
-    first spins, at its loop's line."""
+    """Four threads for 1.5 s: one spins on a flag, one counts (its variable moves), one sleeps, one updates a
+    large numpy array in place (its values move, nothing else): only the first spins, at its loop's line."""
     import threading
     import time
 
@@ -218,7 +218,12 @@ def test_spin_watch_names_the_busy_wait_not_the_counting_loop_or_the_sleeper():
         while not stop.is_set():
             time.sleep(0.05)
 
-    threads = [threading.Thread(target=f, daemon=True) for f in (spin, count, sleep)]
+    def relax():
+        grid = np.zeros(1_000_000)
+        while not stop.is_set():
+            grid += 1.0  # in place: only the array's values move
+
+    threads = [threading.Thread(target=f, daemon=True) for f in (spin, count, sleep, relax)]
     for thread in threads:
         thread.start()
     watch = SpinWatch(confirm_s=0.8)
