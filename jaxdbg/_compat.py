@@ -14,7 +14,10 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
+import sys
 import types
 from collections.abc import Iterator
 from typing import Any
@@ -147,6 +150,39 @@ def current_transform() -> str:
     trace = _TRACE.value
     name = type(trace).__name__
     return _TRANSFORMS.get(name, f"a jax transformation ({name})")
+
+
+# The closures jax's transformations return (jax/_src/api.py, jax 0.10/0.11); each holds the user's function as `fun`.
+_TRANSFORM_CLOSURES = ("value_and_grad_f", "vmap_f", "jacfun")
+
+
+def transformed_function_name() -> str | None:
+    """The name of the function the innermost transformation running now was given: ``loss`` inside
+    ``jax.grad(loss)(w)`` (read from the frame of jax's closure on the stack); None where none is found.
+
+    Example:
+        >>> def loss(x):
+        ...     seen.append(transformed_function_name())
+        ...     return x * 2.0
+        >>> seen = []
+        >>> _ = jax.grad(loss)(1.0)
+        >>> seen
+        ['loss']
+    """
+    api = os.path.join("jax", "_src", "api.py")
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name in _TRANSFORM_CLOSURES and code.co_filename.endswith(api):
+            with contextlib.suppress(Exception):  # f_locals of a jax frame: best effort
+                fun = frame.f_locals.get("fun")
+                while isinstance(fun, functools.partial):
+                    fun = fun.func
+                name = getattr(fun, "__name__", None)
+                return name if isinstance(name, str) else None
+            return None
+        frame = frame.f_back
+    return None
 
 
 def backend_started() -> bool:

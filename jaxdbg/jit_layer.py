@@ -163,6 +163,7 @@ class FunctionRecord:
         # and nan-hunt's eager check names the call it belongs to by these.
         self.transformed_calls: dict[str, int] = {}
         self.latest_transformed: tuple[int, str, int] | None = None
+        self.transformed_outer: str | None = None  # the function the latest transformation was given (``loss``)
         # Its output leaves, counted once at a call through jax.grad: the eager forward program jax.grad runs
         # returns these first, then the residuals only the backward pass reads.
         self.output_leaves: int | None = None
@@ -181,9 +182,10 @@ def _output_leaves(jitted: Any, args: tuple, kwargs: dict) -> int | None:
 _transformed_order = itertools.count()  # orders the transformed calls of all functions (FunctionRecord)
 
 
-def note_transformed_call(record: FunctionRecord, transform: str) -> None:
+def note_transformed_call(record: FunctionRecord, transform: str, outer: str | None = None) -> None:
     """File a call of ``record``'s function traced by ``transform`` outside any top-level call (see
-    :attr:`FunctionRecord.transformed_calls`).
+    :attr:`FunctionRecord.transformed_calls`); ``outer``: the function the transformation was given, where it is
+    not this one (``loss`` of ``jax.grad(loss)`` calling the jitted ``layer``).
 
     Example:
         >>> record = FunctionRecord(0, "loss", None)
@@ -192,6 +194,7 @@ def note_transformed_call(record: FunctionRecord, transform: str) -> None:
         ({'jax.grad': 2}, ('jax.grad', 1))
     """
     record.traced_by = transform
+    record.transformed_outer = outer
     index = record.transformed_calls.get(transform, 0)
     record.transformed_calls[transform] = index + 1
     record.latest_transformed = (next(_transformed_order), transform, index)
@@ -348,7 +351,7 @@ class InstrumentedJit:
             return plan.jitted(*args, **kwargs)  # nested in a watched call, or jaxdbg's own
         if not _trace_state_clean():  # traced by a transformation applied outside any watched call
             transform = _compat.current_transform()
-            note_transformed_call(plan.record, transform)  # (a watch that saw no call says so)
+            note_transformed_call(plan.record, transform, _compat.transformed_function_name())
             if transform == "jax.grad" and plan.record.output_leaves is None:
                 plan.record.output_leaves = _output_leaves(plan.jitted, args, kwargs)
             return plan.jitted(*args, **kwargs)

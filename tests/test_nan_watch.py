@@ -151,6 +151,23 @@ def test_grad_applied_outside_jit_names_the_op_in_the_jitted_function_and_its_ca
     assert "call 4 (through `jax.grad`, applied outside jit)" in explain(origin)[0]
 
 
+def test_grad_of_a_plain_loss_that_calls_a_jitted_layer_twice_names_both_in_the_path() -> None:
+    """``jax.grad(loss)`` where the plain ``loss`` calls the jitted ``layer`` twice a step: layer's calls count
+    one by one (step 3's first call is call 6), and the path is the user's ``jax.grad(loss)``, then layer."""
+
+    def loss(w, x, s):
+        return jnp.sum(layer(w, layer(w, x, s), s))
+
+    w, x = jnp.array([[1.0, 0.5], [0.3, 0.2]]), jnp.array([[1.0, 0.1]])
+    with pytest.raises(NonFiniteFound) as stop, Watch():
+        layer = jax.jit(lambda w, x, s: jnp.sqrt(x @ w - s))
+        for i in range(5):
+            w = w - 0.01 * jax.grad(loss)(w, x, 10.0 if i == 3 else 0.0)
+    origin = stop.value.finding.origin
+    assert (origin.primitive, origin.call_index, origin.path) == ("sqrt", 6, ("jax.grad(loss)", "jit(<lambda>)"))
+    assert origin.transformed_by == "jax.grad"
+
+
 def test_vmap_applied_outside_jit_counts_the_calls_through_it() -> None:
     with pytest.raises(NonFiniteFound) as stop, Watch():
         loss = jax.jit(lambda w, x: jnp.sum(jnp.log(w - x)))  # log of a negative entry at the 4th call

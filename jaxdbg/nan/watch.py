@@ -140,6 +140,20 @@ class Transformed:
     transform: str
     index: int
     output_leaves: int | None = None
+    outer: str | None = None  # the function the transformation was given, where it calls this one (``loss``)
+
+    @property
+    def path(self) -> tuple[str, ...]:
+        """The head of the origin's path: ``('jax.grad(loss)',)``, or ``('jax.grad(loss)', 'jit(layer)')``
+        where ``loss`` calls the jitted ``layer``.
+
+        Example:
+            >>> Transformed("layer", "jax.grad", 6, 1, outer="loss").path
+            ('jax.grad(loss)', 'jit(layer)')
+        """
+        if self.outer is None:
+            return (f"{self.transform}({self.function})",)
+        return (f"{self.transform}({self.outer})", f"jit({self.function})")
 
     def residuals(self, outputs: int) -> frozenset[int]:
         """Of the ``outputs`` of the forward program jax.grad runs eagerly (the function's outputs, then the
@@ -1010,12 +1024,13 @@ class Watch(JitHook):
         transformed outside jit (``jax.grad(loss)(w)`` runs ``loss``'s forward and, later, its transposed program
         as eager ``jit`` operations named ``loss``); else None (jax's own jitted functions, ``jnp.sqrt``)."""
         name = params.get("name")
-        calls = [(latest, f.record.output_leaves) for f in self.functions
+        calls = [(latest, f.record) for f in self.functions
                  if f.name == name and (latest := f.record.latest_transformed) is not None]
         if not calls:
             return None
-        (_, transform, index), outputs = max(calls, key=lambda c: c[0][0])
-        return Transformed(str(name), transform, index, outputs)
+        (_, transform, index), record = max(calls, key=lambda c: c[0][0])
+        outer = record.transformed_outer if record.transformed_outer != name else None
+        return Transformed(str(name), transform, index, record.output_leaves, outer)
 
     def _on_eager_jit(self, name: str, closed: Any, args: Sequence[Any], outs: list, nested: bool) -> None:
         """A jitted function run eagerly through Python dispatch: jax's own (``jnp.sqrt``), not a watched one."""
@@ -1123,7 +1138,7 @@ class Watch(JitHook):
             path = (root, *inner.path[1:]) if inside else ("eager",)
             if transformed is not None:  # inner.path: ('jit(eager)', 'jit(loss)', inside loss...)
                 owner, call_index = transformed.function, transformed.index
-                inside, path = True, (f"{transformed.transform}({owner})", *inner.path[2:])
+                inside, path = True, (*transformed.path, *inner.path[2:])
             if inside and inner.source is not None:
                 source = inner.source
             if "shard_map" in inner.path:
