@@ -353,7 +353,6 @@ def compiled_memory(compiled: Any, with_peak: bool = False) -> dict[str, int] | 
 
 # ---- nan-hunt (issue 4): equation evaluation, eager-op hooks, custom_vjp backward sources, shard_map ----
 
-import contextlib  # noqa: E402 - kept with the nan-hunt helpers that need it
 
 
 def is_batched_cond_select(eqn: Any) -> bool:
