@@ -170,7 +170,7 @@ def transformed_function_name() -> str | None:
         ['loss']
     """
     api = os.path.join("jax", "_src", "api.py")
-    frame = sys._getframe(1)
+    frame: types.FrameType | None = sys._getframe(1)
     while frame is not None:
         code = frame.f_code
         if code.co_name in _TRANSFORM_CLOSURES and code.co_filename.endswith(api):
@@ -239,7 +239,7 @@ def in_host_callback() -> bool:
     """
     import sys
 
-    frame = sys._getframe(1)
+    frame: types.FrameType | None = sys._getframe(1)
     while frame is not None:
         code = frame.f_code
         if code.co_name == "_wrapped_callback" and code.co_filename.endswith(_CALLBACK_FILE):
