@@ -244,7 +244,7 @@ def in_host_callback() -> bool:
         code = frame.f_code
         if code.co_name == "_wrapped_callback" and code.co_filename.endswith(_CALLBACK_FILE):
             return True
-        frame = frame.f_back  # type: ignore[assignment]
+        frame = frame.f_back
     return False
 
 
