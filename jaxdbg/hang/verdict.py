@@ -237,7 +237,7 @@ def _stall(states: dict[int, ProcessState], idle: list[int], facts: JobFacts, co
     verdict = "; ".join(lines + _group_others(states, set(stuck), waits="waits"))
     inside = all(states[i].state != "host" for i in stuck)
     return HangResult(True, verdict, "stall", stuck=tuple(stuck), explanation=(
-        _STUCK_INSIDE if inside else _STUCK_OUTSIDE), hints=tuple(_stuck_hints(states, stuck)), **common)
+        _STUCK_INSIDE if inside else _STUCK_OUTSIDE), hints=tuple(_stuck_hints(states, stuck, facts.records)), **common)
 
 
 def _ended_early(states: dict[int, ProcessState], ended: list[int], waiting: list[int],
@@ -323,11 +323,14 @@ def _without_native_wait(state: ProcessState) -> str:
     return detail
 
 
-def _stuck_hints(states: dict[int, ProcessState], stuck: Iterable[int]) -> list[str]:
+def _stuck_hints(states: dict[int, ProcessState], stuck: Iterable[int], records: dict[int, dict]) -> list[str]:
     hints = []
     for index in stuck:
         state = states[index]
-        if state.state == "host":
+        queue_hint = wait_hint(records.get(index) or {}) if state.state == "host" else None
+        if queue_hint:  # its main thread joins a thread stuck on a queue: that says more than "see the line"
+            hints.append(f"process {index}: {queue_hint}; every other process waits for it")
+        elif state.state == "host":
             hints.append(f"process {index} never reached the next collective: see what {short(state.source)} waits "
                          f"for ({state.waiting_in or 'its stack below'}); every other process waits for it")
         elif state.state == "callback":
