@@ -138,6 +138,17 @@ def test_reducer_keeps_the_raising_statement_and_its_guard():
     assert not undefined_names(ast.parse(text))
 
 
+@pytest.mark.parametrize("script, line", [("SCRIPT", 17), ("CHAIN", 7)])
+def test_changes_that_failed_wait_for_the_last_round_and_the_result_is_the_same(script, line):
+    """A deletion that failed is not retried after each unrelated simplification, only in a last full round:
+    fewer checks, the same reduced program."""
+    source = globals()[script]
+    remembering = SourceReducer(source, protected_line=line, test=_value_error_test)
+    retrying = SourceReducer(source, protected_line=line, test=_value_error_test, remember_failed=False)
+    assert remembering.run() == retrying.run()
+    assert remembering.checks < retrying.checks, (remembering.checks, retrying.checks)
+
+
 @pytest.fixture(scope="module")
 def mismatch_checker():
     """A Checker for the jit-mismatch recipe's own assertion (the case a generic reducer gets wrong)."""

@@ -28,6 +28,7 @@ import builtins
 import copy
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import cast
@@ -139,7 +140,7 @@ class SourceReducer:
     def __init__(self, source: str, protected_line: int | None, test: Callable[[Sequence[State]], Sequence[bool]],
                  *, jobs: int = 1, deadline: float | None = None,
                  on_progress: Callable[[int, str], None] | None = None,
-                 on_accept: Callable[[State], None] | None = None):
+                 on_accept: Callable[[State], None] | None = None, remember_failed: bool = True):
         tree = parse(source)
         self.state = State(tree, find_statement(tree, protected_line), ast.unparse(tree))
         self.test, self.jobs, self.deadline = test, max(1, jobs), deadline
@@ -147,6 +148,13 @@ class SourceReducer:
         self.on_accept = on_accept or (lambda state: None)
         self.cache: dict[str, bool] = {}
         self.checks = 0
+        # The changes (lines taken out, lines put in) that failed. Between full rounds a change that failed is not
+        # tried again: after an unrelated reduction the same deletion almost always fails again, and rerunning
+        # every failed candidate after each accepted simplification was most of the checks. A last round with
+        # them tried again decides the end, so the result is as small as without this.
+        self.failed: set[tuple[tuple[str, ...], tuple[str, ...]]] = set()
+        self.remember_failed = remember_failed
+        self.retry_failed = not remember_failed
 
     def out_of_time(self) -> bool:
         return self.deadline is not None and time.perf_counter() > self.deadline
@@ -159,7 +167,11 @@ class SourceReducer:
                       self.inline_calls, self.unwrap_blocks, self.inline_constants,
                       self.fold_constant_lookups, self.drop_unused_parameters, self.drop_defaults)
         progress = True
-        while progress and not self.out_of_time():
+        while not self.out_of_time():
+            if not progress:
+                if self.retry_failed:
+                    break  # a full round (failed changes tried again) found nothing: the end
+                self.retry_failed = True  # one full round before ending
             progress = False
             changed = True
             while changed and not self.out_of_time():
@@ -169,6 +181,8 @@ class SourceReducer:
                 progress |= changed
             # a few simplifications at a time: each can leave dead code that a structural pass removes at once
             progress |= self._run_pass(self.simplify_expressions, max_accepts=4)
+            if progress:
+                self.retry_failed = not self.remember_failed
         return self.state.text
 
     # The search ---------------------------------------------------------------------------------------------
@@ -214,6 +228,8 @@ class SourceReducer:
         if (_size(tree, text) >= _size(self.state.tree, self.state.text) or text in self.cache
                 or undefined_names(tree) - undefined_names(self.state.tree)):
             return None
+        if not self.retry_failed and _change(self.state.text, text) in self.failed:
+            return None
         if protected is not None and not any(node is protected for node in ast.walk(tree)):
             return None
         return State(tree, protected, text)
@@ -222,6 +238,8 @@ class SourceReducer:
         verdicts = self.test([state for _, state in batch])
         for (_, state), verdict in zip(batch, verdicts):
             self.cache[state.text] = bool(verdict)
+            if not verdict:
+                self.failed.add(_change(self.state.text, state.text))
         self.checks += len(batch)
         for (offset, state), verdict in zip(batch, verdicts):
             if verdict:
@@ -428,6 +446,17 @@ class SourceReducer:
 # ----------------------------------------------------------------------------------------------------------
 # Edits (each works on the walk-ordered node list of a fresh copy)
 # ----------------------------------------------------------------------------------------------------------
+
+
+def _change(before: str, after: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """What a candidate changes, whatever else the program holds now: (lines taken out, lines put in).
+
+    Example:
+        >>> _change("a = 1\\nb = 2\\nc = a + b\\n", "a = 1\\nc = a + 1\\n")
+        (('b = 2', 'c = a + b'), ('c = a + 1',))
+    """
+    taken, put = Counter(before.splitlines()), Counter(after.splitlines())
+    return tuple(sorted((taken - put).elements())), tuple(sorted((put - taken).elements()))
 
 
 def _delete(owner: int, field: str, start: int, stop: int) -> Edit:
