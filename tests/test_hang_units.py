@@ -156,6 +156,30 @@ def test_processes_waiting_in_one_collective_are_one_group_whatever_native_frame
     assert shared in result.verdict
 
 
+def test_the_process_that_skipped_a_call_is_pointed_at_the_continue_that_skipped_it(tmp_path):
+    """Process 1 ran one train_step fewer (a `continue` under a per-process condition) and finished; process 0
+    waits in its last call. The hint names the loop's `continue` and its condition, read from the source."""
+    source = tmp_path / "train.py"
+    source.write_text("import jax\n"
+                      "for step in range(6):\n"
+                      "    batch = load(step)\n"
+                      "    if batch is None and jax.process_index() == 1:\n"
+                      "        continue\n"
+                      "    for retry in range(2):\n"
+                      "        continue\n"
+                      "    loss = train_step(batch)\n")
+    waiting = _record(0, "train_step", "train_step(x: f32[4]) [all-reduce:sum]", 8, None)
+    ended = _record(1, "train_step", "train_step(x: f32[4]) [all-reduce:sum]", 8, 1.0)
+    ended["calls"][0]["index"] = 4
+    for record in (waiting, ended):
+        record["threads"][0]["user"]["file"] = str(source)
+    result = judge(JobFacts(2, "stall", 30.0, {0: waiting, 1: ended}, outcomes={1: {"status": "finished"}}))
+    assert result.stuck == (1,)
+    assert ("find the call process 1 skipped: the loop can go past train.py:8 (<module>) at the `continue` at "
+            "train.py:5 (under `if batch is None and jax.process_index() == 1`); make that condition the same on "
+            "every process") in result.hints[0], result.hints[0]
+
+
 def test_a_function_whose_traced_body_waits_is_stuck_in_its_own_code_not_on_the_device():
     """Inside train_step call 5 with no frame of jax's inside the user's: jax traces it and its Python body
     sleeps (a polling loop in the traced code). Not 'waits inside a jitted call' on the device."""

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jaxdbg.hang.result import Divergence, DivergenceSide, HangResult, ProcessState
+from jaxdbg.hang.skips import skip_points
 from jaxdbg.hang.spin import SPIN_WORDS
 from jaxdbg.hang.states import (
     call_name,
@@ -249,10 +250,15 @@ def _ended_early(states: dict[int, ProcessState], ended: list[int], waiting: lis
     lines = [f"process {i} {states[i].detail} {last(states[i])}" if states[i].state == "finished" else
              f"process {i} {states[i].detail}" for i in ended]
     verdict = "; ".join(lines + _group_others(states, set(ended), waits="waits"))
+    site = states[waiting[0]].source
+    points = skip_points(site.file, site.line) if site is not None else []
+    where = (f": the loop can go past {short(site)} at " + ", ".join(p.words(site.file) for p in points) +
+             "; make that condition the same on every process" if points and site is not None else
+             " (a call under a condition that differs between processes: process_index, local data, an early "
+             "break) and make every process run it")
     hints = [f"process {i}'s last call was {_call_words(states[i])} while process {waiting[0]} waits in "
-             f"{_call_words(states[waiting[0]])}: find the call process {i} skipped (a call under a condition "
-             "that differs between processes: process_index, local data, an early break) and make every process "
-             "run it" for i in ended if states[i].state == "finished" and states[i].function is not None]
+             f"{_call_words(states[waiting[0]])}: find the call process {i} skipped{where}"
+             for i in ended if states[i].state == "finished" and states[i].function is not None]
     failed = [i for i in ended if states[i].state == "failed"]
     hints += [f"process {i} raised: fix that error first (its message is above); the others only wait for it"
               for i in failed]
