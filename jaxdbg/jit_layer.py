@@ -682,8 +682,11 @@ def adopted() -> Iterator[list[str]]:
     ``eqx.filter_jit`` at module level, the usual way; ``jax.pmap`` too while a hook sees pmap'd functions): each
     one bound to a global name of one of the program's own modules is swapped for an instrumented twin built with
     the same options (for a framework wrapper, its inner ``jax.jit`` is), and everything is put back on exit.
-    Yields the names adopted. A function held only in a local variable or another object cannot be reached (enter
-    the watch before ``jax.jit`` for those), nor one pmap'd with both static and donated arguments.
+    Instances of the program's own classes are searched too, those bound to a global name and those in the local
+    variables of the program's frames that enter the block: ``self.step = jax.jit(self._step)`` in a trainer's
+    ``__init__`` is swapped on the instance. Yields the names adopted. A function held only in a local variable
+    cannot be reached (enter the watch before ``jax.jit`` for those), nor one pmap'd with both static and donated
+    arguments.
 
     Example:
         >>> import jax, jax.numpy as jnp, os, sys, tempfile, types
@@ -705,10 +708,14 @@ def adopted() -> Iterator[list[str]]:
     undo: list[tuple[Any, str, Any]] = []
     names: list[str] = []
     if layer is not None:
-        for namespace in user_namespaces():
+        namespaces = user_namespaces()
+        for namespace in namespaces:
             for name, restore in _adopt_in(namespace, layer):
                 undo.append(restore)
                 names.append(name)
+        for name, restore in _adopt_in_instances(_user_instances(namespaces, sys._getframe(2)), layer):
+            undo.append(restore)
+            names.append(name)
     try:
         yield names
     finally:
@@ -751,6 +758,42 @@ def _adopt_in(namespace: dict, layer: _Layer, owner: type | None = None) -> list
             if twin is not None:
                 object.__setattr__(value, attribute, twin)  # Equinox modules are frozen dataclasses
                 done.append((name, (value, attribute, inner)))
+    return done
+
+
+def _user_instances(namespaces: list[dict], frame: Any) -> list[Any]:
+    """Objects of the program's own classes (with an instance ``__dict__``) bound to a global name of its modules
+    or to a local variable of its frames from ``frame`` outwards, each once."""
+    candidates = [value for namespace in namespaces for value in list(namespace.values())]
+    while frame is not None:
+        if is_user_file(frame.f_code.co_filename):
+            candidates += list(frame.f_locals.values())
+        frame = frame.f_back
+    seen: set[int] = set()
+    found = []
+    for value in candidates:
+        if id(value) in seen or isinstance(value, (type, types.ModuleType, types.FunctionType)):
+            continue
+        seen.add(id(value))
+        module = sys.modules.get(type(value).__module__)
+        if is_user_file(getattr(module, "__file__", None)) and isinstance(getattr(value, "__dict__", None), dict):
+            found.append(value)
+    return found
+
+
+def _adopt_in_instances(objects: list[Any], layer: _Layer) -> list[tuple[str, tuple[Any, str, Any]]]:
+    """Swap the jitted functions held in the instance attributes of ``objects`` for instrumented twins."""
+    done = []
+    for obj in objects:
+        for name, value in list(vars(obj).items()):
+            twin = None if isinstance(value, InstrumentedJit) else _twin(layer, value, None)
+            if twin is None:
+                continue
+            try:
+                object.__setattr__(obj, name, twin)
+            except (AttributeError, TypeError):  # a class that refuses new values: left as it is
+                continue
+            done.append((f"{type(obj).__name__}.{name}", (obj, name, value)))
     return done
 
 

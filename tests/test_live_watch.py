@@ -124,6 +124,28 @@ def test_log_action_goes_on_and_metrics_are_served(tmp_path, caplog):
         urllib.request.urlopen(guard.metrics_url, timeout=5)  # the server stopped with the watch
 
 
+class _Trainer:
+    """A trainer that jits its step in ``__init__``, as many do: made before the watch, held in a local."""
+
+    def __init__(self):
+        self.step = jax.jit(self._step)
+
+    def _step(self, x):
+        return jnp.log(x)  # <- the trainer's NaN
+
+
+def test_a_step_jitted_on_an_instance_before_the_watch_is_watched_and_put_back(tmp_path):
+    trainer = _Trainer()
+    original = trainer.step
+    with pytest.raises(jaxdbg.NonFiniteError) as found, jaxdbg.watch(out=str(tmp_path / "w")):
+        trainer.step(jnp.ones(2))
+        trainer.step(-jnp.ones(2))
+    origin = found.value.report["first"]
+    assert (origin["primitive"], origin["call_index"]) == ("log", 1)
+    assert "the trainer's NaN" in Path(origin["source"]["file"]).read_text().splitlines()[origin["source"]["line"] - 1]
+    assert trainer.step is original  # put back on exit
+
+
 def test_a_watch_that_saw_no_jitted_call_says_what_happened_instead(caplog, tmp_path, monkeypatch):
     early = jax.jit(lambda x: jnp.log(x))
     with caplog.at_level(logging.WARNING, logger="jaxdbg"), jaxdbg.watch():

@@ -298,6 +298,7 @@ def _why_nothing_was_watched(hook: Any) -> str:
     if reasons:
         return "; ".join(reasons) + ", or run the program under `jaxdbg nan-hunt`"
     return ("functions jitted before the watch began are watched only when bound to a global name or a class "
-            "attribute of the program's modules (one held in a local variable or an instance attribute is not): "
+            "attribute of the program's modules, or to an attribute of an object of its classes held there or in a "
+            "local variable of the code entering the watch (one held in a local variable itself is not): "
             "enter the watch before jax.jit is applied to the others (decorate main), or run the program under "
             "`jaxdbg nan-hunt`")
