@@ -139,6 +139,22 @@ def test_the_earliest_nan_is_the_origin_and_if_discarded_the_one_that_reaches_th
     assert replay(Call("f", lambda x: jnp.where(x > 0, jnp.log(x), 0.0), (jnp.array([-1.0]),), {}))[1] != []
 
 
+def test_a_nan_constant_a_select_discards_is_no_origin() -> None:
+    """jnp.var selects its own `jnp.nan` for an empty reduction and discards it (jax turns debug_nans off there):
+    the origin is the fully masked softmax row after it, with nothing said about the constant."""
+    def attention(x, mask):
+        x = (x - x.mean(-1, keepdims=True)) / jnp.sqrt(x.var(-1, keepdims=True) + 1e-5)
+        return jax.nn.softmax(jnp.where(mask, x, -jnp.inf), axis=-1)
+
+    found = hunt(attention, jnp.ones((2, 3)) * jnp.arange(3.0), jnp.array([[True, True, False], [False] * 3]))
+    assert found.first.primitive == "sub" and not found.first.constant_input
+    assert found.first.source.line == _line_of(attention, "softmax")
+    assert not found.discarded and found.reaching is None and not found.notes
+    # a NaN constant that the code passes on to the outputs stays the origin
+    found = hunt(lambda x: jnp.where(x > 0, x, jnp.nan) * 2.0, jnp.array([-1.0, 2.0]))
+    assert found.first.constant_input and found.first.source is not None
+
+
 @jax.custom_vjp
 def clipped_log(x):
     return jnp.log(jnp.maximum(x, 1e-6))
