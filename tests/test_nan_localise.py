@@ -353,6 +353,32 @@ def _spread(a, b, c, d, s):
     return (a + b + c + d) / jnp.exp(s + a + b + c + d)
 
 
+def _mean_aggregate(messages, receivers):
+    summed = jax.ops.segment_sum(messages, receivers, num_segments=4)
+    degree = jax.ops.segment_sum(jnp.ones_like(messages), receivers, num_segments=4)  # degree line
+    return summed / degree
+
+
+_ALPHAS_BAR = jnp.array([1.0, 0.5, 0.0])  # a schedule whose last entry is 0
+
+
+def _x0_from_noise(x, t):
+    ab = _ALPHAS_BAR[t]
+    x0 = x / jnp.sqrt(ab)  # the division: inf where ab is 0
+    return x0 @ jnp.array([1.0, -1.0])  # inf - inf: the NaN
+
+
+def _sinkhorn_step(cost, v):
+    kernel = jnp.exp(-cost / 0.01)  # kernel line
+
+    def body(carry):
+        i, v = carry
+        u = 1.0 / (kernel @ v)
+        return i + 1, 1.0 / (kernel.T @ u)
+
+    return jax.lax.while_loop(lambda c: c[0] < 2, body, (0, v))[1]
+
+
 def test_a_row_of_minus_inf_that_overflowed_is_not_called_masked() -> None:
     """x - max(x) over a row that is all -inf is a fully masked row when a mask wrote the -inf, but an overflow
     when an operation computed it from finite values (blown-up weights): the explanation names the overflow."""
@@ -386,9 +412,9 @@ def test_the_zero_a_division_by_zero_divided_by_is_traced_to_where_it_was_made()
     def traced(fn, *args):
         call = Call(fn.__name__, jax.jit(fn), args, {})
         found = localise_call(call)
-        findings = Findings(found.first, call=call, localisation=found)
+        findings = Findings(found.first, chain=list(found.chain), call=call, localisation=found)
         zero_source.analyse(findings)
-        return findings.zero_source, explain(found.first, zero=findings.zero_source)
+        return findings.zero_source, explain(found.first, found.chain, zero=findings.zero_source)
 
     # a parameter sent far negative: exp underflows, the denominator is 0, 0 / 0 is NaN
     zero, (text, hints) = traced(_gp_like, jnp.zeros(3), jnp.float32(-377.0))
@@ -414,7 +440,21 @@ def test_the_zero_a_division_by_zero_divided_by_is_traced_to_where_it_was_made()
     # a denominator made outside the inner function the division is in
     zero, (text, _) = traced(lambda x, s: jax.jit(lambda a, b: a / b)(x, jnp.exp(s)), jnp.float32(0.0),
                              jnp.float32(-377.0))
-    assert (zero.how, zero.arguments) == ("outside", ("s",)) and "computed before `jit(<lambda>)` began" in text
+    assert (zero.primitive, zero.how, zero.arguments) == ("exp", "underflow", ("s",)), zero
+    # followed out of a while_loop through its constant: the kernel computed once before it underflowed
+    zero, (text, hints) = traced(_sinkhorn_step, jnp.array([[0.1, 9.0], [8.0, 9.5]]), jnp.ones(2))
+    assert (zero.primitive, zero.how) == ("exp", "underflow") and "underflow" in hints[0]
+    assert zero.source.line == _line_of(_sinkhorn_step, "# kernel line")
+    # segment_sum of ones over a receiver list that misses a node: its degree is 0, nothing was added there
+    zero, (text, hints) = traced(_mean_aggregate, jnp.ones(3), jnp.array([0, 1, 1]))
+    assert (zero.primitive, zero.how, zero.zeros, zero.size) == ("scatter-add", "empty", 2, 4), zero
+    assert zero.source.line == _line_of(_mean_aggregate, "# degree line") and "2 of its 4 entries" in text
+    assert "jnp.maximum(count, 1)" in hints[0]
+    # inf - inf made of a division's inf: its zero is followed, to the global schedule the function captured
+    zero, (text, hints) = traced(_x0_from_noise, jnp.ones((2, 2)), jnp.array([0, 2]))
+    assert (zero.how, zero.name, zero.index, zero.of.primitive) == ("captured", "_ALPHAS_BAR", (2,), "div"), zero
+    assert "The zero denominator comes from `_ALPHAS_BAR`" in text and "element [2] is 0" in text, text
+    assert "`_ALPHAS_BAR` holds a 0" in hints[0]
 
 
 def test_growth_tracker_waits_for_a_nonzero_baseline() -> None:

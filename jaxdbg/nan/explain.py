@@ -72,6 +72,10 @@ UNDERFLOW = ("keep the value that underflows away from 0: bound its input (e.g. 
 MASKED_MEAN = ("a fully masked batch or row (all padding) has nothing to average: divide by "
                "`jnp.maximum(mask.sum(), 1)` "
                "(its numerator is 0 too), and check the data pipeline for empty batches")
+EMPTY_SEGMENT = ("an empty segment (a node with no incoming edge, a class with no member in the batch) sums to 0: "
+                 "divide by `jnp.maximum(count, 1)` (its sum is 0 too, so its mean becomes 0), or mask it out")
+CAPTURED_ZERO = ("{name} holds a 0 where the code divides by it (or takes its log): fix the values it is built from "
+                 "(e.g. clip a noise schedule away from 0 and 1), or skip those entries")
 SUBTRACT_MAX = "subtract the maximum before exponentiating (what `jax.nn.softmax`/`logsumexp` do)"
 CLIP = "clip gradients (e.g. `optax.clip_by_global_norm(1.0)`) and/or lower the learning rate (or add warmup)"
 # CLIP's place where the call computes no gradient (an ODE solve, a simulation, a forward-only model).
@@ -517,19 +521,31 @@ def _range_sentence(overflow: Overflow, first: Origin) -> str:
 
 
 def _zero_sentence(zero: ZeroSource, first: Origin, grown: Sequence[str] = ()) -> str:
-    """Where the zero the origin divided by (or took the log of) was made (:mod:`jaxdbg.nan.zero_source`); of the
-    arguments it is computed from, those that grew before it (``grown``) are named first: the likelier cause."""
-    what = "The zero denominator" if first.primitive in ("div", "rem") else "The zero"
+    """Where the zero the origin (or the division behind its infinity, ``zero.of``) divided by (or took the log of)
+    was made (:mod:`jaxdbg.nan.zero_source`); of the arguments it is computed from, those that grew before it
+    (``grown``) are named first: the likelier cause."""
+    divided = zero.of or first
+    what = "The zero denominator" if divided.primitive in ("div", "rem") else "The zero"
     named = sorted(zero.arguments, key=lambda name: name not in grown)  # stable: the call's order otherwise
     args = ", ".join(named[:3]) + (f" and {len(named) - 3} more" if len(named) > 3 else "")
     if zero.how == "outside":
-        return f"{what} was computed before `{first.path[-1]}` began" + (f", from {args}." if args else ".")
+        if divided.path[-1].startswith(("while[", "scan[")):
+            return f"{what} came in with the loop's carry, from an earlier iteration than `{divided.path[-1]}`."
+        return f"{what} was computed before `{divided.path[-1]}` began" + (f", from {args}." if args else ".")
+    if zero.how == "captured":
+        array = f"`{zero.name}`, an array" if zero.name else "an array"
+        at = f": its element {list(zero.index)} is 0" if zero.index else ""
+        return (f"{what} comes from {array} that `{first.function}` captured (a global or a closure, not an argument, "
+                f"so it is a constant of the compiled function){at}.")
     if zero.primitive is None:
         return f"{what} came in with the argument {args}." if args else f"{what} came in from outside this computation."
     line = f" at line {zero.source.line}" if zero.source else ""
     ranges = ", ".join(_range_of(s) for s in zero.inputs)
     how = {"underflow": f": its result underflowed to 0 from finite, non-zero inputs ({ranges})",
-           "cancellation": f": it cancelled to 0 from inputs that hold no zero ({ranges})"}.get(zero.how, "")
+           "cancellation": f": it cancelled to 0 from inputs that hold no zero ({ranges})",
+           "empty": f" (a `segment_sum` or `.at[...].add`): {zero.zeros} of its {zero.size} entries had nothing added "
+                    "(no index points at them: an empty segment, a node with no edges), so they kept their initial 0",
+           }.get(zero.how, "")
     return f"{what} was made by `{zero.primitive}`{line}{how}" + (f"; it is computed from {args}." if args else ".")
 
 
@@ -632,6 +648,10 @@ def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence
         parts.append(_zero_sentence(zero, first, [entry.name for entry in growth]))
         if zero.how == "underflow":
             hints = [UNDERFLOW, *hints]
+        elif zero.how == "empty":
+            hints = [EMPTY_SEGMENT, *hints]
+        elif zero.how == "captured":
+            hints = [CAPTURED_ZERO.format(name=f"`{zero.name}`" if zero.name else "the captured array"), *hints]
     if "custom_vjp_bwd(" in " ".join(first.path):
         rule = next(p for p in first.path if p.startswith("custom_vjp_bwd("))[15:-1]
         parts.append(f"This happens inside your own custom_vjp backward rule `{rule}` (the line shown is in it).")
