@@ -363,7 +363,7 @@ _ALPHAS_BAR = jnp.array([1.0, 0.5, 0.0])  # a schedule whose last entry is 0
 
 
 def _x0_from_noise(x, t):
-    ab = _ALPHAS_BAR[t]
+    ab = _ALPHAS_BAR[t][:, None]
     x0 = x / jnp.sqrt(ab)  # the division: inf where ab is 0
     return x0 @ jnp.array([1.0, -1.0])  # inf - inf: the NaN
 
@@ -455,6 +455,38 @@ def test_the_zero_a_division_by_zero_divided_by_is_traced_to_where_it_was_made()
     assert (zero.how, zero.name, zero.index, zero.of.primitive) == ("captured", "_ALPHAS_BAR", (2,), "div"), zero
     assert "The zero denominator comes from `_ALPHAS_BAR`" in text and "element [2] is 0" in text, text
     assert "`_ALPHAS_BAR` holds a 0" in hints[0]
+
+
+def test_the_one_line_of_a_nan_made_of_infinities_names_where_the_inf_came_from() -> None:
+    """What -q and a CI check print: the NaN's operation, and the division that made its infinity (the line to
+    fix); a check's finding is that line."""
+    from jaxdbg.check.findings import finding
+    from jaxdbg.nan.result import NanHuntResult
+    from jaxdbg.report import Report
+
+    found = hunt(jax.jit(_x0_from_noise), jnp.ones((2, 2)), jnp.array([0, 2]))
+    result = NanHuntResult(True, found.first, found.chain)
+    line = result.essential_line()
+    assert line.startswith("nan first made by dot_general (forward pass)"), line
+    assert line.endswith(f"; the inf came from div (forward pass) at test_nan_localise.py:"
+                         f"{_line_of(_x0_from_noise, 'the division')}"), line
+    report = Report("nan-hunt", "t.py", result, 1, {}, {"process_index": 0})
+    assert finding(report.to_dict())[0] == line
+    assert NanHuntResult(True, found.chain[0]).essential_line() == found.chain[0].describe()
+
+
+def test_an_exp_overflow_is_told_to_bound_a_value_of_its_own_and_to_subtract_the_max_in_a_softmax() -> None:
+    def reparameterise(mu, logvar):
+        return mu + jnp.exp(0.5 * logvar)  # a VAE's standard deviation
+
+    def softmax(x):
+        return jnp.exp(x) / jnp.exp(x).sum()
+
+    found = hunt(reparameterise, jnp.zeros(2), jnp.array([1.0, 400.0]))
+    text, hints = explain(found.first)
+    assert "exp overflows in f32" in text and "jnp.clip(x, -20.0, 20.0)" in hints[0], hints
+    _, hints = explain(hunt(softmax, jnp.array([1.0, 400.0])).first)
+    assert hints[0].startswith("subtract the maximum"), hints
 
 
 def test_growth_tracker_waits_for_a_nonzero_baseline() -> None:
