@@ -287,8 +287,9 @@ def test_joining_a_producer_stuck_on_a_full_queue_names_the_queue_and_says_how_t
                 call=None, in_jax=False)
     result = judge(JobFacts(1, "stall", 5.0, {0: record}))
     line = _line("# <- put")
-    chain = f", which waits for queue `full` (full: 2 of 2) at test_hang_units.py:{line}"
-    assert result.kind == "stall" and chain in result.verdict, result.verdict
+    # the main thread takes from the queue after the join (below): the loader waits for it, a cycle
+    said = f"loader waits to put into queue `full` (full: 2 of 2) at test_hang_units.py:{line}"
+    assert result.kind == "deadlock" and said in result.verdict, result.verdict
     assert result.hints[0].startswith(f"thread `loader` waits at test_hang_units.py:{line} (<lambda>) to put into "
                                       "the full queue `full`")
     # The same process as process 1 of a job whose process 0 waits for it in an all-reduce: the same hint, named.
@@ -298,3 +299,43 @@ def test_joining_a_producer_stuck_on_a_full_queue_names_the_queue_and_says_how_t
                                                          f"{line} (<lambda>) to put into the full queue `full`")
     full.get()  # room: the loader's put ends
     loader.join()
+
+
+def _take(q):
+    return q.get()
+
+
+def test_a_lock_held_around_a_put_into_a_full_queue_its_taker_waits_for_is_a_deadlock():
+    """The loader puts into a full queue inside `with lock:`; the trainer, the queue's only taker, waits for that
+    lock before it takes: a cycle through the queue, told as a deadlock with the line that takes."""
+    import queue
+
+    lock, batches = threading.Lock(), queue.Queue(maxsize=1)
+    batches.put(0)
+
+    def loader():
+        with lock:  # <- loader holds
+            batches.put(1, timeout=5)  # <- loader puts
+
+    def trainer():
+        with lock:  # <- trainer waits
+            pass
+        batches.get(timeout=5)  # <- trainer takes
+
+    threads = [threading.Thread(target=loader, name="loader", daemon=True)]
+    threads[0].start()
+    time.sleep(0.2)
+    threads.append(threading.Thread(target=trainer, name="trainer", daemon=True))
+    threads[1].start()
+    time.sleep(0.5)
+    record = take_record(Recorder(), "stall", idle_s=6.0, native=False)
+    result = judge(JobFacts(1, "stall", 5.0, {0: record}))
+    assert result.kind == "deadlock", result.verdict
+    put, takes = _line("# <- loader puts"), _line("# <- trainer takes")
+    said = (f"loader waits to put into queue `batches` (full: 1 of 1) at test_hang_units.py:{put} (loader), and "
+            f"trainer is the only thread that takes from it (at test_hang_units.py:{takes} (trainer))")
+    assert said in result.verdict, result.verdict
+    assert "trainer waits for lock `lock`" in result.verdict and "outside the `with lock:`" in result.hints[0]
+    _take(batches)  # room: the loader's put ends, then the trainer takes (not here: this function takes nothing)
+    for thread in threads:
+        thread.join()

@@ -240,6 +240,39 @@ def test_nan_from_values_that_overflowed_is_explained_as_such(tmp_path) -> None:
     assert not any("denominator away from zero" in h for h in result.hints)
 
 
+SCHEDULED = textwrap.dedent("""
+    import jax
+    import jax.numpy as jnp
+
+    ALPHAS_BAR = jnp.cumprod(1.0 - jnp.linspace(0.1, 1.0, 10))  # the last step's alpha_bar is 0
+
+
+    @jax.jit
+    def x0_error(x_t, t):
+        ab = ALPHAS_BAR[t][:, None]
+        x0 = x_t / jnp.sqrt(ab)  # inf at the last step
+        return jnp.mean((x0 @ jnp.array([[1.0], [-1.0]])) ** 2)
+
+
+    for t in ([0, 3], [5, 9]):
+        x0_error(jnp.ones((2, 2)), jnp.array(t))
+""")
+
+
+def test_a_zero_in_a_global_array_the_step_captured_is_named_by_its_global() -> None:
+    """inf - inf made of x / sqrt(alpha_bar) where a global noise schedule holds a 0: the explanation names the
+    global and the element (after the run, jaxdbg has dropped the script's global arrays: still named)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        script = Path(folder) / "schedule.py"
+        script.write_text(SCHEDULED)
+        result, _ = hunt_here(parse_target(str(script)), HuntOptions(out_dir=os.path.join(folder, "o")))
+    assert result.found and result.first.call_index == 1 and result.chain[0].primitive == "div"
+    assert "The zero denominator comes from `ALPHAS_BAR`" in result.explanation, result.explanation
+    assert "element [9] is 0" in result.explanation and "`ALPHAS_BAR` holds a 0" in result.hints[0]
+
+
 def test_the_device_is_shown_when_the_nan_sits_in_one_devices_part_of_an_array() -> None:
     """A sharded jit's origin shows its device and shard (process 0 included); a value whole on one device does
     not need the line."""

@@ -139,6 +139,22 @@ def test_the_earliest_nan_is_the_origin_and_if_discarded_the_one_that_reaches_th
     assert replay(Call("f", lambda x: jnp.where(x > 0, jnp.log(x), 0.0), (jnp.array([-1.0]),), {}))[1] != []
 
 
+def test_a_nan_constant_a_select_discards_is_no_origin() -> None:
+    """jnp.var selects its own `jnp.nan` for an empty reduction and discards it (jax turns debug_nans off there):
+    the origin is the fully masked softmax row after it, with nothing said about the constant."""
+    def attention(x, mask):
+        x = (x - x.mean(-1, keepdims=True)) / jnp.sqrt(x.var(-1, keepdims=True) + 1e-5)
+        return jax.nn.softmax(jnp.where(mask, x, -jnp.inf), axis=-1)
+
+    found = hunt(attention, jnp.ones((2, 3)) * jnp.arange(3.0), jnp.array([[True, True, False], [False] * 3]))
+    assert found.first.primitive == "sub" and not found.first.constant_input
+    assert found.first.source.line == _line_of(attention, "softmax")
+    assert not found.discarded and found.reaching is None and not found.notes
+    # a NaN constant that the code passes on to the outputs stays the origin
+    found = hunt(lambda x: jnp.where(x > 0, x, jnp.nan) * 2.0, jnp.array([-1.0, 2.0]))
+    assert found.first.constant_input and found.first.source is not None
+
+
 @jax.custom_vjp
 def clipped_log(x):
     return jnp.log(jnp.maximum(x, 1e-6))
@@ -337,6 +353,32 @@ def _spread(a, b, c, d, s):
     return (a + b + c + d) / jnp.exp(s + a + b + c + d)
 
 
+def _mean_aggregate(messages, receivers):
+    summed = jax.ops.segment_sum(messages, receivers, num_segments=4)
+    degree = jax.ops.segment_sum(jnp.ones_like(messages), receivers, num_segments=4)  # degree line
+    return summed / degree
+
+
+_ALPHAS_BAR = jnp.array([1.0, 0.5, 0.0])  # a schedule whose last entry is 0
+
+
+def _x0_from_noise(x, t):
+    ab = _ALPHAS_BAR[t][:, None]
+    x0 = x / jnp.sqrt(ab)  # the division: inf where ab is 0
+    return x0 @ jnp.array([1.0, -1.0])  # inf - inf: the NaN
+
+
+def _sinkhorn_step(cost, v):
+    kernel = jnp.exp(-cost / 0.01)  # kernel line
+
+    def body(carry):
+        i, v = carry
+        u = 1.0 / (kernel @ v)
+        return i + 1, 1.0 / (kernel.T @ u)
+
+    return jax.lax.while_loop(lambda c: c[0] < 2, body, (0, v))[1]
+
+
 def test_a_row_of_minus_inf_that_overflowed_is_not_called_masked() -> None:
     """x - max(x) over a row that is all -inf is a fully masked row when a mask wrote the -inf, but an overflow
     when an operation computed it from finite values (blown-up weights): the explanation names the overflow."""
@@ -370,9 +412,9 @@ def test_the_zero_a_division_by_zero_divided_by_is_traced_to_where_it_was_made()
     def traced(fn, *args):
         call = Call(fn.__name__, jax.jit(fn), args, {})
         found = localise_call(call)
-        findings = Findings(found.first, call=call, localisation=found)
+        findings = Findings(found.first, chain=list(found.chain), call=call, localisation=found)
         zero_source.analyse(findings)
-        return findings.zero_source, explain(found.first, zero=findings.zero_source)
+        return findings.zero_source, explain(found.first, found.chain, zero=findings.zero_source)
 
     # a parameter sent far negative: exp underflows, the denominator is 0, 0 / 0 is NaN
     zero, (text, hints) = traced(_gp_like, jnp.zeros(3), jnp.float32(-377.0))
@@ -398,7 +440,53 @@ def test_the_zero_a_division_by_zero_divided_by_is_traced_to_where_it_was_made()
     # a denominator made outside the inner function the division is in
     zero, (text, _) = traced(lambda x, s: jax.jit(lambda a, b: a / b)(x, jnp.exp(s)), jnp.float32(0.0),
                              jnp.float32(-377.0))
-    assert (zero.how, zero.arguments) == ("outside", ("s",)) and "computed before `jit(<lambda>)` began" in text
+    assert (zero.primitive, zero.how, zero.arguments) == ("exp", "underflow", ("s",)), zero
+    # followed out of a while_loop through its constant: the kernel computed once before it underflowed
+    zero, (text, hints) = traced(_sinkhorn_step, jnp.array([[0.1, 9.0], [8.0, 9.5]]), jnp.ones(2))
+    assert (zero.primitive, zero.how) == ("exp", "underflow") and "underflow" in hints[0]
+    assert zero.source.line == _line_of(_sinkhorn_step, "# kernel line")
+    # segment_sum of ones over a receiver list that misses a node: its degree is 0, nothing was added there
+    zero, (text, hints) = traced(_mean_aggregate, jnp.ones(3), jnp.array([0, 1, 1]))
+    assert (zero.primitive, zero.how, zero.zeros, zero.size) == ("scatter-add", "empty", 2, 4), zero
+    assert zero.source.line == _line_of(_mean_aggregate, "# degree line") and "2 of its 4 entries" in text
+    assert "jnp.maximum(count, 1)" in hints[0]
+    # inf - inf made of a division's inf: its zero is followed, to the global schedule the function captured
+    zero, (text, hints) = traced(_x0_from_noise, jnp.ones((2, 2)), jnp.array([0, 2]))
+    assert (zero.how, zero.name, zero.index, zero.of.primitive) == ("captured", "_ALPHAS_BAR", (2,), "div"), zero
+    assert "The zero denominator comes from `_ALPHAS_BAR`" in text and "element [2] is 0" in text, text
+    assert "`_ALPHAS_BAR` holds a 0" in hints[0]
+
+
+def test_the_one_line_of_a_nan_made_of_infinities_names_where_the_inf_came_from() -> None:
+    """What -q and a CI check print: the NaN's operation, and the division that made its infinity (the line to
+    fix); a check's finding is that line."""
+    from jaxdbg.check.findings import finding
+    from jaxdbg.nan.result import NanHuntResult
+    from jaxdbg.report import Report
+
+    found = hunt(jax.jit(_x0_from_noise), jnp.ones((2, 2)), jnp.array([0, 2]))
+    result = NanHuntResult(True, found.first, found.chain)
+    line = result.essential_line()
+    assert line.startswith("nan first made by dot_general (forward pass)"), line
+    assert line.endswith(f"; the inf came from div (forward pass) at test_nan_localise.py:"
+                         f"{_line_of(_x0_from_noise, 'the division')}"), line
+    report = Report("nan-hunt", "t.py", result, 1, {}, {"process_index": 0})
+    assert finding(report.to_dict())[0] == line
+    assert NanHuntResult(True, found.chain[0]).essential_line() == found.chain[0].describe()
+
+
+def test_an_exp_overflow_is_told_to_bound_a_value_of_its_own_and_to_subtract_the_max_in_a_softmax() -> None:
+    def reparameterise(mu, logvar):
+        return mu + jnp.exp(0.5 * logvar)  # a VAE's standard deviation
+
+    def softmax(x):
+        return jnp.exp(x) / jnp.exp(x).sum()
+
+    found = hunt(reparameterise, jnp.zeros(2), jnp.array([1.0, 400.0]))
+    text, hints = explain(found.first)
+    assert "exp overflows in f32" in text and "jnp.clip(x, -20.0, 20.0)" in hints[0], hints
+    _, hints = explain(hunt(softmax, jnp.array([1.0, 400.0])).first)
+    assert hints[0].startswith("subtract the maximum"), hints
 
 
 def test_growth_tracker_waits_for_a_nonzero_baseline() -> None:

@@ -326,6 +326,21 @@ def test_plainer_values_never_replace_what_sets_a_while_loops_trip_count():
                 assert np.array_equal(values[order.index(var)], whole.values[var])
 
 
+def test_plainer_values_keep_the_nan_born_where_it_was():
+    """x / sqrt(ab) with ab = 0 is inf, and inf - inf in a matmul is the NaN: a numerator made 0 would make the
+    NaN at the division (0 / 0) instead, with the rest of the chain still there."""
+    def x0_loss(x, ab, w):
+        x0 = x / jnp.sqrt(ab)
+        return x0 @ w
+
+    args = [np.array([[0.7, -1.3]], np.float32), np.array([[0.0]], np.float32), np.array([[1.0], [1.0]], np.float32)]
+    graph, cutter, best = _cut(x0_loss, args, NAN)
+    names = [graph.nodes[i].name for i in best.nodes]
+    assert names[-1] == "dot_general" and cutter.birth(best) == best.nodes[-1], names
+    numerator = next(v for v in best.inputs(graph) if np.shape(best.values[v]) == (1, 2))
+    assert np.any(best.values[numerator] != 0)
+
+
 def test_a_candidate_still_running_past_the_deadline_leaves_the_best_cut_so_far_written(tmp_path):
     """One candidate is one XLA execution and cannot be stopped: past the deadline the guard writes the best cut
     found by then, checks that it fails, and sends it; the parent would otherwise kill the child and lose it."""

@@ -87,7 +87,7 @@ def _nan_finding(result: NanHuntResult) -> Finding:
     first = result.first
     if not result.found or first is None:
         return None, None
-    return first.describe(), first.source
+    return result.essential_line(), first.source
 
 
 def _profile_finding(result: ProfileResult) -> Finding:

@@ -99,7 +99,12 @@ def _build_pids(common: Common, text: str, native: bool) -> Report:
 def render(report: Report, console: Console) -> None:
     result = report.result
     colour = "bold red" if report.exit_code == 1 else ("green" if report.exit_code == 0 else "yellow")
-    console.print(f"[{colour}]{escape(result.kind)}[/] {escape(result.verdict)}", soft_wrap=True)
+    verdict = result.verdict
+    if verdict.startswith(result.kind):  # 'deadlock: ...' says its kind itself: not 'deadlock deadlock: ...'
+        kind, verdict = verdict.partition(" ")[::2]
+    else:
+        kind = result.kind
+    console.print(f"[{colour}]{escape(kind)}[/] {escape(verdict)}", soft_wrap=True)
     table = Table(show_edge=False, pad_edge=False)
     for column in ("process", "state", "call", "step", "collective", "user line", "idle"):
         table.add_column(column)

@@ -260,7 +260,7 @@ def _render_processes(console: Console, result: Any) -> None:
 
 
 def render(report: Report, console: Console) -> None:
-    from jaxdbg.profile.hints import eager_matters
+    from jaxdbg.profile.hints import eager_label, eager_matters
 
     result = report.result
     t = result.totals
@@ -280,7 +280,7 @@ def render(report: Report, console: Console) -> None:
     for function in result.functions:
         _render_function_detail(console, function)
     if shown:  # compiles outside jit: no row in the table above, yet counted in the compile total
-        top = ", ".join(f"{e['name']} {_s(e['compile_s'])}" for e in eager.get("top", [])[:3])
+        top = ", ".join(f"{eager_label(e['name'])} {_s(e['compile_s'])}" for e in eager.get("top", [])[:3])
         console.print(f"eager compiles (operations run outside jit): {eager['count']} in {_s(eager['total_s'])}, "
                       f"{_pct(eager['total_s'], t.compile_s)} of compile time" + (f"; most in {top}" if top else ""))
     _render_host(console, result)

@@ -128,6 +128,54 @@ def waited_object(frame: Any) -> tuple[str, str, Any] | None:
     return None
 
 
+def queue_uses(frame: Any) -> list[tuple[str, Any, int]]:
+    """``(op, queue, line)`` for each ``q.get(...)``/``q.put(...)`` (``_nowait`` too) written in the function the
+    frame runs (anywhere in it: a loop takes again at a line it is not at now), ``op`` being ``get`` or ``put``: the
+    queues the thread drains or fills, which a thread blocked on the other side of one waits for.
+
+        >>> import queue, sys
+        >>> q = queue.Queue(maxsize=1)
+        >>> def consumer():
+        ...     uses = queue_uses(sys._getframe())
+        ...     q.get_nowait()
+        ...     return uses
+        >>> _ = q.put(1); [(op, obj is q) for op, obj, _ in consumer()]
+        [('get', True)]
+    """
+    tree = _tree(frame.f_code.co_filename)
+    if tree is None:
+        return []
+    scope: ast.AST = next((n for n in reversed(_statements_at(tree, frame.f_lineno))
+                           if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))), tree)
+    found = []
+    for node in _own_nodes(scope):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr in ("get", "get_nowait", "put", "put_nowait"):
+            obj = value_of(node.func.value, frame)
+            if is_queue(obj):
+                found.append((node.func.attr.split("_")[0], obj, node.lineno))
+    return found
+
+
+def _own_nodes(scope: ast.AST) -> list[ast.AST]:
+    """The nodes of a function (or module) body, without those of the functions, lambdas and classes it defines:
+    they run in frames of their own."""
+    found: list[ast.AST] = []
+    stack = list(ast.iter_child_nodes(scope))
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            continue
+        found.append(node)
+        stack.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def is_queue(obj: Any) -> bool:
+    """A ``queue.Queue`` (or one of its subclasses): bounded by ``maxsize``, its items in ``queue``."""
+    return isinstance(getattr(obj, "maxsize", None), int) and hasattr(obj, "queue") and hasattr(obj, "put")
+
+
 def holds(frame: Any) -> list[tuple[str, Any, int]]:
     """``(name, lock, line)`` for every lock the frame holds at its current line: inside a ``with`` block on
     it, or after an ``acquire()`` in the same function that no ``release()`` followed."""

@@ -98,6 +98,8 @@ def _thread_dict(thread: ThreadStack, frame: Any, recorder: Recorder, inflight: 
     for held_frame in user:
         for name, obj, line in locks.holds(held_frame):
             found["holds"].append({"name": name, "object": id(obj), "since": _at(held_frame, line)})
+    found["queues"] = [{"op": op, "object": id(obj), "at": _at(used_frame, line)}
+                       for used_frame in user for op, obj, line in locks.queue_uses(used_frame)]
     return found
 
 
@@ -113,7 +115,7 @@ def _waits_for(frame: Any) -> dict | None:
         said["owner"] = locks.rlock_owner(obj)
     if kind == "thread":
         said["thread"] = getattr(obj, "ident", None)
-    if kind == "queue" and isinstance(getattr(obj, "maxsize", None), int) and hasattr(obj, "queue"):
+    if kind == "queue" and locks.is_queue(obj):
         with contextlib.suppress(Exception):  # queue.Queue's own fields, read without its lock (a snapshot)
             said["size"], said["maxsize"] = len(obj.queue), obj.maxsize
     return said

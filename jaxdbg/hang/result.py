@@ -113,6 +113,7 @@ class Deadlock:
     cycle: tuple[str, ...]
     # a host callback takes part (not only threads and locks of the program's own): the explanation differs
     callback: bool = field(default=False, metadata={"json": None})
+    queue: bool = field(default=False, metadata={"json": None})  # a thread of it waits on a queue another drains
 
 
 @dataclass(frozen=True)

@@ -297,6 +297,8 @@ def find_deadlock(record: dict) -> Deadlock | None:
         elif waits and waits.get("kind") == "thread" and waits.get("thread") is not None:
             joined = f"{thread['name']} joins thread `{waits['name']}` at {short(waits.get('at'))}"
             found.append((waits["thread"], joined))
+        elif waits and waits.get("kind") == "queue":
+            found.extend(_queue_edge(thread, waits, threads))
         if thread.get("call") is not None or thread.get("in_jax"):
             for runner in callbacks:
                 if runner.get("ident") != ident:
@@ -307,7 +309,33 @@ def find_deadlock(record: dict) -> Deadlock | None:
     cycle = _cycle(edges)
     if not cycle:
         return None
-    return Deadlock(int(record.get("index", 0)), tuple(cycle), any(words in through_callback for words in cycle))
+    return Deadlock(int(record.get("index", 0)), tuple(cycle), any(words in through_callback for words in cycle),
+                    any(QUEUE_WORDS in words for words in cycle))
+
+
+QUEUE_WORDS = "the only thread that "
+
+
+def _queue_edge(thread: dict, waits: dict, threads: list[dict]) -> list[tuple[int, str]]:
+    """A thread blocked putting into a full queue waits for the thread that takes from it (blocked taking from an
+    empty one, for the thread that puts): an edge only where exactly one other thread's code does, since any one
+    of several could free it. ``[]`` where the queue's fill or its other side is not known."""
+    size, maxsize = waits.get("size"), waits.get("maxsize")
+    if size is None or maxsize is None:
+        return []
+    if maxsize > 0 and size >= maxsize:
+        wanted, verb, does = "get", "put into", "takes from"
+    elif size == 0:
+        wanted, verb, does = "put", "take from", "puts into"
+    else:
+        return []
+    others = [(t, use) for t in threads if t.get("ident") != thread.get("ident")
+              for use in t.get("queues") or () if use["object"] == waits["object"] and use["op"] == wanted]
+    if len({t.get("ident") for t, _ in others}) != 1:
+        return []
+    other, use = others[0]
+    return [(other["ident"], f"{thread['name']} waits to {verb} {wait_words(waits)}, and {other['name']} is "
+                             f"{QUEUE_WORDS}{does} it (at {short(use.get('at'))})")]
 
 
 def _lock_words(thread: dict, waits: dict, held: dict) -> str:

@@ -102,7 +102,7 @@ def judge(facts: JobFacts) -> HangResult:
     if dead and facts.count > 1:
         return _dead(states, dead, common)
     if deadlocks and (stalled or facts.trigger):
-        return _deadlock(states, deadlocks[0], common)
+        return _deadlock(states, deadlocks[0], common, facts.records.get(deadlocks[0].process))
     if divergence is not None and stalled and divergence.hung:
         return HangResult(True, f"the processes diverged at step {divergence.step}: {divergence.detail}", "divergence",
                           stuck=tuple(sorted({p for side in divergence.sides for p in side.processes})),
@@ -184,7 +184,8 @@ def _dead(states: dict[int, ProcessState], dead: list[int], common: dict[str, An
         **common)
 
 
-def _deadlock(states: dict[int, ProcessState], deadlock: object, common: dict[str, Any]) -> HangResult:
+def _deadlock(states: dict[int, ProcessState], deadlock: object, common: dict[str, Any],
+              record: dict | None = None) -> HangResult:
     from jaxdbg.hang.result import Deadlock
 
     assert isinstance(deadlock, Deadlock)
@@ -194,6 +195,15 @@ def _deadlock(states: dict[int, ProcessState], deadlock: object, common: dict[st
     if state.function is not None:
         named = call_name({"function": state.function, "index": state.call_index})
         verdict += f" ({'in' if state.state != 'host' else 'after'} {named})"
+    if deadlock.queue and not deadlock.callback:  # a producer/consumer pair, one of them blocked in a lock or join
+        joined = wait_hint(record) if record is not None else None
+        return HangResult(True, verdict, "deadlock", stuck=(deadlock.process,), deadlock=deadlock, explanation=(
+            "Threads of one process wait for each other: nothing can move. A thread blocks on a bounded queue (full "
+            "when it puts, empty when it takes) that only another thread of the cycle can free, and that thread "
+            "waits for the first one (joins it, or waits for a lock it took around the queue call)."),
+            hints=(joined or "never block on a queue while holding a lock the other side needs: call "
+                   "q.put(...)/q.get() outside the `with lock:` block (update the shared state under the lock, then "
+                   "put), or give it a timeout and retry",), **common)
     if not deadlock.callback:  # threads of the program's own, each holding a lock the other needs
         return HangResult(True, verdict, "deadlock", stuck=(deadlock.process,), deadlock=deadlock, explanation=(
             "Threads of one process wait for each other: nothing can move. Each holds a lock (or waits for a "

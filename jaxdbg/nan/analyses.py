@@ -67,6 +67,7 @@ class Findings:
     precision: PrecisionCheck | None = None
     overflow: Overflow | None = None
     zero_source: zero_source.ZeroSource | None = None  # where the zero the origin divided by was made
+    globals_named: dict[int, str] = field(default_factory=dict)  # id -> name of the ended script's global arrays
     cond_select: cond_select.CondSelect | None = None  # the select a cond became under vmap, the origin's NaN in it
     explanation: str = ""
     hints: tuple[str, ...] = ()

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from jaxdbg._source import SourceLocation
 from jaxdbg.nan import passes
-from jaxdbg.nan.result import GrowthEntry, Origin, Overflow, PrecisionCheck, Strategy, ValueStats
+from jaxdbg.nan.result import GrowthEntry, Origin, Overflow, PrecisionCheck, Strategy, ValueStats, inf_root
 
 if TYPE_CHECKING:
     from jaxdbg.nan.analyses import Findings
@@ -72,6 +72,13 @@ UNDERFLOW = ("keep the value that underflows away from 0: bound its input (e.g. 
 MASKED_MEAN = ("a fully masked batch or row (all padding) has nothing to average: divide by "
                "`jnp.maximum(mask.sum(), 1)` "
                "(its numerator is 0 too), and check the data pipeline for empty batches")
+EMPTY_SEGMENT = ("an empty segment (a node with no incoming edge, a class with no member in the batch) sums to 0: "
+                 "divide by `jnp.maximum(count, 1)` (its sum is 0 too, so its mean becomes 0), or mask it out")
+CAPTURED_ZERO = ("{name} holds a 0 where the code divides by it (or takes its log): fix the values it is built from "
+                 "(e.g. clip a noise schedule away from 0 and 1), or skip those entries")
+BOUND_EXP = ("bound what is exponentiated where it is a value of its own (a log-variance or log-scale head, a log "
+             "ratio): `jnp.exp(jnp.clip(x, -20.0, 20.0))`, or map it to a positive value with `jax.nn.softplus` "
+             "instead of exp")
 SUBTRACT_MAX = "subtract the maximum before exponentiating (what `jax.nn.softmax`/`logsumexp` do)"
 CLIP = "clip gradients (e.g. `optax.clip_by_global_norm(1.0)`) and/or lower the learning rate (or add warmup)"
 # CLIP's place where the call computes no gradient (an ODE solve, a simulation, a forward-only model).
@@ -386,8 +393,10 @@ def _overflow(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] 
     dtype = _dtype(origin)
     if origin.primitive in ("exp", "expm1", "exp2", "cosh", "sinh"):
         limit = EXP_LIMIT.get(dtype, 88.72)
+        normalises = any(word in line for word in ("sum", "softmax", "logsumexp", "partition", "norm"))
+        fixes = [SUBTRACT_MAX, LOG_SUM_EXP] if normalises else [BOUND_EXP, SUBTRACT_MAX]
         return (f"{origin.primitive} overflows in {dtype} for inputs above about {limit:g}; the largest input "
-                f"was {_biggest(origin):.3g}.", [SUBTRACT_MAX, LOG_SUM_EXP] + ([UPCAST] if dtype == "f16" else []))
+                f"was {_biggest(origin):.3g}.", fixes + ([UPCAST] if dtype == "f16" else []))
     if origin.primitive == "convert_element_type":
         return (f"converting to {dtype} overflowed: the value ({_biggest(origin):.3g}) is beyond {dtype}'s range "
                 f"(max {OVERFLOW_AT.get(dtype, 3.4e38):.3g}).", [UPCAST, LOSS_SCALE if dtype == "f16" else CLIP])
@@ -446,14 +455,6 @@ def _overflowed(origin: Origin | None) -> bool:
     """Whether ``origin`` made an infinity from finite inputs (an overflow, not a -inf written for a mask)."""
     return (origin is not None and origin.kind == "inf" and bool(origin.inputs)
             and not any(s.inf or s.nan for s in origin.inputs))
-
-
-def _root(first: Origin, chain: Sequence[Origin]) -> Origin | None:
-    """For a NaN made of infinities: where the infinity it was made of was born (the chain's first computed
-    origin). None when a constant written in the code (-inf for masking) is what fed it."""
-    if first.kind != "nan" or not any(s.inf for s in first.inputs) or any(c.constant_input for c in chain):
-        return None
-    return next((c for c in chain if c.kind == "inf"), None)
 
 
 def _growth_sentence(growth: Sequence[GrowthEntry], singular: bool) -> tuple[str, list[str], bool]:
@@ -517,19 +518,31 @@ def _range_sentence(overflow: Overflow, first: Origin) -> str:
 
 
 def _zero_sentence(zero: ZeroSource, first: Origin, grown: Sequence[str] = ()) -> str:
-    """Where the zero the origin divided by (or took the log of) was made (:mod:`jaxdbg.nan.zero_source`); of the
-    arguments it is computed from, those that grew before it (``grown``) are named first: the likelier cause."""
-    what = "The zero denominator" if first.primitive in ("div", "rem") else "The zero"
+    """Where the zero the origin (or the division behind its infinity, ``zero.of``) divided by (or took the log of)
+    was made (:mod:`jaxdbg.nan.zero_source`); of the arguments it is computed from, those that grew before it
+    (``grown``) are named first: the likelier cause."""
+    divided = zero.of or first
+    what = "The zero denominator" if divided.primitive in ("div", "rem") else "The zero"
     named = sorted(zero.arguments, key=lambda name: name not in grown)  # stable: the call's order otherwise
     args = ", ".join(named[:3]) + (f" and {len(named) - 3} more" if len(named) > 3 else "")
     if zero.how == "outside":
-        return f"{what} was computed before `{first.path[-1]}` began" + (f", from {args}." if args else ".")
+        if divided.path[-1].startswith(("while[", "scan[")):
+            return f"{what} came in with the loop's carry, from an earlier iteration than `{divided.path[-1]}`."
+        return f"{what} was computed before `{divided.path[-1]}` began" + (f", from {args}." if args else ".")
+    if zero.how == "captured":
+        array = f"`{zero.name}`, an array" if zero.name else "an array"
+        at = f": its element {list(zero.index)} is 0" if zero.index else ""
+        return (f"{what} comes from {array} that `{first.function}` captured (a global or a closure, not an argument, "
+                f"so it is a constant of the compiled function){at}.")
     if zero.primitive is None:
         return f"{what} came in with the argument {args}." if args else f"{what} came in from outside this computation."
     line = f" at line {zero.source.line}" if zero.source else ""
     ranges = ", ".join(_range_of(s) for s in zero.inputs)
     how = {"underflow": f": its result underflowed to 0 from finite, non-zero inputs ({ranges})",
-           "cancellation": f": it cancelled to 0 from inputs that hold no zero ({ranges})"}.get(zero.how, "")
+           "cancellation": f": it cancelled to 0 from inputs that hold no zero ({ranges})",
+           "empty": f" (a `segment_sum` or `.at[...].add`): {zero.zeros} of its {zero.size} entries had nothing added "
+                    "(no index points at them: an empty segment, a node with no edges), so they kept their initial 0",
+           }.get(zero.how, "")
     return f"{what} was made by `{zero.primitive}`{line}{how}" + (f"; it is computed from {args}." if args else ".")
 
 
@@ -611,12 +624,12 @@ def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence
         return "", ()
     sources = input_sources or {}
     pattern, text, hints = _match(first, sources.get(first, ()))
-    if pattern is _masked_softmax and _overflowed(_root(first, chain)):  # the -inf overflowed: no mask made it
+    if pattern is _masked_softmax and _overflowed(inf_root(first, chain)):  # the -inf overflowed: no mask made it
         pattern, (text, hints) = _inf_arithmetic, _inf_arithmetic(first, _code(first.source), "") or ("", [])
     parts = [_where(first) + ":", text or (
         f"`{first.primitive}` produced it from inputs that held no {'NaN' if first.kind == 'nan' else 'Inf'}."
         if first.primitive is not None else "which operation made it inside the call is not known.")]
-    root = _root(first, chain) if pattern in (_inf_arithmetic, None) else None
+    root = inf_root(first, chain) if pattern in (_inf_arithmetic, None) else None
     root_pattern, root_text, root_hints = _match(root, sources.get(root, ())) if root is not None else (None, "", [])
     if overflow is not None:  # where the value left its dtype's range: that is what to fix
         if overflow.origin != first:
@@ -632,6 +645,10 @@ def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence
         parts.append(_zero_sentence(zero, first, [entry.name for entry in growth]))
         if zero.how == "underflow":
             hints = [UNDERFLOW, *hints]
+        elif zero.how == "empty":
+            hints = [EMPTY_SEGMENT, *hints]
+        elif zero.how == "captured":
+            hints = [CAPTURED_ZERO.format(name=f"`{zero.name}`" if zero.name else "the captured array"), *hints]
     if "custom_vjp_bwd(" in " ".join(first.path):
         rule = next(p for p in first.path if p.startswith("custom_vjp_bwd("))[15:-1]
         parts.append(f"This happens inside your own custom_vjp backward rule `{rule}` (the line shown is in it).")

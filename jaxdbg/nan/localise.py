@@ -9,13 +9,14 @@ Every non-finite value carries a :class:`Provenance` tag: which origins it desce
 uses it is where that value enters the program. Loops are first run whole (compiled); only a loop that
 would itself be an origin is replayed iteration by iteration, which keeps long clean loops cheap.
 
-The origin is the contract's: the earliest NaN made, in execution order. A select keeps the tags of the cases
-whose non-finite elements it selects, so a NaN that exists only where a select discards it (the branch a
-batch element does not take when vmap turns a ``lax.cond`` into a select; the masked side of a ``jnp.where``)
-stops there. When the origin's NaN reaches no output that way, the replay goes on to the first NaN that does
-(``Localisation.reaching``), and the origin is said to be discarded (:class:`Discarded`): the NaN in the
-outputs is the later one, which ``jax_debug_nans`` never gets to. The replay ends early once the first NaN
-surely reaches the outputs (:mod:`jaxdbg.nan.reach`), which is at once for most NaNs.
+The origin is the contract's: the earliest NaN made, in execution order. A select keeps the tags of the cases whose
+non-finite elements it selects, so a NaN that exists only where a select discards it (the branch a batch element
+does not take when vmap turns a ``lax.cond`` into a select; the masked side of a ``jnp.where``) stops there (a NaN
+written in the code as a constant that a select discards, as ``jnp.var`` does with its own ``jnp.nan``, is no origin
+at all: the code meant it). When the origin's NaN reaches no output that way, the replay goes on to the first NaN
+that does (``Localisation.reaching``), and the origin is said to be discarded (:class:`Discarded`): the NaN in the
+outputs is the later one, which ``jax_debug_nans`` never gets to. The replay ends early once the first NaN surely
+reaches the outputs (:mod:`jaxdbg.nan.reach`), which is at once for most NaNs.
 
 Example:
     >>> import jax.numpy as jnp
@@ -387,6 +388,9 @@ class NanHunter(Hooks):
             chosen = next((i for i, r in enumerate(self.records) if r.origin.kind == "inf"), None)
             if chosen is None:
                 chosen = self._first_of(reaching, "input", need_nan=False)
+        while chosen is not None and chosen not in reaching and _passes_nan_constant(self.records[chosen].origin):
+            chosen = next((i for i in range(chosen + 1, len(self.records)) if self.records[i].origin.kind == "nan"),
+                          None)
         self.chosen = chosen
         if chosen is not None and chosen not in reaching and self.records[chosen].origin.kind == "nan":
             self.later = self._first_of(reaching, "nan", need_nan=False)
@@ -406,7 +410,7 @@ class NanHunter(Hooks):
         for i, record in enumerate(self.records[chosen:], start=chosen):
             if self.later is not None and i >= self.later:
                 break
-            if record.origin.kind == "nan" and i not in self.reaching:
+            if record.origin.kind == "nan" and i not in self.reaching and not _passes_nan_constant(record.origin):
                 select = self.dropped.get(i)
                 found.append(Discarded(record.origin, select.source if select else None,
                                        select is not None and _compat.is_batched_cond_select(select.eqn),
@@ -419,6 +423,13 @@ class NanHunter(Hooks):
             if origin.kind == kind and (not need_nan or origin.outputs[0].nan):
                 return i
         return None
+
+
+def _passes_nan_constant(origin: Origin) -> bool:
+    """An operation that only passes on a NaN written in the code (``jnp.nan``: jax's own ``jnp.var`` selects one
+    for an empty reduction, under ``debug_nans(False)``). Where a select then discards it, it is no origin: the
+    code meant it, and nothing sees it."""
+    return origin.kind == "nan" and origin.constant_input and any(s.nan for s in origin.inputs)
 
 
 @jax.jit

@@ -14,6 +14,7 @@ Example:
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -167,6 +168,14 @@ class AnalysisWarning:
         return f"the {self.step} step failed ({self.message}); the rest of the report stands"
 
 
+def inf_root(first: Origin, chain: Sequence[Origin]) -> Origin | None:
+    """For a NaN made of infinities: where the infinity it was made of was born (the chain's first computed
+    origin). None when a constant written in the code (-inf for masking) is what fed it."""
+    if first.kind != "nan" or not any(s.inf for s in first.inputs) or any(c.constant_input for c in chain):
+        return None
+    return next((c for c in chain if c.kind == "inf"), None)
+
+
 @dataclass(frozen=True)
 class NanHuntResult:
     """The contract's nan-hunt ``result`` plus extras (strategy, precision, gradient norms, notes)."""
@@ -188,7 +197,18 @@ class NanHuntResult:
     overflow: Overflow | None = None  # a float16/bfloat16 overflow behind the origin: the root cause
 
     def essential_line(self) -> str | None:
-        return self.first.describe() if self.first is not None else None
+        """The origin in one line and, for a NaN made of infinities, the operation that made them (the line to
+        fix): ``nan first made by mul (backward pass) at ppo.py:45 in update, call 0; the inf came from log
+        (forward pass) at ppo.py:35 in act, call 0``."""
+        if self.first is None:
+            return None
+        root = self.overflow.origin if self.overflow is not None else inf_root(self.first, self.chain)
+        if root is None or root == self.first or root.primitive is None:
+            return self.first.describe()
+        at = f" at {os.path.basename(root.source.file)}:{root.source.line}" if root.source else ""
+        other = (root.function, root.call_index) != (self.first.function, self.first.call_index)
+        call = f" in {root.function}, call {root.call_index}" if other else ""
+        return f"{self.first.describe()}; the inf came from {root.primitive} ({root.pass_} pass){at}{call}"
 
     def warned(self, step: str, messages: list[str]) -> NanHuntResult:
         """This result with a warning per message of a step that failed after the analysis (``--metrics``)."""

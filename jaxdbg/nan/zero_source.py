@@ -2,10 +2,14 @@
 
 "0 / 0 at line 8" is where the NaN is born; what to fix is usually where the 0 was made: an ``exp`` of a
 parameter that one bad update sent to -377 underflows to 0 three lines earlier, a ``sum`` of a mask that is
-all padding, ``x - x``. The origin's zero operand is followed back through the equations that computed it
-(in the origin's own jaxpr), with the values they held in one more replay of the call up to the origin, to
-the operation that made a zero from inputs that held none (an underflow, a cancellation), or to the
-argument of the call that brought it in.
+all padding, ``x - x``, a ``segment_sum`` whose segment nothing points at. The origin's zero operand is
+followed back through the equations that computed it, with the values they held in one more replay of the
+call up to the origin, to the operation that made a zero from inputs that held none (an underflow, a
+cancellation, an empty segment), to an array the function captured (a global schedule holding a 0), or to the
+argument of the call that brought it in. It is followed out of the jaxpr the origin is in, through a nested
+call's operands and a loop's constants (a kernel computed once before a ``while_loop``), not through a loop's
+carry (an earlier iteration's value). Where the origin is arithmetic on an infinity a division by zero made
+(``0 * inf`` in a later line), that division's zero is the one followed.
 
 Example:
     >>> import jax.numpy as jnp
@@ -23,17 +27,19 @@ Example:
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from jaxdbg import _compat
 from jaxdbg._source import SourceLocation
-from jaxdbg.jaxpr import Hooks, Interpreter, Stop
-from jaxdbg.nan.result import ValueStats
+from jaxdbg.jaxpr import Hooks, Interpreter, Scope, Site, Stop
+from jaxdbg.nan.result import Origin, ValueStats
 from jaxdbg.nan.stats import value_stats
 
 if TYPE_CHECKING:
-    from jaxdbg.jaxpr.interpreter import Site
     from jaxdbg.nan.analyses import Findings
 
 # primitive -> which operand a zero makes it non-finite
@@ -43,59 +49,183 @@ CANCELS = ("sub", "add", "add_any", "reduce_sum")
 COMPARES = ("eq", "ne", "lt", "le", "gt", "ge", "and", "or", "not")  # a False is made here, whatever went in
 
 
+SCATTERS = ("scatter-add", "scatter_add")  # segment_sum, .at[i].add: where no index lands, the initial 0 stays
+INDEXED = {"gather": (0,), "dynamic_slice": (0,), "dynamic_update_slice": (0, 1)}  # the operands that are values
+
+
 @dataclass(frozen=True)
 class ZeroSource:
-    """Where the origin's zero operand was made: by ``primitive`` at ``source`` from ``inputs`` (``how``:
-    ``underflow``, ``cancellation`` or ``made``), or brought in by an argument of the call (``primitive`` None,
-    ``how`` ``argument``) or of the loop or inner function the origin is in (``outside``); ``arguments``: the
-    call's arguments it was computed from."""
+    """Where the zero operand of ``of`` (the origin, or the division whose infinity the origin's arithmetic passed
+    on) was made: by ``primitive`` at ``source`` from ``inputs`` (``how``: ``underflow``, ``cancellation``,
+    ``empty`` (a scatter-add where no index landed: ``zeros`` of its ``size`` entries) or ``made``), held by an
+    array the function captured (``captured``: ``name`` where a global of the user's module is that array, and
+    the ``index`` of its first zero), or brought in by an argument of the call (``primitive`` None, ``how``
+    ``argument``) or by a loop's carry (``outside``); ``arguments``: the call's arguments it was computed
+    from."""
 
     primitive: str | None
     source: SourceLocation | None
     how: str
     inputs: tuple[ValueStats, ...] = ()
     arguments: tuple[str, ...] = ()
+    of: Origin | None = None
+    name: str | None = None
+    index: tuple[int, ...] | None = None
+    zeros: int = 0
+    size: int = 0
 
 
 def analyse(findings: Findings) -> None:
-    """Set ``findings.zero_source`` when the origin is a division by zero (or log/rsqrt/pow of 0)."""
+    """Set ``findings.zero_source`` when the origin is a division by zero (or log/rsqrt/pow of 0), or arithmetic on
+    an infinity that a division by zero in the same call made."""
     first, found, call = findings.first, findings.localisation, findings.call
-    if first is None or first.kind == "input" or found is None or call is None or call.fun is None:
+    if first is None or first.kind == "input" or found is None or call is None or call.fun is None \
+            or found.closed_jaxpr is None:
         return
-    operand = ZERO_OPERAND.get(first.primitive or "")
     record = getattr(found, "record", None)
-    if operand is None or operand >= len(first.inputs) or not first.inputs[operand].zero or record is None \
-            or record.site is None or found.closed_jaxpr is None:
+    if not _divides_by_zero(first):
+        root = next((c for c in findings.chain if c.kind == "inf"), None)
+        if root is None or not any(s.inf for s in first.inputs) or not _divides_by_zero(root) \
+                or (root.function, root.call_index) != (first.function, first.call_index):
+            return
+        record = next((r for r in getattr(found, "infs", ()) if r.origin == root), None)
+    if record is None or record.site is None:
         return
-    findings.zero_source = trace_zero(call, found.closed_jaxpr, record.site, operand)
+    findings.zero_source = trace_zero(call, found.closed_jaxpr, record.site, ZERO_OPERAND[record.origin.primitive],
+                                      record.origin, findings.globals_named)
 
 
-def trace_zero(call: Any, closed: Any, origin: Site, operand: int) -> ZeroSource | None:
-    """Follow the zero in operand ``operand`` of the equation at ``origin`` back to where it was made."""
-    jaxpr = origin.scope.jaxpr
-    producers = {id(v): i for i, eqn in enumerate(jaxpr.eqns[:origin.index]) for v in eqn.outvars}
-    needed = _slice(jaxpr, origin.eqn.invars[operand], producers)
-    seen = _Recorder(origin, operand, needed)
+def _divides_by_zero(origin: Origin) -> bool:
+    operand = ZERO_OPERAND.get(origin.primitive or "")
+    return operand is not None and operand < len(origin.inputs) and bool(origin.inputs[operand].zero)
+
+
+@dataclass(frozen=True)
+class _Level:
+    """One jaxpr the zero is followed through: the origin's, then each that encloses it, as far as a value
+    maps out (``site``: the equation of this jaxpr the trace starts before; ``needed``: the slice recorded)."""
+
+    site: Site
+    producers: dict[int, int]
+    needed: frozenset[int]
+
+
+def trace_zero(call: Any, closed: Any, origin: Site, operand: int, of: Origin | None = None,
+               named: Mapping[int, str] | None = None) -> ZeroSource | None:
+    """Follow the zero in operand ``operand`` of the equation at ``origin`` back to where it was made (``named``:
+    the script's global arrays by ``id``, for those its globals no longer hold)."""
+    levels = _levels(origin, origin.eqn.invars[operand])
+    seen = _Recorder(origin, operand, levels)
     with contextlib.suppress(Stop):  # the replay ends at the origin
         Interpreter(seen).run(closed, call.leaves(), root=call.root)
     if not seen.reached:
         return None
     names = call.leaf_names()
-    var = origin.eqn.invars[operand]
-    for _ in range(len(jaxpr.eqns) + 1):
-        index = producers.get(id(var))
+    var, depth = origin.eqn.invars[operand], 0
+    for _ in range(sum(len(level.site.scope.jaxpr.eqns) for level in levels) + len(levels) + 1):
+        level = levels[depth]
+        scope, jaxpr = level.site.scope, level.site.scope.jaxpr
+        index = level.producers.get(id(var))
         if index is None:
-            how = "argument" if _is_argument(origin, var) else "outside"  # made before the inner jaxpr began
-            return ZeroSource(None, None, how, (), _arguments(origin, [var], names))
-        eqn, (ins, _) = jaxpr.eqns[index], seen.stats[index]
-        zero_inputs = [i for i, stats in enumerate(ins) if stats is not None and stats.zero
-                       and eqn.primitive.name not in COMPARES and not (eqn.primitive.name == "select_n" and i == 0)]
+            outer = _maps_out(level.site, var)
+            if outer is not None and depth + 1 < len(levels):
+                var, depth = outer, depth + 1
+                continue
+            position = next((i for i, v in enumerate(jaxpr.constvars) if v is var), None)
+            if position is not None:
+                return _captured(call, seen.consts.get(depth), position, of, named or {})
+            how = "argument" if _is_argument(level.site, var) else "outside"  # a loop's carry: an earlier iteration
+            return ZeroSource(None, None, how, (), _arguments(level.site, [var], names), of)
+        eqn, (ins, outs) = jaxpr.eqns[index], seen.stats[depth][index]
+        name = eqn.primitive.name
+        followed = INDEXED.get(name, range(len(ins)))
+        if name in SCATTERS:  # the operand's zeros stay where no update lands; zero updates add a zero
+            followed = (2,) if len(ins) > 2 and ins[2] is not None and ins[2].zero else ()
+        zero_inputs = [i for i, stats in enumerate(ins) if i in followed and stats is not None and stats.zero
+                       and name not in COMPARES and not (name == "select_n" and i == 0)]
         if not zero_inputs:
-            return ZeroSource(eqn.primitive.name, _compat.eqn_source(eqn), _how(eqn.primitive.name, ins),
-                              tuple(s for s in ins if s is not None),
-                              _arguments(origin, list(eqn.invars), names))
+            here = Site(eqn, index, scope)
+            how = "empty" if name in SCATTERS else _how(name, ins)
+            return ZeroSource(name, _compat.eqn_source(eqn) or here.source, how, tuple(s for s in ins if s is not None),
+                              _arguments(here, list(eqn.invars), names), of,
+                              zeros=outs[0].zero if outs else 0, size=_size(outs[0].shape) if outs else 0)
         var = eqn.invars[zero_inputs[0]]
     return None
+
+
+def _levels(origin: Site, var: Any) -> list[_Level]:
+    """The origin's jaxpr and those enclosing it that the zero's slice reaches out to, each with its slice."""
+    levels: list[_Level] = []
+    site: Site | None = origin
+    atoms = [var]
+    while site is not None and atoms:
+        jaxpr = site.scope.jaxpr
+        producers = {id(v): i for i, eqn in enumerate(jaxpr.eqns[:site.index]) for v in eqn.outvars}
+        needed = _slice(jaxpr, atoms, producers)
+        levels.append(_Level(site, producers, frozenset(needed)))
+        reached = [a for i in needed for a in jaxpr.eqns[i].invars] + atoms
+        atoms = [outer for a in reached if not _compat.is_literal(a) and id(a) not in producers
+                 for outer in [_maps_out(site, a)] if outer is not None]
+        site = site.scope.parent
+    return levels
+
+
+def _maps_out(site: Site, var: Any) -> Any:
+    """The operand of the enclosing equation that an input ``var`` of the site's jaxpr is bound to: a call's
+    operand, a loop's constant (not its carry), a cond branch's operand; None where there is none."""
+    scope, parent = site.scope, site.scope.parent
+    if parent is None or _compat.is_literal(var):
+        return None
+    position = next((i for i, v in enumerate(scope.jaxpr.invars) if v is var), None)
+    if position is None:
+        return None
+    params, operands = parent.eqn.params, parent.eqn.invars
+    found: int | None
+    if scope.kind == "call":
+        found = position
+    elif scope.kind == "scan":
+        found = position if position < _compat.scan_split(params)[0] else None
+    elif scope.kind == "while_body":
+        found = params["cond_nconsts"] + position if position < params["body_nconsts"] else None
+    elif scope.kind == "while_cond":
+        found = position if position < params["cond_nconsts"] else None
+    elif scope.kind == "cond":
+        found = position + 1
+    else:
+        found = None
+    return operands[found] if found is not None and found < len(operands) else None
+
+
+def _captured(call: Any, consts: list | None, position: int, of: Origin | None,
+              named: Mapping[int, str]) -> ZeroSource:
+    """A zero held by an array the function captured (not an argument): named by the user's global that is it."""
+    value = consts[position] if consts is not None and position < len(consts) else None
+    index = None
+    if value is not None:
+        with contextlib.suppress(Exception):
+            where = np.argwhere(np.asarray(value) == 0)
+            index = tuple(int(i) for i in where[0]) if len(where) else None
+    return ZeroSource(None, None, "captured", (value_stats(value),) if value is not None else (), (), of,
+                      name=named.get(id(value)) or _global_named(call, value), index=index)
+
+
+def _global_named(call: Any, value: Any) -> str | None:
+    """The name of a global of the user's module (the function's, or one its code reaches) bound to ``value``."""
+    if value is None:
+        return None
+    fun = call.fun
+    for _ in range(8):  # through jax.jit's and functools' wrappers
+        inner = getattr(fun, "__wrapped__", None) or getattr(fun, "__func__", None)
+        if inner is None:
+            break
+        fun = inner
+    namespace = getattr(fun, "__globals__", None) or {}
+    return next((name for name, bound in list(namespace.items()) if bound is value and not name.startswith("__")),
+                None)
+
+
+def _size(shape: tuple[int, ...]) -> int:
+    return int(np.prod(shape)) if shape else 1
 
 
 def _how(primitive: str, inputs: list[ValueStats | None]) -> str:
@@ -107,10 +237,10 @@ def _how(primitive: str, inputs: list[ValueStats | None]) -> str:
     return "made"
 
 
-def _slice(jaxpr: Any, var: Any, producers: dict[int, int]) -> set[int]:
-    """The equations (indices) that compute ``var``."""
+def _slice(jaxpr: Any, atoms: list, producers: dict[int, int]) -> set[int]:
+    """The equations (indices) that compute ``atoms``."""
     needed: set[int] = set()
-    stack = [var]
+    stack = list(atoms)
     while stack:
         atom = stack.pop()
         index = None if _compat.is_literal(atom) else producers.get(id(atom))
@@ -162,30 +292,47 @@ def _arguments(origin: Site, atoms: list, names: list[str]) -> tuple[str, ...]:
 
 
 class _Recorder(Hooks):
-    """Replays the call up to the origin, keeping the statistics of the equations in the zero's slice (in the
-    origin's scope: the latest pass through it, the one the origin is in)."""
+    """Replays the call up to the origin, keeping the statistics of the equations in the zero's slice at each
+    level (in the origin's jaxpr: the latest pass through it, the one the origin is in; in each enclosing one,
+    the pass that encloses the origin), and the captured constants of each level's jaxpr."""
 
-    def __init__(self, origin: Site, operand: int, needed: set[int]):
-        self.origin, self.operand, self.needed = origin, operand, needed
-        self.stats: dict[int, tuple[list[ValueStats | None], list[ValueStats]]] = {}
+    def __init__(self, origin: Site, operand: int, levels: list[_Level]):
+        self.origin, self.operand, self.levels = origin, operand, levels
+        self.stats: dict[int, dict[int, tuple[list[ValueStats | None], list[ValueStats]]]] = {
+            depth: {} for depth in range(len(levels))}
+        self.consts: dict[int, list] = {}
         self.reached = False
 
-    def _here(self, site: Site) -> bool:
-        return site.scope.jaxpr is self.origin.scope.jaxpr and site.path == self.origin.path
+    def _level(self, site: Site) -> int | None:
+        """The level whose jaxpr (at its place) the site runs in, if its equation is in that level's slice."""
+        for depth, level in enumerate(self.levels):
+            if site.index in level.needed and site.scope.jaxpr is level.site.scope.jaxpr \
+                    and site.path == level.site.path:
+                return depth
+        return None
+
+    def const_tags(self, scope: Scope, consts: list) -> list:
+        for depth, level in enumerate(self.levels):
+            if scope.jaxpr is level.site.scope.jaxpr and scope.path == level.site.path:
+                self.consts[depth] = list(consts)
+        return [None] * len(consts)
 
     def before(self, site: Site, invals: list, in_tags: list) -> list | None:
-        if self._here(site) and site.index == self.origin.index and value_stats(invals[self.operand]).zero:
+        if site.scope.jaxpr is self.origin.scope.jaxpr and site.path == self.origin.path \
+                and site.index == self.origin.index and value_stats(invals[self.operand]).zero:
             self.reached = True
             raise Stop()
         return None
 
     def keeps_inputs(self, site: Site) -> bool:
-        return site.index in self.needed and self._here(site)  # a nested jit in the slice: its inputs' statistics
+        return self._level(site) is not None  # a nested jit in the slice: its inputs' statistics
 
     def after(self, site: Site, invals: list, outvals: list, in_tags: list, out_tags: list,
               descended: bool) -> list | None:
-        if site.index in self.needed and self._here(site):
+        depth = self._level(site)
+        if depth is not None:
             # a literal (a constant written in the code) is never followed: an operation by a constant 0 made it
-            self.stats[site.index] = ([None if _compat.is_literal(a) else value_stats(v)
-                                       for a, v in zip(site.eqn.invars, invals)], [value_stats(v) for v in outvals])
+            self.stats[depth][site.index] = ([None if _compat.is_literal(a) else value_stats(v)
+                                              for a, v in zip(site.eqn.invars, invals)],
+                                             [value_stats(v) for v in outvals])
         return None

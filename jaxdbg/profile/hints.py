@@ -45,12 +45,26 @@ def eager_matters(eager: Mapping[str, Any], totals: Totals) -> bool:
 _INITIALISERS = re.compile(r"normal|uniform|orthogonal|threefry|random_bits|_gamma|bernoulli")
 
 
+# jax's own functions behind eager compiles whose names say nothing of the user's code that ran them.
+_EAGER_CALLERS = {"jit(stage)": "jnp.asarray/jnp.array of host data, once per new shape"}
+
+
+def eager_label(name: str) -> str:
+    """An eager compile's name, with what runs it where jax's name does not say.
+
+        >>> eager_label("jit(stage)"), eager_label("jit(_normal)")
+        ('jit(stage) (jnp.asarray/jnp.array of host data, once per new shape)', 'jit(_normal)')
+    """
+    caller = _EAGER_CALLERS.get(name)
+    return f"{name} ({caller})" if caller else name
+
+
 def _eager_hint(eager: Mapping[str, Any], totals: Totals) -> str | None:
     seconds = float(eager.get("total_s") or 0.0)
     if not eager_matters(eager, totals) or seconds < 0.5 or seconds < 0.1 * totals.wall_s:
         return None
     top = list(eager.get("top") or [])[:3]
-    names = ", ".join(f"{t['name']} {t['compile_s']:.2f} s" for t in top)
+    names = ", ".join(f"{eager_label(t['name'])} {t['compile_s']:.2f} s" for t in top)
     what = ("random initialisers (a model built outside jit compiles each initialiser once per parameter shape)"
             if any(_INITIALISERS.search(str(t["name"])) for t in top) else "setup work outside jit")
     # Eager compiles are mostly short, and the persistent cache skips compiles shorter than

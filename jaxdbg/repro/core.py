@@ -110,6 +110,7 @@ def reproduce(spec: TargetSpec, options: ReproOptions, out_dir: str, on_progress
 
 
 EMITTED_FRAME_LINES = 15
+EXACT_PRECISION = "--xla_allow_excess_precision=false"  # XLA rounds every bf16/f16 intermediate, as op by op
 SOURCE_FILE = "repro_source.py"  # the source-level reduction written next to a cut computation
 # Seconds the source-level reduction gets after a verified cut: as long as finding the cut took, within these
 # bounds. The cut is the answer, this file a companion that shows the user's own code; the bound keeps a
@@ -163,6 +164,7 @@ class _Reproduction:
         self.env = reduction_env(os.path.join(work, "jax-cache"))
         self.cwd = scratch_folder(os.path.join(work, "cwd"), out_dir)
         self.verify_reserve = 5.0
+        self.program_lines: int | None = None  # lines of the reduced source written, jaxdbg's check left out
 
     # 1. Detect ----------------------------------------------------------------------------------------------
 
@@ -325,6 +327,8 @@ class _Reproduction:
                     os.remove(path)
             self.notes.append(f"the {what} did not verify ({verification}); reduced the source instead")
             return None
+        if summary.criterion.kind == "mismatch" and self.clock.left() > verify_reserve + self.detect_timeout:
+            self.notes.extend(self._excess_precision(artifacts))
         timed_out = self.clock.left() <= verify_reserve
         result = ReproResult(
             signature=target.signature, original=Size(self.subject.original_lines, summary.equations_original or None),
@@ -346,6 +350,12 @@ class _Reproduction:
             return False, f"{REPRO_FILE} alone in an empty folder {said} (expected it to fail)"
         ok = criterion.reproduced_by(exc.type, exc.message)
         return ok, f"fresh `python {REPRO_FILE}` alone in an empty folder {said}"
+
+    def _excess_precision(self, artifacts: dict[str, str]) -> list[str]:
+        self.checks += 1
+        folder = tempfile.mkdtemp(prefix="precision-", dir=self.work)
+        return excess_precision(artifacts["repro"], [p for k, p in artifacts.items() if k == "inputs"], folder,
+                                self.detect_timeout)
 
     @contextlib.contextmanager
     def _alone(self, path: str, companions: list[str]) -> Iterator[str]:
@@ -458,9 +468,13 @@ class _Reproduction:
             stopped = f" (stopped after {budget:.0f}s)" if source_result.timed_out else ""
             check = " with jaxdbg's check of the failing call" if target.signature.kind in ("nonfinite",
                                                                                            "mismatch") else ""
-            self.notes.append(
-                f"{SOURCE_FILE}: the program itself{where}, reduced from {source_result.original.lines} to "
-                f"{source_result.minimized.lines} lines{check}{stopped}; it too fails alone in an empty folder")
+            total = source_result.minimized.lines or 0
+            before, after = source_result.original.lines or 0, self.program_lines or total
+            checked = f" ({total}{check})" if check and total != after else ""
+            size = (f"reduced from {before} to {after} lines{checked}{stopped}" if after < before else
+                    f"not reduced in the {budget:.0f}s it had ({before} lines{checked})")
+            self.notes.append(f"{SOURCE_FILE}: the program itself{where}, {size}; it too fails alone in an empty "
+                              "folder")
         else:
             for path in source_artifacts.values():
                 if path not in artifacts.values():
@@ -510,6 +524,7 @@ class _Reproduction:
                     if verified or (evidence is not None and not evidence.result()[0]):
                         break
                 if verified:
+                    self.program_lines = count_lines(state.text)  # the program alone, without jaxdbg's check
                     if call:
                         self.notes.append(f"{file_name} ends in a check jaxdbg wrote around `{call}`: it raises "
                                           f"AssertionError while the bug is present")
@@ -628,6 +643,38 @@ class _Reproduction:
         if location is None or os.path.realpath(location.file).startswith(os.path.realpath(self.work) + os.sep):
             return ""
         return template.format(_short(location))
+
+
+def excess_precision(repro: str, companions: list[str], folder: str, timeout: float) -> list[str]:
+    """A jit/op-by-op mismatch of a bfloat16/float16 computation: its verified reproducer run again (copied into the
+    empty ``folder``) with XLA made to round every intermediate to its dtype. If it then passes, that is the cause:
+    a note says so (else ``[]``).
+
+    Example:
+        >>> import tempfile
+        >>> work = tempfile.mkdtemp()
+        >>> with open(f"{work}/repro.py", "w") as f:
+        ...     _ = f.write("import os  # bfloat16\\nassert 'excess_precision=false' in os.environ['XLA_FLAGS']")
+        >>> excess_precision(f"{work}/repro.py", [], f"{work}/alone", 60)[0][:47]
+        'the mismatch goes away with XLA_FLAGS=--xla_all'
+    """
+    with open(repro) as handle:
+        if "float16" not in handle.read():  # (bfloat16 too)
+            return []
+    os.makedirs(folder, exist_ok=True)
+    for source in [repro, *companions]:
+        shutil.copyfile(source, os.path.join(folder, os.path.basename(source)))
+    flags = f"{os.environ.get('XLA_FLAGS', '')} {EXACT_PRECISION}".strip()
+    outcome = run_contained(RunRequest(script=os.path.join(folder, os.path.basename(repro))), timeout=timeout,
+                            env={**CHILD_ENV, "XLA_FLAGS": flags}, cwd=folder)
+    if outcome.status != "ok":
+        return []
+    return [f"the mismatch goes away with XLA_FLAGS={EXACT_PRECISION}: under jit, XLA keeps the bfloat16/float16 "
+            "intermediates of the operations it fuses at float32 (it is allowed excess precision, and rounds only "
+            "where a value leaves the fusion), while op by op every operation rounds to its dtype; neither is a bug "
+            "of yours, but a sum of many low-precision terms (gradients accumulated in bfloat16) differs by much "
+            "more than one rounding: accumulate in float32 (`jnp.zeros_like(w, jnp.float32)`), or run with that "
+            "flag to get op-by-op's rounding under jit"]
 
 
 def _matching_cut(outcomes: list[Outcome], signature: FailureSignature) -> CutFinished | None:

@@ -8,7 +8,12 @@ checked by compiling the candidate with ``jax.jit`` and running it (in this proc
 2. for NaN/Inf, try the single equation whose recorded output first turns non-finite from finite inputs;
 3. move the output up to the earliest intermediate that still fails (bisection over the chain);
 4. delta-debug the equations: remove chunks, their outputs become recorded inputs, dead code goes;
-5. shrink shapes (the failing element alone, then length-1 slices) and simplify values (0, 1, ±1, round).
+5. shrink shapes (the failing element alone, then length-1 slices) and simplify values (0, 1, ±1, round);
+   a plainer value must keep a NaN/Inf born where it was (a numerator set to 0 would turn ``x / 0 = inf``,
+   then ``0 * inf``, into a ``0 / 0`` at the first equation: another failure, with the rest of the chain
+   left hanging on);
+6. where values became plainer, passes 3 and 4 once more: equations the plainer values made idle
+   (``x + 0`` eight times, a sum of zeros) go.
 
 Example:
     >>> import jax, jax.numpy as jnp
@@ -152,6 +157,7 @@ class Cutter:
         self.stats = CutStats(original_equations=len(graph.nodes))
         self.started = time.perf_counter()
         self.best: Candidate | None = None
+        self.simplified = False  # simplify replaced some input by a plainer value
 
     # The test -----------------------------------------------------------------------------------------------
 
@@ -169,8 +175,9 @@ class Cutter:
             cand.values[var] = source[var]
         return cand
 
-    def test(self, cand: Candidate | None) -> Candidate | None:
-        """The candidate with its failing index if it fails the same way (and can be written out), else None."""
+    def test(self, cand: Candidate | None, accept: Callable[[Candidate], bool] | None = None) -> Candidate | None:
+        """The candidate with its failing index if it fails the same way (and can be written out, and ``accept``
+        takes it), else None."""
         if cand is None or self.out_of_time():
             return None
         inputs = cand.inputs(self.graph)
@@ -181,6 +188,8 @@ class Cutter:
         if index is None:
             return None
         found = replace(cand, index=index)
+        if accept is not None and not accept(found):
+            return None
         # Only a candidate that can be written as Python may become the result; others still guide the search.
         if (self.best is None or _size(found) <= _size(self.best)) and self.emittable(found):
             self.best = found
@@ -201,6 +210,9 @@ class Cutter:
             if self.out_of_time():
                 break
             cand = step(cand) or cand
+        if self.simplified and not self.out_of_time():  # plainer values can leave equations with nothing to do
+            for step in (self.earliest_output, self.delta_debug):
+                cand = step(cand) or cand
         if self.best is None:
             raise CutError("every failing sub-computation holds an equation that cannot be written as Python")
         return self.best
@@ -323,6 +335,8 @@ class Cutter:
         trip count depends on them, and a plainer value (a zero tolerance, a zero step) can make one candidate
         run for ever, past the deadline, with the cut found so far lost with it."""
         looping = {v for i in cand.nodes for v in self.graph.nodes[i].invars if _runs_a_while(self.graph.nodes[i])}
+        born = self.birth(cand)
+        same_birth = (lambda found: self.birth(found) == born) if born is not None else None
         for var in cand.inputs(self.graph):
             if var in looping or is_key(cand.values[var]):
                 continue
@@ -336,11 +350,26 @@ class Cutter:
             for option in options:
                 if np.array_equal(option, value, equal_nan=True):
                     break
-                found = self.test(replace(cand, values={**cand.values, var: option}))
+                found = self.test(replace(cand, values={**cand.values, var: option}), accept=same_birth)
                 if found is not None:
-                    cand = found
+                    cand, self.simplified = found, True
                     break
         return cand
+
+    def birth(self, cand: Candidate) -> int | None:
+        """NaN/Inf: the node of the candidate whose output first holds the value looked for (jitted, as the check
+        runs it); None for another kind of failure, or where it cannot be told."""
+        what = self.check.criterion.what
+        if self.check.criterion.kind != "nonfinite":
+            return None
+        inputs = cand.inputs(self.graph)
+        outs = [(i, o) for i in cand.nodes for o in self.graph.nodes[i].outvars if isinstance(o, Var)]
+        try:
+            fn = as_function([self.graph.nodes[i] for i in cand.nodes], inputs, [o for _, o in outs])
+            values = jax.jit(fn)(*[cand.values[v] for v in inputs])
+        except Exception:  # noqa: BLE001 - no telling: plainer values are judged by the failure alone
+            return None
+        return next((i for (i, _), value in zip(outs, values) if _holds(value, what)), None)
 
     # Helpers ------------------------------------------------------------------------------------------------
 
