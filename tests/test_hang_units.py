@@ -292,11 +292,14 @@ def test_joining_a_producer_stuck_on_a_full_queue_names_the_queue_and_says_how_t
     assert result.kind == "deadlock" and said in result.verdict, result.verdict
     assert result.hints[0].startswith(f"thread `loader` waits at test_hang_units.py:{line} (<lambda>) to put into "
                                       "the full queue `full`")
-    # The same process as process 1 of a job whose process 0 waits for it in an all-reduce: the same hint, named.
+    # The same process as process 1 of a job whose process 0 waits for it in an all-reduce, its main thread not
+    # taking from the queue after the join (no cycle): a stall of process 1, with the same hint, named.
     waiting = _record(0, "train_step", "train_step(x: f32[4]) [all-reduce:sum]", 40, None)
+    main["queues"] = []
     job = judge(JobFacts(2, "stall", 5.0, {0: waiting, 1: {**record, "index": 1}}))
-    assert job.stuck == (1,) and job.hints[0].startswith(f"process 1: thread `loader` waits at test_hang_units.py:"
-                                                         f"{line} (<lambda>) to put into the full queue `full`")
+    assert (job.kind, job.stuck) == ("stall", (1,))
+    assert job.hints[0].startswith(f"process 1: thread `loader` waits at test_hang_units.py:{line} (<lambda>) to put "
+                                   "into the full queue `full`")
     full.get()  # room: the loader's put ends
     loader.join()
 
