@@ -628,3 +628,24 @@ def test_a_cholesky_of_a_matrix_that_is_not_positive_definite_is_explained() -> 
     found = hunt(lambda k: jnp.linalg.cholesky(k).sum(), jnp.array([[1.0, 2.0], [2.0, 1.0]]))
     text, hints = explain(found.first, found.chain)
     assert found.first.primitive == "cholesky" and "not positive definite" in text and "jitter" in hints[0]
+
+
+def test_an_operation_run_whole_is_noted_only_where_the_answer_stops_at_it() -> None:
+    """A scatter-add (an equation with a jaxpr inside that no rule opens) in the gradient of take_along_axis has
+    nothing to do with a log of a negative later: no note. One that adds -inf to inf itself makes the NaN: the
+    note says the answer cannot look inside it."""
+
+    def gathered_log(x, idx):
+        picked = jax.grad(lambda v: jnp.take_along_axis(v, idx, axis=0).sum())(x)
+        return jnp.log(picked - 2.0)  # log of a negative
+
+    found = hunt(jax.jit(gathered_log), jnp.ones(4), jnp.array([0, 2]))
+    assert found.first.primitive == "log"
+    assert not [n for n in found.notes if "no rule looks inside" in n]
+
+    def scattered(x, v):
+        return x.at[jnp.array([1])].add(v)  # inf + -inf inside the scatter-add
+
+    found = hunt(jax.jit(scattered), jnp.array([0.0, jnp.inf]), jnp.array([-jnp.inf]))
+    assert found.first.primitive.startswith("scatter")
+    assert [n for n in found.notes if "no rule looks inside 'scatter" in n]

@@ -188,7 +188,7 @@ class NanHunter(Hooks):
         self.confirmed: set[int] = set()  # NaN origins known to reach the call's outputs
         self.dropped: dict[int, Site] = {}  # origin -> the select that discarded its non-finite values first
         self.passes = PassClassifier(backward_outputs)
-        self.opaque_notes: list[str] = []
+        self.opaque_notes: list[tuple[Site, str]] = []
         self.reaching: frozenset[int] = frozenset()
         self.chosen: int | None = None
         self.later: int | None = None  # the first NaN origin that reaches the outputs, when the chosen one does not
@@ -300,7 +300,7 @@ class NanHunter(Hooks):
         return resolved
 
     def opaque(self, site: Site, reason: str) -> None:
-        self.opaque_notes.append(f"{'/'.join(site.path)}: {reason}")
+        self.opaque_notes.append((site, f"{'/'.join(site.path)}: {reason}"))
 
     def merge_tags(self, tags: Sequence[Any]) -> Provenance | None:
         """A scan's stacked output holds what every iteration put there; each slice keeps its own tag."""
@@ -536,6 +536,17 @@ def replay(call: Call, nan_only: bool = False, closed: Any = None) -> tuple[NanH
     return hunter, outs, out_tags, closed
 
 
+def _telling_opaque_notes(notes: list[tuple[Site, str]], found: Sequence[Any]) -> list[str]:
+    """The notes of operations run whole that matter: all of them when no origin was found (one may hide it), else
+    those of an origin or a link of its chain (the answer stops at them); a scatter-add inside ``take_along_axis``
+    that had nothing to do with the NaN is no news to the user."""
+    sites = [r.site for r in found if r is not None and r.site is not None]
+    if not sites:
+        return [text for _, text in notes]
+    return [text for site, text in notes
+            if any(s is site or (s.path == site.path and s.primitive == site.primitive) for s in sites)]
+
+
 def localise_call(call: Call, nan_only: bool = False, closed: Any = None) -> Localisation:
     """Op-by-op replay of one call; see :mod:`jaxdbg.nan.fidelity` for when it does not reproduce."""
     hunter, outs, out_tags, closed = replay(call, nan_only, closed)
@@ -552,7 +563,8 @@ def localise_call(call: Call, nan_only: bool = False, closed: Any = None) -> Loc
     reaching = hunter.records[hunter.later].origin if discarded and hunter.later is not None else None
     return Localisation(
         record.origin if record else None, tuple(r.origin for r in chain), strategy, reproduced, record,
-        (*(d.note(reaching) for d in discarded[:1]), *hunter.opaque_notes), closed, sources,
+        (*(d.note(reaching) for d in discarded[:1]), *_telling_opaque_notes(hunter.opaque_notes, (record, *chain))),
+        closed, sources,
         tuple(r for r in hunter.records if r.origin.kind == "inf"), discarded, reaching,
     )
 
