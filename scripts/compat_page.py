@@ -37,7 +37,15 @@ in `tests/test_compat_matrix.py`, run by CI on jax 0.10.2 (Python 3.11) and jax 
   on some rows only: — elsewhere);
 - watch: the program run inside `jaxdbg.watch()` raises `NonFiniteError` with the same origin, and writes
   its report;
-- check: the program as a `[tool.jaxdbg.check]` nan-hunt check fails, at the origin's line.
+- check: the program as a `[tool.jaxdbg.check]` nan-hunt check fails, at the origin's line;
+- memory: `jaxdbg memory` of every program in one run finds each program's jitted functions, every compile
+  with a positive peak and its largest buffers, the arguments among them named as the user passed them
+  (`params['w']`, `model.layers[0].weight`) and the others at the program's own lines, in a report the schema
+  takes and with nothing of jaxdbg's own failing;
+- hang-hunt: `jaxdbg hang-hunt` of every program in one run says the run finished with no stall and no
+  divergence (exit 0), and its flight record holds every call of each program's jitted functions, each with
+  the program it ran and its results ready, and the collectives (all-reduce) of the programs that run
+  over several devices (pmap, shard_map, sharded arrays) at the program's own lines.
 
 "works": the answer is right. "bug": jaxdbg's answer is wrong or missing today (a known bug, being
 fixed; the note says what goes wrong). "works, except device": the rest of the answer is right.

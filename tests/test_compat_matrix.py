@@ -1,13 +1,14 @@
 """The compatibility matrix (tests/compat/compat_matrix.py): each JAX feature's program against nan-hunt,
-profile, repro, jaxdbg.watch and check, one test per cell; and docs/compat.md, generated from the same
-definition, up to date.
+profile, repro, jaxdbg.watch, check, memory and hang-hunt, one test per cell; and docs/compat.md, generated from
+the same definition, up to date.
 
 Cost is shared: the first cell asked for starts every process of the matrix at once, with 8 CPU devices:
 - one `jaxdbg check --jobs 2` of a generated pyproject: a nan-hunt check per row (the check column; each
   check's own report is also the nan-hunt cell) and one profile check running every row in one process
   (`tests/compat/profile_all.py`: the profile column);
 - `jaxdbg repro` of the rows marked for it, one after another, with a bounded --max-time and no source pass;
-- then one process running every row inside `jaxdbg.watch` (`tests/compat/watch_all.py`: the watch column).
+- then one process running every row inside `jaxdbg.watch` (`tests/compat/watch_all.py`: the watch column);
+- then one `jaxdbg memory` and one `jaxdbg hang-hunt` of every row in one process (`profile_all.py` again).
 Each test then reads its cell. A cell the definition marks as a known bug is xfail(strict=True): it fails
 loudly once the fix lands, and its entry in the definition must go (the page changes with it).
 """
@@ -25,6 +26,7 @@ import sys
 import threading
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,10 +35,15 @@ sys.path.insert(0, str(COMPAT))
 
 import compat_matrix as M  # noqa: E402 - the definition lives beside its programs
 
+from jaxdbg.schema import schema  # noqa: E402
+
 JAX = importlib.metadata.version("jax")
 WAIT_S = 1200  # the longest any process of the matrix may take on a loaded 2-core machine
 REPRO_OPTIONS = ["--max-time", "120", "--source-time", "0", "--runs", "1", "--jobs", "1"]
 PROFILE_CHECK = "profile-all"
+# The processes run one after another beside the check: the repro rows first (their reduction is bounded by
+# wall time, so they go while only the check runs beside them), the watch, then memory and hang-hunt of every row.
+CHAIN = (*(f"repro-{row.name}" for row in M.ROWS if row.repro), "watch", "memory", "hang-hunt")
 
 
 def _environment() -> dict[str, str]:
@@ -73,29 +80,45 @@ class MatrixRun:
                                            str(config), "--json", str(folder / "check.json"), "--out",
                                            str(folder / "check"), "--timeout", str(WAIT_S)])
         self.repros: dict[str, tuple[int, dict | None]] = {}
-        self.watch_process: subprocess.Popen | None = None
-        self.then_watch = threading.Thread(target=self._repro_then_watch, daemon=True)
-        self.then_watch.start()
+        self.chained: subprocess.Popen | None = None  # the process of the chain below running now
+        self.ended = {name: threading.Event() for name in CHAIN}
+        threading.Thread(target=self._chain, daemon=True).start()
 
     def _start(self, name: str, argv: list[str]) -> subprocess.Popen:
         log = open(self.folder / f"{name}.log", "w")  # noqa: SIM115 - closed with the process in stop()
         return subprocess.Popen(argv, cwd=self.folder, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
 
-    def _repro_then_watch(self) -> None:
-        """The repro rows first (their reduction is bounded by wall time, so they go while only the check runs
-        beside them), then the watch process (three processes at a time on two cores at most)."""
+    def _chain(self) -> None:
+        """The processes of :data:`CHAIN`, one after another (three processes at a time on two cores at most,
+        with the check's two)."""
+        try:
+            self._run_chain()
+        finally:
+            for ended in self.ended.values():  # a failure of the chain itself: the cells say what is missing
+                ended.set()
+
+    def _run_chain(self) -> None:
         for row in (r for r in M.ROWS if r.repro):
             out, report = self.folder / f"repro-{row.name}", self.folder / f"repro-{row.name}.json"
-            process = self._start(f"repro-{row.name}", [sys.executable, "-m", "jaxdbg", "repro",
-                                                        f"{COMPAT / row.name}.py", *REPRO_OPTIONS, "--out",
-                                                        str(out), "--json", str(report), "-q"])
-            code = self._wait(process)
+            code = self._run(f"repro-{row.name}", [sys.executable, "-m", "jaxdbg", "repro", f"{COMPAT / row.name}.py",
+                                                   *REPRO_OPTIONS, "--out", str(out), "--json", str(report), "-q"])
             self.repros[row.name] = (code, json.loads(report.read_text()) if report.exists() else None)
         (self.folder / "watch").mkdir()
-        self.watch_process = self._start("watch", [sys.executable, str(COMPAT / "watch_all.py"),
-                                                   str(self.folder / "watch"), *(row.name for row in M.ROWS)])
-        self._wait(self.watch_process)
+        self._run("watch", [sys.executable, str(COMPAT / "watch_all.py"), str(self.folder / "watch"),
+                            *(row.name for row in M.ROWS)])
+        for command in ("memory", "hang-hunt"):
+            self._run(command, [sys.executable, "-m", "jaxdbg", command, str(COMPAT / "profile_all.py"), "--out",
+                                str(self.folder / command), "--json", str(self.folder / f"{command}.json"), "-q",
+                                "--timeout", str(WAIT_S), "--", str(self.folder / f"{command}-errors.json"),
+                                *(row.name for row in M.ROWS)])
+
+    def _run(self, name: str, argv: list[str]) -> int:
+        self.chained = self._start(name, argv)
+        try:
+            return self._wait(self.chained)
+        finally:
+            self.ended[name].set()
 
     def _wait(self, process: subprocess.Popen) -> int:
         try:
@@ -121,17 +144,27 @@ class MatrixRun:
         return json.loads(self.errors.read_text()) if self.errors.exists() else {}
 
     def watch(self, row: str) -> dict:
-        self.then_watch.join(timeout=WAIT_S * 2)
+        self._wait_for("watch")
         path = self.folder / "watch" / "watch.json"
         assert path.exists(), f"the watch process wrote nothing:\n{self.log('watch')}"
         return json.loads(path.read_text())[row]
 
     def repro(self, row: str) -> tuple[int, dict | None]:
-        self.then_watch.join(timeout=WAIT_S * 2)
+        self._wait_for(f"repro-{row}")
         return self.repros[row]
 
+    def run_of_every_row(self, command: str) -> tuple[dict, dict[str, str]]:
+        """The report of ``command`` (memory, hang-hunt) run on every row in one process, and the rows that raised."""
+        self._wait_for(command)
+        path, errors = self.folder / f"{command}.json", self.folder / f"{command}-errors.json"
+        assert path.exists(), f"jaxdbg {command} wrote no report:\n{self.log(command)}"
+        return json.loads(path.read_text()), json.loads(errors.read_text()) if errors.exists() else {}
+
+    def _wait_for(self, name: str) -> None:
+        self.ended[name].wait(timeout=WAIT_S * len(CHAIN))
+
     def stop(self) -> None:
-        for process in (self.check, self.watch_process):
+        for process in (self.check, self.chained):
             if process is not None and process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
@@ -276,6 +309,64 @@ def test_repro(matrix, row) -> None:
     assert (result["verified"], result["strategy"], result["signature"]["kind"]) == (True, "computation", "nonfinite")
     assert result["minimized"]["equations"] < result["original"]["equations"]
     assert "assert not np.isnan(out).any()" in Path(report["artifacts"]["repro"]).read_text()
+
+
+# -- memory (every row in one `jaxdbg memory` run) -----------------------------------------------------------
+
+
+def _in_row(source: dict | None, row: M.Row) -> bool:
+    return os.path.basename((source or {}).get("file", "")) == f"{row.name}.py"
+
+
+@pytest.mark.parametrize("command", ["memory", "hang-hunt"])
+def test_one_run_of_every_row_is_a_clean_report(matrix, command) -> None:
+    """Nothing found (no leak, no budget, no stall), nothing of jaxdbg's own failing, a report the schema takes."""
+    report, _ = matrix.run_of_every_row(command)
+    jsonschema.Draft202012Validator(schema()).validate(report)
+    result = report["result"]
+    assert (report["exit_code"], result["error"]) == (0, None), (result, matrix.log(command))
+    assert not [note for note in result["notes"] if re.search(r"fail|could not|stopped", note)], result["notes"]
+    if command == "hang-hunt":
+        assert (result["kind"], result["stalled"], result["divergence"]) == ("finished", False, None), result
+        calls = json.loads(Path(report["artifacts"]["flight_record"]).read_text())["calls"]
+        assert calls[0]["seq"] == 0, "the flight recorder's ring no longer holds the whole matrix: split the run"
+
+
+@pytest.mark.parametrize("row", _cells("memory"))
+def test_memory(matrix, row) -> None:
+    report, errors = matrix.run_of_every_row("memory")
+    assert row.name not in errors, errors[row.name]
+    programs = [p for p in report["result"]["functions"] if _in_row(p["source"], row)]
+    for expected in row.functions:
+        compiles = [p for p in programs if p["name"] == expected.name]
+        assert len(compiles) == expected.compiles, [(p["name"], p["call_index"]) for p in programs]
+        for program in compiles:
+            assert min(program["peak_bytes"], program["argument_bytes"]) > 0 and program["note"] is None, program
+            buffers = program["largest"]
+            assert buffers and all(b["bytes"] > 0 for b in buffers), buffers
+            # every argument listed named as the user passed it (params['w'], model.layers[0].weight), and the
+            # user lines of the others in the row's program
+            arguments = [b["argument"] for b in buffers if b["kind"] == "argument"]
+            assert arguments and all(name and "<" not in name for name in arguments), buffers
+            assert all(_in_row(b["source"], row) for b in buffers if b["source"]), buffers
+
+
+# -- hang-hunt (every row in one `jaxdbg hang-hunt` run) -------------------------------------------------------
+
+
+@pytest.mark.parametrize("row", _cells("hang-hunt"))
+def test_hang_hunt(matrix, row) -> None:
+    report, errors = matrix.run_of_every_row("hang-hunt")
+    assert row.name not in errors, errors[row.name]
+    record = json.loads(Path(report["artifacts"]["flight_record"]).read_text())
+    calls = [c for c in record["calls"] if c["kind"] == "call" and _in_row(c["site"], row)]
+    for expected in row.functions:
+        mine = [c for c in calls if c["function"] == expected.name]
+        assert [c["index"] for c in mine] == list(range(expected.calls)), [(c["function"], c["index"]) for c in calls]
+        assert all(c["program"] is not None and c["ready"] and c["error"] is None for c in mine), mine
+    collectives = [c for p in {c["program"] for c in calls} for c in record["programs"][str(p)]["collectives"]]
+    assert {c["op"] for c in collectives} == ({row.collective} if row.collective else set()), collectives
+    assert all(_in_row(c["source"], row) for c in collectives), collectives
 
 
 # -- the definition and its page -----------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """hang-hunt's pieces in this process (no child, about a second each): the recorder on a sharded program of 4
-CPU devices (its collectives and their devices), host callbacks and ready times in the flight record, a
+CPU devices (its collectives and their devices), pmap'd and ahead-of-time compiled calls, host callbacks and
+ready times in the flight record, a
 lock-order deadlock between two real threads read from their stacks, and verdicts drawn from records."""
 
 from __future__ import annotations
@@ -42,6 +43,23 @@ def test_the_recorder_names_a_programs_collectives_with_their_devices_and_line()
     assert program.processes == (0,) and not program.is_global  # one process: no step to compare with others
     assert program.key == "<lambda>(x: f32[8, 4]) [all-reduce:sum]"
     assert entry.site.line == _line("out = total(x)") and recorder.check_ready() == 1 and entry.ready is not None
+
+
+def test_pmapped_and_ahead_of_time_compiled_calls_are_in_the_flight_record_with_their_programs():
+    recorder = Recorder()
+    with jit_layer.installed(recorder), recorder.listening():
+        mean = jax.pmap(lambda x: jax.lax.pmean(x, "i"), axis_name="i")  # the pmap's all-reduce
+        double = jax.jit(lambda x: 2 * x).lower(jnp.ones(3)).compile()
+        for _ in range(2):
+            mean(jnp.ones((4, 3))).block_until_ready()
+            double(jnp.ones(3)).block_until_ready()
+    entries = recorder.entries()
+    assert [(e.function, e.index) for e in entries] == [("<lambda>", 0), ("<lambda>", 0), ("<lambda>", 1),
+                                                       ("<lambda>", 1)]
+    pmapped, compiled = (recorder.programs[e.program] for e in entries[:2])
+    assert [(c.op, c.source.line if c.source else None) for c in pmapped.collectives] == [
+        ("all-reduce", _line("the pmap's all-reduce"))]
+    assert compiled.note == "" and compiled.collectives == () and entries[3].program == entries[1].program
 
 
 def test_host_callbacks_are_entries_of_the_call_that_ran_them():

@@ -425,3 +425,24 @@ def test_a_growing_state_is_no_leak_and_does_not_make_a_list_of_scalars_one() ->
     # the growth itself is said (a note: memory that grows without bound, a recompile per shape), with its rate
     assert growing_state(kv, min_bytes=MIB) == (16 * KIB, 80 * 16 * KIB, 16 * KIB)
     assert growing_state([point(i, 64 * KIB) for i in range(80)], min_bytes=MIB) is None  # a steady state
+
+
+def test_buffers_name_a_donated_argument_written_in_place_and_list_no_tuple_or_token(tmp_path) -> None:
+    """An output XLA writes into a donated argument's buffer is that argument's memory (named as the user passed
+    it); the outputs' tuple (a table of pointers) and the ordered callback's token hold no data."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import io_callback
+
+    from jaxdbg.memory.program import ProgramInfo, analyse
+
+    def step(params, x):
+        io_callback(lambda v: None, None, x.sum(), ordered=True)
+        return {"w": params["w"] - x}, x.sum(), x.max()
+
+    options = {"xla_dump_to": str(tmp_path), "xla_dump_hlo_as_text": True}
+    jitted = jax.jit(step, donate_argnums=0, compiler_options=options)
+    compiled = jitted.lower({"w": jnp.ones((64, 64))}, jnp.ones((64, 64))).compile()
+    largest = analyse(compiled, ProgramInfo("step", None, 0, 0, ""), str(tmp_path)).largest
+    assert all(b.bytes > 0 and not b.shape.startswith(("(", "token")) for b in largest), largest
+    assert {b.argument for b in largest if b.kind == "argument"} == {"params['w']", "x"}, largest

@@ -126,8 +126,10 @@ def _at(frame: Any, line: int) -> dict:
 
 
 def light_record(recorder: Recorder) -> dict:
-    """A record without threads (cheap, taken every few seconds): what a process that dies leaves behind."""
-    entries = recorder.entries()[-RECORD_CALLS:]
+    """A record without threads (cheap, taken every few seconds): what a process that dies leaves behind. It
+    holds the whole flight record (it stays in this process's folder; a record that travels holds its last
+    :data:`RECORD_CALLS`)."""
+    entries = recorder.entries()
     calls = [entry.as_dict() for entry in entries]
     used = {c["program"] for c in calls if c.get("program") is not None}
     return {"taken": time.time(), "pid": os.getpid(), "steps": len(recorder.steps_program), "calls": calls,

@@ -78,6 +78,8 @@ class Entry:
 class Recorder(JitHook):
     """The flight recorder (see the module docstring). ``entries()`` is safe to call from another thread."""
 
+    sees_pmap = True  # a pmap'd call is a top-level call too, with collectives (jit_layer.InstrumentedPmap)
+
     def __init__(self, capacity: int = CAPACITY):
         _bind_jax()
         self.ring: deque[Entry] = deque(maxlen=capacity)
@@ -175,6 +177,8 @@ class Recorder(JitHook):
         """The executable the call ran, from jax's caches; None (and why) where asking would compile again or
         fail, or from another thread than the caller's (a stuck call: its collectives stay unknown)."""
         record = function.record.id
+        if function.is_compiled:  # jax's Compiled, called ahead-of-time style: the executable itself
+            return function.jitted, ""
         if not self._introspect.get(record, True) or getattr(self._local, "spans", None) is None:
             return None, "not read: asking jax would compile it again" if record in self._introspect else ""
         spans = self._local.spans

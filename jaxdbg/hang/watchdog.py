@@ -153,6 +153,7 @@ class Watchdog:
         self._delivered = False
         self._written_at = 0.0
         self._written_mark: tuple | None = None
+        self._record_lock = threading.Lock()
         self._ready_total = 0
         self._last_mark: tuple | None = None
         self.spins = SpinWatch()
@@ -270,6 +271,8 @@ class Watchdog:
     def finish(self, outcome: dict, wait_s: float = 120.0) -> None:
         """The program ended here (``outcome``: status finished / raised, error): the verdict of a single
         process now; in a job, once every process ended or the job stalled (waiting at most ``wait_s``)."""
+        self.recorder.check_ready()  # (not waited for: what is ready by now)
+        self._write_record_file(time.time(), None, force=True)  # its last calls: those of the last seconds too
         if self.job is None:
             self.job = self._joined()
         if self.job is None:
@@ -284,11 +287,11 @@ class Watchdog:
         if line not in self._notes:
             self._notes = [*self._notes, line]
 
-    def _write_record_file(self, now: float, mark: tuple) -> None:
-        """Rewrite this process's flight-record file when something moved (at most every few seconds): what a
-        process that dies leaves behind for its report."""
+    def _write_record_file(self, now: float, mark: tuple | None, force: bool = False) -> None:
+        """Rewrite this process's flight-record file when something moved (at most every few seconds; ``force``:
+        now, as the program ends): what a process that dies leaves behind for its report."""
         folder = self.settings.folder
-        if folder is None or mark == self._written_mark or now - self._written_at < RECORD_EVERY_S:
+        if folder is None or (not force and (mark == self._written_mark or now - self._written_at < RECORD_EVERY_S)):
             return
         from jaxdbg import multihost
         from jaxdbg.hang.record import light_record
@@ -296,7 +299,7 @@ class Watchdog:
         self._written_at, self._written_mark = now, mark
         folder = multihost.process_folder(folder)
         path = os.path.join(folder, RECORD_FILE)
-        with contextlib.suppress(OSError):
+        with self._record_lock, contextlib.suppress(OSError):  # the watchdog's and the program's end's, one by one
             os.makedirs(folder, exist_ok=True)
             with open(path + ".tmp", "w") as handle:
                 json.dump(light_record(self.recorder), handle)

@@ -79,10 +79,18 @@ class Assignment:
 
     def largest(self, limit: int) -> list[Value]:
         """The values live at the peak, largest first; without a live-range file, the largest values of the
-        program (values sharing a temp allocation at different times are then all listed)."""
+        program (values sharing a temp allocation at different times are then all listed). A tuple's own
+        buffer (its table of pointers: the elements are values of their own) and a token hold no data: not listed."""
         names = self.peak_values or tuple(self.values)
-        chosen = [self.values[n] for n in names if n in self.values and self.values[n].kind in LISTED]
+        chosen = [value for n in names if (value := self.values.get(n)) is not None and value.kind in LISTED
+                  and value.size > 0 and not value.shape.startswith(("(", "token"))]
         return sorted(chosen, key=lambda v: -v.size)[:limit]
+
+    def parameter_of(self, value: Value) -> int | None:
+        """The entry parameter whose buffer holds ``value``: the parameter itself, or an output XLA wrote in place
+        into a donated argument's buffer."""
+        allocation = self.allocations.get(value.allocation)
+        return allocation.parameter if allocation is not None else None
 
 
 def parse_assignment(assignment_text: str, live_range_text: str = "") -> Assignment:

@@ -33,7 +33,15 @@ from jaxdbg._choices import choice
 from jaxdbg._source import SourceLocation
 from jaxdbg.memory.buffers import LISTED, Assignment, Value, find_dump
 from jaxdbg.memory.result import Buffer, Held, JitKind, ProgramMemory
-from jaxdbg.profile.hlo import HloModule, instruction_source, module_name, parse_hlo
+from jaxdbg.profile.hlo import (
+    HloModule,
+    entry_parameters,
+    instruction_source,
+    module_name,
+    op_primitives,
+    parameter_number,
+    parse_hlo,
+)
 
 TOP_BUFFERS = 10
 
@@ -78,7 +86,7 @@ def analyse(compiled: Any, info: ProgramInfo, dump_folder: str | None, after_mod
     module = parse_hlo(text) if assignment else None  # the buffers' ops and lines (a large module: 0.1-1 s)
     if module is not None and info.argument_names:
         name_arguments(module, dict(info.argument_names))
-    largest = tuple(_buffer(v, module) for v in assignment.largest(top)) if assignment and module else ()
+    largest = tuple(_buffer(v, module, assignment) for v in assignment.largest(top)) if assignment and module else ()
     return ProgramMemory(
         name=info.name, source=info.source, call_index=info.call_index, compile_index=info.compile_index,
         signature=info.signature, argument_bytes=arguments, output_bytes=outputs, alias_bytes=alias,
@@ -96,22 +104,31 @@ def name_arguments(module: HloModule, names: Mapping[str, str]) -> None:
     filter_jit's inner function: ``dynamic_nodonate['rest'][13]``) by the user's (``names``: jax's -> user's),
     as a plain jitted function's parameters are named by jax itself.
 
+    An instruction XLA made of a parameter alone (a bitcast or copy of it, which keeps its metadata) is renamed
+    with it.
+
     Example:
         >>> from jaxdbg.profile.hlo import Instruction
-        >>> module = HloModule("pmap_f", {"p.1": Instruction("p.1", "parameter", "main", op_name="flat_args[1]")},
+        >>> module = HloModule("pmap_f", {"p.1": Instruction("p.1", "parameter", "main", op_name="flat_args[1]"),
+        ...                               "b.2": Instruction("b.2", "bitcast", "main", op_name="flat_args[1]")},
         ...                    arguments={"p.1": "flat_args[1]"})
         >>> name_arguments(module, {"flat_args[0]": "xs", "flat_args[1]": "params['w']"})
-        >>> module.arguments, module.instructions["p.1"].op_name
-        ({'p.1': "params['w']"}, "params['w']")
+        >>> module.arguments, module.instructions["p.1"].op_name, module.instructions["b.2"].op_name
+        ({'p.1': "params['w']"}, "params['w']", "params['w']")
     """
+    renamed = {}
     for parameter, written in module.arguments.items():
         name = names.get(written)
-        if name is None:
-            continue
-        module.arguments[parameter] = name
-        inst = module.instructions.get(parameter)
-        if inst is not None:
-            module.instructions[parameter] = dataclasses.replace(inst, op_name=name)
+        if name is not None:
+            module.arguments[parameter] = renamed[written] = name
+    if not renamed:
+        return
+    for key, inst in module.instructions.items():
+        if inst.op_name in renamed:
+            module.instructions[key] = dataclasses.replace(inst, op_name=renamed[inst.op_name])
+    for key, op in module.ops.items():
+        if op.op_name in renamed:
+            module.ops[key] = dataclasses.replace(op, op_name=renamed[op.op_name])
 
 
 def dump_number(dump_folder: str | None, compiled: Any, after: int = -1) -> int:
@@ -122,17 +139,30 @@ def dump_number(dump_folder: str | None, compiled: Any, after: int = -1) -> int:
     return found[0] if found else after
 
 
-def _buffer(value: Value, module: HloModule) -> Buffer:
+def _buffer(value: Value, module: HloModule, assignment: Assignment) -> Buffer:
     inst = module.instructions.get(value.name)
     op = module.ops.get(value.name)
     op_name = (op.op_name if op else "") or (inst.op_name if inst else "")
     source = op.source if op else (instruction_source(module, inst) if inst else None)
-    argument = module.arguments.get(value.name) if value.kind == "argument" else None
-    primitive = op_name.rsplit("/", 1)[-1] if op_name and value.kind != "argument" else None
+    argument = _argument_name(value, module, assignment) if value.kind == "argument" else None
+    # a value made of an argument alone (a bitcast or copy of it) carries the argument's name, not an operation's
+    made = value.kind != "argument" and op_name not in module.arguments.values()
+    primitive = (":".join(op_primitives(op_name)) or None) if made else None
     kind = choice(value.kind, LISTED)
     assert kind is not None, value.kind  # Assignment.largest lists no other
     return Buffer(value.name, kind, value.size, value.shape, primitive, op_name, source, argument,
                   pass_of(op_name))
+
+
+def _argument_name(value: Value, module: HloModule, assignment: Assignment) -> str | None:
+    """The user's argument whose buffer holds ``value``: the entry parameter itself, or the parameter of the
+    donated buffer an output was written into in place (its value is then the output's instruction)."""
+    named = module.arguments.get(value.name)
+    number = assignment.parameter_of(value)
+    if named is not None or number is None:
+        return named
+    return next((module.arguments.get(p.name) for p in entry_parameters(module) if parameter_number(p) == number),
+                None)
 
 
 def pass_of(op_name: str) -> Literal["forward", "backward"] | None:

@@ -226,11 +226,15 @@ class MemoryRecorder(JitHook):
             from jaxdbg import jit_layer
 
             with jit_layer.internal():
-                lowered = call.function.top_level.lower(*call.args, **call.kwargs)
-                # A pmap takes no compiler options (jax builds its jit): its analysis compiles once more, dumping
-                # its buffer assignment; a jitted function's has them and finds its executable in jax's cache.
-                pmapped = call.function.is_pmap and self.dump_folder and state.compiles < ANALYSED_COMPILES
-                compiled = lowered.compile(self.compiler_options()) if pmapped else lowered.compile()
+                if call.function.is_compiled:  # jax's Compiled, compiled ahead by the user (with the dump options)
+                    compiled = call.function.jitted
+                else:
+                    lowered = call.function.top_level.lower(*call.args, **call.kwargs)
+                    # A pmap takes no compiler options (jax builds its jit): its analysis compiles once more,
+                    # dumping its buffer assignment; a jitted function's has them and finds its executable in
+                    # jax's cache.
+                    pmapped = call.function.is_pmap and self.dump_folder and state.compiles < ANALYSED_COMPILES
+                    compiled = lowered.compile(self.compiler_options()) if pmapped else lowered.compile()
         except Exception as err:  # noqa: BLE001 - the call itself will say what is wrong (or run anyway)
             if is_out_of_memory(err) and self.oom is None:
                 self._out_of_memory(err, call, state, caller_user_frame(1), at_compile=True)

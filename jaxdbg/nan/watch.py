@@ -38,6 +38,7 @@ from __future__ import annotations
 import ast
 import collections
 import contextlib
+import dataclasses
 import functools
 import itertools
 import linecache
@@ -181,6 +182,12 @@ def _describe(finding: JitFinding | EagerFinding) -> str:
         return f"eager {finding.origin.primitive} made a {finding.origin.kind}"
     return (f"call {finding.call.call_index} of {finding.call.name} returned non-finite "
             f"{', '.join(finding.nonfinite_outputs[:3])}")
+
+
+def _with_inf(outs: list, checked: list[tuple[bool, bool, float]]) -> list:
+    """The outputs of an eager operation that hold an Inf (``checked``: each one's flags): a finite output of the
+    same operation (the primal value beside a derivative's residual) does not carry the Inf on."""
+    return [out for out, (_, inf, _) in zip(outs, checked) if inf]
 
 
 def _keeps_fast_path(executable_name: str) -> bool:
@@ -447,6 +454,10 @@ class Watch(JitHook):
         self._infs: dict[int, tuple[weakref.ref, frozenset[tuple[int, int | None]]]] = {}
         self._births: dict[tuple, tuple[int, int | None]] = {}  # (function, float leaf) or (eager line, op) -> Inf
         self._read: set[int] = set()  # Infs (indices) that a later call or eager operation was given
+        # ... of those, the ones an eager backward-pass operation (of jax.grad run outside jit) was given, and the
+        # ones anything else was given: an eager Inf read only by the former is a derivative's residual
+        self._read_backward: set[int] = set()
+        self._read_forward: set[int] = set()
         self._made_eagerly: collections.OrderedDict[int, tuple[weakref.ref, SourceLocation]] = (
             collections.OrderedDict())
         self._argument_names: dict[tuple[int, int], list[str]] = {}
@@ -496,6 +507,7 @@ class Watch(JitHook):
         self._made_eagerly.clear()
         self.stop_holding_freed()
         if self.finding is None and self.inf_findings:
+            self._residual_passes()
             self.finding = self.inf_findings[0]  # the program ended (or failed) after an Inf, with no NaN
         if stack is not None:
             stack.close()
@@ -887,15 +899,30 @@ class Watch(JitHook):
 
     # -- after an Inf: which arrays hold which Infs, until a NaN ----------------------------------------------
 
-    def _infs_in(self, values: Sequence[Any]) -> frozenset:
-        """The Infs these values hold (and, as they are being read, those Infs count as passed on)."""
+    def _infs_in(self, values: Sequence[Any], backward: bool = False) -> frozenset:
+        """The Infs these values hold (and, as they are being read, those Infs count as passed on; ``backward``:
+        read by an eager backward-pass operation)."""
         held: frozenset = frozenset()
         for value in values:
             entry = self._infs.get(id(value))
             if entry is not None and _same(entry[0], value):
                 held |= entry[1]
-        self._read.update(index for index, _ in held)
+        read = {index for index, _ in held}
+        self._read |= read
+        (self._read_backward if backward else self._read_forward).update(read)
         return held
+
+    def _residual_passes(self) -> None:
+        """An Inf made eagerly in the forward (jvp) pass of a ``jax.grad`` run outside jit that only backward-pass
+        operations read is a derivative's residual (``0.5 / sqrt(x)``, computed ahead for sqrt's derivative): it
+        belongs to the backward pass, as the jitted analysis tells by data flow (:mod:`jaxdbg.nan.passes`)."""
+        for index, finding in enumerate(self.inf_findings):
+            if not isinstance(finding, EagerFinding):
+                continue
+            origin = finding.origin
+            if (origin.pass_ == "forward" and "jvp(" in origin.name_stack and index in self._read_backward
+                    and index not in self._read_forward):
+                finding.origin = dataclasses.replace(origin, pass_="backward")
 
     def _argument_infs(self, call: Call) -> dict[str, frozenset]:
         """Per argument leaf of a call, the Infs it holds (only the leaves that hold one): the replay names the
@@ -1007,6 +1034,7 @@ class Watch(JitHook):
             return len(self.inf_findings) - 1
         if self.finding is None:
             self.finding = finding
+        self._residual_passes()
         self.active = False  # nothing after the first finding matters
         raise NonFiniteFound(finding)
 
@@ -1057,6 +1085,16 @@ class Watch(JitHook):
         self._eager_calls[frame.f_code] = (frame, index)
         return index, SourceLocation(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name), frame
 
+    def _latest_call_of(self, source: SourceLocation, fallback: int | None) -> int | None:
+        """The latest call of the user function that holds ``source``'s line, else ``fallback``. An eager
+        ``jax.grad``'s backward operations run from jax's transpose below the frame that called ``jax.grad``
+        (whose call count is ``fallback``), but belong to the call of the differentiated function that ran the
+        forward pass just before."""
+        for code, (_, index) in self._eager_calls.items():
+            if code.co_filename == source.file and source.function in (code.co_name, getattr(code, "co_qualname", "")):
+                return index
+        return fallback
+
     def _check_eager(self, name: str, args: Sequence[Any], outs: list, program: Any,
                      transformed: Transformed | None = None) -> None:
         call_index, source, frame = self._eager_call_index()
@@ -1086,9 +1124,10 @@ class Watch(JitHook):
             in_nan = any(n for n, _ in in_flags)
             in_inf = any(i for _, i in in_flags)
             created = (out_nan and not in_nan) or (not self.nan_only and out_inf and not in_nan and not in_inf)
+            backward = bool(self.inf_findings) and "transpose(" in _compat.current_source_context()[1]
             if not created:
                 if self.inf_findings:  # infinities passed on: the outputs hold what the inputs held
-                    self._hold(outs, self._infs_in(leaves))
+                    self._hold(_with_inf(outs, checked), self._infs_in(leaves, backward))
                     self._spend(eager=1)
                 return
             kind: OriginKind = "nan" if out_nan and not in_nan else "inf"
@@ -1098,13 +1137,13 @@ class Watch(JitHook):
                 if birth not in self._births and len(self.inf_findings) >= MAX_INF_FINDINGS:
                     return
                 if birth in self._births:
-                    self._hold(outs, frozenset({self._births[birth]}))
+                    self._hold(_with_inf(outs, checked), frozenset({self._births[birth]}))
                     return
             origin = self._eager_origin(name, list(args), program, outs, kind, call_index, transformed)
-            feeds = self._infs_in(leaves) if kind == "nan" and in_inf else frozenset()
+            feeds = self._infs_in(leaves, backward) if kind == "nan" and in_inf else frozenset()
         index = self.found(EagerFinding(origin, feeds))
         self._births[(source, name)] = (index, None)
-        self._hold(outs, frozenset({(index, None)}))
+        self._hold(_with_inf(outs, checked), frozenset({(index, None)}))
 
     def _eager_origin(self, name: str, args: list, program: Any, outs: list, kind: OriginKind,
                       call_index: int | None, transformed: Transformed | None = None) -> Origin:
@@ -1145,6 +1184,8 @@ class Watch(JitHook):
                 where = {"process": inner.process, "device": inner.device, "shard": inner.shard}
             name, inputs = inner.primitive or name, inner.inputs
         backward = "transpose(" in name_stack or (owner is not None and inner is not None and inner.pass_ == "backward")
+        if owner is None and source is not None:
+            call_index = self._latest_call_of(source, call_index)
         return Origin(
             kind, name, "backward" if backward else "forward", source,
             owner or (source.function if source else "<eager>"),

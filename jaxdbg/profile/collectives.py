@@ -29,18 +29,16 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
-from jaxdbg.profile.hlo import HloModule, Instruction
+from jaxdbg.profile.hlo import HloModule, Instruction, entry_parameters, op_primitives, parameter_number
 from jaxdbg.profile.model import ShardedArgument, ShardingCause
 
 COLLECTIVES = {"all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute",
                "all-reduce-start", "all-gather-start", "collective-permute-start", "ragged-all-to-all"}
 _DONE = {"all-reduce-done", "all-gather-done", "collective-permute-done"}
-_PARAMETER_NUMBER = re.compile(r"parameter\((\d+)\)")
 _IOTA = re.compile(r"\[([\d,]*)\]<=\[([\d,]*)\](?:T\(([\d,]*)\))?")
 # XLA's mesh form of replica groups: the devices of a mesh (in iota order, or as given after it, e.g.
 # "<=[2,2]T(1,0)" or ", device_ids=([2,2]T(1,0))" or ", device_ids=(0,2,1,3)"), grouped along some of its axes.
@@ -99,8 +97,8 @@ def read_specs(module: HloModule, path: str) -> None:
     except (OSError, ValueError):
         return
     arguments = specs.get("arguments") or []
-    for inst in _entry_parameters(module):
-        number = _parameter_number(inst)
+    for inst in entry_parameters(module):
+        number = parameter_number(inst)
         if number is None or number >= len(arguments):
             continue
         kept = arguments[number]
@@ -117,26 +115,16 @@ def sharding_cause(module: HloModule, name: str) -> ShardingCause | None:
         inst = module.instructions.get(inst.operands[0])
     if inst is None or inst.opcode not in COLLECTIVES:
         return None
-    parameters = sorted(_entry_ancestors(module, inst), key=lambda p: _parameter_number(p) or 0)
+    parameters = sorted(_entry_ancestors(module, inst), key=lambda p: parameter_number(p) or 0)
     groups = device_groups(inst.groups) or [sorted({d for p in parameters for d in tile_map(p.sharding) or {}})]
     split = [p for p in parameters if _split_within(tile_map(p.sharding), groups)]
     described = module.op(inst.name)
-    ops = inst.op_name.rsplit("/", 1)[-1].strip("()").split(":")  # a combined collective: "(dot_general:reduce_sum)"
+    ops = op_primitives(inst.op_name)  # a combined collective: "(dot_general:reduce_sum)"
     return ShardingCause(
         arguments=tuple(ShardedArgument(module.arguments.get(p.name, p.name), module.specs.get(p.name) or p.sharding)
                         for p in split),
         axes=mesh_axes(module.mesh, groups), devices=inst.groups,
         op=", ".join(ops), op_name=inst.op_name, source=described.source if described else None)
-
-
-def _entry_parameters(module: HloModule) -> Iterable[Instruction]:
-    return (module.instructions[n] for n in module.computations.get(module.entry, ())
-            if module.instructions[n].opcode == "parameter")
-
-
-def _parameter_number(inst: Instruction) -> int | None:
-    match = _PARAMETER_NUMBER.search(inst.text)
-    return int(match.group(1)) if match else None
 
 
 def _entry_ancestors(module: HloModule, start: Instruction) -> list[Instruction]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from jaxdbg._source import SourceLocation, is_user_path
@@ -381,6 +382,53 @@ def loop_note(text: str, flops: tuple[float, float] | None = None) -> str | None
 
 
 _MODULE_LINE = re.compile(r"^HloModule\s+([^\s,]+)")
+
+
+_PARAMETER_NUMBER = re.compile(r"parameter\((\d+)\)")
+
+
+def entry_parameters(module: HloModule) -> Iterator[Instruction]:
+    """The entry computation's parameters, in the order the module lists them."""
+    return (module.instructions[n] for n in module.computations.get(module.entry, ())
+            if module.instructions[n].opcode == "parameter")
+
+
+def parameter_number(inst: Instruction) -> int | None:
+    """An entry parameter's position (``parameter(3)``: 3)."""
+    match = _PARAMETER_NUMBER.search(inst.text)
+    return int(match.group(1)) if match else None
+
+
+def op_primitives(op_name: str) -> tuple[str, ...]:
+    """The primitives an HLO instruction's ``op_name`` names: the last part of jax's name stack, or, for an
+    instruction XLA made of several (a combined collective, a CSE'd pair), each of the combined names' last parts.
+
+    Example:
+        >>> op_primitives("jit(step)/jvp()/tanh"), op_primitives("jit(f)/(dot_general:reduce_sum)")
+        (('tanh',), ('dot_general', 'reduce_sum'))
+        >>> op_primitives("jit(f)/(transpose(jvp())/shard_map/psum:jvp()/shard_map/psum)")
+        ('psum',)
+    """
+    parts = _top_level_split(op_name, "/")
+    last = parts[-1] if parts else ""
+    if not (last.startswith("(") and last.endswith(")")):
+        return (last,) if last else ()
+    found: list[str] = []
+    for alternative in _top_level_split(last[1:-1], ":"):
+        found += [p for p in op_primitives(alternative) if p not in found]
+    return tuple(found)
+
+
+def _top_level_split(text: str, separator: str) -> list[str]:
+    """``text`` split at ``separator`` outside parentheses."""
+    parts, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        depth += (char == "(") - (char == ")")
+        if char == separator and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return parts
 
 
 def module_name(hlo_text: str) -> str:

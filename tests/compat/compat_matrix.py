@@ -10,25 +10,30 @@ program, and each cell is that command's expected answer:
 - ``profile``: the row's jitted functions found, with their compiles and calls (and recompile causes);
 - ``repro``: a verified reproducer of the NaN, cut from the jitted computation (run on a few rows only);
 - ``watch``: ``jaxdbg.watch`` raises ``NonFiniteError`` with the same origin;
-- ``check``: the row as a ``[tool.jaxdbg.check]`` nan-hunt check fails, at the origin's line.
+- ``check``: the row as a ``[tool.jaxdbg.check]`` nan-hunt check fails, at the origin's line;
+- ``memory``: the row's jitted functions found, each compile with a positive peak and its largest buffers,
+  the arguments among them named as the user passed them (every row in one ``jaxdbg memory`` run);
+- ``hang-hunt``: the program finished, no stall (exit 0), every call of the row's jitted functions in the flight
+  record with its program, and the collectives of the rows that run them (every row in one run).
 
 A cell that does not work carries a :class:`Known`: a bug, being fixed (its test is ``xfail(strict=True)``,
 so it fails loudly once the fix lands and the entry must go). ``tests/test_compat_matrix.py``
 runs the cells; ``scripts/compat_page.py`` writes ``docs/compat.md`` from this file.
 
 A new row: a program ``tests/compat/<name>.py`` with a ``main()`` that runs a few steps (every command runs
-it: as a script, and imported by ``profile_all.py`` and ``watch_all.py``, so no global state that another
-row could see, e.g. ``jax.enable_x64`` as a context, not a config update), one ``# NaN`` marker, a
-:class:`Row` here, then ``python scripts/compat_page.py``. Build the bug so that only one operation can make
-the NaN on any CPU (0 / 0, log or sqrt of a negative value, inf - inf): never pin which op of an overflowing
-chain goes first. Each row costs about 6 s of CPU for its check, 2.5 s under the watch and 1 s in profile.
+it: as a script, and imported by ``profile_all.py`` (for profile, memory and hang-hunt) and ``watch_all.py``,
+so no global state that another row could see, e.g. ``jax.enable_x64`` as a context, not a config update), one
+``# NaN`` marker, a :class:`Row` here, then ``python scripts/compat_page.py``. Build the bug so that only one
+operation can make the NaN on any CPU (0 / 0, log or sqrt of a negative value, inf - inf): never pin which op
+of an overflowing chain goes first. Each row costs about 6 s of CPU for its check, 2.5 s under the watch, 1 s in
+profile and about 0.7 s under memory and under hang-hunt each.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-COLUMNS = ("nan-hunt", "profile", "repro", "watch", "check")
+COLUMNS = ("nan-hunt", "profile", "repro", "watch", "check", "memory", "hang-hunt")
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,7 @@ class Row:
     explanation: tuple[str, ...] = ()  # words the explanation must hold
     leaves: tuple[str, ...] = ()  # names nan-hunt's bundle must give inputs of the origin's call
     hint: str | None = None  # words the first hint must hold
+    collective: str | None = None  # the collective (HLO op) hang-hunt's flight record names in the row's programs
     repro: bool = False
     known: dict[str, tuple[Known, ...]] = field(default_factory=dict)  # column -> what does not work there
 
@@ -95,12 +101,12 @@ ROWS: tuple[Row, ...] = (
     Row("jit_options", "jit: nested jit, static and donated arguments", Op("nan", "div", "forward"), 2, _train(),
         path="jit(layer_norm)"),
     Row("pmap_step", "jax.pmap with lax.pmean", Op("nan", "log", "forward"), 2,
-        _train(compiles=2, recompile="sharding"), path="pmap", device="cpu:7"),
+        _train(compiles=2, recompile="sharding"), path="pmap", device="cpu:7", collective="all-reduce"),
     Row("shard_map_manual", "shard_map, every mesh axis manual (pmean; jnp.linalg.norm in the body)",
         Op("nan", "div", "forward"), 2, _train(compiles=2, recompile="sharding changed"), path="shard_map",
-        device="cpu:7"),
+        device="cpu:7", collective="all-reduce"),
     Row("shard_map_auto", "shard_map, manual over one axis and auto over another (axis_names)",
-        Op("nan", "log", "forward"), 2, _train(), path="shard_map"),
+        Op("nan", "log", "forward"), 2, _train(), path="shard_map", collective="all-reduce"),
     Row("vmap_per_example", "vmap (per-example gradients)", Op("nan", "div", "forward"), 2, _train(), path="vmap"),
     Row("scan_rnn", "lax.scan", Op("nan", "log", "forward"), 1, _train(calls=3), path="scan[iteration=3]"),
     Row("while_power", "lax.while_loop / fori_loop (traced bound)", Op("nan", "div", "forward"), 1,
@@ -136,7 +142,7 @@ ROWS: tuple[Row, ...] = (
     Row("nnx_graph_state", "Flax NNX graph state (nnx.jit, BatchNorm, nnx.Optimizer)", Op("nan", "div", "forward"),
         2, _train()),
     Row("sharded_dp", "arrays sharded over 8 CPU devices (NamedSharding)", Op("nan", "div", "forward"), 2, _train(),
-        device="cpu:7", repro=True),
+        device="cpu:7", repro=True, collective="all-reduce"),
     Row("associative_scan_lru", "lax.associative_scan (a linear recurrent unit)", Op("nan", "sqrt", "forward"), 2,
         _train()),
     Row("linalg_gp", "jnp.linalg.cholesky / cho_solve (Gaussian-process regression)", Op("nan", "div", "forward"), 2,
@@ -158,6 +164,14 @@ ROWS: tuple[Row, ...] = (
     Row("vmap_cond_select", "lax.cond under vmap (a select of both branches), in_axes as dicts",
         Op("nan", "log", "forward"), 2, _train(), path="vmap",
         explanation=("into a select", "computes both branches", "in a result that was selected")),
+    Row("aot_compiled", "ahead-of-time compiled: jax.jit(f).lower(...).compile(), the Compiled called in a loop",
+        Op("nan", "log", "forward"), 2, _train(), path="jit(train_step)"),
+    Row("eager_grad", "jax.value_and_grad called eagerly, outside jit (only the update jitted)",
+        Op("nan", "mul", "backward"), 2, (Function("sgd_update", 1, 4),), path="eager",
+        chain=(Op("inf", "div", "backward"),), explanation=("derivative of a norm at the zero vector",),
+        known={"watch": (Known("the watch checks jitted calls only (no eager operations, for its cost): the NaN "
+                               "that eager jax.grad makes reaches it as an input (argument `grad`) of the jitted "
+                               "update, reported as kind 'input' with a hint to check the input pipeline"),)}),
 )
 
 DEVICES = 8  # every program runs with this many CPU devices

@@ -1,4 +1,5 @@
-"""Every row of the compatibility matrix in one process, for one `jaxdbg profile` run (tests/test_compat_matrix.py).
+"""Every row of the compatibility matrix in one process, the target of one `jaxdbg profile`, one `jaxdbg memory` and
+one `jaxdbg hang-hunt` run (tests/test_compat_matrix.py).
 
 `python profile_all.py ERRORS.json ROW [ROW ...]` imports each row's program and runs its `main()`; a row
 that raises does not stop the others: its exception is written to ERRORS.json (row -> "Type: message"),
