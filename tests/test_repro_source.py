@@ -408,9 +408,9 @@ def test_an_nnx_step_keeps_its_module_while_jax_jit_takes_it():
 
 
 def test_a_reproducer_names_what_it_needs_beyond_jax_and_numpy():
-    assert beyond_jax("import jax\nimport functools\nimport numpy as np\n", True) == ""
+    assert beyond_jax("import jax\nimport functools\nimport numpy as np\n", "needed") == ""
     with open(NNX_STEP) as handle:
-        line = beyond_jax(handle.read(), False)
+        line = beyond_jax(handle.read(), "time")
     assert line.startswith("# needs flax, optax beyond jax/numpy: nnx.Module, nnx.jit, nnx.Optimizer, nnx.Rngs and ")
     assert line.endswith(" more not reduced away within --max-time\n")
 

@@ -496,7 +496,8 @@ class _Reproduction:
                 lines = statement_lines(state) if state.tree is not None else _original_lines(target)
                 evidence = None  # a NaN/mismatch: does the candidate without its check fail so alone?
                 # repro.py's imports: jax/numpy, or a line that says what more it needs and why
-                beyond = beyond_jax(state.text, not timed_out) if file_name == REPRO_FILE else ""
+                because = "time" if timed_out else "needed" if state is candidates[0] else "unverified"
+                beyond = beyond_jax(state.text, because) if file_name == REPRO_FILE else ""
                 for version, version_lines, call in self._versions(state.text, lines, target):
                     checked = call is not None
                     text, marked = self._headed(version, version_lines, target, beyond)

@@ -106,13 +106,18 @@ def framework_references(tree: ast.AST) -> int:
     return sum(1 for _ in _uses(tree))
 
 
-def beyond_jax(text: str, reduced: bool) -> str:
+# Why a reproducer still reads a package: the reduction ended without doing away with it, ran out of time, or
+# the smaller candidates that did not read it failed to verify alone (a larger one was written).
+KEPT_BECAUSE = {"needed": "the reduction could not do without {}", "time": "{} not reduced away within --max-time",
+                "unverified": "{} kept: the smaller candidates did not verify alone"}
+
+
+def beyond_jax(text: str, because: str) -> str:
     r"""The header line of a reproducer that imports more than jax, numpy and the standard library: which
-    packages, and what of them it still reads; ``reduced``: the reduction ran to its end (else --max-time
-    stopped it). Empty when it imports nothing more.
+    packages, what of them it still reads, and why (a key of KEPT_BECAUSE). Empty when it imports nothing more.
 
     Example:
-        >>> beyond_jax("import equinox as eqx\nimport jax\ny = eqx.error_if(x, x < 0, 'neg')\n", True)
+        >>> beyond_jax("import equinox as eqx\nimport jax\ny = eqx.error_if(x, x < 0, 'neg')\n", "needed")
         '# needs equinox beyond jax/numpy: the reduction could not do without eqx.error_if\n'
     """
     tree = ast.parse(text)
@@ -125,8 +130,7 @@ def beyond_jax(text: str, reduced: bool) -> str:
     names = list(dict.fromkeys(ast.unparse(node) for _, node, _ in _uses(tree, packages)))
     uses = ", ".join(names[:NAMED]) + (f" and {len(names) - NAMED} more" if len(names) > NAMED else "") \
         if names else "its imports"
-    why = f"the reduction could not do without {uses}" if reduced else f"{uses} not reduced away within --max-time"
-    return f"# needs {', '.join(packages)} beyond jax/numpy: {why}\n"
+    return f"# needs {', '.join(packages)} beyond jax/numpy: {KEPT_BECAUSE[because].format(uses)}\n"
 
 
 def standard_edits(tree: ast.Module, frozen: set[int]) -> list[Edit]:
