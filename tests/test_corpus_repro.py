@@ -41,15 +41,20 @@ def imports_of(path) -> set[str]:
     return names | {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
 
 
-def run_alone(path, tmp_path, *companions):
-    """`python repro.py` copied alone into an empty folder (nothing of the user's around it), as a user would."""
+def run_alone(path, tmp_path, *companions, blocked=()):
+    """`python repro.py` copied alone into an empty folder (nothing of the user's around it), as a user would;
+    the packages named in ``blocked`` cannot be imported (as where they are not installed)."""
     folder = tmp_path / f"alone-{os.path.basename(path)}"
     folder.mkdir()
     for name in (path, *companions):
         shutil.copy(name, folder)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # jax from the environment, not the repo
-    return subprocess.run([sys.executable, os.path.basename(path)], cwd=folder, capture_output=True, text=True,
-                          timeout=120, env=env)
+    command = [os.path.basename(path)]
+    if blocked:
+        command = ["-c", f"import runpy, sys; sys.modules.update(dict.fromkeys({list(blocked)!r})); "
+                         f"runpy.run_path({command[0]!r}, run_name='__main__')"]
+    return subprocess.run([sys.executable, *command], cwd=folder, capture_output=True, text=True, timeout=120,
+                          env=env)
 
 
 def raised(run) -> tuple[str, str]:
@@ -315,6 +320,31 @@ def test_a_reproducer_that_needs_the_users_folder_is_never_verified(tmp_path):
     assert code == 3 and not result["verified"] and report["exit_code"] == 3
     assert "No module named 'models'" in result["verification"]
     assert "alone in an empty folder" in result["verification"]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# A framework step that raises in the user's own code: reduced at the source level, to jax and numpy only
+# ----------------------------------------------------------------------------------------------------------
+
+FRAMEWORK_STEPS = {"flax": "nnx_label_check", "equinox": "eqx_label_check"}
+
+
+@pytest.mark.parametrize("framework", sorted(FRAMEWORK_STEPS))
+def test_a_framework_step_raising_in_user_code_becomes_a_jax_numpy_reproducer(framework, tmp_path):
+    """A Python check of the user's inside nnx.jit / eqx.filter_jit (no JAX operation raised: the source is
+    reduced): nnx.jit and eqx.filter_jit become jax.jit, the models go, and repro.py imports neither Flax nor
+    Equinox (nor Optax); it fails the same way where they are not installed."""
+    pytest.importorskip(framework)
+    script = os.path.join(CORPUS, FRAMEWORK_STEPS[framework], "train.py")
+    # --kind exception: no NaN/mismatch watch in the detection runs (nothing to find there)
+    code, report, out = repro(tmp_path, script, "--kind", "exception", "--max-time", "90")
+    result = report["result"]
+    assert code == 0 and result["verified"] and result["strategy"] == "source"
+    text = (out / "repro.py").read_text()
+    assert imports_of(out / "repro.py") <= {"jax", "numpy"} and "# needs" not in text, text
+    assert "@jax.jit" in text and "raise ValueError(f'labels must be class indices" in text
+    run = run_alone(out / "repro.py", tmp_path, blocked=("flax", "equinox", "optax"))
+    assert run.returncode != 0 and raised(run) == ("ValueError", result["signature"]["message"])
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 import ast
 import os
 import runpy
+import sys
 import tempfile
 
 import pytest
@@ -13,6 +14,7 @@ from jaxdbg.repro.jobs import CHILD_ENV, RunRequest
 from jaxdbg.repro.signature import Criterion, FailureSignature, normalise_message
 from jaxdbg.repro.source import SourceReducer, is_constant_raise, undefined_names
 from jaxdbg.repro.source_check import with_checks
+from jaxdbg.repro.standard import beyond_jax, framework_references, standard_edits
 from jaxdbg.repro.watch import WatchConfig
 from jaxdbg.runner import run_contained
 
@@ -332,8 +334,96 @@ def test_a_declared_field_goes_with_its_assignments():
     assert len(candidates) == 3 and _value_error_test(candidates) == [False, True, True]  # scale is read
     assert "norm" not in candidates[1].text and "width > 1" in candidates[1].text
     assert "self.width" not in candidates[2].text and "if width > 1:" in candidates[2].text
-    text = SourceReducer(MODULE, protected_line=16, test=_value_error_test).run()
+    text = SourceReducer(MODULE, protected_line=16, test=_value_error_test, standardise=False).run()
     assert "norm" not in text and "width" not in text and "scale: float" in text, text
+    text = SourceReducer(MODULE, protected_line=16, test=_value_error_test).run()  # a plain class in the end
+    assert "norm" not in text and "eqx" not in text and "self.scale" in text, text
+
+
+# Framework spellings swapped for JAX's: what the reproducer then imports (jax/numpy), and that it fails the same.
+
+EQX_STEP = '''import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+
+class Affine(eqx.Module):
+    weight: jax.Array
+    bias: jax.Array
+    activation: str = eqx.field(static=True)
+
+    def __call__(self, x):
+        y = x @ self.weight + self.bias
+        return jax.nn.relu(y) if self.activation == "relu" else y
+
+
+@eqx.filter_jit
+def step(model: Affine, x, classes):
+    logits = jax.vmap(model)(x)
+    if logits.shape[-1] != classes:
+        raise ValueError(f"{logits.shape[-1]} outputs for {classes} classes")
+    return eqx.filter_grad(lambda m: jnp.sum(jax.vmap(m)(x)))(model)
+
+
+step(Affine(jnp.ones((4, 3)), jnp.zeros(3), "relu"), jnp.ones((2, 4)), 4)
+'''
+
+NNX_STEP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus", "nnx_label_check", "train.py")
+
+
+def _raised(text: str) -> tuple[str, str]:
+    """(type, message) of what executing ``text`` raises."""
+    try:
+        exec(compile(text, "<candidate>", "exec"), {})
+    except Exception as err:  # noqa: BLE001 - whatever it raises is the answer
+        return type(err).__name__, str(err).splitlines()[0]
+    return "", "ran"
+
+
+def _edited(source: str, edit) -> tuple[str, int]:
+    tree = ast.parse(source)
+    assert edit(list(ast.walk(tree)))
+    return ast.unparse(tree), framework_references(tree)
+
+
+def test_an_equinox_step_becomes_plain_jax_in_one_edit(monkeypatch):
+    """eqx.Module -> a registered dataclass (the static field marked so), filter_jit -> jax.jit with the Python
+    constant it filtered out as static, filter_grad -> jax.grad: the same ValueError with Equinox unimportable."""
+    pytest.importorskip("equinox")
+    assert _raised(EQX_STEP) == ("ValueError", "3 outputs for 4 classes")
+    edits = standard_edits(ast.parse(EQX_STEP), set())
+    text, references = _edited(EQX_STEP, edits[0])
+    assert references == 0 and "@jax.tree_util.register_dataclass" in text
+    assert "functools.partial(jax.jit, static_argnames=('classes',))" in text and "jax.grad(" in text
+    plain, _ = _edited(EQX_STEP, edits[1])  # the classes' bases dropped instead: no dataclass, no pytree
+    assert _raised(plain)[0] == "TypeError"
+    monkeypatch.setitem(sys.modules, "equinox", None)
+    assert _raised(text.replace("import equinox as eqx\n", "")) == ("ValueError", "3 outputs for 4 classes")
+
+
+def test_an_nnx_step_keeps_its_module_while_jax_jit_takes_it():
+    """nnx.jit -> jax.jit, nnx.value_and_grad/relu/one_hot -> JAX's: an nnx.Module is a pytree, so the step
+    fails the same with the model still an NNX one; dropping its base (no pytree, no nnx.Optimizer) does not."""
+    pytest.importorskip("flax")
+    with open(NNX_STEP) as handle:
+        source = handle.read()
+    expected = _raised(source)
+    assert expected == ("ValueError", "labels must be class indices, got shape (2, 3)")
+    edits = standard_edits(ast.parse(source), set())
+    dropped, _ = _edited(source, edits[0])
+    assert "class MLP:" in dropped and _raised(dropped) != expected
+    kept, references = _edited(source, edits[1])
+    assert "@jax.jit" in kept and "jax.value_and_grad(loss_fn)" in kept and "jax.nn.one_hot(" in kept
+    assert "rngs: nnx.Rngs" not in kept and references == 6  # the model's own: Module, Rngs, Linear, Optimizer
+    assert _raised(kept) == expected
+
+
+def test_a_reproducer_names_what_it_needs_beyond_jax_and_numpy():
+    assert beyond_jax("import jax\nimport functools\nimport numpy as np\n", "needed") == ""
+    with open(NNX_STEP) as handle:
+        line = beyond_jax(handle.read(), "time")
+    assert line.startswith("# needs flax, optax beyond jax/numpy: nnx.Module, nnx.jit, nnx.Optimizer, nnx.Rngs and ")
+    assert line.endswith(" more not reduced away within --max-time\n")
 
 
 def test_calls_evaluated_lazily_or_recursive_functions_are_not_inlined():

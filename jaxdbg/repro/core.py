@@ -49,6 +49,7 @@ from jaxdbg.repro.result import ReproResult, Size
 from jaxdbg.repro.signature import KINDS, Criterion, FailureSignature
 from jaxdbg.repro.source import SourceReducer, State, parse, statement_lines
 from jaxdbg.repro.source_check import with_checks
+from jaxdbg.repro.standard import beyond_jax
 from jaxdbg.repro.subject import Subject, prepare_subject
 from jaxdbg.repro.watch import WatchConfig
 from jaxdbg.runner import Outcome, run_contained
@@ -426,7 +427,7 @@ class _Reproduction:
             deadline=deadline if deadline is not None else self.clock.deadline - reserve,
             on_progress=lambda checks, text: self.progress("reduce source", base_checks + checks,
                                                            f"{count_lines(text)} lines"),
-            on_accept=accepted.append)
+            on_accept=accepted.append, standardise=file_name == REPRO_FILE)  # repro_source.py: the user's level
         try:
             checker.deadline = reducer.deadline
             reducer.run()
@@ -508,9 +509,12 @@ class _Reproduction:
             for state in candidates:
                 lines = statement_lines(state) if state.tree is not None else _original_lines(target)
                 evidence = None  # a NaN/mismatch: does the candidate without its check fail so alone?
+                # repro.py's imports: jax/numpy, or a line that says what more it needs and why
+                because = "time" if timed_out else "needed" if state is candidates[0] else "unverified"
+                beyond = beyond_jax(state.text, because) if file_name == REPRO_FILE else ""
                 for version, version_lines, call in self._versions(state.text, lines, target):
                     checked = call is not None
-                    text, marked = self._headed(version, version_lines, target)
+                    text, marked = self._headed(version, version_lines, target, beyond)
                     companions = self._write(path, text, artifacts)
                     self.progress("verify", self.checks, f"{count_lines(text)} lines")
                     if checked and evidence is None:  # (at the same time as the check's runs)
@@ -525,6 +529,8 @@ class _Reproduction:
                         break
                 if verified:
                     self.program_lines = count_lines(state.text)  # the program alone, without jaxdbg's check
+                    if beyond:
+                        self.notes.append(f"{file_name} {beyond[2:].strip()}")
                     if call:
                         self.notes.append(f"{file_name} ends in a check jaxdbg wrote around `{call}`: it raises "
                                           f"AssertionError while the bug is present")
@@ -621,9 +627,11 @@ class _Reproduction:
         checker.last_rejections = [f"it {outcome.describe()}, not AssertionError: {expected}"]
         return False
 
-    def _headed(self, text: str, lines: tuple[int, int] | None, target: Failure) -> tuple[str, tuple[int, int] | None]:
-        """``text`` with the header, the failing statement marked, and that statement's lines in it."""
-        headed = self._with_header(text, target)
+    def _headed(self, text: str, lines: tuple[int, int] | None, target: Failure,
+                beyond: str = "") -> tuple[str, tuple[int, int] | None]:
+        """``text`` with the header (and the ``beyond`` line: what it imports beyond jax/numpy), the failing
+        statement marked, and that statement's lines in it."""
+        headed = self._with_header(text, target, beyond)
         shift = headed.count("\n") - text.count("\n")
         lines = (lines[0] + shift, lines[1] + shift) if lines else None
         if lines:
@@ -631,10 +639,10 @@ class _Reproduction:
             headed = _marked(headed, lines[0], "<- jaxdbg: fails here" + where)
         return headed, lines
 
-    def _with_header(self, text: str, target: Failure) -> str:
+    def _with_header(self, text: str, target: Failure, beyond: str = "") -> str:
         """The signature, and where the original program failed (the user's own file and line)."""
         return (f"# jaxdbg repro: {target.signature.describe()}\n"
-                + self._originally(target, "# the original program fails at {}\n") + text)
+                + self._originally(target, "# the original program fails at {}\n") + beyond + text)
 
     def _originally(self, target: Failure, template: str) -> str:
         """``template`` filled with where the original failed, when that is a file of the user's (a function

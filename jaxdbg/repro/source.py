@@ -6,8 +6,9 @@ the chunk size, ddmin style), drops dead code in one step and a class's declared
 user functions (so call chains collapse), unwraps ``with``/``try``/``if``/``for`` blocks (a loop runs once),
 inlines constants, single-use values and constant dict lookups, drops unused parameters and defaults, and
 simplifies expressions (a call by one of its arguments, ``a + b`` by ``a``, big integers by 1 or 2, a subscript
-by its value). Candidates are tested in batches of ``jobs`` in parallel (C-Vise style speculation: the first
-interesting one in order wins) and their verdicts are cached by text.
+by its value), and swaps Flax NNX / Equinox spellings for plain JAX (:mod:`jaxdbg.repro.standard`: a
+reproducer imports only jax and numpy). Candidates are tested in batches of ``jobs`` in parallel (C-Vise style
+speculation: the first interesting one in order wins) and their verdicts are cached by text.
 
 What makes it safe for reproducers: the *protected* statement (the one that raises, crashes or hangs) is
 never deleted or edited, nor are the conditions of the blocks around it; only what feeds it may shrink.
@@ -53,6 +54,7 @@ from jaxdbg.repro.rewrites import (
     replace_node,
     single_iteration,
 )
+from jaxdbg.repro.standard import framework_references, standard_edits
 
 # CPython 3.11's parser is not safe to call from several threads at once ("AST constructor recursion depth
 # mismatch"); candidates are checked from a thread pool, so every parse goes through this lock.
@@ -140,7 +142,8 @@ class SourceReducer:
     def __init__(self, source: str, protected_line: int | None, test: Callable[[Sequence[State]], Sequence[bool]],
                  *, jobs: int = 1, deadline: float | None = None,
                  on_progress: Callable[[int, str], None] | None = None,
-                 on_accept: Callable[[State], None] | None = None, remember_failed: bool = True):
+                 on_accept: Callable[[State], None] | None = None, standardise: bool = True,
+                 remember_failed: bool = True):
         tree = parse(source)
         self.state = State(tree, find_statement(tree, protected_line), ast.unparse(tree))
         self.test, self.jobs, self.deadline = test, max(1, jobs), deadline
@@ -155,6 +158,8 @@ class SourceReducer:
         self.failed: set[tuple[tuple[str, ...], tuple[str, ...]]] = set()
         self.remember_failed = remember_failed
         self.retry_failed = not remember_failed
+        # Framework spellings swapped for JAX's (the reproducer's imports); False keeps the user's own level.
+        self.standardise = standardise
 
     def out_of_time(self) -> bool:
         return self.deadline is not None and time.perf_counter() > self.deadline
@@ -163,7 +168,8 @@ class SourceReducer:
         """Apply the passes until none makes progress (or time is up); returns the smallest text found."""
         # The structural passes (few candidates, big steps) reach their fixpoint before each round of the
         # expression pass (many candidates, small steps): the big wins come first.
-        structural = (self.delete_dead_code, self.delete_statements, self.drop_fields, self.single_iterations,
+        structural = (self.delete_dead_code, self.delete_statements, self.drop_fields, self.use_jax,
+                      self.single_iterations,
                       self.inline_calls, self.unwrap_blocks, self.inline_constants,
                       self.fold_constant_lookups, self.drop_unused_parameters, self.drop_defaults)
         progress = True
@@ -225,7 +231,7 @@ class SourceReducer:
                 compile(text, "<candidate>", "exec")
         except (SyntaxError, ValueError, TypeError, RecursionError):
             return None
-        if (_size(tree, text) >= _size(self.state.tree, self.state.text) or text in self.cache
+        if (self._size(tree, text) >= self._size(self.state.tree, self.state.text) or text in self.cache
                 or undefined_names(tree) - undefined_names(self.state.tree)):
             return None
         if not self.retry_failed and _change(self.state.text, text) in self.failed:
@@ -247,6 +253,13 @@ class SourceReducer:
                 return offset, state
         self.on_progress(self.checks, self.state.text)
         return None
+
+    def _size(self, tree: ast.AST, text: str) -> tuple[int, ...]:
+        """What reduction makes smaller: framework references first when standardising (swapping ``nnx.jit`` for
+        ``jax.jit`` may add an ``import jax``), then function definitions (inlining one may lengthen the text),
+        then length. Every pass lowers it, and no pass adds a definition, so the search terminates."""
+        size = (sum(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) for n in ast.walk(tree)), len(text))
+        return (framework_references(tree), *size) if self.standardise else size
 
     # Where edits may go -------------------------------------------------------------------------------------
 
@@ -307,6 +320,10 @@ class SourceReducer:
                 if sets and not any(id(s) in keep for s in sets):
                     edits.append(_drop_field(index, stmt.target.id))
         return edits
+
+    def use_jax(self, state: State) -> list[Edit]:
+        """Flax NNX / Equinox spellings swapped for JAX's own (:mod:`jaxdbg.repro.standard`)."""
+        return standard_edits(state.tree, self._guarded(state)[1]) if self.standardise else []
 
     def unwrap_blocks(self, state: State) -> list[Edit]:
         """Replace a ``with``/``try``/``if``/``for`` statement by its body (not the ifs/loops around the protected
@@ -552,14 +569,6 @@ def _drop_field(cls: int, field: str) -> Edit:
                     block[:] = [s for s in block if id(s) not in doomed]
         return bool(doomed)
     return edit
-
-
-def _size(tree: ast.AST, text: str) -> tuple[int, int]:
-    """What reduction makes smaller: function definitions first (inlining one may lengthen the text), then length.
-
-    Every pass lowers it, and no pass adds a definition, so the search terminates.
-    """
-    return sum(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) for n in ast.walk(tree)), len(text)
 
 
 def _is_main_guard(stmt: ast.stmt) -> bool:
