@@ -150,6 +150,7 @@ def test_a_nan_constant_a_select_discards_is_no_origin() -> None:
     assert found.first.primitive == "sub" and not found.first.constant_input
     assert found.first.source.line == _line_of(attention, "softmax")
     assert not found.discarded and found.reaching is None and not found.notes
+    assert "fully masked) was normalised (1 of the 2 rows)" in explain(found.first)[0]
     # a NaN constant that the code passes on to the outputs stays the origin
     found = hunt(lambda x: jnp.where(x > 0, x, jnp.nan) * 2.0, jnp.array([-1.0, 2.0]))
     assert found.first.constant_input and found.first.source is not None

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import io
 import linecache
+import math
 import re
 import tokenize
 from collections.abc import Callable, Mapping, Sequence
@@ -160,7 +161,10 @@ def _masked_softmax(origin: Origin, line: str, feeders: str) -> tuple[str, list[
         return None
     if second.min != float("-inf"):  # a row's maximum is -inf only when all of it is; +inf is an overflow
         return None
-    return ("a row where every entry is -inf (fully masked) was normalised: its maximum is -inf, and "
+    rows = ""
+    if second.shape and second.shape[-1] == 1 and second.max != float("inf"):  # the rows' maxima, kept dims
+        rows = f" ({second.inf} of the {math.prod(second.shape)} rows)"
+    return (f"a row where every entry is -inf (fully masked) was normalised{rows}: its maximum is -inf, and "
             "x - max = -inf - (-inf) = NaN.",
             ["mask with a large finite negative value instead of -inf: `jnp.finfo(x.dtype).min`",
              "pass the mask to softmax (`jax.nn.softmax(x, where=mask)`) and zero the fully masked rows "
