@@ -146,6 +146,18 @@ def test_a_step_jitted_on_an_instance_before_the_watch_is_watched_and_put_back(t
     assert trainer.step is original  # put back on exit
 
 
+def test_a_nan_an_eager_grad_made_reaches_the_watch_as_an_argument_with_the_nan_hunt_hint(tmp_path):
+    """jax.grad applied outside jit makes the NaN; the watch checks jitted calls only, so it sees it come in as
+    the jitted update's argument, and says that nan-hunt (which checks eager operations) names its maker."""
+    with pytest.raises(jaxdbg.NonFiniteError) as found, jaxdbg.watch(out=str(tmp_path / "w")):
+        update = jax.jit(lambda w, g: w - 0.1 * g)
+        w = jnp.zeros(2)
+        update(w, jax.grad(lambda w: jnp.linalg.norm(w))(w))  # the norm's gradient at 0: 0 / 0
+    report = found.value.report
+    assert report["first"]["kind"] == "input" and report["first"]["argument"] == "g"
+    assert any("run the script under `jaxdbg nan-hunt`" in hint for hint in report["hints"])
+
+
 def test_a_watch_that_saw_no_jitted_call_says_what_happened_instead(caplog, tmp_path, monkeypatch):
     early = jax.jit(lambda x: jnp.log(x))
     with caplog.at_level(logging.WARNING, logger="jaxdbg"), jaxdbg.watch():

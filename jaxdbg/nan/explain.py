@@ -714,6 +714,14 @@ def analyse(findings: Findings) -> None:
                                                    getattr(findings.localisation, "discarded", ()),
                                                    getattr(findings.localisation, "reaching", None),
                                                    _trains(findings.localisation))
+    if findings.first is not None and findings.first.kind == "input" and not getattr(findings.watch, "eager", True):
+        findings.hints = (*findings.hints, UNCHECKED_EAGER)
+
+
+# jaxdbg.watch checks jitted calls only: a NaN an eager jax.grad made comes to it as an argument of the next call.
+UNCHECKED_EAGER = ("if that argument is computed outside jit (`jax.grad` or an optimiser update applied eagerly), "
+                   "jaxdbg.watch does not check those operations: run the script under `jaxdbg nan-hunt`, which "
+                   "checks operations outside jit too and names the one that made it")
 
 
 def _trains(localisation: Any) -> bool:
