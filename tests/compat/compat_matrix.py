@@ -171,8 +171,8 @@ ROWS: tuple[Row, ...] = (
         chain=(Op("inf", "div", "backward"),), explanation=("derivative of a norm at the zero vector",),
         known={"watch": (Known("the watch checks jitted calls only (no eager operations, for its cost): the NaN "
                                "that eager jax.grad makes reaches it as an input (argument `grad`) of the jitted "
-                               "update, reported as kind 'input' (a hint says to run it under jaxdbg nan-hunt, which checks "
-                               "eager operations)"),)}),
+                               "update, reported as kind 'input' (a hint says to run it under jaxdbg nan-hunt, "
+                               "which checks eager operations)"),)}),
 )
 
 DEVICES = 8  # every program runs with this many CPU devices
