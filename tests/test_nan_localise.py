@@ -405,6 +405,13 @@ def test_an_infinity_passed_in_as_an_argument_is_named_by_the_argument() -> None
     assert "inf + (-inf) inside its sum" in text and "zeros" not in text, text  # the weights hold no zero
 
 
+_WARMUP = 0
+
+
+def _warmup_lr(step):
+    return 1e-2 * jnp.minimum(1.0, step / _WARMUP)
+
+
 def test_the_zero_a_division_by_zero_divided_by_is_traced_to_where_it_was_made() -> None:
     from jaxdbg.nan import zero_source
     from jaxdbg.nan.analyses import Findings
@@ -455,6 +462,15 @@ def test_the_zero_a_division_by_zero_divided_by_is_traced_to_where_it_was_made()
     assert (zero.how, zero.name, zero.index, zero.of.primitive) == ("captured", "_ALPHAS_BAR", (2,), "div"), zero
     assert "The zero denominator comes from `_ALPHAS_BAR`" in text and "element [2] is 0" in text, text
     assert "`_ALPHAS_BAR` holds a 0" in hints[0]
+    # a warmup length of 0 written into the code: a literal of the traced program, named from the line
+    zero, (text, hints) = traced(_warmup_lr, jnp.float32(0.0))
+    assert (zero.how, zero.name) == ("literal", "_WARMUP") and "written into the traced code (`_WARMUP`)" in text
+    assert "`_WARMUP` is 0" in hints[0]
+    # a carry that is 0 in a loop's first iteration: its initial value, followed out to the argument
+    for reverse in (False, True):
+        zero, (text, _) = traced(lambda x0, reverse=reverse: jax.lax.scan(
+            lambda x, _: (1.0 / x - 1.0 / x, None), x0, None, length=3, reverse=reverse)[0], jnp.float32(0.0))
+        assert (zero.how, zero.arguments) == ("argument", ("x0",)) and "earlier iteration" not in text, text
 
 
 def test_the_one_line_of_a_nan_made_of_infinities_names_where_the_inf_came_from() -> None:

@@ -76,6 +76,8 @@ EMPTY_SEGMENT = ("an empty segment (a node with no incoming edge, a class with n
                  "divide by `jnp.maximum(count, 1)` (its sum is 0 too, so its mean becomes 0), or mask it out")
 CAPTURED_ZERO = ("{name} holds a 0 where the code divides by it (or takes its log): fix the values it is built from "
                  "(e.g. clip a noise schedule away from 0 and 1), or skip those entries")
+LITERAL_ZERO = ("{name} is 0 where the code divides by it (a warmup or decay length, a count set to 0 in a config): "
+                "give it a non-zero value, or guard the formula for 0 (`max(WARMUP, 1)`)")
 BOUND_EXP = ("bound what is exponentiated where it is a value of its own (a log-variance or log-scale head, a log "
              "ratio): `jnp.exp(jnp.clip(x, -20.0, 20.0))`, or map it to a positive value with `jax.nn.softplus` "
              "instead of exp")
@@ -529,6 +531,10 @@ def _zero_sentence(zero: ZeroSource, first: Origin, grown: Sequence[str] = ()) -
         if divided.path[-1].startswith(("while[", "scan[")):
             return f"{what} came in with the loop's carry, from an earlier iteration than `{divided.path[-1]}`."
         return f"{what} was computed before `{divided.path[-1]}` began" + (f", from {args}." if args else ".")
+    if zero.how == "literal":
+        written = f" (`{zero.name}`)" if zero.name else ""
+        return (f"{what} is a 0 written into the traced code{written}: a Python number (a config value, a global) that "
+                f"`{first.function}` read when it was traced, so it is a constant of the compiled function.")
     if zero.how == "captured":
         array = f"`{zero.name}`, an array" if zero.name else "an array"
         at = f": its element {list(zero.index)} is 0" if zero.index else ""
@@ -647,6 +653,9 @@ def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence
             hints = [UNDERFLOW, *hints]
         elif zero.how == "empty":
             hints = [EMPTY_SEGMENT, *hints]
+        elif zero.how == "literal":
+            hints = [LITERAL_ZERO.format(name=f"`{zero.name}`" if zero.name else "the Python number divided by"),
+                     *hints]
         elif zero.how == "captured":
             hints = [CAPTURED_ZERO.format(name=f"`{zero.name}`" if zero.name else "the captured array"), *hints]
     if "custom_vjp_bwd(" in " ".join(first.path):
