@@ -314,6 +314,15 @@ def test_an_exception_raised_inside_jaxdbg_is_not_blamed_on_the_target(tmp_path,
     raise_internal_failure(Outcome("exception", 1, None, ExceptionInfo(
         "NameError", "NameError", "x", in_user_code, SourceLocation(user, 5, "<module>")), "", "", 1.0, (), None),
         parse_target("train.py"), ProfileOptions())
+    # an XLA runtime error out of the user's jitted call (JAX hides its frames: the jit layer's call is the last
+    # one), e.g. a collective whose peer process left the job: the target's failure, its profile kept
+    layer = os.path.join(os.path.dirname(jaxdbg.__file__), "jit_layer.py")
+    runtime = (f'Traceback (most recent call last):\n  File "{user}", line 5, in <module>\n    step(x)\n'
+               f'  File "{layer}", line 253, in run\n    return run(*self.args, **self.kwargs) if self.kwargs '
+               'else run(*self.args)\nValueError: UNKNOWN: Gloo all-reduce failed: Connection closed by peer\n')
+    raise_internal_failure(Outcome("exception", 1, None, ExceptionInfo(
+        "ValueError", "ValueError", "UNKNOWN: Gloo all-reduce failed", runtime, SourceLocation(user, 5, "<module>")),
+        "", "", 1.0, (), None), parse_target("train.py"), ProfileOptions())
 
 
 def test_compare_against_another_programs_report_is_noted(tmp_path):
