@@ -61,7 +61,8 @@ def raise_internal_failure(outcome: Outcome, spec: TargetSpec, options: TargetIn
 # The lines where jaxdbg's jit layer runs the user's jitted function: an error raised there with no frame below
 # (JAX hides its own) came out of the user's computation as it ran (an XLA runtime error: a collective whose peer
 # process left, a failed allocation), not out of jaxdbg.
-CALLS_THROUGH = re.compile(r'File "[^"]*jit_layer\.py", line \d+, in \w+\n\s+.*(?:\brun|\.top_level)\(\*(?:self\.)?args')
+CALLS_THROUGH = re.compile(r'File "[^"]*jit_layer\.py", line \d+, in \w+\n\s+'
+                           r'.*(?:\brun|\.top_level)\(\*(?:self\.)?args')
 
 
 def _from_users_call(traceback: str) -> bool:
