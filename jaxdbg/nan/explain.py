@@ -83,6 +83,9 @@ BOUND_EXP = ("bound what is exponentiated where it is a value of its own (a log-
              "instead of exp")
 SUBTRACT_MAX = "subtract the maximum before exponentiating (what `jax.nn.softmax`/`logsumexp` do)"
 CLIP = "clip gradients (e.g. `optax.clip_by_global_norm(1.0)`) and/or lower the learning rate (or add warmup)"
+# CLIP's, where every gradient the call takes drives a loop of its own (a sampler's integrator, an inner solver).
+CLIP_OR_STEP = (CLIP + "; where the gradient drives a loop of its own (a leapfrog/HMC or Langevin integrator, an inner "
+                "optimisation), take a smaller step size there")
 # CLIP's place where the call computes no gradient (an ODE solve, a simulation, a forward-only model).
 BOUND = ("bound or rescale what grows without limit (an unstable iteration, an exploding ODE, a step too large): "
          "smaller steps, a clamp, or float64 (`jax.config.update('jax_enable_x64', True)`) to see whether it only "
@@ -614,7 +617,7 @@ def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence
             input_sources: Mapping[Origin, Sequence[SourceLocation]] | None = None,
             overflow: Overflow | None = None, zero: ZeroSource | None = None,
             cond_select: CondSelect | None = None, discarded: Sequence[Discarded] = (),
-            reaching: Origin | None = None, trains: bool = True) -> tuple[str, tuple[str, ...]]:
+            reaching: Origin | None = None, trains: bool | str = True) -> tuple[str, tuple[str, ...]]:
     """``(paragraph, hints)`` for a finding; an empty paragraph when nothing was found.
 
     ``input_sources`` gives, per origin, the user lines that computed its inputs (from the replay);
@@ -624,7 +627,8 @@ def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence
     from the values of a differentiated forward pass (:mod:`jaxdbg.nan.cond_select`); ``discarded``, when the
     origin's NaN reaches no output, it and the NaNs after it that reach none either
     (:class:`jaxdbg.nan.localise.Discarded`), and ``reaching``, the first NaN that does. ``trains``: the call
-    computes a gradient (otherwise no hint speaks of gradients or learning rates).
+    computes a gradient (otherwise no hint speaks of gradients or learning rates; ``"in loops"``: only inside loop
+    bodies, where a step size is named too).
     """
     if first is None:
         return "", ()
@@ -708,6 +712,8 @@ def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence
         hints = [h for h in hints if h not in EPSILONS]
     if not trains:
         hints = [BOUND if h == CLIP else h for h in hints if h != LOSS_SCALE]
+    elif trains == "in loops":
+        hints = [CLIP_OR_STEP if h == CLIP else h for h in hints]
     return " ".join(parts), tuple(dict.fromkeys(hints))
 
 
@@ -721,7 +727,10 @@ def analyse(findings: Findings) -> None:
                                                    _trains(findings.localisation))
 
 
-def _trains(localisation: Any) -> bool:
-    """Whether the replayed call computes a gradient (unknown, as for an operation outside jit: assumed)."""
+def _trains(localisation: Any) -> bool | str:
+    """Whether the replayed call computes a gradient (unknown, as for an operation outside jit: assumed), and
+    ``"in loops"`` where it does only inside loop bodies (a sampler's integrator)."""
     jaxpr = getattr(localisation, "closed_jaxpr", None)
-    return jaxpr is None or passes.differentiates(jaxpr)
+    if jaxpr is None:
+        return True
+    return "in loops" if passes.differentiates_only_in_loops(jaxpr) else passes.differentiates(jaxpr)
