@@ -111,6 +111,11 @@ def test_process_0_speaks_for_a_job_whose_other_process_leaked() -> None:
     result = assemble(outcome, MemoryOptions(), ())
     assert result.found and exit_code(result) == 1
     assert result.essential_line() == "process 1: 1 leak(s) (its own report says where)"
+    # a process whose program raised: named with its error (process 0 then only fails in its collective)
+    rows = (ProcessMemory(0, 2 * MIB, "cpu:0", 0, False, 0, failed="ValueError: Gloo all-reduce failed"),
+            ProcessMemory(1, 8 * MIB, "cpu:1", 0, False, 0, failed="ValueError: corrupt record at train.py:20"))
+    result = assemble(Outcome("ok", 0, None, None, "", "", 1.0, (JobMemory(rows),)), MemoryOptions(), ())
+    assert result.essential_line() == "process 1 raised ValueError: corrupt record at train.py:20"
 
 
 def test_a_missing_donation_is_held_and_hinted_with_its_bytes(runs) -> None:

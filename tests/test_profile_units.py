@@ -353,8 +353,8 @@ def test_op_expressions_name_arguments_as_the_user_does():
 def test_a_process_whose_program_raised_is_named_in_the_jobs_hints():
     """Process 1 of a job raises (a corrupt shard); process 0 then fails in its all-reduce (its peer left): process
     0's report, which speaks for the job, names process 1's error as the one to fix."""
-    from jaxdbg.profile.jobs import _failed
     from jaxdbg.profile.processes import ProcessFigures, failure_hints
+    from jaxdbg.protocol import failure_summary as _failed
 
     def raised(err):
         try:

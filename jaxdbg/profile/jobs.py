@@ -35,7 +35,7 @@ from jaxdbg.profile.messages import (
     ProfileNote,
     RunFinished,
 )
-from jaxdbg.protocol import Done, Environment, Message, MessageLog, handles, locked_sender
+from jaxdbg.protocol import Done, Environment, Message, MessageLog, failure_summary, handles, locked_sender
 from jaxdbg.target import check_arity
 
 Send = Callable[[Message], None]
@@ -189,24 +189,11 @@ def script_job(job: ProfileJob, channel: Any) -> None:
         send_capture_ops(send, window, info.backend)
         files = window.files if window is not None else None
         share_with_the_job(send, log, options.timeout, backend.started if backend else time.perf_counter(),
-                           files.xplane if files is not None else None, job.out_dir, _failed(raised))
+                           files.xplane if files is not None else None, job.out_dir, failure_summary(raised))
         if backend is not None and backend.heartbeat is not None:
             backend.heartbeat.stop()
     send_peak(send, info, options.calibrate)
     send(Done())
-
-
-def _failed(err: BaseException | None) -> str:
-    """``Type: message at file:line`` of the target's error (empty for none, or for a clean ``sys.exit``)."""
-    from jaxdbg.protocol import describe_exception
-    from jaxdbg.runner import first_line
-
-    if err is None or (isinstance(err, SystemExit) and err.code in (0, None)):
-        return ""
-    info = describe_exception(err)
-    frame = info.user_frame
-    where = f" at {os.path.basename(frame.file)}:{frame.line}" if frame is not None else ""
-    return f"{info.type}: {first_line(info.message)}{where}"
 
 
 def share_with_the_job(send: Send, log: MessageLog, timeout: float | None, started: float,
