@@ -430,3 +430,21 @@ def test_a_growing_state_is_no_leak_and_does_not_make_a_list_of_scalars_one() ->
     # the growth itself is said (a note: memory that grows without bound, a recompile per shape), with its rate
     assert growing_state(kv, min_bytes=MIB) == (16 * KIB, 80 * 16 * KIB, 16 * KIB)
     assert growing_state([point(i, 64 * KIB) for i in range(80)], min_bytes=MIB) is None  # a steady state
+
+
+def test_a_checkpointed_scan_whose_stacked_outputs_fill_the_peak_is_told_to_accumulate_in_the_carry() -> None:
+    """A long RNN scan under jax.checkpoint that returns every hidden state as ys: the stacked buffers (one slice
+    per iteration) are named, with the carry accumulation that drops the ys."""
+    from jaxdbg._source import SourceLocation
+    from jaxdbg.memory.hints import remat_hints
+    from jaxdbg.memory.result import Buffer, ProgramMemory
+
+    scan = SourceLocation("rnn.py", 17, "loss")
+    stacked = tuple(Buffer(f"dus.{i}", "temp", 125 * MIB, "f32[2000,32,512]", "dynamic_update_slice", source=scan,
+                           pass_="forward") for i in range(2))
+    program = ProgramMemory("loss_and_grad", None, 0, 0, "", 127 * MIB, 2 * MIB, 375 * MIB, 0, 0, 504 * MIB,
+                            largest=stacked, forward_kept_bytes=250 * MIB, checkpointed=True)
+    (hint,) = remat_hints([program])
+    assert "although it already uses jax.checkpoint" in hint.text
+    assert "2 of them (made at rnn.py:17) are stacked one slice per loop iteration" in hint.text
+    assert "accumulate it in the carry" in hint.text
