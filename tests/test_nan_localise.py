@@ -137,6 +137,18 @@ def test_the_earliest_nan_is_the_origin_and_if_discarded_the_one_that_reaches_th
     # a NaN that surely reaches the outputs ends the replay at once; one a select may discard, not
     assert replay(Call("f", lambda x: (jnp.log(x) * 2.0).sum(), (jnp.array([-1.0]),), {}))[1] == []
     assert replay(Call("f", lambda x: jnp.where(x > 0, jnp.log(x), 0.0), (jnp.array([-1.0]),), {}))[1] != []
+    # the same line in a while_loop's cond (its NaN only tested) and then its body (carried out): the body's is
+    # named with its place, not as if it were the same operation
+    def residual(x):
+        return x * x + 0.0 * x  # the cond and the body both compute it
+
+    found = hunt(lambda x: jax.lax.while_loop(lambda c: (c[1] < 3) | jnp.any(jnp.abs(residual(c[0])) > 1.0),
+                                              lambda c: (residual(c[0]) / 0.0, c[1] + 1), (x, 0))[0],
+                 jnp.array([2.0]))
+    assert found.first.path[-1].startswith("while[cond") and found.reaching.path[-1].startswith("while[iteration")
+    assert f"inside {found.reaching.path[-1]} (forward pass)" in found.notes[0], found.notes
+    text, _ = explain(found.first, discarded=found.discarded, reaching=found.reaching)
+    assert f"inside {found.reaching.path[-1]} in the forward pass" in text
 
 
 def test_a_nan_constant_a_select_discards_is_no_origin() -> None:

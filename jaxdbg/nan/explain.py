@@ -580,6 +580,8 @@ def _reaching_sentence(discarded: Sequence[Discarded], reaching: Origin | None, 
     if reaching is None:
         return how.strip()
     at = f" at line {reaching.source.line}" if reaching.source else ""
+    if discarded and reaching.path[1:] and reaching.path != discarded[0].origin.path:  # a while's body, not its cond
+        at += f" inside {' > '.join(reaching.path[1:])}"
     return (f"{how}The NaN in the outputs is made later, by `{reaching.primitive}`{at} in the {reaching.pass_} "
             f"pass{more}: that is the one to fix.")
 
