@@ -8,7 +8,8 @@ program's own unmodified ``jax.distributed.initialize()`` finds its place by JAX
 CPU collectives across processes use gloo unless the user chose otherwise.
 
 Process 0's output is shown as it comes (its report speaks for the job); the other processes' output goes
-to ``launch-process-<i>.log`` files in a temporary folder, and any that fails is named with its last line.
+to a log file, ``process-<i>/launch.log`` in the command's ``--out`` (where the process writes its report; a
+temporary folder where no ``--out`` is given), and any that fails is named with its last line.
 
 Example:
     >>> env = task_environment(1, 4, 12345, {"PATH": "/bin"})
@@ -18,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -129,7 +131,8 @@ def launch(argv: Sequence[str], processes: int, timeout: float | None = None) ->
     if os.environ.get(WORKER_VARIABLE) is not None:
         raise UsageError("--processes inside a launched process: give it once, before the command")
     port = free_port()
-    logs = tempfile.mkdtemp(prefix="jaxdbg-launch-")
+    out = out_option(argv)
+    logs = tempfile.mkdtemp(prefix="jaxdbg-launch-") if out is None else None
     # `jaxdbg --processes N python repro.py`: the program itself (a multi-process reproducer), without jaxdbg.
     command = [sys.executable, *argv[1:]] if argv[0] == "python" else [sys.executable, "-m", "jaxdbg", *argv]
     procs: list[subprocess.Popen] = []
@@ -141,7 +144,8 @@ def launch(argv: Sequence[str], processes: int, timeout: float | None = None) ->
                 procs.append(subprocess.Popen(command, env=env))
                 paths.append(None)
                 continue
-            path = os.path.join(logs, f"launch-process-{index}.log")
+            path = (os.path.join(logs, f"launch-process-{index}.log") if logs is not None
+                    else os.path.join(_made(os.path.join(out or "", f"process-{index}")), "launch.log"))
             with open(path, "wb") as log:
                 procs.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
                                               stdin=subprocess.DEVNULL))
@@ -156,9 +160,39 @@ def launch(argv: Sequence[str], processes: int, timeout: float | None = None) ->
             sys.stderr.write(f"jaxdbg: process {index} of {processes} exited with {code}: {last} (log: {log_path})\n")
             reported = True
     if not reported:  # the logs are kept only where a message above points at one
-        shutil.rmtree(logs, ignore_errors=True)
+        if logs is not None:
+            shutil.rmtree(logs, ignore_errors=True)
+        for log_path in paths:
+            if log_path is not None and logs is None:
+                with contextlib.suppress(OSError):
+                    os.remove(log_path)
     failed = [code for code in codes[1:] if code != 0]
     return codes[0] if codes[0] != 0 or not failed else failed[0]
+
+
+def out_option(argv: Sequence[str]) -> str | None:
+    """The ``--out`` folder of a jaxdbg command line whose parent exists (None for none, or for a program run
+    with ``python``): the launched processes' logs go there, beside their reports.
+
+    Example:
+        >>> out_option(["profile", "train.py", "--out", "/tmp", "--", "--out", "x"])
+        '/tmp'
+        >>> out_option(["profile", "--out=/no/such/parent/x", "train.py"]) is None
+        True
+    """
+    if not argv or argv[0] == "python":
+        return None
+    args = list(argv[:argv.index("--")] if "--" in argv else argv)
+    found = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--out"), None)
+    found = next((a.partition("=")[2] for a in args if a.startswith("--out=")), found)
+    if not found or not os.path.isdir(os.path.dirname(os.path.abspath(found))):
+        return None  # the command itself reports the bad --out
+    return found
+
+
+def _made(folder: str) -> str:
+    os.makedirs(folder, exist_ok=True)
+    return folder
 
 
 def stop(procs: Sequence[subprocess.Popen], grace_s: float = 5.0) -> None:

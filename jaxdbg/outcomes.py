@@ -44,7 +44,7 @@ def raise_internal_failure(outcome: Outcome, spec: TargetSpec, options: TargetIn
     if exc is None:
         return
     frames = re.findall(r'File "([^"]+)", line (\d+)', exc.traceback or "")
-    if frames and is_jaxdbg_file(frames[-1][0]) and exc.exit_code is None:
+    if frames and is_jaxdbg_file(frames[-1][0]) and exc.exit_code is None and not _from_users_call(exc.traceback):
         # raised by jaxdbg's own instrumentation (user frames above it only called into it)
         raise RuntimeError(f"jaxdbg's instrumentation failed inside the target's run: {exc.type}: "
                            f"{first_line(exc.message)} [{frames[-1][0]}:{frames[-1][1]}]")
@@ -56,6 +56,26 @@ def raise_internal_failure(outcome: Outcome, spec: TargetSpec, options: TargetIn
     last = exc.traceback.strip().splitlines()[-3:-1]
     raise RuntimeError(f"the profiling job failed before the target ran: {exc.type}: {first_line(exc.message)} "
                        f"[{' / '.join(line.strip() for line in last)}]")
+
+
+# The lines where jaxdbg's jit layer runs the user's jitted function: an error raised there with no frame below
+# (JAX hides its own) came out of the user's computation as it ran (an XLA runtime error: a collective whose peer
+# process left, a failed allocation), not out of jaxdbg.
+CALLS_THROUGH = re.compile(r'File "[^"]*jit_layer\.py", line \d+, in \w+\n\s+'
+                           r'.*(?:\brun|\.top_level)\(\*(?:self\.)?args')
+
+
+def _from_users_call(traceback: str) -> bool:
+    """Whether the innermost frame of ``traceback`` is the jit layer calling the user's jitted function.
+
+    Example:
+        >>> _from_users_call('File "/x/jaxdbg/jit_layer.py", line 253, in run\\n    return run(*self.args)\\n')
+        True
+        >>> _from_users_call('File "/x/jaxdbg/jit_layer.py", line 240, in run\\n    run = function.checked()\\n')
+        False
+    """
+    frames = list(re.finditer(r'File "[^"]+", line \d+, in \S+\n', traceback))
+    return bool(frames) and CALLS_THROUGH.match(traceback, frames[-1].start()) is not None
 
 
 def failure_line(outcome: Outcome, notes: Sequence[str] = ()) -> tuple[str | None, SourceLocation | None]:

@@ -292,6 +292,23 @@ def describe_exception(err: BaseException) -> ExceptionInfo:
     )
 
 
+def failure_summary(err: BaseException | None) -> str:
+    """``Type: message at file:line`` of a target's error, for the other processes of its job (empty for none,
+    and for a clean ``sys.exit``).
+
+    Example:
+        >>> failure_summary(ValueError("corrupt record\\nmore")), failure_summary(SystemExit(0))
+        ('ValueError: corrupt record', '')
+    """
+    if err is None or (isinstance(err, SystemExit) and err.code in (0, None)):
+        return ""
+    info = describe_exception(err)
+    frame = info.user_frame
+    where = f" at {os.path.basename(frame.file)}:{frame.line}" if frame is not None else ""
+    lines = info.message.strip().splitlines()
+    return f"{info.type}: {lines[0][:300] if lines else ''}{where}"
+
+
 def _portable(err: JaxdbgError) -> JaxdbgError | None:
     """``err`` when it survives a pickle round trip (a field of a subclass may not), else None."""
     try:

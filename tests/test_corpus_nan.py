@@ -292,6 +292,9 @@ def test_a_call_that_computes_no_gradient_gets_no_gradient_advice() -> None:
     _, hints = explain(overflow, (), [_growth(1.0, 1e30)], trains=False)
     assert BOUND in hints and not any("gradient" in h or "learning rate" in h for h in hints)
     assert CLIP in explain(overflow, (), [_growth(1.0, 1e30)])[1]
+    # an HMC step: its only gradients drive the leapfrog scan, so the step size is named beside the learning rate
+    _, hints = explain(overflow, (), [_growth(1.0, 1e30)], trains="in loops")
+    assert CLIP not in hints and any(h.startswith(CLIP) and "smaller step size" in h for h in hints)
 
 
 def test_a_matmul_that_overflows_is_explained_the_same_whichever_op_makes_the_nan() -> None:

@@ -220,6 +220,7 @@ def test_a_process_that_raised_while_the_others_wait_in_a_collective_is_named_wi
     assert result.verdict.startswith("process 1 failed: ValueError: bad batch at train.py:38 (<module>)")
     assert "process 0 waits inside train_step call 5" in result.verdict
     assert result.explanation.startswith("A process raised an error") and "process 1 raised" in result.hints[0]
+    assert "skipped" not in result.explanation  # the error ended it, not a condition around a call
 
 
 def test_a_process_read_with_pid_is_not_said_to_be_before_its_first_call(tmp_path):

@@ -111,6 +111,11 @@ def test_process_0_speaks_for_a_job_whose_other_process_leaked() -> None:
     result = assemble(outcome, MemoryOptions(), ())
     assert result.found and exit_code(result) == 1
     assert result.essential_line() == "process 1: 1 leak(s) (its own report says where)"
+    # a process whose program raised: named with its error (process 0 then only fails in its collective)
+    rows = (ProcessMemory(0, 2 * MIB, "cpu:0", 0, False, 0, failed="ValueError: Gloo all-reduce failed"),
+            ProcessMemory(1, 8 * MIB, "cpu:1", 0, False, 0, failed="ValueError: corrupt record at train.py:20"))
+    result = assemble(Outcome("ok", 0, None, None, "", "", 1.0, (JobMemory(rows),)), MemoryOptions(), ())
+    assert result.essential_line() == "process 1 raised ValueError: corrupt record at train.py:20"
 
 
 def test_a_missing_donation_is_held_and_hinted_with_its_bytes(runs) -> None:
@@ -446,3 +451,21 @@ def test_buffers_name_a_donated_argument_written_in_place_and_list_no_tuple_or_t
     largest = analyse(compiled, ProgramInfo("step", None, 0, 0, ""), str(tmp_path)).largest
     assert all(b.bytes > 0 and not b.shape.startswith(("(", "token")) for b in largest), largest
     assert {b.argument for b in largest if b.kind == "argument"} == {"params['w']", "x"}, largest
+
+
+def test_a_checkpointed_scan_whose_stacked_outputs_fill_the_peak_is_told_to_accumulate_in_the_carry() -> None:
+    """A long RNN scan under jax.checkpoint that returns every hidden state as ys: the stacked buffers (one slice
+    per iteration) are named, with the carry accumulation that drops the ys."""
+    from jaxdbg._source import SourceLocation
+    from jaxdbg.memory.hints import remat_hints
+    from jaxdbg.memory.result import Buffer, ProgramMemory
+
+    scan = SourceLocation("rnn.py", 17, "loss")
+    stacked = tuple(Buffer(f"dus.{i}", "temp", 125 * MIB, "f32[2000,32,512]", "dynamic_update_slice", source=scan,
+                           pass_="forward") for i in range(2))
+    program = ProgramMemory("loss_and_grad", None, 0, 0, "", 127 * MIB, 2 * MIB, 375 * MIB, 0, 0, 504 * MIB,
+                            largest=stacked, forward_kept_bytes=250 * MIB, checkpointed=True)
+    (hint,) = remat_hints([program])
+    assert "although it already uses jax.checkpoint" in hint.text
+    assert "2 of them (made at rnn.py:17) are stacked one slice per loop iteration" in hint.text
+    assert "accumulate it in the carry" in hint.text

@@ -137,6 +137,18 @@ def test_the_earliest_nan_is_the_origin_and_if_discarded_the_one_that_reaches_th
     # a NaN that surely reaches the outputs ends the replay at once; one a select may discard, not
     assert replay(Call("f", lambda x: (jnp.log(x) * 2.0).sum(), (jnp.array([-1.0]),), {}))[1] == []
     assert replay(Call("f", lambda x: jnp.where(x > 0, jnp.log(x), 0.0), (jnp.array([-1.0]),), {}))[1] != []
+    # the same line in a while_loop's cond (its NaN only tested) and then its body (carried out): the body's is
+    # named with its place, not as if it were the same operation
+    def residual(x):
+        return x * x + 0.0 * x  # the cond and the body both compute it
+
+    found = hunt(lambda x: jax.lax.while_loop(lambda c: (c[1] < 3) | jnp.any(jnp.abs(residual(c[0])) > 1.0),
+                                              lambda c: (residual(c[0]) / 0.0, c[1] + 1), (x, 0))[0],
+                 jnp.array([2.0]))
+    assert found.first.path[-1].startswith("while[cond") and found.reaching.path[-1].startswith("while[iteration")
+    assert f"inside {found.reaching.path[-1]} (forward pass)" in found.notes[0], found.notes
+    text, _ = explain(found.first, discarded=found.discarded, reaching=found.reaching)
+    assert f"inside {found.reaching.path[-1]} in the forward pass" in text
 
 
 def test_a_nan_constant_a_select_discards_is_no_origin() -> None:
@@ -406,6 +418,13 @@ def test_an_infinity_passed_in_as_an_argument_is_named_by_the_argument() -> None
     assert "inf + (-inf) inside its sum" in text and "zeros" not in text, text  # the weights hold no zero
 
 
+_WARMUP = 0
+
+
+def _warmup_lr(step):
+    return 1e-2 * jnp.minimum(1.0, step / _WARMUP)
+
+
 def test_the_zero_a_division_by_zero_divided_by_is_traced_to_where_it_was_made() -> None:
     from jaxdbg.nan import zero_source
     from jaxdbg.nan.analyses import Findings
@@ -456,6 +475,15 @@ def test_the_zero_a_division_by_zero_divided_by_is_traced_to_where_it_was_made()
     assert (zero.how, zero.name, zero.index, zero.of.primitive) == ("captured", "_ALPHAS_BAR", (2,), "div"), zero
     assert "The zero denominator comes from `_ALPHAS_BAR`" in text and "element [2] is 0" in text, text
     assert "`_ALPHAS_BAR` holds a 0" in hints[0]
+    # a warmup length of 0 written into the code: a literal of the traced program, named from the line
+    zero, (text, hints) = traced(_warmup_lr, jnp.float32(0.0))
+    assert (zero.how, zero.name) == ("literal", "_WARMUP") and "written into the traced code (`_WARMUP`)" in text
+    assert "`_WARMUP` is 0" in hints[0]
+    # a carry that is 0 in a loop's first iteration: its initial value, followed out to the argument
+    for reverse in (False, True):
+        zero, (text, _) = traced(lambda x0, reverse=reverse: jax.lax.scan(
+            lambda x, _: (1.0 / x - 1.0 / x, None), x0, None, length=3, reverse=reverse)[0], jnp.float32(0.0))
+        assert (zero.how, zero.arguments) == ("argument", ("x0",)) and "earlier iteration" not in text, text
 
 
 def test_the_one_line_of_a_nan_made_of_infinities_names_where_the_inf_came_from() -> None:

@@ -314,6 +314,15 @@ def test_an_exception_raised_inside_jaxdbg_is_not_blamed_on_the_target(tmp_path,
     raise_internal_failure(Outcome("exception", 1, None, ExceptionInfo(
         "NameError", "NameError", "x", in_user_code, SourceLocation(user, 5, "<module>")), "", "", 1.0, (), None),
         parse_target("train.py"), ProfileOptions())
+    # an XLA runtime error out of the user's jitted call (JAX hides its frames: the jit layer's call is the last
+    # one), e.g. a collective whose peer process left the job: the target's failure, its profile kept
+    layer = os.path.join(os.path.dirname(jaxdbg.__file__), "jit_layer.py")
+    runtime = (f'Traceback (most recent call last):\n  File "{user}", line 5, in <module>\n    step(x)\n'
+               f'  File "{layer}", line 253, in run\n    return run(*self.args, **self.kwargs) if self.kwargs '
+               'else run(*self.args)\nValueError: UNKNOWN: Gloo all-reduce failed: Connection closed by peer\n')
+    raise_internal_failure(Outcome("exception", 1, None, ExceptionInfo(
+        "ValueError", "ValueError", "UNKNOWN: Gloo all-reduce failed", runtime, SourceLocation(user, 5, "<module>")),
+        "", "", 1.0, (), None), parse_target("train.py"), ProfileOptions())
 
 
 def test_compare_against_another_programs_report_is_noted(tmp_path):
@@ -339,3 +348,25 @@ def test_op_expressions_name_arguments_as_the_user_does():
     assert set(module.arguments.values()) == {"params['w1']", "params['w2']", "x"}
     expressions = " ".join(op.expression for op in module.ops.values())
     assert "params['w1']" in expressions and "params__w1__" not in expressions
+
+
+def test_a_process_whose_program_raised_is_named_in_the_jobs_hints():
+    """Process 1 of a job raises (a corrupt shard); process 0 then fails in its all-reduce (its peer left): process
+    0's report, which speaks for the job, names process 1's error as the one to fix."""
+    from jaxdbg.profile.processes import ProcessFigures, failure_hints
+    from jaxdbg.protocol import failure_summary as _failed
+
+    def raised(err):
+        try:
+            raise err
+        except BaseException as caught:  # noqa: BLE001 - any error a program raises
+            return _failed(caught)
+
+    assert raised(ValueError("corrupt record in shard 1\nmore")).startswith("ValueError: corrupt record in shard 1")
+    assert _failed(None) == "" and raised(SystemExit(0)) == "" and raised(SystemExit(2)).startswith("SystemExit")
+    rows = [ProcessFigures(0, 9.0, 1.0, 0.1, 0.0, 8.0, 0.0, 4, 0.01, failed="ValueError: UNKNOWN: Gloo failed"),
+            ProcessFigures(1, 1.0, 1.0, 0.1, 0.0, 0.1, 0.0, 3, 0.01, failed="ValueError: corrupt record at a.py:20"),
+            ProcessFigures(2, 9.0, 1.0, 0.1, 0.0, 8.0, 0.0, 4, 0.01)]
+    (hint,) = failure_hints(rows)
+    assert hint.startswith("process 1 raised ValueError: corrupt record at a.py:20; fix that first")
+    assert rows[1].as_message()["failed"].startswith("ValueError")

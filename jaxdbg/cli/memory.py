@@ -130,6 +130,7 @@ def render(report: Report, console: Console) -> None:
     for row in result.processes:
         said = row.note or (f"peak {_size(row.peak_bytes)} on {row.peak_device}, {row.leaks} leak(s), "
                             f"{row.misfits} misfit(s){', out of memory' if row.out_of_memory else ''}")
+        said += f"; raised {row.failed}" if row.failed else ""
         console.print(f"  process {row.index}: {escape(said)}", soft_wrap=True)
     for note in result.notes:
         console.print(f"  [dim]note: {escape(note)}[/]", soft_wrap=True)

@@ -272,7 +272,10 @@ def _ended_early(states: dict[int, ProcessState], ended: list[int], waiting: lis
     failed = [i for i in ended if states[i].state == "failed"]
     hints += [f"process {i} raised: fix that error first (its message is above); the others only wait for it"
               for i in failed]
-    explanation = (_FAILED_EARLY if failed else "") + _ENDED_EARLY
+    # every process that ended raised: "it skipped a call, or left its loop earlier" would send the user looking
+    # for a condition in the loop; the error is what ended it
+    explanation = (_FAILED_EARLY + _WAIT_FOR_FAILED if failed and len(failed) == len(ended)
+                   else (_FAILED_EARLY if failed else "") + _ENDED_EARLY)
     return HangResult(True, verdict, "stall", stuck=tuple(ended), explanation=explanation, hints=tuple(hints),
                       **common)
 
@@ -455,5 +458,7 @@ _FAILED_EARLY = "A process raised an error and left the job. "
 _ENDED_EARLY = ("A process ended while the others wait inside a collective that needs every process: it ran fewer "
                 "collective calls than they did (it skipped one, or left its loop earlier), so the collective they "
                 "wait in can never complete.")
+_WAIT_FOR_FAILED = ("The others wait inside a collective that needs every process, which cannot complete without "
+                    "it: they wait until a timeout, or fail in that collective once its connection closes.")
 _ALL_INSIDE = ("Every process is inside the same program at the same step: none is missing, yet the collective "
                "never completed.")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import sys
 import time
 import types
 from typing import Any
@@ -22,7 +23,7 @@ from jaxdbg import multihost
 from jaxdbg.launch import launched_place
 from jaxdbg.memory.messages import Devices, JobMemory, MemoryJob, MemoryNote
 from jaxdbg.memory.recorder import DoesNotFit, MemoryRecorder, compile_spans
-from jaxdbg.protocol import Done, Environment, handles, locked_sender
+from jaxdbg.protocol import Done, Environment, failure_summary, handles, locked_sender
 
 GATHER_WAIT_S = 60.0
 
@@ -93,7 +94,7 @@ def script_job(job: MemoryJob, channel: Any) -> None:
                 recorder.finish(namespaces)
                 _tidy(recorder.dump_folder)
     finally:
-        share_with_the_job(send, recorder, job.options.timeout)
+        share_with_the_job(send, recorder, job.options.timeout, failure_summary(sys.exc_info()[1]))
     send(Done())
 
 
@@ -150,7 +151,7 @@ def _tidy(folder: str | None) -> None:
                 os.remove(path)
 
 
-def share_with_the_job(send: Any, recorder: MemoryRecorder, timeout: float | None) -> None:
+def share_with_the_job(send: Any, recorder: MemoryRecorder, timeout: float | None, failed: str = "") -> None:
     """In a multi-process job: publish this process's summary; process 0 gathers everyone's."""
     from jaxdbg.memory.result import ProcessMemory
 
@@ -161,7 +162,8 @@ def share_with_the_job(send: Any, recorder: MemoryRecorder, timeout: float | Non
     misfits = sum(1 for s in recorder.functions.values() if s.program is not None and s.program.fits is False)
     summaries = multihost.Topic("memory", "summary", ProcessMemory)
     multihost.publish(summaries, ProcessMemory(place.index, peak.bytes if peak else None, peak.device if peak else None,
-                                               len(recorder.leaks()), recorder.oom is not None, misfits))
+                                               len(recorder.leaks()), recorder.oom is not None, misfits,
+                                               failed=failed))
     if place.index != 0:
         return
     spent = time.perf_counter() - recorder.started

@@ -185,6 +185,7 @@ class ProcessMemory:
     out_of_memory: bool
     misfits: int
     note: str | None = None
+    failed: str = ""  # the error its program raised (`Type: message at file:line`), empty where it finished
 
 
 @dataclass(frozen=True)
@@ -239,4 +240,6 @@ def finding_line(result: dict) -> str | None:
         found += ["out of memory"] if row.get("out_of_memory") else []
         if row.get("index") and found:
             parts.append(f"process {row['index']}: {', '.join(found)} (its own report says where)")
+        if row.get("index") and row.get("failed"):
+            parts.append(f"process {row['index']} raised {row['failed']}")
     return "; ".join(parts) if parts else result.get("error")

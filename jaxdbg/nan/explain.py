@@ -77,11 +77,16 @@ EMPTY_SEGMENT = ("an empty segment (a node with no incoming edge, a class with n
                  "divide by `jnp.maximum(count, 1)` (its sum is 0 too, so its mean becomes 0), or mask it out")
 CAPTURED_ZERO = ("{name} holds a 0 where the code divides by it (or takes its log): fix the values it is built from "
                  "(e.g. clip a noise schedule away from 0 and 1), or skip those entries")
+LITERAL_ZERO = ("{name} is 0 where the code divides by it (a warmup or decay length, a count set to 0 in a config): "
+                "give it a non-zero value, or guard the formula for 0 (`max(WARMUP, 1)`)")
 BOUND_EXP = ("bound what is exponentiated where it is a value of its own (a log-variance or log-scale head, a log "
              "ratio): `jnp.exp(jnp.clip(x, -20.0, 20.0))`, or map it to a positive value with `jax.nn.softplus` "
              "instead of exp")
 SUBTRACT_MAX = "subtract the maximum before exponentiating (what `jax.nn.softmax`/`logsumexp` do)"
 CLIP = "clip gradients (e.g. `optax.clip_by_global_norm(1.0)`) and/or lower the learning rate (or add warmup)"
+# CLIP's, where every gradient the call takes drives a loop of its own (a sampler's integrator, an inner solver).
+CLIP_OR_STEP = (CLIP + "; where the gradient drives a loop of its own (a leapfrog/HMC or Langevin integrator, an inner "
+                "optimisation), take a smaller step size there")
 # CLIP's place where the call computes no gradient (an ODE solve, a simulation, a forward-only model).
 BOUND = ("bound or rescale what grows without limit (an unstable iteration, an exploding ODE, a step too large): "
          "smaller steps, a clamp, or float64 (`jax.config.update('jax_enable_x64', True)`) to see whether it only "
@@ -533,6 +538,10 @@ def _zero_sentence(zero: ZeroSource, first: Origin, grown: Sequence[str] = ()) -
         if divided.path[-1].startswith(("while[", "scan[")):
             return f"{what} came in with the loop's carry, from an earlier iteration than `{divided.path[-1]}`."
         return f"{what} was computed before `{divided.path[-1]}` began" + (f", from {args}." if args else ".")
+    if zero.how == "literal":
+        written = f" (`{zero.name}`)" if zero.name else ""
+        return (f"{what} is a 0 written into the traced code{written}: a Python number (a config value, a global) that "
+                f"`{first.function}` read when it was traced, so it is a constant of the compiled function.")
     if zero.how == "captured":
         array = f"`{zero.name}`, an array" if zero.name else "an array"
         at = f": its element {list(zero.index)} is 0" if zero.index else ""
@@ -575,6 +584,8 @@ def _reaching_sentence(discarded: Sequence[Discarded], reaching: Origin | None, 
     if reaching is None:
         return how.strip()
     at = f" at line {reaching.source.line}" if reaching.source else ""
+    if discarded and reaching.path[1:] and reaching.path != discarded[0].origin.path:  # a while's body, not its cond
+        at += f" inside {' > '.join(reaching.path[1:])}"
     return (f"{how}The NaN in the outputs is made later, by `{reaching.primitive}`{at} in the {reaching.pass_} "
             f"pass{more}: that is the one to fix.")
 
@@ -612,7 +623,7 @@ def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence
             input_sources: Mapping[Origin, Sequence[SourceLocation]] | None = None,
             overflow: Overflow | None = None, zero: ZeroSource | None = None,
             cond_select: CondSelect | None = None, discarded: Sequence[Discarded] = (),
-            reaching: Origin | None = None, trains: bool = True) -> tuple[str, tuple[str, ...]]:
+            reaching: Origin | None = None, trains: bool | str = True) -> tuple[str, tuple[str, ...]]:
     """``(paragraph, hints)`` for a finding; an empty paragraph when nothing was found.
 
     ``input_sources`` gives, per origin, the user lines that computed its inputs (from the replay);
@@ -622,7 +633,8 @@ def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence
     from the values of a differentiated forward pass (:mod:`jaxdbg.nan.cond_select`); ``discarded``, when the
     origin's NaN reaches no output, it and the NaNs after it that reach none either
     (:class:`jaxdbg.nan.localise.Discarded`), and ``reaching``, the first NaN that does. ``trains``: the call
-    computes a gradient (otherwise no hint speaks of gradients or learning rates).
+    computes a gradient (otherwise no hint speaks of gradients or learning rates; ``"in loops"``: only inside loop
+    bodies, where a step size is named too).
     """
     if first is None:
         return "", ()
@@ -651,6 +663,9 @@ def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence
             hints = [UNDERFLOW, *hints]
         elif zero.how == "empty":
             hints = [EMPTY_SEGMENT, *hints]
+        elif zero.how == "literal":
+            hints = [LITERAL_ZERO.format(name=f"`{zero.name}`" if zero.name else "the Python number divided by"),
+                     *hints]
         elif zero.how == "captured":
             hints = [CAPTURED_ZERO.format(name=f"`{zero.name}`" if zero.name else "the captured array"), *hints]
     if "custom_vjp_bwd(" in " ".join(first.path):
@@ -703,6 +718,8 @@ def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence
         hints = [h for h in hints if h not in EPSILONS]
     if not trains:
         hints = [BOUND if h == CLIP else h for h in hints if h != LOSS_SCALE]
+    elif trains == "in loops":
+        hints = [CLIP_OR_STEP if h == CLIP else h for h in hints]
     return " ".join(parts), tuple(dict.fromkeys(hints))
 
 
@@ -724,7 +741,10 @@ UNCHECKED_EAGER = ("if that argument is computed outside jit (`jax.grad` or an o
                    "checks operations outside jit too and names the one that made it")
 
 
-def _trains(localisation: Any) -> bool:
-    """Whether the replayed call computes a gradient (unknown, as for an operation outside jit: assumed)."""
+def _trains(localisation: Any) -> bool | str:
+    """Whether the replayed call computes a gradient (unknown, as for an operation outside jit: assumed), and
+    ``"in loops"`` where it does only inside loop bodies (a sampler's integrator)."""
     jaxpr = getattr(localisation, "closed_jaxpr", None)
-    return jaxpr is None or passes.differentiates(jaxpr)
+    if jaxpr is None:
+        return True
+    return "in loops" if passes.differentiates_only_in_loops(jaxpr) else passes.differentiates(jaxpr)

@@ -95,7 +95,9 @@ class Discarded:
         """One line for the report's notes (``reaching``: the first NaN made that reaches the outputs)."""
         later = ""
         if reaching is not None:
-            later = f"; the NaN in the outputs is made later, by {_made_by(reaching)} ({reaching.pass_} pass)"
+            inside = (f" inside {' > '.join(reaching.path[1:])}" if reaching.path[1:]
+                      and reaching.path != self.origin.path else "")  # the same line in a while's cond and body
+            later = f"; the NaN in the outputs is made later, by {_made_by(reaching)}{inside} ({reaching.pass_} pass)"
         return f"the NaN made by {_made_by(self.origin)} reaches no output: it was made {self.how()}{later}"
 
     def how(self) -> str:

@@ -49,6 +49,29 @@ def differentiates(jaxpr: Any) -> bool:
     return any(_is_jvp(eqn) or _is_transposed(eqn) for eqn in nested_equations(getattr(jaxpr, "jaxpr", jaxpr).eqns))
 
 
+def differentiates_only_in_loops(jaxpr: Any) -> bool:
+    """Whether every derivative a jaxpr computes is taken inside a loop body (scan, while): the gradient drives
+    an iteration of its own, as a leapfrog (HMC) or Langevin integrator or an inner optimisation does, rather
+    than one update of a training step (a gradient accumulated over micro-batches in a scan is one too).
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> leapfrog = lambda z: jax.lax.scan(lambda z, _: (z - 0.1 * jax.grad(jnp.sin)(z), None), z, None, 3)[0]
+        >>> differentiates_only_in_loops(jax.make_jaxpr(leapfrog)(1.0))
+        True
+        >>> differentiates_only_in_loops(jax.make_jaxpr(jax.grad(jnp.sin))(1.0))
+        False
+    """
+    from jaxdbg.repro.graph import inner_jaxprs
+
+    def outside(eqns: Any) -> bool:  # a derivative outside every loop body
+        return any(_is_jvp(e) or _is_transposed(e) or (e.primitive.name not in ("scan", "while") and any(
+            outside(inner.eqns) for inner in inner_jaxprs(e.params))) for e in eqns)
+
+    eqns = getattr(jaxpr, "jaxpr", jaxpr).eqns
+    return differentiates(jaxpr) and not outside(eqns)
+
+
 def backward_equations(jaxpr: Any, inherited: bool,
                        backward_outputs: frozenset[int]) -> tuple[set[int], dict[int, frozenset[int]]]:
     """Indices of the backward equations of ``jaxpr``, and per equation which of its outputs feed only them.

@@ -7,9 +7,11 @@ followed back through the equations that computed it, with the values they held 
 call up to the origin, to the operation that made a zero from inputs that held none (an underflow, a
 cancellation, an empty segment), to an array the function captured (a global schedule holding a 0), or to the
 argument of the call that brought it in. It is followed out of the jaxpr the origin is in, through a nested
-call's operands and a loop's constants (a kernel computed once before a ``while_loop``), not through a loop's
-carry (an earlier iteration's value). Where the origin is arithmetic on an infinity a division by zero made
-(``0 * inf`` in a later line), that division's zero is the one followed.
+call's operands and a loop's constants (a kernel computed once before a ``while_loop``), and through a loop's
+carry only in its first iteration (where the carry is the loop's initial value; later, an earlier iteration's).
+A zero written into the code (``step / WARMUP`` with ``WARMUP = 0``: a literal of the traced program) is said so.
+Where the origin is arithmetic on an infinity a division by zero made (``0 * inf`` in a later line), that
+division's zero is the one followed.
 
 Example:
     >>> import jax.numpy as jnp
@@ -27,6 +29,8 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import linecache
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -46,6 +50,7 @@ if TYPE_CHECKING:
 ZERO_OPERAND = {"div": 1, "rem": 1, "log": 0, "rsqrt": 0, "pow": 0, "integer_pow": 0}
 UNDERFLOWS = ("exp", "exp2", "mul", "integer_pow", "pow", "square", "div", "dot_general", "logistic", "sqrt")
 CANCELS = ("sub", "add", "add_any", "reduce_sum")
+DIVISOR = re.compile(r"(?<![/*])[/%]\s*([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)(?![\w.]|\s*[(\[])")  # `/ NAME`, not `/ f(x)`
 COMPARES = ("eq", "ne", "lt", "le", "gt", "ge", "and", "or", "not")  # a False is made here, whatever went in
 
 
@@ -60,8 +65,9 @@ class ZeroSource:
     ``empty`` (a scatter-add where no index landed: ``zeros`` of its ``size`` entries) or ``made``), held by an
     array the function captured (``captured``: ``name`` where a global of the user's module is that array, and
     the ``index`` of its first zero), or brought in by an argument of the call (``primitive`` None, ``how``
-    ``argument``) or by a loop's carry (``outside``); ``arguments``: the call's arguments it was computed
-    from."""
+    ``argument``), by a loop's carry (``outside``) or written into the traced code (``literal``: a Python
+    number, ``name`` the identifier the origin's line divides by where it reads one); ``arguments``: the call's
+    arguments it was computed from."""
 
     primitive: str | None
     source: SourceLocation | None
@@ -126,6 +132,8 @@ def trace_zero(call: Any, closed: Any, origin: Site, operand: int, of: Origin | 
         level = levels[depth]
         scope, jaxpr = level.site.scope, level.site.scope.jaxpr
         index = level.producers.get(id(var))
+        if index is None and _compat.is_literal(var):
+            return ZeroSource(None, None, "literal", (), (), of, name=_divisor_name(origin))
         if index is None:
             outer = _maps_out(level.site, var)
             if outer is not None and depth + 1 < len(levels):
@@ -151,6 +159,15 @@ def trace_zero(call: Any, closed: Any, origin: Site, operand: int, of: Origin | 
                               zeros=outs[0].zero if outs else 0, size=_size(outs[0].shape) if outs else 0)
         var = eqn.invars[zero_inputs[0]]
     return None
+
+
+def _divisor_name(origin: Site) -> str | None:
+    """The identifier the origin's line divides by (``WARMUP`` in ``step / WARMUP``), where it names one."""
+    source = origin.source
+    if source is None or origin.primitive not in ("div", "rem"):
+        return None
+    found = DIVISOR.findall(linecache.getline(source.file, source.line).split("#")[0])
+    return found[0] if len(found) == 1 else None  # two divisions on the line: which one is unknown
 
 
 def _levels(origin: Site, var: Any) -> list[_Level]:
@@ -183,10 +200,13 @@ def _maps_out(site: Site, var: Any) -> Any:
     found: int | None
     if scope.kind == "call":
         found = position
-    elif scope.kind == "scan":
-        found = position if position < _compat.scan_split(params)[0] else None
+    elif scope.kind == "scan":  # in the first iteration the carry is the loop's initial value: an operand too
+        n_consts, n_carry = _compat.scan_split(params)
+        first = scope.iteration == (int(params["length"]) - 1 if params.get("reverse") else 0)
+        found = position if position < n_consts + (n_carry if first else 0) else None
     elif scope.kind == "while_body":
-        found = params["cond_nconsts"] + position if position < params["body_nconsts"] else None
+        first = scope.iteration == 0
+        found = params["cond_nconsts"] + position if first or position < params["body_nconsts"] else None
     elif scope.kind == "while_cond":
         found = position if position < params["cond_nconsts"] else None
     elif scope.kind == "cond":

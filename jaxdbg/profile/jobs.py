@@ -13,7 +13,9 @@ Both take a :class:`~jaxdbg.profile.messages.ProfileJob` and send typed messages
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -33,7 +35,7 @@ from jaxdbg.profile.messages import (
     ProfileNote,
     RunFinished,
 )
-from jaxdbg.protocol import Done, Environment, Message, MessageLog, handles, locked_sender
+from jaxdbg.protocol import Done, Environment, Message, MessageLog, failure_summary, handles, locked_sender
 from jaxdbg.target import check_arity
 
 Send = Callable[[Message], None]
@@ -182,11 +184,12 @@ def script_job(job: ProfileJob, channel: Any) -> None:
             finally:
                 send(RunFinished(time.perf_counter() - started, recorder.overhead_s))
     finally:
+        raised = sys.exc_info()[1]  # the target's error, in flight: the job's report names it
         info = backend() if backend is not None else send_device_info(send)
         send_capture_ops(send, window, info.backend)
         files = window.files if window is not None else None
         share_with_the_job(send, log, options.timeout, backend.started if backend else time.perf_counter(),
-                           files.xplane if files is not None else None, job.out_dir)
+                           files.xplane if files is not None else None, job.out_dir, failure_summary(raised))
         if backend is not None and backend.heartbeat is not None:
             backend.heartbeat.stop()
     send_peak(send, info, options.calibrate)
@@ -194,7 +197,7 @@ def script_job(job: ProfileJob, channel: Any) -> None:
 
 
 def share_with_the_job(send: Send, log: MessageLog, timeout: float | None, started: float,
-                       xplane: str | None = None, out_dir: str = "") -> None:
+                       xplane: str | None = None, out_dir: str = "", failed: str = "") -> None:
     """In a multi-process job: publish this process's figures; process 0 gathers everyone's (waiting no
     longer than its own --timeout allows) and sends them on, naming any process that never reported. The
     captures (``xplane``) go the same way, into one xprof session in process 0's ``out_dir``."""
@@ -216,7 +219,7 @@ def share_with_the_job(send: Send, log: MessageLog, timeout: float | None, start
     if place.index != 0:  # the capture first: once process 0 has the figures, the capture is there too
         share_capture(send, xplane, out_dir, wait)
     figures = multihost.Topic("profile", "figures", ProcessFigures)
-    multihost.publish(figures, figures_of(place.index, functions, totals))
+    multihost.publish(figures, dataclasses.replace(figures_of(place.index, functions, totals), failed=failed))
     if place.index != 0:
         return
     got = multihost.gather(figures, wait)

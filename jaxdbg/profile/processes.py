@@ -28,7 +28,8 @@ SLACK_MIN_S = 0.05
 class ProcessFigures:
     """One process of the job. ``host_s``: time between jitted calls (input pipeline, Python, logging);
     ``collective_s``: time its jitted calls spent in cross-process collectives (mostly waiting for peers),
-    estimated from the captured op events; ``note``: why a process has no figures (it died or hung)."""
+    estimated from the captured op events; ``note``: why a process has no figures (it died or hung); ``failed``:
+    the error its program raised (type, message and user line), empty where it finished."""
 
     index: int
     wall_s: float
@@ -40,6 +41,7 @@ class ProcessFigures:
     steps: int
     step_median_s: float | None
     note: str = ""
+    failed: str = ""
 
     @property
     def reported(self) -> bool:
@@ -103,6 +105,20 @@ def _where_time_went(row: ProcessFigures, others: list[ProcessFigures]) -> str:
         return "its time went nowhere jaxdbg measures (look at the host: CPU, network, disk)"
     mine = parts[name](row)
     return f"its extra time went to {name}: {mine:.2f} s against {mine - extra:.2f} s on the others"
+
+
+def failure_hints(rows: list[ProcessFigures], own: int = 0) -> tuple[str, ...]:
+    """A hint naming each other process whose program raised: the error to fix first, where this process's
+    own failure (a collective whose peer left the job) only follows from it.
+
+    Example:
+        >>> rows = [ProcessFigures(0, 2.0, 0.3, 1.5, 0.0, 0.2, 1.2, 3, 0.1, failed="ValueError: Gloo failed"),
+        ...         ProcessFigures(1, 1.0, 0.3, 0.4, 0.0, 0.2, 0.1, 2, 0.1, failed="OSError: bad shard at a.py:9")]
+        >>> failure_hints(rows)[0].split(";")[0]
+        'process 1 raised OSError: bad shard at a.py:9'
+    """
+    return tuple(f"process {r.index} raised {r.failed}; fix that first: the others wait for it in their collectives "
+                 "or fail there once it has left the job" for r in rows if r.failed and r.index != own)
 
 
 def step_skew_s(rows: list[ProcessFigures]) -> float | None:

@@ -31,7 +31,7 @@ from jaxdbg.profile.messages import CaptureOps, JobCapture, ProfileJob
 from jaxdbg.profile.model import DeviceExecutions, FunctionProfile, ProfileMode, ProfileResult, Rates
 from jaxdbg.profile.monitor import monitor_hints, series
 from jaxdbg.profile.peaks import Peak, achieved_rates, dtype_class, table_peak
-from jaxdbg.profile.processes import find_stragglers, step_skew_s
+from jaxdbg.profile.processes import failure_hints, find_stragglers, step_skew_s
 from jaxdbg.profile.trace import write_perfetto
 from jaxdbg.report import process_folder
 from jaxdbg.runner import Outcome, run_contained
@@ -109,7 +109,8 @@ def profile(spec: TargetSpec, options: ProfileOptions, out_dir: str) -> ProfileR
     result = ProfileResult(
         mode=mode, functions=tuple(functions), totals=totals, budget=budget, error=error, error_source=error_source,
         notes=notes + other_target,
-        hints=hints_for(functions, totals, gathered.transfers(), eager, pipeline) + straggler_hints
+        hints=failure_hints(list(gathered.job)) + hints_for(functions, totals, gathered.transfers(), eager, pipeline)
+        + straggler_hints
         + monitor_hints(monitor),
         transfers=tuple(gathered.transfers()), syncs=tuple(syncs), input_pipeline=pipeline, eager_compile=eager,
         trace=trace,
