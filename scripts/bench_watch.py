@@ -22,6 +22,9 @@ the least work per step, so the watch's fixed cost per call weighs most). ``--mo
     and with the output check compiled in (the watch's companion), alternating in one process: the part of (d)
     that is XLA's work on the outputs (``max(|x|)`` of every floating output), which no host-side change removes.
     Runs with (d).
+(g) ``--read-cadence``: the watched loop of (d) read at least every 1 ms (the rule before 2026-12-03: a read per
+    step of the MLP loop) and at the default cadence (``READ_EVERY_S``), chunks alternating with the plain loop in one
+    process; page faults per step are means (the reads' cost is the ratio, the kept inputs' cost the faults).
 (c) Per call: a tiny jitted function (x * 2 + 1 on 16 floats) called in a loop, plain (jax's C++ dispatch) and
     jitted inside ``jaxdbg.watch()``, in one process, alternating; the difference is the watch's cost per call.
 
@@ -34,7 +37,7 @@ the least work per step, so the watch's fixed cost per call weighs most). ``--mo
 ``git archive``) first on PYTHONPATH, in the same alternation: before/after figures from one run.
 
 Usage: python scripts/bench_watch.py [--model both|cnn|mlp] [--pairs 3] [--steps 200] [--width 256] [--batch N]
-       [--baseline DIR] [--only-interleaved] [--only-pmap]
+       [--baseline DIR] [--only-interleaved] [--only-pmap] [--read-cadence]
 """
 
 from __future__ import annotations
@@ -193,15 +196,24 @@ PROGRAM = textwrap.dedent('''
                 found = main()
         except jaxdbg.NonFiniteError as err:  # the flags are read late: a finding may come as the block ends
             found = answer(err)
-    elif mode == "interleaved":  # one process: the plain loop and a loop jitted inside the watch, alternating
+    elif mode in ("interleaved", "read-cadence"):  # one process: the plain loop and the loop jitted inside the watch
+        import jaxdbg.nan.watch as watch_module  # read-cadence: the watched loop read every 1 ms, then as by default
+
+        cadences = (0.001, watch_module.READ_EVERY_S) if mode == "read-cadence" else (watch_module.READ_EVERY_S,)
         plain = build()
         timed_chunk(plain, 10)
         with jaxdbg.watch(out=out + ".d") as watcher:
             watched = build()
             timed_chunk(watched, 10)
             hook = watcher._states[-1].hook
-            found = {"rows": [(timed_chunk(plain), timed_chunk(watched, flush=hook.flush))
-                              for _ in range(steps // 10)]}
+            rows = []
+            for _ in range(steps // 10):  # alternating: [plain, watched at each cadence]
+                row = [timed_chunk(plain)]
+                for every in cadences:
+                    watch_module.READ_EVERY_S = every
+                    row.append(timed_chunk(watched, flush=hook.flush))
+                rows.append(row)
+        found = {"cadences": cadences, "rows": rows}
     elif mode == "check-floor":  # the check alone: the step as a pure function, jitted without and with it
         from jaxdbg.nonfinite import with_magnitudes
 
@@ -350,6 +362,7 @@ def main() -> None:
     parser.add_argument("--baseline", help="another jaxdbg source tree: its watch and nan-hunt run too")
     parser.add_argument("--only-interleaved", action="store_true", help="run (d) alone")
     parser.add_argument("--only-pmap", action="store_true", help="run (e) alone")
+    parser.add_argument("--read-cadence", action="store_true", help="run (g) too, after (d)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as workdir:
         if args.only_pmap:
@@ -369,6 +382,8 @@ def main() -> None:
             if not args.only_interleaved:
                 overhead_and_answer(program, names, args, workdir)
             interleaved(program, args, workdir)
+            if args.read_cadence:
+                read_cadence(program, args, workdir)
             check_floor(program, args, workdir)
         if not args.only_interleaved:
             tiny_calls(args, workdir)
@@ -416,14 +431,10 @@ def interleaved(program: str, args: argparse.Namespace, workdir: str) -> None:
     for label, root in (("jaxdbg.watch", ROOT), ("jaxdbg.watch [baseline]", args.baseline)):
         if root is None:
             continue
-        out = os.path.join(workdir, f"interleaved-{len(label)}.json")
-        _run([sys.executable, program, "interleaved", *_sizes(args), out, args.kind],
-             root=root)
-        if not os.path.exists(out):
-            print(f"  {label}: failed")
+        found = _in_one_process(program, "interleaved", args, workdir, f"  {label}", root)
+        if found is None:
             continue
-        with open(out) as handle:
-            rows = json.load(handle)["rows"]
+        rows = found["rows"]
         plain_ms = _median([p[0] for p, _ in rows]) * 1e3
         faults = f"{_median([p[2] for p, _ in rows]):.0f} -> {_median([w[2] for _, w in rows]):.0f}"
         print(f"  {label:24s} wall {_median_ratio(rows, 0):5.2f}x plain   CPU (process) "
@@ -435,17 +446,41 @@ def interleaved(program: str, args: argparse.Namespace, workdir: str) -> None:
                    f"{_median_ratio(rows, 1):.2f}")
 
 
+def _in_one_process(program: str, mode: str, args: argparse.Namespace, workdir: str, label: str,
+                    root: str = ROOT) -> dict | None:
+    """Run the loop program in ``mode`` (with the jaxdbg of ``root``); what it found, or None (said as failed)."""
+    out = os.path.join(workdir, f"{mode}-{abs(hash(root))}.json")
+    _run([sys.executable, program, mode, *_sizes(args), out, args.kind], root=root)
+    if not os.path.exists(out):
+        print(f"{label}: failed")
+        return None
+    with open(out) as handle:
+        return json.load(handle)
+
+
+def read_cadence(program: str, args: argparse.Namespace, workdir: str) -> None:
+    """(g): how often the watch reads its finished calls, in one process: the same watched loop read at least every
+    1 ms (the rule before 2026-12-03) and at the default cadence, chunks alternating with the plain loop."""
+    found = _in_one_process(program, "read-cadence", args, workdir, "  (g)")
+    if found is None:
+        return
+    rows = found["rows"]
+    print(f"(g) {args.kind} loop, watched, read every ... (plain {_median([r[0][0] for r in rows]) * 1e3:.3f} ms/step)")
+    for index, every in enumerate(found["cadences"], 1):
+        pairs = [(row[0], row[index]) for row in rows]
+        print(f"  {every * 1e3:5.0f} ms   wall {_median_ratio(pairs, 0):5.3f}x plain   CPU (process) "
+              f"{_median_ratio(pairs, 1):5.3f}x plain   page faults per step "
+              f"{sum(w[2] for _, w in pairs) / len(pairs):.1f} (plain {sum(p[2] for p, _ in pairs) / len(pairs):.1f})")
+
+
 def check_floor(program: str, args: argparse.Namespace, workdir: str) -> None:
     """(f): what the check itself costs inside the program, with no jaxdbg in the loop: the same step as a pure
     function, jitted plain and with the output check compiled in (jaxdbg.watch's companion), alternating. The part
     of (d) that no host-side work can remove."""
-    out = os.path.join(workdir, "check-floor.json")
-    _run([sys.executable, program, "check-floor", *_sizes(args), out, args.kind])
-    if not os.path.exists(out):
-        print("  (f) failed")
+    found = _in_one_process(program, "check-floor", args, workdir, "  (f)")
+    if found is None:
         return
-    with open(out) as handle:
-        rows = json.load(handle)["rows"]
+    rows = found["rows"]
     print(f"(f) the check compiled into the {args.kind} step, no jaxdbg in the loop: wall "
           f"{_median_ratio(rows, 0):5.2f}x plain   CPU (process) {_median_ratio(rows, 1):5.2f}x plain   "
           f"(plain {_median([p[0] for p, _ in rows]) * 1e3:.3f} ms/step)")
