@@ -421,6 +421,12 @@ def test_an_infinity_passed_in_as_an_argument_is_named_by_the_argument() -> None
 _WARMUP = 0
 
 
+def _focal_nll(logits, labels):
+    probs = jax.nn.softmax(logits)  # softmax line
+    p = jnp.take_along_axis(probs, labels[:, None], axis=1)[:, 0]
+    return -jnp.mean((1 - p) ** 2 * jnp.log(p))
+
+
 def _warmup_lr(step):
     return 1e-2 * jnp.minimum(1.0, step / _WARMUP)
 
@@ -479,6 +485,12 @@ def test_the_zero_a_division_by_zero_divided_by_is_traced_to_where_it_was_made()
     zero, (text, hints) = traced(_warmup_lr, jnp.float32(0.0))
     assert (zero.how, zero.name) == ("literal", "_WARMUP") and "written into the traced code (`_WARMUP`)" in text
     assert "`_WARMUP` is 0" in hints[0]
+    # log of a softmax probability that underflowed: the zero is exp's (not the x - max(x) that is 0 at the
+    # maximum, exp(0) being 1), said as the softmax's, with the log-space fix first
+    zero, (text, hints) = traced(_focal_nll, jnp.array([[0.0, 150.0], [2.0, 1.0]]), jnp.array([0, 1]))
+    assert (zero.primitive, zero.how) == ("exp", "underflow"), zero
+    assert zero.source.line == _line_of(_focal_nll, "# softmax line"), zero
+    assert "from finite inputs" in text and "as a softmax does" in text and hints[0].startswith("use `jax.nn.log"), text
     # a carry that is 0 in a loop's first iteration: its initial value, followed out to the argument
     for reverse in (False, True):
         zero, (text, _) = traced(lambda x0, reverse=reverse: jax.lax.scan(

@@ -551,12 +551,24 @@ def _zero_sentence(zero: ZeroSource, first: Origin, grown: Sequence[str] = ()) -
         return f"{what} came in with the argument {args}." if args else f"{what} came in from outside this computation."
     line = f" at line {zero.source.line}" if zero.source else ""
     ranges = ", ".join(_range_of(s) for s in zero.inputs)
-    how = {"underflow": f": its result underflowed to 0 from finite, non-zero inputs ({ranges})",
+    nonzero = "" if any(s.zero for s in zero.inputs) else ", non-zero"  # exp's input is 0 at a softmax's maximum
+    how = {"underflow": f": its result underflowed to 0 from finite{nonzero} inputs ({ranges})"
+                        + (", as a softmax does once the logits are far apart" if _softmax_underflow(zero) else ""),
            "cancellation": f": it cancelled to 0 from inputs that hold no zero ({ranges})",
            "empty": f" (a `segment_sum` or `.at[...].add`): {zero.zeros} of its {zero.size} entries had nothing added "
                     "(no index points at them: an empty segment, a node with no edges), so they kept their initial 0",
            }.get(zero.how, "")
     return f"{what} was made by `{zero.primitive}`{line}{how}" + (f"; it is computed from {args}." if args else ".")
+
+
+def _softmax_underflow(zero: ZeroSource) -> bool:
+    """The zero is an ``exp`` of a softmax (its line calls one) that underflowed."""
+    return zero.how == "underflow" and zero.primitive == "exp" and "softmax" in _code(zero.source)
+
+
+def _divided_by_log(zero: ZeroSource, first: Origin) -> bool:
+    """The zero went into a log (the origin's, or the one behind its infinity): log-space functions avoid it."""
+    return ((zero.of or first).primitive or "") in ("log", "log1p")
 
 
 def _cond_select_sentence(select: CondSelect) -> str:
@@ -659,7 +671,9 @@ def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence
         root = None
     if zero is not None:
         parts.append(_zero_sentence(zero, first, [entry.name for entry in growth]))
-        if zero.how == "underflow":
+        if _softmax_underflow(zero) and _divided_by_log(zero, first):
+            hints = [LOG_SOFTMAX, *(h for h in hints if h != LOG_SOFTMAX)]
+        elif zero.how == "underflow":
             hints = [UNDERFLOW, *hints]
         elif zero.how == "empty":
             hints = [EMPTY_SEGMENT, *hints]

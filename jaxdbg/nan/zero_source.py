@@ -56,6 +56,11 @@ COMPARES = ("eq", "ne", "lt", "le", "gt", "ge", "and", "or", "not")  # a False i
 
 SCATTERS = ("scatter-add", "scatter_add")  # segment_sum, .at[i].add: where no index lands, the initial 0 stays
 INDEXED = {"gather": (0,), "dynamic_slice": (0,), "dynamic_update_slice": (0, 1)}  # the operands that are values
+# The operands whose zeros can make a zero of the result, where not all can: exp(0) is 1, so a zero out of ``exp``
+# was made there (an underflow) even where its input held zeros too (softmax's ``x - max(x)`` is 0 at the maximum);
+# x / 0 is not 0, a zero numerator is.
+ZERO_FROM = {"div": (0,), "rem": (0,), "pow": (0,), "atan2": (0,), "exp": (), "exp2": (), "cos": (), "cosh": (),
+             "logistic": (), "log": (), "rsqrt": (), "erfc": ()}
 
 
 @dataclass(frozen=True)
@@ -146,7 +151,7 @@ def trace_zero(call: Any, closed: Any, origin: Site, operand: int, of: Origin | 
             return ZeroSource(None, None, how, (), _arguments(level.site, [var], names), of)
         eqn, (ins, outs) = jaxpr.eqns[index], seen.stats[depth][index]
         name = eqn.primitive.name
-        followed = INDEXED.get(name, range(len(ins)))
+        followed = INDEXED.get(name) or ZERO_FROM.get(name, range(len(ins)))
         if name in SCATTERS:  # the operand's zeros stay where no update lands; zero updates add a zero
             followed = (2,) if len(ins) > 2 and ins[2] is not None and ins[2].zero else ()
         zero_inputs = [i for i, stats in enumerate(ins) if i in followed and stats is not None and stats.zero
