@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import linecache
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -59,8 +59,9 @@ INDEXED = {"gather": (0,), "dynamic_slice": (0,), "dynamic_update_slice": (0, 1)
 # The operands whose zeros can make a zero of the result, where not all can: exp(0) is 1, so a zero out of ``exp``
 # was made there (an underflow) even where its input held zeros too (softmax's ``x - max(x)`` is 0 at the maximum);
 # x / 0 is not 0, a zero numerator is.
-ZERO_FROM = {"div": (0,), "rem": (0,), "pow": (0,), "atan2": (0,), "exp": (), "exp2": (), "cos": (), "cosh": (),
-             "logistic": (), "log": (), "rsqrt": (), "erfc": ()}
+ZERO_FROM: dict[str, tuple[int, ...]] = {
+    "div": (0,), "rem": (0,), "pow": (0,), "atan2": (0,), "exp": (), "exp2": (), "cos": (), "cosh": (), "logistic": (),
+    "log": (), "rsqrt": (), "erfc": ()}
 
 
 @dataclass(frozen=True)
@@ -151,7 +152,7 @@ def trace_zero(call: Any, closed: Any, origin: Site, operand: int, of: Origin | 
             return ZeroSource(None, None, how, (), _arguments(level.site, [var], names), of)
         eqn, (ins, outs) = jaxpr.eqns[index], seen.stats[depth][index]
         name = eqn.primitive.name
-        followed = INDEXED.get(name) or ZERO_FROM.get(name, range(len(ins)))
+        followed: Sequence[int] = INDEXED[name] if name in INDEXED else ZERO_FROM.get(name, range(len(ins)))
         if name in SCATTERS:  # the operand's zeros stay where no update lands; zero updates add a zero
             followed = (2,) if len(ins) > 2 and ins[2] is not None and ins[2].zero else ()
         zero_inputs = [i for i, stats in enumerate(ins) if i in followed and stats is not None and stats.zero
