@@ -343,7 +343,9 @@ def test_explanations_of_poles_signed_logsumexp_singular_solves_and_inverse_soft
     assert singular.first.path[-1] == "jit(solve)" and "vmap" not in text, (singular.first.path, text)
     mapped = hunt(jax.jit(jax.grad(lambda s: jax.vmap(lambda r: jnp.linalg.slogdet(jnp.diag(r))[1])(s).sum())),
                   jnp.array([[1.0, 2.0, 0.0], [1.0, 2.0, 3.0]]))
-    assert mapped.first.path[-2:] == ("jit(solve)", "vmap") and "It runs under vmap" in explain(mapped.first)[0]
+    assert mapped.first.path[-2:] == ("jit(solve)", "vmap") and "only some batch elements" in explain(mapped.first)[0]
+    every = hunt(jax.jit(jax.vmap(lambda r: r / r.sum())), jnp.zeros((3, 2)))  # every row sums to 0
+    assert "every batch element is affected" in explain(every.first)[0], explain(every.first)[0]
     inverse = hunt(jax.jit(lambda y: jnp.log(jnp.expm1(y))), jnp.array([0.5, -0.01]))
     text, hints = explain(inverse.first)
     assert "inverse softplus" in text and "expm1(-y)" in hints[0] and not any("logsumexp" in h for h in hints)

@@ -561,6 +561,14 @@ def _zero_sentence(zero: ZeroSource, first: Origin, grown: Sequence[str] = ()) -
     return f"{what} was made by `{zero.primitive}`{line}{how}" + (f"; it is computed from {args}." if args else ".")
 
 
+def _vmap_sentence(first: Origin) -> str:
+    """Under vmap: whether every batch element is affected (each output entry non-finite) or only some."""
+    out = first.outputs[0] if first.outputs else None
+    if out is not None and out.nan + out.inf == math.prod(out.shape):
+        return "It runs under vmap, and every batch element is affected (every entry of its result)."
+    return "It runs under vmap: only some batch elements are affected (see the input statistics)."
+
+
 def _softmax_underflow(zero: ZeroSource) -> bool:
     """The zero is an ``exp`` of a softmax (its line calls one) that underflowed."""
     return zero.how == "underflow" and zero.primitive == "exp" and "softmax" in _code(zero.source)
@@ -695,7 +703,7 @@ def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence
         if not cond_select.kept:  # a NaN nobody sees: the fix that matters is to stop it hiding the real one
             hints = [UNTAKEN_BRANCH] + [h for h in hints if h != DOUBLE_WHERE]
     elif "vmap" in first.path:
-        parts.append("It runs under vmap: only some batch elements are affected (see the input statistics).")
+        parts.append(_vmap_sentence(first))
     if discarded:
         said = cond_select is not None and cond_select.cond and not cond_select.kept
         parts.append(_reaching_sentence(discarded, reaching, said))
