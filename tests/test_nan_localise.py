@@ -423,6 +423,18 @@ def test_an_infinity_passed_in_as_an_argument_is_named_by_the_argument() -> None
 _WARMUP = 0
 
 
+def _focal_grad(logits, labels):
+    def loss(logits):
+        log_p = jnp.sum(jax.nn.log_softmax(logits) * jax.nn.one_hot(labels, 2), axis=-1)
+        return -jnp.mean((1 - jnp.exp(log_p)) ** 0.5 * log_p)
+    return jax.grad(loss)(logits)
+
+
+def _binary_nll(logits, labels):
+    probs = jax.nn.sigmoid(logits)
+    return -jnp.mean(labels * jnp.log(probs) + (1 - labels) * jnp.log(1 - probs))
+
+
 def _focal_nll(logits, labels):
     probs = jax.nn.softmax(logits)  # softmax line
     p = jnp.take_along_axis(probs, labels[:, None], axis=1)[:, 0]
@@ -442,7 +454,8 @@ def test_the_zero_a_division_by_zero_divided_by_is_traced_to_where_it_was_made()
         found = localise_call(call)
         findings = Findings(found.first, chain=list(found.chain), call=call, localisation=found)
         zero_source.analyse(findings)
-        return findings.zero_source, explain(found.first, found.chain, zero=findings.zero_source)
+        return findings.zero_source, explain(found.first, found.chain, input_sources=found.input_sources,
+                                             zero=findings.zero_source)
 
     # a parameter sent far negative: exp underflows, the denominator is 0, 0 / 0 is NaN
     zero, (text, hints) = traced(_gp_like, jnp.zeros(3), jnp.float32(-377.0))
@@ -493,6 +506,16 @@ def test_the_zero_a_division_by_zero_divided_by_is_traced_to_where_it_was_made()
     assert (zero.primitive, zero.how) == ("exp", "underflow"), zero
     assert zero.source.line == _line_of(_focal_nll, "# softmax line"), zero
     assert "from finite inputs" in text and "as a softmax does" in text and hints[0].startswith("use `jax.nn.log"), text
+    # log(1 - sigmoid) on one line, the sigmoid on the line before: the log is told it is a sigmoid's (the lines fed
+    # through its own line are its inputs' too), and the 1 - p that rounds to 0 is a cancellation (1 is a literal)
+    zero, (text, hints) = traced(_binary_nll, jnp.array([30.0, 0.5]), jnp.array([0.0, 1.0]))
+    assert (zero.primitive, zero.how) == ("sub", "cancellation"), zero
+    assert "its input is a sigmoid" in text and "log_sigmoid" in hints[0], (text, hints)
+    # (1 - p) ** 0.5 at p = 1 (its gradient is 0 * inf): the zero is 1 - p's cancellation, not an exp that underflowed
+    # to 0 for the other classes (that input holds zeros, but not where the result does)
+    zero, (text, hints) = traced(_focal_grad, jnp.array([[0.0, 120.0], [0.0, 120.0]]), jnp.array([1, 0]))
+    assert (zero.primitive, zero.how) == ("sub", "cancellation"), zero
+    assert "where none of its inputs is 0" in text and "base of the power" in hints[0], (text, hints)
     # a carry that is 0 in a loop's first iteration: its initial value, followed out to the argument
     for reverse in (False, True):
         zero, (text, _) = traced(lambda x0, reverse=reverse: jax.lax.scan(

@@ -554,7 +554,8 @@ def _zero_sentence(zero: ZeroSource, first: Origin, grown: Sequence[str] = ()) -
     nonzero = "" if any(s.zero for s in zero.inputs) else ", non-zero"  # exp's input is 0 at a softmax's maximum
     how = {"underflow": f": its result underflowed to 0 from finite{nonzero} inputs ({ranges})"
                         + (", as a softmax does once the logits are far apart" if _softmax_underflow(zero) else ""),
-           "cancellation": f": it cancelled to 0 from inputs that hold no zero ({ranges})",
+           "cancellation": ": it cancelled to 0 " + ("from inputs that hold no zero" if nonzero else
+                                                     "where none of its inputs is 0") + f" ({ranges})",
            "empty": f" (a `segment_sum` or `.at[...].add`): {zero.zeros} of its {zero.size} entries had nothing added "
                     "(no index points at them: an empty segment, a node with no edges), so they kept their initial 0",
            }.get(zero.how, "")

@@ -477,21 +477,32 @@ def _placement(site: Site, outvals: list) -> Placement | None:
 
 def input_sources(site: Site) -> tuple[SourceLocation, ...]:
     """The user lines that computed the inputs of the equation at ``site``, each once (an input of an
-    enclosing jit or custom rule is followed out to the operand that fed it)."""
+    enclosing jit or custom rule is followed out to the operand that fed it). An input computed on the origin's own
+    line is followed further back, to the lines that fed it (``jnp.log(1 - probs)``: where ``probs`` was made)."""
     found: list[SourceLocation] = []
-    for atom in site.eqn.invars:
-        if not _compat.is_literal(atom):
-            line = _producer_source(site.scope, site.index, atom)
-            if line is not None and line not in found:
-                found.append(line)
+    own = _compat.eqn_source(site.eqn)
+    pending = [(site.scope, site.index, atom) for atom in site.eqn.invars]
+    for _ in range(32):  # a line's own equations, followed back a bounded number of steps
+        if not pending:
+            break
+        scope, index, atom = pending.pop(0)
+        producer = None if _compat.is_literal(atom) else _producer(scope, index, atom)
+        if producer is None:
+            continue
+        line = _compat.eqn_source(producer[0].jaxpr.eqns[producer[1]])
+        if line is not None and line not in found:
+            found.append(line)
+        if line is not None and line == own:
+            pending += [(producer[0], producer[1], a) for a in producer[0].jaxpr.eqns[producer[1]].invars]
     return tuple(found)
 
 
-def _producer_source(scope: Scope, index: int, atom: Any) -> SourceLocation | None:
+def _producer(scope: Scope, index: int, atom: Any) -> tuple[Scope, int] | None:
+    """The equation (its scope and index) before ``index`` that made ``atom``, followed out of enclosing calls."""
     while True:
-        for eqn in reversed(scope.jaxpr.eqns[:index]):
-            if any(atom is out for out in eqn.outvars):
-                return _compat.eqn_source(eqn)
+        for made_at in range(index - 1, -1, -1):
+            if any(atom is out for out in scope.jaxpr.eqns[made_at].outvars):
+                return scope, made_at
         invars = list(scope.jaxpr.invars)
         position = next((i for i, var in enumerate(invars) if var is atom), None)
         parent = scope.parent

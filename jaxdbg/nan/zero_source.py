@@ -155,8 +155,10 @@ def trace_zero(call: Any, closed: Any, origin: Site, operand: int, of: Origin | 
         followed: Sequence[int] = INDEXED[name] if name in INDEXED else ZERO_FROM.get(name, range(len(ins)))
         if name in SCATTERS:  # the operand's zeros stay where no update lands; zero updates add a zero
             followed = (2,) if len(ins) > 2 and ins[2] is not None and ins[2].zero else ()
+        masks = seen.zeros[depth].get(index)
         zero_inputs = [i for i, stats in enumerate(ins) if i in followed and stats is not None and stats.zero
-                       and name not in COMPARES and not (name == "select_n" and i == 0)]
+                       and name not in COMPARES and not (name == "select_n" and i == 0)
+                       and _overlapping(masks, i, next(k for k, out in enumerate(eqn.outvars) if out is var))]
         if not zero_inputs:
             here = Site(eqn, index, scope)
             how = "empty" if name in SCATTERS else _how(name, ins)
@@ -165,6 +167,32 @@ def trace_zero(call: Any, closed: Any, origin: Site, operand: int, of: Origin | 
                               zeros=outs[0].zero if outs else 0, size=_size(outs[0].shape) if outs else 0)
         var = eqn.invars[zero_inputs[0]]
     return None
+
+
+MASK_ELEMENTS = 1 << 22  # values larger than this keep no zero mask (the trace then follows any zero input)
+
+
+def _zero_mask(value: Any) -> np.ndarray | None:
+    """Where ``value`` is 0, as a host boolean array; None when it is too large or cannot be read."""
+    size = getattr(value, "size", None)
+    if not isinstance(size, int) or size > MASK_ELEMENTS:
+        return None
+    try:
+        return np.asarray(value) == 0
+    except Exception:  # noqa: BLE001 - a key, a token: no zeros to speak of
+        return None
+
+
+def _overlapping(masks: tuple[list, list] | None, operand: int, output: int) -> bool:
+    """Whether the operand's zeros can be the result's: it is 0 somewhere the result is 0. Elementwise operands
+    only (the same shape as the result); any other is taken as it may be (a reduction, a broadcast). ``1 - p`` that
+    rounds to 0 where p is 1 is not the exp underflow that made p 0 elsewhere."""
+    if masks is None or operand >= len(masks[0]) or output >= len(masks[1]):
+        return True
+    zero_in, zero_out = masks[0][operand], masks[1][output]
+    if zero_in is None or zero_out is None or zero_in.shape != zero_out.shape:
+        return True
+    return bool((zero_in & zero_out).any())
 
 
 def _divisor_name(origin: Site) -> str | None:
@@ -255,7 +283,8 @@ def _size(shape: tuple[int, ...]) -> int:
 
 
 def _how(primitive: str, inputs: list[ValueStats | None]) -> str:
-    finite = all(s is not None and s.finite for s in inputs)
+    known = [s for s in inputs if s is not None]  # None: a literal of the code (the 1 of `1 - p`)
+    finite = bool(known) and all(s.finite for s in known)
     if finite and primitive in UNDERFLOWS:
         return "underflow"
     if finite and primitive in CANCELS:
@@ -326,6 +355,10 @@ class _Recorder(Hooks):
         self.origin, self.operand, self.levels = origin, operand, levels
         self.stats: dict[int, dict[int, tuple[list[ValueStats | None], list[ValueStats]]]] = {
             depth: {} for depth in range(len(levels))}
+        # where each value of the slice is 0 (None: a literal, or too large to keep): a zero is followed into an
+        # input only where the input is 0 at the same places as the result (see _overlapping)
+        self.zeros: dict[int, dict[int, tuple[list[np.ndarray | None], list[np.ndarray | None]]]] = {
+            depth: {} for depth in range(len(levels))}
         self.consts: dict[int, list] = {}
         self.reached = False
 
@@ -361,4 +394,7 @@ class _Recorder(Hooks):
             self.stats[depth][site.index] = ([None if _compat.is_literal(a) else value_stats(v)
                                               for a, v in zip(site.eqn.invars, invals)],
                                              [value_stats(v) for v in outvals])
+            self.zeros[depth][site.index] = ([None if _compat.is_literal(a) else _zero_mask(v)
+                                              for a, v in zip(site.eqn.invars, invals)],
+                                             [_zero_mask(v) for v in outvals])
         return None
