@@ -544,6 +544,38 @@ def test_an_equinox_module_called_as_the_function_is_named_by_its_class() -> Non
     assert "MLP.w1" in dict(names).values()
 
 
+def test_an_argument_filter_jit_holds_across_the_call_is_named_as_the_user_passed_it() -> None:
+    """filter_jit packs every array argument into its inner function's ``dynamic_nodonate``: the held list names
+    the user's argument whose array an output could have reused (``x``), not ``dynamic_nodonate``."""
+    import equinox as eqx
+    import jax
+    import jax.numpy as jnp
+
+    from jaxdbg import jit_layer
+    from jaxdbg.memory.program import ProgramInfo, held_arguments
+    from jaxdbg.memory.recorder import FunctionState, _argument_names
+
+    class MLP(eqx.Module):
+        w1: jax.Array
+
+        def __call__(self, x):
+            return x @ self.w1
+
+    def step(model, x):
+        return model(x)
+
+    keep = _seen(lambda call: (call.function, tuple(call.args), _argument_names(call),
+                               FunctionState(call.function).parameters))
+    with jit_layer.installed(keep):
+        eqx.filter_jit(step)(MLP(jnp.ones((8, 4))), jnp.ones((16, 8)))  # the output, f32[16,4], fits no argument
+        eqx.filter_jit(step)(MLP(jnp.ones((8, 8))), jnp.ones((16, 8)))  # f32[16,8]: x's shape
+    function, args, names, parameters = keep.seen[-1]
+    statics = tuple(function.static_argnums)
+    compiled = jax.jit(function.fun, static_argnums=statics).lower(*args).compile()
+    info = ProgramInfo("step", None, 1, 1, "", parameters, statics, len(args), argument_names=names)
+    assert [(h.argument, h.leaves) for h in held_arguments(compiled, info)] == [("x", 1)]
+
+
 def test_a_scans_stacked_outputs_and_the_residuals_saved_for_its_gradient_are_told_apart(tmp_path) -> None:
     """An RNN scan that returns every hidden state: run forward, its stacked ys are the scan's outputs; under
     jax.grad the stacks its forward pass keeps (ys included: only the gradient reads them) are saved for the

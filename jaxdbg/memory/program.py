@@ -236,11 +236,29 @@ def held_arguments(compiled: Any, info: ProgramInfo) -> tuple[Held, ...]:
         if free[key] <= 0:
             continue
         free[key] -= 1
-        place = _top_level(path)
+        place = _user_place(path, info) or _top_level(path)
         entry = held.setdefault(place, [0, 0])
         entry[0] += _device_bytes(arg, sharding)
         entry[1] += 1
     return tuple(_held(place, size, count, info) for place, (size, count) in held.items() if size > 0)
+
+
+def _user_place(path: tuple, info: ProgramInfo) -> tuple[str, str] | None:
+    """``("user", argument)`` for a leaf of a wrapper's argument that the user passed as ``argument`` (filter_jit
+    packs every array into its ``dynamic_nodonate``: ``dynamic_nodonate['rest'][0]`` is the user's ``x``), else
+    None."""
+    import jax
+
+    kind, which = _top_level(path)
+    if kind != "pos" or not info.argument_names:
+        return None
+    argnum = _argnum(int(which), info.static_argnums, info.positional)
+    if argnum >= len(info.parameter_names):
+        return None
+    parameter = info.parameter_names[argnum]
+    user = dict(info.argument_names).get(parameter + jax.tree_util.keystr(path[2:]))
+    top = re.split(r"[.\[]", user, maxsplit=1)[0] if user else parameter
+    return ("user", top) if top != parameter else None  # nnx.jit's own parameters are the user's: by position
 
 
 def _top_level(path: tuple) -> Any:
@@ -252,7 +270,7 @@ def _top_level(path: tuple) -> Any:
 
 def _held(place: Any, size: int, count: int, info: ProgramInfo) -> Held:
     kind, which = place
-    if kind == "kw":
+    if kind in ("kw", "user"):
         return Held(str(which), None, size, count, False)
     argnum = _argnum(int(which), info.static_argnums, info.positional)
     names = info.parameter_names
