@@ -32,8 +32,6 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-# The name filter_jit's callable gets among the arguments when it is not a plain function (a module, a partial)
-CALLABLE_ARGUMENT = "<function>"
 _FRAMES_UP = 24  # how far above jax.jit to look for filter_jit's frame (a few frames in equinox 0.13)
 
 
@@ -157,12 +155,10 @@ def user_leaf_names(fun: Any, args: tuple, kwargs: dict, parameters: Sequence[st
         arguments = [Argument(name, value) for name, value in zip(parameters, args)
                      if split and isinstance(value, split)]
     names: dict[int, str] = {}
-    for argument in arguments:
-        # A module called as the function (filter_jit(model)(x)): its leaves by its class (MLP.layers[0].weight)
-        base = type(argument.value).__name__ if argument.name == CALLABLE_ARGUMENT else argument.name
+    for argument in arguments:  # a module called as the function is named by its class: MLP.layers[0].weight
         for path, leaf, attribute in named_leaves(argument.value):
             if not attribute:
-                names.setdefault(id(leaf), f"{base}{path}")
+                names.setdefault(id(leaf), f"{argument.name}{path}")
     return names
 
 
@@ -358,8 +354,8 @@ def _filter_jit_arguments(args: tuple, kwargs: dict) -> list[Argument] | None:
     out += [Argument(key, value, filtered=True) for key, value in user_kwargs.items()]
     if not inspect.isfunction(fun):
         # Callables other than plain functions share filter_jit's compiled function by name, so the callable
-        # itself (a module, a partial) is part of what is compiled: show it.
-        out.insert(0, Argument(CALLABLE_ARGUMENT, fun, filtered=True))
+        # itself (a module, a partial) is part of what is compiled: show it, named by its class (MLP).
+        out.insert(0, Argument(type(fun).__name__, fun, filtered=True))
     return out
 
 

@@ -894,6 +894,29 @@ def function_identity(fun: Any) -> tuple[str, SourceLocation | None]:
     return name, None
 
 
+def parameter_function(fun: Any) -> Any:
+    """The function whose parameters name a call's positional arguments: ``fun`` unwrapped or, for the wrapper a
+    jax transformation returns (``checkify.checkify(step)`` takes ``*args, **kwargs`` and passes them on), the
+    user's function inside it, so that they read ``params``, ``batch`` rather than ``args[0]``.
+
+    Example:
+        >>> def step(params, batch): ...
+        >>> parameter_function(functools.partial(step)) is step
+        True
+    """
+    import inspect
+
+    inner = unwrap_function(fun)
+    try:
+        params = inspect.signature(inner).parameters.values()
+    except (TypeError, ValueError):
+        return inner
+    if any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params):
+        return inner
+    transformed = _transformed_user_function(inner)
+    return transformed[1] if transformed is not None else inner
+
+
 def _transformed_user_function(inner: Any) -> tuple[str, Any] | None:
     """``(transform, user function)`` when ``inner`` is the wrapper a jax transformation returns around a user's
     function (``checkify.checkify(step)`` is jax's ``checkify.<locals>.checked_fun``, a name the user never

@@ -8,8 +8,9 @@ program's own unmodified ``jax.distributed.initialize()`` finds its place by JAX
 CPU collectives across processes use gloo unless the user chose otherwise.
 
 Process 0's output is shown as it comes (its report speaks for the job); the other processes' output goes
-to a log file, ``process-<i>/launch.log`` in the command's ``--out`` (where the process writes its report; a
-temporary folder where no ``--out`` is given), and any that fails is named with its last line.
+to a log file, ``process-<i>/launch.log`` in the command's ``--out`` (where the process writes its report), and
+any that fails is named with its last line and that log. Where no ``--out`` is given the logs go to a temporary
+folder, removed when the job ends: a failing process is named with the last lines of its output instead.
 
 Example:
     >>> env = task_environment(1, 4, 12345, {"PATH": "/bin"})
@@ -38,6 +39,7 @@ COMMAND_VARIABLE = "JAXDBG_COMMAND_LINE"
 # XLA flags a command adds for its contained run; the child appends them to XLA_FLAGS as the backend starts
 # (jaxdbg._compat.add_xla_flags_at_backend_start), after the program has set its own.
 XLA_FLAGS_VARIABLE = "JAXDBG_XLA_FLAGS"
+INLINE_LOG_LINES = 10  # of a failing process's output, shown in the message when no --out keeps its log
 
 
 # (index, count) variables of the launchers whose place jax's cluster detection reads from the environment.
@@ -132,7 +134,28 @@ def launch(argv: Sequence[str], processes: int, timeout: float | None = None) ->
         raise UsageError("--processes inside a launched process: give it once, before the command")
     port = free_port()
     out = out_option(argv)
+    # Without --out, jaxdbg may write nowhere but a temporary folder it removes: what a failing process said
+    # goes into the message itself.
     logs = tempfile.mkdtemp(prefix="jaxdbg-launch-") if out is None else None
+    try:
+        codes, paths = _run_job(argv, processes, port, out, logs, timeout)
+        reported = _report_failures(codes, paths, processes, inline=logs is not None)
+    finally:
+        if logs is not None:
+            shutil.rmtree(logs, ignore_errors=True)
+    if not reported and logs is None:  # the logs in --out are kept only where a message above points at one
+        for log_path in paths:
+            if log_path is not None:
+                with contextlib.suppress(OSError):
+                    os.remove(log_path)
+    failed = [code for code in codes[1:] if code != 0]
+    return codes[0] if codes[0] != 0 or not failed else failed[0]
+
+
+def _run_job(argv: Sequence[str], processes: int, port: int, out: str | None, logs: str | None,
+             timeout: float | None) -> tuple[list[int], list[str | None]]:
+    """Start the job's processes (process 0's output shown, the others' to a log each) and wait for them:
+    their exit codes and log paths."""
     # `jaxdbg --processes N python repro.py`: the program itself (a multi-process reproducer), without jaxdbg.
     command = [sys.executable, *argv[1:]] if argv[0] == "python" else [sys.executable, "-m", "jaxdbg", *argv]
     procs: list[subprocess.Popen] = []
@@ -153,21 +176,25 @@ def launch(argv: Sequence[str], processes: int, timeout: float | None = None) ->
         codes = [proc.wait(timeout=timeout) for proc in procs]
     finally:
         stop(procs)
+    return codes, paths
+
+
+def _report_failures(codes: list[int], paths: list[str | None], processes: int, inline: bool) -> bool:
+    """Name on stderr each process other than 0 that ended otherwise than process 0, with its last line and its
+    log's path (``inline``: with the last lines of its log, which is about to be removed). Whether any was."""
     reported = False
     for index, (code, log_path) in enumerate(zip(codes, paths)):
-        if index and code not in (0, codes[0]) and log_path is not None:
-            last = _last_line(log_path)
-            sys.stderr.write(f"jaxdbg: process {index} of {processes} exited with {code}: {last} (log: {log_path})\n")
-            reported = True
-    if not reported:  # the logs are kept only where a message above points at one
-        if logs is not None:
-            shutil.rmtree(logs, ignore_errors=True)
-        for log_path in paths:
-            if log_path is not None and logs is None:
-                with contextlib.suppress(OSError):
-                    os.remove(log_path)
-    failed = [code for code in codes[1:] if code != 0]
-    return codes[0] if codes[0] != 0 or not failed else failed[0]
+        if not index or code in (0, codes[0]) or log_path is None:
+            continue
+        lines = _last_lines(log_path, INLINE_LOG_LINES if inline else 1)
+        said = f"jaxdbg: process {index} of {processes} exited with {code}"
+        if inline:
+            shown = "".join(f"  | {line}\n" for line in lines) or "  | (no output)\n"
+            sys.stderr.write(f"{said}; the last lines of its output (give --out to keep its whole log):\n{shown}")
+        else:
+            sys.stderr.write(f"{said}: {lines[-1] if lines else 'no output'} (log: {log_path})\n")
+        reported = True
+    return reported
 
 
 def out_option(argv: Sequence[str]) -> str | None:
@@ -210,7 +237,8 @@ def stop(procs: Sequence[subprocess.Popen], grace_s: float = 5.0) -> None:
             proc.wait()
 
 
-def _last_line(path: str) -> str:
+def _last_lines(path: str, count: int) -> list[str]:
+    """The last ``count`` lines of a log that are not blank."""
     with open(path, "rb") as handle:
-        lines = [line for line in handle.read().decode(errors="replace").splitlines() if line.strip()]
-    return lines[-1].strip() if lines else "no output"
+        lines = [line.rstrip() for line in handle.read().decode(errors="replace").splitlines() if line.strip()]
+    return lines[-count:]

@@ -174,6 +174,25 @@ def test_processes_waiting_in_one_collective_are_one_group_whatever_native_frame
     assert shared in result.verdict
 
 
+def test_the_others_are_one_line_in_the_plural_and_the_stuck_ones_hint_says_they_wait_for_it():
+    """Process 1 sleeps outside JAX while 0 and 2 wait in the collective; then process 1 is dead while 0 and 2
+    sleep: the others read as one group ('wait', 'are'), and the stuck one's hint says it holds up the rest."""
+    records = {i: _record(i, "train_step", "train_step(x: f32[4]) [all-reduce:sum]", 40, None) for i in (0, 2)}
+    records[1] = _record(1, "train_step", "train_step(x: f32[4]) [all-reduce:sum]", 41, 1.0)
+    records[1]["threads"][0].update(in_jax=False, waiting_in="a sleep (clock_nanosleep)")
+    result = judge(JobFacts(3, "stall", 30.0, records))
+    assert result.stuck == (1,)
+    assert result.verdict.endswith("; processes 0, 2 wait inside train_step call 5, called at train.py:40 (<module>)")
+    assert result.hints == ("process 1 never reached the next collective: see what train.py:41 (<module>) waits for "
+                            "(a sleep (clock_nanosleep)); every other process waits for it",)
+    for i in (0, 2):
+        records[i] = records[1] | {"index": i}
+    del records[1]
+    result = judge(JobFacts(3, "stall", 30.0, records, outcomes={1: {"status": "dead", "exit_code": 137}}))
+    assert result.verdict == ("process 1 died (exit status 137); processes 0, 2 are outside JAX at train.py:41 "
+                              "(<module>), waiting in a sleep (clock_nanosleep), after train_step call 5")
+
+
 def test_the_process_that_skipped_a_call_is_pointed_at_the_continue_that_skipped_it(tmp_path):
     """Process 1 ran one train_step fewer (a `continue` under a per-process condition) and finished; process 0
     waits in its last call. The hint names the loop's `continue` and its condition, read from the source."""

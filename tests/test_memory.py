@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import json
 import re
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -469,3 +470,139 @@ def test_a_checkpointed_scan_whose_stacked_outputs_fill_the_peak_is_told_to_accu
     assert "although it already uses jax.checkpoint" in hint.text
     assert "2 of them (made at rnn.py:17) are stacked one slice per loop iteration" in hint.text
     assert "accumulate it in the carry" in hint.text
+
+
+
+def _seen(see):
+    """A jit-layer hook that keeps ``see(call)`` for every call, taken before it runs (the layer lets go of the
+    call's arguments once it returned)."""
+    from jaxdbg.jit_layer import JitHook
+
+    class Keep(JitHook):
+        def __init__(self) -> None:
+            self.seen: list = []
+
+        def before(self, call) -> None:
+            self.seen.append(see(call))
+
+    return Keep()
+
+
+def test_a_checkified_functions_buffers_and_held_arguments_are_named_by_its_own_parameters(tmp_path) -> None:
+    """jax.jit(checkify.checkify(f)) compiles checkify's ``checked_fun(*args, **kwargs)``: jax names the arguments
+    ``args[0]``, ``args[1]``; the buffers and the held list name them as f does (``weights``, ``batch``)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import checkify
+
+    from jaxdbg import jit_layer
+    from jaxdbg.memory.program import ProgramInfo, analyse
+    from jaxdbg.memory.recorder import FunctionState, _argument_names
+
+    program = tmp_path / "checked.py"  # a user file: jaxdbg looks inside checkify's wrapper only for user code
+    program.write_text("import jax.numpy as jnp\nfrom jax.experimental import checkify\n\n\n"
+                       "def f(weights, batch):\n"
+                       "    checkify.check(jnp.all(batch > -1e9), 'batch is finite')\n"
+                       "    return jnp.tanh(batch @ weights).sum()\n")
+    f = runpy.run_path(str(program))["f"]
+    keep = _seen(lambda call: (_argument_names(call), FunctionState(call.function).parameters))
+    args = jnp.ones((64, 64)), jnp.ones((32, 64))
+    with jit_layer.installed(keep):
+        jax.jit(checkify.checkify(f))(*args)[0].throw()
+    ((names, parameters),) = keep.seen
+    assert dict(names) == {"args[0]": "weights", "args[1]": "batch"}
+    assert parameters == ("weights", "batch")  # what the held list says
+    dump = tmp_path / "dump"
+    options = {"xla_dump_to": str(dump), "xla_dump_hlo_as_text": True}
+    compiled = jax.jit(checkify.checkify(f), compiler_options=options).lower(*args).compile()
+    largest = analyse(compiled, ProgramInfo("checkify(f)", None, 0, 0, "", argument_names=names), str(dump)).largest
+    assert {b.argument for b in largest if b.kind == "argument"} == {"weights", "batch"}, largest
+
+
+def test_an_equinox_module_called_as_the_function_is_named_by_its_class() -> None:
+    """eqx.filter_jit(model)(x): the module is an argument of filter_jit's compiled function; the held list, the
+    signature and the hints name it ``MLP`` (its leaves ``MLP.w1``), never ``<function>``."""
+    import equinox as eqx
+    import jax
+    import jax.numpy as jnp
+
+    from jaxdbg import frameworks, jit_layer
+    from jaxdbg.memory.recorder import _argument_names
+
+    class MLP(eqx.Module):
+        w1: jax.Array
+
+        def __call__(self, x):
+            return MLP(self.w1 + x)
+
+    keep = _seen(lambda call: (frameworks.user_arguments(call.function.fun, call.args, call.kwargs),
+                               _argument_names(call)))
+    with jit_layer.installed(keep):
+        eqx.filter_jit(MLP(jnp.ones((8, 8))))(jnp.ones((8, 8)))
+    ((arguments, names),) = keep.seen
+    assert [a.name for a in arguments] == ["MLP", "x"]
+    assert "MLP.w1" in dict(names).values()
+
+
+def test_an_argument_filter_jit_holds_across_the_call_is_named_as_the_user_passed_it() -> None:
+    """filter_jit packs every array argument into its inner function's ``dynamic_nodonate``: the held list names
+    the user's argument whose array an output could have reused (``x``), not ``dynamic_nodonate``."""
+    import equinox as eqx
+    import jax
+    import jax.numpy as jnp
+
+    from jaxdbg import jit_layer
+    from jaxdbg.memory.program import ProgramInfo, held_arguments
+    from jaxdbg.memory.recorder import FunctionState, _argument_names
+
+    class MLP(eqx.Module):
+        w1: jax.Array
+
+        def __call__(self, x):
+            return x @ self.w1
+
+    def step(model, x):
+        return model(x)
+
+    keep = _seen(lambda call: (call.function, tuple(call.args), _argument_names(call),
+                               FunctionState(call.function).parameters))
+    with jit_layer.installed(keep):
+        eqx.filter_jit(step)(MLP(jnp.ones((8, 4))), jnp.ones((16, 8)))  # the output, f32[16,4], fits no argument
+        eqx.filter_jit(step)(MLP(jnp.ones((8, 8))), jnp.ones((16, 8)))  # f32[16,8]: x's shape
+    function, args, names, parameters = keep.seen[-1]
+    statics = tuple(function.static_argnums)
+    compiled = jax.jit(function.fun, static_argnums=statics).lower(*args).compile()
+    info = ProgramInfo("step", None, 1, 1, "", parameters, statics, len(args), argument_names=names)
+    assert [(h.argument, h.leaves) for h in held_arguments(compiled, info)] == [("x", 1)]
+
+
+def test_a_scans_stacked_outputs_and_the_residuals_saved_for_its_gradient_are_told_apart(tmp_path) -> None:
+    """An RNN scan that returns every hidden state: run forward, its stacked ys are the scan's outputs; under
+    jax.grad the stacks its forward pass keeps (ys included: only the gradient reads them) are saved for the
+    gradient, listed at the peak (a loop's state, once missing from the list) and counted as kept activations;
+    under value_and_grad the hidden states reach the loss too: ys again."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxdbg.memory.program import ProgramInfo, analyse
+
+    def scan(w, xs):
+        return jax.lax.scan(lambda h, x: (jnp.tanh(h @ w + x),) * 2, jnp.zeros((16, 64)), xs)[1]
+
+    def loss(w, xs):
+        return jnp.sum(scan(w, xs) ** 2)
+
+    def stacked(function, name) -> tuple[dict, int]:
+        dump = tmp_path / name
+        options = {"xla_dump_to": str(dump), "xla_dump_hlo_as_text": True}
+        compiled = jax.jit(function, compiler_options=options).lower(jnp.ones((64, 64)), jnp.ones((32, 16, 64)))
+        program = analyse(compiled.compile(), ProgramInfo(name, None, 0, 0, ""), str(dump))
+        return {b.name: b.stacked for b in program.largest if b.stacked}, program.forward_kept_bytes
+
+    ys, _ = stacked(scan, "forward")
+    assert set(ys.values()) == {"ys"}, ys
+    residuals, kept = stacked(jax.grad(loss), "grad")
+    assert len(residuals) >= 2 and set(residuals.values()) == {"residuals"}, residuals
+    assert kept >= len(residuals) * 32 * 16 * 64 * 4
+    both, _ = stacked(jax.value_and_grad(loss), "value_and_grad")
+    assert set(both.values()) == {"ys", "residuals"}, both

@@ -17,9 +17,10 @@ CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
 HANG_TIMEOUT = "40"
 
 
-def launch(argv: list[str], processes: int, devices: int = 2, timeout: float = 240) -> subprocess.CompletedProcess:
+def launch(argv: list[str], processes: int, devices: int = 2, timeout: float = 240,
+           env: dict | None = None) -> subprocess.CompletedProcess:
     """``jaxdbg --processes N ARGV``: the job's processes on this machine, each with ``devices`` CPU devices."""
-    return finish(start(argv, processes, devices), timeout)
+    return finish(start(argv, processes, devices, env), timeout)
 
 
 def start(argv: list[str], processes: int | None, devices: int = 2, env: dict | None = None) -> subprocess.Popen:
@@ -148,6 +149,20 @@ def test_memory_in_every_process_of_a_two_process_job(tmp_path):
 def test_bad_processes_option_is_one_line_and_exit_2(argv, says):
     done = subprocess.run([sys.executable, "-m", "jaxdbg", *argv], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and says in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_failing_job_without_out_says_what_the_process_said_and_leaves_no_log_behind(tmp_path):
+    """`jaxdbg --processes 2 python prog.py` where process 1 fails: with no --out to keep its log in, the message
+    holds its last lines, and the temporary folder its log went to is gone."""
+    program, temporary = tmp_path / "prog.py", tmp_path / "tmp"
+    temporary.mkdir()
+    program.write_text("import os\nif os.environ['SLURM_PROCID'] == '1':\n    print('reading shard 1')\n"
+                       "    raise SystemExit('shard 1 is missing')\n")
+    done = finish(start(["python", str(program)], 2, env={**os.environ, "TMPDIR": str(temporary)}), 60)
+    assert done.returncode == 1
+    assert done.stderr.startswith("jaxdbg: process 1 of 2 exited with 1; the last lines of its output")
+    assert "  | reading shard 1\n  | shard 1 is missing\n" in done.stderr
+    assert os.listdir(temporary) == []
 
 
 def test_a_program_that_never_joins_the_job_is_told_so(tmp_path):
@@ -364,9 +379,13 @@ def test_repro_of_a_lost_peer_is_the_job_program_with_its_launch_line(tmp_path):
     """Process 1 is killed mid-job, so process 0's all-reduce fails: a failure only the job has. Process 0
     writes the program as repro.py with the launch line of 2 local processes, verifies it run that way and
     names the process the job lost (the program's 10 s heartbeat timeout ends the survivors soon after)."""
-    out = tmp_path / "r"
+    out, temporary = tmp_path / "r", tmp_path / "tmp"
+    temporary.mkdir()
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1", "TMPDIR": str(temporary)}
     done = launch(["repro", os.path.join(CORPUS, "multihost_preempted", "train.py"), "--out", str(out), "-q",
-                   "--max-time", "120", "--timeout", "60", "--json", str(tmp_path / "job.json")], 2, devices=1)
+                   "--max-time", "120", "--timeout", "60", "--json", str(tmp_path / "job.json")], 2, env=env)
+    # Its verification ran a failing 2-process job without --out: the launcher's logs went with it.
+    assert [name for name in os.listdir(temporary) if name.startswith("jaxdbg-")] == []
     job = json.loads((tmp_path / "job.json").read_text())
     assert done.returncode == 0 and job["exit_code"] == 0, done.stderr[-3000:]
     result = job["result"]

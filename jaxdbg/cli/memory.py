@@ -175,12 +175,16 @@ def _fits(program: ProgramMemory) -> str:
     return "yes" if program.fits else "[red]no[/]"
 
 
+_STACKED = {"ys": "a scan's ys: one slice per iteration", "residuals": "saved for the gradient: one slice per scan "
+            "iteration"}
+
+
 def _render_buffers(program: ProgramMemory, console: Console) -> None:
     if program.largest:
         console.print(f"[bold]{escape(program.name)}[/]: largest buffers at its peak")
         for b in program.largest[:5]:
             what = (b.argument or b.name) if b.kind == "argument" else (b.op or b.name)
-            side = f" ({b.pass_})" if b.pass_ else ""
+            side = f" ({_STACKED[b.stacked] if b.stacked else b.pass_})" if b.stacked or b.pass_ else ""
             console.print(f"  {_size(b.bytes):>10}  {escape(b.shape):<20} {b.kind:<8} {escape(what)}{side}  "
                           f"{escape(_where(b.source))}", soft_wrap=True)
     # Only what weighs: a step counter or a learning rate held across the call is not worth a line each.

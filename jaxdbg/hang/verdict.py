@@ -46,6 +46,8 @@ from jaxdbg.hang.states import (
 
 IDLE_ON_REQUEST_S = 2.0  # at a signal or --timeout, processes idle this long count as stalled
 _IDLE_FOR = re.compile(r" for \d+ s\b")
+_VERBS = {"running": "waits", "callback": "waits", "host": "is"}  # what the other processes do, by state
+_PLURAL = {"waits": "wait", "is": "are"}
 
 
 @dataclass
@@ -174,7 +176,7 @@ def _latest(*calls: dict | None) -> dict:
 
 def _dead(states: dict[int, ProcessState], dead: list[int], common: dict[str, Any]) -> HangResult:
     lines = [f"process {i} {states[i].detail}" for i in dead]
-    others = _group_others(states, set(dead), waits="waits")
+    others = _group_others(states, set(dead))
     verdict = "; ".join(lines + others)
     return HangResult(True, verdict, "dead", stuck=tuple(dead), explanation=(
         "A process of the job died: every collective needs all of them, so the others failed in (or wait forever "
@@ -245,7 +247,7 @@ def _stall(states: dict[int, ProcessState], idle: list[int], facts: JobFacts, co
                        f"longer than --stall {facts.stall_s:g} s)")
             return HangResult(True, verdict, "stall", stuck=tuple(running), explanation=_ALL_INSIDE, **common)
     lines = [f"process {i} is stuck {states[i].detail}" for i in stuck]
-    verdict = "; ".join(lines + _group_others(states, set(stuck), waits="waits"))
+    verdict = "; ".join(lines + _group_others(states, set(stuck)))
     inside = all(states[i].state != "host" for i in stuck)
     return HangResult(True, verdict, "stall", stuck=tuple(stuck), explanation=(
         _STUCK_INSIDE if inside else _STUCK_OUTSIDE), hints=tuple(_stuck_hints(states, stuck, facts.records)), **common)
@@ -259,13 +261,15 @@ def _ended_early(states: dict[int, ProcessState], ended: list[int], waiting: lis
 
     lines = [f"process {i} {states[i].detail} {last(states[i])}" if states[i].state == "finished" else
              f"process {i} {states[i].detail}" for i in ended]
-    verdict = "; ".join(lines + _group_others(states, set(ended), waits="waits"))
+    verdict = "; ".join(lines + _group_others(states, set(ended)))
     site = states[waiting[0]].source
     points = skip_points(site.file, site.line) if site is not None else []
-    where = (f": the loop can go past {short(site)} at " + ", ".join(p.words(site.file) for p in points) +
-             "; make that condition the same on every process" if points and site is not None else
-             " (a call under a condition that differs between processes: process_index, local data, an early "
-             "break) and make every process run it")
+    if points and site is not None:
+        exits = ", ".join(p.words(site.file) for p in points)
+        where = f": the loop can go past {short(site)} at {exits}; make that condition the same on every process"
+    else:
+        where = (" (a call under a condition that differs between processes: process_index, local data, an early "
+                 "break) and make every process run it")
     hints = [f"process {i}'s last call was {_call_words(states[i])} while process {waiting[0]} waits in "
              f"{_call_words(states[waiting[0]])}: find the call process {i} skipped{where}"
              for i in ended if states[i].state == "finished" and states[i].function is not None]
@@ -311,24 +315,22 @@ def _call_words(state: ProcessState) -> str:
     return f"{call_name({'function': state.function, 'index': state.call_index})}{over}"
 
 
-def _group_others(states: dict[int, ProcessState], excluded: set[int], waits: str) -> list[str]:
+def _group_others(states: dict[int, ProcessState], excluded: set[int]) -> list[str]:
     """'processes 0, 2 wait inside step call 1 (...)' for the processes not named, grouped by what they do."""
     groups: dict[tuple[str, str], list[ProcessState]] = {}
     for index, state in states.items():
         if index in excluded:
             continue
-        verb = {"running": waits, "callback": waits, "host": "is"}.get(state.state, "")
         # The table says how long each was idle, and the native frame a waiter was sampled in differs between
         # processes waiting in the same collective: neither splits a group.
-        groups.setdefault((verb, _without_native_wait(state)), []).append(state)
+        groups.setdefault((_VERBS.get(state.state, ""), _without_native_wait(state)), []).append(state)
     lines = []
     for (verb, detail), members in groups.items():
         details = {_IDLE_FOR.sub("", m.detail) for m in members}
-        text = f"{verb} {details.pop() if len(details) == 1 else detail}".strip()
-        if len(members) > 1:
-            text = text.replace("waits ", "wait ", 1).replace("is ", "are ", 1)
+        said = details.pop() if len(details) == 1 else detail
+        who, verb = ("process", verb) if len(members) == 1 else ("processes", _PLURAL.get(verb, verb))
         indices = ", ".join(str(m.index) for m in members)
-        lines.append(f"{'process' if len(members) == 1 else 'processes'} {indices} {text}")
+        lines.append(" ".join(word for word in (who, indices, verb, said.strip()) if word))
     return lines
 
 
@@ -348,13 +350,18 @@ def _stuck_hints(states: dict[int, ProcessState], stuck: Iterable[int], records:
         state = states[index]
         queue_hint = wait_hint(records.get(index) or {}) if state.state == "host" else None
         if queue_hint:  # its main thread joins a thread stuck on a queue: that says more than "see the line"
-            hints.append(f"process {index}: {queue_hint}; every other process waits for it")
+            hints.append(_others_wait(f"process {index}: {queue_hint}"))
         elif state.state == "host":
-            hints.append(f"process {index} never reached the next collective: see what {short(state.source)} waits "
-                         f"for ({state.waiting_in or 'its stack below'}); every other process waits for it")
+            hints.append(_others_wait(f"process {index} never reached the next collective: see what "
+                                      f"{short(state.source)} waits for ({state.waiting_in or 'its stack below'})"))
         elif state.state == "callback":
             hints.append(f"process {index}'s host callback does not return: see its thread's stack below")
     return hints
+
+
+def _others_wait(hint: str) -> str:
+    """A hint about one stuck process of a job, saying that it holds up the rest."""
+    return f"{hint}; every other process waits for it"
 
 
 def _single_explanation(state: ProcessState) -> str:

@@ -36,7 +36,8 @@ from typing import get_args
 from jaxdbg.memory.result import BufferKind
 
 _ALLOCATION = re.compile(r"^allocation (\d+): size (\d+)(.*):\s*$")
-_VALUE = re.compile(r"^\s*value: <(\d+) ([^\s{>]+)(\{[\d,]*\})? @\d+> \(size=(\d+),offset=(\d+)\): (.*)$")
+# a loop's state carried from one iteration to the next is a "phi" value: `<126 arg_tuple.3{2} (phi) @0>`
+_VALUE = re.compile(r"^\s*value: <(\d+) ([^\s{>]+)(\{[\d,]*\})?(?: \(phi\))? @\d+> \(size=(\d+),offset=(\d+)\): (.*)$")
 _PARAMETER = re.compile(r"\bparameter (\d+)")
 _PEAK_HEADER = re.compile(r"^\s*Live ranges at (\d+) \(peak\):\s*$")
 _PEAK_VALUE = re.compile(r"^\s*([^\s{]+)(\{[\d,]*\})?: (\d+) bytes")
@@ -73,7 +74,7 @@ class Assignment:
     """A module's buffer assignment: allocations, values by name, and the values live at the peak."""
 
     allocations: dict[int, Allocation] = field(default_factory=dict)
-    values: dict[str, Value] = field(default_factory=dict)
+    values: dict[str, Value] = field(default_factory=dict)  # by value_key
     peak_values: tuple[str, ...] = ()  # names live at the peak of the schedule, largest first
     peak_bytes: int | None = None  # their sum (XLA's sequential peak), when the live-range file was there
 
@@ -84,6 +85,8 @@ class Assignment:
         names = self.peak_values or tuple(self.values)
         chosen = [value for n in names if (value := self.values.get(n)) is not None and value.kind in LISTED
                   and value.size > 0 and not value.shape.startswith(("(", "token"))]
+        if self.peak_values:  # two values at one place at once are one buffer (a loop's state and its body's write)
+            chosen = list({(v.allocation, v.offset, v.size): v for v in reversed(chosen)}.values())[::-1]
         return sorted(chosen, key=lambda v: -v.size)[:limit]
 
     def parameter_of(self, value: Value) -> int | None:
@@ -105,16 +108,27 @@ def parse_assignment(assignment_text: str, live_range_text: str = "") -> Assignm
             continue
         value = _VALUE.match(line)
         if value and current is not None:
-            name = value.group(2)
-            if name in found.values and found.values[name].kind == "argument":
+            name, index = value.group(2), (value.group(3) or "").strip("{}")
+            key = value_key(name, index)
+            if key in found.values and found.values[key].kind == "argument":
                 continue  # a donated parameter also placed in the output: it stays an argument
             shape = _LAYOUT.sub("", value.group(6).strip())
-            found.values[name] = Value(name, (value.group(3) or "").strip("{}"), int(value.group(4)),
-                                       int(value.group(5)), shape, current.index, current.kind)
+            found.values[key] = Value(name, index, int(value.group(4)), int(value.group(5)), shape, current.index,
+                                      current.kind)
         elif not line.startswith(" "):
             current = None  # past the allocations (summaries that follow them)
     found.peak_values, found.peak_bytes = _peak(live_range_text)
     return found
+
+
+def value_key(name: str, index: str) -> str:
+    """How a value is keyed in :attr:`Assignment.values` and named in the live ranges: its instruction, and the
+    element's index for one element of a tuple (a loop's state: ``arg_tuple.3{2}``).
+
+        >>> value_key("fusion.2", ""), value_key("arg_tuple.3", "2")
+        ('fusion.2', 'arg_tuple.3{2}')
+    """
+    return f"{name}{{{index}}}" if index else name
 
 
 def _allocation(index: int, size: int, rest: str) -> Allocation:
@@ -146,7 +160,8 @@ def _peak(text: str) -> tuple[tuple[str, ...], int | None]:
         match = _PEAK_VALUE.match(line)
         if not match:
             break
-        sizes[match.group(1)] = sizes.get(match.group(1), 0) + int(match.group(3))
+        key = value_key(match.group(1), (match.group(2) or "").strip("{}"))
+        sizes[key] = sizes.get(key, 0) + int(match.group(3))
     ordered = sorted(sizes, key=lambda name: -sizes[name])
     return tuple(ordered), sum(sizes.values())
 

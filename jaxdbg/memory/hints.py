@@ -114,7 +114,7 @@ def remat_hints(programs: Sequence[ProgramMemory], backend: str = "") -> list[Hi
                       "of every checkpointed block (in a scan: the carry of each layer); a policy that saves less "
                       "(jax.checkpoint_policies.nothing_saveable) or checkpointing groups of layers (a scan over "
                       "groups) keeps less")
-            stacked = [b for b in forward if b.op == "dynamic_update_slice"]
+            stacked = [b for b in forward if b.stacked or b.op == "dynamic_update_slice"]
             if stacked:  # a loop writing one slice per iteration: a scan's ys, or the residuals it saves
                 advice += (f"; {len(stacked)} of them{_lines(stacked)} are stacked one slice per loop iteration: a "
                            "scan's outputs (`return carry, y` keeps every step's y) or the residuals it saves; where "

@@ -31,7 +31,8 @@ from typing import Any, Literal
 
 from jaxdbg._choices import choice
 from jaxdbg._source import SourceLocation
-from jaxdbg.memory.buffers import LISTED, Assignment, Value, find_dump
+from jaxdbg.memory.buffers import LISTED, Assignment, Value, find_dump, value_key
+from jaxdbg.memory.loops import Loops
 from jaxdbg.memory.result import Buffer, Held, JitKind, ProgramMemory
 from jaxdbg.profile.hlo import (
     HloModule,
@@ -86,14 +87,16 @@ def analyse(compiled: Any, info: ProgramInfo, dump_folder: str | None, after_mod
     module = parse_hlo(text) if assignment else None  # the buffers' ops and lines (a large module: 0.1-1 s)
     if module is not None and info.argument_names:
         name_arguments(module, dict(info.argument_names))
-    largest = tuple(_buffer(v, module, assignment) for v in assignment.largest(top)) if assignment and module else ()
+    loops = Loops(module) if module is not None else None
+    largest = (tuple(_buffer(v, module, assignment, loops) for v in assignment.largest(top))
+               if assignment and module and loops else ())
     return ProgramMemory(
         name=info.name, source=info.source, call_index=info.call_index, compile_index=info.compile_index,
         signature=info.signature, argument_bytes=arguments, output_bytes=outputs, alias_bytes=alias,
         temp_bytes=temp, code_bytes=code, peak_bytes=arguments + outputs - alias + temp + code,
         schedule_peak_bytes=assignment.peak_bytes if assignment else None, xla_peak_bytes=sizes.get("peak_bytes"),
         devices=_device_count(compiled), largest=largest, held=held_arguments(compiled, info),
-        forward_kept_bytes=forward_kept(assignment, module) if assignment and module else 0,
+        forward_kept_bytes=forward_kept(assignment, module, loops) if assignment and module and loops else 0,
         checkpointed=_CHECKPOINTED.search(text) is not None,
         dump=found[1].assignment if found else None, note=note, jit=info.jit,
     )
@@ -139,9 +142,13 @@ def dump_number(dump_folder: str | None, compiled: Any, after: int = -1) -> int:
     return found[0] if found else after
 
 
-def _buffer(value: Value, module: HloModule, assignment: Assignment) -> Buffer:
-    inst = module.instructions.get(value.name)
-    op = module.ops.get(value.name)
+def _buffer(value: Value, module: HloModule, assignment: Assignment, loops: Loops) -> Buffer:
+    placed = loops.locate(value.name, value.index) if value.kind != "argument" else None
+    written = loops.producer(*placed) if placed is not None else None
+    stacked = loops.element_role(*placed) if placed is not None and written is not None else None
+    made_by = loops.written(written).name if written is not None else value.name  # a loop's state: what it stacks
+    inst = module.instructions.get(made_by)
+    op = module.ops.get(made_by)
     op_name = (op.op_name if op else "") or (inst.op_name if inst else "")
     source = op.source if op else (instruction_source(module, inst) if inst else None)
     argument = _argument_name(value, module, assignment) if value.kind == "argument" else None
@@ -150,8 +157,8 @@ def _buffer(value: Value, module: HloModule, assignment: Assignment) -> Buffer:
     primitive = (":".join(op_primitives(op_name)) or None) if made else None
     kind = choice(value.kind, LISTED)
     assert kind is not None, value.kind  # Assignment.largest lists no other
-    return Buffer(value.name, kind, value.size, value.shape, primitive, op_name, source, argument,
-                  pass_of(op_name))
+    return Buffer(value_key(value.name, value.index), kind, value.size, value.shape, primitive, op_name, source,
+                  argument, pass_of(op_name), stacked)
 
 
 def _argument_name(value: Value, module: HloModule, assignment: Assignment) -> str | None:
@@ -184,9 +191,9 @@ def pass_of(op_name: str) -> Literal["forward", "backward"] | None:
 _CHECKPOINTED = re.compile(r'op_name="[^"]*/(?:checkpoint|remat|rematted_computation)[/("]')
 
 
-def forward_kept(assignment: Assignment, module: HloModule) -> int:
+def forward_kept(assignment: Assignment, module: HloModule, loops: Loops) -> int:
     """Bytes of forward-pass values live at the peak of a program that also runs the backward pass: the
-    activations kept for it (what rematerialisation trades for recomputation)."""
+    activations kept for it (what rematerialisation trades for recomputation), a scan's saved residuals among them."""
     if not any("transpose(" in inst.op_name for inst in module.instructions.values()):
         return 0
     total = 0
@@ -194,8 +201,10 @@ def forward_kept(assignment: Assignment, module: HloModule) -> int:
         value = assignment.values.get(name)
         if value is None or value.kind != "temp":
             continue
+        placed = loops.locate(value.name, value.index)
         op = module.ops.get(name)
-        if pass_of(op.op_name if op else "") == "forward":
+        if (placed is not None and loops.element_role(*placed) == "residuals") or pass_of(
+                op.op_name if op else "") == "forward":
             total += value.size
     return total
 
@@ -227,11 +236,29 @@ def held_arguments(compiled: Any, info: ProgramInfo) -> tuple[Held, ...]:
         if free[key] <= 0:
             continue
         free[key] -= 1
-        place = _top_level(path)
+        place = _user_place(path, info) or _top_level(path)
         entry = held.setdefault(place, [0, 0])
         entry[0] += _device_bytes(arg, sharding)
         entry[1] += 1
     return tuple(_held(place, size, count, info) for place, (size, count) in held.items() if size > 0)
+
+
+def _user_place(path: tuple, info: ProgramInfo) -> tuple[str, str] | None:
+    """``("user", argument)`` for a leaf of a wrapper's argument that the user passed as ``argument`` (filter_jit
+    packs every array into its ``dynamic_nodonate``: ``dynamic_nodonate['rest'][0]`` is the user's ``x``), else
+    None."""
+    import jax
+
+    kind, which = _top_level(path)
+    if kind != "pos" or not info.argument_names:
+        return None
+    argnum = _argnum(int(which), info.static_argnums, info.positional)
+    if argnum >= len(info.parameter_names):
+        return None
+    parameter = info.parameter_names[argnum]
+    user = dict(info.argument_names).get(parameter + jax.tree_util.keystr(path[2:]))
+    top = re.split(r"[.\[]", user, maxsplit=1)[0] if user else parameter
+    return ("user", top) if top != parameter else None  # nnx.jit's own parameters are the user's: by position
 
 
 def _top_level(path: tuple) -> Any:
@@ -243,7 +270,7 @@ def _top_level(path: tuple) -> Any:
 
 def _held(place: Any, size: int, count: int, info: ProgramInfo) -> Held:
     kind, which = place
-    if kind == "kw":
+    if kind in ("kw", "user"):
         return Held(str(which), None, size, count, False)
     argnum = _argnum(int(which), info.static_argnums, info.positional)
     names = info.parameter_names

@@ -38,6 +38,9 @@ class Buffer:
     source: SourceLocation | None = None  # the user's line that made it
     argument: str | None = None  # for an argument: its path as the user passed it, e.g. "params['w1']"
     pass_: Literal["forward", "backward"] | None = field(default=None, metadata={"json": "pass"})  # gradient programs
+    # a buffer a loop fills one slice per iteration: a scan's outputs ('ys') or what its forward pass saves for the
+    # backward pass ('residuals'); op and source are then those of what the loop body writes into it
+    stacked: Literal["ys", "residuals"] | None = None
 
 
 @dataclass(frozen=True)

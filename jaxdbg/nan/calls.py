@@ -97,7 +97,12 @@ class Call:
         """A readable name per leaf: the parameter name plus the pytree path inside it; a framework wrapper's
         leaves by the user's own arguments (``model.layers[0].weight``, not filter_jit's
         ``dynamic_nodonate['rest'][3]``)."""
-        names = self._names(readable_keystr)
+        # jax names a transformation wrapper's arguments after its own signature (checkify's args[0]); the
+        # user's function inside names them as the user wrote them
+        from jaxdbg.jit_layer import parameter_function
+
+        names = self._names(readable_keystr, list(_positional_params.__wrapped__(parameter_function(self.fun)))
+                            if self.fun is not None else None)
         users = (frameworks.user_leaf_names(self.fun, self.args, self.kwargs, self._positional_params())
                  if self.fun is not None else {})
         if users:
@@ -113,10 +118,11 @@ class Call:
         """
         return self._names(lambda value, path: _FLAT_INDEX.sub(r"\1", keystr(path)))  # jax writes [0]
 
-    def _names(self, render: Callable[[Any, tuple], str]) -> list[str]:
-        """Parameter name (positional ones from the signature, keywords by key) + ``render(argument, path)``."""
+    def _names(self, render: Callable[[Any, tuple], str], params: list[str] | None = None) -> list[str]:
+        """Parameter name (positional ones from the signature, or ``params``; keywords by key) +
+        ``render(argument, path)``."""
         nums, _ = self._static_sets()
-        params = self._positional_params()
+        params = self._positional_params() if params is None else params
         positions = [i for i in range(len(self.args)) if i not in nums]
         _, dyn_args, dyn_kwargs = self.dynamic()
         names = []
