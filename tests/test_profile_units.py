@@ -46,6 +46,13 @@ def test_recompile_reasons_name_the_argument_and_the_change():
         why = explain([base], new, same_callable=True, call_index=5)
         assert why.call_index == 5 and text in why.reason, (kind, why.reason)
         assert {c.kind for c in why.changes} == {kind}
+    # a checkify'd step: jax's wrapper takes *args; the reason names step's own parameter
+    from jax.experimental import checkify
+
+    checked = checkify.checkify(step)
+    why = explain([_sig(checked, params, jnp.ones((8, 32)), 3)], _sig(checked, params, jnp.ones((9, 32)), 3),
+                  same_callable=True)
+    assert "argument 'batch' shape changed" in why.reason, why.reason
 
 
 def test_a_static_keyword_passed_or_left_to_its_default_is_a_static_change():

@@ -86,13 +86,12 @@ class FunctionState:
 
     def __init__(self, function: InstrumentedJit):
         from jaxdbg import frameworks
-        from jaxdbg.jit_layer import parameter_function
         from jaxdbg.profile.signature import parameter_names
 
         self.name = function.name
         self.source = function.record.source
         self.jit: JitKind = "jax.pmap" if function.is_pmap else frameworks.jit_kind(function.fun)
-        self.parameters = tuple(parameter_names(parameter_function(function.fun)) or ())
+        self.parameters = tuple(parameter_names(function.fun) or ())
         self.calls = 0
         self.compiles = 0
         self.program: ProgramMemory | None = None

@@ -42,7 +42,7 @@ import numpy as np
 
 from jaxdbg import _compat, jit_layer
 from jaxdbg._source import SourceLocation, caller_user_frame
-from jaxdbg.jit_layer import CACHE_HIT_EVENT, COMPILE_EVENTS, InstrumentedJit, JitCall, JitHook, unwrap_function
+from jaxdbg.jit_layer import CACHE_HIT_EVENT, COMPILE_EVENTS, InstrumentedJit, JitCall, JitHook
 from jaxdbg.profile.hlo import module_name
 from jaxdbg.profile.hlo_files import write_hlo
 from jaxdbg.profile.host_bound import StepClock, SyncSite
@@ -67,7 +67,7 @@ class TrackedFunction:
         self.id = ident
         self.name = name
         self.source = source
-        self.names = parameter_names(unwrap_function(fun))
+        self.names = parameter_names(fun)
         self.compiles = 0
         self.pending: list[CallTiming] = []
         self.signatures: list[Signature] = []

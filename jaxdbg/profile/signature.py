@@ -83,9 +83,12 @@ class Signature:
 
 
 def parameter_names(fun: Callable) -> list[str] | None:
-    """Positional parameter names of ``fun`` (None when it has no readable signature)."""
+    """Positional parameter names of ``fun`` (None when it has no readable signature); of the user's function
+    inside a jax transformation's wrapper (``checkify.checkify(step)``: step's, not ``args``)."""
+    from jaxdbg.jit_layer import parameter_function
+
     try:
-        params = inspect.signature(fun).parameters.values()
+        params = inspect.signature(parameter_function(fun)).parameters.values()
     except (TypeError, ValueError):
         return None
     return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
