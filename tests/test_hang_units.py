@@ -6,6 +6,7 @@ lock-order deadlock between two real threads read from their stacks, and verdict
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 
@@ -361,3 +362,42 @@ def test_a_lock_held_around_a_put_into_a_full_queue_its_taker_waits_for_is_a_dea
     _take(batches)  # room: the loader's put ends, then the trainer takes (not here: this function takes nothing)
     for thread in threads:
         thread.join()
+
+
+def _decode(record):
+    raise ValueError(f"corrupt record {record}")  # <- the producer dies
+
+
+def test_a_producer_thread_that_died_by_an_exception_is_named_as_what_the_stuck_main_thread_waits_for():
+    """A prefetch thread dies on a corrupt record (Python prints it and goes on) while the main thread waits on
+    the Event it would have set: the verdict names the dead thread, its error and line, and the first hint says
+    to fix it and hand worker exceptions to the consumer. The program's own excepthook still runs, and is back."""
+    ready, printed = threading.Event(), []
+    before = threading.excepthook
+
+    def own_hook(args):
+        printed.append(args.thread.name)
+
+    threading.excepthook = own_hook
+    recorder = Recorder()
+    try:
+        with recorder.listening():
+            worker = threading.Thread(target=lambda: (_decode(7), ready.set()), name="prefetch")
+            worker.start()
+            worker.join()
+            quits = threading.Thread(target=lambda: sys.exit(0), name="quits")  # a normal end: not a death
+            quits.start()
+            quits.join()
+        assert threading.excepthook is own_hook
+    finally:
+        threading.excepthook = before
+    assert printed == ["prefetch", "quits"]
+    assert [d["thread"] for d in recorder.thread_deaths] == ["prefetch"]
+    record = take_record(recorder, "stall", idle_s=6.0, native=False)
+    main = next(t for t in record["threads"] if t["main"])
+    main.update(call=None, in_jax=False)
+    result = judge(JobFacts(1, "stall", 5.0, {0: record}))
+    line = _line("# <- the producer dies")
+    said = f"thread `prefetch` died earlier with ValueError: corrupt record 7 at test_hang_units.py:{line} (_decode)"
+    assert result.stalled and said in result.verdict, result.verdict
+    assert result.hints[0].startswith("fix the error that killed thread `prefetch`"), result.hints

@@ -61,6 +61,7 @@ def take_record(recorder: Recorder, reason: str, idle_s: float, native: bool = T
         "progress": dict(zip(("calls", "returned", "callbacks", "callbacks_done"), recorder.progress())),
         "steps": len(recorder.steps_program),
         "exiting": recorder.exiting,
+        "thread_deaths": list(recorder.thread_deaths),
         "calls": calls,
         "programs": {str(i): _program_dict(recorder.programs[i]) for i in sorted(used) if i in recorder.programs},
         "threads": [_thread_dict(thread, frames.get(thread.ident), recorder, inflight, (spinning or {}).get(

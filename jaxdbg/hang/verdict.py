@@ -228,8 +228,13 @@ def _stall(states: dict[int, ProcessState], idle: list[int], facts: JobFacts, co
         verdict = f"the process {stuck_words} {state.detail}"
         queue_hint = wait_hint(facts.records.get(0) or {})
         hints = (queue_hint,) if queue_hint else _single_hints(state)
-        return HangResult(True, verdict, "stall", stuck=(0,), explanation=_single_explanation(state),
-                          hints=hints, **common)
+        explanation = _single_explanation(state)
+        died = thread_deaths(facts.records.get(0))
+        if died:  # what it waits for was that thread's to give: its error is the cause, the wait the symptom
+            verdict += f"; {died[0]}"
+            explanation = _THREAD_DIED + explanation
+            hints = (died[1], *hints)
+        return HangResult(True, verdict, "stall", stuck=(0,), explanation=explanation, hints=hints, **common)
     if host or callback:
         stuck = callback + [i for i in host if i not in callback] if (host and running) or callback else host
     else:
@@ -346,6 +351,9 @@ def _stuck_hints(states: dict[int, ProcessState], stuck: Iterable[int], records:
     hints = []
     for index in stuck:
         state = states[index]
+        died = thread_deaths(records.get(index))
+        if died:
+            hints.append(f"process {index}: {died[1]}")
         queue_hint = wait_hint(records.get(index) or {}) if state.state == "host" else None
         if queue_hint:  # its main thread joins a thread stuck on a queue: that says more than "see the line"
             hints.append(f"process {index}: {queue_hint}; every other process waits for it")
@@ -355,6 +363,33 @@ def _stuck_hints(states: dict[int, ProcessState], stuck: Iterable[int], records:
         elif state.state == "callback":
             hints.append(f"process {index}'s host callback does not return: see its thread's stack below")
     return hints
+
+
+def thread_deaths(record: dict | None) -> tuple[str, str] | None:
+    """``(words, hint)`` for the threads of a stuck process that died by an uncaught exception (Python prints
+    it and goes on; a consumer waiting for the dead producer's next item, event or result waits forever), or None.
+
+    Example:
+        >>> words, hint = thread_deaths({"thread_deaths": [{"thread": "loader", "error": "OSError: gone",
+        ...                              "source": {"file": "/w/io.py", "line": 9, "function": "read"}}]})
+        >>> words
+        'thread `loader` died earlier with OSError: gone at io.py:9 (read)'
+    """
+    deaths = (record or {}).get("thread_deaths") or []
+    if not deaths:
+        return None
+    first = deaths[0]
+    at = f" at {short(first['source'])}" if first.get("source") else ""
+    more = f" ({len(deaths)} threads died so)" if len(deaths) > 1 else ""
+    words = f"thread `{first.get('thread')}` died earlier with {first.get('error')}{at}{more}"
+    return words, (f"fix the error that killed thread `{first.get('thread')}`{at}: what the stuck line waits for "
+                   "(the next item on a queue, an event, a result) was that thread's to give; and hand a worker's "
+                   "exception to its consumer (put it on the queue and raise it there, or run the work with "
+                   "concurrent.futures, whose result() raises it), so a failure ends the program, not hangs it")
+
+
+_THREAD_DIED = ("A thread of the program ended by an uncaught exception (Python printed it and went on without "
+                "it); what the stuck line waits for was most likely that thread's to give. ")
 
 
 def _single_explanation(state: ProcessState) -> str:
