@@ -201,6 +201,28 @@ def faulthandler_user_frame(stderr: str) -> SourceLocation | None:
     return None
 
 
+_CXX_ABORT = re.compile(r"terminate called after throwing an instance of '([^']+)'\s*\n\s*what\(\):\s*(.+)")
+_ABSL_FATAL = re.compile(r"^F\d{4} [\d:.]+\s+\d+ [^\]]+\] (.+)$", re.MULTILINE)
+_ENFORCE_AT = re.compile(r"^\[enforce fail at [^\]]+\]\s*")
+
+
+def native_fatal_message(stderr: str) -> str | None:
+    """What the native runtime said as it aborted the process (an uncaught C++ exception's ``what()``, an absl
+    ``F`` log line such as a failed ``CHECK``), the last one before Python's fatal-error dump; None if none.
+
+    Example:
+        >>> native_fatal_message("terminate called after throwing an instance of 'gloo::EnforceNotMet'\n"
+        ...                      "  what():  [enforce fail at pair.cc:459] Received data size doesn't match.\n"
+        ...                      "Fatal Python error: Aborted\n")
+        "gloo::EnforceNotMet: Received data size doesn't match."
+    """
+    fatal = stderr.rfind("Fatal Python error")
+    text = stderr[:fatal] if fatal >= 0 else stderr
+    found = [(m.start(), f"{m.group(1)}: {_ENFORCE_AT.sub('', m.group(2).strip())}") for m in _CXX_ABORT.finditer(text)]
+    found += [(m.start(), m.group(1).strip()) for m in _ABSL_FATAL.finditer(text)]
+    return max(found)[1][:400] if found else None
+
+
 def child_env(extra: Mapping[str, str] | None = None, device_count: int | None = None) -> dict[str, str]:
     """Environment of a contained run: ours, plus jaxdbg importable, unbuffered output, and overrides."""
     env = dict(os.environ)

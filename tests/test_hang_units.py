@@ -5,6 +5,7 @@ lock-order deadlock between two real threads read from their stacks, and verdict
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
@@ -401,3 +402,38 @@ def test_a_producer_thread_that_died_by_an_exception_is_named_as_what_the_stuck_
     said = f"thread `prefetch` died earlier with ValueError: corrupt record 7 at test_hang_units.py:{line} (_decode)"
     assert result.stalled and said in result.verdict, result.verdict
     assert result.hints[0].startswith("fix the error that killed thread `prefetch`"), result.hints
+
+
+def test_a_process_aborted_by_mismatched_collectives_is_named_with_the_runtimes_words_and_the_call_it_died_in(
+        tmp_path):
+    """gloo aborts a process whose peer ran another collective (process 1 reached its end-of-epoch reduction while
+    process 0 still trains): its fatal message, read from its stderr, and the call it died in (the flight record
+    is saved before a function's first call runs) make the verdict, and the divergence hint comes first."""
+    from jaxdbg.hang.watchdog import RECORD_FILE, Settings, Watchdog
+    from jaxdbg.runner import native_fatal_message
+
+    recorder = Recorder()
+    Watchdog(recorder, Settings(folder=str(tmp_path)), on_verdict=lambda facts: None)  # (not started)
+    saved = []
+
+    def epoch_mean(x):
+        saved.append(json.loads((tmp_path / RECORD_FILE).read_text()))  # traced inside the call: already saved
+        return x.mean()
+
+    with jit_layer.installed(recorder):
+        jax.jit(epoch_mean)(jnp.ones(4))
+    assert [(c["function"], c["index"], c["returned"]) for c in saved[0]["calls"]] == [("epoch_mean", 0, None)]
+    stderr = ("terminate called after throwing an instance of 'gloo::EnforceNotMet'\n  what():  [enforce fail at "
+              "pair.cc:459] op.preamble.length <= op.nbytes. 8 vs 4. Received data size doesn't match expected "
+              "size. Is there a distributed collective mismatch in your code?\nFatal Python error: Aborted\n")
+    said = native_fatal_message(stderr)
+    assert said.startswith("gloo::EnforceNotMet: op.preamble") and said.endswith("collective mismatch in your code?")
+    waiting = _record(0, "train_step", "train_step(x: f32[4]) [all-reduce:sum]", 40, None)
+    outcomes = {1: {"status": "dead", "signal": "SIGABRT", "error": said,
+                    "user": {"file": "train.py", "line": 48, "function": "<module>"}}}
+    result = judge(JobFacts(2, "stall", 30.0, {0: waiting, 1: {**saved[0], "index": 1}}, outcomes=outcomes))
+    assert (result.kind, result.stuck) == ("dead", (1,))
+    assert result.verdict.startswith("process 1 died (SIGABRT) at train.py:48 (<module>): gloo::EnforceNotMet: "), \
+        result.verdict
+    assert "; last seen in epoch_mean call 0; process 0 waits inside train_step call 5" in result.verdict
+    assert result.hints[0].startswith("make every process call the same jitted functions in the same order")

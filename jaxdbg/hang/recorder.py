@@ -91,6 +91,9 @@ class Recorder(JitHook):
         self.in_callback: dict[int, Entry] = {}  # thread ident -> the host callback it runs
         self.exiting = False  # the program's main code returned; Python waits for its non-daemon threads
         self.thread_deaths: list[dict] = []  # threads that ended by an exception (a dead producer: its consumer waits)
+        # told before the first call of each function runs (the watchdog saves the flight record then: a new
+        # function is where a process that dies in it, e.g. aborted by mismatched collectives, is last seen)
+        self.on_first_call: Callable[[], None] | None = None
         self.programs: dict[int, Program] = {}
         self._by_function: dict[int, list[int]] = {}  # function record id -> its programs
         self._by_key: dict[tuple[int, str], int] = {}
@@ -117,6 +120,9 @@ class Recorder(JitHook):
         entry.call = call
         self.ring.append(entry)
         self.inflight[thread] = entry
+        if call.index == 0 and self.on_first_call is not None:
+            with contextlib.suppress(Exception):  # saving the record must never break the user's call
+                self.on_first_call()
         spans = local.spans = []
         try:
             out = run()

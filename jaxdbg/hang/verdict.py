@@ -157,8 +157,11 @@ def _dead_state(index: int, record: dict | None, outcome: dict, seen: dict) -> P
     last = _latest(seen.get("last"), ((record or {}).get("calls") or [None])[-1])
     where = outcome.get("user") or seen.get("user") or (record or {}).get("user")
     at = f" at {short(where)}" if where else ""
-    after = f"; last seen after {last['function']} call {last['index']}" if last.get("function") else ""
-    detail = f"{how}{at}{after}"
+    said = f": {brief_error(outcome['error'])}" if outcome.get("signal") and outcome.get("error") else ""
+    inside = last.get("kind") == "call" and last.get("returned") is None  # it died inside that call
+    after = (f"; last seen {'in' if inside else 'after'} {last['function']} call {last['index']}"
+             if last.get("function") else "")
+    detail = f"{how}{at}{said}{after}"
     state = process_state(record) if record else None
     return ProcessState(index, "dead", detail, source=location(where), function=last.get("function"),
                         call_index=last.get("index"), step=last.get("step"), exit_code=outcome.get("exit_code"),
@@ -176,12 +179,24 @@ def _dead(states: dict[int, ProcessState], dead: list[int], common: dict[str, An
     lines = [f"process {i} {states[i].detail}" for i in dead]
     others = _group_others(states, set(dead), waits="waits")
     verdict = "; ".join(lines + others)
-    return HangResult(True, verdict, "dead", stuck=tuple(dead), explanation=(
-        "A process of the job died: every collective needs all of them, so the others failed in (or wait forever "
-        "in) the next collective that needed it. Its exit status and its last calls say where it stopped."),
-        hints=("look at the dead process's own log (its exit status: a signal such as SIGKILL is often the "
-               "out-of-memory killer, SIGABRT a runtime check) and make the job restart from a checkpoint",),
-        **common)
+    explanation = ("A process of the job died: every collective needs all of them, so the others failed in (or wait "
+                   "forever in) the next collective that needed it. Its exit status and its last calls say where it "
+                   "stopped.")
+    hints: tuple[str, ...] = (
+        "look at the dead process's own log (its exit status: a signal such as SIGKILL is often the out-of-memory "
+        "killer, SIGABRT a runtime check) and make the job restart from a checkpoint",)
+    if any(_MISMATCHED.search(states[i].note or "") for i in dead):  # the runtime saw the divergence: it is the cause
+        explanation = _DIED_OF_MISMATCH + explanation
+        hints = (_DIVERGENCE_HINT, *hints)
+    return HangResult(True, verdict, "dead", stuck=tuple(dead), explanation=explanation, hints=hints, **common)
+
+
+# how collective runtimes say that the peers' collectives did not match (gloo: "Received data size doesn't match
+# expected size. Is there a distributed collective mismatch in your code?")
+_MISMATCHED = re.compile(r"collective mismatch|size doesn't match|mismatched collective", re.IGNORECASE)
+_DIED_OF_MISMATCH = ("The runtime aborted it because the collectives of the processes did not match (its words are in "
+                     "the verdict): the processes ran different collectives at the same point, i.e. different "
+                     "programs or a call that one process made and another did not. ")
 
 
 def _deadlock(states: dict[int, ProcessState], deadlock: object, common: dict[str, Any],
