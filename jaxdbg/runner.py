@@ -207,7 +207,7 @@ _ENFORCE_AT = re.compile(r"^\[enforce fail at [^\]]+\]\s*")
 
 
 def native_fatal_message(stderr: str) -> str | None:
-    """What the native runtime said as it aborted the process (an uncaught C++ exception's ``what()``, an absl
+    r"""What the native runtime said as it aborted the process (an uncaught C++ exception's ``what()``, an absl
     ``F`` log line such as a failed ``CHECK``), the last one before Python's fatal-error dump; None if none.
 
     Example:
