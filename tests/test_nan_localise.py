@@ -357,6 +357,11 @@ def _gp_like(x, log_scale):
     return x / scale ** 2
 
 
+def _responsibilities(x, means):
+    dens = jnp.exp(-0.5 * (x[:, None] - means[None, :]) ** 2)  # density line
+    return dens / dens.sum(axis=1, keepdims=True)  # EM's E-step written with plain exp
+
+
 def _masked_mean(loss, tokens):
     mask = (tokens != 0).astype(jnp.float32)  # mask line
     return jnp.sum(loss * mask) / jnp.sum(mask)
@@ -447,6 +452,12 @@ def test_the_zero_a_division_by_zero_divided_by_is_traced_to_where_it_was_made()
     first = localise_call(Call("_spread", jax.jit(_spread), (*[jnp.float32(0.0)] * 4, jnp.float32(-377.0)), {})).first
     grew = GrowthEntry("s", None, 1, 400.0, "_spread", 1.0, 400.0)
     assert "computed from s, a, b and 2 more." in explain(first, growth=[grew], zero=zero)[0]
+    # exponentials normalised by their own sum (EM's responsibilities) for a point far from every mean: every term
+    # underflowed, and the fix is the log-space softmax, not a clamp of the exponent
+    zero, (text, hints) = traced(_responsibilities, jnp.array([0.0, 60.0]), jnp.array([-1.0, 1.0]))
+    assert (zero.primitive, zero.how) == ("exp", "underflow") and zero.source.line == _line_of(_responsibilities,
+                                                                                               "# density line")
+    assert "Every term of the sum it divides by underflowed" in text and "jax.nn.softmax(a)" in hints[0], hints
     # a batch of padding only: the mask's comparison made the zeros; no underflow hint
     zero, (text, hints) = traced(_masked_mean, jnp.ones(4), jnp.zeros(4, jnp.int32))
     assert (zero.primitive, zero.how, zero.arguments) == ("ne", "made", ("tokens",))

@@ -70,6 +70,9 @@ CHOLESKY_JITTER = ("add a small jitter to the diagonal before factorising (`k + 
 UNDERFLOW = ("keep the value that underflows away from 0: bound its input (e.g. `jnp.exp(jnp.maximum(x, -80.0))`) or "
              "use a form that cannot reach 0 (`jax.nn.softplus(x) + 1e-6` for a positive parameter); if its input "
              "is a parameter, find why it moved so far (a smaller learning rate, clipped gradients)")
+LOG_NORMALISE = ("normalise in log space: `exp(a) / exp(a).sum()` is `jax.nn.softmax(a)`, which subtracts the largest "
+                 "`a` first, so the largest term is 1 and the sum never underflows to 0 (for mixture weights or "
+                 "responsibilities, `a = jnp.log(w) + log_p`); `log(sum(exp(a)))` is `jax.nn.logsumexp(a)`")
 MASKED_MEAN = ("a fully masked batch or row (all padding) has nothing to average: divide by "
                "`jnp.maximum(mask.sum(), 1)` "
                "(its numerator is 0 too), and check the data pipeline for empty batches")
@@ -559,6 +562,15 @@ def _zero_sentence(zero: ZeroSource, first: Origin, grown: Sequence[str] = ()) -
     return f"{what} was made by `{zero.primitive}`{line}{how}" + (f"; it is computed from {args}." if args else ".")
 
 
+def _normalises_exponentials(first: Origin, zero: ZeroSource) -> bool:
+    """Whether a division's zero denominator is a sum of exponentials that all underflowed: ``p / p.sum()`` with
+    ``p`` from ``exp`` (a softmax written out, EM's responsibilities, attention weights normalised by hand)."""
+    if first.primitive != "div" or zero.primitive not in ("exp", "exp2"):
+        return False
+    line = _code(first.source)
+    return "sum(" in line or "sum (" in line
+
+
 def _cond_select_sentence(select: CondSelect) -> str:
     """Whether the select a cond became under vmap kept the origin's NaN (:mod:`jaxdbg.nan.cond_select`)."""
     line = f" at line {select.source.line}" if select.source else ""
@@ -659,7 +671,12 @@ def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence
         root = None
     if zero is not None:
         parts.append(_zero_sentence(zero, first, [entry.name for entry in growth]))
-        if zero.how == "underflow":
+        if zero.how == "underflow" and _normalises_exponentials(first, zero):
+            parts.append("Every term of the sum it divides by underflowed: exponentials divided by their own sum are a "
+                         "softmax written out, which works in linear space and reaches 0/0 once every exponent is far "
+                         "below 0.")
+            hints = [LOG_NORMALISE, *hints]
+        elif zero.how == "underflow":
             hints = [UNDERFLOW, *hints]
         elif zero.how == "empty":
             hints = [EMPTY_SEGMENT, *hints]
