@@ -130,7 +130,8 @@ class Outcome:
             return f"raised {self.exception.type}: {first_line(without_tracebacks(self.exception.message))}{where}"
         if self.status == "crash":
             where = f" at {self.crash_frame}" if self.crash_frame else ""
-            return f"crashed with {self.signal}{where}"
+            said = native_fatal_message(self.stderr)  # (gloo's collective mismatch, a failed CHECK: the why)
+            return f"crashed with {self.signal}{where}" + (f" ({first_line(said, 240)})" if said else "")
         if self.status == "timeout":
             where = f" (last seen at {self.crash_frame})" if self.crash_frame else ""
             if waited_to_join(self.stderr):
