@@ -341,6 +341,14 @@ def test_explanations_of_poles_signed_logsumexp_singular_solves_and_inverse_soft
     assert singular.first.pass_ == "backward" and "singular matrix" in text and "gradient of `slogdet`" in text
     # the vmap is jax's own, inside jnp.linalg.solve: no batch elements to speak of; a vmap of the user's is said
     assert singular.first.path[-1] == "jit(solve)" and "vmap" not in text, (singular.first.path, text)
+    # jnp.linalg.inv of a matrix that became 0 (a Kalman filter's innovation covariance, its noise through a ReLU)
+    # is inf, then 0 * inf in the gain: the infinity is a zero pivot, not an overflow, and no gradient is taken
+    gain = hunt(jax.jit(lambda p, r: p @ jnp.linalg.inv(jax.nn.relu(r) * jnp.eye(1))), jnp.zeros((2, 1)),
+                jnp.float32(-0.5))
+    text, hints = explain(gain.first, gain.chain)
+    assert gain.chain[0].primitive == "custom_linear_solve" and gain.chain[0].kind == "inf"
+    assert "singular matrix" in text and "overflowed" not in text and "invertible" in hints[0], (text, hints)
+    assert not any("clip gradients" in h for h in hints)
     mapped = hunt(jax.jit(jax.grad(lambda s: jax.vmap(lambda r: jnp.linalg.slogdet(jnp.diag(r))[1])(s).sum())),
                   jnp.array([[1.0, 2.0, 0.0], [1.0, 2.0, 3.0]]))
     assert mapped.first.path[-2:] == ("jit(solve)", "vmap") and "It runs under vmap" in explain(mapped.first)[0]

@@ -289,10 +289,12 @@ def constant_nan_note(origin: Origin) -> str:
 
 
 def _singular_matrix(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] | None:
-    """A linear solve (a gradient of slogdet/det/inv, or solve itself) on a singular matrix: NaN from finite
-    inputs, as a zero pivot divides by 0."""
+    """A linear solve (a gradient of slogdet/det/inv, or solve or inv itself) on a singular matrix: NaN or Inf
+    from finite inputs, as a zero pivot divides by 0 (``jnp.linalg.inv`` of a zero matrix is inf, not an
+    overflow of large values)."""
     solves = ("custom_linear_solve", "triangular_solve", "lu", "lu_pivots_to_permutation")
-    if origin.primitive not in solves or origin.kind != "nan" or any(s.inf or s.nan for s in origin.inputs):
+    if origin.primitive not in solves or origin.kind not in ("nan", "inf") \
+            or any(s.inf or s.nan for s in origin.inputs):
         return None
     det = next((w for w in ("slogdet", "logdet", "det", "inv") if w in line), None)
     why = (f"; the gradient of `{det}` is the inverse of the matrix, which a singular matrix does not have "
