@@ -36,6 +36,7 @@ from jaxdbg._source import caller_user_frame
 from jaxdbg.jit_layer import JitCall, JitHook
 from jaxdbg.nonfinite import kind_of
 from jaxdbg.repro.frozen import record_call
+from jaxdbg.repro.graph import nested_equations
 from jaxdbg.repro.messages import FailureSeen, JitCallSeen, LoweredText
 from jaxdbg.repro.purity import frozen_site
 
@@ -228,8 +229,6 @@ def narrowest_float_eps(closed: Any) -> float:
         >>> narrowest_float_eps(jax.make_jaxpr(lambda x: jnp.sin(x.astype(jnp.bfloat16)).astype(jnp.float32))(1.0))
         0.0078125
     """
-    from jaxdbg.repro.graph import nested_equations
-
     eps = float(np.finfo(np.float32).eps)
     for eqn in nested_equations(closed.jaxpr.eqns):
         for var in eqn.outvars:
