@@ -437,3 +437,46 @@ def test_a_process_aborted_by_mismatched_collectives_is_named_with_the_runtimes_
         result.verdict
     assert "; last seen in epoch_mean call 0; process 0 waits inside train_step call 5" in result.verdict
     assert result.hints[0].startswith("make every process call the same jitted functions in the same order")
+
+
+def _reset_env(seed):
+    raise RuntimeError(f"env {seed}: simulator crashed on reset")  # <- the actor dies
+
+
+def test_an_event_loop_idle_in_select_is_named_by_its_tasks_await_and_the_task_that_died():
+    """An async learner awaits an asyncio.Queue that its one actor task should fill; the actor's environment
+    raised and nobody awaits the task. The main thread stands in asyncio's select: the verdict names the task
+    that waits at its own await line and the task that died, with its error and line."""
+    import asyncio
+
+    records = []
+
+    async def actor(queue):
+        await queue.put(_reset_env(2))
+
+    async def learner():
+        queue, release = asyncio.Queue(), asyncio.Event()
+        task = asyncio.create_task(actor(queue))
+        loop = asyncio.get_running_loop()
+
+        def watchdog():  # another thread reads the idle loop, as hang-hunt's watchdog does, then lets it go
+            time.sleep(0.3)
+            records.append(take_record(Recorder(), "stall", idle_s=6.0, native=False))
+            loop.call_soon_threadsafe(release.set)
+
+        threading.Thread(target=watchdog, name="reader").start()
+        await release.wait()  # <- the learner awaits
+        return task
+
+    task = asyncio.run(learner())
+    assert task.exception() is not None  # (retrieved here: the test leaves no warning behind)
+    main = next(t for t in records[0]["threads"] if t["main"])
+    main.update(call=None, in_jax=False)
+    result = judge(JobFacts(1, "stall", 5.0, {0: records[0]}))
+    awaits, dies = _line("# <- the learner awaits"), _line("# <- the actor dies")
+    assert "its asyncio event loop waits on task `Task-" in result.verdict, result.verdict
+    assert f"at test_hang_units.py:{awaits} (learner)" in result.verdict
+    assert (f"died earlier with RuntimeError: env 2: simulator crashed on reset at test_hang_units.py:{dies} "
+            "(_reset_env)") in result.verdict
+    assert result.explanation.startswith("An asyncio task of the program ended")
+    assert result.hints[0].startswith("fix the error that killed task `Task-") and "asyncio.gather" in result.hints[0]

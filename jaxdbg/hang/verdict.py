@@ -244,10 +244,15 @@ def _stall(states: dict[int, ProcessState], idle: list[int], facts: JobFacts, co
         queue_hint = wait_hint(facts.records.get(0) or {})
         hints = (queue_hint,) if queue_hint else _single_hints(state)
         explanation = _single_explanation(state)
+        awaiting = loop_waits(facts.records.get(0))
+        if awaiting:  # the thread stands in asyncio's select: what waits is a task, at its own await
+            verdict += f"; {awaiting[0]}"
+            hints = (awaiting[1], *hints[1:]) if state.state == "host" else hints
         died = thread_deaths(facts.records.get(0))
         if died:  # what it waits for was that thread's to give: its error is the cause, the wait the symptom
             verdict += f"; {died[0]}"
-            explanation = _THREAD_DIED + explanation
+            explanation = _THREAD_DIED.format(who="An asyncio task" if died[0].startswith("task") else "A thread",
+                                              kind=died[0].split()[0]) + explanation
             hints = (died[1], *hints)
         return HangResult(True, verdict, "stall", stuck=(0,), explanation=explanation, hints=hints, **common)
     if host or callback:
@@ -394,17 +399,42 @@ def thread_deaths(record: dict | None) -> tuple[str, str] | None:
     if not deaths:
         return None
     first = deaths[0]
+    kind = first.get("kind") or "thread"
     at = f" at {short(first['source'])}" if first.get("source") else ""
-    more = f" ({len(deaths)} threads died so)" if len(deaths) > 1 else ""
-    words = f"thread `{first.get('thread')}` died earlier with {first.get('error')}{at}{more}"
-    return words, (f"fix the error that killed thread `{first.get('thread')}`{at}: what the stuck line waits for "
-                   "(the next item on a queue, an event, a result) was that thread's to give; and hand a worker's "
-                   "exception to its consumer (put it on the queue and raise it there, or run the work with "
-                   "concurrent.futures, whose result() raises it), so a failure ends the program, not hangs it")
+    more = f" ({len(deaths)} {kind}s died so)" if len(deaths) > 1 else ""
+    words = f"{kind} `{first.get('thread')}` died earlier with {first.get('error')}{at}{more}"
+    handing = ("await it (`asyncio.gather(*tasks)` raises its error) or give it a done callback that stops the "
+               "consumer" if kind == "task" else
+               "put it on the queue and raise it there, or run the work with concurrent.futures, whose result() "
+               "raises it")
+    return words, (f"fix the error that killed {kind} `{first.get('thread')}`{at}: what the stuck line waits for "
+                   f"(the next item on a queue, an event, a result) was that {kind}'s to give; and hand a worker's "
+                   f"exception to its consumer ({handing}), so a failure ends the program, not hangs it")
 
 
-_THREAD_DIED = ("A thread of the program ended by an uncaught exception (Python printed it and went on without "
-                "it); what the stuck line waits for was most likely that thread's to give. ")
+def loop_waits(record: dict | None) -> tuple[str, str] | None:
+    """``(words, hint)`` for a main thread idle in an asyncio event loop: the tasks it waits on, each at the user
+    line its coroutine awaits at; None where it runs no event loop (or no task waits at a user line).
+
+    Example:
+        >>> loop_waits({"event_loop": {"pending": [{"name": "Task-1", "awaits": {"file": "/w/rl.py", "line": 34,
+        ...                                          "function": "learner"}}], "more": 0, "failed": []}})[0]
+        'its asyncio event loop waits on task `Task-1` at rl.py:34 (learner)'
+    """
+    loop = (record or {}).get("event_loop") or {}
+    pending = [t for t in loop.get("pending") or () if t.get("awaits")]
+    if not pending:
+        return None
+    more = len(loop.get("pending") or ()) - len(pending) + int(loop.get("more") or 0)
+    tasks = ", ".join(f"task `{t['name']}` at {short(t['awaits'])}" for t in pending)
+    words = f"its asyncio event loop waits on {tasks}" + (f" (and {more} more)" if more else "")
+    first = pending[0]
+    return words, (f"see what {short(first['awaits'])} awaits (in task `{first['name']}`) and why it never comes; "
+                   "an `await` with a deadline (`asyncio.wait_for(..., timeout)`) turns the wait into an error")
+
+
+_THREAD_DIED = ("{who} of the program ended by an uncaught exception (Python went on without it); what the stuck "
+                "line waits for was most likely that {kind}'s to give. ")
 
 
 def _single_explanation(state: ProcessState) -> str:
