@@ -209,7 +209,7 @@ def _log(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] | Non
     if "expm1" in code and s is not None and (s.negative or s.zero):  # log(expm1(y)): an inverse softplus
         return (what + "; its input is expm1(y), so y <= 0: log(expm1(y)), the inverse softplus, is undefined "
                 "there.", [INVERSE_SOFTPLUS])
-    return what + ".", ([LOG_SUM_EXP] if "sum" in line or "exp" in code else []) + [EPSILON_LOG]
+    return what + ".", ([LOG_SUM_EXP] if "exp" in code else []) + [EPSILON_LOG]
 
 
 def _sqrt(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] | None:
@@ -659,7 +659,10 @@ def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence
     parts = [_where(first) + ":", text or (
         f"`{first.primitive}` produced it from inputs that held no {'NaN' if first.kind == 'nan' else 'Inf'}."
         if first.primitive is not None else "which operation made it inside the call is not known.")]
-    root = inf_root(first, chain) if pattern in (_inf_arithmetic, None) else None
+    # a NaN made from infinities is explained by where they were born: by arithmetic on them, or by a function
+    # outside its domain there (log(-inf) of an ODE that blew up is the blow-up's, not the log's)
+    fed_inf = pattern in (_log, _sqrt, _domain) and any(s.inf for s in first.inputs)
+    root = inf_root(first, chain) if pattern in (_inf_arithmetic, None) or fed_inf else None
     root_pattern, root_text, root_hints = _match(root, sources.get(root, ())) if root is not None else (None, "", [])
     if overflow is not None:  # where the value left its dtype's range: that is what to fix
         if overflow.origin != first:
