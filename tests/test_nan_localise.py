@@ -418,6 +418,26 @@ def test_a_row_of_minus_inf_that_overflowed_is_not_called_masked() -> None:
     assert "The infinity came from `mul`" in text and "overflowed" in text
 
 
+def test_log_of_an_iteration_that_blew_up_is_explained_by_the_overflow_not_by_a_clamp() -> None:
+    """An explicit integrator in lax.scan with an unstable rate grows until a product overflows to -inf, then the
+    log-likelihood takes its log: the NaN is the log's, but the -inf it was fed is the blow-up's, so that is what
+    the explanation names (its iteration and line), with the bound-what-grows hint; no epsilon, and no
+    log-sum-exp hint for a line that sums logs."""
+    def loglik(rate, observed):
+        def step(y, _):
+            y = y + 0.1 * rate * y * jnp.abs(y)  # the product that overflows
+            return y, y
+        path = jax.lax.scan(step, jnp.float32(-1.0), None, length=40)[1]
+        return jnp.sum(observed * jnp.log(path))
+
+    found = hunt(jax.jit(loglik), jnp.float32(3.0), jnp.ones(40))
+    text, hints = explain(found.first, found.chain, trains=False)
+    assert found.first.primitive == "log" and found.chain, found.first
+    assert "The infinity came from `mul`" in text and "scan[iteration=" in text and "overflowed" in text, text
+    assert hints[0].startswith("bound or rescale what grows") and not any("logsumexp" in h or "1e-12" in h
+                                                                          for h in hints), hints
+
+
 def test_an_infinity_passed_in_as_an_argument_is_named_by_the_argument() -> None:
     """inf * 0 where the infinity was an argument of the call: the explanation names that argument (it came in,
     no operation of the call made it)."""
