@@ -307,3 +307,19 @@ def test_the_device_is_shown_when_the_nan_sits_in_one_devices_part_of_an_array()
 
     assert _a_part(origin(((12, 16), (0, 8)))) and not _a_part(origin(((0, 16), (0, 8))))
     assert not _a_part(origin(None)) and not _a_part(origin(()))
+
+
+def test_growth_in_a_run_with_no_nan_is_not_called_before_a_non_finite_call() -> None:
+    """A loss scale that doubles every step but stays finite: nothing non-finite was found, so the growth table
+    says the values grew during the run, not before a non-finite call that never came."""
+    from rich.console import Console
+
+    from jaxdbg.cli.nan_hunt import render
+    from jaxdbg.nan.result import GrowthEntry, NanHuntResult
+    from jaxdbg.report import Report
+
+    grew = GrowthEntry("scale", None, 7, 1024.0, "train_step", 16.0, 16384.0)
+    console = Console(record=True, width=120)
+    render(Report("nan-hunt", "train.py", NanHuntResult(False, growth=(grew,), explanation="No NaN."), 0), console)
+    text = console.export_text()
+    assert "grew during the run (no NaN/Inf yet)" in text and "non-finite call" not in text
