@@ -280,7 +280,9 @@ def write_json(report: Report, destination: str) -> None:
 
 
 def resolve_out_dir(out: str | None, command: str) -> Path:
-    """The artifacts folder: ``--out`` (its parent must exist) or ``jaxdbg-out/<command>-<timestamp>/``."""
+    """The artifacts folder, absolute: ``--out`` (its parent must exist) or ``jaxdbg-out/<command>-<timestamp>/``
+    (a relative one is taken from the folder jaxdbg was started in: the target's child process may change its own
+    working folder, ``os.chdir`` into a run directory, before it writes the artifacts)."""
     if out:
         path = Path(out)
         if not path.parent.exists():
@@ -297,7 +299,7 @@ def resolve_out_dir(out: str | None, command: str) -> Path:
     except OSError as err:  # a parent that is a file, a read-only or virtual file system: the user's to change
         raise UsageError(f"--out '{path}': cannot create the folder ({err.strerror or err}); choose another "
                          "--out") from err
-    return path
+    return path.absolute()
 
 
 def process_folder(out_dir: Path, environment: dict | None) -> Path:

@@ -130,7 +130,8 @@ class Outcome:
             return f"raised {self.exception.type}: {first_line(without_tracebacks(self.exception.message))}{where}"
         if self.status == "crash":
             where = f" at {self.crash_frame}" if self.crash_frame else ""
-            return f"crashed with {self.signal}{where}"
+            said = native_fatal_message(self.stderr)  # (gloo's collective mismatch, a failed CHECK: the why)
+            return f"crashed with {self.signal}{where}" + (f" ({first_line(said, 240)})" if said else "")
         if self.status == "timeout":
             where = f" (last seen at {self.crash_frame})" if self.crash_frame else ""
             if waited_to_join(self.stderr):
@@ -199,6 +200,28 @@ def faulthandler_user_frame(stderr: str) -> SourceLocation | None:
         if is_user_file(match.group(1)):
             return SourceLocation(match.group(1), int(match.group(2)), match.group(3))
     return None
+
+
+_CXX_ABORT = re.compile(r"terminate called after throwing an instance of '([^']+)'\s*\n\s*what\(\):\s*(.+)")
+_ABSL_FATAL = re.compile(r"^F\d{4} [\d:.]+\s+\d+ [^\]]+\] (.+)$", re.MULTILINE)
+_ENFORCE_AT = re.compile(r"^\[enforce fail at [^\]]+\]\s*")
+
+
+def native_fatal_message(stderr: str) -> str | None:
+    r"""What the native runtime said as it aborted the process (an uncaught C++ exception's ``what()``, an absl
+    ``F`` log line such as a failed ``CHECK``), the last one before Python's fatal-error dump; None if none.
+
+    Example:
+        >>> native_fatal_message("terminate called after throwing an instance of 'gloo::EnforceNotMet'\n"
+        ...                      "  what():  [enforce fail at pair.cc:459] Received data size doesn't match.\n"
+        ...                      "Fatal Python error: Aborted\n")
+        "gloo::EnforceNotMet: Received data size doesn't match."
+    """
+    fatal = stderr.rfind("Fatal Python error")
+    text = stderr[:fatal] if fatal >= 0 else stderr
+    found = [(m.start(), f"{m.group(1)}: {_ENFORCE_AT.sub('', m.group(2).strip())}") for m in _CXX_ABORT.finditer(text)]
+    found += [(m.start(), m.group(1).strip()) for m in _ABSL_FATAL.finditer(text)]
+    return max(found)[1][:400] if found else None
 
 
 def child_env(extra: Mapping[str, str] | None = None, device_count: int | None = None) -> dict[str, str]:

@@ -152,7 +152,12 @@ def test_a_busy_wait_loop_is_a_stall_spinning_at_its_line_not_progress(runs):
                                         "(<module>)"), result["verdict"]
     process = result["processes"][0]
     assert process["source"]["line"] == line and process["waiting_in"].startswith("a busy-wait loop")
-    assert "busy, but stuck" in result["explanation"] and f"train.py:{line}" in result["hints"][0]
+    assert "busy, but stuck" in result["explanation"] and f"train.py:{line}" in result["hints"][1]
+    # what it spins for was the writer thread's to set: its death is named first, with its error and line
+    died = _line(SPIN, "raise OSError")
+    assert (f"; thread `Thread-1 (write_checkpoint)` died earlier with OSError: disk quota exceeded at "
+            f"train.py:{died} (write_checkpoint)") in result["verdict"], result["verdict"]
+    assert result["hints"][0].startswith("fix the error that killed thread `Thread-1 (write_checkpoint)`")
 
 
 def test_no_process_is_left_behind_after_the_verdict(runs):

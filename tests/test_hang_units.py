@@ -5,7 +5,9 @@ lock-order deadlock between two real threads read from their stacks, and verdict
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 import threading
 import time
 
@@ -380,3 +382,120 @@ def test_a_lock_held_around_a_put_into_a_full_queue_its_taker_waits_for_is_a_dea
     _take(batches)  # room: the loader's put ends, then the trainer takes (not here: this function takes nothing)
     for thread in threads:
         thread.join()
+
+
+def _decode(record):
+    raise ValueError(f"corrupt record {record}")  # <- the producer dies
+
+
+def test_a_producer_thread_that_died_by_an_exception_is_named_as_what_the_stuck_main_thread_waits_for():
+    """A prefetch thread dies on a corrupt record (Python prints it and goes on) while the main thread waits on
+    the Event it would have set: the verdict names the dead thread, its error and line, and the first hint says
+    to fix it and hand worker exceptions to the consumer. The program's own excepthook still runs, and is back."""
+    ready, printed = threading.Event(), []
+    before = threading.excepthook
+
+    def own_hook(args):
+        printed.append(args.thread.name)
+
+    threading.excepthook = own_hook
+    recorder = Recorder()
+    try:
+        with recorder.listening():
+            worker = threading.Thread(target=lambda: (_decode(7), ready.set()), name="prefetch")
+            worker.start()
+            worker.join()
+            quits = threading.Thread(target=lambda: sys.exit(0), name="quits")  # a normal end: not a death
+            quits.start()
+            quits.join()
+        assert threading.excepthook is own_hook
+    finally:
+        threading.excepthook = before
+    assert printed == ["prefetch", "quits"]
+    assert [d["thread"] for d in recorder.thread_deaths] == ["prefetch"]
+    record = take_record(recorder, "stall", idle_s=6.0, native=False)
+    main = next(t for t in record["threads"] if t["main"])
+    main.update(call=None, in_jax=False)
+    result = judge(JobFacts(1, "stall", 5.0, {0: record}))
+    line = _line("# <- the producer dies")
+    said = f"thread `prefetch` died earlier with ValueError: corrupt record 7 at test_hang_units.py:{line} (_decode)"
+    assert result.stalled and said in result.verdict, result.verdict
+    assert result.hints[0].startswith("fix the error that killed thread `prefetch`"), result.hints
+
+
+def test_a_process_aborted_by_mismatched_collectives_is_named_with_the_runtimes_words_and_the_call_it_died_in(
+        tmp_path):
+    """gloo aborts a process whose peer ran another collective (process 1 reached its end-of-epoch reduction while
+    process 0 still trains): its fatal message, read from its stderr, and the call it died in (the flight record
+    is saved before a function's first call runs) make the verdict, and the divergence hint comes first."""
+    from jaxdbg.hang.watchdog import RECORD_FILE, Settings, Watchdog
+    from jaxdbg.runner import native_fatal_message
+
+    recorder = Recorder()
+    Watchdog(recorder, Settings(folder=str(tmp_path)), on_verdict=lambda facts: None)  # (not started)
+    saved = []
+
+    def epoch_mean(x):
+        saved.append(json.loads((tmp_path / RECORD_FILE).read_text()))  # traced inside the call: already saved
+        return x.mean()
+
+    with jit_layer.installed(recorder):
+        jax.jit(epoch_mean)(jnp.ones(4))
+    assert [(c["function"], c["index"], c["returned"]) for c in saved[0]["calls"]] == [("epoch_mean", 0, None)]
+    stderr = ("terminate called after throwing an instance of 'gloo::EnforceNotMet'\n  what():  [enforce fail at "
+              "pair.cc:459] op.preamble.length <= op.nbytes. 8 vs 4. Received data size doesn't match expected "
+              "size. Is there a distributed collective mismatch in your code?\nFatal Python error: Aborted\n")
+    said = native_fatal_message(stderr)
+    assert said.startswith("gloo::EnforceNotMet: op.preamble") and said.endswith("collective mismatch in your code?")
+    waiting = _record(0, "train_step", "train_step(x: f32[4]) [all-reduce:sum]", 40, None)
+    outcomes = {1: {"status": "dead", "signal": "SIGABRT", "error": said,
+                    "user": {"file": "train.py", "line": 48, "function": "<module>"}}}
+    result = judge(JobFacts(2, "stall", 30.0, {0: waiting, 1: {**saved[0], "index": 1}}, outcomes=outcomes))
+    assert (result.kind, result.stuck) == ("dead", (1,))
+    assert result.verdict.startswith("process 1 died (SIGABRT) at train.py:48 (<module>): gloo::EnforceNotMet: "), \
+        result.verdict
+    assert "; last seen in epoch_mean call 0; process 0 waits inside train_step call 5" in result.verdict
+    assert result.hints[0].startswith("make every process call the same jitted functions in the same order")
+
+
+def _reset_env(seed):
+    raise RuntimeError(f"env {seed}: simulator crashed on reset")  # <- the actor dies
+
+
+def test_an_event_loop_idle_in_select_is_named_by_its_tasks_await_and_the_task_that_died():
+    """An async learner awaits an asyncio.Queue that its one actor task should fill; the actor's environment
+    raised and nobody awaits the task. The main thread stands in asyncio's select: the verdict names the task
+    that waits at its own await line and the task that died, with its error and line."""
+    import asyncio
+
+    records = []
+
+    async def actor(queue):
+        await queue.put(_reset_env(2))
+
+    async def learner():
+        queue, release = asyncio.Queue(), asyncio.Event()
+        task = asyncio.create_task(actor(queue))
+        loop = asyncio.get_running_loop()
+
+        def watchdog():  # another thread reads the idle loop, as hang-hunt's watchdog does, then lets it go
+            time.sleep(0.3)
+            records.append(take_record(Recorder(), "stall", idle_s=6.0, native=False))
+            loop.call_soon_threadsafe(release.set)
+
+        threading.Thread(target=watchdog, name="reader").start()
+        await release.wait()  # <- the learner awaits
+        return task
+
+    task = asyncio.run(learner())
+    assert task.exception() is not None  # (retrieved here: the test leaves no warning behind)
+    main = next(t for t in records[0]["threads"] if t["main"])
+    main.update(call=None, in_jax=False)
+    result = judge(JobFacts(1, "stall", 5.0, {0: records[0]}))
+    awaits, dies = _line("# <- the learner awaits"), _line("# <- the actor dies")
+    assert "its asyncio event loop waits on task `Task-" in result.verdict, result.verdict
+    assert f"at test_hang_units.py:{awaits} (learner)" in result.verdict
+    assert (f"died earlier with RuntimeError: env 2: simulator crashed on reset at test_hang_units.py:{dies} "
+            "(_reset_env)") in result.verdict
+    assert result.explanation.startswith("An asyncio task of the program ended")
+    assert result.hints[0].startswith("fix the error that killed task `Task-") and "asyncio.gather" in result.hints[0]

@@ -56,6 +56,28 @@ def test_clean_script_exits_0(tmp_path, capsys) -> None:
     assert code == 0 and report["result"]["found"] is False and report["result"]["calls_watched"] == 5
 
 
+def test_a_relative_out_stays_where_jaxdbg_started_when_the_script_changes_its_folder(tmp_path, capsys,
+                                                                                       monkeypatch) -> None:
+    """A script that first changes into its run folder (as launchers do): a relative --out is jaxdbg's folder's,
+    so every artifact lands there and nothing in the folder the script moved to."""
+    elsewhere = tmp_path / "run"
+    elsewhere.mkdir()
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(f"""
+        import os
+        import jax, jax.numpy as jnp
+        os.chdir({str(elsewhere)!r})
+        print(float(jax.jit(lambda w: jnp.log(w).sum())(jnp.array([1.0, -2.0]))))
+    """))
+    monkeypatch.chdir(tmp_path)
+    code, report, _ = _run(["nan-hunt", "train.py", "--json", "-", "--out", "out"], capsys)
+    assert code == 1 and report["result"]["first"]["primitive"] == "log"
+    assert {"inputs", "jaxpr", "bundle"} <= set(report["artifacts"])
+    for path in report["artifacts"].values():
+        assert Path(path).is_absolute() and Path(path).parent == tmp_path / "out" and Path(path).exists(), path
+    assert list(elsewhere.iterdir()) == []
+
+
 def test_script_arguments_after_double_dash(tmp_path, capsys) -> None:
     code, report, _ = _run(["nan-hunt", os.path.join(RECIPES, "nan_bf16_overflow", "train.py"), "--precision",
                             "--json", "-", "--out", str(tmp_path / "f16"), "--", "--dtype", "f16"], capsys)
@@ -285,3 +307,19 @@ def test_the_device_is_shown_when_the_nan_sits_in_one_devices_part_of_an_array()
 
     assert _a_part(origin(((12, 16), (0, 8)))) and not _a_part(origin(((0, 16), (0, 8))))
     assert not _a_part(origin(None)) and not _a_part(origin(()))
+
+
+def test_growth_in_a_run_with_no_nan_is_not_called_before_a_non_finite_call() -> None:
+    """A loss scale that doubles every step but stays finite: nothing non-finite was found, so the growth table
+    says the values grew during the run, not before a non-finite call that never came."""
+    from rich.console import Console
+
+    from jaxdbg.cli.nan_hunt import render
+    from jaxdbg.nan.result import GrowthEntry, NanHuntResult
+    from jaxdbg.report import Report
+
+    grew = GrowthEntry("scale", None, 7, 1024.0, "train_step", 16.0, 16384.0)
+    console = Console(record=True, width=120)
+    render(Report("nan-hunt", "train.py", NanHuntResult(False, growth=(grew,), explanation="No NaN."), 0), console)
+    text = console.export_text()
+    assert "grew during the run (no NaN/Inf yet)" in text and "non-finite call" not in text

@@ -341,6 +341,14 @@ def test_explanations_of_poles_signed_logsumexp_singular_solves_and_inverse_soft
     assert singular.first.pass_ == "backward" and "singular matrix" in text and "gradient of `slogdet`" in text
     # the vmap is jax's own, inside jnp.linalg.solve: no batch elements to speak of; a vmap of the user's is said
     assert singular.first.path[-1] == "jit(solve)" and "vmap" not in text, (singular.first.path, text)
+    # jnp.linalg.inv of a matrix that became 0 (a Kalman filter's innovation covariance, its noise through a ReLU)
+    # is inf, then 0 * inf in the gain: the infinity is a zero pivot, not an overflow, and no gradient is taken
+    gain = hunt(jax.jit(lambda p, r: p @ jnp.linalg.inv(jax.nn.relu(r) * jnp.eye(1))), jnp.zeros((2, 1)),
+                jnp.float32(-0.5))
+    text, hints = explain(gain.first, gain.chain)
+    assert gain.chain[0].primitive == "custom_linear_solve" and gain.chain[0].kind == "inf"
+    assert "singular matrix" in text and "overflowed" not in text and "invertible" in hints[0], (text, hints)
+    assert not any("clip gradients" in h for h in hints)
     mapped = hunt(jax.jit(jax.grad(lambda s: jax.vmap(lambda r: jnp.linalg.slogdet(jnp.diag(r))[1])(s).sum())),
                   jnp.array([[1.0, 2.0, 0.0], [1.0, 2.0, 3.0]]))
     assert mapped.first.path[-2:] == ("jit(solve)", "vmap") and "only some batch elements" in explain(mapped.first)[0]
@@ -357,6 +365,11 @@ def test_explanations_of_poles_signed_logsumexp_singular_solves_and_inverse_soft
 def _gp_like(x, log_scale):
     scale = jnp.exp(log_scale)  # exp line
     return x / scale ** 2
+
+
+def _responsibilities(x, means):
+    dens = jnp.exp(-0.5 * (x[:, None] - means[None, :]) ** 2)  # density line
+    return dens / dens.sum(axis=1, keepdims=True)  # EM's E-step written with plain exp
 
 
 def _masked_mean(loss, tokens):
@@ -405,6 +418,26 @@ def test_a_row_of_minus_inf_that_overflowed_is_not_called_masked() -> None:
     text, _ = explain(found.first, found.chain)
     assert found.first.primitive == "sub" and "fully masked" not in text
     assert "The infinity came from `mul`" in text and "overflowed" in text
+
+
+def test_log_of_an_iteration_that_blew_up_is_explained_by_the_overflow_not_by_a_clamp() -> None:
+    """An explicit integrator in lax.scan with an unstable rate grows until a product overflows to -inf, then the
+    log-likelihood takes its log: the NaN is the log's, but the -inf it was fed is the blow-up's, so that is what
+    the explanation names (its iteration and line), with the bound-what-grows hint; no epsilon, and no
+    log-sum-exp hint for a line that sums logs."""
+    def loglik(rate, observed):
+        def step(y, _):
+            y = y + 0.1 * rate * y * jnp.abs(y)  # the product that overflows
+            return y, y
+        path = jax.lax.scan(step, jnp.float32(-1.0), None, length=40)[1]
+        return jnp.sum(observed * jnp.log(path))
+
+    found = hunt(jax.jit(loglik), jnp.float32(3.0), jnp.ones(40))
+    text, hints = explain(found.first, found.chain, trains=False)
+    assert found.first.primitive == "log" and found.chain, found.first
+    assert "The infinity came from `mul`" in text and "scan[iteration=" in text and "overflowed" in text, text
+    assert hints[0].startswith("bound or rescale what grows") and not any("logsumexp" in h or "1e-12" in h
+                                                                          for h in hints), hints
 
 
 def test_an_infinity_passed_in_as_an_argument_is_named_by_the_argument() -> None:
@@ -468,6 +501,12 @@ def test_the_zero_a_division_by_zero_divided_by_is_traced_to_where_it_was_made()
     first = localise_call(Call("_spread", jax.jit(_spread), (*[jnp.float32(0.0)] * 4, jnp.float32(-377.0)), {})).first
     grew = GrowthEntry("s", None, 1, 400.0, "_spread", 1.0, 400.0)
     assert "computed from s, a, b and 2 more." in explain(first, growth=[grew], zero=zero)[0]
+    # exponentials normalised by their own sum (EM's responsibilities) for a point far from every mean: every term
+    # underflowed, and the fix is the log-space softmax, not a clamp of the exponent
+    zero, (text, hints) = traced(_responsibilities, jnp.array([0.0, 60.0]), jnp.array([-1.0, 1.0]))
+    assert (zero.primitive, zero.how) == ("exp", "underflow") and zero.source.line == _line_of(_responsibilities,
+                                                                                               "# density line")
+    assert "Every term of the sum it divides by underflowed" in text and "jax.nn.softmax(a)" in hints[0], hints
     # a batch of padding only: the mask's comparison made the zeros; no underflow hint
     zero, (text, hints) = traced(_masked_mean, jnp.ones(4), jnp.zeros(4, jnp.int32))
     assert (zero.primitive, zero.how, zero.arguments) == ("ne", "made", ("tokens",))

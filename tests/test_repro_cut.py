@@ -83,6 +83,37 @@ def test_a_call_that_donates_its_inputs_is_captured_from_copies_made_before_it()
     assert np.allclose(watch.captured.args[0], 1.0 - 0.5 * np.log(2.0)) and np.allclose(watch.captured.args[1], -1.0)
 
 
+def test_a_bfloat16_model_that_rounds_differently_under_jit_is_no_failure_unless_a_mismatch_was_asked_for():
+    """A GRU-like gate computed in bfloat16 and read back in float32: XLA keeps the fused intermediate in float32
+    under jit, op by op rounds it to bfloat16, so they differ by about one bfloat16 rounding. Looking for any
+    failure, repro does not call that a mismatch (the program does not fail); asked for a mismatch, it still sees
+    it. A float16 accumulation far beyond one rounding is a mismatch either way."""
+    from jaxdbg.repro.watch import JitWatch, WatchConfig
+
+    class Channel(list):
+        send = list.append
+
+    def mismatches(slack, fun, *args):
+        watch = JitWatch(WatchConfig(nonfinite=False, mismatch_calls=1, rounding_slack=slack), Channel())
+        with watch.installed():
+            jax.jit(fun)(*args)
+        return [m.kind for m in watch.channel if getattr(m, "kind", None) == "mismatch"]
+
+    def gate(x, w):
+        return jax.nn.sigmoid((x @ w).astype(jnp.bfloat16)).astype(jnp.float32)
+
+    x, w = jnp.linspace(-2.0, 2.0, 64).reshape(8, 8), jnp.eye(8) * 0.7
+    assert mismatches(False, gate, x, w) == ["mismatch"] and mismatches(True, gate, x, w) == []
+
+    def accumulate(x):  # an offset that cancels, 16 times in float16: each addition drops up to 16 units
+        total = jnp.zeros((), jnp.float16)
+        for i in range(16):
+            total = total + x[i].astype(jnp.float16) + 30000.0 - 30000.0
+        return total.astype(jnp.float32)
+
+    assert mismatches(True, accumulate, jnp.full(16, 70.3)) == ["mismatch"]
+
+
 def test_flatten_inlines_calls_and_keeps_primitives():
     graph, _ = flatten(jax.make_jaxpr(lambda x: jax.nn.relu(jax.jit(jnp.sin)(x)) * 2)(1.0))
     assert [n.name for n in graph.nodes] == ["sin", "max", "mul"]

@@ -9,7 +9,7 @@ import tempfile
 import pytest
 
 from jaxdbg._source import SourceLocation
-from jaxdbg.repro.failures import Checker, choose, observe, raises_constants
+from jaxdbg.repro.failures import Checker, choose, constant_checks, observe, raises_constants
 from jaxdbg.repro.jobs import CHILD_ENV, RunRequest
 from jaxdbg.repro.signature import Criterion, FailureSignature, normalise_message
 from jaxdbg.repro.source import SourceReducer, is_constant_raise, undefined_names
@@ -91,6 +91,20 @@ def test_a_guarded_constant_raise_is_not_degenerate(tmp_path):
     path = str(tmp_path / "c.py")
     assert not raises_constants(guarded, SourceLocation(path, 3, "<module>"), path)
     assert raises_constants(bare, SourceLocation(path, 1, "<module>"), path)
+
+
+@pytest.mark.parametrize("code, constant", [
+    ("t = eqx.error_if(t, jnp.abs(t.sum(-1) - 1) > 1e-3, 'targets must sum to 1')", 0),
+    ("t = eqx.error_if(t, jnp.abs(1) > 0.001, 'targets must sum to 1')", 1),  # the computation was cut away
+    ("checkify.check(x > 0, 'x must be positive')", 0),
+    ("checkify.check(True, 'x must be positive')", 1),
+    ("t = eqx.branched_error_if(t, jnp.asarray(True), 0, ['bad'])", 1),
+])
+def test_a_runtime_check_whose_condition_became_a_constant_is_degenerate(code, constant):
+    """An Equinox/checkify check that raises inside jit keeps its message whatever its condition: a candidate that
+    tests a constant condition no longer runs the computation that failed, so repro never accepts it."""
+    text = "import equinox as eqx\nimport jax.numpy as jnp\nfrom jax.experimental import checkify\n" + code
+    assert constant_checks(text) == constant
 
 
 def _value_error_test(states):

@@ -57,9 +57,18 @@ def test_segfault_is_a_crash_with_its_line(tmp_path):
     assert "crashed with SIGSEGV" in outcome.describe()
 
 
-def test_abort_is_a_crash(tmp_path):
+def test_abort_is_a_crash_described_with_the_runtimes_last_words(tmp_path):
     outcome = _run(tmp_path, "import os\nos.abort()\n")
     assert outcome.status == "crash" and outcome.signal == "SIGABRT"
+    assert outcome.describe().startswith("crashed with SIGABRT at ")
+    # a native runtime that aborts says why first (gloo on mismatched collectives): the description quotes it
+    outcome = _run(tmp_path, (
+        "import os, sys\n"
+        "sys.stderr.write(\"terminate called after throwing an instance of 'gloo::EnforceNotMet'\\n  what():  \"\n"
+        "                 \"[enforce fail at pair.cc:459] Is there a distributed collective mismatch?\\n\")\n"
+        "os.abort()\n"))
+    assert outcome.describe().endswith("(gloo::EnforceNotMet: Is there a distributed collective mismatch?)"), \
+        outcome.describe()
 
 
 def test_hang_is_stopped_and_located(tmp_path):

@@ -117,7 +117,7 @@ def render(report: Report, console: Console) -> None:
     result = report.result
     if not result.found:
         console.print(f"[green]no NaN/Inf[/] {escape(result.explanation)}")
-        _render_growth(result.growth, console)
+        _render_growth(result.growth, console, "grew during the run (no NaN/Inf yet)")
         return
     first = result.first
     what = {"nan": "NaN", "inf": "Inf", "input": "non-finite input"}[first.kind]
@@ -177,10 +177,10 @@ def _render_values(title: str, stats: tuple[ValueStats, ...], console: Console) 
     console.print(table)
 
 
-def _render_growth(growth: tuple, console: Console) -> None:
+def _render_growth(growth: tuple, console: Console, title: str = "grew before the non-finite call") -> None:
     if not growth:
         return
-    table = Table(title="grew before the non-finite call", title_justify="left", show_edge=False, pad_edge=False)
+    table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
     for column in ("output", "function", "from call", "growth", "source"):
         table.add_column(column)
     for g in growth[:10]:

@@ -140,7 +140,10 @@ def facts_without_verdict(outcome: Outcome, place: tuple[int, int], options: Han
     record["index"] = index
     ended: dict[str, Any]
     if outcome.status == "crash":
-        ended = {"status": "dead", "signal": outcome.signal}
+        from jaxdbg.runner import native_fatal_message
+
+        said = native_fatal_message(outcome.stderr)  # (gloo's words for mismatched collectives, a failed CHECK)
+        ended = {"status": "dead", "signal": outcome.signal, **({"error": said} if said else {})}
     elif outcome.status == "timeout":
         ended = {"status": "dead", "error": f"it did not answer within --timeout + {GRACE_S:.0f} s (frozen)"}
     elif outcome.status == "exception" and outcome.exception is not None:

@@ -23,6 +23,7 @@ import contextlib
 import os
 import socket
 import sys
+import threading
 import time
 from typing import Any
 
@@ -53,6 +54,11 @@ def take_record(recorder: Recorder, reason: str, idle_s: float, native: bool = T
         calls.append(row)
     used = {c["program"] for c in calls if c.get("program") is not None}
     from jaxdbg.hang.stacks import NATIVE_NOTES
+    from jaxdbg.hang.tasks import loop_tasks
+
+    tasks = None
+    with contextlib.suppress(Exception):  # the event loop's tasks are a courtesy: the record stands without them
+        tasks = loop_tasks(frames.get(threading.main_thread().ident or -1))
 
     return {
         "notes": list(NATIVE_NOTES),
@@ -61,6 +67,8 @@ def take_record(recorder: Recorder, reason: str, idle_s: float, native: bool = T
         "progress": dict(zip(("calls", "returned", "callbacks", "callbacks_done"), recorder.progress())),
         "steps": len(recorder.steps_program),
         "exiting": recorder.exiting,
+        "thread_deaths": [*recorder.thread_deaths, *((tasks or {}).get("failed") or ())],
+        "event_loop": tasks,
         "calls": calls,
         "programs": {str(i): _program_dict(recorder.programs[i]) for i in sorted(used) if i in recorder.programs},
         "threads": [_thread_dict(thread, frames.get(thread.ident), recorder, inflight, (spinning or {}).get(
@@ -140,8 +148,6 @@ def light_record(recorder: Recorder) -> dict:
 
 def main_thread_user_frame() -> dict | None:
     """The innermost user frame of the program's main thread, read from another thread."""
-    import threading
-
     frame = sys._current_frames().get(threading.main_thread().ident or -1)
     while frame is not None and not is_user_file(frame.f_code.co_filename):
         frame = frame.f_back

@@ -90,6 +90,10 @@ class Recorder(JitHook):
         self.inflight: dict[int, Entry] = {}  # thread ident -> its jitted call in flight
         self.in_callback: dict[int, Entry] = {}  # thread ident -> the host callback it runs
         self.exiting = False  # the program's main code returned; Python waits for its non-daemon threads
+        self.thread_deaths: list[dict] = []  # threads that ended by an exception (a dead producer: its consumer waits)
+        # told before the first call of each function runs (the watchdog saves the flight record then: a new
+        # function is where a process that dies in it, e.g. aborted by mismatched collectives, is last seen)
+        self.on_first_call: Callable[[], None] | None = None
         self.programs: dict[int, Program] = {}
         self._by_function: dict[int, list[int]] = {}  # function record id -> its programs
         self._by_key: dict[tuple[int, str], int] = {}
@@ -116,6 +120,9 @@ class Recorder(JitHook):
         entry.call = call
         self.ring.append(entry)
         self.inflight[thread] = entry
+        if call.index == 0 and self.on_first_call is not None:
+            with contextlib.suppress(Exception):  # saving the record must never break the user's call
+                self.on_first_call()
         spans = local.spans = []
         try:
             out = run()
@@ -216,8 +223,9 @@ class Recorder(JitHook):
 
     @contextlib.contextmanager
     def listening(self) -> Iterator[None]:
-        """Hear ``jax.monitoring``'s trace and compile spans (which calls compiled) and the calls into host
-        callbacks while the block runs."""
+        """Hear ``jax.monitoring``'s trace and compile spans (which calls compiled), the calls into host
+        callbacks, and threads that die by an exception (``threading.excepthook``, which still prints it as
+        before) while the block runs."""
         import jax.monitoring as monitoring
 
         from jaxdbg import _compat
@@ -225,12 +233,35 @@ class Recorder(JitHook):
         def on_span(event: str, start_time: float, end_time: float, **kwargs: Any) -> None:
             self.on_span(event)
 
+        previous = threading.excepthook
+
+        def on_thread_death(args: Any) -> None:
+            self.thread_died(args)
+            previous(args)
+
         monitoring.register_event_time_span_listener(on_span)
+        threading.excepthook = on_thread_death
         try:
             with _compat.host_callback_hooks(self.callback_entered, self.callback_left):
                 yield
         finally:
+            if threading.excepthook is on_thread_death:  # (the program may have set its own since: left alone)
+                threading.excepthook = previous
             monitoring.unregister_event_time_span_listener(on_span)
+
+    def thread_died(self, args: Any) -> None:
+        """Note a thread that ended by an uncaught exception (Python prints it and goes on): a producer thread
+        whose consumer now waits forever for its next item is the classic hang it explains."""
+        if args.exc_type is SystemExit:  # a thread's sys.exit() is a normal end (Python prints nothing)
+            return
+        from jaxdbg._source import innermost_user_frame
+
+        where = innermost_user_frame(args.exc_traceback)
+        message = str(args.exc_value).strip().splitlines()
+        self.thread_deaths.append({
+            "thread": args.thread.name if args.thread is not None else None,
+            "error": f"{args.exc_type.__name__}: {message[0] if message else ''}"[:300],
+            "source": where.as_dict() if where else None, "time": time.time()})
 
     # -- host callbacks (whichever thread runs them) -----------------------------------------------------------
 

@@ -159,8 +159,11 @@ def _dead_state(index: int, record: dict | None, outcome: dict, seen: dict) -> P
     last = _latest(seen.get("last"), ((record or {}).get("calls") or [None])[-1])
     where = outcome.get("user") or seen.get("user") or (record or {}).get("user")
     at = f" at {short(where)}" if where else ""
-    after = f"; last seen after {last['function']} call {last['index']}" if last.get("function") else ""
-    detail = f"{how}{at}{after}"
+    said = f": {brief_error(outcome['error'])}" if outcome.get("signal") and outcome.get("error") else ""
+    inside = last.get("kind") == "call" and last.get("returned") is None  # it died inside that call
+    after = (f"; last seen {'in' if inside else 'after'} {last['function']} call {last['index']}"
+             if last.get("function") else "")
+    detail = f"{how}{at}{said}{after}"
     state = process_state(record) if record else None
     return ProcessState(index, "dead", detail, source=location(where), function=last.get("function"),
                         call_index=last.get("index"), step=last.get("step"), exit_code=outcome.get("exit_code"),
@@ -178,12 +181,24 @@ def _dead(states: dict[int, ProcessState], dead: list[int], common: dict[str, An
     lines = [f"process {i} {states[i].detail}" for i in dead]
     others = _group_others(states, set(dead))
     verdict = "; ".join(lines + others)
-    return HangResult(True, verdict, "dead", stuck=tuple(dead), explanation=(
-        "A process of the job died: every collective needs all of them, so the others failed in (or wait forever "
-        "in) the next collective that needed it. Its exit status and its last calls say where it stopped."),
-        hints=("look at the dead process's own log (its exit status: a signal such as SIGKILL is often the "
-               "out-of-memory killer, SIGABRT a runtime check) and make the job restart from a checkpoint",),
-        **common)
+    explanation = ("A process of the job died: every collective needs all of them, so the others failed in (or wait "
+                   "forever in) the next collective that needed it. Its exit status and its last calls say where it "
+                   "stopped.")
+    hints: tuple[str, ...] = (
+        "look at the dead process's own log (its exit status: a signal such as SIGKILL is often the out-of-memory "
+        "killer, SIGABRT a runtime check) and make the job restart from a checkpoint",)
+    if any(_MISMATCHED.search(states[i].note or "") for i in dead):  # the runtime saw the divergence: it is the cause
+        explanation = _DIED_OF_MISMATCH + explanation
+        hints = (_DIVERGENCE_HINT, *hints)
+    return HangResult(True, verdict, "dead", stuck=tuple(dead), explanation=explanation, hints=hints, **common)
+
+
+# how collective runtimes say that the peers' collectives did not match (gloo: "Received data size doesn't match
+# expected size. Is there a distributed collective mismatch in your code?")
+_MISMATCHED = re.compile(r"collective mismatch|size doesn't match|mismatched collective", re.IGNORECASE)
+_DIED_OF_MISMATCH = ("The runtime aborted it because the collectives of the processes did not match (its words are in "
+                     "the verdict): the processes ran different collectives at the same point, i.e. different "
+                     "programs or a call that one process made and another did not. ")
 
 
 def _deadlock(states: dict[int, ProcessState], deadlock: object, common: dict[str, Any],
@@ -230,8 +245,18 @@ def _stall(states: dict[int, ProcessState], idle: list[int], facts: JobFacts, co
         verdict = f"the process {stuck_words} {state.detail}"
         queue_hint = wait_hint(facts.records.get(0) or {})
         hints = (queue_hint,) if queue_hint else _single_hints(state)
-        return HangResult(True, verdict, "stall", stuck=(0,), explanation=_single_explanation(state),
-                          hints=hints, **common)
+        explanation = _single_explanation(state)
+        awaiting = loop_waits(facts.records.get(0))
+        if awaiting:  # the thread stands in asyncio's select: what waits is a task, at its own await
+            verdict += f"; {awaiting[0]}"
+            hints = (awaiting[1], *hints[1:]) if state.state == "host" else hints
+        died = thread_deaths(facts.records.get(0))
+        if died:  # what it waits for was that thread's to give: its error is the cause, the wait the symptom
+            verdict += f"; {died[0]}"
+            explanation = _THREAD_DIED.format(who="An asyncio task" if died[0].startswith("task") else "A thread",
+                                              kind=died[0].split()[0]) + explanation
+            hints = (died[1], *hints)
+        return HangResult(True, verdict, "stall", stuck=(0,), explanation=explanation, hints=hints, **common)
     if host or callback:
         stuck = callback + [i for i in host if i not in callback] if (host and running) or callback else host
     else:
@@ -348,6 +373,9 @@ def _stuck_hints(states: dict[int, ProcessState], stuck: Iterable[int], records:
     hints = []
     for index in stuck:
         state = states[index]
+        died = thread_deaths(records.get(index))
+        if died:
+            hints.append(f"process {index}: {died[1]}")
         queue_hint = wait_hint(records.get(index) or {}) if state.state == "host" else None
         if queue_hint:  # its main thread joins a thread stuck on a queue: that says more than "see the line"
             hints.append(_others_wait(f"process {index}: {queue_hint}"))
@@ -362,6 +390,58 @@ def _stuck_hints(states: dict[int, ProcessState], stuck: Iterable[int], records:
 def _others_wait(hint: str) -> str:
     """A hint about one stuck process of a job, saying that it holds up the rest."""
     return f"{hint}; every other process waits for it"
+
+
+def thread_deaths(record: dict | None) -> tuple[str, str] | None:
+    """``(words, hint)`` for the threads of a stuck process that died by an uncaught exception (Python prints
+    it and goes on; a consumer waiting for the dead producer's next item, event or result waits forever), or None.
+
+    Example:
+        >>> words, hint = thread_deaths({"thread_deaths": [{"thread": "loader", "error": "OSError: gone",
+        ...                              "source": {"file": "/w/io.py", "line": 9, "function": "read"}}]})
+        >>> words
+        'thread `loader` died earlier with OSError: gone at io.py:9 (read)'
+    """
+    deaths = (record or {}).get("thread_deaths") or []
+    if not deaths:
+        return None
+    first = deaths[0]
+    kind = first.get("kind") or "thread"
+    at = f" at {short(first['source'])}" if first.get("source") else ""
+    more = f" ({len(deaths)} {kind}s died so)" if len(deaths) > 1 else ""
+    words = f"{kind} `{first.get('thread')}` died earlier with {first.get('error')}{at}{more}"
+    handing = ("await it (`asyncio.gather(*tasks)` raises its error) or give it a done callback that stops the "
+               "consumer" if kind == "task" else
+               "put it on the queue and raise it there, or run the work with concurrent.futures, whose result() "
+               "raises it")
+    return words, (f"fix the error that killed {kind} `{first.get('thread')}`{at}: what the stuck line waits for "
+                   f"(the next item on a queue, an event, a result) was that {kind}'s to give; and hand a worker's "
+                   f"exception to its consumer ({handing}), so a failure ends the program, not hangs it")
+
+
+def loop_waits(record: dict | None) -> tuple[str, str] | None:
+    """``(words, hint)`` for a main thread idle in an asyncio event loop: the tasks it waits on, each at the user
+    line its coroutine awaits at; None where it runs no event loop (or no task waits at a user line).
+
+    Example:
+        >>> loop_waits({"event_loop": {"pending": [{"name": "Task-1", "awaits": {"file": "/w/rl.py", "line": 34,
+        ...                                          "function": "learner"}}], "more": 0, "failed": []}})[0]
+        'its asyncio event loop waits on task `Task-1` at rl.py:34 (learner)'
+    """
+    loop = (record or {}).get("event_loop") or {}
+    pending = [t for t in loop.get("pending") or () if t.get("awaits")]
+    if not pending:
+        return None
+    more = len(loop.get("pending") or ()) - len(pending) + int(loop.get("more") or 0)
+    tasks = ", ".join(f"task `{t['name']}` at {short(t['awaits'])}" for t in pending)
+    words = f"its asyncio event loop waits on {tasks}" + (f" (and {more} more)" if more else "")
+    first = pending[0]
+    return words, (f"see what {short(first['awaits'])} awaits (in task `{first['name']}`) and why it never comes; "
+                   "an `await` with a deadline (`asyncio.wait_for(..., timeout)`) turns the wait into an error")
+
+
+_THREAD_DIED = ("{who} of the program ended by an uncaught exception (Python went on without it); what the stuck "
+                "line waits for was most likely that {kind}'s to give. ")
 
 
 def _single_explanation(state: ProcessState) -> str:

@@ -159,6 +159,8 @@ class Watchdog:
         self.spins = SpinWatch()
         self._notes: list[str] = []
         self._thread = threading.Thread(target=self._run, name="jaxdbg-hang-watchdog", daemon=True)
+        if settings.folder is not None:
+            recorder.on_first_call = lambda: self._write_record_file(time.time(), None, force=True)
 
     def start(self) -> None:
         self._thread.start()

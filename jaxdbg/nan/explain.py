@@ -70,6 +70,9 @@ CHOLESKY_JITTER = ("add a small jitter to the diagonal before factorising (`k + 
 UNDERFLOW = ("keep the value that underflows away from 0: bound its input (e.g. `jnp.exp(jnp.maximum(x, -80.0))`) or "
              "use a form that cannot reach 0 (`jax.nn.softplus(x) + 1e-6` for a positive parameter); if its input "
              "is a parameter, find why it moved so far (a smaller learning rate, clipped gradients)")
+LOG_NORMALISE = ("normalise in log space: `exp(a) / exp(a).sum()` is `jax.nn.softmax(a)`, which subtracts the largest "
+                 "`a` first, so the largest term is 1 and the sum never underflows to 0 (for mixture weights or "
+                 "responsibilities, `a = jnp.log(w) + log_p`); `log(sum(exp(a)))` is `jax.nn.logsumexp(a)`")
 MASKED_MEAN = ("a fully masked batch or row (all padding) has nothing to average: divide by "
                "`jnp.maximum(mask.sum(), 1)` "
                "(its numerator is 0 too), and check the data pipeline for empty batches")
@@ -206,7 +209,7 @@ def _log(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] | Non
     if "expm1" in code and s is not None and (s.negative or s.zero):  # log(expm1(y)): an inverse softplus
         return (what + "; its input is expm1(y), so y <= 0: log(expm1(y)), the inverse softplus, is undefined "
                 "there.", [INVERSE_SOFTPLUS])
-    return what + ".", ([LOG_SUM_EXP] if "sum" in line or "exp" in code else []) + [EPSILON_LOG]
+    return what + ".", ([LOG_SUM_EXP] if "exp" in code else []) + [EPSILON_LOG]
 
 
 def _sqrt(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] | None:
@@ -286,10 +289,12 @@ def constant_nan_note(origin: Origin) -> str:
 
 
 def _singular_matrix(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] | None:
-    """A linear solve (a gradient of slogdet/det/inv, or solve itself) on a singular matrix: NaN from finite
-    inputs, as a zero pivot divides by 0."""
+    """A linear solve (a gradient of slogdet/det/inv, or solve or inv itself) on a singular matrix: NaN or Inf
+    from finite inputs, as a zero pivot divides by 0 (``jnp.linalg.inv`` of a zero matrix is inf, not an
+    overflow of large values)."""
     solves = ("custom_linear_solve", "triangular_solve", "lu", "lu_pivots_to_permutation")
-    if origin.primitive not in solves or origin.kind != "nan" or any(s.inf or s.nan for s in origin.inputs):
+    if origin.primitive not in solves or origin.kind not in ("nan", "inf") \
+            or any(s.inf or s.nan for s in origin.inputs):
         return None
     det = next((w for w in ("slogdet", "logdet", "det", "inv") if w in line), None)
     why = (f"; the gradient of `{det}` is the inverse of the matrix, which a singular matrix does not have "
@@ -580,6 +585,15 @@ def _divided_by_log(zero: ZeroSource, first: Origin) -> bool:
     return ((zero.of or first).primitive or "") in ("log", "log1p")
 
 
+def _normalises_exponentials(first: Origin, zero: ZeroSource) -> bool:
+    """Whether a division's zero denominator is a sum of exponentials that all underflowed: ``p / p.sum()`` with
+    ``p`` from ``exp`` (a softmax written out, EM's responsibilities, attention weights normalised by hand)."""
+    if first.primitive != "div" or zero.primitive not in ("exp", "exp2"):
+        return False
+    line = _code(first.source)
+    return "sum(" in line or "sum (" in line
+
+
 def _cond_select_sentence(select: CondSelect) -> str:
     """Whether the select a cond became under vmap kept the origin's NaN (:mod:`jaxdbg.nan.cond_select`)."""
     line = f" at line {select.source.line}" if select.source else ""
@@ -666,7 +680,10 @@ def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence
     parts = [_where(first) + ":", text or (
         f"`{first.primitive}` produced it from inputs that held no {'NaN' if first.kind == 'nan' else 'Inf'}."
         if first.primitive is not None else "which operation made it inside the call is not known.")]
-    root = inf_root(first, chain) if pattern in (_inf_arithmetic, None) else None
+    # a NaN made from infinities is explained by where they were born: by arithmetic on them, or by a function
+    # outside its domain there (log(-inf) of an ODE that blew up is the blow-up's, not the log's)
+    fed_inf = pattern in (_log, _sqrt, _domain) and any(s.inf for s in first.inputs)
+    root = inf_root(first, chain) if pattern in (_inf_arithmetic, None) or fed_inf else None
     root_pattern, root_text, root_hints = _match(root, sources.get(root, ())) if root is not None else (None, "", [])
     if overflow is not None:  # where the value left its dtype's range: that is what to fix
         if overflow.origin != first:
@@ -682,6 +699,11 @@ def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence
         parts.append(_zero_sentence(zero, first, [entry.name for entry in growth]))
         if _softmax_underflow(zero) and _divided_by_log(zero, first):
             hints = [LOG_SOFTMAX, *(h for h in hints if h != LOG_SOFTMAX)]
+        elif zero.how == "underflow" and _normalises_exponentials(first, zero):
+            parts.append("Every term of the sum it divides by underflowed: exponentials divided by their own sum are a "
+                         "softmax written out, which works in linear space and reaches 0/0 once every exponent is far "
+                         "below 0.")
+            hints = [LOG_NORMALISE, *hints]
         elif zero.how == "underflow":
             hints = [UNDERFLOW, *hints]
         elif zero.how == "empty":

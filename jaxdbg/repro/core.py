@@ -209,7 +209,8 @@ class _Reproduction:
         kind = self.options.kind
         watch = WatchConfig(nonfinite=kind in (None, "nonfinite"),
                             mismatch_calls=2 if kind in (None, "mismatch") else 0,
-                            reference=self.options.reference, rtol=self.options.rtol, atol=self.options.atol)
+                            reference=self.options.reference, rtol=self.options.rtol, atol=self.options.atol,
+                            rounding_slack=kind is None)
         # An exception is cut to its JAX operation as it passes (its frames are gone once it is reported).
         operations = os.path.join(self.work, "operation") if kind in (None, "exception") else None
         request = replace(self.subject.request, script=self.subject.path, watch=watch, operation_dir=operations)

@@ -153,9 +153,13 @@ class Checker:
         self.checks = 0
         self.last_rejections: list[str] = []
         self.original_degenerate = False
-        if original_path and target.location is not None:
+        self.original_constant_checks = 0
+        if original_path:
             with open(original_path) as handle:
-                self.original_degenerate = raises_constants(handle.read(), target.location, original_path)
+                original = handle.read()
+            self.original_constant_checks = constant_checks(original)
+            if target.location is not None:
+                self.original_degenerate = raises_constants(original, target.location, original_path)
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=self.jobs)
         self._server = ForkServer(self.env, preload)
@@ -268,6 +272,8 @@ class Checker:
             return "JAX did no work"
         if not self.original_degenerate and raises_constants(text, failure.location, path):
             return "the failing statement raises constants (degenerate)"
+        if constant_checks(text) > self.original_constant_checks:
+            return "a runtime check's condition became a constant (degenerate)"
         return None
 
 
@@ -314,6 +320,38 @@ def raises_constants(text: str, location: SourceLocation | None, path: str) -> b
             return False
         node = parents.get(id(node))
     return True
+
+
+# Checks that raise from inside a jitted computation, and which argument is the condition they test: a reduction
+# that turns that condition into a constant keeps the message but drops the computation that failed.
+RUNTIME_CHECKS = {"error_if": 1, "branched_error_if": 1, "check": 0}
+
+
+def constant_checks(text: str) -> int:
+    """How many runtime checks in ``text`` (``eqx.error_if(x, pred, msg)``, ``checkify.check(pred, msg)``) test a
+    constant condition, computed from nothing: a degenerate reproducer of the check's message.
+
+    Example:
+        >>> constant_checks("import jax.numpy as jnp\\ny = eqx.error_if(y, jnp.abs(1) > 1e-3, 'bad')\\n"
+        ...                 "z = eqx.error_if(z, z.sum() > 1, 'bad')")
+        1
+    """
+    try:
+        tree = parse(text)
+    except SyntaxError:
+        return 0
+    modules = {(alias.asname or alias.name).split(".")[0] for node in ast.walk(tree)
+               if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
+    found = 0
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+        at = RUNTIME_CHECKS.get(name or "")
+        if at is not None and at < len(node.args) and all(
+                n.id in modules for n in ast.walk(node.args[at]) if isinstance(n, ast.Name)):
+            found += 1  # (its names are imported modules and functions only: `jnp.abs(1) > 1e-3`)
+    return found
 
 
 def _same_file(a: str, b: str) -> bool:

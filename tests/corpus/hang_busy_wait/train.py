@@ -1,6 +1,6 @@
 """Busy, but stuck: a hand-rolled async checkpoint. The writer thread dies before it sets `done`, so the
 trainer spins in `while not done: pass` on a CPU forever. `jaxdbg hang-hunt train.py --stall 2` must call it
-a stall spinning at that loop, not a program still making progress."""
+a stall spinning at that loop, not a program still making progress, and name the writer's death first."""
 import threading
 
 import jax
