@@ -555,6 +555,41 @@ def test_an_exp_overflow_is_told_to_bound_a_value_of_its_own_and_to_subtract_the
     assert hints[0].startswith("subtract the maximum"), hints
 
 
+def test_a_weighted_log_of_zero_is_told_to_use_xlogy_after_the_fix_of_a_sigmoid_that_reached_zero() -> None:
+    """p * log(p) with p 0 somewhere (an entropy): 0 * -inf is no bug of p, xlogy/entr give the term its 0; a binary
+    cross-entropy whose sigmoid rounded to 0 keeps log_sigmoid first."""
+    from jaxdbg.nan.explain import LOG_SIGMOID, XLOGY
+
+    def entropy(counts):
+        frac = counts / counts.sum()
+        return -(frac * jnp.log(frac)).sum()
+
+    def bce(x, logits):
+        p = jax.nn.sigmoid(logits)
+        return -jnp.sum(x * jnp.log(p) + (1 - x) * jnp.log(1 - p))
+
+    found = hunt(jax.jit(entropy), jnp.array([3.0, 0.0, 1.0]))
+    _, hints = explain(found.first, found.chain, input_sources=found.input_sources)
+    assert hints[0] == XLOGY, hints
+    found = hunt(jax.jit(bce), jnp.array([0.0, 1.0]), jnp.array([-200.0, 3.0]))
+    _, hints = explain(found.first, found.chain, input_sources=found.input_sources)
+    assert hints[:2] == (LOG_SIGMOID, XLOGY), hints
+
+
+def test_a_pmap_whose_body_calls_a_jitted_helper_with_constants_is_replayed_to_the_device() -> None:
+    """jax.random.normal calls its jitted _uniform with the constants -1 and 1: inside a pmap's shard_map body
+    those literals are stacked per device like every other value (the localisation failed on them)."""
+    if jax.local_device_count() < 4:
+        pytest.skip("needs 4 devices")
+
+    def noisy_log(x, key):
+        return jnp.log(x) + 0.1 * jax.random.normal(key, x.shape)
+
+    x = jnp.ones((4, 3)).at[2, 1].set(-1.0)
+    found = hunt(jax.pmap(noisy_log), x, jax.random.split(jax.random.key(0), 4))
+    assert (found.first.primitive, found.first.device, found.first.path[-1]) == ("log", "cpu:2", "shard_map")
+
+
 def test_growth_tracker_waits_for_a_nonzero_baseline() -> None:
     tracker = GrowthTracker(factor=10.0)
     for call, mags in enumerate([[0.0, 1.0], [0.5, 1.0], [2.0, 1.0], [50.0, np.inf]]):
