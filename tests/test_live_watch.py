@@ -82,7 +82,28 @@ def test_ragged_batches_with_max_compiles_1_raise_the_shape_cause(tmp_path):
     assert result["recompiles"][0]["call_index"] == 3
     assert result["recompiles"][0]["reason"] == "argument 'batch' shape changed (8, 4) -> (5, 4)"
     assert "argument 'batch' shape changed (8, 4) -> (5, 4)" in str(raised.value)
+    called_at = result["recompiles"][0]["source"]
+    assert (Path(called_at["file"]).name, called_at["function"]) == (
+        "test_live_watch.py", "test_ragged_batches_with_max_compiles_1_raise_the_shape_cause")
+    assert result["hints"][0].startswith("pad inputs to a few fixed shapes") and "every call" not in str(raised.value)
     jsonschema.validate(json.loads((tmp_path / "report.json").read_text()), schema())
+
+
+def test_a_decorated_step_with_a_static_value_new_at_every_call_names_it_and_the_fix(tmp_path):
+    """A schedule's learning rate passed as a static argument recompiles at every call: the error says so, at the
+    calling line, with the fix for a static argument."""
+    @jaxdbg.watch(out=str(tmp_path), max_compiles=2)
+    def train(w):
+        step = jax.jit(lambda w, lr: w - lr * w, static_argnames="lr")
+        for i in range(5):
+            w = step(w, lr=0.1 / (i + 1))  # <- the call
+        return w
+
+    with pytest.raises(jaxdbg.RecompileError) as raised:
+        train(jnp.ones(2))
+    message = str(raised.value)
+    assert "compiled 3 times (max_compiles=2, every call since call 1); call 2 at test_live_watch.py:" in message
+    assert "static argument 'lr' changed" in message and "fix: each new value of a static argument" in message
 
 
 def test_log_action_goes_on_and_metrics_are_served(tmp_path, caplog):

@@ -27,6 +27,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable
@@ -256,6 +257,7 @@ class LiveHook(Watch):
             same = any(f is function.fun for f in seen.callables)
             recompile = explain(seen.signatures, signature, same_callable=same, call_index=call.index,
                                 callable_site=site)
+            recompile = dataclasses.replace(recompile, source=caller_user_frame(2))  # the line that called it
             seen.recompiles.append(recompile)
         seen.signatures = [*seen.signatures, signature][-_KEEP_SIGNATURES:]
         seen.callables = [*seen.callables, function.fun][-_KEEP_SIGNATURES:]

@@ -50,13 +50,21 @@ class RecompileResult:
     source: SourceLocation | None  # where the function is defined
     compiles: int
     max_compiles: int
-    recompiles: tuple = ()  # profile's entries: {call_index, reason, changes}
+    recompiles: tuple = ()  # profile's entries: {call_index, reason, changes, source}
+    hints: tuple[str, ...] = ()  # the usual fix of the main cause (profile's words)
     kind: Literal["recompiles"] = "recompiles"
 
     def essential_line(self) -> str | None:
         last = self.recompiles[-1]
-        return (f"{self.function} compiled {self.compiles} times (max_compiles={self.max_compiles}); "
-                f"call {last.call_index}: {last.reason}")
+        at = f" at {last.source.file.rsplit('/', 1)[-1]}:{last.source.line}" if last.source else ""
+        calls = [r.call_index for r in self.recompiles]
+        # A recompile at every call since the first compile is a cause that changes with each call (a step
+        # counter, a schedule's value as a static argument), not an odd batch.
+        steady = len(calls) > 1 and calls == list(range(calls[0], calls[-1] + 1))
+        every = f", every call since call {calls[0]}" if steady else ""
+        fix = f"; fix: {self.hints[0]}" if self.hints else ""
+        return (f"{self.function} compiled {self.compiles} times (max_compiles={self.max_compiles}{every}); "
+                f"call {last.call_index}{at}: {last.reason}{fix}")
 
 
 @dataclass
@@ -187,8 +195,11 @@ class watch(contextlib.ContextDecorator):
         if self.max_compiles is None or count <= self.max_compiles or recompile is None:
             return
         seen = hook.compiles[function.record.id]
+        from jaxdbg.profile.hints import recompile_fix
+
+        fix = recompile_fix(seen.recompiles, function.is_pmap)[2]
         result = RecompileResult(function.name, function.record.source, count, self.max_compiles,
-                                 tuple(seen.recompiles))
+                                 tuple(seen.recompiles), (fix,))
         path = self._write_or_warn(result, {})
         said = f" (report: {path})" if path else " (no report could be written)"
         self._act(hook, RecompileError(f"jaxdbg.watch: {result.essential_line()}{said}", _jsonable(result), path))
