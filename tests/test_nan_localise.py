@@ -516,11 +516,20 @@ def test_the_zero_a_division_by_zero_divided_by_is_traced_to_where_it_was_made()
     zero, (text, hints) = traced(_focal_grad, jnp.array([[0.0, 120.0], [0.0, 120.0]]), jnp.array([1, 0]))
     assert (zero.primitive, zero.how) == ("sub", "cancellation"), zero
     assert "where none of its inputs is 0" in text and "base of the power" in hints[0], (text, hints)
+    # a constant feature standardised: the zero is made inside jnp.std (a jitted function of jax's), by x - mean
+    # cancelling, said at the line that called it, not as "made by `jit`"
+    zero, (text, _) = traced(_standardise, jnp.array([[1.0, 2.0], [1.0, 3.0], [1.0, 5.0]]))
+    assert (zero.primitive, zero.how, zero.arguments) == ("sub", "cancellation", ("x",)), zero
+    assert zero.source.line == _line_of(_standardise, "# std line") and "made by `sub`" in text, text
     # a carry that is 0 in a loop's first iteration: its initial value, followed out to the argument
     for reverse in (False, True):
         zero, (text, _) = traced(lambda x0, reverse=reverse: jax.lax.scan(
             lambda x, _: (1.0 / x - 1.0 / x, None), x0, None, length=3, reverse=reverse)[0], jnp.float32(0.0))
         assert (zero.how, zero.arguments) == ("argument", ("x0",)) and "earlier iteration" not in text, text
+
+
+def _standardise(x):
+    return (x - x.mean(axis=0)) / x.std(axis=0)  # std line
 
 
 def test_the_one_line_of_a_nan_made_of_infinities_names_where_the_inf_came_from() -> None:
