@@ -89,6 +89,19 @@ def test_ragged_batches_with_max_compiles_1_raise_the_shape_cause(tmp_path):
     jsonschema.validate(json.loads((tmp_path / "report.json").read_text()), schema())
 
 
+def test_the_programs_own_error_on_seeing_the_nan_keeps_its_place_and_gets_the_origin_as_a_note(tmp_path):
+    """`if not isfinite(loss): raise` ends the block before the watch read the bad call's flags: the program's
+    exception stays itself, the origin is analysed and written all the same, and its one line is a note on it."""
+    here = sys._getframe().f_lineno
+    with pytest.raises(RuntimeError) as raised, jaxdbg.watch(out=str(tmp_path)):
+        step = jax.jit(lambda x: jnp.log(x).sum())
+        if not np.isfinite(float(step(jnp.array([1.0, -1.0])))):
+            raise RuntimeError("loss diverged")
+    assert str(raised.value) == "loss diverged" and raised.traceback[-1].lineno + 1 == here + 4
+    assert raised.value.__notes__ == [f"jaxdbg.watch: nan first made by log (forward pass) at test_live_watch.py:"
+                                      f"{here + 2} in <lambda>, call 0 (report: {tmp_path / 'report.json'})"]
+
+
 def test_a_decorated_step_with_a_static_value_new_at_every_call_names_it_and_the_fix(tmp_path):
     """A schedule's learning rate passed as a static argument recompiles at every call: the error says so, at the
     calling line, with the fix for a static argument."""

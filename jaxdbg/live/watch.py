@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 from jaxdbg._errors import UsageError
 from jaxdbg._source import SourceLocation
-from jaxdbg.live.errors import NonFiniteError, RecompileError
+from jaxdbg.live.errors import NonFiniteError, RecompileError, WatchError
 
 log = logging.getLogger("jaxdbg")
 ACTIONS = ("raise", "log")
@@ -72,6 +72,28 @@ class _State:
     hook: Any
     stack: contextlib.ExitStack
     reported: list = field(default_factory=list)
+
+
+def _noted(kind: type) -> bool:
+    """Whether the program's own exception ending a watched block gets the watch's finding as a note: an error it
+    raised, often on seeing the NaN itself (``if not np.isfinite(loss): raise ...``, ``sys.exit(...)``), before the
+    watch read that call's flags; not an interrupt, and not a finding of a watch inside this one."""
+    return issubclass(kind, (Exception, SystemExit)) and not issubclass(kind, WatchError)
+
+
+def _note_finding(hook: Any, error: BaseException) -> None:
+    """Read the calls not yet read; a finding is analysed and written as usual, and its one line is added to the
+    program's exception as a note (its type, message and traceback stay as they are), not raised in its place."""
+    found: list[WatchError] = []
+    try:
+        hook.flush()
+    except WatchError as err:
+        found.append(err)
+    if hook.held is not None:
+        found.append(hook.held[1])
+        hook.held = None
+    for finding in found:
+        error.add_note(finding.message)
 
 
 class watch(contextlib.ContextDecorator):
@@ -170,6 +192,8 @@ class watch(contextlib.ContextDecorator):
                 if not any(row.calls for row in state.hook.figures.functions.values()):  # no watched call
                     log.warning("jaxdbg.watch: no jitted call was watched, so nothing was checked: %s",
                                 _why_nothing_was_watched(state.hook))
+            elif _noted(kind):
+                _note_finding(state.hook, error)
         finally:
             self._states.pop()
             state.stack.close()
