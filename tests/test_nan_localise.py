@@ -599,6 +599,21 @@ def test_a_pmap_whose_body_calls_a_jitted_helper_with_constants_is_replayed_to_t
     assert (found.first.primitive, found.first.device, found.first.path[-1]) == ("log", "cpu:2", "shard_map")
 
 
+def test_a_float16_matmul_whose_sum_overflows_is_not_said_to_overflow_in_its_products() -> None:
+    from jaxdbg.nan import overflow
+    from jaxdbg.nan.analyses import Findings
+
+    def scores(x, w):
+        y = x @ w
+        return y - y
+
+    found = hunt(jax.jit(scores), jnp.full((1, 128), 100.0, jnp.float16), jnp.full((128, 1), 10.0, jnp.float16))
+    findings = Findings(found.first, localisation=found, chain=list(found.chain))
+    overflow.analyse(findings)
+    text, _ = explain(found.first, found.chain, overflow=findings.overflow)
+    assert "each product of its inputs, at most 1e+03, stays within it: the sum over the contracted" in text, text
+
+
 def test_growth_tracker_waits_for_a_nonzero_baseline() -> None:
     tracker = GrowthTracker(factor=10.0)
     for call, mags in enumerate([[0.0, 1.0], [0.5, 1.0], [2.0, 1.0], [50.0, np.inf]]):

@@ -531,6 +531,9 @@ def _range_sentence(overflow: Overflow, first: Origin) -> str:
             else f" of `{o.function}`, call {o.call_index}")
     line = f" at line {o.source.line}" if o.source else ""
     reach = f"; products of its inputs reach {overflow.reach:.3g}" if overflow.reach else ""
+    if overflow.reach and overflow.reach < overflow.max and o.primitive in SUMMING:  # no one product leaves the range
+        reach = (f"; each product of its inputs, at most {overflow.reach:.3g}, stays within it: the sum over the "
+                 "contracted dimension is what overflowed")
     return (f"The root cause is a {name} overflow: `{o.primitive}` in the {pass_}{call}{line} computed values beyond "
             f"{name}'s range (max {overflow.max:.6g}{reach}) and made Inf, which later operations turned into "
             f"this {'NaN' if first.kind == 'nan' else 'Inf'}; an epsilon does not help.")
