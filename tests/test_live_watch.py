@@ -117,6 +117,9 @@ def test_a_decorated_step_with_a_static_value_new_at_every_call_names_it_and_the
     message = str(raised.value)
     assert "compiled 3 times (max_compiles=2, every call since call 1); call 2 at test_live_watch.py:" in message
     assert "static argument 'lr' changed" in message and "fix: each new value of a static argument" in message
+    # raised from the call, without the frames of jaxdbg's reading and analysis that found it
+    inside = [Path(entry.path).name for entry in raised.traceback if "jaxdbg" in Path(entry.path).parts]
+    assert inside == ["jit_layer.py", "jit_layer.py", "hook.py"], inside
 
 
 def test_log_action_goes_on_and_metrics_are_served(tmp_path, caplog):

@@ -49,6 +49,12 @@ _KEEP_SIGNATURES = 32
 log = logging.getLogger("jaxdbg")
 
 
+
+def _shown(found: WatchError) -> WatchError:
+    """A finding as the program sees it: raised from the watched call (or the block's end), its traceback without
+    the dozen frames of jaxdbg's reading and analysis that came up with it (they are jaxdbg's, not the program's)."""
+    return found.with_traceback(None)
+
 class _Compiles:
     """One function's compiles: how many, and the signatures and callables jax compiled for."""
 
@@ -115,8 +121,8 @@ class LiveHook(Watch):
                     self._read_finished()
                 finally:
                     lock.release()
-            except WatchError:
-                raise
+            except WatchError as found:
+                raise _shown(found) from None
             except Exception as err:  # noqa: BLE001 - jaxdbg's own failure: see _failed
                 self._failed(err)
         active = self.active
@@ -139,8 +145,8 @@ class LiveHook(Watch):
                 self._finish(call, out, active)
             finally:
                 lock.release()
-        except WatchError:
-            raise
+        except WatchError as found:
+            raise _shown(found) from None
         except Exception as err:  # noqa: BLE001 - never the user's exception, never the end of the user's run
             self._failed(err)
         return out
@@ -171,8 +177,8 @@ class LiveHook(Watch):
                 if not self.stopped:
                     self._compiled(call, [end - start for _, start, end in call.spans],
                                    self.figures.function(call.function.name))
-        except WatchError:
-            raise
+        except WatchError as found:
+            raise _shown(found) from None
         except Exception as err:  # noqa: BLE001 - jaxdbg's own failure: see _failed
             self._failed(err)
 

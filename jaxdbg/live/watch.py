@@ -185,7 +185,10 @@ class watch(contextlib.ContextDecorator):
         state = self._states[-1]
         try:
             if kind is None:
-                state.hook.flush()  # the unread calls' flags: may raise NonFiniteError
+                try:
+                    state.hook.flush()  # the unread calls' flags: may raise NonFiniteError
+                except WatchError as found:
+                    raise found.with_traceback(None) from None  # from the block's end, not from jaxdbg's reading
                 if state.hook.held is not None:  # another thread's finding that thread did not call again to get
                     held, state.hook.held = state.hook.held[1], None
                     raise held
