@@ -164,10 +164,13 @@ def test_shard_map_body_runs_per_device_in_lockstep() -> None:
         pytest.skip("needs 4 devices")
     mesh = jax.make_mesh((2, 2), ("a", "b"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
 
+    clip = jax.jit(lambda v, low: (jnp.maximum(v, low), 0.5))  # called with a constant; returns one
+
     def body(block):
         i = jax.lax.axis_index("a")
         gathered = jax.lax.all_gather(block, "b", tiled=True)
-        return jax.lax.psum(jnp.log(block) * i, "b") + jax.lax.pmax(block, "a") + gathered[2:]
+        clipped, half = clip(block, 2.0)  # literals in and out of a call: stacked per device like the rest
+        return jax.lax.psum(jnp.log(block) * i, "b") + jax.lax.pmax(block, "a") + gathered[2:] + clipped * half
 
     fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("a", "b"), out_specs=P(None, "b"), check_vma=False))
     x = jnp.arange(1.0, 17.0).reshape(4, 4)

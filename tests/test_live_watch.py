@@ -82,7 +82,44 @@ def test_ragged_batches_with_max_compiles_1_raise_the_shape_cause(tmp_path):
     assert result["recompiles"][0]["call_index"] == 3
     assert result["recompiles"][0]["reason"] == "argument 'batch' shape changed (8, 4) -> (5, 4)"
     assert "argument 'batch' shape changed (8, 4) -> (5, 4)" in str(raised.value)
+    called_at = result["recompiles"][0]["source"]
+    assert (Path(called_at["file"]).name, called_at["function"]) == (
+        "test_live_watch.py", "test_ragged_batches_with_max_compiles_1_raise_the_shape_cause")
+    assert result["hints"][0].startswith("pad inputs to a few fixed shapes") and "every call" not in str(raised.value)
     jsonschema.validate(json.loads((tmp_path / "report.json").read_text()), schema())
+
+
+def test_the_programs_own_error_on_seeing_the_nan_keeps_its_place_and_gets_the_origin_as_a_note(tmp_path):
+    """`if not isfinite(loss): raise` ends the block before the watch read the bad call's flags: the program's
+    exception stays itself, the origin is analysed and written all the same, and its one line is a note on it."""
+    here = sys._getframe().f_lineno
+    with pytest.raises(RuntimeError) as raised, jaxdbg.watch(out=str(tmp_path)):
+        step = jax.jit(lambda x: jnp.log(x).sum())
+        if not np.isfinite(float(step(jnp.array([1.0, -1.0])))):
+            raise RuntimeError("loss diverged")
+    assert str(raised.value) == "loss diverged" and raised.traceback[-1].lineno + 1 == here + 4
+    assert raised.value.__notes__ == [f"jaxdbg.watch: nan first made by log (forward pass) at test_live_watch.py:"
+                                      f"{here + 2} in <lambda>, call 0 (report: {tmp_path / 'report.json'})"]
+
+
+def test_a_decorated_step_with_a_static_value_new_at_every_call_names_it_and_the_fix(tmp_path):
+    """A schedule's learning rate passed as a static argument recompiles at every call: the error says so, at the
+    calling line, with the fix for a static argument."""
+    @jaxdbg.watch(out=str(tmp_path), max_compiles=2)
+    def train(w):
+        step = jax.jit(lambda w, lr: w - lr * w, static_argnames="lr")
+        for i in range(5):
+            w = step(w, lr=0.1 / (i + 1))  # <- the call
+        return w
+
+    with pytest.raises(jaxdbg.RecompileError) as raised:
+        train(jnp.ones(2))
+    message = str(raised.value)
+    assert "compiled 3 times (max_compiles=2, every call since call 1); call 2 at test_live_watch.py:" in message
+    assert "static argument 'lr' changed" in message and "fix: each new value of a static argument" in message
+    # raised from the call, without the frames of jaxdbg's reading and analysis that found it
+    inside = [Path(entry.path).name for entry in raised.traceback if "jaxdbg" in Path(entry.path).parts]
+    assert inside == ["jit_layer.py", "jit_layer.py", "hook.py"], inside
 
 
 def test_log_action_goes_on_and_metrics_are_served(tmp_path, caplog):
@@ -617,6 +654,9 @@ def test_each_process_of_a_job_watches_its_own_part(tmp_path):
         first = report["result"]["first"]
         assert (report["environment"]["process_index"], report["environment"]["process_count"]) == (index, 2)
         assert (first["primitive"], first["call_index"], first["source"]["line"]) == ("log", 2, line)
-    # Only process 1's own shard holds the bad example: it places the origin there.
-    first = json.loads((out / "process-1" / "report.json").read_text())["result"]["first"]
-    assert first["process"] == 1 and first["shard"] == [[12, 16], [0, 1]]
+    # Only process 1's own shard holds the bad example: it places the origin there, and so does process 0, whose
+    # own shards stayed finite (its one line names the process).
+    for index in range(2):
+        first = json.loads((out / f"process-{index}" / "report.json").read_text())["result"]["first"]
+        assert first["process"] == 1 and first["shard"] == [[12, 16], [0, 1]], first
+    assert f"call 2 on process 1 ({first['device']})" in finished[0][1]

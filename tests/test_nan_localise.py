@@ -555,11 +555,20 @@ def test_the_zero_a_division_by_zero_divided_by_is_traced_to_where_it_was_made()
     zero, (text, hints) = traced(_focal_grad, jnp.array([[0.0, 120.0], [0.0, 120.0]]), jnp.array([1, 0]))
     assert (zero.primitive, zero.how) == ("sub", "cancellation"), zero
     assert "where none of its inputs is 0" in text and "base of the power" in hints[0], (text, hints)
+    # a constant feature standardised: the zero is made inside jnp.std (a jitted function of jax's), by x - mean
+    # cancelling, said at the line that called it, not as "made by `jit`"
+    zero, (text, _) = traced(_standardise, jnp.array([[1.0, 2.0], [1.0, 3.0], [1.0, 5.0]]))
+    assert (zero.primitive, zero.how, zero.arguments) == ("sub", "cancellation", ("x",)), zero
+    assert zero.source.line == _line_of(_standardise, "# std line") and "made by `sub`" in text, text
     # a carry that is 0 in a loop's first iteration: its initial value, followed out to the argument
     for reverse in (False, True):
         zero, (text, _) = traced(lambda x0, reverse=reverse: jax.lax.scan(
             lambda x, _: (1.0 / x - 1.0 / x, None), x0, None, length=3, reverse=reverse)[0], jnp.float32(0.0))
         assert (zero.how, zero.arguments) == ("argument", ("x0",)) and "earlier iteration" not in text, text
+
+
+def _standardise(x):
+    return (x - x.mean(axis=0)) / x.std(axis=0)  # std line
 
 
 def test_the_one_line_of_a_nan_made_of_infinities_names_where_the_inf_came_from() -> None:
@@ -592,6 +601,56 @@ def test_an_exp_overflow_is_told_to_bound_a_value_of_its_own_and_to_subtract_the
     assert "exp overflows in f32" in text and "jnp.clip(x, -20.0, 20.0)" in hints[0], hints
     _, hints = explain(hunt(softmax, jnp.array([1.0, 400.0])).first)
     assert hints[0].startswith("subtract the maximum"), hints
+
+
+def test_a_weighted_log_of_zero_is_told_to_use_xlogy_after_the_fix_of_a_sigmoid_that_reached_zero() -> None:
+    """p * log(p) with p 0 somewhere (an entropy): 0 * -inf is no bug of p, xlogy/entr give the term its 0; a binary
+    cross-entropy whose sigmoid rounded to 0 keeps log_sigmoid first."""
+    from jaxdbg.nan.explain import LOG_SIGMOID, XLOGY
+
+    def entropy(counts):
+        frac = counts / counts.sum()
+        return -(frac * jnp.log(frac)).sum()
+
+    def bce(x, logits):
+        p = jax.nn.sigmoid(logits)
+        return -jnp.sum(x * jnp.log(p) + (1 - x) * jnp.log(1 - p))
+
+    found = hunt(jax.jit(entropy), jnp.array([3.0, 0.0, 1.0]))
+    _, hints = explain(found.first, found.chain, input_sources=found.input_sources)
+    assert hints[0] == XLOGY, hints
+    found = hunt(jax.jit(bce), jnp.array([0.0, 1.0]), jnp.array([-200.0, 3.0]))
+    _, hints = explain(found.first, found.chain, input_sources=found.input_sources)
+    assert hints[:2] == (LOG_SIGMOID, XLOGY), hints
+
+
+def test_a_pmap_whose_body_calls_a_jitted_helper_with_constants_is_replayed_to_the_device() -> None:
+    """jax.random.normal calls its jitted _uniform with the constants -1 and 1: inside a pmap's shard_map body
+    those literals are stacked per device like every other value (the localisation failed on them)."""
+    if jax.local_device_count() < 4:
+        pytest.skip("needs 4 devices")
+
+    def noisy_log(x, key):
+        return jnp.log(x) + 0.1 * jax.random.normal(key, x.shape)
+
+    x = jnp.ones((4, 3)).at[2, 1].set(-1.0)
+    found = hunt(jax.pmap(noisy_log), x, jax.random.split(jax.random.key(0), 4))
+    assert (found.first.primitive, found.first.device, found.first.path[-1]) == ("log", "cpu:2", "shard_map")
+
+
+def test_a_float16_matmul_whose_sum_overflows_is_not_said_to_overflow_in_its_products() -> None:
+    from jaxdbg.nan import overflow
+    from jaxdbg.nan.analyses import Findings
+
+    def scores(x, w):
+        y = x @ w
+        return y - y
+
+    found = hunt(jax.jit(scores), jnp.full((1, 128), 100.0, jnp.float16), jnp.full((128, 1), 10.0, jnp.float16))
+    findings = Findings(found.first, localisation=found, chain=list(found.chain))
+    overflow.analyse(findings)
+    text, _ = explain(found.first, found.chain, overflow=findings.overflow)
+    assert "each product of its inputs, at most 1e+03, stays within it: the sum over the contracted" in text, text
 
 
 def test_growth_tracker_waits_for_a_nonzero_baseline() -> None:

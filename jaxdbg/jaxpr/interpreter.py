@@ -447,10 +447,31 @@ def _shard_map_rule(interp: Interpreter, site: Site, invals: list, in_tags: list
     binder = _vmapped_binder(sizes, manual)
     # Calls inside the body (a jnp function that is itself jitted, custom_jvp, remat) are descended into: bound
     # whole, their jaxprs' types name the manual axes, which only a shard_map trace accepts. Loops stay whole.
-    inner = interp.child(binder=binder, rules={k: rule for k, rule in (interp.rules or RULES).items()
-                                               if k in SHARD_MAP_DESCENDS})
+    lead = tuple(sizes[name] for name in manual)
+    inner = interp.child(binder=binder, rules={k: _per_device_call(rule, lead) for k, rule in
+                                               (interp.rules or RULES).items() if k in SHARD_MAP_DESCENDS})
     outs, tags = _inner(inner, site, site.eqn.params["jaxpr"], "shard_map", "shard_map", stacked, list(in_tags))
     return [_from_device_blocks(y, spec, sizes, manual) for y, spec in zip(outs, out_specs)], tags
+
+
+def _per_device_call(rule: Rule, lead: tuple[int, ...]) -> Rule:
+    """``rule`` for a call inside a shard_map body, where every value is stacked per device: a literal operand
+    (``jax.random.normal``'s jitted ``_uniform`` called with the constants -1 and 1) becomes a variable of the
+    inner jaxpr, whose equations would take it for a stacked one; so is a literal the inner jaxpr returns."""
+
+    def stacked(x: Any, ndim: int) -> Any:
+        return x if jnp.ndim(x) > ndim else jnp.broadcast_to(x, lead + jnp.shape(x))
+
+    def per_device(interp: Interpreter, site: Site, invals: list, in_tags: list) -> tuple[list, list] | None:
+        given = [stacked(x, jnp.ndim(x)) if _compat.is_literal(a) else x for a, x in zip(site.eqn.invars, invals)]
+        result = rule(interp, site, given, in_tags)
+        if result is None:
+            return None  # ``invals`` as given: the binder stacks its literals itself
+        invals.clear()
+        outs, tags = result
+        return [stacked(y, len(v.aval.shape)) for y, v in zip(outs, site.eqn.outvars)], tags
+
+    return per_device
 
 
 def _pallas_rule(interp: Interpreter, site: Site, invals: list, in_tags: list) -> tuple[list, list] | None:

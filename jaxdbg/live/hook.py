@@ -27,6 +27,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable
@@ -47,6 +48,12 @@ from jaxdbg.runner import first_line
 _KEEP_SIGNATURES = 32
 log = logging.getLogger("jaxdbg")
 
+
+
+def _shown(found: WatchError) -> WatchError:
+    """A finding as the program sees it: raised from the watched call (or the block's end), its traceback without
+    the dozen frames of jaxdbg's reading and analysis that came up with it (they are jaxdbg's, not the program's)."""
+    return found.with_traceback(None)
 
 class _Compiles:
     """One function's compiles: how many, and the signatures and callables jax compiled for."""
@@ -114,8 +121,8 @@ class LiveHook(Watch):
                     self._read_finished()
                 finally:
                     lock.release()
-            except WatchError:
-                raise
+            except WatchError as found:
+                raise _shown(found) from None
             except Exception as err:  # noqa: BLE001 - jaxdbg's own failure: see _failed
                 self._failed(err)
         active = self.active
@@ -138,8 +145,8 @@ class LiveHook(Watch):
                 self._finish(call, out, active)
             finally:
                 lock.release()
-        except WatchError:
-            raise
+        except WatchError as found:
+            raise _shown(found) from None
         except Exception as err:  # noqa: BLE001 - never the user's exception, never the end of the user's run
             self._failed(err)
         return out
@@ -170,8 +177,8 @@ class LiveHook(Watch):
                 if not self.stopped:
                     self._compiled(call, [end - start for _, start, end in call.spans],
                                    self.figures.function(call.function.name))
-        except WatchError:
-            raise
+        except WatchError as found:
+            raise _shown(found) from None
         except Exception as err:  # noqa: BLE001 - jaxdbg's own failure: see _failed
             self._failed(err)
 
@@ -256,6 +263,7 @@ class LiveHook(Watch):
             same = any(f is function.fun for f in seen.callables)
             recompile = explain(seen.signatures, signature, same_callable=same, call_index=call.index,
                                 callable_site=site)
+            recompile = dataclasses.replace(recompile, source=caller_user_frame(2))  # the line that called it
             seen.recompiles.append(recompile)
         seen.signatures = [*seen.signatures, signature][-_KEEP_SIGNATURES:]
         seen.callables = [*seen.callables, function.fun][-_KEEP_SIGNATURES:]

@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 from jaxdbg._errors import UsageError
 from jaxdbg._source import SourceLocation
-from jaxdbg.live.errors import NonFiniteError, RecompileError
+from jaxdbg.live.errors import NonFiniteError, RecompileError, WatchError
 
 log = logging.getLogger("jaxdbg")
 ACTIONS = ("raise", "log")
@@ -50,13 +50,21 @@ class RecompileResult:
     source: SourceLocation | None  # where the function is defined
     compiles: int
     max_compiles: int
-    recompiles: tuple = ()  # profile's entries: {call_index, reason, changes}
+    recompiles: tuple = ()  # profile's entries: {call_index, reason, changes, source}
+    hints: tuple[str, ...] = ()  # the usual fix of the main cause (profile's words)
     kind: Literal["recompiles"] = "recompiles"
 
     def essential_line(self) -> str | None:
         last = self.recompiles[-1]
-        return (f"{self.function} compiled {self.compiles} times (max_compiles={self.max_compiles}); "
-                f"call {last.call_index}: {last.reason}")
+        at = f" at {last.source.file.rsplit('/', 1)[-1]}:{last.source.line}" if last.source else ""
+        calls = [r.call_index for r in self.recompiles]
+        # A recompile at every call since the first compile is a cause that changes with each call (a step
+        # counter, a schedule's value as a static argument), not an odd batch.
+        steady = len(calls) > 1 and calls == list(range(calls[0], calls[-1] + 1))
+        every = f", every call since call {calls[0]}" if steady else ""
+        fix = f"; fix: {self.hints[0]}" if self.hints else ""
+        return (f"{self.function} compiled {self.compiles} times (max_compiles={self.max_compiles}{every}); "
+                f"call {last.call_index}{at}: {last.reason}{fix}")
 
 
 @dataclass
@@ -64,6 +72,28 @@ class _State:
     hook: Any
     stack: contextlib.ExitStack
     reported: list = field(default_factory=list)
+
+
+def _noted(kind: type) -> bool:
+    """Whether the program's own exception ending a watched block gets the watch's finding as a note: an error it
+    raised, often on seeing the NaN itself (``if not np.isfinite(loss): raise ...``, ``sys.exit(...)``), before the
+    watch read that call's flags; not an interrupt, and not a finding of a watch inside this one."""
+    return issubclass(kind, (Exception, SystemExit)) and not issubclass(kind, WatchError)
+
+
+def _note_finding(hook: Any, error: BaseException) -> None:
+    """Read the calls not yet read; a finding is analysed and written as usual, and its one line is added to the
+    program's exception as a note (its type, message and traceback stay as they are), not raised in its place."""
+    found: list[WatchError] = []
+    try:
+        hook.flush()
+    except WatchError as err:
+        found.append(err)
+    if hook.held is not None:
+        found.append(hook.held[1])
+        hook.held = None
+    for finding in found:
+        error.add_note(finding.message)
 
 
 class watch(contextlib.ContextDecorator):
@@ -155,13 +185,18 @@ class watch(contextlib.ContextDecorator):
         state = self._states[-1]
         try:
             if kind is None:
-                state.hook.flush()  # the unread calls' flags: may raise NonFiniteError
+                try:
+                    state.hook.flush()  # the unread calls' flags: may raise NonFiniteError
+                except WatchError as found:
+                    raise found.with_traceback(None) from None  # from the block's end, not from jaxdbg's reading
                 if state.hook.held is not None:  # another thread's finding that thread did not call again to get
                     held, state.hook.held = state.hook.held[1], None
                     raise held
                 if not any(row.calls for row in state.hook.figures.functions.values()):  # no watched call
                     log.warning("jaxdbg.watch: no jitted call was watched, so nothing was checked: %s",
                                 _why_nothing_was_watched(state.hook))
+            elif _noted(kind):
+                _note_finding(state.hook, error)
         finally:
             self._states.pop()
             state.stack.close()
@@ -187,8 +222,11 @@ class watch(contextlib.ContextDecorator):
         if self.max_compiles is None or count <= self.max_compiles or recompile is None:
             return
         seen = hook.compiles[function.record.id]
+        from jaxdbg.profile.hints import recompile_fix
+
+        fix = recompile_fix(seen.recompiles, function.is_pmap)[2]
         result = RecompileResult(function.name, function.record.source, count, self.max_compiles,
-                                 tuple(seen.recompiles))
+                                 tuple(seen.recompiles), (fix,))
         path = self._write_or_warn(result, {})
         said = f" (report: {path})" if path else " (no report could be written)"
         self._act(hook, RecompileError(f"jaxdbg.watch: {result.essential_line()}{said}", _jsonable(result), path))

@@ -85,6 +85,9 @@ LITERAL_ZERO = ("{name} is 0 where the code divides by it (a warmup or decay len
 BOUND_EXP = ("bound what is exponentiated where it is a value of its own (a log-variance or log-scale head, a log "
              "ratio): `jnp.exp(jnp.clip(x, -20.0, 20.0))`, or map it to a positive value with `jax.nn.softplus` "
              "instead of exp")
+XLOGY = ("where the factor is 0 the term is 0: write `p * log(q)` as `jax.scipy.special.xlogy(p, q)` (an entropy "
+         "`-p * log(p)` as `jax.scipy.special.entr(p)`), which give 0 where p is 0 instead of 0 * -inf = NaN; for its "
+         "gradient too, take the log only where p > 0: `jnp.log(jnp.where(p > 0, q, 1.0))` (the double-where trick)")
 SUBTRACT_MAX = "subtract the maximum before exponentiating (what `jax.nn.softmax`/`logsumexp` do)"
 CLIP = "clip gradients (e.g. `optax.clip_by_global_norm(1.0)`) and/or lower the learning rate (or add warmup)"
 # CLIP's, where every gradient the call takes drives a loop of its own (a sampler's integrator, an inner solver).
@@ -492,6 +495,13 @@ def _growth_sentence(growth: Sequence[GrowthEntry], singular: bool) -> tuple[str
     return grew + "; if that is unexpected, the run was starting to diverge.", [CLIP], False
 
 
+def _weighted_log(first: Origin, root: Origin) -> bool:
+    """``p * log(q)`` on one line, 0 * -inf where p is 0 (an entropy, a cross-entropy with 0 targets): xlogy's case."""
+    here, there = first.source, root.source
+    return (first.primitive == "mul" and root.primitive == "log" and here is not None and there is not None
+            and (here.file, here.line) == (there.file, there.line) and any(s.zero and not s.inf for s in first.inputs))
+
+
 def _where(origin: Origin) -> str:
     inner = list(origin.path[1:])
     place = f" inside {' > '.join(inner)}" if inner else ""
@@ -526,6 +536,9 @@ def _range_sentence(overflow: Overflow, first: Origin) -> str:
             else f" of `{o.function}`, call {o.call_index}")
     line = f" at line {o.source.line}" if o.source else ""
     reach = f"; products of its inputs reach {overflow.reach:.3g}" if overflow.reach else ""
+    if overflow.reach and overflow.reach < overflow.max and o.primitive in SUMMING:  # no one product leaves the range
+        reach = (f"; each product of its inputs, at most {overflow.reach:.3g}, stays within it: the sum over the "
+                 "contracted dimension is what overflowed")
     return (f"The root cause is a {name} overflow: `{o.primitive}` in the {pass_}{call}{line} computed values beyond "
             f"{name}'s range (max {overflow.max:.6g}{reach}) and made Inf, which later operations turned into "
             f"this {'NaN' if first.kind == 'nan' else 'Inf'}; an epsilon does not help.")
@@ -713,6 +726,10 @@ def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence
                      *hints]
         elif zero.how == "captured":
             hints = [CAPTURED_ZERO.format(name=f"`{zero.name}`" if zero.name else "the captured array"), *hints]
+    if root is not None and _weighted_log(first, root):  # the zero weight is no bug: the product must be 0 there
+        # after the fix of a log that should never have seen a 0 (of a sigmoid, a softmax), first otherwise
+        after = max((i + 1 for i, h in enumerate(hints) if h in (LOG_SIGMOID, LOG_SOFTMAX)), default=0)
+        hints = [*hints[:after], XLOGY, *hints[after:]]
     if "custom_vjp_bwd(" in " ".join(first.path):
         rule = next(p for p in first.path if p.startswith("custom_vjp_bwd("))[15:-1]
         parts.append(f"This happens inside your own custom_vjp backward rule `{rule}` (the line shown is in it).")

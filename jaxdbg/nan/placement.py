@@ -36,17 +36,39 @@ def device_name(device: Any) -> str:
 
 
 def first_bad_shard(values: Sequence[Any]) -> Placement | None:
-    """The first of this process's shards (by device id) holding a NaN or Inf, among ``values``."""
+    """The first shard (by process, then device id) holding a NaN or Inf, among ``values``. Of an array sharded
+    over devices of other processes too, every process learns which shards hold one (a collective: the replay
+    of an SPMD program calls it on every process, in the same order), so that a process whose own shards are
+    finite still names the process and device that made the value."""
     import jax
 
     for value in values:
         if not isinstance(value, jax.Array) or not is_inexact(value):
             continue
-        for shard in sorted(value.addressable_shards, key=lambda s: s.device.id):
-            if any(nonfinite_flags(shard.data)):
-                return Placement(shard.device.process_index, device_name(shard.device),
-                                 index_ranges(shard.index, value.shape))
+        bad = [shard.device.id for shard in value.addressable_shards if any(nonfinite_flags(shard.data))]
+        if not value.is_fully_addressable:
+            bad = _bad_in_job(bad, len(value.addressable_shards))
+        every: Any = value.sharding.device_set
+        devices: dict[int, Any] = {device.id: device for device in every}
+        held = sorted((devices[i] for i in bad if i in devices), key=lambda d: (d.process_index, d.id))
+        if held:
+            index = value.sharding.devices_indices_map(value.shape)[held[0]]
+            return Placement(held[0].process_index, device_name(held[0]), index_ranges(index, value.shape))
     return None
+
+
+def _bad_in_job(mine: list[int], shards: int) -> list[int]:
+    """The ids of the devices whose shards hold a NaN/Inf, in every process of the job (``mine``: this
+    process's, of its ``shards`` shards), gathered through JAX's own collectives."""
+    from jax.experimental import multihost_utils
+
+    from jaxdbg import jit_layer
+
+    row = np.full(shards, -1, np.int64)
+    row[:len(mine)] = mine
+    with jit_layer.internal():  # the gather's own jitted function is jaxdbg's, not the program's
+        every = np.asarray(multihost_utils.process_allgather(row))
+    return sorted({int(i) for i in every.reshape(-1) if i >= 0})
 
 
 def index_ranges(index: tuple, shape: tuple[int, ...]) -> tuple[tuple[int, int], ...]:

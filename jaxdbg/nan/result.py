@@ -95,7 +95,25 @@ class Origin:
             return f"{self.kind} in the outputs of {self.function}, call {self.call_index}{at}"
         via = f" through {self.transformed_by}" if self.transformed_by else ""
         return (f"{self.kind} first made by {self.primitive} ({self.pass_} pass){at} in {self.function}, "
-                f"call {self.call_index}{via}")
+                f"call {self.call_index}{via}{self.placed()}")
+
+    def placed(self) -> str:
+        """Where among devices, when that is part of the answer: another process of the job (its own report
+        says the rest), or the device of a shard_map/pmap body whose block made it.
+
+        Example:
+            >>> Origin("nan", "div", "forward", process=1, device="cpu:2049").placed()
+            ' on process 1 (cpu:2049)'
+            >>> Origin("nan", "log", "forward", path=("pmap", "shard_map"), process=0, device="cpu:2").placed()
+            ' on cpu:2'
+            >>> Origin("nan", "log", "forward", path=("jit(f)",), process=0, device="cpu:0").placed()
+            ''
+        """
+        if self.device is None:
+            return ""
+        if self.process:
+            return f" on process {self.process} ({self.device})"
+        return f" on {self.device}" if "shard_map" in self.path else ""
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,9 @@ call up to the origin, to the operation that made a zero from inputs that held n
 cancellation, an empty segment), to an array the function captured (a global schedule holding a 0), or to the
 argument of the call that brought it in. It is followed out of the jaxpr the origin is in, through a nested
 call's operands and a loop's constants (a kernel computed once before a ``while_loop``), and through a loop's
-carry only in its first iteration (where the carry is the loop's initial value; later, an earlier iteration's).
+carry only in its first iteration (where the carry is the loop's initial value; later, an earlier iteration's);
+and into a nested call that made the zero from inputs without any (``jnp.std`` of a constant column, jitted inside
+jax: its ``x - mean`` cancels), whose body is retraced on the inputs it had, at the line that called it.
 A zero written into the code (``step / WARMUP`` with ``WARMUP = 0``: a literal of the traced program) is said so.
 Where the origin is arithmetic on an infinity a division by zero made (``0 * inf`` in a later line), that
 division's zero is the one followed.
@@ -29,6 +31,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import linecache
 import re
 from collections.abc import Mapping, Sequence
@@ -123,9 +126,10 @@ class _Level:
 
 
 def trace_zero(call: Any, closed: Any, origin: Site, operand: int, of: Origin | None = None,
-               named: Mapping[int, str] | None = None) -> ZeroSource | None:
+               named: Mapping[int, str] | None = None, depth_left: int = 4) -> ZeroSource | None:
     """Follow the zero in operand ``operand`` of the equation at ``origin`` back to where it was made (``named``:
-    the script's global arrays by ``id``, for those its globals no longer hold)."""
+    the script's global arrays by ``id``, for those its globals no longer hold); into a nested call that made it
+    from inputs without zeros, ``depth_left`` calls deep."""
     levels = _levels(origin, origin.eqn.invars[operand])
     seen = _Recorder(origin, operand, levels)
     with contextlib.suppress(Stop):  # the replay ends at the origin
@@ -161,12 +165,85 @@ def trace_zero(call: Any, closed: Any, origin: Site, operand: int, of: Origin | 
                        and _overlapping(masks, i, next(k for k, out in enumerate(eqn.outvars) if out is var))]
         if not zero_inputs:
             here = Site(eqn, index, scope)
+            arguments = _arguments(here, list(eqn.invars), names)
+            inner = _inside_call(call, closed, here, eqn.outvars.index(var), depth_left) if name in CALLS else None
+            if inner is not None:  # a jitted function (jnp.std, a helper of the user's) made it: say which op inside
+                return dataclasses.replace(inner, arguments=arguments, of=of,
+                                           source=inner.source or _compat.eqn_source(eqn) or here.source)
             how = "empty" if name in SCATTERS else _how(name, ins)
             return ZeroSource(name, _compat.eqn_source(eqn) or here.source, how, tuple(s for s in ins if s is not None),
-                              _arguments(here, list(eqn.invars), names), of,
-                              zeros=outs[0].zero if outs else 0, size=_size(outs[0].shape) if outs else 0)
+                              arguments, of, zeros=outs[0].zero if outs else 0,
+                              size=_size(outs[0].shape) if outs else 0)
         var = eqn.invars[zero_inputs[0]]
     return None
+
+
+# Calls whose outputs are their jaxpr's outputs, one for one: a zero made inside one is followed in.
+CALLS = ("pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call", "remat2", "checkpoint")
+
+
+class _Inputs(Hooks):
+    """Replays the call up to one equation (``site``, by its jaxpr, place and index) and keeps its input values."""
+
+    def __init__(self, site: Site):
+        self.site = site
+        self.values: list | None = None
+
+    def before(self, site: Site, invals: list, in_tags: list) -> list | None:
+        if site.index == self.site.index and site.scope.jaxpr is self.site.scope.jaxpr and site.path == self.site.path:
+            self.values = list(invals)
+            raise Stop()
+        return None
+
+
+def _inside_call(call: Any, closed: Any, site: Site, output: int, depth_left: int) -> ZeroSource | None:
+    """Where inside the call at ``site`` its output ``output`` got the zero it holds, although no input of the call
+    is 0 there (jnp.std of a constant column: ``x - mean`` cancels inside ``_std``). Its inputs are taken from one
+    more replay; its jaxpr, retraced on them with each equation under its own source line, ends in a division by
+    that output, whose zero is traced as the origin's. None where that fails or says no more than the call."""
+    params = site.eqn.params
+    inner = params.get("jaxpr") or params.get("call_jaxpr") or params.get("fun_jaxpr")
+    if depth_left <= 0 or inner is None:
+        return None
+    try:
+        seen = _Inputs(site)
+        with contextlib.suppress(Stop):
+            Interpreter(seen).run(closed, call.leaves(), root=call.root)
+        if seen.values is None:
+            return None
+        import jax
+
+        from jaxdbg.nan.calls import Call
+
+        # A literal operand (jnp.std's ddof=0) stays a constant of the retrace, as it is of the call: not followed.
+        literal = [_compat.is_literal(a) for a in site.eqn.invars]
+        fixed = [v for v, lit in zip(seen.values, literal) if lit]
+        traced = tuple(v for v, lit in zip(seen.values, literal) if not lit)
+
+        def divided(*values: Any) -> Any:  # the call's body inline, then 1 / its output: an origin to trace from
+            given, constants = iter(values), iter(fixed)
+            operands = [next(constants) if lit else next(given) for lit in literal]
+            outs, _ = Interpreter(rules={}, keep_source=True).run(inner, operands, root="")
+            return 1.0 / outs[output]
+
+        retraced = divided
+        mapped = next((s for s in reversed(site.enclosing()) if s.primitive == "shard_map"), None)
+        if mapped is not None:  # in a shard_map body values are stacked per device: each device's body, vmapped
+            layout = _compat.shard_map_layout(mapped.eqn.params)
+            if layout is None:
+                return None
+            sizes, _, _, manual = layout
+            for name in reversed(manual):
+                retraced = jax.vmap(retraced, axis_name=name, axis_size=sizes[name])
+        body, inside = jax.make_jaxpr(retraced)(*traced), Call(call.name, retraced, traced, {})
+        jaxpr = _compat.open_jaxpr(body)[0]
+        last = Site(jaxpr.eqns[-1], len(jaxpr.eqns) - 1, Scope(jaxpr, (inside.root,)))
+        if last.primitive != "div":
+            return None
+        found = trace_zero(inside, body, last, 1, depth_left=depth_left - 1)
+    except Exception:  # noqa: BLE001 - a call this cannot retrace is named as the call, as before
+        return None
+    return found if found is not None and found.primitive is not None else None
 
 
 MASK_ELEMENTS = 1 << 22  # values larger than this keep no zero mask (the trace then follows any zero input)

@@ -8,11 +8,11 @@ Example:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from jaxdbg.profile.host_bound import MODERATE
-from jaxdbg.profile.model import FunctionProfile, InputPipeline, Totals, Transfer
+from jaxdbg.profile.model import FunctionProfile, InputPipeline, Recompile, Totals, Transfer
 from jaxdbg.profile.signature import main_cause
 
 _FIXES = {
@@ -107,6 +107,19 @@ def _ms(seconds: float) -> str:
     return f"{1e3 * seconds:.3g} ms"
 
 
+def recompile_fix(recompiles: Sequence[Recompile], pmap: bool = False) -> tuple[str, int, str]:
+    """The main cause of ``recompiles`` (the kind of change), on how many of them, and its usual fix.
+
+    Example:
+        >>> from jaxdbg.profile.model import ArgChange
+        >>> recompile_fix([Recompile(1, "", (ArgChange("lr", "static", "0.1", "0.2"),))])[:2]
+        ('static', 1)
+    """
+    kind, count = main_cause(recompiles)
+    fix = _FIXES.get(kind, "check jax's caches and config between calls")
+    return kind, count, _PMAP_SHARDING_FIX if kind == "sharding" and pmap else fix
+
+
 def hints_for(functions: list[FunctionProfile], totals: Totals, transfers: list[Transfer],
               eager: Mapping[str, Any] | None = None, pipeline: InputPipeline | None = None) -> tuple[str, ...]:
     """Hints in order of what to look at first; ``eager``: the eager compiles (ProfileResult.eager_compile),
@@ -119,10 +132,7 @@ def hints_for(functions: list[FunctionProfile], totals: Totals, transfers: list[
     for function in functions:
         if not function.recompiles:
             continue
-        kind, count = main_cause(function.recompiles)
-        fix = _FIXES.get(kind, "check jax's caches and config between calls")
-        if kind == "sharding" and function.kind == "pmap":
-            fix = _PMAP_SHARDING_FIX
+        kind, count, fix = recompile_fix(function.recompiles, function.kind == "pmap")
         hints.append(f"{function.name} compiled {function.compiles} times ({function.compile_total_s:.2f} s); "
                      f"the main cause, on {count} of {len(function.recompiles)} recompiles: {kind} changes. "
                      f"Fix: {fix}")
