@@ -29,9 +29,10 @@ CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
 
 
 def repro(tmp_path, *argv):
-    """`jaxdbg repro ...` in-process; returns (exit code, report, out folder)."""
+    """`jaxdbg repro ...` in-process; returns (exit code, report, out folder). One run of the original: these
+    programs fail every time (telling a flaky failure takes two: test_repro_cli's test_flaky_failure_...)."""
     out = tmp_path / "out"
-    code = main(["repro", "--out", str(out), "--json", str(tmp_path / "r.json"), "-q", *argv])
+    code = main(["repro", "--out", str(out), "--json", str(tmp_path / "r.json"), "-q", "--runs", "1", *argv])
     return code, json.loads((tmp_path / "r.json").read_text()), out
 
 

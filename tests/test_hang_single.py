@@ -77,7 +77,9 @@ def runs(tmp_path_factory):
         "spin": _hang_hunt(folders["spin"], SPIN, "--stall", "2", "--timeout", "120"),
         "slow": _hang_hunt(folders["slow"], SLOW, "--stall", "1.5", "--no-native", script_args=("--", "3")),
         "signal": _hang_hunt(folders["signal"], READ, "--stall", "600"),
-        "timeout": _hang_hunt(folders["timeout"], READ, "--stall", "600", "--timeout", "45", "--keep-running"),
+        # --timeout 30: more than twice what the read takes to get stuck while these runs start beside a second
+        # test worker (the tests before it collect their runs within about 12 s); the test waits out the rest.
+        "timeout": _hang_hunt(folders["timeout"], READ, "--stall", "600", "--timeout", "30", "--keep-running"),
         # The same deadlock, run plainly: hang-hunt --pid reads it from outside.
         "pid": subprocess.Popen([sys.executable, LOCK], env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
         "watch": subprocess.Popen([sys.executable, WATCH, str(folders["watch"] / "out")], env=ENV,

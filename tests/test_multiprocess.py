@@ -41,6 +41,7 @@ def finish(proc: subprocess.Popen, timeout: float = 240) -> subprocess.Completed
 
 
 HANGS = os.path.join(CORPUS, "multihost_hangs", "train.py")
+DP = os.path.join(CORPUS, "multihost_dp", "train.py")
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +69,49 @@ def waiting_jobs(tmp_path_factory):
     }
     yield {name: (lambda name=name: (finish(procs[name]), folders[name])) for name in procs}
     for proc in procs.values():
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+@pytest.fixture(scope="module")
+def waiting_runs(tmp_path_factory):
+    """Runs that mostly wait too (a lost peer's 10 s heartbeat, a peer's command read from the job's key-value
+    store, a coordinator no process joins), started by the NaN hunts below, whose jobs compute and whose answers
+    do not depend on time (unlike the stragglers' and the hung jobs'): side by side, the waits cost nothing.
+    Each test collects its own: (the finished runs, their folder)."""
+    from jaxdbg.launch import free_port, task_environment
+
+    folders = {name: tmp_path_factory.mktemp(name) for name in ("lost_peer", "commands", "doctor")}
+    (folders["lost_peer"] / "tmp").mkdir()  # its own TMPDIR: what the launcher leaves there is checked
+    procs: dict[str, list[subprocess.Popen]] = {
+        "lost_peer": [start(["repro", os.path.join(CORPUS, "multihost_preempted", "train.py"), "--out",
+                             str(folders["lost_peer"] / "r"), "-q", "--max-time", "120", "--timeout", "60", "--json",
+                             str(folders["lost_peer"] / "job.json")], 2,
+                            env={**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
+                                 "TMPDIR": str(folders["lost_peer"] / "tmp")})],
+    }
+    # A launch-line typo: process 0 profiles, process 1 hunts NaNs on the same program.
+    port, base = free_port(), {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    procs["commands"] = [subprocess.Popen([sys.executable, "-m", "jaxdbg", command, DP, "--out",
+                                           str(folders["commands"] / str(i)), "-q", "--timeout", "120"],
+                                          env=task_environment(i, 2, port, base), stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True)
+                         for i, command in enumerate(["profile", "nan-hunt"])]
+    # doctor --distributed with nothing describing a job; process 0 of 2 whose process 1 is never started.
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "JAX_COORDINATOR"))}
+    lone = task_environment(0, 2, free_port(), clean)  # process 0 of 2; process 1 is never started
+    lone.pop("JAXDBG_LAUNCHED_PROCESS")
+    doctor = folders["doctor"]
+    procs["doctor"] = [
+        subprocess.Popen([sys.executable, "-m", "jaxdbg", "doctor", "--distributed", "--no-profiler", "-q", "--out",
+                          str(doctor / "a")], env=clean, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
+        subprocess.Popen([sys.executable, "-m", "jaxdbg", "doctor", "--no-profiler", "-q", "--timeout", "3", "--out",
+                          str(doctor / "b"), "--json", str(doctor / "b.json")], env=lone, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True),
+    ]
+    yield {name: (lambda name=name: ([finish(proc) for proc in procs[name]], folders[name])) for name in procs}
+    for proc in (proc for group in procs.values() for proc in group):
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
@@ -203,6 +247,7 @@ def test_four_processes_one_straggler(tmp_path):
         assert [a["argument"] for a in cause["arguments"]] == ["x"] and cause["axes"] == ["data"]
 
 
+@pytest.mark.usefixtures("waiting_runs")  # their waits overlap this job and the next (none of them timed)
 def test_nan_hunt_names_the_process_device_and_shard_of_the_origin(tmp_path):
     """The replay runs in lockstep in both processes (an SPMD program), checking values on the devices;
     process 1's shard holds the corrupt example."""
@@ -246,20 +291,11 @@ def test_doctor_reports_the_job_and_compares_versions(tmp_path):
     assert set(job["versions_by_process"]) == {"0", "1"}
 
 
-def test_doctor_distributed_exit_codes_nothing_to_join_missing_process(tmp_path):
+def test_doctor_distributed_exit_codes_nothing_to_join_missing_process(waiting_runs):
     """--distributed with nothing describing a job is bad usage (2); a job whose other process never comes is a
     failed check (1) with the report written, not JAX's SIGABRT (134) taking the answer with it."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "JAX_COORDINATOR"))}
-    alone = subprocess.run([sys.executable, "-m", "jaxdbg", "doctor", "--distributed", "--no-profiler", "-q",
-                            "--out", str(tmp_path / "a")], env=clean, capture_output=True, text=True, timeout=120)
+    (alone, lone), tmp_path = waiting_runs["doctor"]()
     assert alone.returncode == 2 and "cannot tell which job to join" in alone.stderr, alone.stderr[-2000:]
-    from jaxdbg.launch import free_port, task_environment
-
-    env = task_environment(0, 2, free_port(), clean)  # process 0 of 2; process 1 is never started
-    env.pop("JAXDBG_LAUNCHED_PROCESS")
-    lone = subprocess.run([sys.executable, "-m", "jaxdbg", "doctor", "--no-profiler", "-q", "--timeout", "3",
-                           "--out", str(tmp_path / "b"), "--json", str(tmp_path / "b.json")],
-                          env=env, capture_output=True, text=True, timeout=180)
     assert lone.returncode == 1, lone.stderr[-2000:]
     assert "not every process of the job reached the coordinator within 3 s" in lone.stderr
     job = json.loads((tmp_path / "b.json").read_text())["result"]["distributed"]
@@ -305,23 +341,15 @@ def test_a_process_that_hangs_is_named_with_where_it_stands(waiting_jobs):
     assert peer["exit_code"] == 3 and "process 1 hangs" in peer["result"]["error"] and " 0 hangs" not in str(peer)
 
 
-def test_processes_that_run_different_commands_stop_with_one_line(tmp_path):
+def test_processes_that_run_different_commands_stop_with_one_line(waiting_runs):
     """A launch-line typo: process 0 profiles, process 1 hunts NaNs on the same program. Each finds the other's
     command through the job's key-value store at its first jitted call and stops (exit 2), naming both."""
-    from jaxdbg.launch import free_port, task_environment
-
-    program = os.path.join(CORPUS, "multihost_dp", "train.py")
-    port, base = free_port(), {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
-    procs = [subprocess.Popen([sys.executable, "-m", "jaxdbg", command, program, "--out", str(tmp_path / str(i)),
-                               "-q", "--timeout", "120"], env=task_environment(i, 2, port, base),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i, command in enumerate(["profile", "nan-hunt"])]
-    ends = [proc.communicate(timeout=150) for proc in procs]
-    said = (f"process 0 runs 'jaxdbg profile {program} --timeout 120', "
-            f"process 1 runs 'jaxdbg nan-hunt {program} --timeout")
-    for proc, (_, err) in zip(procs, ends):
-        assert proc.returncode == 2 and said in err, err[-2000:]
-        assert len(err.strip().splitlines()) == 1, err[-2000:]
+    ends, _ = waiting_runs["commands"]()
+    said = (f"process 0 runs 'jaxdbg profile {DP} --timeout 120', "
+            f"process 1 runs 'jaxdbg nan-hunt {DP} --timeout")
+    for end in ends:
+        assert end.returncode == 2 and said in end.stderr, end.stderr[-2000:]
+        assert len(end.stderr.strip().splitlines()) == 1, end.stderr[-2000:]
 
 
 def test_processes_whose_script_arguments_differ_run_as_one_job(tmp_path):
@@ -375,17 +403,14 @@ def test_repro_of_a_nan_in_one_shard_gathers_the_global_inputs(tmp_path):
     assert result["failing_primitives"] == ["log"] and "-1.0" in text and "distributed" not in text
 
 
-def test_repro_of_a_lost_peer_is_the_job_program_with_its_launch_line(tmp_path):
+def test_repro_of_a_lost_peer_is_the_job_program_with_its_launch_line(waiting_runs):
     """Process 1 is killed mid-job, so process 0's all-reduce fails: a failure only the job has. Process 0
     writes the program as repro.py with the launch line of 2 local processes, verifies it run that way and
     names the process the job lost (the program's 10 s heartbeat timeout ends the survivors soon after)."""
-    out, temporary = tmp_path / "r", tmp_path / "tmp"
-    temporary.mkdir()
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1", "TMPDIR": str(temporary)}
-    done = launch(["repro", os.path.join(CORPUS, "multihost_preempted", "train.py"), "--out", str(out), "-q",
-                   "--max-time", "120", "--timeout", "60", "--json", str(tmp_path / "job.json")], 2, env=env)
+    (done,), tmp_path = waiting_runs["lost_peer"]()
+    out = tmp_path / "r"
     # Its verification ran a failing 2-process job without --out: the launcher's logs went with it.
-    assert [name for name in os.listdir(temporary) if name.startswith("jaxdbg-")] == []
+    assert [name for name in os.listdir(tmp_path / "tmp") if name.startswith("jaxdbg-")] == []
     job = json.loads((tmp_path / "job.json").read_text())
     assert done.returncode == 0 and job["exit_code"] == 0, done.stderr[-3000:]
     result = job["result"]

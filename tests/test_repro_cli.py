@@ -24,10 +24,11 @@ def recipe(name, script):
     return os.path.join(RECIPES, name, script)
 
 
-def repro(tmp_path_factory, *argv):
-    """Run `jaxdbg repro ...`; returns (exit code, report dict, out folder)."""
+def repro(tmp_path_factory, *argv, runs=1):
+    """Run `jaxdbg repro ...`; returns (exit code, report dict, out folder). One run of the original by default:
+    these targets fail every time (the runs that tell a flaky failure: nan_run and test_flaky_failure_...)."""
     out = tmp_path_factory.mktemp("repro")
-    code = main(["repro", "--out", str(out / "o"), "--json", str(out / "r.json"), "-q", *argv])
+    code = main(["repro", "--out", str(out / "o"), "--json", str(out / "r.json"), "-q", "--runs", str(runs), *argv])
     report = json.loads((out / "r.json").read_text()) if (out / "r.json").exists() else None
     return code, report, out / "o"
 
@@ -47,7 +48,8 @@ def fresh_run(path, timeout=60):
 @pytest.fixture(scope="module")
 def nan_run(tmp_path_factory):
     # --source-time 0: the cut alone (repro_source.py is checked in test_time_limit_keeps_the_smallest_...)
-    return repro(tmp_path_factory, recipe("repro_nan_graph", "train.py"), "--max-time", "300", "--source-time", "0")
+    return repro(tmp_path_factory, recipe("repro_nan_graph", "train.py"), "--max-time", "300", "--source-time", "0",
+                 runs=2)
 
 
 def test_nan_in_a_big_graph_becomes_one_equation(nan_run):
@@ -115,7 +117,9 @@ def test_mismatch_from_algebraic_rewriting_is_cut_to_add_and_sub(tmp_path_factor
 
 
 def test_user_assert_is_kept_and_still_needs_jit(tmp_path_factory):
-    code, report, out = repro(tmp_path_factory, recipe("repro_jit_mismatch", "features.py"), "--max-time", "300")
+    # --max-time 60: every candidate runs twice (with jit, and without, where it must pass), so the whole
+    # reduction takes a minute alone and two on a loaded machine; what is checked holds at any stage of it.
+    code, report, out = repro(tmp_path_factory, recipe("repro_jit_mismatch", "features.py"), "--max-time", "60")
     result = report["result"]
     assert code == 0 and result["verified"] and result["strategy"] == "source"
     assert result["signature"] == {**result["signature"], "kind": "exception", "type": "AssertionError",
@@ -131,7 +135,8 @@ def test_user_assert_is_kept_and_still_needs_jit(tmp_path_factory):
 
 
 def test_crash_in_host_callback(tmp_path_factory):
-    code, report, out = repro(tmp_path_factory, recipe("repro_callback_crash", "host_stats.py"), "--max-time", "300")
+    # --max-time 30: what is checked holds at any stage of the reduction (the crash stays in the callback)
+    code, report, out = repro(tmp_path_factory, recipe("repro_callback_crash", "host_stats.py"), "--max-time", "30")
     result = report["result"]
     assert code == 0 and result["verified"]
     assert result["signature"]["kind"] == "crash" and result["signature"]["signal"] == "SIGSEGV"
@@ -256,7 +261,7 @@ def test_flaky_failure_is_reported_as_such(tmp_path_factory):
                       "if not os.path.exists(marker):\n    open(marker, 'w').close()\n"
                       "    raise ValueError(f'bad batch: {float(x.sum())}')\n")
     code, report, _ = repro(tmp_path_factory, str(script), "--jobs", "1", "--max-time", "8", "--",
-                            str(folder / "marker"))
+                            str(folder / "marker"), runs=2)
     result = report["result"]
     assert code == 0 and result["flaky"] and not result["verified"]
     assert any("flaky" in note for note in result["notes"])
