@@ -21,6 +21,10 @@ Example:
     (None, 4.0)
     >>> activity.update((1, 1, 0, 0, 0), now=16.0, cpu=1.5), activity.idle_s(16.0)  # 75% of a core: working
     (None, 0.0)
+    >>> activity.update((1, 1, 0, 0, 0), now=20.0, cpu=1.5), activity.idle_s(20.0)
+    (None, 4.0)
+    >>> activity.update((1, 1, 0, 0, 0), now=22.0, cpu=1.5, faults=300), activity.idle_s(22.0)  # paging in: working
+    (None, 0.0)
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import contextlib
 import faulthandler
 import json
 import os
+import resource
 import signal
 import sys
 import threading
@@ -61,17 +66,24 @@ class Activity:
         self._at: float | None = None
         self.active_at: float | None = None
         self.busy = 0.0  # the latest CPU use, in cores
+        self._faults = 0  # major page faults so far
 
-    def update(self, mark: tuple, now: float, cpu: float, runnable: Callable[[], int] | None = None) -> None:
+    def update(self, mark: tuple, now: float, cpu: float, runnable: Callable[[], int] | None = None,
+               faults: int = 0) -> None:
         """One tick: the progress ``mark``, the process's CPU seconds so far, and (asked only when the CPU was
-        mostly unused) how many of its threads want a CPU: on a loaded machine a working process gets little."""
+        mostly unused) how many of its threads want a CPU: on a loaded machine a working process gets little.
+        ``faults``: the process's major page faults so far. A process paging its code in from disk (jaxlib's
+        libraries at the first jax operation, on a busy disk) waits in the kernel, neither running nor runnable,
+        yet it is working; a read stuck on a file or a socket takes no page faults."""
+        paging = faults > self._faults
+        self._faults = faults
         if self._at is not None and now > self._at:
             self.busy = (cpu - self._cpu) / (now - self._at)
         self._runnable.append(runnable is not None and self.busy < BUSY_FRACTION and mark == self._mark
                               and runnable() > 0)
         # A thread that wants a CPU at most ticks of the last second (a computation starved by other processes),
         # not at one: the runtime's background threads (heartbeats, gRPC pollers) wake up now and then.
-        working = self.busy >= BUSY_FRACTION or sum(self._runnable) > RUNNABLE_TICKS // 2
+        working = self.busy >= BUSY_FRACTION or sum(self._runnable) > RUNNABLE_TICKS // 2 or paging
         if mark != self._mark or working or self.active_at is None:
             self.active_at = now
         self._mark, self._cpu, self._at = mark, cpu, now
@@ -189,7 +201,8 @@ class Watchdog:
         else:  # nothing moved: a thread going round a loop that changes nothing is no work (hang.spin)
             self.spins.update(time.monotonic())
         self._last_mark = mark
-        self.activity.update(mark, now, time.process_time() - self.spins.cpu_s(), self._runnable)
+        self.activity.update(mark, now, time.process_time() - self.spins.cpu_s(), self._runnable,
+                             resource.getrusage(resource.RUSAGE_SELF).ru_majflt)
         self._write_record_file(now, mark)
         reason = self._asked(now)
         if self.job is None:

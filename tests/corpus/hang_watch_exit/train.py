@@ -23,7 +23,7 @@ def next_batch(step):
     return jnp.full((8, 8), 0.1 * step)
 
 
-with jaxdbg.watch(out=OUT, nans=False, stall_after=1.5, stall_action="exit"):
+with jaxdbg.watch(out=OUT, nans=False, stall_after=3, stall_action="exit"):
     w = jnp.eye(8)
     for step in range(5):
         w, loss = train_step(w, next_batch(step))
