@@ -159,14 +159,14 @@ def trace_zero(call: Any, closed: Any, origin: Site, operand: int, of: Origin | 
         followed: Sequence[int] = INDEXED[name] if name in INDEXED else ZERO_FROM.get(name, range(len(ins)))
         if name in SCATTERS:  # the operand's zeros stay where no update lands; zero updates add a zero
             followed = (2,) if len(ins) > 2 and ins[2] is not None and ins[2].zero else ()
-        masks = seen.zeros[depth].get(index)
+        masks, output = seen.zeros[depth].get(index), next(k for k, out in enumerate(eqn.outvars) if out is var)
         zero_inputs = [i for i, stats in enumerate(ins) if i in followed and stats is not None and stats.zero
                        and name not in COMPARES and not (name == "select_n" and i == 0)
-                       and _overlapping(masks, i, next(k for k, out in enumerate(eqn.outvars) if out is var))]
+                       and _overlapping(masks, i, output)]
         if not zero_inputs:
             here = Site(eqn, index, scope)
             arguments = _arguments(here, list(eqn.invars), names)
-            inner = _inside_call(call, closed, here, eqn.outvars.index(var), depth_left) if name in CALLS else None
+            inner = _inside_call(call, closed, here, output, depth_left) if name in CALLS else None
             if inner is not None:  # a jitted function (jnp.std, a helper of the user's) made it: say which op inside
                 return dataclasses.replace(inner, arguments=arguments, of=of,
                                            source=inner.source or _compat.eqn_source(eqn) or here.source)
