@@ -301,6 +301,29 @@ def test_unread_calls_keep_inputs_of_bounded_size(monkeypatch) -> None:
     assert most == 2 and watch.calls == 12 and not watch._pending
 
 
+def test_a_program_ahead_of_its_device_is_read_a_batch_at_a_time(monkeypatch) -> None:
+    """A program that runs ahead of its device has many unread calls, of which one more has finished at each call:
+    they are read once READ_BATCH have finished, not the one finished call at every call (a whole read each)."""
+    import jaxdbg.nan.watch as watch_module
+
+    monkeypatch.setattr(watch_module, "READ_EVERY_S", 1e9)  # no read by the clock
+    monkeypatch.setattr(watch_module, "READ_BATCH", 4)
+    ahead, made, finished = 10, [], set()  # the device finishes call k while the program makes call k + ahead
+    monkeypatch.setattr(watch_module, "_finished", lambda magnitudes: id(magnitudes) in finished)
+    with Watch(read_late=True) as watch:
+        reads, read_batch = [], watch._read_batch
+        watch._read_batch = lambda count: reads.append(count) or read_batch(count)  # type: ignore[method-assign]
+        step = jax.jit(lambda w: w * 0.5)
+        w = jnp.ones(8, jnp.float32)
+        for _ in range(42):
+            finished.update(id(m) for m in made[:-ahead])
+            w = step(w)
+            made.append(watch._pending[-1].magnitudes)
+        during = list(reads)
+    assert during == [4] * 7, during  # calls 0-30 finished before the last call: 7 batches of 4, none of 1
+    assert watch.calls == 42 and not watch._pending
+
+
 def test_nan_hunts_watch_trims_after_letting_go_of_kept_inputs(tmp_path, monkeypatch) -> None:
     """nan-hunt's watch gives glibc's free memory back once the calls it read have let go of TRIM_AFTER_BYTES of
     kept inputs (not at every read; never without ``trim``), and once more before the replay."""

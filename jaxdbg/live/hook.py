@@ -114,11 +114,11 @@ class LiveHook(Watch):
         # The earlier calls that have finished, before this one allocates. The lock is taken only to read (and
         # not by `with`: an RLock's acquire() and release() cost half as many instructions).
         lock = self._lock
-        if self._pending and self.active and self._reads_due():
+        if self._pending and self.active and (due := self._reads_due()):
             try:
                 lock.acquire()
                 try:
-                    self._read_finished()
+                    self._read_finished(due)
                 finally:
                     lock.release()
             except WatchError as found:

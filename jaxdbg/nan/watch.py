@@ -46,6 +46,7 @@ import sys
 import time
 import types
 import weakref
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,18 +70,19 @@ from jaxdbg.nonfinite import device_magnitudes_jaxdbg, flags_and_magnitude, over
 # the device) the oldest is waited for. Calls that donate keep device copies of their inputs: at most this many.
 MAX_PENDING = 64
 MAX_PENDING_COPIES = 2
-# Unread calls are read this many at a time once the last of them has finished: one vectorised check of their
-# flags and growth instead of a read per call (a tiny function's call costs microseconds; a read costs ~20-60 us
+# Unread calls are read this many at a time once that many have finished: one vectorised check of their flags
+# and growth instead of a read per call (a tiny function's call costs microseconds; a read costs ~20-60 us
 # whatever its size). Finished calls wait for a batch no longer than READ_EVERY_S (a NaN is reported that late at
-# most), nor once the unread calls keep READ_KEPT_BYTES of inputs (each unread call of a training step keeps the
-# model before it). Flax NNX MLP loop (0.7-0.9 ms steps, 0.5 MiB model, CPU): read every 1 ms, a batch of 1-2
-# calls, +73 us of the main thread per step; every 16 calls +42 us; page faults 0 per step both ways.
+# most), a quarter of that once the unread calls keep READ_KEPT_BYTES of inputs (each unread call of a training
+# step keeps the model before it). Flax NNX MLP loop (0.7-0.9 ms steps, 0.5 MiB model, CPU): read every 1 ms, a
+# batch of 1-2 calls, +73 us of the main thread per step; every 16 calls +42 us; page faults 0 per step both ways.
 READ_BATCH = 16
 READ_EVERY_S = 0.02
 READ_KEPT_BYTES = 16 * 2**20
 # pmap'd calls' rows are read stacked (see Watch._rows), at a fixed cost per batch (~260 us on 4 CPU devices, the
 # same for 2 calls as for 16): their finished calls wait for a batch up to this long.
 READ_PMAP_EVERY_S = 0.05
+WHOLE_BATCHES, ALL_FINISHED = 1, 2  # what a due read reads (see Watch._reads_due)
 # Unread calls keep their inputs (a copy of the model each, for a training step): beyond this many bytes kept by
 # the calls before the latest, the oldest is read (waiting for it). A large model's step is long, so the wait
 # costs it little, and the run's peak stays at one model copy above the program's (a 48-block MLP of 392 MiB
@@ -268,6 +270,11 @@ def _same_signature(a: Call, b: Call) -> bool:
         return a.fun is b.fun and _signature(a) == _signature(b)
     except Exception:  # noqa: BLE001 - then trace anew
         return False
+
+
+def _flat(rows: np.ndarray) -> tuple[array, int]:
+    """Rows of magnitudes as :meth:`Watch._rows` gives them: float32 end to end, and the rows' width."""
+    return array("f", rows.astype(np.float32, copy=False).tobytes()), rows.shape[1]
 
 
 def _finished(magnitudes: Any) -> bool:
@@ -625,37 +632,52 @@ class Watch(JitHook):
 
     def read_finished(self) -> None:
         """Before a watched call runs: read the flags of the unread calls that have finished, oldest first,
-        :data:`READ_BATCH` at a time, once that many are unread, they keep :data:`READ_KEPT_BYTES` of inputs, or
-        :data:`READ_EVERY_S` has passed since the last read; never waits (waiting for a running call is a host-device
-        sync per step, ~15% on a CPU training loop).
+        :data:`READ_BATCH` at a time once that many have finished, and whatever has finished once
+        :data:`READ_EVERY_S` has passed since the last read (a quarter of it while the unread calls keep
+        :data:`READ_KEPT_BYTES` of inputs); never waits (waiting for a running call is a host-device sync per step,
+        ~15% on a CPU training loop).
+
+        Counted in finished calls, not unread ones: a program that runs ahead of its device has many unread calls
+        of which only the oldest has finished at each call. Reading whenever 16 were unread read that one alone at
+        every call, at the cost of a whole read (Flax NNX MLP loop on CPU, 20-30 calls ahead: 840 reads of one call
+        in 1000 steps, ~100 us each).
 
         Before the call, not after it: a clean call's kept inputs (a training step's, the model before it) are let
         go before the next call allocates its outputs, so its memory is reused at once as in the plain run. Read
         after the next call, one more copy of the model was alive at each allocation: on a Flax NNX MLP loop
         (1.2 ms steps, CPU), ~25 more page faults per step (about 1% of the step)."""
-        if self._reads_due():
-            self._read_finished()
+        due = self._reads_due()
+        if due:
+            self._read_finished(due)
 
-    def _reads_due(self) -> bool:
-        """Whether :meth:`read_finished` reads now (asked before every call; most often, it does not)."""
+    def _reads_due(self) -> int:
+        """Whether :meth:`read_finished` reads now (asked before every call; most often, it does not): 0, not now;
+        :data:`WHOLE_BATCHES`, batches of :data:`READ_BATCH` finished calls; :data:`ALL_FINISHED`, every finished
+        call."""
         pending = self._pending
         if self._unread == 1 or not pending:
-            return False
-        if len(pending) < READ_BATCH and self._kept_bytes < READ_KEPT_BYTES:
-            now = time.perf_counter()
-            if now - self._read_at < (READ_PMAP_EVERY_S if pending[0].function.is_pmap else READ_EVERY_S):
-                return False
-            self._read_at = now
-        return True
+            return 0
+        every = READ_PMAP_EVERY_S if pending[0].function.is_pmap else READ_EVERY_S
+        if self._kept_bytes >= READ_KEPT_BYTES:
+            every /= 4
+        if time.perf_counter() - self._read_at >= every:
+            return ALL_FINISHED
+        if len(pending) >= READ_BATCH and _finished(pending[READ_BATCH - 1].magnitudes):
+            return WHOLE_BATCHES
+        return 0
 
-    def _read_finished(self) -> None:
+    def _read_finished(self, due: int = ALL_FINISHED) -> None:
+        self._read_at = time.perf_counter()
         pending = self._pending
         while pending:
             count = min(READ_BATCH, len(pending))
             if not _finished(pending[count - 1].magnitudes):
-                count = sum(1 for _ in itertools.takewhile(lambda c: _finished(c.magnitudes), pending))
-                if count:
-                    self._read_batch(count)
+                if due == ALL_FINISHED:
+                    count = sum(1 for _ in itertools.takewhile(lambda c: _finished(c.magnitudes), pending))
+                    if count:
+                        self._read_batch(count)
+                break
+            if count < READ_BATCH and due != ALL_FINISHED:
                 break
             self._read_batch(count)
         self._trim_released()
@@ -705,24 +727,24 @@ class Watch(JitHook):
             group[1].append(call)
         for name, members in groups.values():
             rows = self._rows(members)
-            if rows is None or not self.growth.absorb(name, rows):
+            if rows is None or not self.growth.absorb(name, *rows):
                 return False
         return True
 
-    def _rows(self, calls: list[JitCall]) -> np.ndarray | None:
-        """The calls' magnitudes as rows of one host array, from each call's host copy (started when the call was
-        deferred, off CPU). A jitted call's are not stacked on the device first: that program queues behind the
-        steps still running, so the read waited for them, a host-device sync every :data:`READ_BATCH` calls
-        (measured on a Flax NNX MLP loop of 1.2 ms steps on CPU: 1.1 ms per batch, 6-9% of the loop; read from the
-        host, 1-2 us a call). A pmap'd call's rows are, though: their host copy assembles a block per device
-        (~28 us a call on 4 CPU devices, against ~16 us stacked; padded to :data:`READ_BATCH` rows with the first
-        call's, so one program serves every batch)."""
+    def _rows(self, calls: list[JitCall]) -> tuple[array, int] | None:
+        """The calls' magnitudes as float32 rows end to end in one host array, and the rows' width, from each
+        call's host copy (started when the call was deferred, off CPU). A jitted call's are not stacked on the
+        device first: that program queues behind the steps still running, so the read waited for them, a
+        host-device sync every :data:`READ_BATCH` calls (measured on a Flax NNX MLP loop of 1.2 ms steps on CPU:
+        1.1 ms per batch, 6-9% of the loop; read from the host, 1-2 us a call). A pmap'd call's rows are, though:
+        their host copy assembles a block per device (~28 us a call on 4 CPU devices, against ~16 us stacked;
+        padded to :data:`READ_BATCH` rows with the first call's, so one program serves every batch)."""
         if len(calls) > 1 and self._stacking and calls[0].function.is_pmap:
             vectors = [call.magnitudes for call in calls]
             vectors += [vectors[0]] * (READ_BATCH - len(vectors))
             try:
                 with self.internal():
-                    return over_devices(np.asarray(stacked_jaxdbg(vectors))[:len(calls)])
+                    return _flat(over_devices(np.asarray(stacked_jaxdbg(vectors))[:len(calls)]))
             except Exception:  # noqa: BLE001 - e.g. rows on different devices: one copy each from now on
                 self._stacking = False
         if not self._copy_ahead:  # on CPU: every call's vector through the buffer protocol, joined in one copy
@@ -730,9 +752,9 @@ class Watch(JitHook):
                 vectors = [call.magnitudes for call in calls]
                 shape = vectors[0].aval.shape
                 if len(shape) == 1 and all(vector.aval.shape == shape for vector in vectors):
-                    return np.frombuffer(b"".join(vectors), np.float32).reshape(len(calls), shape[0])
+                    return array("f", b"".join(vectors)), shape[0]
         try:
-            return np.stack([call.host_magnitudes() for call in calls])
+            return _flat(np.stack([call.host_magnitudes() for call in calls]))
         except ValueError:  # vectors of different lengths (the outputs changed): read one by one
             return None
 
