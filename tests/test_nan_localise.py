@@ -540,6 +540,21 @@ def test_the_zero_a_division_by_zero_divided_by_is_traced_to_where_it_was_made()
     assert (zero.how, zero.name, zero.index, zero.of.primitive) == ("captured", "_ALPHAS_BAR", (2,), "div"), zero
     assert "The zero denominator comes from `_ALPHAS_BAR`" in text and "element [2] is 0" in text, text
     assert "`_ALPHAS_BAR` holds a 0" in hints[0]
+    # inside a shard_map, a device given padding only (its weights all 0) divides by its block's sum: the zero is
+    # followed out of the body through the map's operand to the argument (it read 'computed before shard_map')
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
+
+    mesh = Mesh(np.array(jax.devices()[:2]), ("d",))
+
+    def weighted_mean(x, weight):
+        per_device = jax.shard_map(lambda a, b: jax.lax.pmean(jnp.sum(a * b) / jnp.sum(b), "d"), mesh=mesh,
+                                   in_specs=(P("d"), P("d")), out_specs=P())
+        return per_device(x, weight)
+
+    zero, (text, _) = traced(weighted_mean, jnp.ones(4), jnp.array([1.0, 1.0, 0.0, 0.0]))
+    assert (zero.primitive, zero.how, zero.arguments) == (None, "argument", ("weight",)), zero
+    assert "came in with the argument weight" in text, text
     # a warmup length of 0 written into the code: a literal of the traced program, named from the line
     zero, (text, hints) = traced(_warmup_lr, jnp.float32(0.0))
     assert (zero.how, zero.name) == ("literal", "_WARMUP") and "written into the traced code (`_WARMUP`)" in text
