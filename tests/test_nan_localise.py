@@ -357,6 +357,9 @@ def test_explanations_of_poles_signed_logsumexp_singular_solves_and_inverse_soft
     looped = hunt(jax.jit(jax.vmap(lambda r: jax.lax.scan(lambda c, x: (c + 1 / x, c - 1 / x), 0.0, r)[1])),
                   jnp.array([[1.0, 2.0, 0.0], [1.0, 2.0, 3.0]]))
     assert looped.first.path[-2:] == ("vmap", "scan[iteration=2]"), looped.first.path
+    # the gradient of jnp.linalg.norm at the zero vector: the fix is a norm with its epsilon inside the square root
+    norm = hunt(jax.jit(jax.grad(lambda w: jnp.linalg.norm(w))), jnp.zeros(3))
+    assert explain(norm.first, norm.chain)[1][0].startswith("take the norm with an epsilon inside its square root")
     every = hunt(jax.jit(jax.vmap(lambda r: r / r.sum())), jnp.zeros((3, 2)))  # every row sums to 0
     assert "every batch element is affected" in explain(every.first)[0], explain(every.first)[0]
     inverse = hunt(jax.jit(lambda y: jnp.log(jnp.expm1(y))), jnp.array([0.5, -0.01]))
