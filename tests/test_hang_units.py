@@ -499,3 +499,19 @@ def test_an_event_loop_idle_in_select_is_named_by_its_tasks_await_and_the_task_t
             "(_reset_env)") in result.verdict
     assert result.explanation.startswith("An asyncio task of the program ended")
     assert result.hints[0].startswith("fix the error that killed task `Task-") and "asyncio.gather" in result.hints[0]
+
+
+def test_a_main_thread_taking_from_an_empty_queue_no_thread_is_left_to_fill_is_told_so():
+    """An io_callback (or a loop) takes from a queue whose producer thread has ended: nothing can ever fill it.
+    With another thread alive, it may still come: no such claim."""
+    record = take_record(Recorder(), "stall", idle_s=6.0, native=False)
+    main = next(t for t in record["threads"] if t["main"])
+    main.update(waits_for={"kind": "queue", "name": "obs_queue", "size": 0, "maxsize": 4, "at": main["user"]},
+                call=None, in_jax=False)
+    others = [t for t in record["threads"] if not t["main"]]
+    record["threads"] = [main]
+    result = judge(JobFacts(1, "stall", 5.0, {0: record}))
+    assert result.verdict.endswith("; no other thread is alive to put into queue `obs_queue`"), result.verdict
+    assert result.hints[0].startswith("nothing can ever fill the empty queue `obs_queue`")
+    record["threads"] = [main, *(others or [{**main, "main": False, "name": "loader", "waits_for": None}])]
+    assert "no other thread" not in judge(JobFacts(1, "stall", 5.0, {0: record})).verdict

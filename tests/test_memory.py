@@ -396,6 +396,32 @@ def test_donation_is_hinted_only_where_it_saves_a_share_of_the_peak_worth_saying
     assert not [h for h in hints_for([small], (), None, 1, "cpu", peak_bytes=15 * MIB) if h.kind == "donate"]
 
 
+def test_float32_copies_of_bfloat16_weights_are_hinted_with_the_cast_line() -> None:
+    """A step that casts its bf16 weights to float32 holds f32 arrays of their very shapes (the copy, the float32
+    gradient): a dtype hint names the arguments and the cast's line. A float32 activation of another shape, or
+    copies too small to matter, are not."""
+    from jaxdbg._source import SourceLocation
+    from jaxdbg.memory.hints import hints_for
+    from jaxdbg.memory.result import Buffer, ProgramMemory
+
+    cast = SourceLocation("train.py", 16, "loss_fn")
+    weights = (Buffer("w", "argument", 8 * MIB, "bf16[512,8192]", argument="params['unembed']"),
+               Buffer("d", "argument", 2 * MIB, "bf16[2048,512]", argument="params['down']"))
+    gradient = SourceLocation("train.py", 17, "loss_fn")
+    copies = (Buffer("dot.1", "temp", 16 * MIB, "f32[512,8192]", op="transpose", source=gradient),
+              Buffer("wrapped_convert.2", "temp", 4 * MIB, "f32[2048,512]", source=cast))
+
+    def hints(*largest: Buffer, peak: int = 60 * MIB):
+        step = ProgramMemory("train_step", None, 0, 0, "", 12 * MIB, 0, 0, 36 * MIB, 0, peak, largest=largest)
+        return [h for h in hints_for([step], (), None, 1, "cpu") if h.kind == "dtype"]
+
+    (hint,) = hints(*weights, *copies)
+    assert "bfloat16 arguments params['unembed'], params['down'] (f32[512,8192], f32[2048,512], 20.0 MiB" in hint.text
+    assert hint.saves_bytes == 10 * MIB and hint.source == cast and "preferred_element_type" in hint.text
+    assert not hints(*weights, Buffer("h", "temp", 16 * MIB, "f32[16,2048]", op="tanh"))
+    assert not hints(*weights, *copies, peak=1024 * MIB)
+
+
 def test_the_held_line_lists_what_weighs_and_sums_up_the_scalars() -> None:
     """params (48 MiB of a 160 MiB peak) get their line; a step counter and a learning rate held across the same
     call are summed up in one dim line, not listed one by one."""

@@ -351,7 +351,15 @@ def test_explanations_of_poles_signed_logsumexp_singular_solves_and_inverse_soft
     assert not any("clip gradients" in h for h in hints)
     mapped = hunt(jax.jit(jax.grad(lambda s: jax.vmap(lambda r: jnp.linalg.slogdet(jnp.diag(r))[1])(s).sum())),
                   jnp.array([[1.0, 2.0, 0.0], [1.0, 2.0, 3.0]]))
-    assert mapped.first.path[-2:] == ("jit(solve)", "vmap") and "only some batch elements" in explain(mapped.first)[0]
+    # the vmap stands where it was written: around the call of slogdet (and a scan), not after what it maps
+    assert mapped.first.path[-3:] == ("vmap", "jit(slogdet)", "jit(solve)"), mapped.first.path
+    assert "only some batch elements" in explain(mapped.first)[0]
+    looped = hunt(jax.jit(jax.vmap(lambda r: jax.lax.scan(lambda c, x: (c + 1 / x, c - 1 / x), 0.0, r)[1])),
+                  jnp.array([[1.0, 2.0, 0.0], [1.0, 2.0, 3.0]]))
+    assert looped.first.path[-2:] == ("vmap", "scan[iteration=2]"), looped.first.path
+    # the gradient of jnp.linalg.norm at the zero vector: the fix is a norm with its epsilon inside the square root
+    norm = hunt(jax.jit(jax.grad(lambda w: jnp.linalg.norm(w))), jnp.zeros(3))
+    assert explain(norm.first, norm.chain)[1][0].startswith("take the norm with an epsilon inside its square root")
     every = hunt(jax.jit(jax.vmap(lambda r: r / r.sum())), jnp.zeros((3, 2)))  # every row sums to 0
     assert "every batch element is affected" in explain(every.first)[0], explain(every.first)[0]
     inverse = hunt(jax.jit(lambda y: jnp.log(jnp.expm1(y))), jnp.array([0.5, -0.01]))
@@ -535,6 +543,21 @@ def test_the_zero_a_division_by_zero_divided_by_is_traced_to_where_it_was_made()
     assert (zero.how, zero.name, zero.index, zero.of.primitive) == ("captured", "_ALPHAS_BAR", (2,), "div"), zero
     assert "The zero denominator comes from `_ALPHAS_BAR`" in text and "element [2] is 0" in text, text
     assert "`_ALPHAS_BAR` holds a 0" in hints[0]
+    # inside a shard_map, a device given padding only (its weights all 0) divides by its block's sum: the zero is
+    # followed out of the body through the map's operand to the argument (it read 'computed before shard_map')
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
+
+    mesh = Mesh(np.array(jax.devices()[:2]), ("d",))
+
+    def weighted_mean(x, weight):
+        per_device = jax.shard_map(lambda a, b: jax.lax.pmean(jnp.sum(a * b) / jnp.sum(b), "d"), mesh=mesh,
+                                   in_specs=(P("d"), P("d")), out_specs=P())
+        return per_device(x, weight)
+
+    zero, (text, _) = traced(weighted_mean, jnp.ones(4), jnp.array([1.0, 1.0, 0.0, 0.0]))
+    assert (zero.primitive, zero.how, zero.arguments) == (None, "argument", ("weight",)), zero
+    assert "came in with the argument weight" in text, text
     # a warmup length of 0 written into the code: a literal of the traced program, named from the line
     zero, (text, hints) = traced(_warmup_lr, jnp.float32(0.0))
     assert (zero.how, zero.name) == ("literal", "_WARMUP") and "written into the traced code (`_WARMUP`)" in text

@@ -7,6 +7,7 @@ and each sync and transfer at its line with its count; never a time."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import jax
@@ -171,6 +172,28 @@ def test_the_idle_time_after_a_sync_is_charged_to_it():
     assert figures.device_idle_fraction == pytest.approx(0.8) and figures.sync_idle_s == pytest.approx(0.008)
 
 
+def test_a_loop_blocked_on_its_prefetch_thread_is_told_to_speed_up_the_producer_not_to_prefetch():
+    # Each step: 1 ms on the device (the profile waits for it: not the plain run's), then 9 ms in which the main
+    # thread is on its CPU 1 ms and blocked 8 ms (a queue.get on a prefetch thread slower than the step). Alone (no
+    # thread of the program's), a blocked host is a read or a sleep, which a prefetch thread does hide.
+    def figures(with_thread: bool):
+        clock, done = StepClock(), threading.Event()
+        producer = threading.Thread(target=done.wait, daemon=True)
+        if with_thread:
+            producer.start()
+        for index in range(8):
+            t = index * 0.010
+            clock.call(0, t, t + 0.001, put_s=0.0, compile_s=0.0, execute_s=0.001, waited=True, steady=index > 0,
+                       cpu=index * 0.001)
+        done.set()
+        return input_pipeline(clock.steps, {0: "step"}, [])
+
+    fed = figures(True)
+    assert fed.verdict == "highly input-bound" and fed.host_blocked_s == pytest.approx(0.008)
+    assert fed.fixes[0].startswith("speed up what feeds the loop") and "prefetch thread's queue" in fed.fixes[0]
+    assert figures(False).fixes[0].startswith("prefetch")
+
+
 # ---- the corpus's Flax MNIST loop fed from NumPy, under `jaxdbg profile` --------------------------------------
 
 
@@ -195,6 +218,8 @@ def test_mnist_fed_from_numpy_is_input_bound_with_its_sync_and_transfer_lines(mn
     site = next(s for s in copies.sources if s.source.line == line_of("# copied to the device", program))
     assert site.count == 24 and site.bytes == 12 * (128 * 28 * 28 * 4 + 128 * 8)  # f32 images, int64 labels
     assert result.hints[0].startswith("train_step is highly input-bound") and "prefetch" in result.hints[0]
+    # the augmentation runs on the main thread: on its CPU, not blocked
+    assert result.input_pipeline.host_blocked_s < 0.5 * result.input_pipeline.host_s
 
 
 def test_mnist_fed_from_numpy_text_and_csv(mnist_numpy_feed):

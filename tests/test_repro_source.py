@@ -154,6 +154,22 @@ def test_reducer_keeps_the_raising_statement_and_its_guard():
     assert not undefined_names(ast.parse(text))
 
 
+def test_candidates_python_warns_about_are_never_run_nor_printed():
+    """Inlining a tuple into ``np.array(lens)[:, None]`` gives ``(5, 7, 9)[:, None]``: Python's SyntaxWarning
+    ("tuple indices must be integers...") was printed on the user's terminal once per such candidate; such a
+    candidate fails another way, so it is not tried."""
+    import warnings
+
+    script = ("import numpy as np\nlens = (5, 7, 9)\n\ndef run(n):\n"
+              "    mask = np.arange(4)[None, :] < np.array(lens)[:, None]\n"
+              "    if mask.sum() > n:\n        raise ValueError('bad')\nrun(3)\n")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        text = SourceReducer(script, protected_line=7, test=_value_error_test).run()
+    assert not [w for w in caught if issubclass(w.category, SyntaxWarning)]
+    assert "raise ValueError('bad')" in text and len(text.splitlines()) < 8
+
+
 @pytest.mark.parametrize("script, line", [("SCRIPT", 17), ("CHAIN", 7)])
 def test_changes_that_failed_wait_for_the_last_round_and_the_result_is_the_same(script, line):
     """A deletion that failed is not retried after each unrelated simplification, only in a last full round:

@@ -231,6 +231,35 @@ def wait_hint(record: dict) -> str | None:
     return None
 
 
+def lone_queue(record: dict) -> tuple[str, str] | None:
+    """``(words, hint)`` for a main thread that takes from an empty queue (or puts into a full one) while no other
+    thread of the process is alive to answer it: the producer ended (or was never started for this queue), so the
+    wait can never end. None otherwise (another thread may still fill it).
+
+    Example:
+        >>> waits = {"kind": "queue", "name": "q", "size": 0, "maxsize": 4,
+        ...          "at": {"file": "/w/rl.py", "line": 22, "function": "next_obs"}}
+        >>> lone_queue({"threads": [{"main": True, "waits_for": waits}]})[0]
+        'no other thread is alive to put into queue `q`'
+    """
+    threads = record.get("threads") or ()
+    main = _main(record)
+    waits = main.get("waits_for") or {}
+    if waits.get("kind") != "queue" or waits.get("size") is None or len(threads) != 1:
+        return None
+    at = short(waits.get("at"))
+    if waits["size"] == 0:
+        return (f"no other thread is alive to put into queue `{waits['name']}`",
+                f"nothing can ever fill the empty queue `{waits['name']}` that {at} takes from: the thread that "
+                "put into it has ended (or was never started for it); start its producer before this wait, and "
+                "take with q.get(timeout=...) that raises when nothing comes, so a missing producer fails fast")
+    if waits.get("maxsize") and waits["size"] >= waits["maxsize"]:
+        return (f"no other thread is alive to take from queue `{waits['name']}`",
+                f"nothing can ever take from the full queue `{waits['name']}` that {at} puts into: the thread that "
+                "took from it has ended; start its consumer before this wait, or put with a timeout")
+    return None
+
+
 def _lines(spinning: dict) -> str:
     """``lines 29-30`` of a spinning thread's loop."""
     lines = spinning.get("lines") or [0]

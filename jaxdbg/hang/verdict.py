@@ -37,6 +37,7 @@ from jaxdbg.hang.states import (
     call_name,
     find_deadlock,
     location,
+    lone_queue,
     process_state,
     program_of,
     short,
@@ -250,6 +251,10 @@ def _stall(states: dict[int, ProcessState], idle: list[int], facts: JobFacts, co
         if awaiting:  # the thread stands in asyncio's select: what waits is a task, at its own await
             verdict += f"; {awaiting[0]}"
             hints = (awaiting[1], *hints[1:]) if state.state == "host" else hints
+        alone = lone_queue(facts.records.get(0) or {})
+        if alone and not queue_hint:  # no thread left that could end the wait: that is the cause
+            verdict += f"; {alone[0]}"
+            hints = (alone[1], *hints)
         died = thread_deaths(facts.records.get(0))
         if died:  # what it waits for was that thread's to give: its error is the cause, the wait the symptom
             verdict += f"; {died[0]}"

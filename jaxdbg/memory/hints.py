@@ -27,6 +27,8 @@ REMAT_MIN_SHARE = 0.25  # forward activations must be at least this share of the
 # or a step counter threaded through the loop saves bytes nobody needs (and donating them costs a line of code).
 DONATE_MIN_SHARE = 0.05
 _NARROW = {"f64": ("f32", 2), "f32": ("bf16", 2), "c128": ("c64", 2)}
+_HALF = {"bf16": "bfloat16", "f16": "float16"}
+UPCAST_MIN_SHARE = 0.1  # float32 copies of half-precision arguments must hold this share of the peak to hint
 
 
 def hints_for(programs: Sequence[ProgramMemory], leaks: Sequence[Leak], oom: OutOfMemory | None,
@@ -37,7 +39,8 @@ def hints_for(programs: Sequence[ProgramMemory], leaks: Sequence[Leak], oom: Out
     latest = latest_programs(programs)
     needed = (peak_bytes or 0) - sum(leak.bytes for leak in leaks)
     reference = max([needed, *(p.peak_bytes for p in latest)])
-    found = [*donation_hints(latest, reference), *remat_hints(latest, backend), *leak_hints(leaks)]
+    found = [*donation_hints(latest, reference), *remat_hints(latest, backend), *leak_hints(leaks),
+             *upcast_hints(latest)]
     tight = [p for p in latest if p.fits is False]
     if oom is not None and oom.program is not None:
         tight.append(oom.program)
@@ -173,6 +176,47 @@ def tightening_hints(program: ProgramMemory, devices: int) -> list[Hint]:
                           f"{format_bytes(program.temp_bytes)} of temporaries): cut "
                           f"{format_bytes(program.over_bytes)}, e.g. a smaller batch", program.over_bytes,
                           program.name, program.source))
+    return found
+
+
+def upcast_hints(programs: Sequence[ProgramMemory]) -> list[Hint]:
+    """For a program whose largest buffers include float32 arrays of the very shape of its bfloat16/float16
+    arguments (a cast of the weights, ``w.astype(jnp.float32)``: a float32 copy of each, and float32 gradients):
+    keep them in half precision and ask for float32 results instead; saves half of those bytes.
+
+    Example:
+        >>> from jaxdbg.memory.result import Buffer, ProgramMemory
+        >>> bufs = (Buffer("a", "argument", 2**23, "bf16[512,8192]", argument="params['unembed']"),
+        ...         Buffer("t", "temp", 2**24, "f32[512,8192]", op="transpose"))
+        >>> step = ProgramMemory("train_step", None, 0, 0, "", 2**23, 0, 0, 2**24, 0, 2**25, largest=bufs)
+        >>> upcast_hints([step])[0].text.split(" (")[0]
+        "train_step: at its peak it holds float32 arrays of the shape of its bfloat16 argument params['unembed']"
+    """
+    found = []
+    for program in programs:
+        halves: dict[str, list[Buffer]] = {}
+        for buffer in program.largest:
+            dtype, _, dims = buffer.shape.partition("[")
+            if buffer.kind == "argument" and dtype in _HALF:
+                halves.setdefault(dims, []).append(buffer)
+        copies = [b for b in program.largest if b.kind != "argument" and b.shape.startswith("f32[")
+                  and b.shape[4:] in halves]
+        size = sum(b.bytes for b in copies)
+        if not copies or size < UPCAST_MIN_SHARE * program.peak_bytes:
+            continue
+        originals = [a for b in copies for a in halves[b.shape[4:]]]
+        names = list(dict.fromkeys(a.argument or a.name for a in originals))
+        dtype = _HALF[originals[0].shape.split("[", 1)[0]]
+        plural = "s" if len(names) > 1 else ""
+        shapes = ", ".join(dict.fromkeys(b.shape for b in copies))
+        cast = next((b for b in copies if "convert" in (b.op or b.name)), copies[0])
+        found.append(Hint("dtype", f"{program.name}: at its peak it holds float32 arrays of the shape of its {dtype} "
+                          f"argument{plural} {', '.join(names[:3])} ({shapes}, {format_bytes(size)}"
+                          f"{_lines(copies, ', made at ', '')}): a cast of the weights (w.astype(jnp.float32)) keeps "
+                          f"a float32 copy of each and makes their gradients float32; keep them in {dtype} and ask for "
+                          "float32 results where precision matters (jnp.dot(x, w, preferred_element_type="
+                          f"jnp.float32)), saving up to {format_bytes(size // 2)}", size // 2, program.name,
+                          cast.source))
     return found
 
 

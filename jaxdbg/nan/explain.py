@@ -53,9 +53,13 @@ LOG_SIGMOID = ("use `jax.nn.log_sigmoid(x)` (and `jax.nn.log_sigmoid(-x)` for lo
                "`optax.sigmoid_binary_cross_entropy(logits, labels)`")
 SQRT_EPSILON = ("add an epsilon inside: `jnp.sqrt(x + 1e-12)` (or take the square root only where x > 0, with the "
                 "double-where trick)")
+NORM_EPSILON = ("take the norm with an epsilon inside its square root: `jnp.sqrt(jnp.sum(x ** 2, axis) + 1e-12)` "
+                "(`optax.safe_norm(x, 1e-12)`; of a pytree, `jnp.sqrt(optax.tree.norm(t, squared=True) + 1e-12)`) "
+                "instead of `jnp.linalg.norm`, whose derivative at the zero vector is infinite")
 POW_BASE = ("keep the base of the power away from zero: `jnp.maximum(x, 1e-6) ** gamma` (a power below 1 has an "
             "infinite derivative at 0)")
-EPSILONS = (EPSILON_LOG, EPSILON_DIV, SQRT_EPSILON, POW_BASE)  # left out where the line already adds an epsilon
+# left out where the line already adds an epsilon
+EPSILONS = (EPSILON_LOG, EPSILON_DIV, SQRT_EPSILON, NORM_EPSILON, POW_BASE)
 DEGENERATE = ("break the tie: add a tiny, fixed perturbation that makes the eigenvalues distinct (e.g. "
               "`m + 1e-5 * jnp.diag(jnp.arange(n))`), or differentiate a quantity that does not depend on the "
               "eigenvectors of repeated eigenvalues (a sum of eigenvalues, `jnp.trace`, a matrix function)")
@@ -236,7 +240,7 @@ def _singular_derivative(origin: Origin, line: str, feeders: str) -> tuple[str, 
     for name in ("sqrt", "norm", "pow", "**", "log", "arcsin", "arccos", "abs"):
         if name in line:
             what = {"norm": "a norm at the zero vector", "**": "a fractional power at 0"}.get(name, f"{name} at 0")
-            fix = {"sqrt": SQRT_EPSILON, "norm": SQRT_EPSILON, "pow": POW_BASE, "**": POW_BASE}.get(name, EPSILON_DIV)
+            fix = {"sqrt": SQRT_EPSILON, "norm": NORM_EPSILON, "pow": POW_BASE, "**": POW_BASE}.get(name, EPSILON_DIV)
             hints = [fix, DOUBLE_WHERE]
             return (f"the derivative of {what} is infinite, so this backward-pass operation made "
                     f"{'a NaN' if origin.kind == 'nan' else 'an Inf'} although the forward value is finite.", hints)

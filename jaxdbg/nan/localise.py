@@ -140,29 +140,32 @@ class Localisation:
 
 
 def _vmap_marked(site: Site) -> tuple[str, ...]:
-    """The site's path, with the custom_vjp backward rule it runs in and ``vmap`` when the user's vmap maps it."""
-    extra = []
+    """The site's path, with the custom_vjp backward rule it runs in and ``vmap`` where the user's vmap maps it:
+    around the loop or call it was written around (``jit(f) > vmap > scan[iteration=0]``), else innermost."""
+    path = list(site.path)
     name_stack = site.name_stack
     if "custom_vjp_bwd(" in name_stack:
         start = name_stack.index("custom_vjp_bwd(")
-        extra.append(name_stack[start:name_stack.index(")", start) + 1])
-    if _under_users_vmap(site):
-        extra.append("vmap")
-    return site.path + tuple(extra)
+        path.append(name_stack[start:name_stack.index(")", start) + 1])
+    mapped = _users_vmap(site)
+    if mapped is not None:
+        path.insert(len(path) if mapped is site else min(len(mapped.scope.path), len(site.path)), "vmap")
+    return tuple(path)
 
 
-def _under_users_vmap(site: Site) -> bool:
-    """Whether a ``jax.vmap`` of the user's maps the site: a name stack reads ``vmap(`` in a jaxpr not traced from
-    one of jax's own functions, at the site or at an equation enclosing it. A name stack is relative to its jaxpr:
+def _users_vmap(site: Site) -> Site | None:
+    """The outermost equation, the site or one enclosing it, that a ``jax.vmap`` of the user's maps: its name stack
+    reads ``vmap(`` in a jaxpr not traced from one of jax's own functions. A name stack is relative to its jaxpr:
     the vmap jax's own functions apply inside their jits (``jnp.linalg.solve`` vmaps its ``custom_linear_solve``)
-    shows only there, and a user's vmap around a call of a jit shows only outside it. (jax's un-jitted helpers that
-    vmap, such as ``jax.jacrev``, leave their vmap in the user's jaxpr: still marked.)"""
+    shows only there, and a user's vmap around a call of a jit (a loop) shows only outside it. (jax's un-jitted
+    helpers that vmap, such as ``jax.jacrev``, leave their vmap in the user's jaxpr: still marked.) None if none."""
+    found: Site | None = None
     at: Site | None = site
     while at is not None:
         if "vmap(" in at.name_stack and not _compat.jaxpr_from_jax(at.scope.jaxpr):
-            return True
+            found = at
         at = at.scope.parent
-    return False
+    return found
 
 
 class NanHunter(Hooks):

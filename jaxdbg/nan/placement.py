@@ -97,10 +97,7 @@ def first_bad_block(values: Sequence[Any], sizes: dict[str, int], manual: tuple[
     for value in values:
         if not is_inexact(value) or np.ndim(value) < len(manual):
             continue
-        import jax.numpy as jnp
-
-        finite = np.asarray(jnp.isfinite(value))
-        bad = ~finite.reshape(*finite.shape[:len(manual)], -1).all(axis=-1)
+        bad = _bad_blocks(value, len(manual))
         if not bad.any():
             continue
         coords = tuple(int(c) for c in np.argwhere(bad)[0])
@@ -108,11 +105,35 @@ def first_bad_block(values: Sequence[Any], sizes: dict[str, int], manual: tuple[
         device = None
         if devices is not None:
             device = devices[tuple(where.get(axis, 0) for axis in sizes)]
-        block = tuple(finite.shape[len(manual):])
+        block = tuple(np.shape(value)[len(manual):])
         index = _block_range(block, where, sizes, operands) or tuple((i, i + 1) for i in coords)
         return Placement(device.process_index if device is not None else 0,
                          device_name(device) if device is not None else None, index)
     return None
+
+
+def _bad_blocks(value: Any, lead: int) -> np.ndarray:
+    """Per device block of a stacked body value (its first ``lead`` dimensions index the devices), whether it
+    holds a NaN/Inf. In a multi-process job the stacked value spans every process's devices and none can read it
+    whole: each reads its own shards and the blocks found are all-gathered (every process replays in lockstep)."""
+    import jax
+    import jax.numpy as jnp
+
+    shape = tuple(np.shape(value)[:lead])
+    if not isinstance(value, jax.Array) or value.is_fully_addressable:
+        finite = np.asarray(jnp.isfinite(value))
+        return np.asarray(~finite.reshape(*shape, -1).all(axis=-1))
+    mine: set[int] = set()
+    for shard in value.addressable_shards:
+        data = shard.data
+        local = ~np.asarray(jnp.isfinite(data)).reshape(*data.shape[:lead], -1).all(axis=-1)
+        starts = [part.indices(size)[0] if isinstance(part, slice) else int(part)
+                  for part, size in zip(shard.index[:lead], shape)]
+        for coords in np.argwhere(local):
+            mine.add(int(np.ravel_multi_index(tuple(int(c) + o for c, o in zip(coords, starts)), shape)))
+    bad = np.zeros(int(np.prod(shape, dtype=int)), bool)
+    bad[_bad_in_job(sorted(mine), bad.size)] = True
+    return bad.reshape(shape)
 
 
 def _block_range(block: tuple[int, ...], where: dict[str, int], sizes: dict[str, int],

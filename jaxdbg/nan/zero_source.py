@@ -299,8 +299,8 @@ def _levels(origin: Site, var: Any) -> list[_Level]:
 
 
 def _maps_out(site: Site, var: Any) -> Any:
-    """The operand of the enclosing equation that an input ``var`` of the site's jaxpr is bound to: a call's
-    operand, a loop's constant (not its carry), a cond branch's operand; None where there is none."""
+    """The operand of the enclosing equation that an input ``var`` of the site's jaxpr is bound to: a call's (or a
+    shard_map's) operand, a loop's constant (not its carry), a cond branch's operand; None where there is none."""
     scope, parent = site.scope, site.scope.parent
     if parent is None or _compat.is_literal(var):
         return None
@@ -309,7 +309,7 @@ def _maps_out(site: Site, var: Any) -> Any:
         return None
     params, operands = parent.eqn.params, parent.eqn.invars
     found: int | None
-    if scope.kind == "call":
+    if scope.kind in ("call", "shard_map"):  # a shard_map's body gets each operand's block
         found = position
     elif scope.kind == "scan":  # in the first iteration the carry is the loop's initial value: an operand too
         n_consts, n_carry = _compat.scan_split(params)
@@ -388,7 +388,7 @@ def _is_argument(origin: Site, var: Any) -> bool:
     scope = origin.scope
     while scope.parent is not None:
         position = next((i for i, v in enumerate(scope.jaxpr.invars) if v is var), None)
-        if scope.kind != "call" or position is None or position >= len(scope.parent.eqn.invars):
+        if scope.kind not in ("call", "shard_map") or position is None or position >= len(scope.parent.eqn.invars):
             return False
         var, scope = scope.parent.eqn.invars[position], scope.parent.scope
     return any(v is var for v in scope.jaxpr.invars)
@@ -417,7 +417,7 @@ def _arguments(origin: Site, atoms: list, names: list[str]) -> tuple[str, ...]:
         parent = scope.parent
         if parent is None:
             return tuple(names[i] for i in sorted(reached) if i < len(names))
-        if scope.kind != "call":
+        if scope.kind not in ("call", "shard_map"):
             return ()
         atoms = [parent.eqn.invars[i] for i in sorted(reached) if i < len(parent.eqn.invars)]
         scope, index = parent.scope, parent.index

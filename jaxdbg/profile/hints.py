@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from jaxdbg.profile.host_bound import MODERATE
+from jaxdbg.profile.host_bound import BLOCKED, MODERATE
 from jaxdbg.profile.model import FunctionProfile, InputPipeline, Recompile, Totals, Transfer
 from jaxdbg.profile.signature import main_cause
 
@@ -92,7 +92,9 @@ def input_hint(pipeline: InputPipeline | None) -> str | None:
     if pipeline is None or pipeline.device_idle_fraction < MODERATE:
         return None
     p = pipeline
-    parts = [f"host work {_ms(p.host_s)}", f"transfers {_ms(p.transfer_s)}"]
+    blocked = p.host_blocked_s or 0.0
+    said = f" ({_ms(blocked)} of it blocked, off the CPU)" if blocked >= BLOCKED * p.host_s > 0 else ""
+    parts = [f"host work {_ms(p.host_s)}{said}", f"transfers {_ms(p.transfer_s)}"]
     if p.sync_wait_s >= MODERATE * p.step_s:
         parts.append(f"waiting in syncs {_ms(p.sync_wait_s)}")
     if p.dispatch_s >= MODERATE * p.step_s and p.dispatch_s > p.device_s:

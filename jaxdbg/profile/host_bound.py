@@ -27,6 +27,8 @@ Example:
 
 from __future__ import annotations
 
+import math
+import threading
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -45,7 +47,13 @@ EVERY_STEP = 0.5  # a sync site that runs at least this often per step is "every
 # Per function: [steps, step_s, device_s, calls_s, transfer_s, sync_wait_s, idle_s, sync_idle_s] summed over its
 # steady steps (from one call to the next: neither compiled nor ran in the capture window, and no operation outside
 # jit compiled in between).
-STEP_FIELDS = ("steps", "step_s", "device_s", "calls_s", "transfer_s", "sync_wait_s", "idle_s", "sync_idle_s")
+# ``cpu_s``: the main thread's CPU time (``time.thread_time()``, NaN where not measured): a step whose host time the
+# main thread spent blocked (a prefetch queue's get) is not one a prefetch fixes.
+# ``threaded``: the steps in which the program ran threads of its own beside the main one (a prefetch thread it
+# can be waiting for).
+STEP_FIELDS = ("steps", "step_s", "device_s", "calls_s", "transfer_s", "sync_wait_s", "idle_s", "sync_idle_s",
+               "cpu_s", "threaded")
+BLOCKED = 0.5  # the main thread blocked this share of its host time or more: it waits for its input, not works
 
 
 @dataclass
@@ -86,12 +94,16 @@ class StepClock:
         # profile as each is made, put on the clock at its next event (in order: nothing else happened between).
         self.unseen_functions = array("q")
         self.unseen_starts = array("d")
+        self.unseen_cpu = array("d")  # their main thread's CPU clock at the start (time.thread_time())
+        self.threads_before = threading.active_count()  # the threads alive before the program started any
+        self.threaded = 0
 
     def call(self, function: int, start: float, end: float, *, put_s: float, compile_s: float, execute_s: float,
-             waited: bool, steady: bool, captured: bool = False) -> None:
+             waited: bool, steady: bool, captured: bool = False, cpu: float = math.nan) -> None:
         """One jitted call: ``start``/``end`` bound the profile's whole handling of it (copying its numpy arguments,
         ``put_s``, included); ``waited``: the profile waited for its outputs, and ``execute_s`` is its execution;
-        ``steady``: it did not compile; ``captured``: it ran in the profiler's capture window."""
+        ``steady``: it did not compile; ``captured``: it ran in the profiler's capture window; ``cpu``: the main
+        thread's CPU clock at ``start`` (NaN: not measured)."""
         if self.unseen_starts:
             self.catch_up()
         if waited:
@@ -103,11 +115,11 @@ class StepClock:
             self.dispatch[function] = host
             execute_s = self.execute.get(function, 0.0)
         begins = start - self.shift + put_s + compile_s  # its execution can start as its dispatch does
-        self._step(function, begins, host, execute_s, put_s, steady and not captured, captured)
+        self._step(function, begins, host, execute_s, put_s, steady and not captured, captured, cpu)
         self.shift += end - start - put_s - host
 
     def _step(self, function: int, begins: float, host: float, execute_s: float, put_s: float, steady: bool,
-              captured: bool) -> None:
+              captured: bool, cpu: float = math.nan) -> None:
         """The clock's part of one call once its times are known: the device's idle time before ``begins`` (the
         call's execution start, in plain-run time), the call's dispatch and transfer, the steady-step run of its
         function (``steady``: neither compiled nor captured), and its execution on the device's queue."""
@@ -124,8 +136,10 @@ class StepClock:
         self.pending = None
         self.transfer += put_s
         self.calls += host
-        now = (begins, self.device, self.calls, self.transfer, self.sync_wait, self.idle, self.sync_idle,
-               self.eager_compiles)
+        if threading.active_count() > self.threads_before:
+            self.threaded += 1
+        now = (begins, self.device, self.calls, self.transfer, self.sync_wait, self.idle, self.sync_idle, cpu,
+               self.threaded, self.eager_compiles)
         before = self.previous.get(function)
         run = self._runs.get(function)
         if before is not None and steady and now[-1] == before[-1]:
@@ -174,12 +188,14 @@ class StepClock:
     def catch_up(self) -> None:
         """Put the calls that ran unseen since the clock's last event on it: each dispatched in its function's
         latest measured dispatch time (an un-waited call seen), running its latest measured execution."""
-        functions, starts = self.unseen_functions, self.unseen_starts
-        self.unseen_functions, self.unseen_starts = array("q"), array("d")
+        functions, starts, cpus = self.unseen_functions, self.unseen_starts, self.unseen_cpu
+        self.unseen_functions, self.unseen_starts, self.unseen_cpu = array("q"), array("d"), array("d")
         dispatch, execute, shift = self.dispatch, self.execute, self.shift
-        for function, start in zip(functions, starts):  # as call(), not waited: the shift does not move
+        if len(cpus) != len(starts):
+            cpus = array("d", [math.nan] * len(starts))
+        for function, start, cpu in zip(functions, starts, cpus):  # as call(), not waited: the shift does not move
             self._step(function, start - shift, dispatch.get(function, 0.0), execute.get(function, 0.0), 0.0, True,
-                       False)
+                       False, cpu)
 
     def eager_compile(self) -> None:
         """An operation run outside jit compiled (its first run): the step it falls in is not a steady one."""
@@ -225,18 +241,30 @@ def input_pipeline(steps: Mapping[int, Sequence[float]], names: Mapping[int, str
     verdict: InputVerdict = ("highly input-bound" if fraction >= HIGH
                              else "moderately input-bound" if fraction >= MODERATE else "not input-bound")
     every_step = [s for s in syncs if calls and s.count >= EVERY_STEP * calls.get(ident, 0) > 0]
+    # the main thread's time neither on its CPU nor waiting for the device: a queue's get, a read, a lock
+    cpu = per.get("cpu_s", math.nan)
+    blocked = None if math.isnan(cpu) else min(max(step - cpu - per["sync_wait_s"], 0.0), host)
+    # blocked beside a thread of the program's own: waiting for it (alone: a read or a sleep, which prefetch hides)
+    waiting = (blocked or 0.0) if per.get("threaded", 0.0) >= 0.5 else 0.0
     fixes = (_fixes(step, per["device_s"], host, per["transfer_s"], per["calls_s"],
-                    min(per["sync_idle_s"], per["device_s"]), every_step) if fraction >= MODERATE else ())
+                    min(per["sync_idle_s"], per["device_s"]), every_step, waiting)
+             if fraction >= MODERATE else ())
     return InputPipeline(names[ident], count, step, per["device_s"], host, per["transfer_s"], per["sync_wait_s"],
-                         per["calls_s"], idle, fraction, per["sync_idle_s"], verdict, fixes)
+                         per["calls_s"], idle, fraction, per["sync_idle_s"], verdict, fixes, blocked)
 
 
 def _fixes(step: float, device: float, host: float, transfer: float, dispatch: float, overlap: float,
-           every_step: Sequence[HostSync]) -> tuple[str, ...]:
+           every_step: Sequence[HostSync], blocked: float = 0.0) -> tuple[str, ...]:
     """What to change, largest gain first (a gain under MODERATE of the step is left out): the host's own work
     moved off the step's path (prefetch), the transfers (data kept on the device), the jitted calls' dispatch
     (fewer calls), and for a sync made every step the device's work the host could overlap with its own without it
-    (``overlap``)."""
+    (``overlap``). Where the main thread spent most of its host time ``blocked`` (off its CPU) while threads of
+    the program's own ran (a prefetch thread's queue), what feeds it is too slow, and prefetching does not help.
+
+    Example:
+        >>> _fixes(0.008, 0.001, 0.007, 0.0, 0.0, 0.0, (), blocked=0.006)[0].split(":")[0]
+        'speed up what feeds the loop'
+    """
     found: list[tuple[float, str]] = []
     if every_step and overlap >= MODERATE * step:
         site = max(every_step, key=lambda s: s.device_idle_s)
@@ -249,7 +277,14 @@ def _fixes(step: float, device: float, host: float, transfer: float, dispatch: f
             found.append((overlap, f"log every N steps: {site.kind} at {_at(site.source)} waits for every step "
                                    f"({site.count}x) and leaves the device idle until the next one is queued; read "
                                    "values every N steps (or keep running sums on the device)"))
-    if host >= MODERATE * step:
+    if host >= MODERATE * step and blocked >= BLOCKED * host:
+        found.append((host, f"speed up what feeds the loop: its main thread sat blocked (off the CPU) {_ms(blocked)} "
+                            f"of its {_ms(host)} host time per step while the program's other threads ran: it waits "
+                            "for them (a prefetch thread's queue), and a deeper queue cannot hide a producer slower "
+                            "than the step: vectorise the "
+                            "producer's per-example work, run several workers (processes for Python-heavy work: "
+                            "threads share the GIL), or move the augmentation into the jitted step"))
+    elif host >= MODERATE * step:
         found.append((host, "prefetch: build the next batches while the device runs (double-buffer the input "
                             "pipeline: a background thread or a loader with prefetch, jax.device_put one step "
                             "ahead), or move the preprocessing into the jitted step"))
@@ -261,6 +296,10 @@ def _fixes(step: float, device: float, host: float, transfer: float, dispatch: f
                                          "than the device to run it (run several steps per call with lax.scan; a "
                                          "pmap's wrapper costs more per call than jax.jit with shardings)"))
     return tuple(text for _, text in sorted(found, key=lambda pair: -pair[0]))
+
+
+def _ms(seconds: float) -> str:
+    return f"{1e3 * seconds:.3g} ms"
 
 
 def _at(source: SourceLocation | None) -> str:

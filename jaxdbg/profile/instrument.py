@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import threading
 import time
 from collections import defaultdict
@@ -146,6 +147,7 @@ class Recorder(JitHook):
             clock = self.clock
             clock.unseen_functions.append(ident)
             clock.unseen_starts.append(time.perf_counter())
+            clock.unseen_cpu.append(time.thread_time())
         return False
 
     def around(self, call: JitCall, run: Callable[[], Any]) -> Any:
@@ -161,7 +163,7 @@ class Recorder(JitHook):
             self.in_call = False
 
     def _around(self, call: JitCall, record: TrackedFunction, run: Callable[[], Any]) -> Any:
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         index = call.index
         put_s = 0.0
         if self.convert_host_args:
@@ -197,25 +199,27 @@ class Recorder(JitHook):
         if annotation is not None:
             self._timed(window.after_call)
         self._clocked(record, index, started, put_s, compile_s, execute_s, timed, not call.spans,
-                      annotation is not None)
+                      annotation is not None, cpu)
         return out
 
     def _clocked(self, record: TrackedFunction, index: int, started: float, put_s: float, compile_s: float,
-                 execute_s: float, waited: bool, steady: bool, captured: bool = False) -> None:
-        """A call seen on the main thread, to the step clock."""
+                 execute_s: float, waited: bool, steady: bool, captured: bool = False, cpu: float = math.nan) -> None:
+        """A call seen on the main thread, to the step clock (``cpu``: the thread's CPU clock at ``started``)."""
         if threading.get_ident() != self._main:
             return
         self.clock.call(record.id, started, time.perf_counter(), put_s=put_s, compile_s=compile_s,
-                        execute_s=execute_s, waited=waited, steady=steady, captured=captured)
+                        execute_s=execute_s, waited=waited, steady=steady, captured=captured, cpu=cpu)
 
     def on_unwanted_compile(self, call: JitCall, out: Any) -> None:
         """A call that ran ahead unseen compiled: timed from its start to its outputs, like a seen call that
         compiles (the calls queued before it are in its execute time, as they are for a seen one)."""
         record = self.functions[call.function.record.id]
         clock = self.clock
+        cpu = math.nan
         if threading.get_ident() == self._main and clock.unseen_starts:  # this call: clocked as seen, below
             clock.unseen_functions.pop()
             clock.unseen_starts.pop()
+            cpu = clock.unseen_cpu.pop() if clock.unseen_cpu else math.nan
         with contextlib.suppress(Exception):  # e.g. outputs donated to a later call since
             self.wait(out)
         wall = time.perf_counter() - call.started
@@ -223,7 +227,7 @@ class Recorder(JitHook):
         execute_s = max(wall - compile_s, 0.0)
         with self._lock:
             record.pending.append(CallTiming(call.index, wall, execute_s, compile_s))
-        self._clocked(record, call.index, call.started, 0.0, compile_s, execute_s, True, False)
+        self._clocked(record, call.index, call.started, 0.0, compile_s, execute_s, True, False, cpu=cpu)
 
     def on_compile_ahead(self, call: JitCall) -> None:
         """``jax.jit(f).lower(...).compile()``: filed as the function's compile (introspected from jax's own

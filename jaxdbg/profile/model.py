@@ -235,7 +235,8 @@ class InputPipeline:
     work (building batches, Python: outside jitted calls, transfers and syncs), its transfers, its waits in
     syncs and its time dispatching the jitted calls; ``sync_idle_s``: the part of the idle time that followed a
     sync. ``verdict``: xprof's words, 'highly' / 'moderately' / 'not' input-bound when the device waits 20% / 5%
-    of the step or more; ``fixes``: largest gain first."""
+    of the step or more; ``fixes``: largest gain first; ``host_blocked_s``: the part of ``host_s`` the main thread
+    spent off its CPU (blocked in a queue, a read, a lock; None where not measured)."""
 
     function: str
     steps: int
@@ -250,6 +251,7 @@ class InputPipeline:
     sync_idle_s: float
     verdict: InputVerdict
     fixes: tuple[str, ...] = ()
+    host_blocked_s: float | None = None
 
 
 @dataclass(frozen=True)

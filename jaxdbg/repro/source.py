@@ -29,6 +29,7 @@ import builtins
 import copy
 import threading
 import time
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -227,9 +228,10 @@ class SourceReducer:
         _fill_empty_bodies(tree)
         try:
             text = ast.unparse(ast.fix_missing_locations(tree))
-            with _PARSE_LOCK:
-                compile(text, "<candidate>", "exec")
+            warned = _compile_warnings(text)
         except (SyntaxError, ValueError, TypeError, RecursionError):
+            return None
+        if warned > _compile_warnings(self.state.text):  # `1[0]`, `3(x)`: sure to fail another way at run time
             return None
         if (self._size(tree, text) >= self._size(self.state.tree, self.state.text) or text in self.cache
                 or undefined_names(tree) - undefined_names(self.state.tree)):
@@ -463,6 +465,31 @@ class SourceReducer:
 # ----------------------------------------------------------------------------------------------------------
 # Edits (each works on the walk-ordered node list of a fresh copy)
 # ----------------------------------------------------------------------------------------------------------
+
+
+def _compile_warnings(text: str) -> int:
+    """Compile ``text`` (raising its SyntaxError) and count the SyntaxWarnings it gives ("'int' object is not
+    subscriptable; perhaps you missed a comma?"), which Python would otherwise print on the user's terminal once
+    per candidate. Counts are kept per text (the current state's is asked for every candidate of it).
+
+    Example:
+        >>> _compile_warnings("x = 1"), _compile_warnings("x = 1[0]")
+        (0, 1)
+    """
+    known = _WARNINGS.get(text)
+    if known is not None:
+        return known
+    with _PARSE_LOCK, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", SyntaxWarning)
+        compile(text, "<candidate>", "exec")
+    count = sum(issubclass(w.category, SyntaxWarning) for w in caught)
+    if len(_WARNINGS) > 4096:
+        _WARNINGS.clear()
+    _WARNINGS[text] = count
+    return count
+
+
+_WARNINGS: dict[str, int] = {}
 
 
 def _change(before: str, after: str) -> tuple[tuple[str, ...], tuple[str, ...]]:

@@ -30,4 +30,16 @@ with jaxdbg.watch(out=sys.argv[1], action="log"):
             local[len(local) - 3, 0] = -1.0
         x = jax.make_array_from_process_local_data(sharding, local)
         w, loss = step(w, x)
+
+# Inside a shard_map the body's values span both processes' devices: process 1's last device gets padding only
+# (every weight 0), and its weighted mean is 0 / 0; the replay reads each process's own blocks and gathers them.
+with jaxdbg.watch(out=sys.argv[1] + "-shard-map", action="log"):
+    def device_mean(x, weight):
+        return jax.lax.pmean(jnp.sum(weight * x) / jnp.sum(weight), "data")  # <- block origin
+
+    mean = jax.jit(jax.shard_map(device_mean, mesh=mesh, in_specs=(P("data"), P("data")), out_specs=P()))
+    weight = np.ones(2 * jax.local_device_count(), np.float32)
+    if jax.process_index() == 1:
+        weight[-2:] = 0.0
+    mean(*(jax.make_array_from_process_local_data(sharding, a) for a in (np.ones_like(weight), weight)))
 print("done", jax.process_index(), flush=True)
