@@ -258,6 +258,11 @@ class Heartbeat:
             self._thread = threading.Thread(target=self._run, name="jaxdbg-heartbeat", daemon=True)
             self._thread.start()
 
+    def beat(self) -> None:
+        """Publish where this process stands now (the thread does every second; a caller that is about to start
+        something it may not come back from, e.g. a new function's first call, does at once)."""
+        self._beat()
+
     def _beat(self) -> None:
         self._beats += 1
         state = self.state()
@@ -303,10 +308,17 @@ class Heartbeat:
                 assert self.on_lost is not None
                 self.on_lost(index, hung_line(index, stalled[index], now - self._moved[index][1], waiter,
                                               stalled[waiter]))
+        ended = {i: where for i, where in states.items() if isinstance(where, dict) and where.get("ended")}
+        for index, where in stalled.items():  # a call that waits for a process whose program has ended waits forever
+            beating = index == place.index or now - self._seen.get(index, (None, 0.0))[1] <= 3 * HEARTBEAT_S
+            if ended and beating and where.get("in_call") and index not in self._hung and index not in ended:
+                self._hung.add(index)
+                assert self.on_lost is not None
+                self.on_lost(index, waits_for_ended_line(index, where, now - self._moved[index][1], ended))
 
     def _stalled(self, index: int, where: Any, now: float) -> bool:
         """Whether process ``index``'s program (not its heartbeat) has stood still for ``hung_s``."""
-        if not isinstance(where, dict):
+        if not isinstance(where, dict) or where.get("ended"):  # its program ended: it waits for nothing of ours
             return False
         mark = (where.get("progress"), where.get("frame"))
         last = self._moved.get(index)
@@ -425,6 +437,22 @@ def hung_line(peer: int, where: dict, still_s: float, me: int, mine: dict) -> st
     waits = f" (process {me} waits {mine['text']})" if mine.get("text") else ""
     return (f"process {peer}{HANG_MARK} (its heartbeat runs) but its program has not moved for {still_s:.0f} s; "
             f"it stands {where.get('text') or 'at an unknown place'}{waits}")
+
+
+def waits_for_ended_line(index: int, where: dict, still_s: float, ended: dict[int, dict]) -> str:
+    """One line naming a process that waits inside a call (a collective) for processes whose programs have ended:
+    they will never join it.
+
+    Example:
+        >>> waits_for_ended_line(1, {"text": "in sync call 0, at t.py:9 (<module>)"}, 8.0,
+        ...                      {0: {"text": "its program finished, after step call 4"}})
+        'process 1 hangs: alive (its heartbeat runs) but its program has not moved for 8 s; it stands in sync call 0, \
+at t.py:9 (<module>), waiting for process 0, which will never join it (its program finished, after step call 4)'
+    """
+    said = "; ".join(f"process {i}, which will never join it ({w.get('text') or 'its program ended'})"
+                     for i, w in sorted(ended.items()))
+    return (f"process {index}{HANG_MARK} (its heartbeat runs) but its program has not moved for {still_s:.0f} s; "
+            f"it stands {where.get('text') or 'at an unknown place'}, waiting for {said}")
 
 
 DONE = Topic("job", "done", bool)  # a process is done and leaves the job (leave_job)

@@ -42,6 +42,7 @@ def finish(proc: subprocess.Popen, timeout: float = 240) -> subprocess.Completed
 
 HANGS = os.path.join(CORPUS, "multihost_hangs", "train.py")
 DP = os.path.join(CORPUS, "multihost_dp", "train.py")
+DIES = os.path.join(CORPUS, "multihost_dies", "train.py")
 
 
 @pytest.fixture(scope="module")
@@ -322,6 +323,13 @@ def test_a_process_that_dies_is_named_not_waited_for(waiting_jobs):
     assert rows[0]["note"] == "" and rows[1]["note"].startswith("process 1 sent no report (it stopped answering")
     assert "last seen" in rows[1]["note"]
     assert any(note.startswith("process 1 stopped answering") for note in report["result"]["notes"])
+    # Its own jaxdbg's words (its report in the shared --out) say how and where it died, in process 0's error line
+    # too (process 0's own error, a collective whose peer left, follows from it), which names process 0.
+    died = (f"process 1 failed (its own report): the target crashed with SIGABRT at "
+            f"{os.path.join(CORPUS, 'multihost_dies', 'train.py')}:{line_of(DIES, 'os.abort()')} (<module>)")
+    assert died in rows[1]["note"] and died in report["result"]["error"], report["result"]["error"]
+    assert f"jaxdbg profile: process 0: {report['result']['error']}" in done.stderr
+    assert "hangs" not in str(report["result"]["notes"])  # no process is said to hang: one died, one failed
 
 
 def test_a_process_that_hangs_is_named_with_where_it_stands(waiting_jobs):
@@ -437,7 +445,7 @@ def test_nan_hunt_names_the_process_a_job_hangs_on(waiting_jobs):
     done, _ = waiting_jobs["nan_hangs"]()
     assert done.returncode == 3, done.stderr[-3000:]
     first = done.stderr.strip().splitlines()[0]
-    said = f"jaxdbg nan-hunt: the target ran past --timeout {float(HANG_TIMEOUT)}s (process 1 hangs: alive"
+    said = f"jaxdbg nan-hunt: process 0: the target ran past --timeout {float(HANG_TIMEOUT)}s (process 1 hangs: alive"
     assert first.startswith(said), first
     assert f"train.py:{line} (read_batch)" in first and "(process 0 waits in a call of step" in first
 

@@ -26,7 +26,7 @@ Example:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Set
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -180,7 +180,9 @@ def _latest(*calls: dict | None) -> dict:
 def _dead(states: dict[int, ProcessState], dead: list[int], common: dict[str, Any]) -> HangResult:
     lines = [f"process {i} {states[i].detail}" for i in dead]
     others = _group_others(states, set(dead))
-    verdict = "; ".join(lines + others)
+    diverged = common.get("divergence")
+    said = [f"the processes diverged at step {diverged.step}: {diverged.detail}"] if diverged is not None else []
+    verdict = "; ".join(lines + others + said)
     explanation = ("A process of the job died: every collective needs all of them, so the others failed in (or wait "
                    "forever in) the next collective that needed it. Its exit status and its last calls say where it "
                    "stopped.")
@@ -487,7 +489,8 @@ def _divergence(facts: JobFacts, states: dict[int, ProcessState]) -> Divergence 
     records' flight records (calls of global programs, compared step by step)."""
     if facts.count < 2:
         return None
-    rows = _rows_online(facts.divergence) if facts.divergence else _rows_from_records(facts.records)
+    dead = {i for i, state in states.items() if state.state == "dead"}
+    rows = _rows_online(facts.divergence) if facts.divergence else _rows_from_records(facts.records, dead)
     if rows is None:
         return None
     step, by_process = rows
@@ -500,6 +503,7 @@ def _divergence(facts: JobFacts, states: dict[int, ProcessState]) -> Divergence 
         made.append(DivergenceSide(tuple(members), row.get("function"), row.get("index"), location(row.get("site")),
                                    row.get("key")))
     words = [f"{_who(side.processes)} called {side.function} #{side.call_index} at {short(side.source)}"
+             + (" (and died in it)" if side.program is None and set(side.processes) <= dead else "")
              for side in made]
     hung = any(states[i].state in ("running", "callback") and states[i].step == step for i in states)
     return Divergence(step, tuple(made), hung, " while ".join(words))
@@ -514,7 +518,11 @@ def _rows_online(found: dict) -> tuple[int, dict[int, dict]] | None:
     return (int(found["step"]), rows) if len(rows) > 1 else None
 
 
-def _rows_from_records(records: dict[int, dict]) -> tuple[int, dict[int, dict]] | None:
+def _rows_from_records(records: dict[int, dict], dead: Set[int] = frozenset()) -> tuple[int, dict[int, dict]] | None:
+    """The first step whose calls differ between processes, from their flight records. A dead process's last
+    call, entered and never left before any program of it was read (a process aborted in a function's first call,
+    by collectives that did not match), stands at its next step with its function only: it differs from the
+    others' there when its function does."""
     by_step: dict[int, dict[int, dict]] = {}
     for index, record in records.items():
         for call in record.get("calls") or ():
@@ -524,8 +532,16 @@ def _rows_from_records(records: dict[int, dict]) -> tuple[int, dict[int, dict]] 
                 continue
             by_step.setdefault(step, {})[index] = {"key": program["key"], "function": call["function"],
                                                    "index": call["index"], "site": call.get("site")}
-    for step in sorted(by_step):
-        rows = by_step[step]
+    unread: dict[int, tuple[int, dict]] = {}
+    for index in dead & set(records):
+        last = next((c for c in reversed(records[index].get("calls") or ()) if c.get("kind") == "call"), None)
+        if last is not None and last.get("returned") is None and program_of(records[index], last) is None:
+            unread[index] = (int(records[index].get("steps") or 0), {
+                "key": None, "function": last.get("function"), "index": last.get("index"), "site": last.get("site")})
+    for step in sorted({*by_step, *(step for step, _ in unread.values())}):
+        rows = dict(by_step.get(step, {}))
+        known = {row["function"] for row in rows.values()}
+        rows.update({i: row for i, (at, row) in unread.items() if at == step and row["function"] not in known})
         if len(rows) > 1 and len({row["key"] for row in rows.values()}) > 1:
             return step, rows
     return None
