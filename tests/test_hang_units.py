@@ -479,6 +479,16 @@ def test_a_process_that_died_in_another_function_than_the_one_its_peer_waits_in_
     assert result.verdict.endswith("; the processes diverged at step 5: process 0 called train_step #5 at train.py:40 "
                                    "(<module>) while process 1 called epoch_mean #0 at train.py:48 (<module>) (and "
                                    "died in it)"), result.verdict
+    # The survivor's collective failed instead (its peer left): its failed call, whose program was not read either,
+    # stands at its step 5 with train_step's one program.
+    failed = _record(0, "train_step", "train_step(x: f32[4]) [all-reduce:sum]", 40, 1.0)
+    failed["calls"][0].update(step=4, index=4)
+    failed["calls"].append({**failed["calls"][0], "seq": 10, "index": 5, "program": None, "step": None,
+                            "error": "ValueError: Gloo all-reduce failed: Connection reset by peer"})
+    raised = {0: {"status": "raised", "error": "ValueError: Gloo all-reduce failed: Connection reset by peer"}}
+    result = judge(JobFacts(2, "stall", 30.0, {0: failed, 1: dead}, outcomes={**outcomes, **raised}))
+    assert result.kind == "dead" and result.divergence is not None and result.divergence.step == 5
+    assert "; the processes diverged at step 5: process 0 called train_step #5 at train.py:40" in result.verdict
     # a dead process whose last call is the same function as its peer's is not a divergence (its program unknown)
     dead["calls"][-1]["function"] = "train_step"
     assert judge(JobFacts(2, "stall", 30.0, {0: waiting, 1: dead}, outcomes=outcomes)).divergence is None

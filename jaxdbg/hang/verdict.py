@@ -490,13 +490,14 @@ def _divergence(facts: JobFacts, states: dict[int, ProcessState]) -> Divergence 
     if facts.count < 2:
         return None
     dead = {i for i, state in states.items() if state.state == "dead"}
-    rows = _rows_online(facts.divergence) if facts.divergence else _rows_from_records(facts.records, dead)
+    ended = {i for i, state in states.items() if state.state in ("dead", "failed")}
+    rows = _rows_online(facts.divergence) if facts.divergence else _rows_from_records(facts.records, ended)
     if rows is None:
         return None
     step, by_process = rows
     sides: dict[str, list[int]] = {}
     for index, row in sorted(by_process.items()):
-        sides.setdefault(row["key"], []).append(index)
+        sides.setdefault(row["key"] or f"{row['function']} (program unread)", []).append(index)
     made = []
     for members in sides.values():
         row = by_process[members[0]]
@@ -518,11 +519,12 @@ def _rows_online(found: dict) -> tuple[int, dict[int, dict]] | None:
     return (int(found["step"]), rows) if len(rows) > 1 else None
 
 
-def _rows_from_records(records: dict[int, dict], dead: Set[int] = frozenset()) -> tuple[int, dict[int, dict]] | None:
-    """The first step whose calls differ between processes, from their flight records. A dead process's last
-    call, entered and never left before any program of it was read (a process aborted in a function's first call,
-    by collectives that did not match), stands at its next step with its function only: it differs from the
-    others' there when its function does."""
+def _rows_from_records(records: dict[int, dict], ended: Set[int] = frozenset()) -> tuple[int, dict[int, dict]] | None:
+    """The first step whose calls differ between processes, from their flight records. The last call of a process
+    that died or failed in it before its program was read (aborted in a function's first call by collectives that
+    did not match; a collective that lost its peer raised) stands at the process's next step, with its function's
+    one program if the process ran it before, else with its function only: it differs from the others' there
+    when its function does."""
     by_step: dict[int, dict[int, dict]] = {}
     for index, record in records.items():
         for call in record.get("calls") or ():
@@ -533,16 +535,22 @@ def _rows_from_records(records: dict[int, dict], dead: Set[int] = frozenset()) -
             by_step.setdefault(step, {})[index] = {"key": program["key"], "function": call["function"],
                                                    "index": call["index"], "site": call.get("site")}
     unread: dict[int, tuple[int, dict]] = {}
-    for index in dead & set(records):
-        last = next((c for c in reversed(records[index].get("calls") or ()) if c.get("kind") == "call"), None)
-        if last is not None and last.get("returned") is None and program_of(records[index], last) is None:
-            unread[index] = (int(records[index].get("steps") or 0), {
-                "key": None, "function": last.get("function"), "index": last.get("index"), "site": last.get("site")})
+    for index in ended & set(records):
+        record = records[index]
+        last = next((c for c in reversed(record.get("calls") or ()) if c.get("kind") == "call"), None)
+        if last is None or program_of(record, last) is not None or not (last.get("returned") is None or
+                                                                         last.get("error")):
+            continue
+        known = {p["key"] for p in (record.get("programs") or {}).values() if p.get("function") == last.get("function")}
+        unread[index] = (int(record.get("steps") or 0), {
+            "key": known.pop() if len(known) == 1 else None, "function": last.get("function"),
+            "index": last.get("index"), "site": last.get("site")})
     for step in sorted({*by_step, *(step for step, _ in unread.values())}):
         rows = dict(by_step.get(step, {}))
-        known = {row["function"] for row in rows.values()}
-        rows.update({i: row for i, (at, row) in unread.items() if at == step and row["function"] not in known})
-        if len(rows) > 1 and len({row["key"] for row in rows.values()}) > 1:
+        for index, (at, row) in sorted(unread.items()):
+            if at == step and (row["key"] is not None or row["function"] not in {r["function"] for r in rows.values()}):
+                rows[index] = row
+        if len(rows) > 1 and len({row["key"] or row["function"] for row in rows.values()}) > 1:
             return step, rows
     return None
 
