@@ -186,6 +186,33 @@ def test_memory_in_every_process_of_a_two_process_job(tmp_path):
         assert (x["shape"], x["bytes"]) == ("f32[4,8]", 4 * 8 * 4)  # 16 global rows over 4 devices
 
 
+def test_a_process_waiting_in_a_call_for_one_whose_program_ended_is_named_and_the_ended_one_never_hangs(monkeypatch):
+    """The heartbeat's judgement, fed the beats the job's key-value store would hold: process 1 stands still inside
+    `total` (one more all-reduce than process 0 runs) while process 0's program has finished. Process 1 is named as
+    waiting for process 0, which will never join; process 0, which waits for nothing any more, is not said to hang."""
+    import time
+
+    from jaxdbg import multihost
+
+    beats = {0: {"text": "its program finished, after step call 2", "progress": ["step", 2], "in_call": False,
+                 "ended": True, "beat": 1},
+             1: {"text": "in total call 0, at t.py:28 (<module>)", "progress": ["total", 0], "in_call": True,
+                 "frame": "t.py:28 (<module>)", "beat": 1}}
+    monkeypatch.setattr(multihost, "peek", lambda topic, index: {**beats[index], "beat": time.monotonic()})
+    for me in (1, 0):
+        said: list[tuple[int, str]] = []
+        monkeypatch.setattr(multihost, "job", lambda me=me: multihost.Job(me, 2))
+        heartbeat = multihost.Heartbeat("profile", dict, lambda index, line, said=said: said.append((index, line)),
+                                        hung_s=0.2)
+        for _ in range(3):
+            heartbeat._watch()
+            time.sleep(0.15)
+        assert [index for index, _ in said] == [1], said
+        assert said[0][1].startswith("process 1 hangs: alive (its heartbeat runs) but its program has not moved")
+        assert said[0][1].endswith("it stands in total call 0, at t.py:28 (<module>), waiting for process 0, which "
+                                   "will never join it (its program finished, after step call 2)"), said[0][1]
+
+
 @pytest.mark.parametrize("argv, says", [
     (["--processes"], "needs a number"),
     (["--processes", "0", "doctor"], "whole number"),
