@@ -276,37 +276,41 @@ def test_four_processes_one_straggler(tmp_path):
 
 
 @pytest.mark.usefixtures("waiting_runs")  # their waits overlap this job and the next (none of them timed)
-def test_nan_hunt_names_the_process_device_and_shard_of_the_origin(tmp_path):
-    """The replay runs in lockstep in both processes (an SPMD program), checking values on the devices;
-    process 1's shard holds the corrupt example."""
-    program = os.path.join(CORPUS, "multihost_nan", "train.py")
+def test_nan_hunt_names_the_process_device_and_line_of_a_zero_scale_on_one_process(tmp_path):
+    """The replay runs in lockstep in both processes (an SPMD program), checking values on the devices: at step 2
+    process 1's part of the batch is all padding, its scale 0, and its rows 0/0. The answer names the division's
+    line, process 1 and its first device (global rows 8-11), in the job's one line too."""
+    program = os.path.join(CORPUS, "multihost_zero_scale", "train.py")
     done = launch(["nan-hunt", program, "--out", str(tmp_path / "n"), "-q", "--json", str(tmp_path / "job.json")], 2)
     assert done.returncode == 1, done.stderr[-3000:]
     result = json.loads((tmp_path / "job.json").read_text())["result"]
     first = result["first"]
-    line = line_of(program, "log-scaled first feature")
-    where = (first["primitive"], first["pass"], first["source"]["line"], first["call_index"])
-    assert where == ("log", "forward", line, 2)
-    # Process 1's local row 5 is global row 13: on its second device, whose shard holds rows 12-15.
-    assert first["process"] == 1 and first["shard"] == [[12, 16], [0, 1]]
+    line = line_of(program, "0/0 where a scale is 0")
+    where = (first["kind"], first["primitive"], first["pass"], first["source"]["line"], first["call_index"])
+    assert where == ("nan", "div", "forward", line, 2)
     process_1 = json.loads((tmp_path / "n" / "process-1" / "report.json").read_text())
-    assert first["device"] == f"cpu:{process_1['environment']['devices'][3]['id']}"
+    device = f"cpu:{process_1['environment']['devices'][2]['id']}"  # process 1's first device
+    assert (first["process"], first["device"], first["shard"]) == (1, device, [[8, 12], [0, 8]])
     assert [(p["index"], p["found"]) for p in result["processes"]] == [(0, True), (1, True)]
+    said = f"jaxdbg nan-hunt: process 0: nan first made by div (forward pass) at train.py:{line} in step, call 2 on "
+    assert f"{said}process 1 ({device})" in done.stderr, done.stderr
     assert (tmp_path / "n" / "process-1" / "nan_bundle.json").exists()
 
 
-def test_nan_hunt_in_four_processes_names_the_process_and_device_of_the_bad_shard(tmp_path):
-    """4 processes of 1 device: process 1's rows are global rows 4-7, held by its one device."""
+def test_nan_hunt_in_four_processes_names_the_process_device_and_shard_of_the_origin(tmp_path):
+    """4 processes of 2 devices: process 1's corrupt example, its local row 5, is global row 13, on its second
+    device, whose shard holds rows 12-15."""
     program = os.path.join(CORPUS, "multihost_nan", "train.py")
-    done = launch(["nan-hunt", program, "--out", str(tmp_path / "n"), "-q", "--json", str(tmp_path / "job.json")], 4,
-                  devices=1)
+    done = launch(["nan-hunt", program, "--out", str(tmp_path / "n"), "-q", "--json", str(tmp_path / "job.json")], 4)
     assert done.returncode == 1, done.stderr[-3000:]
     result = json.loads((tmp_path / "job.json").read_text())["result"]
     first, devices = result["first"], json.loads((tmp_path / "job.json").read_text())["environment"]["devices"]
-    where = (first["primitive"], first["call_index"], first["process"], first["shard"])
-    assert where == ("log", 2, 1, [[4, 8], [0, 1]])
-    assert first["device"] == f"cpu:{next(d['id'] for d in devices if d['process_index'] == 1)}"
+    where = (first["primitive"], first["pass"], first["source"]["line"], first["call_index"])
+    assert where == ("log", "forward", line_of(program, "log-scaled first feature"), 2)
+    assert (first["process"], first["shard"]) == (1, [[12, 16], [0, 1]])
+    assert first["device"] == f"cpu:{[d['id'] for d in devices if d['process_index'] == 1][1]}"
     assert [(p["index"], p["found"]) for p in result["processes"]] == [(i, True) for i in range(4)]
+    assert (tmp_path / "n" / "process-1" / "nan_bundle.json").exists()
 
 
 def test_doctor_reports_the_job_and_compares_versions(tmp_path):
