@@ -24,13 +24,18 @@ def step(w, x, scale):
     return w - 0.1 * (xn.T @ y) / x.shape[0], jnp.mean(y ** 2)  # xn.T @ y sums over every shard: all-reduce
 
 
+def loader(process: int, rows_per_process: int):
+    """This process's part of each batch and its scale (its largest absolute value, one per example)."""
+    rng = np.random.default_rng(process)
+    for number in range(5):
+        part = rng.normal(size=(rows_per_process, 8)).astype(np.float32)
+        if number == 2 and process == 1:
+            part[:] = 0.0  # an all-padding part of the batch
+        yield part, np.full((rows_per_process, 1), np.abs(part).max(), np.float32)
+
+
 w = jnp.ones((8, 8), jnp.float32) * 0.1
-rng = np.random.default_rng(jax.process_index())
-for i in range(5):
-    local = rng.normal(size=(4 * jax.local_device_count(), 8)).astype(np.float32)
-    if i == 2 and jax.process_index() == 1:
-        local[:] = 0.0  # an all-padding part of the batch
-    scale = np.full((len(local), 1), np.abs(local).max(), np.float32)  # this process's scale, one per example
-    x = jax.make_array_from_process_local_data(rows, local)
-    w, loss = step(w, x, jax.make_array_from_process_local_data(rows, scale))
+for part, scale in loader(jax.process_index(), 4 * jax.local_device_count()):
+    w, loss = step(w, jax.make_array_from_process_local_data(rows, part),
+                   jax.make_array_from_process_local_data(rows, scale))
 print(jax.process_index(), float(loss))
