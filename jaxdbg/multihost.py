@@ -28,7 +28,7 @@ from typing import Any, Generic, TypeVar, cast
 
 from jaxdbg import _compat, jit_layer
 from jaxdbg._errors import JobMismatchError
-from jaxdbg.launch import COMMAND_VARIABLE, HANG_MARK
+from jaxdbg.launch import COMMAND_VARIABLE, HANG_MARK, naming_process
 
 HEARTBEAT_S = 1.0
 SILENT_S = 15.0  # a peer whose heartbeat has not moved for this long is reported as lost (dead or frozen)
@@ -52,6 +52,16 @@ def job() -> Job | None:
 
     count = jax.process_count()
     return Job(jax.process_index(), count) if count > 1 else None
+
+
+def naming_this_process(line: str) -> str:
+    """``line`` prefixed with this process, in a job of several processes (:func:`jaxdbg.launch.naming_process`).
+
+        >>> naming_this_process("nan first made by log")   # not in a job
+        'nan first made by log'
+    """
+    place = job()
+    return naming_process(line, None if place is None else (place.index, place.count))
 
 
 def process_folder(out_dir: str) -> str:
