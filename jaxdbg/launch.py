@@ -68,27 +68,32 @@ def launched_place(env: Mapping[str, str]) -> tuple[int, int] | None:
 HANG_MARK = " hangs: alive"
 # What process 0's note about a peer that failed says, quoting the peer's own report (profile.jobs.peer_failure).
 PEER_FAILED_MARK = " failed (its own report): "
+LOST_MARK = " stopped answering "  # a heartbeat's line about a peer whose heartbeat stopped (multihost.Heartbeat)
 
 
 def hang_named(notes: Sequence[str], status: str) -> str | None:
     """The note naming the process a job stopped on, for a run that ended because of it: the heartbeat's line
     about a hung process (the run stopped at ``--timeout``, or crashed: the runtime of a process aborts it when
     another process, stopped at its own timeout first, leaves the job), else the line about a peer that failed
-    first (this process's collective then fails too: 'connection reset by peer'); None otherwise.
+    (its own report's words), else about one that stopped answering (dead or frozen): this process then waits
+    for it in a collective until ``--timeout``, or the collective fails ('connection reset by peer'); None
+    otherwise.
 
     Example:
         >>> notes = ["process 1 hangs: alive (its heartbeat runs) but its program has not moved for 6 s"]
         >>> hang_named(notes, "crash")[:17], hang_named(notes, "exception")
         ('process 1 hangs: ', None)
-        >>> hang_named(["process 1 failed (its own report): the target crashed with SIGABRT"], "exception")[:16]
+        >>> lost = "process 1 stopped answering 15 s ago (it died or froze); last seen in mean call 0"
+        >>> hang_named([lost, "process 1 failed (its own report): the target crashed with SIGABRT"], "timeout")[:16]
         'process 1 failed'
+        >>> hang_named([lost], "exception")[:27]
+        'process 1 stopped answering'
     """
-    if status in ("timeout", "crash"):
-        hung = next((note for note in notes if HANG_MARK in note), None)
-        if hung is not None:
-            return hung
-    if status in ("timeout", "crash", "exception"):
-        return next((note for note in notes if PEER_FAILED_MARK in note), None)
+    failed = status in ("timeout", "crash", "exception")
+    for mark, when in ((HANG_MARK, status in ("timeout", "crash")), (PEER_FAILED_MARK, failed), (LOST_MARK, failed)):
+        found = next((note for note in notes if mark in note), None) if when else None
+        if found is not None:
+            return found
     return None
 
 

@@ -28,7 +28,7 @@ from typing import Any, Generic, TypeVar, cast
 
 from jaxdbg import _compat, jit_layer
 from jaxdbg._errors import JobMismatchError
-from jaxdbg.launch import COMMAND_VARIABLE, HANG_MARK, naming_process
+from jaxdbg.launch import COMMAND_VARIABLE, HANG_MARK, LOST_MARK, naming_process
 
 HEARTBEAT_S = 1.0
 SILENT_S = 15.0  # a peer whose heartbeat has not moved for this long is reported as lost (dead or frozen)
@@ -309,8 +309,7 @@ class Heartbeat:
                 del states[peer]
                 stood = f"; last seen {where['text']}" if isinstance(where, dict) and where.get("text") else ""
                 assert self.on_lost is not None
-                self.on_lost(peer, f"process {peer} stopped answering {now - last[1]:.0f} s ago (it died or froze)"
-                             f"{stood}")
+                self.on_lost(peer, f"process {peer}{LOST_MARK}{now - last[1]:.0f} s ago (it died or froze){stood}")
         stalled = {index: where for index, where in states.items() if self._stalled(index, where, now)}
         for index, waiter in hung_processes(place.index, stalled):
             if index not in self._hung:

@@ -77,6 +77,7 @@ class BackendStart:
         self.started = time.perf_counter()
         self.heartbeat: multihost.Heartbeat | None = None  # runs until the job's figures are shared
         self.ended: str | None = None  # how the program ended ("finished", "raised ..."): it waits for nobody now
+        self.job_out = recorder.out_dir  # the job's --out (this process's part is process-<index>/ in it)
 
     def __call__(self) -> DeviceInfo:
         if self.info is None:
@@ -92,8 +93,7 @@ class BackendStart:
                 if self.window is not None:
                     self.window.logdir = os.path.join(self.recorder.out_dir, "trace")
             if jax.process_count() > 1:
-                self.heartbeat = multihost.Heartbeat("profile", self.where,
-                                                     lambda _, line: self.send(ProfileNote(line)),
+                self.heartbeat = multihost.Heartbeat("profile", self.where, self.peer_lost,
                                                      hung_s=multihost.hung_wait(self.timeout))
                 self.heartbeat.start()
                 self.recorder.on_new_function = self.heartbeat.beat
@@ -102,6 +102,15 @@ class BackendStart:
             if self.window is not None:
                 self.stack.enter_context(self.window)
         return self.info
+
+    def peer_lost(self, index: int, line: str) -> None:
+        """The heartbeat's line about process ``index`` (lost, or the one the job hangs on), and where the job
+        shares --out, how that process failed in its own report's words: this process may never get further
+        (it waits in a collective for it until --timeout), so it is said now."""
+        self.send(ProfileNote(line))
+        failed = peer_failure(self.job_out, index, time.time() - (time.perf_counter() - self.started))
+        if failed:
+            self.send(ProfileNote(failed))
 
     def where(self) -> dict:
         """Where this process stands, for the job's other processes should it stop answering or hang."""
@@ -241,7 +250,8 @@ def share_with_the_job(send: Send, log: MessageLog, timeout: float | None, start
         failed = peer_failure(out_dir, i, since)
         if failed:  # its own jaxdbg saw how it ended (the job shares --out: one machine, or a shared filesystem)
             note = f"{note}; {failed}"
-            send(ProfileNote(failed))
+            if not any(isinstance(m, ProfileNote) and m.text == failed for m in log):  # (the heartbeat's, already)
+                send(ProfileNote(failed))
         rows.append(ProcessFigures.missing(i, note))
     send(JobFigures(tuple(rows)))
     share_capture(send, xplane, out_dir, 5.0)
