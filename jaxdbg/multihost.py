@@ -249,7 +249,10 @@ class Heartbeat:
     died, or froze) is passed once to ``on_lost(index, line)``. This thread keeps beating while the program's
     own thread waits in a collective for a peer, so a live process never looks lost. Once programs (progress
     and frame) stand still for ``hung_s``, this one's too, the process the job hangs on (this one, possibly:
-    :func:`hung_processes`) is passed once to ``on_lost`` with a line saying where it stands."""
+    :func:`hung_processes`) is passed once to ``on_lost`` with a line saying where it stands. A process whose
+    program has ended (``ended`` in its state) never hangs: one that stands still inside a call while another's
+    program has ended waits for a collective that one never joins, and is passed so
+    (:func:`waits_for_ended_line`)."""
 
     def __init__(self, command: str, state: Callable[[], dict], on_lost: Callable[[int, str], None] | None = None,
                  hung_s: float = HUNG_S):
