@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -65,21 +66,54 @@ def launched_place(env: Mapping[str, str]) -> tuple[int, int] | None:
 
 # What a heartbeat's line about a hung process says (multihost.hung_line); the parent finds it among the notes.
 HANG_MARK = " hangs: alive"
+# What process 0's note about a peer that failed says, quoting the peer's own report (profile.jobs.peer_failure).
+PEER_FAILED_MARK = " failed (its own report): "
+LOST_MARK = " stopped answering "  # a heartbeat's line about a peer whose heartbeat stopped (multihost.Heartbeat)
 
 
 def hang_named(notes: Sequence[str], status: str) -> str | None:
-    """The heartbeat's line naming the process a job hung on, for a run that ended because of that hang: stopped
-    at ``--timeout``, or crashed (the runtime of a process aborts it when another process, stopped at its own
-    timeout first, leaves the job); None otherwise.
+    """The note naming the process a job stopped on, for a run that ended because of it: the heartbeat's line
+    about a hung process (the run stopped at ``--timeout``, or crashed: the runtime of a process aborts it when
+    another process, stopped at its own timeout first, leaves the job), else the line about a peer that failed
+    (its own report's words), else about one that stopped answering (dead or frozen): this process then waits
+    for it in a collective until ``--timeout``, or the collective fails ('connection reset by peer'); None
+    otherwise.
 
     Example:
         >>> notes = ["process 1 hangs: alive (its heartbeat runs) but its program has not moved for 6 s"]
         >>> hang_named(notes, "crash")[:17], hang_named(notes, "exception")
         ('process 1 hangs: ', None)
+        >>> lost = "process 1 stopped answering 15 s ago (it died or froze); last seen in mean call 0"
+        >>> hang_named([lost, "process 1 failed (its own report): the target crashed with SIGABRT"], "timeout")[:16]
+        'process 1 failed'
+        >>> hang_named([lost], "exception")[:27]
+        'process 1 stopped answering'
     """
-    if status not in ("timeout", "crash"):
-        return None
-    return next((note for note in notes if HANG_MARK in note), None)
+    failed = status in ("timeout", "crash", "exception")
+    for mark, when in ((HANG_MARK, status in ("timeout", "crash")), (PEER_FAILED_MARK, failed), (LOST_MARK, failed)):
+        found = next((note for note in notes if mark in note), None) if when else None
+        if found is not None:
+            return found
+    return None
+
+
+def naming_process(line: str, place: tuple[int, int] | None) -> str:
+    """A one-line message of one process of a job, prefixed with the process it comes from (the processes of a
+    job print the same kinds of lines, often into one log): unchanged outside a job, or where it starts by naming
+    the processes it speaks of (a verdict about the job: 'process 1 died ...', 'the processes diverged ...').
+
+    Example:
+        >>> naming_process("the target raised ValueError: x at a.py:3", (1, 2))
+        'process 1: the target raised ValueError: x at a.py:3'
+        >>> naming_process("process 2 sent no report", (0, 4)), naming_process("found", None)
+        ('process 2 sent no report', 'found')
+    """
+    if place is None or _NAMES_PROCESSES.match(line):
+        return line
+    return f"process {place[0]}: {line}"
+
+
+_NAMES_PROCESSES = re.compile(r"(the (job's )?)?process(es)? ")
 
 
 def free_port() -> int:

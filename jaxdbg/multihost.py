@@ -28,7 +28,7 @@ from typing import Any, Generic, TypeVar, cast
 
 from jaxdbg import _compat, jit_layer
 from jaxdbg._errors import JobMismatchError
-from jaxdbg.launch import COMMAND_VARIABLE, HANG_MARK
+from jaxdbg.launch import COMMAND_VARIABLE, HANG_MARK, LOST_MARK, naming_process
 
 HEARTBEAT_S = 1.0
 SILENT_S = 15.0  # a peer whose heartbeat has not moved for this long is reported as lost (dead or frozen)
@@ -52,6 +52,16 @@ def job() -> Job | None:
 
     count = jax.process_count()
     return Job(jax.process_index(), count) if count > 1 else None
+
+
+def naming_this_process(line: str) -> str:
+    """``line`` prefixed with this process, in a job of several processes (:func:`jaxdbg.launch.naming_process`).
+
+        >>> naming_this_process("nan first made by log")   # not in a job
+        'nan first made by log'
+    """
+    place = job()
+    return naming_process(line, None if place is None else (place.index, place.count))
 
 
 def process_folder(out_dir: str) -> str:
@@ -239,7 +249,10 @@ class Heartbeat:
     died, or froze) is passed once to ``on_lost(index, line)``. This thread keeps beating while the program's
     own thread waits in a collective for a peer, so a live process never looks lost. Once programs (progress
     and frame) stand still for ``hung_s``, this one's too, the process the job hangs on (this one, possibly:
-    :func:`hung_processes`) is passed once to ``on_lost`` with a line saying where it stands."""
+    :func:`hung_processes`) is passed once to ``on_lost`` with a line saying where it stands. A process whose
+    program has ended (``ended`` in its state) never hangs: one that stands still inside a call while another's
+    program has ended waits for a collective that one never joins, and is passed so
+    (:func:`waits_for_ended_line`)."""
 
     def __init__(self, command: str, state: Callable[[], dict], on_lost: Callable[[int, str], None] | None = None,
                  hung_s: float = HUNG_S):
@@ -257,6 +270,11 @@ class Heartbeat:
             self._beat()  # at once: a process that dies in its first second has still said where it was
             self._thread = threading.Thread(target=self._run, name="jaxdbg-heartbeat", daemon=True)
             self._thread.start()
+
+    def beat(self) -> None:
+        """Publish where this process stands now (the thread does every second; a caller that is about to start
+        something it may not come back from, e.g. a new function's first call, does at once)."""
+        self._beat()
 
     def _beat(self) -> None:
         self._beats += 1
@@ -294,8 +312,7 @@ class Heartbeat:
                 del states[peer]
                 stood = f"; last seen {where['text']}" if isinstance(where, dict) and where.get("text") else ""
                 assert self.on_lost is not None
-                self.on_lost(peer, f"process {peer} stopped answering {now - last[1]:.0f} s ago (it died or froze)"
-                             f"{stood}")
+                self.on_lost(peer, f"process {peer}{LOST_MARK}{now - last[1]:.0f} s ago (it died or froze){stood}")
         stalled = {index: where for index, where in states.items() if self._stalled(index, where, now)}
         for index, waiter in hung_processes(place.index, stalled):
             if index not in self._hung:
@@ -303,10 +320,17 @@ class Heartbeat:
                 assert self.on_lost is not None
                 self.on_lost(index, hung_line(index, stalled[index], now - self._moved[index][1], waiter,
                                               stalled[waiter]))
+        ended = {i: where for i, where in states.items() if isinstance(where, dict) and where.get("ended")}
+        for index, where in stalled.items():  # a call that waits for a process whose program has ended waits forever
+            beating = index == place.index or now - self._seen.get(index, (None, 0.0))[1] <= 3 * HEARTBEAT_S
+            if ended and beating and where.get("in_call") and index not in self._hung and index not in ended:
+                self._hung.add(index)
+                assert self.on_lost is not None
+                self.on_lost(index, waits_for_ended_line(index, where, now - self._moved[index][1], ended))
 
     def _stalled(self, index: int, where: Any, now: float) -> bool:
         """Whether process ``index``'s program (not its heartbeat) has stood still for ``hung_s``."""
-        if not isinstance(where, dict):
+        if not isinstance(where, dict) or where.get("ended"):  # its program ended: it waits for nothing of ours
             return False
         mark = (where.get("progress"), where.get("frame"))
         last = self._moved.get(index)
@@ -425,6 +449,22 @@ def hung_line(peer: int, where: dict, still_s: float, me: int, mine: dict) -> st
     waits = f" (process {me} waits {mine['text']})" if mine.get("text") else ""
     return (f"process {peer}{HANG_MARK} (its heartbeat runs) but its program has not moved for {still_s:.0f} s; "
             f"it stands {where.get('text') or 'at an unknown place'}{waits}")
+
+
+def waits_for_ended_line(index: int, where: dict, still_s: float, ended: dict[int, dict]) -> str:
+    """One line naming a process that waits inside a call (a collective) for processes whose programs have ended:
+    they will never join it.
+
+    Example:
+        >>> waits_for_ended_line(1, {"text": "in sync call 0, at t.py:9 (<module>)"}, 8.0,
+        ...                      {0: {"text": "its program finished, after step call 4"}})
+        'process 1 hangs: alive (its heartbeat runs) but its program has not moved for 8 s; it stands in sync call 0, \
+at t.py:9 (<module>), waiting for process 0, which will never join it (its program finished, after step call 4)'
+    """
+    said = "; ".join(f"process {i}, which will never join it ({w.get('text') or 'its program ended'})"
+                     for i, w in sorted(ended.items()))
+    return (f"process {index}{HANG_MARK} (its heartbeat runs) but its program has not moved for {still_s:.0f} s; "
+            f"it stands {where.get('text') or 'at an unknown place'}, waiting for {said}")
 
 
 DONE = Topic("job", "done", bool)  # a process is done and leaves the job (leave_job)

@@ -17,7 +17,7 @@ from typing import Protocol
 
 from jaxdbg._errors import EXIT_USAGE
 from jaxdbg._source import SourceLocation, is_jaxdbg_file
-from jaxdbg.launch import hang_named
+from jaxdbg.launch import HANG_MARK, hang_named
 from jaxdbg.runner import Outcome, first_line
 from jaxdbg.target import TargetSpec
 
@@ -85,6 +85,6 @@ def failure_line(outcome: Outcome, notes: Sequence[str] = ()) -> tuple[str | Non
     text = f"the target {outcome.describe()}"
     hung = hang_named(notes, outcome.status)
     if hung:
-        text = f"{text}: {hung}"
+        text = f"{text}{': ' if HANG_MARK in hung else '; '}{hung}"
     frame = outcome.exception.user_frame if outcome.exception else outcome.crash_frame
     return text, frame

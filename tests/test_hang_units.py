@@ -458,6 +458,42 @@ def test_a_process_aborted_by_mismatched_collectives_is_named_with_the_runtimes_
     assert result.hints[0].startswith("make every process call the same jitted functions in the same order")
 
 
+def test_a_process_that_died_in_another_function_than_the_one_its_peer_waits_in_is_where_the_job_diverged():
+    """Process 1 ran 5 global steps, then died (SIGABRT: gloo's mismatch) entering epoch_mean, whose program was
+    never read; process 0 waits inside train_step at step 5. The divergence is still found from the dead
+    process's flight record: its step-5 call is another function than its peer's."""
+    waiting = _record(0, "train_step", "train_step(x: f32[4]) [all-reduce:sum]", 40, None)
+    dead = _record(1, "train_step", "train_step(x: f32[4]) [all-reduce:sum]", 40, 1.0)
+    dead["calls"][0]["step"] = 4
+    dead["calls"].append({"kind": "call", "seq": 10, "function": "epoch_mean", "index": 0, "program": None,
+                          "step": None, "start": 0.0, "returned": None, "ready": None,
+                          "site": {"file": "train.py", "line": 48, "function": "<module>"}})
+    outcomes = {1: {"status": "dead", "signal": "SIGABRT", "user": {"file": "train.py", "line": 48,
+                                                                    "function": "<module>"}}}
+    result = judge(JobFacts(2, "stall", 30.0, {0: waiting, 1: dead}, outcomes=outcomes))
+    assert (result.kind, result.stuck) == ("dead", (1,))
+    assert result.divergence is not None and result.divergence.step == 5 and result.divergence.hung
+    assert [(s.processes, s.function) for s in result.divergence.sides] == [((0,), "train_step"), ((1,), "epoch_mean")]
+    assert result.verdict.startswith("process 1 died (SIGABRT) at train.py:48 (<module>); last seen in epoch_mean "
+                                     "call 0; process 0 waits inside train_step call 5"), result.verdict
+    assert result.verdict.endswith("; the processes diverged at step 5: process 0 called train_step #5 at train.py:40 "
+                                   "(<module>) while process 1 called epoch_mean #0 at train.py:48 (<module>) (and "
+                                   "died in it)"), result.verdict
+    # The survivor's collective failed instead (its peer left): its failed call, whose program was not read either,
+    # stands at its step 5 with train_step's one program.
+    failed = _record(0, "train_step", "train_step(x: f32[4]) [all-reduce:sum]", 40, 1.0)
+    failed["calls"][0].update(step=4, index=4)
+    failed["calls"].append({**failed["calls"][0], "seq": 10, "index": 5, "program": None, "step": None,
+                            "error": "ValueError: Gloo all-reduce failed: Connection reset by peer"})
+    raised = {0: {"status": "raised", "error": "ValueError: Gloo all-reduce failed: Connection reset by peer"}}
+    result = judge(JobFacts(2, "stall", 30.0, {0: failed, 1: dead}, outcomes={**outcomes, **raised}))
+    assert result.kind == "dead" and result.divergence is not None and result.divergence.step == 5
+    assert "; the processes diverged at step 5: process 0 called train_step #5 at train.py:40" in result.verdict
+    # a dead process whose last call is the same function as its peer's is not a divergence (its program unknown)
+    dead["calls"][-1]["function"] = "train_step"
+    assert judge(JobFacts(2, "stall", 30.0, {0: waiting, 1: dead}, outcomes=outcomes)).divergence is None
+
+
 def _reset_env(seed):
     raise RuntimeError(f"env {seed}: simulator crashed on reset")  # <- the actor dies
 

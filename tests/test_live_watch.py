@@ -660,6 +660,8 @@ def test_each_process_of_a_job_watches_its_own_part(tmp_path):
         first = json.loads((out / f"process-{index}" / "report.json").read_text())["result"]["first"]
         assert first["process"] == 1 and first["shard"] == [[12, 16], [0, 1]], first
     assert f"call 2 on process 1 ({first['device']})" in finished[0][1]
+    for index, (_, stderr) in enumerate(finished):  # each process's one line names the process that says it
+        assert f"jaxdbg.watch: process {index}: nan first made by log" in stderr, stderr[-2000:]
     # the shard_map's block on process 1's last device (the localisation once failed reading the stacked body
     # values, which span devices of both processes, and lost the answer)
     block = next(i for i, text in enumerate((DATA / "live_multiprocess.py").read_text().splitlines(), 1)

@@ -42,6 +42,7 @@ def finish(proc: subprocess.Popen, timeout: float = 240) -> subprocess.Completed
 
 HANGS = os.path.join(CORPUS, "multihost_hangs", "train.py")
 DP = os.path.join(CORPUS, "multihost_dp", "train.py")
+DIES = os.path.join(CORPUS, "multihost_dies", "train.py")
 
 
 @pytest.fixture(scope="module")
@@ -185,6 +186,33 @@ def test_memory_in_every_process_of_a_two_process_job(tmp_path):
         assert (x["shape"], x["bytes"]) == ("f32[4,8]", 4 * 8 * 4)  # 16 global rows over 4 devices
 
 
+def test_a_process_waiting_in_a_call_for_one_whose_program_ended_is_named_and_the_ended_one_never_hangs(monkeypatch):
+    """The heartbeat's judgement, fed the beats the job's key-value store would hold: process 1 stands still inside
+    `total` (one more all-reduce than process 0 runs) while process 0's program has finished. Process 1 is named as
+    waiting for process 0, which will never join; process 0, which waits for nothing any more, is not said to hang."""
+    import time
+
+    from jaxdbg import multihost
+
+    beats = {0: {"text": "its program finished, after step call 2", "progress": ["step", 2], "in_call": False,
+                 "ended": True, "beat": 1},
+             1: {"text": "in total call 0, at t.py:28 (<module>)", "progress": ["total", 0], "in_call": True,
+                 "frame": "t.py:28 (<module>)", "beat": 1}}
+    monkeypatch.setattr(multihost, "peek", lambda topic, index: {**beats[index], "beat": time.monotonic()})
+    for me in (1, 0):
+        said: list[tuple[int, str]] = []
+        monkeypatch.setattr(multihost, "job", lambda me=me: multihost.Job(me, 2))
+        heartbeat = multihost.Heartbeat("profile", dict, lambda index, line, said=said: said.append((index, line)),
+                                        hung_s=0.2)
+        for _ in range(3):
+            heartbeat._watch()
+            time.sleep(0.15)
+        assert [index for index, _ in said] == [1], said
+        assert said[0][1].startswith("process 1 hangs: alive (its heartbeat runs) but its program has not moved")
+        assert said[0][1].endswith("it stands in total call 0, at t.py:28 (<module>), waiting for process 0, which "
+                                   "will never join it (its program finished, after step call 2)"), said[0][1]
+
+
 @pytest.mark.parametrize("argv, says", [
     (["--processes"], "needs a number"),
     (["--processes", "0", "doctor"], "whole number"),
@@ -248,37 +276,41 @@ def test_four_processes_one_straggler(tmp_path):
 
 
 @pytest.mark.usefixtures("waiting_runs")  # their waits overlap this job and the next (none of them timed)
-def test_nan_hunt_names_the_process_device_and_shard_of_the_origin(tmp_path):
-    """The replay runs in lockstep in both processes (an SPMD program), checking values on the devices;
-    process 1's shard holds the corrupt example."""
-    program = os.path.join(CORPUS, "multihost_nan", "train.py")
+def test_nan_hunt_names_the_process_device_and_line_of_a_zero_scale_on_one_process(tmp_path):
+    """The replay runs in lockstep in both processes (an SPMD program), checking values on the devices: at step 2
+    process 1's part of the batch is all padding, its scale 0, and its rows 0/0. The answer names the division's
+    line, process 1 and its first device (global rows 8-11), in the job's one line too."""
+    program = os.path.join(CORPUS, "multihost_zero_scale", "train.py")
     done = launch(["nan-hunt", program, "--out", str(tmp_path / "n"), "-q", "--json", str(tmp_path / "job.json")], 2)
     assert done.returncode == 1, done.stderr[-3000:]
     result = json.loads((tmp_path / "job.json").read_text())["result"]
     first = result["first"]
-    line = line_of(program, "log-scaled first feature")
-    where = (first["primitive"], first["pass"], first["source"]["line"], first["call_index"])
-    assert where == ("log", "forward", line, 2)
-    # Process 1's local row 5 is global row 13: on its second device, whose shard holds rows 12-15.
-    assert first["process"] == 1 and first["shard"] == [[12, 16], [0, 1]]
+    line = line_of(program, "0/0 where a scale is 0")
+    where = (first["kind"], first["primitive"], first["pass"], first["source"]["line"], first["call_index"])
+    assert where == ("nan", "div", "forward", line, 2)
     process_1 = json.loads((tmp_path / "n" / "process-1" / "report.json").read_text())
-    assert first["device"] == f"cpu:{process_1['environment']['devices'][3]['id']}"
+    device = f"cpu:{process_1['environment']['devices'][2]['id']}"  # process 1's first device
+    assert (first["process"], first["device"], first["shard"]) == (1, device, [[8, 12], [0, 8]])
     assert [(p["index"], p["found"]) for p in result["processes"]] == [(0, True), (1, True)]
+    said = f"jaxdbg nan-hunt: process 0: nan first made by div (forward pass) at train.py:{line} in step, call 2 on "
+    assert f"{said}process 1 ({device})" in done.stderr, done.stderr
     assert (tmp_path / "n" / "process-1" / "nan_bundle.json").exists()
 
 
-def test_nan_hunt_in_four_processes_names_the_process_and_device_of_the_bad_shard(tmp_path):
-    """4 processes of 1 device: process 1's rows are global rows 4-7, held by its one device."""
+def test_nan_hunt_in_four_processes_names_the_process_device_and_shard_of_the_origin(tmp_path):
+    """4 processes of 2 devices: process 1's corrupt example, its local row 5, is global row 13, on its second
+    device, whose shard holds rows 12-15."""
     program = os.path.join(CORPUS, "multihost_nan", "train.py")
-    done = launch(["nan-hunt", program, "--out", str(tmp_path / "n"), "-q", "--json", str(tmp_path / "job.json")], 4,
-                  devices=1)
+    done = launch(["nan-hunt", program, "--out", str(tmp_path / "n"), "-q", "--json", str(tmp_path / "job.json")], 4)
     assert done.returncode == 1, done.stderr[-3000:]
     result = json.loads((tmp_path / "job.json").read_text())["result"]
     first, devices = result["first"], json.loads((tmp_path / "job.json").read_text())["environment"]["devices"]
-    where = (first["primitive"], first["call_index"], first["process"], first["shard"])
-    assert where == ("log", 2, 1, [[4, 8], [0, 1]])
-    assert first["device"] == f"cpu:{next(d['id'] for d in devices if d['process_index'] == 1)}"
+    where = (first["primitive"], first["pass"], first["source"]["line"], first["call_index"])
+    assert where == ("log", "forward", line_of(program, "log-scaled first feature"), 2)
+    assert (first["process"], first["shard"]) == (1, [[12, 16], [0, 1]])
+    assert first["device"] == f"cpu:{[d['id'] for d in devices if d['process_index'] == 1][1]}"
     assert [(p["index"], p["found"]) for p in result["processes"]] == [(i, True) for i in range(4)]
+    assert (tmp_path / "n" / "process-1" / "nan_bundle.json").exists()
 
 
 def test_doctor_reports_the_job_and_compares_versions(tmp_path):
@@ -322,6 +354,13 @@ def test_a_process_that_dies_is_named_not_waited_for(waiting_jobs):
     assert rows[0]["note"] == "" and rows[1]["note"].startswith("process 1 sent no report (it stopped answering")
     assert "last seen" in rows[1]["note"]
     assert any(note.startswith("process 1 stopped answering") for note in report["result"]["notes"])
+    # Its own jaxdbg's words (its report in the shared --out) say how and where it died, in process 0's error line
+    # too (process 0's own error, a collective whose peer left, follows from it), which names process 0.
+    died = (f"process 1 failed (its own report): the target crashed with SIGABRT at "
+            f"{os.path.join(CORPUS, 'multihost_dies', 'train.py')}:{line_of(DIES, 'os.abort()')} (<module>)")
+    assert died in rows[1]["note"] and died in report["result"]["error"], report["result"]["error"]
+    assert f"jaxdbg profile: process 0: {report['result']['error']}" in done.stderr
+    assert "hangs" not in str(report["result"]["notes"])  # no process is said to hang: one died, one failed
 
 
 def test_a_process_that_hangs_is_named_with_where_it_stands(waiting_jobs):
@@ -437,7 +476,7 @@ def test_nan_hunt_names_the_process_a_job_hangs_on(waiting_jobs):
     done, _ = waiting_jobs["nan_hangs"]()
     assert done.returncode == 3, done.stderr[-3000:]
     first = done.stderr.strip().splitlines()[0]
-    said = f"jaxdbg nan-hunt: the target ran past --timeout {float(HANG_TIMEOUT)}s (process 1 hangs: alive"
+    said = f"jaxdbg nan-hunt: process 0: the target ran past --timeout {float(HANG_TIMEOUT)}s (process 1 hangs: alive"
     assert first.startswith(said), first
     assert f"train.py:{line} (read_batch)" in first and "(process 0 waits in a call of step" in first
 

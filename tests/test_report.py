@@ -73,8 +73,9 @@ def test_only_process_0_of_a_launched_job_touches_its_json(tmp_path, monkeypatch
     assert code == 2 and job_json.read_text() == "process 0's"
     assert json.loads((tmp_path / "o" / "process-1" / "report.json").read_text())["result"]["error"] == "no such target"
     assert not (tmp_path / "o" / "report.json").exists()
-    assert capsys.readouterr().err == "jaxdbg profile: no such target\n"
+    assert capsys.readouterr().err == "jaxdbg profile: process 1: no such target\n"  # each one-liner names its process
 
     monkeypatch.setenv("SLURM_PROCID", "0")
     assert execute(Common("profile", json=str(job_json), quiet=True), fails, lambda report, console: None) == 2
     assert json.loads(job_json.read_text())["result"]["error"] == "no such target"
+    assert capsys.readouterr().err == "jaxdbg profile: process 0: no such target\n"

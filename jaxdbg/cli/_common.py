@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from jaxdbg._errors import EXIT_FOUND, EXIT_OK, JaxdbgError, UsageError
-from jaxdbg.launch import WORKER_VARIABLE, launched_place
+from jaxdbg.launch import WORKER_VARIABLE, launched_place, naming_process
 from jaxdbg.report import Report, Result, process_folder, resolve_out_dir, write_json
 
 EXIT_INTERNAL = 4  # a bug in jaxdbg itself (not in the contract's 0-3): report it with the -v traceback
@@ -142,6 +142,7 @@ def execute(common: Common, build: Callable[[Common], Report], render: Callable[
         render(report, common.console)
         line = essential_line(report) if common.quiet and not common.verbose and report.exit_code else None
         if line:
+            line = naming_process(line, job_place(report))
             common.err_console.print(f"jaxdbg {common.command}: {line}", soft_wrap=True, highlight=False, markup=False)
         return report.exit_code
     except JaxdbgError as err:
@@ -194,6 +195,15 @@ def check_launched_job(report: Report) -> None:
         raise UsageError(f"started as one of {launched} processes (--processes {launched}), but the program never "
                          "called jax.distributed.initialize(), so each process ran alone; call it at the start of "
                          "the program, or drop --processes")
+
+
+def job_place(report: Report | None = None) -> tuple[int, int] | None:
+    """``(index, count)`` of this process in a job of several processes: as its report says, or (no report yet,
+    or a program that never joined) as its launcher's environment says; None for a single process."""
+    env = (report.environment if report is not None else None) or {}
+    if int(env.get("process_count") or 1) > 1:
+        return int(env.get("process_index") or 0), int(env["process_count"])
+    return launched_place(os.environ)
 
 
 def speaks_for_the_job(report: Report) -> bool:
@@ -280,5 +290,5 @@ def fail(common: Common, message: str, err: BaseException | None = None) -> None
     """One line on stderr (plain text, no markup), plus the traceback with -v."""
     if common.verbose and err is not None:
         traceback.print_exception(type(err), err, err.__traceback__, file=sys.stderr)
-    sys.stderr.write(f"jaxdbg {common.command}: {message}\n")
+    sys.stderr.write(f"jaxdbg {common.command}: {naming_process(message, job_place())}\n")
     sys.stderr.flush()

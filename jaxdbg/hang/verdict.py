@@ -26,7 +26,7 @@ Example:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Set
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -181,7 +181,9 @@ def _latest(*calls: dict | None) -> dict:
 def _dead(states: dict[int, ProcessState], dead: list[int], common: dict[str, Any]) -> HangResult:
     lines = [f"process {i} {states[i].detail}" for i in dead]
     others = _group_others(states, set(dead))
-    verdict = "; ".join(lines + others)
+    diverged = common.get("divergence")
+    said = [f"the processes diverged at step {diverged.step}: {diverged.detail}"] if diverged is not None else []
+    verdict = "; ".join(lines + others + said)
     explanation = ("A process of the job died: every collective needs all of them, so the others failed in (or wait "
                    "forever in) the next collective that needed it. Its exit status and its last calls say where it "
                    "stopped.")
@@ -492,19 +494,22 @@ def _divergence(facts: JobFacts, states: dict[int, ProcessState]) -> Divergence 
     records' flight records (calls of global programs, compared step by step)."""
     if facts.count < 2:
         return None
-    rows = _rows_online(facts.divergence) if facts.divergence else _rows_from_records(facts.records)
+    dead = {i for i, state in states.items() if state.state == "dead"}
+    ended = {i for i, state in states.items() if state.state in ("dead", "failed")}
+    rows = _rows_online(facts.divergence) if facts.divergence else _rows_from_records(facts.records, ended)
     if rows is None:
         return None
     step, by_process = rows
     sides: dict[str, list[int]] = {}
     for index, row in sorted(by_process.items()):
-        sides.setdefault(row["key"], []).append(index)
+        sides.setdefault(row["key"] or f"{row['function']} (program unread)", []).append(index)
     made = []
     for members in sides.values():
         row = by_process[members[0]]
         made.append(DivergenceSide(tuple(members), row.get("function"), row.get("index"), location(row.get("site")),
                                    row.get("key")))
     words = [f"{_who(side.processes)} called {side.function} #{side.call_index} at {short(side.source)}"
+             + (" (and died in it)" if side.program is None and set(side.processes) <= dead else "")
              for side in made]
     hung = any(states[i].state in ("running", "callback") and states[i].step == step for i in states)
     return Divergence(step, tuple(made), hung, " while ".join(words))
@@ -519,7 +524,12 @@ def _rows_online(found: dict) -> tuple[int, dict[int, dict]] | None:
     return (int(found["step"]), rows) if len(rows) > 1 else None
 
 
-def _rows_from_records(records: dict[int, dict]) -> tuple[int, dict[int, dict]] | None:
+def _rows_from_records(records: dict[int, dict], ended: Set[int] = frozenset()) -> tuple[int, dict[int, dict]] | None:
+    """The first step whose calls differ between processes, from their flight records. The last call of a process
+    that died or failed in it before its program was read (aborted in a function's first call by collectives that
+    did not match; a collective that lost its peer raised) stands at the process's next step, with its function's
+    one program if the process ran it before, else with its function only: it differs from the others' there
+    when its function does."""
     by_step: dict[int, dict[int, dict]] = {}
     for index, record in records.items():
         for call in record.get("calls") or ():
@@ -529,9 +539,23 @@ def _rows_from_records(records: dict[int, dict]) -> tuple[int, dict[int, dict]] 
                 continue
             by_step.setdefault(step, {})[index] = {"key": program["key"], "function": call["function"],
                                                    "index": call["index"], "site": call.get("site")}
-    for step in sorted(by_step):
-        rows = by_step[step]
-        if len(rows) > 1 and len({row["key"] for row in rows.values()}) > 1:
+    unread: dict[int, tuple[int, dict]] = {}
+    for index in ended & set(records):
+        record = records[index]
+        last = next((c for c in reversed(record.get("calls") or ()) if c.get("kind") == "call"), None)
+        if last is None or program_of(record, last) is not None or not (last.get("returned") is None or
+                                                                         last.get("error")):
+            continue
+        known = {p["key"] for p in (record.get("programs") or {}).values() if p.get("function") == last.get("function")}
+        unread[index] = (int(record.get("steps") or 0), {
+            "key": known.pop() if len(known) == 1 else None, "function": last.get("function"),
+            "index": last.get("index"), "site": last.get("site")})
+    for step in sorted({*by_step, *(step for step, _ in unread.values())}):
+        rows = dict(by_step.get(step, {}))
+        for index, (at, row) in sorted(unread.items()):
+            if at == step and (row["key"] is not None or row["function"] not in {r["function"] for r in rows.values()}):
+                rows[index] = row
+        if len(rows) > 1 and len({row["key"] or row["function"] for row in rows.values()}) > 1:
             return step, rows
     return None
 

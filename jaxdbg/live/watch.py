@@ -204,7 +204,7 @@ class watch(contextlib.ContextDecorator):
     # -- findings ------------------------------------------------------------------------------------------
 
     def _nonfinite(self, hook: Any, finding: Any) -> None:
-        from jaxdbg import jit_layer
+        from jaxdbg import jit_layer, multihost
         from jaxdbg.nan.api import HuntOptions
         from jaxdbg.nan.session import analyse_finding
 
@@ -214,7 +214,8 @@ class watch(contextlib.ContextDecorator):
         for warning in result.warnings:
             log.warning("jaxdbg.watch: %s", warning.line())
         path = self._write_or_warn(result, artifacts)
-        line = result.essential_line() or "a jitted call returned NaN/Inf"
+        line = result.essential_line(job=multihost.job() is not None) or "a jitted call returned NaN/Inf"
+        line = multihost.naming_this_process(line)
         said = f" (report: {path})" if path else " (no report could be written)"
         self._act(hook, NonFiniteError(f"jaxdbg.watch: {line}{said}", _jsonable(result), path), hook.finding_thread)
 
@@ -222,6 +223,7 @@ class watch(contextlib.ContextDecorator):
         if self.max_compiles is None or count <= self.max_compiles or recompile is None:
             return
         seen = hook.compiles[function.record.id]
+        from jaxdbg import multihost
         from jaxdbg.profile.hints import recompile_fix
 
         fix = recompile_fix(seen.recompiles, function.is_pmap)[2]
@@ -229,7 +231,8 @@ class watch(contextlib.ContextDecorator):
                                  tuple(seen.recompiles), (fix,))
         path = self._write_or_warn(result, {})
         said = f" (report: {path})" if path else " (no report could be written)"
-        self._act(hook, RecompileError(f"jaxdbg.watch: {result.essential_line()}{said}", _jsonable(result), path))
+        line = multihost.naming_this_process(result.essential_line() or "")
+        self._act(hook, RecompileError(f"jaxdbg.watch: {line}{said}", _jsonable(result), path))
 
     def _act(self, hook: Any, error: Exception, thread: int | None = None) -> None:
         if self.action == "raise":

@@ -83,8 +83,9 @@ class Origin:
             return None
         return head.split("(", 1)[0]
 
-    def describe(self) -> str:
-        """``nan first made by log (forward pass) at train.py:12 in loss, call 3``."""
+    def describe(self, job: bool = False) -> str:
+        """``nan first made by log (forward pass) at train.py:12 in loss, call 3``; in a job of several processes
+        (``job``), with the process and device that made it (see :meth:`placed`)."""
         at = f" at {os.path.basename(self.source.file)}:{self.source.line}" if self.source else ""
         if self.kind == "input":  # not "input in the outputs of f": it came in with an argument, made by nothing inside
             what = ("nan" if any(s.nan for s in self.inputs) else "inf" if any(s.inf for s in self.inputs)
@@ -95,23 +96,24 @@ class Origin:
             return f"{self.kind} in the outputs of {self.function}, call {self.call_index}{at}"
         via = f" through {self.transformed_by}" if self.transformed_by else ""
         return (f"{self.kind} first made by {self.primitive} ({self.pass_} pass){at} in {self.function}, "
-                f"call {self.call_index}{via}{self.placed()}")
+                f"call {self.call_index}{via}{self.placed(job)}")
 
-    def placed(self) -> str:
-        """Where among devices, when that is part of the answer: another process of the job (its own report
-        says the rest), or the device of a shard_map/pmap body whose block made it.
+    def placed(self, job: bool = False) -> str:
+        """Where among devices, when that is part of the answer: the process of a job (``job``; any process but
+        0 is one), or the device of a shard_map/pmap body whose block made it.
 
         Example:
             >>> Origin("nan", "div", "forward", process=1, device="cpu:2049").placed()
             ' on process 1 (cpu:2049)'
             >>> Origin("nan", "log", "forward", path=("pmap", "shard_map"), process=0, device="cpu:2").placed()
             ' on cpu:2'
-            >>> Origin("nan", "log", "forward", path=("jit(f)",), process=0, device="cpu:0").placed()
-            ''
+            >>> origin = Origin("nan", "log", "forward", path=("jit(f)",), process=0, device="cpu:0")
+            >>> origin.placed(), origin.placed(job=True)
+            ('', ' on process 0 (cpu:0)')
         """
         if self.device is None:
             return ""
-        if self.process:
+        if self.process or (job and self.process is not None):
             return f" on process {self.process} ({self.device})"
         return f" on {self.device}" if "shard_map" in self.path else ""
 
@@ -214,19 +216,21 @@ class NanHuntResult:
     warnings: tuple[AnalysisWarning, ...] = ()  # steps after the origin that failed (their part is missing)
     overflow: Overflow | None = None  # a float16/bfloat16 overflow behind the origin: the root cause
 
-    def essential_line(self) -> str | None:
+    def essential_line(self, job: bool | None = None) -> str | None:
         """The origin in one line and, for a NaN made of infinities, the operation that made them (the line to
         fix): ``nan first made by mul (backward pass) at ppo.py:45 in update, call 0; the inf came from log
-        (forward pass) at ppo.py:35 in act, call 0``."""
+        (forward pass) at ppo.py:35 in act, call 0``. In a job of several processes (``job``; by default, where
+        the result holds the job's processes), the origin's process is named, process 0 too."""
         if self.first is None:
             return None
+        job = len(self.processes) > 1 if job is None else job
         root = self.overflow.origin if self.overflow is not None else inf_root(self.first, self.chain)
         if root is None or root == self.first or root.primitive is None:
-            return self.first.describe()
+            return self.first.describe(job)
         at = f" at {os.path.basename(root.source.file)}:{root.source.line}" if root.source else ""
         other = (root.function, root.call_index) != (self.first.function, self.first.call_index)
         call = f" in {root.function}, call {root.call_index}" if other else ""
-        return f"{self.first.describe()}; the inf came from {root.primitive} ({root.pass_} pass){at}{call}"
+        return f"{self.first.describe(job)}; the inf came from {root.primitive} ({root.pass_} pass){at}{call}"
 
     def warned(self, step: str, messages: list[str]) -> NanHuntResult:
         """This result with a warning per message of a step that failed after the analysis (``--metrics``)."""

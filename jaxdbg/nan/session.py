@@ -86,7 +86,7 @@ def share_with_the_job(result: NanHuntResult, timeout: float | None) -> NanHuntR
     first = result.first
     mine = JobFinding(result.found)
     if first is not None:
-        mine = JobFinding(result.found, first.describe(), first.process, first.device, first.shard)
+        mine = JobFinding(result.found, first.describe(job=True), first.process, first.device, first.shard)
     multihost.publish(FINDINGS, mine)
     if place.index != 0:
         return result

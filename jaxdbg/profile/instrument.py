@@ -109,6 +109,8 @@ class Recorder(JitHook):
         self.on_first_call: Callable[[], Any] | None = None  # once, before the first tracked call runs
         self.latest: InstrumentedJit | None = None  # the function called last (its record counts the calls)
         self.in_call = False  # the main thread is inside a tracked call (a multi-process job's heartbeat says so)
+        # Before the first call of each function: a multi-process job's heartbeat beats at once (see around).
+        self.on_new_function: Callable[[], Any] | None = None
 
     # ---- functions (hooks of the jit layer) ----------------------------------------------------------------
     def on_jit(self, function: InstrumentedJit) -> None:
@@ -157,6 +159,11 @@ class Recorder(JitHook):
         record = self.functions[call.function.record.id]
         self.latest = call.function
         self.in_call = True
+        if call.index == 0 and self.on_new_function is not None:
+            # A new function is where a process of a job that dies in it (aborted by mismatched collectives) is
+            # last seen, often within the second its heartbeat thread waits: say so now, once per function.
+            with contextlib.suppress(Exception):
+                self.on_new_function()
         try:
             return self._around(call, record, run)
         finally:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import sys
 import time
@@ -21,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from jaxdbg import multihost
-from jaxdbg.launch import launched_place
+from jaxdbg.launch import PEER_FAILED_MARK, launched_place
 from jaxdbg.profile.messages import (
     CallBatch,
     CallTiming,
@@ -75,6 +76,8 @@ class BackendStart:
         self.info: DeviceInfo | None = None
         self.started = time.perf_counter()
         self.heartbeat: multihost.Heartbeat | None = None  # runs until the job's figures are shared
+        self.ended: str | None = None  # how the program ended ("finished", "raised ..."): it waits for nobody now
+        self.job_out = recorder.out_dir  # the job's --out (this process's part is process-<index>/ in it)
 
     def __call__(self) -> DeviceInfo:
         if self.info is None:
@@ -90,15 +93,24 @@ class BackendStart:
                 if self.window is not None:
                     self.window.logdir = os.path.join(self.recorder.out_dir, "trace")
             if jax.process_count() > 1:
-                self.heartbeat = multihost.Heartbeat("profile", self.where,
-                                                     lambda _, line: self.send(ProfileNote(line)),
+                self.heartbeat = multihost.Heartbeat("profile", self.where, self.peer_lost,
                                                      hung_s=multihost.hung_wait(self.timeout))
                 self.heartbeat.start()
+                self.recorder.on_new_function = self.heartbeat.beat
             else:
                 self.log.stop()  # kept only to share this process's figures with the job
             if self.window is not None:
                 self.stack.enter_context(self.window)
         return self.info
+
+    def peer_lost(self, index: int, line: str) -> None:
+        """The heartbeat's line about process ``index`` (lost, or the one the job hangs on), and where the job
+        shares --out, how that process failed in its own report's words: this process may never get further
+        (it waits in a collective for it until --timeout), so it is said now."""
+        self.send(ProfileNote(line))
+        failed = peer_failure(self.job_out, index, time.time() - (time.perf_counter() - self.started))
+        if failed:
+            self.send(ProfileNote(failed))
 
     def where(self) -> dict:
         """Where this process stands, for the job's other processes should it stop answering or hang."""
@@ -107,9 +119,11 @@ class BackendStart:
         # The latest call is known from the sampling question asked of every call; whether the main thread is
         # inside one, from its stack (a call that runs ahead unseen sets nothing).
         current = self.recorder.current
-        inside = self.recorder.in_call or jit_layer.main_thread_calls()[0] is not None
+        inside = self.ended is None and (self.recorder.in_call or jit_layer.main_thread_calls()[0] is not None)
         at = (f"{'in' if inside else 'after'} {current[0]} call {current[1]}" if current
               else "before its first jitted call")
+        if self.ended is not None:  # (the main thread now shares the figures: no frame of the program's)
+            return {"text": f"its program {self.ended}, {at}", "progress": current, "in_call": False, "ended": True}
         return {"text": f"{at}, {time.perf_counter() - self.started:.1f} s into the run", "progress": current,
                 "in_call": inside}
 
@@ -185,6 +199,9 @@ def script_job(job: ProfileJob, channel: Any) -> None:
                 send(RunFinished(time.perf_counter() - started, recorder.overhead_s))
     finally:
         raised = sys.exc_info()[1]  # the target's error, in flight: the job's report names it
+        if backend is not None:
+            said = failure_summary(raised)
+            backend.ended = f"raised {said}" if said else "finished"
         info = backend() if backend is not None else send_device_info(send)
         send_capture_ops(send, window, info.backend)
         files = window.files if window is not None else None
@@ -223,11 +240,41 @@ def share_with_the_job(send: Send, log: MessageLog, timeout: float | None, start
     if place.index != 0:
         return
     got = multihost.gather(figures, wait)
-    send(JobFigures(tuple(
-        got[i] if i in got else
-        ProcessFigures.missing(i, multihost.missing_line("profile", i, place.count, wait))
-        for i in range(place.count))))
+    since = time.time() - (time.perf_counter() - started)
+    rows = []
+    for i in range(place.count):
+        if i in got:
+            rows.append(got[i])
+            continue
+        note = multihost.missing_line("profile", i, place.count, wait)
+        failed = peer_failure(out_dir, i, since)
+        if failed:  # its own jaxdbg saw how it ended (the job shares --out: one machine, or a shared filesystem)
+            note = f"{note}; {failed}"
+            if not any(isinstance(m, ProfileNote) and m.text == failed for m in log):  # (the heartbeat's, already)
+                send(ProfileNote(failed))
+        rows.append(ProcessFigures.missing(i, note))
+    send(JobFigures(tuple(rows)))
     share_capture(send, xplane, out_dir, 5.0)
+
+
+def peer_failure(out_dir: str, index: int, since: float) -> str:
+    """How process ``index`` failed, in the words of its own report (``process-<index>/report.json`` in a shared
+    ``--out``, written by its jaxdbg since ``since``: after its program died, often before the others know);
+    "" where there is none, or it did not fail.
+
+    Example:
+        >>> peer_failure("/no/such/folder", 1, 0.0)
+        ''
+    """
+    path = os.path.join(out_dir, f"process-{index}", "report.json")
+    try:
+        if os.path.getmtime(path) < since:
+            return ""
+        with open(path) as handle:
+            error = (json.load(handle).get("result") or {}).get("error")
+    except (OSError, ValueError, AttributeError):
+        return ""
+    return f"process {index}{PEER_FAILED_MARK}{error}" if isinstance(error, str) and error else ""
 
 
 def function_job(job: ProfileJob, channel: Any) -> None:
