@@ -25,6 +25,10 @@ the least work per step, so the watch's fixed cost per call weighs most). ``--mo
 (g) ``--read-cadence``: the watched loop of (d) read at least every 1 ms (the rule before 2026-12-03: a read per
     step of the MLP loop) and at the default cadence (``READ_EVERY_S``), chunks alternating with the plain loop in one
     process; page faults per step are means (the reads' cost is the ratio, the kept inputs' cost the faults).
+(h) ``--own-time``: jaxdbg's own time on the main thread per watched call of the loop (the watch's work around
+    the user's call, timed in place), and how many reads of finished calls it made and of how many calls each,
+    the watched loop run straight for ``--steps`` steps; with ``--baseline``, the other tree's the same way,
+    alternating (``--pairs``). A figure of host work: what the device's side costs is in (d).
 (c) Per call: a tiny jitted function (x * 2 + 1 on 16 floats) called in a loop, plain (jax's C++ dispatch) and
     jitted inside ``jaxdbg.watch()``, in one process, alternating; the difference is the watch's cost per call.
 
@@ -37,7 +41,7 @@ the least work per step, so the watch's fixed cost per call weighs most). ``--mo
 ``git archive``) first on PYTHONPATH, in the same alternation: before/after figures from one run.
 
 Usage: python scripts/bench_watch.py [--model both|cnn|mlp] [--pairs 3] [--steps 200] [--width 256] [--batch N]
-       [--baseline DIR] [--only-interleaved] [--only-pmap] [--read-cadence]
+       [--baseline DIR] [--only-interleaved] [--only-pmap] [--read-cadence] [--own-time]
 """
 
 from __future__ import annotations
@@ -245,6 +249,46 @@ PROGRAM = textwrap.dedent('''
 
         loop(False, 10), loop(True, 10)
         found = {"rows": [(loop(False), loop(True)) for _ in range(steps // 10)]}
+    elif mode == "own-time":  # jaxdbg's own main-thread time per watched call, and its reads, in a straight run
+        from jaxdbg import jit_layer
+        from jaxdbg.live import hook as live_hook
+        import jaxdbg.nan.watch as watch_module
+
+        spent = {"around": 0.0, "run": 0.0, "calls": 0, "reads": 0, "read_calls": 0}
+        around, call_run, read_batch = live_hook.LiveHook.around, jit_layer.JitCall.run, watch_module.Watch._read_batch
+
+        def timed_around(self, call, inner):
+            t = time.perf_counter()
+            try:
+                return around(self, call, inner)
+            finally:
+                spent["around"] += time.perf_counter() - t
+                spent["calls"] += 1
+
+        def timed_run(self):
+            t = time.perf_counter()
+            try:
+                return call_run(self)
+            finally:
+                spent["run"] += time.perf_counter() - t
+
+        def counted_read(self, count):
+            spent["reads"] += 1
+            spent["read_calls"] += count
+            return read_batch(self, count)
+
+        live_hook.LiveHook.around, jit_layer.JitCall.run = timed_around, timed_run
+        watch_module.Watch._read_batch = counted_read
+        with jaxdbg.watch(out=out + ".d"):
+            run_step, _ = build()
+            for step in range(20):
+                loss = run_step(step)
+            loss.block_until_ready()
+            spent.update(around=0.0, run=0.0, calls=0, reads=0, read_calls=0)
+            for step in range(steps):
+                loss = run_step(step)
+            loss.block_until_ready()
+            found = dict(spent)
     elif mode == "watch-full":
         with jaxdbg.watch(out=out + ".d", max_compiles=2, metrics_port=0):
             found = main()
@@ -363,6 +407,7 @@ def main() -> None:
     parser.add_argument("--only-interleaved", action="store_true", help="run (d) alone")
     parser.add_argument("--only-pmap", action="store_true", help="run (e) alone")
     parser.add_argument("--read-cadence", action="store_true", help="run (g) too, after (d)")
+    parser.add_argument("--own-time", action="store_true", help="run (h) too, after (d)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as workdir:
         if args.only_pmap:
@@ -384,6 +429,8 @@ def main() -> None:
             interleaved(program, args, workdir)
             if args.read_cadence:
                 read_cadence(program, args, workdir)
+            if args.own_time:
+                own_time(program, args, workdir)
             check_floor(program, args, workdir)
         if not args.only_interleaved:
             tiny_calls(args, workdir)
@@ -471,6 +518,29 @@ def read_cadence(program: str, args: argparse.Namespace, workdir: str) -> None:
         print(f"  {every * 1e3:5.0f} ms   wall {_median_ratio(pairs, 0):5.3f}x plain   CPU (process) "
               f"{_median_ratio(pairs, 1):5.3f}x plain   page faults per step "
               f"{sum(w[2] for _, w in pairs) / len(pairs):.1f} (plain {sum(p[2] for p, _ in pairs) / len(pairs):.1f})")
+
+
+def own_time(program: str, args: argparse.Namespace, workdir: str) -> None:
+    """(h): jaxdbg's own time on the main thread per watched call (the watch's ``around`` less the user's call
+    inside it) and how the finished calls were read, the watched loop run straight (no flush); with
+    ``--baseline``, that tree's the same way, the two alternating ``--pairs`` times."""
+    trees = [("this", ROOT)] + ([("baseline", args.baseline)] if args.baseline else [])
+    rows: dict[str, list[dict]] = {name: [] for name, _ in trees}
+    for _ in range(args.pairs):
+        for name, root in trees:
+            found = _in_one_process(program, "own-time", args, workdir, f"  (h) {name}", root=root)
+            if found is not None and found["calls"]:
+                rows[name].append(found)
+    for name, runs in rows.items():
+        if not runs:
+            continue
+        own = sorted((f["around"] - f["run"]) / f["calls"] * 1e6 for f in runs)
+        reads = _median([f["reads"] / f["calls"] * 1000 for f in runs])
+        size = _median([f["read_calls"] / max(f["reads"], 1) for f in runs])
+        print(f"(h) {args.kind} loop, {name}: jaxdbg's own main-thread time {_median(own):.1f} us per watched call "
+              f"({', '.join(f'{o:.1f}' for o in own)}); {reads:.0f} reads per 1000 calls, {size:.1f} calls each")
+        record("watch", f"(h) {args.kind} loop, jaxdbg's own time per watched call ({name})", _median(own),
+               spread=f"{own[0]:.1f}..{own[-1]:.1f}", unit="us")
 
 
 def check_floor(program: str, args: argparse.Namespace, workdir: str) -> None:
