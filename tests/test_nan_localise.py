@@ -555,9 +555,10 @@ def test_the_zero_a_division_by_zero_divided_by_is_traced_to_where_it_was_made()
                                    in_specs=(P("d"), P("d")), out_specs=P())
         return per_device(x, weight)
 
-    zero, (text, _) = traced(weighted_mean, jnp.ones(4), jnp.array([1.0, 1.0, 0.0, 0.0]))
+    zero, (text, hints) = traced(weighted_mean, jnp.ones(4), jnp.array([1.0, 1.0, 0.0, 0.0]))
     assert (zero.primitive, zero.how, zero.arguments) == (None, "argument", ("weight",)), zero
     assert "came in with the argument weight" in text, text
+    assert hints[0].startswith("every weight summed into the denominator is 0"), hints  # not only the generic epsilon
     # a warmup length of 0 written into the code: a literal of the traced program, named from the line
     zero, (text, hints) = traced(_warmup_lr, jnp.float32(0.0))
     assert (zero.how, zero.name) == ("literal", "_WARMUP") and "written into the traced code (`_WARMUP`)" in text

@@ -80,6 +80,10 @@ LOG_NORMALISE = ("normalise in log space: `exp(a) / exp(a).sum()` is `jax.nn.sof
 MASKED_MEAN = ("a fully masked batch or row (all padding) has nothing to average: divide by "
                "`jnp.maximum(mask.sum(), 1)` "
                "(its numerator is 0 too), and check the data pipeline for empty batches")
+WEIGHTED_MEAN = ("every weight summed into the denominator is 0 there (an example, a batch or a device given only "
+                 "zero weights, e.g. padding): divide by `jnp.maximum(weight.sum(), 1e-12)`, or give 0 where the "
+                 "total is 0 (`jnp.where(total > 0, num / jnp.where(total > 0, total, 1.0), 0.0)`), and check why "
+                 "every weight there is 0")
 EMPTY_SEGMENT = ("an empty segment (a node with no incoming edge, a class with no member in the batch) sums to 0: "
                  "divide by `jnp.maximum(count, 1)` (its sum is 0 too, so its mean becomes 0), or mask it out")
 CAPTURED_ZERO = ("{name} holds a 0 where the code divides by it (or takes its log): fix the values it is built from "
@@ -730,6 +734,8 @@ def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence
                      *hints]
         elif zero.how == "captured":
             hints = [CAPTURED_ZERO.format(name=f"`{zero.name}`" if zero.name else "the captured array"), *hints]
+        elif zero.how == "argument" and any("weight" in name.lower() for name in zero.arguments):
+            hints = [WEIGHTED_MEAN, *hints]
     if root is not None and _weighted_log(first, root):  # the zero weight is no bug: the product must be 0 there
         # after the fix of a log that should never have seen a 0 (of a sigmoid, a softmax), first otherwise
         after = max((i + 1 for i, h in enumerate(hints) if h in (LOG_SIGMOID, LOG_SOFTMAX)), default=0)
