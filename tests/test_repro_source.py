@@ -107,6 +107,54 @@ def test_a_runtime_check_whose_condition_became_a_constant_is_degenerate(code, c
     assert constant_checks(text) == constant
 
 
+LABEL_SMOOTHING = """\
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+
+@eqx.filter_jit
+def loss(labels, n):
+    targets = jax.nn.one_hot(labels, n) * 0.9 + 0.1 / (n - 1)   # the bug: 0.1 / n sums to 1
+    targets = eqx.error_if(targets, jnp.abs(targets.sum(-1) - 1) > 1e-3, "targets must sum to 1")
+    return targets.sum()
+"""
+
+
+def test_a_runtime_check_reports_the_values_its_condition_read_and_a_cut_cause_shows(tmp_path):
+    """eqx.error_if raises one fixed message whatever made it fire: the values its condition read (recorded
+    before it raises) tell the user's bug (mis-smoothed rows) from a candidate that fires on other rows."""
+    equinox = pytest.importorskip("equinox")
+    import jax.numpy as jnp
+
+    from jaxdbg.repro.checks import recorded_checks
+    from jaxdbg.repro.failures import other_check_values
+
+    path = tmp_path / "smooth.py"
+    path.write_text(LABEL_SMOOTHING)
+    sent: list = []
+    channel = type("Channel", (), {"send": staticmethod(sent.append)})()
+    for labels, n in (([1, 2, 3], 10), ([4], 10), ([0], 2)):
+        with recorded_checks(channel, LABEL_SMOOTHING):  # (each run of a program reports its check once)
+            namespace: dict = {}
+            exec(compile(LABEL_SMOOTHING, str(path), "exec"), namespace)
+            with pytest.raises(equinox.EquinoxRuntimeError, match="targets must sum to 1"):
+                namespace["loss"](jnp.asarray(labels), n)
+    assert equinox.error_if.__name__ == "error_if"  # restored
+    bug, fewer_rows, other = sent
+    assert (bug.location.line, bug.names, bug.values) == (9, ("targets",), ((0.01111, 0.9111),))
+    assert other_check_values(bug, fewer_rows) is None  # the same rows, a smaller batch: the same bug
+    assert "fired on other values (targets: 0.1, 1.0, not 0.01111, 0.9111)" in other_check_values(bug, other)
+
+
+def test_the_reducer_keeps_a_kept_statement_as_written():
+    """The runtime check's statement is kept like the raising one: its condition is the user's test."""
+    source = "a = 1\nb = 2\nc = check(b + a, a * 3 > 1)\nprint(c)\n"
+    reducer = SourceReducer(source, protected_line=4, kept_lines=[3],
+                            test=lambda states: ["print(c)" in s.text for s in states])
+    assert "c = check(b + a, a * 3 > 1)" in reducer.run()
+
+
 def _value_error_test(states):
     verdicts = []
     for state in states:

@@ -29,7 +29,7 @@ from jaxdbg._tracebacks import embedded_raise
 from jaxdbg.repro.forkserver import ForkServer
 from jaxdbg.repro.frames import in_jax
 from jaxdbg.repro.jobs import CHILD_ENV, RunRequest
-from jaxdbg.repro.messages import FailureSeen, JaxWork, JitCallSeen, LastJit
+from jaxdbg.repro.messages import CheckFired, FailureSeen, JaxWork, JitCallSeen, LastJit
 from jaxdbg.repro.signature import Criterion, FailureSignature, matches_pattern, without_frames
 from jaxdbg.repro.source import State, find_statement, is_constant_raise, parse, statement_lines
 from jaxdbg.runner import Outcome, first_line, run_contained
@@ -50,6 +50,7 @@ class Failure:
     last_jit: str | None = None
     jax_work: bool = False
     seen: FailureSeen | None = None  # what the jit watch reported, for failures it saw
+    check: CheckFired | None = None  # a runtime check that fired inside jit: what its condition read
 
     def describe(self) -> str:
         where = f" at {self.location}" if self.location else ""
@@ -96,8 +97,9 @@ def observe(outcome: Outcome) -> list[Failure]:
         # A host callback's exception comes back as text: it was raised where its own traceback says.
         where = embedded_raise(exc.message) or exc.user_frame
         sig = FailureSignature.of(Criterion.exception(exc.type, exc.message), location=where)
+        fired = outcome.all(CheckFired)
         found.append(Failure(sig, f"{exc.type}: {headline(exc.message)}", where,
-                             raised_inside_jax(exc.traceback), **common))
+                             raised_inside_jax(exc.traceback), check=fired[0] if fired else None, **common))
     elif outcome.status == "crash":
         found.append(Failure(FailureSignature("crash", signal=outcome.signal), f"crash with {outcome.signal}",
                              outcome.crash_frame, **common))
@@ -274,7 +276,40 @@ class Checker:
             return "the failing statement raises constants (degenerate)"
         if constant_checks(text) > self.original_constant_checks:
             return "a runtime check's condition became a constant (degenerate)"
+        return other_check_values(target.check, failure.check)
+
+
+def other_check_values(target: CheckFired | None, seen: CheckFired | None) -> str | None:
+    """Why a candidate's runtime check did not fire on what the original's did (None: it did, or there was none).
+
+    The check's message is fixed: only the values its condition read tell that it fired for the user's reason.
+
+    Example:
+        >>> from jaxdbg._source import SourceLocation
+        >>> here = SourceLocation("a.py", 3, "loss")
+        >>> bug = CheckFired(here, ("targets",), ((0.01111, 0.9111),))
+        >>> other_check_values(bug, CheckFired(here, ("targets",), ((0.0, 1.0),)))
+        'its runtime check fired on other values (targets: 0.0, 1.0, not 0.01111, 0.9111): the cause was cut'
+        >>> other_check_values(bug, bug) is None
+        True
+    """
+    if target is None:
         return None
+    if seen is None:
+        return "its runtime check did not fire (another statement raised the same message)"
+    for name, want, got in zip(target.names, target.values, seen.values if seen.names == target.names else ()):
+        if tuple(want) != tuple(got):
+            return (f"its runtime check fired on other values ({name}: {_values(got)}, not {_values(want)}): "
+                    "the cause was cut")
+    if seen.names != target.names:
+        return f"its runtime check read {', '.join(seen.names)}, not {', '.join(target.names)}"
+    return None
+
+
+def _values(summary: Sequence) -> str:
+    if summary and summary[0] == "range":
+        return f"{summary[3]} values in [{summary[1]}, {summary[2]}]"
+    return ", ".join(str(v) for v in summary)
 
 
 # Libraries imported once in the warm fork server when the program imports them: candidates then start in

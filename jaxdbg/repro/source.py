@@ -77,6 +77,11 @@ class State:
     tree: ast.Module
     protected: ast.stmt | None
     text: str
+    kept: tuple[ast.stmt, ...] = ()  # statements kept as written too (a runtime check that raises inside jit)
+
+    def guarded(self) -> list[ast.stmt]:
+        """The statements no edit may touch: the protected one and the kept ones."""
+        return ([self.protected] if self.protected is not None else []) + list(self.kept)
 
 
 def find_statement(tree: ast.Module, line: int | None) -> ast.stmt | None:
@@ -143,9 +148,12 @@ class SourceReducer:
                  *, jobs: int = 1, deadline: float | None = None,
                  on_progress: Callable[[int, str], None] | None = None,
                  on_accept: Callable[[State], None] | None = None, standardise: bool = True,
-                 remember_failed: bool = True):
+                 remember_failed: bool = True, kept_lines: Sequence[int] = ()):
         tree = parse(source)
-        self.state = State(tree, find_statement(tree, protected_line), ast.unparse(tree))
+        protected = find_statement(tree, protected_line)
+        kept = tuple(dict.fromkeys(k for k in (find_statement(tree, line) for line in kept_lines)
+                                   if k is not None and k is not protected))
+        self.state = State(tree, protected, ast.unparse(tree), kept)
         self.test, self.jobs, self.deadline = test, max(1, jobs), deadline
         self.on_progress = on_progress or (lambda checks, text: None)
         self.on_accept = on_accept or (lambda state: None)
@@ -222,6 +230,7 @@ class SourceReducer:
         memo: dict = {}
         tree = copy.deepcopy(self.state.tree, memo)
         protected = memo.get(id(self.state.protected)) if self.state.protected is not None else None
+        kept = tuple(memo[id(k)] for k in self.state.kept)
         if not edit(list(ast.walk(tree))):
             return None
         _fill_empty_bodies(tree)
@@ -236,9 +245,10 @@ class SourceReducer:
             return None
         if not self.retry_failed and _change(self.state.text, text) in self.failed:
             return None
-        if protected is not None and not any(node is protected for node in ast.walk(tree)):
+        present = {id(node) for node in ast.walk(tree)}
+        if any(id(k) not in present for k in ([protected] if protected is not None else []) + list(kept)):
             return None
-        return State(tree, protected, text)
+        return State(tree, protected, text, kept)
 
     def _first_interesting(self, batch: list[tuple[int, State]]) -> tuple[int, State] | None:
         verdicts = self.test([state for _, state in batch])
@@ -264,18 +274,21 @@ class SourceReducer:
     # Where edits may go -------------------------------------------------------------------------------------
 
     def _guarded(self, state: State) -> tuple[set[int], set[int]]:
-        """(ids of the protected statement's ancestors, ids of nodes no edit may touch)."""
-        if state.protected is None:
+        """(ids of the guarded statements' ancestors, ids of nodes no edit may touch)."""
+        guarded = state.guarded()
+        if not guarded:
             return set(), set()
         parents = parents_of(state.tree)
-        ancestors, frozen = set(), {id(n) for n in ast.walk(state.protected)}
-        node = parents.get(id(state.protected))
-        while node is not None:
-            ancestors.add(id(node))
-            for field in ("test", "iter", "target", "items"):
-                for child in _children(getattr(node, field, None)):
-                    frozen.update(id(n) for n in ast.walk(child))
-            node = parents.get(id(node))
+        ancestors, frozen = set[int](), set[int]()
+        for stmt in guarded:
+            frozen.update(id(n) for n in ast.walk(stmt))
+            node = parents.get(id(stmt))
+            while node is not None:
+                ancestors.add(id(node))
+                for field in ("test", "iter", "target", "items"):
+                    for child in _children(getattr(node, field, None)):
+                        frozen.update(id(n) for n in ast.walk(child))
+                node = parents.get(id(node))
         return ancestors, frozen
 
     # The passes ---------------------------------------------------------------------------------------------
@@ -283,7 +296,7 @@ class SourceReducer:
     def delete_statements(self, state: State) -> list[Edit]:
         """Delete chunks of statements from every block, big chunks first (the protected one stays)."""
         ancestors, _ = self._guarded(state)
-        keep = ancestors | ({id(state.protected)} if state.protected is not None else set())
+        keep = ancestors | {id(stmt) for stmt in state.guarded()}
         edits: list[tuple[int, Edit]] = []
         nodes = list(ast.walk(state.tree))
         for owner_index, owner in enumerate(nodes):
@@ -308,7 +321,7 @@ class SourceReducer:
         with every ``self.norm = ...`` of the class's methods: one without the other leaves the class broken
         (a field never set), so statement deletion alone keeps both."""
         ancestors, _ = self._guarded(state)
-        keep = ancestors | ({id(state.protected)} if state.protected is not None else set())
+        keep = ancestors | {id(stmt) for stmt in state.guarded()}
         edits: list[Edit] = []
         for index, node in enumerate(ast.walk(state.tree)):
             if not isinstance(node, ast.ClassDef):
