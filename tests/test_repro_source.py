@@ -155,6 +155,37 @@ def test_the_reducer_keeps_a_kept_statement_as_written():
     assert "c = check(b + a, a * 3 > 1)" in reducer.run()
 
 
+@pytest.mark.parametrize("code, once", [
+    ("import jax\nimport equinox as eqx\nm = eqx.nn.Linear(2, 2, key=jax.random.key(0))", True),
+    ("import numpy as np\nnp.random.seed(0)\nx = np.random.rand(3)", False),  # deleting the seed: luck
+    ("import numpy as np\nx = np.random.default_rng().normal(size=3)", False),
+    ("import numpy as np\nx = np.random.default_rng(0).normal(size=3)", True),
+    ("import jax.numpy as jnp\nx = jnp.load('x.npy')", False),  # an earlier run may have written it
+    ("import os\nx = os.environ.get('SCALE')", False),  # any other library: not known to be deterministic
+    ("names = set(['a', 'b'])", False),  # a str set's order changes with PYTHONHASHSEED
+])
+def test_a_candidate_runs_a_second_time_only_where_two_runs_can_differ(code, once):
+    """The second run of an accepted candidate (that it does not fail by luck) is skipped where luck has no part."""
+    from jaxdbg.repro.determinism import deterministic
+    assert deterministic(code) is once
+
+
+def test_a_slow_test_asked_now_and_then_still_holds_for_the_result():
+    """The op-by-op run (does the candidate still need jit?) is asked of a few accepted states only; where one
+    fails it, the search goes back to the newest that passes, and the result passes it."""
+    source = "".join(f"v{k} = {k}\n" for k in range(12)) + "assert v0 == 0\n"
+    slow: list[str] = []
+
+    def needs_v7(state):
+        slow.append(state.text)
+        return "v7 = 7" in state.text
+
+    reducer = SourceReducer(source, protected_line=13, test=lambda states: ["v0 = 0" in s.text for s in states],
+                            slow_test=needs_v7, remember_failed=False)
+    assert reducer.run() == "v0 = 0\nv7 = 7\nassert v0 == 0"
+    assert len(slow) < reducer.checks  # (far fewer than the candidates accepted and rejected)
+
+
 def _value_error_test(states):
     verdicts = []
     for state in states:

@@ -432,7 +432,9 @@ class _Reproduction:
             on_progress=lambda checks, text: self.progress("reduce source", base_checks + checks,
                                                            f"{count_lines(text)} lines"),
             on_accept=accepted.append, kept_lines=kept,
-            standardise=file_name == REPRO_FILE)  # repro_source.py: the user's level
+            standardise=file_name == REPRO_FILE,  # repro_source.py: the user's level
+            slow_test=checker.still_needs_jit if jit_sensitive else None)
+        checker.defer_jit = jit_sensitive  # (asked by the reducer of a few accepted candidates; the result passes it)
         try:
             checker.deadline = reducer.deadline
             reducer.run()

@@ -148,7 +148,8 @@ class SourceReducer:
                  *, jobs: int = 1, deadline: float | None = None,
                  on_progress: Callable[[int, str], None] | None = None,
                  on_accept: Callable[[State], None] | None = None, standardise: bool = True,
-                 remember_failed: bool = True, kept_lines: Sequence[int] = ()):
+                 remember_failed: bool = True, kept_lines: Sequence[int] = (),
+                 slow_test: Callable[[State], bool] | None = None):
         tree = parse(source)
         protected = find_statement(tree, protected_line)
         kept = tuple(dict.fromkeys(k for k in (find_statement(tree, line) for line in kept_lines)
@@ -168,12 +169,47 @@ class SourceReducer:
         self.retry_failed = not remember_failed
         # Framework spellings swapped for JAX's (the reproducer's imports); False keeps the user's own level.
         self.standardise = standardise
+        # A second test, costly and almost always passed (repro's op-by-op run): asked of the newest accepted state
+        # after 1, 2, 4, ... acceptances; where it fails, the search goes back to the newest accepted state that
+        # passes (found by bisection) and on from there. The result always passes it.
+        self.slow_test = slow_test
+        self.unchecked: list[State] = []  # accepted since the last state that passed it, oldest first
+        self.passed = self.state
+        self.slow_every = 1
 
     def out_of_time(self) -> bool:
         return self.deadline is not None and time.perf_counter() > self.deadline
 
     def run(self) -> str:
         """Apply the passes until none makes progress (or time is up); returns the smallest text found."""
+        while True:
+            self._reduce()
+            if self._settle() or self.out_of_time():
+                return self.state.text
+
+    def _settle(self) -> bool:
+        """The slow test of the newest accepted state; where it fails, back to the newest that passes (False)."""
+        if self.slow_test is None or not self.unchecked:
+            return True
+        if self.slow_test(self.unchecked[-1]):
+            self.passed, self.unchecked, self.slow_every = self.unchecked[-1], [], self.slow_every * 2
+            return True
+        good, bad = -1, len(self.unchecked) - 1  # unchecked[good] passes (-1: self.passed), unchecked[bad] fails
+        while bad - good > 1:
+            middle = (good + bad) // 2
+            if self.slow_test(self.unchecked[middle]):
+                good = middle
+            else:
+                bad = middle
+        back = self.unchecked[good] if good >= 0 else self.passed
+        self.cache[self.unchecked[bad].text] = False
+        self.failed.add(_change(back.text, self.unchecked[bad].text))
+        self.state = self.passed = back
+        self.unchecked, self.slow_every = [], 1
+        return False
+
+    def _reduce(self) -> None:
+        """The passes until none makes progress (or time is up)."""
         # The structural passes (few candidates, big steps) reach their fixpoint before each round of the
         # expression pass (many candidates, small steps): the big wins come first.
         structural = (self.delete_dead_code, self.delete_statements, self.drop_fields, self.use_jax,
@@ -197,7 +233,6 @@ class SourceReducer:
             progress |= self._run_pass(self.simplify_expressions, max_accepts=4)
             if progress:
                 self.retry_failed = not self.remember_failed
-        return self.state.text
 
     # The search ---------------------------------------------------------------------------------------------
 
@@ -222,6 +257,10 @@ class SourceReducer:
                 return improved
             offset, self.state = accepted
             self.on_accept(self.state)
+            if self.slow_test is not None:
+                self.unchecked.append(self.state)
+                if len(self.unchecked) >= self.slow_every and not self._settle():
+                    return True  # (back to an earlier state: the passes start again from it)
             improved, position, accepts = True, position + offset, accepts + 1
 
         return improved
