@@ -147,6 +147,24 @@ def test_a_runtime_check_reports_the_values_its_condition_read_and_a_cut_cause_s
     assert "fired on other values (targets: 0.1, 1.0, not 0.01111, 0.9111)" in other_check_values(bug, other)
 
 
+def test_a_checkify_check_reports_what_made_it_fail(tmp_path):
+    """checkify.check raises where its condition is false (eqx.error_if where true); one that holds sends nothing."""
+    from jaxdbg.repro.checks import recorded_checks
+
+    code = ("import jax\nimport jax.numpy as jnp\nfrom jax.experimental import checkify\n\n"
+            "def g(x):\n    z = x - 1\n    checkify.check(jnp.all(z > 0), 'z must be positive')\n    return z\n")
+    path = tmp_path / "g.py"
+    path.write_text(code)
+    sent: list = []
+    with recorded_checks(type("Channel", (), {"send": staticmethod(sent.append)})(), code):
+        namespace: dict = {}
+        exec(compile(code, str(path), "exec"), namespace)
+        checked = namespace["jax"].jit(namespace["checkify"].checkify(namespace["g"]))
+        assert checked(namespace["jnp"].arange(2.0, 4.0))[0].get() is None and not sent
+        assert "z must be positive" in checked(namespace["jnp"].arange(3.0))[0].get()
+    assert [(m.location.line, m.names, m.values) for m in sent] == [(7, ("z",), ((-1.0, 0.0, 1.0),))]
+
+
 def test_the_reducer_keeps_a_kept_statement_as_written():
     """The runtime check's statement is kept like the raising one: its condition is the user's test."""
     source = "a = 1\nb = 2\nc = check(b + a, a * 3 > 1)\nprint(c)\n"

@@ -36,8 +36,10 @@ import numpy as np
 from jaxdbg._source import SourceLocation, is_user_path
 from jaxdbg.repro.messages import CheckFired
 
-# The checks: (module, attribute, index of the condition among the positional arguments).
-CHECKS = (("equinox", "error_if", 1), ("equinox", "branched_error_if", 1), ("jax.experimental.checkify", "check", 0))
+# The checks: (module, attribute, index of the condition among the positional arguments, whether it raises where
+# the condition is true: eqx.error_if(x, pred, msg) does, checkify.check(pred, msg) where it is false).
+CHECKS = (("equinox", "error_if", 1, True), ("equinox", "branched_error_if", 1, True),
+          ("jax.experimental.checkify", "check", 0, False))
 DISTINCT = 16  # up to this many distinct values are compared one by one; beyond, their range and count
 
 
@@ -47,8 +49,12 @@ def value_summary(value: Any) -> tuple:
     array = np.asarray(value)
     if array.dtype == bool or np.issubdtype(array.dtype, np.integer):
         distinct = np.unique(array)
-    else:
-        distinct = np.unique(np.asarray([float(f"{x:.4g}") for x in array.astype(np.float64).ravel()]))
+    else:  # (rounded at once, then each distinct value as it prints: a big array stays fast)
+        floats = array.astype(np.float64).ravel()
+        with np.errstate(all="ignore"):
+            scale = 10.0 ** (np.floor(np.log10(np.abs(floats))) - 3)
+            rounded = np.where(np.isfinite(scale) & (scale > 0), np.round(floats / scale) * scale, floats)
+        distinct = np.unique(np.asarray([float(f"{x:.4g}") for x in np.unique(rounded)]))
     if distinct.size <= DISTINCT:
         return tuple(x.item() for x in distinct)
     return ("range", distinct[0].item(), distinct[-1].item(), int(distinct.size))
@@ -77,17 +83,17 @@ class _Recorder:
         self.sent: set[tuple[str, int]] = set()
         self.lock = threading.Lock()
 
-    def wrap(self, check: Any, function: str, at: int) -> Any:
+    def wrap(self, check: Any, function: str, at: int, raises_if: bool) -> Any:
         def checked(*args: Any, **kwargs: Any) -> Any:
             frame = sys._getframe(1)
             if at < len(args) and is_user_path(frame.f_code.co_filename):
                 with contextlib.suppress(Exception):  # a check we cannot read is left as it is
-                    args = (*args[:at], self._watched(args[at], frame, function, at), *args[at + 1:])
+                    args = (*args[:at], self._watched(args[at], frame, function, at, raises_if), *args[at + 1:])
             return check(*args, **kwargs)
         checked.__wrapped__ = check  # type: ignore[attr-defined]
         return checked
 
-    def _watched(self, pred: Any, frame: Any, function: str, at: int) -> Any:
+    def _watched(self, pred: Any, frame: Any, function: str, at: int, raises_if: bool) -> Any:
         """``pred`` made to depend on a host callback that receives it and the arrays its expression reads."""
         if not isinstance(pred, (jax.Array, np.ndarray)):
             return pred
@@ -111,16 +117,22 @@ class _Recorder:
                     self.channel.send(CheckFired(where, tuple(names), tuple(value_summary(v) for v in values)))
             return np.ones((), bool)
 
-        held = jax.pure_callback(record, jax.ShapeDtypeStruct((), jnp.bool_), pred, *arrays,
-                                 vmap_method="sequential")
-        return jnp.logical_and(pred, held)  # (the check now waits for the callback: it reads before any raise)
+        def read(operands: tuple) -> jax.Array:
+            return jax.pure_callback(record, jax.ShapeDtypeStruct((), jnp.bool_), *operands, vmap_method="sequential")
+
+        # Only a check that fires sends its arrays to the host (a training loop's other steps pay nothing), and
+        # the check now waits for the callback: the values are read before it can raise.
+        fired = pred if raises_if else jnp.logical_not(pred)
+        held = jax.lax.cond(jnp.any(fired), read, lambda operands: jnp.ones((), bool), (fired, *arrays))
+        return jnp.logical_and(pred, held)
 
 
 def _module(name: str, script: str | None) -> Any:
-    """The module if loaded, or imported when the script names it (Equinox: known to start nothing at import)."""
+    """The module if loaded, or imported when the script names it ("equinox", "checkify"; neither starts anything
+    at import)."""
     if name in sys.modules:
         return sys.modules[name]
-    if script is not None and name.split(".")[0] in script and importlib.util.find_spec(name.split(".")[0]):
+    if script is not None and name.rsplit(".", 1)[-1] in script and importlib.util.find_spec(name.split(".")[0]):
         with contextlib.suppress(Exception):
             return importlib.import_module(name)
     return None
@@ -135,11 +147,11 @@ def recorded_checks(channel: Any, script: str | None) -> Iterator[None]:
     recorder = _Recorder(channel)
     patched: list[tuple[Any, str, Any]] = []
     try:
-        for module_name, attribute, at in CHECKS:
+        for module_name, attribute, at, raises_if in CHECKS:
             module = _module(module_name, script)
             original = getattr(module, attribute, None) if module is not None else None
             if original is not None:
-                setattr(module, attribute, recorder.wrap(original, attribute, at))
+                setattr(module, attribute, recorder.wrap(original, attribute, at, raises_if))
                 patched.append((module, attribute, original))
         yield
     finally:

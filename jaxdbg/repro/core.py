@@ -200,8 +200,8 @@ class _Reproduction:
         sensitive = not any(f.signature.same_as(target.signature) and f.location == target.location
                             for f in observe(outcome))
         if sensitive:
-            self.notes.append("the failure needs jit (it goes away with JAX_DISABLE_JIT=1); every candidate was "
-                              "checked to still need it")
+            self.notes.append("the failure needs jit (it goes away with JAX_DISABLE_JIT=1); the reproducer was checked "
+                              "to still need it (and the reduction went back where a step had lost that)")
         return sensitive
 
     def detect(self) -> tuple[Failure, bool, list[str], list[Outcome]]:
