@@ -201,7 +201,7 @@ class _Reproduction:
                             for f in observe(outcome))
         if sensitive:
             self.notes.append("the failure needs jit (it goes away with JAX_DISABLE_JIT=1); the reproducer was checked "
-                              "to still need it (and the reduction went back where a step had lost that)")
+                              "to still need it (the reduction goes back where a step loses that)")
         return sensitive
 
     def detect(self) -> tuple[Failure, bool, list[str], list[Outcome]]:
