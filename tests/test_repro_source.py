@@ -107,6 +107,103 @@ def test_a_runtime_check_whose_condition_became_a_constant_is_degenerate(code, c
     assert constant_checks(text) == constant
 
 
+LABEL_SMOOTHING = """\
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+
+@eqx.filter_jit
+def loss(labels, n):
+    targets = jax.nn.one_hot(labels, n) * 0.9 + 0.1 / (n - 1)   # the bug: 0.1 / n sums to 1
+    targets = eqx.error_if(targets, jnp.abs(targets.sum(-1) - 1) > 1e-3, "targets must sum to 1")
+    return targets.sum()
+"""
+
+
+def test_a_runtime_check_reports_the_values_its_condition_read_and_a_cut_cause_shows(tmp_path):
+    """eqx.error_if raises one fixed message whatever made it fire: the values its condition read (recorded
+    before it raises) tell the user's bug (mis-smoothed rows) from a candidate that fires on other rows."""
+    equinox = pytest.importorskip("equinox")
+    import jax.numpy as jnp
+
+    from jaxdbg.repro.checks import recorded_checks
+    from jaxdbg.repro.failures import other_check_values
+
+    path = tmp_path / "smooth.py"
+    path.write_text(LABEL_SMOOTHING)
+    sent: list = []
+    channel = type("Channel", (), {"send": staticmethod(sent.append)})()
+    for labels, n in (([1, 2, 3], 10), ([4], 10), ([0], 2)):
+        with recorded_checks(channel, LABEL_SMOOTHING):  # (each run of a program reports its check once)
+            namespace: dict = {}
+            exec(compile(LABEL_SMOOTHING, str(path), "exec"), namespace)
+            with pytest.raises(equinox.EquinoxRuntimeError, match="targets must sum to 1"):
+                namespace["loss"](jnp.asarray(labels), n)
+    assert equinox.error_if.__name__ == "error_if"  # restored
+    bug, fewer_rows, other = sent
+    assert (bug.location.line, bug.names, bug.values) == (9, ("targets",), ((0.01111, 0.9111),))
+    assert other_check_values(bug, fewer_rows) is None  # the same rows, a smaller batch: the same bug
+    assert "fired on other values (targets: 0.1, 1.0, not 0.01111, 0.9111)" in other_check_values(bug, other)
+
+
+def test_a_checkify_check_reports_what_made_it_fail(tmp_path):
+    """checkify.check raises where its condition is false (eqx.error_if where true); one that holds sends nothing."""
+    from jaxdbg.repro.checks import recorded_checks
+
+    code = ("import jax\nimport jax.numpy as jnp\nfrom jax.experimental import checkify\n\n"
+            "def g(x):\n    z = x - 1\n    checkify.check(jnp.all(z > 0), 'z must be positive')\n    return z\n")
+    path = tmp_path / "g.py"
+    path.write_text(code)
+    sent: list = []
+    with recorded_checks(type("Channel", (), {"send": staticmethod(sent.append)})(), code):
+        namespace: dict = {}
+        exec(compile(code, str(path), "exec"), namespace)
+        checked = namespace["jax"].jit(namespace["checkify"].checkify(namespace["g"]))
+        assert checked(namespace["jnp"].arange(2.0, 4.0))[0].get() is None and not sent
+        assert "z must be positive" in checked(namespace["jnp"].arange(3.0))[0].get()
+    assert [(m.location.line, m.names, m.values) for m in sent] == [(7, ("z",), ((-1.0, 0.0, 1.0),))]
+
+
+def test_the_reducer_keeps_a_kept_statement_as_written():
+    """The runtime check's statement is kept like the raising one: its condition is the user's test."""
+    source = "a = 1\nb = 2\nc = check(b + a, a * 3 > 1)\nprint(c)\n"
+    reducer = SourceReducer(source, protected_line=4, kept_lines=[3],
+                            test=lambda states: ["print(c)" in s.text for s in states])
+    assert "c = check(b + a, a * 3 > 1)" in reducer.run()
+
+
+@pytest.mark.parametrize("code, once", [
+    ("import jax\nimport equinox as eqx\nm = eqx.nn.Linear(2, 2, key=jax.random.key(0))", True),
+    ("import numpy as np\nnp.random.seed(0)\nx = np.random.rand(3)", False),  # deleting the seed: luck
+    ("import numpy as np\nx = np.random.default_rng().normal(size=3)", False),
+    ("import numpy as np\nx = np.random.default_rng(0).normal(size=3)", True),
+    ("import jax.numpy as jnp\nx = jnp.load('x.npy')", False),  # an earlier run may have written it
+    ("import os\nx = os.environ.get('SCALE')", False),  # any other library: not known to be deterministic
+    ("names = set(['a', 'b'])", False),  # a str set's order changes with PYTHONHASHSEED
+])
+def test_a_candidate_runs_a_second_time_only_where_two_runs_can_differ(code, once):
+    """The second run of an accepted candidate (that it does not fail by luck) is skipped where luck has no part."""
+    from jaxdbg.repro.determinism import deterministic
+    assert deterministic(code) is once
+
+
+def test_a_slow_test_asked_now_and_then_still_holds_for_the_result():
+    """The op-by-op run (does the candidate still need jit?) is asked of a few accepted states only; where one
+    fails it, the search goes back to the newest that passes, and the result passes it."""
+    source = "".join(f"v{k} = {k}\n" for k in range(12)) + "assert v0 == 0\n"
+    slow: list[str] = []
+
+    def needs_v7(state):
+        slow.append(state.text)
+        return "v7 = 7" in state.text
+
+    reducer = SourceReducer(source, protected_line=13, test=lambda states: ["v0 = 0" in s.text for s in states],
+                            slow_test=needs_v7, remember_failed=False)
+    assert reducer.run() == "v0 = 0\nv7 = 7\nassert v0 == 0"
+    assert len(slow) < reducer.checks  # (far fewer than the candidates accepted and rejected)
+
+
 def _value_error_test(states):
     verdicts = []
     for state in states:

@@ -200,8 +200,8 @@ class _Reproduction:
         sensitive = not any(f.signature.same_as(target.signature) and f.location == target.location
                             for f in observe(outcome))
         if sensitive:
-            self.notes.append("the failure needs jit (it goes away with JAX_DISABLE_JIT=1); every candidate was "
-                              "checked to still need it")
+            self.notes.append("the failure needs jit (it goes away with JAX_DISABLE_JIT=1); the reproducer was checked "
+                              "to still need it (the reduction goes back where a step loses that)")
         return sensitive
 
     def detect(self) -> tuple[Failure, bool, list[str], list[Outcome]]:
@@ -415,6 +415,9 @@ class _Reproduction:
                           cwd=self.cwd, preload=preloadable(subject.source))
         located = target.location is not None and _same(target.location.file, subject.reduce_path)
         protected = target.location.line if located and target.location else None
+        # A runtime check that raised inside jit stays as written too: its condition is the user's test.
+        check = subject.locate(target.check.location) if target.check is not None else None
+        kept = [check.line] if check is not None and _same(check.file, subject.reduce_path) else []
         source = subject.source
         if subject.data_free_source and checker.check_text(subject.data_free_source,
                                                            (protected, protected) if protected else None):
@@ -428,7 +431,10 @@ class _Reproduction:
             deadline=deadline if deadline is not None else self.clock.deadline - reserve,
             on_progress=lambda checks, text: self.progress("reduce source", base_checks + checks,
                                                            f"{count_lines(text)} lines"),
-            on_accept=accepted.append, standardise=file_name == REPRO_FILE)  # repro_source.py: the user's level
+            on_accept=accepted.append, kept_lines=kept,
+            standardise=file_name == REPRO_FILE,  # repro_source.py: the user's level
+            slow_test=checker.still_needs_jit if jit_sensitive else None)
+        checker.defer_jit = jit_sensitive  # (asked by the reducer of a few accepted candidates; the result passes it)
         try:
             checker.deadline = reducer.deadline
             reducer.run()

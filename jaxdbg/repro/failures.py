@@ -26,10 +26,11 @@ from typing import Any
 
 from jaxdbg._source import SourceLocation
 from jaxdbg._tracebacks import embedded_raise
+from jaxdbg.repro.determinism import deterministic
 from jaxdbg.repro.forkserver import ForkServer
 from jaxdbg.repro.frames import in_jax
 from jaxdbg.repro.jobs import CHILD_ENV, RunRequest
-from jaxdbg.repro.messages import FailureSeen, JaxWork, JitCallSeen, LastJit
+from jaxdbg.repro.messages import CheckFired, FailureSeen, JaxWork, JitCallSeen, LastJit
 from jaxdbg.repro.signature import Criterion, FailureSignature, matches_pattern, without_frames
 from jaxdbg.repro.source import State, find_statement, is_constant_raise, parse, statement_lines
 from jaxdbg.runner import Outcome, first_line, run_contained
@@ -50,6 +51,7 @@ class Failure:
     last_jit: str | None = None
     jax_work: bool = False
     seen: FailureSeen | None = None  # what the jit watch reported, for failures it saw
+    check: CheckFired | None = None  # a runtime check that fired inside jit: what its condition read
 
     def describe(self) -> str:
         where = f" at {self.location}" if self.location else ""
@@ -96,8 +98,9 @@ def observe(outcome: Outcome) -> list[Failure]:
         # A host callback's exception comes back as text: it was raised where its own traceback says.
         where = embedded_raise(exc.message) or exc.user_frame
         sig = FailureSignature.of(Criterion.exception(exc.type, exc.message), location=where)
+        fired = outcome.all(CheckFired)
         found.append(Failure(sig, f"{exc.type}: {headline(exc.message)}", where,
-                             raised_inside_jax(exc.traceback), **common))
+                             raised_inside_jax(exc.traceback), check=fired[0] if fired else None, **common))
     elif outcome.status == "crash":
         found.append(Failure(FailureSignature("crash", signal=outcome.signal), f"crash with {outcome.signal}",
                              outcome.crash_frame, **common))
@@ -142,6 +145,9 @@ class Checker:
         self.flaky = flaky
         # The original stops failing with jit disabled: a candidate must too (else it no longer needs jit).
         self.jit_sensitive = jit_sensitive
+        # That op-by-op run costs two to three times a jitted one (every operation lowered and compiled alone) and
+        # almost never rejects: a reducer may ask it of a few accepted candidates only (SourceReducer.slow_test).
+        self.defer_jit = False
         self.env = env if env is not None else CHILD_ENV
         self.companions = dict(companions or {})  # files every candidate needs beside it (inputs.npz)
         self.script_name, self.work_dir = script_name, work_dir
@@ -162,10 +168,12 @@ class Checker:
                 self.original_degenerate = raises_constants(original, target.location, original_path)
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=self.jobs)
+        self._follow_ups = ThreadPoolExecutor(max_workers=self.jobs)
         self._server = ForkServer(self.env, preload)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+        self._follow_ups.shutdown(wait=True)
         self._server.close()
 
     def run(self, path: str, disable_jit: bool = False) -> Outcome:
@@ -190,8 +198,8 @@ class Checker:
         lines = [statement_lines(state) for state in states]
         return list(self._pool.map(self.check_text, [s.text for s in states], lines))
 
-    def check_text(self, text: str, lines: tuple[int, int] | None) -> bool:
-        """Write the candidate, run it contained, and say whether it fails the same way."""
+    def _written(self, text: str) -> str:
+        """A new folder holding the candidate (and its companions); returns the script's path."""
         with self._lock:
             self.checks += 1
             folder = os.path.join(self.work_dir, f"c{self.checks}")
@@ -201,25 +209,41 @@ class Checker:
         path = os.path.join(folder, self.script_name)
         with open(path, "w") as handle:
             handle.write(text)
+        return path
+
+    def check_text(self, text: str, lines: tuple[int, int] | None) -> bool:
+        """Write the candidate, run it contained, and say whether it fails the same way (with ``defer_jit``, that
+        it still needs jit is left to :meth:`still_needs_jit`, asked by the reducer now and then)."""
+        path = self._written(text)
         if not self.accepts(self.run(path), path, text, lines):
             return False
-        if not self.confirm(path, text, lines):
-            return False
-        return not self.jit_sensitive or self.needs_jit(path, text, lines)
+        # The follow-up runs of an accepted candidate are independent: at once, a check waits for one, not two
+        # (while they run, the batch's other candidates are done and their workers idle).
+        follow_ups = [run for run, wanted in ((self.confirm, self.needs_confirm(text)),
+                                              (self.needs_jit, self.jit_sensitive and not self.defer_jit)) if wanted]
+        if len(follow_ups) < 2:
+            return all(run(path, text, lines) for run in follow_ups)
+        verdicts = list(self._follow_ups.map(lambda run: run(path, text, lines), follow_ups))
+        return all(verdicts)
+
+    def needs_confirm(self, text: str) -> bool:
+        """Whether an accepted candidate runs a second time: not for hangs (each run costs the whole timeout), not
+        for a flaky original (it would not pass), not for a program whose two runs cannot differ
+        (:mod:`jaxdbg.repro.determinism`: the original failed the same way in every detection run)."""
+        return not (self.target.signature.kind == "timeout" or self.flaky or deterministic(text))
 
     def confirm(self, path: str, text: str, lines: tuple[int, int] | None) -> bool:
-        """A second run must fail the same way: an edit can make a candidate fail by luck (an unseeded RNG).
-
-        Skipped for hangs (each run costs the whole timeout) and for a flaky original (it would not pass).
-        """
-        if self.target.signature.kind == "timeout" or self.flaky:
-            return True
+        """A second run must fail the same way: an edit can make a candidate fail by luck (an unseeded RNG)."""
         with self._lock:
             self.checks += 1
         if self.accepts(self.run(path), path, text, lines):
             return True
         self.last_rejections = ["it failed only once in two runs (flaky)"]
         return False
+
+    def still_needs_jit(self, state: State) -> bool:
+        """Whether an accepted candidate still needs jit (its op-by-op run does not fail the same way)."""
+        return self.needs_jit(self._written(state.text), state.text, statement_lines(state))
 
     def needs_jit(self, path: str, text: str, lines: tuple[int, int] | None) -> bool:
         """Run again op by op (jax_disable_jit): the failure must go away, as it did for the original."""
@@ -274,7 +298,40 @@ class Checker:
             return "the failing statement raises constants (degenerate)"
         if constant_checks(text) > self.original_constant_checks:
             return "a runtime check's condition became a constant (degenerate)"
+        return other_check_values(target.check, failure.check)
+
+
+def other_check_values(target: CheckFired | None, seen: CheckFired | None) -> str | None:
+    """Why a candidate's runtime check did not fire on what the original's did (None: it did, or there was none).
+
+    The check's message is fixed: only the values its condition read tell that it fired for the user's reason.
+
+    Example:
+        >>> from jaxdbg._source import SourceLocation
+        >>> here = SourceLocation("a.py", 3, "loss")
+        >>> bug = CheckFired(here, ("targets",), ((0.01111, 0.9111),))
+        >>> other_check_values(bug, CheckFired(here, ("targets",), ((0.0, 1.0),)))
+        'its runtime check fired on other values (targets: 0.0, 1.0, not 0.01111, 0.9111): the cause was cut'
+        >>> other_check_values(bug, bug) is None
+        True
+    """
+    if target is None:
         return None
+    if seen is None:
+        return "its runtime check did not fire (another statement raised the same message)"
+    for name, want, got in zip(target.names, target.values, seen.values if seen.names == target.names else ()):
+        if tuple(want) != tuple(got):
+            return (f"its runtime check fired on other values ({name}: {_values(got)}, not {_values(want)}): "
+                    "the cause was cut")
+    if seen.names != target.names:
+        return f"its runtime check read {', '.join(seen.names)}, not {', '.join(target.names)}"
+    return None
+
+
+def _values(summary: Sequence) -> str:
+    if summary and summary[0] == "range":
+        return f"{summary[3]} values in [{summary[1]}, {summary[2]}]"
+    return ", ".join(str(v) for v in summary)
 
 
 # Libraries imported once in the warm fork server when the program imports them: candidates then start in

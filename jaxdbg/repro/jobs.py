@@ -30,6 +30,7 @@ import jax.monitoring
 from jaxdbg import jit_layer, multihost
 from jaxdbg.protocol import Request, handles
 from jaxdbg.repro.callback import cut_callback, recorded_callbacks
+from jaxdbg.repro.checks import recorded_checks
 from jaxdbg.repro.cutting import OVERRUN_S, OverrunGuard, cut_captured
 from jaxdbg.repro.messages import CutFinished, InputsBuilt, JaxWork, LastJit
 from jaxdbg.repro.operation import cut_operation
@@ -97,7 +98,8 @@ class InputsRequest(Request):
 def target_job(request: RunRequest, channel: Any) -> None:
     """Run the target; exceptions propagate (the child reports them) after naming the last jitted call and,
     with ``operation_dir``, writing the JAX operation that raised alone (:mod:`jaxdbg.repro.operation`)."""
-    with _jax_work_listener(channel), _watched(request, channel) as watch, recorded_callbacks() as callbacks:
+    with (_jax_work_listener(channel), _watched(request, channel) as watch, recorded_callbacks() as callbacks,
+          recorded_checks(channel, _script_text(request))):
         try:
             _run(request, channel)
         except StopRun:
@@ -176,6 +178,16 @@ def _run(request: RunRequest, channel: Any) -> None:
     func = load_function(request.function)
     inputs = load_inputs(request.inputs, request.args, request.seed)
     jax.jit(func)(*inputs)
+
+
+def _script_text(request: RunRequest) -> str | None:
+    """The script's source (which runtime-check libraries it uses: :mod:`jaxdbg.repro.checks`)."""
+    path = request.script or (request.function.path if request.function is not None else None)
+    try:
+        with open(path or "") as handle:
+            return handle.read()
+    except OSError:
+        return None
 
 
 @contextlib.contextmanager

@@ -65,6 +65,16 @@ class FailureSeen(Message):
 
 
 @dataclass(frozen=True)
+class CheckFired(Message):
+    """A runtime check inside jit fired (the first time, per check; :mod:`jaxdbg.repro.checks`): where it is,
+    the names its condition reads and their values (``checks.value_summary`` of each, in the order of ``names``)."""
+
+    location: SourceLocation
+    names: tuple[str, ...]
+    values: tuple[tuple, ...]
+
+
+@dataclass(frozen=True)
 class CutFinished(Message):
     """The result of cutting a captured computation: the reproducer's files and sizes, or why it failed."""
 

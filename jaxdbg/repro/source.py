@@ -78,6 +78,11 @@ class State:
     tree: ast.Module
     protected: ast.stmt | None
     text: str
+    kept: tuple[ast.stmt, ...] = ()  # statements kept as written too (a runtime check that raises inside jit)
+
+    def guarded(self) -> list[ast.stmt]:
+        """The statements no edit may touch: the protected one and the kept ones."""
+        return ([self.protected] if self.protected is not None else []) + list(self.kept)
 
 
 def find_statement(tree: ast.Module, line: int | None) -> ast.stmt | None:
@@ -144,9 +149,13 @@ class SourceReducer:
                  *, jobs: int = 1, deadline: float | None = None,
                  on_progress: Callable[[int, str], None] | None = None,
                  on_accept: Callable[[State], None] | None = None, standardise: bool = True,
-                 remember_failed: bool = True):
+                 remember_failed: bool = True, kept_lines: Sequence[int] = (),
+                 slow_test: Callable[[State], bool] | None = None):
         tree = parse(source)
-        self.state = State(tree, find_statement(tree, protected_line), ast.unparse(tree))
+        protected = find_statement(tree, protected_line)
+        kept = tuple(dict.fromkeys(k for k in (find_statement(tree, line) for line in kept_lines)
+                                   if k is not None and k is not protected))
+        self.state = State(tree, protected, ast.unparse(tree), kept)
         self.test, self.jobs, self.deadline = test, max(1, jobs), deadline
         self.on_progress = on_progress or (lambda checks, text: None)
         self.on_accept = on_accept or (lambda state: None)
@@ -161,12 +170,47 @@ class SourceReducer:
         self.retry_failed = not remember_failed
         # Framework spellings swapped for JAX's (the reproducer's imports); False keeps the user's own level.
         self.standardise = standardise
+        # A second test, costly and almost always passed (repro's op-by-op run): asked of the newest accepted state
+        # after 1, 2, 4, ... acceptances; where it fails, the search goes back to the newest accepted state that
+        # passes (found by bisection) and on from there. The result always passes it.
+        self.slow_test = slow_test
+        self.unchecked: list[State] = []  # accepted since the last state that passed it, oldest first
+        self.passed = self.state
+        self.slow_every = 1
 
     def out_of_time(self) -> bool:
         return self.deadline is not None and time.perf_counter() > self.deadline
 
     def run(self) -> str:
         """Apply the passes until none makes progress (or time is up); returns the smallest text found."""
+        while True:
+            self._reduce()
+            if self._settle() or self.out_of_time():
+                return self.state.text
+
+    def _settle(self) -> bool:
+        """The slow test of the newest accepted state; where it fails, back to the newest that passes (False)."""
+        if self.slow_test is None or not self.unchecked:
+            return True
+        if self.slow_test(self.unchecked[-1]):
+            self.passed, self.unchecked, self.slow_every = self.unchecked[-1], [], self.slow_every * 2
+            return True
+        good, bad = -1, len(self.unchecked) - 1  # unchecked[good] passes (-1: self.passed), unchecked[bad] fails
+        while bad - good > 1:
+            middle = (good + bad) // 2
+            if self.slow_test(self.unchecked[middle]):
+                good = middle
+            else:
+                bad = middle
+        back = self.unchecked[good] if good >= 0 else self.passed
+        self.cache[self.unchecked[bad].text] = False
+        self.failed.add(_change(back.text, self.unchecked[bad].text))
+        self.state = self.passed = back
+        self.unchecked, self.slow_every = [], 1
+        return False
+
+    def _reduce(self) -> None:
+        """The passes until none makes progress (or time is up)."""
         # The structural passes (few candidates, big steps) reach their fixpoint before each round of the
         # expression pass (many candidates, small steps): the big wins come first.
         structural = (self.delete_dead_code, self.delete_statements, self.drop_fields, self.use_jax,
@@ -190,7 +234,6 @@ class SourceReducer:
             progress |= self._run_pass(self.simplify_expressions, max_accepts=4)
             if progress:
                 self.retry_failed = not self.remember_failed
-        return self.state.text
 
     # The search ---------------------------------------------------------------------------------------------
 
@@ -215,6 +258,10 @@ class SourceReducer:
                 return improved
             offset, self.state = accepted
             self.on_accept(self.state)
+            if self.slow_test is not None:
+                self.unchecked.append(self.state)
+                if len(self.unchecked) >= self.slow_every and not self._settle():
+                    return True  # (back to an earlier state: the passes start again from it)
             improved, position, accepts = True, position + offset, accepts + 1
 
         return improved
@@ -223,6 +270,7 @@ class SourceReducer:
         memo: dict = {}
         tree = copy.deepcopy(self.state.tree, memo)
         protected = memo.get(id(self.state.protected)) if self.state.protected is not None else None
+        kept = tuple(memo[id(k)] for k in self.state.kept)
         if not edit(list(ast.walk(tree))):
             return None
         _fill_empty_bodies(tree)
@@ -238,9 +286,10 @@ class SourceReducer:
             return None
         if not self.retry_failed and _change(self.state.text, text) in self.failed:
             return None
-        if protected is not None and not any(node is protected for node in ast.walk(tree)):
+        present = {id(node) for node in ast.walk(tree)}
+        if any(id(k) not in present for k in ([protected] if protected is not None else []) + list(kept)):
             return None
-        return State(tree, protected, text)
+        return State(tree, protected, text, kept)
 
     def _first_interesting(self, batch: list[tuple[int, State]]) -> tuple[int, State] | None:
         verdicts = self.test([state for _, state in batch])
@@ -266,18 +315,21 @@ class SourceReducer:
     # Where edits may go -------------------------------------------------------------------------------------
 
     def _guarded(self, state: State) -> tuple[set[int], set[int]]:
-        """(ids of the protected statement's ancestors, ids of nodes no edit may touch)."""
-        if state.protected is None:
+        """(ids of the guarded statements' ancestors, ids of nodes no edit may touch)."""
+        guarded = state.guarded()
+        if not guarded:
             return set(), set()
         parents = parents_of(state.tree)
-        ancestors, frozen = set(), {id(n) for n in ast.walk(state.protected)}
-        node = parents.get(id(state.protected))
-        while node is not None:
-            ancestors.add(id(node))
-            for field in ("test", "iter", "target", "items"):
-                for child in _children(getattr(node, field, None)):
-                    frozen.update(id(n) for n in ast.walk(child))
-            node = parents.get(id(node))
+        ancestors, frozen = set[int](), set[int]()
+        for stmt in guarded:
+            frozen.update(id(n) for n in ast.walk(stmt))
+            node = parents.get(id(stmt))
+            while node is not None:
+                ancestors.add(id(node))
+                for field in ("test", "iter", "target", "items"):
+                    for child in _children(getattr(node, field, None)):
+                        frozen.update(id(n) for n in ast.walk(child))
+                node = parents.get(id(node))
         return ancestors, frozen
 
     # The passes ---------------------------------------------------------------------------------------------
@@ -285,7 +337,7 @@ class SourceReducer:
     def delete_statements(self, state: State) -> list[Edit]:
         """Delete chunks of statements from every block, big chunks first (the protected one stays)."""
         ancestors, _ = self._guarded(state)
-        keep = ancestors | ({id(state.protected)} if state.protected is not None else set())
+        keep = ancestors | {id(stmt) for stmt in state.guarded()}
         edits: list[tuple[int, Edit]] = []
         nodes = list(ast.walk(state.tree))
         for owner_index, owner in enumerate(nodes):
@@ -310,7 +362,7 @@ class SourceReducer:
         with every ``self.norm = ...`` of the class's methods: one without the other leaves the class broken
         (a field never set), so statement deletion alone keeps both."""
         ancestors, _ = self._guarded(state)
-        keep = ancestors | ({id(state.protected)} if state.protected is not None else set())
+        keep = ancestors | {id(stmt) for stmt in state.guarded()}
         edits: list[Edit] = []
         for index, node in enumerate(ast.walk(state.tree)):
             if not isinstance(node, ast.ClassDef):
