@@ -64,8 +64,8 @@ def test_nnx_loop_that_spikes_late_raises_with_nan_hunts_origin_and_report(tmp_p
     script = tmp_path / "spike.py"
     script.write_text(f"import sys\nsys.path.insert(0, {str(DATA)!r})\nimport live_nnx_loop\n"
                       f"live_nnx_loop.train({SPIKE_AT + 5}, spike_at={SPIKE_AT})\n")
-    done = subprocess.run([sys.executable, "-m", "jaxdbg", "nan-hunt", str(script), "--json", "-", "-q"],
-                          capture_output=True, text=True, timeout=180)
+    done = subprocess.run([sys.executable, "-m", "jaxdbg", "nan-hunt", str(script), "--json", "-", "-q",
+                           "--out", str(tmp_path / "hunt")], capture_output=True, text=True, timeout=180, cwd=tmp_path)
     hunted = json.loads(done.stdout)["result"]["first"]
     keys = ("kind", "primitive", "pass", "source", "function", "call_index", "path")
     assert {k: hunted[k] for k in keys} == {k: first[k] for k in keys}
