@@ -47,12 +47,15 @@ EVERY_STEP = 0.5  # a sync site that runs at least this often per step is "every
 # Per function: [steps, step_s, device_s, calls_s, transfer_s, sync_wait_s, idle_s, sync_idle_s] summed over its
 # steady steps (from one call to the next: neither compiled nor ran in the capture window, and no operation outside
 # jit compiled in between).
-# ``cpu_s``: the main thread's CPU time (``time.thread_time()``, NaN where not measured): a step whose host time the
-# main thread spent blocked (a prefetch queue's get) is not one a prefetch fixes.
+# ``cpu_s``: the main thread's CPU time (``time.thread_time()``) from its first reading in the run to its last, and
+# ``cpu_span_s`` the plain-run time between those readings: the clock is read on the calls the profile sees (one in
+# --sync-every), not on the unseen ones (a read costs more than the rest of an unseen call's bookkeeping), so the
+# CPU share of a step is cpu_s / cpu_span_s. A step whose host time the main thread spent blocked (a prefetch
+# queue's get) is not one a prefetch fixes.
 # ``threaded``: the steps in which the program ran threads of its own beside the main one (a prefetch thread it
 # can be waiting for).
 STEP_FIELDS = ("steps", "step_s", "device_s", "calls_s", "transfer_s", "sync_wait_s", "idle_s", "sync_idle_s",
-               "cpu_s", "threaded")
+               "cpu_s", "cpu_span_s", "threaded")
 BLOCKED = 0.5  # the main thread blocked this share of its host time or more: it waits for its input, not works
 
 
@@ -94,16 +97,17 @@ class StepClock:
         # profile as each is made, put on the clock at its next event (in order: nothing else happened between).
         self.unseen_functions = array("q")
         self.unseen_starts = array("d")
-        self.unseen_cpu = array("d")  # their main thread's CPU clock at the start (time.thread_time())
         self.threads_before = threading.active_count()  # the threads alive before the program started any
         self.threaded = 0
+        self.has_threads = False  # the program ran threads of its own at the latest reading of the CPU clock
+        self.cpu = self.cpu_at = math.nan  # the latest reading of the main thread's CPU clock, and its plain time
 
     def call(self, function: int, start: float, end: float, *, put_s: float, compile_s: float, execute_s: float,
              waited: bool, steady: bool, captured: bool = False, cpu: float = math.nan) -> None:
         """One jitted call: ``start``/``end`` bound the profile's whole handling of it (copying its numpy arguments,
         ``put_s``, included); ``waited``: the profile waited for its outputs, and ``execute_s`` is its execution;
         ``steady``: it did not compile; ``captured``: it ran in the profiler's capture window; ``cpu``: the main
-        thread's CPU clock at ``start`` (NaN: not measured)."""
+        thread's CPU clock at ``start`` (NaN: not read)."""
         if self.unseen_starts:
             self.catch_up()
         if waited:
@@ -115,11 +119,14 @@ class StepClock:
             self.dispatch[function] = host
             execute_s = self.execute.get(function, 0.0)
         begins = start - self.shift + put_s + compile_s  # its execution can start as its dispatch does
-        self._step(function, begins, host, execute_s, put_s, steady and not captured, captured, cpu)
+        if cpu == cpu:  # read (not NaN): filed at the call's execution start, as its step is
+            self.cpu, self.cpu_at = cpu, begins
+            self.has_threads = threading.active_count() > self.threads_before
+        self._step(function, begins, host, execute_s, put_s, steady and not captured, captured)
         self.shift += end - start - put_s - host
 
     def _step(self, function: int, begins: float, host: float, execute_s: float, put_s: float, steady: bool,
-              captured: bool, cpu: float = math.nan) -> None:
+              captured: bool) -> None:
         """The clock's part of one call once its times are known: the device's idle time before ``begins`` (the
         call's execution start, in plain-run time), the call's dispatch and transfer, the steady-step run of its
         function (``steady``: neither compiled nor captured), and its execution on the device's queue."""
@@ -136,10 +143,10 @@ class StepClock:
         self.pending = None
         self.transfer += put_s
         self.calls += host
-        if threading.active_count() > self.threads_before:
+        if self.has_threads:
             self.threaded += 1
-        now = (begins, self.device, self.calls, self.transfer, self.sync_wait, self.idle, self.sync_idle, cpu,
-               self.threaded, self.eager_compiles)
+        now = (begins, self.device, self.calls, self.transfer, self.sync_wait, self.idle, self.sync_idle, self.cpu,
+               self.cpu_at, self.threaded, self.eager_compiles)
         before = self.previous.get(function)
         run = self._runs.get(function)
         if before is not None and steady and now[-1] == before[-1]:
@@ -188,14 +195,12 @@ class StepClock:
     def catch_up(self) -> None:
         """Put the calls that ran unseen since the clock's last event on it: each dispatched in its function's
         latest measured dispatch time (an un-waited call seen), running its latest measured execution."""
-        functions, starts, cpus = self.unseen_functions, self.unseen_starts, self.unseen_cpu
-        self.unseen_functions, self.unseen_starts, self.unseen_cpu = array("q"), array("d"), array("d")
+        functions, starts = self.unseen_functions, self.unseen_starts
+        self.unseen_functions, self.unseen_starts = array("q"), array("d")
         dispatch, execute, shift = self.dispatch, self.execute, self.shift
-        if len(cpus) != len(starts):
-            cpus = array("d", [math.nan] * len(starts))
-        for function, start, cpu in zip(functions, starts, cpus):  # as call(), not waited: the shift does not move
+        for function, start in zip(functions, starts):  # as call(), not waited: the shift does not move
             self._step(function, start - shift, dispatch.get(function, 0.0), execute.get(function, 0.0), 0.0, True,
-                       False, cpu)
+                       False)
 
     def eager_compile(self) -> None:
         """An operation run outside jit compiled (its first run): the step it falls in is not a steady one."""
@@ -242,7 +247,8 @@ def input_pipeline(steps: Mapping[int, Sequence[float]], names: Mapping[int, str
                              else "moderately input-bound" if fraction >= MODERATE else "not input-bound")
     every_step = [s for s in syncs if calls and s.count >= EVERY_STEP * calls.get(ident, 0) > 0]
     # the main thread's time neither on its CPU nor waiting for the device: a queue's get, a read, a lock
-    cpu = per.get("cpu_s", math.nan)
+    span = per.get("cpu_span_s", math.nan)
+    cpu = per.get("cpu_s", math.nan) / span * step if span > 0 else math.nan  # NaN: under two readings
     blocked = None if math.isnan(cpu) else min(max(step - cpu - per["sync_wait_s"], 0.0), host)
     # blocked beside a thread of the program's own: waiting for it (alone: a read or a sleep, which prefetch hides)
     waiting = (blocked or 0.0) if per.get("threaded", 0.0) >= 0.5 else 0.0

@@ -149,7 +149,6 @@ class Recorder(JitHook):
             clock = self.clock
             clock.unseen_functions.append(ident)
             clock.unseen_starts.append(time.perf_counter())
-            clock.unseen_cpu.append(time.thread_time())
         return False
 
     def around(self, call: JitCall, run: Callable[[], Any]) -> Any:
@@ -222,11 +221,9 @@ class Recorder(JitHook):
         compiles (the calls queued before it are in its execute time, as they are for a seen one)."""
         record = self.functions[call.function.record.id]
         clock = self.clock
-        cpu = math.nan
         if threading.get_ident() == self._main and clock.unseen_starts:  # this call: clocked as seen, below
             clock.unseen_functions.pop()
             clock.unseen_starts.pop()
-            cpu = clock.unseen_cpu.pop() if clock.unseen_cpu else math.nan
         with contextlib.suppress(Exception):  # e.g. outputs donated to a later call since
             self.wait(out)
         wall = time.perf_counter() - call.started
@@ -234,7 +231,7 @@ class Recorder(JitHook):
         execute_s = max(wall - compile_s, 0.0)
         with self._lock:
             record.pending.append(CallTiming(call.index, wall, execute_s, compile_s))
-        self._clocked(record, call.index, call.started, 0.0, compile_s, execute_s, True, False, cpu=cpu)
+        self._clocked(record, call.index, call.started, 0.0, compile_s, execute_s, True, False)
 
     def on_compile_ahead(self, call: JitCall) -> None:
         """``jax.jit(f).lower(...).compile()``: filed as the function's compile (introspected from jax's own
