@@ -49,11 +49,11 @@ _KEEP_SIGNATURES = 32
 log = logging.getLogger("jaxdbg")
 
 
-
 def _shown(found: WatchError) -> WatchError:
     """A finding as the program sees it: raised from the watched call (or the block's end), its traceback without
     the dozen frames of jaxdbg's reading and analysis that came up with it (they are jaxdbg's, not the program's)."""
     return found.with_traceback(None)
+
 
 class _Compiles:
     """One function's compiles: how many, and the signatures and callables jax compiled for."""
