@@ -58,6 +58,9 @@ TIMED_FIRST = 3  # the first calls of a function are all timed (first call, and 
 # calls, only after one timed call in this many: a function's dispatch time barely moves between steps, and each
 # seen call costs ~6 us more than one run ahead unseen (bench_layer.py, profile).
 DISPATCH_EVERY = 4
+# The main thread's CPU clock is read on a seen call at most this often (the step clock needs two readings per
+# run of steady steps, and a step's CPU share over their span: see host_bound.STEP_FIELDS).
+CPU_READ_EVERY_S = 0.001
 _KEEP_SIGNATURES = 32
 
 
@@ -109,6 +112,7 @@ class Recorder(JitHook):
         self.on_first_call: Callable[[], Any] | None = None  # once, before the first tracked call runs
         self.latest: InstrumentedJit | None = None  # the function called last (its record counts the calls)
         self.in_call = False  # the main thread is inside a tracked call (a multi-process job's heartbeat says so)
+        self._cpu_read_at = -math.inf  # when the main thread's CPU clock was last read (time.perf_counter())
         # Before the first call of each function: a multi-process job's heartbeat beats at once (see around).
         self.on_new_function: Callable[[], Any] | None = None
 
@@ -169,7 +173,9 @@ class Recorder(JitHook):
             self.in_call = False
 
     def _around(self, call: JitCall, record: TrackedFunction, run: Callable[[], Any]) -> Any:
-        started, cpu = time.perf_counter(), time.thread_time()
+        started, cpu = time.perf_counter(), math.nan
+        if started - self._cpu_read_at >= CPU_READ_EVERY_S:  # (a read is a system call: ~0.5 us)
+            self._cpu_read_at, cpu = started, time.thread_time()
         index = call.index
         put_s = 0.0
         if self.convert_host_args:
