@@ -632,3 +632,23 @@ def test_a_scans_stacked_outputs_and_the_residuals_saved_for_its_gradient_are_to
     assert kept >= len(residuals) * 32 * 16 * 64 * 4
     both, _ = stacked(jax.value_and_grad(loss), "value_and_grad")
     assert set(both.values()) == {"ys", "residuals"}, both
+
+
+def test_a_loops_carry_written_in_place_is_counted_once_at_the_peak(tmp_path) -> None:
+    """SGD steps in a scan whose carry (the weights) the body updates in place: XLA lists both the loop's state
+    and the body's write at the peak, one buffer; the schedule's peak stays within what the call holds."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxdbg.memory.program import ProgramInfo, analyse
+
+    def train(w, xs):
+        def step(w, x):
+            return w - 0.1 * jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w) ** 2))(w), None
+        return jax.lax.scan(step, w, xs)[0]
+
+    options = {"xla_dump_to": str(tmp_path), "xla_dump_hlo_as_text": True}
+    compiled = jax.jit(train, compiler_options=options).lower(jnp.ones((256, 256)), jnp.ones((4, 8, 256))).compile()
+    program = analyse(compiled, ProgramInfo("train", None, 0, 0, ""), str(tmp_path))
+    assert program.schedule_peak_bytes is not None
+    assert program.schedule_peak_bytes <= program.peak_bytes - program.code_bytes, program
