@@ -67,11 +67,13 @@ class FailureSeen(Message):
 @dataclass(frozen=True)
 class CheckFired(Message):
     """A runtime check inside jit fired (the first time, per check; :mod:`jaxdbg.repro.checks`): where it is,
-    the names its condition reads and their values (``checks.value_summary`` of each, in the order of ``names``)."""
+    the names its condition reads and their values (``checks.value_summary`` of each, in the order of ``names``),
+    with the share of the elements each value holds (``checks.value_profile``; empty where not listed one by one)."""
 
     location: SourceLocation
     names: tuple[str, ...]
     values: tuple[tuple, ...]
+    shares: tuple[tuple[float, ...], ...] = ()
 
 
 @dataclass(frozen=True)
