@@ -8,8 +8,9 @@ tested: while :func:`recorded_checks` is active (in a contained child only; rest
 check called from user code also hands the arrays its condition reads (by name, on its source line) to a host
 callback that the condition depends on, so they are read before the check can raise. The first time a check
 fires, :class:`CheckFired` carries their distinct values (rounded, see :func:`value_summary`) and the share of
-the elements each holds; a candidate must show the same values in about the same shares (a smaller batch of the
-same rows passes; other rows, or a one-hot of another width, do not).
+the elements each holds, and their shapes; a candidate must show the same values in about the same shares, in
+rows of the same width (a smaller batch of the same rows passes; other rows, or a one-hot of another width, do
+not).
 
 Example:
     >>> value_summary(np.array([[0.0111111, 0.911111], [0.0111111, 0.911111]]))
@@ -139,7 +140,7 @@ class _Recorder:
                 if first:
                     profiles = [value_profile(v) for v in values]
                     self.channel.send(CheckFired(where, tuple(names), tuple(p[0] for p in profiles),
-                                                 tuple(p[1] for p in profiles)))
+                                                 tuple(p[1] for p in profiles), tuple(np.shape(v) for v in values)))
             return np.ones((), bool)
 
         def read(operands: tuple) -> jax.Array:

@@ -320,6 +320,12 @@ def other_check_values(target: CheckFired | None, seen: CheckFired | None) -> st
         'its runtime check fired on the same values in other shares (labels: 0.0 50%, 1.0 50%, not '
         >>> other_check_values(one_hot, one_hot) is None
         True
+        >>> rows = CheckFired(here, ("targets",), ((0.01111, 0.9111),), ((0.9, 0.1),), ((4, 10),))
+        >>> other_check_values(rows, replace(rows, shapes=((1, 10),))) is None   # fewer rows
+        True
+        >>> other_check_values(rows, replace(rows, shapes=((4, 2),)))
+        'its runtime check read targets of shape (4, 2), not rows of width 10 ((4, 10)): what it tested was changed'
+
     """
     if target is None:
         return None
@@ -329,6 +335,11 @@ def other_check_values(target: CheckFired | None, seen: CheckFired | None) -> st
         if tuple(want) != tuple(got):
             return (f"its runtime check fired on other values ({name}: {_values(got)}, not {_values(want)}): "
                     "the cause was cut")
+    for name, want_shape, got_shape in zip(target.names, target.shapes, seen.shapes if seen.names == target.names
+                                           else ()):
+        if len(want_shape) >= 2 and want_shape[-1:] != got_shape[-1:]:  # a smaller batch keeps the rows' width
+            return (f"its runtime check read {name} of shape {_shape(got_shape)}, not rows of width {want_shape[-1]} "
+                    f"({_shape(want_shape)}): what it tested was changed")
     for name, values, want, got in zip(target.names, target.values, target.shares,
                                        seen.shares if seen.names == target.names else ()):
         if want and got and not _alike(want, got):
@@ -349,6 +360,10 @@ def _alike(want: Sequence[float], got: Sequence[float]) -> bool:
         (True, False)
     """
     return len(want) == len(got) and all(max(a, b) <= SHARE_FACTOR * min(a, b) + 0.01 for a, b in zip(want, got))
+
+
+def _shape(shape: Sequence[int]) -> str:
+    return f"({', '.join(str(n) for n in shape)}{',' if len(shape) == 1 else ''})"
 
 
 def _shares(values: Sequence, shares: Sequence[float]) -> str:
