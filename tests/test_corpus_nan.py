@@ -8,6 +8,7 @@ expected line is found by a marker comment on it, so editing a program does not 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import textwrap
 
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 
 from jaxdbg.nan import HuntOptions
-from jaxdbg.nan.explain import BOUND, CLIP, explain
+from jaxdbg.nan.explain import BOUND, CLIP, ITERATED_MATMUL, explain
 from jaxdbg.nan.growth import GrowthTracker
 from jaxdbg.nan.result import GrowthEntry, Origin, ValueStats
 from jaxdbg.nan.watch import NonFiniteFound, Watch
@@ -295,6 +296,24 @@ def test_a_call_that_computes_no_gradient_gets_no_gradient_advice() -> None:
     # an HMC step: its only gradients drive the leapfrog scan, so the step size is named beside the learning rate
     _, hints = explain(overflow, (), [_growth(1.0, 1e30)], trains="in loops")
     assert CLIP not in hints and any(h.startswith(CLIP) and "smaller step size" in h for h in hints)
+
+
+def test_a_matrix_multiplied_by_itself_in_a_loop_is_told_to_be_normalised_first() -> None:
+    """Newton-Schulz on a matrix not normalised first: inside the unrolled loop X @ X.T overflows (both inputs
+    huge) and inf + (-inf) is NaN one iteration later; the fix is to normalise before iterating, not to clip. A
+    matmul of ordinary activations by one grown matrix gets no such hint."""
+    loop = ("jit(train_step)", "scan[iteration=3]")
+    matmul = Origin("inf", "dot_general", "forward", None, "train_step", 2, loop,
+                    (_stats(-3.01e30, 3.01e30, shape=(64, 64)), _stats(-1.48e30, 1.48e30, shape=(64, 64))))
+    nan = Origin("nan", "add", "forward", None, "train_step", 2, ("jit(train_step)", "scan[iteration=4]"),
+                 (_stats(-np.inf, np.inf), _stats(np.inf, -np.inf)))
+    text, hints = explain(nan, (matmul,), [_growth(1.0, 1e30)])
+    assert "multiplied by itself each iteration" in text and "scan[iteration=3]" in text
+    assert hints[0] == ITERATED_MATMUL and CLIP in hints
+    _, hints = explain(dataclasses.replace(matmul, inputs=(_stats(-3.01e30, 3e30), _stats(-2.0, 2.0))))
+    assert ITERATED_MATMUL not in hints
+    _, hints = explain(dataclasses.replace(matmul, path=("jit(train_step)",)))  # no loop
+    assert ITERATED_MATMUL not in hints
 
 
 def test_a_matmul_that_overflows_is_explained_the_same_whichever_op_makes_the_nan() -> None:

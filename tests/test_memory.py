@@ -615,20 +615,54 @@ def test_a_scans_stacked_outputs_and_the_residuals_saved_for_its_gradient_are_to
     def scan(w, xs):
         return jax.lax.scan(lambda h, x: (jnp.tanh(h @ w + x),) * 2, jnp.zeros((16, 64)), xs)[1]
 
+    scan_line = scan.__code__.co_firstlineno + 1
+
     def loss(w, xs):
         return jnp.sum(scan(w, xs) ** 2)
 
-    def stacked(function, name) -> tuple[dict, int]:
+    def stacked(function, name, labels: list | None = None) -> tuple[dict, int]:
         dump = tmp_path / name
         options = {"xla_dump_to": str(dump), "xla_dump_hlo_as_text": True}
         compiled = jax.jit(function, compiler_options=options).lower(jnp.ones((64, 64)), jnp.ones((32, 16, 64)))
         program = analyse(compiled.compile(), ProgramInfo(name, None, 0, 0, ""), str(dump))
+        if labels is not None:
+            labels += [(b.label(), b.source.line if b.source else None) for b in program.largest if b.stacked]
         return {b.name: b.stacked for b in program.largest if b.stacked}, program.forward_kept_bytes
 
-    ys, _ = stacked(scan, "forward")
+    labels: list = []
+    ys, _ = stacked(scan, "forward", labels)
     assert set(ys.values()) == {"ys"}, ys
-    residuals, kept = stacked(jax.grad(loss), "grad")
+    # named as what it is, at the user's line, not as the dynamic_update_slice that writes it
+    assert labels == [("output: tanh, a loop's outputs (scan ys) stacked over 32 steps", scan_line)], labels
+    labels.clear()
+    residuals, kept = stacked(jax.grad(loss), "grad", labels)
     assert len(residuals) >= 2 and set(residuals.values()) == {"residuals"}, residuals
+    # the hidden state carried in and saved as it was (no operation of its own): the scan's line
+    assert all("dynamic_update_slice" not in label and line == scan_line for label, line in labels), labels
     assert kept >= len(residuals) * 32 * 16 * 64 * 4
     both, _ = stacked(jax.value_and_grad(loss), "value_and_grad")
     assert set(both.values()) == {"ys", "residuals"}, both
+
+
+def test_a_loops_carry_written_in_place_is_counted_once_at_the_peak(tmp_path) -> None:
+    """SGD steps in a scan whose carry (the weights) the body updates in place: XLA lists both the loop's state
+    and the body's write at the peak, one buffer; the schedule's peak stays within what the call holds."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxdbg.memory.program import ProgramInfo, analyse
+
+    def train(w, xs):
+        def step(w, x):
+            return w - 0.1 * jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w) ** 2))(w), None
+        return jax.lax.scan(step, w, xs)[0]
+
+    options = {"xla_dump_to": str(tmp_path), "xla_dump_hlo_as_text": True}
+    compiled = jax.jit(train, compiler_options=options).lower(jnp.ones((256, 256)), jnp.ones((4, 8, 256))).compile()
+    program = analyse(compiled, ProgramInfo("train", None, 0, 0, ""), str(tmp_path))
+    assert program.schedule_peak_bytes is not None
+    assert program.schedule_peak_bytes <= program.peak_bytes - program.code_bytes, program
+    # the carry returned: named as the output, not as the gradient its block holds at the peak
+    (returned,) = [b for b in program.largest if b.kind == "output" and b.shape == "f32[256,256]"]
+    assert (returned.output, returned.pass_, returned.label()) == ("output", None, f"output: {returned.op}"), returned
+    assert returned.op in ("sub", "mul") and returned.source is not None, returned  # the update, w - 0.1 * g

@@ -142,9 +142,36 @@ def test_a_runtime_check_reports_the_values_its_condition_read_and_a_cut_cause_s
                 namespace["loss"](jnp.asarray(labels), n)
     assert equinox.error_if.__name__ == "error_if"  # restored
     bug, fewer_rows, other = sent
-    assert (bug.location.line, bug.names, bug.values) == (9, ("targets",), ((0.01111, 0.9111),))
+    assert (bug.location.line, bug.names, bug.values, bug.shares, bug.shapes) == (
+        9, ("targets",), ((0.01111, 0.9111),), ((0.9, 0.1),), ((3, 10),))
     assert other_check_values(bug, fewer_rows) is None  # the same rows, a smaller batch: the same bug
     assert "fired on other values (targets: 0.1, 1.0, not 0.01111, 0.9111)" in other_check_values(bug, other)
+
+
+def test_a_one_hot_narrowed_by_a_candidate_is_not_the_same_failure():
+    """The same distinct values are not enough: a one-hot of width 10 cut to width 2 holds 0 and 1 too. Fewer rows
+    of the same width keep what the check tested; rows of another width, or values in other shares, do not."""
+    import numpy as np
+
+    from jaxdbg._source import SourceLocation
+    from jaxdbg.repro.checks import value_profile
+    from jaxdbg.repro.failures import other_check_values
+    from jaxdbg.repro.messages import CheckFired
+
+    def fired(labels) -> CheckFired:
+        values, shares = value_profile(labels)
+        return CheckFired(SourceLocation("train.py", 9, "loss"), ("labels",), (values,), (shares,),
+                          (np.shape(labels),))
+
+    width_10 = fired(np.eye(10, dtype=np.float32)[[1, 2, 3, 7]])
+    assert other_check_values(width_10, fired(np.eye(10)[[4]])) is None  # fewer rows
+    assert other_check_values(width_10, fired(np.eye(10)[4])) is None  # one row, its batch axis gone
+    # width 2 of labels 1..4 (repro made it): one row [0, 1], three of zeros, about the original's shares
+    narrowed = other_check_values(width_10, fired(np.eye(2)[[1, 1]] * np.array([[1], [0]])))
+    assert "read labels of shape (2, 2), not rows of width 10" in narrowed
+    # a 1-D array may shrink; its values keep their shares
+    assert other_check_values(fired(np.arange(6) % 2), fired(np.array([0, 1]))) is None
+    assert "in other shares" in other_check_values(fired(np.arange(6) % 2), fired(np.array([0, 0, 0, 0, 1])))
 
 
 def test_a_checkify_check_reports_what_made_it_fail(tmp_path):

@@ -175,17 +175,11 @@ def _fits(program: ProgramMemory) -> str:
     return "yes" if program.fits else "[red]no[/]"
 
 
-_STACKED = {"ys": "a scan's ys: one slice per iteration", "residuals": "saved for the gradient: one slice per scan "
-            "iteration"}
-
-
 def _render_buffers(program: ProgramMemory, console: Console) -> None:
     if program.largest:
         console.print(f"[bold]{escape(program.name)}[/]: largest buffers at its peak")
         for b in program.largest[:5]:
-            what = (b.argument or b.name) if b.kind == "argument" else (b.op or b.name)
-            side = f" ({_STACKED[b.stacked] if b.stacked else b.pass_})" if b.stacked or b.pass_ else ""
-            console.print(f"  {_size(b.bytes):>10}  {escape(b.shape):<20} {b.kind:<8} {escape(what)}{side}  "
+            console.print(f"  {_size(b.bytes):>10}  {escape(b.shape):<20} {b.kind:<8} {escape(b.label())}  "
                           f"{escape(_where(b.source))}", soft_wrap=True)
     # Only what weighs: a step counter or a learning rate held across the call is not worth a line each.
     shown = [h for h in program.held if h.bytes >= HELD_MIN_SHARE * program.peak_bytes]
@@ -240,7 +234,8 @@ def _render_oom(result: MemoryResult, console: Console) -> None:
     console.print(f"  [dim]{escape(oom.message)}[/]", soft_wrap=True)
     failed = next((b for b in (oom.program.largest if oom.program else ()) if b.bytes == oom.requested_bytes), None)
     if failed is not None:
-        what = f"argument {failed.argument}" if failed.argument else f"the {failed.op or failed.name} result"
+        what = (f"argument {failed.argument}" if failed.argument
+                else failed.output or f"the {failed.op or failed.name} result")
         console.print(f"  the allocation that failed is {escape(what)} of {escape(oom.function or '')} "
                       f"({escape(failed.shape)}, {failed.kind}) at {escape(_where(failed.source))}", soft_wrap=True)
     _render_groups("live at the out-of-memory error", oom.live, console)

@@ -85,8 +85,6 @@ class Assignment:
         names = self.peak_values or tuple(self.values)
         chosen = [value for n in names if (value := self.values.get(n)) is not None and value.kind in LISTED
                   and value.size > 0 and not value.shape.startswith(("(", "token"))]
-        if self.peak_values:  # two values at one place at once are one buffer (a loop's state and its body's write)
-            chosen = list({(v.allocation, v.offset, v.size): v for v in reversed(chosen)}.values())[::-1]
         return sorted(chosen, key=lambda v: -v.size)[:limit]
 
     def parameter_of(self, value: Value) -> int | None:
@@ -117,7 +115,7 @@ def parse_assignment(assignment_text: str, live_range_text: str = "") -> Assignm
                                       current.kind)
         elif not line.startswith(" "):
             current = None  # past the allocations (summaries that follow them)
-    found.peak_values, found.peak_bytes = _peak(live_range_text)
+    found.peak_values, found.peak_bytes = _distinct(found, _peak(live_range_text))
     return found
 
 
@@ -149,12 +147,12 @@ def _allocation(index: int, size: int, rest: str) -> Allocation:
     return Allocation(index, size, kind, int(parameter.group(1)) if parameter else None, live_out)
 
 
-def _peak(text: str) -> tuple[tuple[str, ...], int | None]:
-    """The values under ``Live ranges at N (peak):``, largest first, and their sum."""
+def _peak(text: str) -> dict[str, int] | None:
+    """The values under ``Live ranges at N (peak):`` and their sizes, largest first; None without that list."""
     lines = text.splitlines()
     start = next((i for i, line in enumerate(lines) if _PEAK_HEADER.match(line)), None)
     if start is None:
-        return (), None
+        return None
     sizes: dict[str, int] = {}
     for line in lines[start + 1:]:
         match = _PEAK_VALUE.match(line)
@@ -162,8 +160,48 @@ def _peak(text: str) -> tuple[tuple[str, ...], int | None]:
             break
         key = value_key(match.group(1), (match.group(2) or "").strip("{}"))
         sizes[key] = sizes.get(key, 0) + int(match.group(3))
-    ordered = sorted(sizes, key=lambda name: -sizes[name])
-    return tuple(ordered), sum(sizes.values())
+    return {name: sizes[name] for name in sorted(sizes, key=lambda name: -sizes[name])}
+
+
+def _distinct(found: Assignment, sizes: dict[str, int] | None) -> tuple[tuple[str, ...], int | None]:
+    """The peak's values less those whose bytes an earlier one already holds, and the bytes they hold together.
+
+    Two values live at once in the same bytes are one buffer: a loop's state and what its body writes into it in
+    place (``arg_tuple.1{1}`` and ``multiply_subtract_fusion``) are both listed at the peak, and summed they
+    counted the carry twice, above what ``memory_analysis()`` says the call holds."""
+    if sizes is None:
+        return (), None
+    kept: list[str] = []
+    held: dict[int, list[tuple[int, int]]] = {}  # allocation -> byte ranges counted
+    total = 0
+    for name, size in sizes.items():
+        value = found.values.get(name)
+        if value is None:
+            kept.append(name)
+            total += size
+            continue
+        ranges = held.setdefault(value.allocation, [])
+        new = _uncovered(ranges, value.offset, value.offset + value.size)
+        if new or value.size == 0:
+            kept.append(name)
+        total += new
+        ranges.append((value.offset, value.offset + value.size))
+    return tuple(kept), total
+
+
+def _uncovered(ranges: list[tuple[int, int]], start: int, end: int) -> int:
+    """The bytes of ``[start, end)`` that no range of ``ranges`` covers.
+
+        >>> _uncovered([(0, 10), (20, 30)], 5, 25)
+        10
+    """
+    points = sorted((max(a, start), min(b, end)) for a, b in ranges if a < end and b > start)
+    covered, reach = 0, start
+    for a, b in points:
+        if b > reach:
+            covered += b - max(a, reach)
+            reach = b
+    return end - start - covered
 
 
 @dataclass(frozen=True)

@@ -153,8 +153,8 @@ def tightening_hints(program: ProgramMemory, devices: int) -> list[Hint]:
         size = sum(b.bytes for b in narrowest)
         saves = size - size // factor
         first = narrowest[0]
-        makers = ", ".join(sorted({b.argument or b.op or b.kind for b in narrowest}))
-        what = (first.argument or f"the {first.op or 'value'} result") if len(narrowest) == 1 else (
+        makers = ", ".join(sorted({b.argument or b.output or b.op or b.kind for b in narrowest}))
+        what = (first.argument or first.output or f"the {first.op or 'value'} result") if len(narrowest) == 1 else (
             f"{len(narrowest)} {first.shape} buffers ({makers})")
         shape = f"{first.shape}, " if len(narrowest) == 1 else ""
         them = "it" if len(narrowest) == 1 else "them"

@@ -84,6 +84,11 @@ class Loops:
             return made
         return None
 
+    def carried(self, loop: Instruction, element: int) -> Instruction | None:
+        """What the loop's body writes into ``element`` each iteration (the new carry), whatever it is."""
+        root = self._body.get(loop.name)
+        return self.module.instructions.get(root.operands[element]) if root and element < len(root.operands) else None
+
     def written(self, made: Instruction) -> Instruction:
         """What a loop's write into its stacked buffer writes: the update a fused dynamic-update-slice takes, whose
         operation and line say what is stacked (the write itself carries only the scan's own line); ``made`` where

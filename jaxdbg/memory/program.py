@@ -36,6 +36,7 @@ from jaxdbg.memory.loops import Loops
 from jaxdbg.memory.result import Buffer, Held, JitKind, ProgramMemory
 from jaxdbg.profile.hlo import (
     HloModule,
+    Instruction,
     entry_parameters,
     instruction_source,
     module_name,
@@ -88,8 +89,9 @@ def analyse(compiled: Any, info: ProgramInfo, dump_folder: str | None, after_mod
     if module is not None and info.argument_names:
         name_arguments(module, dict(info.argument_names))
     loops = Loops(module) if module is not None else None
-    largest = (tuple(_buffer(v, module, assignment, loops) for v in assignment.largest(top))
-               if assignment and module and loops else ())
+    returned = Outputs(module, assignment, output_names(compiled)) if assignment and module else None
+    largest = (tuple(_buffer(v, module, assignment, loops, returned) for v in assignment.largest(top))
+               if assignment and module and loops and returned else ())
     return ProgramMemory(
         name=info.name, source=info.source, call_index=info.call_index, compile_index=info.compile_index,
         signature=info.signature, argument_bytes=arguments, output_bytes=outputs, alias_bytes=alias,
@@ -142,11 +144,19 @@ def dump_number(dump_folder: str | None, compiled: Any, after: int = -1) -> int:
     return found[0] if found else after
 
 
-def _buffer(value: Value, module: HloModule, assignment: Assignment, loops: Loops) -> Buffer:
+def _buffer(value: Value, module: HloModule, assignment: Assignment, loops: Loops, outputs: Outputs) -> Buffer:
     placed = loops.locate(value.name, value.index) if value.kind != "argument" else None
+    output = outputs.of(value) if value.kind == "output" else None
+    if placed is None and output is not None:
+        # the output's block holds another value at the peak (a gradient the update then overwrites in place):
+        # the block is the output, named by what the function returns in it
+        value = output[0]
+        placed = loops.locate(value.name, value.index)
     written = loops.producer(*placed) if placed is not None else None
     stacked = loops.element_role(*placed) if placed is not None and written is not None else None
-    made_by = loops.written(written).name if written is not None else value.name  # a loop's state: what it stacks
+    carry = loops.carried(*placed) if placed is not None and written is None else None
+    # a loop's state is what the body writes into it: for a stacked buffer, what it stacks
+    made_by = loops.written(written).name if written is not None else carry.name if carry else value.name
     inst = module.instructions.get(made_by)
     op = module.ops.get(made_by)
     op_name = (op.op_name if op else "") or (inst.op_name if inst else "")
@@ -155,10 +165,87 @@ def _buffer(value: Value, module: HloModule, assignment: Assignment, loops: Loop
     # a value made of an argument alone (a bitcast or copy of it) carries the argument's name, not an operation's
     made = value.kind != "argument" and op_name not in module.arguments.values()
     primitive = (":".join(op_primitives(op_name)) or None) if made else None
+    if stacked and placed is not None and primitive == "dynamic_update_slice":
+        # the loop stacks a value carried in, not one it computes: the write's own line may be another function's
+        # (jax lowers dynamic_update_index_in_dim once and reuses it), so the loop's line says where it is
+        primitive, source = None, _loop_source(module, placed[0]) or source
     kind = choice(value.kind, LISTED)
     assert kind is not None, value.kind  # Assignment.largest lists no other
     return Buffer(value_key(value.name, value.index), kind, value.size, value.shape, primitive, op_name, source,
-                  argument, pass_of(op_name), stacked)
+                  argument, pass_of(op_name), stacked, output[1] if output else None)
+
+
+def _loop_source(module: HloModule, loop: Instruction) -> SourceLocation | None:
+    op = module.ops.get(loop.name)
+    return op.source if op and op.source else instruction_source(module, loop)
+
+
+def output_names(compiled: Any) -> list[str]:
+    """The function's outputs as the user reads them, one per leaf in order: ``output['w']``, ``output[1]``,
+    ``output`` for a single array; empty where the executable cannot say."""
+    import jax
+
+    try:
+        leaves = jax.tree_util.tree_flatten_with_path(compiled.out_info)[0]
+    except Exception:  # noqa: BLE001 - an old jax or an odd executable: outputs unnamed
+        return []
+    return ["output" + jax.tree_util.keystr(path) for path, _ in leaves]
+
+
+class Outputs:
+    """The program's outputs by the block each ends in: the entry root's elements (through the loop results and
+    tuples they take), named as the function returns them.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, tempfile
+        >>> from jaxdbg.memory.buffers import find_dump
+        >>> folder = tempfile.mkdtemp()
+        >>> step = jax.jit(lambda p: {"w": p["w"] * 2.0}, compiler_options={"xla_dump_to": folder})
+        >>> compiled = step.lower({"w": jnp.ones((64, 64))}).compile()
+        >>> assignment = find_dump(folder, module_name(compiled.as_text()))[1].read()
+        >>> outputs = Outputs(parse_hlo(compiled.as_text()), assignment, output_names(compiled))
+        >>> [outputs.of(v)[1] for v in assignment.values.values() if v.kind == "output" and v.shape == "f32[64,64]"]
+        ["output['w']"]
+    """
+
+    def __init__(self, module: HloModule, assignment: Assignment, names: list[str]):
+        entry = module.computations.get(module.entry) or []
+        root = module.instructions.get(entry[-1]) if entry else None
+        elements = list(root.operands) if root is not None and root.opcode == "tuple" else [root.name] if root else []
+        skipped = len(elements) - len(names)  # jax's output tokens (ordered effects) come first
+        self._blocks: dict[int, list[tuple[int, int, Value, str]]] = {}
+        for i, element in enumerate(elements):
+            value = assignment.values.get(_value_key_of(module, element))
+            if value is None or value.kind != "output":
+                continue
+            name = names[i - skipped] if names and i >= skipped else f"output {i}"
+            self._blocks.setdefault(value.allocation, []).append((value.offset, value.offset + value.size, value,
+                                                                  name))
+
+    def of(self, value: Value) -> tuple[Value, str] | None:
+        """The output whose block holds ``value`` (itself, or a value the block held before it), and its name."""
+        for start, end, output, name in self._blocks.get(value.allocation, ()):
+            if start < value.offset + value.size and value.offset < end:
+                return output, name
+        return None
+
+
+def _value_key_of(module: HloModule, name: str) -> str:
+    """The HLO value an instruction returns, through get-tuple-element (which makes none of its own): the
+    element of a loop's result is ``while.3{1}``."""
+    index: list[str] = []
+    inst = module.instructions.get(name)
+    while inst is not None and inst.opcode == "get-tuple-element" and inst.operands:
+        match = _TUPLE_INDEX.search(inst.text)
+        if match is None:
+            break
+        index.insert(0, match.group(1))
+        name = inst.operands[0]
+        inst = module.instructions.get(name)
+    return value_key(name, ",".join(index))
+
+
+_TUPLE_INDEX = re.compile(r"\bindex=(\d+)")
 
 
 def _argument_name(value: Value, module: HloModule, assignment: Assignment) -> str | None:

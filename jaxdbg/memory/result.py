@@ -12,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -41,6 +42,33 @@ class Buffer:
     # a buffer a loop fills one slice per iteration: a scan's outputs ('ys') or what its forward pass saves for the
     # backward pass ('residuals'); op and source are then those of what the loop body writes into it
     stacked: Literal["ys", "residuals"] | None = None
+    # for a block the function returns: which output, as the user reads the result (output['w'], output[1])
+    output: str | None = None
+
+    def label(self) -> str:
+        """What the buffer is, in the user's terms: an argument's or output's name, what a loop stacks and over
+        how many steps, else the operation that made it (and the pass of a gradient program).
+
+        Example:
+            >>> Buffer("dus", "output", 1 << 20, "f32[20,128,128]", None, stacked="ys", output="output[1]").label()
+            "output[1]: a loop's outputs (scan ys) stacked over 20 steps"
+            >>> Buffer("dot", "temp", 4096, "f32[32,32]", "dot_general", pass_="backward").label()
+            'dot_general (backward)'
+        """
+        if self.kind == "argument":
+            return self.argument or self.name
+        what = self.op or ("" if self.stacked else self.name)
+        if self.stacked:
+            steps = _LEADING.match(self.shape)
+            over = f" stacked over {steps.group(1)} steps" if steps else " stacked one slice per step"
+            what = f"{what + ', ' if what else ''}{_STACKED[self.stacked]}{over}"
+        elif self.pass_:
+            what += f" ({self.pass_})"
+        return f"{self.output}: {what}" if self.output else what
+
+
+_STACKED = {"ys": "a loop's outputs (scan ys)", "residuals": "saved for the gradient"}
+_LEADING = re.compile(r"\w+\[(\d+)")
 
 
 @dataclass(frozen=True)

@@ -105,6 +105,10 @@ CLIP_OR_STEP = (CLIP + "; where the gradient drives a loop of its own (a leapfro
 BOUND = ("bound or rescale what grows without limit (an unstable iteration, an exploding ODE, a step too large): "
          "smaller steps, a clamp, or float64 (`jax.config.update('jax_enable_x64', True)`) to see whether it only "
          "needs more range")
+ITERATED_MATMUL = ("normalise the matrix (by its Frobenius or spectral norm, e.g. `X = G / (jnp.linalg.norm(G) + "
+                   "1e-7)`) before iterating: an iteration that multiplies it by itself (Newton-Schulz, matrix powers, "
+                   "a polynomial iteration) only converges from entries of order 1, and from larger ones grows "
+                   "geometrically, step after step")
 UPCAST = "compute this part in float32 (`x.astype(jnp.float32)`), and cast back afterwards"
 LOSS_SCALE = "with float16 gradients use loss scaling (scale the loss up, unscale the gradients, skip steps with Inf)"
 EXP_LIMIT = {"f16": 11.09, "bf16": 88.72, "f32": 88.72, "f64": 709.78}
@@ -400,9 +404,33 @@ def _overflow_inside(origin: Origin, line: str, feeders: str) -> tuple[str, list
     if reach < limit / 1e3:  # not near the dtype's range: something else made it
         return None
     inputs = " and ".join(f"{v:.3g}" for v in sizes[:2])
+    loop = _iterated_product(origin)
     return (f"its inputs reach {inputs}, so its products and sums overflow {dtype} (max {limit:.3g}): inside the "
             "sum +inf meets -inf (or 0), which is NaN (on another CPU the same sum may give only Inf, and the NaN "
-            "appear one operation later).", [CLIP] + ([UPCAST, LOSS_SCALE] if dtype in ("f16", "bf16") else []))
+            "appear one operation later)." + (_iterated_sentence(loop) if loop else ""),
+            [ITERATED_MATMUL] * bool(loop) + [CLIP] + ([UPCAST, LOSS_SCALE] if dtype in ("f16", "bf16") else []))
+
+
+def _iterated_product(origin: Origin) -> str:
+    """The loop iteration of a matmul whose inputs both grew huge inside a loop (a matrix multiplied by itself
+    step after step: Newton-Schulz, matrix powers), e.g. ``scan[iteration=3]``; '' otherwise. A matmul of
+    ordinary activations by weights has one large input at most.
+
+        >>> huge = ValueStats((64, 64), "f32", -3e30, 3e30, 0, 0, 0, 2000)
+        >>> _iterated_product(Origin("inf", "dot_general", "forward", path=("jit(f)", "scan[iteration=3]"),
+        ...                          inputs=(huge, huge)))
+        'scan[iteration=3]'
+    """
+    loop = next((p for p in reversed(origin.path) if p.startswith(("scan[iteration=", "while[iteration="))), "")
+    if origin.primitive != "dot_general" or not loop or len(origin.inputs) < 2:
+        return ""
+    sizes = [max(abs(s.min or 0.0), abs(s.max or 0.0)) for s in origin.inputs[:2]]
+    return loop if min(sizes) >= DIVERGED else ""
+
+
+def _iterated_sentence(loop: str) -> str:
+    return (f" It is inside a loop (`{loop}`) whose matmul takes the grown matrix on both sides: multiplied by "
+            "itself each iteration, its entries grow geometrically.")
 
 
 def _overflow_hints(origin: Origin, line: str) -> list[str]:
@@ -430,9 +458,10 @@ def _overflow(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] 
         what = (f"its inputs reach {biggest[0]:.3g} and {biggest[1]:.3g}, whose products" if
                 origin.primitive in ("dot_general", "conv_general_dilated", "mul") and len(biggest) > 1 else
                 f"its largest input is {_biggest(origin):.3g}, and the result")
+        loop = _iterated_product(origin)
         return (f"{origin.primitive} overflowed {dtype}: {what} exceed {dtype}'s max "
-                f"{OVERFLOW_AT.get(dtype, 3.4e38):.3g}.",
-                [CLIP] + ([UPCAST, LOSS_SCALE] if dtype in ("f16", "bf16") else []))
+                f"{OVERFLOW_AT.get(dtype, 3.4e38):.3g}." + (_iterated_sentence(loop) if loop else ""),
+                [ITERATED_MATMUL] * bool(loop) + [CLIP] + ([UPCAST, LOSS_SCALE] if dtype in ("f16", "bf16") else []))
     return None
 
 
@@ -788,6 +817,8 @@ def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence
                      "over compiled prefixes of the computation.")
     if _has_epsilon(first):
         hints = [h for h in hints if h not in EPSILONS]
+    if ITERATED_MATMUL in hints:  # the cause, before the growth's generic advice
+        hints = [ITERATED_MATMUL, *(h for h in hints if h != ITERATED_MATMUL)]
     if not trains:
         hints = [BOUND if h == CLIP else h for h in hints if h != LOSS_SCALE]
     elif trains == "in loops":

@@ -7,8 +7,10 @@ A reproducer must keep both the check as written (its statement is kept like the
 tested: while :func:`recorded_checks` is active (in a contained child only; restored in ``finally``), each
 check called from user code also hands the arrays its condition reads (by name, on its source line) to a host
 callback that the condition depends on, so they are read before the check can raise. The first time a check
-fires, :class:`CheckFired` carries their distinct values (rounded, see :func:`value_summary`); a candidate
-must show the same values (a smaller batch of the same rows passes; other rows do not).
+fires, :class:`CheckFired` carries their distinct values (rounded, see :func:`value_summary`) and the share of
+the elements each holds, and their shapes; a candidate must show the same values in about the same shares, in
+rows of the same width (a smaller batch of the same rows passes; other rows, or a one-hot of another width, do
+not).
 
 Example:
     >>> value_summary(np.array([[0.0111111, 0.911111], [0.0111111, 0.911111]]))
@@ -46,18 +48,40 @@ DISTINCT = 16  # up to this many distinct values are compared one by one; beyond
 def value_summary(value: Any) -> tuple:
     """The distinct values of an array, rounded to 4 significant digits (up to DISTINCT of them; beyond that
     their range and how many there are): what a candidate's array must show again."""
+    return value_profile(value)[0]
+
+
+def value_profile(value: Any) -> tuple[tuple, tuple[float, ...]]:
+    """:func:`value_summary` and, where it lists the values one by one, the share of the elements each holds
+    (3 decimals): a one-hot row of width 10 is 90% zeros, one of width 2 half; a smaller batch of the same rows
+    keeps both.
+
+    Example:
+        >>> value_profile(np.eye(10)[[3, 7]])
+        ((0.0, 1.0), (0.9, 0.1))
+        >>> value_profile(np.arange(40.0))[1]
+        ()
+    """
     array = np.asarray(value)
+    distinct: np.ndarray
+    counts: np.ndarray
     if array.dtype == bool or np.issubdtype(array.dtype, np.integer):
-        distinct = np.unique(array)
+        distinct, counts = np.unique(array, return_counts=True)
     else:  # (rounded at once, then each distinct value as it prints: a big array stays fast)
         floats = array.astype(np.float64).ravel()
         with np.errstate(all="ignore"):
             scale = 10.0 ** (np.floor(np.log10(np.abs(floats))) - 3)
             rounded = np.where(np.isfinite(scale) & (scale > 0), np.round(floats / scale) * scale, floats)
-        distinct = np.unique(np.asarray([float(f"{x:.4g}") for x in np.unique(rounded)]))
+        merged: dict[float, int] = {}
+        for x, count in zip(*np.unique(rounded, return_counts=True)):
+            key = float(f"{x:.4g}")
+            merged[key] = merged.get(key, 0) + int(count)
+        order = sorted(merged, key=lambda x: (np.isnan(x), x))
+        distinct, counts = np.asarray(order), np.asarray([merged[x] for x in order])
     if distinct.size <= DISTINCT:
-        return tuple(x.item() for x in distinct)
-    return ("range", distinct[0].item(), distinct[-1].item(), int(distinct.size))
+        total = max(int(counts.sum()), 1)
+        return tuple(x.item() for x in distinct), tuple(round(int(c) / total, 3) for c in counts)
+    return ("range", distinct[0].item(), distinct[-1].item(), int(distinct.size)), ()
 
 
 def condition_names(file: str, line: int, function: str, at: int) -> tuple[str, ...]:
@@ -114,7 +138,9 @@ class _Recorder:
                     first = key not in self.sent
                     self.sent.add(key)
                 if first:
-                    self.channel.send(CheckFired(where, tuple(names), tuple(value_summary(v) for v in values)))
+                    profiles = [value_profile(v) for v in values]
+                    self.channel.send(CheckFired(where, tuple(names), tuple(p[0] for p in profiles),
+                                                 tuple(p[1] for p in profiles), tuple(np.shape(v) for v in values)))
             return np.ones((), bool)
 
         def read(operands: tuple) -> jax.Array:

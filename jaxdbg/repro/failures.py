@@ -314,6 +314,18 @@ def other_check_values(target: CheckFired | None, seen: CheckFired | None) -> st
         'its runtime check fired on other values (targets: 0.0, 1.0, not 0.01111, 0.9111): the cause was cut'
         >>> other_check_values(bug, bug) is None
         True
+        >>> one_hot = CheckFired(here, ("labels",), ((0.0, 1.0),), ((0.9, 0.1),))   # width 10
+        >>> narrowed = CheckFired(here, ("labels",), ((0.0, 1.0),), ((0.5, 0.5),))   # width 2
+        >>> other_check_values(one_hot, narrowed)[:90]
+        'its runtime check fired on the same values in other shares (labels: 0.0 50%, 1.0 50%, not '
+        >>> other_check_values(one_hot, one_hot) is None
+        True
+        >>> rows = CheckFired(here, ("targets",), ((0.01111, 0.9111),), ((0.9, 0.1),), ((4, 10),))
+        >>> other_check_values(rows, replace(rows, shapes=((1, 10),))) is None   # fewer rows
+        True
+        >>> other_check_values(rows, replace(rows, shapes=((4, 2),)))
+        'its runtime check read targets of shape (4, 2), not rows of width 10 ((4, 10)): what it tested was changed'
+
     """
     if target is None:
         return None
@@ -323,9 +335,39 @@ def other_check_values(target: CheckFired | None, seen: CheckFired | None) -> st
         if tuple(want) != tuple(got):
             return (f"its runtime check fired on other values ({name}: {_values(got)}, not {_values(want)}): "
                     "the cause was cut")
+    for name, want_shape, got_shape in zip(target.names, target.shapes, seen.shapes if seen.names == target.names
+                                           else ()):
+        if len(want_shape) >= 2 and want_shape[-1:] != got_shape[-1:]:  # a smaller batch keeps the rows' width
+            return (f"its runtime check read {name} of shape {_shape(got_shape)}, not rows of width {want_shape[-1]} "
+                    f"({_shape(want_shape)}): what it tested was changed")
+    for name, values, want, got in zip(target.names, target.values, target.shares,
+                                       seen.shares if seen.names == target.names else ()):
+        if want and got and not _alike(want, got):
+            return (f"its runtime check fired on the same values in other shares ({name}: {_shares(values, got)}, "
+                    f"not {_shares(values, want)}): what it tested was changed")
     if seen.names != target.names:
         return f"its runtime check read {', '.join(seen.names)}, not {', '.join(target.names)}"
     return None
+
+
+SHARE_FACTOR = 1.5  # how far a value's share of the elements may move (a subset of rows moves it a little)
+
+
+def _alike(want: Sequence[float], got: Sequence[float]) -> bool:
+    """Whether each value holds about the same share of the elements: within SHARE_FACTOR of each other.
+
+        >>> _alike((0.9, 0.1), (0.875, 0.125)), _alike((0.9, 0.1), (0.5, 0.5))
+        (True, False)
+    """
+    return len(want) == len(got) and all(max(a, b) <= SHARE_FACTOR * min(a, b) + 0.01 for a, b in zip(want, got))
+
+
+def _shape(shape: Sequence[int]) -> str:
+    return f"({', '.join(str(n) for n in shape)}{',' if len(shape) == 1 else ''})"
+
+
+def _shares(values: Sequence, shares: Sequence[float]) -> str:
+    return ", ".join(f"{v} {s:.0%}" for v, s in zip(values, shares))
 
 
 def _values(summary: Sequence) -> str:

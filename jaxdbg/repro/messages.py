@@ -67,11 +67,15 @@ class FailureSeen(Message):
 @dataclass(frozen=True)
 class CheckFired(Message):
     """A runtime check inside jit fired (the first time, per check; :mod:`jaxdbg.repro.checks`): where it is,
-    the names its condition reads and their values (``checks.value_summary`` of each, in the order of ``names``)."""
+    the names its condition reads and their values (``checks.value_summary`` of each, in the order of ``names``),
+    with the share of the elements each value holds (``checks.value_profile``; empty where not listed one by one)
+    and each array's shape."""
 
     location: SourceLocation
     names: tuple[str, ...]
     values: tuple[tuple, ...]
+    shares: tuple[tuple[float, ...], ...] = ()
+    shapes: tuple[tuple[int, ...], ...] = ()  # each array's shape
 
 
 @dataclass(frozen=True)
