@@ -153,6 +153,10 @@ def test_the_leak_run_writes_csv_and_pictures_and_png_only_when_asked(runs) -> N
     page = Path(artifacts["html"]).read_text()
     assert "<svg" in page and "peak" in page and "train_step" in page
     assert Path(artifacts["buffers_csv"]).read_text().count("train_step") >= 5
+    with open(artifacts["buffers_csv"]) as handle:
+        returned = {row["output"] for row in csv.DictReader(handle) if row["output"]}
+    assert returned and returned == {b["output"] for f in report["result"]["functions"] for b in f["largest"]
+                                     if b["output"]}
     default = runs["nnx"][1]["artifacts"]  # run without --plot: the page, not the PNG (matplotlib's second)
     assert "<svg" in Path(default["html"]).read_text() and "plot" not in default
     assert not (Path(default["html"]).parent / "memory.png").exists()

@@ -58,11 +58,11 @@ def write_tables(result: MemoryResult, folder: str) -> dict[str, str]:
     with open(paths["buffers"], "w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["function", "compile_index", "buffer", "kind", "bytes", "shape", "op", "op_name", "pass",
-                         "argument", "file", "line"])
+                         "argument", "output", "file", "line"])
         for p in result.functions:
             for b in p.largest:
                 writer.writerow([p.name, p.compile_index, b.name, b.kind, b.bytes, b.shape, b.op or "", b.op_name,
-                                 b.pass_ or "", b.argument or "", b.source.file if b.source else "",
+                                 b.pass_ or "", b.argument or "", b.output or "", b.source.file if b.source else "",
                                  b.source.line if b.source else ""])
     with open(paths["live_at_peak"], "w", newline="") as handle:
         writer = csv.writer(handle)
