@@ -837,3 +837,20 @@ def test_an_operation_run_whole_is_noted_only_where_the_answer_stops_at_it() -> 
     found = hunt(jax.jit(scattered), jnp.array([0.0, jnp.inf]), jnp.array([-jnp.inf]))
     assert found.first.primitive.startswith("scatter")
     assert [n for n in found.notes if "no rule looks inside 'scatter" in n]
+
+
+def test_a_sparse_matmul_of_an_inf_by_a_stored_zero_is_explained_as_0_times_inf() -> None:
+    """A BCOO matmul's operands are its values, its integer indices (zeros there multiply nothing) and a dense
+    array: an inf met by a stored 0 is 0 * inf; with no stored 0 it is inf + (-inf) inside the sum."""
+    from jax.experimental import sparse
+
+    def propagate(values, h, rows):
+        adj = sparse.BCOO((values, jnp.stack([rows, jnp.array([0, 1])], axis=1)), shape=(2, 2))
+        return adj @ (1.0 / h)  # an inf where h is 0
+
+    found = hunt(jax.jit(propagate), jnp.array([0.0, 1.0]), jnp.array([0.0, 1.0]), jnp.array([0, 1]))
+    assert found.first.primitive == "bcoo_dot_general"
+    assert explain(found.first, found.chain)[0].count("0 * inf is NaN") == 1
+    found = hunt(jax.jit(propagate), jnp.array([2.0, 1.0]), jnp.array([0.0, -0.0]), jnp.array([0, 0]))
+    assert found.first.primitive == "bcoo_dot_general"
+    assert "0 * inf" not in explain(found.first, found.chain)[0]
