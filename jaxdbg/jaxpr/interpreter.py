@@ -505,7 +505,7 @@ def _pallas_rule(interp: Interpreter, site: Site, invals: list, in_tags: list) -
     return values[n_in:], tags[n_in:]
 
 
-MAX_PALLAS_PROGRAMS = 256  # a gridded kernel replayed program by program; a larger grid runs whole
+MAX_PALLAS_PROGRAMS = 1024  # a gridded kernel replayed program by program; a larger grid runs whole
 _PROGRAMS: list[tuple[tuple[int, ...], tuple[int, ...]]] = []  # (program ids, grid) of the kernels being replayed
 
 
