@@ -20,7 +20,7 @@ import os
 import sys
 import types
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 from jax._src import config as _jax_config  # internal: the x64 state as a value, without the Config lookup
@@ -605,8 +605,6 @@ def pallas_whole_kernel(params: dict) -> Any | None:
     """A ``pallas_call``'s kernel as a pure closed jaxpr, ``(*inputs, *outputs) -> (*inputs, *outputs)`` (the
     values its refs hold after it ran), when one program sees every array whole: no grid (or a grid of one),
     every block the whole array, no scalar-prefetch or scratch operands, no aliasing. Otherwise None."""
-    from jax._src.state.discharge import discharge_state  # internal: refs -> values has no public spelling
-
     mapping, kernel = params.get("grid_mapping"), params.get("jaxpr")
     if mapping is None or kernel is None or params.get("input_output_aliases"):
         return None
@@ -616,6 +614,12 @@ def pallas_whole_kernel(params: dict) -> Any | None:
         shape = tuple(getattr(d, "block_size", d) for d in block.block_shape)
         if shape != tuple(block.array_aval.shape) or tuple(block.transforms):
             return None
+    return _discharged(kernel)
+
+
+def _discharged(kernel: Any) -> Any:
+    """A kernel's jaxpr with its refs discharged: a pure closed jaxpr from the refs' values before to after."""
+    from jax._src.state.discharge import discharge_state  # internal: refs -> values has no public spelling
     from jax.extend.core import ClosedJaxpr
 
     opened, consts = open_jaxpr(kernel)
@@ -623,6 +627,44 @@ def pallas_whole_kernel(params: dict) -> Any | None:
         return discharge_state(ClosedJaxpr(opened, consts))
     discharged: Any = discharge_state(opened)  # an open jaxpr on jax 0.11 (typed closed after jax 0.10)
     return ClosedJaxpr(discharged, consts)
+
+
+class PallasGrid(NamedTuple):
+    """A gridded ``pallas_call`` to replay program by program: its discharged ``kernel``, the ``grid``, and
+    per operand (inputs, then outputs) its block shape and index map (grid indices -> block indices, a closed
+    jaxpr)."""
+
+    kernel: Any
+    grid: tuple[int, ...]
+    blocks: tuple[tuple[int, ...], ...]
+    index_maps: tuple[Any, ...]
+
+
+def pallas_grid_kernel(params: dict) -> PallasGrid | None:
+    """A ``pallas_call`` over a static grid whose operands are plain blocks that tile their arrays exactly (no
+    scalar prefetch, scratch, aliasing, squeezed or element-indexed dimensions, vmapped grid): what a replay
+    needs to run each program on its blocks. Otherwise None."""
+    mapping, kernel = params.get("grid_mapping"), params.get("jaxpr")
+    if mapping is None or kernel is None or params.get("input_output_aliases"):
+        return None
+    if mapping.num_index_operands or mapping.num_scratch_operands or getattr(mapping, "vmapped_dims", ()) \
+            or getattr(mapping, "num_dynamic_grid_bounds", 0) or not all(isinstance(n, int) for n in mapping.grid):
+        return None
+    blocks = []
+    for block in mapping.block_mappings:
+        if tuple(block.transforms) or any(type(d).__name__ != "Blocked" for d in block.block_shape):
+            return None
+        shape = tuple(int(d.block_size) for d in block.block_shape)
+        if len(shape) != len(block.array_aval.shape) or any(
+                n % b for n, b in zip(block.array_aval.shape, shape)):  # a partial edge block: padding rules
+            return None
+        blocks.append(shape)
+    from jax._src.pallas import core as pallas_core  # internal: the grid that `pl.program_id` is traced in
+
+    with pallas_core.tracing_grid_env(tuple(mapping.grid), ()):  # program ids stay equations, read per program
+        discharged = _discharged(kernel)
+    return PallasGrid(discharged, tuple(mapping.grid), tuple(blocks),
+                      tuple(b.index_map_jaxpr for b in mapping.block_mappings))
 
 
 def jaxpr_function_name(closed: Any) -> str | None:

@@ -229,10 +229,12 @@ def _masked_softmax_kernel(x_ref, o_ref):
 
 
 def _log_kernel(x_ref, o_ref):
-    o_ref[...] = jnp.log(x_ref[...])
+    from jax.experimental import pallas as pl
+
+    o_ref[...] = jnp.log(x_ref[...] - pl.program_id(0))  # kernel log line: NaN in program 1 only
 
 
-def test_a_pallas_kernel_that_sees_its_arrays_whole_is_replayed_inside_and_one_over_a_grid_is_not() -> None:
+def test_a_pallas_kernel_is_replayed_inside_whole_or_program_by_program_over_its_grid() -> None:
     from jax.experimental import pallas as pl
 
     scores = jnp.ones((4, 8)).at[2].set(-jnp.inf)  # a fully masked row
@@ -245,8 +247,14 @@ def test_a_pallas_kernel_that_sees_its_arrays_whole_is_replayed_inside_and_one_o
     block = pl.BlockSpec((2, 8), lambda i: (i, 0))
     grid = jax.jit(lambda x: pl.pallas_call(_log_kernel, jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(2,),
                                             in_specs=[block], out_specs=block, interpret=True)(x))
-    found = hunt(grid, -jnp.ones((4, 8)))
-    assert found.first.primitive == "pallas_call" and "Pallas kernel with a grid" in " ".join(found.notes)
+    found = hunt(grid, jnp.full((4, 8), 0.5))
+    assert (found.first.primitive, found.first.path[-1]) == ("log", "pallas(_log_kernel)[program=1]")
+    assert found.first.source.line == _line_of(_log_kernel, "# kernel log line") and not found.notes
+    ragged = pl.BlockSpec((3, 8), lambda i: (i, 0))  # blocks that do not tile the array: run whole
+    grid = jax.jit(lambda x: pl.pallas_call(_log_kernel, jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(2,),
+                                            in_specs=[ragged], out_specs=ragged, interpret=True)(x))
+    found = hunt(grid, jnp.full((4, 8), 0.5))
+    assert found.first.primitive == "pallas_call" and "ran as one operation" in " ".join(found.notes)
 
 
 # -- fidelity ----------------------------------------------------------------------------------------------
@@ -837,3 +845,20 @@ def test_an_operation_run_whole_is_noted_only_where_the_answer_stops_at_it() -> 
     found = hunt(jax.jit(scattered), jnp.array([0.0, jnp.inf]), jnp.array([-jnp.inf]))
     assert found.first.primitive.startswith("scatter")
     assert [n for n in found.notes if "no rule looks inside 'scatter" in n]
+
+
+def test_a_sparse_matmul_of_an_inf_by_a_stored_zero_is_explained_as_0_times_inf() -> None:
+    """A BCOO matmul's operands are its values, its integer indices (zeros there multiply nothing) and a dense
+    array: an inf met by a stored 0 is 0 * inf; with no stored 0 it is inf + (-inf) inside the sum."""
+    from jax.experimental import sparse
+
+    def propagate(values, h, rows):
+        adj = sparse.BCOO((values, jnp.stack([rows, jnp.array([0, 1])], axis=1)), shape=(2, 2))
+        return adj @ (1.0 / h)  # an inf where h is 0
+
+    found = hunt(jax.jit(propagate), jnp.array([0.0, 1.0]), jnp.array([0.0, 1.0]), jnp.array([0, 1]))
+    assert found.first.primitive == "bcoo_dot_general"
+    assert explain(found.first, found.chain)[0].count("0 * inf is NaN") == 1
+    found = hunt(jax.jit(propagate), jnp.array([2.0, 1.0]), jnp.array([0.0, -0.0]), jnp.array([0, 0]))
+    assert found.first.primitive == "bcoo_dot_general"
+    assert "0 * inf" not in explain(found.first, found.chain)[0]

@@ -127,6 +127,7 @@ def test_user_assert_is_kept_and_still_needs_jit(tmp_path_factory):
     text = (out / "repro.py").read_text()
     assert "assert np.allclose(jit_out, eager_out, atol=0.001), 'jit and op-by-op disagree'" in text
     assert "jax.jit(" in text and "100000000.0" in text  # the folded arithmetic is still computed
+    assert text.endswith(")\n")  # a reduced source ends its last line
     assert result["minimized"]["lines"] < result["original"]["lines"]
     # The reproducer fails with jit and passes without it, like the original.
     assert fresh_run(str(out / "repro.py")).returncode != 0
@@ -248,7 +249,7 @@ def test_time_limit_keeps_the_smallest_verified_reproducer(tmp_path_factory):
     assert code == 0 and result["verified"] and result["failing_primitives"] == ["dot_general"]
     assert result["signature"]["type"] == "TypeError" and "dot_general" in result["signature"]["message"]
     source = (out / "repro_source.py").read_text()
-    assert "return x @ p['w'] + p['b']" in source  # the raising statement, as written
+    assert "return x @ p['w'] + p['b']" in source and source.endswith("\n")  # the raising statement, as written
     assert any("repro_source.py" in note and "stopped after" in note for note in result["notes"])
     assert count_lines(source) < result["original"]["lines"]
 

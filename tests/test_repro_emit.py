@@ -111,3 +111,17 @@ def test_ml_dtypes_in_parameters_and_constants_are_written(fn):
     assert "jnp.bfloat16" in emitted.source and _imports(emitted.module_source()) <= {"jax", "numpy"}
     # both jitted: XLA computes bf16 elementwise chains in f32 when it fuses them, op-by-op rounds each step
     np.testing.assert_array_equal(np.asarray(jax.jit(namespace["f"])(*args)), np.asarray(jax.jit(fn)(*args)))
+
+
+def test_a_collective_over_a_named_axis_is_written_as_lax():
+    """A psum whose axis no vmap/shard_map binds (a BatchNorm's axis_name left unbound) reads as lax.psum and
+    fails the same way when run."""
+    closed = jax.make_jaxpr(lambda x: lax.psum(x, "batch") + lax.pmax(x, "batch"), axis_env=[("batch", 4)])(
+        jnp.ones(3))
+    emitted = emit_jaxpr(closed, name="f")
+    assert "lax.psum(a, ('batch',))" in emitted.source and "lax.pmax(a, ('batch',))" in emitted.source
+    assert not emitted.uses_prims
+    namespace = {}
+    exec(compile(emitted.module_source(), "<emitted>", "exec"), namespace)
+    with pytest.raises(NameError, match="unbound axis name: batch"):
+        jax.jit(namespace["f"])(jnp.ones(3))

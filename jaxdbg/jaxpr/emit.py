@@ -442,6 +442,21 @@ for _kind in ("scatter", "scatter_add", "scatter_mul", "scatter_min", "scatter_m
     _RULES[_kind] = _RULES[_kind.replace("_", "-")] = _scatter_rule(_kind)
 
 
+def _collective_rule(kind: str) -> Callable[[Any, list[str]], str]:
+    """``lax.psum``/``pmax``/``pmin`` over named axes: the primitive binds a tuple of operands, lax takes a
+    pytree (one operand stays one)."""
+    def rule(e: Any, a: list[str]) -> str:
+        groups = e.params.get("axis_index_groups")
+        extra = f", axis_index_groups={param_expr(groups)}" if groups is not None else ""
+        operand = a[0] if len(a) == 1 else _tuple(a)
+        return f"lax.{kind}({operand}, {param_expr(tuple(e.params['axes']))}{extra})"
+    return rule
+
+
+for _kind in ("psum", "pmax", "pmin"):
+    _RULES[_kind] = _collective_rule(_kind)
+
+
 def _emit_scan(em: Emitter, eqn: Any, indent: int) -> list[str]:
     num_consts, num_carry = _compat.scan_split(eqn.params)
     ops = [em.names.read(v) for v in eqn.invars]

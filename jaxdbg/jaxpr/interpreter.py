@@ -16,8 +16,9 @@ primitive                              what the rule does (the path element it a
 ``while``                              cond then body per iteration (``while[iteration=k]``)
 ``cond``                               the branch the index selects (``cond[branch=b]``)
 ``shard_map``                          the body per device, all devices in lockstep (``shard_map``)
-``pallas_call``                        a kernel without a grid: its refs discharged to values, the
-                                       kernel's own lines op by op (``pallas(kernel)``)
+``pallas_call``                        the kernel's refs discharged to values, its own lines op by op
+                                       (``pallas(kernel)``); over a grid, program by program on its
+                                       blocks (``pallas(kernel)[program=i]``)
 =====================================  ==============================================================
 
 Every other primitive is *bound* (run as one operation). A higher-order primitive without a rule is also
@@ -53,6 +54,8 @@ Example:
 
 from __future__ import annotations
 
+import itertools
+import math
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -481,18 +484,66 @@ def _pallas_rule(interp: Interpreter, site: Site, invals: list, in_tags: list) -
         kernel = _compat.pallas_whole_kernel(site.eqn.params)
     except Exception:  # noqa: BLE001 - a kernel this jax cannot discharge runs whole, as before
         kernel = None
+    name = site.eqn.params.get("name") or _compat.jaxpr_function_name(site.eqn.params["jaxpr"]) or "kernel"
     if kernel is None:
-        interp.hooks.opaque(site, "a Pallas kernel with a grid, scratch or aliased operands ran as one operation "
-                                  "(its lines are replayed only when one program sees every array whole)")
+        try:
+            grid = _compat.pallas_grid_kernel(site.eqn.params)
+        except Exception:  # noqa: BLE001 - a kernel this jax cannot discharge runs whole, as before
+            grid = None
+        if grid is not None and math.prod(grid.grid) <= MAX_PALLAS_PROGRAMS:
+            return _pallas_programs(interp, site, invals, in_tags, grid, name)
+        interp.hooks.opaque(site, "a Pallas kernel with scratch, aliased or scalar-prefetch operands, blocks that "
+                                  f"do not tile their arrays, or over {MAX_PALLAS_PROGRAMS} grid programs ran as one "
+                                  "operation (its lines are replayed only for plain blocks)")
         return None
     outputs = [jnp.zeros(v.aval.shape, v.aval.dtype) for v in site.eqn.outvars]
-    name = site.eqn.params.get("name") or _compat.jaxpr_function_name(site.eqn.params["jaxpr"]) or "kernel"
     n_in, refs = len(invals), [*invals, *outputs]
     invals.clear()
     del outputs
     tags = [*in_tags, *([None] * (len(refs) - n_in))]
     values, tags = _inner(interp, site, kernel, f"pallas({name})", "call", refs, tags)
     return values[n_in:], tags[n_in:]
+
+
+MAX_PALLAS_PROGRAMS = 1024  # a gridded kernel replayed program by program; a larger grid runs whole
+_PROGRAMS: list[tuple[tuple[int, ...], tuple[int, ...]]] = []  # (program ids, grid) of the kernels being replayed
+
+
+def _pallas_programs(interp: Interpreter, site: Site, invals: list, in_tags: list, grid: _compat.PallasGrid,
+                     name: str) -> tuple[list, list]:
+    """A gridded Pallas kernel, program by program in grid order, as interpret mode runs it: each program's
+    blocks are sliced from the arrays (where its index maps say), the kernel's own lines run op by op on them
+    (``pallas(kernel)[program=i]``), and its output blocks are written back before the next program runs."""
+    from jax.extend.core import jaxpr_as_fun
+
+    n_in = len(invals)
+    arrays = [*invals, *(jnp.zeros(v.aval.shape, v.aval.dtype) for v in site.eqn.outvars)]
+    tags = [*in_tags, *([None] * (len(arrays) - n_in))]
+    invals.clear()
+    for ids in itertools.product(*(range(n) for n in grid.grid)):
+        index = tuple(jnp.int32(i) for i in ids)
+        starts = [[int(i) * size for i, size in zip(jaxpr_as_fun(m)(*index), shape)]
+                  for m, shape in zip(grid.index_maps, grid.blocks)]
+        blocks = [jax.lax.dynamic_slice(a, start, shape) for a, start, shape in zip(arrays, starts, grid.blocks)]
+        label = f"pallas({name})[program={ids[0] if len(ids) == 1 else ids}]"
+        _PROGRAMS.append((ids, grid.grid))
+        try:
+            values, out_tags = _inner(interp, site, grid.kernel, label, "call", blocks, list(tags))
+        finally:
+            _PROGRAMS.pop()
+        for k in range(n_in, len(arrays)):
+            arrays[k] = jax.lax.dynamic_update_slice(arrays[k], values[k], starts[k])
+            tags[k] = interp.hooks.merge_tags([tags[k], out_tags[k]])
+    return arrays[n_in:], tags[n_in:]
+
+
+def _program_rule(interp: Interpreter, site: Site, invals: list, in_tags: list) -> tuple[list, list] | None:
+    """``pl.program_id(axis)`` / ``pl.num_programs(axis)`` inside a kernel replayed program by program."""
+    if not _PROGRAMS:
+        return None
+    ids, grid = _PROGRAMS[-1]
+    axis = int(site.eqn.params["axis"])
+    return [jnp.int32(ids[axis] if site.primitive == "program_id" else grid[axis])], [None]
 
 
 def _spec_axes(entry: Any) -> tuple[str, ...]:
@@ -593,5 +644,7 @@ RULES: dict[str, Rule] = {
     "cond": _cond_rule,
     "shard_map": _shard_map_rule,
     "pallas_call": _pallas_rule,
+    "program_id": _program_rule,
+    "num_programs": _program_rule,
 }
 """The default rule table: primitive name -> rule. Copy and extend it to change what is descended into."""

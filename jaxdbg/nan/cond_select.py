@@ -38,6 +38,16 @@ Example:
     >>> analyse(findings)
     >>> findings.cond_select.cond, findings.cond_select.kept, findings.cond_select.discarded
     (False, 0, 1)
+    >>> def branch(v):   # a where inside a branch discards the NaN before the cond's select sees it
+    ...     return jnp.where(v > 0, jnp.sqrt(v), 0.0)
+    >>> per_item = lambda v, p: jax.lax.cond(p, branch, jnp.negative, v)
+    >>> masked = jax.grad(lambda x, p: jax.vmap(per_item)(x, p).sum())
+    >>> call = Call("grad", masked, (jnp.array([4.0, -1.0]), jnp.array([True, True])), {})
+    >>> found = localise_call(call)
+    >>> findings = Findings(found.first, call=call, localisation=found)
+    >>> analyse(findings)
+    >>> findings.cond_select.cond, findings.cond_select.kept, findings.cond_select.discarded
+    (False, 0, 1)
 """
 
 from __future__ import annotations
@@ -86,8 +96,11 @@ def analyse(findings: Findings) -> None:
     if record is None or record.site is None:
         return
     reached = find_select(record.site)
-    if reached is not None:
-        findings.cond_select = count_selected(call, found.closed_jaxpr, reached)
+    counted = count_selected(call, found.closed_jaxpr, reached) if reached is not None else None
+    if counted is not None and (counted.kept or counted.discarded):
+        findings.cond_select = counted
+    elif counted is None and reached is not None:
+        return  # the replay did not reach the cond's select: nothing to say of it
     elif first.pass_ == "forward" and "jvp(" in first.name_stack:  # differentiated: a where may not keep it out
         reached = find_select(record.site, any_select=True)
         if reached is not None and _in_backward(reached):

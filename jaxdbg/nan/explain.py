@@ -136,6 +136,8 @@ SIGNED_LOGSUMEXP = ("pass `return_sign=True` (`out, sign = jax.nn.logsumexp(a, b
 INVERTIBLE = ("keep the matrix invertible: parameterise its scales with `jnp.exp`/`jax.nn.softplus` (not a ReLU or a "
               "clip), or add a small `eps * jnp.eye(n)`")
 SUMMING = ("dot_general", "conv_general_dilated", "reduce_sum", "cumsum", "add_any")  # sum many values inside
+# products summed, dense or sparse (a sparse operand is its values, its integer indices and its dense partner)
+MATMULS = ("dot_general", "conv_general_dilated", "bcoo_dot_general", "bcsr_dot_general", "bcoo_spdm")
 
 
 def _code(source: SourceLocation | None) -> str:
@@ -370,25 +372,30 @@ def _division(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] 
 
 
 def _inf_arithmetic(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] | None:
-    if origin.kind != "nan" or origin.primitive not in ("mul", "sub", "add", "add_any", "dot_general", "reduce_sum",
-                                                         "conv_general_dilated", "div", "rem"):
+    if origin.kind != "nan" or origin.primitive not in ("mul", "sub", "add", "add_any", "reduce_sum", "div", "rem",
+                                                         *MATMULS):
         return None
     infs = [s for s in origin.inputs if s.inf]
     if not infs:
         return None
     if origin.primitive in ("div", "rem"):
         what = "inf / inf is NaN: both values overflowed before"
-    elif origin.primitive in ("dot_general", "conv_general_dilated") and not any(
-            s.zero for s in origin.inputs if not s.inf):  # no 0 to multiply an inf by: the sum meets both signs
+    elif origin.primitive in MATMULS and not any(  # a sparse operand's indices are no factor: floats only
+            s.zero for s in origin.inputs if not s.inf and _floating(s)):  # no 0 to multiply an inf by
         what = ("inf + (-inf) inside its sum is NaN: one input holds infinities, and their products with the other "
                 "input have both signs")
-    elif origin.primitive in ("mul", "dot_general", "conv_general_dilated"):
+    elif origin.primitive in ("mul", *MATMULS):
         what = "0 * inf is NaN: one input holds inf and the other holds zeros"
     elif origin.primitive == "sub":
         what = "inf - inf is NaN: both inputs hold an infinity of the same sign"
     else:
         what = "inf + (-inf) is NaN: the inputs hold infinities of opposite sign"
     return what + " (see the chain for where the infinities came from).", _overflow_hints(origin, line)
+
+
+def _floating(stats: ValueStats) -> bool:
+    """Whether the statistics are of a float (or complex) array, not of integers such as a sparse index."""
+    return stats.dtype.startswith(("f", "bf", "c"))
 
 
 def _overflow_inside(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] | None:

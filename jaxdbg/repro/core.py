@@ -575,7 +575,7 @@ class _Reproduction:
         """Write ``text`` at ``path`` with the companion files it reads (e.g. the inputs.npz a function target's
         driver loads) next to it; returns those companions (name -> the subject's copy)."""
         with open(path, "w") as handle:
-            handle.write(text)
+            handle.write(text if text.endswith("\n") else text + "\n")  # a reduced source's unparse ends bare
         companions = {name: source for name, source in self.subject.companions.items() if name in text}
         for name, source in companions.items():
             artifacts["inputs" if name == INPUTS_FILE else name] = os.path.join(self.out_dir, name)
