@@ -176,10 +176,10 @@ def test_a_loop_blocked_on_its_prefetch_thread_is_told_to_speed_up_the_producer_
     # Each step: 1 ms on the device (the profile waits for it: not the plain run's), then 9 ms in which the main
     # thread is on its CPU 1 ms and blocked 8 ms (a queue.get on a prefetch thread slower than the step). Alone (no
     # thread of the program's), a blocked host is a read or a sleep, which a prefetch thread does hide.
-    def figures(with_thread: bool):
+    def figures(thread: str | None):
         clock, done = StepClock(), threading.Event()
-        producer = threading.Thread(target=done.wait, daemon=True)
-        if with_thread:
+        producer = threading.Thread(target=done.wait, name=thread, daemon=True)
+        if thread:
             producer.start()
         for index in range(8):
             t = index * 0.010
@@ -188,10 +188,28 @@ def test_a_loop_blocked_on_its_prefetch_thread_is_told_to_speed_up_the_producer_
         done.set()
         return input_pipeline(clock.steps, {0: "step"}, [])
 
-    fed = figures(True)
+    fed = figures("prefetch")
     assert fed.verdict == "highly input-bound" and fed.host_blocked_s == pytest.approx(0.008)
     assert fed.fixes[0].startswith("speed up what feeds the loop") and "prefetch thread's queue" in fed.fixes[0]
-    assert figures(False).fixes[0].startswith("prefetch")
+    assert figures(None).fixes[0].startswith("prefetch")
+    assert figures("jaxdbg-flush").fixes[0].startswith("prefetch")  # jaxdbg's own thread is not the program's
+
+
+def test_a_step_in_which_another_function_compiled_is_not_steady():
+    # `step` dispatched every 1 ms (the profile waits for its first call only), 2 ms on the device; between its
+    # calls 2 and 3 `evaluate` compiles for 500 ms: that is no dispatch of `step`'s, and that step is left out.
+    clock = StepClock()
+    for index in range(6):
+        t = index * 0.001 + (0.5 if index >= 3 else 0.0)
+        waited = index == 0
+        clock.call(0, t, t + (0.002 if waited else 0.0001), put_s=0.0, compile_s=0.0, execute_s=0.002,
+                   waited=waited, steady=index > 0)
+        if index == 2:
+            clock.call(1, t + 0.0001, t + 0.5, put_s=0.0, compile_s=0.5, execute_s=0.0, waited=True, steady=False)
+    figures = input_pipeline(clock.steps, {0: "step", 1: "evaluate"}, [])
+    assert figures.function == "step" and figures.steps == 4 and figures.dispatch_s < 0.01
+    # the host runs ahead: the loop goes at the device's pace, 2 ms a step
+    assert figures.step_s == pytest.approx(0.002) and figures.verdict == "not input-bound"
 
 
 # ---- the corpus's Flax MNIST loop fed from NumPy, under `jaxdbg profile` --------------------------------------
