@@ -168,11 +168,38 @@ def hints_for(functions: list[FunctionProfile], totals: Totals, transfers: list[
     return tuple(hints) + op_hints(functions, wall)
 
 
+# A host callback's custom call (jax.debug.print, jax.debug.callback, pure_callback, io_callback): its target
+# (xla_ffi_python_cpu_callback, xla_python_gpu_callback, ...) or, where the expression is missing, its name.
+_CALLBACK = re.compile(r'custom_call_target="[^"]*python[^"]*callback|^(?:debug_print|debug_callback|pure_callback|'
+                       r'io_callback)\b')
+CALLBACK_SHARE = 0.2  # a host callback taking this share of a function's op time gets its own hint
+
+
 def op_hints(functions: Iterable[FunctionProfile], wall: float) -> tuple[str, ...]:
-    """One op that takes most of a function's time, in a function that matters: a profiled run and a capture."""
+    """One op that takes most of a function's time, in a function that matters: a profiled run and a capture.
+    A host callback that takes a fifth of it or more is named as one: the step stops while Python runs on the host.
+
+    Example:
+        >>> from jaxdbg.profile.model import ExecuteStats, OpRow
+        >>> op = OpRow("debug_print.1", "custom-call", 10, 0.009, 0.9, None,
+        ...            expression='custom-call(%x), custom_call_target="xla_ffi_python_cpu_callback"')
+        >>> step = FunctionProfile("train_step", None, 1, (), None, ExecuteStats(calls=10, total_s=0.01), ops=(op,))
+        >>> op_hints([step], 0.02)[0].split(":")[0]
+        'in train_step, a host callback takes 90% of the time'
+    """
     hints = []
     for function in functions:
-        if function.ops and function.ops[0].fraction > 0.5 and function.execute.total_s > 0.05 * max(wall, 1e-9):
+        if not function.ops or function.execute.total_s <= 0.05 * max(wall, 1e-9):
+            continue
+        callbacks = [op for op in function.ops if _CALLBACK.search(op.expression) or _CALLBACK.search(op.name)]
+        share = sum(op.fraction for op in callbacks)
+        if share >= CALLBACK_SHARE:
+            lines = ", ".join(f"{op.name} at {op.source}" if op.source else op.name for op in callbacks[:3])
+            hints.append(f"in {function.name}, a host callback takes {100 * share:.0f}% of the time: {lines}: each "
+                         "call stops the computation while Python runs on the host (jax.debug.print, "
+                         "jax.debug.callback, pure_callback); print or log every N steps (under lax.cond on the "
+                         "step number), or return the values and read them outside the step every N steps")
+        elif function.ops[0].fraction > 0.5:
             op = function.ops[0]
             where = f" at {op.source}" if op.source else ""
             hints.append(f"in {function.name}, one op takes {100 * op.fraction:.0f}% of the time: {op.name} "
