@@ -235,13 +235,27 @@ def test_a_function_whose_traced_body_waits_is_stuck_in_its_own_code_not_on_the_
 def test_a_process_that_raised_while_the_others_wait_in_a_collective_is_named_with_its_error():
     waiting = _record(0, "train_step", "train_step(x: f32[4]) [all-reduce:sum]", 40, None)
     failed = _record(1, "train_step", "train_step(x: f32[4]) [all-reduce:sum]", 40, 1.0)
-    outcomes = {1: {"status": "raised", "error": "ValueError: bad batch at train.py:38 (<module>)"}}
+    outcomes = {1: {"status": "raised", "error": "ValueError: bad batch at train.py:38 (<module>)",
+                    "user": {"file": "train.py", "line": 38, "function": "<module>"}}}
     result = judge(JobFacts(2, "stall", 30.0, {0: waiting, 1: failed}, outcomes=outcomes))
     assert (result.kind, result.stuck) == ("stall", (1,))
+    assert result.processes[1].source.line == 38  # where it raised, not its last call's line
     assert result.verdict.startswith("process 1 failed: ValueError: bad batch at train.py:38 (<module>)")
     assert "process 0 waits inside train_step call 5" in result.verdict
     assert result.explanation.startswith("A process raised an error") and "process 1 raised" in result.hints[0]
     assert "skipped" not in result.explanation  # the error ended it, not a condition around a call
+
+
+def test_processes_that_raised_at_different_lines_are_each_named():
+    """A barrier (multihost_utils.sync_global_devices) reached from two lines: both processes raise jax's name
+    mismatch, each at its own line; the verdict names both."""
+    records = {i: _record(i, "_identity_fn", "_identity_fn(x: u32[2]) [all-gather]", 20, 1.0) for i in (0, 1)}
+    outcomes = {i: {"status": "raised", "error": f"AssertionError: sync_global_devices name mismatch at "
+                    f"train.py:{line} (<module>)", "user": {"file": "train.py", "line": line, "function": "<module>"}}
+                for i, line in ((0, 20), (1, 24))}
+    result = judge(JobFacts(2, None, 30.0, records, outcomes=outcomes))
+    assert result.kind == "failed" and "train.py:20" in result.verdict
+    assert "; process 1 failed: AssertionError" in result.verdict and "train.py:24" in result.verdict
 
 
 def test_a_process_read_with_pid_is_not_said_to_be_before_its_first_call(tmp_path):
