@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import pairwise
 from typing import Any
 
 from jaxdbg.profile.host_bound import BLOCKED, MODERATE
@@ -138,6 +139,7 @@ def hints_for(functions: list[FunctionProfile], totals: Totals, transfers: list[
         hints.append(f"{function.name} compiled {function.compiles} times ({function.compile_total_s:.2f} s); "
                      f"the main cause, on {count} of {len(function.recompiles)} recompiles: {kind} changes. "
                      f"Fix: {fix}")
+    hints.extend(growth_hint(f) for f in functions if growth_hint(f))
     wall = totals.wall_s or 0.0
     compile_s, transfer_s = totals.compile_s or 0.0, totals.transfer_s or 0.0
     if wall > 0 and compile_s > 0.5 * wall:
@@ -173,6 +175,35 @@ def hints_for(functions: list[FunctionProfile], totals: Totals, transfers: list[
 _CALLBACK = re.compile(r'custom_call_target="[^"]*python[^"]*callback|^(?:debug_print|debug_callback|pure_callback|'
                        r'io_callback)\b')
 CALLBACK_SHARE = 0.2  # a host callback taking this share of a function's op time gets its own hint
+
+
+GROWTH = 2.0  # the last timed calls take this many times the first ones or more: the work per call grows
+
+
+def growth_hint(function: FunctionProfile) -> str:
+    """A function whose timed executions grow call after call (at least 5, three in four longer than the one
+    before, the last two GROWTH times the first two): each call does more work, and the calls that ran ahead
+    untimed, counted at the timed ones' mean, are understated. '' otherwise.
+
+    Example:
+        >>> from jaxdbg.profile.model import ExecuteStats
+        >>> grows = ExecuteStats(calls=12, timed_calls=6, samples_s=(0.001, 0.0012, 0.0015, 0.002, 0.003, 0.004))
+        >>> growth_hint(FunctionProfile("solve", None, 1, (), None, grows))[:64]
+        "solve's execution grows call after call (1.1 ms -> 3.5 ms over 6"
+    """
+    samples = function.execute.samples_s
+    if len(samples) < 5:
+        return ""
+    rises = sum(b > a for a, b in pairwise(samples))
+    first, last = (samples[0] + samples[1]) / 2, (samples[-2] + samples[-1]) / 2
+    if rises < 0.75 * (len(samples) - 1) or last < GROWTH * first:
+        return ""
+    untimed = function.execute.calls - function.execute.timed_calls
+    estimate = (f"; its {untimed} calls that ran ahead untimed are counted at the timed ones' mean, so its execute "
+                "total is low (--sync-every 1 times every call)" if untimed > 0 else "")
+    return (f"{function.name}'s execution grows call after call ({_ms(first)} -> {_ms(last)} over {len(samples)} "
+            "timed calls): each call does more work than the one before (a while_loop whose trip count grows, "
+            f"sizes or iterations that depend on the data){estimate}")
 
 
 def op_hints(functions: Iterable[FunctionProfile], wall: float) -> tuple[str, ...]:
