@@ -172,6 +172,24 @@ def test_the_idle_time_after_a_sync_is_charged_to_it():
     assert figures.device_idle_fraction == pytest.approx(0.8) and figures.sync_idle_s == pytest.approx(0.008)
 
 
+def test_a_loss_read_every_step_is_told_to_read_less_often_before_prefetch():
+    # Each step: a dispatch, 0.2 ms of Python while the device runs its 2 ms, float(loss) waiting for the rest, 0.1 ms
+    # copying it, 0.1 ms of Python and the next dispatch: the device idles 0.2 ms a step only because the host
+    # cannot queue the next step, though the host's own work (0.3 ms) is far below the device's.
+    from jaxdbg._source import SourceLocation
+    from jaxdbg.profile.model import HostSync
+
+    clock, site = StepClock(), SyncSite()
+    for index in range(8):
+        t = index * 0.0022
+        clock.call(0, t, t + 0.0001, put_s=0.0, compile_s=0.0, execute_s=0.002, waited=index == 0, steady=index > 0)
+        clock.sync(site, t + 0.0003, t + 0.002, t + 0.0021)
+    read = HostSync("float()", SourceLocation("train.py", 41, "<module>"), site.count, site.wait_s, site.idle_s, 32)
+    figures = input_pipeline(clock.steps, {0: "step"}, [read], {0: 8})
+    assert figures.verdict == "moderately input-bound" and figures.device_idle_s == pytest.approx(0.0002)
+    assert figures.fixes[0].startswith("log every N steps: float() at train.py:41 waits for every step")
+
+
 def test_a_loop_blocked_on_its_prefetch_thread_is_told_to_speed_up_the_producer_not_to_prefetch():
     # Each step: 1 ms on the device (the profile waits for it: not the plain run's), then 9 ms in which the main
     # thread is on its CPU 1 ms and blocked 8 ms (a queue.get on a prefetch thread slower than the step). Alone (no

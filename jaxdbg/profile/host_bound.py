@@ -271,20 +271,26 @@ def input_pipeline(steps: Mapping[int, Sequence[float]], names: Mapping[int, str
     blocked = None if math.isnan(cpu) else min(max(per["step_s"] - cpu - per["sync_wait_s"], 0.0), host)
     # blocked beside a thread of the program's own: waiting for it (alone: a read or a sleep, which prefetch hides)
     waiting = (blocked or 0.0) if per.get("threaded", 0.0) >= 0.5 else 0.0
+    # Without a sync made every step the host would queue steps ahead: the device would idle only where the host's
+    # own time per step exceeds the device's (all of the idle after the sync is its doing, not only what followed
+    # its copy).
+    unhidden = max(host + per["transfer_s"] + per["calls_s"] - per["device_s"], 0.0)
+    overlap = max(idle - unhidden, per["sync_idle_s"]) if every_step else per["sync_idle_s"]
     fixes = (_fixes(step, per["device_s"], host, per["transfer_s"], per["calls_s"],
-                    min(per["sync_idle_s"], per["device_s"]), every_step, waiting)
+                    min(overlap, idle, per["device_s"]), every_step, waiting, idle)
              if fraction >= MODERATE else ())
     return InputPipeline(names[ident], count, step, per["device_s"], host, per["transfer_s"], per["sync_wait_s"],
                          per["calls_s"], idle, fraction, per["sync_idle_s"], verdict, fixes, blocked)
 
 
 def _fixes(step: float, device: float, host: float, transfer: float, dispatch: float, overlap: float,
-           every_step: Sequence[HostSync], blocked: float = 0.0) -> tuple[str, ...]:
+           every_step: Sequence[HostSync], blocked: float = 0.0, idle: float | None = None) -> tuple[str, ...]:
     """What to change, largest gain first (a gain under MODERATE of the step is left out): the host's own work
     moved off the step's path (prefetch), the transfers (data kept on the device), the jitted calls' dispatch
     (fewer calls), and for a sync made every step the device's work the host could overlap with its own without it
-    (``overlap``). Where the main thread spent most of its host time ``blocked`` (off its CPU) while threads of
-    the program's own ran (a prefetch thread's queue), what feeds it is too slow, and prefetching does not help.
+    (``overlap``); a prefetch saves at most the device's ``idle`` time. Where the main thread spent most of its
+    host time ``blocked`` (off its CPU) while threads of the program's own ran (a prefetch thread's queue), what
+    feeds it is too slow, and prefetching does not help.
 
     Example:
         >>> _fixes(0.008, 0.001, 0.007, 0.0, 0.0, 0.0, (), blocked=0.006)[0].split(":")[0]
@@ -310,7 +316,8 @@ def _fixes(step: float, device: float, host: float, transfer: float, dispatch: f
                             "producer's per-example work, run several workers (processes for Python-heavy work: "
                             "threads share the GIL), or move the augmentation into the jitted step"))
     elif host >= MODERATE * step:
-        found.append((host, "prefetch: build the next batches while the device runs (double-buffer the input "
+        gain = min(host, max(step - device, 0.0) if idle is None else idle)  # no more than the device idles
+        found.append((gain, "prefetch: build the next batches while the device runs (double-buffer the input "
                             "pipeline: a background thread or a loader with prefetch, jax.device_put one step "
                             "ahead), or move the preprocessing into the jitted step"))
     if transfer >= MODERATE * step:
