@@ -20,7 +20,7 @@ from jax.sharding import PartitionSpec as P
 from jaxdbg import jit_layer
 from jaxdbg.hang.record import take_record
 from jaxdbg.hang.recorder import Recorder
-from jaxdbg.hang.states import find_deadlock
+from jaxdbg.hang.states import find_deadlock, lone_queue
 from jaxdbg.hang.verdict import JobFacts, judge
 
 
@@ -256,6 +256,18 @@ def test_processes_that_raised_at_different_lines_are_each_named():
     result = judge(JobFacts(2, None, 30.0, records, outcomes=outcomes))
     assert result.kind == "failed" and "train.py:20" in result.verdict
     assert "; process 1 failed: AssertionError" in result.verdict and "train.py:24" in result.verdict
+
+
+def test_an_event_no_thread_alive_can_set_names_the_lines_that_set_it(tmp_path):
+    """A host callback waits for a threading.Event whose watcher thread is started only after the loop: with no
+    other thread alive, the verdict says nothing can set it and the hint names where it is set."""
+    source = tmp_path / "rl.py"
+    source.write_text("import threading\nready = threading.Event()\n\ndef watcher():\n    ready.set()\n\n"
+                      "def read_scale(_):\n    ready.wait()\n")
+    waits = {"kind": "event", "name": "ready", "at": {"file": str(source), "line": 8, "function": "read_scale"}}
+    words, hint = lone_queue({"threads": [{"main": True, "waits_for": waits}]})
+    assert words == "no other thread is alive to set event `ready`"
+    assert "it is set at rl.py:5 (watcher), which no thread runs now" in hint
 
 
 def test_a_process_read_with_pid_is_not_said_to_be_before_its_first_call(tmp_path):
