@@ -157,6 +157,20 @@ def test_the_clock_takes_profiles_own_waits_out():
     assert figures.verdict == "not input-bound" and figures.device_idle_s == 0.0
 
 
+def test_one_slowed_timed_call_does_not_stand_for_the_unseen_calls_after_it():
+    # A call every 2 ms, 1 ms on the device; the profile times one call in 10, and call 20 took 50 ms (another process
+    # had its core). The unseen calls after it run what the latest timed calls' median says, not 50 ms each.
+    clock = StepClock()
+    for index in range(80):
+        t = index * 0.002
+        waited = index < 3 or index % 10 == 0
+        execute = 0.050 if index == 20 else 0.001
+        clock.call(0, t, t + (execute if waited else 0.0001), put_s=0.0, compile_s=0.0, execute_s=execute,
+                   waited=waited, steady=index > 0)
+    figures = input_pipeline(clock.steps, {0: "step"}, [])
+    assert figures.device_s < 0.002 and figures.verdict != "not input-bound"  # 1 ms a call, and call 20's 50 ms
+
+
 def test_the_idle_time_after_a_sync_is_charged_to_it():
     # Each step: 2 ms on the device while the host waits to read the loss, then 8 ms of host work. The first call
     # is timed by the profile (it waits for it), so its sync finds nothing left to wait for in this run.

@@ -56,6 +56,7 @@ EVERY_STEP = 0.5  # a sync site that runs at least this often per step is "every
 # can be waiting for).
 STEP_FIELDS = ("steps", "step_s", "device_s", "calls_s", "transfer_s", "sync_wait_s", "idle_s", "sync_idle_s",
                "cpu_s", "cpu_span_s", "threaded")
+RECENT = 5  # an unseen call runs the median of its function's latest waited calls' executions
 BLOCKED = 0.5  # the main thread blocked this share of its host time or more: it waits for its input, not works
 
 
@@ -86,7 +87,10 @@ class StepClock:
         self.pending: SyncSite | None = None  # the latest sync until the next call: the idle after it is its doing
         self.pending_end = 0.0
         self.dispatch: dict[int, float] = {}  # per function: the latest un-waited call's wall (its dispatch)
-        self.execute: dict[int, float] = {}  # per function: the latest waited call's execution
+        # per function: the median of its latest waited calls' executions (RECENT of them), what its unseen calls
+        # are taken to run: one call slowed by the machine (another process on its core) stands for none after it
+        self.execute: dict[int, float] = {}
+        self.recent: dict[int, list[float]] = {}
         self.previous: dict[int, tuple[float, ...] | None] = {}
         # Per function: the sums of its closed runs of consecutive steady steps, and its open run (the snapshot
         # before its first step, and how many steps). A run's sums telescope to (last snapshot - first), so a
@@ -114,7 +118,10 @@ class StepClock:
             self.compiles += 1
         if waited:
             host = compile_s + self.dispatch.get(function, 0.0)  # a plain run returns once it is dispatched
-            self.execute[function] = execute_s
+            recent = self.recent.setdefault(function, [])
+            recent.append(execute_s)
+            del recent[:-RECENT]
+            self.execute[function] = sorted(recent)[len(recent) // 2]
             self.distorted = True
         else:
             host = max(end - start - put_s, 0.0)
