@@ -301,7 +301,8 @@ def _ended_early(states: dict[int, ProcessState], ended: list[int], waiting: lis
     points = skip_points(site.file, site.line) if site is not None else []
     if points and site is not None:
         exits = ", ".join(p.words(site.file) for p in points)
-        where = f": the loop can go past {short(site)} at {exits}; make that condition the same on every process"
+        what = "the loop" if points[0].in_loop else "the program"
+        where = f": {what} can go past {short(site)} at {exits}; make that condition the same on every process"
     else:
         where = (" (a call under a condition that differs between processes: process_index, local data, an early "
                  "break) and make every process run it")
