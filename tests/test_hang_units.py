@@ -20,7 +20,7 @@ from jax.sharding import PartitionSpec as P
 from jaxdbg import jit_layer
 from jaxdbg.hang.record import take_record
 from jaxdbg.hang.recorder import Recorder
-from jaxdbg.hang.states import find_deadlock
+from jaxdbg.hang.states import find_deadlock, lone_queue
 from jaxdbg.hang.verdict import JobFacts, judge
 
 
@@ -235,13 +235,39 @@ def test_a_function_whose_traced_body_waits_is_stuck_in_its_own_code_not_on_the_
 def test_a_process_that_raised_while_the_others_wait_in_a_collective_is_named_with_its_error():
     waiting = _record(0, "train_step", "train_step(x: f32[4]) [all-reduce:sum]", 40, None)
     failed = _record(1, "train_step", "train_step(x: f32[4]) [all-reduce:sum]", 40, 1.0)
-    outcomes = {1: {"status": "raised", "error": "ValueError: bad batch at train.py:38 (<module>)"}}
+    outcomes = {1: {"status": "raised", "error": "ValueError: bad batch at train.py:38 (<module>)",
+                    "user": {"file": "train.py", "line": 38, "function": "<module>"}}}
     result = judge(JobFacts(2, "stall", 30.0, {0: waiting, 1: failed}, outcomes=outcomes))
     assert (result.kind, result.stuck) == ("stall", (1,))
+    assert result.processes[1].source.line == 38  # where it raised, not its last call's line
     assert result.verdict.startswith("process 1 failed: ValueError: bad batch at train.py:38 (<module>)")
     assert "process 0 waits inside train_step call 5" in result.verdict
     assert result.explanation.startswith("A process raised an error") and "process 1 raised" in result.hints[0]
     assert "skipped" not in result.explanation  # the error ended it, not a condition around a call
+
+
+def test_processes_that_raised_at_different_lines_are_each_named():
+    """A barrier (multihost_utils.sync_global_devices) reached from two lines: both processes raise jax's name
+    mismatch, each at its own line; the verdict names both."""
+    records = {i: _record(i, "_identity_fn", "_identity_fn(x: u32[2]) [all-gather]", 20, 1.0) for i in (0, 1)}
+    outcomes = {i: {"status": "raised", "error": f"AssertionError: sync_global_devices name mismatch at "
+                    f"train.py:{line} (<module>)", "user": {"file": "train.py", "line": line, "function": "<module>"}}
+                for i, line in ((0, 20), (1, 24))}
+    result = judge(JobFacts(2, None, 30.0, records, outcomes=outcomes))
+    assert result.kind == "failed" and "train.py:20" in result.verdict
+    assert "; process 1 failed: AssertionError" in result.verdict and "train.py:24" in result.verdict
+
+
+def test_an_event_no_thread_alive_can_set_names_the_lines_that_set_it(tmp_path):
+    """A host callback waits for a threading.Event whose watcher thread is started only after the loop: with no
+    other thread alive, the verdict says nothing can set it and the hint names where it is set."""
+    source = tmp_path / "rl.py"
+    source.write_text("import threading\nready = threading.Event()\n\ndef watcher():\n    ready.set()\n\n"
+                      "def read_scale(_):\n    ready.wait()\n")
+    waits = {"kind": "event", "name": "ready", "at": {"file": str(source), "line": 8, "function": "read_scale"}}
+    words, hint = lone_queue({"threads": [{"main": True, "waits_for": waits}]})
+    assert words == "no other thread is alive to set event `ready`"
+    assert "it is set at rl.py:5 (watcher), which no thread runs now" in hint
 
 
 def test_a_process_read_with_pid_is_not_said_to_be_before_its_first_call(tmp_path):

@@ -606,6 +606,26 @@ def test_an_argument_filter_jit_holds_across_the_call_is_named_as_the_user_passe
     assert [(h.argument, h.leaves) for h in held_arguments(compiled, info)] == [("x", 1)]
 
 
+def test_a_donation_no_output_can_take_is_told_to_save_nothing() -> None:
+    """Params donated but returned cast to bf16 (no output has their f32 shapes): XLA aliases nothing, and the
+    program's note says so; the f32 `x` that an f32 output could reuse is still a held argument."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxdbg.memory.program import ProgramInfo, held_arguments, refused_donations, refused_note
+
+    def step(params, x):
+        return jax.tree_util.tree_map(lambda p: p.astype(jnp.bfloat16), params), x * 2
+
+    params = {"w1": jnp.ones((64, 32)), "w2": jnp.ones((32,))}
+    compiled = jax.jit(step, donate_argnums=(0,)).lower(params, jnp.ones((8,))).compile()
+    info = ProgramInfo("step", None, 0, 0, "", ("params", "x"), (), 2)
+    refused = refused_donations(compiled, info)
+    assert [(h.argument, h.argnum, h.bytes, h.leaves) for h in refused] == [("params", 0, 4 * (64 * 32 + 32), 2)]
+    assert [h.argument for h in held_arguments(compiled, info)] == ["x"]
+    assert "donated params" in (refused_note(refused, 16_000) or "") and refused_note(refused, 10**9) is None
+
+
 def test_a_scans_stacked_outputs_and_the_residuals_saved_for_its_gradient_are_told_apart(tmp_path) -> None:
     """An RNN scan that returns every hidden state: run forward, its stacked ys are the scan's outputs; under
     jax.grad the stacks its forward pass keeps (ys included: only the gradient reads them) are saved for the

@@ -157,6 +157,20 @@ def test_the_clock_takes_profiles_own_waits_out():
     assert figures.verdict == "not input-bound" and figures.device_idle_s == 0.0
 
 
+def test_one_slowed_timed_call_does_not_stand_for_the_unseen_calls_after_it():
+    # A call every 2 ms, 1 ms on the device; the profile times one call in 10, and call 20 took 50 ms (another process
+    # had its core). The unseen calls after it run what the latest timed calls' median says, not 50 ms each.
+    clock = StepClock()
+    for index in range(80):
+        t = index * 0.002
+        waited = index < 3 or index % 10 == 0
+        execute = 0.050 if index == 20 else 0.001
+        clock.call(0, t, t + (execute if waited else 0.0001), put_s=0.0, compile_s=0.0, execute_s=execute,
+                   waited=waited, steady=index > 0)
+    figures = input_pipeline(clock.steps, {0: "step"}, [])
+    assert figures.device_s < 0.002 and figures.verdict != "not input-bound"  # 1 ms a call, and call 20's 50 ms
+
+
 def test_the_idle_time_after_a_sync_is_charged_to_it():
     # Each step: 2 ms on the device while the host waits to read the loss, then 8 ms of host work. The first call
     # is timed by the profile (it waits for it), so its sync finds nothing left to wait for in this run.
@@ -172,14 +186,32 @@ def test_the_idle_time_after_a_sync_is_charged_to_it():
     assert figures.device_idle_fraction == pytest.approx(0.8) and figures.sync_idle_s == pytest.approx(0.008)
 
 
+def test_a_loss_read_every_step_is_told_to_read_less_often_before_prefetch():
+    # Each step: a dispatch, 0.2 ms of Python while the device runs its 2 ms, float(loss) waiting for the rest, 0.1 ms
+    # copying it, 0.1 ms of Python and the next dispatch: the device idles 0.2 ms a step only because the host
+    # cannot queue the next step, though the host's own work (0.3 ms) is far below the device's.
+    from jaxdbg._source import SourceLocation
+    from jaxdbg.profile.model import HostSync
+
+    clock, site = StepClock(), SyncSite()
+    for index in range(8):
+        t = index * 0.0022
+        clock.call(0, t, t + 0.0001, put_s=0.0, compile_s=0.0, execute_s=0.002, waited=index == 0, steady=index > 0)
+        clock.sync(site, t + 0.0003, t + 0.002, t + 0.0021)
+    read = HostSync("float()", SourceLocation("train.py", 41, "<module>"), site.count, site.wait_s, site.idle_s, 32)
+    figures = input_pipeline(clock.steps, {0: "step"}, [read], {0: 8})
+    assert figures.verdict == "moderately input-bound" and figures.device_idle_s == pytest.approx(0.0002)
+    assert figures.fixes[0].startswith("log every N steps: float() at train.py:41 waits for every step")
+
+
 def test_a_loop_blocked_on_its_prefetch_thread_is_told_to_speed_up_the_producer_not_to_prefetch():
     # Each step: 1 ms on the device (the profile waits for it: not the plain run's), then 9 ms in which the main
     # thread is on its CPU 1 ms and blocked 8 ms (a queue.get on a prefetch thread slower than the step). Alone (no
     # thread of the program's), a blocked host is a read or a sleep, which a prefetch thread does hide.
-    def figures(with_thread: bool):
+    def figures(thread: str | None):
         clock, done = StepClock(), threading.Event()
-        producer = threading.Thread(target=done.wait, daemon=True)
-        if with_thread:
+        producer = threading.Thread(target=done.wait, name=thread, daemon=True)
+        if thread:
             producer.start()
         for index in range(8):
             t = index * 0.010
@@ -188,10 +220,28 @@ def test_a_loop_blocked_on_its_prefetch_thread_is_told_to_speed_up_the_producer_
         done.set()
         return input_pipeline(clock.steps, {0: "step"}, [])
 
-    fed = figures(True)
+    fed = figures("prefetch")
     assert fed.verdict == "highly input-bound" and fed.host_blocked_s == pytest.approx(0.008)
     assert fed.fixes[0].startswith("speed up what feeds the loop") and "prefetch thread's queue" in fed.fixes[0]
-    assert figures(False).fixes[0].startswith("prefetch")
+    assert figures(None).fixes[0].startswith("prefetch")
+    assert figures("jaxdbg-flush").fixes[0].startswith("prefetch")  # jaxdbg's own thread is not the program's
+
+
+def test_a_step_in_which_another_function_compiled_is_not_steady():
+    # `step` dispatched every 1 ms (the profile waits for its first call only), 2 ms on the device; between its
+    # calls 2 and 3 `evaluate` compiles for 500 ms: that is no dispatch of `step`'s, and that step is left out.
+    clock = StepClock()
+    for index in range(6):
+        t = index * 0.001 + (0.5 if index >= 3 else 0.0)
+        waited = index == 0
+        clock.call(0, t, t + (0.002 if waited else 0.0001), put_s=0.0, compile_s=0.0, execute_s=0.002,
+                   waited=waited, steady=index > 0)
+        if index == 2:
+            clock.call(1, t + 0.0001, t + 0.5, put_s=0.0, compile_s=0.5, execute_s=0.0, waited=True, steady=False)
+    figures = input_pipeline(clock.steps, {0: "step", 1: "evaluate"}, [])
+    assert figures.function == "step" and figures.steps == 4 and figures.dispatch_s < 0.01
+    # the host runs ahead: the loop goes at the device's pace, 2 ms a step
+    assert figures.step_s == pytest.approx(0.002) and figures.verdict == "not input-bound"
 
 
 # ---- the corpus's Flax MNIST loop fed from NumPy, under `jaxdbg profile` --------------------------------------

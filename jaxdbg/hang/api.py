@@ -148,6 +148,8 @@ def facts_without_verdict(outcome: Outcome, place: tuple[int, int], options: Han
         ended = {"status": "dead", "error": f"it did not answer within --timeout + {GRACE_S:.0f} s (frozen)"}
     elif outcome.status == "exception" and outcome.exception is not None:
         ended = {"status": "raised", "error": f"{outcome.exception.type}: {outcome.exception.message}"[:300]}
+        if outcome.exception.user_frame is not None:
+            ended["user"] = outcome.exception.user_frame.as_dict()
     else:
         ended = {"status": "dead", "exit_code": outcome.returncode}
     if outcome.crash_frame is not None:  # where faulthandler saw it die: fresher than its last flight record

@@ -124,8 +124,51 @@ def waited_object(frame: Any) -> tuple[str, str, Any] | None:
         if kind == "lock" and not is_lock(obj):
             continue
         if obj is not None:
-            return ("lock" if is_lock(obj) else kind), ast.unparse(expression), obj
+            named = "lock" if is_lock(obj) else _waitable(obj) if kind == "wait" else kind
+            return named, ast.unparse(expression), obj
     return None
+
+
+def _waitable(obj: Any) -> str:
+    """What ``obj.wait()`` waits on, in words: ``event``, ``condition``, ``barrier`` (else ``wait``).
+
+        >>> import threading
+        >>> _waitable(threading.Event()), _waitable(threading.Condition()), _waitable(object())
+        ('event', 'condition', 'wait')
+    """
+    import threading
+
+    for kind, cls in (("event", threading.Event), ("condition", threading.Condition), ("barrier", threading.Barrier)):
+        if isinstance(obj, cls):
+            return kind
+    return "wait"
+
+
+def set_sites(filename: str, name: str) -> list[tuple[int, str]]:
+    r"""``(line, function)`` of each ``name.set()`` written in the file: where an event waited for on ``name`` can
+    be set (``<module>`` at the top level).
+
+        >>> import tempfile
+        >>> with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+        ...     _ = f.write("import threading\nready = threading.Event()\ndef watcher():\n    ready.set()\n")
+        >>> set_sites(f.name, "ready")
+        [(4, 'watcher')]
+    """
+    tree = _tree(filename)
+    if tree is None:
+        return []
+    found: list[tuple[int, str]] = []
+
+    def visit(node: ast.AST, function: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            inside = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else function
+            if (isinstance(child, ast.Call) and isinstance(child.func, ast.Attribute) and child.func.attr == "set"
+                    and ast.unparse(child.func.value) == name):
+                found.append((child.lineno, function))
+            visit(child, inside)
+
+    visit(tree, "<module>")
+    return sorted(found)
 
 
 def queue_uses(frame: Any) -> list[tuple[str, Any, int]]:

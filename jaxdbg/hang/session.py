@@ -85,7 +85,8 @@ def run_target(job: HangJob) -> dict:
     except BaseException as err:  # noqa: BLE001 - whatever the program raised is the outcome, reported
         info = describe_exception(err)
         where = f" at {info.user_frame}" if info.user_frame else ""
-        return {"status": "raised", "error": f"{info.type}: {first_line(info.message)}{where}"}
+        return {"status": "raised", "error": f"{info.type}: {first_line(info.message)}{where}",
+                **({"user": info.user_frame.as_dict()} if info.user_frame else {})}
     return {"status": "finished"}
 
 

@@ -24,6 +24,7 @@ Example:
 from __future__ import annotations
 
 import ast
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -38,6 +39,7 @@ class SkipPoint:
     line: int
     kind: str
     condition: str | None = None
+    in_loop: bool = True  # False: the call stands in no loop, only under ifs (``if jax.process_index() == 0:``)
 
     def words(self, path: str) -> str:
         """```continue` at train.py:35 (under `if step % 4 == 3`)``."""
@@ -49,8 +51,15 @@ class SkipPoint:
 
 
 def skip_points(path: str, line: int) -> list[SkipPoint]:
-    """The lines of the innermost loop around ``line`` of ``path`` that can skip it, nearest first; [] where the
-    file cannot be read or the line is in no loop."""
+    r"""The lines of the innermost loop around ``line`` of ``path`` that can skip it, nearest first; outside any
+    loop, the ``if`` statements around it; [] where the file cannot be read.
+
+        >>> import tempfile
+        >>> with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as handle:
+        ...     _ = handle.write("score = evaluate(w)\nif jax.process_index() == 0:\n    sync('metrics')\n")
+        >>> [(p.line, p.kind, p.condition, p.in_loop) for p in skip_points(handle.name, 3)]
+        [(2, 'if', 'jax.process_index() == 0', False)]
+    """
     try:
         with open(path, encoding="utf-8") as handle:
             tree = ast.parse(handle.read())
@@ -59,16 +68,11 @@ def skip_points(path: str, line: int) -> list[SkipPoint]:
     chain = _chain(tree, line)
     loops = [i for i, node in enumerate(chain) if isinstance(node, (ast.For, ast.While, ast.AsyncFor))]
     if not loops:
-        return []
+        return [dataclasses.replace(point, in_loop=False) for point in _ifs_around(chain, line)][:MAX_POINTS]
     loop_at = loops[-1]
     loop = chain[loop_at]
     assert isinstance(loop, (ast.For, ast.While, ast.AsyncFor))
-    found: list[SkipPoint] = []
-    for node in chain[loop_at + 1:]:  # the ifs between the loop and the call: the call runs under them
-        if isinstance(node, ast.If) and not _spans(node.test, line):
-            in_else = any(_spans(stmt, line) for stmt in node.orelse)
-            condition = ast.unparse(node.test)
-            found.append(SkipPoint(node.lineno, "if", f"not ({condition})" if in_else else condition))
+    found = _ifs_around(chain[loop_at + 1:], line)  # the ifs between the loop and the call: it runs under them
     for stmt in loop.body:
         for exit_, under in _exits(stmt, None):
             if exit_.lineno < line:
@@ -78,6 +82,17 @@ def skip_points(path: str, line: int) -> list[SkipPoint]:
 
 
 _KINDS = {ast.Continue: "continue", ast.Break: "break", ast.Return: "return"}
+
+
+def _ifs_around(chain: list[ast.AST], line: int) -> list[SkipPoint]:
+    """The ``if`` statements of ``chain`` whose body (or else branch) holds ``line``: the call runs only under them."""
+    found = []
+    for node in chain:
+        if isinstance(node, ast.If) and not _spans(node.test, line):
+            in_else = any(_spans(stmt, line) for stmt in node.orelse)
+            condition = ast.unparse(node.test)
+            found.append(SkipPoint(node.lineno, "if", f"not ({condition})" if in_else else condition))
+    return found
 
 
 def _chain(tree: ast.AST, line: int) -> list[ast.AST]:

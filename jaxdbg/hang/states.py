@@ -245,6 +245,8 @@ def lone_queue(record: dict) -> tuple[str, str] | None:
     threads = record.get("threads") or ()
     main = _main(record)
     waits = main.get("waits_for") or {}
+    if waits.get("kind") == "event" and len(threads) == 1:
+        return _lone_event(waits)
     if waits.get("kind") != "queue" or waits.get("size") is None or len(threads) != 1:
         return None
     at = short(waits.get("at"))
@@ -258,6 +260,21 @@ def lone_queue(record: dict) -> tuple[str, str] | None:
                 f"nothing can ever take from the full queue `{waits['name']}` that {at} puts into: the thread that "
                 "took from it has ended; start its consumer before this wait, or put with a timeout")
     return None
+
+
+def _lone_event(waits: dict) -> tuple[str, str]:
+    """``(words, hint)`` for an event waited for with no other thread alive: the lines that set it (read from the
+    waiting line's file) belong to a thread that ended or was never started."""
+    from jaxdbg.hang.locks import set_sites
+
+    at, name = waits.get("at") or {}, waits["name"]
+    sites = set_sites(at.get("file") or "", name)
+    where = ", ".join(f"{os.path.basename(at.get('file') or '')}:{line} ({function})" for line, function in sites[:3])
+    setters = f"it is set at {where}, which no thread runs now" if sites else "nothing in that file sets it"
+    return (f"no other thread is alive to set event `{name}`",
+            f"nothing can ever set the event `{name}` that {short(at)} waits for: {setters}; start the thread that "
+            "sets it before the wait (or set it on every path, errors included), and wait with a timeout that "
+            "raises, so a missing setter fails fast")
 
 
 def _lines(spinning: dict) -> str:

@@ -54,8 +54,9 @@ _PLURAL = {"waits": "wait", "is": "are"}
 @dataclass
 class JobFacts:
     """What the verdict is drawn from. ``outcomes``: per process, how its program ended where it did
-    (``status`` finished / raised / dead, ``error``, ``exit_code``, ``signal``); ``silent``: per process that
-    sent no record, a line saying where it was last seen; ``divergence``: found while the job ran
+    (``status`` finished / raised / dead, ``error``, ``exit_code``, ``signal``, ``user``: where it raised or
+    died); ``silent``: per process that sent no record, a line saying where it was last seen; ``divergence``:
+    found while the job ran
     (``{"step", "rows": {index: {"key", "function", "index", "site"}}}``)."""
 
     count: int
@@ -133,7 +134,9 @@ def _state(facts: JobFacts, index: int) -> ProcessState:
         detail = "finished" if status == "finished" else f"failed: {error}"
         if status == "raised" and state.function is not None:
             detail += f" (in or after {state.function} call {state.call_index})"
-        return ProcessState(index, "finished" if status == "finished" else "failed", detail, source=state.source,
+        # a process that raised stands where it raised (its record's line is its last call's)
+        source = (location(outcome.get("user")) or state.source) if status == "raised" else state.source
+        return ProcessState(index, "finished" if status == "finished" else "failed", detail, source=source,
                             function=state.function, call_index=state.call_index, step=state.step,
                             last_calls=state.last_calls, steps=state.steps, note=error or "")
     return state
@@ -298,7 +301,8 @@ def _ended_early(states: dict[int, ProcessState], ended: list[int], waiting: lis
     points = skip_points(site.file, site.line) if site is not None else []
     if points and site is not None:
         exits = ", ".join(p.words(site.file) for p in points)
-        where = f": the loop can go past {short(site)} at {exits}; make that condition the same on every process"
+        what = "the loop" if points[0].in_loop else "the program"
+        where = f": {what} can go past {short(site)} at {exits}; make that condition the same on every process"
     else:
         where = (" (a call under a condition that differs between processes: process_index, local data, an early "
                  "break) and make every process run it")
@@ -321,7 +325,11 @@ def _ended(states: dict[int, ProcessState], facts: JobFacts, common: dict[str, A
     if failed:
         first = states[failed[0]]
         who = "the program" if facts.count == 1 else f"process {failed[0]}"
-        return HangResult(False, f"{who} {first.detail}", "failed", error=first.note or first.detail,
+        # several processes raised: each one's error and line (a barrier reached from different lines says where
+        # their paths parted), the first in full, the others' where they differ
+        others = [f"process {i} {states[i].detail}" for i in failed[1:] if states[i].source != first.source]
+        return HangResult(False, "; ".join([f"{who} {first.detail}", *others]), "failed",
+                          error=first.note or first.detail,
                           explanation="The program failed on its own; it did not stall.", **common)
     if facts.trigger in ("signal", "timeout"):
         busy = [f"process {i} {s.detail}" if facts.count > 1 else s.detail for i, s in states.items()

@@ -170,6 +170,9 @@ def tightening_hints(program: ProgramMemory, devices: int) -> list[Hint]:
                           "jax.device_put(x, NamedSharding(mesh, P('data')))) holds "
                           f"{format_bytes(biggest.bytes // devices)} on each, saving {format_bytes(saves)} per device",
                           saves, program.name, program.source))
+    chunk = vmap_chunk_hint(program)
+    if chunk is not None:
+        found.append(chunk)
     if program.over_bytes:
         found.append(Hint("fit", f"{program.name} needs {format_bytes(program.needs_bytes)} "
                           f"({format_bytes(program.live_before_bytes)} live when it was called, "
@@ -177,6 +180,39 @@ def tightening_hints(program: ProgramMemory, devices: int) -> list[Hint]:
                           f"{format_bytes(program.over_bytes)}, e.g. a smaller batch", program.over_bytes,
                           program.name, program.source))
     return found
+
+
+def vmap_chunk_hint(program: ProgramMemory) -> Hint | None:
+    """For a program over its budget whose temporaries at the peak are mostly made under ``jax.vmap`` (one value
+    per example: per-example gradients, activations): map over the batch in chunks, which holds a chunk's share.
+
+    Example:
+        >>> grads = Buffer("t", "temp", 2**30, "f32[1024,512,512]", "transpose",
+        ...                "jit(f)/vmap(transpose(jvp()))/transpose")
+        >>> f = ProgramMemory("f", None, 0, 0, "", 2**22, 2**12, 0, 2**30, 0, 2**30 + 2**22 + 2**12, None, None, 1,
+        ...                   (grads,), over_bytes=600 * 2**20)
+        >>> hint = vmap_chunk_hint(f)
+        >>> hint.text[:60], "batch_size=256" in hint.text, hint.saves_bytes == 3 * 2**28  # 1/4 of them: 600 MiB over
+        ('f: 1.0 GiB of its peak is per-example values made under jax.', True, True)
+    """
+    if not program.over_bytes:
+        return None
+    mapped = [b for b in program.largest if b.kind == "temp" and "vmap(" in b.op_name]
+    size = sum(b.bytes for b in mapped)
+    if size < program.over_bytes:
+        return None
+    dims = mapped[0].shape.split("[", 1)[-1].rstrip("]").split(",")
+    batch = int(dims[0]) if dims[0].strip().isdigit() else 0
+    parts = 2
+    while size - size // parts < program.over_bytes and parts < max(batch, 2):
+        parts *= 2
+    chunk = f"batch_size={batch // parts}" if batch >= parts else f"batch_size=B/{parts}"
+    return Hint("fit", f"{program.name}: {format_bytes(size)} of its peak is per-example values made under "
+                f"jax.vmap (the largest {mapped[0].shape}{_lines(mapped[:1], ', made at ', '')}): map over the "
+                "batch in chunks, "
+                f"jax.lax.map(per_example_fn, xs, {chunk}) (vmap inside each chunk), to hold 1/{parts} of them, "
+                f"saving {format_bytes(size - size // parts)}", size - size // parts, program.name,
+                mapped[0].source)
 
 
 def upcast_hints(programs: Sequence[ProgramMemory]) -> list[Hint]:

@@ -34,6 +34,7 @@ from jaxdbg._source import SourceLocation
 from jaxdbg.memory.buffers import LISTED, Assignment, Value, find_dump, value_key
 from jaxdbg.memory.loops import Loops
 from jaxdbg.memory.result import Buffer, Held, JitKind, ProgramMemory
+from jaxdbg.memory.units import format_bytes
 from jaxdbg.profile.hlo import (
     HloModule,
     Instruction,
@@ -92,12 +93,15 @@ def analyse(compiled: Any, info: ProgramInfo, dump_folder: str | None, after_mod
     returned = Outputs(module, assignment, output_names(compiled)) if assignment and module else None
     largest = (tuple(_buffer(v, module, assignment, loops, returned) for v in assignment.largest(top))
                if assignment and module and loops and returned else ())
+    held, refused = _donation_rows(compiled, info)
+    peak = arguments + outputs - alias + temp + code
+    note = "; ".join(n for n in (note, refused_note(refused, peak)) if n) or None
     return ProgramMemory(
         name=info.name, source=info.source, call_index=info.call_index, compile_index=info.compile_index,
         signature=info.signature, argument_bytes=arguments, output_bytes=outputs, alias_bytes=alias,
-        temp_bytes=temp, code_bytes=code, peak_bytes=arguments + outputs - alias + temp + code,
+        temp_bytes=temp, code_bytes=code, peak_bytes=peak,
         schedule_peak_bytes=assignment.peak_bytes if assignment else None, xla_peak_bytes=sizes.get("peak_bytes"),
-        devices=_device_count(compiled), largest=largest, held=held_arguments(compiled, info),
+        devices=_device_count(compiled), largest=largest, held=held,
         forward_kept_bytes=forward_kept(assignment, module, loops) if assignment and module and loops else 0,
         checkpointed=_CHECKPOINTED.search(text) is not None,
         dump=found[1].assignment if found else None, note=note, jit=info.jit,
@@ -299,35 +303,75 @@ def forward_kept(assignment: Assignment, module: HloModule, loops: Loops) -> int
 def held_arguments(compiled: Any, info: ProgramInfo) -> tuple[Held, ...]:
     """Arguments not donated that an output of the same shape and dtype could have reused (first come, after
     the donated ones took theirs), grouped by top-level argument, with their per-device bytes."""
+    return _donation_rows(compiled, info)[0]
+
+
+def refused_donations(compiled: Any, info: ProgramInfo) -> tuple[Held, ...]:
+    """Donated arguments that no output has the shape and dtype of (jax's "Some donated buffers were not usable"):
+    XLA cannot write an output over them, so their donation saves nothing; grouped like :func:`held_arguments`."""
+    return _donation_rows(compiled, info)[1]
+
+
+def _donation_rows(compiled: Any, info: ProgramInfo) -> tuple[tuple[Held, ...], tuple[Held, ...]]:
+    """(held, refused): the arguments not donated that an output could have reused, and the donated ones no output
+    can reuse (outputs matched by shape and dtype, donated arguments first)."""
     import jax
 
     try:
         args_info, out_info, shardings = compiled.args_info, compiled.out_info, compiled.input_shardings
     except Exception:  # noqa: BLE001 - an old jax or an odd executable: nothing to say about donation
-        return ()
+        return (), ()
     free = Counter((tuple(o.shape), str(o.dtype)) for o in jax.tree_util.tree_leaves(out_info)
                    if hasattr(o, "shape"))
     flat = jax.tree_util.tree_flatten_with_path(args_info)[0]
     flat_shardings = jax.tree_util.tree_leaves(shardings)
     rows: list[tuple[Any, Any, Any]] = []
+    refused: dict[Any, list[int]] = {}
     for i, (path, arg) in enumerate(flat):
         key = (tuple(arg.shape), str(arg.dtype))
         sharding = flat_shardings[i] if len(flat_shardings) == len(flat) else None
-        if arg.donated:
-            free[key] -= 1 if free[key] > 0 else 0
-        else:
+        if not arg.donated:
             rows.append((path, arg, sharding))
+        elif free[key] > 0:
+            free[key] -= 1
+        else:
+            _add(refused, path, arg, sharding, info)
     held: dict[Any, list[int]] = {}
     for path, arg, sharding in rows:
         key = (tuple(arg.shape), str(arg.dtype))
         if free[key] <= 0:
             continue
         free[key] -= 1
-        place = _user_place(path, info) or _top_level(path)
-        entry = held.setdefault(place, [0, 0])
-        entry[0] += _device_bytes(arg, sharding)
-        entry[1] += 1
-    return tuple(_held(place, size, count, info) for place, (size, count) in held.items() if size > 0)
+        _add(held, path, arg, sharding, info)
+    return _groups(held, info), _groups(refused, info)
+
+
+def _groups(groups: dict[Any, list[int]], info: ProgramInfo) -> tuple[Held, ...]:
+    return tuple(_held(place, size, count, info) for place, (size, count) in groups.items() if size > 0)
+
+
+def _add(groups: dict[Any, list[int]], path: tuple, arg: Any, sharding: Any, info: ProgramInfo) -> None:
+    """Count one argument leaf (its per-device bytes) in its top-level argument's group."""
+    entry = groups.setdefault(_user_place(path, info) or _top_level(path), [0, 0])
+    entry[0] += _device_bytes(arg, sharding)
+    entry[1] += 1
+
+
+def refused_note(refused: tuple[Held, ...], peak_bytes: int) -> str | None:
+    """One sentence on donations that save nothing, where they weigh (a hundredth of the call's peak or more).
+
+    Example:
+        >>> refused_note((Held("params", 0, 16 * 2**20, 2),), 32 * 2**20)[:60]
+        'donated params (16.0 MiB in 2 array(s)) but no output has th'
+    """
+    size = sum(h.bytes for h in refused)
+    if not refused or size < 0.01 * peak_bytes:
+        return None
+    names = ", ".join(h.argument for h in refused)
+    return (f"donated {names} ({format_bytes(size)} in {sum(h.leaves for h in refused)} array(s)) but no output has "
+            "their shape and dtype, so XLA cannot write an output over them and the donation saves nothing (jax: "
+            "'Some donated buffers were not usable'): return the updated values in the arguments' shapes and dtypes "
+            "(cast after the call), or leave them out of donate_argnums")
 
 
 def _user_place(path: tuple, info: ProgramInfo) -> tuple[str, str] | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import pairwise
 from typing import Any
 
 from jaxdbg.profile.host_bound import BLOCKED, MODERATE
@@ -138,6 +139,7 @@ def hints_for(functions: list[FunctionProfile], totals: Totals, transfers: list[
         hints.append(f"{function.name} compiled {function.compiles} times ({function.compile_total_s:.2f} s); "
                      f"the main cause, on {count} of {len(function.recompiles)} recompiles: {kind} changes. "
                      f"Fix: {fix}")
+    hints.extend(growth_hint(f) for f in functions if growth_hint(f))
     wall = totals.wall_s or 0.0
     compile_s, transfer_s = totals.compile_s or 0.0, totals.transfer_s or 0.0
     if wall > 0 and compile_s > 0.5 * wall:
@@ -168,11 +170,67 @@ def hints_for(functions: list[FunctionProfile], totals: Totals, transfers: list[
     return tuple(hints) + op_hints(functions, wall)
 
 
+# A host callback's custom call (jax.debug.print, jax.debug.callback, pure_callback, io_callback): its target
+# (xla_ffi_python_cpu_callback, xla_python_gpu_callback, ...) or, where the expression is missing, its name.
+_CALLBACK = re.compile(r'custom_call_target="[^"]*python[^"]*callback|^(?:debug_print|debug_callback|pure_callback|'
+                       r'io_callback)\b')
+CALLBACK_SHARE = 0.2  # a host callback taking this share of a function's op time gets its own hint
+
+
+GROWTH = 2.0  # the last timed calls take this many times the first ones or more: the work per call grows
+
+
+def growth_hint(function: FunctionProfile) -> str:
+    """A function whose timed executions grow call after call (at least 5, three in four longer than the one
+    before, the last two GROWTH times the first two): each call does more work, and the calls that ran ahead
+    untimed, counted at the timed ones' mean, are understated. '' otherwise.
+
+    Example:
+        >>> from jaxdbg.profile.model import ExecuteStats
+        >>> grows = ExecuteStats(calls=12, timed_calls=6, samples_s=(0.001, 0.0012, 0.0015, 0.002, 0.003, 0.004))
+        >>> growth_hint(FunctionProfile("solve", None, 1, (), None, grows))[:64]
+        "solve's execution grows call after call (1.1 ms -> 3.5 ms over 6"
+    """
+    samples = function.execute.samples_s
+    if len(samples) < 5:
+        return ""
+    rises = sum(b > a for a, b in pairwise(samples))
+    first, last = (samples[0] + samples[1]) / 2, (samples[-2] + samples[-1]) / 2
+    if rises < 0.75 * (len(samples) - 1) or last < GROWTH * first:
+        return ""
+    untimed = function.execute.calls - function.execute.timed_calls
+    estimate = (f"; its {untimed} calls that ran ahead untimed are counted at the timed ones' mean, so its execute "
+                "total is low (--sync-every 1 times every call)" if untimed > 0 else "")
+    return (f"{function.name}'s execution grows call after call ({_ms(first)} -> {_ms(last)} over {len(samples)} "
+            "timed calls): each call does more work than the one before (a while_loop whose trip count grows, "
+            f"sizes or iterations that depend on the data){estimate}")
+
+
 def op_hints(functions: Iterable[FunctionProfile], wall: float) -> tuple[str, ...]:
-    """One op that takes most of a function's time, in a function that matters: a profiled run and a capture."""
+    """One op that takes most of a function's time, in a function that matters: a profiled run and a capture.
+    A host callback that takes a fifth of it or more is named as one: the step stops while Python runs on the host.
+
+    Example:
+        >>> from jaxdbg.profile.model import ExecuteStats, OpRow
+        >>> op = OpRow("debug_print.1", "custom-call", 10, 0.009, 0.9, None,
+        ...            expression='custom-call(%x), custom_call_target="xla_ffi_python_cpu_callback"')
+        >>> step = FunctionProfile("train_step", None, 1, (), None, ExecuteStats(calls=10, total_s=0.01), ops=(op,))
+        >>> op_hints([step], 0.02)[0].split(":")[0]
+        'in train_step, a host callback takes 90% of the time'
+    """
     hints = []
     for function in functions:
-        if function.ops and function.ops[0].fraction > 0.5 and function.execute.total_s > 0.05 * max(wall, 1e-9):
+        if not function.ops or function.execute.total_s <= 0.05 * max(wall, 1e-9):
+            continue
+        callbacks = [op for op in function.ops if _CALLBACK.search(op.expression) or _CALLBACK.search(op.name)]
+        share = sum(op.fraction for op in callbacks)
+        if share >= CALLBACK_SHARE:
+            lines = ", ".join(f"{op.name} at {op.source}" if op.source else op.name for op in callbacks[:3])
+            hints.append(f"in {function.name}, a host callback takes {100 * share:.0f}% of the time: {lines}: each "
+                         "call stops the computation while Python runs on the host (jax.debug.print, "
+                         "jax.debug.callback, pure_callback); print or log every N steps (under lax.cond on the "
+                         "step number), or return the values and read them outside the step every N steps")
+        elif function.ops[0].fraction > 0.5:
             op = function.ops[0]
             where = f" at {op.source}" if op.source else ""
             hints.append(f"in {function.name}, one op takes {100 * op.fraction:.0f}% of the time: {op.name} "

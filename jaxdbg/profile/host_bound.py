@@ -45,8 +45,8 @@ MIN_STEPS = 3
 EVERY_STEP = 0.5  # a sync site that runs at least this often per step is "every step" (logging each step)
 
 # Per function: [steps, step_s, device_s, calls_s, transfer_s, sync_wait_s, idle_s, sync_idle_s] summed over its
-# steady steps (from one call to the next: neither compiled nor ran in the capture window, and no operation outside
-# jit compiled in between).
+# steady steps (from one call to the next: neither compiled nor ran in the capture window, and nothing compiled in
+# between: another jitted function or an operation outside jit).
 # ``cpu_s``: the main thread's CPU time (``time.thread_time()``) from its first reading in the run to its last, and
 # ``cpu_span_s`` the plain-run time between those readings: the clock is read on the calls the profile sees (one in
 # --sync-every), not on the unseen ones (a read costs more than the rest of an unseen call's bookkeeping), so the
@@ -56,6 +56,7 @@ EVERY_STEP = 0.5  # a sync site that runs at least this often per step is "every
 # can be waiting for).
 STEP_FIELDS = ("steps", "step_s", "device_s", "calls_s", "transfer_s", "sync_wait_s", "idle_s", "sync_idle_s",
                "cpu_s", "cpu_span_s", "threaded")
+RECENT = 5  # an unseen call runs the median of its function's latest waited calls' executions
 BLOCKED = 0.5  # the main thread blocked this share of its host time or more: it waits for its input, not works
 
 
@@ -82,11 +83,14 @@ class StepClock:
         self.distorted = False  # jaxdbg waited for the device since the last sync: its real wait is not a plain run's
         self.started = False
         self.device = self.calls = self.transfer = self.sync_wait = self.idle = self.sync_idle = 0.0
-        self.eager_compiles = 0  # an operation outside jit compiled: a step holding one is not steady
+        self.compiles = 0  # a compile (jitted or eager): a step holding one is not steady
         self.pending: SyncSite | None = None  # the latest sync until the next call: the idle after it is its doing
         self.pending_end = 0.0
         self.dispatch: dict[int, float] = {}  # per function: the latest un-waited call's wall (its dispatch)
-        self.execute: dict[int, float] = {}  # per function: the latest waited call's execution
+        # per function: the median of its latest waited calls' executions (RECENT of them), what its unseen calls
+        # are taken to run: one call slowed by the machine (another process on its core) stands for none after it
+        self.execute: dict[int, float] = {}
+        self.recent: dict[int, list[float]] = {}
         self.previous: dict[int, tuple[float, ...] | None] = {}
         # Per function: the sums of its closed runs of consecutive steady steps, and its open run (the snapshot
         # before its first step, and how many steps). A run's sums telescope to (last snapshot - first), so a
@@ -97,7 +101,7 @@ class StepClock:
         # profile as each is made, put on the clock at its next event (in order: nothing else happened between).
         self.unseen_functions = array("q")
         self.unseen_starts = array("d")
-        self.threads_before = threading.active_count()  # the threads alive before the program started any
+        self.threads_before = program_threads()  # the threads alive before the program started any
         self.threaded = 0
         self.has_threads = False  # the program ran threads of its own at the latest reading of the CPU clock
         self.cpu = self.cpu_at = math.nan  # the latest reading of the main thread's CPU clock, and its plain time
@@ -110,9 +114,14 @@ class StepClock:
         thread's CPU clock at ``start`` (NaN: not read)."""
         if self.unseen_starts:
             self.catch_up()
+        if not steady:  # a compile (of this function or another) makes the step it falls in no steady one
+            self.compiles += 1
         if waited:
             host = compile_s + self.dispatch.get(function, 0.0)  # a plain run returns once it is dispatched
-            self.execute[function] = execute_s
+            recent = self.recent.setdefault(function, [])
+            recent.append(execute_s)
+            del recent[:-RECENT]
+            self.execute[function] = sorted(recent)[len(recent) // 2]
             self.distorted = True
         else:
             host = max(end - start - put_s, 0.0)
@@ -121,7 +130,7 @@ class StepClock:
         begins = start - self.shift + put_s + compile_s  # its execution can start as its dispatch does
         if cpu == cpu:  # read (not NaN): filed at the call's execution start, as its step is
             self.cpu, self.cpu_at = cpu, begins
-            self.has_threads = threading.active_count() > self.threads_before
+            self.has_threads = program_threads() > self.threads_before
         self._step(function, begins, host, execute_s, put_s, steady and not captured, captured)
         self.shift += end - start - put_s - host
 
@@ -146,7 +155,7 @@ class StepClock:
         if self.has_threads:
             self.threaded += 1
         now = (begins, self.device, self.calls, self.transfer, self.sync_wait, self.idle, self.sync_idle, self.cpu,
-               self.cpu_at, self.threaded, self.eager_compiles)
+               self.cpu_at, self.threaded, self.compiles)
         before = self.previous.get(function)
         run = self._runs.get(function)
         if before is not None and steady and now[-1] == before[-1]:
@@ -165,8 +174,8 @@ class StepClock:
     @property
     def steps(self) -> dict[int, list[float]]:
         """Per function, ``[steps, step_s, device_s, ...]`` (:data:`STEP_FIELDS`) summed over its steady steps so
-        far (from one call to the next: neither compiled nor ran in the capture window, and no operation outside jit
-        compiled in between)."""
+        far (from one call to the next: neither compiled nor ran in the capture window, and nothing compiled in
+        between)."""
         found = {function: list(sums) for function, sums in self._closed.items()}
         for function, run in list(self._runs.items()):
             _fold(found.setdefault(function, [0.0] * len(STEP_FIELDS)), run, self.previous.get(function))
@@ -206,13 +215,28 @@ class StepClock:
         """An operation run outside jit compiled (its first run): the step it falls in is not a steady one."""
         if self.unseen_starts:
             self.catch_up()
-        self.eager_compiles += 1
+        self.compiles += 1
 
     def transferred(self, seconds: float) -> None:
         """A copy between host and device made outside a jitted call (``device_put``, ``jnp.asarray``)."""
         if self.unseen_starts:
             self.catch_up()
         self.transfer += seconds
+
+
+def program_threads() -> int:
+    """The live threads that are not jaxdbg's own (named ``jaxdbg-...``: the profile's flush thread, the monitor):
+    those the program (or a library it uses) started, such as a prefetch thread its main thread may wait for.
+
+    Example:
+        >>> stop = threading.Event()
+        >>> own = threading.Thread(target=stop.wait, name="jaxdbg-example", daemon=True)
+        >>> before = program_threads(); own.start()
+        >>> program_threads() == before
+        True
+        >>> stop.set(); own.join()
+    """
+    return sum(1 for thread in threading.enumerate() if not thread.name.startswith("jaxdbg-"))
 
 
 def _fold(sums: list[float], run: list, last: tuple[float, ...] | None) -> None:
@@ -237,10 +261,12 @@ def input_pipeline(steps: Mapping[int, Sequence[float]], names: Mapping[int, str
     sums, ident = max(found, key=lambda pair: pair[0][0])
     count = int(sums[0])
     per = {name: sums[i] / count for i, name in enumerate(STEP_FIELDS) if i}
-    step = per["step_s"]
-    if step <= 0:
+    if per["step_s"] <= 0:
         return None
-    host = max(step - per["calls_s"] - per["transfer_s"] - per["sync_wait_s"], 0.0)
+    host = max(per["step_s"] - per["calls_s"] - per["transfer_s"] - per["sync_wait_s"], 0.0)
+    # The host's step (one call to the next) is shorter than the device's where the device is the slower: calls
+    # queue up (a peer that waits in a collective for a straggler), and the loop goes at the device's pace.
+    step = max(per["step_s"], per["device_s"] + per["idle_s"])
     idle = min(per["idle_s"], step)
     fraction = idle / step
     verdict: InputVerdict = ("highly input-bound" if fraction >= HIGH
@@ -248,24 +274,30 @@ def input_pipeline(steps: Mapping[int, Sequence[float]], names: Mapping[int, str
     every_step = [s for s in syncs if calls and s.count >= EVERY_STEP * calls.get(ident, 0) > 0]
     # the main thread's time neither on its CPU nor waiting for the device: a queue's get, a read, a lock
     span = per.get("cpu_span_s", math.nan)
-    cpu = per.get("cpu_s", math.nan) / span * step if span > 0 else math.nan  # NaN: under two readings
-    blocked = None if math.isnan(cpu) else min(max(step - cpu - per["sync_wait_s"], 0.0), host)
+    cpu = per.get("cpu_s", math.nan) / span * per["step_s"] if span > 0 else math.nan  # NaN: under two readings
+    blocked = None if math.isnan(cpu) else min(max(per["step_s"] - cpu - per["sync_wait_s"], 0.0), host)
     # blocked beside a thread of the program's own: waiting for it (alone: a read or a sleep, which prefetch hides)
     waiting = (blocked or 0.0) if per.get("threaded", 0.0) >= 0.5 else 0.0
+    # Without a sync made every step the host would queue steps ahead: the device would idle only where the host's
+    # own time per step exceeds the device's (all of the idle after the sync is its doing, not only what followed
+    # its copy).
+    unhidden = max(host + per["transfer_s"] + per["calls_s"] - per["device_s"], 0.0)
+    overlap = max(idle - unhidden, per["sync_idle_s"]) if every_step else per["sync_idle_s"]
     fixes = (_fixes(step, per["device_s"], host, per["transfer_s"], per["calls_s"],
-                    min(per["sync_idle_s"], per["device_s"]), every_step, waiting)
+                    min(overlap, idle, per["device_s"]), every_step, waiting, idle)
              if fraction >= MODERATE else ())
     return InputPipeline(names[ident], count, step, per["device_s"], host, per["transfer_s"], per["sync_wait_s"],
                          per["calls_s"], idle, fraction, per["sync_idle_s"], verdict, fixes, blocked)
 
 
 def _fixes(step: float, device: float, host: float, transfer: float, dispatch: float, overlap: float,
-           every_step: Sequence[HostSync], blocked: float = 0.0) -> tuple[str, ...]:
+           every_step: Sequence[HostSync], blocked: float = 0.0, idle: float | None = None) -> tuple[str, ...]:
     """What to change, largest gain first (a gain under MODERATE of the step is left out): the host's own work
     moved off the step's path (prefetch), the transfers (data kept on the device), the jitted calls' dispatch
     (fewer calls), and for a sync made every step the device's work the host could overlap with its own without it
-    (``overlap``). Where the main thread spent most of its host time ``blocked`` (off its CPU) while threads of
-    the program's own ran (a prefetch thread's queue), what feeds it is too slow, and prefetching does not help.
+    (``overlap``); a prefetch saves at most the device's ``idle`` time. Where the main thread spent most of its
+    host time ``blocked`` (off its CPU) while threads of the program's own ran (a prefetch thread's queue), what
+    feeds it is too slow, and prefetching does not help.
 
     Example:
         >>> _fixes(0.008, 0.001, 0.007, 0.0, 0.0, 0.0, (), blocked=0.006)[0].split(":")[0]
@@ -291,7 +323,8 @@ def _fixes(step: float, device: float, host: float, transfer: float, dispatch: f
                             "producer's per-example work, run several workers (processes for Python-heavy work: "
                             "threads share the GIL), or move the augmentation into the jitted step"))
     elif host >= MODERATE * step:
-        found.append((host, "prefetch: build the next batches while the device runs (double-buffer the input "
+        gain = min(host, max(step - device, 0.0) if idle is None else idle)  # no more than the device idles
+        found.append((gain, "prefetch: build the next batches while the device runs (double-buffer the input "
                             "pipeline: a background thread or a loader with prefetch, jax.device_put one step "
                             "ahead), or move the preprocessing into the jitted step"))
     if transfer >= MODERATE * step:
