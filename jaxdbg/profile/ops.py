@@ -22,9 +22,11 @@ import json
 import os
 import re
 import sys
+import warnings
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from jaxdbg._source import SourceLocation, is_user_file
 from jaxdbg.profile.collectives import sharding_cause
@@ -70,7 +72,13 @@ def read_xplane(xplane_path: str) -> XplaneEvents:
     """One pass over an xplane.pb: op self times, program executions and step markers."""
     from jax.profiler import ProfileData
 
-    data = ProfileData.from_file(xplane_path)
+    # jaxlib's event-stats type has no __module__: Python 3.12 warns at each read of it (an error under -W error)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return _read_events(ProfileData.from_file(xplane_path))
+
+
+def _read_events(data: Any) -> XplaneEvents:
     totals: dict[str, dict[str, OpTotal]] = defaultdict(lambda: defaultdict(OpTotal))
     runs: dict[tuple[str, int], list[float]] = {}
     unnumbered: dict[str, list[tuple[float, float]]] = defaultdict(list)  # op events without a run_id (GPU)
