@@ -582,7 +582,7 @@ def test_an_argument_filter_jit_holds_across_the_call_is_named_as_the_user_passe
     import jax.numpy as jnp
 
     from jaxdbg import jit_layer
-    from jaxdbg.memory.program import ProgramInfo, held_arguments
+    from jaxdbg.memory.program import ProgramInfo, donations
     from jaxdbg.memory.recorder import FunctionState, _argument_names
 
     class MLP(eqx.Module):
@@ -603,7 +603,7 @@ def test_an_argument_filter_jit_holds_across_the_call_is_named_as_the_user_passe
     statics = tuple(function.static_argnums)
     compiled = jax.jit(function.fun, static_argnums=statics).lower(*args).compile()
     info = ProgramInfo("step", None, 1, 1, "", parameters, statics, len(args), argument_names=names)
-    assert [(h.argument, h.leaves) for h in held_arguments(compiled, info)] == [("x", 1)]
+    assert [(h.argument, h.leaves) for h in donations(compiled, info)[0]] == [("x", 1)]
 
 
 def test_a_donation_no_output_can_take_is_told_to_save_nothing() -> None:
@@ -612,7 +612,7 @@ def test_a_donation_no_output_can_take_is_told_to_save_nothing() -> None:
     import jax
     import jax.numpy as jnp
 
-    from jaxdbg.memory.program import ProgramInfo, held_arguments, refused_donations, refused_note
+    from jaxdbg.memory.program import ProgramInfo, donations, refused_note
 
     def step(params, x):
         return jax.tree_util.tree_map(lambda p: p.astype(jnp.bfloat16), params), x * 2
@@ -620,9 +620,9 @@ def test_a_donation_no_output_can_take_is_told_to_save_nothing() -> None:
     params = {"w1": jnp.ones((64, 32)), "w2": jnp.ones((32,))}
     compiled = jax.jit(step, donate_argnums=(0,)).lower(params, jnp.ones((8,))).compile()
     info = ProgramInfo("step", None, 0, 0, "", ("params", "x"), (), 2)
-    refused = refused_donations(compiled, info)
+    held, refused = donations(compiled, info)
     assert [(h.argument, h.argnum, h.bytes, h.leaves) for h in refused] == [("params", 0, 4 * (64 * 32 + 32), 2)]
-    assert [h.argument for h in held_arguments(compiled, info)] == ["x"]
+    assert [h.argument for h in held] == ["x"]
     assert "donated params" in (refused_note(refused, 16_000) or "") and refused_note(refused, 10**9) is None
 
 

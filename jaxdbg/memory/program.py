@@ -93,7 +93,7 @@ def analyse(compiled: Any, info: ProgramInfo, dump_folder: str | None, after_mod
     returned = Outputs(module, assignment, output_names(compiled)) if assignment and module else None
     largest = (tuple(_buffer(v, module, assignment, loops, returned) for v in assignment.largest(top))
                if assignment and module and loops and returned else ())
-    held, refused = _donation_rows(compiled, info)
+    held, refused = donations(compiled, info)
     peak = arguments + outputs - alias + temp + code
     note = "; ".join(n for n in (note, refused_note(refused, peak)) if n) or None
     return ProgramMemory(
@@ -300,21 +300,11 @@ def forward_kept(assignment: Assignment, module: HloModule, loops: Loops) -> int
     return total
 
 
-def held_arguments(compiled: Any, info: ProgramInfo) -> tuple[Held, ...]:
-    """Arguments not donated that an output of the same shape and dtype could have reused (first come, after
-    the donated ones took theirs), grouped by top-level argument, with their per-device bytes."""
-    return _donation_rows(compiled, info)[0]
-
-
-def refused_donations(compiled: Any, info: ProgramInfo) -> tuple[Held, ...]:
-    """Donated arguments that no output has the shape and dtype of (jax's "Some donated buffers were not usable"):
-    XLA cannot write an output over them, so their donation saves nothing; grouped like :func:`held_arguments`."""
-    return _donation_rows(compiled, info)[1]
-
-
-def _donation_rows(compiled: Any, info: ProgramInfo) -> tuple[tuple[Held, ...], tuple[Held, ...]]:
-    """(held, refused): the arguments not donated that an output could have reused, and the donated ones no output
-    can reuse (outputs matched by shape and dtype, donated arguments first)."""
+def donations(compiled: Any, info: ProgramInfo) -> tuple[tuple[Held, ...], tuple[Held, ...]]:
+    """``(held, refused)``: the arguments not donated that an output of the same shape and dtype could have reused
+    (first come, after the donated ones took theirs), and the donated ones that no output has the shape and dtype
+    of (jax's "Some donated buffers were not usable": XLA cannot write an output over them, so their donation
+    saves nothing); each grouped by top-level argument, with their per-device bytes."""
     import jax
 
     try:

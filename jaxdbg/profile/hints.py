@@ -139,7 +139,7 @@ def hints_for(functions: list[FunctionProfile], totals: Totals, transfers: list[
         hints.append(f"{function.name} compiled {function.compiles} times ({function.compile_total_s:.2f} s); "
                      f"the main cause, on {count} of {len(function.recompiles)} recompiles: {kind} changes. "
                      f"Fix: {fix}")
-    hints.extend(growth_hint(f) for f in functions if growth_hint(f))
+    hints.extend(hint for f in functions if (hint := growth_hint(f)))
     wall = totals.wall_s or 0.0
     compile_s, transfer_s = totals.compile_s or 0.0, totals.transfer_s or 0.0
     if wall > 0 and compile_s > 0.5 * wall:

@@ -203,7 +203,7 @@ class StepClock:
 
     def catch_up(self) -> None:
         """Put the calls that ran unseen since the clock's last event on it: each dispatched in its function's
-        latest measured dispatch time (an un-waited call seen), running its latest measured execution."""
+        latest measured dispatch time (an un-waited call seen), running the median of its latest waited executions."""
         functions, starts = self.unseen_functions, self.unseen_starts
         self.unseen_functions, self.unseen_starts = array("q"), array("d")
         dispatch, execute, shift = self.dispatch, self.execute, self.shift
