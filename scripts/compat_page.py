@@ -44,8 +44,8 @@ in `tests/test_compat_matrix.py`, run by CI on jax 0.10.2 (Python 3.11) and jax 
   takes and with nothing of jaxdbg's own failing;
 - hang-hunt: `jaxdbg hang-hunt` of every program in one run says the run finished with no stall and no
   divergence (exit 0), and its flight record holds every call of each program's jitted functions, each with
-  the program it ran and its results ready, and the collectives (all-reduce) of the programs that run
-  over several devices (pmap, shard_map, sharded arrays) at the program's own lines.
+  the program it ran and its results ready, and the collectives (all-reduce, collective-permute) of the
+  programs that run over several devices (pmap, shard_map, sharded arrays) at the program's own lines.
 
 "works": the answer is right. "bug": jaxdbg's answer is wrong or missing today (a known bug, being
 fixed; the note says what goes wrong). "works, except device": the rest of the answer is right.

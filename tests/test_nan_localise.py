@@ -166,6 +166,16 @@ def test_a_nan_constant_a_select_discards_is_no_origin() -> None:
     # a NaN constant that the code passes on to the outputs stays the origin
     found = hunt(lambda x: jnp.where(x > 0, x, jnp.nan) * 2.0, jnp.array([-1.0, 2.0]))
     assert found.first.constant_input and found.first.source is not None
+    # under jax.grad, jax hoists jnp.var's NaN constant out of a scan over layers (a scan const): still a constant
+    # there, discarded by the select inside, and the origin is the 0 / 0 of the layer's normalisation
+    def layers(ws, x):
+        def block(x, w):
+            return x + jnp.tanh((x - x.mean(-1, keepdims=True)) / x.std(-1, keepdims=True) @ w), None
+        return jax.lax.scan(block, x, ws)[0].sum()
+
+    found = hunt(jax.jit(jax.grad(layers)), jnp.full((3, 4, 4), 0.1), jnp.ones((2, 4)).at[0].set(jnp.arange(4.0)))
+    assert (found.first.primitive, found.first.constant_input) == ("div", False), found.first
+    assert found.first.path[-1] == "scan[iteration=0]"
 
 
 @jax.custom_vjp

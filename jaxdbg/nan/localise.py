@@ -263,6 +263,10 @@ class NanHunter(Hooks):
         if not any(nan or inf for nan, inf in flags):
             return None
         in_tags = resolved if resolved is not None else self._resolved(site, invals, in_tags)
+        if _folds_nan_constant(site, in_tags):
+            # still a constant (jnp.var's NaN, broadcast): jax hoists such values out of a loop for its backward
+            # pass, and the loop's select that discards it must see a constant there, not a computed NaN
+            return [Provenance(nan, inf, constant=True) if (nan or inf) else None for nan, inf in flags]
         in_nan, in_inf = self._input_state(in_tags)
         out_nan = any(nan for nan, _ in flags)
         out_inf = any(inf for _, inf in flags)
@@ -435,6 +439,16 @@ def _passes_nan_constant(origin: Origin) -> bool:
     for an empty reduction, under ``debug_nans(False)``). Where a select then discards it, it is no origin: the
     code meant it, and nothing sees it."""
     return origin.kind == "nan" and origin.constant_input and any(s.nan for s in origin.inputs)
+
+
+def _folds_nan_constant(site: Site, in_tags: Sequence[Any]) -> bool:
+    """An operation of constants only, one of them a NaN written in the code (``convert_element_type`` or
+    ``broadcast_in_dim`` of ``jnp.nan``): its result is a constant too, no origin, until something selects it into
+    a computed value (an Inf constant stays an origin: a ``-inf`` mask is the head of a chain)."""
+    if not any(t is not None and t.nan for t in in_tags):
+        return False
+    return all((t is not None and t.constant and not t.inf) or (t is None and _compat.is_literal(atom))
+               for atom, t in zip(site.eqn.invars, in_tags))
 
 
 @jax.jit

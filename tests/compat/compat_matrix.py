@@ -84,7 +84,7 @@ class Row:
     explanation: tuple[str, ...] = ()  # words the explanation must hold
     leaves: tuple[str, ...] = ()  # names nan-hunt's bundle must give inputs of the origin's call
     hint: str | None = None  # words the first hint must hold
-    collective: str | None = None  # the collective (HLO op) hang-hunt's flight record names in the row's programs
+    collectives: tuple[str, ...] = ()  # the collectives (HLO ops) hang-hunt's flight record names in the row's programs
     repro: bool = False
     known: dict[str, tuple[Known, ...]] = field(default_factory=dict)  # column -> what does not work there
 
@@ -101,12 +101,12 @@ ROWS: tuple[Row, ...] = (
     Row("jit_options", "jit: nested jit, static and donated arguments", Op("nan", "div", "forward"), 2, _train(),
         path="jit(layer_norm)"),
     Row("pmap_step", "jax.pmap with lax.pmean", Op("nan", "log", "forward"), 2,
-        _train(compiles=2, recompile="sharding"), path="pmap", device="cpu:7", collective="all-reduce"),
+        _train(compiles=2, recompile="sharding"), path="pmap", device="cpu:7", collectives=("all-reduce",)),
     Row("shard_map_manual", "shard_map, every mesh axis manual (pmean; jnp.linalg.norm in the body)",
         Op("nan", "div", "forward"), 2, _train(compiles=2, recompile="sharding changed"), path="shard_map",
-        device="cpu:7", collective="all-reduce"),
+        device="cpu:7", collectives=("all-reduce",)),
     Row("shard_map_auto", "shard_map, manual over one axis and auto over another (axis_names)",
-        Op("nan", "log", "forward"), 2, _train(), path="shard_map", collective="all-reduce"),
+        Op("nan", "log", "forward"), 2, _train(), path="shard_map", collectives=("all-reduce",)),
     Row("vmap_per_example", "vmap (per-example gradients)", Op("nan", "div", "forward"), 2, _train(), path="vmap"),
     Row("scan_rnn", "lax.scan", Op("nan", "log", "forward"), 1, _train(calls=3), path="scan[iteration=3]"),
     Row("while_power", "lax.while_loop / fori_loop (traced bound)", Op("nan", "div", "forward"), 1,
@@ -142,7 +142,7 @@ ROWS: tuple[Row, ...] = (
     Row("nnx_graph_state", "Flax NNX graph state (nnx.jit, BatchNorm, nnx.Optimizer)", Op("nan", "div", "forward"),
         2, _train()),
     Row("sharded_dp", "arrays sharded over 8 CPU devices (NamedSharding)", Op("nan", "div", "forward"), 2, _train(),
-        device="cpu:7", repro=True, collective="all-reduce"),
+        device="cpu:7", repro=True, collectives=("all-reduce",)),
     Row("associative_scan_lru", "lax.associative_scan (a linear recurrent unit)", Op("nan", "sqrt", "forward"), 2,
         _train()),
     Row("linalg_gp", "jnp.linalg.cholesky / cho_solve (Gaussian-process regression)", Op("nan", "div", "forward"), 2,
@@ -155,6 +155,14 @@ ROWS: tuple[Row, ...] = (
     Row("pallas_softmax", "Pallas kernel (pallas_call in interpret mode, no grid)", Op("nan", "sub", "forward"), 1,
         (Function("attend", 1, 3),), path="pallas(softmax_kernel)",
         chain=(Op("inf", "convert_element_type", "forward", "# mask: -inf"),)),
+    Row("pallas_grid", "Pallas kernel with a grid and BlockSpecs (a block of rows per program)",
+        Op("nan", "div", "forward"), 2, _train(), path="pallas(rms_norm_kernel)[program=2]"),
+    Row("shard_map_ring", "shard_map with a ring of lax.ppermute (blockwise ring attention)",
+        Op("nan", "sub", "forward"), 2, _train(compiles=2, recompile="sharding changed"), path="shard_map",
+        device="cpu:0", collectives=("collective-permute", "all-reduce"),
+        chain=(Op("inf", "convert_element_type", "forward", "# padding: -inf"),)),
+    Row("nnx_scan_layers", "Flax NNX scan over layers (nnx.vmap-stacked blocks applied with nnx.scan)",
+        Op("nan", "div", "forward"), 2, _train(), path="scan[iteration=0]"),
     Row("sparse_gcn", "jax.experimental.sparse BCOO (sparse @ dense in a graph layer)", Op("nan", "div", "forward"),
         2, _train(), explanation=("the argument adj.data",)),
     Row("checkify_guard", "jax.experimental.checkify (jit of checkify with user checks)",
