@@ -862,3 +862,37 @@ def test_a_sparse_matmul_of_an_inf_by_a_stored_zero_is_explained_as_0_times_inf(
     found = hunt(jax.jit(propagate), jnp.array([2.0, 1.0]), jnp.array([0.0, -0.0]), jnp.array([0, 0]))
     assert found.first.primitive == "bcoo_dot_general"
     assert "0 * inf" not in explain(found.first, found.chain)[0]
+
+
+def _optax_step(optimizer):
+    import optax
+
+    def step(params, opt_state, x):
+        grads = jax.grad(lambda p: jnp.sum((x @ p) ** 2))(params)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    return jax.jit(step)
+
+
+def test_a_step_that_already_warms_its_learning_rate_up_is_told_to_lower_the_peak_not_to_add_warmup() -> None:
+    import optax
+
+    from jaxdbg.nan import explain as explain_module
+    from jaxdbg.nan import schedule
+    from jaxdbg.nan.analyses import Findings
+
+    warming = optax.adam(optax.warmup_cosine_decay_schedule(0.0, 1e30, warmup_steps=40, decay_steps=400))
+    params, x = jnp.full((4, 1), 1e20), jnp.full((8, 4), 3.0)  # grown by earlier steps: (x @ p) ** 2 overflows
+    state = jax.tree.map(lambda v: jnp.int32(7) if v.dtype == jnp.int32 else v, warming.init(params))  # step 7
+    call = Call("step", _optax_step(warming), (params, state, x), {})
+    found = localise_call(call)
+    findings = Findings(found.first, call=call, localisation=found, chain=list(found.chain))
+    explain_module.analyse(findings)
+    said = " ".join(findings.hints)
+    assert "schedule that warms up (from 0 to a peak of 1e+30 by step 40; at this call's step 7" in said, said
+    assert "add warmup" not in said
+    # Adam's bias corrections depend on the step too, but divide the updates: a constant rate has no schedule
+    constant = optax.adam(1e30)
+    args = (params, constant.init(params), x)
+    assert schedule.warmup(jax.make_jaxpr(_optax_step(constant))(*args), jax.tree.leaves(args)) is None
