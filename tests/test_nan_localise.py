@@ -902,17 +902,24 @@ def test_a_step_that_already_warms_its_learning_rate_up_is_told_to_lower_the_pea
     from jaxdbg.nan import schedule
     from jaxdbg.nan.analyses import Findings
 
-    warming = optax.adam(optax.warmup_cosine_decay_schedule(0.0, 1e30, warmup_steps=40, decay_steps=400))
+    warmup = optax.warmup_cosine_decay_schedule(0.0, 1e30, warmup_steps=40, decay_steps=400)
     params, x = jnp.full((4, 1), 1e20), jnp.full((8, 4), 3.0)  # grown by earlier steps: (x @ p) ** 2 overflows
-    state = jax.tree.map(lambda v: jnp.int32(7) if v.dtype == jnp.int32 else v, warming.init(params))  # step 7
-    call = Call("step", _optax_step(warming), (params, state, x), {})
+
+    def at_step(optimizer, count):
+        state = jax.tree.map(lambda v: jnp.int32(count) if v.dtype == jnp.int32 else v, optimizer.init(params))
+        return params, state, x
+
+    sgd = optax.sgd(warmup)
+    call = Call("step", _optax_step(sgd), at_step(sgd, 7), {})
     found = localise_call(call)
     findings = Findings(found.first, call=call, localisation=found, chain=list(found.chain))
     explain_module.analyse(findings)
     said = " ".join(findings.hints)
     assert "schedule that warms up (from 0 to a peak of 1e+30 by step 40; at this call's step 7" in said, said
     assert "add warmup" not in said
-    # Adam's bias corrections depend on the step too, but divide the updates: a constant rate has no schedule
-    constant = optax.adam(1e30)
-    args = (params, constant.init(params), x)
-    assert schedule.warmup(jax.make_jaxpr(_optax_step(constant))(*args), jax.tree.leaves(args)) is None
+    # Adam's bias corrections depend on the step too, but divide the updates: only the schedule multiplies them
+    for optimizer, peak in ((optax.adam(warmup), 1e30), (optax.adam(1e30), None)):
+        args = at_step(optimizer, 50)
+        found_schedule = schedule.warmup(jax.make_jaxpr(_optax_step(optimizer))(*args), jax.tree.leaves(args))
+        assert (found_schedule and (found_schedule.peak_step, round(found_schedule.peak / 1e30, 3))) == (
+            peak and (40, 1.0))

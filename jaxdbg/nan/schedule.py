@@ -26,6 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxdbg import _compat
@@ -33,13 +35,13 @@ from jaxdbg import _compat
 CALLS = ("pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr")
 SHAPED = ("broadcast_in_dim", "reshape", "convert_element_type")  # a scalar made an array: the same multiplier
 WARMS_UP = 0.5  # a schedule whose first value is below this share of its peak warms up
-STEPS = (0, 1, 2, 3, 5, 8, 12, 20, 30, 50, 80, 120, 200, 300, 500, 800, 1200, 2000, 3000, 5000, 10000)
+COUNTS = 10_000  # the schedule is evaluated at every count up to this (or twice the failing call's count)
 
 
 @dataclass(frozen=True)
 class Warmup:
     """A warmup schedule: its value at count 0, its largest value and the first count reaching it (among the
-    counts tried), and the count and value at the failing call."""
+    counts evaluated), and the count and value at the failing call."""
 
     start: float
     peak: float
@@ -58,45 +60,27 @@ class Warmup:
 class _Broadcast:
     """A scalar's value made into an array (broadcast, reshaped): a multiplier, not evaluated further."""
 
-    def __init__(self, value: float):
+    def __init__(self, value: Any):
         self.value = value
 
 
 def warmup(closed: Any, leaves: Sequence[Any]) -> Warmup | None:
-    """The warmup schedule behind a multiplier of the step (the first one that warms up), or None."""
+    """The warmup schedule behind a multiplier of the step (the first one that warms up), or None. The schedule's
+    arithmetic is traced once and evaluated at every count at once (vmapped)."""
     jaxpr, _ = _compat.open_jaxpr(closed)
-    counts = [i for i, leaf in enumerate(leaves[:len(jaxpr.invars)]) if _step_count(leaf)]
-    for at_count in counts:
-        now = int(np.asarray(leaves[at_count]))
-        steps = sorted({*STEPS, now})
-        curves = [_multipliers(jaxpr, {jaxpr.invars[at_count]: np.int32(c)}) for c in steps]
-        if not curves[0] or any(len(c) != len(curves[0]) for c in curves):
+    for at in (i for i, leaf in enumerate(leaves[:len(jaxpr.invars)]) if _step_count(leaf)):
+        now = int(np.asarray(leaves[at]))
+        count = jaxpr.invars[at]
+        counts = np.arange(min(max(COUNTS, 2 * now), 2**22) + 1, dtype=np.int32)
+        if not _multipliers(jaxpr, {count: jax.ShapeDtypeStruct((), jnp.int32)}, trace_only=True):
             continue
-        for k in range(len(curves[0])):
-            values = [abs(c[k]) for c in curves]
-            peak = max(values)
-            if peak > 0 and values[0] < WARMS_UP * peak and all(np.isfinite(values)):
-                at = values.index(peak)
-                top, peak = _peak(jaxpr.invars[at_count], jaxpr, k, steps[max(at - 1, 0)],
-                                  steps[min(at + 1, len(steps) - 1)])
-                return Warmup(values[0], peak, top, now, values[steps.index(now)])
+        curves = jax.jit(jax.vmap(lambda c: _multipliers(jaxpr, {count: c})))(counts)  # noqa: B023 - called at once
+        for curve in curves:
+            values = np.abs(np.asarray(curve, np.float64))
+            top = int(np.argmax(values))
+            if np.all(np.isfinite(values)) and values[top] > 0 and values[0] < WARMS_UP * values[top]:
+                return Warmup(float(values[0]), float(values[top]), top, now, float(values[min(now, len(values) - 1)]))
     return None
-
-
-def _peak(count: Any, jaxpr: Any, k: int, low: int, high: int) -> tuple[int, float]:
-    """The count in [low, high] where multiplier ``k`` is largest (the schedule rising, then falling there) and
-    that value: a ternary search, the first such count on a plateau."""
-    def value(c: int) -> float:
-        return abs(_multipliers(jaxpr, {count: np.int32(c)})[k])
-
-    while high - low > 2:
-        a, b = low + (high - low) // 3, high - (high - low) // 3
-        if value(a) < value(b):
-            low = a + 1
-        else:
-            high = b
-    best = max(range(low, high + 1), key=lambda c: (value(c), -c))
-    return best, value(best)
 
 
 def _step_count(leaf: Any) -> bool:
@@ -107,11 +91,12 @@ def _step_count(leaf: Any) -> bool:
         return False
 
 
-def _multipliers(jaxpr: Any, known: dict) -> list[float]:
+def _multipliers(jaxpr: Any, known: dict, trace_only: bool = False) -> list:
     """The values, in equation order, of the count-derived scalars that multiply arrays the count does not
-    make (the updates), with ``known`` holding the count's value."""
-    found: list[float] = []
-    _walk(jaxpr, dict(known), found)
+    make (the updates), with ``known`` holding the count's value (a tracer; with ``trace_only``, a shape: only
+    whether there are any, nothing evaluated)."""
+    found: list = []
+    _walk(jaxpr, dict(known), found, trace_only)
     return found
 
 
@@ -121,37 +106,35 @@ def _read(atom: Any, known: dict) -> Any:
     return known.get(atom)
 
 
-def _walk(jaxpr: Any, known: dict, found: list[float]) -> None:
+def _walk(jaxpr: Any, known: dict, found: list, trace_only: bool) -> None:
     for eqn in jaxpr.eqns:
         values = [_read(a, known) for a in eqn.invars]
-        derived = [v for a, v in zip(eqn.invars, values) if not hasattr(a, "val") and v is not None]
-        if not derived:
-            continue
-        name = eqn.primitive.name
-        if name == "mul":
-            scale = [v.value if isinstance(v, _Broadcast) else v for v in values if v is not None]
-            if any(v is None for v in values) and len(scale) == 1 and np.ndim(scale[0]) == 0 \
-                    and np.issubdtype(np.asarray(scale[0]).dtype, np.floating):
-                found.append(float(scale[0]))
+        if not any(not hasattr(a, "val") and v is not None for a, v in zip(eqn.invars, values)):
+            continue  # nothing the count makes
+        name, out = eqn.primitive.name, eqn.outvars[0].aval if len(eqn.outvars) == 1 else None
+        if name == "mul" and any(v is None for v in values):
+            scale = [a for a, v in zip(eqn.invars, values) if v is not None]
+            if len(scale) == 1 and not hasattr(scale[0], "val") and jnp.issubdtype(scale[0].aval.dtype, jnp.floating):
+                value = values[eqn.invars.index(scale[0])]
+                found.append(value.value if isinstance(value, _Broadcast) else value)
                 continue
         if name in CALLS:
             inner = _inner(eqn)
             if inner is not None:
                 inner_known = {v: x for v, x in zip(inner.invars, values) if x is not None}
-                _walk(inner, inner_known, found)
-                for out, var in zip(inner.outvars, eqn.outvars):  # what the call returns of it
-                    value = _read(out, inner_known)
+                _walk(inner, inner_known, found, trace_only)
+                for result, var in zip(inner.outvars, eqn.outvars):  # what the call returns of it
+                    value = _read(result, inner_known)
                     if value is not None:
                         known[var] = value
                 continue
-        if any(v is None or isinstance(v, _Broadcast) for v in values) or len(eqn.outvars) != 1:
+        if any(v is None or isinstance(v, _Broadcast) for v in values) or out is None:
             continue
-        if name in SHAPED and np.ndim(values[0]) == 0 and eqn.outvars[0].aval.shape != ():
-            known[eqn.outvars[0]] = _Broadcast(float(np.asarray(values[0])))
-            continue
-        if eqn.outvars[0].aval.shape != () or any(np.ndim(v) != 0 for v in values):
-            continue  # scalar arithmetic only: a schedule's
-        known[eqn.outvars[0]] = np.asarray(_compat.bind_eqn(eqn, list(values))[0])
+        scalars = all(getattr(a, "aval", None) is None or a.aval.shape == () for a in eqn.invars)
+        if name in SHAPED and scalars and out.shape != ():
+            known[eqn.outvars[0]] = _Broadcast(values[0])
+        elif scalars and out.shape == ():  # scalar arithmetic only: a schedule's
+            known[eqn.outvars[0]] = values[0] if trace_only else _compat.bind_eqn(eqn, list(values))[0]
 
 
 def _inner(eqn: Any) -> Any:
