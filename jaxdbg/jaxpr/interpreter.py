@@ -485,10 +485,7 @@ def _pallas_rule(interp: Interpreter, site: Site, invals: list, in_tags: list) -
         kernel = None
     name = site.eqn.params.get("name") or _compat.jaxpr_function_name(site.eqn.params["jaxpr"]) or "kernel"
     if kernel is None:
-        try:
-            grid = _compat.pallas_grid_kernel(site.eqn.params)
-        except Exception:  # noqa: BLE001 - a kernel this jax cannot discharge runs whole, as before
-            grid = None
+        grid = _pallas_grid(site)
         if grid is not None:
             return _pallas_programs(interp, site, invals, in_tags, grid, name)
         interp.hooks.opaque(site, "a Pallas kernel with element-indexed or bounded block dimensions, block "
@@ -515,7 +512,7 @@ def _reads_uninitialised(interp: Interpreter, site: Site, given: list, outs: lis
     if not all(bool(jnp.all(jnp.isfinite(o))) for o in outs if jnp.issubdtype(o.dtype, jnp.inexact)):
         return False
     try:
-        grid = grid or _compat.pallas_grid_kernel(site.eqn.params)
+        grid = grid or _pallas_grid(site)
         if grid is None or not pallas.reads_uninitialised(grid, given, site.eqn.outvars):
             return False
     except Exception:  # noqa: BLE001 - the check is a refinement: the replay's answer stands without it
@@ -525,6 +522,21 @@ def _reads_uninitialised(interp: Interpreter, site: Site, given: list, outs: lis
                               "as one operation: mask those reads (e.g. `jnp.where(row < n, x, 0.0)` with `row` "
                               "from `pl.program_id` and `jax.lax.broadcasted_iota`), and write every output block")
     return True
+
+
+# A kernel's grid and compiled programs, per kernel jaxpr: a kernel called in a loop body is discharged and compiled
+# once, not per iteration.
+_PALLAS_GRIDS: weakref.WeakKeyDictionary[Any, _compat.PallasGrid | None] = weakref.WeakKeyDictionary()
+
+
+def _pallas_grid(site: Site) -> _compat.PallasGrid | None:
+    kernel = site.eqn.params["jaxpr"]
+    if kernel not in _PALLAS_GRIDS:
+        try:
+            _PALLAS_GRIDS[kernel] = _compat.pallas_grid_kernel(site.eqn.params)
+        except Exception:  # noqa: BLE001 - a kernel this jax cannot discharge runs whole, as before
+            _PALLAS_GRIDS[kernel] = None
+    return _PALLAS_GRIDS[kernel]
 
 
 MAX_PALLAS_PROGRAMS = 1024  # every program of a grid up to this size is replayed op by op; of a larger one, one
@@ -546,7 +558,7 @@ def _pallas_programs(interp: Interpreter, site: Site, invals: list, in_tags: lis
     tags = [*in_tags, *(in_tags[aliased[k]] if k in aliased else None for k in range(len(outvars)))]
     tags = [*tags, *([None] * grid.scratch)]
     count, replayed = pallas.programs(grid), range(pallas.programs(grid))
-    compiled = pallas.Compiled(grid) if count > MAX_PALLAS_PROGRAMS else None
+    compiled = pallas.compiled(grid) if count > MAX_PALLAS_PROGRAMS else None
     if compiled is not None:
         after, ran = compiled.run(state, 0, count)
         if ran < count:  # program ran-1 is the first whose blocks turned non-finite: replay it

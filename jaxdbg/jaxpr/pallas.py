@@ -160,6 +160,18 @@ class Compiled:
         return ran, after, scratch_after
 
 
+_COMPILED: dict[int, tuple[_compat.PallasGrid, Compiled]] = {}
+
+
+def compiled(grid: _compat.PallasGrid) -> Compiled:
+    """The kernel's programs compiled, once per grid (the interpreter keeps one grid per kernel jaxpr)."""
+    if id(grid) not in _COMPILED or _COMPILED[id(grid)][0] is not grid:
+        if len(_COMPILED) > 64:  # (a long run's kernels come and go)
+            _COMPILED.clear()
+        _COMPILED[id(grid)] = (grid, Compiled(grid))
+    return _COMPILED[id(grid)][1]
+
+
 def programs(grid: _compat.PallasGrid) -> int:
     return math.prod(grid.grid)
 
@@ -167,10 +179,10 @@ def programs(grid: _compat.PallasGrid) -> int:
 def reads_uninitialised(grid: _compat.PallasGrid, invals: Sequence[Any], outvars: Sequence[Any]) -> bool:
     """Whether the kernel's outputs hold a NaN or Inf when run from interpret mode's NaN-filled padding, outputs
     and scratch, and none when run from the replay's (finite) ones: it reads memory not yet written."""
-    compiled = Compiled(grid)
+    runner = compiled(grid)
 
     def nonfinite(uninitialised: bool) -> bool:
-        state, _ = compiled.run(initial(grid, invals, outvars, uninitialised), 0, programs(grid), False)
+        state, _ = runner.run(initial(grid, invals, outvars, uninitialised), 0, programs(grid), False)
         return any(not bool(jnp.all(jnp.isfinite(o))) for o in outputs(grid, state, outvars)
                    if jnp.issubdtype(o.dtype, jnp.inexact))
 
