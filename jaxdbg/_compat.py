@@ -19,7 +19,7 @@ import functools
 import os
 import sys
 import types
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -625,46 +625,70 @@ def _discharged(kernel: Any) -> Any:
     opened, consts = open_jaxpr(kernel)
     if JAX_VERSION < (0, 11):  # jax 0.10 discharges a closed jaxpr, jax 0.11 an open one
         return discharge_state(ClosedJaxpr(opened, consts))
-    discharged: Any = discharge_state(opened)  # an open jaxpr on jax 0.11 (typed closed after jax 0.10)
+    # an open jaxpr on jax 0.11 (typed closed after jax 0.10); its values' types without the refs' memory space,
+    # as interpret mode strips it (a kernel traced again, in a compiled loop, is refused it)
+    discharged: Any = discharge_state(opened, strip_memory_space=True)  # type: ignore[call-arg,unused-ignore]
     return ClosedJaxpr(discharged, consts)
 
 
 class PallasGrid(NamedTuple):
-    """A gridded ``pallas_call`` to replay program by program: its discharged ``kernel``, the ``grid``, and
-    per operand (inputs, then outputs) its block shape and index map (grid indices -> block indices, a closed
-    jaxpr)."""
+    """A gridded ``pallas_call`` to replay program by program, as interpret mode runs it: its discharged
+    ``kernel`` (refs in order: scalar prefetch, inputs, outputs, scratch), the ``grid``, per operand (inputs, then
+    outputs) its block as sliced (a squeezed dimension is 1) and the ``squeezed`` dimensions the kernel does not
+    see, the ``mappings`` that give each program's block offsets, how many scalar-prefetch operands come first
+    (``scalars``) and scratch buffers last (``scratch``), and ``aliases`` (output -> the input it starts as)."""
 
     kernel: Any
     grid: tuple[int, ...]
     blocks: tuple[tuple[int, ...], ...]
-    index_maps: tuple[Any, ...]
+    squeezed: tuple[tuple[bool, ...], ...]
+    mappings: tuple[Any, ...]
+    scalars: int = 0
+    scratch: int = 0
+    aliases: tuple[tuple[int, int], ...] = ()
+
+    def starts(self, ids: Sequence[Any], scalars: Sequence[Any]) -> list[list[Any]]:
+        """Per operand, the element offsets of program ``ids``'s block (its index map, scalar-prefetch values
+        read). Works on tracers too."""
+        return [list(m.compute_start_indices_interpret(tuple(ids), *scalars)) for m in self.mappings]
 
 
 def pallas_grid_kernel(params: dict) -> PallasGrid | None:
-    """A ``pallas_call`` over a static grid whose operands are plain blocks that tile their arrays exactly (no
-    scalar prefetch, scratch, aliasing, squeezed or element-indexed dimensions, vmapped grid): what a replay
-    needs to run each program on its blocks. Otherwise None."""
+    """A ``pallas_call`` over a static grid whose operands are blocks (squeezed dimensions allowed; partial edge
+    blocks too, padded as interpret mode pads them), with scalar-prefetch, scratch and aliased operands: what a
+    replay needs to run each program on its blocks. None for element-indexed or bounded dimensions, block
+    transforms, vmapped or dynamic grids."""
     mapping, kernel = params.get("grid_mapping"), params.get("jaxpr")
-    if mapping is None or kernel is None or params.get("input_output_aliases"):
+    if mapping is None or kernel is None:
         return None
-    if mapping.num_index_operands or mapping.num_scratch_operands or getattr(mapping, "vmapped_dims", ()) \
-            or getattr(mapping, "num_dynamic_grid_bounds", 0) or not all(isinstance(n, int) for n in mapping.grid):
+    if getattr(mapping, "vmapped_dims", ()) or getattr(mapping, "num_dynamic_grid_bounds", 0) \
+            or not all(isinstance(n, int) for n in mapping.grid) or getattr(mapping, "local_grid_env", None):
         return None
-    blocks = []
+    blocks, squeezed = [], []
     for block in mapping.block_mappings:
-        if tuple(block.transforms) or any(type(d).__name__ != "Blocked" for d in block.block_shape):
+        kinds = [type(d).__name__ for d in block.block_shape]
+        if tuple(block.transforms) or any(k not in ("Blocked", "Squeezed") for k in kinds) \
+                or len(kinds) != len(block.array_aval.shape):
             return None
-        shape = tuple(int(d.block_size) for d in block.block_shape)
-        if len(shape) != len(block.array_aval.shape) or any(
-                n % b for n, b in zip(block.array_aval.shape, shape)):  # a partial edge block: padding rules
-            return None
-        blocks.append(shape)
+        blocks.append(tuple(int(d.block_size) if k == "Blocked" else 1 for d, k in zip(block.block_shape, kinds)))
+        squeezed.append(tuple(k == "Squeezed" for k in kinds))
     from jax._src.pallas import core as pallas_core  # internal: the grid that `pl.program_id` is traced in
 
     with pallas_core.tracing_grid_env(tuple(mapping.grid), ()):  # program ids stay equations, read per program
         discharged = _discharged(kernel)
-    return PallasGrid(discharged, tuple(mapping.grid), tuple(blocks),
-                      tuple(b.index_map_jaxpr for b in mapping.block_mappings))
+    aliases = tuple((int(o), int(i)) for i, o in params.get("input_output_aliases") or ())
+    return PallasGrid(discharged, tuple(mapping.grid), tuple(blocks), tuple(squeezed),
+                      tuple(mapping.block_mappings), int(mapping.num_index_operands),
+                      int(mapping.num_scratch_operands), aliases)
+
+
+@contextlib.contextmanager
+def pallas_program(ids: Sequence[Any], grid: Sequence[int]) -> Iterator[None]:
+    """While tracing a kernel's program: ``pl.program_id``/``pl.num_programs`` read ``ids`` and ``grid``."""
+    from jax._src.pallas import core as pallas_core  # internal: interpret mode's own grid environment
+
+    with pallas_core.grid_env(tuple(pallas_core.GridAxis(i, n) for i, n in zip(ids, grid))):
+        yield
 
 
 def jaxpr_function_name(closed: Any) -> str | None:

@@ -260,11 +260,27 @@ def test_a_pallas_kernel_is_replayed_inside_whole_or_program_by_program_over_its
     found = hunt(grid, jnp.full((4, 8), 0.5))
     assert (found.first.primitive, found.first.path[-1]) == ("log", "pallas(_log_kernel)[program=1]")
     assert found.first.source.line == _line_of(_log_kernel, "# kernel log line") and not found.notes
-    ragged = pl.BlockSpec((3, 8), lambda i: (i, 0))  # blocks that do not tile the array: run whole
-    grid = jax.jit(lambda x: pl.pallas_call(_log_kernel, jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(2,),
-                                            in_specs=[ragged], out_specs=ragged, interpret=True)(x))
-    found = hunt(grid, jnp.full((4, 8), 0.5))
-    assert found.first.primitive == "pallas_call" and "ran as one operation" in " ".join(found.notes)
+    # an in-place update (the output aliases its input) in blocks wider than the rows (each runs past the edge),
+    # over more programs than are replayed one by one: the first program that makes a non-finite value is found
+    # compiled, then replayed op by op
+    row = pl.BlockSpec((1, 8), lambda i: (i, 0))
+    many = jax.jit(lambda x: pl.pallas_call(_log_kernel, jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(1100,),
+                                            in_specs=[row], out_specs=row, input_output_aliases={0: 0},
+                                            interpret=True)(x))
+    rows = jnp.broadcast_to(jnp.arange(1100.0)[:, None] + 0.5, (1100, 6))  # log(x - program id) of 0.5
+    found = hunt(many, rows.at[1037, 3].set(1036.5))  # in program 1037 only: log(-0.5)
+    assert (found.first.primitive, found.first.path[-1]) == ("log", "pallas(_log_kernel)[program=1037]")
+    # a kernel that sums a row past the array's edge reads interpret mode's NaN padding: it is said so
+    wide = pl.BlockSpec((4, 8), lambda i, j: (i, j))
+    padded = jax.jit(lambda x: pl.pallas_call(_row_sum_kernel, jax.ShapeDtypeStruct((4, 1), x.dtype), grid=(1, 2),
+                                              in_specs=[wide], out_specs=pl.BlockSpec((4, 1), lambda i, j: (i, 0)),
+                                              interpret=True)(x))
+    found = hunt(padded, jnp.ones((4, 12)))
+    assert found.first.primitive == "pallas_call" and "reads memory interpret mode fills with NaN" in found.notes[0]
+
+
+def _row_sum_kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[...].sum(-1, keepdims=True)
 
 
 # -- fidelity ----------------------------------------------------------------------------------------------
@@ -872,3 +888,44 @@ def test_a_sparse_matmul_of_an_inf_by_a_stored_zero_is_explained_as_0_times_inf(
     found = hunt(jax.jit(propagate), jnp.array([2.0, 1.0]), jnp.array([0.0, -0.0]), jnp.array([0, 0]))
     assert found.first.primitive == "bcoo_dot_general"
     assert "0 * inf" not in explain(found.first, found.chain)[0]
+
+
+def _optax_step(optimizer):
+    import optax
+
+    def step(params, opt_state, x):
+        grads = jax.grad(lambda p: jnp.sum((x @ p) ** 2))(params)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    return jax.jit(step)
+
+
+def test_a_step_that_already_warms_its_learning_rate_up_is_told_to_lower_the_peak_not_to_add_warmup() -> None:
+    import optax
+
+    from jaxdbg.nan import explain as explain_module
+    from jaxdbg.nan import schedule
+    from jaxdbg.nan.analyses import Findings
+
+    warmup = optax.warmup_cosine_decay_schedule(0.0, 1e30, warmup_steps=40, decay_steps=400)
+    params, x = jnp.full((4, 1), 1e20), jnp.full((8, 4), 3.0)  # grown by earlier steps: (x @ p) ** 2 overflows
+
+    def at_step(optimizer, count):
+        state = jax.tree.map(lambda v: jnp.int32(count) if v.dtype == jnp.int32 else v, optimizer.init(params))
+        return params, state, x
+
+    sgd = optax.sgd(warmup)
+    call = Call("step", _optax_step(sgd), at_step(sgd, 7), {})
+    found = localise_call(call)
+    findings = Findings(found.first, call=call, localisation=found, chain=list(found.chain))
+    explain_module.analyse(findings)
+    said = " ".join(findings.hints)
+    assert "schedule that warms up (from 0 to a peak of 1e+30 by step 40; at this call's step 7" in said, said
+    assert "add warmup" not in said
+    # Adam's bias corrections depend on the step too, but divide the updates: only the schedule multiplies them
+    for optimizer, peak in ((optax.adam(warmup), 1e30), (optax.adam(1e30), None)):
+        args = at_step(optimizer, 50)
+        found_schedule = schedule.warmup(jax.make_jaxpr(_optax_step(optimizer))(*args), jax.tree.leaves(args))
+        assert (found_schedule and (found_schedule.peak_step, round(found_schedule.peak / 1e30, 3))) == (
+            peak and (40, 1.0))

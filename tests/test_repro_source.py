@@ -168,7 +168,7 @@ def test_a_one_hot_narrowed_by_a_candidate_is_not_the_same_failure():
     assert other_check_values(width_10, fired(np.eye(10)[4])) is None  # one row, its batch axis gone
     # width 2 of labels 1..4 (repro made it): one row [0, 1], three of zeros, about the original's shares
     narrowed = other_check_values(width_10, fired(np.eye(2)[[1, 1]] * np.array([[1], [0]])))
-    assert "read labels of shape (2, 2), not rows of width 10" in narrowed
+    assert "read labels of shape (2, 2), not rows of shape (10,)" in narrowed
     # a 1-D array may shrink; its values keep their shares
     assert other_check_values(fired(np.arange(6) % 2), fired(np.array([0, 1]))) is None
     assert "in other shares" in other_check_values(fired(np.arange(6) % 2), fired(np.array([0, 0, 0, 0, 1])))
@@ -198,6 +198,17 @@ def test_the_reducer_keeps_a_kept_statement_as_written():
     reducer = SourceReducer(source, protected_line=4, kept_lines=[3],
                             test=lambda states: ["print(c)" in s.text for s in states])
     assert "c = check(b + a, a * 3 > 1)" in reducer.run()
+
+
+def test_the_reducer_shrinks_a_batch_written_in_one_digit_and_keeps_the_axes_the_failure_needs():
+    """Making a batch of 4 one row shortens no text, yet is smaller; the axes the (simulated) check needs stay."""
+    source = "import jax\nx = jax.random.normal(jax.random.PRNGKey(0), (4, 6, 12))\nprint(check(x))\n"
+
+    def fails(states):  # the check fires on a [batch, 6, 12] array, any batch
+        return ["(0), (" in s.text and s.text.split("(0), (")[1].split(")")[0].split(", ")[1:] == ["6", "12"]
+                for s in states]
+
+    assert "(1, 6, 12)" in SourceReducer(source, protected_line=3, test=fails).run()
 
 
 @pytest.mark.parametrize("code, once", [

@@ -18,7 +18,7 @@ primitive                              what the rule does (the path element it a
 ``shard_map``                          the body per device, all devices in lockstep (``shard_map``)
 ``pallas_call``                        the kernel's refs discharged to values, its own lines op by op
                                        (``pallas(kernel)``); over a grid, program by program on its
-                                       blocks (``pallas(kernel)[program=i]``)
+                                       blocks (``pallas(kernel)[program=i]``, :mod:`jaxdbg.jaxpr.pallas`)
 =====================================  ==============================================================
 
 Every other primitive is *bound* (run as one operation). A higher-order primitive without a rule is also
@@ -54,8 +54,6 @@ Example:
 
 from __future__ import annotations
 
-import itertools
-import math
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -67,6 +65,7 @@ import numpy as np
 
 from jaxdbg import _compat, _malloc
 from jaxdbg._source import SourceLocation
+from jaxdbg.jaxpr import pallas
 
 # The values an interpreter makes between two trims of glibc's free memory (see the module docstring). Replaying a
 # 48-block MLP's step (10 s, 48 trims), the trims took 0.4-0.7 s in all (8-15 ms each, the longest 180 ms); a
@@ -486,55 +485,108 @@ def _pallas_rule(interp: Interpreter, site: Site, invals: list, in_tags: list) -
         kernel = None
     name = site.eqn.params.get("name") or _compat.jaxpr_function_name(site.eqn.params["jaxpr"]) or "kernel"
     if kernel is None:
-        try:
-            grid = _compat.pallas_grid_kernel(site.eqn.params)
-        except Exception:  # noqa: BLE001 - a kernel this jax cannot discharge runs whole, as before
-            grid = None
-        if grid is not None and math.prod(grid.grid) <= MAX_PALLAS_PROGRAMS:
+        grid = _pallas_grid(site)
+        if grid is not None:
             return _pallas_programs(interp, site, invals, in_tags, grid, name)
-        interp.hooks.opaque(site, "a Pallas kernel with scratch, aliased or scalar-prefetch operands, blocks that "
-                                  f"do not tile their arrays, or over {MAX_PALLAS_PROGRAMS} grid programs ran as one "
-                                  "operation (its lines are replayed only for plain blocks)")
+        interp.hooks.opaque(site, "a Pallas kernel with element-indexed or bounded block dimensions, block "
+                                  "transforms, or a vmapped or dynamic grid ran as one operation (its lines are "
+                                  "replayed only for blocked operands)")
         return None
     outputs = [jnp.zeros(v.aval.shape, v.aval.dtype) for v in site.eqn.outvars]
+    given = list(invals)
     n_in, refs = len(invals), [*invals, *outputs]
     invals.clear()
     del outputs
     tags = [*in_tags, *([None] * (len(refs) - n_in))]
     values, tags = _inner(interp, site, kernel, f"pallas({name})", "call", refs, tags)
+    if _reads_uninitialised(interp, site, given, values[n_in:]):
+        invals[:] = given
+        return None
     return values[n_in:], tags[n_in:]
 
 
-MAX_PALLAS_PROGRAMS = 1024  # a gridded kernel replayed program by program; a larger grid runs whole
+def _reads_uninitialised(interp: Interpreter, site: Site, given: list, outs: list,
+                         grid: _compat.PallasGrid | None = None) -> bool:
+    """Whether a kernel whose replay made finite outputs makes non-finite ones in interpret mode, which fills
+    what is not yet written with NaN (:mod:`jaxdbg.jaxpr.pallas`): then it runs whole, and a note says why."""
+    if not all(bool(jnp.all(jnp.isfinite(o))) for o in outs if jnp.issubdtype(o.dtype, jnp.inexact)):
+        return False
+    try:
+        grid = grid or _pallas_grid(site)
+        if grid is None or not pallas.reads_uninitialised(grid, given, site.eqn.outvars):
+            return False
+    except Exception:  # noqa: BLE001 - the check is a refinement: the replay's answer stands without it
+        return False
+    interp.hooks.opaque(site, "a Pallas kernel that reads memory interpret mode fills with NaN (the padding of a "
+                              "block past its array's edge, an output or scratch buffer before it is written) ran "
+                              "as one operation: mask those reads (e.g. `jnp.where(row < n, x, 0.0)` with `row` "
+                              "from `pl.program_id` and `jax.lax.broadcasted_iota`), and write every output block")
+    return True
+
+
+# A kernel's grid and compiled programs, per kernel jaxpr: a kernel called in a loop body is discharged and compiled
+# once, not per iteration.
+_PALLAS_GRIDS: weakref.WeakKeyDictionary[Any, _compat.PallasGrid | None] = weakref.WeakKeyDictionary()
+
+
+def _pallas_grid(site: Site) -> _compat.PallasGrid | None:
+    kernel = site.eqn.params["jaxpr"]
+    if kernel not in _PALLAS_GRIDS:
+        try:
+            _PALLAS_GRIDS[kernel] = _compat.pallas_grid_kernel(site.eqn.params)
+        except Exception:  # noqa: BLE001 - a kernel this jax cannot discharge runs whole, as before
+            _PALLAS_GRIDS[kernel] = None
+    return _PALLAS_GRIDS[kernel]
+
+
+MAX_PALLAS_PROGRAMS = 1024  # every program of a grid up to this size is replayed op by op; of a larger one, one
 _PROGRAMS: list[tuple[tuple[int, ...], tuple[int, ...]]] = []  # (program ids, grid) of the kernels being replayed
 
 
 def _pallas_programs(interp: Interpreter, site: Site, invals: list, in_tags: list, grid: _compat.PallasGrid,
-                     name: str) -> tuple[list, list]:
-    """A gridded Pallas kernel, program by program in grid order, as interpret mode runs it: each program's
-    blocks are sliced from the arrays (where its index maps say), the kernel's own lines run op by op on them
-    (``pallas(kernel)[program=i]``), and its output blocks are written back before the next program runs."""
-    from jax.extend.core import jaxpr_as_fun
-
-    n_in = len(invals)
-    arrays = [*invals, *(jnp.zeros(v.aval.shape, v.aval.dtype) for v in site.eqn.outvars)]
-    tags = [*in_tags, *([None] * (len(arrays) - n_in))]
+                     name: str) -> tuple[list, list] | None:
+    """A gridded Pallas kernel, program by program in grid order, as interpret mode runs it
+    (:mod:`jaxdbg.jaxpr.pallas`): each program's blocks are sliced from the arrays, the kernel's own lines run op
+    by op on them (``pallas(kernel)[program=i]``), and its blocks are written back before the next program runs.
+    Over more than :data:`MAX_PALLAS_PROGRAMS` programs, only the first whose blocks turn non-finite is replayed
+    op by op; the others run compiled. A kernel whose outputs hold a NaN or Inf only because it reads memory
+    interpret mode fills with NaN runs whole, and a note says so."""
+    given, outvars = list(invals), site.eqn.outvars
+    state = pallas.initial(grid, invals, outvars)
     invals.clear()
-    for ids in itertools.product(*(range(n) for n in grid.grid)):
-        index = tuple(jnp.int32(i) for i in ids)
-        starts = [[int(i) * size for i, size in zip(jaxpr_as_fun(m)(*index), shape)]
-                  for m, shape in zip(grid.index_maps, grid.blocks)]
-        blocks = [jax.lax.dynamic_slice(a, start, shape) for a, start, shape in zip(arrays, starts, grid.blocks)]
-        label = f"pallas({name})[program={ids[0] if len(ids) == 1 else ids}]"
+    aliased = dict(grid.aliases)
+    tags = [*in_tags, *(in_tags[aliased[k]] if k in aliased else None for k in range(len(outvars)))]
+    tags = [*tags, *([None] * grid.scratch)]
+    count, replayed = pallas.programs(grid), range(pallas.programs(grid))
+    compiled = pallas.compiled(grid) if count > MAX_PALLAS_PROGRAMS else None
+    if compiled is not None:
+        after, ran = compiled.run(state, 0, count)
+        if ran < count:  # program ran-1 is the first whose blocks turned non-finite: replay it
+            state, _ = compiled.run(state, 0, ran - 1, watch=False)
+            replayed = range(ran - 1, ran)
+        else:
+            state, replayed = after, range(0)
+    for index in replayed:
+        ids = pallas.program_ids(index, grid.grid)
+        starts, refs = pallas.blocks(grid, state, [jnp.int32(i) for i in ids])
+        label = f"pallas({name})" + (f"[program={ids[0] if len(ids) == 1 else ids}]" if ids else "")
         _PROGRAMS.append((ids, grid.grid))
         try:
-            values, out_tags = _inner(interp, site, grid.kernel, label, "call", blocks, list(tags))
+            values, out_tags = _inner(interp, site, grid.kernel, label, "call", refs, list(tags))
         finally:
             _PROGRAMS.pop()
-        for k in range(n_in, len(arrays)):
-            arrays[k] = jax.lax.dynamic_update_slice(arrays[k], values[k], starts[k])
-            tags[k] = interp.hooks.merge_tags([tags[k], out_tags[k]])
-    return arrays[n_in:], tags[n_in:]
+        state = pallas.write_back(grid, state, starts, values)
+        tags = [*tags[:grid.scalars], *(interp.hooks.merge_tags([t, o]) for t, o in
+                                         zip(tags[grid.scalars:], out_tags[grid.scalars:]))]
+    if compiled is not None and replayed and replayed.stop < count:  # the programs after the one replayed
+        state, _ = compiled.run(state, replayed.stop, count, watch=False)
+        tags = [*tags[:grid.scalars], *([interp.hooks.merge_tags(tags)] * (len(tags) - grid.scalars))]
+    outs = pallas.outputs(grid, state, outvars)
+    if _reads_uninitialised(interp, site, given, outs, grid):
+        invals[:] = given
+        return None
+    first_out = len(tags) - grid.scratch - len(outvars)
+    return outs, tags[first_out:first_out + len(outvars)]
 
 
 def _program_rule(interp: Interpreter, site: Site, invals: list, in_tags: list) -> tuple[list, list] | None:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from jaxdbg._source import SourceLocation
-from jaxdbg.nan import passes
+from jaxdbg.nan import passes, schedule
 from jaxdbg.nan.result import GrowthEntry, Origin, Overflow, PrecisionCheck, Strategy, ValueStats, inf_root
 
 if TYPE_CHECKING:
@@ -843,6 +843,22 @@ def analyse(findings: Findings) -> None:
                                                    _trains(findings.localisation))
     if findings.first is not None and findings.first.kind == "input" and not getattr(findings.watch, "eager", True):
         findings.hints = (*findings.hints, UNCHECKED_EAGER)
+    if CLIP in findings.hints:  # "add warmup" is no advice where the step already warms its learning rate up
+        warmed = _warmup(findings)
+        if warmed is not None:
+            findings.hints = tuple(dict.fromkeys(warmed.hint() if h == CLIP else h for h in findings.hints))
+
+
+def _warmup(findings: Findings) -> schedule.Warmup | None:
+    """The warmup schedule the failing call's learning rate follows, read from its jaxpr and arguments; None
+    also where reading it fails (the hint then stays the general one)."""
+    jaxpr = getattr(findings.localisation, "closed_jaxpr", None)
+    if jaxpr is None or findings.call is None:
+        return None
+    try:
+        return schedule.warmup(jaxpr, findings.call.leaves())
+    except Exception:  # noqa: BLE001 - a refinement of a hint: its failure must not cost the explanation
+        return None
 
 
 # jaxdbg.watch checks jitted calls only: a NaN an eager jax.grad made comes to it as an argument of the next call.

@@ -324,22 +324,29 @@ def other_check_values(target: CheckFired | None, seen: CheckFired | None) -> st
         >>> other_check_values(rows, replace(rows, shapes=((1, 10),))) is None   # fewer rows
         True
         >>> other_check_values(rows, replace(rows, shapes=((4, 2),)))
-        'its runtime check read targets of shape (4, 2), not rows of width 10 ((4, 10)): what it tested was changed'
+        'its runtime check read targets of shape (4, 2), not rows of shape (10,) ((4, 10)): what it tested was changed'
+        >>> probs = CheckFired(here, ("probs",), (("range", 0.01, 0.9, 288),), ((),), ((4, 6, 12),))
+        >>> other_check_values(probs, replace(probs, values=(("range", 0.02, 0.8, 72),), shapes=((1, 6, 12),)))
+        >>> other_check_values(probs, replace(probs, values=(("range", 0.02, 0.8, 72),), shapes=((4, 1, 12),)))[:66]
+        'its runtime check fired on other values (probs: 72 values in [0.02'
 
     """
     if target is None:
         return None
     if seen is None:
         return "its runtime check did not fire (another statement raised the same message)"
-    for name, want, got in zip(target.names, target.values, seen.values if seen.names == target.names else ()):
-        if tuple(want) != tuple(got):
+    same = seen.names == target.names
+    shapes = zip(target.shapes, seen.shapes) if same and len(target.shapes) == len(seen.shapes) else ()
+    fewer = [_fewer_rows(want, got) for want, got in shapes] or [False] * len(target.names)
+    for name, want, got, smaller in zip(target.names, target.values, seen.values if same else (), fewer):
+        if tuple(want) != tuple(got) and not (smaller and _within(want, got)):
             return (f"its runtime check fired on other values ({name}: {_values(got)}, not {_values(want)}): "
                     "the cause was cut")
-    for name, want_shape, got_shape in zip(target.names, target.shapes, seen.shapes if seen.names == target.names
-                                           else ()):
-        if len(want_shape) >= 2 and want_shape[-1:] != got_shape[-1:]:  # a smaller batch keeps the rows' width
-            return (f"its runtime check read {name} of shape {_shape(got_shape)}, not rows of width {want_shape[-1]} "
-                    f"({_shape(want_shape)}): what it tested was changed")
+    for name, want_shape, got_shape in zip(target.names, target.shapes, seen.shapes if same else ()):
+        if len(want_shape) >= 2 and tuple(got_shape[-(len(want_shape) - 1):]) != tuple(want_shape[1:]):
+            # a smaller batch keeps every other axis: the rows' width, a sequence's length
+            return (f"its runtime check read {name} of shape {_shape(got_shape)}, not rows of shape "
+                    f"{_shape(want_shape[1:])} ({_shape(want_shape)}): what it tested was changed")
     for name, values, want, got in zip(target.names, target.values, target.shares,
                                        seen.shares if seen.names == target.names else ()):
         if want and got and not _alike(want, got):
@@ -348,6 +355,32 @@ def other_check_values(target: CheckFired | None, seen: CheckFired | None) -> st
     if seen.names != target.names:
         return f"its runtime check read {', '.join(seen.names)}, not {', '.join(target.names)}"
     return None
+
+
+def _fewer_rows(want: Sequence[int], got: Sequence[int]) -> bool:
+    """Whether ``got`` is ``want`` with fewer rows (a smaller leading axis, or none): a smaller batch.
+
+        >>> _fewer_rows((8, 6), (2, 6)), _fewer_rows((8, 6), (6,)), _fewer_rows((8, 6), (8, 3))
+        (True, True, False)
+    """
+    rest = tuple(want[1:])
+    return len(want) >= 1 and (tuple(got) == rest or (
+        len(got) == len(want) and tuple(got[1:]) == rest and 0 < got[0] < want[0]))
+
+
+def _within(want: Sequence, got: Sequence) -> bool:
+    """Whether values summarised as a range (too many to list) are what fewer rows of them would read: values
+    (listed, or a range of no more of them) inside the original range. Listed values must stay the same.
+
+        >>> _within(("range", 0.0, 1.0, 40), ("range", 0.1, 0.9, 12)), _within(("range", 0.0, 1.0, 40), (0.5, 2.0))
+        (True, False)
+    """
+    if not want or want[0] != "range":
+        return False
+    low, high, count = want[1], want[2], want[3]
+    if got and got[0] == "range":
+        return bool(low <= got[1] and got[2] <= high and got[3] <= count)
+    return all(isinstance(v, (int, float)) and low <= v <= high for v in got)
 
 
 SHARE_FACTOR = 1.5  # how far a value's share of the elements may move (a subset of rows moves it a little)
