@@ -233,8 +233,12 @@ def test_an_equinox_step_on_sharded_arrays_is_measured_per_device(runs) -> None:
     code, report, _ = runs["sharded"]
     result = report["result"]
     # The first call's model is on one device, its outputs replicated over the mesh: one recompile, same program.
-    program = [f for f in result["functions"] if f["name"] == "train_step"][-1]
+    first, program = [f for f in result["functions"] if f["name"] == "train_step"]
     assert program["jit"] == "eqx.filter_jit" and program["devices"] == 4
+    # the recompiled row says which argument changed, and how, in profile's words
+    assert first["recompiled_because"] is None
+    assert program["recompiled_because"].startswith("argument 'model.") and "sharding changed" in (
+        program["recompiled_because"])
     batch = 1024 * 64 * 4 // 4  # the f32[1024,64] batch, a quarter on each device
     arguments = {b["argument"]: b for b in program["largest"] if b["kind"] == "argument"}
     assert arguments["x"]["bytes"] == batch and arguments["x"]["op_name"] == "x"
@@ -442,6 +446,19 @@ def test_the_held_line_lists_what_weighs_and_sums_up_the_scalars() -> None:
     text = console.export_text()
     assert "held across the call: params, 48.0 MiB in 6 array(s)" in text
     assert "held across the call: step" not in text and "and 2 smaller argument(s) held across the call, 8 B" in text
+
+
+def test_an_earlier_runs_dump_in_the_same_out_folder_is_cleared(tmp_path) -> None:
+    """XLA numbers a run's modules afresh: a stale module_0026.jit_forward from an earlier run into the same --out,
+    newer-numbered than this run's first compile, was read as its buffer assignment."""
+    from jaxdbg.memory.jobs import dump_folder
+
+    stale = tmp_path / "xla_dump" / "module_0026.jit_forward.cpu_after_optimizations-buffer-assignment.txt"
+    stale.parent.mkdir()
+    stale.write_text("allocation 0: size 4")
+    (tmp_path / "xla_dump" / "notes.txt").write_text("the user's")
+    assert dump_folder(str(tmp_path / "xla_dump")) == str(tmp_path / "xla_dump")
+    assert sorted(p.name for p in (tmp_path / "xla_dump").iterdir()) == ["notes.txt"]
 
 
 def test_a_growing_state_is_no_leak_and_does_not_make_a_list_of_scalars_one() -> None:
