@@ -461,6 +461,17 @@ def test_an_earlier_runs_dump_in_the_same_out_folder_is_cleared(tmp_path) -> Non
     assert sorted(p.name for p in (tmp_path / "xla_dump").iterdir()) == ["notes.txt"]
 
 
+def test_arrays_that_appeared_once_and_stayed_are_no_leak() -> None:
+    """A GNN step closing over its 800 KB edge lists: the first call leaves 1.6 MB more outside jitted calls,
+    then nothing changes (before: 'leak ... kept by an unnamed list', exit 1)."""
+    from jaxdbg.memory.leaks import GroupPoint, is_leak
+
+    jump = [GroupPoint(i, arrays=7 if i else 3, bytes=(3300 if i else 1800) * KIB, calls=0) for i in range(7)]
+    assert not is_leak(jump, min_bytes=MIB)
+    piling = [GroupPoint(i, arrays=3 + i, bytes=(1800 + 500 * i) * KIB, calls=0) for i in range(7)]
+    assert is_leak(piling, min_bytes=MIB)
+
+
 def test_a_growing_state_is_no_leak_and_does_not_make_a_list_of_scalars_one() -> None:
     """A KV cache grown by concatenation: the latest call's outputs (the cache) grow 16 KiB a call while a list
     keeps each call's 4-byte token. Only older calls' outputs can leak: 4 B a call is far under the threshold
