@@ -30,7 +30,7 @@ JOBS = {
     "diverged": ([os.path.join(CORPUS, "hang_divergent", "train.py")], 2, ["--stall", "3"]),
     "dies": ([os.path.join(CORPUS, "multihost_dies", "train.py")], 2, ["--stall", "3"]),
     "slow_peer": ([os.path.join(CORPUS, "hang_slow_peer", "train.py"), "--", "5"], 2, ["--stall", "1.5"]),
-    "barrier": ([os.path.join(CORPUS, "multihost_barrier_skipped", "train.py")], 2, ["--stall", "3"]),
+    "barrier": ([os.path.join(CORPUS, "multihost_barrier_skipped", "train.py")], 2, ["--stall", "2"]),
 }
 
 

@@ -4,7 +4,7 @@ save sits under `if jax.process_index() == 0`, barrier included, and the other p
 their loop. Process 0 waits in the barrier forever.
 
 jax runs the barrier as a jitted all-gather of its own (`_identity_fn`): `jaxdbg --processes 2 hang-hunt
-train.py --stall 3` must name what process 0 waits in as the user called it, `sync_global_devices('checkpoint
+train.py --stall 2` must name what process 0 waits in as the user called it, `sync_global_devices('checkpoint
 saved')`, at the line that called it, with its all-gather over both processes, and point at the `if`."""
 import jax
 
