@@ -187,10 +187,10 @@ def test_span_union_does_not_count_nested_traces_twice():
 
 
 def test_self_times_subtract_nested_events():
-    events = [(0.0, 100.0, "m", "while.1"), (10.0, 30.0, "m", "dot.1"), (50.0, 20.0, "m", "add.1"),
-              (200.0, 5.0, "m", "add.1")]
+    events = [(0.0, 100.0, "m", "while.1", 1), (10.0, 30.0, "m", "dot.1", 1), (50.0, 20.0, "m", "add.1", 1),
+              (200.0, 5.0, "m", "add.1", 2)]
     totals = {}
-    for _, op, self_ns in _self_times(events):
+    for _, op, _, self_ns in _self_times(events):
         totals[op] = totals.get(op, 0.0) + self_ns
     assert totals == {"while.1": 50.0, "dot.1": 30.0, "add.1": 25.0}
 
