@@ -462,8 +462,9 @@ def test_an_earlier_runs_dump_in_the_same_out_folder_is_cleared(tmp_path) -> Non
 
 
 def test_arrays_that_appeared_once_and_stayed_are_no_leak() -> None:
-    """A GNN step closing over its 800 KB edge lists: the first call leaves 1.6 MB more outside jitted calls,
-    then nothing changes (before: 'leak ... kept by an unnamed list', exit 1)."""
+    """tests/corpus/gnn_segment_sum: a GNN step closing over its edge lists; the first call leaves 1.2-1.6 MB more
+    outside jitted calls, then nothing changes (before: 'leak ... kept by an unnamed list', exit 1). The points
+    are shaped like that run's samples; the full run is left out of the suite (7 s)."""
     from jaxdbg.memory.leaks import GroupPoint, is_leak
 
     jump = [GroupPoint(i, arrays=7 if i else 3, bytes=(3300 if i else 1800) * KIB, calls=0) for i in range(7)]
