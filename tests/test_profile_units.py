@@ -377,3 +377,16 @@ def test_a_process_whose_program_raised_is_named_in_the_jobs_hints():
     (hint,) = failure_hints(rows)
     assert hint.startswith("process 1 raised ValueError: corrupt record at a.py:20; fix that first")
     assert rows[1].as_message()["failed"].startswith("ValueError")
+
+
+def test_a_train_eval_flag_compiling_once_per_mode_is_not_told_to_become_an_array():
+    """A Linen step jitted with `train` static, called for training and every 4 steps for evaluation: two compiles
+    by design. The fix said for a static lr (pass it as an array) does not fit a bool that switches code paths."""
+    from jaxdbg.profile.hints import recompile_fix
+    from jaxdbg.profile.model import ArgChange
+
+    flag = [Recompile(4, "", (ArgChange("train", "static", "True", "False"),))]
+    kind, count, fix = recompile_fix(flag)
+    assert (kind, count) == ("static", 1) and "train/eval flag" in fix and "array" not in fix
+    lr = [Recompile(4, "", (ArgChange("lr", "static", "0.1", "0.05"),))]
+    assert "pass it as an array" in recompile_fix(lr)[2]
