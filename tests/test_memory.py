@@ -448,6 +448,32 @@ def test_the_held_line_lists_what_weighs_and_sums_up_the_scalars() -> None:
     assert "held across the call: step" not in text and "and 2 smaller argument(s) held across the call, 8 B" in text
 
 
+def test_recompiled_rows_say_what_changed_and_the_buffers_which_compile_they_are() -> None:
+    """A step with a static learning rate recompiles each epoch: each row's cause is said once per cause under the
+    table (rows with the same cause share a line), and the buffers shown are named as the compile they come from."""
+    import dataclasses
+
+    from rich.console import Console
+
+    from jaxdbg.cli.memory import _render_buffers, _render_functions
+    from jaxdbg.memory.result import Buffer, ProgramMemory
+
+    first = ProgramMemory("train_step", None, 0, 0, "", KIB, KIB, 0, 0, 0, 3 * KIB)
+    rows = (first, *(dataclasses.replace(first, compile_index=i, call_index=4 * i, recompiled_because=why)
+                     for i, why in ((1, "static argument 'lr' changed 0.1 -> 0.05"),
+                                    (2, "static argument 'lr' changed 0.05 -> 0.025"),
+                                    (3, "a new Python callable"), (4, "a new Python callable"))))
+    console = Console(record=True, width=200)
+    _render_functions(rows, console)
+    largest = (Buffer("p0", "argument", KIB, "f32[256]", None, "", None),)
+    _render_buffers(dataclasses.replace(rows[-1], largest=largest), console)
+    text = console.export_text()
+    assert "train_step #1 (call 4): static argument 'lr' changed 0.1 -> 0.05" in text
+    assert "train_step #2 (call 8): static argument 'lr' changed 0.05 -> 0.025" in text
+    assert "train_step #3, #4 (calls 12, 16): a new Python callable" in text
+    assert "train_step #4: largest buffers at its peak" in text
+
+
 def test_an_earlier_runs_dump_in_the_same_out_folder_is_cleared(tmp_path) -> None:
     """XLA numbers a run's modules afresh: a stale module_0026.jit_forward from an earlier run into the same --out,
     newer-numbered than this run's first compile, was read as its buffer assignment."""

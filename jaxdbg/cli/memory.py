@@ -187,7 +187,8 @@ def _fits(program: ProgramMemory) -> str:
 
 def _render_buffers(program: ProgramMemory, console: Console) -> None:
     if program.largest:
-        console.print(f"[bold]{escape(program.name)}[/]: largest buffers at its peak")
+        which = f" #{program.compile_index}" if program.compile_index else ""  # its latest compile: say which
+        console.print(f"[bold]{escape(program.name + which)}[/]: largest buffers at its peak")
         for b in program.largest[:5]:
             console.print(f"  {_size(b.bytes):>10}  {escape(b.shape):<20} {b.kind:<8} {escape(b.label())}  "
                           f"{escape(_where(b.source))}", soft_wrap=True)
