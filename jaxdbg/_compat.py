@@ -978,3 +978,28 @@ def host_callback_hooks(enter: Any, leave: Any) -> Iterator[None]:
     finally:
         for owner, name, original in reversed(saved):
             setattr(owner, name, original)
+
+
+# jax.experimental.multihost_utils's helpers jit small functions of their own (``_identity_fn``, ``_psum``): a call
+# of one is named by the helper the user called, the outermost on the stack (sync_global_devices calls
+# assert_equal, which calls process_allgather), a barrier with its name.
+MULTIHOST_HELPERS = ("sync_global_devices", "assert_equal", "process_allgather", "broadcast_one_to_all")
+_MULTIHOST_FILE = os.path.join("jax", "experimental", "multihost_utils.py")
+
+
+def multihost_helper_call() -> str | None:
+    """The multihost_utils helper the user's code called, as it was called (``sync_global_devices('saved')``),
+    from the current stack; None outside one."""
+    frame: types.FrameType | None = sys._getframe(1)
+    found = None
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name in MULTIHOST_HELPERS and code.co_filename.endswith(_MULTIHOST_FILE):
+            found = frame
+        frame = frame.f_back
+    if found is None:
+        return None
+    name = found.f_code.co_name
+    if name == "sync_global_devices":
+        return f"{name}({found.f_locals.get('name')!r})"
+    return name

@@ -30,6 +30,7 @@ JOBS = {
     "diverged": ([os.path.join(CORPUS, "hang_divergent", "train.py")], 2, ["--stall", "3"]),
     "dies": ([os.path.join(CORPUS, "multihost_dies", "train.py")], 2, ["--stall", "3"]),
     "slow_peer": ([os.path.join(CORPUS, "hang_slow_peer", "train.py"), "--", "5"], 2, ["--stall", "1.5"]),
+    "barrier": ([os.path.join(CORPUS, "multihost_barrier_skipped", "train.py")], 2, ["--stall", "2"]),
 }
 
 
@@ -168,3 +169,22 @@ def test_a_slow_peer_is_not_a_stall(jobs):
     result = job["result"]
     assert result["kind"] == "finished" and not result["stalled"] and result["divergence"] is None
     assert [p["state"] for p in result["processes"]] == ["finished", "finished"]
+
+
+def test_a_barrier_only_one_process_reaches_is_named_as_the_user_called_it(jobs):
+    """Process 0 waits in multihost_utils.sync_global_devices, which jax runs as a jitted all-gather of its own
+    (_identity_fn), while process 1 has finished: what process 0 waits in is the barrier with its name (was
+    `_identity_fn`), at the user's line; the hint points at the `if` around it. (With one device per process the
+    call itself blocks, so its program's collectives are not read: a stuck call's never are.)"""
+    program = JOBS["barrier"][0][0]
+    code, err, job, _ = jobs("barrier")
+    assert code == 1, err[-3000:]
+    result = job["result"]
+    waiter = result["processes"][0]
+    assert (waiter["state"], waiter["function"]) == ("running", "sync_global_devices('checkpoint saved')")
+    assert waiter["source"]["line"] == _line(program, "# <- the barrier only process 0 reaches")
+    assert result["processes"][1]["state"] == "finished"
+    assert "process 0 waits inside sync_global_devices('checkpoint saved') call 0, called at train.py:" in (
+        result["verdict"])
+    assert f"if jax.process_index() == 0` at train.py:{_line(program, '# <- the chief')}" in " ".join(result["hints"])
+    assert _left_behind("barrier") == []

@@ -410,6 +410,45 @@ def test_a_lock_held_around_a_put_into_a_full_queue_its_taker_waits_for_is_a_dea
         thread.join()
 
 
+def test_two_threads_each_waiting_on_a_queue_only_the_other_fills_are_told_their_protocols_disagree():
+    """A loader waits for an acknowledgement every 3 batches; the trainer sends one every 4 and waits for the next
+    batch: each blocks taking from a queue only the other puts into. No lock takes part, so the hint is not the
+    lock one: the two sides' protocols disagree."""
+    import queue
+
+    batches, acks = queue.Queue(maxsize=2), queue.Queue()
+
+    def loader():
+        acks.get(timeout=5)  # <- loader waits for an ack
+        batches.put(1)
+
+    def trainer():
+        batches.get(timeout=5)  # <- trainer waits for a batch
+        acks.put(0)
+
+    threads = [threading.Thread(target=f, name=f.__name__, daemon=True) for f in (loader, trainer)]
+    for thread in threads:
+        thread.start()
+    try:
+        for _ in range(30):  # until both block in their get (a loaded machine starts threads late)
+            time.sleep(0.1)
+            result = judge(JobFacts(1, "stall", 5.0, {0: take_record(Recorder(), "stall", idle_s=6.0, native=False)}))
+            if result.kind == "deadlock":
+                break
+        assert result.kind == "deadlock", result.verdict
+        assert "loader waits to take from queue `acks` (empty)" in result.verdict, result.verdict
+        assert "trainer waits to take from queue `batches` (empty)" in result.verdict
+        assert "lock" not in result.hints[0] and "agree" in result.hints[0]
+    finally:
+        _give(acks)  # the loader puts, the trainer takes and acknowledges (not here: then two threads would put)
+        for thread in threads:
+            thread.join(timeout=6)
+
+
+def _give(channel) -> None:
+    channel.put(0)
+
+
 def _decode(record):
     raise ValueError(f"corrupt record {record}")  # <- the producer dies
 

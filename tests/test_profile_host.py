@@ -171,6 +171,27 @@ def test_one_slowed_timed_call_does_not_stand_for_the_unseen_calls_after_it():
     assert figures.device_s < 0.002 and figures.verdict != "not input-bound"  # 1 ms a call, and call 20's 50 ms
 
 
+def test_unseen_calls_a_sync_waited_longer_for_than_estimated_count_in_the_execute_total():
+    # A while_loop solver: 1 ms a call while the profile times the first three; five more run ahead unseen, the
+    # last of them iterating far longer, and the program's read of the answer waits 0.3 s for them. At 1 ms each the
+    # queue was estimated done by then: those 0.3 s are execution no timed call shows, counted in the function's total.
+    from jaxdbg.profile.assemble import execute_stats
+    from jaxdbg.profile.messages import CallTiming
+
+    clock, site = StepClock(), SyncSite()
+    for index in range(3):
+        t = index * 0.002
+        clock.call(0, t, t + 0.001, put_s=0.0, compile_s=0.0, execute_s=0.001, waited=True, steady=index > 0)
+    for index in range(3, 8):
+        clock.unseen_functions.append(0)
+        clock.unseen_starts.append(index * 0.002)
+    clock.sync(site, 0.016, 0.316, 0.316)
+    clock.sync(site, 0.316, 0.316, 0.316)  # a second read finds nothing left to wait for: nothing more
+    assert clock.late == {0: pytest.approx(0.3)}
+    timed = [CallTiming(i, 0.001, 0.001, 0.0, timed=True) for i in range(3)]
+    assert execute_stats(timed, "script", 0, 8, clock.late[0]).total_s == pytest.approx(0.308)  # 8 x 1 ms + 0.3 s
+
+
 def test_the_idle_time_after_a_sync_is_charged_to_it():
     # Each step: 2 ms on the device while the host waits to read the loss, then 8 ms of host work. The first call
     # is timed by the profile (it waits for it), so its sync finds nothing left to wait for in this run.

@@ -85,7 +85,9 @@ def test_hot_op_is_in_the_per_op_table_with_its_source_line(hot):
     fractions = [op.fraction for op in step.ops]
     assert fractions == sorted(fractions, reverse=True) and sum(fractions) <= 1.0 + 1e-9
     matmul = next(op for op in step.ops if op.category == "matmul")  # the one dot, once per call
-    assert matmul.count == 6 and matmul.fraction > 0
+    # once per call but the first: a program's first run pays XLA:CPU's one-time setup, left out of the table
+    assert matmul.count == 5 and matmul.fraction > 0
+    assert any("first run(s) of a program" in note for note in run.result.notes), run.result.notes
     assert matmul.source.file == recipe("hot_op") and matmul.source.line == marked_line(recipe("hot_op"), "the hot op")
     assert step.cost["flops"] > 5e8 and step.memory["argument_bytes"] == 3 * 1024 * 256 * 4
     assert step.rates.flops_per_s > 0 and step.rates.peak_source.startswith("calibrated")

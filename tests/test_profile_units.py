@@ -187,10 +187,10 @@ def test_span_union_does_not_count_nested_traces_twice():
 
 
 def test_self_times_subtract_nested_events():
-    events = [(0.0, 100.0, "m", "while.1"), (10.0, 30.0, "m", "dot.1"), (50.0, 20.0, "m", "add.1"),
-              (200.0, 5.0, "m", "add.1")]
+    events = [(0.0, 100.0, "m", "while.1", 1), (10.0, 30.0, "m", "dot.1", 1), (50.0, 20.0, "m", "add.1", 1),
+              (200.0, 5.0, "m", "add.1", 2)]
     totals = {}
-    for _, op, self_ns in _self_times(events):
+    for _, op, _, self_ns in _self_times(events):
         totals[op] = totals.get(op, 0.0) + self_ns
     assert totals == {"while.1": 50.0, "dot.1": 30.0, "add.1": 25.0}
 
@@ -377,3 +377,16 @@ def test_a_process_whose_program_raised_is_named_in_the_jobs_hints():
     (hint,) = failure_hints(rows)
     assert hint.startswith("process 1 raised ValueError: corrupt record at a.py:20; fix that first")
     assert rows[1].as_message()["failed"].startswith("ValueError")
+
+
+def test_a_train_eval_flag_compiling_once_per_mode_is_not_told_to_become_an_array():
+    """A Linen step jitted with `train` static, called for training and every 4 steps for evaluation: two compiles
+    by design. The fix said for a static lr (pass it as an array) does not fit a bool that switches code paths."""
+    from jaxdbg.profile.hints import recompile_fix
+    from jaxdbg.profile.model import ArgChange
+
+    flag = [Recompile(4, "", (ArgChange("train", "static", "True", "False"),))]
+    kind, count, fix = recompile_fix(flag)
+    assert (kind, count) == ("static", 1) and "train/eval flag" in fix and "array" not in fix
+    lr = [Recompile(4, "", (ArgChange("lr", "static", "0.1", "0.05"),))]
+    assert "pass it as an array" in recompile_fix(lr)[2]

@@ -162,6 +162,16 @@ def _render_functions(programs: tuple[ProgramMemory, ...], console: Console) -> 
         name = escape(p.name + (f" #{p.compile_index}" if p.compile_index else ""))
         table.add_row(name, *(show(p) for show in columns.values()))
     console.print(table)
+    # Which static value, shape or structure each recompiled row is; rows with the same cause share a line
+    causes: dict[tuple[str, str], list[ProgramMemory]] = {}
+    for p in programs:
+        if p.recompiled_because:
+            causes.setdefault((p.name, p.recompiled_because), []).append(p)
+    for (name, because), rows in causes.items():
+        which = ", ".join(f"#{p.compile_index}" for p in rows)
+        calls = ", ".join(str(p.call_index) for p in rows)
+        console.print(f"  {escape(name)} {which} (call{'s' if len(rows) > 1 else ''} {calls}): {escape(because)}",
+                      soft_wrap=True)
 
 
 
@@ -177,7 +187,8 @@ def _fits(program: ProgramMemory) -> str:
 
 def _render_buffers(program: ProgramMemory, console: Console) -> None:
     if program.largest:
-        console.print(f"[bold]{escape(program.name)}[/]: largest buffers at its peak")
+        which = f" #{program.compile_index}" if program.compile_index else ""  # its latest compile: say which
+        console.print(f"[bold]{escape(program.name + which)}[/]: largest buffers at its peak")
         for b in program.largest[:5]:
             console.print(f"  {_size(b.bytes):>10}  {escape(b.shape):<20} {b.kind:<8} {escape(b.label())}  "
                           f"{escape(_where(b.source))}", soft_wrap=True)

@@ -115,7 +115,7 @@ class Recorder(JitHook):
         if name is None:
             name = self._thread_names[thread] = threading.current_thread().name
         # (skip: this frame, the layer's partial, _Layer.call, InstrumentedJit.__call__: none is user code)
-        entry = Entry("call", self.calls, call.function.name, call.index, caller_user_frame(3), name)
+        entry = Entry("call", self.calls, _called_as(call.function), call.index, caller_user_frame(3), name)
         self.calls += 1
         entry.call = call
         self.ring.append(entry)
@@ -352,3 +352,13 @@ def _is_ready(array: Any) -> bool:
         return bool(array.is_ready())
     except Exception:  # noqa: BLE001 - deleted (donated to a later call): that call consumed it
         return True
+
+
+def _called_as(function: InstrumentedJit) -> str:
+    """The function's name, or for one of jax's multihost helpers' own (``_identity_fn``) the helper the user
+    called: ``sync_global_devices('checkpoint saved')`` is what a process waits in."""
+    if getattr(function.fun, "__module__", None) == "jax.experimental.multihost_utils":
+        from jaxdbg import _compat
+
+        return _compat.multihost_helper_call() or function.name
+    return function.name

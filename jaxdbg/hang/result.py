@@ -114,6 +114,8 @@ class Deadlock:
     # a host callback takes part (not only threads and locks of the program's own): the explanation differs
     callback: bool = field(default=False, metadata={"json": None})
     queue: bool = field(default=False, metadata={"json": None})  # a thread of it waits on a queue another drains
+    # every thread of it waits on a queue only the next one fills: no lock, the two sides' protocols disagree
+    queues_only: bool = field(default=False, metadata={"json": None})
 
 
 @dataclass(frozen=True)

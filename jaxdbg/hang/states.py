@@ -356,7 +356,7 @@ def find_deadlock(record: dict) -> Deadlock | None:
     if not cycle:
         return None
     return Deadlock(int(record.get("index", 0)), tuple(cycle), any(words in through_callback for words in cycle),
-                    any(QUEUE_WORDS in words for words in cycle))
+                    any(QUEUE_WORDS in words for words in cycle), all(QUEUE_WORDS in words for words in cycle))
 
 
 QUEUE_WORDS = "the only thread that "

@@ -218,6 +218,15 @@ def _deadlock(states: dict[int, ProcessState], deadlock: object, common: dict[st
     if state.function is not None:
         named = call_name({"function": state.function, "index": state.call_index})
         verdict += f" ({'in' if state.state != 'host' else 'after'} {named})"
+    if deadlock.queues_only and not deadlock.callback:  # each waits on a queue only the other fills: no lock
+        return HangResult(True, verdict, "deadlock", stuck=(deadlock.process,), deadlock=deadlock, explanation=(
+            "Threads of one process wait for each other: nothing can move. Each blocks on a queue (full when it "
+            "puts, empty when it takes) that only the other thread of the cycle can free, while that thread blocks "
+            "on another queue the first one would fill: what one side expects of the other (how many items, when "
+            "an acknowledgement comes) does not match what the other does."),
+            hints=("make the two sides agree on when each puts (an acknowledgement every N items on both sides), "
+                   "or let one side not wait for the other: a get/put with a timeout that raises shows the "
+                   "mismatch instead of hanging",), **common)
     if deadlock.queue and not deadlock.callback:  # a producer/consumer pair, one of them blocked in a lock or join
         joined = wait_hint(record) if record is not None else None
         return HangResult(True, verdict, "deadlock", stuck=(deadlock.process,), deadlock=deadlock, explanation=(

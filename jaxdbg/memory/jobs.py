@@ -40,6 +40,11 @@ def dump_folder(base: str) -> str:
     place = launched_place(os.environ)
     folder = os.path.join(base, f"process-{place[0]}" if place is not None else "")
     os.makedirs(folder, exist_ok=True)
+    # An earlier run into the same --out left its modules here: XLA numbers them afresh, and a newer-numbered
+    # module of the same name from that run would be read as this run's program
+    for path in glob.glob(os.path.join(glob.escape(folder), "module_*")):
+        with contextlib.suppress(OSError):
+            os.remove(path)
     return folder.rstrip(os.sep)
 
 

@@ -4,8 +4,9 @@ At every sample each producer group (a jitted function called from one line, or 
 calls) has a count of live arrays, their bytes and the distinct calls they come from. A loop that carries its
 state holds the outputs of one or two calls at a time; one that appends each step's outputs to a list holds
 an ever growing number of calls. A group is a leak when, over at least :data:`MIN_SAMPLES` samples, the bytes
-of its calls before the latest (:func:`piled`) grew in nearly every step (:data:`MONOTONE`), by at least the
-threshold, and it holds outputs of :data:`MIN_CALLS` or more calls.
+of its calls before the latest (:func:`piled`) never shrank in nearly every step (:data:`MONOTONE`) and grew in
+:data:`MIN_CALLS` - 1 of them or more (one jump then flat is no pile), by at least the threshold, and it holds
+outputs of :data:`MIN_CALLS` or more calls.
 
 What keeps them is found from one of the arrays: its referrers (``gc.get_referrers``), up through tuples
 and dicts, to a list, dict, deque or set that has a name in the program's globals (or an attribute of one of
@@ -61,6 +62,9 @@ def is_leak(series: list[GroupPoint], min_bytes: int = DEFAULT_MIN_BYTES) -> boo
     steps = list(itertools.pairwise(series))
     steady = sum(1 for a, b in steps if piled(b) >= piled(a))
     if steady < MONOTONE * len(steps):
+        return False
+    # and it grew again and again: one jump then flat (constants a first call put on the device) is no pile
+    if sum(1 for a, b in steps if piled(b) > piled(a)) < MIN_CALLS - 1:
         return False
     held = last.calls if last.calls else last.arrays
     return held >= MIN_CALLS

@@ -50,11 +50,12 @@ def write_tables(result: MemoryResult, folder: str) -> dict[str, str]:
         writer = csv.writer(handle)
         writer.writerow(["function", "compile_index", "call_index", "signature", "argument_bytes", "output_bytes",
                          "alias_bytes", "temp_bytes", "code_bytes", "peak_bytes", "schedule_peak_bytes",
-                         "needs_bytes", "fits", "over_bytes", "forward_kept_bytes"])
+                         "needs_bytes", "fits", "over_bytes", "forward_kept_bytes", "recompiled_because"])
         for p in result.functions:
             writer.writerow([p.name, p.compile_index, p.call_index, p.signature, p.argument_bytes, p.output_bytes,
                              p.alias_bytes, p.temp_bytes, p.code_bytes, p.peak_bytes, _blank(p.schedule_peak_bytes),
-                             _blank(p.needs_bytes), _blank(p.fits), _blank(p.over_bytes), p.forward_kept_bytes])
+                             _blank(p.needs_bytes), _blank(p.fits), _blank(p.over_bytes), p.forward_kept_bytes,
+                             _blank(p.recompiled_because)])
     with open(paths["buffers"], "w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["function", "compile_index", "buffer", "kind", "bytes", "shape", "op", "op_name", "pass",

@@ -66,6 +66,7 @@ class ProgramInfo:
     # (jax's name, the user's) of arguments whose program names are a wrapper's: a pmap's flat_args[i],
     # filter_jit's dynamic_nodonate['rest'][13]
     argument_names: tuple[tuple[str, str], ...] = ()
+    recompiled_because: str | None = None  # a recompile: what changed since an earlier compile
 
 
 def analyse(compiled: Any, info: ProgramInfo, dump_folder: str | None, after_module: int = -1,
@@ -98,8 +99,8 @@ def analyse(compiled: Any, info: ProgramInfo, dump_folder: str | None, after_mod
     note = "; ".join(n for n in (note, refused_note(refused, peak)) if n) or None
     return ProgramMemory(
         name=info.name, source=info.source, call_index=info.call_index, compile_index=info.compile_index,
-        signature=info.signature, argument_bytes=arguments, output_bytes=outputs, alias_bytes=alias,
-        temp_bytes=temp, code_bytes=code, peak_bytes=peak,
+        signature=info.signature, recompiled_because=info.recompiled_because, argument_bytes=arguments,
+        output_bytes=outputs, alias_bytes=alias, temp_bytes=temp, code_bytes=code, peak_bytes=peak,
         schedule_peak_bytes=assignment.peak_bytes if assignment else None, xla_peak_bytes=sizes.get("peak_bytes"),
         devices=_device_count(compiled), largest=largest, held=held,
         forward_kept_bytes=forward_kept(assignment, module, loops) if assignment and module and loops else 0,

@@ -38,7 +38,7 @@ import time
 import types
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jaxdbg._source import SourceLocation, caller_user_frame, innermost_user_frame, is_user_file
 from jaxdbg.jit_layer import InstrumentedJit, JitCall, JitHook
@@ -60,6 +60,9 @@ from jaxdbg.memory.result import JitKind, Leak, LiveGroup, OutOfMemory, ProgramM
 from jaxdbg.memory.units import format_bytes
 from jaxdbg.protocol import repeating
 from jaxdbg.report import relative_or_absolute
+
+if TYPE_CHECKING:
+    from jaxdbg.profile.signature import Signature
 
 SAMPLE_SHARE = 0.03  # snapshots after a function's first calls may cost at most this share of the run
 ALWAYS_SAMPLED = 3  # the first calls of every function are always sampled
@@ -103,6 +106,9 @@ class FunctionState:
         self.last_source: SourceLocation | None = None  # the line of its latest call, and when it was made
         self.last_called = 0.0
         self.unanalysed = 0  # compiles past REPORTED_COMPILES
+        # The analysed compiles' signatures and callables: a recompile's row says what changed (profile's words)
+        self.signatures: list[Signature] = []
+        self.callables: list[Any] = []  # strong refs: an id() could be reused by a later lambda
 
 
 class MemoryRecorder(JitHook):
@@ -272,16 +278,10 @@ class MemoryRecorder(JitHook):
         return min(limits) if limits else None
 
     def _program(self, compiled: Any, call: JitCall, state: FunctionState) -> ProgramMemory:
-        from jaxdbg.profile.signature import call_signature
-
-        try:
-            signature = call_signature(call.function.fun, call.args, call.kwargs, call.function.static_argnums,
-                                       call.function.static_argnames, list(state.parameters) or None).short()
-        except Exception:  # noqa: BLE001 - an odd argument: no signature, the analysis stands
-            signature = ""
+        signature, because = self._signature(call, state)
         info = ProgramInfo(state.name, state.source, call.index, state.compiles, signature, state.parameters,
                            tuple(call.function.static_argnums), len(call.args), frozenset(state.threaded), state.jit,
-                           _argument_names(call))
+                           _argument_names(call), because)
         folder = self.dump_folder if state.compiles < ANALYSED_COMPILES else None
         from jaxdbg.profile.hlo import module_name
 
@@ -289,6 +289,26 @@ class MemoryRecorder(JitHook):
         program = analyse(compiled, info, folder, self.dumped.get(module, -1), self.top)
         self.dumped[module] = dump_number(folder, compiled, self.dumped.get(module, -1))
         return program
+
+    def _signature(self, call: JitCall, state: FunctionState) -> tuple[str, str | None]:
+        """The call's signature in short, and for a recompile what changed since the closest earlier compile (the
+        static value, shape, dtype, pytree structure or callable), in profile's words; None for a first compile."""
+        from jaxdbg.profile.signature import call_signature, explain
+
+        fun = call.function.fun
+        try:
+            signature = call_signature(fun, call.args, call.kwargs, call.function.static_argnums,
+                                       call.function.static_argnames, list(state.parameters) or None)
+        except Exception:  # noqa: BLE001 - an odd argument: no signature, the analysis stands
+            return "", None
+        because = None
+        if state.signatures:
+            same = any(f is fun for f in state.callables)
+            because = explain(state.signatures, signature, same_callable=same,
+                              callable_site=str(state.source) if state.source else "").reason
+        state.signatures.append(signature)
+        state.callables.append(fun)
+        return signature.short(), because
 
     def _threaded(self, call: JitCall, state: FunctionState) -> None:
         """Arguments fed with this function's previous outputs (a loop that carries its state through it: they

@@ -112,6 +112,8 @@ class ProgramMemory:
     note: str | None = None
     jit: JitKind = "jax.jit"  # how it was jitted
     passed_again: tuple[str, ...] = ()  # array arguments the loop passed again as they were (not donatable)
+    # A recompile: what changed since the closest earlier compile, e.g. "static argument 'lr' changed 0.1 -> 0.05"
+    recompiled_because: str | None = None
 
 
 @dataclass(frozen=True)

@@ -109,13 +109,14 @@ class Gathered:
     def functions(self, mode: str) -> list[FunctionProfile]:
         warmup = self.run.warmup if self.run is not None and mode == "function" else 0
         made = self.totals.calls if self.totals is not None else {}
+        late = self.totals.late if self.totals is not None else {}
         found = []
         for ident, meta in sorted(self.names.items()):
             infos = sorted(self.compiles.get(ident, []), key=lambda i: i.call_index)
             calls = sorted(self.calls.get(ident, []), key=lambda c: c.call_index)
             if not infos and not calls:
                 continue  # jitted but never called
-            found.append(function_profile(meta, infos, calls, mode, warmup, made.get(ident, 0)))
+            found.append(function_profile(meta, infos, calls, mode, warmup, made.get(ident, 0), late.get(ident, 0.0)))
         found.sort(key=lambda f: -(f.compile_total_s + f.execute.total_s))
         return found
 
@@ -177,7 +178,7 @@ class Gathered:
 
 
 def function_profile(meta: FunctionDefined, infos: list[CompileRecord], calls: list[CallTiming], mode: str,
-                     warmup: int, made: int = 0) -> FunctionProfile:
+                     warmup: int, made: int = 0, late: float = 0.0) -> FunctionProfile:
     def stages(i: CompileRecord) -> CompileTimes:
         return CompileTimes(i.trace_s, i.lower_s, i.compile_s, i.total_s)
 
@@ -188,15 +189,16 @@ def function_profile(meta: FunctionDefined, infos: list[CompileRecord], calls: l
     latest = with_hlo[-1] if with_hlo else None
     return FunctionProfile(
         name=meta.name, source=meta.source, kind=meta.kind, compiles=len(infos), recompiles=recompiles, compile=times,
-        execute=execute_stats(calls, mode, warmup, made), cost=normalize_cost(latest.cost if latest else None),
+        execute=execute_stats(calls, mode, warmup, made, late), cost=normalize_cost(latest.cost if latest else None),
         memory=latest.memory if latest else None, compilations=compilations, module=latest.module if latest else "",
         hlo=dict(with_hlo[0].hlo) if with_hlo else {},
     )
 
 
-def execute_stats(calls: list[CallTiming], mode: str, warmup: int, made: int = 0) -> ExecuteStats:
+def execute_stats(calls: list[CallTiming], mode: str, warmup: int, made: int = 0, late: float = 0.0) -> ExecuteStats:
     """Call statistics. Script: median/p90 over calls that did not compile; ``made`` calls in all (those that
-    ran ahead unseen send no row). Function: over the timed runs."""
+    ran ahead unseen send no row; ``late``: what they ran beyond the timed calls' mean, as syncs saw it). Function:
+    over the timed runs."""
     if not calls:
         return ExecuteStats()
     first = calls[0].wall_s
@@ -211,7 +213,7 @@ def execute_stats(calls: list[CallTiming], mode: str, warmup: int, made: int = 0
         timed = [c.execute_s for c in (undisturbed if len(undisturbed) >= 3 else steady or waited)]
         # Calls that ran ahead untimed are counted at the timed calls' mean: an estimate.
         count = max(len(calls), made)
-        total = sum(c.execute_s for c in waited) + (count - len(waited)) * float(np.mean(timed))
+        total = sum(c.execute_s for c in waited) + (count - len(waited)) * float(np.mean(timed)) + late
         sampled = len(waited)
     median, p90, low, high, spread = duration_stats(timed)
     return ExecuteStats(count, first, median, p90, low, high, spread, total, sampled if mode != "function" else count,

@@ -120,7 +120,25 @@ def recompile_fix(recompiles: Sequence[Recompile], pmap: bool = False) -> tuple[
     """
     kind, count = main_cause(recompiles)
     fix = _FIXES.get(kind, "check jax's caches and config between calls")
+    if kind == "static" and _mode_flags_only(recompiles):
+        fix = _MODE_FLAG_FIX
     return kind, count, _PMAP_SHARDING_FIX if kind == "sharding" and pmap else fix
+
+
+# A bool static argument (train=True/False) is a mode switch: one compile per mode is by design, and jax keeps both
+_MODE_FLAG_FIX = ("a bool static argument (a train/eval flag) compiles once per value, each kept in jax's cache: "
+                  "expected for two modes; only a compile that comes back would need a look")
+
+
+def _mode_flags_only(recompiles: Sequence[Recompile]) -> bool:
+    """Every static change of ``recompiles`` is a bool flipping (True <-> False), and there is one at least.
+
+        >>> from jaxdbg.profile.model import ArgChange
+        >>> _mode_flags_only([Recompile(4, "", (ArgChange("train", "static", "True", "False"),))])
+        True
+    """
+    changes = [c for r in recompiles for c in r.changes if c.kind == "static"]
+    return bool(changes) and all({c.before, c.after} == {"True", "False"} for c in changes)
 
 
 def hints_for(functions: list[FunctionProfile], totals: Totals, transfers: list[Transfer],

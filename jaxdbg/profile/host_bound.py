@@ -57,6 +57,8 @@ EVERY_STEP = 0.5  # a sync site that runs at least this often per step is "every
 STEP_FIELDS = ("steps", "step_s", "device_s", "calls_s", "transfer_s", "sync_wait_s", "idle_s", "sync_idle_s",
                "cpu_s", "cpu_span_s", "threaded")
 RECENT = 5  # an unseen call runs the median of its function's latest waited calls' executions
+# A sync that waited this much longer than the calls queued before it were estimated to run: they ran longer
+LATE_MIN_S = 0.001
 BLOCKED = 0.5  # the main thread blocked this share of its host time or more: it waits for its input, not works
 
 
@@ -90,6 +92,12 @@ class StepClock:
         # per function: the median of its latest waited calls' executions (RECENT of them), what its unseen calls
         # are taken to run: one call slowed by the machine (another process on its core) stands for none after it
         self.execute: dict[int, float] = {}
+        # The function of the latest call that ran unseen since jaxdbg last waited for a call (a sync may wait for
+        # an earlier call's outputs only, the queue running on behind it), and per function what its unseen calls
+        # ran beyond that estimate as the syncs that waited for them saw (a while_loop whose last call iterates
+        # longest): its execute total's share that no timed call shows
+        self.queued: int | None = None
+        self.late: dict[int, float] = {}
         self.recent: dict[int, list[float]] = {}
         self.previous: dict[int, tuple[float, ...] | None] = {}
         # Per function: the sums of its closed runs of consecutive steady steps, and its open run (the snapshot
@@ -117,6 +125,7 @@ class StepClock:
         if not steady:  # a compile (of this function or another) makes the step it falls in no steady one
             self.compiles += 1
         if waited:
+            self.queued = None  # its outputs ready: every call queued before it ran
             host = compile_s + self.dispatch.get(function, 0.0)  # a plain run returns once it is dispatched
             recent = self.recent.setdefault(function, [])
             recent.append(execute_s)
@@ -187,6 +196,9 @@ class StepClock:
             self.catch_up()
         real = waited - start
         at = start - self.shift
+        late = real - max(self.device_free - at, 0.0)  # beyond the queue's estimate
+        if self.queued is not None and late > LATE_MIN_S:
+            self.late[self.queued] = self.late.get(self.queued, 0.0) + late
         if self.distorted:  # the device's queue as a plain run would have it: the estimate, not what happened
             wait = max(self.device_free - at, 0.0)
             self.shift += real - wait
@@ -210,6 +222,8 @@ class StepClock:
         for function, start in zip(functions, starts):  # as call(), not waited: the shift does not move
             self._step(function, start - shift, dispatch.get(function, 0.0), execute.get(function, 0.0), 0.0, True,
                        False)
+        if functions:
+            self.queued = functions[-1]
 
     def eager_compile(self) -> None:
         """An operation run outside jit compiled (its first run): the step it falls in is not a steady one."""

@@ -487,7 +487,8 @@ class Recorder(JitHook):
             syncs=[(kind, source, site.count, site.wait_s, site.idle_s, site.bytes)
                    for (kind, source), site in list(self.syncs.items())],
             steps={ident: list(sums) for ident, sums in list(self.clock.steps.items())},
-            calls={ident: f.record.calls for ident, f in list(self.functions.items()) if f.record is not None}))
+            calls={ident: f.record.calls for ident, f in list(self.functions.items()) if f.record is not None},
+            late=dict(self.clock.late)))
 
 
 def _block_until_ready(x: Any) -> Any:

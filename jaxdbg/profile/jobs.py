@@ -128,8 +128,9 @@ class BackendStart:
                 "in_call": inside}
 
 
-def send_capture_ops(send: Send, window: Any, backend: str) -> None:
-    """Per-op totals from the capture: xprof's hlo_stats off CPU, the XLA:CPU thunk events otherwise."""
+def send_capture_ops(send: Send, window: Any, backend: str, first_runs: bool = False) -> None:
+    """Per-op totals from the capture: xprof's hlo_stats off CPU, the XLA:CPU thunk events otherwise.
+    ``first_runs``: the capture opened at the run's first call (a script's), so it holds its programs' first runs."""
     from jaxdbg.profile.ops import read_xplane, xprof_hlo_stats
 
     trace = getattr(window, "files", None)
@@ -139,8 +140,12 @@ def send_capture_ops(send: Send, window: Any, backend: str) -> None:
         # xprof's per-op tools are empty on CPU (checked), so it is asked only off CPU; the raw events are
         # always read, as the fallback for a function xprof's table does not name.
         by_prefix = xprof_hlo_stats(trace.xplane) if backend != "cpu" else {}
-        events = read_xplane(trace.xplane)
+        events = read_xplane(trace.xplane, first_runs)
         send(CaptureOps(by_prefix, events.ops, events.per_device))
+        if events.first_runs_left_out:
+            send(ProfileNote(f"the per-op tables leave out {events.first_runs_left_out} first run(s) of a program, "
+                             "its function having run again in the capture: a first run pays one-time setup (XLA:CPU "
+                             "prepares its kernels), which is not what a step costs"))
     except Exception as err:  # noqa: BLE001 - the profile stands without its op table
         send(ProfileNote(f"reading the capture failed: {type(err).__name__}: {err}"))
 
@@ -203,7 +208,7 @@ def script_job(job: ProfileJob, channel: Any) -> None:
             said = failure_summary(raised)
             backend.ended = f"raised {said}" if said else "finished"
         info = backend() if backend is not None else send_device_info(send)
-        send_capture_ops(send, window, info.backend)
+        send_capture_ops(send, window, info.backend, first_runs=True)
         files = window.files if window is not None else None
         share_with_the_job(send, log, options.timeout, backend.started if backend else time.perf_counter(),
                            files.xplane if files is not None else None, job.out_dir, failure_summary(raised))

@@ -101,8 +101,9 @@ class RunTotals(Message):
     """Running totals (the latest one is the whole truth): eager compile spans ``(stage, start, end, name)``,
     transfers ``(kind, source, count, seconds, bytes)`` per kind and user line, persistent-cache hits, time spent
     introspecting, forced synchronisations ``(kind, source, count, wait_s, idle_s, bytes)`` per kind and user line,
-    per function id its steady steps' sums (:data:`jaxdbg.profile.host_bound.STEP_FIELDS`), and the calls made of
-    each function (id -> count; the calls that ran ahead unseen send no timing)."""
+    per function id its steady steps' sums (:data:`jaxdbg.profile.host_bound.STEP_FIELDS`), the calls made of
+    each function (id -> count; the calls that ran ahead unseen send no timing), and what its unseen calls ran
+    beyond the estimate (id -> seconds: the syncs that waited for them waited that much longer)."""
 
     eager_spans: list[tuple[str, float, float, str]]
     transfers: list[tuple[str, SourceLocation | None, int, float, int]]
@@ -111,6 +112,7 @@ class RunTotals(Message):
     syncs: list[tuple[str, SourceLocation | None, int, float, float, int]] = field(default_factory=list)
     steps: dict[int, list[float]] = field(default_factory=dict)
     calls: dict[int, int] = field(default_factory=dict)
+    late: dict[int, float] = field(default_factory=dict)  # id -> what its unseen calls ran beyond their estimate
 
 
 @dataclass(frozen=True)

@@ -66,20 +66,26 @@ class XplaneEvents:
     programs: dict[str, int]
     devices: tuple[str, ...]
     per_device: dict[str, dict[int, list[float]]] = field(default_factory=dict)
+    first_runs_left_out: int = 0  # programs whose first run the op totals leave out (see _without_first_runs)
 
 
-def read_xplane(xplane_path: str) -> XplaneEvents:
-    """One pass over an xplane.pb: op self times, program executions and step markers."""
+def read_xplane(xplane_path: str, first_runs: bool = False) -> XplaneEvents:
+    """One pass over an xplane.pb: op self times, program executions and step markers. ``first_runs``: the capture
+    holds each program's first run (a script's capture window opens at its first call), and the op totals leave
+    it out where the program ran again."""
     from jax.profiler import ProfileData
 
     # jaxlib's event-stats type has no __module__: Python 3.12 warns at each read of it (an error under -W error)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        return _read_events(ProfileData.from_file(xplane_path))
+        return _read_events(ProfileData.from_file(xplane_path), first_runs)
 
 
-def _read_events(data: Any) -> XplaneEvents:
-    totals: dict[str, dict[str, OpTotal]] = defaultdict(lambda: defaultdict(OpTotal))
+def _read_events(data: Any, first_runs: bool = False) -> XplaneEvents:
+    # per (module, run): each op's executions and self time; folded into totals once the first runs are known
+    by_run: dict[tuple[str, int | None], dict[str, list[float]]] = defaultdict(
+        lambda: defaultdict(lambda: [0, 0.0]))
+    run_program: dict[tuple[str, int], int] = {}
     runs: dict[tuple[str, int], list[float]] = {}
     unnumbered: dict[str, list[tuple[float, float]]] = defaultdict(list)  # op events without a run_id (GPU)
     steps: dict[str, list[tuple[int, float, float]]] = defaultdict(list)
@@ -97,12 +103,14 @@ def _read_events(data: Any) -> XplaneEvents:
                 start, duration = float(event.start_ns), float(event.duration_ns)
                 op, module = stats.get("hlo_op"), stats.get("hlo_module")
                 if op and module:
-                    events.append((start, duration, str(module), str(op)))
+                    run = int(stats["run_id"]) if "run_id" in stats else None
+                    events.append((start, duration, str(module), str(op), run))
                     programs.setdefault(str(module), int(stats.get("program_id", -1)))
-                    if "run_id" not in stats:
+                    if run is None:
                         unnumbered[str(module)].append((start, start + duration))
                         continue
-                    span = runs.setdefault((str(module), int(stats["run_id"])), [start, start + duration])
+                    run_program[(str(module), run)] = int(stats.get("program_id", -1))
+                    span = runs.setdefault((str(module), run), [start, start + duration])
                     span[0], span[1] = min(span[0], start), max(span[1], start + duration)
                     device = stats.get("device_ordinal", plane_device)
                     if device is not None:
@@ -111,10 +119,19 @@ def _read_events(data: Any) -> XplaneEvents:
                         mine[0], mine[1] = min(mine[0], start), max(mine[1], start + duration)
                 elif "step_num" in stats and not module:
                     steps[str(event.name)].append((int(stats["step_num"]), start, start + duration))
-            for module, op, self_ns in _self_times(events):
-                entry = totals[module][op]
-                entry.count += 1
-                entry.total_s += self_ns * 1e-9
+            for module, op, run, self_ns in _self_times(events):
+                entry = by_run[(module, run)][op]
+                entry[0] += 1
+                entry[1] += self_ns * 1e-9
+    first = _first_runs(runs, run_program) if first_runs else set()
+    totals: dict[str, dict[str, OpTotal]] = defaultdict(lambda: defaultdict(OpTotal))
+    for (module, numbered), ops in by_run.items():
+        if (module, numbered) in first:
+            continue
+        for op, (count, seconds) in ops.items():
+            total = totals[module][op]
+            total.count += int(count)
+            total.total_s += seconds
     executions: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for (module, _), (start, end) in sorted(runs.items(), key=lambda kv: kv[1][0]):
         executions[module].append((start, end))
@@ -126,7 +143,29 @@ def _read_events(data: Any) -> XplaneEvents:
     for (module, _, device), (start, end) in sorted(on_device.items(), key=lambda kv: kv[1][0]):
         per_device[module][device].append((end - start) * 1e-9)
     return XplaneEvents({m: dict(ops) for m, ops in totals.items()}, dict(executions), dict(steps), programs,
-                        tuple(devices), {m: dict(d) for m, d in per_device.items() if len(d) > 1})
+                        tuple(devices), {m: dict(d) for m, d in per_device.items() if len(d) > 1}, len(first))
+
+
+def _first_runs(runs: dict[tuple[str, int], list[float]], run_program: dict[tuple[str, int], int]) -> set[
+        tuple[str, int]]:
+    """The first run of each executable, as ``(module, run id)``, in a module that also ran other than first runs
+    in the capture: XLA:CPU's first runs set up its kernels (a dot's first run took 75 ms, its next ones 0.06 ms;
+    once per process, so a recompile's first run may not pay it), a one-time cost that made a tiny matmul the "hot
+    op" of a gather-bound step. A module of first runs only (a function jitted afresh each step) keeps them: that
+    is what its steps cost. Events without a run id (GPU kernels) have none.
+
+        >>> runs = {("jit_f", 1): [0.0, 1.0], ("jit_f", 2): [2.0, 3.0], ("jit_f", 3): [4.0, 5.0],
+        ...         ("jit_g", 5): [1.0, 2.0], ("jit_g", 6): [3.0, 4.0]}
+        >>> sorted(_first_runs(runs, {("jit_f", 1): 7, ("jit_f", 2): 9, ("jit_f", 3): 9, ("jit_g", 5): 8,
+        ...                           ("jit_g", 6): 10}))
+        [('jit_f', 1), ('jit_f', 2)]
+    """
+    per_program: dict[tuple[str, int], list[tuple[float, int]]] = defaultdict(list)
+    for (module, run), (start, _) in runs.items():
+        per_program[(module, run_program.get((module, run), -1))].append((start, run))
+    first = {(module, min(started)[1]) for (module, _), started in per_program.items()}
+    steady = {module for module, run in runs if (module, run) not in first}
+    return {(module, run) for module, run in first if module in steady}
 
 
 def _plane_ordinal(name: str) -> int | None:
@@ -157,20 +196,21 @@ def _stats(event: object) -> dict:
         return {}
 
 
-def _self_times(events: list[tuple[float, float, str, str]]) -> Iterator[tuple[str, str, float]]:
-    """Each event's duration minus that of the events nested inside it on the same line."""
+def _self_times(events: list[tuple[float, float, str, str, int | None]]) -> Iterator[
+        tuple[str, str, int | None, float]]:
+    """Each event's duration minus that of the events nested inside it on the same line (with its run id)."""
     events.sort(key=lambda e: (e[0], -e[1]))
-    stack: list[list] = []  # [end, module, op, self_ns]
-    for start, duration, module, op in events:
+    stack: list[list] = []  # [end, module, op, run, self_ns]
+    for start, duration, module, op, run in events:
         while stack and start >= stack[-1][0]:
-            _, m, o, self_ns = stack.pop()
-            yield m, o, self_ns
+            _, m, o, r, self_ns = stack.pop()
+            yield m, o, r, self_ns
         if stack:
-            stack[-1][3] -= min(duration, stack[-1][0] - start)
-        stack.append([start + duration, module, op, duration])
+            stack[-1][4] -= min(duration, stack[-1][0] - start)
+        stack.append([start + duration, module, op, run, duration])
     while stack:
-        _, m, o, self_ns = stack.pop()
-        yield m, o, max(self_ns, 0.0)
+        _, m, o, r, self_ns = stack.pop()
+        yield m, o, r, max(self_ns, 0.0)
 
 
 @contextlib.contextmanager
