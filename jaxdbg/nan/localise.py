@@ -387,6 +387,11 @@ class NanHunter(Hooks):
         reaching = frozenset().union(*(t.origins for t in out_tags if t is not None), self.confirmed)
         self.reaching = reaching
         chosen: int | None = self.first_nan
+        if chosen is not None and out_tags and not self.confirmed and not any(t is not None and t.nan
+                                                                              for t in out_tags):
+            # The outputs hold Inf and no NaN: every NaN made was left behind (jax's own xlogy computes
+            # 0 * log(0) and selects 0 there), and an operation passing both on reaches them only by its Inf.
+            chosen = None
         if chosen is None:
             chosen = self._first_of(reaching, "input", need_nan=True)
         if chosen is None and not self.nan_only:
@@ -558,9 +563,10 @@ def _telling_opaque_notes(notes: list[tuple[Site, str]], found: Sequence[Any]) -
     that had nothing to do with the NaN is no news to the user."""
     sites = [r.site for r in found if r is not None and r.site is not None]
     if not sites:
-        return [text for _, text in notes]
-    return [text for site, text in notes
-            if any(s is site or (s.path == site.path and s.primitive == site.primitive) for s in sites)]
+        return list(dict.fromkeys(text for _, text in notes))
+    return list(dict.fromkeys(text for site, text in notes  # each once: two solves at one path read the same
+                              if any(s is site or (s.path == site.path and s.primitive == site.primitive)
+                                     for s in sites)))
 
 
 def localise_call(call: Call, nan_only: bool = False, closed: Any = None) -> Localisation:
