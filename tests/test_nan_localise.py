@@ -913,7 +913,12 @@ def test_library_nans_left_behind_fill_indices_clipped_infinities_and_complex_ze
     # two solves at one path (a Kalman filter's gain and innovation): the note that they ran whole is said once
     solve = "jit(f)/scan[iteration=41]/jit(solve): no rule looks inside 'custom_linear_solve'; it ran as one operation"
     assert _telling_opaque_notes([(None, solve), (None, solve)], ()) == [solve]
-    # weight normalisation of a zero-initialised Equinox layer: its weight, not a weighted mean's weights
-    first = Origin("nan", "div", "forward", at, inputs=(y, y), outputs=(y,))
+    # weight normalisation of a zero-initialised Equinox layer (every norm 0): its weight, not a weighted mean's
+    # weights; an embedding whose padding row is 0 under a LayerNorm without eps (rsqrt(0)) is neither
+    norms = ValueStats((64, 1), "f32", 0.0, 0.0, 0, 0, 64, 0)
+    first = Origin("nan", "div", "forward", at, inputs=(norms, norms), outputs=(y,))
     _, hints = explain(first, zero=ZeroSource(None, None, "argument", (), ("model.res.layer.weight",), first))
     assert hints[0].startswith("initialise `model.res.layer.weight` with nonzero values"), hints
+    variance = Origin("inf", "rsqrt", "forward", at, inputs=(norms,), outputs=(y,))
+    _, hints = explain(variance, zero=ZeroSource(None, None, "argument", (), ("block.embed.weight",), variance))
+    assert not any("initialise" in h or h.startswith("every weight summed") for h in hints), hints

@@ -244,9 +244,18 @@ def _log(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] | Non
     return what + ".", ([LOG_SUM_EXP] if exponentiated else []) + [EPSILON_LOG]
 
 
-def _layer_parameter(name: str) -> bool:
-    """A layer's weight matrix by its pytree path (Equinox/PyTorch ``.weight``, Flax ``['kernel']``), as opposed to
-    the per-example weights of a weighted mean."""
+def _normalised_zero_parameter(zero: ZeroSource) -> str | None:
+    """The layer weight (Equinox/PyTorch ``.weight``, Flax ``['kernel']``: not the per-example weights of a weighted
+    mean) that a division by an all-zero denominator came from, as weight normalisation divides a zero-initialised
+    weight by its zero norm; None otherwise (an embedding's zero padding row under a norm is not that)."""
+    divisor = _stat(zero.of, 1) if zero.of is not None and zero.of.primitive == "div" else None
+    if zero.how != "argument" or divisor is None or divisor.zero < math.prod(divisor.shape):
+        return None
+    return next((name for name in zero.arguments if _layer_weight(name)), None)
+
+
+def _layer_weight(name: str) -> bool:
+    """A layer's weight by its pytree path: Equinox/PyTorch ``.weight``, Flax ``.kernel`` or ``['kernel']``."""
     return re.search(r"(\.weight|\.kernel|\['kernel'\])$", name) is not None
 
 
@@ -820,10 +829,10 @@ def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence
                      *hints]
         elif zero.how == "captured":
             hints = [CAPTURED_ZERO.format(name=f"`{zero.name}`" if zero.name else "the captured array"), *hints]
-        elif zero.how == "argument" and any(_layer_parameter(name) for name in zero.arguments):
-            name = next(name for name in zero.arguments if _layer_parameter(name))
-            hints = [ZERO_PARAMETER.format(name=name), *hints]
-        elif zero.how == "argument" and any("weight" in name.lower() for name in zero.arguments):
+        elif _normalised_zero_parameter(zero):
+            hints = [ZERO_PARAMETER.format(name=_normalised_zero_parameter(zero)), *hints]
+        elif zero.how == "argument" and any("weight" in name.lower() and not _layer_weight(name)
+                                            for name in zero.arguments):
             hints = [WEIGHTED_MEAN, *hints]
     if root is not None and _weighted_log(first, root):  # the zero weight is no bug: the product must be 0 there
         # after the fix of a log that should never have seen a 0 (of a sigmoid, a softmax), first otherwise
