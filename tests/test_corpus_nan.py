@@ -413,4 +413,3 @@ def test_an_embedding_id_past_the_table_is_named_as_an_out_of_range_index(hunted
     assert _where(got["first"]) == ("nan", "gather", "forward", _line(program, "# the NaN"), 1)
     assert "indices run from 0 to 64" in got["explanation"] and "(64, 32)" in got["explanation"]
     assert "embedding table" in got["hints"][0]
-

@@ -871,6 +871,10 @@ def _lognormal_nll(y, mu, s):
     return jnp.sum((jnp.log(y) - mu) / jnp.exp(s))  # log line: an exp elsewhere on it, not inside the log
 
 
+def _picked(probs, labels):
+    return jnp.sum(probs * jax.nn.one_hot(labels, 5), axis=-1)  # picked line
+
+
 def test_library_nans_left_behind_fill_indices_clipped_infinities_and_complex_zeros() -> None:
     """What unseen programs showed: xlogy's own 0 * log(0) (selected away) is no origin when the outputs hold only
     Inf; a NaN filled in by jnp.take for an index past the end says so; a NaN made inside optax's clipping of an
@@ -888,6 +892,11 @@ def test_library_nans_left_behind_fill_indices_clipped_infinities_and_complex_ze
     # xlogy(0, 0) = 0 by a select over 0 * -inf: the outputs hold -inf (y = 2 at mu = 0), born by its log
     found = hunt(jax.jit(lambda y, mu: xlogy(y, mu).sum()), jnp.array([0.0, 2.0]), jnp.array([0.0, 0.0]))
     assert (found.first.kind, found.first.primitive) == ("inf", "log") and not found.discarded and found.reproduced
+    # a call whose compiled outputs held Inf and no NaN (XLA computed g * one_hot as a select; op by op it is
+    # 0 * inf): the origin is the Inf, not the replay's NaN
+    found = localise_call(Call("f", jax.jit(lambda x: (jnp.log(x), jnp.log(x) * 0.0)), (jnp.zeros(2),), {}),
+                          infs_only=True)
+    assert (found.first.kind, found.first.primitive) == ("inf", "log") and not found.discarded
     # an embedding id equal to the table's size: jnp.take fills its row with NaN
     found = hunt(jax.jit(lambda t, i: jnp.take(t, i, axis=0).sum()), jnp.ones((4, 3)), jnp.array([0, 4]))
     text, hints = explain(found.first)
@@ -907,6 +916,12 @@ def test_library_nans_left_behind_fill_indices_clipped_infinities_and_complex_ze
     y = ValueStats((2,), "f32", 0.0, 1.0, 0, 0, 1, 0)
     _, hints = explain(Origin("inf", "log", "forward", at, inputs=(y,), outputs=(y,)))
     assert "clamp the input away from zero" in hints[0] and not any("logsumexp" in h for h in hints), hints
+    # log of a probability picked by one_hot of labels that hold an ignore index (255): mask those labels
+    log = Origin("inf", "log", "forward", at, inputs=(y,), outputs=(y,))
+    picked = SourceLocation(__file__, _line_of(_picked, "# picked line"), "_picked")
+    _, hints = explain(log, input_sources={log: (picked,)},
+                       zero=ZeroSource(None, None, "argument", (), ("labels",), log))
+    assert hints[0].startswith("mask the labels outside [0, num_classes)"), hints
     # a complex zero is one zero (not one per part), and has no sign
     stats = value_stats(jnp.array([0j, 1 - 2j, -3 + 0j], jnp.complex64))
     assert (stats.zero, stats.negative, stats.nan) == (1, 0, 0)

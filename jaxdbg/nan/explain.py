@@ -85,6 +85,11 @@ WEIGHTED_MEAN = ("every weight summed into the denominator is 0 there (an exampl
                  "zero weights, e.g. padding): divide by `jnp.maximum(weight.sum(), 1e-12)`, or give 0 where the "
                  "total is 0 (`jnp.where(total > 0, num / jnp.where(total > 0, total, 1.0), 0.0)`), and check why "
                  "every weight there is 0")
+# Labels past the classes (an ignore index) one-hot to all-zero rows: the picked probability is 0.
+ONE_HOT_RANGE = ("mask the labels outside [0, num_classes) out of the loss (an ignore index such as 255 or -100 "
+                 "one-hots to an all-zero row, so the picked probability is 0): `valid = (labels >= 0) & (labels < "
+                 "num_classes)`, average over the valid ones, or use `optax.softmax_cross_entropy_with_integer_labels` "
+                 "on the clipped labels with that mask")
 # A layer's own weight matrix divided by its norm (weight normalisation): zero-initialised, it has no direction.
 ZERO_PARAMETER = ("initialise `{name}` with nonzero values: it is all zeros where the code divides by its norm (a "
                   "zero-initialised layer under weight normalisation has no direction); start a branch at zero through "
@@ -829,6 +834,8 @@ def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence
                      *hints]
         elif zero.how == "captured":
             hints = [CAPTURED_ZERO.format(name=f"`{zero.name}`" if zero.name else "the captured array"), *hints]
+        elif zero.how == "argument" and "one_hot(" in "\n".join(_code(f) for f in sources.get(first, ())):
+            hints = [ONE_HOT_RANGE, *hints]
         elif _normalised_zero_parameter(zero):
             hints = [ZERO_PARAMETER.format(name=_normalised_zero_parameter(zero)), *hints]
         elif zero.how == "argument" and any("weight" in name.lower() and not _layer_weight(name)
