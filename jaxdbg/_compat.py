@@ -53,6 +53,13 @@ def eqn_source(eqn: Any) -> SourceLocation | None:
     return next(source_frames(eqn.source_info), None)
 
 
+def eqn_callers(eqn: Any) -> tuple[str, ...]:
+    """The qualified names of the functions on the Python stack that created a jaxpr equation (library ones
+    included: ``clip_by_global_norm.<locals>.update_fn``), innermost first."""
+    frames = getattr(getattr(eqn.source_info, "traceback", None), "frames", None) or ()
+    return tuple(str(frame.function_name) for frame in frames)
+
+
 def eqn_name_stack(eqn: Any) -> str:
     """The equation's name stack as text, e.g. ``'jvp(loss)'`` or ``'transpose(jvp(loss))'``."""
     return str(getattr(eqn.source_info, "name_stack", ""))

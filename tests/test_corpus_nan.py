@@ -379,3 +379,37 @@ def test_an_inf_without_a_nan_ends_the_run_when_the_budget_is_spent() -> None:
             x = step(x)
     assert stop.value.finding is watch.inf_findings[0] and stop.value.finding.call.call_index == 0
     assert watch.calls == 4  # the Inf's call and three more
+
+
+# -- unseen programs: library code between the bug and the NaN (optax clipping, xlogy, jnp.take, WeightNorm) ---
+
+
+def test_an_inf_gradient_clipped_by_optax_is_named_with_a_fix_other_than_clipping(hunted) -> None:
+    """exp overflows on an outlier row; clip_by_global_norm rescales the Inf gradient by 1 / inf: inf / inf.
+    The program already clips: "clip gradients" is no answer, skipping non-finite updates is."""
+    program = "optax_clip_inf_grad"
+    got = hunted(program)
+    assert _where(got["first"]) == ("nan", "div", "forward", _line(program, "# the NaN: clipping"), 2)
+    assert [_where(c) for c in got["chain"]] == [("inf", "exp", "forward", _line(program, "# the bug"), 2)]
+    assert "inside `optax.clip_by_global_norm`" in got["explanation"]
+    assert any("optax.apply_if_finite" in h for h in got["hints"]) and "clip gradients" not in " ".join(got["hints"])
+
+
+def test_a_nan_jax_scipy_xlogy_leaves_behind_is_not_the_answer_to_an_inf_loss(hunted) -> None:
+    """xlogy(y, 0) is -inf for y > 0 (the loss is Inf, never NaN); xlogy's own 0 * log(0), selected away where
+    y = 0, reaches nothing. The answer is the log(0) inside xlogy, and no hint says to use xlogy."""
+    program = "jsp_negbin_xlogy_inf"
+    got = hunted(program)
+    assert _where(got["first"]) == ("inf", "log", "forward", _line(program, "# the Inf: log(0)"), 0)
+    assert got["first"]["path"] == ["jit(update)", "custom_jvp(xlogy)"] and "NaN" not in got["explanation"]
+    assert not any("xlogy" in h for h in got["hints"])
+
+
+def test_an_embedding_id_past_the_table_is_named_as_an_out_of_range_index(hunted) -> None:
+    """jnp.take (mode "fill") gives NaN rows for the end-of-text id == vocab size: the gather, its indices' range
+    against the table's shape, and a hint about the id, not a bare 'gather produced it'."""
+    program = "linen_take_eot_nan"
+    got = hunted(program)
+    assert _where(got["first"]) == ("nan", "gather", "forward", _line(program, "# the NaN"), 1)
+    assert "indices run from 0 to 64" in got["explanation"] and "(64, 32)" in got["explanation"]
+    assert "embedding table" in got["hints"][0]

@@ -929,3 +929,79 @@ def test_a_step_that_already_warms_its_learning_rate_up_is_told_to_lower_the_pea
         found_schedule = schedule.warmup(jax.make_jaxpr(_optax_step(optimizer))(*args), jax.tree.leaves(args))
         assert (found_schedule and (found_schedule.peak_step, round(found_schedule.peak / 1e30, 3))) == (
             peak and (40, 1.0))
+
+
+
+# -- unseen programs (jax.scipy.special, jnp.take, optax clipping, complex spectra, weight norm) ----------------
+
+
+def _lognormal_nll(y, mu, s):
+    return jnp.sum((jnp.log(y) - mu) / jnp.exp(s))  # log line: an exp elsewhere on it, not inside the log
+
+
+def _picked(probs, labels):
+    return jnp.sum(probs * jax.nn.one_hot(labels, 5), axis=-1)  # picked line
+
+
+def test_library_nans_left_behind_fill_indices_clipped_infinities_and_complex_zeros() -> None:
+    """What unseen programs showed: xlogy's own 0 * log(0) (selected away) is no origin when the outputs hold only
+    Inf; a NaN filled in by jnp.take for an index past the end says so; a NaN made inside optax's clipping of an
+    Inf gradient is not answered with "clip gradients"; a complex zero counts once; two opaque solves on one
+    path are noted once; a layer's zero weight under weight normalisation is no weighted mean."""
+    from jax.scipy.special import xlogy
+
+    from jaxdbg._source import SourceLocation
+    from jaxdbg.nan.analyses import Findings
+    from jaxdbg.nan.explain import CLIP, SKIP_NONFINITE, analyse
+    from jaxdbg.nan.localise import _telling_opaque_notes
+    from jaxdbg.nan.result import Origin, ValueStats
+    from jaxdbg.nan.zero_source import ZeroSource
+
+    # xlogy(0, 0) = 0 by a select over 0 * -inf: the outputs hold -inf (y = 2 at mu = 0), born by its log
+    found = hunt(jax.jit(lambda y, mu: xlogy(y, mu).sum()), jnp.array([0.0, 2.0]), jnp.array([0.0, 0.0]))
+    assert (found.first.kind, found.first.primitive) == ("inf", "log") and not found.discarded and found.reproduced
+    # a call whose compiled outputs held Inf and no NaN (XLA computed g * one_hot as a select; op by op it is
+    # 0 * inf): the origin is the Inf, not the replay's NaN
+    found = localise_call(Call("f", jax.jit(lambda x: (jnp.log(x), jnp.log(x) * 0.0)), (jnp.zeros(2),), {}),
+                          infs_only=True)
+    assert (found.first.kind, found.first.primitive) == ("inf", "log") and not found.discarded
+    # an embedding id equal to the table's size: jnp.take fills its row with NaN
+    found = hunt(jax.jit(lambda t, i: jnp.take(t, i, axis=0).sum()), jnp.ones((4, 3)), jnp.array([0, 4]))
+    text, hints = explain(found.first)
+    assert found.first.primitive == "gather" and "indices run from 0 to 4" in text and "(4, 3)" in text, text
+    assert "embedding table" in hints[0]
+    # an Inf gradient through optax.clip_by_global_norm: its rescaling makes inf / inf
+    optax = pytest.importorskip("optax")
+    tx = optax.clip_by_global_norm(1.0)
+    call = Call("step", jax.jit(lambda g: tx.update(g, tx.init(g))[0]), ({"w": jnp.array([jnp.inf, 1.0])},), {})
+    found = localise_call(call)
+    findings = Findings(found.first, chain=list(found.chain), call=call, localisation=found)
+    analyse(findings)
+    assert found.first.kind == "nan" and "inside `optax.clip_by_global_norm`" in findings.explanation
+    assert SKIP_NONFINITE in findings.hints and CLIP not in findings.hints
+    # the log's input is data (y): an exp elsewhere on its line is no log-sum-exp
+    at = SourceLocation(__file__, _line_of(_lognormal_nll, "# log line"), "_lognormal_nll")
+    y = ValueStats((2,), "f32", 0.0, 1.0, 0, 0, 1, 0)
+    _, hints = explain(Origin("inf", "log", "forward", at, inputs=(y,), outputs=(y,)))
+    assert "clamp the input away from zero" in hints[0] and not any("logsumexp" in h for h in hints), hints
+    # log of a probability picked by one_hot of labels that hold an ignore index (255): mask those labels
+    log = Origin("inf", "log", "forward", at, inputs=(y,), outputs=(y,))
+    picked = SourceLocation(__file__, _line_of(_picked, "# picked line"), "_picked")
+    _, hints = explain(log, input_sources={log: (picked,)},
+                       zero=ZeroSource(None, None, "argument", (), ("labels",), log))
+    assert hints[0].startswith("mask the labels outside [0, num_classes)"), hints
+    # a complex zero is one zero (not one per part), and has no sign
+    stats = value_stats(jnp.array([0j, 1 - 2j, -3 + 0j], jnp.complex64))
+    assert (stats.zero, stats.negative, stats.nan) == (1, 0, 0)
+    # two solves at one path (a Kalman filter's gain and innovation): the note that they ran whole is said once
+    solve = "jit(f)/scan[iteration=41]/jit(solve): no rule looks inside 'custom_linear_solve'; it ran as one operation"
+    assert _telling_opaque_notes([(None, solve), (None, solve)], ()) == [solve]
+    # weight normalisation of a zero-initialised Equinox layer (every norm 0): its weight, not a weighted mean's
+    # weights; an embedding whose padding row is 0 under a LayerNorm without eps (rsqrt(0)) is neither
+    norms = ValueStats((64, 1), "f32", 0.0, 0.0, 0, 0, 64, 0)
+    first = Origin("nan", "div", "forward", at, inputs=(norms, norms), outputs=(y,))
+    _, hints = explain(first, zero=ZeroSource(None, None, "argument", (), ("model.res.layer.weight",), first))
+    assert hints[0].startswith("initialise `model.res.layer.weight` with nonzero values"), hints
+    variance = Origin("inf", "rsqrt", "forward", at, inputs=(norms,), outputs=(y,))
+    _, hints = explain(variance, zero=ZeroSource(None, None, "argument", (), ("block.embed.weight",), variance))
+    assert not any("initialise" in h or h.startswith("every weight summed") for h in hints), hints

@@ -26,6 +26,7 @@ import tokenize
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from jaxdbg import _compat
 from jaxdbg._source import SourceLocation
 from jaxdbg.nan import passes, schedule
 from jaxdbg.nan.result import GrowthEntry, Origin, Overflow, PrecisionCheck, Strategy, ValueStats, inf_root
@@ -84,6 +85,15 @@ WEIGHTED_MEAN = ("every weight summed into the denominator is 0 there (an exampl
                  "zero weights, e.g. padding): divide by `jnp.maximum(weight.sum(), 1e-12)`, or give 0 where the "
                  "total is 0 (`jnp.where(total > 0, num / jnp.where(total > 0, total, 1.0), 0.0)`), and check why "
                  "every weight there is 0")
+# Labels past the classes (an ignore index) one-hot to all-zero rows: the picked probability is 0.
+ONE_HOT_RANGE = ("mask the labels outside [0, num_classes) out of the loss (an ignore index such as 255 or -100 "
+                 "one-hots to an all-zero row, so the picked probability is 0): `valid = (labels >= 0) & (labels < "
+                 "num_classes)`, average over the valid ones, or use `optax.softmax_cross_entropy_with_integer_labels` "
+                 "on the clipped labels with that mask")
+# A layer's own weight matrix divided by its norm (weight normalisation): zero-initialised, it has no direction.
+ZERO_PARAMETER = ("initialise `{name}` with nonzero values: it is all zeros where the code divides by its norm (a "
+                  "zero-initialised layer under weight normalisation has no direction); start a branch at zero through "
+                  "its gain or a zeroed output layer instead, or divide by `jnp.maximum(norm, 1e-12)`")
 EMPTY_SEGMENT = ("an empty segment (a node with no incoming edge, a class with no member in the batch) sums to 0: "
                  "divide by `jnp.maximum(count, 1)` (its sum is 0 too, so its mean becomes 0), or mask it out")
 CAPTURED_ZERO = ("{name} holds a 0 where the code divides by it (or takes its log): fix the values it is built from "
@@ -135,6 +145,15 @@ SIGNED_LOGSUMEXP = ("pass `return_sign=True` (`out, sign = jax.nn.logsumexp(a, b
                     "its sign), or keep the weights non-negative")
 INVERTIBLE = ("keep the matrix invertible: parameterise its scales with `jnp.exp`/`jax.nn.softplus` (not a ReLU or a "
               "clip), or add a small `eps * jnp.eye(n)`")
+OUT_OF_RANGE = ("check where an index past the end (or below 0) comes from: an id equal to the size of an embedding "
+                "table (the vocabulary size, a special or padding token added by the tokenizer), a label of -1 for "
+                "\"ignore\"; size the table for every id it is given, or map those ids in range before the lookup "
+                "(`mode=\"clip\"` would hide the bug, not fix it)")
+# Optax's gradient clipping rescales by max_norm / norm: an infinite gradient gives inf / inf there.
+CLIPPERS = ("clip_by_global_norm", "clip_by_block_rms", "adaptive_grad_clip", "per_example_global_norm_clip")
+SKIP_NONFINITE = ("fix the infinity where it is born (above): clipping cannot bound an infinite gradient; to survive "
+                  "a rare one, skip that update: wrap the optimiser in `optax.apply_if_finite(tx, "
+                  "max_consecutive_errors=5)`")
 SUMMING = ("dot_general", "conv_general_dilated", "reduce_sum", "cumsum", "add_any")  # sum many values inside
 # products summed, dense or sparse (a sparse operand is its values, its integer indices and its dense partner)
 MATMULS = ("dot_general", "conv_general_dilated", "bcoo_dot_general", "bcsr_dot_general", "bcoo_spdm")
@@ -226,7 +245,36 @@ def _log(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] | Non
     if "expm1" in code and s is not None and (s.negative or s.zero):  # log(expm1(y)): an inverse softplus
         return (what + "; its input is expm1(y), so y <= 0: log(expm1(y)), the inverse softplus, is undefined "
                 "there.", [INVERSE_SOFTPLUS])
-    return what + ".", ([LOG_SUM_EXP] if "exp" in code else []) + [EPSILON_LOG]
+    exponentiated = "exp" in _log_argument(line) + "\n" + feeders  # not an exp elsewhere on its line
+    return what + ".", ([LOG_SUM_EXP] if exponentiated else []) + [EPSILON_LOG]
+
+
+def _normalised_zero_parameter(zero: ZeroSource) -> str | None:
+    """The layer weight (Equinox/PyTorch ``.weight``, Flax ``['kernel']``: not the per-example weights of a weighted
+    mean) that a division by an all-zero denominator came from, as weight normalisation divides a zero-initialised
+    weight by its zero norm; None otherwise (an embedding's zero padding row under a norm is not that)."""
+    divisor = _stat(zero.of, 1) if zero.of is not None and zero.of.primitive == "div" else None
+    if zero.how != "argument" or divisor is None or divisor.zero < math.prod(divisor.shape):
+        return None
+    return next((name for name in zero.arguments if _layer_weight(name)), None)
+
+
+def _layer_weight(name: str) -> bool:
+    """A layer's weight by its pytree path: Equinox/PyTorch ``.weight``, Flax ``.kernel`` or ``['kernel']``."""
+    return re.search(r"(\.weight|\.kernel|\['kernel'\])$", name) is not None
+
+
+def _log_argument(line: str) -> str:
+    """The text inside the first ``log(...)`` of a line (the whole line where its parentheses do not close)."""
+    start = line.find("log(")
+    if start < 0:
+        return line
+    depth = 0
+    for end in range(start + 3, len(line)):
+        depth += {"(": 1, ")": -1}.get(line[end], 0)
+        if depth == 0:
+            return line[start + 4:end]
+    return line
 
 
 def _sqrt(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] | None:
@@ -318,6 +366,20 @@ def _singular_matrix(origin: Origin, line: str, feeders: str) -> tuple[str, list
            f"(its log-determinant is -inf)" if origin.pass_ == "backward" and det in ("slogdet", "logdet", "det")
            else "")
     return (f"a linear solve with a singular matrix (a zero pivot) divides by 0{why}.", [INVERTIBLE])
+
+
+def _out_of_range_gather(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] | None:
+    """A gather that makes NaN from an operand holding none filled an index outside the array with NaN: the
+    "fill" mode of ``jnp.take`` (its default) and of ``x.at[i].get(mode="fill")``; an embedding lookup given
+    an id one past its table is the classic."""
+    if origin.primitive != "gather" or origin.kind != "nan" or any(s.nan or s.inf for s in origin.inputs):
+        return None
+    table, index = _stat(origin, 0), _stat(origin, 1)
+    if table is None or index is None or index.min is None or index.max is None or index.dtype[:1] not in "iu":
+        return None
+    return (f"an index outside the array was filled with NaN: its indices run from {index.min:g} to {index.max:g} "
+            f"and the array it reads has shape {tuple(table.shape)} (`jnp.take` and `.at[i].get(mode=\"fill\")` "
+            "fill what is out of range with NaN instead of raising).", [OUT_OF_RANGE])
 
 
 def _degenerate_spectrum(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] | None:
@@ -483,8 +545,8 @@ def _domain(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] | 
 
 PATTERNS: tuple[Pattern, ...] = (
     _input_pattern, _nan_constant, _masked_softmax, _masked_gradient, _log, _sqrt, _pole, _singular_matrix,
-    _degenerate_spectrum, _singular_derivative, _not_positive_definite, _division, _inf_arithmetic, _overflow_inside,
-    _domain, _negative_power_of_zero, _overflow)
+    _out_of_range_gather, _degenerate_spectrum, _singular_derivative, _not_positive_definite, _division,
+    _inf_arithmetic, _overflow_inside, _domain, _negative_power_of_zero, _overflow)
 
 
 def _match(origin: Origin, feeders: Sequence[SourceLocation]) -> tuple[Pattern | None, str, list[str]]:
@@ -715,7 +777,8 @@ def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence
             input_sources: Mapping[Origin, Sequence[SourceLocation]] | None = None,
             overflow: Overflow | None = None, zero: ZeroSource | None = None,
             cond_select: CondSelect | None = None, discarded: Sequence[Discarded] = (),
-            reaching: Origin | None = None, trains: bool | str = True) -> tuple[str, tuple[str, ...]]:
+            reaching: Origin | None = None, trains: bool | str = True,
+            clipper: str | None = None) -> tuple[str, tuple[str, ...]]:
     """``(paragraph, hints)`` for a finding; an empty paragraph when nothing was found.
 
     ``input_sources`` gives, per origin, the user lines that computed its inputs (from the replay);
@@ -726,7 +789,8 @@ def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence
     origin's NaN reaches no output, it and the NaNs after it that reach none either
     (:class:`jaxdbg.nan.localise.Discarded`), and ``reaching``, the first NaN that does. ``trains``: the call
     computes a gradient (otherwise no hint speaks of gradients or learning rates; ``"in loops"``: only inside loop
-    bodies, where a step size is named too).
+    bodies, where a step size is named too). ``clipper``: the Optax clipping transformation the origin's operation
+    ran in (its NaN is the rescaling of an infinite gradient: advising to clip is no fix).
     """
     if first is None:
         return "", ()
@@ -770,7 +834,12 @@ def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence
                      *hints]
         elif zero.how == "captured":
             hints = [CAPTURED_ZERO.format(name=f"`{zero.name}`" if zero.name else "the captured array"), *hints]
-        elif zero.how == "argument" and any("weight" in name.lower() for name in zero.arguments):
+        elif zero.how == "argument" and "one_hot(" in "\n".join(_code(f) for f in sources.get(first, ())):
+            hints = [ONE_HOT_RANGE, *hints]
+        elif _normalised_zero_parameter(zero):
+            hints = [ZERO_PARAMETER.format(name=_normalised_zero_parameter(zero)), *hints]
+        elif zero.how == "argument" and any("weight" in name.lower() and not _layer_weight(name)
+                                            for name in zero.arguments):
             hints = [WEIGHTED_MEAN, *hints]
     if root is not None and _weighted_log(first, root):  # the zero weight is no bug: the product must be 0 there
         # after the fix of a log that should never have seen a 0 (of a sigmoid, a softmax), first otherwise
@@ -806,6 +875,10 @@ def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence
             src = chain[0].source
             parts.append(f"Its infinite inputs came from `{chain[0].primitive}`"
                          f"{f' at line {src.line}' if src else ''} (see chain).")
+    clipped = clipper is not None and first.kind == "nan" and any(s.inf for s in first.inputs)
+    if clipped:
+        parts.append(f"It is made inside `optax.{clipper}`: the gradient's norm is infinite, and scaling the gradient "
+                     "by max_norm / norm gives inf / inf (and inf * 0) there.")
     if growth:
         sentence, growth_hints, urgent = _growth_sentence(growth, _singular(root or first))
         parts.append(sentence)
@@ -826,6 +899,8 @@ def explain(first: Origin | None, chain: Sequence[Origin] = (), growth: Sequence
         hints = [h for h in hints if h not in EPSILONS]
     if ITERATED_MATMUL in hints:  # the cause, before the growth's generic advice
         hints = [ITERATED_MATMUL, *(h for h in hints if h != ITERATED_MATMUL)]
+    if clipped:
+        hints = [h for h in hints if h != CLIP] + [SKIP_NONFINITE]
     if not trains:
         hints = [BOUND if h == CLIP else h for h in hints if h != LOSS_SCALE]
     elif trains == "in loops":
@@ -840,7 +915,7 @@ def analyse(findings: Findings) -> None:
                                                    findings.overflow, findings.zero_source, findings.cond_select,
                                                    getattr(findings.localisation, "discarded", ()),
                                                    getattr(findings.localisation, "reaching", None),
-                                                   _trains(findings.localisation))
+                                                   _trains(findings.localisation), _clipper(findings.localisation))
     if findings.first is not None and findings.first.kind == "input" and not getattr(findings.watch, "eager", True):
         findings.hints = (*findings.hints, UNCHECKED_EAGER)
     if CLIP in findings.hints:  # "add warmup" is no advice where the step already warms its learning rate up
@@ -865,6 +940,13 @@ def _warmup(findings: Findings) -> schedule.Warmup | None:
 UNCHECKED_EAGER = ("if that argument is computed outside jit (`jax.grad` or an optimiser update applied eagerly), "
                    "jaxdbg.watch does not check those operations: run the script under `jaxdbg nan-hunt`, which "
                    "checks operations outside jit too and names the one that made it")
+
+
+def _clipper(localisation: Any) -> str | None:
+    """The Optax clipping transformation (``clip_by_global_norm``) the origin's operation was traced in, if any."""
+    site = getattr(getattr(localisation, "record", None), "site", None)
+    callers = _compat.eqn_callers(site.eqn) if site is not None else ()
+    return next((name.split(".")[0] for name in callers if name.split(".")[0] in CLIPPERS), None)
 
 
 def _trains(localisation: Any) -> bool | str:

@@ -182,8 +182,9 @@ class NanHunter(Hooks):
     """
 
     def __init__(self, function: str, call_index: int = 0, nan_only: bool = False, stop_at_first_nan: bool = True,
-                 root: str | None = None, backward_outputs: frozenset[int] = frozenset()):
+                 root: str | None = None, backward_outputs: frozenset[int] = frozenset(), infs_only: bool = False):
         self.function = function
+        self.infs_only = infs_only
         self.root = root or f"jit({function})"
         self.call_index = call_index
         self.nan_only = nan_only
@@ -391,6 +392,13 @@ class NanHunter(Hooks):
         reaching = frozenset().union(*(t.origins for t in out_tags if t is not None), self.confirmed)
         self.reaching = reaching
         chosen: int | None = self.first_nan
+        if chosen is not None and (self.infs_only or (out_tags and not self.confirmed
+                                   and not any(t is not None and t.nan for t in out_tags))):
+            # The outputs hold Inf and no NaN: every NaN made was left behind (jax's own xlogy computes
+            # 0 * log(0) and selects 0 there), and an operation passing both on reaches them only by its Inf;
+            # or the compiled call held no NaN (``infs_only``) where op by op makes one (XLA computes
+            # x * one_hot as a select, op by op is 0 * inf): the program's answer is its Inf.
+            chosen = None
         if chosen is None:
             chosen = self._first_of(reaching, "input", need_nan=True)
         if chosen is None and not self.nan_only:
@@ -548,14 +556,17 @@ def trace_for_replay(call: Call) -> Any:
         return call.trace()
 
 
-def replay(call: Call, nan_only: bool = False, closed: Any = None) -> tuple[NanHunter, list, list, Any]:
+def replay(call: Call, nan_only: bool = False, closed: Any = None,
+           infs_only: bool = False) -> tuple[NanHunter, list, list, Any]:
     """Trace ``call`` and interpret it op by op under a :class:`NanHunter`; returns (hunter, outs, tags, jaxpr).
 
-    ``closed``: the call's jaxpr if already traced (by :func:`trace_for_replay`), else traced here.
+    ``closed``: the call's jaxpr if already traced (by :func:`trace_for_replay`), else traced here;
+    ``infs_only``: the call's compiled outputs held Inf and no NaN (a NaN of the replay is not the answer).
     """
     if closed is None:
         closed = trace_for_replay(call)
-    hunter = NanHunter(call.name, call.call_index, nan_only, root=call.root, backward_outputs=call.backward_outputs)
+    hunter = NanHunter(call.name, call.call_index, nan_only, stop_at_first_nan=not infs_only, root=call.root,
+                       backward_outputs=call.backward_outputs, infs_only=infs_only)
     leaves = call.leaves()
     tags = hunter.input_tags(leaves, call.leaf_names())
     interp = Interpreter(hunter)
@@ -572,14 +583,16 @@ def _telling_opaque_notes(notes: list[tuple[Site, str]], found: Sequence[Any]) -
     that had nothing to do with the NaN is no news to the user."""
     sites = [r.site for r in found if r is not None and r.site is not None]
     if not sites:
-        return [text for _, text in notes]
-    return [text for site, text in notes
-            if any(s is site or (s.path == site.path and s.primitive == site.primitive) for s in sites)]
+        return list(dict.fromkeys(text for _, text in notes))
+    return list(dict.fromkeys(text for site, text in notes  # each once: two solves at one path read the same
+                              if any(s is site or (s.path == site.path and s.primitive == site.primitive)
+                                     for s in sites)))
 
 
-def localise_call(call: Call, nan_only: bool = False, closed: Any = None) -> Localisation:
-    """Op-by-op replay of one call; see :mod:`jaxdbg.nan.fidelity` for when it does not reproduce."""
-    hunter, outs, out_tags, closed = replay(call, nan_only, closed)
+def localise_call(call: Call, nan_only: bool = False, closed: Any = None, infs_only: bool = False) -> Localisation:
+    """Op-by-op replay of one call; see :mod:`jaxdbg.nan.fidelity` for when it does not reproduce. ``infs_only``:
+    its compiled outputs held Inf and no NaN, so the origin is an Inf's."""
+    hunter, outs, out_tags, closed = replay(call, nan_only, closed, infs_only)
     record, chain = hunter.conclude(out_tags)
     reproduced = bool(hunter.confirmed) or any(
         nan or (inf and not nan_only) for nan, inf in (nonfinite_flags(v) for v in outs))

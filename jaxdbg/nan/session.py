@@ -317,7 +317,7 @@ def _localised(finding: JitFinding, watch: Watch, options: HuntOptions) -> Findi
     findings = Findings(None, finding, watch, options, call)
 
     def localise() -> None:
-        found = localise_call(call, options.nan_only, finding.closed_jaxpr)
+        found = localise_call(call, options.nan_only, finding.closed_jaxpr, infs_only=finding.kind == "inf")
         findings.localisation, findings.strategy, findings.first = found, found.strategy, found.first
         findings.chain, findings.sources = list(found.chain), dict(found.input_sources or {})
         findings.notes += found.notes

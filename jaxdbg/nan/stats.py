@@ -45,6 +45,10 @@ def value_stats(value: Any) -> ValueStats:
     real = host[~np.isnan(host)] if nan else host
     lo = float(real.min()) if real.size else float("nan")
     hi = float(real.max()) if real.size else float("nan")
+    if np.iscomplexobj(value):  # min and max of the parts; counts per number (zero: both parts are)
+        whole = np.asarray(value)
+        return ValueStats(shape, name, lo, hi, int(np.isnan(whole).sum()), int(np.isinf(whole).sum()),
+                          int((whole == 0).sum()), 0)
     return ValueStats(shape, name, lo, hi, nan, inf, int((host == 0).sum()), int((host < 0).sum()))
 
 
