@@ -70,9 +70,10 @@ WORKLOAD = textwrap.dedent('''
         return jax.tree.map(lambda p, g: p - 1e-3 * g, params, grads), loss
 
     steps, chunk, warm = int(sys.argv[1]), 20, 30
-    params = init(jax.random.key(0), [256, 512, 512, 512, 16])
-    x = jax.random.normal(jax.random.key(1), (128, 256))
-    y = jax.random.normal(jax.random.key(2), (128, 16))
+    width, batch = 512, 128  # --width/--batch: a step of >= 5 ms on an accelerator takes thousands
+    params = init(jax.random.key(0), [256, width, width, width, 16])
+    x = jax.random.normal(jax.random.key(1), (batch, 256))
+    y = jax.random.normal(jax.random.key(2), (batch, 16))
     for _ in range(warm):
         params, loss = train_step(params, x, y)
     jax.block_until_ready(params)
@@ -144,10 +145,11 @@ def run_profiled(script: str, steps: int, workdir: str, tag: str, root: str = RO
     return report, own
 
 
-def bench_disturbance_and_compile(pairs: int, steps: int, workdir: str, baseline: str | None) -> dict:
+def bench_disturbance_and_compile(pairs: int, steps: int, workdir: str, baseline: str | None,
+                                  width: int = 512, batch: int = 128) -> dict:
     script = os.path.join(workdir, "workload.py")
     with open(script, "w") as handle:
-        handle.write(WORKLOAD)
+        handle.write(WORKLOAD.replace("width, batch = 512, 128", f"width, batch = {width}, {batch}"))
     step_ratios, compile_ratios, same_process, baseline_ratios, cpu_ratios, baseline_cpu = [], [], [], [], [], []
     rows = []
     for i in range(pairs):
@@ -344,12 +346,15 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--baseline", help="another jaxdbg source tree (e.g. main): (a) and (e) profiled with it too")
     parser.add_argument("--only", default="", help="comma-separated sections to run (a, c, d, e; default: all)")
+    parser.add_argument("--width", type=int, default=512, help="(a)'s hidden width (e.g. 4096 on a GPU: a longer step)")
+    parser.add_argument("--batch", type=int, default=128, help="(a)'s batch size")
     options = parser.parse_args()
     baseline = os.path.abspath(options.baseline) if options.baseline else None
     only = set(filter(None, options.only.split(","))) or {"a", "c", "d", "e"}
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="jaxdbg-bench-") as workdir:
-        a = bench_disturbance_and_compile(options.pairs, options.steps, workdir, baseline) if "a" in only else None
+        a = (bench_disturbance_and_compile(options.pairs, options.steps, workdir, baseline, options.width,
+                                           options.batch) if "a" in only else None)
         c = bench_op_table(workdir) if "c" in only else None
         d = bench_timing_claims(workdir) if "d" in only else None
         e = bench_host_side(options.pairs, options.steps, workdir, baseline) if "e" in only else None
@@ -358,7 +363,8 @@ def main() -> int:
     print(f"machine: {os.cpu_count()} cores, load average {load_before:.1f} before and {os.getloadavg()[0]:.1f} "
           "after (other work on the machine moves single timings)")
     if a is not None:
-        _print_a(a)
+        default = (options.width, options.batch) == (512, 128)
+        _print_a(a, "" if default else f", width {options.width} batch {options.batch}")
     print(f"(a') per call of a tiny jitted function: plain {plain_call * 1e6:.1f} us, profiled (--sync-every 8) "
           f"{sampled_call * 1e6:.1f} us (+{(sampled_call - plain_call) * 1e6:.1f} us), every call timed "
           f"{tracked_call * 1e6:.1f} us (+{(tracked_call - plain_call) * 1e6:.1f} us: the hooks plus one "
@@ -386,7 +392,7 @@ def main() -> int:
     return 0
 
 
-def _print_a(a: dict) -> None:
+def _print_a(a: dict, size: str = "") -> None:
     print("per pair: plain step | profiled step (loop's own) | jaxdbg median call | plain backend compile | "
           "jaxdbg backend compile")
     for row in a["rows"]:
@@ -408,8 +414,10 @@ def _print_a(a: dict) -> None:
           f"(target 0.9-1.1); median of pair ratios {med(a['compile_ratios']):.3f} "
           f"({', '.join(f'{r:.3f}' for r in a['compile_ratios'])}); same process: {med(a['same_process']):.3f}")
     pairs = ", ".join(f"{r:.2f}" for r in a["step_ratios"])
-    record("profile", "(a) step time profiled / plain, best vs best", best_step, "<= 1.10", pairs)
-    record("profile", "(b) compile reported / backend-compile event", best_compile, "0.9-1.1")
+    plain_ms = f"plain {min(r[0] for r in rows) * 1e3:.2f} ms; "
+    target = "<= 1.05" if size else "<= 1.10"  # a long step (>= 5 ms) has the tighter target
+    record("profile", f"(a) step time profiled / plain, best vs best{size}", best_step, target, plain_ms + pairs)
+    record("profile", f"(b) compile reported / backend-compile event{size}", best_compile, "0.9-1.1")
 
 
 def _print_e(e: dict) -> None:

@@ -35,12 +35,12 @@ def table(path: str) -> str:
     rows = []
     with open(path) as handle:
         rows = [json.loads(line) for line in handle if line.strip()]
-    lines = [f"{'benchmark':<14}{'figure':<58}{'value':>10}  {'target':<10}{'spread':<22}load"]
+    lines = [f"{'benchmark':<14}{'figure':<76}{'value':>10}  {'target':<10}{'spread':<36}load"]
     for row in rows:
         value = row["value"]
         shown = "-" if value is None else (f"{value:.2f}x" if row["unit"] == "x" else f"{value:+.1f}{row['unit']}")
-        lines.append(f"{row['bench']:<14}{row['figure'][:57]:<58}{shown:>10}  {row['target']:<10}"
-                     f"{row['spread'][:21]:<22}{row['load']}")
+        lines.append(f"{row['bench']:<14}{row['figure'][:75]:<76}{shown:>10}  {row['target']:<10}"
+                     f"{row['spread'][:35]:<36}{row['load']}")
     return "\n".join(lines)
 
 

@@ -14,6 +14,7 @@
 #   OUT=/tmp/device_out bash scripts/device_check.sh                   # env + benches: <= 8 min on an H200
 #   OUT=/tmp/device_out bash scripts/device_check.sh all               # every check (~20 min)
 #   OUT=/tmp/device_out bash scripts/device_check.sh profile_function  # only the checks named
+#   DEADLINE=540 OUT=/tmp/device_out bash scripts/device_check.sh all  # as many as fit in 540 s, in that order
 #
 # `benches` runs every benchmark that has a GPU path, each under its own time limit (the sum stays under
 # 8 minutes), and prints one table of ratios (scripts/bench_summary.py; also $OUT/ratios.txt): the jit layer's
@@ -41,6 +42,11 @@ export PYTHONPATH="$PWD${WORK:+:$WORK/site}"
 step() {  # step NAME TIMEOUT COMMAND...: run one check, log its output and exit code, never stop the script
   local name=$1 limit=$2; shift 2
   local began=$SECONDS
+  if [ -n "${DEADLINE:-}" ]; then  # a lease is short: cut each limit to what is left, skip once under 10 s
+    local left=$((DEADLINE - SECONDS))
+    [ "$left" -lt 10 ] && { echo "=== $name: skipped, $left s left of DEADLINE=$DEADLINE" | tee -a "$LOG"; return; }
+    [ "$left" -lt "$limit" ] && limit=$left
+  fi
   echo "=== $name: $*" >>"$LOG"
   timeout "$limit" "$@" >>"$LOG" 2>&1
   echo "=== $name: exit $? in $((SECONDS - began)) s" | tee -a "$LOG"
@@ -84,6 +90,23 @@ print("notes", result.get("notes"))
 PYEOF
 }
 
+memory_oom() {  # a real out-of-memory error on the device, under a 5% share of its memory
+    cat > "$WORK/oom.py" <<'PYEOF'
+import jax, jax.numpy as jnp
+
+@jax.jit
+def top_scores(q, k):
+    return jnp.sort(q @ k.T, axis=1)[:, -8:]  # [65536, 65536] f32 scores: 16 GiB of temporaries
+
+kept = [jnp.ones((4096, 4096)) * i for i in range(4)]  # 256 MiB live beside it
+q, k = jnp.ones((65536, 64)), jnp.ones((65536, 64))
+print(float(top_scores(q, k)[0, 0]))
+PYEOF
+    # A 5% share of the GPU (about 7 GiB on an H200): the step does not fit its limit, runs, and fails for real.
+    step memory_oom 180 env XLA_PYTHON_CLIENT_MEM_FRACTION=0.05 $PY -m jaxdbg memory "$WORK/oom.py" $(J memory_oom)
+    memory_summary "$WORK/r/memory_oom.json" >>"$LOG" 2>&1
+}
+
 benches() {  # every benchmark with a GPU path, one table of ratios at the end
   export JAXDBG_BENCH_SUMMARY="$OUT/ratios.jsonl"
   rm -f "$JAXDBG_BENCH_SUMMARY"
@@ -91,6 +114,12 @@ benches() {  # every benchmark with a GPU path, one table of ratios at the end
   step bench_layer 60 $PY scripts/bench_layer.py --rounds 5 --calls 2000
   step bench_profile 150 $PY scripts/bench_profile.py --pairs 2 --steps 200
   step bench_watch 100 $PY scripts/bench_watch.py --model both --only-interleaved --steps 100
+  if [ "$($PY -c 'import jax; print(jax.default_backend())' 2>/dev/null)" != cpu ]; then
+    # a training step of >= 5 ms (issue 22's second figure): the same loops, wide enough to keep the device busy
+    step bench_profile_train 120 $PY scripts/bench_profile.py --only a --pairs 2 --steps 60 --width 4096 --batch 4096
+    step bench_watch_train 100 $PY scripts/bench_watch.py --model mlp --only-interleaved --steps 60 --width 4096 \
+      --batch 4096
+  fi
   step bench_nan_hunt 70 $PY scripts/bench_nan_hunt.py --pairs 1 --steps 100 --recipes nan_scan,nan_backward
   [ -f scripts/bench_memory.py ] && step bench_memory 40 $PY scripts/bench_memory.py
   step nan_hunt_sharded 30 "${host[@]}" $PY -m jaxdbg --processes 2 nan-hunt tests/corpus/multihost_nan/train.py \
@@ -116,7 +145,7 @@ PYEOF
 }
 
 # (watch: bench_watch and bench_profile at length, by name only: benches runs both)
-ALL="env doctor profile_script profile_function profile_monitor profile_recompile profile_host nan_hunt repro pipeline_real memory hang benches pytest"
+ALL="env doctor profile_script profile_function profile_monitor profile_recompile profile_host nan_hunt repro pipeline_real memory hang hang_bench benches pytest"
 CHECKS=${*:-env benches}
 [ "$CHECKS" = all ] && CHECKS=$ALL
 for check in $CHECKS; do
@@ -154,32 +183,20 @@ for check in $CHECKS; do
     # a stuck host loop with calls in flight, a callback on an XLA thread (not the caller's, as on CPU); the
     # recorder's overhead on a GPU step (tens of microseconds: where the fixed cost per call weighs most)
     step hang_stuck 150 $PY -m jaxdbg hang-hunt tests/corpus/hang_stuck_read/train.py --stall 10 $(J hang_stuck)
-    step hang_lock 150 $PY -m jaxdbg hang-hunt tests/corpus/hang_callback_lock/train.py --stall 10 $(J hang_lock)
-    step bench_hang 300 $PY scripts/bench_hang.py --rounds 20 --stall 5 ;;
+    step hang_lock 150 $PY -m jaxdbg hang-hunt tests/corpus/hang_callback_lock/train.py --stall 10 $(J hang_lock) ;;
+  hang_bench) step bench_hang 300 $PY scripts/bench_hang.py --rounds 20 --stall 5 ;;
   pytest)  # suites whose code paths change with the backend, with the accelerator as jax's default backend
     for suite in nan_recipes repro_cut jit_layer live_watch hang_units; do
       step "pytest_$suite" 240 env JAX_PLATFORMS= $PY -m pytest -q -p no:cacheprovider \
         --junitxml "$WORK/r/junit_$suite.xml" "tests/test_$suite.py"
     done ;;
+  memory_oom) memory_oom ;;
   memory)  # jaxdbg memory on the device: its limit as the budget, its own peak beside the estimate, a real OOM
     step memory_remat 180 $PY -m jaxdbg memory recipes/memory_remat/train.py $(J memory_remat)
     memory_summary "$WORK/r/memory_remat.json" >>"$LOG" 2>&1
     step memory_leak 180 $PY -m jaxdbg memory recipes/memory_leak/train.py $(J memory_leak)
     memory_summary "$WORK/r/memory_leak.json" >>"$LOG" 2>&1
-    cat > "$WORK/oom.py" <<'PYEOF'
-import jax, jax.numpy as jnp
-
-@jax.jit
-def top_scores(q, k):
-    return jnp.sort(q @ k.T, axis=1)[:, -8:]  # [65536, 65536] f32 scores: 16 GiB of temporaries
-
-kept = [jnp.ones((4096, 4096)) * i for i in range(4)]  # 256 MiB live beside it
-q, k = jnp.ones((65536, 64)), jnp.ones((65536, 64))
-print(float(top_scores(q, k)[0, 0]))
-PYEOF
-    # A 5% share of the GPU (about 7 GiB on an H200): the step does not fit its limit, runs, and fails for real.
-    step memory_oom 180 env XLA_PYTHON_CLIENT_MEM_FRACTION=0.05 $PY -m jaxdbg memory "$WORK/oom.py" $(J memory_oom)
-    memory_summary "$WORK/r/memory_oom.json" >>"$LOG" 2>&1
+    memory_oom
     # Does jax.checkpoint on groups of layers lower the temporaries on this backend? (XLA:CPU: no; the hint says so)
     step memory_remat_gain 180 $PY - <<'PYEOF'
 import jax, jax.numpy as jnp
