@@ -324,6 +324,32 @@ def test_a_program_ahead_of_its_device_is_read_a_batch_at_a_time(monkeypatch) ->
     assert watch.calls == 42 and not watch._pending
 
 
+def test_off_cpu_unread_vectors_reach_the_host_a_batch_at_a_time(monkeypatch) -> None:
+    """The accelerator's path, forced on CPU: the unread calls' vectors are stacked on the device READ_BATCH at a
+    time and copied in one transfer (not one copy per call: ~30-50 us each on a GPU); vectors that do not stack
+    (another function's, of another length) are copied one by one; the NaN's call is still named exactly."""
+    import jaxdbg.nan.watch as watch_module
+
+    monkeypatch.setattr(watch_module, "COPY_AHEAD", True)
+    monkeypatch.setattr(watch_module, "READ_EVERY_S", 1e9)  # no read or copy by the clock: only by batches
+    monkeypatch.setattr(watch_module, "COPY_AFTER_S", 1e9)
+    stacked, real = [], watch_module._CopiedRows
+    monkeypatch.setattr(watch_module, "_CopiedRows", lambda vectors: stacked.append(len(vectors)) or real(vectors))
+    for mixed in (False, True):
+        stacked.clear()
+        with pytest.raises(NonFiniteFound) as stop, Watch(read_late=True):
+            step = jax.jit(lambda w, i: w * 0.5 + jnp.where(i == 37, jnp.nan, 0.0))
+            other = jax.jit(lambda w: (w.sum(), w[:3]))  # outputs of another length: its vector has 2 rows
+            w = jnp.ones(8, jnp.float32)
+            for i in range(40):
+                w = step(w, i)
+                if mixed:
+                    other(w)
+        assert "call 37 of" in str(stop.value), str(stop.value)
+        # 16 a batch, the last 8 when read (all finished: stacking waits for nothing); mixed, 8 of each function
+        assert stacked == ([16, 16, 8] if not mixed else [8, 8] * 5), stacked
+
+
 def test_nan_hunts_watch_trims_after_letting_go_of_kept_inputs(tmp_path, monkeypatch) -> None:
     """nan-hunt's watch gives glibc's free memory back once the calls it read have let go of TRIM_AFTER_BYTES of
     kept inputs (not at every read; never without ``trim``), and once more before the replay."""

@@ -210,6 +210,7 @@ class LiveHook(Watch):
             return
         self.stopped, self.active = True, False
         self._pending.clear()
+        self._to_copy.clear()
         self._kept_bytes = 0
         jit_layer.replan()
         log.warning("jaxdbg.watch: stopped watching after a failure of its own (%s); the program goes on unwatched "

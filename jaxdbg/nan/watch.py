@@ -82,6 +82,15 @@ READ_KEPT_BYTES = 16 * 2**20
 # pmap'd calls' rows are read stacked (see Watch._rows), at a fixed cost per batch (~260 us on 4 CPU devices, the
 # same for 2 calls as for 16): their finished calls wait for a batch up to this long.
 READ_PMAP_EVERY_S = 0.05
+# Off CPU, the unread calls' vectors travel to the host READ_BATCH at a time: stacked on the device by one small
+# program dispatched right after the batch's last call (queued behind it, never waited for then) and copied in one
+# transfer, started at once. H200 (jax 0.11.2), a tiny jitted function: copy_to_host_async ~30-50 us of host time
+# a call and np.asarray of its copy ~6 us, so a copy per call was most of the watch's +107 us per call. A batch
+# left short is stacked once its oldest call is COPY_AFTER_S old, so that a read READ_EVERY_S later finds it copied.
+COPY_AFTER_S = READ_EVERY_S / 2
+# Whether unread calls' vectors are copied ahead of their read (above): None, off CPU only (on CPU there is nothing
+# to copy: the buffer protocol reads them in place); True or False forces it (tests run the device's path on CPU).
+COPY_AHEAD: bool | None = None
 WHOLE_BATCHES, ALL_FINISHED = 1, 2  # what a due read reads (see Watch._reads_due)
 # Unread calls keep their inputs (a copy of the model each, for a training step): beyond this many bytes kept by
 # the calls before the latest, the oldest is read (waiting for it). A large model's step is long, so the wait
@@ -277,6 +286,23 @@ def _flat(rows: np.ndarray) -> tuple[array, int]:
     return array("f", rows.astype(np.float32, copy=False).tobytes()), rows.shape[1]
 
 
+class _CopiedRows:
+    """Several calls' magnitude vectors (of one shape, on one device) stacked on the device and copied to the host
+    in one transfer, started when made (padded to :data:`READ_BATCH` rows: one program serves every batch)."""
+
+    __slots__ = ("_host", "_stacked")
+
+    def __init__(self, vectors: list) -> None:
+        self._stacked = stacked_jaxdbg(vectors + [vectors[0]] * (READ_BATCH - len(vectors)))
+        self._stacked.copy_to_host_async()
+        self._host: np.ndarray | None = None
+
+    def row(self, index: int) -> np.ndarray:
+        if self._host is None:
+            self._host = np.asarray(self._stacked)
+        return self._host[index]
+
+
 def _finished(magnitudes: Any) -> bool:
     """Whether the computation that makes ``magnitudes`` is done (reading it then does not wait)."""
     try:
@@ -448,6 +474,9 @@ class Watch(JitHook):
         self._read_at = 0.0  # when finished calls were last read short of a batch (time.perf_counter())
         self._unread: int | None = None  # calls left unread at most (decided at the first call)
         self._copy_ahead = False
+        self._to_copy: list[JitCall] = []  # with _copy_ahead: unread calls whose vectors are not copied yet
+        self._to_copy_since = 0.0  # when the oldest of them was deferred (time.perf_counter())
+        self._unstacked: set = set()  # vector shapes whose vectors did not stack (see _copy_together)
         self.growth = GrowthTracker(growth_factor)
         self._eager_updates = EagerUpdates(self.growth)  # values a loop run without jit updates eagerly
         self.eager = eager
@@ -510,6 +539,7 @@ class Watch(JitHook):
     def _close(self) -> None:
         stack, self._stack = self._stack, None
         self._pending.clear()
+        self._to_copy.clear()
         self._kept_bytes = 0
         self._eager_calls.clear()
         self._pmap_calls.clear()
@@ -600,12 +630,11 @@ class Watch(JitHook):
             # Off CPU, each call's small device->host copy starts now, queued behind the call itself: read later,
             # the vector is on the host already. A read never queues work on the device (it would wait behind the
             # steps still running: see _rows). On CPU there is nothing to copy (starting one cost ~35 us a call).
-            self._copy_ahead = jax.default_backend() != "cpu"
+            self._copy_ahead = jax.default_backend() != "cpu" if COPY_AHEAD is None else COPY_AHEAD
             if self._hold_freed and not self._copy_ahead:  # the kept inputs are host memory
                 self._holding = _malloc.hold_freed(HOLD_FREED_BYTES)
         if self._copy_ahead:
-            with contextlib.suppress(AttributeError):
-                call.magnitudes.copy_to_host_async()
+            self._start_copy(call)
         notes = call.notes
         notes["site"] = site
         kept = notes.get("nan_inputs")
@@ -617,6 +646,59 @@ class Watch(JitHook):
             self._copies += 1
         if len(pending) > self._unread or self._copies > MAX_PENDING_COPIES or self._kept_bytes > MAX_KEPT_BYTES:
             self.read_due()
+
+    def _start_copy(self, call: JitCall) -> None:
+        """Off CPU: see that ``call``'s vector is on its way to the host before it is read, with the vectors of the
+        calls deferred around it (:class:`_CopiedRows`, :data:`COPY_AFTER_S`); a pmap'd call's alone (its rows are
+        stacked when read, see :meth:`_rows`), and every call's alone in a job (each is read at the next call)."""
+        if call.function.is_pmap or self._unread == 1:
+            with contextlib.suppress(AttributeError):
+                call.magnitudes.copy_to_host_async()
+            return
+        to_copy = self._to_copy
+        now = time.perf_counter()
+        if not to_copy:
+            self._to_copy_since = now
+        to_copy.append(call)
+        if len(to_copy) >= READ_BATCH or now - self._to_copy_since >= COPY_AFTER_S:
+            self._copy_together()
+
+    def _copy_together(self) -> None:
+        """Stack the vectors of the calls not copied yet, those of one length together, and start their copy
+        (:class:`_CopiedRows`); a vector alone of its length, or of a length whose vectors did not stack (on
+        different devices), starts a copy of its own."""
+        calls, self._to_copy = self._to_copy, []
+        by_length: dict[Any, list[JitCall]] = {}
+        for call in calls:
+            by_length.setdefault(getattr(call.magnitudes, "shape", None), []).append(call)
+        for length, group in by_length.items():
+            if len(group) > 1 and length is not None and length not in self._unstacked:
+                try:
+                    with self.internal():
+                        rows = _CopiedRows([call.magnitudes for call in group])
+                except Exception:  # noqa: BLE001 - vectors that do not stack: one copy each from now on
+                    self._unstacked.add(length)
+                else:
+                    for index, call in enumerate(group):
+                        call.notes["rows"] = (rows, index)
+                    continue
+            for call in group:
+                with contextlib.suppress(AttributeError):
+                    call.magnitudes.copy_to_host_async()
+
+    def _fill_hosts(self, calls: list[JitCall]) -> None:
+        """Before ``calls`` (the oldest unread) are read: each one's magnitudes on the host from the rows copied
+        with it. Those still waiting for their batch are copied together now if the device has finished every
+        watched call (then the stacking program waits for nothing), else each is copied alone as it is read (a
+        finished vector's copy does not wait behind the calls still running; a program would)."""
+        to_copy = self._to_copy
+        if to_copy and len(to_copy) > 1 and any(call is calls[-1] for call in to_copy) and _finished(
+                to_copy[-1].magnitudes):
+            self._copy_together()
+        for call in calls:
+            copied = call.notes.get("rows")
+            if copied is not None:
+                call.use_host_magnitudes(copied[0].row(copied[1]))
 
     def read_due(self) -> None:
         """Read the oldest unread calls, waiting for them, while the unread calls pass a bound: more than
@@ -700,6 +782,8 @@ class Watch(JitHook):
         growth event (the steady state), with one vectorised check and update; else one by one."""
         pending = self._pending
         calls = [pending[i] for i in range(count)]
+        if self._copy_ahead:
+            self._fill_hosts(calls)
         if self._absorbed(calls):
             self._drop(count)
             self.calls += count
@@ -764,6 +848,8 @@ class Watch(JitHook):
     def _pop(self) -> JitCall:
         """The oldest unread call, taken off the queue (and off what the queue keeps)."""
         call = self._pending[0]
+        if self._copy_ahead:
+            self._fill_hosts([call])
         self._drop(1)
         return call
 
@@ -771,8 +857,12 @@ class Watch(JitHook):
         """Take the ``count`` oldest unread calls off the queue (and off what the queue keeps)."""
         pending = self._pending
         copies = released = 0
+        to_copy = self._to_copy
         for _ in range(count):
-            notes = pending.popleft().notes
+            call = pending.popleft()
+            if to_copy and to_copy[0] is call:  # read before its batch was copied: copied alone
+                del to_copy[0]
+            notes = call.notes
             if notes.get("copied"):
                 copies += 1
             kept = notes.get("nan_inputs")
