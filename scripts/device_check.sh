@@ -90,21 +90,37 @@ print("notes", result.get("notes"))
 PYEOF
 }
 
-memory_oom() {  # a real out-of-memory error on the device, under a 5% share of its memory
-    cat > "$WORK/oom.py" <<'PYEOF'
+memory_oom() {  # real out-of-memory errors on the device, under a 5% share of its memory (about 7 GiB on an H200)
+  # (1) [65536, 65536] f32 temporaries with no matmul: RESOURCE_EXHAUSTED at execution, raised asynchronously
+  # (by the eager op that reads the result); (2) the same size from a matmul: XLA's GEMM autotuner finds no
+  # configuration it can run and compilation fails with NOT_FOUND (H200, jax 0.11.2, 2026-12-04).
+  cat > "$WORK/oom.py" <<'PYEOF'
 import jax, jax.numpy as jnp
 
 @jax.jit
 def top_scores(q, k):
-    return jnp.sort(q @ k.T, axis=1)[:, -8:]  # [65536, 65536] f32 scores: 16 GiB of temporaries
+    scores = jnp.exp(q[:, None] - k[None, :])  # [65536, 65536] f32: 16 GiB, no matmul
+    return jnp.sort(scores, axis=1)[:, -8:]
 
 kept = [jnp.ones((4096, 4096)) * i for i in range(4)]  # 256 MiB live beside it
+q, k = jnp.linspace(0, 1, 65536), jnp.linspace(1, 2, 65536)
+print(float(top_scores(q, k)[0, 0]))
+PYEOF
+  cat > "$WORK/oom_gemm.py" <<'PYEOF'
+import jax, jax.numpy as jnp
+
+@jax.jit
+def top_scores(q, k):
+    return jnp.sort(q @ k.T, axis=1)[:, -8:]  # [65536, 65536] f32 scores from a matmul
+
 q, k = jnp.ones((65536, 64)), jnp.ones((65536, 64))
 print(float(top_scores(q, k)[0, 0]))
 PYEOF
-    # A 5% share of the GPU (about 7 GiB on an H200): the step does not fit its limit, runs, and fails for real.
-    step memory_oom 180 env XLA_PYTHON_CLIENT_MEM_FRACTION=0.05 $PY -m jaxdbg memory "$WORK/oom.py" $(J memory_oom)
-    memory_summary "$WORK/r/memory_oom.json" >>"$LOG" 2>&1
+  for name in oom oom_gemm; do
+    step "memory_$name" 120 env XLA_PYTHON_CLIENT_MEM_FRACTION=0.05 $PY -m jaxdbg memory "$WORK/$name.py" \
+      $(J "memory_$name")
+    memory_summary "$WORK/r/memory_$name.json" >>"$LOG" 2>&1
+  done
 }
 
 benches() {  # every benchmark with a GPU path, one table of ratios at the end
@@ -145,7 +161,7 @@ PYEOF
 }
 
 # (watch: bench_watch and bench_profile at length, by name only: benches runs both)
-ALL="env doctor profile_script profile_function profile_monitor profile_recompile profile_host nan_hunt repro pipeline_real memory hang hang_bench benches pytest"
+ALL="env doctor profile_script profile_function profile_monitor profile_recompile profile_host nan_hunt repro pipeline_real memory hang hang_bench call_cost benches pytest"
 CHECKS=${*:-env benches}
 [ "$CHECKS" = all ] && CHECKS=$ALL
 for check in $CHECKS; do
@@ -184,6 +200,7 @@ for check in $CHECKS; do
     # recorder's overhead on a GPU step (tens of microseconds: where the fixed cost per call weighs most)
     step hang_stuck 150 $PY -m jaxdbg hang-hunt tests/corpus/hang_stuck_read/train.py --stall 10 $(J hang_stuck)
     step hang_lock 150 $PY -m jaxdbg hang-hunt tests/corpus/hang_callback_lock/train.py --stall 10 $(J hang_lock) ;;
+  call_cost) step call_cost 120 $PY scripts/diag_call_cost.py ;;  # where a watched/profiled call's time goes
   hang_bench) step bench_hang 300 $PY scripts/bench_hang.py --rounds 20 --stall 5 ;;
   pytest)  # suites whose code paths change with the backend, with the accelerator as jax's default backend
     for suite in nan_recipes repro_cut jit_layer live_watch hang_units; do
