@@ -302,6 +302,31 @@ class _PerThread(threading.local):
         self.state = _ThreadState()
 
 
+def _transforms(fun: Callable) -> tuple:
+    """The code of each ``functools.wraps`` wrapper between a jitted callable and its Python function (``jax.grad``,
+    ``jax.value_and_grad``, ``jax.vmap``, a user's decorator): the same for every re-jit of one transformed function,
+    different for another transform of the same function.
+
+    Example:
+        >>> import jax
+        >>> def loss(x):
+        ...     return x * x
+        >>> _transforms(loss), _transforms(jax.grad(loss)) == _transforms(jax.grad(loss)) != _transforms(loss)
+        ((), True)
+    """
+    found = []
+    for _ in range(8):
+        if isinstance(fun, functools.partial):
+            fun = fun.func
+        elif hasattr(fun, "__wrapped__"):
+            code = getattr(fun, "__code__", None)
+            found.append((code.co_filename, code.co_firstlineno) if code is not None else type(fun).__qualname__)
+            fun = fun.__wrapped__
+        else:
+            break
+    return tuple(found)
+
+
 class InstrumentedJit:
     """What ``jax.jit(fun, **options)`` returns while hooks are installed; behaves like the jitted function."""
 
@@ -512,7 +537,8 @@ class _Layer:
         name, source = function_identity(fun)
         inner = unwrap_function(fun)
         code = getattr(inner, "__code__", None)
-        key = (kind, name, code.co_filename, code.co_firstlineno) if code is not None else (kind, name, id(inner))
+        where = (code.co_filename, code.co_firstlineno) if code is not None else (id(inner),)
+        key = (kind, name, *where, *_transforms(fun))  # jit(loss), jit(value_and_grad(loss)): two programs, two records
         with self.lock:
             record = self.records.get(key)
             if record is None:

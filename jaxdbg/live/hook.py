@@ -227,7 +227,8 @@ class LiveHook(Watch):
         seen = self._watched.get(call.function.record.id)
         if finite and seen is not None and seen.leaf_names is not None:  # the steady state: growth only
             self.calls += 1
-            self.growth.update(call.function.name, seen.leaf_names, host, call.index, seen.call_site)
+            self.growth.update(call.function.name, seen.leaf_names, host, call.index, seen.call_site,
+                               key=self.series_key(call.function))
             return
         self.finding_thread = call.notes.get("thread")
         self.read(call, None, call.notes.get("site"))  # nan-hunt's reading (growth, the finding and its replay)

@@ -39,6 +39,7 @@ class Call:
     call_index: int = 0
     call_site: Any = None
     output_names: list[str] | None = field(default=None)
+    series: str = ""  # the growth series of the call's outputs (jaxdbg.nan.watch: Watch.series_key); "": its name
     pmap: bool = False  # ``fun`` is a ``jax.pmap``'d function: its jaxpr is jax's own jit of a shard_map
     # Positions of the flat outputs that only a later backward pass reads: the residuals of a forward program that
     # jax.grad, applied outside jit, runs eagerly (what computes only them is backward: jaxdbg.nan.passes).

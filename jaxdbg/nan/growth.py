@@ -163,7 +163,7 @@ def analyse(findings: Findings) -> None:
     watch = findings.watch
     closed = getattr(findings.localisation, "closed_jaxpr", None)
     if findings.call is not None and closed is not None:
-        watch.growth.set_sources(findings.call.name, _output_sources(closed))
+        watch.growth.set_sources(findings.call.series or findings.call.name, _output_sources(closed))
     findings.growth = tuple(watch.growth.report())
 
 

@@ -262,7 +262,8 @@ def _signature(call: Call) -> tuple:
                   for x in call.leaves()), tuple(id(call.args[i]) for i in statics))
 
 
-def _replay_of(call: JitCall, site: SourceLocation | None, output_names: list[str] | None = None) -> Call:
+def _replay_of(call: JitCall, site: SourceLocation | None, output_names: list[str] | None = None,
+               series: str = "") -> Call:
     """A watched call as nan-hunt replays it, from the inputs it kept: a jitted function's Python function, or a
     pmap'd function as jax built it (traced, pmap's jit of a shard_map of the user's function over the devices,
     so that the replay runs each device's block and names the device that made the first NaN)."""
@@ -270,7 +271,7 @@ def _replay_of(call: JitCall, site: SourceLocation | None, output_names: list[st
     args, kwargs = call.notes["nan_inputs"].unpack()
     fun = function.jitted if function.is_pmap else function.fun
     return Call(function.name, fun, tuple(args), dict(kwargs), function.static_argnums, function.static_argnames,
-                call.index, site, output_names, pmap=function.is_pmap)
+                call.index, site, output_names, pmap=function.is_pmap, series=series)
 
 
 def _same_signature(a: Call, b: Call) -> bool:
@@ -477,6 +478,7 @@ class Watch(JitHook):
         self._to_copy: list[JitCall] = []  # with _copy_ahead: unread calls whose vectors are not copied yet
         self._to_copy_since = 0.0  # when the oldest of them was deferred (time.perf_counter())
         self._unstacked: set = set()  # vector shapes whose vectors did not stack (see _copy_together)
+        self._series_keys: dict[int, str] = {}  # function (record id) -> the growth series of its outputs
         self.growth = GrowthTracker(growth_factor)
         self._eager_updates = EagerUpdates(self.growth)  # values a loop run without jit updates eagerly
         self.eager = eager
@@ -700,6 +702,17 @@ class Watch(JitHook):
             if copied is not None:
                 call.use_host_magnitudes(copied[0].row(copied[1]))
 
+    def series_key(self, function: InstrumentedJit) -> str:
+        """The growth series of ``function``'s outputs: its name, or ``name@id`` for a function named as one watched
+        before it (``jax.jit(loss)`` beside ``jax.jit(jax.value_and_grad(loss))``: both 'loss'). One series for
+        both restarted at every call whose width differed: nothing could grow, and every call was read alone."""
+        ident = function.record.id
+        key = self._series_keys.get(ident)
+        if key is None:
+            taken = function.name in self._series_keys.values()
+            key = self._series_keys[ident] = f"{function.name}@{ident}" if taken else function.name
+        return key
+
     def read_due(self) -> None:
         """Read the oldest unread calls, waiting for them, while the unread calls pass a bound: more than
         :data:`MAX_PENDING` calls (in a multi-process job, more than one: call k is read at call k+1), more than
@@ -805,13 +818,13 @@ class Watch(JitHook):
                 seen = self._watched.get(function.record.id)
                 if seen is None or seen.leaf_names is None:
                     return False
-                group = groups[function.record.id] = (function.name, [])
+                group = groups[function.record.id] = (self.series_key(function), [])
             if call.notes.get("nan_fresh") is not None:
                 return False
             group[1].append(call)
-        for name, members in groups.values():
+        for key, members in groups.values():
             rows = self._rows(members)
-            if rows is None or not self.growth.absorb(name, *rows):
+            if rows is None or not self.growth.absorb(key, *rows):
                 return False
         return True
 
@@ -890,7 +903,7 @@ class Watch(JitHook):
         nan = np.isnan(host)
         bad = nan if (self.nan_only or self.inf_findings) else ~np.isfinite(host)
         if bad.any():
-            replay = _replay_of(call, site, list(names))
+            replay = _replay_of(call, site, list(names), self.series_key(function))
             feeds = self._infs_in(tree_leaves((replay.args, replay.kwargs))) if nan.any() else frozenset()
             finding = JitFinding(replay, [n for n, b in zip(names, bad) if b], "nan" if nan.any() else "inf",
                                  _trace_now(replay, call.notes.get("nan_x64")), feeds,
@@ -902,7 +915,7 @@ class Watch(JitHook):
                 self._hold_infs(function.record.id, out, host, frozenset(), index)
         elif self.inf_findings:
             self._after_inf_call(call, out, host, site)
-        self.growth.update(function.name, names, host, call.index, seen.call_site)
+        self.growth.update(function.name, names, host, call.index, seen.call_site, key=self.series_key(function))
 
     # -- arguments made outside the watched calls (growth) ----------------------------------------------------
 
@@ -1099,7 +1112,7 @@ class Watch(JitHook):
         leaves whose Infs nothing has read since is reused (the first Inf's slot is kept for the report), and
         its jaxpr too when the signature is the same: no new trace, which would clear jax's caches."""
         function = call.function
-        replay = _replay_of(call, site)
+        replay = _replay_of(call, site, series=self.series_key(function))
         before = {self._births[key][0] for key in ((function.record.id, i) for i in leaves) if key in self._births}
         same = next((f.closed_jaxpr for f in self.inf_findings if isinstance(f, JitFinding)
                      and f.closed_jaxpr is not None and _same_signature(f.call, replay)), None)
