@@ -50,10 +50,11 @@ def test_the_recorder_names_a_programs_collectives_with_their_devices_and_line()
 def test_pmapped_and_ahead_of_time_compiled_calls_are_in_the_flight_record_with_their_programs():
     recorder = Recorder()
     with jit_layer.installed(recorder), recorder.listening():
-        mean = jax.pmap(lambda x: jax.lax.pmean(x, "i"), axis_name="i")  # the pmap's all-reduce
+        host = jax.devices("cpu")[:4]  # the 4 CPU devices, whatever jax's default backend
+        mean = jax.pmap(lambda x: jax.lax.pmean(x, "i"), axis_name="i", devices=host)  # the pmap's all-reduce
         double = jax.jit(lambda x: 2 * x).lower(jnp.ones(3)).compile()
         for _ in range(2):
-            mean(jnp.ones((4, 3))).block_until_ready()
+            mean(jnp.ones((len(host), 3))).block_until_ready()
             double(jnp.ones(3)).block_until_ready()
     entries = recorder.entries()
     assert [(e.function, e.index) for e in entries] == [("<lambda>", 0), ("<lambda>", 0), ("<lambda>", 1),

@@ -51,12 +51,12 @@ def test_pmap_reaches_only_the_hooks_that_see_it_and_is_restored():
                 return 2.0 * jax.lax.psum(x, "i") / jax.lax.psum(1.0, "i")
 
             mapped = jax.pmap(double, "i")
-            rows = jnp.arange(8.0).reshape(4, 2)
+            rows = jnp.arange(2.0 * jax.local_device_count()).reshape(-1, 2)  # a row per device of the backend
             out = mapped(rows)
             out = mapped(out)
     assert jax.pmap is real_pmap
     assert isinstance(mapped, InstrumentedPmap) and mapped.name == "double" and mapped.options["axis_name"] == "i"
-    np.testing.assert_allclose(out, np.tile(4 * rows.mean(axis=0), (4, 1)))  # the pmap's own result
+    np.testing.assert_allclose(out, np.tile(4 * rows.mean(axis=0), (len(rows), 1)))  # the pmap's own result
     assert seen == [("pmap", "jit", "double"), ("pmap", "before", "double", 0), ("pmap", "after", "double", 0, None),
                     ("pmap", "before", "double", 1), ("pmap", "after", "double", 1, None)]
     assert not any(event[2] == "double" for event in events)  # a hook without sees_pmap never sees it
@@ -70,9 +70,10 @@ def test_a_pmapped_function_that_no_hook_left_sees_is_counted_and_dispatched():
     with jit_layer.installed(Log("plain", events, check=True)):
         with jit_layer.installed(SeesPmap("pmap", seen)):
             mapped = jax.pmap(lambda x: 2.0 * x)
-            out = mapped(jnp.ones((4, 2)))
+            ones = jnp.ones((jax.local_device_count(), 2))  # a row per device of the backend
+            out = mapped(ones)
         out = mapped(mapped(out))
-    np.testing.assert_allclose(out, np.full((4, 2), 8.0))
+    np.testing.assert_allclose(out, np.full(ones.shape, 8.0))
     assert [event[1:] for event in seen] == [("jit", "<lambda>"), ("before", "<lambda>", 0),
                                              ("after", "<lambda>", 0, None)]
     assert events == [] and mapped.record.calls == 3 and mapped._plan.nobody

@@ -227,6 +227,73 @@ def test_a_real_out_of_memory_error_on_cpu_is_explained(runs) -> None:
     (outside,) = [g for g in oom["live"] if g["producer"] == "outside jitted calls"]
     assert outside["bytes"] >= 4 * 256 * 256 * 4  # the four weight matrices live when it failed
     assert report["result"]["error"] is None and report["result"]["found"]
+    # XLA:CPU dispatches asynchronously too: float(...) of the result raised it, after the call had returned
+    assert oom["asynchronous"] and oom["surfaced_at"]["line"] == _marker(script, "the call")
+    assert oom["explanation"].startswith("call 0 of expand could not allocate 128.0 PiB on the device")
+
+
+# What XLA:GPU raised on an H200 under a 7 GiB limit (XLA_PYTHON_CLIENT_MEM_FRACTION=0.05, jax 0.11.2) when
+# top_scores' [65536, 65536] temporaries did not fit: top_scores had returned, the eager [0, 0] (jit_squeeze)
+# consumed its poisoned output, and float(...) raised the error.
+GPU_ASYNC_OOM = ("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 96.00GiB with allocator GPU_0_bfc on "
+                 "device 0. [tf-allocator-allocation-error=''] [executable_name='jit_squeeze']")
+# The same limit, jnp.sort(q @ k.T) at compile: the GEMM autotuner could run no config. The first line as raised;
+# the failures XLA appends below it ("Failures (n):", one status each) are in the allocator's words.
+GPU_AUTOTUNER_OOM = ("NOT_FOUND: All configs failed during profiling or were excluded from selection.\nFailures (1):\n"
+                     "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 16.00GiB.")
+
+
+def test_an_out_of_memory_error_raised_later_by_an_eager_op_is_the_earlier_calls_whose_size_it_asked() -> None:
+    """The GPU's 96.00GiB is top_scores' temporaries (its function table: 96.0 GiB, to the byte a little more):
+    the error is that call's, raised later by jit_squeeze. Not a later call's that took a 96 GiB array as its
+    argument (its peak counts it), nor an eager operation's asking for the size of top_scores' outputs, nor a
+    size 6% away."""
+    from rich.console import Console
+
+    from jaxdbg._source import SourceLocation
+    from jaxdbg.cli.memory import _render_oom
+    from jaxdbg.memory.oom import asked_by, executable_name, explanation, is_out_of_memory, requested_bytes
+    from jaxdbg.memory.result import MemoryResult, OutOfMemory, ProgramMemory
+
+    gib = 1 << 30
+    temp = 96 * gib + 3 * MIB
+    top_scores = ProgramMemory("top_scores", None, 0, 0, "f32[65536] f32[65536]", 512 * KIB, 2 * MIB, 0, temp, 0,
+                               512 * KIB + 2 * MIB + temp, needs_bytes=256 * MIB + 2 * MIB + temp, fits=False)
+    consumer = ProgramMemory("first", None, 0, 0, "f32[65536,65536]", 96 * gib, 4, 0, 0, 0, 96 * gib + 4)
+    asked = requested_bytes(GPU_ASYNC_OOM)
+    assert is_out_of_memory(RuntimeError(GPU_ASYNC_OOM)) and asked == 96 * gib
+    assert asked_by(asked, [consumer, top_scores]) is top_scores  # the most recently called first
+    assert asked_by(asked, [consumer]) is None
+    assert asked_by(2 * MIB, [top_scores]) is None and asked_by(90 * gib, [top_scores]) is None
+    assert executable_name(GPU_ASYNC_OOM) == "jit_squeeze"
+    line = SourceLocation("oom2.py", 10, "<module>")
+    said = explanation(GPU_ASYNC_OOM, asked, "top_scores", call_index=0, asynchronous=True, surfaced_at=line,
+                       surfaced_in="jit_squeeze")
+    assert said == ("call 0 of top_scores could not allocate 96.0 GiB on the device; jax dispatches asynchronously, "
+                    "so the call had returned and the error was raised later at oom2.py:10 by jit_squeeze, when its "
+                    "result was used")
+    assert explanation(GPU_ASYNC_OOM, asked, "top_scores", call_index=0) is None  # raised by the call itself
+    oom = OutOfMemory(GPU_ASYNC_OOM, "top_scores", 0, line, asked, 256 * MIB, program=top_scores, asynchronous=True,
+                      surfaced_at=line, explanation=said)
+    assert MemoryResult(out_of_memory=oom).essential_line() == ("out of memory in top_scores asking for 96.0 GiB, "
+                                                                "raised later where its result was used")
+    console = Console(record=True, width=400)
+    _render_oom(MemoryResult(out_of_memory=oom), console)
+    shown = console.export_text()
+    assert "out of memory in call 0 of top_scores oom2.py:10, asking for 96.0 GiB" in shown and said in shown
+    assert "the allocation that failed is the temporaries of top_scores (96.0 GiB, allocated as one block)" in shown
+
+
+def test_the_gpu_autotuners_not_found_is_said_in_plain_words() -> None:
+    from jaxdbg.memory.oom import explanation, first_line, is_out_of_memory, requested_bytes
+
+    asked = requested_bytes(GPU_AUTOTUNER_OOM)
+    assert is_out_of_memory(RuntimeError(GPU_AUTOTUNER_OOM)) and asked == 16 << 30
+    assert first_line(GPU_AUTOTUNER_OOM).startswith("NOT_FOUND: All configs failed during profiling")
+    said = explanation(GPU_AUTOTUNER_OOM, asked, "top_scores")
+    assert said is not None and said.startswith("XLA's GPU autotuner, which runs each candidate kernel")
+    assert "matmul or convolution of top_scores" in said and "could run none of them in the memory left" in said
+    assert "(16.0 GiB) did not fit" in said
 
 
 def test_an_equinox_step_on_sharded_arrays_is_measured_per_device(runs) -> None:

@@ -582,14 +582,15 @@ def test_the_zero_a_division_by_zero_divided_by_is_traced_to_where_it_was_made()
     from jax.sharding import Mesh
     from jax.sharding import PartitionSpec as P
 
-    mesh = Mesh(np.array(jax.devices()[:2]), ("d",))
+    mesh = Mesh(np.array(jax.devices()[:2]), ("d",))  # 2 CPU devices here; 1 where the backend has 1 (a GPU)
 
     def weighted_mean(x, weight):
         per_device = jax.shard_map(lambda a, b: jax.lax.pmean(jnp.sum(a * b) / jnp.sum(b), "d"), mesh=mesh,
                                    in_specs=(P("d"), P("d")), out_specs=P())
         return per_device(x, weight)
 
-    zero, (text, hints) = traced(weighted_mean, jnp.ones(4), jnp.array([1.0, 1.0, 0.0, 0.0]))
+    weight = jnp.ones(2 * mesh.size).at[-2:].set(0.0)  # the last device's block: [1, 1, 0, 0] on 2 devices
+    zero, (text, hints) = traced(weighted_mean, jnp.ones(2 * mesh.size), weight)
     assert (zero.primitive, zero.how, zero.arguments) == (None, "argument", ("weight",)), zero
     assert "came in with the argument weight" in text, text
     assert hints[0].startswith("every weight summed into the denominator is 0"), hints  # not only the generic epsilon
@@ -685,15 +686,14 @@ def test_a_weighted_log_of_zero_is_told_to_use_xlogy_after_the_fix_of_a_sigmoid_
 def test_a_pmap_whose_body_calls_a_jitted_helper_with_constants_is_replayed_to_the_device() -> None:
     """jax.random.normal calls its jitted _uniform with the constants -1 and 1: inside a pmap's shard_map body
     those literals are stacked per device like every other value (the localisation failed on them)."""
-    if jax.local_device_count() < 4:
-        pytest.skip("needs 4 devices")
-
     def noisy_log(x, key):
         return jnp.log(x) + 0.1 * jax.random.normal(key, x.shape)
 
-    x = jnp.ones((4, 3)).at[2, 1].set(-1.0)
-    found = hunt(jax.pmap(noisy_log), x, jax.random.split(jax.random.key(0), 4))
-    assert (found.first.primitive, found.first.device, found.first.path[-1]) == ("log", "cpu:2", "shard_map")
+    bad = jax.local_devices()[-1]  # a row per device (4 CPU ones here): the last one's holds a negative
+    x = jnp.ones((jax.local_device_count(), 3)).at[-1, 1].set(-1.0)
+    found = hunt(jax.pmap(noisy_log), x, jax.random.split(jax.random.key(0), len(x)))
+    assert (found.first.primitive, found.first.device, found.first.path[-1]) == (
+        "log", f"{bad.platform}:{bad.id}", "shard_map")
 
 
 def test_a_float16_matmul_whose_sum_overflows_is_not_said_to_overflow_in_its_products() -> None:

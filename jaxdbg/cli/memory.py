@@ -236,6 +236,8 @@ def _render_groups(title: str, groups: tuple[LiveGroup, ...], console: Console) 
 
 
 def _render_oom(result: MemoryResult, console: Console) -> None:
+    from jaxdbg.memory.oom import same_size
+
     oom = result.out_of_memory
     assert oom is not None
     where = f" call {oom.call_index} of {oom.function}" if oom.function else " an eager operation"
@@ -243,12 +245,18 @@ def _render_oom(result: MemoryResult, console: Console) -> None:
     console.print(f"[bold red]out of memory[/] in{escape(where)} {escape(_where(oom.source))}{asked}; "
                   f"{_size(oom.live_bytes)} of live arrays at that moment", soft_wrap=True)
     console.print(f"  [dim]{escape(oom.message)}[/]", soft_wrap=True)
-    failed = next((b for b in (oom.program.largest if oom.program else ()) if b.bytes == oom.requested_bytes), None)
+    if oom.explanation:
+        console.print(f"  {escape(oom.explanation)}", soft_wrap=True)
+    failed = next((b for b in (oom.program.largest if oom.program else ()) if same_size(oom.requested_bytes, b.bytes)),
+                  None)
     if failed is not None:
         what = (f"argument {failed.argument}" if failed.argument
                 else failed.output or f"the {failed.op or failed.name} result")
         console.print(f"  the allocation that failed is {escape(what)} of {escape(oom.function or '')} "
                       f"({escape(failed.shape)}, {failed.kind}) at {escape(_where(failed.source))}", soft_wrap=True)
+    elif oom.program is not None and same_size(oom.requested_bytes, oom.program.temp_bytes):
+        console.print(f"  the allocation that failed is the temporaries of {escape(oom.function or '')} "
+                      f"({_size(oom.program.temp_bytes)}, allocated as one block)", soft_wrap=True)
     _render_groups("live at the out-of-memory error", oom.live, console)
     if oom.program is not None and oom.program not in result.functions:
         _render_buffers(oom.program, console)

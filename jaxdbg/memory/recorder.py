@@ -12,7 +12,9 @@ over the run the live memory at call boundaries, the peak, leaks and out-of-memo
   grouped by producer. A snapshot costs time in proportion to the live arrays, so after a function's first
   calls one is taken only while snapshots have cost less than :data:`SAMPLE_SHARE` of the run's time.
 - An out-of-memory error raised by a call is explained on the spot: the live arrays and who made them,
-  the program's largest buffers, and the leaks seen so far.
+  the program's largest buffers, and the leaks seen so far. One raised later, outside any call (dispatch is
+  asynchronous: reading a result raises its program's failure), is the most recent call's whose program
+  allocates the size asked for (:func:`jaxdbg.memory.oom.asked_by`).
 
 Example:
     >>> import jax, jax.numpy as jnp, tempfile
@@ -37,7 +39,7 @@ import threading
 import time
 import types
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from jaxdbg._source import SourceLocation, caller_user_frame, innermost_user_frame, is_user_file
@@ -54,7 +56,14 @@ from jaxdbg.memory.messages import (
     Samples,
     ThreadedArguments,
 )
-from jaxdbg.memory.oom import first_line, is_out_of_memory, requested_bytes
+from jaxdbg.memory.oom import (
+    asked_by,
+    executable_name,
+    explanation,
+    first_line,
+    is_out_of_memory,
+    requested_bytes,
+)
 from jaxdbg.memory.program import ProgramInfo, analyse, dump_number
 from jaxdbg.memory.result import JitKind, Leak, LiveGroup, OutOfMemory, ProgramMemory, RunPeak
 from jaxdbg.memory.units import format_bytes
@@ -463,7 +472,11 @@ class MemoryRecorder(JitHook):
 
     # ---- out of memory -------------------------------------------------------------------------------------
     def _out_of_memory(self, err: BaseException, call: JitCall | None, state: FunctionState | None,
-                       source: SourceLocation | None, at_compile: bool = False, index: int | None = None) -> None:
+                       source: SourceLocation | None, at_compile: bool = False, index: int | None = None,
+                       late: bool = False, surfaced_at: SourceLocation | None = None,
+                       surfaced_in: str | None = None) -> None:
+        """Explain the error as ``state``'s (call ``index``), or an eager operation's; ``late``: raised after that
+        call had returned, at ``surfaced_at`` by the operation ``surfaced_in`` (asynchronous dispatch)."""
         message = str(err)
         snapshot = take_snapshot(self.producers)
         program = state.program if state is not None else None
@@ -475,9 +488,13 @@ class MemoryRecorder(JitHook):
         device = max(snapshot.live, key=lambda d: snapshot.live[d]) if snapshot.live else None
         groups = live_groups(snapshot.groups.values(), device) if device else ()
         index = call.index if call is not None else index
-        self.oom = OutOfMemory(first_line(message), state.name if state else None, index, source,
-                               requested_bytes(message), snapshot.live.get(device) if device else None, groups,
-                               program, at_compile)
+        asked = requested_bytes(message)
+        name = state.name if state else None
+        said = explanation(message, asked, name, call_index=index, asynchronous=late, surfaced_at=surfaced_at,
+                           surfaced_in=surfaced_in)
+        self.oom = OutOfMemory(first_line(message), name, index, source, asked,
+                               snapshot.live.get(device) if device else None, groups, program, at_compile, late,
+                               surfaced_at if late else None, said)
         self.send(OutOfMemoryFound(self.oom))
         self._name_keepers(snapshot, _stack_namespaces())
         self.send(LeaksFound(self.leaks()))
@@ -486,25 +503,26 @@ class MemoryRecorder(JitHook):
         """An out-of-memory error raised outside any watched call: a call's own failure reported late (jax
         dispatches asynchronously, so reading an output is where its allocation error surfaces), named by the
         size asked for, or an eager operation's."""
-        if self.oom is not None or not is_out_of_memory(err):
-            return
-        state = self._asked_by(requested_bytes(str(err)))
-        if state is None:
-            self._out_of_memory(err, None, None, innermost_user_frame(err.__traceback__))
-            return
-        self._out_of_memory(err, None, state, state.last_source, index=state.calls - 1)
+        if self.oom is None and is_out_of_memory(err):
+            self._safely("explaining the out-of-memory error", self._eager_out_of_memory, err)
 
-    def _asked_by(self, asked: int | None) -> FunctionState | None:
-        """The function whose latest program allocates exactly ``asked`` bytes in one piece (its temporaries,
-        its outputs, or one of its largest buffers), the most recently called first."""
-        if not asked:
-            return None
-        for state in sorted(self.functions.values(), key=lambda s: -s.last_called):
-            program = state.program
-            if program is not None and asked in {program.temp_bytes, program.output_bytes,
-                                                 *(b.bytes for b in program.largest)}:
-                return state
-        return None
+    def _eager_out_of_memory(self, err: BaseException) -> None:
+        message = str(err)
+        raised_at = innermost_user_frame(err.__traceback__)
+        state = self._asked_by(requested_bytes(message), self.functions.values())
+        if state is None:
+            self._out_of_memory(err, None, None, raised_at)
+            return
+        self._out_of_memory(err, None, state, state.last_source, index=state.calls - 1, late=True,
+                            surfaced_at=raised_at, surfaced_in=executable_name(message))
+
+    @staticmethod
+    def _asked_by(asked: int | None, states: Iterable[FunctionState]) -> FunctionState | None:
+        """Of ``states``, the most recently called whose program needs ``asked`` bytes (:func:`oom.asked_by`)."""
+        called = sorted(((s, s.program) for s in states if s.calls and s.program is not None),
+                        key=lambda pair: -pair[0].last_called)
+        program = asked_by(asked, (program for _, program in called))
+        return next((s for s, p in called if p is program), None) if program is not None else None
 
     # ---- the end -------------------------------------------------------------------------------------------
     def finish(self, namespaces: list[dict]) -> None:

@@ -182,6 +182,10 @@ class OutOfMemory:
     live: tuple[LiveGroup, ...] = ()
     program: ProgramMemory | None = None
     at_compile: bool = False  # raised while compiling (TPU reports its budget overrun then)
+    # raised after the call had returned, by a later operation that used its result (asynchronous dispatch)
+    asynchronous: bool = False
+    surfaced_at: SourceLocation | None = None  # where it was raised then (None when raised by the call itself)
+    explanation: str | None = None  # what XLA's message means, where it does not say it plainly
 
 
 @dataclass(frozen=True)
@@ -258,7 +262,8 @@ def finding_line(result: dict) -> str | None:
     oom = result.get("out_of_memory")
     if oom:
         asked = f" asking for {format_bytes(oom['requested_bytes'])}" if oom.get("requested_bytes") else ""
-        parts.append(f"out of memory in {oom.get('function') or 'an eager operation'}{asked}")
+        later = ", raised later where its result was used" if oom.get("asynchronous") else ""
+        parts.append(f"out of memory in {oom.get('function') or 'an eager operation'}{asked}{later}")
     parts.extend(f"{f['name']} needs {format_bytes(f.get('needs_bytes'))}, {format_bytes(f.get('over_bytes'))} "
                  "over the budget" for f in result.get("functions") or [] if f.get("fits") is False)
     for leak in result.get("leaks") or []:
