@@ -43,6 +43,7 @@ def finish(proc: subprocess.Popen, timeout: float = 240) -> subprocess.Completed
 HANGS = os.path.join(CORPUS, "multihost_hangs", "train.py")
 DP = os.path.join(CORPUS, "multihost_dp", "train.py")
 DIES = os.path.join(CORPUS, "multihost_dies", "train.py")
+FAILS_AT_START = os.path.join(CORPUS, "multihost_fails_at_start", "train.py")
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +84,7 @@ def waiting_runs(tmp_path_factory):
     Each test collects its own: (the finished runs, their folder)."""
     from jaxdbg.launch import free_port, task_environment
 
-    folders = {name: tmp_path_factory.mktemp(name) for name in ("lost_peer", "commands", "doctor")}
+    folders = {name: tmp_path_factory.mktemp(name) for name in ("lost_peer", "commands", "doctor", "no_folder")}
     (folders["lost_peer"] / "tmp").mkdir()  # its own TMPDIR: what the launcher leaves there is checked
     procs: dict[str, list[subprocess.Popen]] = {
         "lost_peer": [start(["repro", os.path.join(CORPUS, "multihost_preempted", "train.py"), "--out",
@@ -111,8 +112,17 @@ def waiting_runs(tmp_path_factory):
                           str(doctor / "b"), "--json", str(doctor / "b.json")], env=lone, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True),
     ]
+    # Process 1 of a job whose launcher (srun) made no folder in --out fails at its start; process 0, the program
+    # alone, is only its coordinator (it fails at gloo's deadline, or is killed below).
+    port = free_port()
+    coordinator = subprocess.Popen([sys.executable, FAILS_AT_START], env=task_environment(0, 2, port, base),
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = task_environment(1, 2, port, base)
+    env.pop("JAXDBG_LAUNCHED_PROCESS")
+    procs["no_folder"] = [start(["profile", FAILS_AT_START, "--out", str(folders["no_folder"] / "p"), "-q",
+                                 "--timeout", "120"], None, env=env)]
     yield {name: (lambda name=name: ([finish(proc) for proc in procs[name]], folders[name])) for name in procs}
-    for proc in (proc for group in procs.values() for proc in group):
+    for proc in (proc for group in [*procs.values(), [coordinator]] for proc in group):
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
@@ -361,6 +371,16 @@ def test_a_process_that_dies_is_named_not_waited_for(waiting_jobs):
     assert died in rows[1]["note"] and died in report["result"]["error"], report["result"]["error"]
     assert f"jaxdbg profile: process 0: {report['result']['error']}" in done.stderr
     assert "hangs" not in str(report["result"]["notes"])  # no process is said to hang: one died, one failed
+
+
+def test_a_process_that_fails_at_its_start_keeps_its_report_where_no_launcher_made_its_folder(waiting_runs):
+    """Process 1 fails before any capture made its process-1/ folder (under srun nothing else makes it): its
+    report and its program's stderr are written there all the same (exit 3, not jaxdbg's own failure, exit 4)."""
+    (done,), tmp_path = waiting_runs["no_folder"]()
+    assert done.returncode == 3 and "no data shard for process 1" in done.stderr, done.stderr[-3000:]
+    report = json.loads((tmp_path / "p" / "process-1" / "report.json").read_text())
+    with open(report["artifacts"]["target_stderr"]) as stderr:
+        assert "FileNotFoundError: no data shard for process 1" in stderr.read()
 
 
 def test_a_process_that_hangs_is_named_with_where_it_stands(waiting_jobs):
