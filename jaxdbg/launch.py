@@ -10,7 +10,10 @@ CPU collectives across processes use gloo unless the user chose otherwise.
 Process 0's output is shown as it comes (its report speaks for the job); the other processes' output goes
 to a log file, ``process-<i>/launch.log`` in the command's ``--out`` (where the process writes its report), and
 any that fails is named with its last line and that log. Where no ``--out`` is given the logs go to a temporary
-folder, removed when the job ends: a failing process is named with the last lines of its output instead.
+folder, removed when the job ends: a failing process is named with the last lines of its output instead. A job
+cannot go on without one of its processes: once one fails, the others still running are stopped a grace period
+later (``FAILED_PEER_GRACE_S``), so that one waiting for the lost process (in a collective, in JAX's start) does not
+hold the job forever.
 
 Example:
     >>> env = task_environment(1, 4, 12345, {"PATH": "/bin"})
@@ -30,6 +33,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 from jaxdbg._errors import UsageError
 
@@ -41,6 +45,12 @@ COMMAND_VARIABLE = "JAXDBG_COMMAND_LINE"
 # (jaxdbg._compat.add_xla_flags_at_backend_start), after the program has set its own.
 XLA_FLAGS_VARIABLE = "JAXDBG_XLA_FLAGS"
 INLINE_LOG_LINES = 10  # of a failing process's output, shown in the message when no --out keeps its log
+SILENT_S = 15.0  # a peer whose heartbeat has not moved for this long is reported as lost (multihost.Heartbeat)
+# Once a process of a job has failed, how long the others may run on before they are stopped (a job cannot go on
+# without one of its processes; left alone, they may wait for it forever in a collective or in JAX's start):
+# their own jaxdbg needs the lost peer's silence (SILENT_S) and a moment more to write the report that names it.
+FAILED_PEER_GRACE_S = 2 * SILENT_S
+POLL_S = 0.2  # how often the launcher looks at its processes
 
 
 # (index, count) variables of the launchers whose place jax's cluster detection reads from the environment.
@@ -172,24 +182,35 @@ def launch(argv: Sequence[str], processes: int, timeout: float | None = None) ->
     # goes into the message itself.
     logs = tempfile.mkdtemp(prefix="jaxdbg-launch-") if out is None else None
     try:
-        codes, paths = _run_job(argv, processes, port, out, logs, timeout)
-        reported = _report_failures(codes, paths, processes, inline=logs is not None)
+        end = _run_job(argv, processes, port, out, logs, timeout)
+        reported = _report_failures(end, processes, inline=logs is not None)
     finally:
         if logs is not None:
             shutil.rmtree(logs, ignore_errors=True)
     if not reported and logs is None:  # the logs in --out are kept only where a message above points at one
-        for log_path in paths:
+        for log_path in end.paths:
             if log_path is not None:
                 with contextlib.suppress(OSError):
                     os.remove(log_path)
-    failed = [code for code in codes[1:] if code != 0]
+    codes = end.codes
+    first = [codes[end.first]] if end.first is not None else []  # the failure that ended the job comes first
+    failed = first + [code for code in codes[1:] if code != 0]
     return codes[0] if codes[0] != 0 or not failed else failed[0]
 
 
+class JobEnd(NamedTuple):
+    """How a local job ended: each process's exit code (3 for one the launcher stopped) and log path (None for
+    process 0, whose output is shown); where one failed while others ran on, which (``first``), and those stopped
+    ``FAILED_PEER_GRACE_S`` after it."""
+    codes: list[int]
+    paths: list[str | None]
+    first: int | None = None
+    stopped: tuple[int, ...] = ()
+
+
 def _run_job(argv: Sequence[str], processes: int, port: int, out: str | None, logs: str | None,
-             timeout: float | None) -> tuple[list[int], list[str | None]]:
-    """Start the job's processes (process 0's output shown, the others' to a log each) and wait for them:
-    their exit codes and log paths."""
+             timeout: float | None) -> JobEnd:
+    """Start the job's processes (process 0's output shown, the others' to a log each) and wait for them all."""
     # `jaxdbg --processes N python repro.py`: the program itself (a multi-process reproducer), without jaxdbg.
     command = [sys.executable, *argv[1:]] if argv[0] == "python" else [sys.executable, "-m", "jaxdbg", *argv]
     procs: list[subprocess.Popen] = []
@@ -207,28 +228,91 @@ def _run_job(argv: Sequence[str], processes: int, port: int, out: str | None, lo
                 procs.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
                                               stdin=subprocess.DEVNULL))
             paths.append(path)
-        codes = [proc.wait(timeout=timeout) for proc in procs]
+        first = _wait_for_job(procs, timeout)
+        stopped = tuple(index for index, proc in enumerate(procs) if proc.poll() is None)
     finally:
         stop(procs)
-    return codes, paths
+    codes = [3 if index in stopped else proc.returncode for index, proc in enumerate(procs)]
+    return JobEnd(codes, paths, first if stopped else None, stopped)
 
 
-def _report_failures(codes: list[int], paths: list[str | None], processes: int, inline: bool) -> bool:
-    """Name on stderr each process other than 0 that ended otherwise than process 0, with its last line and its
-    log's path (``inline``: with the last lines of its log, which is about to be removed). Whether any was."""
+def _wait_for_job(procs: Sequence[subprocess.Popen], timeout: float | None) -> int | None:
+    """Wait until every process has ended, or until ``FAILED_PEER_GRACE_S`` after the first that failed (exit 2 or
+    more, or a signal: exit 1 is a command's 'found'): that one's index, or None."""
+    started = time.monotonic()
+    failed: tuple[int, float] | None = None  # (the first process that failed, when it was seen to)
+    while True:
+        codes = [proc.poll() for proc in procs]
+        if all(code is not None for code in codes):
+            return None
+        now = time.monotonic()
+        if failed is None:
+            index = next((i for i, code in enumerate(codes) if code is not None and code not in (0, 1)), None)
+            failed = None if index is None else (index, now)
+        elif now - failed[1] >= FAILED_PEER_GRACE_S:
+            return failed[0]
+        if timeout is not None and now - started > timeout:
+            raise subprocess.TimeoutExpired(procs[0].args, timeout)
+        time.sleep(POLL_S)
+
+
+def _report_failures(end: JobEnd, processes: int, inline: bool) -> bool:
+    """Name on stderr each process other than 0 that ended otherwise than process 0 or whose failure ended the
+    job, with its last line and its log's path (``inline``: with the last lines of its log, which is about to be
+    removed), and the processes stopped after it. Whether any was named."""
     reported = False
-    for index, (code, log_path) in enumerate(zip(codes, paths)):
-        if not index or code in (0, codes[0]) or log_path is None:
+    codes = end.codes
+    for index, (code, log_path) in enumerate(zip(codes, end.paths)):
+        if log_path is None or index in end.stopped or code == 0:
             continue
-        lines = _last_lines(log_path, INLINE_LOG_LINES if inline else 1)
-        said = f"jaxdbg: process {index} of {processes} exited with {code}"
-        if inline:
-            shown = "".join(f"  | {line}\n" for line in lines) or "  | (no output)\n"
-            sys.stderr.write(f"{said}; the last lines of its output (give --out to keep its whole log):\n{shown}")
-        else:
-            sys.stderr.write(f"{said}: {lines[-1] if lines else 'no output'} (log: {log_path})\n")
+        lines = _last_lines(log_path, INLINE_LOG_LINES)
+        if code == codes[0] and index != end.first and not _found_no_gpu(lines):
+            continue  # process 0's own words tell of the same end
+        sys.stderr.write(failure_message(index, processes, code, lines, None if inline else log_path) + "\n")
         reported = True
+    if end.first is not None:
+        who = " and ".join(f"process {index}" for index in end.stopped)
+        sys.stderr.write(f"jaxdbg: process {end.first} of {processes} failed (exit {codes[end.first]}) and a job "
+                         f"cannot go on without one of its processes: {who} "
+                         f"{'was' if len(end.stopped) == 1 else 'were'} stopped {FAILED_PEER_GRACE_S:.0f} s after it\n")
     return reported
+
+
+# What a process of a job says where the GPU it was given is not there (JAX gives each process of a SLURM step the
+# GPU numbered by its SLURM_LOCALID): CUDA's and ROCm's words, and the backend's start that failed.
+_NO_GPU = re.compile(r"no supported devices found for platform (CUDA|ROCM)|"
+                     r"Unable to initialize backend '(cuda|rocm|gpu)'", re.IGNORECASE)
+
+
+def failure_message(index: int, processes: int, code: int, lines: Sequence[str], log_path: str | None) -> str:
+    """What the launcher says of process ``index``, which ended with ``code`` after its output's last ``lines``:
+    the last line and its log's path, or (``log_path`` None: the log is about to be removed) the lines themselves;
+    with what to do where the process found no GPU of its own.
+
+    Example:
+        >>> print(failure_message(1, 2, 3, ["reading shard 1", "shard 1 is missing"], "o/process-1/launch.log"))
+        jaxdbg: process 1 of 2 exited with 3: shard 1 is missing (log: o/process-1/launch.log)
+        >>> said = "RuntimeError: Unable to initialize backend 'cuda': no supported devices found for platform CUDA"
+        >>> print(failure_message(1, 2, 3, [said], None))  # doctest: +NORMALIZE_WHITESPACE
+        jaxdbg: process 1 of 2 exited with 3; each process of a local job takes the GPU numbered by its
+        SLURM_LOCALID, as in a SLURM step, so --processes 2 needs 2 GPUs: with fewer, set JAX_PLATFORMS=cpu to play
+        the job on host devices (XLA_FLAGS=--xla_force_host_platform_device_count=K for K devices per process);
+        the last lines of its output (give --out to keep its whole log):
+          | RuntimeError: Unable to initialize backend 'cuda': no supported devices found for platform CUDA
+    """
+    said = f"jaxdbg: process {index} of {processes} exited with {code}"
+    hint = (f"; each process of a local job takes the GPU numbered by its SLURM_LOCALID, as in a SLURM step, so "
+            f"--processes {processes} needs {processes} GPUs: with fewer, set JAX_PLATFORMS=cpu to play the job on "
+            "host devices (XLA_FLAGS=--xla_force_host_platform_device_count=K for K devices per process)"
+            if _found_no_gpu(lines) else "")
+    if log_path is not None:
+        return f"{said}: {lines[-1] if lines else 'no output'} (log: {log_path}){hint}"
+    shown = "".join(f"\n  | {line}" for line in lines) or "\n  | (no output)"
+    return f"{said}{hint}; the last lines of its output (give --out to keep its whole log):{shown}"
+
+
+def _found_no_gpu(lines: Sequence[str]) -> bool:
+    return any(_NO_GPU.search(line) for line in lines)
 
 
 def out_option(argv: Sequence[str]) -> str | None:

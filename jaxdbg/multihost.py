@@ -28,10 +28,9 @@ from typing import Any, Generic, TypeVar, cast
 
 from jaxdbg import _compat, jit_layer
 from jaxdbg._errors import JobMismatchError
-from jaxdbg.launch import COMMAND_VARIABLE, HANG_MARK, LOST_MARK, naming_process
+from jaxdbg.launch import COMMAND_VARIABLE, HANG_MARK, LOST_MARK, SILENT_S, naming_process
 
 HEARTBEAT_S = 1.0
-SILENT_S = 15.0  # a peer whose heartbeat has not moved for this long is reported as lost (dead or frozen)
 HUNG_S = 60.0  # a peer alive but whose program has not moved for this long, while this one waits too: hung
 
 

@@ -43,17 +43,20 @@ def finish(proc: subprocess.Popen, timeout: float = 240) -> subprocess.Completed
 HANGS = os.path.join(CORPUS, "multihost_hangs", "train.py")
 DP = os.path.join(CORPUS, "multihost_dp", "train.py")
 DIES = os.path.join(CORPUS, "multihost_dies", "train.py")
+FAILS_AT_START = os.path.join(CORPUS, "multihost_fails_at_start", "train.py")
 
 
 @pytest.fixture(scope="module")
 def waiting_jobs(tmp_path_factory):
-    """The jobs that end only at a timeout (--timeout, or the 15 s a lost peer's heartbeat is waited for),
-    started together: they mostly wait (a process asleep or dead, its peer blocked in the all-reduce or in
-    jax.distributed.initialize()), so side by side they cost one wait instead of four (about 45 s, not 150).
+    """The jobs that end only at a timeout (--timeout, the 15 s a lost peer's heartbeat is waited for, or the
+    launcher's grace after a process failed), started together: they mostly wait (a process asleep or dead, its
+    peer blocked in the all-reduce or in jax.distributed.initialize()), so side by side they cost one wait instead
+    of five (about 45 s, not 200).
     Each test collects its own: (the finished run, its folder)."""
     from jaxdbg.launch import free_port, task_environment
 
-    folders = {name: tmp_path_factory.mktemp(name) for name in ("dies", "hangs", "nan_hangs", "never_starts")}
+    folders = {name: tmp_path_factory.mktemp(name)
+               for name in ("dies", "hangs", "nan_hangs", "never_starts", "fails_at_start")}
     lone = task_environment(0, 2, free_port(), {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"})
     procs = {
         "dies": start(["profile", os.path.join(CORPUS, "multihost_dies", "train.py"), "--out",
@@ -64,6 +67,9 @@ def waiting_jobs(tmp_path_factory):
                        devices=1),
         "nan_hangs": start(["nan-hunt", HANGS, "--out", str(folders["nan_hangs"] / "n"), "-q", "--timeout",
                             HANG_TIMEOUT], 2, devices=1),
+        # --timeout 300: the launcher ends this job, well before gloo's deadline (~100 s) would.
+        "fails_at_start": start(["profile", FAILS_AT_START, "--out", str(folders["fails_at_start"] / "p"), "-q",
+                                 "--timeout", "300"], 2, devices=1),
         # Process 0 of a 2-process job started alone: its peer never comes.
         "never_starts": start(["nan-hunt", os.path.join(CORPUS, "multihost_dp", "train.py"), "--out",
                                str(folders["never_starts"] / "o"), "-q", "--timeout", "20"], None, env=lone),
@@ -83,7 +89,7 @@ def waiting_runs(tmp_path_factory):
     Each test collects its own: (the finished runs, their folder)."""
     from jaxdbg.launch import free_port, task_environment
 
-    folders = {name: tmp_path_factory.mktemp(name) for name in ("lost_peer", "commands", "doctor")}
+    folders = {name: tmp_path_factory.mktemp(name) for name in ("lost_peer", "commands", "doctor", "no_folder")}
     (folders["lost_peer"] / "tmp").mkdir()  # its own TMPDIR: what the launcher leaves there is checked
     procs: dict[str, list[subprocess.Popen]] = {
         "lost_peer": [start(["repro", os.path.join(CORPUS, "multihost_preempted", "train.py"), "--out",
@@ -111,8 +117,17 @@ def waiting_runs(tmp_path_factory):
                           str(doctor / "b"), "--json", str(doctor / "b.json")], env=lone, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True),
     ]
+    # Process 1 of a job whose launcher (srun) made no folder in --out fails at its start; process 0, the program
+    # alone, is only its coordinator (it fails at gloo's deadline, or is killed below).
+    port = free_port()
+    coordinator = subprocess.Popen([sys.executable, FAILS_AT_START], env=task_environment(0, 2, port, base),
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = task_environment(1, 2, port, base)
+    env.pop("JAXDBG_LAUNCHED_PROCESS")
+    procs["no_folder"] = [start(["profile", FAILS_AT_START, "--out", str(folders["no_folder"] / "p"), "-q",
+                                 "--timeout", "120"], None, env=env)]
     yield {name: (lambda name=name: ([finish(proc) for proc in procs[name]], folders[name])) for name in procs}
-    for proc in (proc for group in procs.values() for proc in group):
+    for proc in (proc for group in [*procs.values(), [coordinator]] for proc in group):
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
@@ -361,6 +376,49 @@ def test_a_process_that_dies_is_named_not_waited_for(waiting_jobs):
     assert died in rows[1]["note"] and died in report["result"]["error"], report["result"]["error"]
     assert f"jaxdbg profile: process 0: {report['result']['error']}" in done.stderr
     assert "hangs" not in str(report["result"]["notes"])  # no process is said to hang: one died, one failed
+
+
+def test_a_job_whose_process_fails_at_its_start_is_stopped_not_left_waiting(waiting_jobs):
+    """Process 1 raises right after jax.distributed.initialize(); process 0 waits for it in the job's first
+    collective. The launcher stops process 0 once its grace after process 1's failure has passed (it used to wait
+    for process 0 first: here until gloo's deadline, on a GPU in the backend's start for good): exit 3, process 1
+    named with its own error, and the line saying process 0 was stopped."""
+    from jaxdbg.launch import FAILED_PEER_GRACE_S
+
+    done, tmp_path = waiting_jobs["fails_at_start"]()
+    assert done.returncode == 3, done.stderr[-3000:]
+    log = tmp_path / "p" / "process-1" / "launch.log"
+    said = (f"jaxdbg: process 1 of 2 exited with 3: jaxdbg profile: process 1: the target raised FileNotFoundError: "
+            f"no data shard for process 1 at {FAILS_AT_START}:{line_of(FAILS_AT_START, '<- process 1 fails here')} "
+            f"(<module>) (log: {log})\n")
+    stopped = (f"jaxdbg: process 1 of 2 failed (exit 3) and a job cannot go on without one of its processes: "
+               f"process 0 was stopped {FAILED_PEER_GRACE_S:.0f} s after it\n")
+    assert done.stderr.endswith(said + stopped), done.stderr[-3000:]
+    assert json.loads((tmp_path / "p" / "process-1" / "report.json").read_text())["exit_code"] == 3
+
+
+def test_a_process_that_fails_at_its_start_keeps_its_report_where_no_launcher_made_its_folder(waiting_runs):
+    """Process 1 fails before any capture made its process-1/ folder (under srun nothing else makes it): its
+    report and its program's stderr are written there all the same (exit 3, not jaxdbg's own failure, exit 4)."""
+    (done,), tmp_path = waiting_runs["no_folder"]()
+    assert done.returncode == 3 and "no data shard for process 1" in done.stderr, done.stderr[-3000:]
+    report = json.loads((tmp_path / "p" / "process-1" / "report.json").read_text())
+    with open(report["artifacts"]["target_stderr"]) as stderr:
+        assert "FileNotFoundError: no data shard for process 1" in stderr.read()
+
+
+def test_a_process_without_a_gpu_of_its_own_is_told_how_to_run_the_job():
+    """What a process of a local job on a machine with fewer GPUs than processes says (JAX gives it the GPU of its
+    SLURM_LOCALID): the launcher's line adds what to do; another failure's does not."""
+    from jaxdbg.launch import failure_message
+
+    for said in ("RuntimeError: Unable to initialize backend 'cuda': INTERNAL: no supported devices found for "
+                 "platform CUDA", "RuntimeError: Unable to initialize backend 'rocm': INTERNAL: ..."):
+        line = failure_message(1, 4, 3, ["jaxdbg profile: process 1: the target raised " + said], "o/launch.log")
+        assert line.startswith("jaxdbg: process 1 of 4 exited with 3: jaxdbg profile: process 1: the target raised")
+        assert "(log: o/launch.log); each process of a local job takes the GPU numbered by its SLURM_LOCALID" in line
+        assert "--processes 4 needs 4 GPUs: with fewer, set JAX_PLATFORMS=cpu" in line and "\n" not in line
+    assert "GPU" not in failure_message(1, 2, 3, ["FileNotFoundError: no data shard for process 1"], "o/launch.log")
 
 
 def test_a_process_that_hangs_is_named_with_where_it_stands(waiting_jobs):

@@ -252,6 +252,7 @@ def _artifacts(result: ProfileResult, outcome: Outcome, out_dir: str) -> dict[st
     for stream in ("stdout", "stderr"):
         text = getattr(outcome, stream)
         if text:
+            os.makedirs(out_dir, exist_ok=True)  # a process whose program failed before any capture has none yet
             path = os.path.join(out_dir, f"target.{stream}.txt")
             with open(path, "w") as handle:
                 handle.write(text)
