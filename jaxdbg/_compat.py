@@ -26,7 +26,9 @@ import jax
 from jax._src import config as _jax_config  # internal: the x64 state as a value, without the Config lookup
 from jax._src import core as _jax_core  # internal: trace_state_clean has no public spelling in jax 0.10/0.11
 
-from jaxdbg._source import SourceLocation, is_user_file
+from jaxdbg import multihost_calls
+from jaxdbg._source import SourceLocation, caller_user_frame, is_user_file
+from jaxdbg.multihost_calls import HelperCall
 
 JAX_VERSION: tuple[int, ...] = tuple(jax.__version_info__[:2])
 
@@ -987,26 +989,30 @@ def host_callback_hooks(enter: Any, leave: Any) -> Iterator[None]:
             setattr(owner, name, original)
 
 
-# jax.experimental.multihost_utils's helpers jit small functions of their own (``_identity_fn``, ``_psum``): a call
-# of one is named by the helper the user called, the outermost on the stack (sync_global_devices calls
-# assert_equal, which calls process_allgather), a barrier with its name.
-MULTIHOST_HELPERS = ("sync_global_devices", "assert_equal", "process_allgather", "broadcast_one_to_all")
+# jax.experimental.multihost_utils's helpers jit small functions of their own (``_identity_fn``, ``_psum``) on every
+# call; the helper the user called is read from the stack while jax.jit is applied inside it (jaxdbg.multihost_calls).
 _MULTIHOST_FILE = os.path.join("jax", "experimental", "multihost_utils.py")
 
 
-def multihost_helper_call() -> str | None:
-    """The multihost_utils helper the user's code called, as it was called (``sync_global_devices('saved')``),
-    from the current stack; None outside one."""
+def multihost_call(fun: Any) -> HelperCall | None:
+    """For ``fun`` jitted by one of jax's multihost helpers, the call of it the user's code made (the outermost
+    helper on the current stack, its barrier's name, the user's line that called it); None for any other function.
+
+    Example:
+        >>> multihost_call(len) is None
+        True
+    """
+    if getattr(fun, "__module__", None) != multihost_calls.MODULE:
+        return None
     frame: types.FrameType | None = sys._getframe(1)
     found = None
     while frame is not None:
         code = frame.f_code
-        if code.co_name in MULTIHOST_HELPERS and code.co_filename.endswith(_MULTIHOST_FILE):
+        if code.co_name in multihost_calls.HELPERS and code.co_filename.endswith(_MULTIHOST_FILE):
             found = frame
         frame = frame.f_back
     if found is None:
         return None
-    name = found.f_code.co_name
-    if name == "sync_global_devices":
-        return f"{name}({found.f_locals.get('name')!r})"
-    return name
+    api = found.f_code.co_name
+    argument = repr(found.f_locals.get("name")) if api == "sync_global_devices" else None
+    return HelperCall(api, argument, caller_user_frame(2))

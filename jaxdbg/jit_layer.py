@@ -68,6 +68,7 @@ import numpy as np
 from jaxdbg import _compat, frameworks
 from jaxdbg._source import SourceLocation, caller_user_frame, is_user_file
 from jaxdbg.frameworks import unwrap_function as unwrap_function
+from jaxdbg.multihost_calls import HelperCall, called_label
 from jaxdbg.nonfinite import over_devices, with_magnitudes
 
 # Names the companion functions that also return the output magnitudes. It ends in "_jaxdbg", as every program
@@ -167,6 +168,26 @@ class FunctionRecord:
         # Its output leaves, counted once at a call through jax.grad: the eager forward program jax.grad runs
         # returns these first, then the residuals only the backward pass reads.
         self.output_leaves: int | None = None
+        # The jit of a multihost helper (jaxdbg.multihost_calls), named by the helper (``name``) at the user's line
+        # (``source``): the argument that named its first call (a barrier's name), and a later one that differed.
+        self.helper: str | None = None
+        self.first_argument: str | None = None
+        self.later_argument: str | None = None
+
+    def note_helper_call(self, call: HelperCall) -> None:
+        """File one call of a multihost helper at this record's line (its argument names the record's label)."""
+        if self.helper is None:
+            self.helper, self.first_argument = call.api, call.argument
+        elif call.argument != self.first_argument:
+            self.later_argument = call.argument
+
+    @property
+    def called_as(self) -> str | None:
+        """A multihost helper's jit: the helper as the user called it at this line (``sync_global_devices('saved')``,
+        see :func:`jaxdbg.multihost_calls.called_label`); None for any other function."""
+        if self.helper is None:
+            return None
+        return called_label(self.helper, self.first_argument, self.later_argument)
 
 
 def _output_leaves(jitted: Any, args: tuple, kwargs: dict) -> int | None:
@@ -332,6 +353,8 @@ class InstrumentedJit:
 
     is_pmap = False
     is_compiled = False  # a InstrumentedCompiled: jax's Compiled of this function
+    helper: HelperCall | None = None  # a multihost helper's jit: the call of the helper it was applied for
+
     def __init__(self, layer: _Layer, jitted: Any, fun: Callable, options: dict, record: FunctionRecord,
                  top_level: Any = None):
         self._layer = layer
@@ -498,8 +521,10 @@ class _Layer:
         jitted = self.real_jit(fun, *args, **options)
         if not self.hooks or not callable(jitted) or not hasattr(jitted, "lower"):
             return jitted
-        wrapped = InstrumentedJit(self, jitted, fun, options, self._record(fun),
+        helper = _compat.multihost_call(fun)  # jax's multihost helpers jit on every call: this one's
+        wrapped = InstrumentedJit(self, jitted, fun, options, self._record(fun, helper=helper),
                                   self.top_level_jit(fun, args, options, jitted))
+        wrapped.helper = helper
         for hook in list(self.hooks):
             hook.on_jit(wrapped)
         return wrapped
@@ -532,7 +557,9 @@ class _Layer:
             hook.on_jit(wrapped)
         return wrapped
 
-    def _record(self, fun: Callable, kind: str = "jit") -> FunctionRecord:
+    def _record(self, fun: Callable, kind: str = "jit", helper: HelperCall | None = None) -> FunctionRecord:
+        if helper is not None:  # jax's _identity_fn behind every barrier: one record per helper and user line
+            return self._helper_record(helper)
         fun = frameworks.user_function(fun)  # the user's function, not a framework wrapper's inner one
         name, source = function_identity(fun)
         inner = unwrap_function(fun)
@@ -543,6 +570,16 @@ class _Layer:
             record = self.records.get(key)
             if record is None:
                 record = self.records[key] = FunctionRecord(len(self.records), name, source or caller_user_frame(1))
+            return record
+
+    def _helper_record(self, helper: HelperCall) -> FunctionRecord:
+        site = helper.site
+        key = ("multihost", helper.api, *((site.file, site.line) if site else ()))
+        with self.lock:
+            record = self.records.get(key)
+            if record is None:
+                record = self.records[key] = FunctionRecord(len(self.records), helper.api, site)
+            record.note_helper_call(helper)
             return record
 
     def busy(self) -> bool:

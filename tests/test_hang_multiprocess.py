@@ -175,13 +175,16 @@ def test_a_barrier_only_one_process_reaches_is_named_as_the_user_called_it(jobs)
     """Process 0 waits in multihost_utils.sync_global_devices, which jax runs as a jitted all-gather of its own
     (_identity_fn), while process 1 has finished: what process 0 waits in is the barrier with its name (was
     `_identity_fn`), at the user's line; the hint points at the `if` around it. (With one device per process the
-    call itself blocks, so its program's collectives are not read: a stuck call's never are.)"""
+    call itself blocks, so its program's collectives are not read: a stuck call's never are; its collective is
+    the barrier by its name, not blank.)"""
     program = JOBS["barrier"][0][0]
     code, err, job, _ = jobs("barrier")
     assert code == 1, err[-3000:]
     result = job["result"]
     waiter = result["processes"][0]
     assert (waiter["state"], waiter["function"]) == ("running", "sync_global_devices('checkpoint saved')")
+    # its program is never read (the call has not returned), so the barrier by its name says what it waits in
+    assert waiter["collective"] == "barrier 'checkpoint saved' over every process"
     assert waiter["source"]["line"] == _line(program, "# <- the barrier only process 0 reaches")
     assert result["processes"][1]["state"] == "finished"
     assert "process 0 waits inside sync_global_devices('checkpoint saved') call 0, called at train.py:" in (

@@ -151,6 +151,7 @@ def test_profile_runs_in_every_process_of_a_two_process_job(tmp_path):
         assert {d["process_index"] for d in env["devices"]} == {0, 1}  # the job's 4 devices, 2 per process
         step = next(f for f in report["result"]["functions"] if f["name"] == "step")
         assert step["execute"]["calls"] == 5
+        _the_barrier_is_named_as_called(report["result"]["functions"])
         # The gradient's all-reduce across processes shows in the per-op table, at the user's line.
         ops = {op["category"]: op for op in step["ops"]}
         assert "collective" in ops and ops["collective"]["source"]["file"].endswith("train.py")
@@ -172,6 +173,31 @@ def test_profile_runs_in_every_process_of_a_two_process_job(tmp_path):
                                   {"hosts": ["process-0", "process-1"]})
     names = {e["args"]["name"] for e in json.loads(data)["traceEvents"] if e.get("name") == "process_name"}
     assert {name.split(" ")[0] for name in names} == {"process-0", "process-1"}
+    assert f"sync_global_devices('weights saved') at train.py:{BARRIER}" in _rendered(job)
+
+
+BARRIER = line_of(DP, "# <- every process has its weights: the barrier")
+
+
+def _the_barrier_is_named_as_called(functions: list[dict]) -> None:
+    """multihost_utils.sync_global_devices runs jax's own jitted `_identity_fn`: a function entry (profile's or
+    memory's) names the helper the user called, the call as made and its line (was `_identity_fn`, defined in jax)."""
+    (barrier,) = [f for f in functions if f["called_as"] is not None]
+    assert (barrier["name"], barrier["called_as"]) == ("sync_global_devices", "sync_global_devices('weights saved')")
+    assert (barrier["source"]["file"], barrier["source"]["line"]) == (DP, BARRIER)
+    assert "_identity_fn" not in {f["name"] for f in functions}
+
+
+def _rendered(report: dict) -> str:
+    """The text a report's command prints, from its JSON read back."""
+    from rich.console import Console
+
+    from jaxdbg.cli import memory, profile
+    from jaxdbg.results import read_report
+
+    console = Console(record=True, width=200)
+    (profile.render if report["command"] == "profile" else memory.render)(read_report(report), console)
+    return console.export_text()
 
 
 def test_memory_in_every_process_of_a_two_process_job(tmp_path):
@@ -199,6 +225,8 @@ def test_memory_in_every_process_of_a_two_process_job(tmp_path):
         step = result["functions"][0]
         x = next(b for b in step["largest"] if b["argument"] == "x")
         assert (x["shape"], x["bytes"]) == ("f32[4,8]", 4 * 8 * 4)  # 16 global rows over 4 devices
+        _the_barrier_is_named_as_called(result["functions"])
+    assert f"sync_global_devices('weights saved') at train.py:{BARRIER}" in _rendered(job)
 
 
 def test_a_process_waiting_in_a_call_for_one_whose_program_ended_is_named_and_the_ended_one_never_hangs(monkeypatch):

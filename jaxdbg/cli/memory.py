@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from jaxdbg._errors import UsageError
 from jaxdbg.cli._common import (
@@ -29,6 +30,7 @@ from jaxdbg.cli._common import (
     VerboseOpt,
     execute,
 )
+from jaxdbg.multihost_calls import shown_name
 from jaxdbg.report import Report, relative_or_absolute
 
 if TYPE_CHECKING:  # annotations only: the memory package is imported when the command runs
@@ -155,18 +157,20 @@ def _render_functions(programs: tuple[ProgramMemory, ...], console: Console) -> 
     if all(p.fits is None for p in programs):
         del columns["fits"]
     table = Table(title="jitted functions (bytes per device)", title_justify="left", show_edge=False, pad_edge=False)
-    table.add_column("function", overflow="ellipsis", no_wrap=True, min_width=8)
-    for column in columns:
-        table.add_column(column, justify="right", no_wrap=True)
-    for p in programs:
-        name = escape(p.name + (f" #{p.compile_index}" if p.compile_index else ""))
-        table.add_row(name, *(show(p) for show in columns.values()))
+    table.add_column("function", overflow="fold", min_width=8)  # a long name (a barrier's call) folds
+    cells = [[escape(_shown(p) + (f" #{p.compile_index}" if p.compile_index else "")),
+              *(show(p) for show in columns.values())] for p in programs]
+    for i, column in enumerate(columns, start=1):  # never a number cut
+        table.add_column(column, justify="right", no_wrap=True,
+                         min_width=max(len(column), *(Text.from_markup(row[i]).cell_len for row in cells)))
+    for row in cells:
+        table.add_row(*row)
     console.print(table)
     # Which static value, shape or structure each recompiled row is; rows with the same cause share a line
     causes: dict[tuple[str, str], list[ProgramMemory]] = {}
     for p in programs:
         if p.recompiled_because:
-            causes.setdefault((p.name, p.recompiled_because), []).append(p)
+            causes.setdefault((_shown(p), p.recompiled_because), []).append(p)
     for (name, because), rows in causes.items():
         which = ", ".join(f"#{p.compile_index}" for p in rows)
         calls = ", ".join(str(p.call_index) for p in rows)
@@ -179,6 +183,11 @@ def _render_functions(programs: tuple[ProgramMemory, ...], console: Console) -> 
 HELD_MIN_SHARE = 0.01
 
 
+def _shown(program: ProgramMemory) -> str:
+    """Its name, or a multihost helper's jit as the user called it, at that call's line."""
+    return shown_name(program.name, program.called_as, program.source)
+
+
 def _fits(program: ProgramMemory) -> str:
     if program.fits is None:
         return ""
@@ -186,19 +195,22 @@ def _fits(program: ProgramMemory) -> str:
 
 
 def _render_buffers(program: ProgramMemory, console: Console) -> None:
-    if program.largest:
+    # Only what weighs: a step counter or a learning rate held across the call is not worth a line each. A
+    # multihost helper's arguments are jax's to donate, not the user's.
+    candidates = () if program.called_as else program.held
+    shown = [h for h in candidates if h.bytes >= HELD_MIN_SHARE * program.peak_bytes]
+    if program.largest or shown or program.note:  # each program's lines under its own name
         which = f" #{program.compile_index}" if program.compile_index else ""  # its latest compile: say which
-        console.print(f"[bold]{escape(program.name + which)}[/]: largest buffers at its peak")
-        for b in program.largest[:5]:
-            console.print(f"  {_size(b.bytes):>10}  {escape(b.shape):<20} {b.kind:<8} {escape(b.label())}  "
-                          f"{escape(_where(b.source))}", soft_wrap=True)
-    # Only what weighs: a step counter or a learning rate held across the call is not worth a line each.
-    shown = [h for h in program.held if h.bytes >= HELD_MIN_SHARE * program.peak_bytes]
+        what = ": largest buffers at its peak" if program.largest else ""
+        console.print(f"[bold]{escape(_shown(program) + which)}[/]{what}")
+    for b in program.largest[:5]:
+        console.print(f"  {_size(b.bytes):>10}  {escape(b.shape):<20} {b.kind:<8} {escape(b.label())}  "
+                      f"{escape(_where(b.source))}", soft_wrap=True)
     for held in shown:
         why = " (the loop passes the outputs back in)" if held.threaded else ""
         console.print(f"  held across the call: {escape(held.argument)}, {_size(held.bytes)} in {held.leaves} "
                       f"array(s), not donated although an output has its shape{why}", soft_wrap=True)
-    rest = [h for h in program.held if h not in shown]
+    rest = [h for h in candidates if h not in shown]
     if rest and shown:
         console.print(f"  [dim]and {len(rest)} smaller argument(s) held across the call, "
                       f"{_size(sum(h.bytes for h in rest))} in all[/]", soft_wrap=True)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.cells import cell_len
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -29,6 +30,7 @@ from jaxdbg.cli._common import (
     VerboseOpt,
     execute,
 )
+from jaxdbg.multihost_calls import shown_name
 from jaxdbg.report import Report, environment_info, relative_or_absolute
 
 if TYPE_CHECKING:  # annotations only: the profile package is imported when a command runs
@@ -414,7 +416,8 @@ def _functions_table(result: ProfileResult, width: int) -> Table:
     columns = [_Column("function", fold=True), _Column("compiles", drop=1), _Column("compile"),
                _Column("calls", drop=2), _Column("first", drop=4, minor=True), _Column("median", drop=3),
                _Column("p90", drop=5, minor=True), _Column("execute")]
-    rows = [[f.name + (" (pmap)" if f.kind == "pmap" else "") + (f" @{f.host}" if f.host else ""),
+    rows = [[shown_name(f.name, f.called_as, f.source) + (" (pmap)" if f.kind == "pmap" else "")
+             + (f" @{f.host}" if f.host else ""),
              "-" if f.compiles is None else str(f.compiles),
              _s(f.compile.total_s if f.compile else None), str(f.execute.calls), _s(f.execute.first_s),
              _s(f.execute.median_s), _s(f.execute.p90_s), _s(f.execute.total_s)] for f in result.functions]
@@ -430,17 +433,22 @@ def _loc(source: SourceLocation | None) -> str:
 
 def _render_function_detail(console: Console, f: FunctionProfile) -> None:
     c = f.compile
+    shown = escape(f.called_as or f.name)  # a multihost helper's jit: as the user called it
     if c is None:  # a capture: no compiles seen
         _render_ops(console, f)
         return
-    console.print(f"  [bold]{f.name}[/] compile {_s(c.total_s)} over {f.compiles} compile(s): trace {_s(c.trace_s)}, "
-                  f"lower {_s(c.lower_s)}, backend {_s(c.compile_s)}"
-                  + (f"; defined at {relative_or_absolute(f.source.file)}:{f.source.line}" if f.source else ""),
+    where = "called" if f.called_as else "defined"  # a multihost helper's jit: at the user's line that called it
+    # (a barrier at a second line runs the program the first one compiled: nothing of its own to split)
+    split = (f"compile {_s(c.total_s)} over {f.compiles} compile(s): trace {_s(c.trace_s)}, lower {_s(c.lower_s)}, "
+             f"backend {_s(c.compile_s)}" if f.compiles else "no compile of its own (jax reused a program compiled "
+             "by an earlier call)")
+    console.print(f"  [bold]{shown}[/] {split}"
+                  + (f"; {where} at {relative_or_absolute(f.source.file)}:{f.source.line}" if f.source else ""),
                   soft_wrap=True)
     for calls, reason in _grouped(f.recompiles or ())[:8]:
-        shown = ", ".join(map(str, calls[:6])) + (f", ... ({len(calls)} recompiles)" if len(calls) > 6 else "")
+        which = ", ".join(map(str, calls[:6])) + (f", ... ({len(calls)} recompiles)" if len(calls) > 6 else "")
         label = "call" if len(calls) == 1 else "calls"
-        console.print(f"  [magenta]recompile[/] {f.name} {label} {shown}: {reason}", soft_wrap=True)
+        console.print(f"  [magenta]recompile[/] {shown} {label} {which}: {reason}", soft_wrap=True)
     if f.cost or f.rates:
         parts = []
         if f.cost:
@@ -456,12 +464,12 @@ def _render_function_detail(console: Console, f: FunctionProfile) -> None:
             parts.append(f"{_rate(r.flops_per_s, 'FLOP/s')}{frac}{bw}{bwfrac}{bound} [dim]({r.peak_source})[/]")
             if r.note:
                 parts.append(f"[dim]{r.note}[/]")
-        console.print(f"  {f.name} cost: " + "; ".join(parts), soft_wrap=True)
+        console.print(f"  {shown} cost: " + "; ".join(parts), soft_wrap=True)
     if f.memory:
-        console.print(f"  {f.name} memory: " + ", ".join(f"{k} {_rate(v, 'B')}" for k, v in f.memory.items()),
+        console.print(f"  {shown} memory: " + ", ".join(f"{k} {_rate(v, 'B')}" for k, v in f.memory.items()),
                       soft_wrap=True)
     if f.devices:
-        console.print(f"  {f.name} per device (captured calls): " + ", ".join(
+        console.print(f"  {shown} per device (captured calls): " + ", ".join(
             f"{d.device} {d.executions}x median {_s(d.median_s)}" for d in f.devices), soft_wrap=True)
     _render_ops(console, f)
 
@@ -473,7 +481,8 @@ def _render_ops(console: Console, f: FunctionProfile) -> None:
         rows = [[op.name, op.category, str(op.count), _s(op.total_s), f"{100 * op.fraction:.1f}%", _loc(op.source)]
                 for op in f.ops]
         where = f" in {f.host}" if f.host else ""
-        console.print(_fitted_table(f"top ops of {f.name}{where} ({f.ops_source})", columns, rows, console.width))
+        title = f"top ops of {escape(f.called_as or f.name)}{where} ({f.ops_source})"
+        console.print(_fitted_table(title, columns, rows, console.width))
         for op in f.ops:
             if op.sharding_cause is not None:
                 console.print(f"  {op.name}: {_cause_line(op.sharding_cause)}", soft_wrap=True)

@@ -51,8 +51,8 @@ _COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/
 class Entry:
     """One call (``kind`` ``call``) or one call into a host callback (``callback``) of this process."""
 
-    __slots__ = ("call", "error", "function", "index", "kind", "out", "program", "ready", "returned", "seq",
-                 "site", "start", "step", "thread", "via")
+    __slots__ = ("call", "collective", "error", "function", "index", "kind", "out", "program", "ready", "returned",
+                 "seq", "site", "start", "step", "thread", "via")
 
     def __init__(self, kind: str, seq: int, function: str, index: int, site: SourceLocation | None, thread: str):
         self.kind, self.seq, self.function, self.index = kind, seq, function, index
@@ -66,13 +66,15 @@ class Entry:
         self.out: Any = None  # its last output array (a weak reference to a large one once a later call came)
         self.call: JitCall | None = None  # while in flight: its arguments, to name its program if it never returns
         self.via: str | None = None  # a callback's kind: jax.pure_callback, io_callback, jax.debug.callback
+        # what it waits in where its program's collectives are unknown (a multihost helper's barrier, by its name)
+        self.collective: str | None = None
 
     def as_dict(self) -> dict:
         """JSON-ready (what the job's processes exchange)."""
         return {"kind": self.kind, "seq": self.seq, "function": self.function, "index": self.index,
                 "site": self.site.as_dict() if self.site else None, "thread": self.thread, "start": self.start,
                 "returned": self.returned, "ready": self.ready, "program": self.program, "step": self.step,
-                "error": self.error, "via": self.via}
+                "error": self.error, "via": self.via, "collective": self.collective}
 
 
 class Recorder(JitHook):
@@ -115,7 +117,10 @@ class Recorder(JitHook):
         if name is None:
             name = self._thread_names[thread] = threading.current_thread().name
         # (skip: this frame, the layer's partial, _Layer.call, InstrumentedJit.__call__: none is user code)
-        entry = Entry("call", self.calls, _called_as(call.function), call.index, caller_user_frame(3), name)
+        helper = call.function.helper  # a multihost helper's jit: named as the user called it, the barrier by its name
+        entry = Entry("call", self.calls, helper.called_as if helper else call.function.name, call.index,
+                      caller_user_frame(3), name)
+        entry.collective = helper.collective if helper else None
         self.calls += 1
         entry.call = call
         self.ring.append(entry)
@@ -352,13 +357,3 @@ def _is_ready(array: Any) -> bool:
         return bool(array.is_ready())
     except Exception:  # noqa: BLE001 - deleted (donated to a later call): that call consumed it
         return True
-
-
-def _called_as(function: InstrumentedJit) -> str:
-    """The function's name, or for one of jax's multihost helpers' own (``_identity_fn``) the helper the user
-    called: ``sync_global_devices('checkpoint saved')`` is what a process waits in."""
-    if getattr(function.fun, "__module__", None) == "jax.experimental.multihost_utils":
-        from jaxdbg import _compat
-
-        return _compat.multihost_helper_call() or function.name
-    return function.name

@@ -121,7 +121,7 @@ def process_state(record: dict, taken: float | None = None) -> ProcessState:
         index=int(record.get("index", 0)), state=state, detail=describe(record, state, shown, callback_thread),
         source=source, function=shown.get("function") if shown else None,
         call_index=shown.get("index") if shown else None, step=step_of(record, shown) if shown else None,
-        collective=collective_text(program) if state != "host" else None,
+        collective=(collective_text(program) or shown.get("collective")) if state != "host" and shown else None,
         waiting_in=str(main.get("waiting_in") or ""), idle_s=record.get("idle_s"), threads=threads,
         last_calls=tuple(call_rows(record, taken)[-SHOWN_CALLS:]), steps=record.get("steps"),
         tracing=tracing and callback_thread is None, exiting=bool(holding))

@@ -67,6 +67,7 @@ class ProgramInfo:
     # filter_jit's dynamic_nodonate['rest'][13]
     argument_names: tuple[tuple[str, str], ...] = ()
     recompiled_because: str | None = None  # a recompile: what changed since an earlier compile
+    called_as: str | None = None  # a multihost helper's jit: the call the user made (jaxdbg.multihost_calls)
 
 
 def analyse(compiled: Any, info: ProgramInfo, dump_folder: str | None, after_module: int = -1,
@@ -105,7 +106,7 @@ def analyse(compiled: Any, info: ProgramInfo, dump_folder: str | None, after_mod
         devices=_device_count(compiled), largest=largest, held=held,
         forward_kept_bytes=forward_kept(assignment, module, loops) if assignment and module and loops else 0,
         checkpointed=_CHECKPOINTED.search(text) is not None,
-        dump=found[1].assignment if found else None, note=note, jit=info.jit,
+        dump=found[1].assignment if found else None, note=note, jit=info.jit, called_as=info.called_as,
     )
 
 

@@ -288,9 +288,10 @@ class MemoryRecorder(JitHook):
 
     def _program(self, compiled: Any, call: JitCall, state: FunctionState) -> ProgramMemory:
         signature, because = self._signature(call, state)
+        helper = call.function.helper  # a multihost helper's jit: this call of the helper names the program
         info = ProgramInfo(state.name, state.source, call.index, state.compiles, signature, state.parameters,
                            tuple(call.function.static_argnums), len(call.args), frozenset(state.threaded), state.jit,
-                           _argument_names(call), because)
+                           _argument_names(call), because, helper.called_as if helper else None)
         folder = self.dump_folder if state.compiles < ANALYSED_COMPILES else None
         from jaxdbg.profile.hlo import module_name
 

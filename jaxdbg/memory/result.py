@@ -87,7 +87,7 @@ class ProgramMemory:
     """One compile of a jitted function: ``Compiled.memory_analysis()`` and XLA's buffer assignment."""
 
     name: str
-    source: SourceLocation | None  # where the function is defined
+    source: SourceLocation | None  # where the function is defined (a multihost helper's jit: the call's line)
     call_index: int  # the call that compiled it
     compile_index: int  # 0 for the first compile of the function, 1 for its first recompile, ...
     signature: str
@@ -114,6 +114,9 @@ class ProgramMemory:
     passed_again: tuple[str, ...] = ()  # array arguments the loop passed again as they were (not donatable)
     # A recompile: what changed since the closest earlier compile, e.g. "static argument 'lr' changed 0.1 -> 0.05"
     recompiled_because: str | None = None
+    # A jit of jax's multihost helpers: the call of the helper that compiled it, as the user made it
+    # (``sync_global_devices('saved')``), ``name`` the helper and ``source`` that call's line; None for any other.
+    called_as: str | None = None
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,8 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client.core import Metric
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
     from jaxdbg.memory.result import MemoryResult, ProgramMemory
     from jaxdbg.nan.result import NanHuntResult
     from jaxdbg.pipeline.bench import BenchResult
-    from jaxdbg.profile.model import MonitorSeries, ProfileResult
+    from jaxdbg.profile.model import FunctionProfile, MonitorSeries, ProfileResult
 
 
 def families(report: dict) -> list[Metric]:
@@ -57,8 +58,8 @@ def families(report: dict) -> list[Metric]:
 
 
 def _profile(out: Families, result: ProfileResult, process: str) -> None:
-    for fn in result.functions:
-        labels = {"function": fn.name, "process": process}
+    for fn, name in zip(result.functions, _distinct_names(result.functions)):
+        labels = {"function": name, "process": process}
         execute = fn.execute
         out.add("calls", labels, execute.calls)
         out.add("compiles", labels, fn.compiles)  # None (like recompiles) in a capture: unknown, not zero
@@ -84,6 +85,22 @@ def _profile(out: Families, result: ProfileResult, process: str) -> None:
     if result.monitor is not None:
         _monitor(out, result.monitor, process)
     _job_processes(out, result)
+
+
+def _distinct_names(functions: Sequence[FunctionProfile]) -> list[str]:
+    """Each function's ``function`` label: its name, with its line where another function has that name (two
+    lambdas, a barrier at two lines): one series each, never two samples of one series.
+
+        >>> from jaxdbg._source import SourceLocation
+        >>> class F:
+        ...     def __init__(self, name, line): self.name, self.source = name, SourceLocation("/w/t.py", line, "f")
+        >>> _distinct_names([F("step", 3), F("sync_global_devices", 9), F("sync_global_devices", 12)])
+        ['step', 'sync_global_devices (t.py:9)', 'sync_global_devices (t.py:12)']
+    """
+    names = [f.name for f in functions]
+    shown = [f"{f.name} ({os.path.basename(f.source.file)}:{f.source.line})"
+             if f.source is not None and names.count(f.name) > 1 else f.name for f in functions]
+    return [name if shown.count(name) == 1 else f"{name} #{shown[:i].count(name)}" for i, name in enumerate(shown)]
 
 
 class _Budget(Protocol):

@@ -188,9 +188,10 @@ def function_profile(meta: FunctionDefined, infos: list[CompileRecord], calls: l
     with_hlo = [i for i in infos if i.hlo]
     latest = with_hlo[-1] if with_hlo else None
     return FunctionProfile(
-        name=meta.name, source=meta.source, kind=meta.kind, compiles=len(infos), recompiles=recompiles, compile=times,
-        execute=execute_stats(calls, mode, warmup, made, late), cost=normalize_cost(latest.cost if latest else None),
-        memory=latest.memory if latest else None, compilations=compilations, module=latest.module if latest else "",
+        name=meta.name, source=meta.source, called_as=meta.called_as, kind=meta.kind, compiles=len(infos),
+        recompiles=recompiles, compile=times, execute=execute_stats(calls, mode, warmup, made, late),
+        cost=normalize_cost(latest.cost if latest else None), memory=latest.memory if latest else None,
+        compilations=compilations, module=latest.module if latest else "",
         hlo=dict(with_hlo[0].hlo) if with_hlo else {},
     )
 

@@ -79,6 +79,7 @@ class TrackedFunction:
         self.introspect = True
         self.record = record  # the jit layer's: its count includes the calls that ran ahead unseen
         self.host_args = False  # it was given host (numpy) arguments: every call is seen, its copy timed
+        self.called_as: str | None = None  # a multihost helper's jit: as sent (FunctionDefined)
 
 
 class Recorder(JitHook):
@@ -120,11 +121,15 @@ class Recorder(JitHook):
     def on_jit(self, function: InstrumentedJit) -> None:
         record = function.record
         with self._lock:
-            if record.id not in self.functions:
-                self.functions[record.id] = TrackedFunction(record.id, record.name, record.source, function.fun,
-                                                            record)
-                self._send(FunctionDefined(record.id, record.name, record.source,
-                                           "pmap" if function.is_pmap else "jit"))
+            tracked = self.functions.get(record.id)
+            if tracked is None:
+                tracked = self.functions[record.id] = TrackedFunction(record.id, record.name, record.source,
+                                                                      function.fun, record)
+            elif tracked.called_as == record.called_as:
+                return
+            tracked.called_as = record.called_as  # a multihost helper's: a barrier called by another name
+            self._send(FunctionDefined(record.id, record.name, record.source, "pmap" if function.is_pmap else "jit",
+                                       record.called_as))
 
     @property
     def current(self) -> tuple[str, int] | None:

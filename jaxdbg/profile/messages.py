@@ -58,12 +58,14 @@ class DeviceInfo(Message):
 @dataclass(frozen=True)
 class FunctionDefined(Message):
     """A jitted function (``id`` is the jit layer's record: one per name and definition site); ``kind``: ``jit``, or
-    ``pmap`` for a function given to ``jax.pmap``."""
+    ``pmap`` for a function given to ``jax.pmap``; ``called_as``: a multihost helper's jit, the helper as the user
+    called it at ``source`` (sent again when a later call names it otherwise: the latest one counts)."""
 
     id: int
     name: str
     source: SourceLocation | None
     kind: FunctionKind = "jit"
+    called_as: str | None = None
 
 
 @dataclass(frozen=True)

@@ -171,6 +171,9 @@ class FunctionProfile:
     host: str | None = None  # a capture: the process it ran in (its xplane file's name); None in a profiled run
     devices: tuple[DeviceExecutions, ...] = ()  # run on several devices: each one's executions in the capture
     kind: FunctionKind = "jit"  # 'pmap' for a function given to jax.pmap
+    # A jit of jax's multihost helpers: the helper as the user called it (``sync_global_devices('saved')``), ``name``
+    # the helper and ``source`` the user's line that called it (jaxdbg.multihost_calls); None for every other function.
+    called_as: str | None = None
 
     @property
     def compile_total_s(self) -> float:
