@@ -77,12 +77,22 @@ _INLINABLE_PARAMS = {
 }
 
 
-def inlinable_jaxpr(eqn: Any) -> Any | None:
-    """The jaxpr an equation merely calls (jit, custom_jvp/vjp, remat, closed_call), else None."""
+def inlined_call(eqn: Any) -> tuple[Any, list] | None:
+    """``(jaxpr, operands)``: the jaxpr an equation merely calls (jit, custom_jvp/vjp, remat, closed_call) and the
+    equation's operands it is called on, else None. A ``custom_linear_solve`` (``jnp.linalg.solve``,
+    ``jax.scipy.linalg.solve``) computes its value by its ``solve`` jaxpr on that jaxpr's constants and the
+    right-hand side, as its own evaluation rule does (the matvec and the transposes serve differentiation)."""
+    operands = list(eqn.invars)
+    if eqn.primitive.name == "custom_linear_solve":
+        lengths, solve = eqn.params["const_lengths"], eqn.params["jaxprs"].solve
+        start = lengths.matvec + lengths.vecmat
+        return solve, operands[start:start + lengths.solve] + operands[sum(lengths):]
     key = _INLINABLE_PARAMS.get(eqn.primitive.name)
     if key is None:
         return None
-    return eqn.params.get(key) or eqn.params.get("fun_jaxpr")
+    called = eqn.params.get(key) or eqn.params.get("fun_jaxpr")
+    count = len(open_jaxpr(called)[0].invars)
+    return called, operands[len(operands) - count:]  # (it takes the equation's last operands)
 
 
 def is_literal(atom: Any) -> bool:

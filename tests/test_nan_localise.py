@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from jaxdbg.nan.calls import Call
-from jaxdbg.nan.explain import constant_nan_note, explain
+from jaxdbg.nan.explain import NORM_EPSILON_ZERO, constant_nan_note, explain
 from jaxdbg.nan.fidelity import bisect_compiled
 from jaxdbg.nan.growth import GrowthTracker
 from jaxdbg.nan.localise import localise_call
@@ -341,6 +341,15 @@ def test_precision_check_is_skipped_for_float32() -> None:
 # -- words and growth --------------------------------------------------------------------------------------
 
 
+def _rms_norm(x, eps=0.0):
+    return x * jax.lax.rsqrt(jnp.mean(x ** 2, axis=-1, keepdims=True) + eps)
+
+
+def _layer_norm(x, eps=0.0):
+    var = ((x - x.mean(-1, keepdims=True)) ** 2).mean(-1, keepdims=True)
+    return (x - x.mean(-1, keepdims=True)) / jnp.sqrt(var + eps)
+
+
 def test_explanations_fit_the_pattern() -> None:
     grad_masked = hunt(jax.grad(lambda x: jnp.sum(jnp.where(x > 0, jnp.log(x), 0.0))), jnp.array([1.0, 0.0]))
     text, hints = explain(grad_masked.first)
@@ -356,6 +365,16 @@ def test_explanations_fit_the_pattern() -> None:
     assert "eigvalsh" in " ".join(hints) and not any("clip gradients" in h for h in hints)
     text, hints = explain(hunt(lambda x: x ** -2, jnp.array([0.0, 1.0])).first)
     assert "negative power of 0" in text and "overflow" not in text
+    # a norm with eps = 0 on a row of zeros (a padded token): the epsilon is the fix, not "a division by zero"
+    padded = jnp.array([[1.0, -2.0, 0.5], [0.0, 0.0, 0.0], [3.0, 1.0, 2.0]])
+    for norm, primitive in ((_rms_norm, "mul"), (_layer_norm, "div")):
+        found = hunt(jax.jit(norm), padded)
+        text, hints = explain(found.first, found.chain, input_sources=found.input_sources)
+        assert found.first.primitive == primitive and "variance (mean square) is 0 in 1 of its 3 rows" in text, text
+        assert "the epsilon added to it is 0" in text and hints == (NORM_EPSILON_ZERO,), hints
+    found = hunt(jax.jit(lambda x, d: x * jax.lax.rsqrt(d)), padded, padded[1])
+    text, hints = explain(found.first, found.chain)
+    assert text.endswith("rsqrt(0) is inf.") and NORM_EPSILON_ZERO not in hints, text  # no norm here
 
 
 def test_explanations_of_poles_signed_logsumexp_singular_solves_and_inverse_softplus() -> None:
@@ -907,6 +926,7 @@ def test_a_step_that_already_warms_its_learning_rate_up_is_told_to_lower_the_pea
     from jaxdbg.nan import explain as explain_module
     from jaxdbg.nan import schedule
     from jaxdbg.nan.analyses import Findings
+    from jaxdbg.nan.localise import Localisation
 
     warmup = optax.warmup_cosine_decay_schedule(0.0, 1e30, warmup_steps=40, decay_steps=400)
     params, x = jnp.full((4, 1), 1e20), jnp.full((8, 4), 3.0)  # grown by earlier steps: (x @ p) ** 2 overflows
@@ -926,9 +946,35 @@ def test_a_step_that_already_warms_its_learning_rate_up_is_told_to_lower_the_pea
     # Adam's bias corrections depend on the step too, but divide the updates: only the schedule multiplies them
     for optimizer, peak in ((optax.adam(warmup), 1e30), (optax.adam(1e30), None)):
         args = at_step(optimizer, 50)
-        found_schedule = schedule.warmup(jax.make_jaxpr(_optax_step(optimizer))(*args), jax.tree.leaves(args))
+        curves = schedule.curves(jax.make_jaxpr(_optax_step(optimizer))(*args), jax.tree.leaves(args))
+        found_schedule = schedule.warmup(curves)
         assert (found_schedule and (found_schedule.peak_step, round(found_schedule.peak / 1e30, 3))) == (
             peak and (40, 1.0))
+        assert schedule.sign_flip(curves) is None
+    # a decay written to end at -1e30 instead of 0: negative from step 51 on, so the updates climb the loss (the
+    # same step on the same values: the origin is the one found above, the jaxpr this optimiser's)
+    sgd = optax.sgd(optax.linear_schedule(1e30, -1e30, 100))
+    call = Call("step", _optax_step(sgd), at_step(sgd, 70), {})
+    replayed = Localisation(found.first, (), None, True, closed_jaxpr=jax.make_jaxpr(call.fun)(*call.args))
+    grew = GrowthEntry("params", None, 60, 1e9, "step", 1e20, 1e29)
+    for growth in ((grew,), ()):  # what grew is the ascent; without growth a sign change is no such cause
+        findings = Findings(found.first, call=call, localisation=replayed, growth=growth)
+        explain_module.analyse(findings)
+        said = "is negative from step 51 on (at this call's step 70 it is -4e+29)" in findings.explanation
+        assert said == bool(growth) and ("what grew is that ascent" in findings.explanation) == bool(growth)
+        assert findings.hints[0].startswith("keep the learning-rate schedule at or above 0") == bool(growth)
+    # a rate computed on the host and passed in: negative where the update is written p - lr * g (descent)
+    def sgd(params, x, lr):
+        grads = jax.grad(lambda p: jnp.sum((x @ p["w"]) ** 2))(params)
+        return jax.tree.map(lambda p, g: p - lr * g, params, grads)
+
+    def ascend(params, x, lr):  # a negative rate added: descent, as written
+        return params["w"] + lr * jax.grad(lambda w: jnp.sum((x @ w) ** 2))(params["w"])
+
+    for update, lr, named in ((sgd, -0.1, "lr"), (sgd, 0.1, None), (ascend, -0.1, None)):
+        call = Call("update", update, ({"w": params}, x, lr), {})
+        said = schedule.negative_step(jax.make_jaxpr(update)(*call.args), call.leaves(), call.leaf_names())
+        assert (said and (said.name, said.parameter)) == (named and (named, "params['w']")), said
 
 
 

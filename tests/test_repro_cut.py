@@ -291,6 +291,33 @@ def test_jit_vs_op_by_op_mismatch_inside_a_scan_is_cut_to_the_bodys_folded_arith
     assert program_fails(write_program(program, str(tmp_path))["repro"], MISMATCH.criterion)
 
 
+def _kalman_nll(noise, ys):
+    """A Kalman filter's likelihood: jnp.linalg.solve (a custom_linear_solve: matvec, LU solve and its transpose
+    as jaxprs in its parameters) on the innovation covariance, singular from a zero prior and a zero noise."""
+    def step(carry, y):
+        mean, cov = carry
+        s = cov[:2, :2] + noise
+        gain = jnp.linalg.solve(s, cov[:2])
+        innovation = y - mean[:2]
+        return (mean + gain.T @ innovation, cov - gain.T @ cov[:2]), innovation @ jnp.linalg.solve(s, innovation)
+    return jax.lax.scan(step, (jnp.zeros(3), jnp.zeros((3, 3))), ys)[1].sum()
+
+
+def test_a_solve_in_a_scan_is_cut_and_written_as_the_solve_it_computes(tmp_path):
+    """A custom_linear_solve is replayed and written as its solve jaxpr (the matvec and the transposes serve
+    differentiation only): flattened, it is the LU solve's primitives; inside the scan that makes the NaN, it is
+    written out, and the scan fails alone."""
+    graph, _ = flatten(jax.make_jaxpr(jax.grad(lambda a, b: jnp.linalg.solve(a, b).sum()))(jnp.eye(2), jnp.ones(2)))
+    names = {node.name for node in graph.nodes}
+    assert "custom_linear_solve" not in names and {"lu", "triangular_solve"} <= names
+    args = [np.diag(np.float32([1.0, 0.0])), np.ones((4, 2), np.float32)]
+    graph, _, best = _cut(_kalman_nll, args, NAN)
+    assert [graph.nodes[i].name for i in best.nodes] == ["scan"]
+    program = build_program(graph, best, NAN, "jit(_kalman_nll)", len(graph.nodes))
+    assert "linear_solve" not in program.source
+    assert program_fails(write_program(program, str(tmp_path))["repro"], NAN.criterion)
+
+
 def test_a_loop_whose_iterations_never_fail_alone_is_left_whole():
     """An Inf the loop makes in one iteration (1e10 ** 4 overflows) turns NaN in the next (inf - inf): no
     iteration makes the NaN from finite inputs, so the loop stays whole (and still fails, as the cut found)."""

@@ -2,11 +2,12 @@
 
 The emitted code imports only jax and numpy (``import jax``, ``import jax.numpy as jnp``, ``import numpy
 as np``, ``from jax import lax``), so it can go straight into a bug report. Each equation becomes one
-``lax`` call; calls of inner jitted functions, ``custom_jvp``/``custom_vjp`` and ``remat`` are inlined (the
-values are the same; only differentiation rules are lost); ``scan``, ``while`` and ``cond`` become nested
-functions handed to ``lax.scan``/``lax.while_loop``/``lax.switch``. A primitive without a public ``lax``
-spelling falls back to ``jax.extend.core.primitives.<name>_p.bind(...)``; one that cannot be written as
-Python at all (a host callback, a PRNG key) raises :class:`EmitError`, so a caller can cut it away first.
+``lax`` call; calls of inner jitted functions, ``custom_jvp``/``custom_vjp`` and ``remat`` are inlined, and a
+``custom_linear_solve`` becomes its ``solve`` (the values are the same; only differentiation rules are lost);
+``scan``, ``while`` and ``cond`` become nested functions handed to ``lax.scan``/``lax.while_loop``/
+``lax.switch``. A primitive without a public ``lax`` spelling falls back to
+``jax.extend.core.primitives.<name>_p.bind(...)``; one that cannot be written as Python at all (a host
+callback, a PRNG key) raises :class:`EmitError`, so a caller can cut it away first.
 
 Equations are duck-typed: anything with ``primitive``, ``params``, ``invars`` and ``outvars``, whose atoms
 are variables (hashable, with an ``aval``) or literals (with ``val`` and ``aval``).
@@ -290,9 +291,9 @@ class Emitter:
 
     def equation(self, eqn: Any, indent: int) -> list[str]:
         name = eqn.primitive.name
-        inner = _compat.inlinable_jaxpr(eqn)
-        if inner is not None:
-            return self._inline(eqn, inner, indent)
+        call = _compat.inlined_call(eqn)
+        if call is not None:
+            return self._inline(eqn, *call, indent)
         structured = _STRUCTURED.get(name)
         if structured is not None:
             return structured(self, eqn, indent)
@@ -309,13 +310,11 @@ class Emitter:
             return ", ".join(names) + ("," if len(names) == 1 else "") if names else "_"
         return names[0]
 
-    def _inline(self, eqn: Any, inner: Any, indent: int) -> list[str]:
+    def _inline(self, eqn: Any, inner: Any, operands: Sequence[Any], indent: int) -> list[str]:
         jaxpr, consts = _compat.open_jaxpr(inner)
         for var, value in zip(jaxpr.constvars, consts):
             self.names.alias(var, array_expr(np.asarray(value)))
-        invars = list(jaxpr.invars)
-        operands = list(eqn.invars)[len(eqn.invars) - len(invars):]
-        for var, atom in zip(invars, operands):
+        for var, atom in zip(jaxpr.invars, operands):
             self.names.alias(var, self.names.read(atom))
         lines = self.equations(jaxpr.eqns, indent)
         for out, res in zip(eqn.outvars, jaxpr.outvars):

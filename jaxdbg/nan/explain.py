@@ -277,6 +277,40 @@ def _log_argument(line: str) -> str:
     return line
 
 
+# A normalisation layer (LayerNorm, RMSNorm, GroupNorm, BatchNorm, ``self.norm1(x)``) or its statistic (a variance,
+# a standard deviation, a mean of squares), on the origin's line or the lines that computed its inputs.
+NORMALISES = re.compile(r"(layer|rms|group|batch|instance)_?norm|(?<!linalg)(?<!optax)\.\w*norm\w*\(|"
+                        r"\b(var|std)\(|varian|mean\([^)\n]*(\*\* ?2|square)|(\*\* ?2|square\()[^\n]*\bmean\(",
+                        re.IGNORECASE)
+NORM_EPSILON_ZERO = ("give the normalisation a positive epsilon: `x * jax.lax.rsqrt(jnp.mean(x ** 2, -1, "
+                     "keepdims=True) + 1e-6)` by hand, `nn.LayerNorm(epsilon=1e-6)`/`nn.RMSNorm(epsilon=1e-6)` in "
+                     "Flax (its default), `eqx.nn.LayerNorm(shape, eps=1e-5)`: a row of zeros (a padded position, "
+                     "a zero embedding) has variance 0, and only the epsilon keeps its scale finite")
+
+
+def _norm_without_epsilon(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] | None:
+    """A normalisation (LayerNorm, RMSNorm) whose epsilon is 0 (or none is added), on a row of zeros: its variance
+    (mean square) is 0, and rsqrt(0) = inf (``x / sqrt(0)``: 0 / 0). A variance is never negative, so a zero
+    where ``var + eps`` goes in says the epsilon is 0 there."""
+    if origin.pass_ == "backward" or NORMALISES.search(line + "\n" + feeders) is None:
+        return None
+    if origin.primitive == "rsqrt":
+        statistic, what = _stat(origin, 0), "rsqrt(0) is inf"
+    elif origin.primitive == "div" and ("sqrt(" in line or "std(" in line):
+        statistic, what = _stat(origin, 1), f"a division by 0 ({'0 / 0 is NaN' if origin.kind == 'nan' else 'inf'})"
+    else:
+        return None
+    if statistic is None or not statistic.zero or statistic.negative or any(s.inf or s.nan for s in origin.inputs):
+        return None
+    rows = math.prod(statistic.shape[:-1]) if statistic.shape and statistic.shape[-1] == 1 else 0
+    where = f"{statistic.zero} of its {rows} rows" if rows else f"{statistic.zero} place(s)"
+    epsilon = ("the epsilon added to it is 0 there" + (" (float16 rounds an epsilon below 6e-8 to 0)"
+                                                        if _dtype(origin) == "f16" else "")
+               if EPSILON_WRITTEN.search(line) else "no epsilon (or a zero one) is added to it")
+    return (f"{what}: the normalisation's variance (mean square) is 0 in {where} (rows of zeros, such as padded "
+            f"positions, or of one repeated value), and {epsilon}.", [NORM_EPSILON_ZERO])
+
+
 def _sqrt(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] | None:
     if origin.primitive not in ("sqrt", "rsqrt", "pow") or origin.pass_ == "backward":
         return None
@@ -544,9 +578,9 @@ def _domain(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] | 
 
 
 PATTERNS: tuple[Pattern, ...] = (
-    _input_pattern, _nan_constant, _masked_softmax, _masked_gradient, _log, _sqrt, _pole, _singular_matrix,
-    _out_of_range_gather, _degenerate_spectrum, _singular_derivative, _not_positive_definite, _division,
-    _inf_arithmetic, _overflow_inside, _domain, _negative_power_of_zero, _overflow)
+    _input_pattern, _nan_constant, _masked_softmax, _masked_gradient, _log, _norm_without_epsilon, _sqrt, _pole,
+    _singular_matrix, _out_of_range_gather, _degenerate_spectrum, _singular_derivative, _not_positive_definite,
+    _division, _inf_arithmetic, _overflow_inside, _domain, _negative_power_of_zero, _overflow)
 
 
 def _match(origin: Origin, feeders: Sequence[SourceLocation]) -> tuple[Pattern | None, str, list[str]]:
@@ -918,22 +952,43 @@ def analyse(findings: Findings) -> None:
                                                    _trains(findings.localisation), _clipper(findings.localisation))
     if findings.first is not None and findings.first.kind == "input" and not getattr(findings.watch, "eager", True):
         findings.hints = (*findings.hints, UNCHECKED_EAGER)
-    if CLIP in findings.hints:  # "add warmup" is no advice where the step already warms its learning rate up
-        warmed = _warmup(findings)
-        if warmed is not None:
-            findings.hints = tuple(dict.fromkeys(warmed.hint() if h == CLIP else h for h in findings.hints))
+    if findings.first is None or findings.first.kind == "input":
+        return
+    curves = _schedules(findings)
+    # A count-driven multiplier that changes sign is a schedule gone negative where it scales a gradient step and
+    # values grew (elsewhere it may be data: a sinusoid of a time step); a negative rate in `p - lr * g` always is.
+    diverged = bool(findings.growth) and _trains(findings.localisation) is not False
+    flip = (schedule.sign_flip(curves) if diverged else None) or _negative_step(findings)
+    if flip is not None:  # the updates climb the loss
+        findings.explanation += " " + flip.sentence(bool(findings.growth))
+        rest = (h for h in findings.hints if h != CLIP)
+        findings.hints = (flip.hint(), *rest) if findings.growth else (*rest, flip.hint())
+    warmed = schedule.warmup(curves) if CLIP in findings.hints else None
+    if warmed is not None:  # "add warmup" is no advice where the step already warms its learning rate up
+        findings.hints = tuple(dict.fromkeys(warmed.hint() if h == CLIP else h for h in findings.hints))
 
 
-def _warmup(findings: Findings) -> schedule.Warmup | None:
-    """The warmup schedule the failing call's learning rate follows, read from its jaxpr and arguments; None
-    also where reading it fails (the hint then stays the general one)."""
+def _negative_step(findings: Findings) -> schedule.NegativeStep | None:
+    """A learning rate passed to the failing call as a negative argument (:func:`schedule.negative_step`)."""
     jaxpr = getattr(findings.localisation, "closed_jaxpr", None)
     if jaxpr is None or findings.call is None:
         return None
     try:
-        return schedule.warmup(jaxpr, findings.call.leaves())
-    except Exception:  # noqa: BLE001 - a refinement of a hint: its failure must not cost the explanation
+        return schedule.negative_step(jaxpr, findings.call.leaves(), findings.call.leaf_names())
+    except Exception:  # noqa: BLE001 - a refinement of the hints: its failure must not cost the explanation
         return None
+
+
+def _schedules(findings: Findings) -> list[schedule.Curve]:
+    """The learning-rate schedules the failing call follows (:func:`schedule.curves`), read from its jaxpr and
+    arguments; none also where reading them fails (the hints then stay the general ones)."""
+    jaxpr = getattr(findings.localisation, "closed_jaxpr", None)
+    if jaxpr is None or findings.call is None:
+        return []
+    try:
+        return schedule.curves(jaxpr, findings.call.leaves())
+    except Exception:  # noqa: BLE001 - a refinement of the hints: its failure must not cost the explanation
+        return []
 
 
 # jaxdbg.watch checks jitted calls only: a NaN an eager jax.grad made comes to it as an argument of the next call.

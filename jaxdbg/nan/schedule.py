@@ -7,7 +7,9 @@ else in the step left unevaluated: the multipliers' values per count are the sch
 starts well below its largest value warms up. Adam's bias corrections also depend on the count, but the
 updates are divided by them, not multiplied: they are no multiplier.
 
-"Add warmup" is no advice for a run that diverged under a warmup already: its peak is what to lower.
+"Add warmup" is no advice for a run that diverged under a warmup already: its peak is what to lower. And a
+multiplier that changes sign by the failing call's count is a learning rate gone negative (a decay to -1e-2
+instead of 0, a sign slip in a hand-written schedule): every update since climbs the loss.
 
 Example:
     >>> import jax, jax.numpy as jnp
@@ -15,7 +17,7 @@ Example:
     ...     lr = 0.5 * jnp.minimum(1.0, count / 10)   # warms up over 10 steps to 0.5
     ...     return g * lr
     >>> closed = jax.make_jaxpr(step)(jnp.ones(3), jnp.int32(4))
-    >>> found = warmup(closed, [jnp.ones(3), jnp.int32(4)])
+    >>> found = warmup(curves(closed, [jnp.ones(3), jnp.int32(4)]))
     >>> (found.start, found.peak, found.peak_step, found.step, round(found.now, 3))
     (0.0, 0.5, 10, 4, 0.2)
 """
@@ -64,10 +66,117 @@ class _Broadcast:
         self.value = value
 
 
-def warmup(closed: Any, leaves: Sequence[Any]) -> Warmup | None:
-    """The warmup schedule behind a multiplier of the step (the first one that warms up), or None. The schedule's
-    arithmetic is traced once and evaluated at every count at once (vmapped)."""
+def _ascent(how: str, grew: bool) -> str:
+    return (f"The learning rate is negative at this call: {how} climbs the loss instead of descending it"
+            + (", and what grew is that ascent." if grew else "."))
+
+
+@dataclass(frozen=True)
+class SignFlip:
+    """A schedule that changes sign: the learning rate it multiplies the updates by goes negative (its value
+    at the first count where it is not 0, the first count where its sign is the other, and the count and learning
+    rate at the failing call), so from ``flip`` on the updates climb the loss."""
+
+    start: float
+    flip: int
+    step: int
+    now: float
+
+    def sentence(self, grew: bool) -> str:
+        """What the explanation says; ``grew``: values grew before the failing call (that is the ascent)."""
+        return _ascent(f"the schedule that scales the updates starts at {self.start:.3g} and is negative from step "
+                       f"{self.flip} on (at this call's step {self.step} it is {self.now:.3g}), so from then on every "
+                       "update", grew)
+
+    def hint(self) -> str:
+        return ("keep the learning-rate schedule at or above 0: decay it to 0, not below (`optax.linear_schedule(init, "
+                "0.0, steps)`, `optax.warmup_cosine_decay_schedule(0.0, peak, warmup, steps, end_value=0.0)`), and "
+                f"check its sign where it is written (it is negative from step {self.flip} on)")
+
+
+@dataclass(frozen=True)
+class NegativeStep:
+    """A step size passed in as an argument (``name``), negative (``value``) at the failing call, in an update
+    written ``p - lr * g`` of the argument ``parameter``."""
+
+    name: str
+    value: float
+    parameter: str
+
+    def sentence(self, grew: bool) -> str:
+        return _ascent(f"the argument `{self.name}` is {self.value:.3g}, and the step subtracts `{self.name}` times "
+                       f"a value from `{self.parameter}` (an update `p - lr * g`), so it", grew)
+
+    def hint(self) -> str:
+        return (f"keep the learning rate at or above 0: check the schedule that computes `{self.name}` (a decay that "
+                "ends below 0, a sign slip in a cosine term: `0.5 * peak * (1 + cos(pi * t))` is never negative)")
+
+
+def negative_step(closed: Any, leaves: Sequence[Any], names: Sequence[str]) -> NegativeStep | None:
+    """A negative float scalar argument of the step that scales what the step subtracts from another argument
+    (``p - lr * g``, the descent form): a learning rate gone negative, so the update ascends; else None."""
     jaxpr, _ = _compat.open_jaxpr(closed)
+    named = dict(zip(jaxpr.invars, names))
+    rates = {var: (name, float(np.asarray(leaf))) for var, leaf, name in zip(jaxpr.invars, leaves, names)
+             if np.ndim(leaf) == 0 and _floating(leaf) and float(np.asarray(leaf)) < 0}
+    same: dict = {var: var for var in jaxpr.invars}  # a var -> the argument it is (itself, a cast, a broadcast)
+    products: dict = {}  # a var -> the rate it was multiplied by
+    for eqn in jaxpr.eqns:
+        ins = [same.get(a) if not hasattr(a, "val") else None for a in eqn.invars]  # (a literal may not hash)
+        name = eqn.primitive.name
+        if name in SHAPED and ins[0] is not None:
+            same[eqn.outvars[0]] = ins[0]
+        elif name == "mul" and any(a in rates for a in ins):
+            products[eqn.outvars[0]] = next(a for a in ins if a in rates)
+        elif name == "sub" and ins[0] is not None and not hasattr(eqn.invars[1], "val") \
+                and eqn.invars[1] in products:
+            return NegativeStep(*rates[products[eqn.invars[1]]], named[ins[0]])
+    return None
+
+
+def _floating(leaf: Any) -> bool:
+    try:
+        return bool(np.issubdtype(np.dtype(getattr(leaf, "dtype", type(leaf))), np.floating))
+    except TypeError:
+        return False
+
+
+def warmup(curves: Sequence[Curve]) -> Warmup | None:
+    """The warmup schedule among a step's multipliers (:func:`curves`; the first one that warms up), or None."""
+    for now, values in curves:
+        values = np.abs(values)
+        top = int(np.argmax(values))
+        if np.all(np.isfinite(values)) and values[top] > 0 and values[0] < WARMS_UP * values[top]:
+            return Warmup(float(values[0]), float(values[top]), top, now, float(values[min(now, len(values) - 1)]))
+    return None
+
+
+def sign_flip(curves: Sequence[Curve]) -> SignFlip | None:
+    """The schedule among a step's multipliers (:func:`curves`) that has changed sign by the call's count, or None.
+    Optax multiplies the updates by minus the learning rate: the learning rate is the multiplier times the sign it
+    starts with. Values within ``SIGN_NOISE`` of 0, against the largest, have no sign (a decay that ends at 0)."""
+    for now, values in curves:
+        if now >= len(values) or not np.all(np.isfinite(values[:now + 1])):
+            continue
+        signed = np.where(np.abs(values) > SIGN_NOISE * np.max(np.abs(values[:now + 1])), np.sign(values), 0.0)
+        first = int(np.argmax(signed != 0))
+        flips = np.nonzero(signed[first:now + 1] == -signed[first])[0]
+        if signed[first] != 0 and signed[now] == -signed[first] and flips.size:
+            sign = signed[first]
+            return SignFlip(float(values[first] * sign), first + int(flips[0]), now, float(values[now] * sign))
+    return None
+
+
+SIGN_NOISE = 1e-3
+Curve = tuple[int, np.ndarray]  # a step count's value at the call, and a multiplier's values at counts 0, 1, ...
+
+
+def curves(closed: Any, leaves: Sequence[Any]) -> list[Curve]:
+    """For each integer scalar argument that feeds a multiplier of the updates (an optimiser's step count): its
+    value at the call, and each multiplier's values at every count up to ``COUNTS`` (or twice the call's count).
+    The schedule's arithmetic is traced once and evaluated at every count at once (vmapped)."""
+    jaxpr, _ = _compat.open_jaxpr(closed)
+    found = []
     for at in (i for i, leaf in enumerate(leaves[:len(jaxpr.invars)]) if _step_count(leaf)):
         now = int(np.asarray(leaves[at]))
         count = jaxpr.invars[at]
@@ -75,12 +184,8 @@ def warmup(closed: Any, leaves: Sequence[Any]) -> Warmup | None:
         if not _multipliers(jaxpr, {count: jax.ShapeDtypeStruct((), jnp.int32)}, trace_only=True):
             continue
         curves = jax.jit(jax.vmap(lambda c: _multipliers(jaxpr, {count: c})))(counts)  # noqa: B023 - called at once
-        for curve in curves:
-            values = np.abs(np.asarray(curve, np.float64))
-            top = int(np.argmax(values))
-            if np.all(np.isfinite(values)) and values[top] > 0 and values[0] < WARMS_UP * values[top]:
-                return Warmup(float(values[0]), float(values[top]), top, now, float(values[min(now, len(values) - 1)]))
-    return None
+        found += [(now, np.asarray(curve, np.float64)) for curve in curves]
+    return found
 
 
 def _step_count(leaf: Any) -> bool:

@@ -1,9 +1,10 @@
 """A jaxpr flattened into one list of equations, with recorded values: the thing computation reduction cuts.
 
-Calls of inner jitted functions, ``custom_jvp``/``custom_vjp`` and ``remat`` are inlined (their values are
-the same), so every equation left is one primitive (``scan``/``while``/``cond`` stay whole). Equations are
-evaluated with ``primitive.bind(*invals, **params)``: outside ``jit`` that is op-by-op execution, which is
-how intermediates are recorded; inside ``jax.jit`` it traces a candidate sub-computation.
+Calls of inner jitted functions, ``custom_jvp``/``custom_vjp`` and ``remat`` are inlined, and a
+``custom_linear_solve`` (``jnp.linalg.solve``) becomes its ``solve`` (their values are the same), so every
+equation left is one primitive (``scan``/``while``/``cond`` stay whole). Equations are evaluated with
+``primitive.bind(*invals, **params)``: outside ``jit`` that is op-by-op execution, which is how intermediates
+are recorded; inside ``jax.jit`` it traces a candidate sub-computation.
 
 Example:
     >>> import jax, jax.numpy as jnp
@@ -98,14 +99,14 @@ def flatten(closed: Any) -> tuple[Graph, dict[Var, Any]]:
     def walk(inner: Any, atoms: Sequence[Atom]) -> list[Atom]:
         env.update(zip(inner.invars, atoms))
         for eqn in inner.eqns:
-            ins = [read(a) for a in eqn.invars]
-            called = _compat.inlinable_jaxpr(eqn)
-            if called is not None:
-                called_jaxpr, called_consts = _compat.open_jaxpr(called)
+            call = _compat.inlined_call(eqn)
+            if call is not None:
+                called_jaxpr, called_consts = _compat.open_jaxpr(call[0])
                 add_consts(called_jaxpr, called_consts)
-                results = walk(called_jaxpr, ins[len(ins) - len(called_jaxpr.invars):])
+                results = walk(called_jaxpr, [read(a) for a in call[1]])
                 env.update(zip(eqn.outvars, results))
                 continue
+            ins = [read(a) for a in eqn.invars]
             outs = tuple(Var(o.aval) for o in eqn.outvars)
             env.update(zip(eqn.outvars, outs))
             nodes.append(Node(eqn.primitive, dict(eqn.params), tuple(ins), outs, _compat.eqn_source(eqn)))

@@ -99,7 +99,8 @@ def _train(calls: int = 4, compiles: int = 1, recompile: str | None = None) -> t
 
 ROWS: tuple[Row, ...] = (
     Row("jit_options", "jit: nested jit, static and donated arguments", Op("nan", "div", "forward"), 2, _train(),
-        path="jit(layer_norm)"),
+        path="jit(layer_norm)", explanation=("variance (mean square) is 0", "the epsilon added to it is 0"),
+        hint="give the normalisation a positive epsilon"),
     Row("pmap_step", "jax.pmap with lax.pmean", Op("nan", "log", "forward"), 2,
         _train(compiles=2, recompile="sharding"), path="pmap", device="cpu:7", collectives=("all-reduce",)),
     Row("shard_map_manual", "shard_map, every mesh axis manual (pmean; jnp.linalg.norm in the body)",
