@@ -91,6 +91,10 @@ PYEOF
 }
 
 memory_oom() {  # real out-of-memory errors on the device, under a 5% share of its memory (about 7 GiB on an H200)
+  if [ "$($PY -c 'import jax; print(jax.default_backend())' 2>/dev/null)" = cpu ]; then  # no device limit there:
+    echo "=== memory_oom: skipped on CPU (it would allocate 16 GiB and more of host memory)" | tee -a "$LOG"
+    return
+  fi
   # (1) [65536, 65536] f32 temporaries with no matmul: RESOURCE_EXHAUSTED at execution, raised asynchronously
   # (by the eager op that reads the result); (2) the same size from a matmul: XLA's GEMM autotuner finds no
   # configuration it can run and compilation fails with NOT_FOUND (H200, jax 0.11.2, 2026-12-04).
