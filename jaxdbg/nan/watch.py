@@ -629,9 +629,10 @@ class Watch(JitHook):
             # In a job, every process must read (and analyse: the analysis gathers sharded inputs) at the same
             # call whatever its timing: there the flags of call k are read at call k+1, waiting if need be.
             self._unread = 1 if jax.process_count() > 1 else MAX_PENDING
-            # Off CPU, each call's small device->host copy starts now, queued behind the call itself: read later,
-            # the vector is on the host already. A read never queues work on the device (it would wait behind the
-            # steps still running: see _rows). On CPU there is nothing to copy (starting one cost ~35 us a call).
+            # Off CPU, the calls' small device->host copies start before they are read, READ_BATCH calls' vectors
+            # in one (see _start_copy): read later, they are on the host already. A read never queues work on the
+            # device (it would wait behind the steps still running: see _rows, _fill_hosts). On CPU there is
+            # nothing to copy (starting one cost ~35 us a call).
             self._copy_ahead = jax.default_backend() != "cpu" if COPY_AHEAD is None else COPY_AHEAD
             if self._hold_freed and not self._copy_ahead:  # the kept inputs are host memory
                 self._holding = _malloc.hold_freed(HOLD_FREED_BYTES)
@@ -694,8 +695,7 @@ class Watch(JitHook):
         watched call (then the stacking program waits for nothing), else each is copied alone as it is read (a
         finished vector's copy does not wait behind the calls still running; a program would)."""
         to_copy = self._to_copy
-        if to_copy and len(to_copy) > 1 and any(call is calls[-1] for call in to_copy) and _finished(
-                to_copy[-1].magnitudes):
+        if len(to_copy) > 1 and any(call is calls[-1] for call in to_copy) and _finished(to_copy[-1].magnitudes):
             self._copy_together()
         for call in calls:
             copied = call.notes.get("rows")
