@@ -265,6 +265,42 @@ def test_a_step_in_which_another_function_compiled_is_not_steady():
     assert figures.step_s == pytest.approx(0.002) and figures.verdict == "not input-bound"
 
 
+def test_unseen_calls_caught_up_at_once_are_clocked_as_one_by_one():
+    # catch_up's run of one function's steady calls (its fast path) against _step per call: the same sums, on a
+    # random mix of one and two functions, timed and unseen calls, syncs, compiles and threads.
+    import random
+
+    from jaxdbg.profile.host_bound import STEP_FIELDS
+
+    def clocked(one_by_one: bool) -> tuple:
+        rng, clock, site, t = random.Random(7), StepClock(), SyncSite(), 0.0
+        for index in range(400):
+            function = 0 if index < 200 or rng.random() < 0.8 else 1
+            t += rng.uniform(0.0001, 0.003)
+            if index < 3 or rng.random() < 0.15:  # seen: timed (or a compile), its outputs waited for
+                clock.call(function, t, t + 0.001, put_s=0.0, compile_s=0.0, execute_s=rng.uniform(0.0005, 0.002),
+                           waited=True, steady=rng.random() > 0.05)
+                t += 0.001
+                clock.has_threads = index % 97 > 60  # as call() sets it: read after catching up
+            elif one_by_one:
+                clock._step(function, t - clock.shift, clock.dispatch.get(function, 0.0),
+                            clock.execute.get(function, 0.0), 0.0, True, False)
+            else:
+                clock.unseen_functions.append(function)
+                clock.unseen_starts.append(t)
+            if rng.random() < 0.05:
+                clock.sync(site, t, t + 0.0005, t + 0.0006)
+        clock.catch_up()
+        return clock.steps, clock.idle, clock.device, clock.device_free
+
+    steps, idle, device, free = clocked(one_by_one=False)
+    expected = clocked(one_by_one=True)
+    assert set(steps) == {0, 1} and steps[0][0] > 100  # both functions had runs of steady steps
+    assert steps == {f: pytest.approx(sums, nan_ok=True) for f, sums in expected[0].items()}  # (no CPU reading)
+    assert (idle, device, free) == pytest.approx(expected[1:])
+    assert len(steps[0]) == len(STEP_FIELDS)
+
+
 # ---- the corpus's Flax MNIST loop fed from NumPy, under `jaxdbg profile` --------------------------------------
 
 

@@ -217,13 +217,48 @@ class StepClock:
         """Put the calls that ran unseen since the clock's last event on it: each dispatched in its function's
         latest measured dispatch time (an un-waited call seen), running the median of its latest waited executions."""
         functions, starts = self.unseen_functions, self.unseen_starts
+        if not functions:
+            return
         self.unseen_functions, self.unseen_starts = array("q"), array("d")
+        self.queued = functions[-1]
+        first = functions[0]
+        before = self.previous.get(first)
+        if (self.pending is None and self.started and before is not None and before[-1] == self.compiles
+                and functions.count(first) == len(functions)):
+            self._steady_run(first, starts, before)
+            return
         dispatch, execute, shift = self.dispatch, self.execute, self.shift
         for function, start in zip(functions, starts):  # as call(), not waited: the shift does not move
             self._step(function, start - shift, dispatch.get(function, 0.0), execute.get(function, 0.0), 0.0, True,
                        False)
-        if functions:
-            self.queued = functions[-1]
+
+    def _steady_run(self, function: int, starts: array, before: tuple[float, ...]) -> None:
+        """:meth:`_step` for calls of one function that follow a steady step of its own (``before``, its snapshot)
+        with no sync or compile between: its run of steady steps grows by their count, and only the device's queue
+        needs each call. A profile of a loop of tiny calls lets 7 calls in 8 run unseen: as seven ``_step`` calls
+        they cost ~0.5 us each; this is ~0.1 us a call."""
+        host, seconds, shift = self.dispatch.get(function, 0.0), self.execute.get(function, 0.0), self.shift
+        free, idle, begins = self.device_free, self.idle, 0.0
+        for start in starts:
+            begins = start - shift
+            if begins > free:
+                idle += begins - free
+                free = begins
+            free += seconds
+        count = len(starts)
+        run = self._runs.get(function)
+        if run is None:
+            self._runs[function] = [before, count]
+        else:
+            run[1] += count
+        self.calls += count * host
+        self.threaded += count if self.has_threads else 0
+        self.idle, self.device_free = idle, free
+        # the last call's snapshot, as _step takes it: before its execution is added to the device's total
+        self.previous[function] = (begins, self.device + (count - 1) * seconds, self.calls, self.transfer,
+                                   self.sync_wait, idle, self.sync_idle, self.cpu, self.cpu_at, self.threaded,
+                                   self.compiles)
+        self.device += count * seconds
 
     def eager_compile(self) -> None:
         """An operation run outside jit compiled (its first run): the step it falls in is not a steady one."""

@@ -262,11 +262,11 @@ class Recorder(JitHook):
 
     def _drain(self) -> None:
         """Wait (untimed: it is the user's computation) for the outputs of calls that ran ahead."""
-        pending = [out for out in (self._in_flight, jit_layer.take_ran_ahead()) if out is not None]
+        for out in (self._in_flight, jit_layer.take_ran_ahead()):
+            if out is not None:
+                with contextlib.suppress(Exception):  # e.g. outputs donated to a later call since
+                    self.wait(out)
         self._in_flight = None
-        if pending:
-            with contextlib.suppress(Exception):  # e.g. outputs donated to a later call since
-                self.wait(pending)
 
     def _put_host_args(self, function: InstrumentedJit, args: tuple) -> tuple[tuple, float]:
         """Copy numpy arguments (top level, or one level into a tuple/list/dict) to the device, timed. A pmap'd
@@ -496,8 +496,15 @@ class Recorder(JitHook):
             late=dict(self.clock.late)))
 
 
+_ARRAY = _compat.array_class()
+_ARRAY_BLOCK = _ARRAY.__dict__["block_until_ready"]  # jax's own, captured before transfers.py patches it
+_JAX_BLOCK = jax.block_until_ready
+
+
 def _block_until_ready(x: Any) -> Any:
-    return jax.block_until_ready(x)
+    """``jax.block_until_ready(x)``; one array by its own method: ~0.3 us against ~1.1 us for the pytree walk,
+    on each call the profile times (twice: the calls queued ahead, then its own outputs)."""
+    return _ARRAY_BLOCK(x) if type(x) is _ARRAY else _JAX_BLOCK(x)
 
 
 def _other(text: str) -> Any:

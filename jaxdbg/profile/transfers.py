@@ -172,12 +172,15 @@ def timed_transfers(recorder: Any) -> Iterator[None]:
         return synced(EQX_WAIT if caller.endswith(_EQX_JIT) else "block_until_ready", self, lambda: self, nothing)
 
     def wait(x: Any) -> Any:
+        if type(x) is array_cls:  # jax's own method: nothing patched runs, nothing to mark
+            return original_method(x)
         previous = recorder.enter_transfer()
         try:
             return original_block(x)
         finally:
             recorder.leave_transfer(previous)
 
+    unpatched_wait = recorder.wait
     recorder.wait = wait  # the profile's own waits are not the program's syncs
     try:
         for module, attr in _compat.device_put_homes():
@@ -194,4 +197,4 @@ def timed_transfers(recorder: Any) -> Iterator[None]:
     finally:
         for owner, name, previous in reversed(originals):
             setattr(owner, name, previous)
-        recorder.wait = original_block
+        recorder.wait = unpatched_wait
