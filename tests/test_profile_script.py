@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from jaxdbg.cli import app, main
 from jaxdbg.profile import ProfileOptions, profile
+from jaxdbg.profile.instrument import MIN_SAMPLES
 from jaxdbg.target import parse_target
 
 RECIPES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recipes")
@@ -430,7 +431,12 @@ SAMPLED = textwrap.dedent("""
     x = jnp.ones((256, 256))
     for i in range(40):
         x = step(x if i != 30 else x[:128, :128])  # call 30 (not one --sync-every 8 times) compiles again
-    print(float(x.sum()))
+
+    tick = jax.jit(lambda t: t + 1.0)
+    t = jnp.zeros(())
+    for i in range(400):
+        t = tick(t)
+    print(float(x.sum()), float(t))
 """)
 
 
@@ -446,7 +452,12 @@ def test_after_the_first_calls_only_one_in_sync_every_is_waited_for(tmp_path):
     assert every.timed_calls == 40 and sampled.timed_calls == 8  # calls 0, 1, 2, 8, 16, 24, 32, and 30: it compiled
     # (how the 32 untimed calls are estimated is tested on given call records in test_profile_units; that
     # a timed call is not inflated by those queued before it is measured by scripts/bench_profile.py)
-    assert any("calls timed (step 8 of 40)" in n for n in runs[8].result.notes)
+    assert any("calls timed (step 8 of 40, <lambda> " in n for n in runs[8].result.notes)
+    # After MIN_SAMPLES calls timed one in 8 (calls 8-64), a call is timed no sooner than 100x the latest timed
+    # execution later: 400 calls of microseconds would be 3 + 49 timed calls one in 8, are 3 + 8 and a few.
+    tick = by_name(runs[8], "<lambda>").execute
+    assert tick.calls == 400 and 3 + MIN_SAMPLES <= tick.timed_calls <= 3 + MIN_SAMPLES + 20
+    assert by_name(runs[1], "<lambda>").execute.timed_calls == 400
     assert not any("calls timed" in n for n in runs[1].result.notes)
     for run in runs.values():  # the recompile of an unseen call is filed with its cause all the same
         step = by_name(run, "step")

@@ -59,8 +59,9 @@ CommandBuffersOpt = Annotated[bool, typer.Option(
     "--command-buffers", help="Keep XLA:GPU command buffers during the capture (ops inside them then have no "
     "per-op times).")]
 SyncEveryOpt = Annotated[int, typer.Option(
-    "--sync-every", min=1, help="Script mode: after a function's first calls, wait for and time one call in N; "
-    "the others run ahead as in a plain run (1: time every call).")]
+    "--sync-every", min=1, help="Script mode: after a function's first calls, wait for and time one call in N, "
+    "after 8 such no more often than keeps those waits near 1% of the run; the others run ahead as in a plain run "
+    "(1: time every call).")]
 
 ProfileTargetArg = Annotated[str | None, typer.Argument(
     metavar="TARGET", show_default=False,

@@ -288,8 +288,9 @@ def notes_for(mode: str, functions: list[FunctionProfile], gathered: Any, error:
     if sampled:
         counts = ", ".join(f"{f.name} {f.execute.timed_calls} of {f.execute.calls}" for f in sampled[:4])
         notes.append(f"calls timed ({counts}): the first ones, those that compiled or ran in the capture window, "
-                     "then one in --sync-every; the others ran ahead unblocked as in a plain run, so execute "
-                     "totals are estimates (--sync-every 1 times every call)")
+                     "then one in --sync-every (after 8 of those, as often as keeps the waits near 1% of the "
+                     "run); the others ran ahead unblocked as in a plain run, so execute totals are estimates "
+                     "(--sync-every 1 times every call)")
     window = gathered.trace.calls_traced if gathered.trace is not None else 0
     notes.extend(f"{function.name}: no per-op rows; it did not run inside the capture window (the first "
                  f"{window} calls of the run): raise --trace-calls to include it"

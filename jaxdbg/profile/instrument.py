@@ -6,7 +6,7 @@ restores what it replaced in ``finally``:
 - :func:`tracking_jit` installs the :class:`Recorder` as a hook of :mod:`jaxdbg.jit_layer` (the one place
   that patches ``jax.jit``). A timed call is measured from dispatch until its outputs are ready
   (``block_until_ready``) and split into compile and execute with the compile spans jax reported while the
-  call ran (the layer's ``call.spans``); see :meth:`Recorder.timed_call` for which calls are timed. The
+  call ran (the layer's ``call.spans``); see :meth:`Recorder.sampled` for which calls are timed. The
   others are not seen at all (they stay on jax's C++ dispatch; the layer counts them), unless they compile.
 - :func:`compile_listener` receives ``jax.monitoring``'s compile spans outside the jitted calls (eager
   operations, jaxdbg's own introspection) and persistent-cache hits.
@@ -58,6 +58,12 @@ TIMED_FIRST = 3  # the first calls of a function are all timed (first call, and 
 # calls, only after one timed call in this many: a function's dispatch time barely moves between steps, and each
 # seen call costs ~6 us more than one run ahead unseen (bench_layer.py, profile).
 DISPATCH_EVERY = 4
+# After a function's first MIN_SAMPLES calls timed by --sync-every, a timed call comes no sooner than its own
+# execution over TIMED_SHARE later: waiting for a call empties the device's queue (the device then idles while the
+# host dispatches again), so a sample costs about one step, and sampling stays near 1% of the run whatever the step
+# (on an H200, one tiny call in 8 timed cost +31 us a call, 1.17x a 0.19 ms step; a 3.25 ms step 1.08x).
+MIN_SAMPLES = 8
+TIMED_SHARE = 0.01
 # The main thread's CPU clock is read on a seen call at most this often (the step clock needs two readings per
 # run of steady steps, and a step's CPU share over their span: see host_bound.STEP_FIELDS).
 CPU_READ_EVERY_S = 0.001
@@ -80,6 +86,10 @@ class TrackedFunction:
         self.record = record  # the jit layer's: its count includes the calls that ran ahead unseen
         self.host_args = False  # it was given host (numpy) arguments: every call is seen, its copy timed
         self.called_as: str | None = None  # a multihost helper's jit: as sent (FunctionDefined)
+        self.samples = 0  # calls timed by --sync-every (see Recorder.wants)
+        self.timing = -1  # the index of the call --sync-every times now
+        self.dispatch_at = -1  # the index of the next call seen only to measure its dispatch
+        self.sample_after = 0.0  # no call is sampled before this time (time.perf_counter(); TIMED_SHARE)
 
 
 class Recorder(JitHook):
@@ -90,7 +100,7 @@ class Recorder(JitHook):
     def __init__(self, send: Callable[[Message], None], out_dir: str, *, hlo_limit: int = 3,
                  window: Any = None, convert_host_args: bool = True, sync_every: int = 1):
         self._send = send
-        self.sync_every = max(1, sync_every)  # see timed_call
+        self.sync_every = max(1, sync_every)  # see sampled
         self._in_flight: Any = None  # outputs of the latest call that ran ahead untimed
         self.out_dir = out_dir
         self.hlo_limit = hlo_limit
@@ -138,7 +148,7 @@ class Recorder(JitHook):
         return None if latest is None else (latest.name, latest.record.calls - 1)
 
     def wants(self, function: InstrumentedJit, index: int) -> bool:
-        """The calls this profile sees: the timed ones (:meth:`timed_call`), the one after each (not waited for:
+        """The calls this profile sees: the timed ones (:meth:`sampled`), the one after each (not waited for:
         its dispatch time, for the step clock; after one timed call in DISPATCH_EVERY), those in the capture
         window, and every call of a function given host arguments (their copy is timed). The others run ahead
         unseen (a call among them that compiles is still filed: :meth:`on_unwanted_compile`; the step clock notes
@@ -146,13 +156,12 @@ class Recorder(JitHook):
         self.latest = function
         if index < TIMED_FIRST or self.on_first_call is not None:
             return True
-        every = self.sync_every
-        phase = index % every
-        if phase == 0 or (phase == 1 and (index - 1) // every % DISPATCH_EVERY == 1):  # the first: the 2nd timed
+        ident = function.record.id
+        tracked = self.functions[ident]
+        if (index % self.sync_every == 0 and self.sampled(tracked, index)) or index == tracked.dispatch_at:
             return True
         window = self.window
-        ident = function.record.id
-        if (window is not None and window.active) or self.functions[ident].host_args:
+        if (window is not None and window.active) or tracked.host_args:
             return True
         if threading.get_ident() == self._main:  # its start, for the step clock (see StepClock.catch_up)
             clock = self.clock
@@ -188,7 +197,8 @@ class Recorder(JitHook):
             record.host_args = record.host_args or put_s > 0.0
         window = self.window
         annotation = window.annotation(record.name, index) if window is not None and window.active else None
-        timed = self.timed_call(index) or annotation is not None
+        sampled = record.timing == index
+        timed = index < TIMED_FIRST or sampled or annotation is not None
         if timed:
             self._drain()  # a timed call must not also wait for the calls queued ahead of it
         t0 = time.perf_counter()
@@ -211,6 +221,8 @@ class Recorder(JitHook):
         wall = t1 - t0
         self._in_flight = None if timed else out
         execute_s = max(wall - compile_s, 0.0)
+        if sampled:
+            record.sample_after = t1 + execute_s / TIMED_SHARE
         with self._lock:
             record.pending.append(CallTiming(index, wall, execute_s, compile_s, put_s, annotation is not None, timed))
         if annotation is not None:
@@ -253,12 +265,20 @@ class Recorder(JitHook):
             if threading.get_ident() == self._main:
                 self.clock.eager_compile()
 
-    def timed_call(self, index: int) -> bool:
-        """Whether call ``index`` waits for its outputs to be timed. Waiting on every call would take away
-        the dispatch-ahead a GPU/TPU loop of short steps relies on (2x slower on an H200 at 0.2 ms a step),
-        so after the first TIMED_FIRST calls only one in ``sync_every`` is timed; the others run ahead as in
-        a plain run. Calls that compile or fall in the capture window are always timed."""
-        return index < TIMED_FIRST or index % self.sync_every == 0
+    def sampled(self, tracked: TrackedFunction, index: int) -> bool:
+        """Whether call ``index`` (one in ``sync_every``) waits for its outputs to be timed. Waiting on every call
+        would take away the dispatch-ahead a GPU/TPU loop of short steps relies on (2x slower on an H200 at 0.2 ms
+        a step), so after the first TIMED_FIRST calls only one in ``sync_every`` is timed, and after MIN_SAMPLES of
+        those no sooner than TIMED_SHARE allows (``sync_every`` 1: every call); the others run ahead as in a plain
+        run. Calls that compile or fall in the capture window are always timed."""
+        if (tracked.samples >= MIN_SAMPLES and self.sync_every > 1
+                and time.perf_counter() < tracked.sample_after):
+            return False
+        tracked.samples += 1
+        tracked.timing = index
+        if tracked.samples % DISPATCH_EVERY == 1:
+            tracked.dispatch_at = index + 1
+        return True
 
     def _drain(self) -> None:
         """Wait (untimed: it is the user's computation) for the outputs of calls that ran ahead."""

@@ -58,7 +58,7 @@ class ProfileOptions:
     calibrate: bool = True
     python_tracer: bool = False
     command_buffers: bool = False  # keep XLA:GPU's command buffers during the capture (see child_xla_flags)
-    sync_every: int = 8  # script mode: after the first calls, time one call in this many (Recorder.timed_call)
+    sync_every: int = 8  # script mode: after the first calls, time one call in this many (Recorder.sampled)
 
 
 @dataclass(frozen=True)
