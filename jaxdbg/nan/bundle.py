@@ -31,8 +31,9 @@ import jax
 import numpy as np
 
 from jaxdbg import _compat
+from jaxdbg.memory.live import device_name
 from jaxdbg.nan.calls import Call
-from jaxdbg.nan.placement import device_name, index_ranges
+from jaxdbg.nan.placement import index_ranges
 from jaxdbg.nan.result import Origin
 from jaxdbg.nonfinite import host_readable
 from jaxdbg.report import to_jsonable

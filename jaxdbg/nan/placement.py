@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxdbg.memory.live import device_name
 from jaxdbg.nonfinite import is_inexact, nonfinite_flags
 
 
@@ -29,10 +30,6 @@ class Placement:
     process: int
     device: str | None  # None: inside a shard_map whose mesh names no devices
     index: tuple[tuple[int, int], ...]
-
-
-def device_name(device: Any) -> str:
-    return f"{device.platform}:{device.id}"
 
 
 def first_bad_shard(values: Sequence[Any]) -> Placement | None:
