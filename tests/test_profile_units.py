@@ -221,6 +221,27 @@ def test_compare_reports_per_function_deltas(tmp_path):
         load_baseline(str(tmp_path / "nope.json"))
 
 
+def test_functions_of_one_name_are_told_apart_by_their_line(tmp_path):
+    # jax.jit(loss) beside jax.jit(jax.value_and_grad(loss)): both 'loss'. A budget on 'loss' holds for both, each
+    # named with its line; --compare pairs each with the earlier report's at its line, whatever the order.
+    from jaxdbg._source import SourceLocation
+
+    def fn(line, compile_s):
+        return FunctionProfile("loss", SourceLocation("/w/train.py", line, "<module>"), 1, (),
+                               CompileTimes(total_s=compile_s), ExecuteStats(calls=4, median_s=0.001))
+    functions = (fn(12, 0.2), fn(20, 0.9))
+    result = check_budget(parse_budget("loss.compile_s<=0.5"), functions, Totals(1.0, 1.1, 0.1, 0.0, 0.0))
+    assert list(result.violations) == ["loss (train.py:20).compile_s 0.9 > 0.5"]
+    old = [{"name": "loss", "source": {"file": "/w/train.py", "line": line, "function": "<module>"},
+            "compile": {"total_s": total}, "execute": {}} for line, total in ((20, 3.0), (12, 0.4), (30, 1.0))]
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"command": "profile", "result": {"functions": old, "totals": {}}}))
+    deltas = {d.name: d for d in compare(load_baseline(str(path)), functions, Totals(1.0, 1.1, 0.1, 0.0, 0.0))}
+    assert deltas["loss (train.py:12)"].metrics["compile_s"]["ratio"] == pytest.approx(0.5)
+    assert deltas["loss (train.py:20)"].metrics["compile_s"]["ratio"] == pytest.approx(0.3)
+    assert deltas["loss"].status == "gone"  # the third, alone of its name among the gone
+
+
 def test_peaks_from_table_and_calibration():
     assert table_peak("NVIDIA H100 80GB HBM3", "bf16").flops_per_s == 989e12
     assert table_peak("TPU v5 lite").source.startswith("table: TPU v5e")

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from jaxdbg._errors import UsageError
+from jaxdbg.profile.compare import labels, place
 from jaxdbg.profile.model import BudgetResult, FunctionProfile, Totals
 
 _OPS: dict[str, tuple[Callable[[float, float], bool], str]] = {
@@ -113,24 +114,24 @@ def _split_unit(metric: str, text: str) -> tuple[str, float]:
 def check_budget(rules: tuple[BudgetRule, ...], functions: tuple[FunctionProfile, ...], totals: Totals) -> BudgetResult:
     """Check every rule; each violation is named as 'metric actual > limit'."""
     violations, checked = [], []
-    by_name: dict[str, FunctionProfile] = {}
-    for f in functions:
-        by_name.setdefault(f.name, f)
+    # a rule naming a function holds for every function of that name (jax.jit(loss) and its value_and_grad's)
+    named = list(zip(functions, labels([(f.name, place(f.source)) for f in functions])))
     for rule in rules:
         checked.append(str(rule))
         if rule.function is not None:
-            function = by_name.get(rule.function)
-            if function is None:
-                ran = ", ".join(sorted(by_name)) or "none"
+            chosen = [(f, label) for f, label in named if f.name == rule.function]
+            if not chosen:
+                ran = ", ".join(sorted({f.name for f in functions})) or "none"
                 violations.append(f"{rule}: no jitted function '{rule.function}' ran (ran: {ran})")
                 continue
-            violations.extend(_compare(rule, f"{function.name}.", _FUNCTION_READERS[rule.base](function)))
         elif rule.base in _TOTAL_READERS:
             value = _TOTAL_READERS[rule.base](totals, functions)
             violations.extend(_compare(rule, "", value))
+            continue
         else:
-            for function in functions:
-                violations.extend(_compare(rule, f"{function.name}.", _FUNCTION_READERS[rule.base](function)))
+            chosen = named
+        for function, label in chosen:
+            violations.extend(_compare(rule, f"{label}.", _FUNCTION_READERS[rule.base](function)))
     return BudgetResult(not violations, tuple(violations), tuple(checked))
 
 

@@ -1,6 +1,7 @@
 """``--compare OLD.json``: per-function deltas against an earlier ``jaxdbg profile`` report.
 
-:func:`load_baseline` reads the earlier report's ``result``; :func:`compare` matches functions by name.
+:func:`load_baseline` reads the earlier report's ``result``; :func:`compare` matches functions by name (and, among
+functions of one name, by their line first: ``jax.jit(loss)`` beside ``jax.jit(jax.value_and_grad(loss))``).
 
 Example:
     >>> from jaxdbg.profile.model import CompileTimes, ExecuteStats, FunctionProfile, Totals
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 from jaxdbg._errors import UsageError
@@ -71,19 +74,50 @@ def _delta(old: float | None, new: float | None) -> dict[str, float | None]:
             "ratio": None if not old or new is None else new / old}
 
 
+def labels(functions: Sequence[tuple[str, str | None]]) -> list[str]:
+    """Each function's name, with its place (``file:line``) where another function has the same name.
+
+    Example:
+        >>> labels([("loss", "train.py:12"), ("loss", "train.py:20"), ("step", "train.py:30")])
+        ['loss (train.py:12)', 'loss (train.py:20)', 'step']
+    """
+    counts = Counter(name for name, _ in functions)
+    return [f"{name} ({place})" if counts[name] > 1 and place else name for name, place in functions]
+
+
+def place(source: Any) -> str | None:
+    """``file:line`` of a function's source (a SourceLocation, or its JSON form), the file by its base name."""
+    if isinstance(source, dict):
+        file, line = source.get("file"), source.get("line")
+    else:
+        file, line = getattr(source, "file", None), getattr(source, "line", None)
+    return f"{os.path.basename(str(file))}:{line}" if file else None
+
+
 def compare(baseline: dict[str, Any], functions: tuple[FunctionProfile, ...],
             totals: Totals) -> tuple[FunctionDelta, ...]:
-    """Deltas per function (by name) and for the run's totals (as the pseudo-function ``<totals>``)."""
+    """Deltas per function (by name; functions of one name by their line first, then in order) and for the run's
+    totals (as the pseudo-function ``<totals>``)."""
     from jaxdbg.report import to_jsonable
 
-    old_by_name = {f.get("name"): f for f in baseline["functions"] if isinstance(f, dict)}
+    earlier = [f for f in baseline["functions"] if isinstance(f, dict)]
+    places = [place(f.source) for f in functions]
+    matched: list[dict | None] = [None] * len(functions)
+    for same_line in (True, False):
+        for i, function in enumerate(functions):
+            if matched[i] is None:
+                found = next((o for o in earlier if o.get("name") == function.name
+                              and (not same_line or place(o.get("source")) == places[i])), None)
+                if found is not None:
+                    matched[i] = found
+                    earlier.remove(found)
     deltas = []
-    for function in functions:
+    for function, label, old in zip(functions, labels([(f.name, p) for f, p in zip(functions, places)]), matched):
         new = to_jsonable(function)
-        old = old_by_name.pop(function.name, None)
         metrics = {m: _delta(_dig(old, p) if old else None, _dig(new, p)) for m, p in _FUNCTION_METRICS.items()}
-        deltas.append(FunctionDelta(function.name, "changed" if old else "new", metrics))
-    deltas.extend(FunctionDelta(str(name), "gone", {}) for name in old_by_name)
+        deltas.append(FunctionDelta(label, "changed" if old else "new", metrics))
+    gone = labels([(str(o.get("name")), place(o.get("source"))) for o in earlier])
+    deltas.extend(FunctionDelta(label, "gone", {}) for label in gone)
     old_totals = baseline.get("totals") or {}
     deltas.append(FunctionDelta("<totals>", "changed", {
         m: _delta(_dig(old_totals, (m,)), getattr(totals, m)) for m in _TOTAL_METRICS}))
