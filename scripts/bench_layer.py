@@ -10,7 +10,8 @@ Configurations:
   count-only      a hook that sees no call (``watches`` False): the layer's counter alone
   sampled-unseen  a hook that samples (``wants``) and declines every call: counter, sampling question, compile
                   watch
-  profile         profile's recorder (``--sync-every 8``): most calls run ahead unseen, one in 8 is timed
+  profile         profile's recorder (``--sync-every 8``): most calls run ahead unseen, one in 8 is timed, and
+                  after 8 of those one in ~100 (a sample no sooner than 100x its execution after the last)
   profile-timed   profile's recorder timing every call (``--sync-every 1``): a call that waits for its outputs
   watch           ``jaxdbg.watch()``: every call checked for NaN/Inf (its companion program), read late
   watch+profile   both at once
