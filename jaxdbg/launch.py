@@ -13,7 +13,8 @@ any that fails is named with its last line and that log. Where no ``--out`` is g
 folder, removed when the job ends: a failing process is named with the last lines of its output instead. A job
 cannot go on without one of its processes: once one fails, the others still running are stopped a grace period
 later (``FAILED_PEER_GRACE_S``), so that one waiting for the lost process (in a collective, in JAX's start) does not
-hold the job forever.
+hold the job forever; each stopped jaxdbg command writes its report as at its ``--timeout`` (SIGTERM, see
+``runner.end_runs_at_sigterm``).
 
 Example:
     >>> env = task_environment(1, 4, 12345, {"PATH": "/bin"})
@@ -199,9 +200,9 @@ def launch(argv: Sequence[str], processes: int, timeout: float | None = None) ->
 
 
 class JobEnd(NamedTuple):
-    """How a local job ended: each process's exit code (3 for one the launcher stopped) and log path (None for
-    process 0, whose output is shown); where one failed while others ran on, which (``first``), and those stopped
-    ``FAILED_PEER_GRACE_S`` after it."""
+    """How a local job ended: each process's exit code (for one the launcher stopped, its own, from the report it
+    wrote as at its --timeout, else 3) and log path (None for process 0, whose output is shown); where one failed
+    while others ran on, which (``first``), and those stopped ``FAILED_PEER_GRACE_S`` after it."""
     codes: list[int]
     paths: list[str | None]
     first: int | None = None
@@ -232,7 +233,9 @@ def _run_job(argv: Sequence[str], processes: int, port: int, out: str | None, lo
         stopped = tuple(index for index, proc in enumerate(procs) if proc.poll() is None)
     finally:
         stop(procs)
-    codes = [3 if index in stopped else proc.returncode for index, proc in enumerate(procs)]
+    # A stopped jaxdbg command reports as at its --timeout and exits with that code (3, or 1 where it had found its
+    # answer); one killed before it could (or a plain program that SIGTERM ended) is 3.
+    codes = [3 if index in stopped and proc.returncode < 0 else proc.returncode for index, proc in enumerate(procs)]
     return JobEnd(codes, paths, first if stopped else None, stopped)
 
 
@@ -340,9 +343,13 @@ def _made(folder: str) -> str:
     return folder
 
 
-def stop(procs: Sequence[subprocess.Popen], grace_s: float = 5.0) -> None:
+STOP_GRACE_S = 15.0  # from SIGTERM to SIGKILL: room for a stopped jaxdbg command to write its report
+
+
+def stop(procs: Sequence[subprocess.Popen], grace_s: float = STOP_GRACE_S) -> None:
     """Stop processes still running: SIGTERM first, which a jaxdbg process turns into stopping the program it
-    contains (its own session: SIGKILL to jaxdbg alone would leave it running, an orphan), then SIGKILL."""
+    contains (its own session: SIGKILL to jaxdbg alone would leave it running, an orphan) and writing its report
+    as at its --timeout, then SIGKILL."""
     running = [proc for proc in procs if proc.poll() is None]
     for proc in running:
         proc.terminate()

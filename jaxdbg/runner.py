@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import pickle
 import re
@@ -22,6 +23,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -70,6 +72,7 @@ class Outcome:
     elapsed_s: float
     messages: tuple[Message, ...] = field(default=())
     crash_frame: SourceLocation | None = None
+    terminated: bool = False  # a ``timeout`` that SIGTERM to jaxdbg brought forward (see end_runs_at_sigterm)
 
     @property
     def ok(self) -> bool:
@@ -137,6 +140,8 @@ class Outcome:
             if waited_to_join(self.stderr):
                 where += (" waiting in jax.distributed.initialize() for the job's other processes: one never "
                           "started or cannot reach the coordinator")
+            if self.terminated:
+                return f"was stopped after {self.elapsed_s:.1f}s (jaxdbg received SIGTERM){where}"
             return f"timed out after {self.elapsed_s:.1f}s{where}"
         if self.status == "exit":  # sys.exit("message") prints the message as the last line of stderr
             lines = [line for line in self.stderr.strip().splitlines() if line.strip()]
@@ -246,6 +251,7 @@ def run_contained(
     on_message: Callable[[Message], None] | None = None,
     until: Callable[[Message], bool] | None = None,
     keep_running: bool = False,
+    sigterm_as_timeout: bool = False,
 ) -> Outcome:
     """Run ``request``'s handler, ``handler(request, channel)``, in a fresh Python process and report what happened.
 
@@ -259,6 +265,8 @@ def run_contained(
         on_message: hears each message while the child still runs (read every 0.2 s; live figures).
         until: a message for which it returns True ends the run: the child (and its session) is stopped then
             (hang-hunt's verdict on a program that will not end), or with ``keep_running`` left running.
+        sigterm_as_timeout: a SIGTERM to jaxdbg ends this run as ``timeout`` would (:func:`end_runs_at_sigterm`):
+            for a command's run of its target, whose timeout the command reports with what the run sent so far.
     """
     if not isinstance(request, Request):
         raise TypeError(f"run_contained runs a jaxdbg.protocol.Request, not {type(request).__qualname__}")
@@ -279,8 +287,11 @@ def run_contained(
             )
         timed_out = stopped = False
         _RUNNING.add(proc)
+        if sigterm_as_timeout:
+            _SIGTERM_ENDS.set()
         try:
-            stopped = _wait(proc, timeout, os.path.join(workdir, "channel.bin"), on_message, until)
+            stopped = _wait(proc, timeout, os.path.join(workdir, "channel.bin"), on_message, until,
+                            _SIGTERM_CAME if sigterm_as_timeout else None)
         except subprocess.TimeoutExpired:
             timed_out = True
             _stop_hung(proc)
@@ -297,6 +308,8 @@ def run_contained(
         messages = read_channel(os.path.join(workdir, "channel.bin"))
         stdout, stderr = (_read_text(path) for path in (out_path, err_path))
     outcome = outcome_of(proc.returncode, timed_out, messages, stdout, stderr, elapsed, stopped)
+    if timed_out and sigterm_as_timeout and _SIGTERM_CAME.is_set():
+        outcome = dataclasses.replace(outcome, terminated=True)
     mismatch = outcome.exception.own_error() if outcome.exception is not None else None
     if isinstance(mismatch, JobMismatchError):
         raise mismatch  # the job's processes disagree: no run stands, whatever the command
@@ -304,24 +317,28 @@ def run_contained(
 
 
 def _wait(proc: subprocess.Popen, timeout: float | None, channel: str, on_message: Callable[[Message], None] | None,
-          until: Callable[[Message], bool] | None = None) -> bool:
+          until: Callable[[Message], bool] | None = None, ends: threading.Event | None = None) -> bool:
     """``proc.wait(timeout)``, passing the child's messages to ``on_message`` as they come when it is given;
-    True when a message satisfied ``until`` first (the child may still run)."""
-    if on_message is None and until is None:
+    True when a message satisfied ``until`` first (the child may still run). ``ends`` set raises TimeoutExpired
+    as the timeout would."""
+    if on_message is None and until is None and ends is None:
         proc.wait(timeout=timeout)
         return False
-    tail, deadline = ChannelTail(channel), None if timeout is None else time.monotonic() + timeout
+    # (only a caller that hears the messages while the child runs has them read here)
+    tail = ChannelTail(channel) if on_message is not None or until is not None else None
+    deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         left = None if deadline is None else deadline - time.monotonic()
         try:
             proc.wait(timeout=0.2 if left is None else max(0.0, min(0.2, left)))
         except subprocess.TimeoutExpired:
-            if _pass_on(tail, on_message, until):
+            if tail is not None and _pass_on(tail, on_message, until):
                 return True
-            if left is not None and left <= 0.2:
+            if (left is not None and left <= 0.2) or (ends is not None and ends.is_set()):
                 raise
             continue
-        _pass_on(tail, on_message, None)
+        if tail is not None:
+            _pass_on(tail, on_message, None)
         return False
 
 
@@ -385,6 +402,28 @@ def _read_text(path: str) -> str:
 # The contained children being waited for now, on any thread: a command run in a daemon thread (repro's progress
 # display) is not unwound when the main thread exits, and its child, in a session of its own, would outlive jaxdbg.
 _RUNNING: set[subprocess.Popen] = set()
+
+
+# SIGTERM to jaxdbg (a scheduler's time limit, `kill`, the launcher stopping the processes of a job one of whose
+# processes failed) is the user's deadline come early: a command's run of its target ends as at its --timeout, and
+# the command reports what the run gathered so far (its usual report and exit code of a timeout).
+_SIGTERM_ENDS = threading.Event()  # a run that SIGTERM ends as its timeout has started (set once, for good)
+_SIGTERM_CAME = threading.Event()
+
+
+def end_runs_at_sigterm() -> bool:
+    """SIGTERM came (the command line's handler): end the run waited for now, and any later one, as at its
+    timeout. False where this process has started no such run (nothing gathered: jaxdbg exits at once, as on
+    Ctrl-C), True where the command goes on to its report."""
+    if not _SIGTERM_ENDS.is_set():
+        return False
+    _SIGTERM_CAME.set()
+    return True
+
+
+def sigterm_came() -> bool:
+    """Whether SIGTERM ended the runs (:func:`end_runs_at_sigterm`): waits of a command's own cut short."""
+    return _SIGTERM_CAME.is_set()
 
 
 def stop_contained() -> None:

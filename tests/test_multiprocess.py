@@ -410,7 +410,8 @@ def test_a_job_whose_process_fails_at_its_start_is_stopped_not_left_waiting(wait
     """Process 1 raises right after jax.distributed.initialize(); process 0 waits for it in the job's first
     collective. The launcher stops process 0 once its grace after process 1's failure has passed (it used to wait
     for process 0 first: here until gloo's deadline, on a GPU in the backend's start for good): exit 3, process 1
-    named with its own error, and the line saying process 0 was stopped."""
+    named with its own error, and the line saying process 0 was stopped. The SIGTERM that stops it ends its run as
+    its --timeout would: its own report (exit 3) and its one line say so (it used to leave no report)."""
     from jaxdbg.launch import FAILED_PEER_GRACE_S
 
     done, tmp_path = waiting_jobs["fails_at_start"]()
@@ -423,6 +424,13 @@ def test_a_job_whose_process_fails_at_its_start_is_stopped_not_left_waiting(wait
                f"process 0 was stopped {FAILED_PEER_GRACE_S:.0f} s after it\n")
     assert done.stderr.endswith(said + stopped), done.stderr[-3000:]
     assert json.loads((tmp_path / "p" / "process-1" / "report.json").read_text())["exit_code"] == 3
+    # (process-0/ once its program has told its place in the job, which it may not reach before it waits)
+    own = next(path for path in (tmp_path / "p" / "report.json", tmp_path / "p" / "process-0" / "report.json")
+               if path.exists())
+    report = json.loads(own.read_text())
+    error = report["result"]["error"]
+    assert report["exit_code"] == 3 and error.startswith("the target was stopped after "), report
+    assert "s (jaxdbg received SIGTERM)" in error and f"jaxdbg profile: process 0: {error}\n" in done.stderr
 
 
 def test_a_process_that_fails_at_its_start_keeps_its_report_where_no_launcher_made_its_folder(waiting_runs):

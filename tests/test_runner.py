@@ -1,5 +1,6 @@
 """Contained runs: jaxdbg survives and describes whatever the target does."""
 
+import json
 import sys
 
 import pytest
@@ -116,6 +117,7 @@ def _alive(pid: int) -> bool:
 
 # profile waits for its target on the main thread; repro waits for its cut on a thread of its own (its progress
 # display), which jaxdbg's exit does not unwind: the target's third run (the cut's) sleeps before its NaN.
+# profile reports as at its --timeout (exit 3); repro, whose runs' timeouts are its answers, exits at once (143).
 SLEEPERS = {
     "profile": ("import os, time\nopen({pid!r}, 'a').write(f'{{os.getpid()}}\\n')\ntime.sleep(120)\n", 1),
     "repro": ("import os, time\nimport jax, jax.numpy as jnp\nopen({pid!r}, 'a').write(f'{{os.getpid()}}\\n')\n"
@@ -126,7 +128,8 @@ SLEEPERS = {
 
 @pytest.mark.parametrize("command", sorted(SLEEPERS))
 def test_sigterm_to_jaxdbg_stops_the_contained_target(tmp_path, command):
-    """A CI timeout kills jaxdbg with SIGTERM: the target, in its own session, must not outlive it."""
+    """A CI timeout kills jaxdbg with SIGTERM: the target, in its own session, must not outlive it. profile ends
+    its run as at its --timeout: its report, its one line and exit 3, the target last seen where it slept."""
     import signal
     import subprocess
     import sys
@@ -147,12 +150,19 @@ def test_sigterm_to_jaxdbg_stops_the_contained_target(tmp_path, command):
         target = int(pid_file.read_text().split()[-1])
         time.sleep(0.5)
         jaxdbg.send_signal(signal.SIGTERM)
-        assert jaxdbg.wait(timeout=30) == 128 + signal.SIGTERM
+        assert jaxdbg.wait(timeout=30) == (3 if command == "profile" else 128 + signal.SIGTERM)
         deadline = time.monotonic() + 10
         while _alive(target) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not _alive(target)
-        assert b"Traceback" not in jaxdbg.stderr.read()
+        said = jaxdbg.stderr.read().decode()
+        assert "Traceback" not in said
+        if command == "profile":
+            report = json.loads((tmp_path / "o" / "report.json").read_text())
+            error = report["result"]["error"]
+            assert report["exit_code"] == 3 and error.startswith("the target was stopped after "), report
+            assert error.endswith(f"s (jaxdbg received SIGTERM) (last seen at {script}:3 (<module>))"), error
+            assert said == f"jaxdbg profile: {error}\n"
     finally:
         jaxdbg.kill()
 

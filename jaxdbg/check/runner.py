@@ -52,7 +52,7 @@ from jaxdbg.check.result import CheckOutcome, CheckSuiteResult, Regression
 from jaxdbg.report import Report, ReportReadError, to_jsonable
 from jaxdbg.results import read_report
 
-STOP_GRACE_S = 5.0  # a stopped check's command gets this long to stop its target before it is killed
+STOP_GRACE_S = 15.0  # a stopped check's command gets this long to stop its target and write its report
 
 
 @dataclass(frozen=True)

@@ -97,7 +97,9 @@ for _name in COMMANDS:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code instead of exiting."""
-    # SIGTERM (a CI job's timeout, `kill`) becomes SystemExit, so contained children are stopped on the way out.
+    # SIGTERM (a scheduler's time limit, `kill`, a job's launcher) ends the command's run of its target as its
+    # --timeout would, and the command reports; before any such run, it becomes SystemExit, so contained children
+    # are stopped on the way out.
     on_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminate) if on_main_thread else None
     args = list(argv) if argv is not None else sys.argv[1:]
@@ -121,4 +123,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _terminate(signum: int, _frame: object) -> None:
-    raise SystemExit(128 + signum)
+    if not runner.end_runs_at_sigterm():
+        raise SystemExit(128 + signum)

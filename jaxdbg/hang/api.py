@@ -28,11 +28,11 @@ from typing import Any
 from jaxdbg._errors import UsageError
 from jaxdbg.hang.messages import ACK_WAIT_S, ChildStarted, HangJob, HangVerdict
 from jaxdbg.hang.result import HangResult
-from jaxdbg.hang.verdict import JobFacts, facts_from_json, judge
+from jaxdbg.hang.verdict import SIGTERM_NOTE, JobFacts, facts_from_json, judge
 from jaxdbg.hang.watchdog import DEFAULT_STALL_S, RECORD_FILE
 from jaxdbg.launch import launched_place
 from jaxdbg.protocol import Message
-from jaxdbg.runner import Outcome, run_contained
+from jaxdbg.runner import Outcome, run_contained, sigterm_came
 from jaxdbg.target import TargetSpec, check_inputs
 
 GRACE_S = 60.0  # past --timeout, how long the verdict may take before the child is stopped without one
@@ -81,7 +81,8 @@ def hunt(spec: TargetSpec, options: HangOptions) -> HangRun:
         outcome = run_contained(
             HangJob(spec, options), on_message=heard,
             timeout=None if options.timeout is None else options.timeout + GRACE_S,
-            until=lambda m: isinstance(m, HangVerdict) and m.stopping, keep_running=options.keep_running)
+            until=lambda m: isinstance(m, HangVerdict) and m.stopping, keep_running=options.keep_running,
+            sigterm_as_timeout=True)
     outcome.reraise_expected()
     verdict = outcome.last(HangVerdict)
     place = launched_place(os.environ) or (0, 1)
@@ -97,6 +98,9 @@ def hunt(spec: TargetSpec, options: HangOptions) -> HangRun:
         write_exit_file(folder, facts.outcomes.get(place[0]))
         if place[0] != 0 and place[1] > 1 and options.out_dir:
             facts = job_facts_of_process_0(options.out_dir, started) or facts
+    if outcome.terminated:  # (its watchdog may have drawn a verdict at the SIGUSR1 that asks for its stacks)
+        facts.trigger = "timeout"
+        facts.notes.append(SIGTERM_NOTE)
     if place[0] == 0 and facts.count > 1 and options.out_dir:
         add_peer_files(facts, options.out_dir)
     result = judge(facts)
@@ -133,8 +137,8 @@ def forwarding_sigusr1(pid: list[int]) -> Iterator[None]:
 
 def facts_without_verdict(outcome: Outcome, place: tuple[int, int], options: HangOptions,
                           folder: str | None) -> JobFacts:
-    """The facts of a program that sent no verdict: it died (its exit status says how), or froze past
-    --timeout; its flight-record file holds its last calls."""
+    """The facts of a program that sent no verdict: it died (its exit status says how), froze past --timeout,
+    or was stopped at SIGTERM to jaxdbg (judged as at --timeout); its flight-record file holds its last calls."""
     index, count = place
     record = read_record_file(folder) or {"calls": [], "threads": []}
     record["index"] = index
@@ -144,6 +148,8 @@ def facts_without_verdict(outcome: Outcome, place: tuple[int, int], options: Han
 
         said = native_fatal_message(outcome.stderr)  # (gloo's words for mismatched collectives, a failed CHECK)
         ended = {"status": "dead", "signal": outcome.signal, **({"error": said} if said else {})}
+    elif outcome.status == "timeout" and outcome.terminated:  # alive when SIGTERM stopped it: its record says where
+        ended = {}
     elif outcome.status == "timeout":
         ended = {"status": "dead", "error": f"it did not answer within --timeout + {GRACE_S:.0f} s (frozen)"}
     elif outcome.status == "exception" and outcome.exception is not None:
@@ -155,7 +161,7 @@ def facts_without_verdict(outcome: Outcome, place: tuple[int, int], options: Han
     if outcome.crash_frame is not None:  # where faulthandler saw it die: fresher than its last flight record
         record["user"] = ended["user"] = outcome.crash_frame.as_dict()
     trigger = "timeout" if outcome.status == "timeout" else None
-    return JobFacts(count, trigger, options.stall, {index: record}, {index: ended},
+    return JobFacts(count, trigger, options.stall, {index: record}, {index: ended} if ended else {},
                     notes=[f"the program sent no verdict: it {outcome.describe()}"])
 
 
@@ -186,11 +192,10 @@ def add_peer_files(facts: JobFacts, out_dir: str) -> None:
         record = read_record_file(folder)
         if record is not None:
             facts.records[index] = {**record, "index": index}
-        ended = None
-        while ended is None and time.time() < deadline:
+        ended = _read_json(os.path.join(folder, EXIT_FILE))
+        while ended is None and time.time() < deadline and not sigterm_came():  # (SIGTERM: report now)
+            time.sleep(0.2)
             ended = _read_json(os.path.join(folder, EXIT_FILE))
-            if ended is None:
-                time.sleep(0.2)
         if ended is not None:
             facts.outcomes[index] = ended
         elif record is not None:
@@ -204,12 +209,13 @@ def job_facts_of_process_0(out_dir: str, since: float) -> JobFacts | None:
     (since ``since``) in time: it may first wait :data:`ACK_WAIT_S` for this process to take the verdict."""
     path = os.path.join(out_dir, "process-0", "hang-facts.json")
     deadline = time.time() + ACK_WAIT_S + PEER_FILES_WAIT_S
-    while time.time() < deadline:
+    while True:
         with contextlib.suppress(OSError):
             if os.path.getmtime(path) >= since and (found := _read_json(path)) is not None:
                 return facts_from_json(found)
+        if time.time() >= deadline or sigterm_came():  # (SIGTERM: this process reports its own facts now)
+            return None
         time.sleep(0.2)
-    return None
 
 
 def _read_json(path: str) -> dict | None:

@@ -69,6 +69,10 @@ class JobFacts:
     notes: list[str] = field(default_factory=list)
 
 
+# A SIGTERM to jaxdbg stops the program as --timeout would (runner.end_runs_at_sigterm): the verdict is drawn so.
+SIGTERM_NOTE = "jaxdbg received SIGTERM (a time limit, or the job's launcher): the verdict is drawn as at --timeout"
+
+
 def facts_json(facts: JobFacts) -> dict:
     """JobFacts as JSON (process indices as text keys)."""
     return {"count": facts.count, "trigger": facts.trigger, "stall_s": facts.stall_s,
@@ -343,7 +347,8 @@ def _ended(states: dict[int, ProcessState], facts: JobFacts, common: dict[str, A
     if facts.trigger in ("signal", "timeout"):
         busy = [f"process {i} {s.detail}" if facts.count > 1 else s.detail for i, s in states.items()
                 if s.state in ("running", "host", "callback")]
-        asked = "at SIGUSR1" if facts.trigger == "signal" else "at --timeout"
+        asked = "at SIGUSR1" if facts.trigger == "signal" else "at SIGTERM" if SIGTERM_NOTE in facts.notes else (
+            "at --timeout")
         return HangResult(False, f"not stalled {asked}: the program was still making progress ({'; '.join(busy)})",
                           "running", explanation=(
                               "When it was asked, the program had moved (a call, a result, or its host code using the "

@@ -65,7 +65,8 @@ def memory(spec: TargetSpec, options: MemoryOptions, out_dir: str) -> MemoryRun:
     out_dir = os.path.abspath(out_dir)
     dump = os.path.join(out_dir, "xla_dump")
     loading = load_matplotlib() if options.plot else None  # meanwhile: the picture's import is off the path
-    outcome = run_contained(MemoryJob(spec, options, out_dir, dump), timeout=options.timeout)
+    outcome = run_contained(MemoryJob(spec, options, out_dir, dump), timeout=options.timeout,
+                            sigterm_as_timeout=True)
     raise_usage_from_child(outcome)
     raise_internal_failure(outcome, spec, options)
     result = assemble(outcome, options, rules)

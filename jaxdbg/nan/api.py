@@ -62,7 +62,7 @@ def hunt(spec: TargetSpec, options: HuntOptions) -> HuntRun:
     any NaN/Inf was seen (raised, crashed, timed out).
     """
     check_inputs(spec, options.inputs, options.args)
-    outcome = run_contained(HuntJob(spec, options), timeout=options.timeout)
+    outcome = run_contained(HuntJob(spec, options), timeout=options.timeout, sigterm_as_timeout=True)
     got = outcome.last(HuntFinished)
     if got is not None:
         return HuntRun(got.result, got.artifacts, got.environment)
@@ -75,12 +75,13 @@ def hunt(spec: TargetSpec, options: HuntOptions) -> HuntRun:
         return HuntRun(_degraded(detected, stopped, said))
     if outcome.status == "exception":  # the child catches the target's exceptions: this one is jaxdbg's
         raise outcome.failure(outcome.describe(), bug="nan-hunt failed in its child process")
-    what = {"timeout": f"ran past --timeout {options.timeout}s", "crash": outcome.describe(),
-            "exit": outcome.describe()}.get(outcome.status, outcome.describe())
-    remedy = "raise --timeout or shorten the run" if outcome.status == "timeout" else "fix that failure first"
+    timed_out = outcome.status == "timeout" and not outcome.terminated
+    what = f"ran past --timeout {options.timeout}s" if timed_out else outcome.describe()
+    remedy = ("raise --timeout or shorten the run" if timed_out else "give it more time, or shorten the run"
+              if outcome.terminated else "fix that failure first")
     if hung:
         what, remedy = f"{what} ({hung})", "see where that process stands"
-    elif outcome.status == "timeout" and waited_to_join(outcome.stderr):
+    elif timed_out and waited_to_join(outcome.stderr):  # (describe() says it of a run SIGTERM ended)
         what, remedy = (f"{what} waiting in jax.distributed.initialize() for the job's other processes",
                         "one never started or cannot reach the coordinator: start every process of the job")
     raise outcome.failure(f"the target {what} before any NaN/Inf was seen; nothing to localise ({remedy})")

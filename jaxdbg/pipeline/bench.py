@@ -467,7 +467,7 @@ def _run_real(options: BenchOptions, jobs: list[_Job], on_run: Callable[[int, in
                       options.transfer_bind, options.timeout, options.message_auth)
     devices = options.stages * options.devices_per_stage
     outcome = run_contained(payload, timeout=options.timeout, device_count=devices,
-                            on_message=heard if on_run is not None else None)
+                            on_message=heard if on_run is not None else None, sigterm_as_timeout=True)
     if not outcome.ok:
         raise outcome.failure(
             f"the real pipeline run {outcome.describe()}; try fewer stages or microbatches, or a longer --timeout")

@@ -82,7 +82,8 @@ def profile(spec: TargetSpec, options: ProfileOptions, out_dir: str) -> ProfileR
     env = {XLA_FLAGS_VARIABLE: flags}
     if dump:
         artifacts["xla_dump"] = dump
-    outcome = run_contained(ProfileJob(spec, options, out_dir), timeout=options.timeout, env=env)
+    outcome = run_contained(ProfileJob(spec, options, out_dir), timeout=options.timeout, env=env,
+                            sigterm_as_timeout=True)
     raise_usage_from_child(outcome)
     raise_internal_failure(outcome, spec, options)
     mode: ProfileMode = "script" if spec.is_script else "function"
