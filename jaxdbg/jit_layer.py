@@ -323,28 +323,73 @@ class _PerThread(threading.local):
         self.state = _ThreadState()
 
 
-def _transforms(fun: Callable) -> tuple:
-    """The code of each ``functools.wraps`` wrapper between a jitted callable and its Python function (``jax.grad``,
-    ``jax.value_and_grad``, ``jax.vmap``, a user's decorator): the same for every re-jit of one transformed function,
-    different for another transform of the same function.
+def _wrappers(fun: Callable) -> Iterator[Any]:
+    """Each ``functools.wraps`` wrapper between a callable and its Python function, outermost first (partials
+    looked through)."""
+    for _ in range(8):
+        if isinstance(fun, functools.partial):
+            fun = fun.func
+        elif hasattr(fun, "__wrapped__"):
+            yield fun
+            fun = fun.__wrapped__
+        else:
+            break
+
+
+# jax's transformations whose wrapper is told by the local function jax defines for it (``grad.<locals>.grad_f``)
+TRANSFORMS = frozenset({"grad", "value_and_grad", "vmap", "jacrev", "jacfwd", "checkpoint", "remat"})
+
+
+def transform_name(wrapper: Any) -> str | None:
+    """The jax transformation a ``functools.wraps`` wrapper is (one of :data:`TRANSFORMS`), read from the code of
+    the local function jax defines for it (``grad.<locals>.grad_f``, held behind jax's traceback-filtering wrapper;
+    its ``__qualname__`` is the user's, copied by ``functools.wraps``); None for any other wrapper.
 
     Example:
         >>> import jax
         >>> def loss(x):
         ...     return x * x
-        >>> _transforms(loss), _transforms(jax.grad(loss)) == _transforms(jax.grad(loss)) != _transforms(loss)
-        ((), True)
+        >>> [transform_name(w) for w in _wrappers(jax.value_and_grad(loss))], transform_name(loss)
+        (['value_and_grad'], None)
     """
-    found = []
-    for _ in range(8):
-        if isinstance(fun, functools.partial):
-            fun = fun.func
-        elif hasattr(fun, "__wrapped__"):
-            code = getattr(fun, "__code__", None)
-            found.append((code.co_filename, code.co_firstlineno) if code is not None else type(fun).__qualname__)
-            fun = fun.__wrapped__
-        else:
-            break
+    code = getattr(wrapper, "__code__", None)
+    if code is None or is_user_file(code.co_filename):
+        return None
+    held = [cell.cell_contents for cell in getattr(wrapper, "__closure__", None) or () if _filled(cell)]
+    for candidate in (wrapper, *held):
+        qualname = getattr(getattr(candidate, "__code__", None), "co_qualname", "")
+        outer = qualname.split(".<locals>.")[0] if ".<locals>." in qualname else ""
+        if outer in TRANSFORMS:
+            return outer
+    return None
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - an empty cell raises
+    except ValueError:
+        return False
+    return True
+
+
+def _transforms(fun: Callable) -> tuple:
+    """Each ``functools.wraps`` wrapper between a jitted callable and its Python function: the jax transformation it
+    is (:func:`transform_name`), or the code of a user's decorator: the same for every re-jit of one transformed
+    function, different for another transform of the same function (``jax.grad`` and ``jax.value_and_grad`` share
+    jax's traceback-filtering wrapper: told apart by name).
+
+    Example:
+        >>> import jax
+        >>> def loss(x):
+        ...     return x * x
+        >>> _transforms(loss), _transforms(jax.grad(loss)), _transforms(jax.value_and_grad(loss))
+        ((), ('grad',), ('value_and_grad',))
+    """
+    found: list[Any] = []
+    for wrapper in _wrappers(fun):
+        code = getattr(wrapper, "__code__", None)
+        found.append(transform_name(wrapper) or
+                     ((code.co_filename, code.co_firstlineno) if code is not None else type(wrapper).__qualname__))
     return tuple(found)
 
 
@@ -952,7 +997,11 @@ def function_identity(fun: Any) -> tuple[str, SourceLocation | None]:
     name = getattr(inner, "__name__", None) or type(inner).__name__
     code = getattr(inner, "__code__", None)
     if code is not None and is_user_file(code.co_filename):
-        return name, SourceLocation(code.co_filename, code.co_firstlineno, name)
+        # jax.jit(jax.value_and_grad(loss)) is `value_and_grad(loss)`: another program than jax.jit(loss)
+        shown = name
+        for transform in reversed([t for t in map(transform_name, _wrappers(fun)) if t]):
+            shown = f"{transform}({shown})"
+        return shown, SourceLocation(code.co_filename, code.co_firstlineno, name)
     transformed = _transformed_user_function(inner)
     if transformed is not None:  # jax.jit(checkify.checkify(step)): `checkify(step)`, at step's line
         transform, user = transformed

@@ -151,6 +151,23 @@ def test_a_checkified_function_is_named_after_the_users_function():
     assert f.record.source.line == step.__code__.co_firstlineno
 
 
+def test_transformed_functions_are_named_as_written_and_kept_apart():
+    """jax.jit(jax.grad(loss)) and jax.jit(jax.value_and_grad(loss)) are two programs: both behind jax's one
+    traceback-filtering wrapper, they once shared a record (and every report called both 'loss')."""
+    def loss(x):
+        return jnp.sum(x ** 2)
+
+    with jit_layer.installed(Log("h", [])):
+        jitted = [jax.jit(loss), jax.jit(jax.grad(loss)), jax.jit(jax.value_and_grad(loss)),
+                  jax.jit(jax.vmap(jax.grad(loss))), jax.jit(jax.grad(loss))]
+        for f in jitted[:4]:
+            f(jnp.ones((2, 3)))
+    names = [f.record.name for f in jitted]
+    assert names == ["loss", "grad(loss)", "value_and_grad(loss)", "vmap(grad(loss))", "grad(loss)"]
+    assert len({f.record.id for f in jitted}) == 4 and jitted[1].record is jitted[4].record
+    assert {f.record.source.line for f in jitted} == {loss.__code__.co_firstlineno}
+
+
 def test_behaves_like_the_jitted_function():
     class Scaler:
         factor = 2.0
