@@ -157,6 +157,17 @@ SCRIPTS = {
         y = scale.lower(jnp.ones(4), 3).compile()(jnp.ones(4))  # static and donated arguments
         print(float(y.sum()), float(compiled(w, x)))
     """,
+    "value_and_grad.py": """
+        import jax, jax.numpy as jnp
+        def loss(w, x):
+            return jnp.mean(jnp.tanh(x @ w) ** 2)
+        evaluate, train = jax.jit(loss), jax.jit(jax.value_and_grad(loss))  # both programs are jit_loss
+        w, x = jnp.ones((64, 64)) * 0.01, jnp.ones((32, 64))
+        print(float(evaluate(w, x)))
+        for _ in range(6):
+            value, grad = train(w, x)
+            w = w - 0.1 * grad
+    """,
     "raises.py": """
         import jax, jax.numpy as jnp
         @jax.jit
@@ -334,6 +345,16 @@ def test_ops_of_a_later_compile_keep_their_source_line(scripts, tmp_path):
     assert update.compiles == 2 and "static argument 'mode'" in update.recompiles[0].reason
     lines = {op.source.line for op in update.ops if op.source is not None}
     assert marked_line(path, "# mul branch") in lines and marked_line(path, "# add branch") in lines
+
+
+def test_a_function_and_its_gradient_jitted_apart_have_their_own_names_and_ops(scripts, tmp_path):
+    # jax.jit(loss) and jax.jit(jax.value_and_grad(loss)): both HLO modules are jit_loss, and both were once
+    # named 'loss', each with both programs' ops summed in its table.
+    run = profile(parse_target(str(scripts / "value_and_grad.py")), ProfileOptions(calibrate=False), str(tmp_path))
+    loss, train = by_name(run, "loss"), by_name(run, "value_and_grad(loss)")
+    assert (loss.execute.calls, train.execute.calls) == (1, 6) and loss.module == train.module == "jit_loss"
+    assert loss.ops and train.ops and {op.count for op in loss.ops} == {1}  # its one run, not the training's
+    assert min(op.count for op in train.ops) >= 2 and len(train.ops) > len(loss.ops)
 
 
 def test_reads_inside_host_callbacks_are_not_the_programs_syncs(scripts, tmp_path):

@@ -40,7 +40,14 @@ from jaxdbg.profile.model import (
     Totals,
     TraceFiles,
 )
-from jaxdbg.profile.ops import XplaneEvents, function_ops, quiet_native_stderr, read_xplane, xprof_hlo_stats
+from jaxdbg.profile.ops import (
+    XplaneEvents,
+    function_ops,
+    module_of,
+    quiet_native_stderr,
+    read_xplane,
+    xprof_hlo_stats,
+)
 from jaxdbg.profile.run import ProfileRun
 from jaxdbg.profile.spans import union_length
 
@@ -107,12 +114,15 @@ def _host(path: str, events: XplaneEvents, top: int) -> tuple[list[FunctionProfi
         durations = [(end - start) * 1e-9 for start, end in runs]
         median, p90, low, high, spread = duration_stats(durations)
         execute = ExecuteStats(len(runs), None, median, p90, low, high, spread, sum(durations), len(runs))
-        name = module[len("jit_"):] if module.startswith("jit_") else module
-        hlo = module_hlo(path, module, events.programs.get(module))
+        base = module_of(module)  # jit_loss#7: one of several programs named jit_loss
+        name = base[len("jit_"):] if base.startswith("jit_") else base
+        if base != module:
+            name += f" (program {events.programs.get(module)})"
+        hlo = module_hlo(path, base, events.programs.get(module))
         rows, ops_source = function_ops(name, module, hlo, by_prefix, events.ops, top)
         functions.append(FunctionProfile(
             name=name, source=None, compiles=None, recompiles=None, compile=None, execute=execute, ops=rows,
-            module=module, ops_source=ops_source, host=label))
+            module=base, ops_source=ops_source, host=label))
     functions.sort(key=lambda f: -f.execute.total_s)
     spans = [s for runs in events.executions.values() for s in runs]
     marks = [(s, e) for steps in events.steps.values() for _, s, e in steps]

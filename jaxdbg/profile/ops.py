@@ -33,6 +33,8 @@ from jaxdbg.profile.collectives import sharding_cause
 from jaxdbg.profile.hlo import HloModule, opcode_category
 from jaxdbg.profile.model import OpRow
 
+PROGRAM_MARK = "#"  # between a module name and its program id, where programs of one name ran (see _program_keys)
+
 
 @dataclass
 class OpTotal:
@@ -101,23 +103,25 @@ def _read_events(data: Any, first_runs: bool = False) -> XplaneEvents:
             for event in line.events:
                 stats = _stats(event)
                 start, duration = float(event.start_ns), float(event.duration_ns)
-                op, module = stats.get("hlo_op"), stats.get("hlo_module")
-                if op and module:
+                op, name = stats.get("hlo_op"), stats.get("hlo_module")
+                if op and name:
                     run = int(stats["run_id"]) if "run_id" in stats else None
-                    events.append((start, duration, str(module), str(op), run))
-                    programs.setdefault(str(module), int(stats.get("program_id", -1)))
+                    program = int(stats.get("program_id", -1))
+                    module = f"{name}{PROGRAM_MARK}{program}"  # named by its module alone below, where unique
+                    events.append((start, duration, module, str(op), run))
+                    programs.setdefault(module, program)
                     if run is None:
-                        unnumbered[str(module)].append((start, start + duration))
+                        unnumbered[module].append((start, start + duration))
                         continue
-                    run_program[(str(module), run)] = int(stats.get("program_id", -1))
-                    span = runs.setdefault((str(module), run), [start, start + duration])
+                    run_program[(module, run)] = program
+                    span = runs.setdefault((module, run), [start, start + duration])
                     span[0], span[1] = min(span[0], start), max(span[1], start + duration)
                     device = stats.get("device_ordinal", plane_device)
                     if device is not None:
-                        key = (str(module), int(stats["run_id"]), int(device))
+                        key = (module, int(stats["run_id"]), int(device))
                         mine = on_device.setdefault(key, [start, start + duration])
                         mine[0], mine[1] = min(mine[0], start), max(mine[1], start + duration)
-                elif "step_num" in stats and not module:
+                elif "step_num" in stats and not name:
                     steps[str(event.name)].append((int(stats["step_num"]), start, start + duration))
             for module, op, run, self_ns in _self_times(events):
                 entry = by_run[(module, run)][op]
@@ -142,8 +146,79 @@ def _read_events(data: Any, first_runs: bool = False) -> XplaneEvents:
     per_device: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     for (module, _, device), (start, end) in sorted(on_device.items(), key=lambda kv: kv[1][0]):
         per_device[module][device].append((end - start) * 1e-9)
-    return XplaneEvents({m: dict(ops) for m, ops in totals.items()}, dict(executions), dict(steps), programs,
-                        tuple(devices), {m: dict(d) for m, d in per_device.items() if len(d) > 1}, len(first))
+    named = _program_keys(programs)
+    return XplaneEvents({named[m]: dict(ops) for m, ops in totals.items()},
+                        {named[m]: spans for m, spans in executions.items()}, dict(steps),
+                        {named[m]: program for m, program in programs.items()}, tuple(devices),
+                        {named[m]: dict(d) for m, d in per_device.items() if len(d) > 1}, len(first))
+
+
+def _program_keys(programs: dict[str, int]) -> dict[str, str]:
+    """The key each program's figures go under: its module's name, or ``name#program_id`` where several programs of
+    one name ran (``jax.jit(loss)`` and ``jax.jit(jax.value_and_grad(loss))`` are both ``jit_loss``).
+
+        >>> sorted(_program_keys({"jit_loss#3": 3, "jit_loss#7": 7, "jit_step#5": 5}).values())
+        ['jit_loss#3', 'jit_loss#7', 'jit_step']
+    """
+    names = Counter(module_of(key) for key in programs)
+    return {key: key if names[module_of(key)] > 1 else module_of(key) for key in programs}
+
+
+def module_of(key: str) -> str:
+    """The HLO module name of a program's key in :class:`XplaneEvents` (``jit_loss#7`` -> ``jit_loss``)."""
+    return key.rpartition(PROGRAM_MARK)[0] or key
+
+
+def assign_programs(functions: list[tuple[str, HloModule | None]], by_module: dict[str, dict[str, OpTotal]]) -> list[
+        list[str]]:
+    """Which captured programs (keys of ``by_module``, :class:`XplaneEvents`) each function ran, given each
+    function's HLO module name and parsed HLO: every program of its module's name (a recompile is another program
+    of the same name); where several functions share the name (``jax.jit(loss)`` and
+    ``jax.jit(jax.value_and_grad(loss))`` are both ``jit_loss``), each program goes to the function whose HLO's op
+    names best match the program's ops.
+
+        >>> from jaxdbg.profile.hlo import parse_hlo
+        >>> def hlo(op):
+        ...     return parse_hlo(f"HloModule jit_loss\\n\\nENTRY %main (p: f32[2]) -> f32[2] {{\\n"
+        ...                      f"  %p = f32[2]{{0}} parameter(0)\\n"
+        ...                      f"  ROOT %{op} = f32[2]{{0}} tanh(f32[2]{{0}} %p)\\n}}")
+        >>> ran = {"jit_loss#3": {"t": OpTotal()}, "jit_loss#7": {"u": OpTotal()}, "jit_step": {"add": OpTotal()}}
+        >>> assign_programs([("jit_loss", hlo("t")), ("jit_loss", hlo("u")), ("jit_step", None)], ran)
+        [['jit_loss#3'], ['jit_loss#7'], ['jit_step']]
+    """
+    found: list[list[str]] = [[] for _ in functions]
+    sharing: dict[str, list[int]] = defaultdict(list)
+    for index, (module, _) in enumerate(functions):
+        sharing[module].append(index)
+    for key, ops in by_module.items():
+        owners = sharing.get(module_of(key), [])
+        if len(owners) == 1:
+            found[owners[0]].append(key)
+        elif owners:
+            ran = set(ops)
+            found[max(owners, key=lambda i: _match(ran, functions[i][1]))].append(key)
+    return found
+
+
+def merged_ops(by_module: dict[str, dict[str, OpTotal]], keys: list[str]) -> dict[str, OpTotal]:
+    """One function's per-op totals over the programs it ran (``keys``: :func:`assign_programs`)."""
+    if len(keys) == 1:
+        return by_module[keys[0]]
+    merged: dict[str, OpTotal] = {}
+    for key in keys:
+        for op, total in by_module[key].items():
+            into = merged.setdefault(op, OpTotal(category=total.category, expression=total.expression,
+                                                 source=total.source))
+            into.count += total.count
+            into.total_s += total.total_s
+    return merged
+
+
+def _match(ran: set[str], hlo: HloModule | None) -> float:
+    if hlo is None:
+        return -1.0
+    known = set(hlo.ops)
+    return len(ran & known) / max(len(ran | known), 1)
 
 
 def _first_runs(runs: dict[tuple[str, int], list[float]], run_program: dict[tuple[str, int], int]) -> set[
@@ -316,5 +391,5 @@ def function_ops(function: str, module_name: str, module: HloModule | None, by_p
     ops, source = by_prefix.get(f"jit({function})"), "xprof hlo_stats"
     if not ops:
         ops, source = by_module.get(module_name), "xplane op events"
-    rows = op_table(ops, module, top, module_name) if ops and top > 0 else ()
+    rows = op_table(ops, module, top, module_of(module_name)) if ops and top > 0 else ()
     return rows, source if rows else ""

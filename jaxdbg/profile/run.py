@@ -202,11 +202,11 @@ def attach_ops(functions: list[FunctionProfile], captured: CaptureOps, top: int,
     from jaxdbg.profile.collectives import read_specs
     from jaxdbg.profile.hlo import parse_hlo
     from jaxdbg.profile.hlo_files import later_compiles
-    from jaxdbg.profile.ops import function_ops
+    from jaxdbg.profile.ops import assign_programs, function_ops, merged_ops
 
     if top <= 0:
         return functions
-    updated = []
+    modules = []
     for function in functions:
         module = None
         path = function.hlo.get("optimized_hlo")
@@ -221,9 +221,19 @@ def attach_ops(functions: list[FunctionProfile], captured: CaptureOps, top: int,
                 with open(later) as handle:
                     for op_name, op in parse_hlo(handle.read()).ops.items():
                         module.ops.setdefault(op_name, op)
-        name = function.module or (module.name if module else f"jit_{function.name}")
-        rows, source = function_ops(function.name, name, module, captured.by_prefix, captured.by_module, top)
-        devices = device_executions(captured.per_device.get(name, {}), backend)
+        modules.append((function.module or (module.name if module else f"jit_{function.name}"), module))
+    # every program the capture holds under a function's module name, recompiles included; programs of one name
+    # that several functions ran (jax.jit(loss) and jax.jit(jax.value_and_grad(loss))) to the one they match
+    programs = assign_programs(modules, captured.by_module)
+    updated = []
+    for function, (name, module), keys in zip(functions, modules, programs):
+        ran = {name: merged_ops(captured.by_module, keys)} if keys else {}
+        rows, source = function_ops(function.name, name, module, captured.by_prefix, ran, top)
+        per_device: dict = {}
+        for key in keys:
+            for device, runs in captured.per_device.get(key, {}).items():
+                per_device.setdefault(device, []).extend(runs)
+        devices = device_executions(per_device, backend)
         updated.append(dataclasses.replace(function, ops=rows, ops_source=source, devices=devices))
     return updated
 
