@@ -76,11 +76,12 @@ def test_eager_optax_divergence_reports_the_nan_the_inf_turned_into(hunted) -> N
     assert got["strategy"] == "eager check"
     # Its infinities came from the jitted gradient of the prediction, which overflowed in call 32.
     assert [(*_where(c), c["function"]) for c in got["chain"]] == [
-        ("inf", "dot_general", "backward", _line(program, "# its gradient overflows"), 32, "mse")]
+        ("inf", "dot_general", "backward", _line(program, "# its gradient overflows"), 32, "value_and_grad(mse)")]
     # The parameters were only ever made by eager code: their growth is seen as arguments of the jitted call.
     params = {g["name"]: g for g in got["growth"] if g["name"].startswith("params")}
     assert set(params) == {"params['w']", "params['b']"}
-    assert all(g["ratio"] > 1e30 and g["source"]["line"] == update and g["function"] == "mse" for g in params.values())
+    assert all(g["ratio"] > 1e30 and g["source"]["line"] == update and g["function"] == "value_and_grad(mse)"
+               for g in params.values())
     assert "diverging" in got["explanation"] and got["hints"][0] == CLIP
     assert any("reduce_sum" in n and "call 15" in n and "did not feed" in n for n in got["notes"])
 
