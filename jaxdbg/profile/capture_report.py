@@ -109,10 +109,10 @@ def _host(path: str, events: XplaneEvents, top: int) -> tuple[list[FunctionProfi
         execute = ExecuteStats(len(runs), None, median, p90, low, high, spread, sum(durations), len(runs))
         name = module[len("jit_"):] if module.startswith("jit_") else module
         hlo = module_hlo(path, module, events.programs.get(module))
-        rows, ops_source = function_ops(name, module, hlo, by_prefix, events.ops, top)
+        rows, scopes, ops_source = function_ops(name, module, hlo, by_prefix, events.ops, top)
         functions.append(FunctionProfile(
             name=name, source=None, compiles=None, recompiles=None, compile=None, execute=execute, ops=rows,
-            module=module, ops_source=ops_source, host=label))
+            scopes=scopes, module=module, ops_source=ops_source, host=label))
     functions.sort(key=lambda f: -f.execute.total_s)
     spans = [s for runs in events.executions.values() for s in runs]
     marks = [(s, e) for steps in events.steps.values() for _, s, e in steps]

@@ -221,9 +221,10 @@ def attach_ops(functions: list[FunctionProfile], captured: CaptureOps, top: int,
                     for op_name, op in parse_hlo(handle.read()).ops.items():
                         module.ops.setdefault(op_name, op)
         name = function.module or (module.name if module else f"jit_{function.name}")
-        rows, source = function_ops(function.name, name, module, captured.by_prefix, captured.by_module, top)
+        rows, scopes, source = function_ops(function.name, name, module, captured.by_prefix, captured.by_module,
+                                            top)
         devices = device_executions(captured.per_device.get(name, {}), backend)
-        updated.append(dataclasses.replace(function, ops=rows, ops_source=source, devices=devices))
+        updated.append(dataclasses.replace(function, ops=rows, scopes=scopes, ops_source=source, devices=devices))
     return updated
 
 
