@@ -74,6 +74,7 @@ _INLINABLE_PARAMS = {
     "pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
     "custom_jvp_call": "call_jaxpr", "custom_vjp_call": "call_jaxpr", "custom_vjp_call_jaxpr": "fun_jaxpr",
     "remat2": "jaxpr", "checkpoint": "jaxpr", "remat": "jaxpr",
+    "eval_jaxpr": "call_jaxpr",  # jax 0.11: lax.custom_root's gradient calls it
 }
 
 

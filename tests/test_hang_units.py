@@ -142,6 +142,22 @@ def test_a_signal_on_a_working_program_is_not_a_stall():
     assert result.verdict.startswith("not stalled at SIGUSR1: the program was still making progress")
 
 
+def test_a_call_running_longer_than_the_stall_threshold_is_named_as_a_loop_that_may_never_end():
+    """On CPU devices a lax.while_loop that never ends keeps the CPU busy: no stall, but the call has been in flight
+    for 45 s while its earlier call took 2 s, and the hint says so (not for a call only 10 s in)."""
+    record = _record(0, "implicit_step", "implicit_step(y: f32[32])", 41, None)
+    record["idle_s"], record["taken"] = 0.0, 50.0
+    record["calls"].insert(0, {**record["calls"][0], "seq": 8, "index": 4, "start": 1.0, "returned": 3.0})
+    record["calls"][1].update(index=5, start=5.0)
+    result = judge(JobFacts(1, "timeout", 30.0, {0: record}))
+    assert (result.kind, result.exit_code) == ("running", 3)
+    (hint,) = result.hints
+    assert hint.startswith("implicit_step call 5 had run for 45 s without returning (its 1 earlier call(s) shown "
+                           "took at most 2.0 s)") and "lax.while_loop" in hint
+    record["calls"][1]["start"] = 40.0
+    assert judge(JobFacts(1, "timeout", 30.0, {0: record})).hints == ()
+
+
 def test_a_process_that_finished_while_the_others_wait_in_a_collective_is_the_one_missing():
     """Process 1 skipped one call of train_step (a condition on process_index) and ended; process 0 waits in its
     last call, whose all-reduce needs process 1: not 'every process waits inside', but process 1 is missing."""

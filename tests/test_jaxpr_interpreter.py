@@ -104,6 +104,28 @@ def test_reverse_scan_visits_elements_last_to_first() -> None:
     assert order == ["scan[iteration=2]", "scan[iteration=1]", "scan[iteration=0]"]
 
 
+def _cube_root(a):
+    """a ** (1/3) by bisection under lax.custom_root; its gradient divides by the derivative 3 x**2."""
+    def bisect(f, x0):
+        lo, hi = jax.lax.fori_loop(0, 30, lambda _, b: jax.lax.cond(f(0.5 * (b[0] + b[1])) > 0,
+                                                                    lambda b: (b[0], 0.5 * (b[0] + b[1])),
+                                                                    lambda b: (0.5 * (b[0] + b[1]), b[1]), b),
+                                   (x0 - 4.0, x0 + 4.0))
+        return 0.5 * (lo + hi)
+    return jax.lax.custom_root(lambda x: x ** 3 - a, 0.0, bisect, lambda g, y: y / g(1.0))
+
+
+def test_the_gradient_of_a_custom_root_is_replayed_inside_its_calls() -> None:
+    """jax 0.11 writes custom_root's transpose as an ``eval_jaxpr`` equation: the replay goes into it, so the
+    tangent solve's division is an equation of its own (nan-hunt names it, not the whole custom_root line)."""
+    hooks = Recorder()
+    closed = jax.make_jaxpr(jax.grad(_cube_root))(8.0)
+    (out,) = interpret(closed, [8.0], hooks=hooks)
+    assert float(out) == pytest.approx(float(jax.grad(_cube_root)(8.0)), rel=1e-4)
+    assert not hooks.opaque_calls and all(descended for _, prim, descended in hooks.seen if prim == "eval_jaxpr")
+    assert "div" in {prim for _, prim, _ in hooks.seen}
+
+
 def test_while_iterations_and_cond() -> None:
     hooks = Recorder()
     (out,) = interpret(jax.make_jaxpr(looped)(1.0, 3), [1.0, 3], hooks=hooks, root="jit(looped)")

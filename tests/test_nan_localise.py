@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from jaxdbg.nan.calls import Call
-from jaxdbg.nan.explain import NORM_EPSILON_ZERO, constant_nan_note, explain
+from jaxdbg.nan.explain import NORM_EPSILON_ZERO, constant_nan_note, explain, nested_derivative
 from jaxdbg.nan.fidelity import bisect_compiled
 from jaxdbg.nan.growth import GrowthTracker
 from jaxdbg.nan.localise import localise_call
@@ -421,6 +423,27 @@ def test_explanations_of_poles_signed_logsumexp_singular_solves_and_inverse_soft
     angle = hunt(jax.jit(jax.grad(lambda p: jnp.sum(jnp.arctan2(p[:, 1], p[:, 0])))), jnp.array([[1.0, 1.0], [0, 0]]))
     text, hints = explain(angle.first)
     assert angle.first.pass_ == "backward" and "derivative of arctan2" in text and "origin" in hints[0]
+
+
+def _radial(w, p):
+    return jnp.tanh(w * jnp.sqrt(jnp.sum(p * p)))  # the radius as a feature: d sqrt is infinite at the centre
+
+
+def test_a_derivative_the_loss_takes_itself_is_explained_as_the_derivative_of_sqrt_at_0() -> None:
+    """A physics-informed loss takes the Laplacian with jax.hessian under vmap; at the point (0, 0) the derivative
+    of sqrt is infinite. Its equations are in the outer gradient's forward pass, yet they are a derivative: the
+    explanation says so, with the sqrt fix, not a bare division by zero."""
+    def lap(w, pts):
+        return jnp.mean(jax.vmap(lambda p: jnp.trace(jax.hessian(_radial, argnums=1)(w, p)))(pts) ** 2)
+    found = hunt(jax.jit(jax.value_and_grad(lap)), 0.7, jnp.array([[0.5, 0.1], [0.0, 0.0]]))
+    (root,) = found.chain
+    assert root.primitive == "div" and nested_derivative(dataclasses.replace(root, pass_="forward"))
+    # data flow calls it backward here; in a PINN whose radius also feeds the network's value it is forward
+    for origin in (root, dataclasses.replace(root, pass_="forward")):
+        text, hints = explain(origin)
+        assert "the derivative of sqrt at 0 is infinite" in text, text
+        assert hints[0].startswith("add an epsilon inside: `jnp.sqrt(x + 1e-12)`"), hints
+    assert "jax.hessian" in explain(dataclasses.replace(root, pass_="forward"))[0]
 
 
 def _gp_like(x, log_scale):

@@ -13,10 +13,10 @@ from jaxdbg.profile.assemble import execute_stats
 from jaxdbg.profile.budget import check_budget, parse_budget
 from jaxdbg.profile.compare import compare, load_baseline
 from jaxdbg.profile.hints import hints_for
-from jaxdbg.profile.hlo import loop_note, module_name, parse_hlo
+from jaxdbg.profile.hlo import loop_note, module_name, named_scope, parse_hlo
 from jaxdbg.profile.messages import CallTiming
 from jaxdbg.profile.model import CompileTimes, ExecuteStats, FunctionProfile, Recompile, Totals, Transfer
-from jaxdbg.profile.ops import OpTotal, _self_times, op_table
+from jaxdbg.profile.ops import OpTotal, _self_times, op_table, scope_table
 from jaxdbg.profile.peaks import Peak, achieved_rates, calibrate_cpu, table_peak
 from jaxdbg.profile.signature import call_signature, explain
 from jaxdbg.profile.spans import span_times
@@ -200,6 +200,29 @@ def test_op_table_ranks_and_shares():
     rows = op_table(ops, None, top=1, module_name="jit_f")
     assert len(rows) == 1 and rows[0].name == "dot.1" and rows[0].fraction == pytest.approx(0.8)
     assert rows[0].category == "matmul" and rows[0].module == "jit_f"
+
+
+@jax.named_scope("head")
+def _scoped(w, x):
+    with jax.named_scope("proj"):
+        h = jnp.tanh(x @ w)
+    return jnp.sum(h * h)
+
+
+def test_op_time_is_summed_by_the_scopes_the_user_named_through_grad_and_remat():
+    """jax.named_scope's names come through jvp/transpose, remat, loops and jnp's own jits; the primitive and the
+    function's jit do not count, and a backward op counts under the scope of the code it differentiates."""
+    assert named_scope("jit(step)/transpose(jvp(attention))/jit(_where)/select_n") == "attention"
+    assert named_scope("jit(step)/jvp()/while/body/cond/branch_1_fun/checkpoint/rematted_computation/a/b/sin") == "a/b"
+    assert named_scope("jit(step)/jvp(vmap())/while/body/add") == named_scope("add") == ""
+    grad = jax.jit(jax.grad(jax.checkpoint(_scoped)))
+    module = parse_hlo(grad.lower(jnp.ones((8, 8)), jnp.ones((4, 8))).compile().as_text())
+    scopes = {named_scope(op.op_name) for op in module.ops.values()}
+    assert "head/proj" in scopes and "jit" not in " ".join(scopes)
+    ops = {name: OpTotal(1, 1.0 if named_scope(op.op_name) == "head/proj" else 0.0) for name, op in module.ops.items()}
+    rows = scope_table(ops, module)
+    assert rows[0].scope == "head/proj" and rows[0].fraction == pytest.approx(1.0)
+    assert scope_table({name: OpTotal(1, 1.0) for name in module.ops}, None) == ()
 
 
 def test_compare_reports_per_function_deltas(tmp_path):

@@ -277,6 +277,22 @@ def test_a_nan_born_late_in_a_loop_is_cut_to_its_body_once_at_the_first_failing_
     assert program_fails(write_program(program, str(tmp_path))["repro"], NAN.criterion)
 
 
+def _backward_rnn(xs):
+    """A reversed scan over 6 elements, the 5th of them (index 4) negative: its log is met at iteration 1."""
+    return jax.lax.scan(lambda h, x: (h + jnp.log(x), h), 0.0, xs, reverse=True)[0]
+
+
+def test_a_reversed_scan_is_entered_at_its_iteration_and_says_the_element_that_fails():
+    """nan-hunt's path names a scan's element (``scan[iteration=4]``); the entered loop counts iterations in
+    execution order, so for a reversed scan it says the element too, or the two answers would disagree."""
+    xs = np.full((6,), 2.0, np.float32)
+    xs[4] = -1.0
+    _, _, inside = _enter(_backward_rnn, [xs], NAN)
+    (entered,) = inside.entered
+    assert (entered.iteration, entered.trips, entered.reverse) == (1, 6, True)
+    assert "iteration 1 of 6" in entered.describe() and "in reverse: element 4 of its xs" in entered.describe()
+
+
 def test_jit_vs_op_by_op_mismatch_inside_a_scan_is_cut_to_the_bodys_folded_arithmetic(tmp_path):
     """Op by op, a loop runs its body op by op (as lax.scan under jax.disable_jit does): the replayed scan
     disagrees with the jitted one as the program did, and its body once is cut to the folded arithmetic."""

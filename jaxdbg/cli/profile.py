@@ -487,6 +487,9 @@ def _render_ops(console: Console, f: FunctionProfile) -> None:
         for op in f.ops:
             if op.sharding_cause is not None:
                 console.print(f"  {op.name}: {_cause_line(op.sharding_cause)}", soft_wrap=True)
+    if f.scopes:
+        shares = ", ".join(f"{escape(s.scope) if s.scope else '(none)'} {100 * s.fraction:.1f}%" for s in f.scopes)
+        console.print(f"  op time of {escape(f.called_as or f.name)} by named scope: {shares}", soft_wrap=True)
 
 
 def _cause_line(cause: ShardingCause) -> str:

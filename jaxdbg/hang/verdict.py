@@ -349,10 +349,12 @@ def _ended(states: dict[int, ProcessState], facts: JobFacts, common: dict[str, A
                 if s.state in ("running", "host", "callback")]
         asked = "at SIGUSR1" if facts.trigger == "signal" else "at SIGTERM" if SIGTERM_NOTE in facts.notes else (
             "at --timeout")
+        long_calls = [hint for s in states.values() if (hint := _long_call_hint(s, facts.stall_s))]
         return HangResult(False, f"not stalled {asked}: the program was still making progress ({'; '.join(busy)})",
                           "running", explanation=(
                               "When it was asked, the program had moved (a call, a result, or its host code using the "
-                              "CPU) within the last seconds: it is slow, not stuck."), **common)
+                              "CPU) within the last seconds: it is slow, not stuck."), hints=tuple(long_calls),
+                          **common)
     if any(s.state == "unknown" for s in states.values()):
         missing = [f"process {i}" for i, s in states.items() if s.state == "unknown"]
         return HangResult(False, f"the job ended, but {', '.join(missing)} sent no record", "failed", **common)
@@ -362,6 +364,27 @@ def _ended(states: dict[int, ProcessState], facts: JobFacts, common: dict[str, A
     return HangResult(False, f"the program finished{said}; no stall, no divergence", "finished",
                       explanation=f"Every process finished; the flight record holds their last {calls} calls.",
                       **common)
+
+
+def _long_call_hint(state: ProcessState, stall_s: float) -> str | None:
+    """A jitted call in flight for --stall seconds and more while the device works (the CPU busy on CPU devices,
+    so no stall): a loop in its program that never ends (a ``lax.while_loop`` whose condition stays true) looks
+    just like this, and the user is told so, with what the function's earlier calls took."""
+    if state.state != "running" or state.function is None:
+        return None
+    current = next((row for row in reversed(state.last_calls) if row.kind == "call" and row.returned_s_ago is None
+                    and (row.function, row.call_index) == (state.function, state.call_index)), None)
+    if current is None or current.started_s_ago < stall_s:
+        return None
+    earlier = [row.started_s_ago - row.returned_s_ago for row in state.last_calls if row.kind == "call"
+               and row.function == state.function and row.returned_s_ago is not None]
+    before = (f"its {len(earlier)} earlier call(s) shown took at most {max(earlier):.1f} s" if earlier
+              else "its first call, compile included")
+    return (f"{call_name({'function': state.function, 'index': state.call_index})} had run for "
+            f"{current.started_s_ago:.0f} s without returning ({before}): if that is longer than it should take, a "
+            "loop inside it may never end, e.g. a lax.while_loop whose condition stays true (a tolerance below "
+            "float32's resolution, an iteration that oscillates or diverges): bound its iterations in the "
+            "condition; if the call is merely long, give --timeout more")
 
 
 def _call_words(state: ProcessState) -> str:

@@ -7,7 +7,8 @@ descends into higher-order primitives through a rule table keyed by primitive na
 primitive                              what the rule does (the path element it adds)
 =====================================  ==============================================================
 ``jit``/``pjit``                       interprets the inner jaxpr (``jit(name)``)
-``closed_call``/``core_call``          interprets the called jaxpr (``call``)
+``closed_call``/``core_call``          interprets the called jaxpr (``call``; ``eval_jaxpr`` too, as jax 0.11
+                                       writes ``custom_root``'s gradient)
 ``custom_jvp_call``                    interprets the primal jaxpr (``custom_jvp(name)``)
 ``custom_vjp_call``                    interprets the primal jaxpr (``custom_vjp(name)``); the user's
                                        backward rule, once differentiated, is ordinary equations
@@ -686,6 +687,7 @@ RULES: dict[str, Rule] = {
     "pjit": _call_rule("jaxpr", "jit"),
     "closed_call": _call_rule("call_jaxpr", "call", named=False),
     "core_call": _call_rule("call_jaxpr", "call", named=False),
+    "eval_jaxpr": _call_rule("call_jaxpr", "call", named=False),  # jax 0.11: custom_root's gradient calls it
     "custom_jvp_call": _call_rule("call_jaxpr", "custom_jvp"),
     "custom_vjp_call": _call_rule("call_jaxpr", "custom_vjp"),
     "custom_vjp_call_jaxpr": _call_rule("fun_jaxpr", "custom_vjp"),

@@ -324,8 +324,27 @@ def _sqrt(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] | No
     return None
 
 
+def nested_derivative(origin: Origin) -> bool:
+    """A forward-pass operation of a derivative the differentiated function takes itself (``jax.hessian``,
+    ``jax.jacfwd``, ``jax.grad`` inside a loss, as a physics-informed loss does): its name stack holds a
+    ``jvp(`` inside the outer one, or a ``transpose(``.
+
+    Example:
+        >>> nested_derivative(Origin("inf", "div", "forward", name_stack="jvp(vmap(vmap(jvp(jvp()))))"))
+        True
+        >>> nested_derivative(Origin("inf", "div", "forward", name_stack="jvp(vmap())"))
+        False
+    """
+    stack = origin.name_stack
+    return origin.pass_ == "forward" and (stack.count("jvp(") >= 2 or "transpose(" in stack)
+
+
 def _singular_derivative(origin: Origin, line: str, feeders: str) -> tuple[str, list[str]] | None:
-    if origin.pass_ != "backward" or origin.primitive not in ("div", "rsqrt", "pow", "mul", "integer_pow"):
+    # A derivative nested in the forward pass is told from that function's own values only by its Inf (a tangent
+    # over 0): jax.jacfwd puts the same name stack on the primal equations, where p / |p| at 0 is 0 / 0, no derivative
+    nested = nested_derivative(origin) and origin.kind == "inf"
+    if (origin.pass_ != "backward" and not nested) or origin.primitive not in ("div", "rsqrt", "pow", "mul",
+                                                                               "integer_pow"):
         return None
     if any(s.inf for s in origin.inputs):  # inf arithmetic on values that overflowed earlier, not a singularity
         return None
@@ -334,7 +353,9 @@ def _singular_derivative(origin: Origin, line: str, feeders: str) -> tuple[str, 
             what = {"norm": "a norm at the zero vector", "**": "a fractional power at 0"}.get(name, f"{name} at 0")
             fix = {"sqrt": SQRT_EPSILON, "norm": NORM_EPSILON, "pow": POW_BASE, "**": POW_BASE}.get(name, EPSILON_DIV)
             hints = [fix, DOUBLE_WHERE]
-            return (f"the derivative of {what} is infinite, so this backward-pass operation made "
+            made = ("this operation of a derivative the function takes itself (jax.hessian, jax.jacfwd or jax.grad "
+                    "inside it) made" if nested else "this backward-pass operation made")
+            return (f"the derivative of {what} is infinite, so {made} "
                     f"{'a NaN' if origin.kind == 'nan' else 'an Inf'} although the forward value is finite.", hints)
     return None
 

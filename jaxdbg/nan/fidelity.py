@@ -32,7 +32,7 @@ from jaxdbg.nan.result import Origin
 from jaxdbg.nan.stats import nonfinite_flags, value_stats
 
 INLINED = ("jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
-           "custom_vjp_call_jaxpr", "remat2", "checkpoint")
+           "custom_vjp_call_jaxpr", "remat2", "checkpoint", "eval_jaxpr")
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ KEEPS_NAN = frozenset({
 # Calls: their operands and results map one to one onto their jaxpr's inputs and outputs (param: its jaxpr).
 CALLS = {"jit": "jaxpr", "pjit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
          "custom_jvp_call": "call_jaxpr", "custom_vjp_call": "call_jaxpr", "custom_vjp_call_jaxpr": "fun_jaxpr",
-         "remat2": "jaxpr", "checkpoint": "jaxpr"}
+         "remat2": "jaxpr", "checkpoint": "jaxpr", "eval_jaxpr": "call_jaxpr"}
 
 _REACHED: weakref.WeakKeyDictionary[Any, dict[Any, frozenset[int]]] = weakref.WeakKeyDictionary()
 

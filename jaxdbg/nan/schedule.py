@@ -34,7 +34,8 @@ import numpy as np
 
 from jaxdbg import _compat
 
-CALLS = ("pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr")
+CALLS = ("pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr",
+         "eval_jaxpr")
 SHAPED = ("broadcast_in_dim", "reshape", "convert_element_type")  # a scalar made an array: the same multiplier
 WARMS_UP = 0.5  # a schedule whose first value is below this share of its peak warms up
 COUNTS = 10_000  # the schedule is evaluated at every count up to this (or twice the failing call's count)

@@ -179,7 +179,8 @@ def trace_zero(call: Any, closed: Any, origin: Site, operand: int, of: Origin | 
 
 
 # Calls whose outputs are their jaxpr's outputs, one for one: a zero made inside one is followed in.
-CALLS = ("pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call", "remat2", "checkpoint")
+CALLS = ("pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call", "remat2", "checkpoint",
+         "eval_jaxpr")
 
 
 class _Inputs(Hooks):

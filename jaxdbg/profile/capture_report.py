@@ -119,10 +119,10 @@ def _host(path: str, events: XplaneEvents, top: int) -> tuple[list[FunctionProfi
         if base != module:
             name += f" (program {events.programs.get(module)})"
         hlo = module_hlo(path, base, events.programs.get(module))
-        rows, ops_source = function_ops(name, module, hlo, by_prefix, events.ops, top)
+        rows, scopes, ops_source = function_ops(name, module, hlo, by_prefix, events.ops, top)
         functions.append(FunctionProfile(
             name=name, source=None, compiles=None, recompiles=None, compile=None, execute=execute, ops=rows,
-            module=base, ops_source=ops_source, host=label))
+            scopes=scopes, module=base, ops_source=ops_source, host=label))
     functions.sort(key=lambda f: -f.execute.total_s)
     spans = [s for runs in events.executions.values() for s in runs]
     marks = [(s, e) for steps in events.steps.values() for _, s, e in steps]

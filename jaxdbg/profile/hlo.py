@@ -419,6 +419,35 @@ def op_primitives(op_name: str) -> tuple[str, ...]:
     return tuple(found)
 
 
+# Parts of jax's name stack that are its own (loops, calls, remat, cond branches), not a scope the user named
+_JAX_STACK_WORDS = frozenset({"while", "body", "cond", "closed_call", "core_call", "checkpoint", "remat", "remat2",
+                              "rematted_computation", "shard_map", "scan", "custom_jvp_call", "custom_vjp_call",
+                              "custom_vjp_call_jaxpr", "pallas_call"})
+_BRANCH = re.compile(r"branch_\d+_fun$")
+
+
+def named_scope(op_name: str) -> str:
+    """The scopes the user named around an instruction (``jax.named_scope``, ``jax.named_call``, a Flax module's
+    name), outermost first, joined by ``/``: jax's transformations around them (``jvp(...)``, ``transpose(...)``,
+    ``vmap(...)``), its loops and calls, every ``jit(...)`` (the function itself, jnp's helpers) and the primitive
+    go; '' where there is none.
+
+    Example:
+        >>> named_scope("jit(step)/transpose(jvp(attention))/jit(_where)/select_n")
+        'attention'
+        >>> named_scope("jit(step)/jvp()/while/body/cond/branch_1_fun/checkpoint/outer/inner/sin"), named_scope("add")
+        ('outer/inner', '')
+    """
+    parts = _top_level_split(op_name, "/")[:-1]  # the last part is the primitive
+    scopes = []
+    for part in parts:
+        while (opened := part.find("(")) > 0 and part.endswith(")") and part[:opened] not in ("jit", "pjit"):
+            part = part[opened + 1:-1]  # a transformation around the scope: jvp(attention) -> attention
+        if part and "(" not in part and part not in _JAX_STACK_WORDS and not _BRANCH.match(part):
+            scopes.append(part)
+    return "/".join(scopes)
+
+
 def _top_level_split(text: str, separator: str) -> list[str]:
     """``text`` split at ``separator`` outside parentheses."""
     parts, depth, start = [], 0, 0

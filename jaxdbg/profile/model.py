@@ -124,6 +124,16 @@ class OpRow:
 
 
 @dataclass(frozen=True)
+class ScopeRow:
+    """The op time of a function under one scope the user named (``jax.named_scope``, ``jax.named_call``, a Flax
+    module), over all its ops; ``scope`` '' for the ops under none."""
+
+    scope: str
+    total_s: float
+    fraction: float
+
+
+@dataclass(frozen=True)
 class DeviceExecutions:
     """One device's executions of a function run on several (a pmap, an SPMD program), from the capture window:
     ``device`` is ``backend:ordinal``; seconds from its first op to its last, per execution."""
@@ -163,6 +173,7 @@ class FunctionProfile:
     cost: dict[str, float] | None = None
     memory: dict[str, int] | None = None
     ops: tuple[OpRow, ...] = ()
+    scopes: tuple[ScopeRow, ...] = ()  # op time by named scope, largest first; () where no op is under one
     rates: Rates | None = None
     compilations: tuple[Compilation, ...] = ()
     module: str = ""

@@ -30,8 +30,8 @@ from typing import Any
 
 from jaxdbg._source import SourceLocation, is_user_file
 from jaxdbg.profile.collectives import sharding_cause
-from jaxdbg.profile.hlo import HloModule, opcode_category
-from jaxdbg.profile.model import OpRow
+from jaxdbg.profile.hlo import HloModule, named_scope, opcode_category
+from jaxdbg.profile.model import OpRow, ScopeRow
 
 PROGRAM_MARK = "#"  # between a module name and its program id, where programs of one name ran (see _program_keys)
 
@@ -384,12 +384,30 @@ def op_table(ops: dict[str, OpTotal], module: HloModule | None, top: int, module
     return tuple(rows)
 
 
+def scope_table(ops: dict[str, OpTotal], module: HloModule | None) -> tuple[ScopeRow, ...]:
+    """Every op's self time summed by the scope the user named around it (its HLO ``op_name``), largest first;
+    () where no op is under a named scope."""
+    if module is None:
+        return ()
+    totals: dict[str, float] = defaultdict(float)
+    for name, total in ops.items():
+        hlo = module.op(name)
+        totals[named_scope(hlo.op_name) if hlo else ""] += total.total_s
+    if not any(totals.keys()):
+        return ()
+    grand = sum(totals.values()) or 1.0
+    return tuple(ScopeRow(scope, seconds, seconds / grand) for scope, seconds in
+                 sorted(totals.items(), key=lambda kv: -kv[1]))
+
+
 def function_ops(function: str, module_name: str, module: HloModule | None, by_prefix: dict, by_module: dict,
-                 top: int) -> tuple[tuple[OpRow, ...], str]:
-    """One function's per-op table and where it came from: xprof's hlo_stats rows named ``jit(function)``
-    first, else the capture's own op events of its HLO module. A profiled run and a capture share it."""
+                 top: int) -> tuple[tuple[OpRow, ...], tuple[ScopeRow, ...], str]:
+    """One function's per-op table, its op time by named scope, and where they came from: xprof's hlo_stats
+    rows named ``jit(function)`` first, else the capture's own op events of its HLO module. A profiled run and
+    a capture share it."""
     ops, source = by_prefix.get(f"jit({function})"), "xprof hlo_stats"
     if not ops:
         ops, source = by_module.get(module_name), "xplane op events"
     rows = op_table(ops, module, top, module_of(module_name)) if ops and top > 0 else ()
-    return rows, source if rows else ""
+    scopes = scope_table(ops, module) if ops and rows else ()
+    return rows, scopes, source if rows else ""

@@ -228,13 +228,13 @@ def attach_ops(functions: list[FunctionProfile], captured: CaptureOps, top: int,
     updated = []
     for function, (name, module), keys in zip(functions, modules, programs):
         ran = {name: merged_ops(captured.by_module, keys)} if keys else {}
-        rows, source = function_ops(function.name, name, module, captured.by_prefix, ran, top)
+        rows, scopes, source = function_ops(function.name, name, module, captured.by_prefix, ran, top)
         per_device: dict = {}
         for key in keys:
             for device, runs in captured.per_device.get(key, {}).items():
                 per_device.setdefault(device, []).extend(runs)
         devices = device_executions(per_device, backend)
-        updated.append(dataclasses.replace(function, ops=rows, ops_source=source, devices=devices))
+        updated.append(dataclasses.replace(function, ops=rows, scopes=scopes, ops_source=source, devices=devices))
     return updated
 
 

@@ -64,11 +64,16 @@ class LoopEntered:
     iteration: int
     trips: int | None
     source: SourceLocation | None
+    reverse: bool = False  # a ``lax.scan(..., reverse=True)``: iterations run from the last element to the first
 
     def describe(self) -> str:
+        """``iteration 10 of 16 of the loop at rnn.py:29 (a lax.scan in reverse: element 5 of its xs)``: a
+        reversed scan's element is said too, as nan-hunt's ``scan[iteration=5]`` names the element."""
         where = f" at {self.source.file.rpartition('/')[2]}:{self.source.line}" if self.source else ""
         of = f" of {self.trips}" if self.trips is not None else ""
         kind = "lax.scan" if self.primitive == "scan" else "lax.while_loop"  # (fori_loop and lax.map are one)
+        if self.reverse and self.trips is not None:
+            kind += f" in reverse: element {self.trips - 1 - self.iteration} of its xs"
         return f"iteration {self.iteration}{of} of the loop{where} (a {kind})"
 
 
@@ -138,7 +143,8 @@ def _enter_one(graph: Graph, recorded: dict, best: Candidate, check: CutCheck, d
             continue
         if not _starts_as_allowed(loop_check, body_best):  # a NaN from an Inf an earlier iteration made
             continue  # (1e10 ** 4, then inf - inf): the body once would hide where the Inf came from
-        entered = LoopEntered(node.name, iteration, step.length, node.source)
+        entered = LoopEntered(node.name, iteration, step.length, node.source,
+                              node.name == "scan" and bool(node.params.get("reverse")))
         return entered, step.checks + cutter.stats.checks, body, body_recorded, body_best
     return None
 
