@@ -326,7 +326,8 @@ class _PerThread(threading.local):
 def _transforms(fun: Callable) -> tuple:
     """The code of each ``functools.wraps`` wrapper between a jitted callable and its Python function (``jax.grad``,
     ``jax.value_and_grad``, ``jax.vmap``, a user's decorator): the same for every re-jit of one transformed function,
-    different for another transform of the same function.
+    different for another transform of the same function. jax's transforms share one wrapper (its traceback
+    filter's): the code of the functions it closes over (``grad_f``, ``value_and_grad_f``) tells them apart.
 
     Example:
         >>> import jax
@@ -334,18 +335,35 @@ def _transforms(fun: Callable) -> tuple:
         ...     return x * x
         >>> _transforms(loss), _transforms(jax.grad(loss)) == _transforms(jax.grad(loss)) != _transforms(loss)
         ((), True)
+        >>> _transforms(jax.grad(loss)) != _transforms(jax.value_and_grad(loss))
+        True
     """
-    found = []
+    found: list = []
     for _ in range(8):
         if isinstance(fun, functools.partial):
             fun = fun.func
         elif hasattr(fun, "__wrapped__"):
             code = getattr(fun, "__code__", None)
             found.append((code.co_filename, code.co_firstlineno) if code is not None else type(fun).__qualname__)
+            found += [(held.co_filename, held.co_firstlineno) for held in _closed_over_code(fun)]
             fun = fun.__wrapped__
         else:
             break
     return tuple(found)
+
+
+def _closed_over_code(fun: Callable) -> list:
+    """The code of the functions ``fun`` closes over (one level), e.g. the ``grad_f`` a traceback wrapper calls."""
+    codes = []
+    for cell in getattr(fun, "__closure__", None) or ():
+        try:
+            held = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        code = getattr(held, "__code__", None) if callable(held) else None
+        if code is not None:
+            codes.append(code)
+    return codes
 
 
 class InstrumentedJit:
