@@ -352,16 +352,41 @@ def transform_name(wrapper: Any) -> str | None:
         >>> [transform_name(w) for w in _wrappers(jax.value_and_grad(loss))], transform_name(loss)
         (['value_and_grad'], None)
     """
+    found = _transform_of(wrapper)
+    return found[0] if found is not None else None
+
+
+def _transform_of(wrapper: Any) -> tuple[str, Any] | None:
+    """(:func:`transform_name`, the local function jax defined for it), or None."""
     code = getattr(wrapper, "__code__", None)
     if code is None or is_user_file(code.co_filename):
         return None
-    held = [cell.cell_contents for cell in getattr(wrapper, "__closure__", None) or () if _filled(cell)]
-    for candidate in (wrapper, *held):
+    for candidate in (wrapper, *_closed_over(wrapper)):
         qualname = getattr(getattr(candidate, "__code__", None), "co_qualname", "")
         outer = qualname.split(".<locals>.")[0] if ".<locals>." in qualname else ""
         if outer in TRANSFORMS:
-            return outer
+            return outer, candidate
     return None
+
+
+def _closed_over(fun: Any) -> list:
+    """The values of ``fun``'s closure cells (one level; empty cells left out)."""
+    return [cell.cell_contents for cell in getattr(fun, "__closure__", None) or () if _filled(cell)]
+
+
+def _settings(fun: Any, depth: int = 3) -> tuple:
+    """The plain values a transformation's local function closes over (``argnums``, ``has_aux``, ``in_axes``), and
+    those of jax's functions it closes over (``grad_f`` calls a ``value_and_grad_f`` behind its traceback filter):
+    ``jax.grad(loss, argnums=1)`` is another program than ``jax.grad(loss)``."""
+    found: list = []
+    for value in _closed_over(fun):
+        if isinstance(value, (int, str, type(None))) or (
+                isinstance(value, tuple) and all(isinstance(v, (int, str, type(None))) for v in value)):
+            found.append(value)
+        elif depth > 1 and callable(value) and not is_user_file(getattr(getattr(value, "__code__", None),
+                                                                       "co_filename", "")):
+            found.extend(_settings(value, depth - 1))
+    return tuple(found)
 
 
 def _filled(cell: Any) -> bool:
@@ -382,14 +407,21 @@ def _transforms(fun: Callable) -> tuple:
         >>> import jax
         >>> def loss(x):
         ...     return x * x
-        >>> _transforms(loss), _transforms(jax.grad(loss)), _transforms(jax.value_and_grad(loss))
-        ((), ('grad',), ('value_and_grad',))
+        >>> _transforms(loss), _transforms(jax.grad(loss)) == _transforms(jax.grad(loss))
+        ((), True)
+        >>> len({_transforms(jax.grad(loss)), _transforms(jax.value_and_grad(loss)), _transforms(jax.grad(loss, 1))})
+        3
     """
     found: list[Any] = []
     for wrapper in _wrappers(fun):
-        code = getattr(wrapper, "__code__", None)
-        found.append(transform_name(wrapper) or
-                     ((code.co_filename, code.co_firstlineno) if code is not None else type(wrapper).__qualname__))
+        transform = _transform_of(wrapper)
+        if transform is not None:
+            found.append((transform[0], *_settings(transform[1])))
+            continue
+        code = getattr(wrapper, "__code__", None)  # another wrapper: its code, and the code of what it closes over
+        found.append((code.co_filename, code.co_firstlineno) if code is not None else type(wrapper).__qualname__)
+        found += [(held.__code__.co_filename, held.__code__.co_firstlineno) for held in _closed_over(wrapper)
+                  if callable(held) and hasattr(held, "__code__")]
     return tuple(found)
 
 

@@ -157,15 +157,20 @@ def test_transformed_functions_are_named_as_written_and_kept_apart():
     def loss(x):
         return jnp.sum(x ** 2)
 
+    def scaled(x, scale):
+        return loss(x * scale)
+
     with jit_layer.installed(Log("h", [])):
         jitted = [jax.jit(loss), jax.jit(jax.grad(loss)), jax.jit(jax.value_and_grad(loss)),
-                  jax.jit(jax.vmap(jax.grad(loss))), jax.jit(jax.grad(loss))]
+                  jax.jit(jax.vmap(jax.grad(loss))), jax.jit(jax.grad(loss)), jax.jit(jax.grad(loss, has_aux=False)),
+                  jax.jit(jax.grad(scaled)), jax.jit(jax.grad(scaled, argnums=1))]
         for f in jitted[:4]:
             f(jnp.ones((2, 3)))
-    names = [f.record.name for f in jitted]
-    assert names == ["loss", "grad(loss)", "value_and_grad(loss)", "vmap(grad(loss))", "grad(loss)"]
-    assert len({f.record.id for f in jitted}) == 4 and jitted[1].record is jitted[4].record
-    assert {f.record.source.line for f in jitted} == {loss.__code__.co_firstlineno}
+    names = [f.record.name for f in jitted[:6]]
+    assert names == ["loss", "grad(loss)", "value_and_grad(loss)", "vmap(grad(loss))", "grad(loss)", "grad(loss)"]
+    assert len({f.record.id for f in jitted}) == 6 and jitted[1].record is jitted[4].record is jitted[5].record
+    assert jitted[6].record.name == jitted[7].record.name == "grad(scaled)"  # by argnums: two programs, two records
+    assert {f.record.source.line for f in jitted[:6]} == {loss.__code__.co_firstlineno}
 
 
 def test_behaves_like_the_jitted_function():

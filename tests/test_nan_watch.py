@@ -351,23 +351,25 @@ def test_off_cpu_unread_vectors_reach_the_host_a_batch_at_a_time(monkeypatch) ->
 
 
 def test_a_function_and_its_gradient_jitted_apart_are_two_functions_with_their_own_growth() -> None:
-    """``jax.jit(loss)`` beside ``jax.jit(jax.value_and_grad(loss))``: two programs of one Python function, with
-    outputs of different widths. Taken as one (one record, one growth series), each call restarted the series:
-    nothing could grow, and every call was read alone. Each has its own now, the second named as written
-    (``value_and_grad(loss)``): the loss's growth and the gradient's show."""
+    """``jax.jit(loss)`` beside ``jax.jit(jax.value_and_grad(loss))`` and ``jax.jit(jax.grad(loss))``: three programs
+    of one Python function, with outputs of different widths. Taken as one (one record, one growth series), each
+    call restarted the series: nothing could grow, every call was read alone, and nan-hunt's growth tracker
+    crashed. Each has its own now, named as written (``value_and_grad(loss)``): the loss's growth and the
+    gradient's show."""
     with pytest.raises(NonFiniteFound), Watch(read_late=True) as watch:
         def loss(x):
             return jnp.sum(x ** 2)
 
         value = jax.jit(loss)
         step = jax.jit(jax.value_and_grad(loss))
+        gradient = jax.jit(jax.grad(loss))  # the same wrapper around loss as value_and_grad's: jax's traceback filter
         x = jnp.ones(4, jnp.float32)
         for i in range(12):
             value(x)
             _, grad = step(x)
-            x = (x * 3.0 if i < 10 else x * jnp.nan) + 0.0 * grad  # grows 3x a step (the loss 9x), then a NaN
+            x = (x * 3.0 if i < 10 else x * jnp.nan) + 0.0 * grad + 0.0 * gradient(x)  # grows 3x a step, then NaN
     ids = {f.name: f.record.id for f in watch.functions}
-    assert ids.keys() == {"loss", "value_and_grad(loss)"} and len(set(ids.values())) == 2
+    assert ids.keys() == {"loss", "value_and_grad(loss)", "grad(loss)"} and len(set(ids.values())) == 3
     grew = {g.function for g in watch.growth.report()}
     assert grew >= {"loss", "value_and_grad(loss)"}, grew  # the value's and the step's
 

@@ -25,8 +25,10 @@ it: as a script, and imported by ``profile_all.py`` (for profile, memory and han
 so no global state that another row could see, e.g. ``jax.enable_x64`` as a context, not a config update), one
 ``# NaN`` marker, a :class:`Row` here, then ``python scripts/compat_page.py``. Build the bug so that only one
 operation can make the NaN on any CPU (0 / 0, log or sqrt of a negative value, inf - inf): never pin which op
-of an overflowing chain goes first. Each row costs about 6 s of CPU for its check, 2.5 s under the watch, 1 s in
-profile and about 0.7 s under memory and under hang-hunt each.
+of an overflowing chain goes first; where the feature needs such a chain (a run diverging), list every op that
+can legitimately make the first non-finite value in ``or_origins`` (and ``watch_origins``). Each row costs
+about 6 s of CPU for its check, 2.5 s under the watch, 1 s in profile and about 0.7 s under memory and under
+hang-hunt each.
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ class Op:
 
 @dataclass(frozen=True)
 class Function:
-    """A jitted function profile must find in the row's program (by name and file)."""
+    """A jitted function profile must find in the row's program (by name and file; two of one name are matched by
+    their figures: ``jax.jit(loss)`` and ``jax.jit(jax.value_and_grad(loss))`` are both 'loss')."""
 
     name: str
     compiles: int
@@ -86,7 +89,19 @@ class Row:
     hint: str | None = None  # words the first hint must hold
     collectives: tuple[str, ...] = ()  # the collectives (HLO ops) hang-hunt's flight record names in the row's programs
     repro: bool = False
+    # Other (origin, call) the answer may name, each as right as ``origin``: where a diverging run overflows, which
+    # op of the chain makes the NaN first is the CPU's arithmetic (a dot of infinities, its gradient, the update).
+    or_origins: tuple[tuple[Op, int], ...] = ()
+    # The watch's (origin, call), where they are not nan-hunt's: it raises at the first non-finite output, and a
+    # diverging run overflows to Inf calls before nan-hunt's NaN.
+    watch_origins: tuple[tuple[Op, int], ...] = ()
     known: dict[str, tuple[Known, ...]] = field(default_factory=dict)  # column -> what does not work there
+
+    def origins(self, column: str = "nan-hunt") -> tuple[tuple[Op, int], ...]:
+        """Each (origin, call) ``column``'s answer may name."""
+        if column == "watch" and self.watch_origins:
+            return self.watch_origins
+        return ((self.origin, self.call), *self.or_origins)
 
     def known_in(self, column: str, jax_version: str, aspect: str | None = None) -> Known | None:
         """The entry that makes this cell (or its ``aspect``) not work on this jax version, if any."""
@@ -182,6 +197,12 @@ ROWS: tuple[Row, ...] = (
                                "that eager jax.grad makes reaches it as an input (argument `grad`) of the jitted "
                                "update, reported as kind 'input' (a hint says to run it under jaxdbg nan-hunt, "
                                "which checks eager operations)"),)}),
+    Row("jit_loss_and_grad", "jax.jit(loss) beside jax.jit(jax.value_and_grad(loss)) (evaluation and training from "
+        "one loss), an SGD run diverging to Inf, then NaN", Op("nan", "dot_general", "forward"), 22,
+        (Function("loss", 1, 24), Function("value_and_grad(loss)", 1, 24)), explanation=("the run was diverging",),
+        or_origins=((Op("nan", "dot_general", "backward"), 23), (Op("nan", "sub", "forward", "# update"), 0)),
+        watch_origins=((Op("inf", "integer_pow", "forward", "# Inf"), 17),
+                       (Op("inf", "reduce_sum", "forward", "# Inf"), 17))),
 )
 
 DEVICES = 8  # every program runs with this many CPU devices
