@@ -1073,8 +1073,11 @@ def _transformed_user_function(inner: Any) -> tuple[str, Any] | None:
     qualname = getattr(inner, "__qualname__", "")
     if code is None or is_user_file(code.co_filename) or ".<locals>." not in qualname:
         return None
-    for value in _closed_over(inner):
-        held = unwrap_function(value)
+    for cell in getattr(inner, "__closure__", None) or ():
+        try:
+            held = unwrap_function(cell.cell_contents)
+        except ValueError:  # an empty cell
+            continue
         held_code = getattr(held, "__code__", None)
         if callable(held) and held_code is not None and is_user_file(held_code.co_filename):
             return qualname.split(".<locals>.")[0].rsplit(".", 1)[-1], held

@@ -86,7 +86,7 @@ class TrackedFunction:
         self.record = record  # the jit layer's: its count includes the calls that ran ahead unseen
         self.host_args = False  # it was given host (numpy) arguments: every call is seen, its copy timed
         self.called_as: str | None = None  # a multihost helper's jit: as sent (FunctionDefined)
-        self.samples = 0  # calls timed by --sync-every (see Recorder.sampled)
+        self.samples = 0  # calls timed by --sync-every (see Recorder.wants)
         self.timing = -1  # the index of the call --sync-every times now
         self.dispatch_at = -1  # the index of the next call seen only to measure its dispatch
         self.sample_after = 0.0  # no call is sampled before this time (time.perf_counter(); TIMED_SHARE)
